@@ -1,0 +1,43 @@
+"""numba_flash: readable FlashAttention kernels in Python with Numba CUDA.
+
+The backend (GPU or the Numba CUDA simulator) is chosen on import, before ``numba.cuda`` is
+first imported; :func:`backend` says which one runs.
+
+Public API (each name is imported on first use, so ``import numba_flash`` stays light):
+
+* :func:`softmax` - row softmax with the online normaliser
+* :func:`forward` - attention forward (causal, GQA, dropout, lse)
+* :func:`backward` - attention backward recomputed from lse
+* :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
+* :func:`merge_states` - merge partial attention states with the log-sum-exp rule
+* :func:`dropout_mask` - the exact keep-mask the kernels draw from a Philox seed
+* :mod:`reference` - the float64 NumPy oracle
+"""
+
+from .backend import backend, BackendError, SimulatorWarning  # noqa: F401  (must come first)
+from . import reference  # noqa: F401
+from .frontend import poisoned_outputs  # noqa: F401
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "softmax": "numba_flash.ops.softmax",
+    "forward": "numba_flash.ops.forward",
+    "backward": "numba_flash.ops.backward",
+    "decode": "numba_flash.ops.decode",
+    "merge_states": "numba_flash.ops.decode",
+    "dropout_mask": "numba_flash.ops.dropout",
+}
+
+__all__ = ["backend", "reference", "poisoned_outputs", "BackendError", "SimulatorWarning",
+           *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'numba_flash' has no attribute {name!r}")

@@ -1,0 +1,98 @@
+"""Which backend runs the kernels: a CUDA GPU or the Numba CUDA simulator.
+
+The choice has to be made before ``numba.cuda`` is first imported, because numba-cuda reads
+``NUMBA_ENABLE_CUDASIM`` once, at import time, and then swaps the whole ``numba.cuda`` module for
+the simulator.  So this module asks the CUDA driver directly (through ``ctypes``, without numba)
+whether there is a usable GPU:
+
+* ``NUMBA_ENABLE_CUDASIM=1`` set by the user: simulator, as asked.
+* ``NUMBA_ENABLE_CUDASIM=0`` set by the user: the real CUDA target, as asked (also the mode the
+  compile tier uses to build PTX on a machine with no GPU).
+* unset, and the driver reports at least one device: the GPU.
+* unset, and no driver or no device: turn the simulator on and say so once with a warning.
+
+If ``numba.cuda`` was imported before ``numba_flash`` on a machine without a GPU and without the
+simulator, no kernel could ever launch in this process; we raise :class:`BackendError` naming the
+fix instead of failing later with a driver error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import warnings
+
+__all__ = ["backend", "BackendError", "SimulatorWarning"]
+
+
+class BackendError(RuntimeError):
+    """No backend can run kernels in this process."""
+
+
+class SimulatorWarning(UserWarning):
+    """Kernels will run in the Numba CUDA simulator (no GPU found)."""
+
+
+def _driver_device_count() -> int:
+    """Number of CUDA devices the driver reports; 0 if there is no driver or it fails."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        try:
+            if lib.cuInit(0) != 0:
+                return 0
+            count = ctypes.c_int(0)
+            if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+                return 0
+            return int(count.value)
+        except AttributeError:
+            return 0
+    return 0
+
+
+def _choose() -> str:
+    env = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    cuda_imported = "numba.cuda" in sys.modules
+    if cuda_imported:
+        from numba.cuda.core import config
+
+        if config.ENABLE_CUDASIM:
+            return "simulator"
+        if _driver_device_count() > 0 or env == "0":
+            return "cuda"
+        raise BackendError(
+            "numba.cuda was imported before numba_flash on a machine with no usable CUDA GPU and "
+            "without the simulator, so no kernel can run in this process. Fix: import numba_flash "
+            "before numba.cuda, or set NUMBA_ENABLE_CUDASIM=1 in the environment before starting "
+            "Python."
+        )
+    if env is not None and env.strip() not in ("", "0"):
+        return "simulator"
+    if env is not None and env.strip() == "0":
+        return "cuda"
+    if _driver_device_count() > 0:
+        return "cuda"
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    warnings.warn(
+        "numba_flash: no usable CUDA GPU found; kernels run in the Numba CUDA simulator "
+        "(slow, one Python thread per CUDA thread: use small shapes).",
+        SimulatorWarning,
+        stacklevel=3,
+    )
+    return "simulator"
+
+
+_BACKEND = _choose()
+
+
+def backend() -> str:
+    """Return ``"cuda"`` when kernels run on a GPU, ``"simulator"`` when they run in the simulator."""
+    return _BACKEND
+
+
+def on_simulator() -> bool:
+    """True when kernels run in the Numba CUDA simulator."""
+    return _BACKEND == "simulator"

@@ -1,0 +1,157 @@
+"""The compile tier: build every launchable kernel configuration to PTX and assemble it.
+
+The simulator hides what only the device compiler shows: float64 promotion in float32 code,
+register spills and shared-memory overruns.  This module compiles each configuration that a
+kernel module lists in ``compile_configs()`` with ``numba.cuda.compile_ptx`` (NVVM, no GPU
+needed) for sm_80 and sm_90, assembles the PTX with ``ptxas -v`` from the ``nvidia-cuda-nvcc``
+wheel, and reports registers, shared memory, spills and any ``.f64`` instruction.
+
+It must run in a process where ``numba.cuda`` is the real CUDA target, not the simulator::
+
+    NUMBA_ENABLE_CUDASIM=0 python -m numba_flash.compile_check [--cc 80,90] [--json FILE] [-k TEXT]
+
+prints a resource table and exits 1 if any configuration fails a check:
+
+* no ``.f64`` instruction in a kernel whose inputs are float16/float32;
+* no spill stores or loads;
+* static shared memory at most 48 KiB per block (the limit without a dynamic opt-in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+SMEM_LIMIT = 48 * 1024
+_F64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z][a-z0-9_.]*\.f64\b", re.M)
+
+
+def find_ptxas():
+    """ptxas from the nvidia-cuda-nvcc wheel (new enough for NVVM's PTX), else from PATH."""
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", "ptxas")), reverse=True):
+                if os.access(cand, os.X_OK):
+                    return cand
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+def parse_ptxas(text):
+    """Registers, shared bytes, spill bytes and stack frame from ``ptxas -v`` output."""
+    def grab(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else 0
+    return {
+        "registers": grab(r"Used (\d+) registers"),
+        "smem": grab(r"(\d+) bytes smem"),
+        "spill_stores": grab(r"(\d+) bytes spill stores"),
+        "spill_loads": grab(r"(\d+) bytes spill loads"),
+        "stack": grab(r"(\d+) bytes stack frame"),
+    }
+
+
+def f64_lines(ptx):
+    """PTX instructions that operate on float64 (``add.f64``, ``cvt.f64.f32``, ``fma.rn.f64``...)."""
+    return [m.group(0).strip() for m in _F64.finditer(ptx)]
+
+
+def all_configs(selector=None):
+    from numba_flash.kernels import KERNEL_MODULES
+
+    for mod_name in KERNEL_MODULES:
+        mod = importlib.import_module(f"numba_flash.kernels.{mod_name}")
+        for cfg in mod.compile_configs():
+            if selector is None or selector in cfg["name"]:
+                yield cfg
+
+
+def build(cfg, cc, ptxas):
+    """Compile one configuration for one compute capability; return a result row."""
+    from numba import cuda, types
+
+    fn = cfg["kernel"].py_func
+    t0 = time.perf_counter()
+    ptx, _ = cuda.compile_ptx(fn, types.void(*cfg["args"]), cc=cc, fastmath=cfg.get("fastmath", False))
+    row = {"name": cfg["name"], "cc": f"sm_{cc[0]}{cc[1]}", "float64_ok": cfg["float64_ok"]}
+    row["f64"] = f64_lines(ptx)[:5]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as fh:
+            fh.write(ptx)
+        proc = subprocess.run(
+            [ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True, text=True,
+        )
+    row["ptxas_rc"] = proc.returncode
+    row["ptxas_err"] = "" if proc.returncode == 0 else proc.stderr[-2000:]
+    row.update(parse_ptxas(proc.stderr + proc.stdout))
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    row["problems"] = problems(row)
+    return row
+
+
+def problems(row):
+    out = []
+    if row["ptxas_rc"] != 0:
+        out.append("ptxas failed: " + row["ptxas_err"].strip().splitlines()[-1] if row["ptxas_err"] else "ptxas failed")
+    if row["f64"] and not row["float64_ok"]:
+        out.append("float64 instruction in a float16/float32 kernel: " + row["f64"][0])
+    if row["spill_stores"] or row["spill_loads"]:
+        out.append(f"spills: {row['spill_stores']} B stores, {row['spill_loads']} B loads")
+    if row["smem"] > SMEM_LIMIT:
+        out.append(f"static shared memory {row['smem']} B > {SMEM_LIMIT} B")
+    return out
+
+
+def format_table(rows):
+    head = f"{'configuration':58s} {'arch':6s} {'regs':>4s} {'smem B':>7s} {'spill':>5s} {'f64':>4s}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        spill = r["spill_stores"] + r["spill_loads"]
+        status = "ok" if not r["problems"] else "FAIL: " + "; ".join(r["problems"])
+        lines.append(f"{r['name'][:58]:58s} {r['cc']:6s} {r['registers']:4d} {r['smem']:7d} "
+                     f"{spill:5d} {len(r['f64']):4d}  {status}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cc", default="80,90", help="compute capabilities, e.g. 80,90")
+    ap.add_argument("--json", help="write the rows as JSON to this file")
+    ap.add_argument("-k", dest="selector", help="only configurations whose name contains this")
+    args = ap.parse_args(argv)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("0",):
+        print("set NUMBA_ENABLE_CUDASIM=0: the compile tier needs the real CUDA target",
+              file=sys.stderr)
+        return 2
+    ptxas = find_ptxas()
+    if ptxas is None:
+        print("ptxas not found: pip install nvidia-cuda-nvcc", file=sys.stderr)
+        return 2
+    ccs = [(int(c[0]), int(c[1:])) for c in args.cc.split(",")]
+    rows = []
+    for cfg in all_configs(args.selector):
+        for cc in ccs:
+            rows.append(build(cfg, cc, ptxas))
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 1 if any(r["problems"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

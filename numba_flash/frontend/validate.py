@@ -1,0 +1,125 @@
+"""Argument checks shared by every public entry point.
+
+Every check runs before any kernel launch and raises ``TypeError`` for a wrong type or dtype and
+``ValueError`` for a wrong shape or value.  Each message names the argument, what was expected
+and what came.  Nothing here copies or modifies an input.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+INT_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
+                                         np.uint8, np.uint16, np.uint32, np.uint64))
+
+
+def is_device_array(x) -> bool:
+    """True for CuPy arrays, Numba device arrays and anything with ``__cuda_array_interface__``."""
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def array_info(name, x):
+    """Return ``(shape, dtype)`` of a NumPy or device array, or raise ``TypeError``."""
+    if isinstance(x, np.ndarray):
+        return x.shape, x.dtype
+    if is_device_array(x):
+        cai = x.__cuda_array_interface__
+        return tuple(cai["shape"]), np.dtype(cai["typestr"])
+    raise TypeError(
+        f"{name}: expected a numpy.ndarray, a CuPy array or an object with "
+        f"__cuda_array_interface__, got {type(x).__module__}.{type(x).__qualname__}"
+    )
+
+
+def check_array(name, x, ndim, dtypes=FLOAT_DTYPES):
+    """Check type, dtype, rank and non-emptiness; return ``(shape, dtype)``."""
+    shape, dtype = array_info(name, x)
+    if dtype not in dtypes:
+        allowed = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name}: expected dtype in ({allowed}), got {dtype}")
+    ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if len(shape) not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        raise ValueError(f"{name}: expected a {want}-D array, got shape {shape} ({len(shape)}-D)")
+    if any(s == 0 for s in shape):
+        raise ValueError(f"{name}: expected no empty dimension, got shape {shape}")
+    return shape, dtype
+
+
+def check_same_dtype(named):
+    """All arrays in ``{name: dtype}`` share one dtype; raise ``TypeError`` naming the odd one."""
+    items = list(named.items())
+    first_name, first = items[0]
+    for name, dtype in items[1:]:
+        if dtype != first:
+            raise TypeError(f"{name}: expected dtype {first} (the dtype of {first_name}), got {dtype}")
+    return first
+
+
+def check_same_kind(named):
+    """All arrays live on the host (NumPy) or all on the device; mixing is a ``TypeError``."""
+    kinds = {name: ("device" if is_device_array(x) else "numpy") for name, x in named.items()}
+    if len(set(kinds.values())) > 1:
+        desc = ", ".join(f"{n}={k}" for n, k in kinds.items())
+        raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
+
+
+def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v"):
+    """Check the ``[B, H, Nq, d]`` / ``[B, Hkv, Nk, d]`` attention contract.
+
+    Returns ``(B, H, Hkv, Nq, Nk, d, dtype)``.
+    """
+    (qs, qd) = check_array(q_name, q, 4)
+    (ks, kd) = check_array(k_name, k, 4)
+    (vs, vd) = check_array(v_name, v, 4)
+    dtype = check_same_dtype({q_name: qd, k_name: kd, v_name: vd})
+    check_same_kind({q_name: q, k_name: k, v_name: v})
+    b, h, nq, d = qs
+    if ks != vs:
+        raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
+    bk, hkv, nk, dk = ks
+    if bk != b:
+        raise ValueError(f"{k_name}: expected batch size {b} (from {q_name}), got {bk}")
+    if dk != d:
+        raise ValueError(f"{k_name}: expected head dim {d} (from {q_name}), got {dk}")
+    if h % hkv:
+        raise ValueError(
+            f"{k_name}: expected a number of kv heads that divides the {h} query heads of "
+            f"{q_name} (GQA), got {hkv}"
+        )
+    if d > 256:
+        raise ValueError(f"{q_name}: expected head dim 1..256, got {d}")
+    return b, h, hkv, nq, nk, d, dtype
+
+
+def check_scale(softmax_scale, d):
+    """``None`` means ``1/sqrt(d)``; otherwise a finite positive real number."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale: expected a real number or None, got {type(softmax_scale).__name__}")
+    s = float(softmax_scale)
+    if not math.isfinite(s) or s <= 0:
+        raise ValueError(f"softmax_scale: expected a finite number > 0, got {softmax_scale!r}")
+    return s
+
+
+def check_bool(name, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+    return bool(x)
+
+
+def check_tile(name, x, allowed):
+    """Explicit tile sizes must be one of the compiled set (so the compile tier covers them)."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name}: expected an int or None, got {type(x).__name__}")
+    if int(x) not in allowed:
+        raise ValueError(f"{name}: expected one of {sorted(allowed)}, got {x}")
+    return int(x)

@@ -1,0 +1,30 @@
+"""Small helpers every kernel factory shares: compute types and Numba argument types."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import float32, float64, types
+
+_NUMBA_DTYPE = {
+    np.dtype(np.float16): types.float16,
+    np.dtype(np.float32): types.float32,
+    np.dtype(np.float64): types.float64,
+    np.dtype(np.int32): types.int32,
+    np.dtype(np.int64): types.int64,
+    np.dtype(np.uint32): types.uint32,
+}
+
+
+def compute_type(dtype):
+    """The arithmetic type for an input dtype: float64 for float64, float32 otherwise."""
+    return float64 if np.dtype(dtype) == np.float64 else float32
+
+
+def numba_array_type(dtype, ndim):
+    """The Numba type of a C-contiguous array as the launch path passes it to a kernel."""
+    return types.Array(_NUMBA_DTYPE[np.dtype(dtype)], ndim, "C")
+
+
+def cdiv(a, b):
+    """Ceiling division, for grid sizes."""
+    return -(-a // b)

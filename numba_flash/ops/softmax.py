@@ -1,0 +1,22 @@
+"""``numba_flash.softmax``: row softmax over the last axis of a 2-D array."""
+
+from __future__ import annotations
+
+from ..frontend import ArrayCall
+from ..frontend.validate import check_array
+from ..kernels.softmax import default_threads, softmax_kernel
+
+
+def softmax(x):
+    """Softmax over the last axis of a 2-D array ``x`` ``[rows, n]``, in ``x``'s dtype.
+
+    One thread block per row (see :mod:`numba_flash.kernels.softmax`).  float16 computes in
+    float32, float64 in float64.  NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
+    """
+    (rows, _n), dtype = check_array("x", x, 2)
+    call = ArrayCall({"x": x})
+    dx = call.input(x)
+    y = call.empty(dx.shape, dtype)
+    threads = default_threads()
+    call.launch(softmax_kernel(threads, dtype), (rows,), (threads,), dx, y)
+    return call.result(y)

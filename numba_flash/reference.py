@@ -1,0 +1,346 @@
+"""The float64 oracle: plain NumPy, one readable function per formula.
+
+Every kernel in :mod:`numba_flash` is tested against these functions.  Everything here computes in
+float64 whatever the input dtype, and nothing here is tuned for speed.
+
+Conventions shared with the kernels
+-----------------------------------
+* ``q`` is ``[B, H, Nq, d]``; ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
+  ``Hkv`` (grouped-query attention; ``Hkv == 1`` is multi-query attention).  Query head ``h`` reads
+  kv head ``h // (H // Hkv)``.
+* ``scale`` defaults to ``1 / sqrt(d)``; the scores are ``S = scale * Q K^T``.
+* Causal masking is aligned bottom-right, as in flash-attn >= 2.1: query ``i`` sees key ``j`` iff
+  ``j <= i + Nk - Nq``.  When ``Nq > Nk`` the first ``Nq - Nk`` rows see no key at all; such a
+  row has ``o = 0`` and ``lse = -inf`` (never NaN).
+* ``lse[i] = log(sum_j exp(S[i, j]))`` over the visible keys: the natural log of the row's softmax
+  denominator.  ``P = exp(S - lse)`` recovers the probabilities exactly.
+* Dropout acts on the normalised probabilities: ``O = (P * keep / (1 - p)) V``; ``lse`` is
+  computed from the undropped ``P`` and is unaffected by dropout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "softmax",
+    "online_softmax",
+    "online_softmax_stats",
+    "attention",
+    "attention_backward",
+    "blocked_attention",
+    "merge_states",
+    "gather_paged",
+    "paged_decode",
+    "causal_visible",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax
+# ----------------------------------------------------------------------------------------------
+def softmax(x):
+    r"""Numerically stable softmax of a 1-D vector, in three passes.
+
+    .. math:: m = \max_i x_i,\quad l = \sum_i e^{x_i - m},\quad y_i = e^{x_i - m} / l
+
+    Subtracting the maximum changes nothing mathematically (it cancels between numerator and
+    denominator) and keeps every exponent <= 0, so ``exp`` cannot overflow.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"x: expected a non-empty 1-D array, got shape {x.shape}")
+    m = x.max()
+    e = np.exp(x - m)
+    return e / e.sum()
+
+
+def online_softmax_stats(x):
+    r"""The one-pass part of the online softmax: running max ``m`` and running sum ``l``.
+
+    For each new element ``x_k`` (Milakov & Gimelshein, 2018):
+
+    .. math::
+        m_{new} = \max(m_{old}, x_k),\qquad
+        l \leftarrow l \cdot e^{m_{old} - m_{new}} + e^{x_k - m_{new}}
+
+    The old sum is *multiplied* by ``exp(m_old - m_new)`` because every term in it was taken
+    against the old maximum.  After the pass ``l = sum_i exp(x_i - m)`` with ``m = max(x)``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"x: expected a non-empty 1-D array, got shape {x.shape}")
+    m = -math.inf
+    l = 0.0
+    for xk in x:
+        m_new = max(m, float(xk))
+        l = l * math.exp(m - m_new) + math.exp(float(xk) - m_new)
+        m = m_new
+    return m, l
+
+
+def online_softmax(x):
+    r"""Softmax with the online normaliser: one pass for (m, l), a second pass to normalise.
+
+    A *normalised* softmax cannot be written in a single pass over ``x``: the first output
+    ``exp(x_0 - m) / l`` depends on the maximum and the sum of the whole vector, which are known
+    only after the last element has been read.  What one pass can do is compute ``(m, l)``
+    together (instead of the classic max pass followed by a sum pass); a second pass then writes
+    ``y_i = exp(x_i - m) / l``.  FlashAttention gets away with one pass over K/V only because it
+    never needs the probabilities themselves, only ``P V``, which it rescales as ``m`` grows.
+
+    The source notes claim a one-pass version; their code adds ``exp(m - x)`` to ``l`` where it
+    must multiply, and stores exponents taken against stale maxima.  See ``docs/online-softmax.md``.
+    """
+    m, l = online_softmax_stats(x)
+    x = np.asarray(x, dtype=np.float64)
+    return np.exp(x - m) / l
+
+
+# ----------------------------------------------------------------------------------------------
+# attention
+# ----------------------------------------------------------------------------------------------
+def _scale(d, softmax_scale):
+    return 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+
+
+def causal_visible(nq, nk):
+    """Boolean ``[nq, nk]``: query ``i`` sees key ``j`` iff ``j <= i + nk - nq`` (bottom-right)."""
+    i = np.arange(nq)[:, None]
+    j = np.arange(nk)[None, :]
+    return j <= i + (nk - nq)
+
+
+def _expand_kv(x, h):
+    """Repeat kv heads so that query head ``h`` lines up with kv head ``h // (H // Hkv)``."""
+    hkv = x.shape[1]
+    if h % hkv:
+        raise ValueError(f"H={h} is not a multiple of Hkv={hkv}")
+    return np.repeat(x, h // hkv, axis=1)
+
+
+def _fold_groups(dx, hkv):
+    """Sum a gradient ``[B, H, N, d]`` over each GQA group to ``[B, Hkv, N, d]``."""
+    b, h, n, d = dx.shape
+    return dx.reshape(b, hkv, h // hkv, n, d).sum(axis=2)
+
+
+def _probabilities(q, k, causal, scale):
+    """Scores, lse and probabilities in float64; fully masked rows give P = 0, lse = -inf."""
+    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    if causal:
+        s = np.where(causal_visible(q.shape[2], k.shape[2]), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    l = np.exp(s - m_safe).sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(l > 0, m_safe + np.log(l), -np.inf)
+    p = np.where(l > 0, np.exp(s - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
+    return s, p, lse[..., 0]
+
+
+def _keep_scale(dropout_mask, dropout_p, shape):
+    if dropout_mask is None:
+        if dropout_p:
+            raise ValueError("dropout_p > 0 needs the dropout_mask it was drawn with")
+        return 1.0
+    keep = np.broadcast_to(np.asarray(dropout_mask, dtype=bool), shape)
+    return keep / (1.0 - dropout_p)
+
+
+def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0):
+    r"""Exact attention in float64, returning ``(o, lse)``.
+
+    .. math::
+        S = \text{scale}\; Q K^T,\qquad
+        \text{lse}_i = \log \sum_{j \text{ visible}} e^{S_{ij}},\qquad
+        P_{ij} = e^{S_{ij} - \text{lse}_i},\qquad
+        O = \Big(P \odot \frac{\text{keep}}{1-p}\Big) V
+
+    ``dropout_mask`` is the boolean keep-mask ``[B, H, Nq, Nk]`` (see
+    :func:`numba_flash.dropout_mask`); ``None`` means no dropout.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    h = q.shape[1]
+    k = _expand_kv(np.asarray(k, dtype=np.float64), h)
+    v = _expand_kv(np.asarray(v, dtype=np.float64), h)
+    _, p, lse = _probabilities(q, k, causal, _scale(q.shape[-1], softmax_scale))
+    p_drop = p * _keep_scale(dropout_mask, dropout_p, p.shape)
+    o = np.einsum("bhij,bhjd->bhid", p_drop, v)
+    return o, lse
+
+
+def attention_backward(
+    do, q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0
+):
+    r"""Gradients ``(dq, dk, dv)`` of :func:`attention`'s ``o`` for an upstream gradient ``do``.
+
+    With :math:`Z = \text{keep}/(1-p)` (1 without dropout) and :math:`\tilde P = P \odot Z`:
+
+    .. math::
+        dV = \tilde P^T dO,\quad dP = (dO\,V^T) \odot Z,\quad
+        D_i = \sum_j dP_{ij} P_{ij} = \sum_c dO_{ic} O_{ic},\\
+        dS = P \odot (dP - D),\quad dQ = \text{scale}\; dS\,K,\quad
+        dK = \text{scale}\; dS^T Q
+
+    ``dk`` and ``dv`` are summed over the query heads of each GQA group, in ``k``'s shape.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    do = np.asarray(do, dtype=np.float64)
+    hkv = np.shape(k)[1]
+    h = q.shape[1]
+    k = _expand_kv(np.asarray(k, dtype=np.float64), h)
+    v = _expand_kv(np.asarray(v, dtype=np.float64), h)
+    scale = _scale(q.shape[-1], softmax_scale)
+    _, p, _ = _probabilities(q, k, causal, scale)
+    z = _keep_scale(dropout_mask, dropout_p, p.shape)
+    p_drop = p * z
+    o = np.einsum("bhij,bhjd->bhid", p_drop, v)
+    dv = np.einsum("bhij,bhid->bhjd", p_drop, do)
+    dp = np.einsum("bhid,bhjd->bhij", do, v) * z
+    d_row = (do * o).sum(axis=-1, keepdims=True)
+    ds = p * (dp - d_row)
+    dq = scale * np.einsum("bhij,bhjd->bhid", ds, k)
+    dk = scale * np.einsum("bhij,bhid->bhjd", ds, q)
+    return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv)
+
+
+def blocked_attention(
+    q, k, v, block_m, block_n, *, causal=False, softmax_scale=None, dropout_mask=None,
+    dropout_p=0.0,
+):
+    r"""The tiled FlashAttention forward in NumPy: the bridge from the math to the kernels.
+
+    Q tiles outer (one GPU thread block each), K/V tiles inner.  For each Q tile ``i`` keep the
+    running row max ``m_i``, running sum ``l_i`` and unnormalised output ``acc``; for each K/V tile
+    ``j``:
+
+    .. math::
+        S = \text{scale}\; Q_i K_j^T,\quad m_{new} = \max(m_i, \text{rowmax}(S)),\quad
+        \alpha = e^{m_i - m_{new}},\quad P = e^{S - m_{new}},\\
+        l_i \leftarrow \alpha\, l_i + \text{rowsum}(P),\quad
+        acc \leftarrow \alpha\, acc + (P \odot Z) V_j
+
+    and finally ``O_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.  Causal: tiles wholly above the
+    diagonal are skipped, tiles wholly below it need no mask, only tiles crossing it are masked.
+    Returns the same ``(o, lse)`` as :func:`attention`.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    bsz, h, nq, d = q.shape
+    k = _expand_kv(np.asarray(k, dtype=np.float64), h)
+    v = _expand_kv(np.asarray(v, dtype=np.float64), h)
+    nk = k.shape[2]
+    scale = _scale(d, softmax_scale)
+    offset = nk - nq  # bottom-right causal alignment
+    keep = None if dropout_mask is None else np.asarray(dropout_mask, dtype=bool)
+    o = np.zeros((bsz, h, nq, d))
+    lse = np.full((bsz, h, nq), -np.inf)
+    for b in range(bsz):
+        for hh in range(h):
+            for q_start in range(0, nq, block_m):
+                q_end = min(nq, q_start + block_m)
+                q_tile = q[b, hh, q_start:q_end]
+                m_i = np.full(q_end - q_start, -np.inf)
+                l_i = np.zeros(q_end - q_start)
+                acc = np.zeros((q_end - q_start, d))
+                for k_start in range(0, nk, block_n):
+                    k_end = min(nk, k_start + block_n)
+                    if causal and k_start > q_end - 1 + offset:
+                        break  # this tile and all after it lie wholly above the diagonal
+                    s = scale * q_tile @ k[b, hh, k_start:k_end].T
+                    if causal and k_end - 1 > q_start + offset:  # tile crosses the diagonal
+                        vis = causal_visible(nq, nk)[q_start:q_end, k_start:k_end]
+                        s = np.where(vis, s, -np.inf)
+                    m_new = np.maximum(m_i, s.max(axis=1))
+                    m_use = np.where(np.isfinite(m_new), m_new, 0.0)  # row still fully masked
+                    alpha = np.exp(m_i - m_use)
+                    p = np.exp(s - m_use[:, None])
+                    l_i = alpha * l_i + p.sum(axis=1)
+                    if keep is not None:
+                        p = p * keep[b, hh, q_start:q_end, k_start:k_end] / (1.0 - dropout_p)
+                    acc = alpha[:, None] * acc + p @ v[b, hh, k_start:k_end]
+                    m_i = m_new
+                seen = l_i > 0
+                o[b, hh, q_start:q_end] = np.where(seen[:, None], acc / np.where(seen, l_i, 1.0)[:, None], 0.0)
+                with np.errstate(divide="ignore"):
+                    lse[b, hh, q_start:q_end] = np.where(seen, m_i + np.log(l_i), -np.inf)
+    return o, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# merging partial softmax states, paged decode
+# ----------------------------------------------------------------------------------------------
+def merge_states(o_parts, lse_parts):
+    r"""Merge partial attention states computed over disjoint key sets (stacked on axis 0).
+
+    Each part ``p`` holds its own normalised output ``o_p`` and log-sum-exp ``lse_p``.  Then
+
+    .. math::
+        \text{lse} = \log \sum_p e^{\text{lse}_p},\qquad
+        o = \sum_p e^{\text{lse}_p - \text{lse}}\; o_p
+
+    A part with ``lse_p = -inf`` (it saw no key) contributes nothing; if every part is ``-inf``
+    the result is ``o = 0``, ``lse = -inf``.
+    """
+    o_parts = np.asarray(o_parts, dtype=np.float64)
+    lse_parts = np.asarray(lse_parts, dtype=np.float64)
+    if o_parts.shape[:-1] != lse_parts.shape:
+        raise ValueError(
+            f"o_parts {o_parts.shape} and lse_parts {lse_parts.shape} disagree: expected "
+            "o_parts.shape[:-1] == lse_parts.shape"
+        )
+    m = lse_parts.max(axis=0)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(lse_parts - m_safe)  # exp(-inf) = 0: empty parts weigh nothing
+    total = w.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(total > 0, m_safe + np.log(total), -np.inf)
+        o = np.where(total[..., None] > 0, (w[..., None] * o_parts).sum(axis=0) / np.where(total > 0, total, 1.0)[..., None], 0.0)
+    return o, lse
+
+
+def gather_paged(cache, block_table, seqlen, b):
+    """Logical ``[Hkv, seqlen, d]`` view of sequence ``b`` from a paged cache.
+
+    ``cache`` is ``[num_blocks, Hkv, block_size, d]``; token ``t`` of sequence ``b`` lives in
+    physical block ``block_table[b, t // block_size]`` at slot ``t % block_size``.
+    """
+    block_size = cache.shape[2]
+    t = np.arange(seqlen)
+    blocks = np.asarray(block_table)[b, t // block_size]
+    return np.asarray(cache, dtype=np.float64)[blocks, :, t % block_size].transpose(1, 0, 2)
+
+
+def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal=False,
+                 softmax_scale=None):
+    """Decode attention against a KV cache, contiguous or paged, returning ``(o, lse)``.
+
+    ``q`` is ``[B, H, d]`` (one token) or ``[B, H, Nq, d]``.  With ``block_table=None`` the cache
+    is contiguous ``[B, Hkv, Nmax, d]`` and sequence ``b`` uses its first ``cache_seqlens[b]``
+    positions; otherwise the cache is paged ``[num_blocks, Hkv, block_size, d]`` (see
+    :func:`gather_paged`).  Each sequence is then plain :func:`attention` with bottom-right causal
+    alignment against its ``cache_seqlens[b]`` keys.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    single = q.ndim == 3
+    q4 = q[:, :, None, :] if single else q
+    outs, lses = [], []
+    for b in range(q4.shape[0]):
+        n = int(cache_seqlens[b])
+        if block_table is None:
+            kb = np.asarray(k_cache, dtype=np.float64)[b, :, :n]
+            vb = np.asarray(v_cache, dtype=np.float64)[b, :, :n]
+        else:
+            kb = gather_paged(k_cache, block_table, n, b)
+            vb = gather_paged(v_cache, block_table, n, b)
+        o, lse = attention(q4[b : b + 1], kb[None], vb[None], causal=causal,
+                           softmax_scale=softmax_scale)
+        outs.append(o[0])
+        lses.append(lse[0])
+    o = np.stack(outs)
+    lse = np.stack(lses)
+    if single:
+        return o[:, :, 0], lse[:, :, 0]
+    return o, lse

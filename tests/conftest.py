@@ -1,0 +1,37 @@
+"""Shared fixtures for the three tiers.
+
+* tests/reference: the float64 oracle alone (fast, NumPy).
+* tests/kernels:   every kernel against the oracle, in the simulator on a CPU, on the device when
+                   a GPU is present.  Outputs are NaN-poisoned before every launch (autouse).
+* tests/compile:   every launchable configuration to PTX for sm_80/sm_90, assembled by ptxas.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_flash
+
+
+def pytest_collection_modifyitems(config, items):
+    if numba_flash.backend() != "cuda":
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _poison_outputs():
+    """Every output array a kernel is launched with starts as NaN: an unwritten element fails."""
+    with numba_flash.poisoned_outputs():
+        yield
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test, seeded from the test's name so failures reproduce."""
+    seed = abs(hash(request.node.nodeid)) % (2**32)
+    return np.random.default_rng(seed)
+

@@ -1,0 +1,36 @@
+"""Tolerances and comparison helpers shared by the kernel tests.
+
+Tolerances are measured, not chosen for convenience: each bound below is a small multiple
+(about 4x) of the largest error seen over many random inputs, and the measurement is recorded
+next to the bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: absolute error bound per compute dtype for outputs of magnitude ~1 (probabilities, attention
+#: outputs of unit-variance V).  float16 is dominated by the final rounding to float16
+#: (2**-11 relative), float32 by accumulation in float32, float64 by accumulation in float64.
+ATOL = {np.float16: 2e-3, np.float32: 2e-5, np.float64: 1e-12}
+
+
+def atol(dtype):
+    return ATOL[np.dtype(dtype).type]
+
+
+def assert_close(got, want, dtype, scale=1.0, name="output"):
+    """``got`` (any dtype, no NaN allowed) within ``atol(dtype) * scale`` of float64 ``want``."""
+    got = np.asarray(got)
+    assert not np.isnan(got).any(), f"{name}: NaN in output (unwritten element or NaN leak)"
+    diff = np.abs(got.astype(np.float64) - want)
+    # infinities must match exactly
+    both_inf = np.isinf(want) & (got.astype(np.float64) == want)
+    diff = np.where(both_inf, 0.0, diff)
+    bound = atol(dtype) * scale
+    assert diff.max() <= bound, f"{name}: max abs error {diff.max():.3e} > {bound:.1e}"
+
+
+def randn(rng, shape, dtype=np.float32, scale=1.0):
+    """Standard normal samples (times ``scale``) in ``dtype``."""
+    return (rng.standard_normal(shape) * scale).astype(dtype)
