@@ -20,6 +20,7 @@ prints a resource table and exits 1 if any configuration fails a check:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import importlib
 import json
@@ -78,14 +79,45 @@ def all_configs(selector=None):
                 yield cfg
 
 
+@contextlib.contextmanager
+def _device_functions_for(cc):
+    """Let ``@cuda.jit(device=True)`` functions called by a kernel compile with no GPU.
+
+    numba-cuda compiles such a device function (``Dispatcher.compile_device``) for the compute
+    capability of ``get_current_device()``, which raises without a CUDA driver.  While this
+    context is active that lookup answers ``cc`` instead.  The device function's NVVM IR is linked
+    into each kernel, and the kernel's PTX is generated for the kernel's own ``cc``.
+    """
+    import types as pytypes
+
+    from numba.cuda import dispatcher
+
+    original = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = original
+
+
 def build(cfg, cc, ptxas):
     """Compile one configuration for one compute capability; return a result row."""
     from numba import cuda, types
 
     fn = cfg["kernel"].py_func
     t0 = time.perf_counter()
-    ptx, _ = cuda.compile_ptx(fn, types.void(*cfg["args"]), cc=cc, fastmath=cfg.get("fastmath", False))
     row = {"name": cfg["name"], "cc": f"sm_{cc[0]}{cc[1]}", "float64_ok": cfg["float64_ok"]}
+    try:
+        with _device_functions_for(cc):
+            ptx, _ = cuda.compile_ptx(fn, types.void(*cfg["args"]), cc=cc,
+                                      fastmath=cfg.get("fastmath", False))
+    except Exception as exc:  # one broken configuration must not hide the others
+        row.update(f64=[], ptxas_rc=-1, ptxas_err=f"compile_ptx: {type(exc).__name__}: "
+                   f"{str(exc).splitlines()[0] if str(exc) else ''}", registers=0, smem=0,
+                   spill_stores=0, spill_loads=0, stack=0,
+                   seconds=round(time.perf_counter() - t0, 2))
+        row["problems"] = [row["ptxas_err"]]
+        return row
     row["f64"] = f64_lines(ptx)[:5]
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
@@ -106,7 +138,8 @@ def build(cfg, cc, ptxas):
 def problems(row):
     out = []
     if row["ptxas_rc"] != 0:
-        out.append("ptxas failed: " + row["ptxas_err"].strip().splitlines()[-1] if row["ptxas_err"] else "ptxas failed")
+        err = row["ptxas_err"].strip().splitlines()
+        out.append("build failed: " + (err[-1] if err else "ptxas returned non-zero"))
     if row["f64"] and not row["float64_ok"]:
         out.append("float64 instruction in a float16/float32 kernel: " + row["f64"][0])
     if row["spill_stores"] or row["spill_loads"]:

@@ -1,0 +1,43 @@
+"""``numba_flash.dropout_mask``: the exact keep-mask the attention kernels draw from a seed.
+
+The mask is computed on the host with the NumPy twin of the kernels' Philox4x32-10 (see
+:mod:`numba_flash.philox` for the counter layout), so tests and users can rebuild, element for
+element, what a forward or backward call with ``(dropout_p, seed)`` applied, and feed it to
+:func:`numba_flash.reference.attention` as ``dropout_mask``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..philox import dropout_params, keep_mask
+
+__all__ = ["dropout_mask", "dropout_params"]
+
+
+def _check_dim(name, x):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name}: expected a positive int, got {type(x).__name__}")
+    n = int(x)
+    if not 1 <= n <= 2**32:
+        raise ValueError(f"{name}: expected a positive int <= 2**32, got {n}")
+    return n
+
+
+def dropout_mask(seed, B, H, Nq, Nk, dropout_p):
+    """The bool keep-mask ``[B, H, Nq, Nk]`` for ``(seed, dropout_p)``: True = kept.
+
+    Element ``(b, h, i, j)`` (``h`` the query head) is kept iff word ``j % 4`` of
+    ``philox4x32_10(counter=(j // 4, i, h, b), key=(seed & 0xFFFFFFFF, seed >> 32))`` is
+    ``>= min(round(dropout_p * 2**32), 2**32 - 1)``: exactly the mask the kernels apply, so
+    ``P(keep) = 1 - dropout_p`` (to within ``2**-33``) and ``dropout_p = 0`` keeps everything.
+
+    ``seed`` is an integer in ``[0, 2**64)`` (Python or NumPy, not bool), ``dropout_p`` a real in
+    ``[0, 1)``, ``B, H, Nq, Nk`` positive ints.  Raises ``TypeError``/``ValueError`` naming the
+    argument.  Memory: the mask itself plus about ``48 * Nq * Nk`` bytes of work per (b, h).
+    """
+    seed_lo, seed_hi, threshold, _scale = dropout_params(dropout_p, seed)
+    dims = [_check_dim(n, x) for n, x in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk))]
+    return keep_mask(seed_lo, seed_hi, threshold, *dims)
