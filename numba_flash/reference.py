@@ -57,6 +57,7 @@ def softmax(x):
     return e / e.sum()
 
 
+# [docs:online-softmax-stats]
 def online_softmax_stats(x):
     r"""The one-pass part of the online softmax: running max ``m`` and running sum ``l``.
 
@@ -79,8 +80,10 @@ def online_softmax_stats(x):
         l = l * math.exp(m - m_new) + math.exp(float(xk) - m_new)
         m = m_new
     return m, l
+# [/docs:online-softmax-stats]
 
 
+# [docs:online-softmax]
 def online_softmax(x):
     r"""Softmax with the online normaliser: one pass for (m, l), a second pass to normalise.
 
@@ -97,6 +100,7 @@ def online_softmax(x):
     m, l = online_softmax_stats(x)
     x = np.asarray(x, dtype=np.float64)
     return np.exp(x - m) / l
+# [/docs:online-softmax]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,6 +243,7 @@ def blocked_attention(
     lse = np.full((bsz, h, nq), -np.inf)
     for b in range(bsz):
         for hh in range(h):
+            # [docs:blocked-attention-loop]
             for q_start in range(0, nq, block_m):
                 q_end = min(nq, q_start + block_m)
                 q_tile = q[b, hh, q_start:q_end]
@@ -266,6 +271,7 @@ def blocked_attention(
                 o[b, hh, q_start:q_end] = np.where(seen[:, None], acc / np.where(seen, l_i, 1.0)[:, None], 0.0)
                 with np.errstate(divide="ignore"):
                     lse[b, hh, q_start:q_end] = np.where(seen, m_i + np.log(l_i), -np.inf)
+            # [/docs:blocked-attention-loop]
     return o, lse
 
 
@@ -291,6 +297,7 @@ def merge_states(o_parts, lse_parts):
             f"o_parts {o_parts.shape} and lse_parts {lse_parts.shape} disagree: expected "
             "o_parts.shape[:-1] == lse_parts.shape"
         )
+    # [docs:merge-states]
     m = lse_parts.max(axis=0)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     w = np.exp(lse_parts - m_safe)  # exp(-inf) = 0: empty parts weigh nothing
@@ -299,6 +306,7 @@ def merge_states(o_parts, lse_parts):
         lse = np.where(total > 0, m_safe + np.log(total), -np.inf)
         o = np.where(total[..., None] > 0, (w[..., None] * o_parts).sum(axis=0) / np.where(total > 0, total, 1.0)[..., None], 0.0)
     return o, lse
+    # [/docs:merge-states]
 
 
 def gather_paged(cache, block_table, seqlen, b):

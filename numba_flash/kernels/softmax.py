@@ -65,6 +65,7 @@ def softmax_kernel(THREADS, dtype):
         m_sh = cuda.shared.array(THREADS, acc_t)
         l_sh = cuda.shared.array(THREADS, acc_t)
 
+        # [docs:softmax-kernel-pass1]
         # -- pass 1: online (m, l) over this thread's strided slice of the row
         m_i = acc_t(NEG_INF)
         l_i = acc_t(0.0)
@@ -76,7 +77,9 @@ def softmax_kernel(THREADS, dtype):
         m_sh[tid] = m_i
         l_sh[tid] = l_i
         cuda.syncthreads()  # every thread's (m, l) is in shared memory before the reduction reads it
+        # [/docs:softmax-kernel-pass1]
 
+        # [docs:softmax-kernel-reduction]
         # -- tree reduction of the (m, l) pairs: THREADS/2, THREADS/4, ..., 1 active threads
         stride = THREADS // 2
         while stride > 0:
@@ -90,6 +93,7 @@ def softmax_kernel(THREADS, dtype):
                     m_sh[tid] = m_new
             cuda.syncthreads()  # this level's merged pairs are written before the next level reads
             stride //= 2
+        # [/docs:softmax-kernel-reduction]
 
         # -- pass 2: normalise with the row's (m, l), which thread 0 left in slot 0
         m_row = m_sh[0]

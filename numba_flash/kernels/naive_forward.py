@@ -1,0 +1,144 @@
+"""The first attention forward: one thread per query row, no shared memory (tutorial step 1).
+
+Math
+----
+For query row ``i`` of head ``(b, h)`` (kv head ``h_kv = h // (H // Hkv)``, GQA), with
+``s_j = scale * q_i . k_j`` over the visible keys ``j``, one pass of the online softmax keeps the
+running max ``m_i``, running sum ``l_i`` and the unnormalised output ``acc``::
+
+    m_new = max(m_i, s_j),  alpha = exp(m_i - m_new),  p = exp(s_j - m_new)
+    l_i   = alpha * l_i + p
+    acc   = alpha * acc + p * v_j
+    m_i   = m_new
+
+and at the end ``o_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.  Causal masking is aligned
+bottom-right: row ``i`` sees keys ``j <= i + Nk - Nq``, so it simply stops its key loop early; a row
+that sees no key writes ``o = 0``, ``lse = -inf``.
+
+This is the tiled kernel with every tile one row high and one key wide: nothing is shared between
+threads, so every thread reads all the K/V rows it needs straight from global memory.  Its global
+traffic is ``Theta(Nq * Nk * d)`` per head (see ``docs/io-complexity.md``): the tiled forward
+exists to divide that by the number of query rows that share a K/V tile.
+
+Grid / block
+------------
+grid = (ceil(Nq / BLOCK_M), B * H), block = (BLOCK_M,).  ``blockIdx.y`` is the flattened
+``(b, h)``; thread ``t`` of block ``x`` owns query row ``x * BLOCK_M + t``.
+
+Memory
+------
+No shared memory.  Per thread: ``q_row[HEAD_DIM]`` and ``acc[HEAD_DIM]`` local arrays of the
+compute type (``HEAD_DIM`` is the head dim padded to a compile-time size; the loops run over the
+true ``d``), plus the scalars ``m_i``, ``l_i``.
+
+float16 inputs are read as float16 and computed in float32; float64 inputs compute in float64.
+``lse`` is stored in the compute type.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..backend import on_simulator
+from .common import compute_type, numba_array_type
+
+#: compile-time head dims: a head dim ``d`` runs in the smallest one >= d.
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+#: query rows (= threads) per block: few in the simulator (one Python thread each).
+SIM_BLOCK_M = 4
+GPU_BLOCK_M = 128
+
+
+def default_block_m():
+    return SIM_BLOCK_M if on_simulator() else GPU_BLOCK_M
+
+
+def padded_head_dim(d):
+    """The compile-time ``HEAD_DIM`` a head dim ``d`` (1..256) runs with."""
+    return next(hd for hd in HEAD_DIMS if hd >= d)
+
+
+@functools.lru_cache(maxsize=None)
+def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
+    """Build (once per ``(HEAD_DIM, CAUSAL, dtype)``) ``kernel(q, k, v, o, lse, scale)``."""
+    acc_t = compute_type(dtype)
+    NEG_INF = -math.inf
+
+    @cuda.jit
+    def naive_forward(q, k, v, o, lse, scale):
+        # [docs:naive-grid]
+        row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x  # query row of this thread
+        bh = cuda.blockIdx.y                                          # flattened (batch, head)
+        n_heads = q.shape[1]
+        b = bh // n_heads
+        h = bh % n_heads
+        h_kv = h // (n_heads // k.shape[1])  # GQA: a group of query heads shares one kv head
+        # [/docs:naive-grid]
+        nq = q.shape[2]
+        nk = k.shape[2]
+        d = q.shape[3]
+        if row >= nq:
+            return  # the last block's spare threads
+
+        # [docs:naive-body]
+        q_row = cuda.local.array(HEAD_DIM, acc_t)
+        acc = cuda.local.array(HEAD_DIM, acc_t)
+        for c in range(d):
+            q_row[c] = acc_t(q[b, h, row, c])
+            acc[c] = acc_t(0.0)
+        m_i = acc_t(NEG_INF)
+        l_i = acc_t(0.0)
+
+        n_keys = nk
+        if CAUSAL:
+            n_keys = min(nk, row + nk - nq + 1)  # bottom-right: row sees keys j <= row + nk - nq
+        for j in range(n_keys):
+            s = acc_t(0.0)
+            for c in range(d):
+                s += q_row[c] * acc_t(k[b, h_kv, j, c])
+            s *= scale
+            # -- online softmax: rescale what was summed against the old max
+            m_new = max(m_i, s)
+            alpha = math.exp(m_i - m_new)
+            p = math.exp(s - m_new)
+            l_i = alpha * l_i + p
+            for c in range(d):
+                acc[c] = alpha * acc[c] + p * acc_t(v[b, h_kv, j, c])
+            m_i = m_new
+
+        # -- epilogue: normalise once; a row that saw no key writes o = 0, lse = -inf
+        if l_i > acc_t(0.0):
+            inv_l = acc_t(1.0) / l_i
+            for c in range(d):
+                o[b, h, row, c] = acc[c] * inv_l
+            lse[b, h, row] = m_i + math.log(l_i)
+        else:
+            for c in range(d):
+                o[b, h, row, c] = acc_t(0.0)
+            lse[b, h, row] = acc_t(NEG_INF)
+        # [/docs:naive-body]
+
+    return naive_forward
+
+
+def compile_configs():
+    """Every naive-forward configuration the package can launch on a GPU, for the compile tier."""
+    for dtype in (np.float16, np.float32, np.float64):
+        dtype = np.dtype(dtype)
+        arr = numba_array_type(dtype, 4)
+        acc_np = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        lse_arr = numba_array_type(acc_np, 3)
+        scale_t = compute_type(dtype)
+        for head_dim in HEAD_DIMS:
+            for causal in (False, True):
+                yield {
+                    "name": f"naive_forward HEAD_DIM={head_dim} CAUSAL={int(causal)} {dtype.name}",
+                    "kernel": naive_forward_kernel(head_dim, causal, dtype),
+                    "args": (arr, arr, arr, arr, lse_arr, scale_t),
+                    "float64_ok": dtype == np.float64,
+                }

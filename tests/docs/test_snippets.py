@@ -1,0 +1,97 @@
+"""docs/snippets.py: the pages are up to date with the code they quote, and the checker itself
+catches each kind of drift (on a throwaway tree, so these tests can fail)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+import snippets
+
+
+def test_docs_are_current_and_links_resolve():
+    rep = snippets.process(snippets.default_pages(), write=False)
+    assert not rep.problems, "\n".join(rep.problems + ["fix: python docs/snippets.py --write"])
+
+
+def test_every_page_is_reachable_from_the_index():
+    index = (snippets.DOCS / "index.md").read_text()
+    for page in snippets.default_pages():
+        if page.name != "index.md":
+            assert f"]({page.name})" in index, page.name
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "numba_flash").mkdir()
+    (tmp_path / "numba_flash" / "mod.py").write_text(textwrap.dedent("""\
+        def f(x):
+            # [docs:body]
+            y = x + 1
+            return y
+            # [/docs:body]
+        """))
+    return tmp_path
+
+
+def page(tree, text):
+    p = tree / "docs" / "p.md"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def run(tree, p, write=False):
+    return snippets.process([p], write=write, root=tree, pending=set())
+
+
+def test_write_then_check_roundtrip(tree):
+    p = page(tree, """\
+        # Title
+        <!-- include: numba_flash/mod.py#body -->
+        """)
+    assert any("stale" in x for x in run(tree, p).problems)
+    assert not run(tree, p, write=True).problems
+    assert "```python\ny = x + 1\nreturn y\n```" in p.read_text()
+    assert not run(tree, p).problems
+
+
+def test_code_change_makes_page_stale(tree):
+    p = page(tree, "<!-- include: numba_flash/mod.py#body -->\n")
+    run(tree, p, write=True)
+    mod = tree / "numba_flash" / "mod.py"
+    mod.write_text(mod.read_text().replace("x + 1", "x + 2"))
+    assert any("stale" in x for x in run(tree, p).problems)
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("<!-- include: numba_flash/nope.py#body -->", "no file numba_flash/nope.py"),
+    ("<!-- include: numba_flash/mod.py#nope -->", "no region [docs:nope]"),
+    ("see [there](missing.md)", "link to missing file missing.md"),
+    ("see [there](p.md#no-such-heading)", "no heading for anchor #no-such-heading"),
+    ("see `numba_flash/ghost.py`", "inline path numba_flash/ghost.py does not exist"),
+    ("<!-- run: ls -->", "only 'python ...' commands"),
+])
+def test_each_kind_of_problem_is_reported(tree, line, problem):
+    p = page(tree, f"# Heading\n\n{line}\n")
+    assert any(problem in x for x in run(tree, p).problems), run(tree, p).problems
+
+
+def test_anchor_and_pending_path_are_accepted(tree):
+    p = page(tree, "# A heading: `with` code\n\n[up](#a-heading-with-code) `numba_flash/later.py`\n")
+    rep = snippets.process([p], root=tree, pending={"numba_flash/later.py"})
+    assert not rep.problems
+
+
+def test_unbalanced_marker(tree):
+    (tree / "numba_flash" / "bad.py").write_text("# [docs:x]\npass\n")
+    p = page(tree, "<!-- include: numba_flash/bad.py#x -->\n")
+    assert any("never closed" in x for x in run(tree, p).problems)
+
+
+def test_run_directive_output(tree):
+    (tree / "numba_flash" / "hello.py").write_text("print('hello', 6 * 7)\n")
+    p = page(tree, "<!-- run: python numba_flash/hello.py -->\n")
+    run(tree, p, write=True)
+    assert "```text\nhello 42\n```" in p.read_text()
