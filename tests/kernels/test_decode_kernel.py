@@ -7,7 +7,6 @@ BLOCK_M = 4 rows, BLOCK_N = 4 tokens, 16 tokens per split (``num_splits=None``),
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -23,16 +22,6 @@ from helpers import assert_close, randn
 # inputs and is held to the float32 bound.
 LSE_DTYPE = {np.float16: np.float32, np.float32: np.float32, np.float64: np.float64}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_simulator_barriers():
-    """The simulator's block manager busy-polls its threads for syncthreads; with Python's
-    default 5 ms GIL switch interval every barrier costs milliseconds.  A short interval makes
-    this file ~5x faster and changes nothing else."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
 
 
 def paged_cache(rng, b, hkv, d, lens, block_size, dtype, extra_blocks=3, poison=True):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -17,14 +16,6 @@ from helpers import assert_close, randn
 # (2e-3 / 2e-5 / 1e-12), scaled by max|o| for float16 outputs (the rounding is relative).
 LSE_DTYPE = {np.float16: np.float32, np.float32: np.float32, np.float64: np.float64}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _fast_simulator_barriers():
-    """Short GIL switch interval: the simulator's block manager busy-polls its threads."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
 
 
 def parts(rng, shape, dtype):
