@@ -1,0 +1,384 @@
+"""FlashAttention forward: one thread block per Q tile, K/V tiles streamed through shared memory.
+
+Math
+----
+For one ``(batch, head)`` and one Q tile ``Q_i`` (``BLOCK_M`` rows), keep per row the running
+max ``m_i``, the running sum ``l_i`` and the unnormalised output ``acc`` (``BLOCK_M x HEAD_DIM``).
+For each K/V tile ``j`` (``BLOCK_N`` keys)::
+
+    S     = scale * Q_i K_j^T                      (-inf where a key is masked)
+    m_new = max(m_i, rowmax(S))
+    alpha = exp(m_i - m_new)
+    P     = exp(S - m_new)
+    l_i   = alpha * l_i + rowsum(P)
+    acc   = alpha * acc + P V_j
+    m_i   = m_new
+
+and at the end ``O_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.  A row that saw no key keeps
+``m_i = -inf, l_i = 0`` and writes ``o = 0``, ``lse = -inf`` (``exp`` is then taken against 0 so
+no ``-inf - -inf`` NaN ever appears).  Causal masking is aligned bottom-right: query ``r`` sees
+key ``c`` iff ``c <= r + Nk - Nq``.  K/V tiles wholly after the diagonal are never loaded (the
+loop stops); tiles wholly before it (and inside ``Nk``) run the unmasked step; only the tiles
+crossing the diagonal, and the ragged last tile, run the masked step.
+
+Grid / block
+------------
+grid = (ceil(Nq / BLOCK_M), B * H); ``blockIdx.y`` is the flattened ``(b, h)`` and the kv head is
+``h // (H // Hkv)`` (GQA / MQA).  block = (THREADS_N, THREADS_M): thread ``(tx, ty)`` owns the
+``TM = BLOCK_M / THREADS_M`` tile rows ``ty, ty + THREADS_M, ...`` and, in those rows, the
+``TN = BLOCK_N / THREADS_N`` score columns ``tx, tx + THREADS_N, ...`` of S and the
+``TD = HEAD_DIM / THREADS_N`` output columns ``tx, tx + THREADS_N, ...`` of ``acc``.  Its S and
+``acc`` micro-tiles, ``m_i`` and its partial ``l_i`` live in registers (``cuda.local.array`` with
+compile-time sizes, fully unrolled).  Strided ownership makes neighbouring threads read
+neighbouring shared-memory words (no bank conflicts).  Each row's max is combined across its
+``THREADS_N`` threads through shared memory every tile; the partial sums ``l_i`` are combined once,
+at the end (they all share the row's ``m_i``, so partial sums add up).
+
+Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
+------------------------------------------------------------------
+* ``q_tile [HEAD_DIM, BLOCK_M + 1]``: ``scale * Q_i`` transposed, loaded once;
+* ``k_tile [HEAD_DIM, BLOCK_N + 1]``: ``K_j`` transposed, so S reads a row of consecutive keys;
+* ``v_tile [BLOCK_N, HEAD_DIM]``;
+* ``p_tile [BLOCK_M, BLOCK_N + 1]``: the probabilities ``P`` for ``P V``;
+* ``red    [BLOCK_M, THREADS_N + 1]``: per-thread partial row maxima (then partial row sums).
+
+The ``+ 1`` pads keep transposed stores and column reads free of bank conflicts.  In total
+``w * (HEAD_DIM (BLOCK_M + BLOCK_N + 2) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N + THREADS_N + 2))``
+bytes, at most 48 KiB for every configuration :func:`compile_configs` lists (see
+:func:`shared_bytes`; e.g. 43 KiB for the float32 default at HEAD_DIM = 64: 64 x 32 tiles, 8 x 8 threads).
+
+float16 inputs are read as float16 and computed in float32 (the tiles hold float32); float64
+inputs compute in float64.  ``lse`` is stored in the compute type.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..backend import on_simulator
+from .common import compute_type, numba_array_type
+
+#: compile-time head dims: a head dim ``d`` runs in the smallest one >= d (zero-padded).
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+#: the per-block static shared-memory limit (no dynamic opt-in).
+SMEM_LIMIT = 48 * 1024
+
+#: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
+MAX_TILE_REGS = 64
+
+#: GPU default tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.
+#: Chosen so that the S and acc micro-tiles are as large as the registers allow (each shared load
+#: feeds 4-8 FMAs) while everything stays under 48 KiB of shared memory.
+GPU_TILES = {
+    4: {16: (64, 64), 32: (64, 64), 64: (64, 32), 128: (32, 16), 256: (16, 8)},
+    8: {16: (32, 32), 32: (32, 32), 64: (32, 16), 128: (16, 8), 256: (4, 8)},
+}
+
+#: simulator defaults: small tiles and few threads (each CUDA thread is a Python thread).
+SIM_BLOCK = 8
+SIM_THREADS = 4
+SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
+GPU_THREADS = 8
+
+
+def padded_head_dim(d):
+    """The compile-time ``HEAD_DIM`` a head dim ``d`` (1..256) runs in."""
+    return next(h for h in HEAD_DIMS if h >= d)
+
+
+def _word(dtype):
+    return 8 if np.dtype(dtype) == np.float64 else 4
+
+
+def gpu_tiles(head_dim, dtype):
+    """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype."""
+    hd = padded_head_dim(head_dim)
+    block_m, block_n = GPU_TILES[_word(dtype)][hd]
+    return block_m, block_n, hd
+
+
+def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
+    """``(THREADS_M, THREADS_N)``: thread rows and columns of a block for these tiles."""
+    t = SIM_THREADS if simulator else GPU_THREADS
+    return min(t, BLOCK_M), min(t, BLOCK_N, HEAD_DIM)
+
+
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_N, dtype):
+    """Static shared memory of one block (the budget in the module docstring)."""
+    words = (HEAD_DIM * (BLOCK_M + 1) + HEAD_DIM * (BLOCK_N + 1) + BLOCK_N * HEAD_DIM
+             + BLOCK_M * (BLOCK_N + 1) + BLOCK_M * (THREADS_N + 1))
+    return _word(dtype) * words
+
+
+def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False):
+    """Why these tiles cannot run on a GPU (shared memory, registers), or ``None`` if they can."""
+    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
+    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, tn_, dtype)
+    if smem > SMEM_LIMIT:
+        return f"{smem} B of shared memory > {SMEM_LIMIT} B"
+    regs_per = _word(dtype) // 4
+    acc_regs = (BLOCK_M // tm_) * (HEAD_DIM // tn_) * regs_per
+    s_regs = (BLOCK_M // tm_) * (BLOCK_N // tn_) * regs_per
+    if max(acc_regs, s_regs) > MAX_TILE_REGS:
+        return f"{max(acc_regs, s_regs)} registers per thread for one micro-tile > {MAX_TILE_REGS}"
+    return None
+
+
+def explicit_tiles(head_dim, dtype, simulator=None):
+    """``{(BLOCK_M, BLOCK_N): HEAD_DIM}``: the tiles a caller may ask for with ``block_m=`` /
+    ``block_n=`` for head dim ``d``, in this order of preference.
+
+    On the GPU they are the default tiles of every compile-time head dim that can hold ``d``; a
+    choice runs in that head dim's default kernel (``d`` zero-padded up to it), so explicit tiles
+    never need a kernel that the compile tier does not already build.  They exist for tests and
+    experiments (smaller or non-square tiles), not for speed.  In the simulator (no compile
+    tier, and every tile element costs Python time) they are the small tiles ``SIM_EXPLICIT``.
+    """
+    if simulator is None:
+        simulator = on_simulator()
+    hd0 = padded_head_dim(head_dim)
+    if simulator:
+        return {pair: hd0 for pair in SIM_EXPLICIT}
+    out = {}
+    for hd in HEAD_DIMS:
+        if hd >= hd0:
+            out.setdefault(gpu_tiles(hd, dtype)[:2], hd)
+    return out
+
+
+def choose_tiles(head_dim, dtype, block_m=None, block_n=None):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a call: the backend default, or the explicit choice.
+
+    ``block_m`` / ``block_n`` must already be validated ints (or None).  A ``ValueError`` names
+    the argument and lists the allowed pairs when the choice is not one of :func:`explicit_tiles`.
+    """
+    if block_m is None and block_n is None:
+        return default_tiles(head_dim, dtype)
+    allowed = explicit_tiles(head_dim, dtype)
+    for (bm, bn), hd in allowed.items():
+        if block_m in (None, bm) and block_n in (None, bn):
+            return bm, bn, hd
+    # blame block_m if no pair has it, else block_n
+    if block_m is not None and all(bm != block_m for bm, _ in allowed):
+        name = "block_m"
+    else:
+        name = "block_n"
+    pairs = ", ".join(f"({bm}, {bn})" for bm, bn in allowed)
+    raise ValueError(
+        f"{name}: expected (block_m, block_n) in [{pairs}] for head dim {head_dim} and dtype "
+        f"{np.dtype(dtype).name}, got ({block_m}, {block_n})"
+    )
+
+
+def default_tiles(head_dim, dtype):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for this backend: small in the simulator."""
+    if on_simulator():
+        return SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)
+    return gpu_tiles(head_dim, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS_N):
+    """Build (once per configuration) ``kernel(q, k, v, o, lse, scale)``.
+
+    ``scale`` must already be of the compute type (``np.float32`` / ``np.float64``).
+    """
+    assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
+    assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
+    acc_t = compute_type(dtype)
+    TM = BLOCK_M // THREADS_M     # tile rows per thread
+    TN = BLOCK_N // THREADS_N     # S columns per thread
+    TD = HEAD_DIM // THREADS_N    # acc (output) columns per thread
+    THREADS = THREADS_M * THREADS_N
+    Q_STRIDE = BLOCK_M + 1        # padded row lengths: q_tile,
+    K_STRIDE = BLOCK_N + 1        # k_tile and p_tile,
+    RED_STRIDE = THREADS_N + 1    # red
+    NEG_INF = -math.inf
+    # unsigned trip counts for the two hot loops: an unsigned index needs no negative-index
+    # wraparound code, which would also stop the compiler from strength-reducing the addresses
+    HEAD_DIM_U = np.uint64(HEAD_DIM)
+    BLOCK_N_U = np.uint64(BLOCK_N)
+
+    @cuda.jit
+    def flash_forward(q, k, v, o, lse, scale):
+        # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
+        # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
+        tx = cuda.threadIdx.x & (THREADS_N - 1)
+        ty = cuda.threadIdx.y & (THREADS_M - 1)
+        tid = ty * THREADS_N + tx
+        bh = cuda.blockIdx.y
+        n_heads = q.shape[1]
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // (n_heads // k.shape[1])  # GQA: query head h reads kv head h // group
+        nq = q.shape[2]
+        nk = k.shape[2]
+        d = q.shape[3]
+        q_start = cuda.blockIdx.x * BLOCK_M
+
+        q_tile = cuda.shared.array((HEAD_DIM, Q_STRIDE), acc_t)
+        k_tile = cuda.shared.array((HEAD_DIM, K_STRIDE), acc_t)
+        v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), acc_t)
+        p_tile = cuda.shared.array((BLOCK_M, K_STRIDE), acc_t)
+        red = cuda.shared.array((BLOCK_M, RED_STRIDE), acc_t)
+        s = cuda.local.array((TM, TN), acc_t)
+        acc = cuda.local.array((TM, TD), acc_t)
+        m_i = cuda.local.array(TM, acc_t)
+        l_i = cuda.local.array(TM, acc_t)
+
+        # -- load q_tile = scale * Q_i (transposed), zero past Nq and past the true head dim
+        for idx in range(tid, BLOCK_M * HEAD_DIM, THREADS):
+            r = idx // HEAD_DIM
+            c = idx % HEAD_DIM
+            if q_start + r < nq and c < d:
+                q_tile[c, r] = acc_t(q[b, h, q_start + r, c]) * scale
+            else:
+                q_tile[c, r] = acc_t(0.0)
+        for i in range(TM):
+            m_i[i] = acc_t(NEG_INF)
+            l_i[i] = acc_t(0.0)
+            for c in range(TD):
+                acc[i, c] = acc_t(0.0)
+        cuda.syncthreads()  # q_tile is complete before the first S reads it
+
+        # -- which K/V tiles: [0, n_full) need no mask, [n_full, n_tiles) are masked
+        diag = nk - nq  # bottom-right causal alignment: row r sees keys <= r + diag
+        if CAUSAL:
+            q_last = min(nq, q_start + BLOCK_M) - 1
+            kv_end = max(0, min(nk, q_last + diag + 1))  # keys some row of this tile sees
+            n_full = max(0, min(nk, q_start + diag + 1)) // BLOCK_N  # tiles every row sees whole
+        else:
+            kv_end = nk
+            n_full = nk // BLOCK_N
+        n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N  # tiles wholly after the diagonal: not loaded
+
+        for kt in range(n_tiles):
+            k_start = kt * BLOCK_N
+            # -- load k_tile = K_j^T and v_tile = V_j, zero past Nk and past the true head dim
+            for idx in range(tid, BLOCK_N * HEAD_DIM, THREADS):
+                r = idx // HEAD_DIM
+                c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
+                key = k_start + r
+                if key < nk and c < d:
+                    k_tile[c, r] = acc_t(k[b, hk, key, c])
+                    v_tile[r, c] = acc_t(v[b, hk, key, c])
+                else:
+                    k_tile[c, r] = acc_t(0.0)
+                    v_tile[r, c] = acc_t(0.0)
+            cuda.syncthreads()  # k_tile and v_tile are complete before any thread reads them
+
+            # -- S = Q K^T  (q_tile already holds scale * Q): a TM x TN micro-tile per thread
+            for i in range(TM):
+                for j in range(TN):
+                    s[i, j] = acc_t(0.0)
+            for c in range(HEAD_DIM_U):
+                for i in range(TM):
+                    qv = q_tile[c, ty + i * THREADS_M]
+                    for j in range(TN):
+                        s[i, j] += qv * k_tile[c, tx + j * THREADS_N]
+
+            if kt >= n_full:
+                # -- mask (only tiles crossing the diagonal or Nk): those keys score -inf
+                for i in range(TM):
+                    last_key = q_start + ty + i * THREADS_M + diag  # causal: last visible key
+                    for j in range(TN):
+                        key = k_start + tx + j * THREADS_N
+                        if key >= nk or (CAUSAL and key > last_key):
+                            s[i, j] = acc_t(NEG_INF)
+
+            # -- update m_i: each thread's partial row max, combined across the row's threads
+            for i in range(TM):
+                mx = s[i, 0]
+                for j in range(1, TN):
+                    mx = max(mx, s[i, j])
+                red[ty + i * THREADS_M, tx] = mx
+            cuda.syncthreads()  # every partial row max is in red before the rows combine them
+
+            # -- P = exp(S - m_new); l_i = alpha * l_i + rowsum(P); acc *= alpha
+            for i in range(TM):
+                r = ty + i * THREADS_M
+                m_new = m_i[i]
+                for t in range(THREADS_N):
+                    m_new = max(m_new, red[r, t])
+                # a row with no visible key yet keeps m = -inf: take exp against 0, not -inf
+                m_use = m_new if m_new != NEG_INF else acc_t(0.0)
+                alpha = math.exp(m_i[i] - m_use)
+                m_i[i] = m_new
+                row_sum = acc_t(0.0)
+                for j in range(TN):
+                    p = math.exp(s[i, j] - m_use)
+                    s[i, j] = p
+                    row_sum += p
+                l_i[i] = alpha * l_i[i] + row_sum  # l_i (and so lse) from the undropped P
+                # (a dropout step goes here: s[i, j] *= keep / (1 - p), before p_tile)
+                for j in range(TN):
+                    p_tile[r, tx + j * THREADS_N] = s[i, j]
+                for c in range(TD):
+                    acc[i, c] *= alpha
+            cuda.syncthreads()  # p_tile is complete before P V reads whole rows of it
+
+            # -- acc += P V: a TM x TD micro-tile of the output per thread
+            for n in range(BLOCK_N_U):
+                for i in range(TM):
+                    pv = p_tile[ty + i * THREADS_M, n]
+                    for c in range(TD):
+                        acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
+            cuda.syncthreads()  # k/v/p_tile and red are fully read before the next tile
+
+        # -- epilogue: l = sum of the row's partial l_i; O = acc / l, lse = m + log(l)
+        for i in range(TM):
+            red[ty + i * THREADS_M, tx] = l_i[i]
+        cuda.syncthreads()  # every partial row sum is in red before the rows are combined
+        for i in range(TM):
+            r = ty + i * THREADS_M
+            row = q_start + r
+            l_row = acc_t(0.0)
+            for t in range(THREADS_N):
+                l_row += red[r, t]
+            if row < nq:
+                if l_row > acc_t(0.0):
+                    inv_l = acc_t(1.0) / l_row
+                    row_lse = m_i[i] + math.log(l_row)
+                else:  # no visible key: o = 0, lse = -inf
+                    inv_l = acc_t(0.0)
+                    row_lse = acc_t(NEG_INF)
+                for c in range(TD):
+                    col = tx + c * THREADS_N
+                    if col < d:
+                        o[b, h, row, col] = acc[i, c] * inv_l
+                if tx == 0:
+                    lse[b, h, row] = row_lse
+
+    return flash_forward
+
+
+def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
+    """``(block, THREADS_M, THREADS_N)`` for the kernel launch."""
+    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
+    return (tn_, tm_), tm_, tn_
+
+
+def compile_configs():
+    """Every forward configuration the package can launch on a GPU, for the compile tier: the
+    default tiles of each compile-time head dim, dtype and causal flag (explicit tiles reuse
+    these kernels, see :func:`explicit_tiles`)."""
+    for dtype in (np.float16, np.float32, np.float64):
+        dt = np.dtype(dtype)
+        arr4 = numba_array_type(dt, 4)
+        lse_t = numba_array_type(np.float64 if dt == np.float64 else np.float32, 3)
+        for hd in HEAD_DIMS:
+            bm, bn, _ = gpu_tiles(hd, dt)
+            tm_, tn_ = thread_layout(bm, bn, hd)
+            for causal in (False, True):
+                yield {
+                    "name": (f"forward M{bm} N{bn} D{hd} T{tm_}x{tn_} "
+                             f"{'causal' if causal else 'full'} {dt.name}"),
+                    "kernel": forward_kernel(bm, bn, hd, causal, dt, tm_, tn_),
+                    "args": (arr4, arr4, arr4, arr4, lse_t, compute_type(dt)),
+                    "float64_ok": dt == np.float64,
+                }
