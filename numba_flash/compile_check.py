@@ -24,6 +24,7 @@ import contextlib
 import glob
 import importlib
 import json
+import multiprocessing as mp
 import os
 import re
 import shutil
@@ -135,6 +136,26 @@ def build(cfg, cc, ptxas):
     return row
 
 
+_JOBS = []  # (cfg, cc) pairs, inherited by forked workers (kernel objects do not pickle)
+
+
+def _build_job(index_and_ptxas):
+    index, ptxas = index_and_ptxas
+    cfg, cc = _JOBS[index]
+    return build(cfg, cc, ptxas)
+
+
+def build_all(configs, ccs, ptxas, jobs=1):
+    """Build every (configuration, cc) pair, in ``jobs`` forked processes; rows in input order."""
+    global _JOBS
+    _JOBS = [(cfg, cc) for cfg in configs for cc in ccs]
+    tasks = [(i, ptxas) for i in range(len(_JOBS))]
+    if jobs <= 1 or len(tasks) < 2 or "fork" not in mp.get_all_start_methods():
+        return [_build_job(t) for t in tasks]
+    with mp.get_context("fork").Pool(jobs) as pool:
+        return pool.map(_build_job, tasks, chunksize=1)
+
+
 def problems(row):
     out = []
     if row["ptxas_rc"] != 0:
@@ -165,6 +186,8 @@ def main(argv=None):
     ap.add_argument("--cc", default="80,90", help="compute capabilities, e.g. 80,90")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("-k", dest="selector", help="only configurations whose name contains this")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                    help="parallel build processes (default: all cores)")
     args = ap.parse_args(argv)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("0",):
         print("set NUMBA_ENABLE_CUDASIM=0: the compile tier needs the real CUDA target",
@@ -175,10 +198,7 @@ def main(argv=None):
         print("ptxas not found: pip install nvidia-cuda-nvcc", file=sys.stderr)
         return 2
     ccs = [(int(c[0]), int(c[1:])) for c in args.cc.split(",")]
-    rows = []
-    for cfg in all_configs(args.selector):
-        for cc in ccs:
-            rows.append(build(cfg, cc, ptxas))
+    rows = build_all(list(all_configs(args.selector)), ccs, ptxas, args.jobs)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as fh:
