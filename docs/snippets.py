@@ -123,12 +123,18 @@ def run_text(command, root=ROOT):
 def render(text, root=ROOT):
     """Return ``(new_text, problems)``: every directive's block regenerated."""
     lines = text.split("\n")
-    out, problems, i = [], [], 0
+    out, problems, i, fence = [], [], 0, None
     while i < len(lines):
         line = lines[i]
         out.append(line)
-        m = DIRECTIVE.match(line)
         i += 1
+        if f := FENCE.match(line):  # a directive quoted inside a code block is only text
+            if fence is None:
+                fence = f.group(1)
+            elif line.startswith(fence):
+                fence = None
+            continue
+        m = DIRECTIVE.match(line) if fence is None else None
         if not m:
             continue
         kind, arg = m.groups()

@@ -169,11 +169,18 @@ def tiled_forward_bytes(b, h, nq, nk, d, block_m, block_n, itemsize, lse_itemsiz
         written += rows * d  # o, once, after the last K/V tile
     return {"read": b * h * read * itemsize,
             "written": b * h * (written * itemsize + nq * lse_itemsize)}
+
+def decode_kv_bytes(seqlens, h, hkv, nq, d, itemsize, block_m):
+    """numba_flash.decode stage 1: each K/V element of a live token read once per chunk of
+    ``block_m`` query rows of its GQA group (once, when ``(h // hkv) * nq <= block_m``)."""
+    chunks = -(-(h // hkv) * nq // block_m)
+    return 2 * hkv * int(np.sum(seqlens)) * d * itemsize * chunks
 # [/docs:io-models]
 
 
 def main():
     import numba_flash as nf
+    from numba_flash.kernels.decode import SIM_BLOCK_M
     from numba_flash.ops.naive_forward import naive_forward
 
     rng = np.random.default_rng(0)
@@ -192,6 +199,50 @@ def main():
         label = f"naive_forward float32 N={n} d={d}{' causal' if causal else ''}"
         print(f"{label:44s} {rec.read:9d} {model['read']:9d} {rec.written:9d}"
               f" {model['written']:9d} {rec.distinct:10d}")
+    print()
+    print("tiled forward (numba_flash.forward, float32, B = H = 1, N = Nq = Nk), measured vs"
+          " tiled_forward_bytes")
+    print(f"{'N':>4s} {'d':>3s} {'BLOCK_M':>7s} {'BLOCK_N':>7s} {'causal':>6s} {'Q read':>7s}"
+          f" {'K+V read':>8s} {'model':>8s} {'K/V passes':>10s} {'written':>7s} {'model':>7s}")
+    for n, d, bm, bn, causal in ((32, 16, 8, 8, False), (32, 16, 16, 8, False),
+                                 (32, 16, 8, 16, False), (32, 16, 16, 16, False),
+                                 (64, 16, 16, 16, False), (64, 16, 16, 16, True),
+                                 (64, 64, 16, 16, False)):
+        q, k, v = (rng.standard_normal((1, 1, n, d)).astype(np.float32) for _ in range(3))
+        _, launches = count_global_bytes(
+            lambda: nf.forward(q, k, v, causal=causal, block_m=bm, block_n=bn))
+        rec = next(r for r in launches if {"q", "k", "v"} <= set(r.arrays))
+        a = rec.arrays
+        kv = a["k"]["read"] + a["v"]["read"]
+        written = a["o"]["written"] + a["lse"]["written"]
+        model = tiled_forward_bytes(1, 1, n, n, d, bm, bn, 4, 4, causal)
+        print(f"{n:4d} {d:3d} {bm:7d} {bn:7d} {str(causal):>6s} {a['q']['read']:7d} {kv:8d}"
+              f" {model['read'] - n * d * 4:8d} {kv / (2 * k.nbytes):10.3g} {written:7d}"
+              f" {model['written']:7d}")
+    print()
+    print("decode (numba_flash.decode, float32, paged, block_size 4, d = 8), K+V bytes read:")
+    print(f"{'H':>3s} {'Hkv':>3s} {'chunks':>6s} {'cache_seqlens':>14s} {'measured':>8s} {'model':>8s}"
+          f" {'per q head':>10s} {'table':>6s}")
+    for h, hkv, seqlens in ((4, 4, (5, 37, 20)), (8, 2, (5, 37, 20)), (8, 1, (5, 37, 20))):
+        seqlens = np.array(seqlens, np.int32)
+        d, bs = 8, 4
+        n_blocks = int(sum(-(-seqlens // bs)))
+        kc, vc = (rng.standard_normal((n_blocks, hkv, bs, d)).astype(np.float32) for _ in "kv")
+        table = np.full((3, 10), -1, np.int32)
+        perm, i = rng.permutation(n_blocks), 0
+        for b, n in enumerate(seqlens):
+            table[b, : -(-n // bs)] = perm[i: i + -(-n // bs)]
+            i += -(-n // bs)
+        q = rng.standard_normal((3, h, d)).astype(np.float32)
+        _, launches = count_global_bytes(
+            lambda: nf.decode(q, kc, vc, cache_seqlens=seqlens, block_table=table))
+        a = launches[0].arrays
+        model = decode_kv_bytes(seqlens, h, hkv, 1, d, 4, SIM_BLOCK_M)
+        per_head = 2 * h * int(seqlens.sum()) * d * 4
+        chunks = -(-(h // hkv) // SIM_BLOCK_M)
+        print(f"{h:3d} {hkv:3d} {chunks:6d} {str(seqlens.tolist()):>14s} "
+              f"{a['k_cache']['read'] + a['v_cache']['read']:8d} {model:8d} {per_head:10d}"
+              f" {a['block_table']['read']:6d}")
     print()
     print("models per head, float16 (2 bytes), d = 64, BLOCK_N = 64: bytes read + written")
     print(f"{'N':>6s} {'standard':>13s} {'naive kernel':>13s} {'tiled M=64':>13s}"

@@ -4,6 +4,7 @@ here; ``docs/online-softmax.md`` and ``docs/merge-states.md`` quote the output o
 
     python docs/examples/notes_code.py online-softmax
     python docs/examples/notes_code.py merge
+    python docs/examples/notes_code.py paged
 """
 
 from __future__ import annotations
@@ -95,6 +96,84 @@ def notes_wrong_merge_sliced(blocks):
 # [/docs:notes-merge-slice-fixed]
 
 
+# [docs:notes-paged]
+def c_ceil_of_int_division(a, b):
+    """``ceil(seq_len / block_size)`` as C evaluates it on two ints: the division truncates first."""
+    return math.ceil(a // b)
+
+
+def notes_paged_attention(Q, block_table, kv_cache, seq_len, block_size, head, scale,
+                          count_blocks=c_ceil_of_int_division, store_max=False):
+    """The notes' ``flash_paged_attention_kernel`` for one Q block (rows ``0 .. Br-1``), one
+    head, transcribed statement by statement; ``kv_cache`` is ``[2, num_blocks, heads,
+    block_size, d]`` as in the notes.  Returns ``O[q_start:q_end]``.  The two keyword arguments
+    switch on the fixes: ``count_blocks=ceil_div``, ``store_max=True``."""
+    Br, head_dim = Q.shape
+    q_start, q_end = 0, min(Br, seq_len)
+    Q_s = Q[q_start:q_end]
+    O_s = np.zeros((Br, head_dim))
+    l_s = np.zeros(Br)
+    m_s = np.full(Br, -np.inf)
+    num_logic_blocks = count_blocks(seq_len, block_size)
+    for lb in range(num_logic_blocks):
+        phy_idx = block_table[lb]
+        if phy_idx < 0:
+            continue  # "unallocated: skip"
+        k_start = lb * block_size
+        k_end = min(k_start + block_size, seq_len)
+        valid_tokens = k_end - k_start
+        K_s = kv_cache[0, phy_idx, head, :valid_tokens]
+        V_s = kv_cache[1, phy_idx, head, :valid_tokens]
+        S = (Q_s @ K_s.T) * scale  # [q_end - q_start, valid_tokens]
+        for r in range(q_end - q_start):
+            row_max = S[r].max()
+            m_new = max(m_s[r], row_max)
+            factor = math.exp(m_s[r] - m_new)
+            l_s[r] = l_s[r] * factor + np.exp(S[r] - m_new).sum()
+            O_s[r] = O_s[r] * factor + np.exp(S[r] - m_new) @ V_s
+            if store_max:
+                m_s[r] = m_new  # missing in the notes: m_s[r] stays -inf, so factor is always 0
+    return O_s[: q_end - q_start] / l_s[: q_end - q_start, None]
+# [/docs:notes-paged]
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def paged_example(rng, seq_len, scale, block_size=4, d=4, n_blocks=8, heads=2, head=1):
+    """A random one-sequence paged cache (the notes' layout) with a scrambled block table, and
+    the float64 attention of ``Q`` over the sequence's ``seq_len`` keys: ``(Q, table, kv, want)``."""
+    kv_cache = rng.standard_normal((2, n_blocks, heads, block_size, d))
+    table = rng.permutation(n_blocks)[: ceil_div(seq_len, block_size)]
+    Q = rng.standard_normal((seq_len, d))
+    K, V = (np.concatenate([kv_cache[i, pb, head] for pb in table])[:seq_len] for i in (0, 1))
+    want = ref.attention(Q[None, None], K[None, None], V[None, None], softmax_scale=scale)[0]
+    return Q, table, kv_cache, want[0, 0]
+
+
+def demo_paged():
+    rng = np.random.default_rng(0)
+    scale = 0.5
+    print("the notes' paged kernel, one head, all rows in one Q block, block_size = 4; max |O -")
+    print("attention over all seq_len keys| (non-causal: the notes leave the mask out):")
+    for seq_len in (12, 10):
+        Q, table, kv, want = paged_example(rng, seq_len, scale)
+        for count, store, label in ((c_ceil_of_int_division, False, "as written"),
+                                    (c_ceil_of_int_division, True, "+ m_s[r] = m_new"),
+                                    (ceil_div, True, "+ ceil_div(seq_len, block_size)")):
+            got = notes_paged_attention(Q, table, kv, seq_len, 4, 1, scale, count, store)
+            print(f"  seq_len={seq_len:2d} ({count(seq_len, 4)} blocks read) {label:32s}"
+                  f" {np.abs(got - want).max():.2e}")
+    Q, table, kv, want = paged_example(rng, 12, scale)
+    bad = table.copy()
+    bad[1] = -1
+    got = notes_paged_attention(Q, bad, kv, 12, 4, 1, scale, ceil_div, True)
+    print(f"  seq_len=12, block_table = {bad.tolist()}, both fixes: no error, all finite "
+          f"{bool(np.isfinite(got).all())},")
+    print(f"  max |O - attention| {np.abs(got - want).max():.2e} (keys 4..7 silently dropped)")
+
+
 def partial_states(s, v, splits, dtype=np.float64):
     """Split one query's scores ``s [N]`` and values ``v [N, d]`` at ``splits``; return the notes'
     block dicts ``{m, l, o}`` (``o`` unnormalised, ``l`` relative to the block's ``m``)."""
@@ -177,4 +256,4 @@ def reference_merge(blocks):
 
 
 if __name__ == "__main__":
-    {"online-softmax": demo_online_softmax, "merge": demo_merge}[sys.argv[1]]()
+    {"online-softmax": demo_online_softmax, "merge": demo_merge, "paged": demo_paged}[sys.argv[1]]()

@@ -142,6 +142,7 @@ def decode_split_kernel(THREADS, BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
     @cuda.jit
     def decode_split(q, k_cache, v_cache, block_table, seqlens, split_size, o_part, lse_part,
                      scale, causal):
+        # [docs:decode-block-coords]
         split = cuda.blockIdx.x
         b = cuda.blockIdx.y // k_cache.shape[1]
         kvh = cuda.blockIdx.y % k_cache.shape[1]
@@ -156,6 +157,7 @@ def decode_split_kernel(THREADS, BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
         lo = split * split_size[b]
         hi = min(lo + split_size[b], seqlen)     # lo >= hi: an empty split
         block_size = k_cache.shape[2]           # tokens per physical block
+        # [/docs:decode-block-coords]
 
         q_tile = cuda.shared.array((BLOCK_M, HEAD_DIM), acc_t)
         k_tile = cuda.shared.array((BLOCK_N, K_COLS), in_t)
@@ -191,6 +193,7 @@ def decode_split_kernel(THREADS, BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
         cuda.syncthreads()  # q_tile and the row state are written before any thread reads them
 
         for t0 in range(lo, hi, BLOCK_N):
+            # [docs:decode-token-lookup]
             # -- 1. where each token of the tile lives; -1 marks a dead token (never loaded)
             for n in range(tid, BLOCK_N, THREADS):
                 t = t0 + n
@@ -202,7 +205,9 @@ def decode_split_kernel(THREADS, BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
                 tok_blk[n] = blk
                 tok_slot[n] = slot
             cuda.syncthreads()  # token addresses are known before the tile loads use them
+            # [/docs:decode-token-lookup]
 
+            # [docs:decode-tile-load]
             # -- 2. K and V tiles, coalesced along the head dim; masked loads write 0
             for j in range(LOADS):
                 e = tid + j * THREADS
@@ -216,6 +221,7 @@ def decode_split_kernel(THREADS, BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
                     k_tile[n, c] = 0
                     v_tile[n, c] = 0
             cuda.syncthreads()  # the whole K/V tile is in shared memory before the scores read it
+            # [/docs:decode-tile-load]
 
             # -- 3. scores S[r, n] = (scale q_r) . k_n, -inf where masked
             for p in range(tid, BLOCK_M * BLOCK_N, THREADS):

@@ -65,6 +65,7 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
         n_parts = o_parts.shape[0]
         d = o_parts.shape[2]
 
+        # [docs:merge-skip-empty]
         # -- m = max_p lse_p and W = sum_p exp(lse_p - m), skipping empty parts
         m = acc_t(NEG_INF)
         for p in range(n_parts):
@@ -75,6 +76,7 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
                 lse_p = acc_t(lse_parts[p, row])
                 if lse_p != NEG_INF:
                     total += math.exp(lse_p - m)
+        # [/docs:merge-skip-empty]
 
         # -- o = sum_p w_p o_p / W for this thread's head-dim elements
         for c in range(tid, d, THREADS):

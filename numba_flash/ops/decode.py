@@ -73,6 +73,7 @@ def _check_lengths_and_table(seqlens, table, n_cache, block_size, n_blocks, page
             raise ValueError(f"cache_seqlens: expected every entry <= Nmax = {n_cache} (k_cache "
                              f"dim 2), got {seqlens[i]} at index {i}")
         return
+    # [docs:paged-validation]
     max_blocks = table.shape[1]
     live = (seqlens.astype(np.int64) + block_size - 1) // block_size
     bad = np.flatnonzero(live > max_blocks)
@@ -89,6 +90,7 @@ def _check_lengths_and_table(seqlens, table, n_cache, block_size, n_blocks, page
             raise ValueError(
                 f"block_table: expected entries covering live tokens in [0, {n_blocks}) "
                 f"(num_blocks of k_cache), got {entries[j]} at [{b}, {j}]")
+    # [/docs:paged-validation]
 
 
 def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False,
@@ -156,27 +158,33 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # -- launch shape and split policy (each sequence's split size from its own length)
     HEAD_DIM = padded_head_dim(d)
     threads, block_m, block_n = default_tiles(dtype, HEAD_DIM)
+    # [docs:decode-split-policy]
     if num_splits is None:
         split_size = np.full(b, default_split_tokens(), np.int64)
         n_splits = int(cdiv(seqlens, split_size).max())
     else:
         split_size = cdiv(cdiv(seqlens, num_splits), block_n) * block_n
         n_splits = num_splits
+    # [/docs:decode-split-policy]
     rows = b * h * nq
     acc_dtype = _acc_dtype(dtype)
 
     dq = call.input(q[:, :, None, :] if single else q)
     dk_ = call.input(k_cache)
     dv_ = call.input(v_cache)
+    # [docs:contiguous-as-paged]
     # a contiguous cache is the paged layout with one block of Nmax slots per sequence
     table32 = table.astype(np.int32) if paged else np.arange(b, dtype=np.int32)[:, None]
+    # [/docs:contiguous-as-paged]
     d_table = cuda.to_device(np.ascontiguousarray(table32), stream=call.stream)
     d_len = cuda.to_device(seqlens.astype(np.int32), stream=call.stream)
     d_split = cuda.to_device(split_size.astype(np.int32), stream=call.stream)
     o_part = call.empty((n_splits, rows, d), acc_dtype)
     lse_part = call.empty((n_splits, rows), acc_dtype)
     kernel = decode_split_kernel(threads, block_m, block_n, HEAD_DIM, dtype)
+    # [docs:decode-grid]
     grid = (n_splits, b * hkv, cdiv((h // hkv) * nq, block_m))
+    # [/docs:decode-grid]
     call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_split, o_part,
                 lse_part, compute_type(dtype)(scale), np.int32(causal and nq > 1))
     # (Nq = 1 sees every key even when causal: the mask is skipped then)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
 import numba_flash
 from numba_flash.ops.naive_forward import naive_forward
 from helpers import randn
-from io_count import (count_global_bytes, naive_forward_bytes, softmax_kernel_bytes,
-                      standard_attention_bytes, tiled_forward_bytes)
+from io_count import (count_global_bytes, decode_kv_bytes, naive_forward_bytes,
+                      softmax_kernel_bytes, standard_attention_bytes, tiled_forward_bytes)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -68,16 +66,47 @@ def test_models_asymptotics():
     assert causal["read"] < 0.6 * tiled["read"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("numba_flash.ops.forward") is None,
-                    reason="the tiled forward has not landed yet")
-def test_tiled_forward_reuses_kv_tiles(rng):
-    """When numba_flash.forward lands: Q read once, O written once, K/V read once per Q tile."""
-    nq = nk = 32
-    d = 16
-    q = randn(rng, (1, 1, nq, d), np.float32)
-    k = randn(rng, (1, 1, nk, d), np.float32)
-    _, launches = count_global_bytes(lambda: numba_flash.forward(q, k, k))
+@pytest.mark.parametrize("nq, nk, d, bm, bn, causal, dtype", [
+    (32, 32, 16, 8, 8, False, np.float32), (32, 32, 16, 16, 8, True, np.float32),
+    (20, 37, 12, 8, 16, True, np.float16), (9, 40, 5, 16, 8, True, np.float64),
+])
+def test_tiled_forward_traffic_matches_model(rng, nq, nk, d, bm, bn, causal, dtype):
+    """numba_flash.forward: Q read once, K/V once per Q tile (fewer past the diagonal), O and lse
+    written once, byte for byte the model's count (GQA: each query head reads its kv head)."""
+    b, h, hkv = 2, 4, 2
+    q = randn(rng, (b, h, nq, d), dtype)
+    k = randn(rng, (b, hkv, nk, d), dtype)
+    v = randn(rng, (b, hkv, nk, d), dtype)
+    _, launches = count_global_bytes(
+        lambda: numba_flash.forward(q, k, v, causal=causal, block_m=bm, block_n=bn))
     rec = next(r for r in launches if {"q", "k", "v"} <= set(r.arrays))
-    assert rec.arrays["q"]["read"] == q.nbytes
-    passes = rec.arrays["k"]["read"] / k.nbytes  # = number of Q tiles
-    assert passes == int(passes) and 1 <= passes < nq
+    a = rec.arrays
+    item = np.dtype(dtype).itemsize
+    model = tiled_forward_bytes(b, h, nq, nk, d, bm, bn, item, 8 if item == 8 else 4, causal)
+    assert a["q"]["read"] == q.nbytes
+    assert a["q"]["read"] + a["k"]["read"] + a["v"]["read"] == model["read"]
+    assert a["o"]["written"] + a["lse"]["written"] == model["written"]
+    assert a["k"]["read"] < h // hkv * k.nbytes * nq  # fewer than one K pass per query row
+
+
+@pytest.mark.parametrize("h, hkv, chunks", [(4, 4, 1), (8, 2, 1), (8, 1, 2)])
+def test_decode_reads_kv_once_per_gqa_group(rng, h, hkv, chunks):
+    from numba_flash.kernels.decode import SIM_BLOCK_M
+    assert -(-(h // hkv) // SIM_BLOCK_M) == chunks
+    seqlens = np.array([5, 37, 20], np.int32)
+    d, bs = 8, 4
+    live = -(-seqlens // bs)
+    kc = randn(rng, (int(live.sum()), hkv, bs, d), np.float32)
+    table = np.full((3, 10), -1, np.int32)
+    perm = rng.permutation(int(live.sum())).astype(np.int32)  # scrambled physical blocks
+    start = np.concatenate([[0], np.cumsum(live)])
+    for b in range(3):
+        table[b, : live[b]] = perm[start[b]: start[b + 1]]
+    q = randn(rng, (3, h, d), np.float32)
+    _, launches = count_global_bytes(
+        lambda: numba_flash.decode(q, kc, kc, cache_seqlens=seqlens, block_table=table))
+    a = launches[0].arrays
+    want = decode_kv_bytes(seqlens, h, hkv, 1, d, 4, SIM_BLOCK_M)
+    assert a["k_cache"]["read"] + a["v_cache"]["read"] == want
+    assert want == 2 * hkv * 62 * d * 4 * chunks
+    assert a["k_cache"]["distinct_read"] == hkv * 62 * d * 4  # live slots only, none stale

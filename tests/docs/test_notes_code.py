@@ -78,3 +78,31 @@ def test_sliced_merge_overflows_when_maxima_differ(dtype, gap, ok_gap):
         np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)  # the lse merge never overflows
         np.testing.assert_allclose(
             notes_correct_merge(partial_states(t, v, [3, 6], dtype)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_notes_paged_kernel_bugs():
+    from notes_code import (c_ceil_of_int_division, ceil_div, notes_paged_attention,
+                            paged_example)
+    rng = np.random.default_rng(0)
+    scale = 0.5
+    # as written (m_s never updated), only the last block read counts: factor = exp(-inf) = 0
+    Q, table, kv, want = paged_example(rng, 12, scale)
+    got = notes_paged_attention(Q, table, kv, 12, 4, 1, scale)
+    last = ref.attention(Q[None, None], kv[0, table[2], 1][None, None],
+                         kv[1, table[2], 1][None, None], softmax_scale=scale)[0][0, 0]
+    np.testing.assert_allclose(got, last, atol=1e-12)
+    assert np.abs(got - want).max() > 0.1
+    np.testing.assert_allclose(notes_paged_attention(Q, table, kv, 12, 4, 1, scale,
+                                                     store_max=True), want, atol=1e-12)
+    # C's ceil(int / int) drops the ragged last block; ceil_div keeps it
+    assert c_ceil_of_int_division(10, 4) == 2 and ceil_div(10, 4) == 3
+    Q, table, kv, want = paged_example(rng, 10, scale)
+    assert np.abs(notes_paged_attention(Q, table, kv, 10, 4, 1, scale, store_max=True)
+                  - want).max() > 0.1
+    np.testing.assert_allclose(notes_paged_attention(Q, table, kv, 10, 4, 1, scale, ceil_div,
+                                                     True), want, atol=1e-12)
+    # a -1 inside the live range is skipped silently: finite and wrong, no error
+    Q, table, kv, want = paged_example(rng, 12, scale)
+    table[1] = -1
+    got = notes_paged_attention(Q, table, kv, 12, 4, 1, scale, ceil_div, True)
+    assert np.isfinite(got).all() and np.abs(got - want).max() > 0.1

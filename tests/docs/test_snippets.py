@@ -95,3 +95,10 @@ def test_run_directive_output(tree):
     p = page(tree, "<!-- run: python numba_flash/hello.py -->\n")
     run(tree, p, write=True)
     assert "```text\nhello 42\n```" in p.read_text()
+
+
+def test_directive_inside_a_code_block_is_left_alone(tree):
+    text = "```text\n<!-- include: numba_flash/mod.py#body -->\n```\n"
+    p = page(tree, text)
+    assert not run(tree, p, write=True).problems
+    assert p.read_text() == text
