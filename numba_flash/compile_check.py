@@ -101,25 +101,37 @@ def _device_functions_for(cc):
         dispatcher.get_current_device = original
 
 
-def build(cfg, cc, ptxas):
-    """Compile one configuration for one compute capability; return a result row."""
+def ptx_for_archs(cfg, ccs):
+    """PTX of one configuration for each compute capability in ``ccs``.
+
+    Numba's typing and lowering (most of the time of a build) do not depend on the target
+    architecture, so the kernel is lowered to NVVM IR once (for the lowest ``cc``) and NVVM turns
+    that IR into PTX for each architecture (``CUDACodeLibrary.get_asm_strs(cc)``, the same calls
+    ``numba.cuda.compile_ptx`` makes).  Falls back to one ``compile_ptx`` per architecture if that
+    internal entry point moves.
+    """
     from numba import cuda, types
 
-    fn = cfg["kernel"].py_func
-    t0 = time.perf_counter()
-    row = {"name": cfg["name"], "cc": f"sm_{cc[0]}{cc[1]}", "float64_ok": cfg["float64_ok"]}
+    sig = types.void(*cfg["args"])
+    fastmath = cfg.get("fastmath", False)
     try:
-        with _device_functions_for(cc):
-            ptx, _ = cuda.compile_ptx(fn, types.void(*cfg["args"]), cc=cc,
-                                      fastmath=cfg.get("fastmath", False))
-    except Exception as exc:  # one broken configuration must not hide the others
-        row.update(f64=[], ptxas_rc=-1, ptxas_err=f"compile_ptx: {type(exc).__name__}: "
-                   f"{str(exc).splitlines()[0] if str(exc) else ''}", registers=0, smem=0,
-                   spill_stores=0, spill_loads=0, stack=0,
-                   seconds=round(time.perf_counter() - t0, 2))
-        row["problems"] = [row["ptxas_err"]]
-        return row
-    row["f64"] = f64_lines(ptx)[:5]
+        from numba.cuda.compiler import _compile_pyfunc_with_fixup
+    except ImportError:  # pragma: no cover - other numba-cuda versions
+        _compile_pyfunc_with_fixup = None
+    if _compile_pyfunc_with_fixup is None:
+        out = {}
+        for cc in ccs:
+            with _device_functions_for(cc):
+                out[cc] = cuda.compile_ptx(cfg["kernel"].py_func, sig, cc=cc, fastmath=fastmath)[0]
+        return out
+    with _device_functions_for(min(ccs)):
+        lib, _ = _compile_pyfunc_with_fixup(cfg["kernel"].py_func, sig, device=False,
+                                            fastmath=fastmath, cc=min(ccs), abi="numba")
+    return {cc: lib.get_asm_strs(cc=cc)[0] for cc in ccs}
+
+
+def assemble(ptx, cc, ptxas):
+    """Run ``ptxas -v`` on the PTX; return (returncode, combined output)."""
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as fh:
@@ -128,32 +140,54 @@ def build(cfg, cc, ptxas):
             [ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
             capture_output=True, text=True,
         )
-    row["ptxas_rc"] = proc.returncode
-    row["ptxas_err"] = "" if proc.returncode == 0 else proc.stderr[-2000:]
-    row.update(parse_ptxas(proc.stderr + proc.stdout))
-    row["seconds"] = round(time.perf_counter() - t0, 2)
-    row["problems"] = problems(row)
-    return row
+    return proc.returncode, proc.stderr + proc.stdout
 
 
-_JOBS = []  # (cfg, cc) pairs, inherited by forked workers (kernel objects do not pickle)
+def build(cfg, ccs, ptxas):
+    """Compile one configuration for each compute capability; return one row per cc."""
+    t0 = time.perf_counter()
+    rows = [{"name": cfg["name"], "cc": f"sm_{cc[0]}{cc[1]}", "float64_ok": cfg["float64_ok"]}
+            for cc in ccs]
+    try:
+        ptxs = ptx_for_archs(cfg, ccs)
+    except Exception as exc:  # one broken configuration must not hide the others
+        err = f"compile: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        for row in rows:
+            row.update(f64=[], ptxas_rc=-1, ptxas_err=err, registers=0, smem=0, spill_stores=0,
+                       spill_loads=0, stack=0, problems=[err],
+                       seconds=round(time.perf_counter() - t0, 2))
+        return rows
+    for cc, row in zip(ccs, rows):
+        ptx = ptxs[cc]
+        row["f64"] = f64_lines(ptx)[:5]
+        rc, text = assemble(ptx, cc, ptxas)
+        row["ptxas_rc"] = rc
+        row["ptxas_err"] = "" if rc == 0 else text[-2000:]
+        row.update(parse_ptxas(text))
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        row["problems"] = problems(row)
+    return rows
 
 
-def _build_job(index_and_ptxas):
-    index, ptxas = index_and_ptxas
-    cfg, cc = _JOBS[index]
-    return build(cfg, cc, ptxas)
+_CONFIGS = []  # inherited by forked workers (kernel objects do not pickle)
+
+
+def _build_job(args):
+    index, ccs, ptxas = args
+    return build(_CONFIGS[index], ccs, ptxas)
 
 
 def build_all(configs, ccs, ptxas, jobs=1):
-    """Build every (configuration, cc) pair, in ``jobs`` forked processes; rows in input order."""
-    global _JOBS
-    _JOBS = [(cfg, cc) for cfg in configs for cc in ccs]
-    tasks = [(i, ptxas) for i in range(len(_JOBS))]
+    """Build every configuration for every cc, in ``jobs`` forked processes; rows in order."""
+    global _CONFIGS
+    _CONFIGS = list(configs)
+    tasks = [(i, ccs, ptxas) for i in range(len(_CONFIGS))]
     if jobs <= 1 or len(tasks) < 2 or "fork" not in mp.get_all_start_methods():
-        return [_build_job(t) for t in tasks]
-    with mp.get_context("fork").Pool(jobs) as pool:
-        return pool.map(_build_job, tasks, chunksize=1)
+        results = [_build_job(t) for t in tasks]
+    else:
+        with mp.get_context("fork").Pool(jobs) as pool:
+            results = pool.map(_build_job, tasks, chunksize=1)
+    return [row for rows in results for row in rows]
 
 
 def problems(row):
