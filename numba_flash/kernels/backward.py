@@ -64,20 +64,53 @@ Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 
     w * (2 (BLOCK_M + BLOCK_N)(HEAD_DIM + PAD) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)  bytes
 
-(:func:`shared_bytes`), at most 48 KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 42.4
-KiB for float32 at HEAD_DIM = 128 with 8 x 32 tiles).  Tiles hold the compute type: float16
-inputs are read as float16 and computed in float32; float64 computes in float64.
+plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` (:func:`shared_bytes`), at most 48
+KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 42.4 KiB for float32 at HEAD_DIM = 128
+with 8 x 32 tiles, 42.6 KiB with dropout).  Tiles hold the compute type: float16 inputs are read
+as float16 and computed in float32; float64 computes in float64.
 
 Compile-time constants
 ----------------------
-``BLOCK_M``, ``BLOCK_N``, ``HEAD_DIM`` (padded to 16/32/64/128/256), ``THREADS`` and the dtype are
-arguments of the memoised factories; ``causal`` and ``dq_atomic`` are runtime ints.  Causal costs
+``BLOCK_M``, ``BLOCK_N``, ``HEAD_DIM`` (padded to 16/32/64/128/256), ``THREADS``, the dtype and
+``DROPOUT`` are arguments of the memoised factories; ``causal`` and ``dq_atomic`` are runtime ints.  Causal costs
 one integer compare per score (next to ``2 HEAD_DIM`` FMAs) and its tile skipping is a runtime loop
 bound anyway, while a compile-time flag doubled the compile tier (measured on a 2-core CPU: 126
 builds, ~260 s of CPU with it; 68 builds, ~145 s without).
 
-Dropout (to come) changes only :func:`tile_functions`' ``p_and_ds``: ``dV`` takes the dropped
-``P * keep / (1 - p)``, and ``dP`` is multiplied by ``keep / (1 - p)`` before ``dS``.
+Dropout (the ``DROPOUT`` specialisation; the plain kernels have none of it)
+------------------------------------------------------------------------------
+The forward applied ``Z = keep / (1 - p)`` to ``P`` (``keep`` the Philox mask of
+:mod:`numba_flash.philox`: element ``(b, h, i, j)``, ``h`` the query head, ``i``/``j`` global
+indices, so it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)``) and returned
+``O = (P * Z) V``.  The backward redraws the same bits from ``(seed, b, h, i, j)`` (no mask is
+stored) and applies the chain rule through ``Z``::
+
+    dV = (P * Z)^T dO                    dP = (dO V^T) * Z
+    dS = P * (dP - D),   D_i = rowsum(dO_i * O_i)          (dQ, dK from dS as before)
+
+``D`` is still the preprocess kernel's ``rowsum(dO * O)`` with the *dropped* ``O``, because::
+
+    sum_c dO_ic O_ic = sum_c dO_ic sum_j P_ij Z_ij V_jc = sum_j P_ij Z_ij (dO V^T)_ij
+                     = sum_j P_ij dP_ij
+
+``lse`` is unaffected (the forward's ``l_i`` sums the undropped ``P``), so ``P = exp(S - lse)``
+is recomputed exactly as without dropout.  Each block draws the keep bits of its current
+``(Q_i, K_j)`` tile pair into ``keep_tile [BLOCK_M, BLOCK_N / 4]`` (int32; bit ``w`` of
+``keep_tile[m, g]`` keeps key ``k_start + 4 g + w`` of row ``q_start + m``) with
+:func:`~numba_flash.philox.philox_keep_bits4`, one Philox call per 4 keys spread over all
+threads, in the same phase as the tile loads (so behind the barrier that already precedes
+``p_and_ds``; no extra barrier).  A group no row can see (past ``Nq``/``Nk``, wholly after the
+causal diagonal) is not drawn.  The ``S``/``dP`` micro-tile gives each thread columns strided by
+``COL_T``, not 4 consecutive ones, hence the shared ``keep_tile`` rather than per-thread draws
+(which would cost 4x the Philox calls).  ``p_tile`` then holds ``P * Z`` (for ``dV``) and
+``ds_tile`` ``P * (dP * Z - D)``.  ``dropout_p = 0`` never reaches these kernels: the op runs the
+plain ones.  ``keep_tile`` adds ``4 BLOCK_M BLOCK_N / 4`` bytes of shared memory.
+
+The dropout kernels take one more argument, the tuple ``dropout = (seed_lo, seed_hi,
+threshold, keep_scale)`` (the ``numpy.uint32`` values of
+:func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type); the plain
+kernels get ``()``, an empty tuple that adds no kernel parameter, so their PTX is what it was
+before dropout existed.
 """
 
 from __future__ import annotations
@@ -86,9 +119,10 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda, int32, types
 
 from ..backend import on_simulator
+from ..philox import philox_keep_bits4
 from .common import compute_type, numba_array_type
 
 #: compile-time head dims: a head dim ``d`` runs in the smallest one >= d (zero-padded).
@@ -139,11 +173,12 @@ def elem_threads():
     return SIM_THREADS if on_simulator() else GPU_ELEM_THREADS
 
 
-def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
     """Static shared memory of one dK/dV or dQ block (the budget in the module docstring)."""
     row = HEAD_DIM + PAD
     words = 2 * (BLOCK_M + BLOCK_N) * row + 2 * BLOCK_M * BLOCK_N + 2 * BLOCK_M
-    return _word(dtype) * words
+    keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4) if dropout else 0  # int32 keep_tile
+    return _word(dtype) * words + keep_bytes
 
 
 def layout(ROWS, COLS, THREADS):
@@ -160,14 +195,16 @@ def layout(ROWS, COLS, THREADS):
 
 
 @functools.lru_cache(maxsize=None)
-def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
+def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined)."""
+    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
     NEG_INF = -math.inf
     A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     A_TILE = A_TR * A_TC
     C_TILE = C_TR * C_TC
+    GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
 
     @cuda.jit(device=True, inline="always")
     def load_tile(x, b, h, start, ROWS, tile, tid):
@@ -195,13 +232,30 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
                 delta_sh[m] = acc_t(0.0)
 
     @cuda.jit(device=True, inline="always")
+    def draw_keep(dropout, b, h, q_start, k_start, nq, nk, causal, keep_tile, tid):
+        """DROPOUT: ``keep_tile[m, g]`` <- keep bits of keys ``k_start + 4g .. + 3`` of row
+        ``q_start + m`` (global indices: the mask of :func:`numba_flash.dropout_mask`)."""
+        seed_lo, seed_hi, threshold, _keep_scale = dropout
+        offset = nk - nq  # bottom-right causal alignment
+        for idx in range(tid, BLOCK_M * GROUPS, THREADS):
+            m = idx // GROUPS
+            g = idx % GROUPS
+            row = q_start + m
+            key = k_start + 4 * g
+            bits = int32(0)  # a group no row sees is not drawn: its P is 0 anyway
+            if row < nq and key < nk and (not causal or key <= row + offset):
+                bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
+            keep_tile[m, g] = bits
+
+    @cuda.jit(device=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                 q_start, k_start, nq, nk, scale, causal, tid):
+                 q_start, k_start, nq, nk, scale, causal, dropout, keep_tile, tid):
         """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- P * (dP - D)``.
 
         ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as one ``A_TR x A_TC`` micro-tile per thread,
         then per element ``P = exp(scale * S - lse)`` (0 where masked, past the arrays, or in a
-        row with ``lse = -inf``) and ``dS = P * (dP - D)``.
+        row with ``lse = -inf``) and ``dS = P * (dP - D)``.  DROPOUT: with ``Z = keep / (1 - p)``
+        from ``keep_tile``, ``p_tile <- P * Z`` and ``ds_tile <- P * (dP * Z - D)``.
         """
         ar = tid // A_COL_T
         ac = tid % A_COL_T
@@ -240,9 +294,16 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
                     ds = acc_t(0.0)
                     if visible:
                         p = math.exp(s[i * A_TC + j] * scale - lse_i)
-                        ds = p * (dp[i * A_TC + j] - delta_sh[m])
-                    p_tile[m, n] = p    # DROPOUT: dV takes p * keep / (1 - p_drop) here
-                    ds_tile[m, n] = ds  # DROPOUT: p * (dp * keep / (1 - p_drop) - D) here
+                        if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
+                            z = acc_t(0.0)
+                            if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
+                                z = dropout[3]
+                            ds = p * (dp[i * A_TC + j] * z - delta_sh[m])  # dP = (dO V^T) Z
+                            p = p * z  # DROPOUT: dV takes the dropped P * Z
+                        else:
+                            ds = p * (dp[i * A_TC + j] - delta_sh[m])
+                    p_tile[m, n] = p
+                    ds_tile[m, n] = ds
 
     @cuda.jit(device=True, inline="always")
     def ds_k(ds_tile, k_tile, dq_acc, tid):
@@ -259,30 +320,34 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
                     for j in range(C_TC):
                         dq_acc[i * C_TC + j] += dsv * kc[j]
 
-    return load_tile, load_row_stats, p_and_ds, ds_k
+    return load_tile, load_row_stats, draw_keep, p_and_ds, ds_k
 
 
 @functools.lru_cache(maxsize=None)
-def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic)``.
+def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic,
+    dropout)``.
 
     K/V tiles outer.  ``scale`` must be of the compute type; ``causal`` (int 0/1) masks
     bottom-right; ``dq_atomic`` (int 0/1) says whether to add ``scale * dS K_j`` into
-    ``dq_accum`` (a zeroed float32 / float64 buffer).
+    ``dq_accum`` (a zeroed float32 / float64 buffer).  ``dropout`` is ``()`` for the plain
+    kernel, ``(seed_lo, seed_hi, threshold, keep_scale)`` with ``DROPOUT`` (module docstring).
     """
     dtype = np.dtype(dtype)
-    assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype) <= SMEM_LIMIT or on_simulator()
+    assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
     ROW = HEAD_DIM + PAD
     B_COL_T, B_ROW_T, B_TR, B_TC = layout(BLOCK_N, HEAD_DIM, THREADS)    # dK, dV
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
-    load_tile, load_row_stats, p_and_ds, ds_k = tile_functions(
-        BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype)
+    GROUPS = BLOCK_N // 4
+    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k = tile_functions(
+        BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
     @cuda.jit
-    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic):
+    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic,
+                      dropout):
         tid = cuda.threadIdx.x
         k_start = cuda.blockIdx.x * BLOCK_N
         b = cuda.blockIdx.y
@@ -299,6 +364,10 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
         ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
         lse_sh = cuda.shared.array(BLOCK_M, acc_t)
         delta_sh = cuda.shared.array(BLOCK_M, acc_t)
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
+            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
+        else:
+            keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
 
         # -- this block's K_j, V_j: loaded once, used for every Q tile of every head in the group
         load_tile(k, b, hk, k_start, BLOCK_N, k_tile, tid)
@@ -329,13 +398,16 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
                 load_tile(q, b, h, q_start, BLOCK_M, q_tile, tid)
                 load_tile(do, b, h, q_start, BLOCK_M, do_tile, tid)
                 load_row_stats(lse, delta, b, h, q_start, lse_sh, delta_sh, tid)
-                cuda.syncthreads()  # Q_i, dO_i, lse, D are in shared memory before P is formed
+                if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
+                    draw_keep(dropout, b, h, q_start, k_start, nq, nk, causal, keep_tile, tid)
+                cuda.syncthreads()  # Q_i, dO_i, lse, D (keep bits) are in shared memory before P
 
                 p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                         q_start, k_start, nq, nk, scale, causal, tid)
+                         q_start, k_start, nq, nk, scale, causal, dropout, keep_tile, tid)
                 cuda.syncthreads()  # all of P and dS are written before other threads read them
 
-                # -- dV_j += P^T dO_i and dK_j += dS^T Q_i (scale applied once, at the end)
+                # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
+                #    applied once, at the end)
                 if br < BLOCK_N:
                     for m in range(BLOCK_M):
                         for j in range(B_TC):
@@ -379,19 +451,21 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_out, scale, causal)``: deterministic dQ."""
+def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_out, scale, causal, dropout)``: deterministic
+    dQ; ``dropout`` as in :func:`dkdv_kernel`."""
     dtype = np.dtype(dtype)
-    assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype) <= SMEM_LIMIT or on_simulator()
+    assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
     ROW = HEAD_DIM + PAD
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
-    load_tile, load_row_stats, p_and_ds, ds_k = tile_functions(
-        BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype)
+    GROUPS = BLOCK_N // 4
+    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k = tile_functions(
+        BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
     @cuda.jit
-    def backward_dq(q, k, v, do, lse, delta, dq_out, scale, causal):
+    def backward_dq(q, k, v, do, lse, delta, dq_out, scale, causal, dropout):
         tid = cuda.threadIdx.x
         q_start = cuda.blockIdx.x * BLOCK_M
         b = cuda.blockIdx.y
@@ -408,6 +482,10 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
         ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
         lse_sh = cuda.shared.array(BLOCK_M, acc_t)
         delta_sh = cuda.shared.array(BLOCK_M, acc_t)
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
+            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
+        else:
+            keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
 
         # -- this block's Q_i, dO_i, lse, D: loaded once (the first barrier below covers them)
         load_tile(q, b, h, q_start, BLOCK_M, q_tile, tid)
@@ -426,10 +504,12 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype):
             k_start = kj * BLOCK_N
             load_tile(k, b, hk, k_start, BLOCK_N, k_tile, tid)
             load_tile(v, b, hk, k_start, BLOCK_N, v_tile, tid)
-            cuda.syncthreads()  # K_j, V_j (and, first time, Q_i, dO_i, lse, D) are complete
+            if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
+                draw_keep(dropout, b, h, q_start, k_start, nq, nk, causal, keep_tile, tid)
+            cuda.syncthreads()  # K_j, V_j, keep bits (first time: Q_i, dO_i, lse, D) complete
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                     q_start, k_start, nq, nk, scale, causal, tid)
+                     q_start, k_start, nq, nk, scale, causal, dropout, keep_tile, tid)
             cuda.syncthreads()  # all of dS is written before other threads read it
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
@@ -485,14 +565,27 @@ def cast_kernel(THREADS, src_dtype, dst_dtype):
     return backward_cast
 
 
+#: the dropout specialisations the compile tier builds (padded head dim, dtype): a subset, to keep
+#: the family's compile time in check (each dropout build carries Philox; ~1-4 s per arch).
+#: Other head dims compile the same device code with other tile constants.
+DROPOUT_CONFIGS = ((64, np.float16), (128, np.float16), (64, np.float32), (128, np.float32),
+                   (64, np.float64))
+
+
 def compile_configs():
-    """Every backward configuration the package can launch on a GPU, for the compile tier."""
+    """Every backward configuration the package can launch on a GPU, for the compile tier: the
+    plain kernels at the default tiles of every padded head dim and dtype, and the ``DROPOUT``
+    kernels for :data:`DROPOUT_CONFIGS` only (float16/float32 at HEAD_DIM 64 and 128, float64
+    at 64; the rest share their code and differ only in tile constants)."""
+    dropout_set = {(hd, np.dtype(dt)) for hd, dt in DROPOUT_CONFIGS}
     for dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
         acc = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
         a4, a3 = numba_array_type(dtype, 4), numba_array_type(acc, 3)
         acc4 = numba_array_type(acc, 4)
         acc_nb = compute_type(dtype)
         f64_ok = dtype == np.float64
+        no_drop = types.Tuple(())
+        drop = types.Tuple((types.uint32, types.uint32, types.uint32, acc_nb))
         yield {"name": f"backward preprocess {dtype.name}",
                "kernel": preprocess_kernel(GPU_ELEM_THREADS, dtype),
                "args": (a4, a4, a3, acc4), "float64_ok": f64_ok}
@@ -503,13 +596,15 @@ def compile_configs():
         lse3 = numba_array_type(acc, 3)
         for hd in HEAD_DIMS:
             bm, bn, _, threads = default_tiles(hd, dtype, simulator=False)
-            tag = f"M{bm} N{bn} D{hd} {dtype.name}"
-            yield {"name": f"backward dkdv {tag}",
-                   "kernel": dkdv_kernel(bm, bn, hd, threads, dtype),
-                   "args": (a4, a4, a4, a4, lse3, a3, acc4, a4, a4, acc_nb, types.int64,
-                            types.int64),
-                   "float64_ok": f64_ok}
-            yield {"name": f"backward dq {tag}",
-                   "kernel": dq_kernel(bm, bn, hd, threads, dtype),
-                   "args": (a4, a4, a4, a4, lse3, a3, acc4, acc_nb, types.int64),
-                   "float64_ok": f64_ok}
+            for dropout in (False, True) if (hd, dtype) in dropout_set else (False,):
+                tag = f"M{bm} N{bn} D{hd} {dtype.name}{' dropout' if dropout else ''}"
+                drop_t = drop if dropout else no_drop
+                yield {"name": f"backward dkdv {tag}",
+                       "kernel": dkdv_kernel(bm, bn, hd, threads, dtype, dropout),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, a4, a4, acc_nb, types.int64,
+                                types.int64, drop_t),
+                       "float64_ok": f64_ok}
+                yield {"name": f"backward dq {tag}",
+                       "kernel": dq_kernel(bm, bn, hd, threads, dtype, dropout),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, acc_nb, types.int64, drop_t),
+                       "float64_ok": f64_ok}

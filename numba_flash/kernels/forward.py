@@ -21,6 +21,14 @@ key ``c`` iff ``c <= r + Nk - Nq``.  K/V tiles wholly after the diagonal are nev
 loop stops); tiles wholly before it (and inside ``Nk``) run the unmasked step; only the tiles
 crossing the diagonal, and the ragged last tile, run the masked step.
 
+Dropout (the ``DROPOUT`` specialisation; the plain kernel has none of it) replaces the
+``acc`` update by ``acc = alpha * acc + (P * Z) V_j`` with ``Z = keep / (1 - p)``, while ``m_i``,
+``l_i`` and so ``lse`` still come from the undropped ``P`` (as in
+:func:`numba_flash.reference.attention`).  ``keep`` for element ``(b, h, i, j)`` (query head
+``h``, global query row ``i`` and key column ``j``) is the Philox4x32-10 draw of
+:mod:`numba_flash.philox`, drawn in the kernel tile by tile and never stored in global memory:
+it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)[b, h, i, j]``.
+
 Grid / block
 ------------
 grid = (ceil(Nq / BLOCK_M), B * H); ``blockIdx.y`` is the flattened ``(b, h)`` and the kv head is
@@ -34,18 +42,29 @@ neighbouring shared-memory words (no bank conflicts).  Each row's max is combine
 ``THREADS_N`` threads through shared memory every tile; the partial sums ``l_i`` are combined once,
 at the end (they all share the row's ``m_i``, so partial sums add up).
 
+With dropout, one Philox call serves the 4 consecutive keys ``4g .. 4g+3`` of a row
+(``philox_keep_bits4``), but a thread's S columns are strided (``tx, tx + THREADS_N, ...``), not 4
+consecutive ones.  So each K/V tile the block first draws the ``BLOCK_M x BLOCK_N / 4`` keep
+nibbles cooperatively (thread ``tid`` takes groups ``tid, tid + THREADS, ...``; groups no row of
+the tile can see are not drawn) into ``keep_tile`` in shared memory, next to the K/V loads and
+covered by their barrier, and each thread reads its columns' bits back after the softmax
+update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no extra barrier.
+
 Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 ------------------------------------------------------------------
 * ``q_tile [HEAD_DIM, BLOCK_M + 1]``: ``scale * Q_i`` transposed, loaded once;
 * ``k_tile [HEAD_DIM, BLOCK_N + 1]``: ``K_j`` transposed, so S reads a row of consecutive keys;
 * ``v_tile [BLOCK_N, HEAD_DIM]``;
 * ``p_tile [BLOCK_M, BLOCK_N + 1]``: the probabilities ``P`` for ``P V``;
-* ``red    [BLOCK_M, THREADS_N + 1]``: per-thread partial row maxima (then partial row sums).
+* ``red    [BLOCK_M, THREADS_N + 1]``: per-thread partial row maxima (then partial row sums);
+* dropout only: ``keep_tile [BLOCK_M, BLOCK_N / 4 + 1]`` (int32, 4 bytes): the keep bits of the
+  tile, 4 columns per word.
 
 The ``+ 1`` pads keep transposed stores and column reads free of bank conflicts.  In total
 ``w * (HEAD_DIM (BLOCK_M + BLOCK_N + 2) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N + THREADS_N + 2))``
-bytes, at most 48 KiB for every configuration :func:`compile_configs` lists (see
-:func:`shared_bytes`; e.g. 43 KiB for the float32 default at HEAD_DIM = 64: 64 x 32 tiles, 8 x 8 threads).
+bytes, plus ``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout, at most 48 KiB for every configuration
+:func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 43 KiB for the float32 default at
+HEAD_DIM = 64: 64 x 32 tiles, 8 x 8 threads; 45.3 KiB with dropout).
 
 float16 inputs are read as float16 and computed in float32 (the tiles hold float32); float64
 inputs compute in float64.  ``lse`` is stored in the compute type.
@@ -57,9 +76,10 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32, types
 
 from ..backend import on_simulator
+from ..philox import philox_keep_bits4
 from .common import compute_type, numba_array_type
 
 #: compile-time head dims: a head dim ``d`` runs in the smallest one >= d (zero-padded).
@@ -108,17 +128,20 @@ def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
     return min(t, BLOCK_M), min(t, BLOCK_N, HEAD_DIM)
 
 
-def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_N, dtype):
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_N, dtype, dropout=False):
     """Static shared memory of one block (the budget in the module docstring)."""
     words = (HEAD_DIM * (BLOCK_M + 1) + HEAD_DIM * (BLOCK_N + 1) + BLOCK_N * HEAD_DIM
              + BLOCK_M * (BLOCK_N + 1) + BLOCK_M * (THREADS_N + 1))
-    return _word(dtype) * words
+    keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4 + 1) if dropout else 0  # int32 keep_tile
+    return _word(dtype) * words + keep_bytes
 
 
-def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False):
+def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=False):
     """Why these tiles cannot run on a GPU (shared memory, registers), or ``None`` if they can."""
     tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
-    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, tn_, dtype)
+    if dropout and BLOCK_N % 4:
+        return f"BLOCK_N = {BLOCK_N} is not a multiple of 4 (one Philox call per 4 keys)"
+    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, tn_, dtype, dropout)
     if smem > SMEM_LIMIT:
         return f"{smem} B of shared memory > {SMEM_LIMIT} B"
     regs_per = _word(dtype) // 4
@@ -183,13 +206,19 @@ def default_tiles(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS_N):
-    """Build (once per configuration) ``kernel(q, k, v, o, lse, scale)``.
+def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS_N,
+                   DROPOUT=False):
+    """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, dropout)``.
 
     ``scale`` must already be of the compute type (``np.float32`` / ``np.float64``).
+    ``dropout`` is ``()`` for the plain kernel (an empty tuple adds no kernel parameter: the
+    plain kernel's PTX is what it was before dropout existed) and, with ``DROPOUT=True``, the
+    tuple ``(seed_lo, seed_hi, threshold, keep_scale)``: the three ``numpy.uint32`` of
+    :func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type.
     """
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
+    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
     TM = BLOCK_M // THREADS_M     # tile rows per thread
     TN = BLOCK_N // THREADS_N     # S columns per thread
@@ -203,9 +232,11 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
     # wraparound code, which would also stop the compiler from strength-reducing the addresses
     HEAD_DIM_U = np.uint64(HEAD_DIM)
     BLOCK_N_U = np.uint64(BLOCK_N)
+    GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
+    KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
 
     @cuda.jit
-    def flash_forward(q, k, v, o, lse, scale):
+    def flash_forward(q, k, v, o, lse, scale, dropout):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
         tx = cuda.threadIdx.x & (THREADS_N - 1)
@@ -230,6 +261,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
         acc = cuda.local.array((TM, TD), acc_t)
         m_i = cuda.local.array(TM, acc_t)
         l_i = cuda.local.array(TM, acc_t)
+        if DROPOUT:  # compile-time: the plain kernel has neither these values nor keep_tile
+            seed_lo, seed_hi, threshold, keep_scale = dropout
+            keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
 
         # -- load q_tile = scale * Q_i (transposed), zero past Nq and past the true head dim
         for idx in range(tid, BLOCK_M * HEAD_DIM, THREADS):
@@ -270,7 +304,21 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                 else:
                     k_tile[c, r] = acc_t(0.0)
                     v_tile[r, c] = acc_t(0.0)
-            cuda.syncthreads()  # k_tile and v_tile are complete before any thread reads them
+            if DROPOUT:
+                # -- draw keep_tile: bit w of keep_tile[r, g] keeps key k_start + 4 g + w of row
+                # q_start + r (global indices, so the mask ignores tiles); a group no row of the
+                # tile sees (past Nq or Nk, after the causal diagonal) is not drawn: it is 0
+                for idx in range(tid, BLOCK_M * GROUPS, THREADS):
+                    r = idx // GROUPS
+                    g = idx % GROUPS
+                    row = q_start + r
+                    key = k_start + 4 * g
+                    bits = int32(0)
+                    if row < nq and key < nk and (not CAUSAL or key <= row + diag):
+                        bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2,
+                                                 threshold)
+                    keep_tile[r, g] = bits
+            cuda.syncthreads()  # k_tile, v_tile (and keep_tile) are complete before any read
 
             # -- S = Q K^T  (q_tile already holds scale * Q): a TM x TN micro-tile per thread
             for i in range(TM):
@@ -315,7 +363,14 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                     s[i, j] = p
                     row_sum += p
                 l_i[i] = alpha * l_i[i] + row_sum  # l_i (and so lse) from the undropped P
-                # (a dropout step goes here: s[i, j] *= keep / (1 - p), before p_tile)
+                if DROPOUT:
+                    # -- P * Z for P V: keep -> P / (1 - p), drop -> 0
+                    for j in range(TN):
+                        col = tx + j * THREADS_N
+                        if (keep_tile[r, col >> 2] >> (col & 3)) & 1:
+                            s[i, j] *= keep_scale
+                        else:
+                            s[i, j] = acc_t(0.0)
                 for j in range(TN):
                     p_tile[r, tx + j * THREADS_N] = s[i, j]
                 for c in range(TD):
@@ -328,7 +383,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                     pv = p_tile[ty + i * THREADS_M, n]
                     for c in range(TD):
                         acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
-            cuda.syncthreads()  # k/v/p_tile and red are fully read before the next tile
+            cuda.syncthreads()  # k/v/p/keep_tile and red are fully read before the next tile
 
         # -- epilogue: l = sum of the row's partial l_i; O = acc / l, lse = m + log(l)
         for i in range(TM):
@@ -365,20 +420,25 @@ def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
 
 def compile_configs():
     """Every forward configuration the package can launch on a GPU, for the compile tier: the
-    default tiles of each compile-time head dim, dtype and causal flag (explicit tiles reuse
-    these kernels, see :func:`explicit_tiles`)."""
+    default tiles of each compile-time head dim, dtype, causal flag and dropout flag (explicit
+    tiles reuse these kernels, see :func:`explicit_tiles`)."""
     for dtype in (np.float16, np.float32, np.float64):
         dt = np.dtype(dtype)
+        acc = compute_type(dt)
         arr4 = numba_array_type(dt, 4)
         lse_t = numba_array_type(np.float64 if dt == np.float64 else np.float32, 3)
+        dropout_t = types.Tuple((types.uint32, types.uint32, types.uint32, acc))
         for hd in HEAD_DIMS:
             bm, bn, _ = gpu_tiles(hd, dt)
             tm_, tn_ = thread_layout(bm, bn, hd)
-            for causal in (False, True):
-                yield {
-                    "name": (f"forward M{bm} N{bn} D{hd} T{tm_}x{tn_} "
-                             f"{'causal' if causal else 'full'} {dt.name}"),
-                    "kernel": forward_kernel(bm, bn, hd, causal, dt, tm_, tn_),
-                    "args": (arr4, arr4, arr4, arr4, lse_t, compute_type(dt)),
-                    "float64_ok": dt == np.float64,
-                }
+            for dropout in (False, True):
+                for causal in (False, True):
+                    yield {
+                        "name": (f"forward M{bm} N{bn} D{hd} T{tm_}x{tn_} "
+                                 f"{'causal' if causal else 'full'}"
+                                 f"{' dropout' if dropout else ''} {dt.name}"),
+                        "kernel": forward_kernel(bm, bn, hd, causal, dt, tm_, tn_, dropout),
+                        "args": (arr4, arr4, arr4, arr4, lse_t, acc,
+                                 dropout_t if dropout else types.Tuple(())),
+                        "float64_ok": dt == np.float64,
+                    }

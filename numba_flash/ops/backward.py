@@ -10,9 +10,11 @@ from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_
 from ..kernels.backward import (cast_kernel, default_tiles, dkdv_kernel, dq_kernel,
                                 elem_threads, preprocess_kernel)
 from ..kernels.common import cdiv
+from ..philox import dropout_params
 
 
-def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False):
+def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
+             dropout_p=0.0, seed=0):
     """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do``.
 
     ``q``, ``o``, ``do`` are ``[B, H, Nq, d]``; ``k``, ``v`` are ``[B, Hkv, Nk, d]`` (GQA: ``H`` a
@@ -24,6 +26,11 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     ``P`` is recomputed from ``lse`` (see :mod:`numba_flash.kernels.backward`).  dQ is summed over
     K/V blocks with atomic adds by default; ``deterministic=True`` computes it in a second kernel
     without atomics, so two runs give bitwise identical gradients (a little slower).
+
+    Dropout: pass the forward's ``dropout_p`` (a real in ``[0, 1)``) and ``seed`` (an integer in
+    ``[0, 2**64)``), and its dropped ``o``; the kernels redraw the forward's keep-mask
+    (:func:`numba_flash.dropout_mask`) from the seed and differentiate through
+    ``keep / (1 - dropout_p)``.  ``dropout_p = 0`` runs exactly the kernels without dropout.
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
@@ -42,6 +49,8 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
+    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
+    dropout = float(dropout_p) > 0.0  # compile-time: p = 0 runs the plain kernels, bit for bit
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
@@ -53,6 +62,8 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     dq_accum = dq if dtype == acc_dtype else call.empty(q_in.shape, acc_dtype)
     delta = call.empty((b, h, nq), acc_dtype)
     scale_c = acc_dtype.type(scale)
+    # the kernels' last argument: () adds no parameter to the plain kernels
+    drop_args = (seed_lo, seed_hi, threshold, acc_dtype.type(keep_scale)) if dropout else ()
 
     # 1. D = rowsum(dO * O); dq_accum = 0
     t = elem_threads()
@@ -61,16 +72,17 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, kv head)
     block_m, block_n, head_dim, threads = default_tiles(d, dtype)
-    call.launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype),
+    call.launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
                 (cdiv(nk, block_n), b, hkv), (threads,),
                 q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk, dv, scale_c,
-                int(causal), 0 if deterministic else 1)
+                int(causal), 0 if deterministic else 1, drop_args)
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
     if deterministic:
-        call.launch(dq_kernel(block_m, block_n, head_dim, threads, dtype),
+        call.launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
                     (cdiv(nq, block_m), b, h), (threads,),
-                    q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, scale_c, int(causal))
+                    q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, scale_c, int(causal),
+                    drop_args)
 
     # 4. float16: cast the float32 accumulator on the device
     if dq_accum is not dq:

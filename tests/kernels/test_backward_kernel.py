@@ -88,7 +88,14 @@ def test_backward_softmax_scale_and_peaked_scores(rng):
     args = make_inputs(rng, 1, 2, 1, 12, 17, 16, np.float32, causal=True, softmax_scale=0.9,
                        q_scale=4.0)
     grads = numba_flash.backward(*args, causal=True, softmax_scale=0.9)
-    check_against_reference(args, np.float32, grads, causal=True, softmax_scale=0.9)
+    do, q, k, v, _, _ = args
+    want = ref.attention_backward(do, q, k, v, causal=True, softmax_scale=0.9)
+    # Logits reach ~40 here and lse is stored in float32, so P = exp(S - lse) carries a relative
+    # error of about |lse| * 2**-24 on top of the usual float32 error.  Measured worst over 60
+    # seeds: 7.2e-6 relative to max(1, |grad|); bound 3e-5.
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+        err = np.abs(g.astype(np.float64) - w).max() / max(1.0, np.abs(w).max())
+        assert err <= 3e-5, f"{name}: {err:.2e}"
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
