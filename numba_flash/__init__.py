@@ -16,6 +16,11 @@ Public API (each name is imported on first use, so ``import numba_flash`` stays 
 
 from .backend import backend, BackendError, SimulatorWarning  # noqa: F401  (must come first)
 from . import reference  # noqa: F401
+
+if backend() == "simulator":
+    from . import simulator as _simulator
+
+    _simulator.install()  # thread-safe shared arrays in the simulator (see numba_flash.simulator)
 from .frontend import poisoned_outputs  # noqa: F401
 
 __version__ = "0.1.0"

@@ -17,11 +17,11 @@ arrays) before launch, so that an element a kernel forgot to write fails the com
 from __future__ import annotations
 
 import contextlib
-import sys
 
 import numpy as np
 from numba import cuda
 
+from .. import simulator
 from ..backend import on_simulator
 from .validate import is_device_array
 
@@ -119,12 +119,5 @@ class ArrayCall:
         if not on_simulator():
             kernel[grid, block, self.stream](*args)
             return
-        # The simulator runs each CUDA thread as a Python thread and its block manager polls
-        # them; with Python's default 5 ms thread switch interval every syncthreads costs
-        # milliseconds.  A short interval during the launch makes kernels ~5x faster.
-        old = sys.getswitchinterval()
-        sys.setswitchinterval(1e-4)
-        try:
+        with simulator.fast_switching():  # see numba_flash.simulator
             kernel[grid, block, self.stream](*args)
-        finally:
-            sys.setswitchinterval(old)
