@@ -144,7 +144,8 @@ def part_bench(name, dry, outdir, budget_s):
            "stdout_tail": proc.stdout.strip().splitlines()[-40:],
            "stderr_tail": proc.stderr.strip().splitlines()[-10:]}
     if js.exists():
-        res["rows"] = json.loads(js.read_text())
+        data = json.loads(js.read_text())
+        res["rows"] = data["rows"] if isinstance(data, dict) else data  # {"rows": [...]} or [...]
     return res
 
 
@@ -171,14 +172,18 @@ def markdown_table(rows):
         for c in r:
             if c not in cols:
                 cols.append(c)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    def cell(x):
+        return str(x).replace("|", "\\|")  # a '|' inside a cell would split it
+
+    lines = ["| " + " | ".join(cell(c) for c in cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
         cells = []
         for c in cols:
             v = r.get(c, "")
             if isinstance(v, float):
                 v = "nan" if math.isnan(v) else f"{v:.3g}"
-            cells.append(str(v))
+            cells.append(cell(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
