@@ -34,3 +34,14 @@ def assert_close(got, want, dtype, scale=1.0, name="output"):
 def randn(rng, shape, dtype=np.float32, scale=1.0):
     """Standard normal samples (times ``scale``) in ``dtype``."""
     return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def assert_scaled_close(got, want, tol, name="output"):
+    """No NaN, and max abs error <= ``tol * max(1, max |want|)``: a bound relative to the size
+    of the reference (gradients scale with their inputs, so a fixed absolute bound would be too
+    loose for small ones and too tight for large ones)."""
+    got = np.asarray(got)
+    assert not np.isnan(got).any(), f"{name}: NaN in output (unwritten element or NaN leak)"
+    err = np.abs(got.astype(np.float64) - want).max()
+    bound = tol * max(1.0, np.abs(want).max())
+    assert err <= bound, f"{name}: max abs error {err:.3e} > {bound:.1e}"

@@ -12,7 +12,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from helpers import randn
+from helpers import randn, assert_scaled_close
 
 #: gradient error bound, relative to max(1, max |reference gradient|) (gradients grow with the
 #: inputs, so a fixed absolute bound would be too loose for small ones, too tight for large).
@@ -23,11 +23,7 @@ GRAD_TOL = {np.float16: 4e-3, np.float32: 4e-6, np.float64: 1e-14}
 
 
 def assert_grad_close(got, want, dtype, name):
-    got = np.asarray(got)
-    assert not np.isnan(got).any(), f"{name}: NaN in output (unwritten element or NaN leak)"
-    err = np.abs(got.astype(np.float64) - want).max()
-    bound = GRAD_TOL[np.dtype(dtype).type] * max(1.0, np.abs(want).max())
-    assert err <= bound, f"{name}: max abs error {err:.3e} > {bound:.1e}"
+    assert_scaled_close(got, want, GRAD_TOL[np.dtype(dtype).type], name)
 
 
 def make_inputs(rng, b, h, hkv, nq, nk, d, dtype, causal=False, softmax_scale=None, q_scale=1.0):

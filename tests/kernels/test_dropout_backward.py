@@ -13,7 +13,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from helpers import randn
+from helpers import randn, assert_scaled_close
 
 #: gradient error bound, relative to max(1, max |reference gradient|) (as in
 #: test_backward_kernel.py).  Measured with dropout over random cases (B=1, H<=4, GQA, Nq, Nk
@@ -25,11 +25,7 @@ GRAD_TOL = {np.float16: 8e-3, np.float32: 4e-6, np.float64: 1.2e-14}
 
 
 def assert_grad_close(got, want, dtype, name):
-    got = np.asarray(got)
-    assert not np.isnan(got).any(), f"{name}: NaN in output (unwritten element or NaN leak)"
-    err = np.abs(got.astype(np.float64) - want).max()
-    bound = GRAD_TOL[np.dtype(dtype).type] * max(1.0, np.abs(want).max())
-    assert err <= bound, f"{name}: max abs error {err:.3e} > {bound:.1e}"
+    assert_scaled_close(got, want, GRAD_TOL[np.dtype(dtype).type], name)
 
 
 def make_inputs(rng, b, h, hkv, nq, nk, d, dtype, p, seed, causal=False):
