@@ -148,6 +148,7 @@ def philox4x32_10_device(c0, c1, c2, c3, k0, k1):
     return x0, x1, x2, x3
 
 
+# [docs:philox-keep-bits4]
 @cuda.jit(device=True)
 def philox_keep_bits4(seed_lo, seed_hi, b, h, i, jq, threshold):
     """Keep bits of columns ``4*jq .. 4*jq+3`` of row ``(b, h, i)``: bit ``w`` set iff kept."""
@@ -163,6 +164,7 @@ def philox_keep_bits4(seed_lo, seed_hi, b, h, i, jq, threshold):
     if r3 >= t:
         bits = int32(bits | int32(8))
     return bits
+# [/docs:philox-keep-bits4]
 
 
 @cuda.jit(device=True)
@@ -258,10 +260,13 @@ def dropout_params(dropout_p, seed):
     """
     p = check_dropout_p(dropout_p)
     s = check_seed(seed)
+    # [docs:philox-dropout-params]
     threshold = min(int(round(p * 2.0**32)), 2**32 - 1)  # p * 2**32 is exact in float64
     return (np.uint32(s & 0xFFFFFFFF), np.uint32(s >> 32), np.uint32(threshold), 1.0 / (1.0 - p))
+    # [/docs:philox-dropout-params]
 
 
+# [docs:philox-keep-mask]
 def keep_mask(seed_lo, seed_hi, threshold, B, H, Nq, Nk):
     """The bool keep-mask ``[B, H, Nq, Nk]`` drawn with the NumPy twin (arguments unchecked)."""
     nq4 = -(-Nk // 4)
@@ -280,3 +285,4 @@ def keep_mask(seed_lo, seed_hi, threshold, B, H, Nq, Nk):
             draws = philox4x32_10(ctr, key).reshape(Nq, nq4 * 4)[:, :Nk]
             keep[b, h] = draws >= np.uint32(threshold)
     return keep
+# [/docs:philox-keep-mask]

@@ -278,6 +278,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     for j in range(A_TC):
                         s[i * A_TC + j] += qv * kc[j]
                         dp[i * A_TC + j] += dov * vc[j]
+            # [docs:bwd-p-ds]
             # -- P = exp(scale S - lse), dS = P (dP - D); masked / empty rows give exactly 0
             offset = nk - nq  # bottom-right causal alignment
             for i in range(A_TR):
@@ -304,6 +305,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                             ds = p * (dp[i * A_TC + j] - delta_sh[m])
                     p_tile[m, n] = p
                     ds_tile[m, n] = ds
+            # [/docs:bwd-p-ds]
 
     @cuda.jit(device=True, inline="always")
     def ds_k(ds_tile, k_tile, dq_acc, tid):
@@ -385,6 +387,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
             dk_acc[e] = acc_t(0.0)
             dv_acc[e] = acc_t(0.0)
 
+        # [docs:bwd-dkdv-loop]
         # causal: Q tiles wholly before the diagonal (every row < k_start - offset) see no key here
         first_tile = 0
         if causal:
@@ -420,6 +423,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                                 dv_acc[i * B_TC + j] += pv * doc[j]
                                 dk_acc[i * B_TC + j] += dsv * qc[j]
 
+                # [docs:bwd-dq-atomic]
                 # -- dQ_i += scale * dS K_j, added atomically (other K/V blocks add to it too)
                 if dq_atomic:
                     for e in range(C_TILE):
@@ -435,6 +439,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                                 if row < nq and c < d:
                                     cuda.atomic.add(dq_accum, (b, h, row, c),
                                                     dq_acc[i * C_TC + j] * scale)
+                # [/docs:bwd-dq-atomic]
                 cuda.syncthreads()  # done reading q/do/p/ds tiles before the next Q tile lands
 
         # -- write dK_j, dV_j once: this block owns rows k_start.. of kv head hk
@@ -446,6 +451,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     if key < nk and c < d:
                         dk[b, hk, key, c] = dk_acc[i * B_TC + j] * scale
                         dv[b, hk, key, c] = dv_acc[i * B_TC + j]
+        # [/docs:bwd-dkdv-loop]
 
     return backward_dkdv
 
@@ -500,6 +506,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
         dq_acc = cuda.local.array(C_TILE, acc_t)
         for e in range(C_TILE):
             dq_acc[e] = acc_t(0.0)
+        # [docs:bwd-dq-loop]
         for kj in range(n_kv_tiles):
             k_start = kj * BLOCK_N
             load_tile(k, b, hk, k_start, BLOCK_N, k_tile, tid)
@@ -514,6 +521,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
             cuda.syncthreads()  # done reading k_tile / ds_tile before the next K/V tile lands
+        # [/docs:bwd-dq-loop]
 
         # -- every element of dQ_i written exactly once (0 for rows that see no key)
         cr = tid // C_COL_T
@@ -536,6 +544,7 @@ def preprocess_kernel(THREADS, dtype):
 
     @cuda.jit
     def backward_preprocess(o, do, delta, dq_accum):
+        # [docs:bwd-preprocess]
         i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
         b = cuda.blockIdx.y
         h = cuda.blockIdx.z
@@ -545,6 +554,7 @@ def preprocess_kernel(THREADS, dtype):
                 acc += acc_t(do[b, h, i, c]) * acc_t(o[b, h, i, c])
                 dq_accum[b, h, i, c] = acc_t(0.0)
             delta[b, h, i] = acc
+        # [/docs:bwd-preprocess]
 
     return backward_preprocess
 

@@ -239,6 +239,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
     def flash_forward(q, k, v, o, lse, scale, dropout):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
+        # [docs:fwd-index]
         tx = cuda.threadIdx.x & (THREADS_N - 1)
         ty = cuda.threadIdx.y & (THREADS_M - 1)
         tid = ty * THREADS_N + tx
@@ -251,7 +252,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
         nk = k.shape[2]
         d = q.shape[3]
         q_start = cuda.blockIdx.x * BLOCK_M
+        # [/docs:fwd-index]
 
+        # [docs:fwd-arrays]
         q_tile = cuda.shared.array((HEAD_DIM, Q_STRIDE), acc_t)
         k_tile = cuda.shared.array((HEAD_DIM, K_STRIDE), acc_t)
         v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), acc_t)
@@ -261,10 +264,12 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
         acc = cuda.local.array((TM, TD), acc_t)
         m_i = cuda.local.array(TM, acc_t)
         l_i = cuda.local.array(TM, acc_t)
+        # [/docs:fwd-arrays]
         if DROPOUT:  # compile-time: the plain kernel has neither these values nor keep_tile
             seed_lo, seed_hi, threshold, keep_scale = dropout
             keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
 
+        # [docs:fwd-load-q]
         # -- load q_tile = scale * Q_i (transposed), zero past Nq and past the true head dim
         for idx in range(tid, BLOCK_M * HEAD_DIM, THREADS):
             r = idx // HEAD_DIM
@@ -279,7 +284,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
             for c in range(TD):
                 acc[i, c] = acc_t(0.0)
         cuda.syncthreads()  # q_tile is complete before the first S reads it
+        # [/docs:fwd-load-q]
 
+        # [docs:fwd-tile-range]
         # -- which K/V tiles: [0, n_full) need no mask, [n_full, n_tiles) are masked
         diag = nk - nq  # bottom-right causal alignment: row r sees keys <= r + diag
         if CAUSAL:
@@ -290,7 +297,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
             kv_end = nk
             n_full = nk // BLOCK_N
         n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N  # tiles wholly after the diagonal: not loaded
+        # [/docs:fwd-tile-range]
 
+        # [docs:fwd-load-kv]
         for kt in range(n_tiles):
             k_start = kt * BLOCK_N
             # -- load k_tile = K_j^T and v_tile = V_j, zero past Nk and past the true head dim
@@ -304,6 +313,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                 else:
                     k_tile[c, r] = acc_t(0.0)
                     v_tile[r, c] = acc_t(0.0)
+        # [/docs:fwd-load-kv]
+            # [docs:fwd-dropout-draw]
             if DROPOUT:
                 # -- draw keep_tile: bit w of keep_tile[r, g] keeps key k_start + 4 g + w of row
                 # q_start + r (global indices, so the mask ignores tiles); a group no row of the
@@ -318,6 +329,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                         bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2,
                                                  threshold)
                     keep_tile[r, g] = bits
+            # [/docs:fwd-dropout-draw]
+            # [docs:fwd-s]
             cuda.syncthreads()  # k_tile, v_tile (and keep_tile) are complete before any read
 
             # -- S = Q K^T  (q_tile already holds scale * Q): a TM x TN micro-tile per thread
@@ -338,7 +351,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                         key = k_start + tx + j * THREADS_N
                         if key >= nk or (CAUSAL and key > last_key):
                             s[i, j] = acc_t(NEG_INF)
+            # [/docs:fwd-s]
 
+            # [docs:fwd-update]
             # -- update m_i: each thread's partial row max, combined across the row's threads
             for i in range(TM):
                 mx = s[i, 0]
@@ -363,6 +378,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                     s[i, j] = p
                     row_sum += p
                 l_i[i] = alpha * l_i[i] + row_sum  # l_i (and so lse) from the undropped P
+                # [docs:fwd-dropout-apply]
                 if DROPOUT:
                     # -- P * Z for P V: keep -> P / (1 - p), drop -> 0
                     for j in range(TN):
@@ -371,12 +387,15 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                             s[i, j] *= keep_scale
                         else:
                             s[i, j] = acc_t(0.0)
+                # [/docs:fwd-dropout-apply]
                 for j in range(TN):
                     p_tile[r, tx + j * THREADS_N] = s[i, j]
                 for c in range(TD):
                     acc[i, c] *= alpha
             cuda.syncthreads()  # p_tile is complete before P V reads whole rows of it
+            # [/docs:fwd-update]
 
+            # [docs:fwd-pv]
             # -- acc += P V: a TM x TD micro-tile of the output per thread
             for n in range(BLOCK_N_U):
                 for i in range(TM):
@@ -384,7 +403,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                     for c in range(TD):
                         acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
             cuda.syncthreads()  # k/v/p/keep_tile and red are fully read before the next tile
+            # [/docs:fwd-pv]
 
+        # [docs:fwd-epilogue]
         # -- epilogue: l = sum of the row's partial l_i; O = acc / l, lse = m + log(l)
         for i in range(TM):
             red[ty + i * THREADS_M, tx] = l_i[i]
@@ -408,6 +429,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                         o[b, h, row, col] = acc[i, c] * inv_l
                 if tx == 0:
                     lse[b, h, row] = row_lse
+        # [/docs:fwd-epilogue]
 
     return flash_forward
 
