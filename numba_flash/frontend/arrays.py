@@ -63,7 +63,9 @@ class ArrayCall:
                 import cupy
 
                 self._cupy = cupy
-                self.stream = cuda.external_stream(cupy.cuda.get_current_stream().ptr)
+                ptr = cupy.cuda.get_current_stream().ptr
+                # CuPy's current stream; 0 is the legacy default stream, numba's stream 0 too
+                self.stream = cuda.external_stream(ptr) if ptr else 0
 
     # -- inputs ------------------------------------------------------------------------------
     def input(self, x):

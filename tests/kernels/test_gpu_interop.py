@@ -1,0 +1,82 @@
+"""GPU only (marked ``gpu``, skipped without a CUDA device): CuPy arrays in, CuPy arrays out, on
+the same device, zero copy, with the same results as NumPy inputs; Numba device arrays too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash import reference as ref
+from helpers import assert_close, randn
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def cp():
+    return pytest.importorskip("cupy")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_cupy_matches_numpy(cp, rng, dtype, causal):
+    q, k, v = (randn(rng, (2, 4, 129, 64), dtype), randn(rng, (2, 2, 200, 64), dtype),
+               randn(rng, (2, 2, 200, 64), dtype))
+    o_np, lse_np = numba_flash.forward(q, k, v, causal=causal, return_lse=True)
+    dq, dk, dv = cp.asarray(q), cp.asarray(k), cp.asarray(v)
+    o, lse = numba_flash.forward(dq, dk, dv, causal=causal, return_lse=True)
+    assert isinstance(o, cp.ndarray) and o.device == dq.device and o.dtype == dtype
+    np.testing.assert_array_equal(o.get(), o_np)
+    np.testing.assert_array_equal(lse.get(), lse_np)
+    want, _ = ref.attention(q, k, v, causal=causal)
+    assert_close(o.get(), want, dtype, scale=max(1.0, np.abs(want).max()))
+
+
+def test_forward_cupy_non_contiguous_and_unmodified(cp, rng):
+    base = cp.asarray(randn(rng, (1, 4, 64, 128), np.float32))
+    q = base[:, :, :, ::2]  # non-contiguous view, d = 64
+    k = base[:, :2, :, 1::2]
+    v = base[:, 2:, :, ::2]
+    before = base.copy()
+    o = numba_flash.forward(q, k, v)
+    want, _ = ref.attention(q.get(), k.get(), v.get())
+    assert_close(o.get(), want, np.float32)
+    assert bool((base == before).all())
+
+
+def test_forward_on_a_cupy_stream(cp, rng):
+    q = cp.asarray(randn(rng, (1, 2, 256, 64), np.float32))
+    with cp.cuda.Stream(non_blocking=True) as stream:
+        o = numba_flash.forward(q, q, q, causal=True)
+        stream.synchronize()
+    want, _ = ref.attention(q.get(), q.get(), q.get(), causal=True)
+    assert_close(o.get(), want, np.float32)
+
+
+def test_backward_and_decode_cupy(cp, rng):
+    q = randn(rng, (1, 4, 70, 32), np.float32)
+    k = randn(rng, (1, 2, 90, 32), np.float32)
+    do = randn(rng, q.shape, np.float32)
+    o, lse = numba_flash.forward(q, k, k, causal=True, return_lse=True)
+    grads = numba_flash.backward(*(cp.asarray(x) for x in (do, q, k, k, o, lse)), causal=True)
+    assert all(isinstance(g, cp.ndarray) for g in grads)
+    want = ref.attention_backward(do, q, k, k, causal=True)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.get(), w, atol=1e-4 * max(1.0, np.abs(w).max()))
+    seqlens = np.array([90], np.int32)
+    od = numba_flash.decode(cp.asarray(q[:, :, -1]), cp.asarray(k), cp.asarray(k),
+                            cache_seqlens=cp.asarray(seqlens))
+    assert isinstance(od, cp.ndarray)
+    wd, _ = ref.paged_decode(q[:, :, -1], k, k, seqlens)
+    assert_close(od.get(), wd, np.float32)
+
+
+def test_numba_device_arrays(rng):
+    from numba import cuda
+
+    x = randn(rng, (3, 300), np.float32)
+    y = numba_flash.softmax(cuda.to_device(x))
+    assert cuda.is_cuda_array(y)
+    want = np.stack([ref.softmax(r) for r in x])
+    assert_close(y.copy_to_host(), want, np.float32)
