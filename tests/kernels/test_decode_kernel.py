@@ -121,6 +121,22 @@ def test_equals_gathered_attention(rng):
         assert_close(lse[i], full_lse[0, :, -1], np.float64)
 
 
+def test_decode_equals_last_rows_of_the_forward_kernel(rng):
+    """Kernel against kernel: decoding the last Nq tokens against the whole cache gives the last
+    Nq rows of the causal forward kernel over the sequence (both checked against float64)."""
+    h, hkv, n, d, nq = 4, 2, 21, 8, 3
+    q = randn(rng, (1, h, n, d), np.float64)
+    k = randn(rng, (1, hkv, n, d), np.float64)
+    v = randn(rng, (1, hkv, n, d), np.float64)
+    o_fwd, lse_fwd = numba_flash.forward(q, k, v, causal=True, return_lse=True)
+    o_dec, lse_dec = numba_flash.decode(q[:, :, -nq:], k, v, cache_seqlens=np.array([n]),
+                                        causal=True, return_lse=True)
+    assert_close(o_dec, o_fwd[:, :, -nq:], np.float64)
+    assert_close(lse_dec, lse_fwd[:, :, -nq:], np.float64)
+    o1 = numba_flash.decode(q[:, :, -1], k, v, cache_seqlens=np.array([n]))
+    assert_close(o1, o_fwd[:, :, -1], np.float64)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
 def test_multi_token_queries(rng, causal, paged):
