@@ -25,6 +25,12 @@ def on_gpu():
     return numba_flash.backend() == "cuda"
 
 
+def device_name():
+    """The current CUDA device's name (numba-cuda returns bytes in some versions, str in others)."""
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def time_host(fn, repeat=3, warmup=1):
     for _ in range(warmup):
         fn()

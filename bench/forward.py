@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from common import attention_flops, on_gpu, peers, print_table, time_gpu, time_host
+from common import (attention_flops, device_name, on_gpu, peers, print_table, time_gpu,
+                    time_host)
 
 import numba_flash  # noqa: E402  (common imported it first: the backend is chosen)
 from numba import cuda  # noqa: E402
@@ -174,7 +175,7 @@ def main(argv=None):
         except ImportError:
             raise SystemExit("bench/forward.py on a GPU needs CuPy for its inputs: pip install "
                              "cupy-cuda12x (or cupy-cuda13x)")
-        print(f"GPU: {cuda.get_current_device().name.decode()}; peers: {peers() or 'none'}")
+        print(f"GPU: {device_name()}; peers: {peers() or 'none'}")
         rows = run_gpu(args)
         cols = ["dtype", "d", "causal", "B", "H", "N", "ms", "TFLOP/s", "torch TFLOP/s",
                 "cupy TFLOP/s", "max|o-ref|"]

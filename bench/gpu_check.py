@@ -86,7 +86,9 @@ def part_versions(dry):
             info[mod] = "not installed"
     if not dry:
         dev = cuda.get_current_device()
-        info["device"] = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        from common import device_name
+
+        info["device"] = device_name()
         info["compute_capability"] = "%d.%d" % dev.compute_capability
         info["sm_count"] = dev.MULTIPROCESSOR_COUNT
         try:
