@@ -67,7 +67,7 @@ def baseline(q, k, v, lens, table, dtype):
         import torch
 
         tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
-        tt = None if table is None else torch.as_tensor(table, device="cuda")
+        tt = None if table is None else torch.as_tensor(table, device="cuda").long()
 
         def run():
             kk, vv = tk, tv

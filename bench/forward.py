@@ -28,7 +28,6 @@ from common import (attention_flops, device_name, on_gpu, peers, print_table, ti
                     time_host)
 
 import numba_flash  # noqa: E402  (common imported it first: the backend is chosen)
-from numba import cuda  # noqa: E402
 
 TOKENS = 16384          # B * N per configuration
 HEADS = 16
