@@ -82,14 +82,20 @@ def main(argv=None):
 
     p = sub.add_parser("compile-check", help="build every kernel configuration to PTX for "
                                              "sm_80/sm_90 and check it with ptxas")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="passed to numba_flash.compile_check")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="passed to numba_flash.compile_check (-k TEXT, -j N, --json, --markdown, "
+                        "--cc)")
     p.set_defaults(func=_compile_check)
 
     p = sub.add_parser("pictures", help="draw the docs' figures as PNG (needs matplotlib)")
     p.add_argument("--out", default="docs/img", help="output folder (default docs/img)")
     p.set_defaults(func=_pictures)
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "compile-check":  # its options belong to numba_flash.compile_check
+        args.rest = extra + args.rest
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "size", "unset") is None:
         import numba_flash
 

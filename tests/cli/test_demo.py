@@ -49,3 +49,11 @@ def test_module_help_runs():
 def test_info(cmd, capsys):
     assert main(cmd) == 0
     assert "backend" in capsys.readouterr().out
+
+
+def test_compile_check_subcommand_passes_its_options():
+    r = subprocess.run([sys.executable, "-m", "numba_flash", "compile-check", "-k", "softmax",
+                        "--cc", "90"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "softmax THREADS=256 float32" in r.stdout and "sm_90" in r.stdout
+    assert "sm_80" not in r.stdout
