@@ -74,7 +74,8 @@ def kernel_function(kernel, inputs):
         from numba_flash.kernels.softmax import default_threads, softmax_kernel
 
         return softmax_kernel(default_threads(), inputs["x"].dtype).py_func
-    from numba_flash.kernels.naive_forward import naive_forward_kernel, padded_head_dim
+    from numba_flash.kernels.common import padded_head_dim
+    from numba_flash.kernels.naive_forward import naive_forward_kernel
 
     q = inputs["q"]
     return naive_forward_kernel(padded_head_dim(q.shape[-1]), True, q.dtype).py_func

@@ -33,7 +33,8 @@ import sys
 import tempfile
 import time
 
-SMEM_LIMIT = 48 * 1024
+from numba_flash.kernels.common import SMEM_LIMIT  # 48 KiB of static shared memory per block
+
 _F64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z][a-z0-9_.]*\.f64\b", re.M)
 
 

@@ -178,7 +178,6 @@ CASES = {
 
 def run(ops, size="tiny", dtype="float32", seed=0, console=None):
     """Run the chosen cases; return the rows (with errors caught as FAIL rows)."""
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = console or _console()
@@ -201,7 +200,6 @@ def run(ops, size="tiny", dtype="float32", seed=0, console=None):
 
 def render(rows, console=None):
     """Print the results table; return True when every row is OK."""
-    from rich.console import Console
     from rich.table import Table
 
     console = console or _console()

@@ -20,7 +20,6 @@ in the docs.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import threading
 from dataclasses import dataclass, field

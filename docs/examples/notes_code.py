@@ -218,7 +218,7 @@ def demo_merge():
     s = rng.standard_normal(8)
     v = rng.standard_normal((8, 2))
     p = np.exp(s - s.max())
-    print(f"one query, 8 scores split into blocks [0:3], [3:6], [6:8]")
+    print("one query, 8 scores split into blocks [0:3], [3:6], [6:8]")
     print(f"  exact softmax(s) @ v                       {fmt((p / p.sum()) @ v)}")
     blocks = partial_states(s, v, [3, 6])
     try:

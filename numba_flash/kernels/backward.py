@@ -123,13 +123,9 @@ from numba import cuda, int32, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import compute_type, numba_array_type
+from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
+                     padded_head_dim)
 
-#: compile-time head dims: a head dim ``d`` runs in the smallest one >= d (zero-padded).
-HEAD_DIMS = (16, 32, 64, 128, 256)
-
-#: the per-block static shared-memory limit (no dynamic opt-in).
-SMEM_LIMIT = 48 * 1024
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
 #: is the larger one: each K/V block streams all of Q, dO and the dQ atomics once, so that
@@ -151,13 +147,9 @@ SIM_THREADS = 16
 GPU_ELEM_THREADS = 128
 
 
-def padded_head_dim(d):
-    """The compile-time ``HEAD_DIM`` a head dim ``d`` (1..256) runs in."""
-    return next(h for h in HEAD_DIMS if h >= d)
-
-
 def _word(dtype):
-    return 8 if np.dtype(dtype) == np.float64 else 4
+    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
+    return acc_dtype(dtype).itemsize
 
 
 def default_tiles(head_dim, dtype, simulator=None):
@@ -203,7 +195,6 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     A_TILE = A_TR * A_TC
-    C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
 
     @cuda.jit(device=True, inline="always")
@@ -589,7 +580,7 @@ def compile_configs():
     at 64; the rest share their code and differ only in tile constants)."""
     dropout_set = {(hd, np.dtype(dt)) for hd, dt in DROPOUT_CONFIGS}
     for dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
-        acc = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+        acc = acc_dtype(dtype)
         a4, a3 = numba_array_type(dtype, 4), numba_array_type(acc, 3)
         acc4 = numba_array_type(acc, 4)
         acc_nb = compute_type(dtype)

@@ -15,8 +15,27 @@ _NUMBA_DTYPE = {
 }
 
 
+#: the per-block static shared-memory limit (no dynamic opt-in); the compile tier enforces it.
+SMEM_LIMIT = 48 * 1024
+
+#: compile-time head dims of the attention kernels: a head dim ``d`` runs in the smallest one
+#: >= d, zero-padded.
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def padded_head_dim(d):
+    """The compile-time ``HEAD_DIM`` a head dim ``d`` (1..256) runs in."""
+    return next(h for h in HEAD_DIMS if h >= d)
+
+
+def acc_dtype(dtype):
+    """The NumPy compute dtype for an input dtype: float64 for float64, float32 otherwise (also
+    the dtype of ``lse`` and of float partial results)."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
 def compute_type(dtype):
-    """The arithmetic type for an input dtype: float64 for float64, float32 otherwise."""
+    """The Numba arithmetic type for an input dtype: float64 for float64, float32 otherwise."""
     return float64 if np.dtype(dtype) == np.float64 else float32
 
 

@@ -66,7 +66,7 @@ import numpy as np
 from numba import cuda, int32, types
 
 from ..backend import on_simulator
-from .common import compute_type, numba_array_type
+from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
 
 #: GPU launch shape: 4 warps; 8 query rows per block (a GQA group of up to 8 heads at Nq = 1).
 GPU_THREADS = 128
@@ -78,8 +78,6 @@ SIM_BLOCK_N = 4
 #: KV tokens per split when ``num_splits=None`` (vLLM uses 512-token partitions).
 GPU_SPLIT_TOKENS = 512
 SIM_SPLIT_TOKENS = 16
-#: head dims the GPU kernels are compiled for (``d`` is padded up to the next one).
-HEAD_DIMS = (16, 32, 64, 128, 256)
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 #: K + V tile budget in shared memory (bytes): small enough for several blocks per SM.
 KV_TILE_BYTES = 16 * 1024
@@ -312,7 +310,7 @@ def compile_configs():
     i32_2d = numba_array_type(np.int32, 2)
     i32_1d = numba_array_type(np.int32, 1)
     for dtype in DTYPES:
-        acc_np = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+        acc_np = acc_dtype(dtype)
         arr4 = numba_array_type(dtype, 4)
         for HEAD_DIM in HEAD_DIMS:
             threads, block_m, block_n = gpu_tiles(dtype, HEAD_DIM)

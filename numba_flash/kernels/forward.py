@@ -80,13 +80,9 @@ from numba import cuda, int32, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import compute_type, numba_array_type
+from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
+                     padded_head_dim)
 
-#: compile-time head dims: a head dim ``d`` runs in the smallest one >= d (zero-padded).
-HEAD_DIMS = (16, 32, 64, 128, 256)
-
-#: the per-block static shared-memory limit (no dynamic opt-in).
-SMEM_LIMIT = 48 * 1024
 
 #: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
 MAX_TILE_REGS = 64
@@ -106,13 +102,9 @@ SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
 GPU_THREADS = 8
 
 
-def padded_head_dim(d):
-    """The compile-time ``HEAD_DIM`` a head dim ``d`` (1..256) runs in."""
-    return next(h for h in HEAD_DIMS if h >= d)
-
-
 def _word(dtype):
-    return 8 if np.dtype(dtype) == np.float64 else 4
+    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
+    return acc_dtype(dtype).itemsize
 
 
 def gpu_tiles(head_dim, dtype):
@@ -448,7 +440,7 @@ def compile_configs():
         dt = np.dtype(dtype)
         acc = compute_type(dt)
         arr4 = numba_array_type(dt, 4)
-        lse_t = numba_array_type(np.float64 if dt == np.float64 else np.float32, 3)
+        lse_t = numba_array_type(acc_dtype(dt), 3)
         dropout_t = types.Tuple((types.uint32, types.uint32, types.uint32, acc))
         for hd in HEAD_DIMS:
             bm, bn, _ = gpu_tiles(hd, dt)

@@ -38,7 +38,7 @@ import numpy as np
 from numba import cuda
 
 from ..backend import on_simulator
-from .common import compute_type, numba_array_type
+from .common import acc_dtype, compute_type, numba_array_type
 
 SIM_THREADS = 4
 GPU_THREADS = 128
@@ -110,7 +110,7 @@ PAIRS = (
 def compile_configs():
     """Every merge configuration the package can launch on a GPU, for the compile tier."""
     for part_dtype, out_dtype in PAIRS:
-        acc_np = np.dtype(np.float64) if part_dtype == np.float64 else np.dtype(np.float32)
+        acc_np = acc_dtype(part_dtype)
         yield {
             "name": f"merge THREADS={GPU_THREADS} {part_dtype.name}->{out_dtype.name}",
             "kernel": merge_kernel(GPU_THREADS, part_dtype, out_dtype),

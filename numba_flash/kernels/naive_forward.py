@@ -44,10 +44,8 @@ import numpy as np
 from numba import cuda
 
 from ..backend import on_simulator
-from .common import compute_type, numba_array_type
+from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
 
-#: compile-time head dims: a head dim ``d`` runs in the smallest one >= d.
-HEAD_DIMS = (16, 32, 64, 128, 256)
 
 #: query rows (= threads) per block: few in the simulator (one Python thread each).
 SIM_BLOCK_M = 4
@@ -58,9 +56,6 @@ def default_block_m():
     return SIM_BLOCK_M if on_simulator() else GPU_BLOCK_M
 
 
-def padded_head_dim(d):
-    """The compile-time ``HEAD_DIM`` a head dim ``d`` (1..256) runs with."""
-    return next(hd for hd in HEAD_DIMS if hd >= d)
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,7 +126,7 @@ def compile_configs():
     for dtype in (np.float16, np.float32, np.float64):
         dtype = np.dtype(dtype)
         arr = numba_array_type(dtype, 4)
-        acc_np = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+        acc_np = acc_dtype(dtype)
         lse_arr = numba_array_type(acc_np, 3)
         scale_t = compute_type(dtype)
         for head_dim in HEAD_DIMS:

@@ -36,7 +36,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda
 
 from ..backend import on_simulator
 from .common import compute_type, numba_array_type

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
                                  check_same_kind, check_scale)
 from ..kernels.backward import (cast_kernel, default_tiles, dkdv_kernel, dq_kernel,
                                 elem_threads, preprocess_kernel)
-from ..kernels.common import cdiv
+from ..kernels.common import acc_dtype, cdiv
 from ..philox import dropout_params
 
 
@@ -41,7 +39,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != (b, h, nq, d):
             raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, got {shape}")
-    lse_dtype = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    lse_dtype = acc_dtype(dtype)
     lse_shape, _ = check_array("lse", lse, 3, dtypes=(lse_dtype,))
     if lse_shape != (b, h, nq):
         raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
@@ -54,16 +52,16 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
-    acc_dtype = lse_dtype  # float32 accumulation for float16/float32, float64 for float64
+    acc_t = lse_dtype  # float32 accumulation for float16/float32, float64 for float64
     dk = call.empty(k_in.shape, dtype)
     dv = call.empty(v_in.shape, dtype)
     dq = call.empty(q_in.shape, dtype)
     # float32 / float64 accumulate straight into dq; float16 goes through a float32 buffer
-    dq_accum = dq if dtype == acc_dtype else call.empty(q_in.shape, acc_dtype)
-    delta = call.empty((b, h, nq), acc_dtype)
-    scale_c = acc_dtype.type(scale)
+    dq_accum = dq if dtype == acc_t else call.empty(q_in.shape, acc_t)
+    delta = call.empty((b, h, nq), acc_t)
+    scale_c = acc_t.type(scale)
     # the kernels' last argument: () adds no parameter to the plain kernels
-    drop_args = (seed_lo, seed_hi, threshold, acc_dtype.type(keep_scale)) if dropout else ()
+    drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
 
     # 1. D = rowsum(dO * O); dq_accum = 0
     t = elem_threads()
@@ -86,6 +84,6 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     # 4. float16: cast the float32 accumulator on the device
     if dq_accum is not dq:
-        call.launch(cast_kernel(t, acc_dtype, dtype), (cdiv(nq * d, t), b, h), (t,),
+        call.launch(cast_kernel(t, acc_t, dtype), (cdiv(nq * d, t), b, h), (t,),
                     dq_accum, dq)
     return call.result(dq), call.result(dk), call.result(dv)

@@ -28,15 +28,11 @@ from ..frontend.validate import (
     FLOAT_DTYPES, INT_DTYPES, check_array, check_bool, check_same_dtype, check_same_kind,
     check_scale, is_device_array,
 )
-from ..kernels.common import cdiv, compute_type
+from ..kernels.common import acc_dtype, cdiv, compute_type
 from ..kernels.decode import (
     decode_split_kernel, default_split_tokens, default_tiles, padded_head_dim,
 )
 from ..kernels.merge import default_threads as merge_threads, merge_kernel
-
-
-def _acc_dtype(dtype):
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
 def _host_ints(x):
@@ -167,7 +163,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         n_splits = num_splits
     # [/docs:decode-split-policy]
     rows = b * h * nq
-    acc_dtype = _acc_dtype(dtype)
+    acc_t = acc_dtype(dtype)
 
     dq = call.input(q[:, :, None, :] if single else q)
     dk_ = call.input(k_cache)
@@ -179,8 +175,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     d_table = cuda.to_device(np.ascontiguousarray(table32), stream=call.stream)
     d_len = cuda.to_device(seqlens.astype(np.int32), stream=call.stream)
     d_split = cuda.to_device(split_size.astype(np.int32), stream=call.stream)
-    o_part = call.empty((n_splits, rows, d), acc_dtype)
-    lse_part = call.empty((n_splits, rows), acc_dtype)
+    o_part = call.empty((n_splits, rows, d), acc_t)
+    lse_part = call.empty((n_splits, rows), acc_t)
     kernel = decode_split_kernel(threads, block_m, block_n, HEAD_DIM, dtype)
     # [docs:decode-grid]
     grid = (n_splits, b * hkv, cdiv((h // hkv) * nq, block_m))
@@ -190,9 +186,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # (Nq = 1 sees every key even when causal: the mask is skipped then)
 
     o = call.empty((rows, d), dtype)
-    lse = call.empty((rows,), acc_dtype)
+    lse = call.empty((rows,), acc_t)
     mthreads = merge_threads()
-    call.launch(merge_kernel(mthreads, acc_dtype, dtype), (rows,), (mthreads,), o_part, lse_part,
+    call.launch(merge_kernel(mthreads, acc_t, dtype), (rows,), (mthreads,), o_part, lse_part,
                 o, lse)
     out = call.result(o).reshape(qs)
     if not return_lse:
@@ -210,10 +206,10 @@ def merge_states(o_parts, lse_parts):
     ``lse = -inf``.  Used by cascade / ring attention and by :func:`decode`'s combine step.
     """
     os_, dtype = check_array("o_parts", o_parts, tuple(range(2, 10)), FLOAT_DTYPES)
-    acc_dtype = _acc_dtype(dtype)
+    acc_t = acc_dtype(dtype)
     ls_, ldt = check_array("lse_parts", lse_parts, tuple(range(1, 9)), FLOAT_DTYPES)
-    if ldt != acc_dtype:
-        raise TypeError(f"lse_parts: expected dtype {acc_dtype} (for o_parts of dtype {dtype}), "
+    if ldt != acc_t:
+        raise TypeError(f"lse_parts: expected dtype {acc_t} (for o_parts of dtype {dtype}), "
                         f"got {ldt}")
     if ls_ != os_[:-1]:
         raise ValueError(f"lse_parts: expected shape {os_[:-1]} (o_parts.shape[:-1]), got {ls_}")
@@ -225,7 +221,7 @@ def merge_states(o_parts, lse_parts):
     d_o = call.input(o_parts).reshape(n_parts, rows, d)
     d_l = call.input(lse_parts).reshape(n_parts, rows)
     o = call.empty((rows, d), dtype)
-    lse = call.empty((rows,), acc_dtype)
+    lse = call.empty((rows,), acc_t)
     threads = merge_threads()
     call.launch(merge_kernel(threads, dtype, dtype), (rows,), (threads,), d_o, d_l, o, lse)
     return call.result(o).reshape(os_[1:]), call.result(lse).reshape(ls_[1:])

@@ -7,7 +7,7 @@ import numpy as np
 from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
-from ..kernels.common import cdiv
+from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import choose_tiles, explicit_tiles, forward_kernel, launch_config
 from ..philox import dropout_params
 
@@ -47,15 +47,15 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
     kernel = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, causal, np.dtype(dtype), threads_m,
                             threads_n, use_dropout)
-    acc_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
     # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
-    dropout = ((seed_lo, seed_hi, threshold, acc_dtype.type(keep_scale)) if use_dropout else ())
+    acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
+    dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
     call = ArrayCall({"q": q, "k": k, "v": v})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     o = call.empty((b, h, nq, d), dtype)
-    lse = call.empty((b, h, nq), acc_dtype)
-    scale_arg = acc_dtype.type(scale)  # already the compute type: no float64 in f32 kernels
+    lse = call.empty((b, h, nq), acc_t)
+    scale_arg = acc_t.type(scale)
     call.launch(kernel, (cdiv(nq, BLOCK_M), b * h), block, dq, dk, dv, o, lse, scale_arg,
                 dropout)
     if return_lse:

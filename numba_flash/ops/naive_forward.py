@@ -10,8 +10,8 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.validate import check_bool, check_qkv, check_scale
-from ..kernels.common import cdiv
-from ..kernels.naive_forward import default_block_m, naive_forward_kernel, padded_head_dim
+from ..kernels.common import acc_dtype, cdiv, padded_head_dim
+from ..kernels.naive_forward import default_block_m, naive_forward_kernel
 
 
 def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
@@ -24,14 +24,14 @@ def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
     b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
     scale = check_scale(softmax_scale, d)
-    acc_dtype = np.dtype(np.float64 if dtype == np.float64 else np.float32)
+    acc_t = acc_dtype(dtype)
 
     call = ArrayCall({"q": q, "k": k, "v": v})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     o = call.empty((b, h, nq, d), dtype)
-    lse = call.empty((b, h, nq), acc_dtype)
+    lse = call.empty((b, h, nq), acc_t)
     block_m = default_block_m()
     kernel = naive_forward_kernel(padded_head_dim(d), causal, np.dtype(dtype))
-    scale_arg = acc_dtype.type(scale)  # already the compute type: no float64 in f32 kernels
+    scale_arg = acc_t.type(scale)  # already the compute type: no float64 in f32 kernels
     call.launch(kernel, (cdiv(nq, block_m), b * h), (block_m,), dq, dk, dv, o, lse, scale_arg)
     return call.result(o), call.result(lse)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from numba_flash.kernels.naive_forward import HEAD_DIMS, padded_head_dim
+from numba_flash.kernels.common import HEAD_DIMS, padded_head_dim
 from numba_flash.ops.naive_forward import naive_forward
 from helpers import assert_close, randn
 
