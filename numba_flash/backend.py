@@ -14,6 +14,12 @@ whether there is a usable GPU:
 If ``numba.cuda`` was imported before ``numba_flash`` on a machine without a GPU and without the
 simulator, no kernel could ever launch in this process; we raise :class:`BackendError` naming the
 fix instead of failing later with a driver error.
+
+On the CUDA target we also check the NumPy / numba-cuda pair: numba-cuda 0.30.x registers an
+overload for ``np.row_stack``, which NumPy 2.5 removed, so with that pair every kernel launch (and
+the compile tier) fails deep inside numba with ``AttributeError: module 'numpy' has no attribute
+'row_stack'``.  :func:`check_numpy_pair` raises :class:`BackendError` at import instead, naming
+both versions and the fix.  The simulator does not load that code and is unaffected.
 """
 
 from __future__ import annotations
@@ -85,7 +91,52 @@ def _choose() -> str:
     return "simulator"
 
 
+def _numba_cuda_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("numba-cuda")
+    except Exception:  # pragma: no cover - not installed from a distribution
+        return "unknown"
+
+
+def _numba_cuda_uses_row_stack() -> bool:
+    """True when the installed numba-cuda's CUDA target refers to ``np.row_stack`` (read from its
+    source, without importing it: importing it is what fails)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("numba_cuda")
+    except (ImportError, ValueError):
+        return False
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "numba", "cuda", "np", "arrayobj.py")
+        try:
+            with open(path, encoding="utf-8") as f:
+                return "np.row_stack" in f.read()
+        except OSError:
+            continue
+    return False
+
+
+def check_numpy_pair(np_module=None) -> None:
+    """Raise :class:`BackendError` if NumPy lacks ``row_stack`` while numba-cuda needs it."""
+    if np_module is None:
+        import numpy as np_module
+    if hasattr(np_module, "row_stack") or not _numba_cuda_uses_row_stack():
+        return
+    raise BackendError(
+        f"numpy {np_module.__version__} does not work with numba-cuda {_numba_cuda_version()} on "
+        "the CUDA target: numba-cuda uses numpy.row_stack, which NumPy 2.5 removed, so every "
+        "kernel launch would fail. Fix: pip install 'numpy<2.5' (numba_flash pins it; a "
+        "numba-cuda release that supports NumPy 2.5 also fixes it), or set "
+        "NUMBA_ENABLE_CUDASIM=1 to run in the simulator."
+    )
+
+
 _BACKEND = _choose()
+if _BACKEND == "cuda":
+    check_numpy_pair()
 
 
 def backend() -> str:

@@ -20,8 +20,73 @@ def run_py(code, **env):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_backend_value():
-    assert numba_flash.backend() in ("cuda", "simulator")
+def test_backend_matches_what_numba_cuda_runs():
+    """backend() says what numba.cuda really is in this process: the simulator's jit returns a
+    FakeCUDAKernel, the CUDA target's a CUDADispatcher."""
+    from numba import cuda
+    from numba.cuda.core import config
+
+    kernel = cuda.jit(lambda x: None)
+    simulated = type(kernel).__name__ == "FakeCUDAKernel"
+    assert simulated == bool(config.ENABLE_CUDASIM)
+    assert numba_flash.backend() == ("simulator" if simulated else "cuda")
+
+
+def test_numpy_without_row_stack_fails_at_import_on_the_cuda_target():
+    """numba-cuda 0.30 needs np.row_stack (gone in NumPy 2.5): a clear error at import, naming
+    both versions and the fix, instead of an AttributeError at every launch."""
+    import numpy
+    from importlib.metadata import version
+
+    r = run_py("""
+        import numpy
+        del numpy.row_stack          # what NumPy 2.5 looks like
+        import numba_flash
+    """, NUMBA_ENABLE_CUDASIM="0")
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("numba_flash.backend.BackendError: numpy ")
+    assert f"numpy {numpy.__version__}" in last and f"numba-cuda {version('numba-cuda')}" in last
+    assert "pip install 'numpy<2.5'" in last
+
+
+def test_numpy_without_row_stack_is_fine_in_the_simulator():
+    r = run_py("""
+        import numpy as np
+        del np.row_stack
+        import numba_flash
+        print(numba_flash.softmax(np.zeros((1, 4), np.float32)).tolist())
+    """, NUMBA_ENABLE_CUDASIM="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[[0.25, 0.25, 0.25, 0.25]]"
+
+
+def test_install_pins_numpy_below_2_5_and_scipy_is_test_only():
+    import configparser
+    from pathlib import Path
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    install = cfg["options"]["install_requires"]
+    assert "numpy>=1.24,<2.5" in install.split()
+    assert "scipy" not in install and "scipy" in cfg["options.extras_require"]["test"]
+
+
+def test_package_works_without_scipy():
+    """scipy is a test/docs dependency only: with it unimportable the package imports and runs."""
+    r = run_py("""
+        import sys
+        sys.modules["scipy"] = None  # any "import scipy" now raises ImportError
+        import numpy as np
+        import numba_flash
+        from numba_flash import demo, reference, philox, pictures  # noqa: F401
+        from numba_flash import ops
+        import numba_flash.ops.forward, numba_flash.ops.backward, numba_flash.ops.decode
+        import numba_flash.ops.softmax, numba_flash.ops.dropout, numba_flash.__main__
+        print(numba_flash.softmax(np.zeros((1, 2), np.float32)).tolist())
+    """, NUMBA_ENABLE_CUDASIM="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[[0.5, 0.5]]"
 
 
 @pytest.mark.skipif(numba_flash.backend() == "cuda", reason="needs a machine without a GPU")
