@@ -12,6 +12,16 @@ Conventions shared with the kernels
 * Causal masking is aligned bottom-right, as in flash-attn >= 2.1: query ``i`` sees key ``j`` iff
   ``j <= i + Nk - Nq``.  When ``Nq > Nk`` the first ``Nq - Nk`` rows see no key at all; such a
   row has ``o = 0`` and ``lse = -inf`` (never NaN).
+* Sliding window ``window_size = (left, right)`` (``-1`` = unbounded; ``causal`` means
+  ``right = 0``): query ``i`` sees key ``j`` iff ``i + Nk - Nq - left <= j <= i + Nk - Nq + right``
+  (:func:`visible_mask`, the rule of :mod:`numba_flash.kernels.visibility`).
+* Score modifiers, applied to a visible key's scaled score ``s`` in this order: ``softcap > 0``
+  gives ``softcap * tanh(s / softcap)``; ``alibi_slopes`` (``[H]`` or ``[B, H]``) subtract
+  ``slope * |i + Nk - Nq - j|``.
+* Non-finite inputs, as torch SDPA: a NaN or inf in a query row, or in a key that the row sees,
+  makes that row's ``o`` and ``lse`` NaN; a NaN or inf in ``v[j, c]`` of a key ``j`` the row sees
+  makes ``o[i, c]`` non-finite; a key the row does not see never affects it; a row that sees no
+  key has ``o = 0``, ``lse = -inf``.
 * ``lse[i] = log(sum_j exp(S[i, j]))`` over the visible keys: the natural log of the row's softmax
   denominator.  ``P = exp(S - lse)`` recovers the probabilities exactly.
 * Dropout acts on the normalised probabilities: ``O = (P * keep / (1 - p)) V``; ``lse`` is
@@ -30,6 +40,10 @@ __all__ = [
     "online_softmax_stats",
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_backward_varlen",
+    "visible_mask",
+    "alibi_slopes",
     "blocked_attention",
     "merge_states",
     "gather_paged",
@@ -112,9 +126,40 @@ def _scale(d, softmax_scale):
 
 def causal_visible(nq, nk):
     """Boolean ``[nq, nk]``: query ``i`` sees key ``j`` iff ``j <= i + nk - nq`` (bottom-right)."""
-    i = np.arange(nq)[:, None]
+    return visible_mask(nq, nk, causal=True)
+
+
+# [docs:visible-mask]
+def visible_mask(nq, nk, *, causal=False, window_size=(-1, -1)):
+    """Boolean ``[nq, nk]``: query ``i`` sees key ``j`` iff ``c - left <= j <= c + right`` with
+    ``c = i + nk - nq`` (bottom-right alignment), ``-1`` meaning an unbounded side and ``causal``
+    meaning ``right = 0``."""
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0
+    c = np.arange(nq)[:, None] + (nk - nq)
     j = np.arange(nk)[None, :]
-    return j <= i + (nk - nq)
+    vis = np.ones((nq, nk), dtype=bool)
+    if left >= 0:
+        vis &= j >= c - left
+    if right >= 0:
+        vis &= j <= c + right
+    return vis
+# [/docs:visible-mask]
+
+
+def alibi_slopes(h):
+    """The ALiBi paper's head slopes, float32 ``[h]`` (Press et al., 2022): ``2^(-8 i / h)`` for
+    ``i = 1..h`` when ``h`` is a power of two; otherwise those of the power of two ``n`` below
+    ``h``, followed by every other slope of ``2 n``."""
+    h = int(h)
+
+    def powers(n):
+        return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+
+    n = 1 << (h.bit_length() - 1)  # the largest power of two <= h
+    slopes = powers(n) if n == h else np.concatenate([powers(n), powers(2 * n)[::2][: h - n]])
+    return slopes.astype(np.float32)
 
 
 def _expand_kv(x, h):
@@ -131,18 +176,58 @@ def _fold_groups(dx, hkv):
     return dx.reshape(b, hkv, h // hkv, n, d).sum(axis=2)
 
 
-def _probabilities(q, k, causal, scale):
+# [docs:reference-scores]
+def _scores(q, k, scale, causal, window_size, softcap, alibi):
+    """``(s, vis, t)``: the modified scores ``[B, H, Nq, Nk]`` (``-inf`` where not visible), the
+    visibility mask and ``tanh(s_raw / softcap)`` (``None`` without softcap) for the backward."""
+    nq, nk = q.shape[2], k.shape[2]
+    vis = visible_mask(nq, nk, causal=causal, window_size=window_size)[None, None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    s = np.where(np.isfinite(s), s, np.nan)  # 1. an inf or NaN score poisons its row
+    t = None
+    if softcap:  # 2. softcap
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    if alibi is not None:  # 3. ALiBi: minus slope * distance from the query's own column
+        slopes = np.broadcast_to(np.asarray(alibi, dtype=np.float64), (q.shape[0], q.shape[1]))
+        dist = np.abs(np.arange(nq)[:, None] + (nk - nq) - np.arange(nk)[None, :])
+        s = s - slopes[:, :, None, None] * dist[None, None]
+    return np.where(vis, s, -np.inf), vis, t
+# [/docs:reference-scores]
+
+
+def _softmax_rows(s):
+    """``(p, lse)`` of masked scores: a row with no visible key has ``P = 0``, ``lse = -inf``; a
+    row with a NaN score has ``P`` and ``lse`` NaN."""
+    with np.errstate(invalid="ignore"):
+        m = s.max(axis=-1, keepdims=True)  # NaN if the row holds a NaN
+        m_safe = np.where(np.isfinite(m), m, 0.0)
+        l = np.exp(s - m_safe).sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(np.isnan(l), np.nan, np.where(l > 0, m_safe + np.log(l), -np.inf))
+        p = np.where(l > 0, np.exp(s - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
+    p = np.where(np.isnan(l), np.nan, p)
+    return p, lse[..., 0]
+
+
+def _probabilities(q, k, causal, scale, window_size=(-1, -1), softcap=0.0, alibi=None):
     """Scores, lse and probabilities in float64; fully masked rows give P = 0, lse = -inf."""
-    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
-    if causal:
-        s = np.where(causal_visible(q.shape[2], k.shape[2]), s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    l = np.exp(s - m_safe).sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        lse = np.where(l > 0, m_safe + np.log(l), -np.inf)
-    p = np.where(l > 0, np.exp(s - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
-    return s, p, lse[..., 0]
+    s, _, _ = _scores(q, k, scale, causal, window_size, softcap, alibi)
+    p, lse = _softmax_rows(s)
+    return s, p, lse
+
+
+def _pv(p, v, vis):
+    """``P V`` in which a key the row does not see contributes nothing, even a NaN ``v``, and a
+    non-finite ``v[j, c]`` of a visible key makes ``o[i, c]`` NaN."""
+    bad = ~np.isfinite(v)
+    o = np.einsum("bhij,bhjd->bhid", p, np.where(bad, 0.0, v))
+    if bad.any():
+        seen = np.broadcast_to(vis, p.shape).astype(np.float64)
+        hit = np.einsum("bhij,bhjd->bhid", seen, bad.astype(np.float64)) > 0
+        o = np.where(hit, np.nan, o)
+    return o
 
 
 def _keep_scale(dropout_mask, dropout_p, shape):
@@ -154,30 +239,34 @@ def _keep_scale(dropout_mask, dropout_p, shape):
     return keep / (1.0 - dropout_p)
 
 
-def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0):
+def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,
+              window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     r"""Exact attention in float64, returning ``(o, lse)``.
 
     .. math::
-        S = \text{scale}\; Q K^T,\qquad
+        S = \text{mod}(\text{scale}\; Q K^T),\qquad
         \text{lse}_i = \log \sum_{j \text{ visible}} e^{S_{ij}},\qquad
         P_{ij} = e^{S_{ij} - \text{lse}_i},\qquad
         O = \Big(P \odot \frac{\text{keep}}{1-p}\Big) V
 
-    ``dropout_mask`` is the boolean keep-mask ``[B, H, Nq, Nk]`` (see
-    :func:`numba_flash.dropout_mask`); ``None`` means no dropout.
+    ``mod`` is softcap then ALiBi (see the module docstring); "visible" follows ``causal`` and
+    ``window_size`` (:func:`visible_mask`).  ``dropout_mask`` is the boolean keep-mask
+    ``[B, H, Nq, Nk]`` (see :func:`numba_flash.dropout_mask`); ``None`` means no dropout.
     """
     q = np.asarray(q, dtype=np.float64)
     h = q.shape[1]
     k = _expand_kv(np.asarray(k, dtype=np.float64), h)
     v = _expand_kv(np.asarray(v, dtype=np.float64), h)
-    _, p, lse = _probabilities(q, k, causal, _scale(q.shape[-1], softmax_scale))
+    s, vis, _ = _scores(q, k, _scale(q.shape[-1], softmax_scale), causal, window_size, softcap,
+                        alibi_slopes)
+    p, lse = _softmax_rows(s)
     p_drop = p * _keep_scale(dropout_mask, dropout_p, p.shape)
-    o = np.einsum("bhij,bhjd->bhid", p_drop, v)
-    return o, lse
+    return _pv(p_drop, v, vis), lse
 
 
 def attention_backward(
-    do, q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0
+    do, q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,
+    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
 ):
     r"""Gradients ``(dq, dk, dv)`` of :func:`attention`'s ``o`` for an upstream gradient ``do``.
 
@@ -186,10 +275,12 @@ def attention_backward(
     .. math::
         dV = \tilde P^T dO,\quad dP = (dO\,V^T) \odot Z,\quad
         D_i = \sum_j dP_{ij} P_{ij} = \sum_c dO_{ic} O_{ic},\\
-        dS = P \odot (dP - D),\quad dQ = \text{scale}\; dS\,K,\quad
+        dS = P \odot (dP - D) \odot (1 - t^2),\quad dQ = \text{scale}\; dS\,K,\quad
         dK = \text{scale}\; dS^T Q
 
-    ``dk`` and ``dv`` are summed over the query heads of each GQA group, in ``k``'s shape.
+    where :math:`t = \tanh(\text{scale}\, q \cdot k / \text{softcap})` is the softcap's slope
+    (the factor is 1 without softcap; ALiBi's bias has no gradient).  ``dk`` and ``dv`` are summed
+    over the query heads of each GQA group, in ``k``'s shape.
     """
     q = np.asarray(q, dtype=np.float64)
     do = np.asarray(do, dtype=np.float64)
@@ -198,7 +289,8 @@ def attention_backward(
     k = _expand_kv(np.asarray(k, dtype=np.float64), h)
     v = _expand_kv(np.asarray(v, dtype=np.float64), h)
     scale = _scale(q.shape[-1], softmax_scale)
-    _, p, _ = _probabilities(q, k, causal, scale)
+    s, vis, t = _scores(q, k, scale, causal, window_size, softcap, alibi_slopes)
+    p, _ = _softmax_rows(s)
     z = _keep_scale(dropout_mask, dropout_p, p.shape)
     p_drop = p * z
     o = np.einsum("bhij,bhjd->bhid", p_drop, v)
@@ -206,9 +298,82 @@ def attention_backward(
     dp = np.einsum("bhid,bhjd->bhij", do, v) * z
     d_row = (do * o).sum(axis=-1, keepdims=True)
     ds = p * (dp - d_row)
+    if t is not None:
+        ds = ds * np.where(vis, 1.0 - t * t, 0.0)
     dq = scale * np.einsum("bhij,bhjd->bhid", ds, k)
     dk = scale * np.einsum("bhij,bhid->bhjd", ds, q)
     return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv)
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k):
+    cq = [int(x) for x in np.asarray(cu_seqlens_q)]
+    ck = [int(x) for x in np.asarray(cu_seqlens_k)]
+    if len(cq) != len(ck):
+        raise ValueError(f"cu_seqlens_q has {len(cq)} entries, cu_seqlens_k {len(ck)}")
+    return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:]))
+
+
+def _alibi_row(alibi_slopes, b):
+    if alibi_slopes is None:
+        return None
+    a = np.asarray(alibi_slopes, dtype=np.float64)
+    return a[b] if a.ndim == 2 else a
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_masks=None,
+                     dropout_p=0.0):
+    """Attention over a packed batch, returning ``(o [total_q, H, d], lse [H, total_q])``.
+
+    ``q`` is ``[total_q, H, d]`` and ``k``, ``v`` are ``[total_k, Hkv, d]``; sequence ``b`` is
+    rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` against rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of ``k`` and ``v``, each plain :func:`attention` with
+    its own bottom-right alignment.  ``alibi_slopes`` is ``[H]`` or ``[B, H]``;
+    ``dropout_masks`` is ``None`` or a list of per-sequence keep masks ``[H, nq_b, nk_b]``.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    o = np.zeros(q.shape)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if q1 == q0:
+            continue
+        qb = q[q0:q1].transpose(1, 0, 2)[None]
+        kb = np.asarray(k, dtype=np.float64)[k0:k1].transpose(1, 0, 2)[None]
+        vb = np.asarray(v, dtype=np.float64)[k0:k1].transpose(1, 0, 2)[None]
+        mask = None if dropout_masks is None else np.asarray(dropout_masks[b])[None]
+        ob, lb = attention(qb, kb, vb, causal=causal, softmax_scale=softmax_scale,
+                           window_size=window_size, softcap=softcap,
+                           alibi_slopes=_alibi_row(alibi_slopes, b), dropout_mask=mask,
+                           dropout_p=dropout_p)
+        o[q0:q1] = ob[0].transpose(1, 0, 2)
+        lse[:, q0:q1] = lb[0]
+    return o, lse
+
+
+def attention_backward_varlen(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
+                              softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                              alibi_slopes=None, dropout_masks=None, dropout_p=0.0):
+    """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen`, packed like ``q``, ``k``, ``v``."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    do = np.asarray(do, dtype=np.float64)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if q1 == q0 or k1 == k0:
+            continue
+        def pack(x, a, z):
+            return x[a:z].transpose(1, 0, 2)[None]
+        mask = None if dropout_masks is None else np.asarray(dropout_masks[b])[None]
+        g = attention_backward(pack(do, q0, q1), pack(q, q0, q1), pack(k, k0, k1),
+                               pack(v, k0, k1), causal=causal, softmax_scale=softmax_scale,
+                               window_size=window_size, softcap=softcap,
+                               alibi_slopes=_alibi_row(alibi_slopes, b), dropout_mask=mask,
+                               dropout_p=dropout_p)
+        dq[q0:q1] = g[0][0].transpose(1, 0, 2)
+        dk[k0:k1] = g[1][0].transpose(1, 0, 2)
+        dv[k0:k1] = g[2][0].transpose(1, 0, 2)
+    return dq, dk, dv
 
 
 def blocked_attention(
@@ -322,14 +487,15 @@ def gather_paged(cache, block_table, seqlen, b):
 
 
 def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal=False,
-                 softmax_scale=None):
+                 softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Decode attention against a KV cache, contiguous or paged, returning ``(o, lse)``.
 
     ``q`` is ``[B, H, d]`` (one token) or ``[B, H, Nq, d]``.  With ``block_table=None`` the cache
     is contiguous ``[B, Hkv, Nmax, d]`` and sequence ``b`` uses its first ``cache_seqlens[b]``
     positions; otherwise the cache is paged ``[num_blocks, Hkv, block_size, d]`` (see
-    :func:`gather_paged`).  Each sequence is then plain :func:`attention` with bottom-right causal
-    alignment against its ``cache_seqlens[b]`` keys.
+    :func:`gather_paged`).  Each sequence is then plain :func:`attention` (bottom-right
+    alignment, window, softcap, ALiBi ``[H]`` or ``[B, H]``) against its ``cache_seqlens[b]``
+    keys.
     """
     q = np.asarray(q, dtype=np.float64)
     single = q.ndim == 3
@@ -344,7 +510,8 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
             kb = gather_paged(k_cache, block_table, n, b)
             vb = gather_paged(v_cache, block_table, n, b)
         o, lse = attention(q4[b : b + 1], kb[None], vb[None], causal=causal,
-                           softmax_scale=softmax_scale)
+                           softmax_scale=softmax_scale, window_size=window_size,
+                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, b))
         outs.append(o[0])
         lses.append(lse[0])
     o = np.stack(outs)
