@@ -64,6 +64,7 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
     acc_t = compute_type(dtype)
     NEG_INF = -math.inf
 
+    # [docs:naive-kernel]
     @cuda.jit
     def naive_forward(q, k, v, o, lse, scale):
         # [docs:naive-grid]
@@ -117,6 +118,7 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
                 o[b, h, row, c] = acc_t(0.0)
             lse[b, h, row] = acc_t(NEG_INF)
         # [/docs:naive-body]
+    # [/docs:naive-kernel]
 
     return naive_forward
 
