@@ -65,4 +65,7 @@ def install():
         return res
 
     kernelapi.FakeCUDAShared.array = array
+    from . import simulator_warp
+
+    simulator_warp.install()  # warp shuffles, syncwarp, activemask (see numba_flash.simulator_warp)
     _installed = True
