@@ -5,6 +5,9 @@ here; ``docs/online-softmax.md`` and ``docs/merge-states.md`` quote the output o
     python docs/examples/notes_code.py online-softmax
     python docs/examples/notes_code.py merge
     python docs/examples/notes_code.py paged
+    python docs/examples/notes_code.py triton       # question 8
+    python docs/examples/notes_code.py batch        # question 9
+    python docs/examples/notes_code.py loop-order   # question 10
 """
 
 from __future__ import annotations
@@ -174,6 +177,381 @@ def demo_paged():
     print(f"  max |O - attention| {np.abs(got - want).max():.2e} (keys 4..7 silently dropped)")
 
 
+# -- question 8: the notes' Triton kernel, on a NumPy stand-in of triton.language -------------
+class _Pointer:
+    """A block of pointers, as Triton builds them: a flat array plus integer offsets."""
+
+    def __init__(self, base, offsets=0):
+        self.base, self.offsets = base, np.asarray(offsets)
+
+    def __add__(self, offsets):
+        return _Pointer(self.base, self.offsets + np.asarray(offsets))
+
+
+class TritonStandIn:
+    """The few ``triton.language`` calls the notes' kernel makes, in NumPy, with Triton's own
+    signatures and its one shape rule that matters here (Triton 3.x,
+    ``python/triton/language/standard.py`` and ``semantic.py``):
+
+    * ``max(input, axis=None, return_indices=False, return_indices_tie_break_left=True,
+      keep_dims=False)`` and ``sum(input, axis=None, keep_dims=False, ...)``: the keyword is
+      ``keep_dims`` (PyTorch's is ``keepdim``, NumPy's ``keepdims``);
+    * ``store(pointer, value, mask)`` broadcasts ``value`` to the pointer block's shape with
+      ``broadcast_impl_shape``, which raises ``ValueError("Cannot broadcast, rank mismatch:
+      {src_shape}, {shape}")`` when the ranks differ: no silent squeeze of a ``[BQ, 1]`` value into
+      a ``[BQ]`` pointer block.
+
+    Loads and stores outside the array raise IndexError (a memory fault on a GPU) unless masked."""
+
+    float32 = np.float32
+
+    def __init__(self, pid=0):
+        self.pid = pid
+
+    def program_id(self, axis):
+        return self.pid
+
+    arange = staticmethod(lambda start, end: np.arange(start, end))
+    zeros = staticmethod(lambda shape, dtype: np.zeros(shape, dtype))
+    full = staticmethod(lambda shape, value, dtype: np.full(shape, value, dtype))
+    exp = staticmethod(np.exp)
+    maximum = staticmethod(np.maximum)
+    dot = staticmethod(lambda a, b: a @ b)
+
+    @staticmethod
+    def max(input, axis=None, return_indices=False, return_indices_tie_break_left=True,
+            keep_dims=False):
+        return np.max(input, axis=axis, keepdims=keep_dims)
+
+    @staticmethod
+    def sum(input, axis=None, keep_dims=False, dtype=None):
+        return np.sum(input, axis=axis, keepdims=keep_dims)
+
+    @staticmethod
+    def load(pointer, mask=None, other=0.0):
+        off = pointer.offsets
+        mask = np.ones(off.shape, bool) if mask is None else np.broadcast_to(mask, off.shape)
+        if (off[mask] >= pointer.base.size).any() or (off[mask] < 0).any():
+            raise IndexError("unmasked load outside the array")
+        return np.where(mask, pointer.base[np.where(mask, off, 0)], other)
+
+    @staticmethod
+    def store(pointer, value, mask=None):
+        off = pointer.offsets
+        value = np.asarray(value)
+        if value.ndim and value.ndim != off.ndim:  # semantic.broadcast_impl_shape
+            raise ValueError(f"Cannot broadcast, rank mismatch: {list(value.shape)}, "
+                             f"{list(off.shape)}")
+        value = np.broadcast_to(value, off.shape)
+        mask = np.ones(off.shape, bool) if mask is None else np.broadcast_to(mask, off.shape)
+        if (off[mask] >= pointer.base.size).any():
+            raise IndexError("unmasked store outside the array")
+        pointer.base[off[mask]] = value[mask]
+
+
+TritonStandIn.max.__qualname__ = "max"  # as Triton's own function names itself in errors
+TritonStandIn.sum.__qualname__ = "sum"
+
+
+# [docs:notes-triton]
+def notes_triton_forward(tl, Q_ptr, K_ptr, V_ptr, O_ptr, L_ptr, M_ptr, N, d, Br, Bc, scale,
+                         stride_q_n, stride_k_n, stride_v_n, stride_o_n,
+                         BLOCK_Q, BLOCK_KV, D, keep="keepdim", stats_1d=False):
+    """The notes' ``_flash_attention_fwd_kernel`` (question 8) statement by statement, for the
+    program ``tl.program_id(0)``.  ``keep="keep_dims"`` and ``stats_1d=True`` switch on the
+    two fixes (Triton's keyword; ``l`` and ``m`` stored as ``[BLOCK_Q]``)."""
+    pid = tl.program_id(0)
+    q_start = pid * BLOCK_Q
+    if q_start >= N:
+        return
+    offs_q = tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, D)
+    Q = tl.load(Q_ptr + (q_start + offs_q[:, None]) * stride_q_n + offs_d[None, :],
+                mask=(q_start + offs_q[:, None]) < N, other=0.0)
+    O = tl.zeros([BLOCK_Q, D], dtype=tl.float32)
+    l = tl.zeros([BLOCK_Q, 1], dtype=tl.float32)
+    m = tl.full([BLOCK_Q, 1], float('-inf'), dtype=tl.float32)
+    Tc = (N + BLOCK_KV - 1) // BLOCK_KV
+    for j in range(Tc):
+        k_start = j * BLOCK_KV
+        offs_kv = tl.arange(0, BLOCK_KV)
+        K = tl.load(K_ptr + (k_start + offs_kv[:, None]) * stride_k_n + offs_d[None, :],
+                    mask=(k_start + offs_kv[:, None]) < N, other=0.0)
+        V = tl.load(V_ptr + (k_start + offs_kv[:, None]) * stride_v_n + offs_d[None, :],
+                    mask=(k_start + offs_kv[:, None]) < N, other=0.0)
+        S = tl.dot(Q, K.T) * scale
+        m_new = tl.maximum(m, tl.max(S, axis=1, **{keep: True}))
+        O = O * tl.exp(m - m_new)
+        l = l * tl.exp(m - m_new)
+        P = tl.exp(S - m_new)
+        l = l + tl.sum(P, axis=1, **{keep: True})
+        O = O + tl.dot(P, V)
+        m = m_new
+    O = O / l
+    tl.store(O_ptr + (q_start + offs_q[:, None]) * stride_o_n + offs_d[None, :], O,
+             mask=(q_start + offs_q[:, None]) < N)
+    if stats_1d:  # the fix: a [BLOCK_Q] value for a [BLOCK_Q] pointer block
+        l, m = l[:, 0], m[:, 0]  # in Triton: tl.reshape(l, [BLOCK_Q]), or keep l, m 1-D
+    tl.store(L_ptr + (q_start + offs_q), l, mask=(q_start + offs_q) < N)
+    tl.store(M_ptr + (q_start + offs_q), m, mask=(q_start + offs_q) < N)
+# [/docs:notes-triton]
+
+
+def run_notes_triton(q, k, v, block=4, **fixes):
+    """Launch :func:`notes_triton_forward` over its grid ``(cdiv(N, BLOCK_Q),)`` for one head
+    ``q, k, v [N, D]``; return ``(O, L, M)`` (NaN where nothing was written)."""
+    n, dd = q.shape
+    o = np.full(n * dd, np.nan)
+    l_out = np.full(n, np.nan)
+    m_out = np.full(n, np.nan)
+    for pid in range(ceil_div(n, block)):
+        notes_triton_forward(TritonStandIn(pid), _Pointer(q.ravel()), _Pointer(k.ravel()),
+                             _Pointer(v.ravel()), _Pointer(o), _Pointer(l_out), _Pointer(m_out),
+                             n, dd, block, block, 1 / math.sqrt(dd), dd, dd, dd, dd,
+                             block, block, dd, **fixes)
+    return o.reshape(n, dd), l_out, m_out
+
+
+def demo_triton():
+    rng = np.random.default_rng(0)
+    print("the notes' Triton kernel (question 8) on a NumPy stand-in of triton.language,")
+    print("one head, D = 4, BLOCK_Q = BLOCK_KV = 4:")
+    for n in (12, 10):
+        q, k, v = (rng.standard_normal((n, 4)) for _ in range(3))
+        want, lse = ref.attention(q[None, None], k[None, None], v[None, None])
+        want, lse = want[0, 0], lse[0, 0]
+        for label, fixes in (("as written", {}),
+                             ("+ keep_dims=True", {"keep": "keep_dims"}),
+                             ("+ l, m stored as [BLOCK_Q]", {"keep": "keep_dims",
+                                                             "stats_1d": True})):
+            try:
+                o, l_out, m_out = run_notes_triton(q, k, v, **fixes)
+            except (TypeError, ValueError) as exc:
+                print(f"  N={n:2d} {label:28s} {type(exc).__name__}: {exc}")
+                continue
+            print(f"  N={n:2d} {label:28s} max |O - attention| {np.abs(o - want).max():.1e},"
+                  f" max |M + log L - lse| {np.abs(m_out + np.log(l_out) - lse).max():.1e}")
+
+
+# -- question 9: the batched wrapper ---------------------------------------------------------
+# [docs:notes-forward-q3]
+def notes_flash_attention_forward(Q, K, V, Br, Bc):
+    """The notes' question-3.1 ``flash_attention_forward`` in NumPy: one head, returns only O."""
+    N, d = Q.shape
+    scale = 1.0 / math.sqrt(d)
+    O = np.zeros_like(Q)
+    L = np.zeros((N, 1))
+    m = np.full((N, 1), -np.inf)
+    Tr = (N + Br - 1) // Br
+    Tc = (N + Bc - 1) // Bc
+    for i in range(Tr):
+        q_start = i * Br
+        q_end = min(N, q_start + Br)
+        Qi = Q[q_start:q_end]
+        Oi, mi, li = O[q_start:q_end], m[q_start:q_end], L[q_start:q_end]
+        for j in range(Tc):
+            k_start = j * Bc
+            k_end = min(N, k_start + Bc)
+            Kj, Vj = K[k_start:k_end], V[k_start:k_end]
+            Sij = Qi @ Kj.T * scale
+            mi_new = np.maximum(mi, Sij.max(axis=1, keepdims=True))
+            Oi = Oi * np.exp(mi - mi_new)
+            li = li * np.exp(mi - mi_new)
+            Pij = np.exp(Sij - mi_new)
+            li = li + Pij.sum(axis=1, keepdims=True)
+            Oi = Oi + Pij @ Vj
+            mi = mi_new
+        O[q_start:q_end] = Oi / li
+        L[q_start:q_end] = li
+        m[q_start:q_end] = mi
+    return O
+# [/docs:notes-forward-q3]
+
+
+# [docs:notes-batch]
+def notes_flash_attention_batch(Q, K, V, Br, Bc):
+    """The notes' question-9.2 ``flash_attention_batch`` (``view`` is NumPy's ``reshape``)."""
+    B, H, N, d = Q.shape
+    Q = Q.reshape(BH, N, d)  # noqa: F821  (BH is never defined)
+    K = K.reshape(BH, N, d)  # noqa: F821
+    V = V.reshape(BH, N, d)  # noqa: F821
+    O = np.empty_like(Q)
+    L = np.empty((BH, N, 1))  # noqa: F821
+    for b in range(B * H):
+        O[b], L[b] = notes_flash_attention_forward(Q[b], K[b], V[b], Br, Bc)
+    return O.reshape(B, H, N, d)
+
+
+def notes_flash_attention_batch_bh(Q, K, V, Br, Bc):
+    """The same with ``BH = B * H`` defined: the unpacking is still wrong."""
+    B, H, N, d = Q.shape
+    BH = B * H
+    Q, K, V = (x.reshape(BH, N, d) for x in (Q, K, V))
+    O = np.empty_like(Q)
+    L = np.empty((BH, N, 1))
+    for b in range(B * H):
+        O[b], L[b] = notes_flash_attention_forward(Q[b], K[b], V[b], Br, Bc)
+    return O.reshape(B, H, N, d)
+# [/docs:notes-batch]
+
+
+# [docs:fixed-batch]
+def flash_attention_batch(Q, K, V, Br, Bc):
+    """Fixed: ``BH`` defined, one value per call; ``lse`` from ``reference.blocked_attention``,
+    which returns ``(o, lse)`` for all heads at once (a GPU kernel runs the heads as grid rows)."""
+    B, H, N, d = Q.shape
+    BH = B * H
+    Q, K, V = (x.reshape(BH, N, d) for x in (Q, K, V))
+    O = np.empty_like(Q)
+    for b in range(BH):
+        O[b] = notes_flash_attention_forward(Q[b], K[b], V[b], Br, Bc)
+    return O.reshape(B, H, N, d)
+# [/docs:fixed-batch]
+
+
+def demo_batch():
+    rng = np.random.default_rng(0)
+    B, H, N, d = 2, 3, 8, 4
+    q, k, v = (rng.standard_normal((B, H, N, d)) for _ in range(3))
+    want = ref.attention(q, k, v)[0]
+    print(f"the notes' batched wrapper (question 9), B={B}, H={H}, N={N}, d={d}, Br = Bc = 4:")
+    for fn in (notes_flash_attention_batch, notes_flash_attention_batch_bh):
+        try:
+            fn(q, k, v, 4, 4)
+        except (NameError, ValueError) as exc:
+            print(f"  {fn.__name__:34s} {type(exc).__name__}: {exc}")
+    got = flash_attention_batch(q, k, v, 4, 4)
+    print(f"  {'flash_attention_batch (fixed)':34s} max |O - attention| "
+          f"{np.abs(got - want).max():.1e}")
+
+
+# -- question 10: which loop is outer, counted ----------------------------------------------
+class HBM:
+    """Global memory that counts the elements read and written per array."""
+
+    def __init__(self, **arrays):
+        self.arrays = arrays
+        self.reads = {name: 0 for name in arrays}
+        self.writes = {name: 0 for name in arrays}
+
+    def read(self, name, rows):
+        self.reads[name] += self.arrays[name][rows].size
+        return self.arrays[name][rows].copy()
+
+    def write(self, name, rows, value):
+        self.arrays[name][rows] = value
+        self.writes[name] += np.asarray(self.arrays[name][rows]).size
+
+
+# [docs:kv-outer-forward]
+def kv_outer_forward(q, k, v, br, bc):
+    """FlashAttention-1's Algorithm 1 (K/V blocks outer, Q blocks inner) for one head, with every
+    HBM access counted.  Returns ``(o, hbm)``."""
+    n, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    hbm = HBM(Q=q, K=k, V=v, O=np.zeros((n, d)), l=np.zeros(n), m=np.full(n, -np.inf))
+    hbm.writes.update(O=n * d, l=n, m=n)  # step 2: initialise O, l, m in HBM
+    for j in range(0, n, bc):
+        kj, vj = hbm.read("K", slice(j, j + bc)), hbm.read("V", slice(j, j + bc))
+        for i in range(0, n, br):
+            rows = slice(i, i + br)
+            qi, oi = hbm.read("Q", rows), hbm.read("O", rows)
+            li, mi = hbm.read("l", rows), hbm.read("m", rows)
+            s = scale * qi @ kj.T
+            m_tile = s.max(axis=1)
+            p = np.exp(s - m_tile[:, None])
+            l_tile = p.sum(axis=1)
+            m_new = np.maximum(mi, m_tile)
+            l_new = np.exp(mi - m_new) * li + np.exp(m_tile - m_new) * l_tile
+            oi = ((li * np.exp(mi - m_new))[:, None] * oi
+                  + np.exp(m_tile - m_new)[:, None] * (p @ vj)) / l_new[:, None]
+            hbm.write("O", rows, oi)
+            hbm.write("l", rows, l_new)
+            hbm.write("m", rows, m_new)
+    return hbm.arrays["O"], hbm
+# [/docs:kv-outer-forward]
+
+
+# [docs:q-outer-forward]
+def q_outer_forward(q, k, v, br, bc):
+    """FlashAttention-2's forward order (Q blocks outer, K/V inner) for one head, counted the same
+    way; ``O_i``, ``l_i``, ``m_i`` stay on chip and ``lse`` replaces ``l`` and ``m``."""
+    n, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    hbm = HBM(Q=q, K=k, V=v, O=np.zeros((n, d)), lse=np.zeros(n))
+    for i in range(0, n, br):
+        rows = slice(i, i + br)
+        qi = hbm.read("Q", rows)
+        acc = np.zeros_like(qi)
+        li = np.zeros(len(qi))
+        mi = np.full(len(qi), -np.inf)
+        for j in range(0, n, bc):
+            kj, vj = hbm.read("K", slice(j, j + bc)), hbm.read("V", slice(j, j + bc))
+            s = scale * qi @ kj.T
+            m_new = np.maximum(mi, s.max(axis=1))
+            alpha = np.exp(mi - m_new)
+            p = np.exp(s - m_new[:, None])
+            li = alpha * li + p.sum(axis=1)
+            acc = alpha[:, None] * acc + p @ vj
+            mi = m_new
+        hbm.write("O", rows, acc / li[:, None])  # one division, one write
+        hbm.write("lse", rows, mi + np.log(li))
+    return hbm.arrays["O"], hbm
+# [/docs:q-outer-forward]
+
+
+# [docs:notes-v2]
+def notes_flash_attention_v2_forward(Q, K, V, Br, Bc):
+    """The notes' question-10.2 "v2" pseudo-code as written (NumPy for torch)."""
+    N, d = Q.shape
+    scale = 1.0 / math.sqrt(d)  # noqa: F841
+    O = np.zeros((N, d))
+    L = np.zeros((N, 1))
+    m = np.full((N, 1), -float('inf'))  # noqa: F841
+    Tc = (N + Bc - 1) // Bc
+    Tr = (N + Br - 1) // Br
+    for j in range(Tc):
+        k_start = j * Bc
+        k_end = min(N, k_start + Bc)
+        Kj = K[k_start:k_end]  # noqa: F841
+        Vj = V[k_start:k_end]  # noqa: F841
+        for i in range(Tr):
+            q_start = i * Br
+            q_end = min(N, q_start + Br)
+            Qi = Q[q_start:q_end]  # noqa: F841
+        # (six comment lines: O_i, m_i, l_i "need to be loaded and written back" ...)
+    return O / L
+# [/docs:notes-v2]
+
+
+def demo_loop_order(n=256, d=64, br=64, bc=64):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    o1, h1 = kv_outer_forward(q, k, v, br, bc)
+    o2, h2 = q_outer_forward(q, k, v, br, bc)
+    print(f"one head, N = {n}, d = {d}, Br = {br}, Bc = {bc} (Tr = Tc = {n // br}); elements moved:")
+    print("  array   K/V outer (FA1)       Q outer (FA2 forward)")
+    print("          reads   writes       reads   writes")
+    for name in ("Q", "K", "V", "O", "l", "m", "lse"):
+        cells = []
+        for h in (h1, h2):
+            r, w = h.reads.get(name), h.writes.get(name)
+            cells.append("      -        -" if r is None else f"{r:7d}  {w:7d}")
+        print(f"  {name:5s} {cells[0]}      {cells[1]}")
+    t1 = sum(h1.reads.values()) + sum(h1.writes.values())
+    t2 = sum(h2.reads.values()) + sum(h2.writes.values())
+    print(f"  total {t1:16d}      {t2:16d}")
+    print(f"  O, l, m round trips per row: {h1.writes['O'] // (n * d)} writes of O (1 to"
+          f" initialise + {n // bc} updates) vs {h2.writes['O'] // (n * d)}")
+    print(f"  max |O - attention|: K/V outer {np.abs(o1 - want).max():.1e}, "
+          f"Q outer {np.abs(o2 - want).max():.1e}")
+    with np.errstate(invalid="ignore"):
+        notes = notes_flash_attention_v2_forward(q, k, v, br, bc)
+    print(f"  the notes' v2 pseudo-code returns O / L with O = L = 0: all NaN "
+          f"{bool(np.isnan(notes).all())}")
+
+
 def partial_states(s, v, splits, dtype=np.float64):
     """Split one query's scores ``s [N]`` and values ``v [N, d]`` at ``splits``; return the notes'
     block dicts ``{m, l, o}`` (``o`` unnormalised, ``l`` relative to the block's ``m``)."""
@@ -256,4 +634,5 @@ def reference_merge(blocks):
 
 
 if __name__ == "__main__":
-    {"online-softmax": demo_online_softmax, "merge": demo_merge, "paged": demo_paged}[sys.argv[1]]()
+    {"online-softmax": demo_online_softmax, "merge": demo_merge, "paged": demo_paged,
+     "triton": demo_triton, "batch": demo_batch, "loop-order": demo_loop_order}[sys.argv[1]]()

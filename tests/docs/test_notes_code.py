@@ -106,3 +106,67 @@ def test_notes_paged_kernel_bugs():
     table[1] = -1
     got = notes_paged_attention(Q, table, kv, 12, 4, 1, scale, ceil_div, True)
     assert np.isfinite(got).all() and np.abs(got - want).max() > 0.1
+
+
+def test_notes_triton_kernel_q8():
+    from notes_code import run_notes_triton
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((12, 4)) for _ in range(3))
+    want, lse = (x[0, 0] for x in ref.attention(q[None, None], k[None, None], v[None, None]))
+    with pytest.raises(TypeError, match="keepdim"):
+        run_notes_triton(q, k, v)
+    with pytest.raises(ValueError, match=r"rank mismatch: \[4, 1\], \[4\]"):
+        run_notes_triton(q, k, v, keep="keep_dims")
+    o, l_out, m_out = run_notes_triton(q, k, v, keep="keep_dims", stats_1d=True)
+    np.testing.assert_allclose(o, want, atol=1e-12)
+    np.testing.assert_allclose(m_out + np.log(l_out), lse, atol=1e-12)
+    # a ragged last K/V tile: masked keys load as 0, score 0, and get probability
+    q, k, v = (rng.standard_normal((10, 4)) for _ in range(3))
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    o = run_notes_triton(q, k, v, keep="keep_dims", stats_1d=True)[0]
+    assert np.abs(o - want).max() > 1e-2
+
+
+def test_triton_stand_in_store_is_bounded():
+    from notes_code import TritonStandIn, _Pointer
+    tl = TritonStandIn()
+    out = np.zeros(4)
+    with pytest.raises(IndexError):
+        tl.store(_Pointer(out) + np.arange(5), np.ones(5))
+    tl.store(_Pointer(out) + np.arange(5), np.ones(5), mask=np.arange(5) < 4)
+    np.testing.assert_array_equal(out, 1.0)
+
+
+def test_notes_batch_wrapper_q9():
+    from notes_code import (flash_attention_batch, notes_flash_attention_batch,
+                            notes_flash_attention_batch_bh)
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 3, 8, 4)) for _ in range(3))
+    with pytest.raises(NameError, match="BH"):
+        notes_flash_attention_batch(q, k, v, 4, 4)
+    with pytest.raises(ValueError, match="too many values to unpack"):
+        notes_flash_attention_batch_bh(q, k, v, 4, 4)
+    np.testing.assert_allclose(flash_attention_batch(q, k, v, 4, 4), ref.attention(q, k, v)[0],
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("n, d, br, bc", [(256, 64, 64, 64), (96, 16, 32, 16), (64, 8, 16, 32)])
+def test_loop_orders_count_round_trips_q10(n, d, br, bc):
+    from notes_code import kv_outer_forward, notes_flash_attention_v2_forward, q_outer_forward
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    o1, h1 = kv_outer_forward(q, k, v, br, bc)
+    o2, h2 = q_outer_forward(q, k, v, br, bc)
+    np.testing.assert_allclose(o1, want, atol=1e-12)
+    np.testing.assert_allclose(o2, want, atol=1e-12)
+    tr, tc = n // br, n // bc
+    # K/V outer: K, V read once; Q and O read once per K/V block; O, l, m written 1 + Tc times
+    assert (h1.reads["K"], h1.reads["V"]) == (n * d, n * d)
+    assert h1.reads["Q"] == h1.reads["O"] == tc * n * d
+    assert h1.writes["O"] == (1 + tc) * n * d and h1.writes["l"] == h1.writes["m"] == (1 + tc) * n
+    # Q outer: Q read once, K/V once per Q block, O and lse written once
+    assert h2.reads["Q"] == n * d and h2.reads["K"] == h2.reads["V"] == tr * n * d
+    assert h2.writes["O"] == n * d and h2.writes["lse"] == n and h2.reads["O"] == 0
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(notes_flash_attention_v2_forward(q, k, v, br, bc)).all()
