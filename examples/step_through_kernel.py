@@ -18,7 +18,7 @@ Examples::
 
 ``--commands`` feeds pdb a ``;``-separated script (a final ``c`` is added if missing);
 ``--non-interactive`` prints the frame's scalars and arrays at the stop and continues.  Without
-either, pdb reads the terminal.
+either, pdb reads the terminal.  ``q`` in pdb stops the kernel and exits cleanly (status 0).
 
 The alternative the numba docs give needs an edit of the kernel source::
 
@@ -29,6 +29,7 @@ The alternative the numba docs give needs an edit of the kernel source::
 from __future__ import annotations
 
 import argparse
+import bdb
 import io
 import pdb
 import sys
@@ -187,6 +188,9 @@ def main(argv=None):
     threading.settrace(stopper.global_trace)
     try:
         launch(args.kernel, inputs)
+    except bdb.BdbQuit:  # "q" in pdb: the simulator re-raises it from the kernel thread
+        print("quit: pdb stopped the kernel before it finished (no result)")
+        return 0
     finally:
         threading.settrace(None)
     if not stopper.stopped:

@@ -29,7 +29,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["backend", "BackendError", "SimulatorWarning"]
+__all__ = ["backend", "BackendError", "SimulatorWarning", "SlowSimulatorWarning"]
 
 
 class BackendError(RuntimeError):
@@ -38,6 +38,36 @@ class BackendError(RuntimeError):
 
 class SimulatorWarning(UserWarning):
     """Kernels will run in the Numba CUDA simulator (no GPU found)."""
+
+
+class SlowSimulatorWarning(SimulatorWarning):
+    """A simulator launch is estimated to run for minutes (and cannot be stopped with Ctrl-C)."""
+
+
+def _quiet_command_line() -> bool:
+    """``numba-flash --help`` / ``--version`` (or ``python -m numba_flash ...``): print no
+    backend warning, those commands launch nothing."""
+    argv = sys.argv or [""]
+    if argv[0] != "-m" and os.path.basename(argv[0]) not in ("numba-flash", "__main__.py"):
+        return False
+    return any(a in ("-h", "--help", "--version") for a in argv[1:])
+
+
+def _warn_simulator() -> None:
+    """Warn once that kernels run in the simulator, as ``numba_flash:0: SimulatorWarning: ...``
+    (warn_explicit at line 0: no source line echoed under the message; filters still apply)."""
+    if _quiet_command_line():
+        return
+    warnings.warn_explicit(
+        "no usable CUDA GPU found; kernels run in the Numba CUDA simulator (slow, one Python "
+        "thread per CUDA thread: use small shapes). Set NUMBA_ENABLE_CUDASIM=1 to choose it "
+        "without this warning.",
+        SimulatorWarning, filename="numba_flash", lineno=0, module="numba_flash",
+        registry=_WARNING_REGISTRY,
+    )
+
+
+_WARNING_REGISTRY: dict = {}
 
 
 def _driver_device_count() -> int:
@@ -82,12 +112,7 @@ def _choose() -> str:
     if _driver_device_count() > 0:
         return "cuda"
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    warnings.warn(
-        "numba_flash: no usable CUDA GPU found; kernels run in the Numba CUDA simulator "
-        "(slow, one Python thread per CUDA thread: use small shapes).",
-        SimulatorWarning,
-        stacklevel=3,
-    )
+    _warn_simulator()
     return "simulator"
 
 

@@ -7,8 +7,23 @@ One :class:`ArrayCall` serves one public call:
   simulator, where "the device" is host memory and each is a plain copy, so both backends walk
   one code path.  Inputs are never written.
 * CuPy arrays (or any ``__cuda_array_interface__`` object) on the GPU backend are used in place,
-  zero copy, on the current CuPy stream; results come back as CuPy arrays on the same device
-  (Numba device arrays for other producers).  In the simulator they are a ``TypeError``.
+  zero copy, on the current CuPy stream of their device; results come back as CuPy arrays on the
+  same device (Numba device arrays for other producers).  Allocation and launch run under
+  ``cupy.cuda.Device(q.device.id)``, so outputs land on the inputs' device whatever CuPy's
+  current device is.  In the simulator device arrays are a ``TypeError``.
+
+Sizes are checked before anything is allocated: :func:`check_memory` adds up the bytes of the
+outputs and workspaces a call asks for and raises ``MemoryError`` naming the arrays, their shapes
+and the GiB when they cannot fit in the memory available (the GPU's free memory, or the host's
+in the simulator), instead of a failure deep inside NumPy or the driver on a shape the user never
+asked for.  :meth:`ArrayCall.reserve` does that for a whole call; :meth:`ArrayCall.empty`,
+:meth:`ArrayCall.zeros` and :meth:`ArrayCall.input` check each allocation on their own as well.
+
+Launches (:meth:`ArrayCall.launch`) hide numba's "Grid size N will likely result in GPU
+under-utilization" ``NumbaPerformanceWarning`` (small problems are allowed to be small), and in
+the simulator warn (:class:`~numba_flash.backend.SlowSimulatorWarning`) before a launch whose
+thread count makes it likely to run for minutes: a simulator launch cannot be interrupted with
+Ctrl-C.
 
 For tests, :func:`poisoned_outputs` fills every output with NaN (or a sentinel for integer
 arrays) before launch, so that an element a kernel forgot to write fails the comparison.
@@ -17,15 +32,29 @@ arrays) before launch, so that an element a kernel forgot to write fails the com
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+import sys
+import warnings
 
 import numpy as np
 from numba import cuda
 
 from .. import simulator
-from ..backend import on_simulator
+from ..backend import SlowSimulatorWarning, on_simulator
 from .validate import is_device_array
 
+__all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds"]
+
 _POISON = False
+GIB = 2**30
+
+#: seconds per simulated CUDA thread, a lower bound measured on a 2-core CPU (2026-11-30): 0.37 ms
+#: for the lightest kernels (merge, backward preprocess), 0.6 ms softmax, 2-6 ms forward, 18 ms
+#: backward dK/dV at d = 64.  The estimate below is therefore "at least".
+SIM_SECONDS_PER_THREAD = 3.7e-4
+#: warn before a simulator launch estimated to take at least this long
+SIM_WARN_SECONDS = 60.0
 
 
 @contextlib.contextmanager
@@ -43,10 +72,141 @@ def _poison_value(dtype):
     return np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min + 1
 
 
-class ArrayCall:
-    """Array handling for one public call; ``inputs`` are the user's arrays, by name."""
+# -- sizes ------------------------------------------------------------------------------------
+def nbytes(shape, dtype):
+    """Bytes of a C-contiguous array of ``shape`` and ``dtype`` (exact, Python ints)."""
+    return math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
 
-    def __init__(self, inputs):
+
+def _fmt_shape(shape):
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def _gib(n):
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / GIB:.3g} GiB"
+
+
+def host_memory_available():
+    """Bytes the host can still give (``MemAvailable`` + free swap on Linux), or None."""
+    try:
+        info = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+        if "MemAvailable" in info:
+            return info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_memory_available():
+    """Free bytes where kernels' arrays live: the current GPU (plus blocks CuPy's pool holds), or
+    the host in the simulator; None when unknown."""
+    if on_simulator():
+        return host_memory_available()
+    try:
+        free, _total = cuda.current_context().get_memory_info()
+    except Exception:  # no context yet / driver error: let the allocation itself report
+        return None
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with contextlib.suppress(Exception):
+            free += cupy.get_default_memory_pool().free_bytes()
+    return int(free)
+
+
+def _where(device):
+    if not device:
+        return "host memory"
+    if on_simulator():
+        return "host memory (the simulator's device memory)"
+    with contextlib.suppress(Exception):
+        return f"GPU {cuda.get_current_device().id} memory"
+    return "GPU memory"
+
+
+def check_memory(op, buffers, *, device=True, work_bytes=0, work_name="work arrays"):
+    """Raise ``MemoryError`` if ``buffers`` cannot fit, before anything is allocated.
+
+    ``buffers`` maps a name to ``(shape, dtype)``; ``work_bytes`` adds temporary memory the call
+    needs besides them.  ``device`` says where they live: the kernels' memory (the GPU, or the
+    host in the simulator) or the host.  The message names ``op``, every buffer with its shape,
+    dtype and size, the total and what is available.  Returns the total in bytes.
+    """
+    sizes = {name: nbytes(shape, dtype) for name, (shape, dtype) in buffers.items()}
+    total = sum(sizes.values()) + int(work_bytes)
+    if total < 2**26:  # under 64 MiB: not worth a look at the memory counters
+        return total
+    avail = device_memory_available() if device else host_memory_available()
+    if avail is None or total <= avail:
+        return total
+    parts = [f"{name} {_fmt_shape(shape)} {np.dtype(dtype).name} ({_gib(sizes[name])})"
+             for name, (shape, dtype) in buffers.items()]
+    if work_bytes:
+        parts.append(f"{work_name} ({_gib(work_bytes)})")
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    raise MemoryError(
+        f"{op}: needs {_gib(total)} for {listed}, but only {_gib(avail)} of {_where(device)} is "
+        "available; use smaller shapes"
+    )
+
+
+def simulator_seconds(grid, block):
+    """Lower-bound estimate of a simulator launch's wall time: threads x measured cost."""
+    def count(dims):
+        dims = dims if isinstance(dims, tuple) else (dims,)
+        return math.prod(int(x) for x in dims)
+
+    return count(grid) * count(block) * SIM_SECONDS_PER_THREAD
+
+
+def _user_stacklevel():
+    """The stacklevel of the first frame outside numba_flash (for warnings about a call)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_if_slow(kernel, grid, block):
+    seconds = simulator_seconds(grid, block)
+    if seconds < SIM_WARN_SECONDS:
+        return
+    name = getattr(getattr(kernel, "py_func", None), "__name__", None) or "kernel"
+    threads = round(seconds / SIM_SECONDS_PER_THREAD)
+    warnings.warn(
+        f"this simulator launch of {name} runs {threads} CUDA threads (grid {grid}, block {block})"
+        f": at {SIM_SECONDS_PER_THREAD * 1e3:.2f} ms per thread or more it takes at least "
+        f"{seconds / 60:.1f} min, and a simulator launch cannot be stopped with Ctrl-C. "
+        "Use smaller shapes in the simulator, or a GPU.",
+        SlowSimulatorWarning,
+        stacklevel=_user_stacklevel(),
+    )
+
+
+def _performance_warning():
+    try:
+        from numba.cuda.core.errors import NumbaPerformanceWarning
+    except ImportError:  # pragma: no cover - older numba-cuda
+        from numba.core.errors import NumbaPerformanceWarning
+    return NumbaPerformanceWarning
+
+
+class ArrayCall:
+    """Array handling for one public call; ``inputs`` are the user's arrays, by name.
+
+    ``op`` names the call in error messages (default: the calling function's name).
+    """
+
+    def __init__(self, inputs, op=None):
+        self.op = op or sys._getframe(1).f_code.co_name
+        self._inputs = dict(inputs)
         arrays = list(inputs.values())
         self.on_device = any(is_device_array(x) for x in arrays)
         if self.on_device and on_simulator():
@@ -56,70 +216,121 @@ class ArrayCall:
                 "but kernels run in the simulator here; pass numpy.ndarray instead"
             )
         self._cupy = None
+        self.device_id = None
         self.stream = 0
         if self.on_device:
-            first = next(x for x in arrays if is_device_array(x))
+            first_name, first = next((n, x) for n, x in inputs.items() if is_device_array(x))
             if type(first).__module__.split(".")[0] == "cupy":
                 import cupy
 
                 self._cupy = cupy
-                ptr = cupy.cuda.get_current_stream().ptr
-                # CuPy's current stream; 0 is the legacy default stream, numba's stream 0 too
+                self.device_id = int(first.device.id)
+                for name, x in inputs.items():
+                    dev = getattr(getattr(x, "device", None), "id", None)
+                    if is_device_array(x) and dev is not None and int(dev) != self.device_id:
+                        raise ValueError(
+                            f"{name}: expected an array on GPU {self.device_id} (the device of "
+                            f"{first_name}), got one on GPU {dev}"
+                        )
+                with self.device():
+                    ptr = cupy.cuda.get_current_stream().ptr
+                # CuPy's current stream on that device; 0 is the legacy default stream, numba's
+                # stream 0 too
                 self.stream = cuda.external_stream(ptr) if ptr else 0
+
+    def device(self):
+        """Context manager: CuPy's current device is the inputs' device (no-op otherwise)."""
+        if self._cupy is None:
+            return contextlib.nullcontext()
+        return self._cupy.cuda.Device(self.device_id)
+
+    # -- sizes -------------------------------------------------------------------------------
+    def reserve(self, buffers, work_bytes=0):
+        """Check that ``buffers`` (``{name: (shape, dtype)}``: every output and workspace of the
+        call) fit, together with the device copies of NumPy inputs (and contiguous copies of
+        non-contiguous ones) and ``work_bytes``, before allocating any of them.  Call it before
+        the first :meth:`input`."""
+        copies = 0
+        for x in self._inputs.values():
+            if not self.on_device:
+                copies += int(x.nbytes) * (1 if x.flags.c_contiguous else 2)
+            elif self._cupy is not None and not x.flags.c_contiguous:
+                copies += int(x.nbytes)
+        with self.device():
+            return check_memory(self.op, buffers, device=True, work_bytes=copies + work_bytes,
+                                work_name="input copies and work arrays")
+
+    def _check(self, what, shape, dtype):
+        with self.device():
+            check_memory(self.op, {what: (shape, dtype)}, device=True)
 
     # -- inputs ------------------------------------------------------------------------------
     def input(self, x):
         """The array as the kernel takes it: C-contiguous, on the backend's memory."""
         if not self.on_device:
+            self._check("an input copy", x.shape, x.dtype)
             return cuda.to_device(np.ascontiguousarray(x), stream=self.stream)
-        if self._cupy is not None:
-            return cuda.as_cuda_array(self._cupy.ascontiguousarray(x))
-        dx = cuda.as_cuda_array(x)
-        if not dx.is_c_contiguous():
-            out = cuda.device_array(dx.shape, dx.dtype, stream=self.stream)
-            out.copy_to_device(dx, stream=self.stream)  # strided copy on device
-            dx = out
-        return dx
+        with self.device():
+            if self._cupy is not None:
+                if not x.flags.c_contiguous:
+                    self._check("a contiguous input copy", x.shape, x.dtype)
+                return cuda.as_cuda_array(self._cupy.ascontiguousarray(x))
+            dx = cuda.as_cuda_array(x)
+            if not dx.is_c_contiguous():
+                self._check("a contiguous input copy", dx.shape, dx.dtype)
+                out = cuda.device_array(dx.shape, dx.dtype, stream=self.stream)
+                out.copy_to_device(dx, stream=self.stream)  # strided copy on device
+                dx = out
+            return dx
 
     # -- outputs -----------------------------------------------------------------------------
     def empty(self, shape, dtype):
         """An output array (NaN-poisoned inside :func:`poisoned_outputs`)."""
         dtype = np.dtype(dtype)
+        self._check("an output", shape, dtype)
         if not self.on_device:
             host = np.empty(shape, dtype)
             if _POISON:
                 host.fill(_poison_value(dtype))
             return cuda.to_device(host, stream=self.stream)
-        if self._cupy is not None:
-            arr = self._cupy.empty(shape, dtype)
+        with self.device():
+            if self._cupy is not None:
+                arr = self._cupy.empty(shape, dtype)
+                if _POISON:
+                    arr.fill(_poison_value(dtype))
+                return cuda.as_cuda_array(arr)
+            arr = cuda.device_array(shape, dtype, stream=self.stream)
             if _POISON:
-                arr.fill(_poison_value(dtype))
-            return cuda.as_cuda_array(arr)
-        arr = cuda.device_array(shape, dtype, stream=self.stream)
-        if _POISON:
-            arr.copy_to_device(np.full(shape, _poison_value(dtype), dtype), stream=self.stream)
-        return arr
+                arr.copy_to_device(np.full(shape, _poison_value(dtype), dtype), stream=self.stream)
+            return arr
 
     def zeros(self, shape, dtype):
         """A zero-filled work buffer (for atomics)."""
+        self._check("a work buffer", shape, dtype)
         if not self.on_device:
             return cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
-        if self._cupy is not None:
-            return cuda.as_cuda_array(self._cupy.zeros(shape, dtype))
-        return cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
+        with self.device():
+            if self._cupy is not None:
+                return cuda.as_cuda_array(self._cupy.zeros(shape, dtype))
+            return cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
 
     def result(self, x):
         """Give a kernel output back in the kind the caller passed in."""
         if not self.on_device:
             return x.copy_to_host(stream=self.stream)
         if self._cupy is not None:
-            return self._cupy.asarray(x)
+            with self.device():
+                return self._cupy.asarray(x)
         return x
 
     def launch(self, kernel, grid, block, *args):
-        """Launch ``kernel[grid, block, stream](*args)``."""
+        """Launch ``kernel[grid, block, stream](*args)`` (on the inputs' device)."""
         if not on_simulator():
-            kernel[grid, block, self.stream](*args)
+            with self.device(), warnings.catch_warnings():
+                # numba warns on every grid under 128 blocks; a small problem is not a mistake
+                warnings.simplefilter("ignore", _performance_warning())
+                kernel[grid, block, self.stream](*args)
             return
+        _warn_if_slow(kernel, grid, block)
         with simulator.fast_switching():  # see numba_flash.simulator
             kernel[grid, block, self.stream](*args)

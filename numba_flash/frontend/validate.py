@@ -35,16 +35,27 @@ def array_info(name, x):
     )
 
 
+def _rank_text(ndims):
+    """``(4,)`` -> "4-D", ``(3, 4)`` -> "3-D or 4-D", ``range(2, 10)`` -> "2-D to 9-D"."""
+    ranks = sorted(set(int(n) for n in ndims))
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-D to {ranks[-1]}-D"
+    return " or ".join(f"{n}-D" for n in ranks)
+
+
 def check_array(name, x, ndim, dtypes=FLOAT_DTYPES):
-    """Check type, dtype, rank and non-emptiness; return ``(shape, dtype)``."""
+    """Check type, dtype, rank and non-emptiness; return ``(shape, dtype)``.
+
+    ``ndim`` is one rank or several (a tuple or a ``range``: ``range(2, 10)`` reads "a 2-D to 9-D
+    array" in the message)."""
     shape, dtype = array_info(name, x)
     if dtype not in dtypes:
         allowed = ", ".join(str(d) for d in dtypes)
         raise TypeError(f"{name}: expected dtype in ({allowed}), got {dtype}")
     ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if len(shape) not in ndims:
-        want = " or ".join(str(n) for n in ndims)
-        raise ValueError(f"{name}: expected a {want}-D array, got shape {shape} ({len(shape)}-D)")
+        raise ValueError(f"{name}: expected a {_rank_text(ndims)} array, got shape {shape} "
+                         f"({len(shape)}-D)")
     if any(s == 0 for s in shape):
         raise ValueError(f"{name}: expected no empty dimension, got shape {shape}")
     return shape, dtype
@@ -123,3 +134,16 @@ def check_tile(name, x, allowed):
     if int(x) not in allowed:
         raise ValueError(f"{name}: expected one of {sorted(allowed)}, got {x}")
     return int(x)
+
+
+def int_values(name, values):
+    """Integer array values as int64, raising ``ValueError`` with the value as passed when one
+    does not fit (a uint64 2**64 - 1 would otherwise wrap to -1 and be reported as -1)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "u" and values.dtype.itemsize == 8:
+        big = np.flatnonzero(values > np.uint64(np.iinfo(np.int64).max))
+        if big.size:
+            i = int(big[0])
+            raise ValueError(f"{name}: expected entries below 2**63, got {int(values.flat[i])} "
+                             f"at index {i}")
+    return values.astype(np.int64)

@@ -12,7 +12,12 @@ import numbers
 
 import numpy as np
 
+from ..frontend.arrays import check_memory
 from ..philox import dropout_params, keep_mask
+
+#: host bytes of work per element of one (b, h) slab in philox.keep_mask (counters, meshgrid,
+#: the Philox rounds' uint64 temporaries): an upper estimate
+WORK_BYTES_PER_ELEMENT = 48
 
 __all__ = ["dropout_mask", "dropout_params"]
 
@@ -36,8 +41,13 @@ def dropout_mask(seed, B, H, Nq, Nk, dropout_p):
 
     ``seed`` is an integer in ``[0, 2**64)`` (Python or NumPy, not bool), ``dropout_p`` a real in
     ``[0, 1)``, ``B, H, Nq, Nk`` positive ints.  Raises ``TypeError``/``ValueError`` naming the
-    argument.  Memory: the mask itself plus about ``48 * Nq * Nk`` bytes of work per (b, h).
+    argument.  Memory: the mask itself plus about ``48 * Nq * Nk`` bytes of work per (b, h);
+    a request that cannot fit in the host's available memory raises ``MemoryError`` naming the
+    mask's shape and the GiB, before anything is allocated.
     """
     seed_lo, seed_hi, threshold, _scale = dropout_params(dropout_p, seed)
     dims = [_check_dim(n, x) for n, x in (("B", B), ("H", H), ("Nq", Nq), ("Nk", Nk))]
+    _b, _h, nq, nk = dims
+    check_memory("dropout_mask", {"the keep-mask": (dims, np.bool_)}, device=False,
+                 work_bytes=WORK_BYTES_PER_ELEMENT * nq * (-(-nk // 4) * 4))
     return keep_mask(seed_lo, seed_hi, threshold, *dims)

@@ -26,7 +26,8 @@ def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
     scale = check_scale(softmax_scale, d)
     acc_t = acc_dtype(dtype)
 
-    call = ArrayCall({"q": q, "k": k, "v": v})
+    call = ArrayCall({"q": q, "k": k, "v": v}, op="naive_forward")
+    call.reserve({"o": ((b, h, nq, d), dtype), "lse": ((b, h, nq), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)

@@ -14,7 +14,8 @@ def softmax(x):
     float32, float64 in float64.  NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
     (rows, _n), dtype = check_array("x", x, 2)
-    call = ArrayCall({"x": x})
+    call = ArrayCall({"x": x}, op="softmax")
+    call.reserve({"y": (x.shape, dtype)})  # sizes checked before anything is allocated
     dx = call.input(x)
     y = call.empty(dx.shape, dtype)
     threads = default_threads()

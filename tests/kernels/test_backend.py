@@ -103,6 +103,16 @@ def test_import_without_gpu_turns_simulator_on_and_warns():
 
 
 @pytest.mark.skipif(numba_flash.backend() == "cuda", reason="needs a machine without a GPU")
+def test_simulator_warning_is_one_line_without_a_source_echo():
+    r = run_py("import numba_flash")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr  # no "  from .backend import ..." echoed under it
+    assert lines[0].startswith("numba_flash:0: SimulatorWarning: no usable CUDA GPU found; "
+                               "kernels run in the Numba CUDA simulator")
+
+
+@pytest.mark.skipif(numba_flash.backend() == "cuda", reason="needs a machine without a GPU")
 def test_numba_cuda_imported_first_without_gpu_names_the_fix():
     r = run_py("""
         from numba import cuda
