@@ -20,8 +20,6 @@ Neither mpi4py nor CuPy is imported by ``numba_flash`` unless one of these is us
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 __all__ = ["MpiRingComm", "NcclComm", "as_ring_comm"]
@@ -51,21 +49,14 @@ def as_ring_comm(comm):
 
 
 class _MpiHandle:
-    def __init__(self, requests, poll_s, keep):
+    def __init__(self, requests, keep):
         self._requests = requests
-        self._poll_s = poll_s
         self._keep = keep  # the buffers stay alive until the transfer is waited for
 
     def wait(self):
         from mpi4py import MPI
 
-        if self._poll_s:
-            # Test and sleep instead of MPI's busy wait: with more ranks than cores (the CPU
-            # simulator), a spinning rank would steal the core its peer computes on.
-            while not MPI.Request.Testall(self._requests):
-                time.sleep(self._poll_s)
-        else:
-            MPI.Request.Waitall(self._requests)
+        MPI.Request.Waitall(self._requests)
         self._keep = None
 
 
@@ -74,16 +65,12 @@ class MpiRingComm:
 
     NumPy buffers work with any MPI.  CuPy buffers are handed to mpi4py as they are, which needs
     a CUDA-aware MPI; the compute stream is synchronised before each send (unmeasured).
-    ``poll_s`` > 0 waits by polling ``Testall`` with that sleep between polls (the default
-    ``None`` picks 1 ms for NumPy buffers, where ranks may share cores, and 0 - MPI's own
-    ``Waitall`` - for CuPy); 0 always uses ``Waitall``.
     """
 
-    def __init__(self, comm, *, poll_s=None):
+    def __init__(self, comm):
         self.comm = comm
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
-        self.poll_s = poll_s
 
     def allgather_ints(self, vec):
         vec = np.ascontiguousarray(vec, dtype=np.int64)
@@ -94,16 +81,14 @@ class MpiRingComm:
     def start_exchange(self, send, dest, recv, source, tag):
         from mpi4py import MPI
 
-        on_gpu = _is_cupy(send)
-        if on_gpu:
+        if _is_cupy(send):
             import cupy
 
             cupy.cuda.get_current_stream().synchronize()  # send must be complete before MPI reads it
         # raw bytes: MPI has no float16 type, and the ring only moves whole arrays
         reqs = [self.comm.Irecv([recv, MPI.BYTE], source=source, tag=tag),
                 self.comm.Isend([send, MPI.BYTE], dest=dest, tag=tag)]
-        poll = self.poll_s if self.poll_s is not None else (0.0 if on_gpu else 1e-3)
-        return _MpiHandle(reqs, poll, (send, recv))
+        return _MpiHandle(reqs, (send, recv))
 
 
 class _NcclHandle:

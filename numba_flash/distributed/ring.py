@@ -55,7 +55,7 @@ def _describe(x):
 
 def _show(desc):
     ndim, *shape_code = desc
-    shape = tuple(s for s in shape_code[:4] if s >= 0)[: max(ndim, 0)]
+    shape = tuple(int(s) for s in shape_code[:4] if s >= 0)[: max(ndim, 0)]
     code, kind = shape_code[4], shape_code[5]
     dtype = _DTYPES[code].name if 0 <= code < len(_DTYPES) else "a non-float dtype"
     where = "cupy" if kind else "numpy"
