@@ -161,6 +161,7 @@ def build(cfg, ccs, ptxas):
     for cc, row in zip(ccs, rows):
         ptx = ptxs[cc]
         row["f64"] = f64_lines(ptx)[:5]
+        row["mma_missing"] = bool(cfg.get("mma")) and "mma.sync" not in ptx  # tensor-core kernels
         rc, text = assemble(ptx, cc, ptxas)
         row["ptxas_rc"] = rc
         row["ptxas_err"] = "" if rc == 0 else text[-2000:]
@@ -198,6 +199,8 @@ def problems(row):
         out.append("build failed: " + (err[-1] if err else "ptxas returned non-zero"))
     if row["f64"] and not row["float64_ok"]:
         out.append("float64 instruction in a float16/float32 kernel: " + row["f64"][0])
+    if row.get("mma_missing"):
+        out.append("no mma.sync in the PTX of a tensor-core kernel (configuration marks mma)")
     if row["spill_stores"] or row["spill_loads"]:
         out.append(f"spills: {row['spill_stores']} B stores, {row['spill_loads']} B loads")
     if row["smem"] > SMEM_LIMIT:

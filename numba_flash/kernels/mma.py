@@ -1,0 +1,363 @@
+"""Warp-level tensor-core primitives: ``mma.sync.m16n8k16`` (float16 in, float32 accumulate).
+
+A tensor core multiplies small matrices held by a whole warp: one ``mma.sync.aligned.m16n8k16``
+computes ``D = A B + C`` with ``A`` 16 x 16 float16, ``B`` 16 x 8 float16 and ``C``, ``D``
+16 x 8 float32.  No lane holds a whole matrix: each of the 32 lanes holds a *fragment*, a few
+registers whose elements sit at fixed (row, column) places, given by the PTX ISA ("Matrix
+Fragments for mma.m16n8k16 with floating point type").  With ::
+
+    lane = threadIdx.x % 32,   g = lane >> 2 (groupID, 0..7),   t = lane % 4 (threadID_in_group)
+
+and each 32-bit register holding two float16 (element ``2i`` in the low half, ``2i + 1`` high):
+
+=========  ==========================================  ======================================
+operand    registers of lane ``(g, t)``                elements (row, column)
+=========  ==========================================  ======================================
+A 16x16    ``a0`` (a0, a1)   ``a1`` (a2, a3)           ``a0``: (g, 2t), (g, 2t+1);
+           ``a2`` (a4, a5)   ``a3`` (a6, a7)           ``a1``: (g+8, 2t), (g+8, 2t+1);
+                                                       ``a2``: (g, 2t+8), (g, 2t+9);
+                                                       ``a3``: (g+8, 2t+8), (g+8, 2t+9)
+B 16x8     ``b0`` (b0, b1)   ``b1`` (b2, b3)           ``b0``: (2t, g), (2t+1, g);
+                                                       ``b1``: (2t+8, g), (2t+9, g)
+C, D 16x8  four float32 ``c0 c1 c2 c3``                (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
+=========  ==========================================  ======================================
+
+So a row of ``A`` or of ``C`` is spread over the 4 lanes ``4g .. 4g+3`` of one *quad*: a row
+reduction over ``C`` fragments is a reduction over the 4 lanes of a quad (:func:`quad_max`,
+:func:`quad_sum`: two ``shfl_xor_sync``).  A ``B`` fragment holds consecutive *rows* ``k`` of one
+column ``n``: for ``S = Q K^T`` that is one key's consecutive head-dim elements, i.e. a row of
+``K`` read as-is (``.col`` layout of ``B``); for ``O = P V`` it needs ``V`` transposed.  The
+``C`` layout of ``S`` equals the ``A`` layout of ``P`` for 16 keys (two 8-key ``S`` fragments), so
+``P`` goes from accumulator registers to the next ``mma`` without touching memory
+(:func:`pack_half2`).
+
+Primitives (the kernels call these names; the backend picks the implementation at import)
+------------------------------------------------------------------------------------------
+* :func:`mma_m16n8k16` - on the GPU an ``@intrinsic`` emitting the PTX instruction through
+  llvmlite's ``ir.InlineAsm`` (as numba-cuda's ``cache_hints.py`` does for its loads); in the
+  simulator a twin where the 32 lanes swap their registers through memory
+  (:func:`numba_flash.simulator_warp.exchange`), each rebuilds ``A`` and ``B`` with the table
+  above and computes its own four ``D`` elements in float64, rounded to float32.
+* :func:`pack_half2` - two float32 to one register of two float16 (round to nearest even):
+  ``cvt.rn.f16x2.f32`` on the GPU (sm_80+), NumPy in the simulator.
+* :func:`half2_bits` - two float16 bit patterns (uint16) to one register (plain integer code).
+* :func:`load_a_frag`, :func:`load_b_frag` - a lane's ``A`` / ``B`` registers from a shared
+  tile of packed half pairs (plain loads; the same code runs in both backends).
+* :func:`quad_max`, :func:`quad_sum` - a value combined over the 4 lanes of a quad
+  (``shfl_xor_sync``, emulated by the simulator's warp exchange).
+
+Every operand register is a ``uint32``: Numba types ``uint32 + uint32`` as ``uint64`` on the
+device, so index and bit arithmetic that makes a register is wrapped in ``uint32(...)``.
+
+``compile_configs()`` lists the one-warp GEMM :func:`warp_gemm_kernel` (``D = A B + C`` for a
+16 x K by K x 8 product through shared memory): the compile tier proves the intrinsics build
+for sm_80 and sm_90, and the tests run it in the simulator against float64.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda, float32, types, uint32
+
+from ..backend import on_simulator
+
+WARP = 32
+FULL_MASK = 0xFFFFFFFF
+
+#: the PTX instruction behind :func:`mma_m16n8k16`
+MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+
+
+# ------------------------------------------------------------------------------------------
+# the fragment layout as host functions (the docs picture, the tests, the simulator twin)
+# ------------------------------------------------------------------------------------------
+def a_coords(lane, i):
+    """(row, col) in the 16 x 16 ``A`` of half ``i`` (0..7, ``a_i``) held by ``lane``."""
+    g, t = lane >> 2, lane % 4
+    row = g if (i < 2 or 4 <= i < 6) else g + 8
+    col = 2 * t + (i & 1) + (8 if i >= 4 else 0)
+    return row, col
+
+
+def b_coords(lane, i):
+    """(row, col) in the 16 x 8 ``B`` of half ``i`` (0..3, ``b_i``) held by ``lane``."""
+    g, t = lane >> 2, lane % 4
+    return 2 * t + (i & 1) + (8 if i >= 2 else 0), g
+
+
+def c_coords(lane, i):
+    """(row, col) in the 16 x 8 ``C`` / ``D`` of float ``i`` (0..3, ``c_i``) held by ``lane``."""
+    g, t = lane >> 2, lane % 4
+    return g + (8 if i >= 2 else 0), 2 * t + (i & 1)
+
+
+def _tables():
+    a_lane = np.zeros((16, 16), np.intp)
+    a_half = np.zeros((16, 16), np.intp)
+    b_lane = np.zeros((16, 8), np.intp)
+    b_half = np.zeros((16, 8), np.intp)
+    for lane in range(WARP):
+        for i in range(8):
+            r, c = a_coords(lane, i)
+            a_lane[r, c], a_half[r, c] = lane, i          # halves 0..7 of registers a0..a3
+        for i in range(4):
+            r, c = b_coords(lane, i)
+            b_lane[r, c], b_half[r, c] = lane, 8 + i      # halves 8..11: registers b0, b1
+    return a_lane, a_half, b_lane, b_half
+
+
+_A_LANE, _A_HALF, _B_LANE, _B_HALF = _tables()
+
+
+def fragments_from_matrices(a, b, c):
+    """Per-lane registers ``(regs uint32 [32, 6], c float32 [32, 4])`` of float16 ``a [16, 16]``,
+    ``b [16, 8]`` and float32 ``c [16, 8]``, laid out as the table of the module docstring."""
+    halves = np.zeros((WARP, 12), np.float16)
+    for lane in range(WARP):
+        for i in range(8):
+            halves[lane, i] = a[a_coords(lane, i)]
+        for i in range(4):
+            halves[lane, 8 + i] = b[b_coords(lane, i)]
+    cf = np.array([[c[c_coords(lane, i)] for i in range(4)] for lane in range(WARP)], np.float32)
+    return halves.view(np.uint32), cf
+
+
+def matrix_from_c_fragments(d):
+    """The 16 x 8 matrix whose lane fragments are ``d [32, 4]`` (the ``C`` / ``D`` layout)."""
+    out = np.zeros((16, 8), np.asarray(d).dtype)
+    for lane in range(WARP):
+        for i in range(4):
+            out[c_coords(lane, i)] = d[lane][i]
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# GPU implementations: inline PTX
+# ------------------------------------------------------------------------------------------
+def _gpu_primitives():
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    try:
+        from numba.cuda.core.errors import NumbaTypeError
+    except ImportError:  # pragma: no cover - other numba-cuda versions
+        from numba.core.errors import NumbaTypeError
+
+    @intrinsic
+    def mma_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """``(d0, d1, d2, d3) = A B + C`` on the tensor cores; the fragment layout of the
+        module docstring.  ``a*``, ``b*`` uint32 (two float16 each), ``c*`` float32."""
+        regs = (a0, a1, a2, a3, b0, b1)
+        accs = (c0, c1, c2, c3)
+        if any(r != types.uint32 for r in regs):
+            raise NumbaTypeError(f"mma_m16n8k16: expected the six A/B registers as uint32 (wrap "
+                                 f"integer arithmetic in uint32(...)), got {regs}")
+        if any(c != types.float32 for c in accs):
+            raise NumbaTypeError(f"mma_m16n8k16: expected the four C values as float32, got "
+                                 f"{accs}")
+        sig = types.UniTuple(types.float32, 4)(*regs, *accs)
+
+        def codegen(context, builder, sig, args):
+            f32 = ir.FloatType()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(
+                fnty,
+                MMA_PTX + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+            )
+            res = builder.call(asm, list(args))
+            outs = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return sig, codegen
+
+    @intrinsic
+    def pack_half2(typingctx, lo, hi):
+        """One uint32 holding float16(lo) in the low and float16(hi) in the high 16 bits."""
+        if lo != types.float32 or hi != types.float32:
+            raise NumbaTypeError(f"pack_half2: expected two float32, got {lo}, {hi}")
+        sig = types.uint32(lo, hi)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            f32 = ir.FloatType()
+            fnty = ir.FunctionType(i32, [f32, f32])
+            # cvt.rn.f16x2.f32 d, a, b: a goes to the upper half, b to the lower
+            asm = ir.InlineAsm(fnty, "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
+    return mma_m16n8k16, pack_half2
+
+
+# ------------------------------------------------------------------------------------------
+# simulator twins: the same layout, through memory
+# ------------------------------------------------------------------------------------------
+def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """Simulator twin of the ``mma``: every lane publishes its six registers, rebuilds ``A`` and
+    ``B`` by the PTX table and computes its own four ``D`` elements (float64, then float32)."""
+    from .. import simulator_warp
+
+    regs = simulator_warp.exchange((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)))
+    if len(regs) != WARP:
+        raise RuntimeError(f"mma_m16n8k16: needs a full warp of 32 lanes, got {len(regs)}")
+    halves = np.array(regs, dtype=np.uint32).view(np.float16).astype(np.float64)  # [32, 12]
+    a = halves[_A_LANE, _A_HALF]  # [16, 16]
+    b = halves[_B_LANE, _B_HALF]  # [16, 8]
+    lane = simulator_warp.lane_id()
+    g, t = lane >> 2, lane % 4
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = a[[g, g + 8]] @ b[:, [2 * t, 2 * t + 1]]  # [2, 2]: rows g, g+8; columns 2t, 2t+1
+        d = d + np.array([[c0, c1], [c2, c3]], np.float64)
+    d = d.astype(np.float32)
+    return d[0, 0], d[0, 1], d[1, 0], d[1, 1]
+
+
+def _sim_pack_half2(lo, hi):
+    """Simulator twin of :func:`pack_half2` (NumPy's float32 -> float16 rounds to nearest even)."""
+    with np.errstate(over="ignore"):
+        pair = np.array([lo, hi], np.float32).astype(np.float16)
+    return np.uint32(pair.view(np.uint32)[0])
+
+
+if on_simulator():
+    mma_m16n8k16 = _sim_mma_m16n8k16
+    pack_half2 = _sim_pack_half2
+else:
+    mma_m16n8k16, pack_half2 = _gpu_primitives()
+
+
+# ------------------------------------------------------------------------------------------
+# plain device functions (the same source runs in both backends)
+# ------------------------------------------------------------------------------------------
+_device = functools.partial(cuda.jit, device=True, inline=True)
+
+_SHIFT16 = uint32(16)
+_LOW16 = uint32(0xFFFF)
+
+
+@_device
+def half2_bits(lo, hi):
+    """One register from two float16 bit patterns (integers < 2**16): ``lo | hi << 16``."""
+    return uint32(uint32(lo) | uint32(uint32(hi) << _SHIFT16))
+
+
+@_device
+def load_a_frag(tile, row0, word0, g, t):
+    """Registers ``a0..a3`` of the 16 x 16 ``A`` block at rows ``row0 ..`` and half columns
+    ``2 word0 ..`` of ``tile`` (uint32 ``[rows, words]``, word ``w`` of a row = halves ``2w``,
+    ``2w + 1``): ``a0 = tile[row0+g, word0+t]``, ``a1 = tile[row0+g+8, word0+t]``,
+    ``a2 = tile[row0+g, word0+4+t]``, ``a3 = tile[row0+g+8, word0+4+t]``."""
+    return (tile[row0 + g, word0 + t], tile[row0 + g + 8, word0 + t],
+            tile[row0 + g, word0 + 4 + t], tile[row0 + g + 8, word0 + 4 + t])
+
+
+@_device
+def load_b_frag(tile, n0, word0, g, t):
+    """Registers ``b0, b1`` of the 16 x 8 ``B`` block whose column ``n`` is row ``n0 + n`` of
+    ``tile`` (uint32 ``[n, words]``, i.e. ``B`` stored transposed: a row of ``K`` for
+    ``S = Q K^T``): ``b0 = tile[n0+g, word0+t]`` (``k = 2t, 2t+1``), ``b1 = tile[n0+g,
+    word0+4+t]`` (``k = 2t+8, 2t+9``)."""
+    return tile[n0 + g, word0 + t], tile[n0 + g, word0 + 4 + t]
+
+
+@_device
+def quad_max(x):
+    """The max of ``x`` over the 4 lanes ``4g .. 4g+3`` (a row of a ``C`` fragment); NaN wins."""
+    y = cuda.shfl_xor_sync(FULL_MASK, x, 1)
+    x = y if (y > x or y != y) else x
+    y = cuda.shfl_xor_sync(FULL_MASK, x, 2)
+    return y if (y > x or y != y) else x
+
+
+@_device
+def quad_sum(x):
+    """The sum of ``x`` over the 4 lanes ``4g .. 4g+3`` (a row of a ``C`` fragment)."""
+    x += cuda.shfl_xor_sync(FULL_MASK, x, 1)
+    return x + cuda.shfl_xor_sync(FULL_MASK, x, 2)
+
+
+# ------------------------------------------------------------------------------------------
+# a one-warp GEMM: the primitives end to end (tests, compile tier, docs)
+# ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def warp_gemm_kernel(K):
+    """``kernel(a, b, c, d)``: ``d = a @ b + c`` for uint16 float16 bits ``a [16, K]``,
+    ``b [K, 8]`` and float32 ``c``, ``d [16, 8]``, on one warp (``block = 32``); ``K`` a multiple
+    of 16.  ``a`` goes through shared memory as packed rows, ``b`` transposed (a row per column
+    ``n``), then ``K / 16`` mma steps accumulate in registers.  ``d`` gets the float32
+    accumulator and ``d16`` (uint32 ``[16, 4]``) its float16 rounding, packed by
+    :func:`pack_half2` (word ``w`` of row ``r`` = columns ``2w``, ``2w + 1``)."""
+    assert K % 16 == 0
+    WORDS = K // 2
+    STRIDE = WORDS + 4  # + 4 words: the 8 rows g of one fragment load fall in distinct banks
+
+    @cuda.jit
+    def warp_gemm(a, b, c, d, d16):
+        lane = cuda.threadIdx.x & 31
+        g = lane >> 2
+        t = lane & 3
+        a_tile = cuda.shared.array((16, STRIDE), types.uint32)
+        bt_tile = cuda.shared.array((8, STRIDE), types.uint32)
+        for idx in range(lane, 16 * WORDS, WARP):
+            r = idx // WORDS
+            w = idx % WORDS
+            a_tile[r, w] = half2_bits(a[r, 2 * w], a[r, 2 * w + 1])
+        for idx in range(lane, 8 * WORDS, WARP):
+            n = idx // WORDS
+            w = idx % WORDS
+            bt_tile[n, w] = half2_bits(b[2 * w, n], b[2 * w + 1, n])
+        cuda.syncthreads()  # the tiles are complete before any lane reads another's words
+        c0 = c[g, 2 * t]
+        c1 = c[g, 2 * t + 1]
+        c2 = c[g + 8, 2 * t]
+        c3 = c[g + 8, 2 * t + 1]
+        for kc in range(K // 16):
+            a0, a1, a2, a3 = load_a_frag(a_tile, 0, 8 * kc, g, t)
+            b0, b1 = load_b_frag(bt_tile, 0, 8 * kc, g, t)
+            c0, c1, c2, c3 = mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        d[g, 2 * t] = c0
+        d[g, 2 * t + 1] = c1
+        d[g + 8, 2 * t] = c2
+        d[g + 8, 2 * t + 1] = c3
+        lo = pack_half2(c0, c1)  # row g, columns 2t, 2t+1 as one half2 register
+        hi = pack_half2(c2, c3)
+        d16[g, t] = lo
+        d16[g + 8, t] = hi
+
+    return warp_gemm
+
+
+@functools.lru_cache(maxsize=None)
+def fragment_kernel():
+    """``kernel(regs, c, d)``: each lane runs one ``mma`` on its own registers ``regs[lane]``
+    (uint32 x 6) and ``c[lane]`` (float32 x 4) and writes ``d[lane]``: the primitive alone,
+    for a test that lays fragments out by the PTX table itself."""
+
+    @cuda.jit
+    def fragment_mma(regs, c, d):
+        lane = cuda.threadIdx.x & 31
+        d0, d1, d2, d3 = mma_m16n8k16(regs[lane, 0], regs[lane, 1], regs[lane, 2],
+                                      regs[lane, 3], regs[lane, 4], regs[lane, 5],
+                                      c[lane, 0], c[lane, 1], c[lane, 2], c[lane, 3])
+        d[lane, 0] = d0
+        d[lane, 1] = d1
+        d[lane, 2] = d2
+        d[lane, 3] = d3
+
+    return fragment_mma
+
+
+def compile_configs():
+    """The primitives' own kernels, for the compile tier (they must contain ``mma.sync``)."""
+    u16_2 = types.Array(types.uint16, 2, "C")
+    f32_2 = types.Array(types.float32, 2, "C")
+    u32_2 = types.Array(types.uint32, 2, "C")
+    yield {"name": "mma warp_gemm K64", "kernel": warp_gemm_kernel(64),
+           "args": (u16_2, u16_2, f32_2, f32_2, u32_2), "float64_ok": False, "mma": True}
+    yield {"name": "mma fragment", "kernel": fragment_kernel(),
+           "args": (u32_2, f32_2, f32_2), "float64_ok": False, "mma": True}
