@@ -2,8 +2,11 @@
 
   demo          run every kernel on a small problem, check it against the float64 reference
   info          the backend and library versions
+  warmup        compile the common kernel configurations ahead, into the on-disk cache (GPU)
   compile-check build every kernel configuration to PTX and assemble it (no GPU needed)
   pictures      draw the tile map, block table and split-KV figures (needs matplotlib)
+
+Errors end in one line (``numba-flash: error: ...``), not a traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +15,16 @@ import argparse
 import os
 import subprocess
 import sys
+
+
+def _nonnegative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
 
 
 def _demo(args):
@@ -43,6 +56,48 @@ def _info(_args):
     except Exception:  # pragma: no cover
         pass
     print(f"numpy       {numpy.__version__}")
+    from numba_flash.kernels import jit
+
+    print(f"kernel cache {'on' if jit.caching_enabled() else 'off (simulator or NUMBA_FLASH_CACHE=0)'}")
+    return 0
+
+
+def _warmup(args):
+    import numba_flash
+    from numba_flash.kernels import jit
+
+    if args.list:
+        for cfg in jit.warmup_configs(args.k, args.all):
+            print(cfg["name"])
+        return 0
+    if numba_flash.backend() == "simulator":
+        print("warmup: nothing to compile: the simulator runs the kernels as Python (no GPU "
+              "found). On a GPU this compiles the common configurations into the disk cache.")
+        return 0
+    from numba import cuda
+
+    if not cuda.is_available():
+        print("numba-flash: error: warmup compiles for this machine's GPU and there is none "
+              "(to build PTX without a GPU use compile-check)", file=sys.stderr)
+        return 1
+    if not jit.caching_enabled():
+        print(f"warmup: {jit.CACHE_ENV}=0, so nothing is kept after this process",
+              file=sys.stderr)
+    configs = list(jit.warmup_configs(args.k, args.all))
+    width = len(str(len(configs)))
+
+    def report(i, n, name, seconds, source):
+        print(f"[{i:>{width}}/{n}] {name:<48} {seconds:6.2f} s  {source}", flush=True)
+
+    print(f"warmup: {len(configs)} configurations for GPU {cuda.get_current_device().id} "
+          f"({cuda.get_current_device().name!s})", flush=True)
+    import time
+
+    t0 = time.perf_counter()
+    done = jit.warm_up(configs, report)
+    compiled = sum(1 for _, _, src in done if src == "compiled")
+    print(f"warmup: {compiled} compiled, {len(done) - compiled} already cached, "
+          f"{time.perf_counter() - t0:.1f} s in all", flush=True)
     return 0
 
 
@@ -61,7 +116,24 @@ def _pictures(args):
 
 
 def main(argv=None):
+    """Run the command line; return the exit status (errors: one line on stderr, status 1)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("numba-flash: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line, not a traceback (NUMBA_FLASH_DEBUG=1 shows it)
+        if os.environ.get("NUMBA_FLASH_DEBUG"):
+            raise
+        print(f"numba-flash: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _main(argv):
+    from numba_flash import __version__
+
     parser = argparse.ArgumentParser(prog="numba-flash", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"numba-flash {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="run each kernel on a small problem and check it against "
@@ -74,11 +146,22 @@ def main(argv=None):
                         "gpu (default on a GPU)")
     p.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"],
                    help="input dtype (float16 computes in float32; float64 in float64)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--seed", type=_nonnegative_int, default=0,
+                   help="seed of the random inputs (an integer >= 0)")
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("info", help="print the backend and library versions")
     p.set_defaults(func=_info)
+
+    p = sub.add_parser("warmup", help="compile the common kernel configurations ahead (float16 "
+                                      "and float32 of every public op) into the on-disk cache, "
+                                      "so later processes start in seconds (GPU only)")
+    p.add_argument("-k", default=None, metavar="TEXT",
+                   help="only configurations whose name contains TEXT")
+    p.add_argument("--all", action="store_true",
+                   help="also float64 and the teaching kernels (naive_forward, philox_check)")
+    p.add_argument("--list", action="store_true", help="list the configurations, compile nothing")
+    p.set_defaults(func=_warmup)
 
     p = sub.add_parser("compile-check", help="build every kernel configuration to PTX for "
                                              "sm_80/sm_90 and check it with ptxas")

@@ -1,0 +1,218 @@
+"""``kernel_jit``: the project's kernel decorator, with compiled kernels cached on disk.
+
+On a GPU nearly all of a first call's time is JIT compilation (about 2 s per kernel
+configuration on the H200; the demo's first run took 65 s).  ``@kernel_jit`` is ``@cuda.jit``
+plus numba-cuda's on-disk cache, so a second process loads the compiled kernel instead of
+building it again; ``numba-flash warmup`` (:func:`warm_up`) fills the cache ahead of time.
+
+How numba-cuda's cache (0.30) treats our kernels, which are built in closures of memoised
+factories (read from ``numba/cuda/dispatcher.py`` and ``numba/cuda/core/caching.py``):
+
+* The cache is per Python function: an index file ``<module>.<qualname>-<line>.pyXY.nbi`` next
+  to the source (``__pycache__``), or under ``NUMBA_CACHE_DIR`` when set, or the user-wide cache
+  directory when the package folder is read-only.  It needs a function backed by a source file
+  (a regular module: true for every kernel here).
+* One index holds every specialisation of one factory: the key is the signature, the GPU
+  architecture, the numba-cuda version, a hash of the bytecode and a hash of the *closure cell
+  values* (pickled).  The cells of our kernels are ints, bools, NumPy scalars, Numba types and
+  device-function dispatchers; a ``CUDADispatcher`` pickles as its Python function and options,
+  so the key is the same in every process (checked: identical hashes for all compile-tier
+  configurations across two processes with different ``PYTHONHASHSEED``).
+* The index is invalidated when the kernel's own source file changes (mtime and size), but not
+  when a device function it calls through a module global (``kernels/common.py``,
+  ``philox.py``, ``kernels/visibility.py``) changes.  ``kernel_jit`` therefore adds a hash of the
+  package's device-code sources to the key.
+* numba names data files by counting the entries of the index it read, so two processes
+  compiling different specialisations at once (``pytest -n 8``) can write two kernels under one
+  name and leave an index entry pointing at the wrong kernel.  ``kernel_jit`` names each data
+  file after its key instead and updates the index under a file lock.
+
+``NUMBA_FLASH_CACHE=0`` turns the cache off.  In the simulator there is nothing to compile and
+``kernel_jit`` is plain ``cuda.jit``.  Device functions (``device=True``) are compiled into the
+kernels that call them and are not cached on their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import os
+import time
+
+from numba import cuda
+
+from ..backend import on_simulator
+
+__all__ = ["kernel_jit", "caching_enabled", "cache_dir", "source_fingerprint", "warm_up",
+           "warmup_configs"]
+
+#: environment variable: "0" turns the on-disk kernel cache off
+CACHE_ENV = "NUMBA_FLASH_CACHE"
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def caching_enabled():
+    """True when kernels are cached on disk: the CUDA target, and ``NUMBA_FLASH_CACHE`` not 0."""
+    flag = os.environ.get(CACHE_ENV, "1").strip().lower()
+    return not on_simulator() and flag not in ("0", "false", "no", "off")
+
+
+@functools.lru_cache(maxsize=None)
+def source_fingerprint():
+    """A hash of every source file that holds device code (``kernels/*.py``, ``philox.py``)."""
+    h = hashlib.sha256()
+    kernels = os.path.join(_PACKAGE, "kernels")
+    paths = sorted(os.path.join(kernels, f) for f in os.listdir(kernels) if f.endswith(".py"))
+    for path in [*paths, os.path.join(_PACKAGE, "philox.py")]:
+        h.update(os.path.basename(path).encode())
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path):
+    """An exclusive advisory lock on ``path`` (POSIX); no lock where that is unavailable."""
+    try:
+        import fcntl
+
+        f = open(path, "a+b")
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+def _cache_classes():
+    """The cache classes, built on first use (they subclass numba-cuda's CUDA target classes)."""
+    global _KernelCache
+    if _KernelCache is not None:
+        return _KernelCache
+    from numba.cuda.core.caching import IndexDataCacheFile
+    from numba.cuda.dispatcher import CUDACache
+
+    class KeyedIndexDataFile(IndexDataCacheFile):
+        """Data file named after its key; index updated under a lock (safe across processes)."""
+
+        def __init__(self, cache_path, filename_base, source_stamp):
+            super().__init__(cache_path, filename_base, source_stamp)
+            self._filename_base = filename_base
+
+        def save(self, key, data):
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:20]
+            name = f"{self._filename_base}.{digest}.nbc"
+            self._save_data(name, data)  # the data first: an index entry never points at nothing
+            with _locked(self._index_path + ".lock"):
+                overloads = self._load_index()
+                overloads[key] = name
+                self._save_index(overloads)
+
+    class KernelCache(CUDACache):
+        """numba-cuda's kernel cache, keyed also on the package's device-code sources."""
+
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            self._cache_file = KeyedIndexDataFile(
+                self._cache_path, self._impl.filename_base,
+                self._impl.locator.get_source_stamp())
+
+        def _index_key(self, sig, codegen):
+            return super()._index_key(sig, codegen) + (("numba_flash", source_fingerprint()),)
+
+    _KernelCache = KernelCache
+    return KernelCache
+
+
+_KernelCache = None
+
+
+def kernel_jit(func=None, **options):
+    """``@kernel_jit`` or ``@kernel_jit(**options)`` in place of ``@cuda.jit``.
+
+    The same options as ``cuda.jit`` (``fastmath``, ``debug``, ``lineinfo``...), lazy
+    compilation only (no signature).  On the CUDA target, with caching enabled, the compiled
+    kernel is stored on disk and loaded by later processes; otherwise this is ``cuda.jit``.
+    """
+    if func is None:
+        return functools.partial(kernel_jit, **options)
+    if not callable(func):
+        raise TypeError("kernel_jit: expected a function (kernels compile lazily, at first "
+                        f"launch), got {type(func).__name__}")
+    options.pop("cache", None)
+    dispatcher = cuda.jit(**options)(func)
+    if options.get("device") or not caching_enabled():
+        return dispatcher
+    try:
+        dispatcher._cache = _cache_classes()(dispatcher.py_func)
+    except Exception:  # no cache locator for this file, or another numba-cuda: run uncached
+        pass
+    return dispatcher
+
+
+def cache_dir(dispatcher):
+    """Where ``dispatcher`` (a ``kernel_jit`` kernel) keeps its compiled code; None if uncached."""
+    return getattr(getattr(dispatcher, "_cache", None), "cache_path", None)
+
+
+# -- warm-up ------------------------------------------------------------------------------------
+#: kernel families that only teaching pages and tests launch: not warmed up by default
+TEACHING_MODULES = ("naive_forward", "philox_check")
+
+
+def warmup_configs(select=None, everything=False):
+    """The compile-tier configurations to compile ahead: by default every configuration of the
+    public ops for float16 and float32; ``everything`` adds float64 and the teaching kernels;
+    ``select`` keeps names containing that text."""
+    from . import KERNEL_MODULES
+
+    for mod_name in KERNEL_MODULES:
+        if not everything and mod_name in TEACHING_MODULES:
+            continue
+        mod = importlib.import_module(f"{__package__}.{mod_name}")
+        for cfg in getattr(mod, "compile_configs", lambda: ())():
+            if not everything and "float64" in cfg["name"]:
+                continue
+            if select and select not in cfg["name"]:
+                continue
+            yield cfg
+
+
+def compile_configs():
+    """This module holds no kernel (the kernel-module scan of the compile tier finds it)."""
+    return iter(())
+
+
+def _cache_hits(kernel):
+    stats = getattr(kernel, "stats", None)
+    return sum(stats.cache_hits.values()) if stats is not None else 0
+
+
+def warm_up(configs, report=print):
+    """Compile each configuration for this process's GPU, through the disk cache.
+
+    ``report(i, n, name, seconds, source)`` is called after each one, ``source`` being
+    ``"compiled"``, ``"cache"`` (loaded from disk) or ``"in memory"``.  Returns the list of ``(name, seconds, source)``.
+    """
+    configs = list(configs)
+    done = []
+    for i, cfg in enumerate(configs, 1):
+        kernel, sig = cfg["kernel"], tuple(cfg["args"])
+        in_memory = sig in getattr(kernel, "overloads", {})
+        hits = _cache_hits(kernel)
+        t0 = time.perf_counter()
+        kernel.compile(sig)
+        seconds = time.perf_counter() - t0
+        if in_memory:
+            source = "in memory"
+        else:
+            source = "cache" if _cache_hits(kernel) > hits else "compiled"
+        done.append((cfg["name"], seconds, source))
+        report(i, len(configs), cfg["name"], seconds, source)
+    return done
