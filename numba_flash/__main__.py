@@ -96,7 +96,9 @@ def _warmup(args):
     t0 = time.perf_counter()
     done = jit.warm_up(configs, report)
     compiled = sum(1 for _, _, src in done if src == "compiled")
-    print(f"warmup: {compiled} compiled, {len(done) - compiled} already cached, "
+    uncached = sum(1 for _, _, src in done if src.endswith("(no disk cache)"))
+    print(f"warmup: {compiled} compiled, {len(done) - compiled - uncached} already cached, "
+          f"{uncached} without a disk cache (cuda.jit, not kernel_jit), "
           f"{time.perf_counter() - t0:.1f} s in all", flush=True)
     return 0
 

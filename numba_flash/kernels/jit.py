@@ -189,6 +189,12 @@ def compile_configs():
     return iter(())
 
 
+def _disk_cached(kernel):
+    """True for a kernel with numba's disk cache attached (``kernel_jit`` or ``cache=True``)."""
+    cache = getattr(kernel, "_cache", None)
+    return cache is not None and type(cache).__name__ != "NullCache"
+
+
 def _cache_hits(kernel):
     stats = getattr(kernel, "stats", None)
     return sum(stats.cache_hits.values()) if stats is not None else 0
@@ -198,7 +204,8 @@ def warm_up(configs, report=print):
     """Compile each configuration for this process's GPU, through the disk cache.
 
     ``report(i, n, name, seconds, source)`` is called after each one, ``source`` being
-    ``"compiled"``, ``"cache"`` (loaded from disk) or ``"in memory"``.  Returns the list of ``(name, seconds, source)``.
+    ``"compiled"``, ``"cache"`` (loaded from disk), ``"in memory"`` or ``"compiled (no disk
+    cache)"`` for a kernel still decorated with plain ``cuda.jit``.  Returns the list of ``(name, seconds, source)``.
     """
     configs = list(configs)
     done = []
@@ -211,8 +218,10 @@ def warm_up(configs, report=print):
         seconds = time.perf_counter() - t0
         if in_memory:
             source = "in memory"
+        elif _cache_hits(kernel) > hits:
+            source = "cache"
         else:
-            source = "cache" if _cache_hits(kernel) > hits else "compiled"
+            source = "compiled" if _disk_cached(kernel) else "compiled (no disk cache)"
         done.append((cfg["name"], seconds, source))
         report(i, len(configs), cfg["name"], seconds, source)
     return done

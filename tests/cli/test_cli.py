@@ -82,7 +82,7 @@ def test_warmup_on_a_gpu_compiles_then_loads(tmp_path):
     second = cli("warmup", "-k", "softmax", env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert "compiled" in first.stdout and "[1/2] softmax" in first.stdout
-    assert "0 compiled, 2 already cached" in second.stdout
+    assert "0 compiled, 2 already cached, 0 without a disk cache" in second.stdout
 
 
 @pytest.mark.skipif(numba_flash.backend() != "simulator", reason="stepping needs the simulator")
