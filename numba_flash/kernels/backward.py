@@ -2,49 +2,79 @@
 
 Math
 ----
-For one ``(batch, query head)`` with ``S = scale * Q K^T`` (masked entries ``-inf``), the forward
-saved only ``O`` and one float per query row, ``lse_i = log sum_j exp(S_ij)``, not the running
-``m_i`` and ``l_i``: since ``P_ij = exp(S_ij - m_i) / l_i = exp(S_ij - (m_i + log l_i))``, the one
-number ``lse_i = m_i + log l_i`` recovers the probabilities exactly::
+For one ``(batch, query head)`` with ``S = mod(scale * Q K^T)`` (``mod``: the score modifiers of
+:mod:`numba_flash.kernels.visibility`, softcap then ALiBi; keys a row does not see get ``-inf``),
+the forward saved only ``O`` and one float per query row, ``lse_i = log sum_j exp(S_ij)``, not
+the running ``m_i`` and ``l_i``: since ``P_ij = exp(S_ij - m_i) / l_i = exp(S_ij - (m_i + log
+l_i))``, the one number ``lse_i = m_i + log l_i`` recovers the probabilities exactly::
 
     P  = exp(S - lse)                     (recomputed tile by tile, never stored in HBM)
     dV = P^T dO                           dP = dO V^T
-    dS = P * (dP - D),   D_i = rowsum(dP_i * P_i)
+    dS = P * (dP - D) * (1 - t^2),   D_i = rowsum(dP_i * P_i)
     dQ = scale * dS K                     dK = scale * dS^T Q
 
-``dS`` is the softmax Jacobian applied to ``dP``: ``dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)``.
-The row term ``D_i`` needs a whole row of ``dP``, which no K/V tile has, but it equals a row of
-``dO * O`` summed (the *preprocess* kernel, :func:`preprocess_kernel`)::
+``dS`` is the softmax Jacobian applied to ``dP``: ``dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)``,
+times the softcap's slope ``d(c tanh(s / c))/ds = 1 - t^2`` with ``t = tanh(s / c)``
+(:func:`~numba_flash.kernels.visibility.make_softcap_grad`; 1 without softcap).  ALiBi adds a
+constant ``-slope |i + Nk - Nq - j|`` to the score: it has no gradient.  The row term ``D_i``
+needs a whole row of ``dP``, which no K/V tile has, but it equals a row of ``dO * O`` summed (the
+*preprocess* kernel, :func:`preprocess_kernel`)::
 
     sum_j dP_ij P_ij = sum_j P_ij sum_c dO_ic V_jc
                      = sum_c dO_ic (sum_j P_ij V_jc) = sum_c dO_ic O_ic
 
 ``d`` multiplies per row instead of ``Nk``, and it reads only ``O`` and ``dO``.  A row that sees no
-key (causal with ``Nq > Nk``) has ``lse = -inf``: its ``P`` is forced to 0 (never
-``exp(S + inf)``), so it adds nothing and its ``dQ`` stays 0, never NaN.
+key (causal with ``Nq > Nk``, a window that misses every key) has ``lse = -inf``: its ``P`` is
+forced to 0 (never ``exp(S + inf)``), so it adds nothing and its ``dQ`` stays 0, never NaN.
 
-Kernels
--------
-1. :func:`preprocess_kernel` ``(o, do, delta, dq_accum)``: ``delta = rowsum(dO * O)`` and zeroes
-   the dQ accumulator.  grid = (ceil(Nq / THREADS), B, H), one thread per query row.
-2. :func:`dkdv_kernel` ``(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic)``:
-   one block per ``(K/V tile j, batch, kv head)``, grid = (ceil(Nk / BLOCK_N), B, Hkv).  ``k_tile``
-   and ``v_tile`` are loaded once; the block loops over the query heads of its GQA group and over
-   the Q tiles, recomputing ``P`` and ``dS`` for each ``(Q_i, K_j)``; ``dK_j`` and ``dV_j`` are
-   accumulated in registers and written once at the end (the block owns that kv head's tile for
-   the whole group, so no atomics).  With ``dq_atomic`` it also adds ``scale * dS K_j`` into the
-   float32 (float64) ``dq_accum`` with ``cuda.atomic.add``.  Causal: the Q tiles wholly before
-   the diagonal (no row sees a key of this tile) are skipped; the others are masked per element.
-3. :func:`dq_kernel` ``(q, k, v, do, lse, delta, dq_out, scale, causal)``, for
-   ``deterministic=True``: one block per ``(Q tile, batch, query head)``, grid =
-   (ceil(Nq / BLOCK_M), B, H); it loops over the K/V tiles (causal: up to the last one its rows
-   can see), recomputes ``P`` and ``dS`` and
-   accumulates ``dQ_i`` in registers in a fixed order, then stores it: bitwise identical run to
-   run.  (Atomic float adds land in whatever order the blocks reach them; flash-attn users ask for
-   a deterministic backward, flash-attn issues #414 and #988.)  ``dK``/``dV`` then come from
-   :func:`dkdv_kernel` with ``dq_atomic = 0``; they never used atomics.
-4. :func:`cast_kernel` ``(src, dst)``: the float32 dQ accumulator to float16 (float32 and float64
-   accumulate straight into the output).  grid = (ceil(Nq d / THREADS), B, H).
+Which keys a row sees (causal, sliding window ``(left, right)``, bottom-right aligned) is
+:func:`~numba_flash.kernels.visibility.is_visible`; the kernels take the window as two runtime
+ints with causal folded in (``right = 0``; :func:`~numba_flash.kernels.visibility.window_bounds`).
+
+Kernels (every grid is 1-D, :func:`fold_grid`)
+----------------------------------------------
+1. :func:`preprocess_kernel` ``(o, do, delta, dq_accum, tiles)``: ``delta = rowsum(dO * O)`` and
+   zeroes the dQ accumulator.  ``LANES`` threads per row (a warp on the GPU) read consecutive
+   columns, so each step is one coalesced access, and combine their partial sums with
+   ``cuda.shfl_xor_sync`` (a butterfly: after ``log2 LANES`` steps every lane holds the sum).
+2. :func:`dkdv_kernel`: one block per ``(K/V tile j, batch b, query head h)``.  ``k_tile`` and
+   ``v_tile`` (of kv head ``h // (H / Hkv)``) are loaded once; the block loops over the Q tiles
+   that hold a row seeing some key of the tile
+   (:func:`~numba_flash.kernels.visibility.tile_query_range`: causal and the window skip the
+   others), recomputing ``P`` and ``dS`` for each ``(Q_i, K_j)``; this head's share of ``dK_j``
+   and ``dV_j`` is accumulated in registers and written once.  GQA groups are spread over blocks
+   (one block per query head, not a loop over the group in one block): each block writes into a
+   compute-type ``[B, H, Nk, d]`` buffer and :func:`reduce_kernel` sums each group's heads in a
+   fixed order (with ``H == Hkv`` in float32/float64 the block writes ``dk``/``dv`` directly).
+   With ``dq_atomic`` it also adds ``scale * dS K_j`` into the float32 (float64) ``dq_accum``
+   with ``cuda.atomic.add``.
+3. :func:`dq_kernel`, for ``deterministic=True``: one block per ``(Q tile, b, h)``; it loops over
+   the K/V tiles its rows see (:func:`~numba_flash.kernels.visibility.tile_key_range`),
+   recomputes ``P`` and ``dS`` and accumulates ``dQ_i`` in registers in a fixed order, then
+   stores it: bitwise identical run to run.  (Atomic float adds land in whatever order the blocks
+   reach them; flash-attn users ask for a deterministic backward, flash-attn issues #414 and
+   #988.)  ``dK``/``dV`` then come from :func:`dkdv_kernel` with ``dq_atomic = 0``; they never
+   used atomics.
+4. :func:`reduce_kernel` ``(src, dst, tiles)``: a GQA group's dK/dV partials summed, or the
+   float32 dQ accumulator cast to float16; one thread per output element.
+
+Grid
+----
+``gridDim.y`` and ``gridDim.z`` stop at 65535 on CUDA, which ``B * H`` passes (issue 15), so
+every kernel here runs on a 1-D grid of ``tiles * B * heads`` blocks (:func:`fold_grid`, limit
+``2**31 - 1``) and each block unfolds its ``(tile, b, h)`` (:func:`unfold_block`), tile fastest
+so that the blocks of one head run side by side.  :func:`backward_grids` lists every grid the op
+launches, for a CPU test.
+
+Variable-length batches (``varlen = 1``)
+----------------------------------------
+The same kernels serve :func:`numba_flash.backward_varlen`: the op hands them the packed arrays
+as one batch ``[1, H, total, d]`` and the int32 ``cu_seqlens_q``/``cu_seqlens_k``; block
+``(tile, b, h)`` then works on sequence ``b`` (rows ``cu[b]:cu[b + 1]``), with indices inside
+the sequence for the visibility rule, ALiBi and dropout (so sequence ``b``'s keep-mask is
+``dropout_mask(seed, B, H, ...)[b]`` restricted to its lengths), and leaves at once when its tile
+starts past the sequence (``tiles`` is computed from ``max_seqlen``).  The preprocess and reduce
+kernels need no sequence boundaries at all: they work row by row on the packed arrays.
 
 Thread mapping
 --------------
@@ -69,24 +99,29 @@ KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 42.4 KiB for float32 at
 with 8 x 32 tiles, 42.6 KiB with dropout).  Tiles hold the compute type: float16 inputs are read
 as float16 and computed in float32; float64 computes in float64.
 
-Compile-time constants
-----------------------
+Compile-time constants, and why the variants are runtime arguments
+------------------------------------------------------------------
 ``BLOCK_M``, ``BLOCK_N``, ``HEAD_DIM`` (padded to 16/32/64/128/256), ``THREADS``, the dtype and
-``DROPOUT`` are arguments of the memoised factories; ``causal`` and ``dq_atomic`` are runtime ints.  Causal costs
-one integer compare per score (next to ``2 HEAD_DIM`` FMAs) and its tile skipping is a runtime loop
-bound anyway, while a compile-time flag doubled the compile tier (measured on a 2-core CPU: 126
-builds, ~260 s of CPU with it; 68 builds, ~145 s without).
+``DROPOUT`` are arguments of the memoised factories.  The window (``left``, ``right``; causal is
+``right = 0``), ``softcap``, the ALiBi slopes, ``varlen`` and ``dq_atomic`` are runtime
+arguments of the same kernels.  The mask costs one or two integer compares per score next to
+``2 HEAD_DIM`` FMAs, and the tile skipping it buys is a runtime loop bound in any case (tiles
+outside the band are never loaded); softcap is one uniform branch per score; ALiBi always runs
+with a slope of 0 when off (``s - 0 * distance == s`` exactly).  Each of them compile-time would
+multiply the compile tier (already 2 kernels x 20 tile/dtype/dropout configurations): a
+compile-time causal flag alone doubled it (measured on a 2-core CPU: 126 builds, ~260 s of CPU
+with it; 68 builds, ~145 s without), and causal x window x softcap x ALiBi x varlen would be 32x.
 
 Dropout (the ``DROPOUT`` specialisation; the plain kernels have none of it)
 ------------------------------------------------------------------------------
 The forward applied ``Z = keep / (1 - p)`` to ``P`` (``keep`` the Philox mask of
-:mod:`numba_flash.philox`: element ``(b, h, i, j)``, ``h`` the query head, ``i``/``j`` global
-indices, so it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)``) and returned
-``O = (P * Z) V``.  The backward redraws the same bits from ``(seed, b, h, i, j)`` (no mask is
-stored) and applies the chain rule through ``Z``::
+:mod:`numba_flash.philox`: element ``(b, h, i, j)``, ``h`` the query head, ``i``/``j`` indices
+within the sequence, so it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)``) and
+returned ``O = (P * Z) V``.  The backward redraws the same bits from ``(seed, b, h, i, j)`` (no
+mask is stored) and applies the chain rule through ``Z``::
 
     dV = (P * Z)^T dO                    dP = (dO V^T) * Z
-    dS = P * (dP - D),   D_i = rowsum(dO_i * O_i)          (dQ, dK from dS as before)
+    dS = P * (dP - D) * (1 - t^2),   D_i = rowsum(dO_i * O_i)          (dQ, dK from dS as before)
 
 ``D`` is still the preprocess kernel's ``rowsum(dO * O)`` with the *dropped* ``O``, because::
 
@@ -99,18 +134,17 @@ is recomputed exactly as without dropout.  Each block draws the keep bits of its
 ``keep_tile[m, g]`` keeps key ``k_start + 4 g + w`` of row ``q_start + m``) with
 :func:`~numba_flash.philox.philox_keep_bits4`, one Philox call per 4 keys spread over all
 threads, in the same phase as the tile loads (so behind the barrier that already precedes
-``p_and_ds``; no extra barrier).  A group no row can see (past ``Nq``/``Nk``, wholly after the
-causal diagonal) is not drawn.  The ``S``/``dP`` micro-tile gives each thread columns strided by
-``COL_T``, not 4 consecutive ones, hence the shared ``keep_tile`` rather than per-thread draws
-(which would cost 4x the Philox calls).  ``p_tile`` then holds ``P * Z`` (for ``dV``) and
-``ds_tile`` ``P * (dP * Z - D)``.  ``dropout_p = 0`` never reaches these kernels: the op runs the
-plain ones.  ``keep_tile`` adds ``4 BLOCK_M BLOCK_N / 4`` bytes of shared memory.
+``p_and_ds``; no extra barrier).  A group no row can see (past the sequence, outside the row's
+:func:`~numba_flash.kernels.visibility.key_bounds`) is not drawn.  The ``S``/``dP`` micro-tile
+gives each thread columns strided by ``COL_T``, not 4 consecutive ones, hence the shared
+``keep_tile`` rather than per-thread draws (which would cost 4x the Philox calls).  ``p_tile``
+then holds ``P * Z`` (for ``dV``) and ``ds_tile`` ``P * (dP * Z - D) * (1 - t^2)``.
+``dropout_p = 0`` never reaches these kernels: the op runs the plain ones.
 
 The dropout kernels take one more argument, the tuple ``dropout = (seed_lo, seed_hi,
 threshold, keep_scale)`` (the ``numpy.uint32`` values of
 :func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type); the plain
-kernels get ``()``, an empty tuple that adds no kernel parameter, so their PTX is what it was
-before dropout existed.
+kernels get ``()``, an empty tuple that adds no kernel parameter.
 """
 
 from __future__ import annotations
@@ -119,12 +153,14 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, int32, types
+from numba import cuda, int32, int64, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
                      padded_head_dim)
+from .visibility import (is_visible, key_bounds, make_score_mod, make_softcap_grad,
+                         tile_key_range, tile_query_range)
 
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
@@ -143,8 +179,18 @@ PAD = 1
 SIM_BLOCK = 8
 SIM_THREADS = 16
 
-#: one-thread-per-element kernels (preprocess, cast).
+#: one-thread-per-element kernels (reduce/cast) and the preprocess block.
 GPU_ELEM_THREADS = 128
+#: preprocess: lanes that share one row of dO * O (a warp on the GPU; the simulator's 16-thread
+#: blocks use 8 lanes per row, so a simulated warp holds two rows).
+GPU_ROW_LANES = 32
+SIM_ROW_LANES = 8
+
+#: CUDA's limit on gridDim.y and gridDim.z (gridDim.x may reach 2**31 - 1).
+GRID_YZ_MAX = 65535
+GRID_X_MAX = 2**31 - 1
+
+FULL_MASK = 0xFFFFFFFF
 
 
 def _word(dtype):
@@ -165,12 +211,58 @@ def elem_threads():
     return SIM_THREADS if on_simulator() else GPU_ELEM_THREADS
 
 
+def row_lanes():
+    return SIM_ROW_LANES if on_simulator() else GPU_ROW_LANES
+
+
 def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
     """Static shared memory of one dK/dV or dQ block (the budget in the module docstring)."""
     row = HEAD_DIM + PAD
     words = 2 * (BLOCK_M + BLOCK_N) * row + 2 * BLOCK_M * BLOCK_N + 2 * BLOCK_M
     keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4) if dropout else 0  # int32 keep_tile
     return _word(dtype) * words + keep_bytes
+
+
+# [docs:bwd-grid]
+def fold_grid(tiles, batch, heads):
+    """The 1-D grid ``(tiles * batch * heads,)`` of a backward kernel; block ``x`` is tile
+    ``x % tiles`` of ``(b, h) = divmod(x // tiles, heads)`` (:func:`unfold_block`).
+
+    Everything goes into ``gridDim.x`` (limit 2**31 - 1) because ``gridDim.y`` and ``.z`` stop
+    at 65535, which ``B * H`` passes easily (issue 15: B * H = 70000).
+    """
+    n = int(tiles) * int(batch) * int(heads)
+    if n > GRID_X_MAX:
+        raise ValueError(f"backward: {tiles} tiles x {batch} batch x {heads} heads = {n} blocks "
+                         f"exceed CUDA's grid limit {GRID_X_MAX}")
+    return (n,)
+
+
+def unfold_block_py(bx, tiles, heads):
+    """``(tile, b, h)`` of block ``bx`` of :func:`fold_grid`."""
+    tile = bx % tiles
+    bh = bx // tiles
+    return tile, bh // heads, bh % heads
+# [/docs:bwd-grid]
+
+
+unfold_block = cuda.jit(device=True, inline=True)(unfold_block_py)
+
+
+def backward_grids(b, h, hkv, nq, nk, d, dtype, simulator=None):
+    """Every grid the backward op launches for these sizes, by kernel name: a CPU test checks
+    that each stays inside CUDA's limits (``x`` < 2**31, ``y``, ``z`` <= 65535)."""
+    block_m, block_n, _, _ = default_tiles(d, dtype, simulator)
+    sim = on_simulator() if simulator is None else simulator
+    t = SIM_THREADS if sim else GPU_ELEM_THREADS
+    rows = t // (SIM_ROW_LANES if sim else GPU_ROW_LANES)
+    return {
+        "preprocess": fold_grid(-(-nq // rows), b, h),
+        "dkdv": fold_grid(-(-nk // block_n), b, h),
+        "dq": fold_grid(-(-nq // block_m), b, h),
+        "reduce dq": fold_grid(-(-(nq * d) // t), b, h),
+        "reduce dkdv": fold_grid(-(-(nk * d) // t), b, hkv),
+    }
 
 
 def layout(ROWS, COLS, THREADS):
@@ -196,57 +288,68 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     A_TILE = A_TR * A_TC
     GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
+    # the score modifiers of kernels/visibility.py: NaN check only, softcap, ALiBi (a slope of 0
+    # is exact: s - 0 * distance = s, so ALiBi runs always and softcap is a runtime branch)
+    score_plain = make_score_mod(False, False, acc_t)
+    score_softcap = make_score_mod(True, False, acc_t)
+    score_alibi = make_score_mod(False, True, acc_t)
+    softcap_grad = make_softcap_grad(True, acc_t)
 
     @cuda.jit(device=True, inline="always")
-    def load_tile(x, b, h, start, ROWS, tile, tid):
-        """``tile[:ROWS, :HEAD_DIM] <- x[b, h, start:start + ROWS, :]``, zero past the array."""
-        n = x.shape[2]
+    def load_tile(x, bb, h, start, end, ROWS, tile, tid):
+        """``tile[:ROWS, :HEAD_DIM] <- x[bb, h, start:start + ROWS, :]``, zero at rows >= end
+        and columns >= d."""
         d = x.shape[3]
         for idx in range(tid, ROWS * HEAD_DIM, THREADS):
             r = idx // HEAD_DIM
             c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
-            if start + r < n and c < d:
-                tile[r, c] = acc_t(x[b, h, start + r, c])
+            if start + r < end and c < d:
+                tile[r, c] = acc_t(x[bb, h, start + r, c])
             else:
                 tile[r, c] = acc_t(0.0)
 
     @cuda.jit(device=True, inline="always")
-    def load_row_stats(lse, delta, b, h, q_start, lse_sh, delta_sh, tid):
-        """``lse`` and ``D`` of the Q tile's rows; rows past Nq get ``lse = -inf`` (P = 0)."""
-        nq = lse.shape[2]
+    def load_row_stats(lse, delta, bb, h, start, end, lse_sh, delta_sh, tid):
+        """``lse`` and ``D`` of the Q tile's rows; rows past the end get ``lse = -inf`` (P = 0)."""
         for m in range(tid, BLOCK_M, THREADS):
-            if q_start + m < nq:
-                lse_sh[m] = acc_t(lse[b, h, q_start + m])
-                delta_sh[m] = delta[b, h, q_start + m]
+            if start + m < end:
+                lse_sh[m] = acc_t(lse[bb, h, start + m])
+                delta_sh[m] = delta[bb, h, start + m]
             else:
                 lse_sh[m] = acc_t(NEG_INF)
                 delta_sh[m] = acc_t(0.0)
 
     @cuda.jit(device=True, inline="always")
-    def draw_keep(dropout, b, h, q_start, k_start, nq, nk, causal, keep_tile, tid):
+    def draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid):
         """DROPOUT: ``keep_tile[m, g]`` <- keep bits of keys ``k_start + 4g .. + 3`` of row
-        ``q_start + m`` (global indices: the mask of :func:`numba_flash.dropout_mask`)."""
+        ``q_start + m`` (indices within the sequence: the mask of
+        :func:`numba_flash.dropout_mask`, batch index ``b``)."""
         seed_lo, seed_hi, threshold, _keep_scale = dropout
-        offset = nk - nq  # bottom-right causal alignment
+        offset = nk - nq  # bottom-right alignment
         for idx in range(tid, BLOCK_M * GROUPS, THREADS):
             m = idx // GROUPS
             g = idx % GROUPS
             row = q_start + m
             key = k_start + 4 * g
             bits = int32(0)  # a group no row sees is not drawn: its P is 0 anyway
-            if row < nq and key < nk and (not causal or key <= row + offset):
+            lo, hi = key_bounds(row, offset, nk, left, right)
+            if row < nq and key < hi and key + 4 > lo:
                 bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
             keep_tile[m, g] = bits
 
     @cuda.jit(device=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                 q_start, k_start, nq, nk, scale, causal, dropout, keep_tile, tid):
-        """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- P * (dP - D)``.
+                 q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
+                 dropout, keep_tile, tid):
+        """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- dS``.
 
         ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as one ``A_TR x A_TC`` micro-tile per thread,
-        then per element ``P = exp(scale * S - lse)`` (0 where masked, past the arrays, or in a
-        row with ``lse = -inf``) and ``dS = P * (dP - D)``.  DROPOUT: with ``Z = keep / (1 - p)``
-        from ``keep_tile``, ``p_tile <- P * Z`` and ``ds_tile <- P * (dP * Z - D)``.
+        then per element the visibility rule (:func:`~numba_flash.kernels.visibility.is_visible`)
+        and the score modifiers (NaN check, softcap, ALiBi), ``P = exp(s - lse)`` (0 where not
+        visible, past the arrays, or in a row with ``lse = -inf``) and
+        ``dS = P * (dP - D) * (1 - tanh^2)`` (the factor only with softcap).  DROPOUT: with
+        ``Z = keep / (1 - p)`` from ``keep_tile``, ``p_tile <- P * Z`` and
+        ``ds_tile <- P * (dP * Z - D) * (1 - tanh^2)``.
         """
         ar = tid // A_COL_T
         ac = tid % A_COL_T
@@ -270,8 +373,9 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                         s[i * A_TC + j] += qv * kc[j]
                         dp[i * A_TC + j] += dov * vc[j]
             # [docs:bwd-p-ds]
-            # -- P = exp(scale S - lse), dS = P (dP - D); masked / empty rows give exactly 0
-            offset = nk - nq  # bottom-right causal alignment
+            # -- P = exp(mod(scale S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
+            #    empty rows give exactly 0
+            offset = nk - nq  # bottom-right alignment
             for i in range(A_TR):
                 m = ar + i * A_ROW_T
                 row = q_start + m
@@ -279,21 +383,27 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                 for j in range(A_TC):
                     n = ac + j * A_COL_T
                     col = k_start + n
-                    visible = row < nq and col < nk and lse_i != acc_t(NEG_INF)
-                    if causal:
-                        visible = visible and col <= row + offset
                     p = acc_t(0.0)
                     ds = acc_t(0.0)
-                    if visible:
-                        p = math.exp(s[i * A_TC + j] * scale - lse_i)
+                    if (row < nq and lse_i != acc_t(NEG_INF)
+                            and is_visible(row, col, offset, nk, left, right)):
+                        x = s[i * A_TC + j] * scale
+                        grad = acc_t(1.0)
+                        if softcap > acc_t(0.0):  # runtime: one uniform branch per score
+                            x = score_softcap(x, row, col, offset, softcap, inv_softcap, slope)
+                            grad = softcap_grad(x, inv_softcap)  # 1 - tanh^2, before ALiBi
+                        else:
+                            x = score_plain(x, row, col, offset, softcap, inv_softcap, slope)
+                        x = score_alibi(x, row, col, offset, softcap, inv_softcap, slope)
+                        p = math.exp(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)
                             if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
                                 z = dropout[3]
-                            ds = p * (dp[i * A_TC + j] * z - delta_sh[m])  # dP = (dO V^T) Z
+                            ds = p * (dp[i * A_TC + j] * z - delta_sh[m]) * grad
                             p = p * z  # DROPOUT: dV takes the dropped P * Z
                         else:
-                            ds = p * (dp[i * A_TC + j] - delta_sh[m])
+                            ds = p * (dp[i * A_TC + j] - delta_sh[m]) * grad
                     p_tile[m, n] = p
                     ds_tile[m, n] = ds
             # [/docs:bwd-p-ds]
@@ -313,18 +423,34 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     for j in range(C_TC):
                         dq_acc[i * C_TC + j] += dsv * kc[j]
 
-    return load_tile, load_row_stats, draw_keep, p_and_ds, ds_k
+    @cuda.jit(device=True, inline="always")
+    def sequence(q, k, cu_q, cu_k, varlen, b):
+        """``(bb, q0, nq, k0, nk)``: the array batch index, first row and length of sequence
+        ``b``'s queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one
+        batch ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
+        if varlen:
+            q0 = cu_q[b]
+            k0 = cu_k[b]
+            return (int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
+                    int64(cu_k[b + 1] - k0))
+        return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
+
+    return load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence
 
 
 @functools.lru_cache(maxsize=None)
 def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic,
-    dropout)``.
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
+    scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic, dropout)``.
 
-    K/V tiles outer.  ``scale`` must be of the compute type; ``causal`` (int 0/1) masks
-    bottom-right; ``dq_atomic`` (int 0/1) says whether to add ``scale * dS K_j`` into
-    ``dq_accum`` (a zeroed float32 / float64 buffer).  ``dropout`` is ``()`` for the plain
-    kernel, ``(seed_lo, seed_hi, threshold, keep_scale)`` with ``DROPOUT`` (module docstring).
+    K/V tiles outer, one block per ``(K/V tile, b, query head h)`` on the folded grid
+    (:func:`fold_grid`, ``tiles`` K/V tiles per sequence).  ``dk_out``/``dv_out`` are
+    compute-type arrays with ``H`` heads: this query head's share of dK, dV (the op sums a GQA
+    group afterwards).  ``scale``, ``softcap`` (0 = off) and ``inv_softcap`` are of the compute
+    type; ``left``/``right`` the window (causal folded in, -1 unbounded); ``alibi`` float32
+    ``[B, H]`` (zeros without ALiBi); ``varlen`` (0/1) reads sequence ``b`` from ``cu_q``/``cu_k``;
+    ``dq_atomic`` (0/1) adds ``scale * dS K_j`` into the zeroed ``dq_accum``.  ``dropout`` is
+    ``()`` for the plain kernel, ``(seed_lo, seed_hi, threshold, keep_scale)`` with ``DROPOUT``.
     """
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
@@ -335,20 +461,22 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
-    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k = tile_functions(
+    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence = tile_functions(
         BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
     @cuda.jit
-    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk, dv, scale, causal, dq_atomic,
+    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
+                      scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic,
                       dropout):
         tid = cuda.threadIdx.x
-        k_start = cuda.blockIdx.x * BLOCK_N
-        b = cuda.blockIdx.y
-        hk = cuda.blockIdx.z
-        nq = q.shape[2]
-        nk = k.shape[2]
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
+        hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
+        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
+        k_start = tile * BLOCK_N
+        if k_start >= nk:
+            return  # varlen: past this sequence's keys (the whole block leaves together)
         d = q.shape[3]
-        group = q.shape[1] // k.shape[1]
+        slope = acc_t(alibi[b, h])
         k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
         v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
         q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t)
@@ -362,9 +490,9 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
         else:
             keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
 
-        # -- this block's K_j, V_j: loaded once, used for every Q tile of every head in the group
-        load_tile(k, b, hk, k_start, BLOCK_N, k_tile, tid)
-        load_tile(v, b, hk, k_start, BLOCK_N, v_tile, tid)
+        # -- this block's K_j, V_j: loaded once, used for every Q tile that sees them
+        load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+        load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
         cuda.syncthreads()  # k_tile and v_tile are complete before any thread reads them
 
         br = tid // B_COL_T
@@ -379,69 +507,68 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
             dv_acc[e] = acc_t(0.0)
 
         # [docs:bwd-dkdv-loop]
-        # causal: Q tiles wholly before the diagonal (every row < k_start - offset) see no key here
-        first_tile = 0
-        if causal:
-            first_tile = max(0, k_start - (nk - nq)) // BLOCK_M
-        n_q_tiles = (nq + BLOCK_M - 1) // BLOCK_M
+        # only the Q tiles holding a row that sees a key of this tile (causal, window) are loaded
+        k_end = min(k_start + BLOCK_N, nk)
+        q_lo, q_hi = tile_query_range(k_start, k_end, nk - nq, nq, left, right)
+        first_tile = q_lo // BLOCK_M
+        last_tile = (q_hi + BLOCK_M - 1) // BLOCK_M if q_hi > q_lo else first_tile
 
-        for g in range(group):
-            h = hk * group + g  # query heads h of the group all read kv head hk
-            for qi in range(first_tile, n_q_tiles):
-                q_start = qi * BLOCK_M
-                load_tile(q, b, h, q_start, BLOCK_M, q_tile, tid)
-                load_tile(do, b, h, q_start, BLOCK_M, do_tile, tid)
-                load_row_stats(lse, delta, b, h, q_start, lse_sh, delta_sh, tid)
-                if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
-                    draw_keep(dropout, b, h, q_start, k_start, nq, nk, causal, keep_tile, tid)
-                cuda.syncthreads()  # Q_i, dO_i, lse, D (keep bits) are in shared memory before P
+        for qi in range(first_tile, last_tile):
+            q_start = qi * BLOCK_M
+            load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
+            load_tile(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
+            load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh, tid)
+            if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
+                draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid)
+            cuda.syncthreads()  # Q_i, dO_i, lse, D (keep bits) are in shared memory before P
 
-                p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                         q_start, k_start, nq, nk, scale, causal, dropout, keep_tile, tid)
-                cuda.syncthreads()  # all of P and dS are written before other threads read them
+            p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
+                     q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
+                     dropout, keep_tile, tid)
+            cuda.syncthreads()  # all of P and dS are written before other threads read them
 
-                # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
-                #    applied once, at the end)
-                if br < BLOCK_N:
-                    for m in range(BLOCK_M):
+            # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
+            #    applied once, at the end)
+            if br < BLOCK_N:
+                for m in range(BLOCK_M):
+                    for j in range(B_TC):
+                        doc[j] = do_tile[m, bc + j * B_COL_T]
+                        qc[j] = q_tile[m, bc + j * B_COL_T]
+                    for i in range(B_TR):
+                        pv = p_tile[m, br + i * B_ROW_T]
+                        dsv = ds_tile[m, br + i * B_ROW_T]
                         for j in range(B_TC):
-                            doc[j] = do_tile[m, bc + j * B_COL_T]
-                            qc[j] = q_tile[m, bc + j * B_COL_T]
-                        for i in range(B_TR):
-                            pv = p_tile[m, br + i * B_ROW_T]
-                            dsv = ds_tile[m, br + i * B_ROW_T]
-                            for j in range(B_TC):
-                                dv_acc[i * B_TC + j] += pv * doc[j]
-                                dk_acc[i * B_TC + j] += dsv * qc[j]
+                            dv_acc[i * B_TC + j] += pv * doc[j]
+                            dk_acc[i * B_TC + j] += dsv * qc[j]
 
-                # [docs:bwd-dq-atomic]
-                # -- dQ_i += scale * dS K_j, added atomically (other K/V blocks add to it too)
-                if dq_atomic:
-                    for e in range(C_TILE):
-                        dq_acc[e] = acc_t(0.0)
-                    ds_k(ds_tile, k_tile, dq_acc, tid)
-                    cr = tid // C_COL_T
-                    cc = tid % C_COL_T
-                    if cr < BLOCK_M:
-                        for i in range(C_TR):
-                            row = q_start + cr + i * C_ROW_T
-                            for j in range(C_TC):
-                                c = cc + j * C_COL_T
-                                if row < nq and c < d:
-                                    cuda.atomic.add(dq_accum, (b, h, row, c),
-                                                    dq_acc[i * C_TC + j] * scale)
-                # [/docs:bwd-dq-atomic]
-                cuda.syncthreads()  # done reading q/do/p/ds tiles before the next Q tile lands
+            # [docs:bwd-dq-atomic]
+            # -- dQ_i += scale * dS K_j, added atomically (other K/V blocks add to it too)
+            if dq_atomic:
+                for e in range(C_TILE):
+                    dq_acc[e] = acc_t(0.0)
+                ds_k(ds_tile, k_tile, dq_acc, tid)
+                cr = tid // C_COL_T
+                cc = tid % C_COL_T
+                if cr < BLOCK_M:
+                    for i in range(C_TR):
+                        row = q_start + cr + i * C_ROW_T
+                        for j in range(C_TC):
+                            c = cc + j * C_COL_T
+                            if row < nq and c < d:
+                                cuda.atomic.add(dq_accum, (bb, h, q0 + row, c),
+                                                dq_acc[i * C_TC + j] * scale)
+            # [/docs:bwd-dq-atomic]
+            cuda.syncthreads()  # done reading q/do/p/ds tiles before the next Q tile lands
 
-        # -- write dK_j, dV_j once: this block owns rows k_start.. of kv head hk
+        # -- write this query head's dK_j, dV_j once (zeros if no row sees the tile)
         if br < BLOCK_N:
             for i in range(B_TR):
                 key = k_start + br + i * B_ROW_T
                 for j in range(B_TC):
                     c = bc + j * B_COL_T
                     if key < nk and c < d:
-                        dk[b, hk, key, c] = dk_acc[i * B_TC + j] * scale
-                        dv[b, hk, key, c] = dv_acc[i * B_TC + j]
+                        dk_out[bb, h, k0 + key, c] = dk_acc[i * B_TC + j] * scale
+                        dv_out[bb, h, k0 + key, c] = dv_acc[i * B_TC + j]
         # [/docs:bwd-dkdv-loop]
 
     return backward_dkdv
@@ -449,8 +576,9 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
 
 @functools.lru_cache(maxsize=None)
 def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_out, scale, causal, dropout)``: deterministic
-    dQ; ``dropout`` as in :func:`dkdv_kernel`."""
+    """Build ``kernel(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
+    inv_softcap, left, right, varlen, tiles, dropout)``: deterministic dQ, one block per
+    ``(Q tile, b, h)`` on the folded grid; the arguments as in :func:`dkdv_kernel`."""
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
@@ -458,19 +586,21 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
-    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k = tile_functions(
+    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence = tile_functions(
         BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
     @cuda.jit
-    def backward_dq(q, k, v, do, lse, delta, dq_out, scale, causal, dropout):
+    def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
+                    inv_softcap, left, right, varlen, tiles, dropout):
         tid = cuda.threadIdx.x
-        q_start = cuda.blockIdx.x * BLOCK_M
-        b = cuda.blockIdx.y
-        h = cuda.blockIdx.z
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = q.shape[3]
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
         hk = h // (q.shape[1] // k.shape[1])
+        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
+        q_start = tile * BLOCK_M
+        if q_start >= nq:
+            return  # varlen: past this sequence's queries (the whole block leaves together)
+        d = q.shape[3]
+        slope = acc_t(alibi[b, h])
         k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
         v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
         q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t)
@@ -485,29 +615,31 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
             keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
 
         # -- this block's Q_i, dO_i, lse, D: loaded once (the first barrier below covers them)
-        load_tile(q, b, h, q_start, BLOCK_M, q_tile, tid)
-        load_tile(do, b, h, q_start, BLOCK_M, do_tile, tid)
-        load_row_stats(lse, delta, b, h, q_start, lse_sh, delta_sh, tid)
+        load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
+        load_tile(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
+        load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh, tid)
 
-        n_kv_tiles = (nk + BLOCK_N - 1) // BLOCK_N
-        if causal:  # stop after the last K/V tile the tile's last row can see
-            last_key = min(nq, q_start + BLOCK_M) - 1 + (nk - nq)
-            n_kv_tiles = min(n_kv_tiles, last_key // BLOCK_N + 1) if last_key >= 0 else 0
+        # only the K/V tiles holding a key some row of this tile sees (causal, window)
+        q_end = min(q_start + BLOCK_M, nq)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, nk - nq, nk, left, right)
+        first_tile = kv_lo // BLOCK_N
+        last_tile = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else first_tile
 
         dq_acc = cuda.local.array(C_TILE, acc_t)
         for e in range(C_TILE):
             dq_acc[e] = acc_t(0.0)
         # [docs:bwd-dq-loop]
-        for kj in range(n_kv_tiles):
+        for kj in range(first_tile, last_tile):
             k_start = kj * BLOCK_N
-            load_tile(k, b, hk, k_start, BLOCK_N, k_tile, tid)
-            load_tile(v, b, hk, k_start, BLOCK_N, v_tile, tid)
+            load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+            load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
             if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
-                draw_keep(dropout, b, h, q_start, k_start, nq, nk, causal, keep_tile, tid)
+                draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid)
             cuda.syncthreads()  # K_j, V_j, keep bits (first time: Q_i, dO_i, lse, D) complete
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                     q_start, k_start, nq, nk, scale, causal, dropout, keep_tile, tid)
+                     q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
+                     dropout, keep_tile, tid)
             cuda.syncthreads()  # all of dS is written before other threads read it
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
@@ -523,27 +655,38 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                 for j in range(C_TC):
                     c = cc + j * C_COL_T
                     if row < nq and c < d:
-                        dq_out[b, h, row, c] = dq_acc[i * C_TC + j] * scale
+                        dq_out[bb, h, q0 + row, c] = dq_acc[i * C_TC + j] * scale
 
     return backward_dq
 
 
 @functools.lru_cache(maxsize=None)
-def preprocess_kernel(THREADS, dtype):
-    """Build ``kernel(o, do, delta, dq_accum)``: ``delta = rowsum(dO * O)``, ``dq_accum = 0``."""
+def preprocess_kernel(THREADS, LANES, dtype):
+    """Build ``kernel(o, do, delta, dq_accum, tiles)``: ``delta = rowsum(dO * O)`` and
+    ``dq_accum = 0``; ``LANES`` consecutive threads per row, ``THREADS // LANES`` rows per block,
+    grid :func:`fold_grid` with ``tiles = ceil(N / (THREADS // LANES))``."""
+    assert THREADS % LANES == 0 and 32 % LANES == 0
     acc_t = compute_type(dtype)
+    ROWS = THREADS // LANES
+    STEPS = LANES.bit_length() - 1  # log2(LANES) butterfly steps
 
     @cuda.jit
-    def backward_preprocess(o, do, delta, dq_accum):
+    def backward_preprocess(o, do, delta, dq_accum, tiles):
         # [docs:bwd-preprocess]
-        i = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
-        b = cuda.blockIdx.y
-        h = cuda.blockIdx.z
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, o.shape[1])
+        lane = cuda.threadIdx.x % LANES
+        i = tile * ROWS + cuda.threadIdx.x // LANES  # this thread's row
+        d = o.shape[3]
+        acc = acc_t(0.0)
         if i < o.shape[2]:
-            acc = acc_t(0.0)
-            for c in range(o.shape[3]):
+            # the row's LANES threads read consecutive columns: one coalesced access per step
+            for c in range(lane, d, LANES):
                 acc += acc_t(do[b, h, i, c]) * acc_t(o[b, h, i, c])
                 dq_accum[b, h, i, c] = acc_t(0.0)
+        # butterfly sum over the row's lanes (every lane of the warp takes part, converged)
+        for s in range(STEPS):
+            acc += cuda.shfl_xor_sync(FULL_MASK, acc, LANES >> (s + 1))
+        if i < o.shape[2] and lane == 0:
             delta[b, h, i] = acc
         # [/docs:bwd-preprocess]
 
@@ -551,19 +694,29 @@ def preprocess_kernel(THREADS, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def cast_kernel(THREADS, src_dtype, dst_dtype):
-    """Build ``kernel(src, dst)``: ``dst = src`` converted, both ``[B, H, N, d]``."""
+def reduce_kernel(THREADS, src_dtype, dst_dtype):
+    """Build ``kernel(src, dst, tiles)``: ``dst[b, g] = sum of src[b, g * G : (g + 1) * G]``
+    over the heads (``G = src.shape[1] // dst.shape[1]``: a GQA group's dK or dV, or ``G = 1``,
+    a plain cast of the float32 dQ accumulator), converted to ``dst``'s dtype.  One thread per
+    element of ``dst [B, Hd, N, d]``; grid :func:`fold_grid` with ``tiles = ceil(N d / THREADS)``.
+    """
+    acc_t = compute_type(src_dtype)
 
     @cuda.jit
-    def backward_cast(src, dst):
-        idx = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
-        b = cuda.blockIdx.y
-        h = cuda.blockIdx.z
-        d = src.shape[3]
-        if idx < src.shape[2] * d:
-            dst[b, h, idx // d, idx % d] = src[b, h, idx // d, idx % d]
+    def backward_reduce(src, dst, tiles):
+        tile, b, g = unfold_block(int64(cuda.blockIdx.x), tiles, dst.shape[1])
+        idx = tile * THREADS + cuda.threadIdx.x
+        d = dst.shape[3]
+        group = src.shape[1] // dst.shape[1]
+        if idx < dst.shape[2] * d:
+            n = idx // d
+            c = idx % d
+            acc = acc_t(0.0)
+            for j in range(group):  # fixed order: deterministic
+                acc += src[b, g * group + j, n, c]
+            dst[b, g, n, c] = acc
 
-    return backward_cast
+    return backward_reduce
 
 
 #: the dropout specialisations the compile tier builds (padded head dim, dtype): a subset, to keep
@@ -577,8 +730,12 @@ def compile_configs():
     """Every backward configuration the package can launch on a GPU, for the compile tier: the
     plain kernels at the default tiles of every padded head dim and dtype, and the ``DROPOUT``
     kernels for :data:`DROPOUT_CONFIGS` only (float16/float32 at HEAD_DIM 64 and 128, float64
-    at 64; the rest share their code and differ only in tile constants)."""
+    at 64; the rest share their code and differ only in tile constants).  Window, softcap, ALiBi,
+    GQA and varlen are runtime arguments of the same kernels."""
     dropout_set = {(hd, np.dtype(dt)) for hd, dt in DROPOUT_CONFIGS}
+    i64 = types.int64
+    cu_t = numba_array_type(np.int32, 1)
+    alibi_t = numba_array_type(np.float32, 2)
     for dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
         acc = acc_dtype(dtype)
         a4, a3 = numba_array_type(dtype, 4), numba_array_type(acc, 3)
@@ -588,24 +745,24 @@ def compile_configs():
         no_drop = types.Tuple(())
         drop = types.Tuple((types.uint32, types.uint32, types.uint32, acc_nb))
         yield {"name": f"backward preprocess {dtype.name}",
-               "kernel": preprocess_kernel(GPU_ELEM_THREADS, dtype),
-               "args": (a4, a4, a3, acc4), "float64_ok": f64_ok}
-        if dtype == np.float16:
-            yield {"name": "backward cast float32->float16",
-                   "kernel": cast_kernel(GPU_ELEM_THREADS, acc, dtype),
-                   "args": (acc4, a4), "float64_ok": False}
+               "kernel": preprocess_kernel(GPU_ELEM_THREADS, GPU_ROW_LANES, dtype),
+               "args": (a4, a4, a3, acc4, i64), "float64_ok": f64_ok}
+        yield {"name": f"backward reduce {acc.name}->{dtype.name}",
+               "kernel": reduce_kernel(GPU_ELEM_THREADS, acc, dtype),
+               "args": (acc4, a4, i64), "float64_ok": f64_ok}
         lse3 = numba_array_type(acc, 3)
         for hd in HEAD_DIMS:
             bm, bn, _, threads = default_tiles(hd, dtype, simulator=False)
             for dropout in (False, True) if (hd, dtype) in dropout_set else (False,):
                 tag = f"M{bm} N{bn} D{hd} {dtype.name}{' dropout' if dropout else ''}"
                 drop_t = drop if dropout else no_drop
+                variant = (cu_t, cu_t, alibi_t, acc_nb, acc_nb, acc_nb, i64, i64, i64, i64)
                 yield {"name": f"backward dkdv {tag}",
                        "kernel": dkdv_kernel(bm, bn, hd, threads, dtype, dropout),
-                       "args": (a4, a4, a4, a4, lse3, a3, acc4, a4, a4, acc_nb, types.int64,
-                                types.int64, drop_t),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, acc4, acc4, *variant, i64,
+                                drop_t),
                        "float64_ok": f64_ok}
                 yield {"name": f"backward dq {tag}",
                        "kernel": dq_kernel(bm, bn, hd, threads, dtype, dropout),
-                       "args": (a4, a4, a4, a4, lse3, a3, acc4, acc_nb, types.int64, drop_t),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, *variant, drop_t),
                        "float64_ok": f64_ok}

@@ -1,25 +1,161 @@
-"""``numba_flash.backward``: attention gradients recomputed from the forward's ``lse``."""
+"""``numba_flash.backward``: attention gradients recomputed from the forward's ``lse``.
+
+:func:`launch_backward` is the launch sequence that ``backward`` and
+:func:`numba_flash.backward_varlen` share (the same kernels; varlen passes the packed arrays as
+one batch and the ``cu_seqlens``).
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
                                  check_same_kind, check_scale)
-from ..kernels.backward import (cast_kernel, default_tiles, dkdv_kernel, dq_kernel,
-                                elem_threads, preprocess_kernel)
+from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
+                                preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
+from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
+
+#: the values of ``kernel=``
+KERNELS = ("auto", "simt", "mma")
+
+
+def _mma_available():
+    try:
+        from . import backward_mma  # noqa: F401  (written by the tensor-core work)
+    except ImportError:
+        return False
+    return True
+
+
+def _cuda_cc():
+    """Compute capability of the current CUDA device, or None (simulator, no device)."""
+    if on_simulator():
+        return None
+    try:
+        from numba import cuda
+
+        return tuple(cuda.get_current_device().compute_capability)
+    except Exception:  # no usable device: the launch will say so
+        return None
+
+
+def check_kernel(kernel, dtype):
+    """``kernel``: "auto", "simt" or "mma"; returns the one that runs.
+
+    "auto" takes the tensor-core "mma" backward for float16 on the CUDA backend with compute
+    capability >= 8.0 (when it is available), "simt" otherwise.
+    """
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel: expected one of {KERNELS} (a str), got {type(kernel).__name__}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    if kernel == "mma" and np.dtype(dtype) != np.float16:
+        raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 inputs, got {dtype}; "
+                         "use kernel='simt' or 'auto'")
+    if kernel == "auto":
+        cc = _cuda_cc()
+        use_mma = (np.dtype(dtype) == np.float16 and cc is not None and cc >= (8, 0)
+                   and _mma_available())
+        return "mma" if use_mma else "simt"
+    return kernel
+
+
+def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
+                    cu_q, cu_k, varlen, dtype, scale, left, right, softcap, alibi,
+                    deterministic, dropout_p, seed):
+    """Run preprocess, dK/dV (+ atomic dQ), deterministic dQ and the reductions on 4-D device
+    arrays ``[Ba, H, N, d]`` (``Ba = B``, or 1 for a packed batch); return device ``(dq, dk, dv)``
+    of the inputs' shapes and dtype.
+
+    ``n_seq`` sequences (``B``, or the ``cu_seqlens`` entries - 1), the longest ``max_nq`` /
+    ``max_nk``; ``alibi`` a validated ``[n_seq, H]`` float32 array or None; the rest as the
+    kernels take them (:mod:`numba_flash.kernels.backward`).
+    """
+    ba, h, nq_rows, d = q_in.shape
+    hkv, nk_rows = k_in.shape[1], k_in.shape[2]
+    acc_t = acc_dtype(dtype)  # float32 accumulation for float16/float32, float64 for float64
+    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
+    dropout = float(dropout_p) > 0.0  # compile-time: p = 0 runs the plain kernels, bit for bit
+
+    dk = call.empty(k_in.shape, dtype)
+    dv = call.empty(v_in.shape, dtype)
+    dq = call.empty(q_in.shape, dtype)
+    # float32 / float64 accumulate straight into dq; float16 goes through a float32 buffer
+    dq_accum = dq if dtype == acc_t else call.empty(q_in.shape, acc_t)
+    # each query head's dK/dV share: straight into dk/dv when there is no group to sum and no
+    # cast; otherwise a compute-type buffer with H heads that reduce_kernel sums per group
+    direct = dtype == acc_t and h == hkv
+    dk_out = dk if direct else call.empty((ba, h, nk_rows, d), acc_t)
+    dv_out = dv if direct else call.empty((ba, h, nk_rows, d), acc_t)
+    delta = call.empty(lse_in.shape, acc_t)
+    alibi_in = call.zeros((n_seq, h), np.float32) if alibi is None else call.input(alibi)
+    if cu_q is None:  # dense: never read, but the kernels take an int32 array there
+        cu_q = cu_k = call.zeros((1,), np.int32)
+    scale_c = acc_t.type(scale)
+    softcap_c = acc_t.type(softcap)
+    inv_softcap = acc_t.type(1.0 / softcap if softcap > 0 else 0.0)
+    variant = (cu_q, cu_k, alibi_in, scale_c, softcap_c, inv_softcap, left, right, int(varlen))
+    # the kernels' last argument: () adds no parameter to the plain kernels
+    drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
+
+    def launch(kernel, grid, block, *args):
+        if grid[0] > 0:  # an empty problem (varlen: every sequence empty) launches nothing
+            call.launch(kernel, grid, block, *args)
+
+    # 1. D = rowsum(dO * O); dq_accum = 0 (row by row: no sequence boundaries needed)
+    t = elem_threads()
+    lanes = row_lanes()
+    rows = cdiv(nq_rows, t // lanes)
+    launch(preprocess_kernel(t, lanes, dtype), fold_grid(rows, ba, h), (t,),
+           o_in, do_in, delta, dq_accum, rows)
+
+    # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, head)
+    block_m, block_n, head_dim, threads = default_tiles(d, dtype)
+    tiles_k = cdiv(max_nk, block_n)
+    launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
+           fold_grid(tiles_k, n_seq, h), (threads,),
+           q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk_out, dv_out, *variant, tiles_k,
+           0 if deterministic else 1, drop_args)
+
+    # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
+    if deterministic:
+        tiles_q = cdiv(max_nq, block_m)
+        launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
+               fold_grid(tiles_q, n_seq, h), (threads,),
+               q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, *variant, tiles_q, drop_args)
+
+    # 4. float16: cast the float32 dQ accumulator; GQA (or float16): sum each group's dK, dV
+    if dq_accum is not dq:
+        tiles = cdiv(nq_rows * d, t)
+        launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, h), (t,), dq_accum, dq,
+               tiles)
+    if not direct:
+        tiles = cdiv(nk_rows * d, t)
+        for src, dst in ((dk_out, dk), (dv_out, dv)):
+            launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, hkv), (t,), src, dst,
+                   tiles)
+    return dq, dk, dv
 
 
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
-             dropout_p=0.0, seed=0):
+             dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+             kernel="auto"):
     """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do``.
 
     ``q``, ``o``, ``do`` are ``[B, H, Nq, d]``; ``k``, ``v`` are ``[B, Hkv, Nk, d]`` (GQA: ``H`` a
     multiple of ``Hkv``); ``lse`` ``[B, H, Nq]`` is the forward's log-sum-exp, float32 (float64
-    for float64 inputs).  ``causal`` masks bottom-right (query ``i`` sees key ``j`` iff
-    ``j <= i + Nk - Nq``); ``softmax_scale`` defaults to ``1/sqrt(d)``.  Each gradient comes in
-    its input's shape and dtype; ``dk`` and ``dv`` are summed over each GQA group.
+    for float64 inputs).  Pass the forward's own arguments: ``causal`` masks bottom-right (query
+    ``i`` sees key ``j`` iff ``j <= i + Nk - Nq``); ``window_size = (left, right)`` keeps keys
+    ``i + Nk - Nq - left <= j <= i + Nk - Nq + right`` (-1: unbounded side; causal sets
+    ``right = 0``); ``softcap > 0`` caps scores as ``softcap * tanh(s / softcap)``;
+    ``alibi_slopes`` (float32 ``[H]`` or ``[B, H]``) subtracts ``slope * |i + Nk - Nq - j|``;
+    ``softmax_scale`` defaults to ``1/sqrt(d)``.  Each gradient comes in its input's shape and
+    dtype; ``dk`` and ``dv`` are summed over each GQA group.
 
     ``P`` is recomputed from ``lse`` (see :mod:`numba_flash.kernels.backward`).  dQ is summed over
     K/V blocks with atomic adds by default; ``deterministic=True`` computes it in a second kernel
@@ -29,6 +165,13 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     ``[0, 2**64)``), and its dropped ``o``; the kernels redraw the forward's keep-mask
     (:func:`numba_flash.dropout_mask`) from the seed and differentiate through
     ``keep / (1 - dropout_p)``.  ``dropout_p = 0`` runs exactly the kernels without dropout.
+
+    ``kernel``: "simt" (the FMA kernels here), "mma" (tensor cores, float16 only) or "auto"
+    (mma for float16 on a GPU of compute capability >= 8.0 where available, simt otherwise).
+
+    Non-finite inputs: a row whose ``lse`` is NaN (a NaN in its ``q`` or a visible key) gets NaN
+    gradients; a row that sees no key (``lse = -inf``) gets ``dq = 0`` and adds nothing to
+    ``dk``/``dv``; keys a row does not see never affect it.
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
@@ -47,43 +190,27 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
-    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    dropout = float(dropout_p) > 0.0  # compile-time: p = 0 runs the plain kernels, bit for bit
+    dropout_params(dropout_p, seed)  # checks dropout_p and seed
+    window = check_window(window_size)
+    softcap = check_softcap(softcap)
+    alibi = check_alibi(alibi_slopes, b, h)
+    kernel = check_kernel(kernel, dtype)
+    if kernel == "mma":
+        try:
+            from .backward_mma import backward_mma
+        except ImportError as exc:
+            raise NotImplementedError(
+                "kernel: 'mma' needs the tensor-core backward (numba_flash.ops.backward_mma), "
+                "which this build does not have; use kernel='simt'") from exc
+        return backward_mma(do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
+                            dropout_p=dropout_p, seed=seed, deterministic=deterministic,
+                            window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
+    left, right = window_bounds(causal, window)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
-    acc_t = lse_dtype  # float32 accumulation for float16/float32, float64 for float64
-    dk = call.empty(k_in.shape, dtype)
-    dv = call.empty(v_in.shape, dtype)
-    dq = call.empty(q_in.shape, dtype)
-    # float32 / float64 accumulate straight into dq; float16 goes through a float32 buffer
-    dq_accum = dq if dtype == acc_t else call.empty(q_in.shape, acc_t)
-    delta = call.empty((b, h, nq), acc_t)
-    scale_c = acc_t.type(scale)
-    # the kernels' last argument: () adds no parameter to the plain kernels
-    drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
-
-    # 1. D = rowsum(dO * O); dq_accum = 0
-    t = elem_threads()
-    call.launch(preprocess_kernel(t, dtype), (cdiv(nq, t), b, h), (t,),
-                o_in, do_in, delta, dq_accum)
-
-    # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, kv head)
-    block_m, block_n, head_dim, threads = default_tiles(d, dtype)
-    call.launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
-                (cdiv(nk, block_n), b, hkv), (threads,),
-                q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk, dv, scale_c,
-                int(causal), 0 if deterministic else 1, drop_args)
-
-    # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
-    if deterministic:
-        call.launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
-                    (cdiv(nq, block_m), b, h), (threads,),
-                    q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, scale_c, int(causal),
-                    drop_args)
-
-    # 4. float16: cast the float32 accumulator on the device
-    if dq_accum is not dq:
-        call.launch(cast_kernel(t, acc_t, dtype), (cdiv(nq * d, t), b, h), (t,),
-                    dq_accum, dq)
+    ins = [call.input(x) for x in (do, q, k, v, o, lse)]
+    dq, dk, dv = launch_backward(
+        call, *ins, n_seq=b, max_nq=nq, max_nk=nk, cu_q=None, cu_k=None, varlen=False,
+        dtype=dtype, scale=scale, left=left, right=right, softcap=softcap, alibi=alibi,
+        deterministic=deterministic, dropout_p=dropout_p, seed=seed)
     return call.result(dq), call.result(dk), call.result(dv)
