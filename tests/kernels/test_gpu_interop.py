@@ -9,6 +9,7 @@ import pytest
 import numba_flash
 from numba_flash import reference as ref
 from helpers import assert_close, randn
+from numba_flash.kernels.common import cdiv
 
 pytestmark = pytest.mark.gpu
 
@@ -45,12 +46,35 @@ def test_forward_cupy_non_contiguous_and_unmodified(cp, rng):
     assert bool((base == before).all())
 
 
-def test_forward_on_a_cupy_stream(cp, rng):
-    q = cp.asarray(randn(rng, (1, 2, 256, 64), np.float32))
-    with cp.cuda.Stream(non_blocking=True) as stream:
+# Spins for ``cycles`` clock ticks, then copies ``src`` into ``dst``: queued on a stream ahead of a
+# launch, it makes a launch on any other stream read ``dst`` before it is written.
+_SPIN_THEN_COPY = r"""
+extern "C" __global__ void spin_then_copy(const float* src, float* dst, int n, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+"""
+
+
+def test_forward_runs_on_the_current_cupy_stream(cp, rng):
+    """forward() must run on CuPy's current stream, after the work queued there: a kernel that
+    writes q only after ~0.5 s of spinning is queued first on a non-blocking stream (which does
+    not synchronise with the legacy default stream). Launched on any other stream, forward would
+    read q's zeros and return zeros; on the right one it sees q."""
+    q_host = randn(rng, (1, 2, 256, 64), np.float32)
+    src = cp.asarray(q_host)
+    q = cp.zeros_like(src)
+    numba_flash.forward(src, src, src, causal=True)  # compile first: JIT time would hide a race
+    spin = cp.RawKernel(_SPIN_THEN_COPY, "spin_then_copy")
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        spin((cdiv(q.size, 256),), (256,), (src, q, np.int32(q.size), np.int64(10**9)))
         o = numba_flash.forward(q, q, q, causal=True)
-        stream.synchronize()
-    want, _ = ref.attention(q.get(), q.get(), q.get(), causal=True)
+    stream.synchronize()
+    want, _ = ref.attention(q_host, q_host, q_host, causal=True)
     assert_close(o.get(), want, np.float32)
 
 
