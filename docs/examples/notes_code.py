@@ -397,8 +397,8 @@ def notes_flash_attention_batch_bh(Q, K, V, Br, Bc):
 
 # [docs:fixed-batch]
 def flash_attention_batch(Q, K, V, Br, Bc):
-    """Fixed: ``BH`` defined, one value per call; ``lse`` from ``reference.blocked_attention``,
-    which returns ``(o, lse)`` for all heads at once (a GPU kernel runs the heads as grid rows)."""
+    """Fixed: ``BH`` defined, one value per call.  (For the statistics too, call a forward that
+    returns them, such as question 6's, into ``L = np.empty((BH, N, 1))``.)"""
     B, H, N, d = Q.shape
     BH = B * H
     Q, K, V = (x.reshape(BH, N, d) for x in (Q, K, V))
