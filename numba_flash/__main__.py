@@ -58,7 +58,8 @@ def _info(_args):
     print(f"numpy       {numpy.__version__}")
     from numba_flash.kernels import jit
 
-    print(f"kernel cache {'on' if jit.caching_enabled() else 'off (simulator or NUMBA_FLASH_CACHE=0)'}")
+    state = "on" if jit.caching_enabled() else "off (simulator or NUMBA_FLASH_CACHE=0)"
+    print(f"kernel cache {state}")
     return 0
 
 

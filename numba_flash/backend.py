@@ -165,7 +165,7 @@ if _BACKEND == "cuda":
 
 
 def backend() -> str:
-    """Return ``"cuda"`` when kernels run on a GPU, ``"simulator"`` when they run in the simulator."""
+    """``"cuda"`` when kernels run on a GPU, ``"simulator"`` when they run in the simulator."""
     return _BACKEND
 
 

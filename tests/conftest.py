@@ -36,6 +36,7 @@ def _poison_outputs():
 def rng(request):
     """A generator per test, seeded from the test's id (stable across runs, distinct across
     tests), so a failure reproduces.  Set NUMBA_FLASH_TEST_SEED=N to draw other inputs."""
-    seed = zlib.crc32(request.node.nodeid.encode()) ^ int(os.environ.get("NUMBA_FLASH_TEST_SEED", 0))
+    extra = int(os.environ.get("NUMBA_FLASH_TEST_SEED", 0))
+    seed = zlib.crc32(request.node.nodeid.encode()) ^ extra
     return np.random.default_rng(seed)
 

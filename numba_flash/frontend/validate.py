@@ -67,7 +67,8 @@ def check_same_dtype(named):
     first_name, first = items[0]
     for name, dtype in items[1:]:
         if dtype != first:
-            raise TypeError(f"{name}: expected dtype {first} (the dtype of {first_name}), got {dtype}")
+            raise TypeError(f"{name}: expected dtype {first} (the dtype of {first_name}), "
+                            f"got {dtype}")
     return first
 
 
@@ -112,7 +113,8 @@ def check_scale(softmax_scale, d):
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale: expected a real number or None, got {type(softmax_scale).__name__}")
+        raise TypeError("softmax_scale: expected a real number or None, got "
+                        f"{type(softmax_scale).__name__}")
     s = float(softmax_scale)
     if not math.isfinite(s) or s <= 0:
         raise ValueError(f"softmax_scale: expected a finite number > 0, got {softmax_scale!r}")

@@ -205,7 +205,8 @@ def warm_up(configs, report=print):
 
     ``report(i, n, name, seconds, source)`` is called after each one, ``source`` being
     ``"compiled"``, ``"cache"`` (loaded from disk), ``"in memory"`` or ``"compiled (no disk
-    cache)"`` for a kernel still decorated with plain ``cuda.jit``.  Returns the list of ``(name, seconds, source)``.
+    cache)"`` for a kernel still decorated with plain ``cuda.jit``.  Returns the list of
+    ``(name, seconds, source)``.
     """
     configs = list(configs)
     done = []

@@ -56,7 +56,8 @@ def test_resource_table_rows_match_a_build():
     built_text = json.loads(r.stdout.strip().splitlines()[-1])
     built, committed = _rows(built_text), _rows(TABLE.read_text())
     assert built and set(built) <= set(committed)
-    same_tools = _stamp(built_text).split(" with ")[1] == _stamp(TABLE.read_text()).split(" with ")[1]
+    tools = [_stamp(text).split(" with ")[1] for text in (built_text, TABLE.read_text())]
+    same_tools = tools[0] == tools[1]
     for name, row in built.items():
         if same_tools:  # same numba, numba-cuda and ptxas: the row must be identical
             assert committed[name] == row, f"docs/resources.md is stale for {name}"

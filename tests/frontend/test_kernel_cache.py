@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -63,8 +62,8 @@ out["dir"] = cache_dir(k)
 if out["cache"] != "KernelCache":
     print(json.dumps(out))
     sys.exit()
-keys = {name: repr(factory(*a)._cache._index_key(SIG, Codegen()))
-        for name, a in {"3,+1": (3, plus_one), "4,+1": (4, plus_one), "3,+2": (3, plus_two)}.items()}
+cases = {"3,+1": (3, plus_one), "4,+1": (4, plus_one), "3,+2": (3, plus_two)}
+keys = {name: repr(factory(*a)._cache._index_key(SIG, Codegen())) for name, a in cases.items()}
 out["keys"] = keys
 if sys.argv[1] == "save":
     k._cache._cache_file.save(k._cache._index_key(SIG, Codegen()), {"payload": sys.argv[2]})
