@@ -29,6 +29,7 @@ _LAZY = {
     "softmax": "numba_flash.ops.softmax",
     "forward": "numba_flash.ops.forward",
     "backward": "numba_flash.ops.backward",
+    "backward_varlen": "numba_flash.ops.backward_varlen",
     "decode": "numba_flash.ops.decode",
     "merge_states": "numba_flash.ops.decode",
     "dropout_mask": "numba_flash.ops.dropout",

@@ -1,0 +1,106 @@
+"""``numba_flash.backward_varlen``: gradients of attention over a packed variable-length batch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.validate import (check_array, check_bool, check_same_dtype, check_same_kind,
+                                 check_scale)
+from ..frontend.variants import check_alibi, check_cu_seqlens, check_softcap, check_window
+from ..kernels.common import acc_dtype
+from ..kernels.visibility import window_bounds
+from ..philox import dropout_params
+from .backward import launch_backward
+
+
+def _as_batch(x):
+    """A packed ``[total, H, d]`` array as the kernels' one batch ``[1, H, total, d]`` (a view;
+    the launch makes it contiguous)."""
+    return x[None].transpose(0, 2, 1, 3)
+
+
+def _unpack(x):
+    """A result ``[1, H, total, d]`` back to packed ``[total, H, d]`` (NumPy or CuPy)."""
+    xp = np
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy as xp  # a CuPy result means CuPy inputs on the GPU backend
+    return xp.ascontiguousarray(x[0].transpose(1, 0, 2))
+
+
+def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
+                    max_seqlen_k, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, softmax_scale=None, dropout_p=0.0, seed=0,
+                    deterministic=False):
+    """Gradients ``(dq, dk, dv)`` of :func:`numba_flash.forward_varlen`, packed like the inputs.
+
+    ``q``, ``o``, ``do`` are ``[total_q, H, d]``, ``k``, ``v`` ``[total_k, Hkv, d]`` (GQA: ``H`` a
+    multiple of ``Hkv``), ``lse`` ``[H, total_q]`` (float32; float64 for float64 inputs); sequence
+    ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` against rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of ``k``/``v`` (int32 ``[B + 1]``, 0 first, the packed
+    length last, non-decreasing; ``max_seqlen_q``/``max_seqlen_k`` at least the longest).  Each
+    sequence is independent, with its own bottom-right alignment for ``causal`` and
+    ``window_size``; ``softcap``, ``alibi_slopes`` (``[H]`` or ``[B, H]``), ``softmax_scale``
+    and ``deterministic`` as in :func:`numba_flash.backward`.  An empty sequence is allowed; a
+    query row of a sequence with no keys gets ``dq = 0``, keys no query sees ``dk = dv = 0``.
+
+    Dropout: sequence ``b`` draws element ``(b, h, i, j)`` (``i``, ``j`` within the sequence)
+    of :func:`numba_flash.dropout_mask`, i.e. ``dropout_mask(seed, B, H, nq_b, nk_b, p)[b]``.
+
+    The kernels are those of :func:`numba_flash.backward`, reading the packed batch as one
+    ``[1, H, total, d]`` batch; the NumPy (CuPy) inputs are transposed into that layout once and
+    the gradients back (O(total * d) copies next to the O(total * max_seqlen * d) work).
+    """
+    q_shape, dtype = check_array("q", q, 3)
+    k_shape, k_dtype = check_array("k", k, 3)
+    v_shape, v_dtype = check_array("v", v, 3)
+    do_shape, do_dtype = check_array("do", do, 3)
+    o_shape, o_dtype = check_array("o", o, 3)
+    check_same_dtype({"q": dtype, "k": k_dtype, "v": v_dtype, "do": do_dtype, "o": o_dtype})
+    total_q, h, d = q_shape
+    total_k, hkv, dk_ = k_shape
+    if v_shape != k_shape:
+        raise ValueError(f"v: expected the shape of k {k_shape}, got {v_shape}")
+    if dk_ != d:
+        raise ValueError(f"k: expected head dim {d} (from q), got {dk_}")
+    if h % hkv:
+        raise ValueError(f"k: expected a number of kv heads that divides the {h} query heads "
+                         f"of q (GQA), got {hkv}")
+    if d > 256:
+        raise ValueError(f"q: expected head dim 1..256, got {d}")
+    for name, shape in (("do", do_shape), ("o", o_shape)):
+        if shape != q_shape:
+            raise ValueError(f"{name}: expected the shape of q {q_shape}, got {shape}")
+    lse_dtype = acc_dtype(dtype)
+    lse_shape, _ = check_array("lse", lse, 2, dtypes=(lse_dtype,))
+    if lse_shape != (h, total_q):
+        raise ValueError(f"lse: expected shape {(h, total_q)} ([H, total_q] of q), got "
+                         f"{lse_shape}")
+    check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
+                     "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
+    cu_q, len_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q,
+                                   "max_seqlen_q")
+    cu_k, len_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k,
+                                   "max_seqlen_k")
+    if len(len_k) != len(len_q):
+        raise ValueError(f"cu_seqlens_k: expected {len(len_q) + 1} entries (one more than the "
+                         f"{len(len_q)} sequences of cu_seqlens_q), got {len(len_k) + 1}")
+    n_seq = len(len_q)
+    causal = check_bool("causal", causal)
+    deterministic = check_bool("deterministic", deterministic)
+    scale = check_scale(softmax_scale, d)
+    dropout_params(dropout_p, seed)  # checks dropout_p and seed
+    window = check_window(window_size)
+    softcap = check_softcap(softcap)
+    alibi = check_alibi(alibi_slopes, n_seq, h)
+    left, right = window_bounds(causal, window)
+
+    call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
+    ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]
+    lse_in = call.input(lse[None])
+    dq, dk, dv = launch_backward(
+        call, *ins, lse_in, n_seq=n_seq, max_nq=int(len_q.max()), max_nk=int(len_k.max()),
+        cu_q=call.input(cu_q), cu_k=call.input(cu_k), varlen=True, dtype=dtype, scale=scale,
+        left=left, right=right, softcap=softcap, alibi=alibi, deterministic=deterministic,
+        dropout_p=dropout_p, seed=seed)
+    return tuple(_unpack(call.result(x)) for x in (dq, dk, dv))
