@@ -7,6 +7,7 @@ Public API (each name is imported on first use, so ``import numba_flash`` stays 
 
 * :func:`softmax` - row softmax with the online normaliser
 * :func:`forward` - attention forward (causal, GQA, dropout, lse)
+* :func:`forward_varlen` - the forward over a packed batch of variable-length sequences
 * :func:`backward` - attention backward recomputed from lse
 * :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
 * :func:`merge_states` - merge partial attention states with the log-sum-exp rule
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "softmax": "numba_flash.ops.softmax",
     "forward": "numba_flash.ops.forward",
+    "forward_varlen": "numba_flash.ops.forward_varlen",
     "backward": "numba_flash.ops.backward",
     "backward_varlen": "numba_flash.ops.backward_varlen",
     "decode": "numba_flash.ops.decode",

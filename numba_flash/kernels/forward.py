@@ -82,6 +82,8 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
                      padded_head_dim)
+from .visibility import (is_visible, key_bounds, make_score_mod, tile_full_range, tile_key_range,
+                         tile_needs_mask)
 
 
 #: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
@@ -198,15 +200,26 @@ def default_tiles(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS_N,
-                   DROPOUT=False):
-    """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, dropout)``.
+def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT=False,
+                   SCORE_MOD=False, VARLEN=False):
+    """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, window, mods, dropout,
+    seqs)``.
 
-    ``scale`` must already be of the compute type (``np.float32`` / ``np.float64``).
-    ``dropout`` is ``()`` for the plain kernel (an empty tuple adds no kernel parameter: the
-    plain kernel's PTX is what it was before dropout existed) and, with ``DROPOUT=True``, the
-    tuple ``(seed_lo, seed_hi, threshold, keep_scale)``: the three ``numpy.uint32`` of
-    :func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type.
+    * ``scale``: the softmax scale in the compute type (``np.float32`` / ``np.float64``);
+    * ``window``: ``(left, right)`` as two ``np.int32`` (:func:`visibility.window_bounds`: causal
+      is ``right = 0``, ``-1`` unbounded), a runtime value: one kernel serves full, causal and
+      sliding-window attention;
+    * ``mods``: ``()`` without ``SCORE_MOD``, else ``(softcap, inv_softcap, alibi)``: the softcap
+      and its inverse in the compute type (``softcap = 0``: off, a runtime branch) and the float32
+      ``[B, H]`` ALiBi slopes (zeros: off);
+    * ``dropout``: ``()`` without ``DROPOUT``, else ``(seed_lo, seed_hi, threshold,
+      keep_scale)``: the three ``numpy.uint32`` of :func:`numba_flash.philox.dropout_params` and
+      ``1 / (1 - p)`` in the compute type;
+    * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``, ``lse [B, H, Nq]``), else
+      ``(cu_seqlens_q, cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN``
+      (``q [total_q, H, d]``, ``k``/``v [total_k, Hkv, d]``, ``lse [H, total_q]``).
+
+    An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
     """
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
@@ -226,25 +239,58 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
     BLOCK_N_U = np.uint64(BLOCK_N)
     GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
     KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
+    # the score modifiers of the one visibility rule: non-finite -> NaN always; softcap and
+    # ALiBi in the SCORE_MOD kernels (softcap switched at run time by softcap > 0)
+    score_plain = make_score_mod(False, False, acc_t)
+    score_alibi = make_score_mod(False, True, acc_t)
+    score_capped = make_score_mod(True, True, acc_t)
 
     @cuda.jit
-    def flash_forward(q, k, v, o, lse, scale, dropout):
+    def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
         # [docs:fwd-index]
         tx = cuda.threadIdx.x & (THREADS_N - 1)
         ty = cuda.threadIdx.y & (THREADS_M - 1)
         tid = ty * THREADS_N + tx
-        bh = cuda.blockIdx.y
-        n_heads = q.shape[1]
+        # (batch, head) pairs fold into grid y and z: gridDim.y <= 65535 (see forward_grid)
+        bh = cuda.blockIdx.z * cuda.gridDim.y + cuda.blockIdx.y
+        if VARLEN:  # q [total_q, H, d], k and v [total_k, Hkv, d]
+            n_batch = seqs[0].shape[0] - 1
+            n_heads = q.shape[1]
+            n_kv_heads = k.shape[1]
+        else:       # q [B, H, Nq, d], k and v [B, Hkv, Nk, d]
+            n_batch = q.shape[0]
+            n_heads = q.shape[1]
+            n_kv_heads = k.shape[1]
+        if bh >= n_batch * n_heads:
+            return  # a spare block of the last z slice (the whole block leaves: no barrier hangs)
         b = bh // n_heads
         h = bh % n_heads
-        hk = h // (n_heads // k.shape[1])  # GQA: query head h reads kv head h // group
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = q.shape[3]
+        hk = h // (n_heads // n_kv_heads)  # GQA: query head h reads kv head h // group
+        if VARLEN:  # sequence b: rows [q0, q0 + nq) of q, [k0, k0 + nk) of k and v
+            q0 = seqs[0][b]
+            k0 = seqs[1][b]
+            nq = seqs[0][b + 1] - q0
+            nk = seqs[1][b + 1] - k0
+            d = q.shape[2]
+        else:
+            nq = q.shape[2]
+            nk = k.shape[2]
+            d = q.shape[3]
         q_start = cuda.blockIdx.x * BLOCK_M
+        if q_start >= nq:
+            return  # varlen: a sequence shorter than the longest has fewer Q tiles
         # [/docs:fwd-index]
+        left, right = window
+        offset = nk - nq  # bottom-right alignment: query row r sits at key column r + offset
+        if SCORE_MOD:
+            softcap, inv_softcap, alibi = mods
+            slope = acc_t(alibi[b, h])
+        else:
+            softcap = acc_t(0.0)
+            inv_softcap = acc_t(0.0)
+            slope = acc_t(0.0)
 
         # [docs:fwd-arrays]
         q_tile = cuda.shared.array((HEAD_DIM, Q_STRIDE), acc_t)
@@ -267,7 +313,10 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
             r = idx // HEAD_DIM
             c = idx % HEAD_DIM
             if q_start + r < nq and c < d:
-                q_tile[c, r] = acc_t(q[b, h, q_start + r, c]) * scale
+                if VARLEN:
+                    q_tile[c, r] = acc_t(q[q0 + q_start + r, h, c]) * scale
+                else:
+                    q_tile[c, r] = acc_t(q[b, h, q_start + r, c]) * scale
             else:
                 q_tile[c, r] = acc_t(0.0)
         for i in range(TM):
@@ -279,29 +328,32 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
         # [/docs:fwd-load-q]
 
         # [docs:fwd-tile-range]
-        # -- which K/V tiles: [0, n_full) need no mask, [n_full, n_tiles) are masked
-        diag = nk - nq  # bottom-right causal alignment: row r sees keys <= r + diag
-        if CAUSAL:
-            q_last = min(nq, q_start + BLOCK_M) - 1
-            kv_end = max(0, min(nk, q_last + diag + 1))  # keys some row of this tile sees
-            n_full = max(0, min(nk, q_start + diag + 1)) // BLOCK_N  # tiles every row sees whole
-        else:
-            kv_end = nk
-            n_full = nk // BLOCK_N
-        n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N  # tiles wholly after the diagonal: not loaded
+        # -- which K/V tiles (visibility.py): keys outside [kv_lo, kv_hi) no row of this Q tile
+        # sees, so their tiles are never loaded (causal: after the diagonal; a window: outside
+        # the band); a tile inside [full_lo, full_hi), which every row sees whole, needs no mask
+        q_end = min(nq, q_start + BLOCK_M)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
+        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
+        kt_first = kv_lo // BLOCK_N
+        kt_end = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else kt_first
         # [/docs:fwd-tile-range]
 
         # [docs:fwd-load-kv]
-        for kt in range(n_tiles):
+        for kt in range(kt_first, kt_end):
             k_start = kt * BLOCK_N
+            masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
             # -- load k_tile = K_j^T and v_tile = V_j, zero past Nk and past the true head dim
             for idx in range(tid, BLOCK_N * HEAD_DIM, THREADS):
                 r = idx // HEAD_DIM
                 c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
                 key = k_start + r
                 if key < nk and c < d:
-                    k_tile[c, r] = acc_t(k[b, hk, key, c])
-                    v_tile[r, c] = acc_t(v[b, hk, key, c])
+                    if VARLEN:
+                        k_tile[c, r] = acc_t(k[k0 + key, hk, c])
+                        v_tile[r, c] = acc_t(v[k0 + key, hk, c])
+                    else:
+                        k_tile[c, r] = acc_t(k[b, hk, key, c])
+                        v_tile[r, c] = acc_t(v[b, hk, key, c])
                 else:
                     k_tile[c, r] = acc_t(0.0)
                     v_tile[r, c] = acc_t(0.0)
@@ -309,15 +361,16 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
             # [docs:fwd-dropout-draw]
             if DROPOUT:
                 # -- draw keep_tile: bit w of keep_tile[r, g] keeps key k_start + 4 g + w of row
-                # q_start + r (global indices, so the mask ignores tiles); a group no row of the
-                # tile sees (past Nq or Nk, after the causal diagonal) is not drawn: it is 0
+                # q_start + r (indices within the sequence, so the mask ignores tiles); a group
+                # of 4 keys the row does not see at all (or a row past Nq) is not drawn: it is 0
                 for idx in range(tid, BLOCK_M * GROUPS, THREADS):
                     r = idx // GROUPS
                     g = idx % GROUPS
                     row = q_start + r
                     key = k_start + 4 * g
+                    lo, hi = key_bounds(row, offset, nk, left, right)
                     bits = int32(0)
-                    if row < nq and key < nk and (not CAUSAL or key <= row + diag):
+                    if row < nq and key < hi and key + 4 > lo:
                         bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2,
                                                  threshold)
                     keep_tile[r, g] = bits
@@ -335,14 +388,23 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
                     for j in range(TN):
                         s[i, j] += qv * k_tile[c, tx + j * THREADS_N]
 
-            if kt >= n_full:
-                # -- mask (only tiles crossing the diagonal or Nk): those keys score -inf
-                for i in range(TM):
-                    last_key = q_start + ty + i * THREADS_M + diag  # causal: last visible key
-                    for j in range(TN):
-                        key = k_start + tx + j * THREADS_N
-                        if key >= nk or (CAUSAL and key > last_key):
-                            s[i, j] = acc_t(NEG_INF)
+            # -- the score of a visible key (non-finite -> NaN, softcap, ALiBi); -inf for a key
+            # the row does not see (only tiles that cross the band's edges or Nk check that)
+            for i in range(TM):
+                row = q_start + ty + i * THREADS_M
+                for j in range(TN):
+                    key = k_start + tx + j * THREADS_N
+                    if masked and not is_visible(row, key, offset, nk, left, right):
+                        s[i, j] = acc_t(NEG_INF)
+                    elif not SCORE_MOD:
+                        s[i, j] = score_plain(s[i, j], row, key, offset, softcap, inv_softcap,
+                                              slope)
+                    elif softcap > acc_t(0.0):
+                        s[i, j] = score_capped(s[i, j], row, key, offset, softcap, inv_softcap,
+                                               slope)
+                    else:
+                        s[i, j] = score_alibi(s[i, j], row, key, offset, softcap, inv_softcap,
+                                              slope)
             # [/docs:fwd-s]
 
             # [docs:fwd-update]
@@ -389,11 +451,21 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
 
             # [docs:fwd-pv]
             # -- acc += P V: a TM x TD micro-tile of the output per thread
-            for n in range(BLOCK_N_U):
-                for i in range(TM):
-                    pv = p_tile[ty + i * THREADS_M, n]
-                    for c in range(TD):
-                        acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
+            if masked:
+                # a key the row does not see adds nothing, not even 0 * NaN from a NaN value
+                for n in range(BLOCK_N_U):
+                    key = k_start + n
+                    for i in range(TM):
+                        if is_visible(q_start + ty + i * THREADS_M, key, offset, nk, left, right):
+                            pv = p_tile[ty + i * THREADS_M, n]
+                            for c in range(TD):
+                                acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
+            else:
+                for n in range(BLOCK_N_U):
+                    for i in range(TM):
+                        pv = p_tile[ty + i * THREADS_M, n]
+                        for c in range(TD):
+                            acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
             cuda.syncthreads()  # k/v/p/keep_tile and red are fully read before the next tile
             # [/docs:fwd-pv]
 
@@ -409,21 +481,44 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, dtype, THREADS_M, THREADS
             for t in range(THREADS_N):
                 l_row += red[r, t]
             if row < nq:
-                if l_row > acc_t(0.0):
-                    inv_l = acc_t(1.0) / l_row
-                    row_lse = m_i[i] + math.log(l_row)
-                else:  # no visible key: o = 0, lse = -inf
+                if l_row == acc_t(0.0):  # no visible key: o = 0, lse = -inf
                     inv_l = acc_t(0.0)
                     row_lse = acc_t(NEG_INF)
+                else:  # l > 0, or NaN (a NaN score): then o and lse are NaN too
+                    inv_l = acc_t(1.0) / l_row
+                    row_lse = m_i[i] + math.log(l_row)
                 for c in range(TD):
                     col = tx + c * THREADS_N
                     if col < d:
-                        o[b, h, row, col] = acc[i, c] * inv_l
+                        if VARLEN:
+                            o[q0 + row, h, col] = acc[i, c] * inv_l
+                        else:
+                            o[b, h, row, col] = acc[i, c] * inv_l
                 if tx == 0:
-                    lse[b, h, row] = row_lse
+                    if VARLEN:
+                        lse[h, q0 + row] = row_lse
+                    else:
+                        lse[b, h, row] = row_lse
         # [/docs:fwd-epilogue]
 
     return flash_forward
+
+
+#: the CUDA limit on gridDim.y and gridDim.z
+GRID_YZ_MAX = 65535
+
+
+def forward_grid(n_q_tiles, n_bh):
+    """``(x, y, z)`` launch grid: ``x`` the Q tiles, ``(b, h)`` pairs as ``bh = z * y_size + y``.
+
+    ``gridDim.y`` (and ``.z``) may not exceed 65535 on CUDA, so ``B * H`` pairs are split into
+    ``z = ceil(B H / 65535)`` slices of ``y = ceil(B H / z)``; the kernel returns at once from the
+    at most ``z - 1`` spare blocks with ``bh >= B H``.
+    """
+    n_bh = max(1, int(n_bh))
+    z = -(-n_bh // GRID_YZ_MAX)
+    y = -(-n_bh // z)
+    return (max(1, int(n_q_tiles)), y, z)
 
 
 def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
@@ -432,27 +527,56 @@ def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
     return (tn_, tm_), tm_, tn_
 
 
+def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout=False,
+                score_mod=False, varlen=False):
+    """The compile tier's name of one configuration, e.g. ``forward M64 N32 D64 T8x8 float32``
+    or ``forward varlen M64 N32 D64 T8x8 mods dropout float32``."""
+    return (f"forward{' varlen' if varlen else ''} M{BLOCK_M} N{BLOCK_N} D{HEAD_DIM} "
+            f"T{THREADS_M}x{THREADS_N}{' mods' if score_mod else ''}"
+            f"{' dropout' if dropout else ''} {np.dtype(dtype).name}")
+
+
+def kernel_flags():
+    """``(DROPOUT, SCORE_MOD, VARLEN)`` of every compiled kernel: the batched kernel with and
+    without the score modifiers, the varlen kernel always with them (softcap and ALiBi are
+    switched off at run time there), each with and without dropout.  Causal and the window are
+    run-time arguments of every kernel."""
+    for varlen in (False, True):
+        for score_mod in ((True,) if varlen else (False, True)):
+            for dropout in (False, True):
+                yield dropout, score_mod, varlen
+
+
+def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False):
+    """The Numba argument types of ``forward_kernel(...)(q, k, v, o, lse, scale, window, mods,
+    dropout, seqs)`` for inputs of ``dtype``."""
+    dt = np.dtype(dtype)
+    acc = compute_type(dt)
+    arr = numba_array_type(dt, 3 if varlen else 4)
+    lse_t = numba_array_type(acc_dtype(dt), 2 if varlen else 3)
+    window_t = types.UniTuple(types.int32, 2)
+    mods_t = (types.Tuple((acc, acc, numba_array_type(np.float32, 2))) if score_mod
+              else types.Tuple(()))
+    dropout_t = (types.Tuple((types.uint32, types.uint32, types.uint32, acc)) if dropout
+                 else types.Tuple(()))
+    seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if varlen else types.Tuple(()))
+    return (arr, arr, arr, arr, lse_t, acc, window_t, mods_t, dropout_t, seqs_t)
+
+
 def compile_configs():
     """Every forward configuration the package can launch on a GPU, for the compile tier: the
-    default tiles of each compile-time head dim, dtype, causal flag and dropout flag (explicit
-    tiles reuse these kernels, see :func:`explicit_tiles`)."""
+    default tiles of each compile-time head dim and dtype, for every :func:`kernel_flags`
+    (explicit tiles reuse these kernels, see :func:`explicit_tiles`)."""
     for dtype in (np.float16, np.float32, np.float64):
         dt = np.dtype(dtype)
-        acc = compute_type(dt)
-        arr4 = numba_array_type(dt, 4)
-        lse_t = numba_array_type(acc_dtype(dt), 3)
-        dropout_t = types.Tuple((types.uint32, types.uint32, types.uint32, acc))
         for hd in HEAD_DIMS:
             bm, bn, _ = gpu_tiles(hd, dt)
             tm_, tn_ = thread_layout(bm, bn, hd)
-            for dropout in (False, True):
-                for causal in (False, True):
-                    yield {
-                        "name": (f"forward M{bm} N{bn} D{hd} T{tm_}x{tn_} "
-                                 f"{'causal' if causal else 'full'}"
-                                 f"{' dropout' if dropout else ''} {dt.name}"),
-                        "kernel": forward_kernel(bm, bn, hd, causal, dt, tm_, tn_, dropout),
-                        "args": (arr4, arr4, arr4, arr4, lse_t, acc,
-                                 dropout_t if dropout else types.Tuple(())),
-                        "float64_ok": dt == np.float64,
-                    }
+            for dropout, score_mod, varlen in kernel_flags():
+                yield {
+                    "name": config_name(bm, bn, hd, tm_, tn_, dt, dropout, score_mod, varlen),
+                    "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, dropout, score_mod,
+                                             varlen),
+                    "args": kernel_arg_types(dt, dropout, score_mod, varlen),
+                    "float64_ok": dt == np.float64,
+                }

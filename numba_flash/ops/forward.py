@@ -1,4 +1,5 @@
-"""``numba_flash.forward``: the FlashAttention forward (tiled, online softmax, causal, GQA)."""
+"""``numba_flash.forward``: the FlashAttention forward (tiled, online softmax, causal, sliding
+window, softcap, ALiBi, GQA, dropout) and the choice between the SIMT and tensor-core kernels."""
 
 from __future__ import annotations
 
@@ -7,25 +8,91 @@ import numpy as np
 from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
+from ..frontend.variants import check_alibi, check_softcap, check_window
 from ..kernels.common import acc_dtype, cdiv
-from ..kernels.forward import choose_tiles, explicit_tiles, forward_kernel, launch_config
+from ..kernels.forward import (choose_tiles, explicit_tiles, forward_grid, forward_kernel,
+                               launch_config)
+from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
+
+#: the values of ``kernel=``
+KERNELS = ("auto", "simt", "mma")
+
+
+def check_kernel(kernel, dtype, explicit_tiles_given):
+    """``"simt"`` or ``"mma"`` for ``kernel=`` (validated) and the input dtype.
+
+    ``"auto"`` takes the tensor-core kernel for float16 on the CUDA backend with compute
+    capability >= 8.0 (when :mod:`numba_flash.ops.forward_mma` is installed) unless ``block_m`` /
+    ``block_n`` ask for SIMT tiles, and the SIMT kernel otherwise.
+    """
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel: expected one of {KERNELS}, got {type(kernel).__name__}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    if kernel == "mma":
+        if np.dtype(dtype) != np.float16:
+            raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 inputs, got "
+                             f"{np.dtype(dtype).name}; use kernel='simt' or 'auto'")
+        if explicit_tiles_given:
+            raise ValueError("block_m: the tile choice applies to kernel='simt' only, got "
+                             "block_m/block_n with kernel='mma'")
+        return "mma"
+    if kernel == "simt" or explicit_tiles_given or np.dtype(dtype) != np.float16:
+        return "simt"
+    if on_simulator() or not _mma_available():
+        return "simt"
+    from numba import cuda
+
+    return "mma" if cuda.get_current_device().compute_capability >= (8, 0) else "simt"
+
+
+def _mma_available():
+    try:
+        from . import forward_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _forward_mma():
+    try:
+        from .forward_mma import forward_mma
+    except ImportError as exc:
+        raise NotImplementedError(
+            "kernel: 'mma' needs numba_flash.ops.forward_mma (the tensor-core forward), which "
+            f"this installation does not have ({exc}); use kernel='simt'") from exc
+    return forward_mma
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
-            block_n=None, dropout_p=0.0, seed=0):
+            block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
+            alibi_slopes=None, kernel="auto"):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
     ``Hkv`` (query head ``h`` reads kv head ``h // (H // Hkv)``: GQA / MQA), ``d`` in 1..256.
     Same contract as :func:`numba_flash.reference.attention`: ``S = softmax_scale * Q K^T``
-    (default ``1/sqrt(d)``), causal masking aligned bottom-right (query ``i`` sees key ``j`` iff
-    ``j <= i + Nk - Nq``; a row that sees no key gets ``o = 0``, ``lse = -inf``).
+    (default ``1/sqrt(d)``).
+
+    Which keys a query sees (flash-attn's conventions, :mod:`numba_flash.kernels.visibility`):
+    query ``i`` sits at key column ``c = i + Nk - Nq`` (bottom-right alignment) and sees key
+    ``j`` iff ``c - left <= j <= c + right`` for ``window_size = (left, right)`` (``-1``:
+    unbounded on that side); ``causal=True`` means ``right = 0``.  A row that sees no key gets
+    ``o = 0``, ``lse = -inf``.  ``softcap > 0`` replaces each scaled score ``s`` by ``softcap *
+    tanh(s / softcap)``; ``alibi_slopes`` (float32 ``[H]`` or ``[B, H]``) then subtracts ``slope
+    * |c - j|``.  K/V tiles wholly outside the visible band are never read, so windowed
+    attention costs ``O(Nq * window)``.
+
+    Non-finite inputs (as torch SDPA): a NaN or inf in a query row, or in a key the row sees,
+    makes that row's ``o`` and ``lse`` NaN; a non-finite ``v[j, c]`` of a visible key makes
+    ``o[i, c]`` non-finite; a key the row does not see never affects it, whatever it holds.
 
     ``o`` has the input dtype; ``lse [B, H, Nq]`` (natural log) is float32, or float64 for
     float64 inputs.  float16 computes in float32, float64 in float64.  ``block_m`` / ``block_n``
-    pick other compiled tile shapes (see :func:`numba_flash.kernels.forward.explicit_tiles`);
-    ``None`` takes the backend's default.  NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
+    pick other compiled SIMT tile shapes (see
+    :func:`numba_flash.kernels.forward.explicit_tiles`); ``None`` takes the backend's default.
+    NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
 
     ``dropout_p`` in ``[0, 1)`` drops each attention probability with that probability and
     scales the kept ones by ``1 / (1 - dropout_p)``: ``o = (P * keep / (1 - p)) V``, while ``lse``
@@ -33,31 +100,52 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     integer in ``[0, 2**64)``) and is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk,
     dropout_p)`` (``h`` the query head), whatever the tiles; the same seed gives the same
     output.  ``dropout_p = 0`` runs the plain kernel (no random numbers drawn).
+
+    ``kernel``: ``"simt"`` (the FMA kernel of :mod:`numba_flash.kernels.forward`, every dtype),
+    ``"mma"`` (tensor cores, float16 only: :func:`numba_flash.ops.forward_mma.forward_mma`) or
+    ``"auto"``: ``"mma"`` for float16 on a GPU of compute capability >= 8.0 without explicit
+    ``block_m`` / ``block_n``, ``"simt"`` otherwise.
     """
     b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
+    window = check_window(window_size)
+    softcap = check_softcap(softcap)
+    alibi = check_alibi(alibi_slopes, b, h)
+    which = check_kernel(kernel, dtype, block_m is not None or block_n is not None)
+    if which == "mma":
+        return _forward_mma()(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                              return_lse=return_lse, dropout_p=dropout_p, seed=seed,
+                              window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
     use_dropout = float(dropout_p) > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
+    use_mods = softcap > 0.0 or alibi is not None
     allowed = explicit_tiles(d, dtype)
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
     BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
-    kernel = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, causal, np.dtype(dtype), threads_m,
-                            threads_n, use_dropout)
-    # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
+    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
+                          use_dropout, use_mods)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
+    left, right = window_bounds(causal, window)
+    window_arg = (np.int32(left), np.int32(right))
+    # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
     dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
     call = ArrayCall({"q": q, "k": k, "v": v})
+    call.reserve({"o": ((b, h, nq, d), dtype), "lse": ((b, h, nq), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    mods = ()
+    if use_mods:  # softcap = 0 switches the softcap off; zero slopes switch ALiBi off
+        slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
+        inv = 1.0 / softcap if softcap > 0.0 else 0.0
+        mods = (acc_t.type(softcap), acc_t.type(inv), call.input(slopes))
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
-    scale_arg = acc_t.type(scale)
-    call.launch(kernel, (cdiv(nq, BLOCK_M), b * h), block, dq, dk, dv, o, lse, scale_arg,
-                dropout)
+    call.launch(kern, forward_grid(cdiv(nq, BLOCK_M), b * h), block, dq, dk, dv, o, lse,
+                acc_t.type(scale), window_arg, mods, dropout, ())
     if return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

@@ -120,7 +120,7 @@ def test_dropout_p_zero_is_the_plain_kernel(rng):
     finally:
         forward_op.forward_kernel = real
     assert o1.tobytes() == o0.tobytes() and lse1.tobytes() == lse0.tobytes()
-    assert len(built) == 1 and built[0][-1] is False  # DROPOUT=False: the plain specialisation
+    assert len(built) == 1 and built[0][6] is False  # DROPOUT=False: the plain specialisation
 
 
 def test_dropout_is_deterministic_per_seed(rng):
@@ -161,8 +161,9 @@ def test_dropout_rejects_bad_p_and_seed(monkeypatch, kwargs, exc, msg):
 # -- GPU configuration (pure functions: checked on every backend) --------------------------------
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_dropout_gpu_kernels_are_compiled_and_fit(dtype):
-    """The GPU default tiles of every head dim, causal and not, have a dropout variant in the
-    compile tier, and every GPU tile pair still fits shared memory with keep_tile added."""
+    """The GPU default tiles of every head dim have a dropout variant in the compile tier (plain,
+    with score modifiers, varlen), and every GPU tile pair still fits shared memory with
+    keep_tile added."""
     names = {c["name"] for c in fk.compile_configs()}
     dt = np.dtype(dtype)
     for hd in fk.HEAD_DIMS:
@@ -170,5 +171,5 @@ def test_dropout_gpu_kernels_are_compiled_and_fit(dtype):
             assert fk.tile_problem(bm, bn, hd2, dt, dropout=True) is None
         bm, bn, hd = fk.gpu_tiles(hd, dt)
         tm, tn = fk.thread_layout(bm, bn, hd)
-        for flag in ("full", "causal"):
-            assert f"forward M{bm} N{bn} D{hd} T{tm}x{tn} {flag} dropout {dt.name}" in names
+        for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):
+            assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} dropout {dt.name}" in names

@@ -218,7 +218,8 @@ def test_forward_rejects_a_tile_pair_not_on_offer():
 # -- GPU tile choice (pure functions: checked on every backend) ---------------------------------
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_gpu_tiles_are_compiled_and_fit(dtype):
-    """Every head dim 1..256 maps to GPU tiles that compile_configs lists (causal and not), and
+    """Every head dim 1..256 maps to GPU tiles that compile_configs lists (plain, with score
+    modifiers, varlen; causal and windows are run-time arguments of each), and
     every tile a GPU caller can ask for (defaults and explicit) fits shared memory and registers."""
     names = {c["name"] for c in fk.compile_configs()}
     dt = np.dtype(dtype)
@@ -230,5 +231,6 @@ def test_gpu_tiles_are_compiled_and_fit(dtype):
             assert hd >= d
             assert fk.tile_problem(bm, bn, hd, dt) is None
             tm, tn = fk.thread_layout(bm, bn, hd)
-            for flag in ("full", "causal"):
-                assert f"forward M{bm} N{bn} D{hd} T{tm}x{tn} {flag} {dt.name}" in names
+            for prefix, mods in (("forward", ""), ("forward", " mods"),
+                                 ("forward varlen", " mods")):
+                assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} {dt.name}" in names
