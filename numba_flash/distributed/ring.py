@@ -164,6 +164,7 @@ def _plan(q_chunks, k_chunks, c, causal):
     for j > i; for the rank's own shard (same chunks, increasing, equal lengths) that is exactly
     the causal mask of the whole local block, so step 0 is one causal call too.
     """
+    # [docs:ring-plan]
     nq, nk = c * len(q_chunks), c * len(k_chunks)
     if not causal:
         return [(slice(0, nq), slice(0, nk), False)]
@@ -184,6 +185,7 @@ def _plan(q_chunks, k_chunks, c, causal):
         for bi, j in enumerate(k_chunks):
             if j == i:
                 blocks.append((rows, slice(bi * c, (bi + 1) * c), True))
+    # [/docs:ring-plan]
     # query chunks with the same key blocks share one call (e.g. both halves seeing chunk 0)
     merged = []
     for rows, cols, cz in blocks:
@@ -196,10 +198,11 @@ def _plan(q_chunks, k_chunks, c, causal):
     return merged
 
 
-def _ops():
+def _op(name):
+    """``numba_flash.forward`` / ``backward`` / ``merge_states``, imported on first use."""
     import numba_flash
 
-    return numba_flash.forward, numba_flash.backward, numba_flash.merge_states
+    return getattr(numba_flash, name)
 
 
 # -- forward ----------------------------------------------------------------------------------
@@ -222,7 +225,7 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
     ring = as_ring_comm(comm)
     b, h, hkv, n, d, dtype, scale = _check_shards(ring, q, k, v, causal, softmax_scale, layout)
     causal = bool(causal)
-    forward, _, merge_states = _ops()
+    forward, merge_states = _op("forward"), _op("merge_states")
     xp = _xp(q)
     acc_t = np.float64 if dtype == np.float64 else np.float32
     size, rank = ring.size, ring.rank
@@ -235,6 +238,7 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
     lse_acc = xp.full((b, h, n), -np.inf, acc_t)
     fresh = np.ones(n, bool)  # local rows that have no partial state yet
 
+    # [docs:ring-forward-loop]
     for step in range(size):
         src = (rank - step) % size
         pending = None
@@ -255,6 +259,7 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
         if pending is not None:
             pending.wait()
             kv, kv_next = kv_next, kv
+    # [/docs:ring-forward-loop]
 
     o = o_acc.astype(dtype, copy=False)
     return (o, lse_acc) if return_lse else o
@@ -275,7 +280,7 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
     b, h, hkv, n, d, dtype, scale = _check_shards(
         ring, q, k, v, causal, softmax_scale, layout, extra=(("do", do), ("o", o), ("lse", lse)))
     causal = bool(causal)
-    _, backward, _ = _ops()
+    backward = _op("backward")
     xp = _xp(q)
     acc_t = np.float64 if dtype == np.float64 else np.float32
     size, rank = ring.size, ring.rank
@@ -289,6 +294,7 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
     dkv_in = xp.empty((2, b, hkv, n, d), acc_t) if size > 1 else None
     dkv_pending = None  # the accumulator arriving from the previous rank
 
+    # [docs:ring-backward-loop]
     for step in range(size):
         src = (rank - step) % size
         kv_pending = None
@@ -314,5 +320,6 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
     if dkv_pending is not None:
         dkv_pending.wait()
         dkv = dkv_in
+    # [/docs:ring-backward-loop]
     return (dq.astype(dtype, copy=False), dkv[0].astype(dtype, copy=False),
             dkv[1].astype(dtype, copy=False))

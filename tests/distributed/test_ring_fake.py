@@ -81,33 +81,37 @@ def _run_ring(world, layout, causal, q, k, v, do):
     return [unshard([res[i] for res in results]) for i in range(5)], fw
 
 
-# float32 tolerance relative to max(1, max|reference|): measured 1.0e-6 at most over 20 seeds
-# (tests/distributed/ring_mpi_check.py --seeds 20); the same bound as the MPI check.
-TOL32 = 4e-6
+# tolerance relative to max(1, max|reference|).  float32: measured 1.0e-6 at most over 20 seeds
+# (tests/distributed/ring_mpi_check.py --seeds 20), the same bound as the MPI check.  float16
+# (partial outputs rounded to float16 before the float32 merge, gradients accumulated in
+# float32): measured 1.3e-3 (dk) over 10 seeds, 2 and 3 ranks, causal and not.
+TOL = {np.float32: 4e-6, np.float16: 5e-3}
 
 
-@pytest.mark.parametrize("world,layout,causal", [(3, "zigzag", True), (2, "contiguous", False)])
-def test_fake_ring_matches_whole_sequence(world, layout, causal, rng):
-    q, k, v, do = _inputs(rng, world, np.float32)
+@pytest.mark.parametrize("world,layout,causal,dtype", [(3, "zigzag", True, np.float32),
+                                                       (2, "contiguous", False, np.float32),
+                                                       (2, "zigzag", True, np.float16)])
+def test_fake_ring_matches_whole_sequence(world, layout, causal, dtype, rng):
+    q, k, v, do = _inputs(rng, world, dtype)
     got, fw = _run_ring(world, layout, causal, q, k, v, do)
     o_ref, lse_ref = reference.attention(q, k, v, causal=causal)
     refs = (o_ref, lse_ref, *reference.attention_backward(do, q, k, v, causal=causal))
     for name, g, want in zip(("o", "lse", "dq", "dk", "dv"), got, refs):
-        assert g.dtype == np.float32 and g.shape == want.shape
+        assert g.dtype == (np.float32 if name == "lse" else dtype) and g.shape == want.shape
         assert not np.isnan(g).any(), name
-        err = np.abs(g - want).max() / max(1.0, np.abs(want).max())
-        assert err <= TOL32, f"{name}: scaled error {err:.2e} > {TOL32}"
+        err = np.abs(g.astype(np.float64) - want).max() / max(1.0, np.abs(want).max())
+        assert err <= TOL[dtype], f"{name}: scaled error {err:.2e} > {TOL[dtype]}"
 
     # the messages: forward R-1 K/V hops, backward R-1 K/V hops and R dK/dV hops per rank,
     # each K/V message 2 * B * Hkv * N_local * d * itemsize bytes
     b, hkv, n, d = k.shape[0], k.shape[1], k.shape[2] // world, k.shape[3]
-    kv_bytes = 2 * b * hkv * n * d * 4
+    kv_bytes = 2 * b * hkv * n * d * np.dtype(dtype).itemsize
     for rank in range(world):
         sends = [(tag, nb) for r, kind, _, tag, nb in fw.log if r == rank and kind == "send"]
         kv = [nb for tag, nb in sends if tag == 17]
         dkv = [nb for tag, nb in sends if tag == 18]
         assert kv == [kv_bytes] * (2 * (world - 1))
-        assert dkv == [kv_bytes] * world  # float32 accumulators: same bytes as float32 K/V
+        assert dkv == [2 * b * hkv * n * d * 4] * world  # float32 accumulators
 
 
 def test_single_rank_is_the_plain_op(rng):
