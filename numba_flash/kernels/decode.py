@@ -1,58 +1,65 @@
-"""FlashDecoding stage 1: split-KV attention of a few query rows against a (paged) KV cache.
+"""FlashDecoding: split-KV attention of a few query rows against a (paged) KV cache, with the
+combine fused into the same launch.
 
 Math
 ----
-Sequence ``b`` has ``L = cache_seqlens[b]`` cached keys.  Its key range ``[0, L)`` is cut into
-splits of ``split_size[b]`` tokens (chosen from ``L`` alone, see :mod:`numba_flash.ops.decode`).
-For every query row ``r`` and split ``s`` with keys ``J_s`` this kernel computes the *partial*
-state
+Sequence ``b`` has ``L = cache_seqlens[b]`` cached keys and ``Nq`` new query tokens, aligned
+bottom-right (query token ``i`` sits at key column ``i + L - Nq``).  The keys some query row sees
+are ``[klo, khi)`` (:func:`~numba_flash.kernels.visibility.tile_key_range` over all ``Nq`` rows:
+the window, causal and ``L`` folded in).  That range is cut into splits of ``size`` keys, from
+the sequence's own ``L`` only (batch invariance)::
 
-.. math::
-    S_{rj} = \\text{scale}\\; q_r \\cdot k_j,\\quad
-    \\text{lse}_{rs} = \\log \\sum_{j \\in J_s,\\ \\text{visible}} e^{S_{rj}},\\quad
-    o_{rs} = \\sum_{j} e^{S_{rj} - \\text{lse}_{rs}}\\, v_j
+    size = round_up(max(split_min, cdiv(khi - klo, split_target)), STEP)
 
-walking ``J_s`` tile by tile (``BLOCK_N`` tokens) with the online softmax: per tile
-``m_new = max(m_i, rowmax S)``, ``alpha = exp(m_i - m_new)``, ``P = exp(S - m_new)``,
-``l_i = alpha l_i + rowsum P``, ``acc = alpha acc + P V``; finally ``o = acc / l_i`` and
-``lse = m_i + log l_i``.  A split that sees no key writes ``o = 0, lse = -inf``.  The combine
-kernel (:mod:`numba_flash.kernels.merge`) merges the splits with the log-sum-exp rule.
+(``STEP`` keys are one step of a block, below).
 
-Causal (``Nq > 1`` query tokens, bottom-right): query token ``i`` sees key ``j`` iff
-``j <= i + L - Nq``.
+For every query row ``r`` and split ``s`` with keys ``J_s`` a block computes the partial state
+``lse_rs = log sum_{j in J_s, visible} exp(S_rj)``, ``o_rs = sum_j exp(S_rj - lse_rs) v_j``
+(``S_rj = scale q_r . k_j`` through the score modifier of :mod:`~numba_flash.kernels.visibility`:
+non-finite -> NaN, softcap, ALiBi), with the online softmax.  The last block of a
+``(sequence, kv head, row chunk)`` to finish merges the splits with the log-sum-exp rule
+(:func:`~numba_flash.kernels.merge.make_merge_functions`); with a single split the block writes
+the output directly.
 
 Grid / block
 ------------
-grid = ``(num_splits, B * Hkv, cdiv(G * Nq, BLOCK_M))``, block = ``(THREADS,)``.  Block
-``(s, b * Hkv + kvh, z)`` handles split ``s`` of sequence ``b`` for the query rows
-``z * BLOCK_M ...`` of kv head ``kvh``'s GQA group, where row ``r = g * Nq + i`` is query head
-``kvh * G + g`` at token ``i`` (``G = H // Hkv``).  With ``G * Nq <= BLOCK_M`` (the usual case:
-8 rows on the GPU) every K/V element of the split is read from global memory exactly once, by
-one block, for all the heads of its group.
+grid = ``(B * Hkv * chunks, splits)``, block = ``(THREADS,)``: x is ``(b * Hkv + kvh) * chunks +
+z`` (x allows 2**31 - 1 blocks, so any ``B * Hkv`` fits), y the split (at most 65535).  Block
+``(x, s)`` serves every query row of kv head ``kvh``'s GQA group (``G = H // Hkv`` heads times
+``Nq`` tokens, row ``r = g * Nq + i``) in chunk ``z`` of ``ROWS`` rows: ``ROWS`` is compile-time,
+the smallest of 1, 2, 4, 8 that holds ``G * Nq`` (within a register budget), so with
+``G * Nq <= ROWS`` each live K/V row is read from global memory exactly once, for all the heads
+and new tokens of its group, and no row is padded when ``G * Nq`` is a power of two.
 
-Per tile the block
+Inside a block, ``LANES`` consecutive lanes of a warp (32, or ``HEAD_DIM`` when smaller) form a
+*key group*; a block has ``NG = THREADS // LANES`` of them.  A key group reads one K row and one V
+row at a time: lane ``l`` holds the elements ``c = l + LANES * j`` (``j < DPL = HEAD_DIM //
+LANES``), so each load instruction of a warp reads ``LANES`` consecutive elements (coalesced).
+Each lane keeps in registers the pre-scaled ``q`` of its elements for all ``ROWS`` rows and the
+``ROWS x DPL`` output accumulator.  Per step a group takes ``U`` consecutive keys: partial dot
+products over its ``DPL`` elements, summed across the group's lanes with ``shfl_xor_sync``
+butterflies (every lane ends with the full score: no shared memory, no barrier), then the online
+softmax update of ``m_i, l_i`` (the same on every lane of the group) and ``acc += p v``.  A block
+step covers ``NG * U`` consecutive keys.
 
-1. looks up where each of the ``BLOCK_N`` tokens lives: physical block ``block_table[b, t // bs]``,
-   slot ``t % bs``, or marks it dead (past the split / sequence).  A contiguous cache
-   ``[B, Hkv, Nmax, d]`` is the paged layout with one block of ``Nmax`` slots per sequence and
-   the table ``[[0], [1], ...]``, so one kernel (no ``PAGED`` flag, half the compile tier) serves
-   both; the lookup costs one division and one cached load per token per tile;
-2. loads the K and V tiles, consecutive threads on consecutive head-dim elements (coalesced),
-   writing 0 for dead tokens and padded dims: a slot past the sequence's end or a block the
-   sequence does not own is never read, so stale NaN cannot leak in;
-3. computes the scores ``S[r, n]`` (``-inf`` where masked), one (row, token) pair per thread;
-4. reduces each row's max over ``SEGS = THREADS // BLOCK_M`` segments, then exponentiates;
-5. rescales and accumulates ``acc`` (registers: thread ``t`` owns the elements
-   ``t + j * THREADS`` of the flattened ``[BLOCK_M, HEAD_DIM]`` accumulator).
+Where a key lives: a group walks its tokens with a running ``(table index, slot)`` pair that it
+advances by ``NG * U`` slots per step (one division when the split starts, none per key or
+element; any block size works, a contiguous cache is one block of ``Nmax`` slots per sequence).
+Every table entry is checked against ``[0, num_blocks)`` before it is dereferenced, and ``L``
+against the cache capacity (``Nmax``, or ``max_blocks * block_size``): a sequence with a bad
+entry for a key some query row sees, or a bad ``L``, gets ``o = NaN, lse = NaN`` and nothing
+outside the cache is ever read.  Slots past ``L`` are never read either (stale NaN cannot leak).
+
+At the end of a split the ``NG`` group states merge in shared memory (a fixed order, so the bits
+do not depend on timing), then either the output is written (one split) or the partial
+``(o, lse)`` goes to a float32 workspace and the block takes a ticket from an atomic counter;
+the block that draws the last ticket merges all the splits of its rows (reading them in split
+order) and resets the counter to 0.
 
 Shared memory
 -------------
-``q_tile[BLOCK_M, HEAD_DIM]`` (compute type, pre-scaled), ``k_tile[BLOCK_N, HEAD_DIM + KPAD]``
-and ``v_tile[BLOCK_N, HEAD_DIM]`` (input dtype; the padding makes a K row an odd number of 32-bit
-words so the score loop, where a warp reads 32 tokens at one dim, is free of bank conflicts),
-``s_tile[BLOCK_M, BLOCK_N]``, two ``[BLOCK_M, SEGS]`` reduction buffers and a few per-row and
-per-token words.  :func:`gpu_tiles` keeps K + V under 16 KiB; the largest configuration (float64,
-``HEAD_DIM = 256``) uses 34.5 KiB, float16 ``HEAD_DIM = 128`` 22.5 KiB (<= 48 KiB static).
+``acc_sh[ROWS, HEAD_DIM]`` (compute type) for the group merge, ``m_sh``/``l_sh[NG, ROWS]``,
+per-row ``M, W, lse`` and two flags: at most 8 KiB (float64, ``ROWS * HEAD_DIM = 512``).
 
 float16 caches are read as float16 and computed in float32; float64 computes in float64.
 """
@@ -67,20 +74,38 @@ from numba import cuda, int32, types
 
 from ..backend import on_simulator
 from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
+from .merge import make_merge_functions
+from .visibility import key_bounds, make_score_mod, tile_key_range
 
-#: GPU launch shape: 4 warps; 8 query rows per block (a GQA group of up to 8 heads at Nq = 1).
+#: GPU block: 4 warps.  A key group is one warp (``HEAD_DIM >= 32``) or ``HEAD_DIM`` lanes.
 GPU_THREADS = 128
-GPU_BLOCK_M = 8
-#: simulator launch shape: every CUDA thread is a Python thread, keep them few.
+#: keys a key group takes per step (loads of several keys in flight per warp)
+GPU_KEYS_PER_STEP = 2
+#: simulator block: every CUDA thread is a Python thread, keep them few; 4 lanes per key group
+#: so that shuffles, several elements per lane and several key groups are all exercised.
 SIM_THREADS = 8
-SIM_BLOCK_M = 4
-SIM_BLOCK_N = 4
-#: KV tokens per split when ``num_splits=None`` (vLLM uses 512-token partitions).
-GPU_SPLIT_TOKENS = 512
-SIM_SPLIT_TOKENS = 16
+SIM_LANES = 4
+SIM_KEYS_PER_STEP = 2
+#: rows per block in the simulator (the GPU's come from :func:`gpu_rows_max`); kept as
+#: ``SIM_BLOCK_M`` for the I/O model of docs/io-complexity.md.
+SIM_ROWS_MAX = 4
+SIM_BLOCK_M = SIM_ROWS_MAX
+#: row counts a kernel is compiled for (the smallest that holds ``G * Nq`` is used)
+ROW_CHOICES = (1, 2, 4, 8)
+#: register budget for the per-lane q and accumulator: ROWS * DPL * bytes <= this (each)
+ROW_REG_BYTES = 128
+#: streaming multiprocessors of the GPU the default split count fills (H100 SXM / H200: 132)
+SM_COUNT = 132
+#: blocks per SM the default split count aims at when the batch alone does not fill the GPU
+TARGET_BLOCKS_PER_SM = 4
+#: smallest split by default: enough keys per block to amortise its partial state
+GPU_MIN_SPLIT_TOKENS = 256
+SIM_MIN_SPLIT_TOKENS = 16
+#: CUDA's grid limit in y (the split dimension) and x
+MAX_GRID_Y = 65535
+MAX_GRID_X = 2**31 - 1
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-#: K + V tile budget in shared memory (bytes): small enough for several blocks per SM.
-KV_TILE_BYTES = 16 * 1024
+FULL_MASK = 0xFFFFFFFF
 
 
 def padded_head_dim(d):
@@ -89,236 +114,408 @@ def padded_head_dim(d):
     return max(2 if on_simulator() else 16, 1 << (int(d) - 1).bit_length())
 
 
-def gpu_tiles(dtype, HEAD_DIM):
-    """``(THREADS, BLOCK_M, BLOCK_N)`` for the GPU: K + V tiles within :data:`KV_TILE_BYTES`."""
-    itemsize = np.dtype(dtype).itemsize
-    block_n = KV_TILE_BYTES // (2 * HEAD_DIM * itemsize)
-    block_n = max(4, min(64, 1 << (block_n.bit_length() - 1)))
-    return GPU_THREADS, GPU_BLOCK_M, block_n
+def gpu_rows_max(dtype, HEAD_DIM):
+    """Most query rows per GPU block: q and acc registers ``ROWS * DPL`` each within
+    :data:`ROW_REG_BYTES` (f32 d=128: 8 rows; d=256: 4; float64 half of that)."""
+    dpl = HEAD_DIM // min(32, HEAD_DIM)
+    item = acc_dtype(dtype).itemsize
+    return max(r for r in ROW_CHOICES if r == 1 or r * dpl * item <= ROW_REG_BYTES)
 
 
-def default_tiles(dtype, HEAD_DIM):
-    """``(THREADS, BLOCK_M, BLOCK_N)`` for the backend in use."""
+def launch_shape(dtype, HEAD_DIM, n_rows):
+    """``(THREADS, LANES, U, ROWS)`` for a group of ``n_rows = G * Nq`` query rows."""
     if on_simulator():
-        return SIM_THREADS, SIM_BLOCK_M, SIM_BLOCK_N
-    return gpu_tiles(dtype, HEAD_DIM)
+        threads, lanes, u, rows_max = SIM_THREADS, min(SIM_LANES, HEAD_DIM), SIM_KEYS_PER_STEP, \
+            SIM_ROWS_MAX
+    else:
+        threads, lanes, u = GPU_THREADS, min(32, HEAD_DIM), GPU_KEYS_PER_STEP
+        rows_max = gpu_rows_max(dtype, HEAD_DIM)
+    rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
+    return threads, lanes, u, rows
 
 
-def default_split_tokens():
-    return SIM_SPLIT_TOKENS if on_simulator() else GPU_SPLIT_TOKENS
+def split_policy(num_splits, hkv, step):
+    """``(split_target, split_min)`` (runtime ints of the kernel; see the module docstring);
+    ``step`` is the kernel's ``STEP`` (keys per block step, :func:`block_step`).
+
+    ``num_splits=None``: enough splits that one sequence fills the GPU,
+    ``cdiv(SM_COUNT * TARGET_BLOCKS_PER_SM, Hkv)``, of at least ``GPU_MIN_SPLIT_TOKENS`` keys
+    (the simulator: splits of 16 keys).  The batch size is deliberately not an input: a split
+    count from ``B`` would make one sequence's bits depend on what else is in the batch.
+    ``num_splits=S``: ``S`` splits of equal size (a multiple of ``step``), so fewer when the
+    sequence has fewer key tiles of ``step`` keys than ``S``.
+    """
+    sim = on_simulator()
+    if num_splits is None:
+        if sim:
+            return MAX_GRID_Y, SIM_MIN_SPLIT_TOKENS
+        return -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
+    return min(int(num_splits), MAX_GRID_Y), step
+
+
+def block_step(THREADS, LANES, U):
+    """``STEP``: keys a block covers per step (``NG * U``)."""
+    return THREADS // LANES * U
+
+
+def split_grid(split_target, split_min, capacity):
+    """Splits in the grid: at most ``split_target`` and no more than the capacity has
+    ``split_min``-key pieces (so a huge ``num_splits`` is clamped to the key tiles that exist)."""
+    return max(1, min(split_target, -(-int(capacity) // split_min), MAX_GRID_Y))
+
+
+def decode_grid(b, hkv, chunks, splits):
+    """``(x, y)`` grid of the decode kernel; checked against CUDA's limits (a CPU test runs it
+    with ``B * Hkv`` past 65535)."""
+    x = int(b) * int(hkv) * int(chunks)
+    if x > MAX_GRID_X:
+        raise ValueError(f"q: expected B * Hkv * row chunks <= {MAX_GRID_X} (the CUDA grid's x "
+                         f"limit), got {b} * {hkv} * {chunks} = {x}")
+    if not 1 <= splits <= MAX_GRID_Y:
+        raise ValueError(f"num_splits: expected 1..{MAX_GRID_Y} splits in the grid, got {splits}")
+    return (x, int(splits))
 
 
 @functools.lru_cache(maxsize=None)
-def decode_split_kernel(THREADS, BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
-    """Build (once per configuration) the stage-1 kernel
+def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI=False):
+    """Build (once per configuration) the fused split-KV decode kernel
 
-    ``kernel(q, k_cache, v_cache, block_table, seqlens, split_size, o_part, lse_part, scale,
-    causal)``
+    ``kernel(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
+    counters, scale, paged, split_target, split_min, left, right, softcap, inv_softcap)``
 
-    ``q`` ``[B, H, Nq, d]``; caches ``[num_blocks, Hkv, block_size, d]`` with ``block_table``
-    int32 ``[B, max_blocks]`` (a contiguous ``[B, Hkv, Nmax, d]`` cache is the same layout with
-    one block of ``Nmax`` slots per sequence and the table ``[[0], [1], ...]``); ``seqlens``
-    and ``split_size`` int32 ``[B]``; ``o_part`` ``[splits, B * H * Nq, d]`` and ``lse_part`` ``[splits, B * H * Nq]`` in
-    the compute type; ``scale`` a compute-type scalar; ``causal`` an int (0 or 1).
-
-    ``causal`` is a runtime flag, not a compile-time one: it costs one integer comparison per
-    score and halves the compile tier (which has a budget of ~90 s for the family).
+    ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type); caches
+    ``[num_blocks, Hkv, block_size, d]`` read through ``block_table`` ``[B, max_blocks]`` when
+    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``block_table`` unused) when 0; ``seqlens`` ``[B]``;
+    ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``); ``o_part`` ``[splits, B * H * Nq,
+    d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused with one split) and
+    ``counters`` int32 ``[grid x]``, zero; the rest scalars (``scale``, ``softcap``,
+    ``inv_softcap`` in the compute type).  ``left``/``right``: the window (``-1`` unbounded,
+    causal folded into ``right = 0``).
     """
-    assert THREADS % BLOCK_M == 0, "each row's max/sum reduction gets THREADS // BLOCK_M threads"
-    assert (BLOCK_M * HEAD_DIM) % THREADS == 0, "the accumulator splits evenly over the threads"
-    assert (BLOCK_N * HEAD_DIM) % THREADS == 0, "a K/V tile splits evenly over the threads"
+    assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
+    assert HEAD_DIM % LANES == 0 and ROWS <= THREADS
     dtype = np.dtype(dtype)
     acc_t = compute_type(dtype)
-    in_t = numba_array_type(dtype, 1).dtype
-    SEGS = THREADS // BLOCK_M
-    ACC = BLOCK_M * HEAD_DIM // THREADS        # accumulator (and q) elements per thread
-    LOADS = BLOCK_N * HEAD_DIM // THREADS      # K (and V) elements per thread per tile
-    KPAD = 2 if dtype.itemsize == 2 else 1     # K row = an odd number of 32-bit words
-    K_COLS = HEAD_DIM + KPAD
-    NEG_INF = -math.inf
+    DPL = HEAD_DIM // LANES               # elements of a K/V row per lane
+    NG = THREADS // LANES                 # key groups per block
+    STEP = NG * U                         # keys per block step
+    LOG_LANES = LANES.bit_length() - 1
+    RD = ROWS * DPL                       # per-lane q / accumulator registers
+    UD = U * DPL                          # per-lane K (and V) registers of one step
+    RU = ROWS * U                         # scores of one step
+    NEG_INF = acc_t(-math.inf)
+    NAN = acc_t(math.nan)
+    ZERO = acc_t(0.0)
+    ONE = acc_t(1.0)
+    score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
+    merge_stats, merge_element = make_merge_functions(acc_t)
 
     @cuda.jit
-    def decode_split(q, k_cache, v_cache, block_table, seqlens, split_size, o_part, lse_part,
-                     scale, causal):
+    def decode_split(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
+                     counters, scale, paged, split_target, split_min, left, right, softcap,
+                     inv_softcap):
         # [docs:decode-block-coords]
-        split = cuda.blockIdx.x
-        b = cuda.blockIdx.y // k_cache.shape[1]
-        kvh = cuda.blockIdx.y % k_cache.shape[1]
         tid = cuda.threadIdx.x
+        lane = tid % LANES                    # my elements: lane + LANES * j, j < DPL
+        grp = tid // LANES                    # my key group
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
-        group = n_heads // k_cache.shape[1]
-        n_rows = group * nq                      # query rows of this GQA group
-        row0 = cuda.blockIdx.z * BLOCK_M         # first row of this block's chunk
+        hkv = k_cache.shape[1]
+        group = n_heads // hkv
+        n_rows = group * nq                   # query rows of this GQA group
+        chunks = (n_rows + ROWS - 1) // ROWS
+        bx = cuda.blockIdx.x
+        z = bx % chunks
+        b = bx // chunks // hkv
+        kvh = bx // chunks % hkv
+        split = cuda.blockIdx.y
+        n_splits = cuda.gridDim.y
+        row0 = z * ROWS                       # first row of this block's chunk
         seqlen = seqlens[b]
-        lo = split * split_size[b]
-        hi = min(lo + split_size[b], seqlen)     # lo >= hi: an empty split
-        block_size = k_cache.shape[2]           # tokens per physical block
+        block_size = k_cache.shape[2]
+        capacity = block_size                 # contiguous: Nmax
+        if paged:
+            capacity = block_table.shape[1] * block_size
+        bad_len = seqlen < 0 or seqlen > capacity
+        offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
+        # keys some query row sees, and this split's share of them (from L alone)
+        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        n_keys = khi - klo
+        size = max(split_min, (n_keys + split_target - 1) // split_target)
+        size = (size + STEP - 1) // STEP * STEP   # whole block steps
+        lo = klo + split * size
+        hi = min(lo + size, khi)              # lo >= hi: an empty split
+        if bad_len:
+            hi = lo                           # read nothing; the output is NaN
         # [/docs:decode-block-coords]
 
-        q_tile = cuda.shared.array((BLOCK_M, HEAD_DIM), acc_t)
-        k_tile = cuda.shared.array((BLOCK_N, K_COLS), in_t)
-        v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), in_t)
-        s_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
-        seg_max = cuda.shared.array((BLOCK_M, SEGS), acc_t)
-        seg_sum = cuda.shared.array((BLOCK_M, SEGS), acc_t)
-        m_sh = cuda.shared.array(BLOCK_M, acc_t)
-        l_sh = cuda.shared.array(BLOCK_M, acc_t)
-        alpha_sh = cuda.shared.array(BLOCK_M, acc_t)
-        tok_blk = cuda.shared.array(BLOCK_N, int32)
-        tok_slot = cuda.shared.array(BLOCK_N, int32)
+        acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
+        m_sh = cuda.shared.array((NG, ROWS), acc_t)
+        l_sh = cuda.shared.array((NG, ROWS), acc_t)
+        stat_sh = cuda.shared.array((3, ROWS), acc_t)
+        flag_sh = cuda.shared.array(2, int32)
 
-        # -- prologue: pre-scaled q rows of this chunk (0 for padded dims / missing rows)
-        for j in range(ACC):
-            e = tid + j * THREADS
-            r = e // HEAD_DIM
-            c = e % HEAD_DIM
+        # -- prologue: my lanes' slice of the pre-scaled q rows, each row's visible keys
+        q_reg = cuda.local.array(RD, acc_t)
+        acc = cuda.local.array(RD, acc_t)
+        m_i = cuda.local.array(ROWS, acc_t)
+        l_i = cuda.local.array(ROWS, acc_t)
+        r_lo = cuda.local.array(ROWS, int32)
+        r_hi = cuda.local.array(ROWS, int32)
+        r_tok = cuda.local.array(ROWS, int32)
+        slope = cuda.local.array(ROWS, acc_t)
+        for r in range(ROWS):
             row = row0 + r
-            val = acc_t(0.0)
-            if row < n_rows and c < d:
-                val = acc_t(q[b, kvh * group + row // nq, row % nq, c]) * scale
-            q_tile[r, c] = val
-        # thread (r_own, seg) owns row r_own's softmax statistics in steps 4 and 5
-        r_own = tid // SEGS
-        seg = tid % SEGS
-        if seg == 0:
-            m_sh[r_own] = acc_t(NEG_INF)
-            l_sh[r_own] = acc_t(0.0)
-        acc = cuda.local.array(ACC, acc_t)
-        for j in range(ACC):
-            acc[j] = acc_t(0.0)
-        cuda.syncthreads()  # q_tile and the row state are written before any thread reads them
+            tok = row % nq
+            h = kvh * group + row // nq
+            live_row = row < n_rows
+            for j in range(DPL):
+                c = lane + LANES * j
+                val = ZERO
+                if live_row and c < d:
+                    val = acc_t(q[b, h, tok, c]) * scale
+                q_reg[r * DPL + j] = val
+                acc[r * DPL + j] = ZERO
+            m_i[r] = NEG_INF
+            l_i[r] = ZERO
+            r_tok[r] = tok
+            lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
+            if not live_row:
+                hi_r = lo_r                   # a padded row sees nothing
+            r_lo[r] = lo_r
+            r_hi[r] = hi_r
+            slope[r] = ZERO
+            if ALIBI and live_row:
+                slope[r] = acc_t(alibi[b, h])
+        if tid == 0:
+            flag_sh[0] = 0                    # a bad table entry was met
+        cuda.syncthreads()  # flag_sh is cleared before any group can set it
 
-        for t0 in range(lo, hi, BLOCK_N):
-            # [docs:decode-token-lookup]
-            # -- 1. where each token of the tile lives; -1 marks a dead token (never loaded)
-            for n in range(tid, BLOCK_N, THREADS):
-                t = t0 + n
-                blk = -1
-                slot = 0
-                if t < hi:
-                    blk = block_table[b, t // block_size]
-                    slot = t % block_size
-                tok_blk[n] = blk
-                tok_slot[n] = slot
-            cuda.syncthreads()  # token addresses are known before the tile loads use them
-            # [/docs:decode-token-lookup]
-
+        # [docs:decode-token-lookup]
+        # -- where my first key lives: table index j_blk, slot (one division per split)
+        t_first = lo + grp * U
+        j_blk = t_first // block_size
+        slot = t_first - j_blk * block_size
+        bad_entry = False
+        # [/docs:decode-token-lookup]
+        k_reg = cuda.local.array(UD, acc_t)
+        v_reg = cuda.local.array(UD, acc_t)
+        key_ok = cuda.local.array(U, int32)
+        s_reg = cuda.local.array(RU, acc_t)
+        for base in range(lo, hi, STEP):      # the same trip count on every lane (shuffles)
             # [docs:decode-tile-load]
-            # -- 2. K and V tiles, coalesced along the head dim; masked loads write 0
-            for j in range(LOADS):
-                e = tid + j * THREADS
-                n = e // HEAD_DIM
-                c = e % HEAD_DIM
-                blk = tok_blk[n]
-                if blk >= 0 and c < d:
-                    k_tile[n, c] = k_cache[blk, kvh, tok_slot[n], c]
-                    v_tile[n, c] = v_cache[blk, kvh, tok_slot[n], c]
-                else:
-                    k_tile[n, c] = 0
-                    v_tile[n, c] = 0
-            cuda.syncthreads()  # the whole K/V tile is in shared memory before the scores read it
+            # -- 1. load my group's U keys: K and V rows, LANES lanes side by side along d
+            for u in range(U):
+                t = base + grp * U + u
+                jj = j_blk
+                ss = slot + u
+                while ss >= block_size:       # carry into the next table entry (no division)
+                    ss -= block_size
+                    jj += 1
+                blk = b
+                if paged and t < hi:
+                    blk = block_table[b, jj]
+                ok = t < hi and 0 <= blk and blk < k_cache.shape[0]
+                if t < hi and not ok:
+                    bad_entry = True          # never dereferenced
+                key_ok[u] = 1 if ok else 0
+                for j in range(DPL):
+                    c = lane + LANES * j
+                    kv = ZERO
+                    vv = ZERO
+                    if ok and c < d:
+                        kv = acc_t(k_cache[blk, kvh, ss, c])
+                        vv = acc_t(v_cache[blk, kvh, ss, c])
+                    k_reg[u * DPL + j] = kv
+                    v_reg[u * DPL + j] = vv
+            slot += STEP                      # advance to my keys of the next step
+            while slot >= block_size:
+                slot -= block_size
+                j_blk += 1
             # [/docs:decode-tile-load]
 
-            # -- 3. scores S[r, n] = (scale q_r) . k_n, -inf where masked
-            for p in range(tid, BLOCK_M * BLOCK_N, THREADS):
-                r = p // BLOCK_N
-                n = p % BLOCK_N
-                row = row0 + r
-                visible = row < n_rows and tok_blk[n] >= 0
-                if causal:  # bottom-right: token i of nq sees key t iff t <= i + L - nq
-                    visible = visible and t0 + n <= row % nq + seqlen - nq
-                s = acc_t(NEG_INF)
-                if visible:
-                    s = acc_t(0.0)
-                    for c in range(d):          # runtime bound: no padded lanes, no unroll
-                        s += q_tile[r, c] * acc_t(k_tile[n, c])
-                s_tile[r, n] = s
-            cuda.syncthreads()  # every score of the tile is written before the row max reads it
+            # -- 2. scores: partial dot over my elements, butterfly sum over the group's lanes
+            for r in range(ROWS):
+                for u in range(U):
+                    part = ZERO
+                    for j in range(DPL):
+                        part += q_reg[r * DPL + j] * k_reg[u * DPL + j]
+                    for st in range(LOG_LANES):
+                        part += cuda.shfl_xor_sync(FULL_MASK, part, int32(LANES >> (st + 1)))
+                    s_reg[r * U + u] = part
 
-            # -- 4a. row max, first per segment of the row's tokens
-            mx = acc_t(NEG_INF)
-            for n in range(seg, BLOCK_N, SEGS):
-                mx = max(mx, s_tile[r_own, n])
-            seg_max[r_own, seg] = mx
-            cuda.syncthreads()  # all segment maxima are in before each row's max is formed
-
-            # -- 4b. m_new, P = exp(S - m_new) in place, per-segment sums, alpha
-            m_old = m_sh[r_own]
-            m_new = m_old
-            for k in range(SEGS):
-                m_new = max(m_new, seg_max[r_own, k])
-            psum = acc_t(0.0)
-            for n in range(seg, BLOCK_N, SEGS):
-                p_val = acc_t(0.0)
-                if m_new != NEG_INF:             # a row with no visible key yet keeps P = 0
-                    p_val = math.exp(s_tile[r_own, n] - m_new)
-                s_tile[r_own, n] = p_val
-                psum += p_val
-            seg_sum[r_own, seg] = psum
-            if seg == 0:
-                alpha = acc_t(1.0)
-                if m_new != NEG_INF:
+            # -- 3. online softmax per row (identical on every lane of the group), acc += p v
+            for r in range(ROWS):
+                m_old = m_i[r]
+                m_new = m_old
+                for u in range(U):
+                    t = base + grp * U + u
+                    if key_ok[u] != 0 and r_lo[r] <= t and t < r_hi[r]:
+                        s = score_mod(s_reg[r * U + u], r_tok[r], t, offset, softcap,
+                                      inv_softcap, slope[r])
+                        s_reg[r * U + u] = s
+                        if not s <= m_new:    # NaN-propagating max
+                            m_new = s
+                    else:
+                        s_reg[r * U + u] = NEG_INF
+                if m_new != m_old:            # rescale only when the max moved (or NaN)
                     alpha = math.exp(m_old - m_new)
-                alpha_sh[r_own] = alpha
-            cuda.syncthreads()  # P, the segment sums and alpha are written before the P V update
+                    l_i[r] *= alpha
+                    for j in range(DPL):
+                        acc[r * DPL + j] *= alpha
+                    m_i[r] = m_new
+                for u in range(U):
+                    s = s_reg[r * U + u]
+                    if s != NEG_INF:          # a visible key (a NaN score included)
+                        p = math.exp(s - m_new)
+                        l_i[r] += p
+                        for j in range(DPL):
+                            acc[r * DPL + j] += p * v_reg[u * DPL + j]
 
-            # -- 5. acc = alpha acc + P V (registers); row owners update m_i and l_i
-            # (rows past n_rows have P = 0 and alpha = 1: harmless, and never written out)
-            for j in range(ACC):
-                acc[j] *= alpha_sh[(tid + j * THREADS) // HEAD_DIM]
-            for n in range(min(BLOCK_N, hi - t0)):  # live tokens of the tile (P = 0 past them)
-                for j in range(ACC):
-                    e = tid + j * THREADS
-                    acc[j] += s_tile[e // HEAD_DIM, n] * acc_t(v_tile[n, e % HEAD_DIM])
-            if seg == 0:
-                l_new = l_sh[r_own] * alpha_sh[r_own]
-                for k in range(SEGS):
-                    l_new += seg_sum[r_own, k]
-                l_sh[r_own] = l_new
-                m_sh[r_own] = m_new
-            cuda.syncthreads()  # this tile is consumed before the next one overwrites the tiles
+        # -- 4. merge the NG group states of the block (fixed order: reproducible bits)
+        if bad_entry:
+            flag_sh[0] = 1
+        if lane == 0:
+            for r in range(ROWS):
+                m_sh[grp, r] = m_i[r]
+                l_sh[grp, r] = l_i[r]
+        cuda.syncthreads()  # every group's (m_i, l_i) and the bad flag are in shared memory
+        for r in range(ROWS):
+            big_m = NEG_INF
+            for g in range(NG):
+                if l_sh[g, r] != ZERO and not m_sh[g, r] <= big_m:
+                    big_m = m_sh[g, r]
+            big_l = ZERO
+            for g in range(NG):
+                l_g = l_sh[g, r]
+                if l_g != ZERO:
+                    big_l += l_g * math.exp(m_sh[g, r] - big_m)
+            f = ZERO
+            if l_i[r] != ZERO:
+                f = math.exp(m_i[r] - big_m)
+            for j in range(DPL):
+                acc[r * DPL + j] *= f
+            if tid == r:
+                stat_sh[0, r] = big_m
+                stat_sh[1, r] = big_l
+        for g in range(NG):
+            if grp == g:
+                for r in range(ROWS):
+                    for j in range(DPL):
+                        c = lane + LANES * j
+                        if g == 0:
+                            acc_sh[r, c] = acc[r * DPL + j]
+                        else:
+                            acc_sh[r, c] += acc[r * DPL + j]
+            cuda.syncthreads()  # group g's share is added before group g + 1 adds its own
 
-        # -- epilogue: normalised partial o and lse; an empty split writes o = 0, lse = -inf
-        for j in range(ACC):
-            e = tid + j * THREADS
+        # -- 5. this split's (o, lse): NaN for a bad sequence, 0 / -inf for no visible key
+        bad = bad_len or flag_sh[0] != 0
+        if tid < ROWS:
+            big_l = stat_sh[1, tid]
+            lse_r = NEG_INF
+            if bad:
+                lse_r = NAN
+            elif big_l != ZERO:               # > 0, or NaN (a NaN score)
+                lse_r = stat_sh[0, tid] + math.log(big_l)
+            stat_sh[2, tid] = lse_r
+        cuda.syncthreads()  # stat_sh holds each row's W and lse before the writes read them
+        for e in range(tid, ROWS * HEAD_DIM, THREADS):
             r = e // HEAD_DIM
             c = e % HEAD_DIM
             row = row0 + r
             if row < n_rows and c < d:
-                l_row = l_sh[r]
-                out = acc_t(0.0)
-                if l_row > acc_t(0.0):
-                    out = acc[j] / l_row
-                grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
-                o_part[split, grow, c] = out
-        row = row0 + r_own
-        if seg == 0 and row < n_rows:
-            l_row = l_sh[r_own]
-            lse = acc_t(NEG_INF)
-            if l_row > acc_t(0.0):
-                lse = m_sh[r_own] + math.log(l_row)
+                big_l = stat_sh[1, r]
+                out = ZERO
+                if bad:
+                    out = NAN
+                elif big_l != ZERO:
+                    out = acc_sh[r, c] / big_l
+                h = kvh * group + row // nq
+                if n_splits == 1:
+                    o[b, h, row % nq, c] = out
+                else:
+                    o_part[split, (b * n_heads + h) * nq + row % nq, c] = out
+        if tid < ROWS and row0 + tid < n_rows:
+            row = row0 + tid
+            h = kvh * group + row // nq
+            if n_splits == 1:
+                lse[b, h, row % nq] = stat_sh[2, tid]
+            else:
+                lse_part[split, (b * n_heads + h) * nq + row % nq] = stat_sh[2, tid]
+        if n_splits == 1:
+            return
+
+        # -- 6. fused combine: the last block of (b, kvh, z) to finish merges every split
+        cuda.threadfence()    # this block's partial is visible device-wide before its ticket
+        cuda.syncthreads()  # every thread's partial writes are fenced before thread 0 takes it
+        if tid == 0:
+            ticket = cuda.atomic.add(counters, bx, 1)
+            flag_sh[1] = 1 if ticket == n_splits - 1 else 0
+        cuda.syncthreads()  # flag_sh[1] (am I last?) is known to every thread
+        if flag_sh[1] == 0:
+            return
+        cuda.threadfence()    # the other blocks' partials are read after their tickets
+        if tid < ROWS and row0 + tid < n_rows:
+            row = row0 + tid
             grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
-            lse_part[split, grow] = lse
+            mm, tot, lse_row = merge_stats(lse_part, grow)
+            stat_sh[0, tid] = mm
+            stat_sh[1, tid] = tot
+            lse[b, kvh * group + row // nq, row % nq] = lse_row
+        cuda.syncthreads()  # each row's merge weights are in stat_sh before the elements use them
+        for e in range(tid, ROWS * HEAD_DIM, THREADS):
+            r = e // HEAD_DIM
+            c = e % HEAD_DIM
+            row = row0 + r
+            if row < n_rows and c < d:
+                grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
+                o[b, kvh * group + row // nq, row % nq, c] = merge_element(
+                    o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r])
+        if tid == 0:
+            counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
 
     return decode_split
 
 
+def kernel_args_types(dtype, ALIBI=False):
+    """Numba argument types of :func:`decode_kernel` for int32 tables and lengths."""
+    acc_np = acc_dtype(dtype)
+    acc_t = compute_type(dtype)
+    i32 = types.int32
+    return (numba_array_type(dtype, 4), numba_array_type(dtype, 4), numba_array_type(dtype, 4),
+            numba_array_type(np.int32, 2), numba_array_type(np.int32, 1),
+            numba_array_type(np.float32, 2), numba_array_type(dtype, 4),
+            numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
+            numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
+            acc_t, i32, i32, i32, i32, i32, acc_t, acc_t)
+
+
 def compile_configs():
-    """Every stage-1 configuration the package can launch on a GPU, for the compile tier."""
-    i32_2d = numba_array_type(np.int32, 2)
-    i32_1d = numba_array_type(np.int32, 1)
-    for dtype in DTYPES:
-        acc_np = acc_dtype(dtype)
-        arr4 = numba_array_type(dtype, 4)
+    """The GPU configurations the compile tier builds: every row count for float16/float32 at
+    ``HEAD_DIM`` 64, 128, 256; the largest row count at 16 and 32 and for float64; and the
+    softcap / ALiBi variants at ``HEAD_DIM`` 128.  (Other combinations are the same source with
+    other constants; they compile on first use.)"""
+    def cfg(dtype, HEAD_DIM, rows, softcap=False, alibi=False):
+        lanes = min(32, HEAD_DIM)
+        tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
+        return {
+            "name": f"decode {np.dtype(dtype).name} D={HEAD_DIM} ROWS={rows}{tag}",
+            "kernel": decode_kernel(GPU_THREADS, lanes, GPU_KEYS_PER_STEP, rows, HEAD_DIM,
+                                    np.dtype(dtype), softcap, alibi),
+            "args": kernel_args_types(dtype, alibi),
+            "float64_ok": np.dtype(dtype) == np.float64,
+        }
+
+    for dtype in DTYPES[:2]:
         for HEAD_DIM in HEAD_DIMS:
-            threads, block_m, block_n = gpu_tiles(dtype, HEAD_DIM)
-            yield {
-                "name": f"decode {dtype.name} D={HEAD_DIM} M={block_m} N={block_n}",
-                "kernel": decode_split_kernel(threads, block_m, block_n, HEAD_DIM, dtype),
-                "args": (arr4, arr4, arr4, i32_2d, i32_1d, i32_1d,
-                         numba_array_type(acc_np, 3), numba_array_type(acc_np, 2),
-                         compute_type(dtype), types.int32),
-                "float64_ok": dtype == np.float64,
-            }
+            top = gpu_rows_max(dtype, HEAD_DIM)
+            rows = [r for r in ROW_CHOICES if r <= top] if HEAD_DIM >= 64 else [top]
+            for r in rows:
+                yield cfg(dtype, HEAD_DIM, r)
+        yield cfg(dtype, 128, gpu_rows_max(dtype, 128), softcap=True, alibi=True)
+    yield cfg(np.float16, 128, 8, softcap=True)
+    yield cfg(np.float16, 128, 8, alibi=True)
+    for HEAD_DIM in (64, 128, 256):
+        yield cfg(np.float64, HEAD_DIM, gpu_rows_max(np.float64, HEAD_DIM))

@@ -14,19 +14,28 @@ a row whose parts are all ``-inf`` gets ``o = 0, lse = -inf``.  Skipping, rather
 ``w_p = 0``, also keeps the result bitwise independent of how many empty parts a launch has,
 which the split-KV decode needs for batch invariance.
 
+Non-finite parts (issue 15; the same rule as :func:`numba_flash.reference.merge_states`): a part
+with ``lse_p = NaN`` (it saw a NaN/inf score) makes the row's ``o`` and ``lse`` NaN; a part with
+``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN`` (the weights are inf/inf); a NaN in ``o_p``
+of a part that is not empty reaches ``o`` (``w_p * NaN``).  Nothing is silently discarded.
+
+The two device functions of :func:`make_merge_functions` are the whole rule; this file's kernel
+and the decode's fused combine (:mod:`numba_flash.kernels.decode`) both call them.
+
 Grid / block
 ------------
 grid = ``(rows,)``, block = ``(THREADS,)``.  Every thread of block ``row`` computes the row's
 ``m`` and ``W`` (the ``P`` lse values are the same few words for all threads: broadcast loads),
 then thread ``t`` merges the head-dim elements ``t, t + THREADS, ...`` (consecutive threads on
-consecutive elements: coalesced); thread 0 writes ``lse``.
+consecutive elements: coalesced); thread 0 writes ``lse``.  ``rows`` is the grid's x dimension
+(limit 2**31 - 1), never y or z (limit 65535).
 
 Shared memory
 -------------
 None.
 
 Parts are read in their dtype and merged in float32 (float64 for float64 parts); ``o`` is written
-in the output dtype (the decode writes float32 partials and a float16 output for float16 caches).
+in the output dtype.
 """
 
 from __future__ import annotations
@@ -42,10 +51,77 @@ from .common import acc_dtype, compute_type, numba_array_type
 
 SIM_THREADS = 4
 GPU_THREADS = 128
+#: the largest grid x dimension CUDA accepts
+MAX_GRID_X = 2**31 - 1
 
 
 def default_threads():
     return SIM_THREADS if on_simulator() else GPU_THREADS
+
+
+def merge_grid(rows):
+    """``(grid, why)``: the merge grid for ``rows`` rows (x only); raises ValueError past the
+    CUDA limit.  A function of its own so that a CPU test checks it."""
+    if rows > MAX_GRID_X:
+        raise ValueError(f"o_parts: expected at most {MAX_GRID_X} rows (the CUDA grid's x limit),"
+                         f" got {rows}")
+    return (int(rows),)
+
+
+@functools.lru_cache(maxsize=None)
+def make_merge_functions(acc_t):
+    """``(merge_stats, merge_element)``, device functions in the compute type ``acc_t``.
+
+    ``merge_stats(lse_parts, row) -> (m, total, lse)`` over the parts ``lse_parts[:, row]`` in
+    order ``p = 0, 1, ...``; ``merge_element(o_parts, lse_parts, row, c, m, total)`` is
+    ``o[row, c]``.  ``total`` is 0 for a row with no key (then ``o = 0``) and NaN for a row whose
+    ``o`` is NaN.
+    """
+    NEG_INF = acc_t(-math.inf)
+    INF = acc_t(math.inf)
+    NAN = acc_t(math.nan)
+    ZERO = acc_t(0.0)
+
+    # [docs:merge-skip-empty]
+    def merge_stats(lse_parts, row):
+        # -- m = max_p lse_p over the non-empty parts; a NaN part poisons the row
+        m = NEG_INF
+        nan = False
+        for p in range(lse_parts.shape[0]):
+            x = acc_t(lse_parts[p, row])
+            if x != x:
+                nan = True
+            elif x > m:
+                m = x
+        if nan:
+            return NAN, NAN, NAN
+        if m == INF:            # infinite mass: lse = +inf, the weights inf/inf are undefined
+            return m, NAN, INF
+        if m == NEG_INF:        # no part saw a key
+            return m, ZERO, NEG_INF
+        # -- W = sum_p exp(lse_p - m), skipping empty parts (exactly, not as + 0)
+        total = ZERO
+        for p in range(lse_parts.shape[0]):
+            x = acc_t(lse_parts[p, row])
+            if x != NEG_INF:
+                total += math.exp(x - m)
+        return m, total, m + math.log(total)
+
+    def merge_element(o_parts, lse_parts, row, c, m, total):
+        if total != total:
+            return NAN
+        if total == ZERO:
+            return ZERO
+        out = ZERO
+        for p in range(lse_parts.shape[0]):
+            x = acc_t(lse_parts[p, row])
+            if x != NEG_INF:
+                out += math.exp(x - m) * acc_t(o_parts[p, row, c])
+        return out / total
+    # [/docs:merge-skip-empty]
+
+    device = functools.partial(cuda.jit, device=True, inline=True)
+    return device(merge_stats), device(merge_element)
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,53 +131,25 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
     ``o_parts`` ``[P, rows, d]`` in ``part_dtype``; ``lse_parts`` ``[P, rows]`` and ``lse``
     ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``.
     """
-    acc_t = compute_type(part_dtype)
-    NEG_INF = -math.inf
+    merge_stats, merge_element = make_merge_functions(compute_type(part_dtype))
 
     @cuda.jit
     def merge_states(o_parts, lse_parts, o, lse):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        n_parts = o_parts.shape[0]
-        d = o_parts.shape[2]
-
-        # [docs:merge-skip-empty]
-        # -- m = max_p lse_p and W = sum_p exp(lse_p - m), skipping empty parts
-        m = acc_t(NEG_INF)
-        for p in range(n_parts):
-            m = max(m, acc_t(lse_parts[p, row]))
-        total = acc_t(0.0)
-        if m != NEG_INF:
-            for p in range(n_parts):
-                lse_p = acc_t(lse_parts[p, row])
-                if lse_p != NEG_INF:
-                    total += math.exp(lse_p - m)
-        # [/docs:merge-skip-empty]
-
-        # -- o = sum_p w_p o_p / W for this thread's head-dim elements
-        for c in range(tid, d, THREADS):
-            out = acc_t(0.0)
-            if total > acc_t(0.0):
-                for p in range(n_parts):
-                    lse_p = acc_t(lse_parts[p, row])
-                    if lse_p != NEG_INF:
-                        out += math.exp(lse_p - m) * acc_t(o_parts[p, row, c])
-                out = out / total
-            o[row, c] = out
+        m, total, lse_row = merge_stats(lse_parts, row)
+        # -- o = sum_p w_p o_p / W for this thread's head-dim elements (coalesced along d)
+        for c in range(tid, o_parts.shape[2], THREADS):
+            o[row, c] = merge_element(o_parts, lse_parts, row, c, m, total)
         if tid == 0:
-            lse_row = acc_t(NEG_INF)
-            if total > acc_t(0.0):
-                lse_row = m + math.log(total)
             lse[row] = lse_row
 
     return merge_states
 
 
-#: (part dtype, output dtype) pairs the package launches: merge_states keeps the parts' dtype;
-#: the decode merges float32 partials into float16 for float16 caches.
+#: (part dtype, output dtype) pairs the package launches: merge_states keeps the parts' dtype.
 PAIRS = (
     (np.dtype(np.float16), np.dtype(np.float16)),
-    (np.dtype(np.float32), np.dtype(np.float16)),
     (np.dtype(np.float32), np.dtype(np.float32)),
     (np.dtype(np.float64), np.dtype(np.float64)),
 )

@@ -1,19 +1,21 @@
 """``numba_flash.decode`` (FlashDecoding over a contiguous or paged KV cache) and
 ``numba_flash.merge_states`` (the log-sum-exp merge of partial attention states).
 
-The decode runs in two launches: the split-KV kernel (:mod:`numba_flash.kernels.decode`) writes
-one partial ``(o, lse)`` per split, the combine kernel (:mod:`numba_flash.kernels.merge`) merges
-them into the output dtype.  The combine always runs, even with one split (then it is an exact
-identity up to the final rounding): one code path, and the same bits whatever the batch holds.
+The decode is one launch (:mod:`numba_flash.kernels.decode`): split-KV blocks, and the last block
+of each (sequence, kv head) to finish merges the splits.  With CuPy inputs and the default
+``validate=False`` a call only enqueues work on the current stream (no host copy of
+``cache_seqlens`` or ``block_table``, no synchronisation), so a serving loop can capture it in a
+CUDA graph; the kernel itself checks every table entry and length it uses.
 
 Split policy (batch invariance)
 -------------------------------
-Each sequence's split boundaries come from its own length only: with ``num_splits=None`` a
-split covers a fixed number of tokens (512 on the GPU, like vLLM's partitions; 16 in the
-simulator), with an explicit ``num_splits=S`` a split covers ``cdiv(L, S)`` tokens rounded up to
-a whole tile.  The grid spans the largest split count in the batch; splits past a sequence's end
-write empty partials (``lse = -inf``), which the combine skips.  So one sequence's result is
-bitwise the same alone or beside any other sequences (flash-attn issue #1897).
+Each sequence's split boundaries come from its own length only (computed in the kernel, see
+:func:`numba_flash.kernels.decode.split_policy`): with ``num_splits=None`` enough splits that one
+sequence fills the GPU (the SM count is a constant, 132), of at least 256 keys (16 in the
+simulator); with ``num_splits=S`` a split covers ``cdiv(L, S)`` keys rounded up to a whole block
+step.  The grid spans the most splits any sequence the cache can hold may have; splits past a
+sequence's end are empty (``lse = -inf``) and the combine skips them.  So one sequence's result
+is bitwise the same alone or beside any other sequences (flash-attn issue #1897).
 """
 
 from __future__ import annotations
@@ -25,22 +27,25 @@ from numba import cuda
 
 from ..frontend import ArrayCall
 from ..frontend.validate import (
-    FLOAT_DTYPES, INT_DTYPES, check_array, check_bool, check_same_dtype, check_same_kind,
-    check_scale, is_device_array,
+    FLOAT_DTYPES, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
+    check_same_kind, check_scale, is_device_array,
 )
+from ..frontend.variants import check_alibi, check_softcap, check_window
 from ..kernels.common import acc_dtype, cdiv, compute_type
 from ..kernels.decode import (
-    decode_split_kernel, default_split_tokens, default_tiles, padded_head_dim,
+    block_step, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
+    split_policy,
 )
-from ..kernels.merge import default_threads as merge_threads, merge_kernel
+from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
+from ..kernels.visibility import window_bounds
+
+#: integer dtypes the kernel reads directly; others are converted (on the device for CuPy)
+_KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 def _host_ints(x):
-    """Host copy of a small integer array (NumPy as is; a device array is copied to the host).
-
-    cache_seqlens and block_table are validated value by value before any launch, which needs
-    their values on the host: for device arrays this is a small device-to-host copy.
-    """
+    """Host copy of a small integer array (NumPy as is; a device array is copied to the host:
+    only in the validating mode)."""
     if is_device_array(x):
         return cuda.as_cuda_array(x).copy_to_host()
     return np.asarray(x)
@@ -49,62 +54,115 @@ def _host_ints(x):
 def _check_num_splits(num_splits):
     if num_splits is None:
         return None
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, numbers.Integral):
         raise TypeError(f"num_splits: expected an int or None, got {type(num_splits).__name__}")
     if num_splits < 1:
         raise ValueError(f"num_splits: expected an int >= 1 or None, got {num_splits}")
     return int(num_splits)
 
 
+def _first_bad(mask):
+    idx = np.argwhere(mask)
+    return tuple(int(i) for i in idx[0]) if idx.size else None
+
+
 def _check_lengths_and_table(seqlens, table, n_cache, block_size, n_blocks, paged):
-    """Value checks on the host copies; ``n_cache`` is Nmax (contiguous) or num_blocks (paged)."""
-    bad = np.flatnonzero(seqlens < 1)
-    if bad.size:
+    """Value checks on the host copies; ``n_cache`` is Nmax (contiguous) or num_blocks (paged).
+
+    Comparisons run in the arrays' own dtypes and messages print Python ints, so a uint64 value
+    shows as passed (never a wrapped negative)."""
+    bad = _first_bad(seqlens < 1)
+    if bad:
         i = bad[0]
-        raise ValueError(f"cache_seqlens: expected every entry >= 1, got {seqlens[i]} at index {i}")
+        raise ValueError(f"cache_seqlens: expected every entry >= 1, got {int(seqlens[i])} at "
+                         f"index {i}")
     if not paged:
-        bad = np.flatnonzero(seqlens > n_cache)
-        if bad.size:
+        bad = _first_bad(seqlens > n_cache)
+        if bad:
             i = bad[0]
             raise ValueError(f"cache_seqlens: expected every entry <= Nmax = {n_cache} (k_cache "
-                             f"dim 2), got {seqlens[i]} at index {i}")
+                             f"dim 2), got {int(seqlens[i])} at index {i}")
         return
     # [docs:paged-validation]
     max_blocks = table.shape[1]
-    live = (seqlens.astype(np.int64) + block_size - 1) // block_size
-    bad = np.flatnonzero(live > max_blocks)
-    if bad.size:
+    bad = _first_bad(seqlens > max_blocks * block_size)
+    if bad:
         i = bad[0]
+        n = int(seqlens[i])
         raise ValueError(
-            f"cache_seqlens: entry {i} = {seqlens[i]} needs {live[i]} blocks of {block_size} "
+            f"cache_seqlens: entry {i} = {n} needs {-(-n // block_size)} blocks of {block_size} "
             f"tokens, but block_table has {max_blocks} per sequence")
+    live = (seqlens.astype(np.int64) + block_size - 1) // block_size
     for b in range(table.shape[0]):
-        entries = table[b, :live[b]].astype(np.int64)
+        entries = table[b, :live[b]]
         out = np.flatnonzero((entries < 0) | (entries >= n_blocks))
         if out.size:
             j = out[0]
             raise ValueError(
                 f"block_table: expected entries covering live tokens in [0, {n_blocks}) "
-                f"(num_blocks of k_cache), got {entries[j]} at [{b}, {j}]")
+                f"(num_blocks of k_cache), got {int(entries[j])} at [{b}, {j}]")
     # [/docs:paged-validation]
 
 
+def _kernel_ints(call, x, name):
+    """``x`` as an int32/int64 array the kernel reads (no host round trip for device arrays)."""
+    dt = array_info(name, x)[1]
+    if dt in _KERNEL_INTS:
+        return call.input(x)
+    if call._cupy is not None:  # e.g. uint64: int64 on the device (a huge value turns negative
+        return call.input(x.astype(call._cupy.int64))  # and the kernel flags it as bad)
+    host = _host_ints(x)  # other device arrays: a host round trip (documented)
+    return call.input(np.clip(host, -1, np.iinfo(np.int64).max).astype(np.int64))
+
+
+def _alibi(alibi_slopes, b, h, check_values):
+    """``alibi_slopes`` as float32 ``[B, H]``.  ``check_values`` also rejects NaN/inf slopes
+    (:func:`~numba_flash.frontend.variants.check_alibi`), which reads device values on the host;
+    without it (CuPy, ``validate=False``) only the dtype and shape are checked, on the host, and
+    the slopes are broadcast on the device: a non-finite slope gives non-finite scores."""
+    if check_values or type(alibi_slopes).__module__.split(".")[0] != "cupy":
+        return check_alibi(alibi_slopes, b, h)
+    import cupy
+
+    shape, dtype = array_info("alibi_slopes", alibi_slopes)
+    if dtype != np.float32 or shape not in ((h,), (b, h)):
+        return check_alibi(alibi_slopes, b, h)  # raises its TypeError / ValueError
+    return cupy.ascontiguousarray(cupy.broadcast_to(alibi_slopes, (b, h)))
+
+
 def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False,
-           softmax_scale=None, num_splits=None, return_lse=False):
+           softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+           num_splits=None, return_lse=False, validate=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV).
 
     * ``q``: ``[B, H, d]`` (one token per sequence) or ``[B, H, Nq, d]``.
     * contiguous cache (``block_table=None``): ``k_cache``, ``v_cache`` ``[B, Hkv, Nmax, d]``;
       sequence ``b`` uses positions ``0 .. cache_seqlens[b] - 1``.
-    * paged cache: ``k_cache``, ``v_cache`` ``[num_blocks, Hkv, block_size, d]`` and an integer
-      ``block_table`` ``[B, max_blocks]``: token ``t`` of sequence ``b`` is in physical block
-      ``block_table[b, t // block_size]`` at slot ``t % block_size``.  Entries past a sequence's
-      live blocks are ignored (may be -1).
+    * paged cache: ``k_cache``, ``v_cache`` ``[num_blocks, Hkv, block_size, d]`` (any block
+      size) and an integer ``block_table`` ``[B, max_blocks]``: token ``t`` of sequence ``b`` is
+      in physical block ``block_table[b, t // block_size]`` at slot ``t % block_size``.  Entries
+      past a sequence's live blocks are ignored (may be -1).
     * ``cache_seqlens``: integer ``[B]``, each in ``[1, Nmax]`` (paged: within the table).
-    * ``causal``: bottom-right, query token ``i`` of ``Nq`` sees key ``j`` iff
-      ``j <= i + L - Nq``.  GQA/MQA: query head ``h`` reads kv head ``h // (H // Hkv)``.
-    * ``num_splits``: ``None`` (fixed tokens per split, from each sequence's own length), ``1``
-      (no split) or any ``S >= 1``.
+    * ``causal``, ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` (float32 ``[H]``
+      or ``[B, H]``): flash-attn's variants, bottom-right aligned: query token ``i`` of ``Nq``
+      sits at key column ``i + L - Nq`` (``causal`` is ``right = 0``; see
+      :mod:`numba_flash.kernels.visibility`).  GQA/MQA: query head ``h`` reads kv head
+      ``h // (H // Hkv)``.
+    * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
+      ``1`` (no split) or any ``S >= 1`` (clamped to the key tiles of the cache's capacity).
+    * ``validate``: check ``cache_seqlens`` and ``block_table`` on the host before the launch,
+      with a ``ValueError`` naming the bad entry.  Default ``True`` for NumPy inputs and
+      ``False`` for device (CuPy) inputs, where the call then never waits for the GPU.  Without
+      validation nothing outside the cache is ever read: a sequence whose length is outside
+      ``[0, capacity]`` or whose table has an entry outside ``[0, num_blocks)`` for a key that
+      some query row sees gets ``o = NaN`` and ``lse = NaN``; a length of 0 gives ``o = 0``,
+      ``lse = -inf``.
+
+    Non-finite values (as torch SDPA): a NaN/inf in a query row or in a key the row sees makes
+    that row's ``o`` and ``lse`` NaN; a NaN/inf in ``v[j, c]`` of a key the row sees makes
+    ``o[.., c]`` non-finite; stale slots (past ``cache_seqlens``), other sequences' blocks and
+    keys outside the window never affect a row; a row that sees no key gets ``o = 0``,
+    ``lse = -inf``.
 
     Returns ``o`` in ``q``'s shape and dtype, and with ``return_lse`` also ``lse`` (``[B, H]`` or
     ``[B, H, Nq]``, float32; float64 for float64 inputs).  NumPy in, NumPy out; CuPy in, CuPy out.
@@ -117,6 +175,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens}
     if paged:
         arrays["block_table"] = block_table
+    if alibi_slopes is not None:
+        arrays["alibi_slopes"] = alibi_slopes
     check_same_kind(arrays)
     single = len(qs) == 3
     b, h, nq, d = (qs[0], qs[1], 1, qs[2]) if single else qs
@@ -143,57 +203,78 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
+    left, right = window_bounds(causal, check_window(window_size))
+    softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)
+    on_device = any(is_device_array(x) for x in arrays.values())
+    if validate is None:
+        validate = not on_device
+    validate = check_bool("validate", validate)
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = _alibi(alibi_slopes, b, h, check_values=validate or not on_device)
 
     call = ArrayCall(arrays)  # rejects device arrays in the simulator, before any copy
-    seqlens = _host_ints(cache_seqlens).astype(np.int64)
-    table = _host_ints(block_table) if paged else None
-    _check_lengths_and_table(seqlens, table, n_slots if not paged else n_cache,
-                             n_slots, n_cache, paged)
+    if validate:
+        seqlens = _host_ints(cache_seqlens)
+        table = _host_ints(block_table) if paged else None
+        _check_lengths_and_table(seqlens, table, n_slots if not paged else n_cache,
+                                 n_slots, n_cache, paged)
 
     # -- launch shape and split policy (each sequence's split size from its own length)
     HEAD_DIM = padded_head_dim(d)
-    threads, block_m, block_n = default_tiles(dtype, HEAD_DIM)
+    group = h // hkv
+    threads, lanes, keys_per_step, rows = launch_shape(dtype, HEAD_DIM, group * nq)
+    chunks = cdiv(group * nq, rows)
     # [docs:decode-split-policy]
-    if num_splits is None:
-        split_size = np.full(b, default_split_tokens(), np.int64)
-        n_splits = int(cdiv(seqlens, split_size).max())
-    else:
-        split_size = cdiv(cdiv(seqlens, num_splits), block_n) * block_n
-        n_splits = num_splits
+    step = block_step(threads, lanes, keys_per_step)
+    split_target, split_min = split_policy(num_splits, hkv, step)
+    capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
+    n_splits = split_grid(split_target, split_min, capacity)
     # [/docs:decode-split-policy]
-    rows = b * h * nq
+    # [docs:decode-grid]
+    grid = decode_grid(b, hkv, chunks, n_splits)
+    # [/docs:decode-grid]
     acc_t = acc_dtype(dtype)
+    rows_total = b * h * nq
+    call.reserve({"o": ((rows_total, d), dtype),
+                  "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d), acc_t)})
 
     dq = call.input(q[:, :, None, :] if single else q)
     dk_ = call.input(k_cache)
     dv_ = call.input(v_cache)
+    d_len = _kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
-    # a contiguous cache is the paged layout with one block of Nmax slots per sequence
-    table32 = table.astype(np.int32) if paged else np.arange(b, dtype=np.int32)[:, None]
+    # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax
+    d_table = _kernel_ints(call, block_table, "block_table") if paged else \
+        call.empty((1, 1), np.int32)
     # [/docs:contiguous-as-paged]
-    d_table = cuda.to_device(np.ascontiguousarray(table32), stream=call.stream)
-    d_len = cuda.to_device(seqlens.astype(np.int32), stream=call.stream)
-    d_split = cuda.to_device(split_size.astype(np.int32), stream=call.stream)
-    o_part = call.empty((n_splits, rows, d), acc_t)
-    lse_part = call.empty((n_splits, rows), acc_t)
-    kernel = decode_split_kernel(threads, block_m, block_n, HEAD_DIM, dtype)
-    # [docs:decode-grid]
-    grid = (n_splits, b * hkv, cdiv((h // hkv) * nq, block_m))
-    # [/docs:decode-grid]
-    call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_split, o_part,
-                lse_part, compute_type(dtype)(scale), np.int32(causal and nq > 1))
-    # (Nq = 1 sees every key even when causal: the mask is skipped then)
-
-    o = call.empty((rows, d), dtype)
-    lse = call.empty((rows,), acc_t)
-    mthreads = merge_threads()
-    call.launch(merge_kernel(mthreads, acc_t, dtype), (rows,), (mthreads,), o_part, lse_part,
-                o, lse)
+    d_alibi = call.input(alibi) if alibi is not None else call.empty((1, 1), np.float32)
+    o = call.empty((b, h, nq, d), dtype)
+    lse = call.empty((b, h, nq), acc_t)
+    if n_splits > 1:
+        o_part = call.empty((n_splits, rows_total, d), acc_t)
+        lse_part = call.empty((n_splits, rows_total), acc_t)
+        counters = call.zeros((grid[0],), np.int32)
+    else:  # one split writes o and lse directly
+        o_part = call.empty((1, 1, 1), acc_t)
+        lse_part = call.empty((1, 1), acc_t)
+        counters = call.zeros((1,), np.int32)
+    kernel = decode_kernel(threads, lanes, keys_per_step, rows, HEAD_DIM, dtype, softcap > 0,
+                           alibi_slopes is not None)
+    ct = compute_type(dtype)
+    call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_alibi, o, lse,
+                o_part, lse_part, counters, ct(scale), np.int32(paged), np.int32(split_target),
+                np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
+                ct(1.0 / softcap if softcap > 0 else 0.0))
     out = call.result(o).reshape(qs)
     if not return_lse:
         return out
     return out, call.result(lse).reshape(qs[:-1])
+
+
+def block_table_shape(block_table):
+    return array_info("block_table", block_table)[0]
 
 
 def merge_states(o_parts, lse_parts):
@@ -202,12 +283,18 @@ def merge_states(o_parts, lse_parts):
     ``o_parts`` ``[P, ..., d]`` (float16/32/64), ``lse_parts`` ``[P, ...]`` (float32; float64
     for float64 ``o_parts``).  Returns ``(o, lse)`` of shapes ``[..., d]`` (``o_parts``' dtype)
     and ``[...]``: ``lse = log sum_p exp(lse_p)``, ``o = sum_p exp(lse_p - lse) o_p``.  Parts
-    with ``lse_p = -inf`` contribute nothing; if all are ``-inf``, ``o = 0`` and
-    ``lse = -inf``.  Used by cascade / ring attention and by :func:`decode`'s combine step.
+    with ``lse_p = -inf`` contribute nothing (whatever their ``o_p`` holds); if all are
+    ``-inf``, ``o = 0`` and ``lse = -inf``.  A part with ``lse_p = NaN`` makes the row's ``o``
+    and ``lse`` NaN; ``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN``; a NaN in ``o_p`` of
+    a non-empty part reaches ``o``.  Used by cascade / ring attention.
     """
-    os_, dtype = check_array("o_parts", o_parts, tuple(range(2, 10)), FLOAT_DTYPES)
+    shape, _ = array_info("o_parts", o_parts)
+    if not 2 <= len(shape) <= 9:
+        raise ValueError(f"o_parts: expected a 2-D to 9-D array [P, ..., d], got shape {shape} "
+                         f"({len(shape)}-D)")
+    os_, dtype = check_array("o_parts", o_parts, len(shape), FLOAT_DTYPES)
     acc_t = acc_dtype(dtype)
-    ls_, ldt = check_array("lse_parts", lse_parts, tuple(range(1, 9)), FLOAT_DTYPES)
+    ls_, ldt = check_array("lse_parts", lse_parts, len(shape) - 1, FLOAT_DTYPES)
     if ldt != acc_t:
         raise TypeError(f"lse_parts: expected dtype {acc_t} (for o_parts of dtype {dtype}), "
                         f"got {ldt}")
@@ -216,6 +303,7 @@ def merge_states(o_parts, lse_parts):
     check_same_kind({"o_parts": o_parts, "lse_parts": lse_parts})
     n_parts, d = os_[0], os_[-1]
     rows = int(np.prod(os_[1:-1], dtype=np.int64))
+    grid = merge_grid(rows)
 
     call = ArrayCall({"o_parts": o_parts, "lse_parts": lse_parts})
     d_o = call.input(o_parts).reshape(n_parts, rows, d)
@@ -223,5 +311,5 @@ def merge_states(o_parts, lse_parts):
     o = call.empty((rows, d), dtype)
     lse = call.empty((rows,), acc_t)
     threads = merge_threads()
-    call.launch(merge_kernel(threads, dtype, dtype), (rows,), (threads,), d_o, d_l, o, lse)
+    call.launch(merge_kernel(threads, dtype, dtype), grid, (threads,), d_o, d_l, o, lse)
     return call.result(o).reshape(os_[1:]), call.result(lse).reshape(ls_[1:])

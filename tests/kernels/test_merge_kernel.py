@@ -76,5 +76,5 @@ def test_merge_rejects_bad_input(rng):
         numba_flash.merge_states(o, l.astype(np.float64))
     with pytest.raises(TypeError, match="o_parts: expected dtype in"):
         numba_flash.merge_states(o.astype(np.int32), l)
-    with pytest.raises(ValueError, match="o_parts: expected a 2 or 3 or"):
+    with pytest.raises(ValueError, match=r"o_parts: expected a 2-D to 9-D array \[P, ..., d\], got shape \(4,\)"):
         numba_flash.merge_states(o[0, 0], l)
