@@ -5,10 +5,15 @@
 * ``causal_tiles.png``: which (Q tile, K/V tile) pairs a causal forward skips, computes without a
   mask, or masks (tiles crossing the diagonal), for Nq == Nk and for Nq != Nk with the
   bottom-right alignment of :func:`numba_flash.reference.causal_visible`;
-* ``paged_block_table.png``: a paged decode batch: each sequence's logical token blocks and the
-  physical cache blocks its block-table row points to;
-* ``split_kv.png``: FlashDecoding: one query's keys split into partitions, each giving
-  ``(o_p, lse_p)``, merged with the log-sum-exp rule of :func:`numba_flash.reference.merge_states`.
+* ``paged_block_table.png``: a paged decode batch: each sequence's logical token blocks, its
+  block-table row, and the physical slots with the token each holds (stale slots hatched);
+* ``split_kv.png``: FlashDecoding: one query's keys split into partitions (one of them past the
+  context, so empty), each giving ``(o_p, lse_p)``, merged with the log-sum-exp rule of
+  :func:`numba_flash.reference.merge_states`;
+* ``backward_loops.png``: the backward's loop layout: K/V tiles outer (one block each, dK and dV
+  on chip), Q tiles inner, dQ accumulated in HBM;
+* ``roofline.png``: measured kernels against the H200's copy bandwidth and compute peaks (data in
+  :data:`ROOFLINE`).
 
 The tile classification comes from :func:`tile_kinds`, the same rule as
 :func:`numba_flash.reference.blocked_attention`'s loop (tested in tests/docs).
@@ -95,7 +100,7 @@ def draw_causal_tiles(path):
 
 
 def draw_paged_block_table(path):
-    from matplotlib.patches import FancyArrowPatch, Rectangle
+    from matplotlib.patches import Rectangle
 
     plt = _plt()
     block_size = 4
@@ -103,54 +108,85 @@ def draw_paged_block_table(path):
     block_table = [[6, 2, 9], [4, 7, -1], [0, 5, -1]]  # -1: unused entry
     colors = ["#4c78a8", "#f58518", "#54a24b"]
     n_phys = 10
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    phys_x, slot_w = 8.0, 0.55
-    # physical blocks: a column of n_phys rows of block_size slots
-    owner = {}
+    stale_color = "#d9d9d9"
+    fig, ax = plt.subplots(figsize=(12, 6.2))
+    cw, ch = 0.62, 0.5  # one token slot
+
+    # -- left: each sequence's tokens in logical blocks (token numbers), with its table row
+    for b, (n, row) in enumerate(zip(seqlens, block_table)):
+        y0 = 4.9 - b * 2.05
+        ax.text(0.0, y0 + 0.75, f"sequence {b}: cache_seqlens[{b}] = {n}", fontsize=10,
+                color=colors[b], fontweight="bold")
+        for t in range(n):
+            lb, _ = divmod(t, block_size)
+            x = t * cw + lb * 0.3
+            ax.add_patch(Rectangle((x, y0), cw * 0.92, ch * 0.9, facecolor=colors[b],
+                                   edgecolor="black", linewidth=0.5))
+            ax.text(x + cw * 0.46, y0 + ch * 0.45, str(t), ha="center", va="center", fontsize=9,
+                    color="white", fontweight="bold")
+        for lb in range(-(-n // block_size)):
+            x = lb * (block_size * cw + 0.3) + block_size * cw / 2
+            ax.text(x, y0 - 0.28, f"logical {lb}", ha="center", va="center", fontsize=8)
+        # the table row, as an array of cells
+        tx = 9.9
+        ax.text(tx - 0.15, y0 + ch * 0.45, f"block_table[{b}] =", ha="right", va="center",
+                fontsize=9)
+        for lb, pb in enumerate(row):
+            live = lb < -(-n // block_size)
+            ax.add_patch(Rectangle((tx + lb * 0.62, y0), 0.58, ch * 0.9,
+                                   facecolor=colors[b] if live else "white",
+                                   edgecolor="black", linewidth=0.6))
+            ax.text(tx + lb * 0.62 + 0.29, y0 + ch * 0.45, str(pb), ha="center", va="center",
+                    fontsize=10, color="white" if live else "black", fontweight="bold")
+
+    # -- right: the physical cache; each slot shows which token it holds
+    px = 13.6
+    holder = {}
     for b, row in enumerate(block_table):
         for lb, pb in enumerate(row):
             if pb >= 0:
-                owner[pb] = (b, lb)
-    for pb in range(n_phys):
-        y = n_phys - 1 - pb
-        for s in range(block_size):
-            used = pb in owner and owner[pb][1] * block_size + s < seqlens[owner[pb][0]]
-            color = colors[owner[pb][0]] if used else "#e8e8e8"
-            ax.add_patch(Rectangle((phys_x + s * slot_w, y * 0.55), slot_w * 0.92, 0.45,
-                                   facecolor=color, edgecolor="black", linewidth=0.5))
-        ax.text(phys_x - 0.15, y * 0.55 + 0.22, f"phys {pb}", ha="right", va="center", fontsize=8)
-    ax.text(phys_x + 2 * slot_w * 0.95, n_phys * 0.55 + 0.15,
+                holder[pb] = (b, lb)
+    ax.text(px + block_size * cw / 2, n_phys * 0.62 + 0.25,
             "k_cache / v_cache [num_blocks, Hkv, block_size, d]", ha="center", fontsize=9)
-    # logical tokens per sequence, grouped in logical blocks
-    for b, (n, row) in enumerate(zip(seqlens, block_table)):
-        y0 = 4.3 - b * 1.8
-        ax.text(0.0, y0 + 0.65, f"sequence {b}: cache_seqlens[{b}] = {n}, "
-                f"block_table[{b}] = {row}", fontsize=9)
-        for t in range(n):
-            lb, s = divmod(t, block_size)
-            x = t * 0.55 + lb * 0.25
-            ax.add_patch(Rectangle((x, y0), 0.5, 0.45, facecolor=colors[b], edgecolor="black",
-                                   linewidth=0.5))
-            ax.text(x + 0.25, y0 + 0.22, str(t), ha="center", va="center", fontsize=7,
-                    color="white")
-        for lb in range(-(-n // block_size)):
-            pb = row[lb]
-            x = (lb * block_size + min(block_size, n - lb * block_size) / 2) * 0.55 + lb * 0.25
-            ax.text(x, y0 - 0.25, f"logical {lb} -> phys {pb}", ha="center", va="center",
-                    fontsize=7, color=colors[b])
-            ax.add_patch(FancyArrowPatch((x, y0 - 0.4), (phys_x - 1.0, (n_phys - 1 - pb) * 0.55 + 0.22),
-                                         arrowstyle="-|>", mutation_scale=10, color=colors[b],
-                                         linewidth=0.8, alpha=0.6, connectionstyle="arc3,rad=0.05"))
-    ax.text(0.0, -0.9, "token t of sequence b lives in physical block block_table[b, t // "
-            f"block_size] at slot t % block_size (block_size = {block_size}); grey slots are "
-            "free", fontsize=9)
-    ax.set_xlim(-0.3, phys_x + block_size * slot_w + 0.3)
-    ax.set_ylim(-1.2, n_phys * 0.55 + 0.5)
+    for pb in range(n_phys):
+        y = (n_phys - 1 - pb) * 0.62
+        ax.text(px - 0.12, y + ch * 0.45, f"phys {pb}", ha="right", va="center", fontsize=9)
+        for slot in range(block_size):
+            x = px + slot * cw
+            if pb in holder and holder[pb][1] * block_size + slot < seqlens[holder[pb][0]]:
+                b, lb = holder[pb]
+                ax.add_patch(Rectangle((x, y), cw * 0.92, ch * 0.9, facecolor=colors[b],
+                                       edgecolor="black", linewidth=0.5))
+                ax.text(x + cw * 0.46, y + ch * 0.45, str(lb * block_size + slot), ha="center",
+                        va="center", fontsize=9, color="white", fontweight="bold")
+            else:
+                ax.add_patch(Rectangle((x, y), cw * 0.92, ch * 0.9, facecolor=stale_color,
+                                       edgecolor="black", linewidth=0.5, hatch="///"))
+        if pb in holder:
+            b, lb = holder[pb]
+            note = f"seq {b}, logical {lb}"
+            n_live = min(block_size, seqlens[b] - lb * block_size)
+            if n_live < block_size:
+                note += f" ({block_size - n_live} stale)"
+            ax.text(px + block_size * cw + 0.1, y + ch * 0.45, note, va="center", fontsize=8,
+                    color=colors[b])
+        else:
+            ax.text(px + block_size * cw + 0.1, y + ch * 0.45, "not in any live table entry",
+                    va="center", fontsize=8, color="#555555")
+    ax.add_patch(Rectangle((0.0, -1.25), cw * 0.92, ch * 0.9, facecolor=stale_color,
+                           edgecolor="black", linewidth=0.5, hatch="///"))
+    ax.text(cw + 0.1, -1.03, "stale slot: holds whatever an earlier request left (or was never "
+            "written); the kernel must not use it", va="center", fontsize=9)
+    ax.text(0.0, -1.75, f"token t of sequence b lives in physical block block_table[b, t // "
+            f"{block_size}] at slot t % {block_size}; white table cells (-1) are past the "
+            "sequence's end and never read", fontsize=9)
+    ax.set_xlim(-0.2, px + block_size * cw + 2.6)
+    ax.set_ylim(-2.0, n_phys * 0.62 + 0.5)
     ax.axis("off")
-    ax.set_title("Paged KV cache: logical tokens to physical blocks through the block table",
-                 fontsize=11)
+    ax.set_title("Paged KV cache: logical tokens, the block table, and the physical slots that "
+                 "hold them (block_size = 4)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -158,39 +194,198 @@ def draw_split_kv(path):
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
     plt = _plt()
-    nk, n_splits = 24, 4
-    per = nk // n_splits
+    context, per, n_splits = 15, 5, 4  # the fourth split starts past the end: it is empty
     colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
-    fig, ax = plt.subplots(figsize=(12, 4.8))
-    ax.add_patch(Rectangle((0, 3.6), 0.5, 0.45, facecolor="#222222"))
-    ax.text(0.7, 3.82, "q: one query row (decode)", va="center", fontsize=9)
-    for t in range(nk):
-        p = t // per
-        ax.add_patch(Rectangle((t * 0.45 + p * 0.3, 2.6), 0.4, 0.45, facecolor=colors[p],
-                               edgecolor="black", linewidth=0.5))
-    ax.text(0, 3.2, f"keys/values 0..{nk - 1}, split into {n_splits} partitions "
-            "(one thread block each, in parallel)", fontsize=9)
+    fig, ax = plt.subplots(figsize=(12, 5.6))
+    tw, gap = 0.5, 0.45
+    split_x = [p * (per * tw + gap) for p in range(n_splits)]
+    centers = [x + per * tw / 2 for x in split_x]
+    # the query, above everything, connected to every split
+    qx, qy = centers[0] + (centers[-1] - centers[0]) / 2, 5.0
+    ax.add_patch(Rectangle((qx - 0.6, qy), 1.2, 0.45, facecolor="#222222"))
+    ax.text(qx, qy + 0.22, "q", ha="center", va="center", color="white", fontsize=11,
+            fontweight="bold")
+    ax.text(qx + 0.8, qy + 0.22, "one query row (decode): every split computes q . k_j for its "
+            "own keys", va="center", fontsize=9)
     for p in range(n_splits):
-        cx = (p * per + per / 2) * 0.45 + p * 0.3
-        ax.add_patch(FancyBboxPatch((cx - 1.0, 1.2), 2.0, 0.7, boxstyle="round,pad=0.05",
-                                    facecolor="white", edgecolor=colors[p]))
-        ax.text(cx, 1.55, f"o_{p} = softmax(s_{p}) V_{p}\nlse_{p} = log sum exp(s_{p})",
-                ha="center", va="center", fontsize=8)
-        ax.add_patch(FancyArrowPatch((cx, 2.55), (cx, 1.95), arrowstyle="-|>",
+        ax.add_patch(FancyArrowPatch((qx, qy - 0.02), (centers[p], 4.05), arrowstyle="-|>",
+                                     mutation_scale=12, color=colors[p], linewidth=1.2))
+    # keys per split (token numbers); the empty split draws its slots dashed
+    for p in range(n_splits):
+        label = f"split {p}" if p * per < context else f"split {p}: keys {p * per}..{p * per + per - 1}, past the context"
+        ax.text(centers[p], 3.65, label, ha="center", va="bottom", fontsize=9,
+                color=colors[p], fontweight="bold")
+        for i in range(per):
+            t = p * per + i
+            x = split_x[p] + i * tw
+            if t < context:
+                ax.add_patch(Rectangle((x, 3.1), tw * 0.9, 0.45, facecolor=colors[p],
+                                       edgecolor="black", linewidth=0.5))
+                ax.text(x + tw * 0.45, 3.32, str(t), ha="center", va="center", fontsize=8,
+                        color="white")
+            else:
+                ax.add_patch(Rectangle((x, 3.1), tw * 0.9, 0.45, facecolor="white",
+                                       edgecolor=colors[p], linewidth=0.8, linestyle="--"))
+    # partial states
+    for p in range(n_splits):
+        empty = p * per >= context
+        text = ("no key: o_3 = 0,\nlse_3 = -inf (skipped)" if empty else
+                f"o_{p} = softmax(s_{p}) V_{p}\nlse_{p} = log sum exp(s_{p})")
+        ax.add_patch(FancyBboxPatch((centers[p] - 1.15, 1.45), 2.3, 0.8,
+                                    boxstyle="round,pad=0.05",
+                                    facecolor="#f7f7f7" if empty else "white",
+                                    edgecolor=colors[p], linestyle="--" if empty else "-"))
+        ax.text(centers[p], 1.85, text, ha="center", va="center", fontsize=8.5)
+        ax.add_patch(FancyArrowPatch((centers[p], 3.05), (centers[p], 2.32), arrowstyle="-|>",
                                      mutation_scale=10, color=colors[p]))
-        ax.add_patch(FancyArrowPatch((cx, 1.15), (6.0, 0.45), arrowstyle="-|>",
-                                     mutation_scale=10, color=colors[p]))
-    ax.add_patch(FancyBboxPatch((3.3, -0.35), 5.4, 0.75, boxstyle="round,pad=0.05",
+        ax.add_patch(FancyArrowPatch((centers[p], 1.4), (qx, 0.62), arrowstyle="-|>",
+                                     mutation_scale=10, color=colors[p],
+                                     linestyle="--" if empty else "-"))
+    ax.add_patch(FancyBboxPatch((qx - 3.0, -0.2), 6.0, 0.8, boxstyle="round,pad=0.05",
                                 facecolor="#f4f4f4", edgecolor="black"))
-    ax.text(6.0, 0.02, "merge: lse = log sum_p exp(lse_p)\no = sum_p exp(lse_p - lse) o_p",
+    ax.text(qx, 0.2, "merge (its own launch, fixed order): m = max_p lse_p,  w_p = exp(lse_p - m)"
+            "\no = sum_p w_p o_p / sum_p w_p,   lse = m + log sum_p w_p   (empty parts skipped)",
             ha="center", va="center", fontsize=9)
-    ax.set_xlim(-0.3, nk * 0.45 + n_splits * 0.3 + 0.2)
-    ax.set_ylim(-0.6, 4.2)
+    ax.set_xlim(-0.4, split_x[-1] + per * tw + 0.4)
+    ax.set_ylim(-0.5, 5.7)
     ax.axis("off")
-    ax.set_title("Split-KV decode (FlashDecoding): partial states per partition, then one merge",
-                 fontsize=11)
+    ax.set_title(f"Split-KV decode (FlashDecoding): {n_splits} splits of {per} keys over a "
+                 f"context of {context}; one thread block per split, then one merge", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def draw_backward_loops(path):
+    """The backward's loop layout: one thread block per K/V tile (grid), Q tiles inner."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+    plt = _plt()
+    tr, tc, j = 4, 4, 1  # Q tiles, K/V tiles, the block drawn in detail
+    fig, ax = plt.subplots(figsize=(12, 5.8))
+    x0, y0, w, h = 2.4, 0.9, 1.1, 0.9  # the S/P tile grid: rows = Q tiles, columns = K/V tiles
+    top = y0 + tr * h
+    for jj in range(tc):
+        ax.text(x0 + jj * w + w / 2, top + 0.5, f"K_{jj}, V_{jj}", ha="center", fontsize=9)
+        ax.text(x0 + jj * w + w / 2, top + 0.2, f"block {jj}", ha="center", fontsize=8,
+                color="#4c78a8" if jj == j else "#777777")
+    for i in range(tr):
+        y = top - (i + 1) * h
+        ax.text(x0 - 0.15, y + h / 2, f"Q_{i}, dO_{i},\nlse_{i}, D_{i}", ha="right",
+                va="center", fontsize=8.5)
+        for jj in range(tc):
+            mine = jj == j
+            ax.add_patch(Rectangle((x0 + jj * w, y), w * 0.95, h * 0.93,
+                                   facecolor="#c6dbef" if mine else "#f0f0f0",
+                                   edgecolor="#4c78a8" if mine else "#bbbbbb"))
+            if mine:
+                ax.text(x0 + jj * w + w / 2, y + h / 2, f"S, P, dP, dS\n(i={i}, step {i + 1})",
+                        ha="center", va="center", fontsize=7.5)
+    # the inner loop: down the column
+    cx = x0 + j * w + w * 0.95 + 0.1
+    ax.add_patch(FancyArrowPatch((cx, top - 0.1), (cx, y0 + 0.1), arrowstyle="-|>",
+                                 mutation_scale=14, color="#4c78a8", linewidth=1.6))
+    ax.text(cx + 0.08, y0 - 0.05, "inner loop:\nQ tiles i = 0, 1, ...", fontsize=8.5,
+            color="#4c78a8", va="top")
+    ax.text(x0 + tc * w / 2, top + 0.85, "grid: one thread block per K/V tile (x batch x kv head)",
+            ha="center", fontsize=10, fontweight="bold")
+    # on chip: dK_j, dV_j
+    ax.add_patch(FancyBboxPatch((0.3, -0.75), 5.6, 0.9, boxstyle="round,pad=0.05",
+                                facecolor="#e5f5e0", edgecolor="#54a24b"))
+    ax.text(3.1, -0.3, f"block {j} keeps dK_{j}, dV_{j} on chip (registers) for the whole loop:\n"
+            f"dV_{j} += P^T dO_i,  dK_{j} += scale dS^T Q_i;  written to HBM once, at the end",
+            ha="center", va="center", fontsize=9)
+    ax.add_patch(FancyArrowPatch((x0 + j * w + w / 2, y0 - 0.02), (x0 + j * w + w / 2, 0.2),
+                                 arrowstyle="-|>", mutation_scale=12, color="#54a24b"))
+    # dQ in HBM, accumulated
+    qx = 8.2
+    ax.text(qx + 0.7, top + 0.5, "dQ (HBM, float32 accumulator)", ha="center", fontsize=9)
+    for i in range(tr):
+        y = top - (i + 1) * h
+        ax.add_patch(Rectangle((qx, y), 1.4, h * 0.93, facecolor="#fdd0a2", edgecolor="#f58518"))
+        ax.text(qx + 0.7, y + h / 2, f"dQ_{i}", ha="center", va="center", fontsize=9)
+        ax.add_patch(FancyArrowPatch((x0 + j * w + w * 0.95, y + h / 2), (qx - 0.05, y + h / 2),
+                                     arrowstyle="-|>", mutation_scale=10, color="#f58518",
+                                     connectionstyle="arc3,rad=0.0", linewidth=1.0))
+    ax.text(qx + 0.7, y0 - 0.15, "every K/V block adds\nscale dS K_j into dQ_i:\n"
+            "atomic adds (or a second,\nQ-outer kernel: deterministic)", ha="center", va="top",
+            fontsize=8.5, color="#a0522d")
+    ax.text(10.2, top - 0.4, "per (i, j) step:\nS = scale Q_i K_j^T\nP = exp(S - lse_i)\n"
+            "dP = dO_i V_j^T\ndS = P (dP - D_i)\n\nD_i = rowsum(dO_i * O_i),\n"
+            "from a preprocess kernel", fontsize=8.5, va="top", family="monospace")
+    ax.set_xlim(-0.2, 12.6)
+    ax.set_ylim(-0.95, top + 1.1)
+    ax.axis("off")
+    ax.set_title("Backward loop layout: K/V tiles outer (the grid), Q tiles inner; dK, dV on "
+                 "chip, dQ accumulated in HBM", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+#: What the roofline picture plots: the H200's ceilings and the kernels measured on it
+#: (2026-11-30, commit 38a7cb7, bench/gpu_check.py; the figures of issues 11-13 and
+#: docs/performance.md).  Arithmetic intensity counts compulsory bytes: every input read once,
+#: every output written once.
+ROOFLINE = {
+    "gpu": "NVIDIA H200",
+    "copy_GBps": 4165.0,          # measured (read + write) in the same run
+    "fp32_fma_TFLOPs": 66.9,      # data sheet: 132 SMs x 128 lanes x 2 FLOP x 1.98 GHz
+    "fp16_tensor_TFLOPs": 989.5,  # data sheet, dense
+    "kernels": [
+        # name, FLOPs per compulsory byte, ours TFLOP/s, peer name, peer TFLOP/s
+        ("forward fp32, d=64, N=4096", 4096 / 4, 13.0, "torch SDPA fp32", 34.9),
+        ("forward fp16, d=64, N=4096", 4096 / 2, 13.3, "torch SDPA fp16", 453.0),
+        ("backward fp16, d=64, N=4096", 1.25 * 4096 / 2, 10.4, "torch SDPA fp16", 220.0),
+        # decode: 4 H d ctx FLOPs over 2 Hkv d ctx x 2 bytes = H / Hkv = 4 FLOP/byte;
+        # TFLOP/s = GB/s x 4 / 1000 (ours 143 GB/s paged, torch 3920 GB/s contiguous)
+        ("decode fp16 paged, 32k, GQA 4", 4.0, 143 * 4 / 1000, "torch SDPA contiguous",
+         3920 * 4 / 1000),
+    ],
+}
+
+
+def tiled_intensity(n, block_m, itemsize):
+    """FLOPs per byte of the tiled forward when every Q tile re-reads K and V from HBM (no L2
+    hits): ``4 N^2 d / (itemsize (2 N d + 2 N d N / BLOCK_M))`` = ``2 N / (itemsize (1 + N /
+    BLOCK_M))``."""
+    return 2 * n / (itemsize * (1 + n / block_m))
+
+
+def draw_roofline(path, data=ROOFLINE):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 6.2))
+    bw = data["copy_GBps"] / 1000  # TB/s: TFLOP/s = intensity x TB/s
+    x = np.logspace(-0.5, 4, 200)
+    for peak, label, style in ((data["fp32_fma_TFLOPs"], "float32 FMA peak (SIMT)", "-"),
+                               (data["fp16_tensor_TFLOPs"], "float16 tensor-core peak", "--")):
+        ax.plot(x, np.minimum(peak, bw * x), style, color="#333333", linewidth=1.3)
+        ax.text(2.2e3, peak * 1.12, f"{label}: {peak:.0f} TFLOP/s", fontsize=9, ha="center")
+    ax.text(1.2, bw * 1.2 * 1.9, f"copy bandwidth {data['copy_GBps']:.0f} GB/s (measured)",
+            fontsize=9, rotation=33, rotation_mode="anchor")
+    colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
+    for (name, ai, ours, peer, theirs), c in zip(data["kernels"], colors):
+        ax.plot([ai], [ours], "o", color=c, markersize=9, label=f"{name}: ours {ours:.3g}")
+        ax.plot([ai], [theirs], "^", color=c, markersize=9, markerfacecolor="white",
+                markeredgewidth=1.8, label=f"{name}: {peer} {theirs:.3g}")
+    ai_tiled = tiled_intensity(4096, 64, 4)
+    ax.plot([ai_tiled], [13.0], "o", color=colors[0], markerfacecolor="none", markersize=9)
+    ax.annotate("", xy=(data["kernels"][0][1], 13.0), xytext=(ai_tiled, 13.0),
+                arrowprops=dict(arrowstyle="->", color=colors[0], linestyle=":"))
+    ax.text(ai_tiled, 9.0, f"same run, counting the K/V re-read\nby every 64-row Q tile: "
+            f"{ai_tiled:.0f} FLOP/B", fontsize=8, color=colors[0], ha="center", va="top")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(10 ** -0.5, 1e4)
+    ax.set_ylim(0.2, 2500)
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte of compulsory HBM traffic)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7.5, loc="upper left", ncol=1, frameon=True)
+    ax.set_title(f"Roofline, {data['gpu']}: filled = numba_flash, open triangles = peer in the "
+                 "same run", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -198,6 +393,8 @@ PICTURES = {
     "causal_tiles.png": draw_causal_tiles,
     "paged_block_table.png": draw_paged_block_table,
     "split_kv.png": draw_split_kv,
+    "backward_loops.png": draw_backward_loops,
+    "roofline.png": draw_roofline,
 }
 
 

@@ -106,17 +106,22 @@ def c_ceil_of_int_division(a, b):
 
 
 def notes_paged_attention(Q, block_table, kv_cache, seq_len, block_size, head, scale,
-                          count_blocks=c_ceil_of_int_division, store_max=False):
+                          count_blocks=c_ceil_of_int_division, store_max=False, bound_sum=False):
     """The notes' ``flash_paged_attention_kernel`` for one Q block (rows ``0 .. Br-1``), one
     head, transcribed statement by statement; ``kv_cache`` is ``[2, num_blocks, heads,
-    block_size, d]`` as in the notes.  Returns ``O[q_start:q_end]``.  The two keyword arguments
-    switch on the fixes: ``count_blocks=ceil_div``, ``store_max=True``."""
+    block_size, d]`` as in the notes.  Returns ``O[q_start:q_end]``.  The three keyword arguments
+    switch on the fixes: ``count_blocks=ceil_div``, ``store_max=True``, ``bound_sum=True``.
+
+    ``float S[Br][block_size]`` is written only in its first ``valid_tokens`` columns; the rest
+    is undefined in C and in practice holds what the previous block left there, which is what
+    ``S`` (one array for the whole loop) models."""
     Br, head_dim = Q.shape
     q_start, q_end = 0, min(Br, seq_len)
     Q_s = Q[q_start:q_end]
     O_s = np.zeros((Br, head_dim))
     l_s = np.zeros(Br)
     m_s = np.full(Br, -np.inf)
+    S = np.zeros((q_end - q_start, block_size))  # float S[Br][block_size]
     num_logic_blocks = count_blocks(seq_len, block_size)
     for lb in range(num_logic_blocks):
         phy_idx = block_table[lb]
@@ -127,13 +132,14 @@ def notes_paged_attention(Q, block_table, kv_cache, seq_len, block_size, head, s
         valid_tokens = k_end - k_start
         K_s = kv_cache[0, phy_idx, head, :valid_tokens]
         V_s = kv_cache[1, phy_idx, head, :valid_tokens]
-        S = (Q_s @ K_s.T) * scale  # [q_end - q_start, valid_tokens]
+        S[:, :valid_tokens] = (Q_s @ K_s.T) * scale  # "only for the valid tokens"
+        n_sum = valid_tokens if bound_sum else block_size
         for r in range(q_end - q_start):
-            row_max = S[r].max()
+            row_max = S[r, :valid_tokens].max()  # max(S[r][0..valid_tokens])
             m_new = max(m_s[r], row_max)
             factor = math.exp(m_s[r] - m_new)
-            l_s[r] = l_s[r] * factor + np.exp(S[r] - m_new).sum()
-            O_s[r] = O_s[r] * factor + np.exp(S[r] - m_new) @ V_s
+            l_s[r] = l_s[r] * factor + np.exp(S[r, :n_sum] - m_new).sum()  # sum(exp(S[r] - m_new))
+            O_s[r] = O_s[r] * factor + np.exp(S[r, :valid_tokens] - m_new) @ V_s
             if store_max:
                 m_s[r] = m_new  # missing in the notes: m_s[r] stays -inf, so factor is always 0
     return O_s[: q_end - q_start] / l_s[: q_end - q_start, None]
@@ -162,17 +168,19 @@ def demo_paged():
     print("attention over all seq_len keys| (non-causal: the notes leave the mask out):")
     for seq_len in (12, 10):
         Q, table, kv, want = paged_example(rng, seq_len, scale)
-        for count, store, label in ((c_ceil_of_int_division, False, "as written"),
-                                    (c_ceil_of_int_division, True, "+ m_s[r] = m_new"),
-                                    (ceil_div, True, "+ ceil_div(seq_len, block_size)")):
-            got = notes_paged_attention(Q, table, kv, seq_len, 4, 1, scale, count, store)
+        for count, store, bound, label in (
+                (c_ceil_of_int_division, False, False, "as written"),
+                (c_ceil_of_int_division, True, False, "+ m_s[r] = m_new"),
+                (ceil_div, True, False, "+ ceil_div(seq_len, block_size)"),
+                (ceil_div, True, True, "+ sum over valid_tokens only")):
+            got = notes_paged_attention(Q, table, kv, seq_len, 4, 1, scale, count, store, bound)
             print(f"  seq_len={seq_len:2d} ({count(seq_len, 4)} blocks read) {label:32s}"
                   f" {np.abs(got - want).max():.2e}")
     Q, table, kv, want = paged_example(rng, 12, scale)
     bad = table.copy()
     bad[1] = -1
-    got = notes_paged_attention(Q, bad, kv, 12, 4, 1, scale, ceil_div, True)
-    print(f"  seq_len=12, block_table = {bad.tolist()}, both fixes: no error, all finite "
+    got = notes_paged_attention(Q, bad, kv, 12, 4, 1, scale, ceil_div, True, True)
+    print(f"  seq_len=12, block_table = {bad.tolist()}, all fixes: no error, all finite "
           f"{bool(np.isfinite(got).all())},")
     print(f"  max |O - attention| {np.abs(got - want).max():.2e} (keys 4..7 silently dropped)")
 

@@ -99,12 +99,19 @@ def test_notes_paged_kernel_bugs():
     Q, table, kv, want = paged_example(rng, 10, scale)
     assert np.abs(notes_paged_attention(Q, table, kv, 10, 4, 1, scale, store_max=True)
                   - want).max() > 0.1
+    # ... and then the unbounded sum(exp(S[r] - m_new)) adds the previous block's stale scores
+    # of the ragged last block to l (not to O): wrong until the sum stops at valid_tokens
+    assert np.abs(notes_paged_attention(Q, table, kv, 10, 4, 1, scale, ceil_div, True)
+                  - want).max() > 1e-2
     np.testing.assert_allclose(notes_paged_attention(Q, table, kv, 10, 4, 1, scale, ceil_div,
+                                                     True, True), want, atol=1e-12)
+    # a full last block has no stale column: the bound changes nothing there
+    Q, table, kv, want = paged_example(rng, 12, scale)
+    np.testing.assert_allclose(notes_paged_attention(Q, table, kv, 12, 4, 1, scale, ceil_div,
                                                      True), want, atol=1e-12)
     # a -1 inside the live range is skipped silently: finite and wrong, no error
-    Q, table, kv, want = paged_example(rng, 12, scale)
     table[1] = -1
-    got = notes_paged_attention(Q, table, kv, 12, 4, 1, scale, ceil_div, True)
+    got = notes_paged_attention(Q, table, kv, 12, 4, 1, scale, ceil_div, True, True)
     assert np.isfinite(got).all() and np.abs(got - want).max() > 0.1
 
 

@@ -30,3 +30,20 @@ def test_tile_kinds_agree_with_causal_mask(nq, nk, bm, bn):
             want = FULL if tile.all() else SKIPPED if not tile.any() else DIAGONAL
             assert kinds[i, j] == want, (i, j)
     assert {SKIPPED, FULL, DIAGONAL} >= set(np.unique(kinds))
+
+
+def test_roofline_tiled_intensity_matches_counted_traffic():
+    """The roofline's 'K/V re-read by every Q tile' intensity equals FLOPs over the bytes that
+    the counted Q-outer loop of docs/loop-order.md moves (statistics aside)."""
+    from notes_code import q_outer_forward
+
+    from numba_flash.pictures import ROOFLINE, tiled_intensity
+
+    n, d, bm = 256, 16, 64
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+    _, hbm = q_outer_forward(q, k, v, bm, bm)
+    elements = sum(hbm.reads.values()) + hbm.writes["O"]
+    assert np.isclose(tiled_intensity(n, bm, 4), 4 * n * n * d / (4 * elements))
+    # compulsory intensity of the forward is N / itemsize
+    assert ROOFLINE["kernels"][0][1] == 4096 / 4
