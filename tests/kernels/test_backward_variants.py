@@ -20,9 +20,10 @@ from helpers import randn, assert_scaled_close
 #: test_backward_kernel.py / test_dropout_backward.py.  Measured over random cases (B=1, H<=4,
 #: GQA, Nq, Nk 1..20, d 1..19, q scaled by 2, causal, window entries -1..5, softcap in
 #: {0, 1.5, 5}, ALiBi on/off, dropout p in {0, 0.3}, deterministic on/off; /tmp script, seeds
-#: 1000..): float32 over 50 cases 1.6e-6, float16 over 40 cases 2.0e-3, float64 over 25 cases
-#: 2.9e-15.  Bounds are ~4x those.
-GRAD_TOL = {np.float16: 8e-3, np.float32: 6e-6, np.float64: 1.2e-14}
+#: 1000..): float32 over 50 cases 1.5e-6, float16 over 40 cases 5.7e-3 (float16 rounding of o,
+#: dO and the inputs, with scores of q scaled by 2 and dropout's 1 / (1 - p)), float64 over 25
+#: cases 4.3e-15.  Bounds are ~4x those.
+GRAD_TOL = {np.float16: 2.4e-2, np.float32: 6e-6, np.float64: 1.8e-14}
 
 
 def make_case(rng, b, h, hkv, nq, nk, d, dtype, *, p=0.0, seed=0, q_scale=1.0, **variant):
