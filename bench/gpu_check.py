@@ -1,27 +1,44 @@
 """One-shot GPU validation and performance report, sized to fit one lent GPU session.
 
-    python bench/gpu_check.py OUTDIR            # on a machine with an NVIDIA GPU (< 8 minutes)
+    python bench/gpu_check.py OUTDIR            # on a machine with an NVIDIA GPU (~6 minutes)
+    python bench/gpu_check.py OUTDIR --ncu      # also an Nsight Compute summary per kernel
     python bench/gpu_check.py OUTDIR --dry-run  # anywhere: the same script in the simulator
+    python bench/gpu_check.py --render bench/results/latest.json   # the record as Markdown
 
 Parts, each run and reported even if an earlier one failed:
 
 1. versions: device, driver, numba, numba-cuda, CuPy, torch;
-2. ceilings: device-to-device copy bandwidth (GB/s, read + write) and a float32 SIMT FMA rate
-   (TFLOP/s) measured with a kernel of our own;
+2. ceilings: the GPU is first warmed up (>= 1 s of FMA work, so it leaves its idle clock), then
+   device-to-device copy bandwidth (GB/s, read + write) and a float32 SIMT FMA rate (TFLOP/s,
+   a kernel of our own) are measured, each printed beside the data-sheet peak of the device;
 3. tests: the ``gpu``-marked tests and the kernel tier, on the device;
 4. benchmarks: bench/forward.py, bench/backward.py and bench/decode.py (trimmed with ``--quick``),
    each with its peers (torch SDPA, CuPy) in the same run, each figure also as a fraction of its
    ceiling;
-5. OUTDIR/gpu_check.json (everything) and OUTDIR/gpu_check.md (the tables for
-   docs/performance.md).
+5. with ``--ncu``: ``ncu`` on one launch of each kernel at benchmark size (registers, shared
+   memory, occupancy, DRAM throughput, issue slots busy), the target being this script's
+   ``--ncu-target`` mode;
+6. OUTDIR/gpu_check.json (everything) and OUTDIR/gpu_check.md (the tables); on a GPU also the
+   record ``bench/results/<date>-<gpu>.json``, copied to ``bench/results/latest.json``, which
+   docs/performance.md renders (``--render``) with its date, GPU and commit. Commit both files.
+
+The record is the gpu_check.json report itself: ``bench_forward.rows[*]`` with ``dtype``, ``d``,
+``causal``, ``N``, ``TFLOP/s``, ``torch TFLOP/s``; ``bench_backward.rows[*]`` the same (the
+peer as ``torch TFLOP/s`` or ``torch SDPA TFLOP/s``); ``bench_decode.rows[*]`` with ``dtype``,
+``cache``, ``context``, ``GB/s``, ``% copy``, ``peer GB/s``; ``ceilings`` and ``versions``.
+:func:`validate_record` states the format; tests/bench checks it on a dry run.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import math
 import platform
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -38,11 +55,13 @@ import numba_flash  # noqa: E402
 from numba import cuda, float32  # noqa: E402
 
 FMA_CHAINS = 8
+FMA_ROUNDS = 4  # the 8 chains are stepped 4 times per loop iteration: 32 FMAs per loop branch
 
 
 @cuda.jit
 def fma_kernel(out, iters):
-    """Each thread runs FMA_CHAINS independent multiply-add chains for ``iters`` steps."""
+    """Each thread runs FMA_CHAINS independent multiply-add chains, FMA_ROUNDS steps of each per
+    iteration, for ``iters`` iterations: 2 * 8 * 4 * iters FLOPs per thread."""
     t = cuda.grid(1)
     a = float32(0.999) + float32(t % 7) * float32(1e-7)
     x0 = float32(t)
@@ -63,7 +82,66 @@ def fma_kernel(out, iters):
         x5 = x5 * a + b
         x6 = x6 * a + b
         x7 = x7 * a + b
+        x0 = x0 * a + b
+        x1 = x1 * a + b
+        x2 = x2 * a + b
+        x3 = x3 * a + b
+        x4 = x4 * a + b
+        x5 = x5 * a + b
+        x6 = x6 * a + b
+        x7 = x7 * a + b
+        x0 = x0 * a + b
+        x1 = x1 * a + b
+        x2 = x2 * a + b
+        x3 = x3 * a + b
+        x4 = x4 * a + b
+        x5 = x5 * a + b
+        x6 = x6 * a + b
+        x7 = x7 * a + b
+        x0 = x0 * a + b
+        x1 = x1 * a + b
+        x2 = x2 * a + b
+        x3 = x3 * a + b
+        x4 = x4 * a + b
+        x5 = x5 * a + b
+        x6 = x6 * a + b
+        x7 = x7 * a + b
     out[t] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7  # keeps every chain alive
+
+
+#: data-sheet peaks (dense, no sparsity) by a substring of the device name; fp32/fp64 are the
+#: non-tensor (SIMT) rates.  TFLOP/s and GB/s.
+DATASHEET = {
+    "H200": {"fp32_TFLOPs": 66.9, "fp64_TFLOPs": 33.5, "fp16_tensor_TFLOPs": 989.5,
+             "hbm_GBps": 4800.0},
+    "H100": {"fp32_TFLOPs": 66.9, "fp64_TFLOPs": 33.5, "fp16_tensor_TFLOPs": 989.5,
+             "hbm_GBps": 3350.0, "note": "H100 SXM5; the PCIe card is lower"},
+    "A100": {"fp32_TFLOPs": 19.5, "fp64_TFLOPs": 9.7, "fp16_tensor_TFLOPs": 312.0,
+             "hbm_GBps": 2039.0, "note": "A100 SXM4 80GB"},
+}
+#: float32 FMA lanes per SM by compute capability (the SIMT peak is SMs x lanes x 2 x clock)
+FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
+                     (9, 0): 128, (10, 0): 128, (12, 0): 128}
+
+
+def datasheet(name):
+    """The data-sheet peaks of a device, by name (``{}`` if unknown)."""
+    for key, peaks in DATASHEET.items():
+        if key.lower() in str(name).lower():
+            return dict(peaks, source=f"data sheet ({key})")
+    return {}
+
+
+def sm_clocks():
+    """``nvidia-smi``'s current and maximum SM clock in MHz (``{}`` if unavailable)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20).stdout.strip().splitlines()[0]
+        cur, mx = (float(x) for x in out.split(","))
+        return {"sm_MHz": cur, "max_sm_MHz": mx}
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 def part_versions(dry):
@@ -106,6 +184,18 @@ def part_versions(dry):
     return info
 
 
+def warm_up(launch, seconds=1.0):
+    """Run ``launch()`` (synchronised) until ``seconds`` of wall time have passed; the GPU leaves
+    its idle clock (an H200 idles at 345 MHz) before anything is measured."""
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        launch()
+        cuda.synchronize()
+        n += 1
+    return {"seconds": round(time.perf_counter() - t0, 2), "launches": n}
+
+
 def part_ceilings(dry):
     from common import copy_bandwidth, time_gpu, time_host
 
@@ -113,13 +203,41 @@ def part_ceilings(dry):
         out = cuda.to_device(np.zeros(64, np.float32))
         ms = time_host(lambda: fma_kernel[2, 32](out, 4), repeat=1)
         return {"copy_GBps": None, "fma_TFLOPs": None, "note": "dry run: simulator, not measured",
-                "fma_kernel_ms_simulator": ms}
+                "fma_kernel_ms_simulator": ms, "datasheet": datasheet("H200 (dry run)")}
     dev = cuda.get_current_device()
-    blocks, threads, iters = dev.MULTIPROCESSOR_COUNT * 8, 256, 4096
+    from common import device_name
+
+    name = device_name()
+    blocks, threads, iters = dev.MULTIPROCESSOR_COUNT * 8, 256, 16384
     out = cuda.device_array(blocks * threads, np.float32)
-    ms = time_gpu(lambda: fma_kernel[blocks, threads](out, iters), repeat=10)
-    flops = 2.0 * FMA_CHAINS * iters * blocks * threads
-    return {"copy_GBps": copy_bandwidth(), "fma_TFLOPs": flops / ms / 1e9}
+    launch = lambda: fma_kernel[blocks, threads](out, iters)  # noqa: E731
+    launch()  # compile
+    cuda.synchronize()
+    res = {"clocks_before_warm_up": sm_clocks()}
+    res["warm_up"] = warm_up(launch, 1.0)
+    res["clocks_after_warm_up"] = sm_clocks()
+    ms = time_gpu(launch, repeat=20, warmup=2)
+    flops = 2.0 * FMA_CHAINS * FMA_ROUNDS * iters * blocks * threads
+    res["fma_TFLOPs"] = flops / ms / 1e9
+    res["fma_kernel_ms"] = ms
+    res["copy_GBps"] = copy_bandwidth(repeat=20)
+    cc = tuple(dev.compute_capability)
+    lanes = FP32_LANES_PER_SM.get(cc)
+    clock_khz = getattr(dev, "CLOCK_RATE", None)
+    if lanes and clock_khz:
+        res["fp32_TFLOPs_from_clock"] = dev.MULTIPROCESSOR_COUNT * lanes * 2 * clock_khz / 1e9
+        res["fp32_peak_formula"] = (f"{dev.MULTIPROCESSOR_COUNT} SMs x {lanes} lanes x 2 x "
+                                    f"{clock_khz / 1e6:.2f} GHz")
+    res["datasheet"] = datasheet(name)
+    peak = res["datasheet"].get("fp32_TFLOPs") or res.get("fp32_TFLOPs_from_clock")
+    if peak:
+        res["fma_fraction_of_peak"] = res["fma_TFLOPs"] / peak
+    hbm = res["datasheet"].get("hbm_GBps")
+    if hbm:
+        res["copy_fraction_of_datasheet"] = res["copy_GBps"] / hbm
+    print(f"   fp32 FMA {res['fma_TFLOPs']:.1f} TFLOP/s measured vs {peak} data sheet; copy "
+          f"{res['copy_GBps']:.0f} GB/s measured vs {hbm} data sheet", flush=True)
+    return res
 
 
 def part_tests(dry, budget_s):
@@ -189,6 +307,264 @@ def markdown_table(rows):
     return "\n".join(lines) + "\n"
 
 
+# -- Nsight Compute -------------------------------------------------------------------------
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "ComputeWorkloadAnalysis")
+#: ncu metric names kept in the summary (section "details" page, ncu 2023-2025)
+NCU_METRICS = {
+    "Registers Per Thread": "registers",
+    "Static Shared Memory Per Block": "static smem",
+    "Dynamic Shared Memory Per Block": "dynamic smem",
+    "Block Size": "block",
+    "Grid Size": "grid",
+    "Waves Per SM": "waves",
+    "Theoretical Occupancy": "theoretical occupancy",
+    "Achieved Occupancy": "achieved occupancy",
+    "Duration": "duration",
+    "DRAM Throughput": "DRAM throughput",
+    "Memory Throughput": "memory throughput",
+    "Compute (SM) Throughput": "SM throughput",
+    "Issue Slots Busy": "issue slots busy",
+    "Executed Ipc Active": "IPC",
+}
+#: what --ncu-target launches, in this order (GPU sizes; the dry run shrinks them)
+NCU_CASES = (
+    ("forward float32 d=64 N=4096 B=4 H=16", "forward", np.float32, dict(b=4, h=16, n=4096, d=64)),
+    ("forward float16 d=64 N=4096 B=4 H=16", "forward", np.float16, dict(b=4, h=16, n=4096, d=64)),
+    ("backward float16 d=64 N=4096 B=2 H=8", "backward", np.float16, dict(b=2, h=8, n=4096, d=64)),
+    ("decode float16 paged/16 32k B=8 H=32 Hkv=8 d=128", "decode", np.float16,
+     dict(b=8, h=32, hkv=8, ctx=32768, d=128, block=16)),
+)
+
+
+def ncu_target(dry):
+    """Launch each case of NCU_CASES once (inputs made on the host: no other kernel runs)."""
+    rng = np.random.default_rng(0)
+    put = (lambda x: x) if dry else cuda.to_device
+    for label, op, dtype, kw in NCU_CASES:
+        if dry:  # simulator: toy sizes
+            kw = {k: (min(v, 2) if k in ("b", "h", "hkv") else v) for k, v in kw.items()}
+            kw.update(n=16, ctx=32, d=16, block=4) if op == "decode" else kw.update(n=16, d=16)
+            if op == "decode":
+                kw["hkv"], kw["h"] = 1, 2
+        print(f"ncu target: {label}", file=sys.stderr, flush=True)
+        if op in ("forward", "backward"):
+            q, k, v = (put(rng.standard_normal((kw["b"], kw["h"], kw["n"], kw["d"]))
+                           .astype(dtype)) for _ in range(3))
+            if op == "forward":
+                numba_flash.forward(q, k, v)
+            else:
+                o, lse = numba_flash.forward(q, k, v, return_lse=True)
+                numba_flash.backward(o, q, k, v, o, lse)  # o as the upstream gradient
+        else:
+            n_blk = kw["ctx"] // kw["block"]
+            q = put(rng.standard_normal((kw["b"], kw["h"], kw["d"])).astype(dtype))
+            shape = (kw["b"] * n_blk, kw["hkv"], kw["block"], kw["d"])
+            kc, vc = (put(np.full(shape, 0.01, dtype)) for _ in range(2))
+            table = put(rng.permutation(kw["b"] * n_blk).astype(np.int32).reshape(kw["b"], n_blk))
+            lens = put(np.full(kw["b"], kw["ctx"], np.int32))
+            numba_flash.decode(q, kc, vc, cache_seqlens=lens, block_table=table)
+        if not dry:
+            cuda.synchronize()
+    return {"cases": [c[0] for c in NCU_CASES]}
+
+
+def short_kernel_name(name):
+    """``cudapy::numba_flash::kernels::forward::...::flash_forward[abi:..](Array<...>)`` ->
+    ``flash_forward``."""
+    base = name.split("(")[0]
+    base = re.sub(r"\[abi:[^\]]*\]", "", base)
+    base = re.sub(r"_\d+$", "", base.split("::")[-1])
+    return base or name
+
+
+def parse_ncu_csv(text):
+    """Per-kernel summaries from ``ncu --csv --page details`` output (other lines ignored):
+    ``[{"id", "kernel", metric: "value unit", ...}]`` in launch order."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        return []
+    rows = [ln for ln in lines[start:] if ln.startswith('"')]
+    kernels = {}
+    for r in csv.DictReader(io.StringIO("\n".join(rows))):
+        kid = r.get("ID")
+        k = kernels.setdefault(kid, {"id": kid, "kernel": short_kernel_name(r.get("Kernel Name", "?")),
+                                     "block": r.get("Block Size"), "grid": r.get("Grid Size")})
+        key = NCU_METRICS.get(r.get("Metric Name"))
+        if key:
+            unit = (r.get("Metric Unit") or "").strip()
+            k[key] = f"{r.get('Metric Value', '').strip()} {unit}".strip()
+    return sorted(kernels.values(), key=lambda k: int(k["id"]) if str(k["id"]).isdigit() else 0)
+
+
+def part_ncu(dry, budget_s):
+    if dry:
+        return {"note": "dry run: ncu not run; the target ran in the simulator",
+                **ncu_target(True)}
+    exe = shutil.which("ncu")
+    if exe is None:
+        return {"error": "ncu not found on PATH"}
+    cmd = [exe, "--target-processes", "all", "--launch-count", "16", "--csv", "--page",
+           "details"]
+    for sec in NCU_SECTIONS:
+        cmd += ["--section", sec]
+    cmd += [sys.executable, str(Path(__file__).resolve()), "--ncu-target"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
+    kernels = parse_ncu_csv(proc.stdout)
+    return {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
+            "command": " ".join(cmd[:-3] + ["python", "bench/gpu_check.py", "--ncu-target"]),
+            "cases": [c[0] for c in NCU_CASES], "kernels": kernels,
+            "stderr_tail": proc.stderr.strip().splitlines()[-12:]}
+
+
+# -- the record: bench/results/<date>-<gpu>.json and latest.json ----------------------------
+RESULTS = ROOT / "bench" / "results"
+RECORD_FORMAT = 1
+REQUIRED_ROW_KEYS = {  # present in every row, dry run or not
+    "bench_forward": ("dtype", "d", "causal", "N"),
+    "bench_backward": ("dtype", "d", "causal", "N"),
+    "bench_decode": ("dtype", "cache", "context"),
+}
+MEASURED_ROW_KEYS = {  # present in every row measured on a GPU ("a|b": either name)
+    "bench_forward": ("TFLOP/s",),
+    "bench_backward": ("TFLOP/s",),
+    "bench_decode": ("GB/s", "% copy"),
+}
+PEER_ROW_KEYS = {  # present when the peer (torch) was installed in that run
+    "bench_forward": ("torch TFLOP/s",),
+    "bench_backward": ("torch TFLOP/s|torch SDPA TFLOP/s",),
+    "bench_decode": ("peer GB/s",),
+}
+
+
+def gpu_slug(name):
+    """``NVIDIA H200`` -> ``h200``: the ``<gpu>`` of the record's file name."""
+    s = re.sub(r"^nvidia\s+", "", str(name).strip(), flags=re.I).lower()
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "gpu"
+
+
+def _has(row, key):
+    return any(k in row for k in key.split("|"))
+
+
+def validate_record(rec):
+    """Problems with a record (``[]`` if none): the keys docs/performance.md renders.  A dry run
+    (``rec["dry_run"]``) need not have the measured keys; a GPU run must."""
+    problems = []
+    for key in ("record_format", "date", "commit", "gpu", "versions", "ceilings"):
+        if key not in rec:
+            problems.append(f"missing top-level key {key!r}")
+    measured = not rec.get("dry_run", False)
+    torch = str(rec.get("versions", {}).get("torch", "not installed")) != "not installed"
+    if measured and not isinstance(rec.get("ceilings", {}).get("copy_GBps"), (int, float)):
+        problems.append("ceilings.copy_GBps is not a number")
+    for part, keys in REQUIRED_ROW_KEYS.items():
+        rows = rec.get(part, {}).get("rows")
+        if not rows:
+            problems.append(f"{part}.rows missing or empty")
+            continue
+        want = list(keys) + (list(MEASURED_ROW_KEYS[part]) if measured else [])
+        for i, row in enumerate(rows):
+            need = want + (list(PEER_ROW_KEYS[part]) if measured and torch
+                           and not (part == "bench_decode" and "peer" not in row) else [])
+            for k in need:
+                if not _has(row, k):
+                    problems.append(f"{part}.rows[{i}] has no {k!r}")
+    return problems
+
+
+def write_record(report, results=RESULTS):
+    """Write the report as ``results/<date>-<gpu>.json`` (``-2``, ``-3``... if taken) and copy it
+    to ``results/latest.json``; return the path."""
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    stem = f"{report['date'][:10]}-{gpu_slug(report.get('gpu', 'gpu'))}"
+    path, n = results / f"{stem}.json", 2
+    while path.exists():
+        path, n = results / f"{stem}-{n}.json", n + 1
+    text = json.dumps(report, indent=1, default=str) + "\n"
+    path.write_text(text)
+    (results / "latest.json").write_text(text)
+    return path
+
+
+def _fmt(v, digits=3):
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.{digits}g}"
+    return str(v)
+
+
+def _table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def render_record(rec):
+    """The record as the Markdown tables of docs/performance.md."""
+    v = rec.get("versions", {})
+    c = rec.get("ceilings", {})
+    ds = c.get("datasheet", {})
+    md = [f"**{rec.get('gpu')}**, {rec.get('date')}, commit `{rec.get('commit')}`"
+          + (" (dry run in the simulator: nothing measured)" if rec.get("dry_run") else "")
+          + f"; numba {v.get('numba')}, numba-cuda {v.get('numba-cuda')}, CuPy {v.get('cupy')}, "
+          f"torch {v.get('torch')}, driver {v.get('driver', '?')}.\n"]
+    if rec.get("source"):
+        md.append(f"\nSource: {rec['source']}\n")
+    md.append("\n" + _table(["ceiling", "measured", "data sheet"], [
+        ["float32 FMA (SIMT), TFLOP/s", _fmt(c.get("fma_TFLOPs")), _fmt(ds.get("fp32_TFLOPs"))],
+        ["copy bandwidth (read + write), GB/s", _fmt(c.get("copy_GBps"), 4),
+         _fmt(ds.get("hbm_GBps"), 4)],
+        ["float16 tensor cores (dense), TFLOP/s", "", _fmt(ds.get("fp16_tensor_TFLOPs"))]]))
+    fma = c.get("fma_TFLOPs")
+    for part, title in (("bench_forward", "Forward"), ("bench_backward", "Backward")):
+        rows = rec.get(part, {}).get("rows") or []
+        body = []
+        for r in rows:
+            ours = r.get("TFLOP/s", r.get("ms (simulator)"))
+            peer = r.get("torch TFLOP/s", r.get("torch SDPA TFLOP/s"))
+            ratio = ours / peer if isinstance(ours, float) and isinstance(peer, float) else None
+            frac = (f"{100 * ours / fma:.0f}%" if isinstance(ours, float) and fma else "")
+            body.append([r.get("dtype"), r.get("d"), "yes" if r.get("causal") else "no",
+                         f"{r.get('B', '')}x{r.get('H', '')}", r.get("N"), _fmt(ours),
+                         _fmt(peer), _fmt(ratio, 2), frac])
+        md.append(f"\n{title} (TFLOP/s; flash-attn's FLOP count):\n\n")
+        md.append(_table(["dtype", "d", "causal", "B x H", "N", "numba_flash", "torch SDPA",
+                          "ratio", "of fp32 FMA ceiling"], body) if body else "(no rows)\n")
+    rows = rec.get("bench_decode", {}).get("rows") or []
+    body = [[r.get("dtype"), r.get("cache"), r.get("context"), _fmt(r.get("ms")),
+             _fmt(r.get("GB/s")), _fmt(r.get("% copy"), 2), r.get("peer", ""),
+             _fmt(r.get("peer GB/s"))] for r in rows]
+    md.append("\nDecode (GB/s of K/V read: only the K and V bytes count; % of the copy "
+              "ceiling):\n\n")
+    md.append(_table(["dtype", "cache", "context", "ms", "GB/s", "% copy", "peer", "peer GB/s"],
+                     body) if body else "(no rows)\n")
+    kernels = (rec.get("ncu") or {}).get("kernels") or []
+    if kernels:
+        cols = ["kernel", "block", "grid", "registers", "static smem", "theoretical occupancy",
+                "achieved occupancy", "DRAM throughput", "issue slots busy", "duration"]
+        md.append("\nNsight Compute, one launch per kernel at benchmark size:\n\n")
+        md.append(_table(cols, [[k.get(col, "") for col in cols] for k in kernels]))
+    return "".join(md)
+
+
+def render_main(path):
+    p = Path(path)
+    if not p.exists():
+        print(f"No GPU record yet: {path} does not exist. A session with a GPU writes it with "
+              "`python bench/gpu_check.py OUTDIR` and commits it.")
+        return 0
+    rec = json.loads(p.read_text())
+    problems = validate_record(rec)
+    print(render_record(rec), end="")
+    for pr in problems:
+        print(f"\nrecord problem: {pr}")
+    return 1 if problems else 0
+
+
 def run_part(report, name, fn, *args):
     t0 = time.time()
     print(f"== {name}", flush=True)
@@ -203,24 +579,42 @@ def run_part(report, name, fn, *args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("outdir", help="folder for gpu_check.json and gpu_check.md")
+    ap.add_argument("outdir", nargs="?", help="folder for gpu_check.json and gpu_check.md")
     ap.add_argument("--dry-run", action="store_true",
                     help="run everything in the simulator at toy sizes (for CI)")
     ap.add_argument("--skip-tests", action="store_true", help="skip part 3")
+    ap.add_argument("--ncu", action="store_true",
+                    help="part 5: Nsight Compute summary per kernel (adds about 2 minutes)")
+    ap.add_argument("--record", metavar="DIR", default=None,
+                    help="where the record goes (default bench/results on a GPU; a dry run "
+                         "writes one only when given)")
+    ap.add_argument("--render", metavar="RECORD", help="print RECORD (a results JSON) as the "
+                    "Markdown tables of docs/performance.md and exit")
+    ap.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.render:
+        return render_main(args.render)
     dry = args.dry_run
+    if args.ncu_target:
+        ncu_target(dry)
+        return 0
+    if args.outdir is None:
+        ap.error("OUTDIR is required")
     if not dry and numba_flash.backend() != "cuda":
         print("no GPU backend here: use --dry-run", file=sys.stderr)
         return 2
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": dry}
+    report = {"record_format": RECORD_FORMAT,
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "dry_run": dry}
     try:
         report["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                          capture_output=True, text=True).stdout.strip()
+                                          capture_output=True, text=True).stdout.strip() or "?"
     except Exception:  # noqa: BLE001
         report["commit"] = "?"
     run_part(report, "versions", part_versions, dry)
+    report["gpu"] = report["versions"].get("device", "?") if isinstance(
+        report.get("versions"), dict) else "?"
     run_part(report, "ceilings", part_ceilings, dry)
     if not args.skip_tests:
         run_part(report, "tests", part_tests, dry, 150 if not dry else 300)
@@ -228,31 +622,43 @@ def main(argv=None):
         {"forward": 300, "backward": 300, "decode": 300}
     for name, budget in budgets.items():
         run_part(report, f"bench_{name}", part_bench, name, dry, outdir, budget)
+    if args.ncu:
+        run_part(report, "ncu", part_ncu, dry, 240)
 
     ceilings = report.get("ceilings", {})
     md = [f"# GPU check {report['date']} (commit {report['commit']})\n"]
     v = report.get("versions", {})
     md.append("| " + " | ".join(f"{k}: {val}" for k, val in v.items()
                                if not isinstance(val, dict)) + " |\n")
-    md.append(f"\nCeilings: copy bandwidth {ceilings.get('copy_GBps')} GB/s, "
-              f"fp32 FMA {ceilings.get('fma_TFLOPs')} TFLOP/s\n")
+    ds = ceilings.get("datasheet", {})
+    md.append(f"\nCeilings: copy bandwidth {ceilings.get('copy_GBps')} GB/s measured "
+              f"({ds.get('hbm_GBps')} data sheet), fp32 FMA {ceilings.get('fma_TFLOPs')} TFLOP/s "
+              f"measured ({ds.get('fp32_TFLOPs')} data sheet)\n")
     t = report.get("tests", {})
     md.append(f"\nTests on the device: {t.get('summary', t.get('error', 'skipped'))}\n")
     for name in budgets:
         part = report.get(f"bench_{name}", {})
         md.append(f"\n## {name}\n\n")
         if "rows" in part:
-            md.append(markdown_table(add_fractions(part["rows"], ceilings)))
+            md.append(markdown_table(add_fractions([dict(r) for r in part["rows"]], ceilings)))
         else:
             md.append(f"no table: {part.get('error') or part.get('stderr_tail')}\n")
+    md.append("\n## as rendered in docs/performance.md\n\n" + render_record(report))
     (outdir / "gpu_check.md").write_text("".join(md))
     (outdir / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {outdir / 'gpu_check.md'} and {outdir / 'gpu_check.json'}")
+    record_dir = args.record or (None if dry else RESULTS)
+    if record_dir is not None:
+        path = write_record(report, record_dir)
+        print(f"wrote the record {path} and {Path(record_dir) / 'latest.json'}: commit both")
+    problems = validate_record(report)
+    for pr in problems:
+        print(f"record problem: {pr}")
     failed = [k for k, val in report.items() if isinstance(val, dict) and
               (val.get("error") or val.get("returncode", 0) != 0)]
     if failed:
         print("parts with problems:", ", ".join(failed))
-    return 1 if failed else 0
+    return 1 if failed or problems else 0
 
 
 if __name__ == "__main__":

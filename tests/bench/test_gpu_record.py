@@ -1,0 +1,120 @@
+"""The GPU record's format (bench/results/*.json), its renderer and the Nsight Compute parser,
+on a record with every measured key (the shape a GPU run of bench/gpu_check.py writes)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+import gpu_check as gc
+
+
+def measured_record():
+    return {
+        "record_format": gc.RECORD_FORMAT, "date": "2026-11-30 12:00:00 UTC", "dry_run": False,
+        "commit": "38a7cb7", "gpu": "NVIDIA H200",
+        "versions": {"numba": "0.68.0", "numba-cuda": "0.30.4", "cupy": "14.2", "torch": "2.11",
+                     "device": "NVIDIA H200", "driver": "13.0"},
+        "ceilings": {"copy_GBps": 4165.0, "fma_TFLOPs": 30.8, "datasheet": gc.datasheet("H200")},
+        "bench_forward": {"rows": [
+            {"dtype": "float32", "d": 64, "causal": False, "B": 4, "H": 16, "N": 4096,
+             "ms": 5.3, "TFLOP/s": 13.0, "torch TFLOP/s": 34.9},
+            {"dtype": "float16", "d": 64, "causal": True, "B": 4, "H": 16, "N": 4096,
+             "ms": 2.9, "TFLOP/s": 11.8, "torch TFLOP/s": 378.0}]},
+        "bench_backward": {"rows": [
+            {"dtype": "float16", "B": 2, "H": 8, "N": 4096, "d": 64, "causal": False,
+             "ms": 3.3, "TFLOP/s": 10.4, "torch SDPA TFLOP/s": 220.0}]},
+        "bench_decode": {"rows": [
+            {"dtype": "float16", "cache": "paged/16", "context": 32768, "splits": 64,
+             "ms": 7.51, "GB/s": 143.0, "% copy": 3.4, "peer": "torch gather + SDPA",
+             "peer GB/s": 479.0}]},
+    }
+
+
+def test_measured_record_is_valid_and_renders():
+    rec = measured_record()
+    assert gc.validate_record(rec) == []
+    md = gc.render_record(rec)
+    assert "**NVIDIA H200**, 2026-11-30 12:00:00 UTC, commit `38a7cb7`" in md
+    assert "| float32 | 64 | no | 4x16 | 4096 | 13 | 34.9 | 0.37 | 42% |" in md
+    assert "| float16 | 64 | no | 2x8 | 4096 | 10.4 | 220 | 0.047 | 34% |" in md
+    assert "| float16 | paged/16 | 32768 | 7.51 | 143 | 3.4 | torch gather + SDPA | 479 |" in md
+    assert "| float32 FMA (SIMT), TFLOP/s | 30.8 | 66.9 |" in md
+
+
+@pytest.mark.parametrize("part, key", [("bench_forward", "TFLOP/s"),
+                                       ("bench_forward", "torch TFLOP/s"),
+                                       ("bench_forward", "causal"),
+                                       ("bench_backward", "torch SDPA TFLOP/s"),
+                                       ("bench_decode", "GB/s"), ("bench_decode", "% copy"),
+                                       ("bench_decode", "peer GB/s"),
+                                       ("bench_decode", "context")])
+def test_a_missing_key_is_a_problem(part, key):
+    rec = measured_record()
+    del rec[part]["rows"][0][key]
+    problems = gc.validate_record(rec)
+    assert problems and part in problems[0]
+
+
+def test_missing_parts_and_dry_runs():
+    rec = measured_record()
+    del rec["commit"]
+    rec["bench_decode"]["rows"] = []
+    assert len(gc.validate_record(rec)) == 2
+    # a dry run needs the structural keys only; without torch no peer column is required
+    rec = measured_record()
+    rec["dry_run"] = True
+    for r in rec["bench_forward"]["rows"]:
+        del r["TFLOP/s"], r["torch TFLOP/s"]
+    assert gc.validate_record(rec) == []
+    rec = measured_record()
+    rec["versions"]["torch"] = "not installed"
+    del rec["bench_forward"]["rows"][0]["torch TFLOP/s"]
+    assert gc.validate_record(rec) == []
+
+
+def test_write_record_names_and_latest(tmp_path):
+    rec = measured_record()
+    p1 = gc.write_record(rec, tmp_path)
+    p2 = gc.write_record(rec, tmp_path)
+    assert (p1.name, p2.name) == ("2026-11-30-h200.json", "2026-11-30-h200-2.json")
+    assert json.loads((tmp_path / "latest.json").read_text()) == rec
+    assert gc.gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+
+
+NCU_CSV = '''==PROF== Connected to process 123 (/usr/bin/python3.12)
+==PROF== Profiling "flash_forward": 0%....50%....100% - 9 passes
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d](Array<float, 4, C, mutable, aligned>)","1","7","(64, 1, 1)","(64, 64, 1)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","167"
+"0","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d](Array<float, 4, C, mutable, aligned>)","1","7","(64, 1, 1)","(64, 64, 1)","0","9.0","Occupancy","Theoretical Occupancy","%","15.62"
+"0","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d](Array<float, 4, C, mutable, aligned>)","1","7","(64, 1, 1)","(64, 64, 1)","0","9.0","Compute Workload Analysis","Issue Slots Busy","%","56.1"
+"1","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::merge::merge_kernel::<locals>::merge_states[abi:v2](Array<float, 3, C, mutable, aligned>)","1","7","(128, 1, 1)","(256, 1, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","3.02"
+ncu target: decode
+'''
+
+
+def test_parse_ncu_csv():
+    kernels = gc.parse_ncu_csv(NCU_CSV)
+    assert [k["kernel"] for k in kernels] == ["flash_forward", "merge_states"]
+    k = kernels[0]
+    assert (k["registers"], k["theoretical occupancy"], k["issue slots busy"]) == \
+        ("167 register/thread", "15.62 %", "56.1 %")
+    assert k["block"] == "(64, 1, 1)" and kernels[1]["DRAM throughput"] == "3.02 %"
+    rec = measured_record()
+    rec["ncu"] = {"kernels": kernels}
+    md = gc.render_record(rec)
+    assert "| flash_forward | (64, 1, 1) | (64, 64, 1) | 167 register/thread |" in md
+    assert gc.parse_ncu_csv("no csv here") == []
+
+
+def test_datasheet_and_render_of_missing_record(tmp_path, capsys):
+    assert gc.datasheet("NVIDIA H200")["fp32_TFLOPs"] == 66.9
+    assert gc.datasheet("NVIDIA L4") == {}
+    assert gc.render_main(tmp_path / "latest.json") == 0
+    assert "No GPU record yet" in capsys.readouterr().out
+    bad = copy.deepcopy(measured_record())
+    del bad["gpu"]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert gc.render_main(tmp_path / "bad.json") == 1
