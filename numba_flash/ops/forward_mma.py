@@ -1,0 +1,64 @@
+"""``forward_mma``: the attention forward on tensor cores (float16, ``mma.sync.m16n8k16``).
+
+``numba_flash.forward(..., kernel="mma")`` calls it; it takes the same arguments as the SIMT
+forward except the tile choice.  See :mod:`numba_flash.kernels.forward_mma` for the kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.validate import check_bool, check_qkv, check_scale
+from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..kernels.forward_mma import default_tiles, forward_grid, forward_mma_kernel
+from ..kernels.visibility import window_bounds
+from ..philox import dropout_params
+
+
+def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
+                seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Attention forward on tensor cores: ``o``, or ``(o, lse)`` with ``return_lse=True``.
+
+    ``q`` float16 ``[B, H, Nq, d]``, ``k`` and ``v`` float16 ``[B, Hkv, Nk, d]`` (``H`` a multiple
+    of ``Hkv``: GQA / MQA), ``d`` in 1..256.  The contract of :func:`numba_flash.forward` and
+    :func:`numba_flash.reference.attention`: ``S = softmax_scale * Q K^T`` (default
+    ``1/sqrt(d)``), bottom-right ``causal`` masking, ``window_size = (left, right)``,
+    ``softcap``, ``alibi_slopes`` (float32 ``[H]`` or ``[B, H]``), dropout drawn from ``seed``
+    exactly as :func:`numba_flash.dropout_mask`; a row that sees no key gets ``o = 0``,
+    ``lse = -inf``; NaN / inf inputs follow the reference's rules.
+
+    ``Q K^T`` and ``P V`` run in float16 with float32 accumulation (``P`` is rounded to float16
+    before ``P V``, as in flash-attn); the softmax runs in float32.  ``o`` is float16, ``lse``
+    float32 ``[B, H, Nq]``.  NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
+    """
+    b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
+    if dtype != np.float16:
+        raise TypeError(f"q: expected dtype float16 for the tensor-core forward, got {dtype}")
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
+    scale = check_scale(softmax_scale, d)
+    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
+    window = check_window(window_size)
+    softcap = check_softcap(softcap)
+    alibi = check_alibi(alibi_slopes, b, h)
+    use_dropout = float(dropout_p) > 0.0
+    num_warps, block_n, head_dim = default_tiles(d)
+    grid = forward_grid(nq, b, h, 16 * num_warps)
+    kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
+                                alibi is not None)
+    left, right = window_bounds(causal, window)
+
+    call = ArrayCall({"q": q, "k": k, "v": v})
+    dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    o = call.empty((b, h, nq, d), np.float16)
+    lse = call.empty((b, h, nq), np.float32)
+    alibi_d = call.input(alibi) if alibi is not None else call.input(np.zeros((1, 1), np.float32))
+    mods = (np.float32(softcap), np.float32(1.0 / softcap if softcap > 0.0 else 0.0))
+    dropout = (seed_lo, seed_hi, threshold, np.float32(keep_scale)) if use_dropout else ()
+    call.launch(kernel, grid, (32 * num_warps,),
+                dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o, lse,
+                np.float32(scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout)
+    if return_lse:
+        return call.result(o), call.result(lse)
+    return call.result(o)
