@@ -9,12 +9,15 @@
 from __future__ import annotations
 
 import os
+import warnings
 import zlib
 
 import numpy as np
 import pytest
 
-import numba_flash
+with warnings.catch_warnings():  # the suite knows it may run in the simulator: no summary entry
+    warnings.filterwarnings("ignore", message="no usable CUDA GPU found")
+    import numba_flash
 
 
 def pytest_collection_modifyitems(config, items):
