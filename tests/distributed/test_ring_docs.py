@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -52,16 +51,14 @@ def test_quoted_numbers():
     assert "| 9,060 | 18,120 |" in ring_cost.table()
 
 
-def test_demo_runs_under_mpiexec():
-    pytest.importorskip("mpi4py", reason="mpi4py not installed")
-    from test_ring_mpi import _mpiexec
-
-    if _mpiexec() is None:
-        pytest.skip("no mpiexec found (the mpich wheel provides one)")
-    proc = subprocess.run([sys.executable, str(ROOT / "docs/examples/ring_demo.py"),
-                           "--ranks", "2"], capture_output=True, text=True, timeout=240,
-                          cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    errs = {m[0]: float(m[1]) for m in re.findall(r"(\w+) max error (\S+)", proc.stdout)}
-    assert set(errs) == {"o", "dq", "dk", "dv"}, proc.stdout
-    assert max(errs.values()) < 1e-5, proc.stdout  # float32 (measured 1e-6 and below)
+def test_demo_output_quoted_on_the_page():
+    """The page quotes ``ring_demo.py --ranks 4`` (an mpiexec run); tests/docs/test_snippets.py
+    reruns that command and fails if the quoted text is stale, so checking the quoted numbers
+    here checks the run without a second mpiexec."""
+    page = (ROOT / "docs" / "ring-attention.md").read_text()
+    block = page.split("<!-- run: python docs/examples/ring_demo.py --ranks 4 -->", 1)[1]
+    block = block.split("```text\n", 1)[1].split("```", 1)[0]
+    errs = {m[0]: float(m[1]) for m in re.findall(r"4 ranks, N = 32: (\w+) max error (\S+)",
+                                                  block)}
+    assert set(errs) == {"o", "dq", "dk", "dv"}, block
+    assert max(errs.values()) < 1e-5, block  # float32 against the float64 oracle
