@@ -54,6 +54,8 @@ SIG = (types.Array(types.float32, 1, "C"),)
 '''
 
 PROBE = '''
+import numba_flash.kernels.jit as J
+J.source_fingerprint = lambda: "pinned"  # tested on its own below; the tree may change meanwhile
 from factory_mod import *
 out = {}
 k = factory(3, plus_one)
