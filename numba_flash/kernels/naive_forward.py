@@ -45,6 +45,7 @@ from numba import cuda
 
 from ..backend import on_simulator
 from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
+from .visibility import key_bounds
 
 
 #: query rows (= threads) per block: few in the simulator (one Python thread each).
@@ -90,10 +91,10 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
         m_i = acc_t(NEG_INF)
         l_i = acc_t(0.0)
 
-        n_keys = nk
-        if CAUSAL:
-            n_keys = min(nk, row + nk - nq + 1)  # bottom-right: row sees keys j <= row + nk - nq
-        for j in range(n_keys):
+        # the keys this row sees, [lo, hi) (the rule of visibility.py: causal is the window
+        # (-1, 0), aligned bottom-right: row sees keys j <= row + nk - nq)
+        lo, hi = key_bounds(row, nk - nq, nk, -1, 0 if CAUSAL else -1)
+        for j in range(lo, hi):
             s = acc_t(0.0)
             for c in range(d):
                 s += q_row[c] * acc_t(k[b, h_kv, j, c])
