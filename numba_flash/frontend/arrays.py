@@ -252,10 +252,14 @@ class ArrayCall:
         the first :meth:`input`."""
         copies = 0
         for x in self._inputs.values():
+            size = getattr(x, "nbytes", None)
+            if size is None:  # None or a non-array entry: nothing to copy
+                continue
+            contiguous = getattr(getattr(x, "flags", None), "c_contiguous", True)
             if not self.on_device:
-                copies += int(x.nbytes) * (1 if x.flags.c_contiguous else 2)
-            elif self._cupy is not None and not x.flags.c_contiguous:
-                copies += int(x.nbytes)
+                copies += int(size) * (1 if contiguous else 2)
+            elif self._cupy is not None and not contiguous:
+                copies += int(size)
         with self.device():
             return check_memory(self.op, buffers, device=True, work_bytes=copies + work_bytes,
                                 work_name="input copies and work arrays")

@@ -132,13 +132,18 @@ def _cache_classes():
 
 _KernelCache = None
 
+#: ``cuda.jit`` options that the simulator's ``jit`` rejects; ``kernel_jit`` drops them there
+_DEVICE_ONLY_OPTIONS = ("lineinfo", "launch_bounds", "max_registers", "extensions")
+
 
 def kernel_jit(func=None, **options):
     """``@kernel_jit`` or ``@kernel_jit(**options)`` in place of ``@cuda.jit``.
 
     The same options as ``cuda.jit`` (``fastmath``, ``debug``, ``lineinfo``...), lazy
     compilation only (no signature).  On the CUDA target, with caching enabled, the compiled
-    kernel is stored on disk and loaded by later processes; otherwise this is ``cuda.jit``.
+    kernel is stored on disk and loaded by later processes; otherwise this is ``cuda.jit``.  In
+    the simulator, options it does not know (``lineinfo``, ``launch_bounds``, ``max_registers``)
+    are dropped, so a kernel can ask for them on the device and still run thread by thread.
     """
     if func is None:
         return functools.partial(kernel_jit, **options)
@@ -146,6 +151,9 @@ def kernel_jit(func=None, **options):
         raise TypeError("kernel_jit: expected a function (kernels compile lazily, at first "
                         f"launch), got {type(func).__name__}")
     options.pop("cache", None)
+    if on_simulator():  # options the simulator's jit does not take (they tune device code only)
+        for name in _DEVICE_ONLY_OPTIONS:
+            options.pop(name, None)
     dispatcher = cuda.jit(**options)(func)
     if options.get("device") or not caching_enabled():
         return dispatcher

@@ -133,9 +133,16 @@ def test_simulator_kernel_jit_is_plain_cuda_jit():
         if i < x.size:
             x[i] += 1
 
+    @jit.kernel_jit(lineinfo=True, launch_bounds=8)  # device-only options: dropped here
+    def add_two(x):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] += 2
+
     x = np.zeros(5, np.float32)
     add_one[1, 8](x)
-    assert type(add_one).__name__ == "FakeCUDAKernel" and x.tolist() == [1.0] * 5
+    add_two[1, 8](x)
+    assert type(add_one).__name__ == "FakeCUDAKernel" and x.tolist() == [3.0] * 5
     with pytest.raises(TypeError, match="kernel_jit: expected a function"):
         jit.kernel_jit("void(float32[:])")
 

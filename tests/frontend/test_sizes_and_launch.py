@@ -157,3 +157,10 @@ def test_inputs_on_two_devices_rejected():
         k = cp.zeros((1, 1, 8, 16), cp.float32)
     with pytest.raises(ValueError, match="k: expected an array on GPU 0 .* got one on GPU 1"):
         numba_flash.forward(q, k, k)
+
+
+def test_reserve_counts_input_copies_and_skips_absent_inputs():
+    x = np.zeros((4, 8), np.float32)  # 128 bytes, copied to the device once
+    xt = np.zeros((8, 4), np.float32).T  # non-contiguous: a contiguous copy, then the device copy
+    call = ArrayCall({"x": x, "xt": xt, "block_table": None}, op="op")
+    assert call.reserve({"o": ((4, 8), np.float32)}) == 128 + 128 + 2 * 128
