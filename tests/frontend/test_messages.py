@@ -50,3 +50,10 @@ def test_helpers_compare_infinities_silently():
             assert_close(np.array([-np.inf], np.float32), np.array([np.inf]), np.float32)
         with pytest.raises(AssertionError, match="max abs error"):
             assert_scaled_close(np.array([np.inf, 1.0]), np.array([np.inf, 1.0]), 1e-3)
+
+
+def test_decode_uint64_seqlens_error_shows_the_value_passed():
+    q = np.zeros((1, 2, 16), np.float32)
+    k = np.zeros((1, 1, 8, 16), np.float32)
+    with pytest.raises(ValueError, match=r"^cache_seqlens: .* got 18446744073709551615 at index 0"):
+        numba_flash.decode(q, k, k, cache_seqlens=np.array([2**64 - 1], np.uint64))
