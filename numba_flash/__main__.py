@@ -90,8 +90,9 @@ def _warmup(args):
     def report(i, n, name, seconds, source):
         print(f"[{i:>{width}}/{n}] {name:<48} {seconds:6.2f} s  {source}", flush=True)
 
-    print(f"warmup: {len(configs)} configurations for GPU {cuda.get_current_device().id} "
-          f"({cuda.get_current_device().name!s})", flush=True)
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    print(f"warmup: {len(configs)} configurations for GPU {dev.id} ({name})", flush=True)
     import time
 
     t0 = time.perf_counter()
