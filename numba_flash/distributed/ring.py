@@ -75,7 +75,7 @@ def _agree(ring, arrays, scalars, local_check):
     err, info = None, None
     try:
         info = local_check()
-    except (TypeError, ValueError) as e:  # report after the collective, so no rank hangs
+    except Exception as e:  # noqa: BLE001  raised after the collective, so no rank hangs
         err = e
     vec = [0 if err is None else 1]
     for x in arrays.values():
@@ -106,7 +106,7 @@ def _agree(ring, arrays, scalars, local_check):
     return info
 
 
-def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None):
+def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flags=None):
     """Local checks (types, GQA shapes, self-attention shard lengths) and the cross-rank one."""
     from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
                                      check_same_kind, check_scale)
@@ -120,6 +120,8 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None):
             raise ValueError(f"k: ring attention is self-attention over shards of equal length: "
                              f"expected N_local {nq} (that of q), got {nk}")
         check_bool("causal", causal)
+        for name, value in (flags or {}).items():  # per-rank options (return_lse)
+            check_bool(name, value)
         check_layout(layout)
         scale = check_scale(softmax_scale, d)
         per_rank = len(rank_chunks(0, 1, layout))
@@ -223,7 +225,8 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
     every rank raises the same ValueError (naming the rank and the argument) if not.
     """
     ring = as_ring_comm(comm)
-    b, h, hkv, n, d, dtype, scale = _check_shards(ring, q, k, v, causal, softmax_scale, layout)
+    b, h, hkv, n, d, dtype, scale = _check_shards(ring, q, k, v, causal, softmax_scale, layout,
+                                                  flags={"return_lse": return_lse})
     causal = bool(causal)
     forward, merge_states = _op("forward"), _op("merge_states")
     xp = _xp(q)

@@ -170,6 +170,7 @@ def test_one_rank_with_bad_input_does_not_hang_the_others():
     ({}, ((1, 2, 5, 8), (1, 1, 5, 8)), ValueError, r"q: the zigzag layout .* even N_local, got 5"),
     ({"layout": "striped"}, ((1, 2, 4, 8), (1, 1, 4, 8)), ValueError, "layout"),
     ({"causal": 1}, ((1, 2, 4, 8), (1, 1, 4, 8)), TypeError, "causal: expected a bool"),
+    ({"return_lse": "yes"}, ((1, 2, 4, 8), (1, 1, 4, 8)), TypeError, "return_lse: expected a bool"),
     ({"softmax_scale": -1.0}, ((1, 2, 4, 8), (1, 1, 4, 8)), ValueError, "softmax_scale"),
     ({}, ((1, 3, 4, 8), (1, 2, 4, 8)), ValueError, "divides the 3 query heads"),
 ])
