@@ -1,5 +1,6 @@
 """bench/gpu_check.py --dry-run: the one-shot GPU script exercised end to end in the simulator,
-so that it runs unchanged the first time a GPU is lent."""
+so that it runs unchanged the first time a GPU is lent, and writes a record in the format that
+docs/performance.md renders."""
 
 from __future__ import annotations
 
@@ -12,17 +13,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_check_dry_run(tmp_path):
+    results = tmp_path / "results"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), str(tmp_path),
-                           "--dry-run"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+                           "--dry-run", "--ncu", "--record", str(results)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     for part in ("versions", "ceilings", "tests", "bench_forward", "bench_backward",
-                 "bench_decode"):
+                 "bench_decode", "ncu"):
         assert part in report and "error" not in report[part], (part, report.get(part))
     assert report["tests"]["returncode"] == 0
     for name in ("forward", "backward", "decode"):
         assert report[f"bench_{name}"]["rows"], name
     md = (tmp_path / "gpu_check.md").read_text()
-    for heading in ("## forward", "## backward", "## decode"):
+    for heading in ("## forward", "## backward", "## decode", "## as rendered"):
         assert heading in md
     assert "(no rows)" not in md and "no table" not in md
+    # the record: <date>-<gpu>.json and latest.json, identical, valid, renderable
+    files = sorted(p.name for p in results.iterdir())
+    assert "latest.json" in files and len(files) == 2, files
+    dated = next(p for p in results.iterdir() if p.name != "latest.json")
+    assert dated.name.startswith(report["date"][:10])
+    assert dated.read_text() == (results / "latest.json").read_text()
+    import gpu_check
+
+    rec = json.loads((results / "latest.json").read_text())
+    assert rec["dry_run"] is True and rec["record_format"] == gpu_check.RECORD_FORMAT
+    assert gpu_check.validate_record(rec) == []
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--render",
+                          str(results / "latest.json")], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert rec["commit"] in out.stdout and "Forward" in out.stdout and "Decode" in out.stdout
