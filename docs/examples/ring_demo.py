@@ -2,7 +2,10 @@
 
 Run with any number of ranks (the mpich wheel of the ``mpi`` extra provides ``mpiexec``)::
 
-    mpiexec -n 4 python docs/examples/ring_demo.py
+    mpiexec -n 4 python -m mpi4py docs/examples/ring_demo.py
+
+(``-m mpi4py``: an uncaught exception on one rank aborts them all instead of leaving the
+others waiting.)
 
 Every rank builds the same whole sequence (same seed), keeps its zig-zag shard, runs the causal
 ring forward and backward, and rank 0 gathers the shards and compares with the float64 oracle
@@ -29,8 +32,8 @@ if __name__ == "__main__" and "--ranks" in sys.argv:  # launcher: mpiexec -n R t
                or shutil.which("mpiexec"))
     if mpiexec is None:
         sys.exit("no mpiexec found: pip install mpich (or numba_flash[mpi])")
-    proc = subprocess.run([mpiexec, "-n", ranks, sys.executable, __file__], timeout=600,
-                          capture_output=True, text=True)
+    proc = subprocess.run([mpiexec, "-n", ranks, sys.executable, "-m", "mpi4py", __file__],
+                          timeout=600, capture_output=True, text=True)
     print(proc.stdout, end="")
     if proc.returncode:
         sys.exit(proc.stderr)

@@ -7,7 +7,7 @@ whole sequence.  Prints one line per case and exits 1 if any case is off (or rai
 ``--seeds N`` repeats over N seeds and prints the largest errors (how the bounds were measured).
 
 Used by tests/distributed/test_ring_mpi.py; run by hand with
-``mpiexec -n 4 python tests/distributed/ring_mpi_check.py``.
+``mpiexec -n 4 python -m mpi4py tests/distributed/ring_mpi_check.py``.
 """
 
 from __future__ import annotations

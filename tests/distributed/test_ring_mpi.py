@@ -32,8 +32,10 @@ def test_ring_under_mpiexec(ranks):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, str(CHECK)],
-                              capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+        # -m mpi4py: an exception on one rank aborts all of them instead of a hang until the timeout
+        proc = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py",
+                               str(CHECK)], capture_output=True, text=True, timeout=TIMEOUT_S,
+                              env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"mpiexec -n {ranks} timed out after {TIMEOUT_S} s:\n{e.stdout}\n{e.stderr}")
     out = proc.stdout + proc.stderr
