@@ -114,16 +114,17 @@ class NcclComm:
     there with one rank only (the one multi-rank run a single GPU allows); multi-GPU timing is
     unmeasured.
 
-    Build it from an existing NCCL communicator, or with :meth:`from_mpi`, which creates one
-    over the ranks of an mpi4py communicator (each process must have selected its GPU first).
+    Build it from an existing NCCL communicator (``rank`` and ``size`` default to its
+    ``rank_id()`` and ``size()``), or with :meth:`from_mpi`, which creates one over the ranks of
+    an mpi4py communicator (each process must have selected its GPU first).
     """
 
-    def __init__(self, nccl_comm, *, stream=None):
+    def __init__(self, nccl_comm, *, rank=None, size=None, stream=None):
         import cupy
 
         self.comm = nccl_comm
-        self.rank = int(nccl_comm.rank_id())
-        self.size = int(nccl_comm.size())
+        self.rank = int(nccl_comm.rank_id() if rank is None else rank)
+        self.size = int(nccl_comm.size() if size is None else size)
         self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
 
     @classmethod
@@ -133,8 +134,8 @@ class NcclComm:
 
         uid = nccl.get_unique_id() if mpi_comm.Get_rank() == 0 else None
         uid = mpi_comm.bcast(uid, root=0)
-        comm = nccl.NcclCommunicator(mpi_comm.Get_size(), uid, mpi_comm.Get_rank())
-        return cls(comm, stream=stream)
+        rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        return cls(nccl.NcclCommunicator(size, uid, rank), rank=rank, size=size, stream=stream)
 
     def allgather_ints(self, vec):
         import cupy
