@@ -12,7 +12,9 @@ queries against the shard it holds:
 The transfer hides behind the compute when bytes / bandwidth <= FLOPs / throughput, i.e. for
 shards of at least
 
-    N_local >= (throughput / bandwidth) * (Hkv / H) * itemsize * 2 / c,   c = 4 (no mask), 2 (causal)
+    N_local >= (throughput / bandwidth) * (Hkv / H) * itemsize * 2 / c
+
+with c = 4 (no mask) or 2 (causal)
 
 tokens (B and d cancel).  The backward sends K/V (itemsize) and the dK/dV accumulators (float32)
 and computes 2.5x the forward FLOPs, so its threshold is (itemsize + 4) / (2.5 * itemsize)
@@ -50,7 +52,8 @@ def hiding_length(throughput, bandwidth, h, hkv, itemsize, causal, backward=Fals
 
 
 def table():
-    rows = ["| compute side (one H200) | link | heads H:Hkv | no mask | causal | backward, causal (same throughput) |",
+    rows = ["| compute side (one H200) | link | heads H:Hkv | no mask | causal "
+            "| backward, causal (same throughput) |",
             "|---|---|---|---:|---:|---:|"]
     for cname, (flops, itemsize) in COMPUTE.items():
         for lname, bw in LINKS.items():

@@ -123,8 +123,9 @@ def draw_zigzag(path, world=4):
         ax.set_xlabel("key chunk")
         ax.set_ylabel("query chunk")
         ax.tick_params(length=0)
-        held = "; ".join(f"r{r}: {','.join(str(c) for c in sorted(k for k, v in owner.items() if v == r))}"
-                         for r in range(world))
+        held = "; ".join(
+            f"r{r}: " + ",".join(str(c) for c in sorted(k for k, v in owner.items() if v == r))
+            for r in range(world))
         ax.set_title(f"{layout}\n{held}", fontsize=10)
 
     axb = axes[2]

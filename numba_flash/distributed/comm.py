@@ -84,7 +84,8 @@ class MpiRingComm:
         if _is_cupy(send):
             import cupy
 
-            cupy.cuda.get_current_stream().synchronize()  # send must be complete before MPI reads it
+            # the send buffer must be complete before MPI reads it
+            cupy.cuda.get_current_stream().synchronize()
         # raw bytes: MPI has no float16 type, and the ring only moves whole arrays
         reqs = [self.comm.Irecv([recv, MPI.BYTE], source=source, tag=tag),
                 self.comm.Isend([send, MPI.BYTE], dest=dest, tag=tag)]

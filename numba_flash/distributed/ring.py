@@ -136,7 +136,8 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
                 shape, dt = check_array(name, named[name], 4)
                 check_same_dtype({"q": dtype, name: dt})
                 if shape != (b, h, nq, d):
-                    raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, got {shape}")
+                    raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, "
+                                     f"got {shape}")
             shape, _ = check_array("lse", named["lse"], 3, dtypes=(acc_dtype(dtype),))
             if shape != (b, h, nq):
                 raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, N_local] of q), "

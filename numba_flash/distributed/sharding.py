@@ -131,7 +131,7 @@ def _unshard(shards, axis, layout):
 
 
 def zigzag_shard(x, rank, world, axis=2):
-    """Rank ``rank``'s zig-zag shard of ``x``: chunks ``rank`` and ``2*world-1-rank`` of ``2*world``.
+    """Rank ``rank``'s zig-zag shard of ``x``: chunks ``rank``, ``2*world-1-rank`` of ``2*world``.
 
     ``x.shape[axis]`` must be a multiple of ``2 * world`` (ValueError otherwise).  Returns a new
     array of length ``x.shape[axis] / world`` on ``axis``.
