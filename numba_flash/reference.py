@@ -433,7 +433,8 @@ def blocked_attention(
                     acc = alpha[:, None] * acc + p @ v[b, hh, k_start:k_end]
                     m_i = m_new
                 seen = l_i > 0
-                o[b, hh, q_start:q_end] = np.where(seen[:, None], acc / np.where(seen, l_i, 1.0)[:, None], 0.0)
+                l_safe = np.where(seen, l_i, 1.0)[:, None]
+                o[b, hh, q_start:q_end] = np.where(seen[:, None], acc / l_safe, 0.0)
                 with np.errstate(divide="ignore"):
                     lse[b, hh, q_start:q_end] = np.where(seen, m_i + np.log(l_i), -np.inf)
             # [/docs:blocked-attention-loop]
@@ -452,8 +453,10 @@ def merge_states(o_parts, lse_parts):
         \text{lse} = \log \sum_p e^{\text{lse}_p},\qquad
         o = \sum_p e^{\text{lse}_p - \text{lse}}\; o_p
 
-    A part with ``lse_p = -inf`` (it saw no key) contributes nothing; if every part is ``-inf``
-    the result is ``o = 0``, ``lse = -inf``.
+    A part with ``lse_p = -inf`` (it saw no key) contributes nothing, whatever its ``o_p``
+    holds; if every part is ``-inf`` the result is ``o = 0``, ``lse = -inf``.  A part with
+    ``lse_p = NaN`` makes ``o`` and ``lse`` NaN; a part with ``lse_p = +inf`` gives
+    ``lse = +inf`` and ``o = NaN`` (as :mod:`numba_flash.kernels.merge` does).
     """
     o_parts = np.asarray(o_parts, dtype=np.float64)
     lse_parts = np.asarray(lse_parts, dtype=np.float64)
@@ -465,11 +468,18 @@ def merge_states(o_parts, lse_parts):
     # [docs:merge-states]
     m = lse_parts.max(axis=0)
     m_safe = np.where(np.isfinite(m), m, 0.0)
-    w = np.exp(lse_parts - m_safe)  # exp(-inf) = 0: empty parts weigh nothing
+    empty = lse_parts == -np.inf  # parts that saw no key weigh nothing, whatever their o holds
+    w = np.where(empty, 0.0, np.exp(np.where(empty, 0.0, lse_parts - m_safe)))
     total = w.sum(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(total > 0, m_safe + np.log(total), -np.inf)
-        o = np.where(total[..., None] > 0, (w[..., None] * o_parts).sum(axis=0) / np.where(total > 0, total, 1.0)[..., None], 0.0)
+        o_sum = (w[..., None] * np.where(empty[..., None], 0.0, o_parts)).sum(axis=0)
+        o = np.where(total[..., None] > 0, o_sum / np.where(total > 0, total, 1.0)[..., None], 0.0)
+    # a NaN part poisons the row (o and lse NaN); a +inf part gives lse = +inf and o = NaN
+    poisoned = np.isnan(lse_parts).any(axis=0)
+    infinite = (lse_parts == np.inf).any(axis=0) & ~poisoned
+    lse = np.where(poisoned, np.nan, np.where(infinite, np.inf, lse))
+    o = np.where((poisoned | infinite)[..., None], np.nan, o)
     return o, lse
     # [/docs:merge-states]
 

@@ -190,16 +190,19 @@ def test_non_finite_semantics(rng):
     k = rng.standard_normal((b, h, nk, d))
     v = rng.standard_normal((b, h, nk, d))
     # causal, Nk - Nq = 2: row 0 sees keys 0..2, row 3 sees keys 0..5
-    q1 = q.copy(); q1[0, 0, 1, 0] = np.nan
+    q1 = q.copy()
+    q1[0, 0, 1, 0] = np.nan
     o, lse = ref.attention(q1, k, v, causal=True)
     assert np.isnan(o[0, 0, 1]).all() and np.isnan(lse[0, 0, 1])
     assert np.isfinite(np.delete(o[0, 0], 1, axis=0)).all()
     for bad in (np.nan, np.inf, -np.inf):
-        k1 = k.copy(); k1[0, 0, 4, 1] = bad  # key 4: seen by rows 2 and 3 only
+        k1 = k.copy()
+        k1[0, 0, 4, 1] = bad  # key 4: seen by rows 2 and 3 only
         o, lse = ref.attention(q, k1, v, causal=True)
         assert np.isnan(o[0, 0, 2:]).all() and np.isnan(lse[0, 0, 2:]).all()
         assert np.isfinite(o[0, 0, :2]).all() and np.isfinite(lse[0, 0, :2]).all()
-        v1 = v.copy(); v1[0, 0, 5, 2] = bad  # key 5: seen by row 3 only, column 2
+        v1 = v.copy()
+        v1[0, 0, 5, 2] = bad  # key 5: seen by row 3 only, column 2
         o, lse = ref.attention(q, k, v1, causal=True)
         assert not np.isfinite(o[0, 0, 3, 2]) and np.isfinite(lse).all()
         assert np.isfinite(np.delete(o[0, 0].ravel(), 3 * d + 2)).all()
@@ -246,3 +249,17 @@ def test_variant_argument_checks():
         with pytest.raises(exc, match=msg):
             check_cu_seqlens("cu_seqlens_q", arr, total, mx, "max_seqlen_q")
 
+
+
+def test_merge_states_non_finite_parts():
+    o = np.array([[[1.0, 2.0]], [[np.nan, np.nan]], [[3.0, 4.0]]])  # 3 parts, 1 row, d = 2
+    lse = np.array([[0.5], [-np.inf], [0.5]])
+    om, lm = ref.merge_states(o, lse)  # an empty part's garbage o never leaks in
+    np.testing.assert_allclose(om, [[2.0, 3.0]])
+    np.testing.assert_allclose(lm, [0.5 + math.log(2.0)])
+    om, lm = ref.merge_states(o[[0, 2]], np.array([[0.5], [np.nan]]))
+    assert np.isnan(om).all() and np.isnan(lm).all()
+    om, lm = ref.merge_states(o[[0, 2]], np.array([[0.5], [np.inf]]))
+    assert np.isnan(om).all() and (lm == np.inf).all()
+    om, lm = ref.merge_states(o[[0, 1]], np.array([[-np.inf], [-np.inf]]))
+    assert (om == 0).all() and (lm == -np.inf).all()
