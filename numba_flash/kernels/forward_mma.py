@@ -257,6 +257,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                 v_bad[0] = 1  # a non-finite v, stored as 0: handled after P V
             cuda.syncthreads()  # k_tile, vt_tile and v_bad are complete before any fragment load
 
+            # [docs:mma-s]
             # -- S = Q K^T on the tensor cores: N_FRAGS accumulator fragments per warp
             for n in range(N_FRAGS):
                 for e in range(4):
@@ -267,6 +268,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                     b0, b1 = load_b_frag(k_tile, 8 * n, 8 * kc, g, t)
                     s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
                         a0, a1, a2, a3, b0, b1, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+            # [/docs:mma-s]
 
             # -- scale, mask (only tiles not inside the fully visible keys), score modifiers
             masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
@@ -283,6 +285,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                         x = score_mod(x, row, key, offset, softcap, inv_softcap, slope)
                     s[n, e] = x
 
+            # [docs:mma-softmax]
             # -- online softmax on the fragments: rows g (e = 0, 1) and g + 8 (e = 2, 3)
             for r in range(2):
                 mx = NEG_INF
@@ -305,6 +308,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                 for n in range(D_FRAGS):
                     for e in range(2 * r, 2 * r + 2):
                         acc[n, e] *= alpha
+            # [/docs:mma-softmax]
 
             if DROPOUT:
                 # -- P * keep / (1 - p) for P V: one Philox call per row and fragment covers the
@@ -323,6 +327,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                             else:
                                 s[n, 2 * r + e] = ZERO
 
+            # [docs:mma-pv]
             # -- acc += P V on the tensor cores: two S fragments are one A fragment of P
             for kk in range(P_STEPS):
                 a0 = pack_half2(s[2 * kk, 0], s[2 * kk, 1])
@@ -333,6 +338,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                     b0, b1 = load_b_frag(vt_tile, 8 * n, 8 * kk, g, t)
                     acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
                         a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+            # [/docs:mma-pv]
 
             if v_bad[0]:
                 # -- rare: a non-finite v[j, c] of a key j the row sees makes o[i, c] NaN.  The

@@ -41,8 +41,10 @@ Primitives (the kernels call these names; the backend picks the implementation a
 * :func:`pack_half2` - two float32 to one register of two float16 (round to nearest even):
   ``cvt.rn.f16x2.f32`` on the GPU (sm_80+), NumPy in the simulator.
 * :func:`half2_bits` - two float16 bit patterns (uint16) to one register (plain integer code).
-* :func:`load_a_frag`, :func:`load_b_frag` - a lane's ``A`` / ``B`` registers from a shared
-  tile of packed half pairs (plain loads; the same code runs in both backends).
+* :func:`load_a_frag`, :func:`load_b_frag`, :func:`load_b_frag_t` - a lane's ``A`` / ``B``
+  registers from a shared tile of packed half pairs (plain loads; the same code runs in both
+  backends); ``_t`` reads ``B`` from a tile that holds it untransposed (``ldmatrix.trans``'s
+  job, done with 16-bit shifts).
 * :func:`quad_max`, :func:`quad_sum` - a value combined over the 4 lanes of a quad
   (``shfl_xor_sync``, emulated by the simulator's warp exchange).
 
@@ -145,6 +147,7 @@ def _gpu_primitives():
     except ImportError:  # pragma: no cover - other numba-cuda versions
         from numba.core.errors import NumbaTypeError
 
+    # [docs:mma-intrinsic]
     @intrinsic
     def mma_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """``(d0, d1, d2, d3) = A B + C`` on the tensor cores; the fragment layout of the
@@ -173,6 +176,7 @@ def _gpu_primitives():
             return context.make_tuple(builder, sig.return_type, outs)
 
         return sig, codegen
+    # [/docs:mma-intrinsic]
 
     @intrinsic
     def pack_half2(typingctx, lo, hi):
@@ -197,6 +201,7 @@ def _gpu_primitives():
 # ------------------------------------------------------------------------------------------
 # simulator twins: the same layout, through memory
 # ------------------------------------------------------------------------------------------
+# [docs:mma-twin]
 def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """Simulator twin of the ``mma``: every lane publishes its six registers, rebuilds ``A`` and
     ``B`` by the PTX table and computes its own four ``D`` elements (float64, then float32)."""
@@ -215,6 +220,7 @@ def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         d = d + np.array([[c0, c1], [c2, c3]], np.float64)
     d = d.astype(np.float32)
     return d[0, 0], d[0, 1], d[1, 0], d[1, 1]
+# [/docs:mma-twin]
 
 
 def _sim_pack_half2(lo, hi):
@@ -263,6 +269,25 @@ def load_b_frag(tile, n0, word0, g, t):
     ``S = Q K^T``): ``b0 = tile[n0+g, word0+t]`` (``k = 2t, 2t+1``), ``b1 = tile[n0+g,
     word0+4+t]`` (``k = 2t+8, 2t+9``)."""
     return tile[n0 + g, word0 + t], tile[n0 + g, word0 + 4 + t]
+
+
+@_device
+def load_b_frag_t(tile, k0, n0, g, t):
+    """Registers ``b0, b1`` of the 16 x 8 ``B`` block whose row ``k`` is row ``k0 + k`` of
+    ``tile`` (uint32 ``[k, words]``: ``B`` stored as is, ``n`` along the packed halves), i.e.
+    ``B[k, n] = tile half (k0 + k, n0 + n)``: ``b0`` packs halves ``(k0+2t, n0+g)`` and
+    ``(k0+2t+1, n0+g)``, ``b1`` rows ``k0+2t+8`` and ``k0+2t+9``.  The two halves of a register
+    come from two rows, so each is cut out of its word (what ``ldmatrix.trans`` does in
+    hardware): 4 loads instead of 2.  Used where ``B`` is ``Q``, ``dO`` or ``K`` with the key /
+    query index as ``k`` (``dV = P^T dO``, ``dK = dS^T Q``, ``dQ = dS K``)."""
+    col = n0 + g
+    word = col >> 1
+    sh = uint32((col & 1) * 16)
+    h0 = uint32(tile[k0 + 2 * t, word] >> sh) & _LOW16
+    h1 = uint32(tile[k0 + 2 * t + 1, word] >> sh) & _LOW16
+    h2 = uint32(tile[k0 + 2 * t + 8, word] >> sh) & _LOW16
+    h3 = uint32(tile[k0 + 2 * t + 9, word] >> sh) & _LOW16
+    return half2_bits(h0, h1), half2_bits(h2, h3)
 
 
 @_device

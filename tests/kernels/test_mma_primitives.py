@@ -152,3 +152,36 @@ def test_twin_refuses_a_partial_warp():
     with pytest.raises(Exception, match="full warp"):
         with simulator.fast_switching():
             mma.fragment_kernel()[1, 16](regs, c, d)
+
+
+@cuda.jit
+def _frag_load_kernel(tile, out_a, out_b, out_bt):
+    lane = cuda.threadIdx.x
+    g = lane >> 2
+    t = lane & 3
+    a0, a1, a2, a3 = mma.load_a_frag(tile, 0, 0, g, t)
+    out_a[lane, 0] = a0
+    out_a[lane, 1] = a1
+    out_a[lane, 2] = a2
+    out_a[lane, 3] = a3
+    b0, b1 = mma.load_b_frag(tile, 0, 0, g, t)
+    out_b[lane, 0] = b0
+    out_b[lane, 1] = b1
+    c0, c1 = mma.load_b_frag_t(tile, 0, 0, g, t)
+    out_bt[lane, 0] = c0
+    out_bt[lane, 1] = c1
+
+
+def test_fragment_loads_match_the_ptx_layout(rng):
+    """A 16 x 16 float16 matrix M packed by rows: load_a_frag gives A = M, load_b_frag gives
+    B = M[:8].T (rows of the tile are columns n), load_b_frag_t gives B = M[:, :8]."""
+    m = rng.standard_normal((16, 16)).astype(np.float16)
+    tile = np.ascontiguousarray(m).view(np.uint32)  # [16, 8] words
+    out_a = np.zeros((32, 4), np.uint32)
+    out_b = np.zeros((32, 2), np.uint32)
+    out_bt = np.zeros((32, 2), np.uint32)
+    launch(_frag_load_kernel, tile, out_a, out_b, out_bt)
+    regs = ptx_registers(m, m[:8].T.copy())
+    np.testing.assert_array_equal(out_a, regs[:, :4])
+    np.testing.assert_array_equal(out_b, regs[:, 4:])
+    np.testing.assert_array_equal(out_bt, ptx_registers(m, m[:, :8].copy())[:, 4:])

@@ -1,0 +1,108 @@
+"""``backward_mma``: attention gradients on tensor cores (float16, ``mma.sync.m16n8k16``).
+
+``numba_flash.backward(..., kernel="mma")`` calls it.  The launch sequence: the SIMT preprocess
+(``D = rowsum(dO * O)``, ``dq_accum = 0``), the tensor-core dK/dV kernel (with atomic dQ, or the
+deterministic tensor-core dQ kernel after it), then the SIMT reduce kernel sums each GQA group's
+dK/dV in a fixed order and casts dQ, dK, dV to float16 (see
+:mod:`numba_flash.kernels.backward_mma`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
+                                 check_same_kind, check_scale)
+from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
+                                row_lanes)
+from ..kernels.backward_mma import (SPLIT_HEAD_DIMS, default_tiles, dkdv_mma_kernel,
+                                    dq_mma_kernel)
+from ..kernels.common import cdiv
+from ..kernels.visibility import window_bounds
+from ..philox import dropout_params
+
+
+def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
+                 seed=0, deterministic=False, window_size=(-1, -1), softcap=0.0,
+                 alibi_slopes=None):
+    """Gradients ``(dq, dk, dv)`` on tensor cores; the contract of :func:`numba_flash.backward`.
+
+    float16 ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and ``k``, ``v`` ``[B, Hkv, Nk, d]`` (GQA),
+    float32 ``lse [B, H, Nq]`` from the forward, and the forward's ``causal``,
+    ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``, ``dropout_p`` and
+    ``seed``.  Each gradient comes in its input's shape, float16; ``dk``, ``dv`` are summed over
+    each GQA group.  dQ is summed over K/V tiles with float32 atomic adds, or, with
+    ``deterministic=True``, by a second kernel without atomics (bitwise reproducible).
+    """
+    b, h, hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+    if dtype != np.float16:
+        raise TypeError(f"q: expected dtype float16 for the tensor-core backward, got {dtype}")
+    do_shape, do_dtype = check_array("do", do, 4)
+    o_shape, o_dtype = check_array("o", o, 4)
+    check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
+    for name, shape in (("do", do_shape), ("o", o_shape)):
+        if shape != (b, h, nq, d):
+            raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, got {shape}")
+    lse_shape, _ = check_array("lse", lse, 3, dtypes=(np.dtype(np.float32),))
+    if lse_shape != (b, h, nq):
+        raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
+    check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
+    causal = check_bool("causal", causal)
+    deterministic = check_bool("deterministic", deterministic)
+    scale = check_scale(softmax_scale, d)
+    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
+    window = check_window(window_size)
+    softcap = check_softcap(softcap)
+    alibi = check_alibi(alibi_slopes, b, h)
+    left, right = window_bounds(causal, window)
+    use_dropout = float(dropout_p) > 0.0
+    num_warps, head_dim = default_tiles(d)
+    flags = (use_dropout, softcap > 0.0, alibi is not None)
+
+    call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
+    do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
+    f32 = np.float32
+    dq = call.empty(q_in.shape, dtype)
+    dk = call.empty(k_in.shape, dtype)
+    dv = call.empty(v_in.shape, dtype)
+    dq_accum = call.empty(q_in.shape, f32)        # zeroed by the preprocess kernel
+    dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
+    dv_heads = call.empty((b, h, nk, d), f32)
+    delta = call.empty((b, h, nq), f32)
+    alibi_in = call.input(alibi) if alibi is not None else call.input(np.zeros((1, 1), f32))
+    u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
+    variant = (f32(scale), (np.int32(left), np.int32(right)),
+               (f32(softcap), f32(1.0 / softcap if softcap > 0.0 else 0.0)), alibi_in)
+    drop = (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else ()
+
+    # 1. D = rowsum(dO * O), dq_accum = 0 (the SIMT preprocess kernel)
+    t = elem_threads()
+    rows = cdiv(nq, t // row_lanes())
+    call.launch(preprocess_kernel(t, row_lanes(), dtype), fold_grid(rows, b, h), (t,),
+                o_in, do_in, delta, dq_accum, rows)
+
+    # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); two passes at d = 256
+    tiles_k = cdiv(nk, 16 * num_warps)
+    passes = ([(True, False), (False, True)] if head_dim in SPLIT_HEAD_DIMS
+              else [(True, True)])
+    for want_dv, want_dk in passes:
+        kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk,
+                               want_dk and not deterministic)
+        call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_in, delta,
+                    dq_accum, dk_heads, dv_heads, *variant, tiles_k, drop)
+
+    # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
+    if deterministic:
+        tiles_q = cdiv(nq, 16 * num_warps)
+        call.launch(dq_mma_kernel(num_warps, head_dim, *flags), fold_grid(tiles_q, b, h),
+                    (32 * num_warps,), *u16, lse_in, delta, dq_accum, *variant, tiles_q, drop)
+
+    # 4. sum each GQA group's dK, dV in a fixed order; cast everything to float16
+    for src, dst, heads, n in ((dq_accum, dq, h, nq), (dk_heads, dk, hkv, nk),
+                               (dv_heads, dv, hkv, nk)):
+        tiles = cdiv(n * d, t)
+        call.launch(reduce_kernel(t, np.dtype(f32), dtype), fold_grid(tiles, b, heads), (t,),
+                    src, dst, tiles)
+    return call.result(dq), call.result(dk), call.result(dv)
