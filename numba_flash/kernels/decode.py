@@ -92,8 +92,6 @@ SIM_ROWS_MAX = 4
 SIM_BLOCK_M = SIM_ROWS_MAX
 #: row counts a kernel is compiled for (the smallest that holds ``G * Nq`` is used)
 ROW_CHOICES = (1, 2, 4, 8)
-#: register budget for the per-lane q and accumulator: ROWS * DPL * bytes <= this (each)
-ROW_REG_BYTES = 128
 #: streaming multiprocessors of the GPU the default split count fills (H100 SXM / H200: 132)
 SM_COUNT = 132
 #: blocks per SM the default split count aims at when the batch alone does not fill the GPU
@@ -115,23 +113,40 @@ def padded_head_dim(d):
 
 
 def gpu_rows_max(dtype, HEAD_DIM):
-    """Most query rows per GPU block: q and acc registers ``ROWS * DPL`` each within
-    :data:`ROW_REG_BYTES` (f32 d=128: 8 rows; d=256: 4; float64 half of that)."""
-    dpl = HEAD_DIM // min(32, HEAD_DIM)
-    item = acc_dtype(dtype).itemsize
-    return max(r for r in ROW_CHOICES if r == 1 or r * dpl * item <= ROW_REG_BYTES)
+    """Most query rows per GPU block, so that the per-lane q and accumulator (``ROWS * DPL``
+    values each) stay in registers: float16/float32 8 rows up to ``HEAD_DIM = 64``, 4 at 128, 2
+    at 256; float64 half of that.  Chosen with ptxas (docs/resources.md): past these, LLVM stops
+    unrolling the row loops and the arrays go to local memory, or ptxas spills."""
+    rows = {16: 8, 32: 8, 64: 8, 128: 4, 256: 2}[HEAD_DIM]
+    return max(1, rows // 2) if np.dtype(dtype) == np.float64 else rows
+
+
+def gpu_min_blocks(dtype, HEAD_DIM, variant=False):
+    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``): 4 (at most
+    128 registers per thread) for float16/float32 up to ``HEAD_DIM = 128``; 3 (170) for the
+    softcap / ALiBi kernels there (128 spills); else 2 (255: the larger per-lane slices of
+    ``HEAD_DIM = 256`` and float64 need them)."""
+    if np.dtype(dtype) == np.float64 or HEAD_DIM > 128:
+        return 2
+    return 3 if variant else 4
+
+
+def keys_per_step(rows, dpl):
+    """``U``: 2 keys per group step (two K/V rows in flight per warp); 1 for 8 rows of 2+
+    elements per lane (LLVM leaves the larger unrolled body in local memory)."""
+    return 1 if rows >= 8 and dpl >= 2 else GPU_KEYS_PER_STEP
 
 
 def launch_shape(dtype, HEAD_DIM, n_rows):
     """``(THREADS, LANES, U, ROWS)`` for a group of ``n_rows = G * Nq`` query rows."""
     if on_simulator():
-        threads, lanes, u, rows_max = SIM_THREADS, min(SIM_LANES, HEAD_DIM), SIM_KEYS_PER_STEP, \
-            SIM_ROWS_MAX
-    else:
-        threads, lanes, u = GPU_THREADS, min(32, HEAD_DIM), GPU_KEYS_PER_STEP
-        rows_max = gpu_rows_max(dtype, HEAD_DIM)
+        rows_max = SIM_ROWS_MAX
+        rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
+        return SIM_THREADS, min(SIM_LANES, HEAD_DIM), SIM_KEYS_PER_STEP, rows
+    lanes = min(32, HEAD_DIM)
+    rows_max = gpu_rows_max(dtype, HEAD_DIM)
     rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-    return threads, lanes, u, rows
+    return GPU_THREADS, lanes, keys_per_step(rows, HEAD_DIM // lanes), rows
 
 
 def split_policy(num_splits, hkv, step):
@@ -176,16 +191,26 @@ def decode_grid(b, hkv, chunks, splits):
     return (x, int(splits))
 
 
+def jit_options(THREADS, dtype, HEAD_DIM, variant):
+    """``cuda.jit`` options: ``launch_bounds`` on the GPU (the simulator has no such option)."""
+    if on_simulator():
+        return {}
+    return {"launch_bounds": (THREADS, gpu_min_blocks(dtype, HEAD_DIM, variant))}
+
+
 @functools.lru_cache(maxsize=None)
 def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI=False):
     """Build (once per configuration) the fused split-KV decode kernel
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
-    counters, scale, paged, split_target, split_min, left, right, softcap, inv_softcap)``
+    counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
+    split_min, left, right, softcap, inv_softcap)``
 
     ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type); caches
-    ``[num_blocks, Hkv, block_size, d]`` read through ``block_table`` ``[B, max_blocks]`` when
-    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``block_table`` unused) when 0; ``seqlens`` ``[B]``;
+    ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size, d]``
+    views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
+    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
+    ``block_table`` unused) when 0; ``seqlens`` ``[B]``;
     ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``); ``o_part`` ``[splits, B * H * Nq,
     d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused with one split) and
     ``counters`` int32 ``[grid x]``, zero; the rest scalars (``scale``, ``softcap``,
@@ -210,10 +235,10 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
     merge_stats, merge_element = make_merge_functions(acc_t)
 
-    @cuda.jit
+    @cuda.jit(**jit_options(THREADS, dtype, HEAD_DIM, SOFTCAP or ALIBI))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
-                     counters, scale, paged, split_target, split_min, left, right, softcap,
-                     inv_softcap):
+                     counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size,
+                     split_target, split_min, left, right, softcap, inv_softcap):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = tid % LANES                    # my elements: lane + LANES * j, j < DPL
@@ -221,7 +246,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
-        hkv = k_cache.shape[1]
+        hkv = n_kv_heads
         group = n_heads // hkv
         n_rows = group * nq                   # query rows of this GQA group
         chunks = (n_rows + ROWS - 1) // ROWS
@@ -233,7 +258,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         n_splits = cuda.gridDim.y
         row0 = z * ROWS                       # first row of this block's chunk
         seqlen = seqlens[b]
-        block_size = k_cache.shape[2]
+        block_size = cache_block_size
         capacity = block_size                 # contiguous: Nmax
         if paged:
             capacity = block_table.shape[1] * block_size
@@ -261,10 +286,9 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         acc = cuda.local.array(RD, acc_t)
         m_i = cuda.local.array(ROWS, acc_t)
         l_i = cuda.local.array(ROWS, acc_t)
-        r_lo = cuda.local.array(ROWS, int32)
-        r_hi = cuda.local.array(ROWS, int32)
-        r_tok = cuda.local.array(ROWS, int32)
+        r_tok = cuda.local.array(ROWS, int32)   # (only ALiBi reads it)
         slope = cuda.local.array(ROWS, acc_t)
+        full = True                           # every row sees every key of [lo, hi): no mask
         for r in range(ROWS):
             row = row0 + r
             tok = row % nq
@@ -281,10 +305,8 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             l_i[r] = ZERO
             r_tok[r] = tok
             lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
-            if not live_row:
-                hi_r = lo_r                   # a padded row sees nothing
-            r_lo[r] = lo_r
-            r_hi[r] = hi_r
+            if live_row and (lo_r > lo or hi_r < hi):
+                full = False                  # some row does not see every key of the split
             slope[r] = ZERO
             if ALIBI and live_row:
                 slope[r] = acc_t(alibi[b, h])
@@ -316,17 +338,18 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                 blk = b
                 if paged and t < hi:
                     blk = block_table[b, jj]
-                ok = t < hi and 0 <= blk and blk < k_cache.shape[0]
+                ok = t < hi and 0 <= blk and blk < n_cache_blocks
                 if t < hi and not ok:
                     bad_entry = True          # never dereferenced
                 key_ok[u] = 1 if ok else 0
+                kv_row = (blk * hkv + kvh) * block_size + ss   # row of the [.., d] cache view
                 for j in range(DPL):
                     c = lane + LANES * j
                     kv = ZERO
                     vv = ZERO
                     if ok and c < d:
-                        kv = acc_t(k_cache[blk, kvh, ss, c])
-                        vv = acc_t(v_cache[blk, kvh, ss, c])
+                        kv = acc_t(k_cache[kv_row, c])
+                        vv = acc_t(v_cache[kv_row, c])
                     k_reg[u * DPL + j] = kv
                     v_reg[u * DPL + j] = vv
             slot += STEP                      # advance to my keys of the next step
@@ -351,7 +374,12 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                 m_new = m_old
                 for u in range(U):
                     t = base + grp * U + u
-                    if key_ok[u] != 0 and r_lo[r] <= t and t < r_hi[r]:
+                    vis = key_ok[u] != 0
+                    if vis and not full:      # a split at the band's edge: the rule, per row
+                        row = row0 + r
+                        lo_r, hi_r = key_bounds(row % nq, offset, seqlen, left, right)
+                        vis = row < n_rows and lo_r <= t and t < hi_r
+                    if vis:
                         s = score_mod(s_reg[r * U + u], r_tok[r], t, offset, softcap,
                                       inv_softcap, slope[r])
                         s_reg[r * U + u] = s
@@ -484,38 +512,36 @@ def kernel_args_types(dtype, ALIBI=False):
     acc_np = acc_dtype(dtype)
     acc_t = compute_type(dtype)
     i32 = types.int32
-    return (numba_array_type(dtype, 4), numba_array_type(dtype, 4), numba_array_type(dtype, 4),
+    return (numba_array_type(dtype, 4), numba_array_type(dtype, 2), numba_array_type(dtype, 2),
             numba_array_type(np.int32, 2), numba_array_type(np.int32, 1),
             numba_array_type(np.float32, 2), numba_array_type(dtype, 4),
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
-            acc_t, i32, i32, i32, i32, i32, acc_t, acc_t)
+            acc_t, i32, i32, i32, i32, i32, i32, i32, i32, acc_t, acc_t)
 
 
 def compile_configs():
-    """The GPU configurations the compile tier builds: every row count for float16/float32 at
-    ``HEAD_DIM`` 64, 128, 256; the largest row count at 16 and 32 and for float64; and the
-    softcap / ALiBi variants at ``HEAD_DIM`` 128.  (Other combinations are the same source with
-    other constants; they compile on first use.)"""
+    """The GPU configurations the compile tier builds (a compile costs ~10 s, so a selection):
+    float16 and float32 at ``HEAD_DIM = 128`` with 4 rows (the most registers at that head dim;
+    1 and 2 rows measured 96-110 registers), float16 at 64 with 8 rows and at 256 with 2, the
+    softcap + ALiBi variant, and float64 at 128.  Other combinations are the same source with other
+    constants and compile on first use."""
     def cfg(dtype, HEAD_DIM, rows, softcap=False, alibi=False):
+        dtype = np.dtype(dtype)
         lanes = min(32, HEAD_DIM)
+        u = keys_per_step(rows, HEAD_DIM // lanes)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         return {
-            "name": f"decode {np.dtype(dtype).name} D={HEAD_DIM} ROWS={rows}{tag}",
-            "kernel": decode_kernel(GPU_THREADS, lanes, GPU_KEYS_PER_STEP, rows, HEAD_DIM,
-                                    np.dtype(dtype), softcap, alibi),
+            "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
+            "kernel": decode_kernel(GPU_THREADS, lanes, u, rows, HEAD_DIM, dtype, softcap, alibi),
             "args": kernel_args_types(dtype, alibi),
-            "float64_ok": np.dtype(dtype) == np.float64,
+            "launch_bounds": (GPU_THREADS, gpu_min_blocks(dtype, HEAD_DIM, softcap or alibi)),
+            "float64_ok": dtype == np.float64,
         }
 
     for dtype in DTYPES[:2]:
-        for HEAD_DIM in HEAD_DIMS:
-            top = gpu_rows_max(dtype, HEAD_DIM)
-            rows = [r for r in ROW_CHOICES if r <= top] if HEAD_DIM >= 64 else [top]
-            for r in rows:
-                yield cfg(dtype, HEAD_DIM, r)
-        yield cfg(dtype, 128, gpu_rows_max(dtype, 128), softcap=True, alibi=True)
-    yield cfg(np.float16, 128, 8, softcap=True)
-    yield cfg(np.float16, 128, 8, alibi=True)
-    for HEAD_DIM in (64, 128, 256):
-        yield cfg(np.float64, HEAD_DIM, gpu_rows_max(np.float64, HEAD_DIM))
+        yield cfg(dtype, 128, 4)
+    yield cfg(np.float16, 64, 8)
+    yield cfg(np.float16, 256, 2)
+    yield cfg(np.float16, 128, 4, softcap=True, alibi=True)
+    yield cfg(np.float64, 128, gpu_rows_max(np.float64, 128))

@@ -241,8 +241,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                   "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d), acc_t)})
 
     dq = call.input(q[:, :, None, :] if single else q)
-    dk_ = call.input(k_cache)
-    dv_ = call.input(v_cache)
+    # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
+    # * block_size + slot): one index per key row, fewer registers than four
+    dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
+    dv_ = call.input(v_cache).reshape(n_cache * hkv * n_slots, d)
     d_len = _kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
     # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax
@@ -264,7 +266,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                            alibi_slopes is not None)
     ct = compute_type(dtype)
     call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_alibi, o, lse,
-                o_part, lse_part, counters, ct(scale), np.int32(paged), np.int32(split_target),
+                o_part, lse_part, counters, ct(scale), np.int32(paged), np.int32(n_cache),
+                np.int32(hkv), np.int32(n_slots), np.int32(split_target),
                 np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
                 ct(1.0 / softcap if softcap > 0 else 0.0))
     out = call.result(o).reshape(qs)
