@@ -123,11 +123,13 @@ def ptx_for_archs(cfg, ccs):
         out = {}
         for cc in ccs:
             with _device_functions_for(cc):
-                out[cc] = cuda.compile_ptx(cfg["kernel"].py_func, sig, cc=cc, fastmath=fastmath)[0]
+                out[cc] = cuda.compile_ptx(cfg["kernel"].py_func, sig, cc=cc, fastmath=fastmath,
+                                           launch_bounds=cfg.get("launch_bounds"))[0]
         return out
     with _device_functions_for(min(ccs)):
         lib, _ = _compile_pyfunc_with_fixup(cfg["kernel"].py_func, sig, device=False,
-                                            fastmath=fastmath, cc=min(ccs), abi="numba")
+                                            fastmath=fastmath, cc=min(ccs), abi="numba",
+                                            launch_bounds=cfg.get("launch_bounds"))
     return {cc: lib.get_asm_strs(cc=cc)[0] for cc in ccs}
 
 
