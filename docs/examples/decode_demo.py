@@ -31,10 +31,13 @@ def forward_style_blocks(b, h, nq, block_m):
     return cdiv(nq, block_m) * b * h
 
 
-def decode_blocks(seqlens, h, hkv, nq=1):
-    """Thread blocks of numba_flash.decode's stage 1 on a GPU (its own launch constants)."""
-    splits = int(cdiv(np.asarray(seqlens), kdecode.GPU_SPLIT_TOKENS).max())
-    return splits * len(seqlens) * hkv * cdiv((h // hkv) * nq, kdecode.GPU_BLOCK_M), splits
+def decode_blocks(seqlens, h, hkv, nq=1, d=128):
+    """``(blocks, splits, keys per split)`` of numba_flash.decode on a GPU (float16, its own
+    launch constants: :func:`numba_flash.kernels.decode.gpu_splits`)."""
+    rows = (h // hkv) * nq
+    splits, size = kdecode.gpu_splits(int(max(seqlens)), hkv, HEAD_DIM=d, n_rows=rows)
+    per_block = min(rows, kdecode.gpu_rows_max(np.float16, d))
+    return splits * len(seqlens) * hkv * cdiv(rows, per_block), splits, size
 
 
 def starvation():
@@ -42,12 +45,14 @@ def starvation():
     print(f"GPU with {SMS} SMs; one query token per sequence; Q tile BLOCK_M = {block_m}")
     print(f"{'B':>3s} {'H':>3s} {'Hkv':>4s} {'L':>7s} | {'forward-style':>13s} {'keys/block':>10s}"
           f" {'rows used':>9s} | {'split-KV':>8s} {'splits':>6s} {'keys/block':>10s}")
+    print(f"(split-KV: {kdecode.SM_COUNT} SMs x {kdecode.TARGET_BLOCKS_PER_SM} blocks / Hkv splits"
+          f" per sequence, at least {kdecode.GPU_MIN_SPLIT_TOKENS} keys each; d = 128 float16)")
     for b, h, hkv, length in ((1, 32, 8, 32768), (1, 64, 8, 131072), (4, 32, 8, 8192),
                               (64, 32, 8, 2048)):
         fwd = forward_style_blocks(b, h, 1, block_m)
-        dec, splits = decode_blocks([length] * b, h, hkv)
+        dec, splits, size = decode_blocks([length] * b, h, hkv)
         print(f"{b:3d} {h:3d} {hkv:4d} {length:7d} | {fwd:13d} {length:10d} {f'1/{block_m}':>9s} |"
-              f" {dec:8d} {splits:6d} {kdecode.GPU_SPLIT_TOKENS:10d}")
+              f" {dec:8d} {splits:6d} {size:10d}")
 
 
 # -- batch invariance ------------------------------------------------------------------------
@@ -95,7 +100,7 @@ def bits_report(a, b):
 def invariance():
     rng = np.random.default_rng(11)
     print(f"cache_seqlens = [70, 23, 41, 9]; simulator split size "
-          f"{kdecode.SIM_SPLIT_TOKENS} tokens: the batch grid has cdiv(70, 16) = 5 splits,")
+          f"{kdecode.SIM_MIN_SPLIT_TOKENS} tokens: the batch grid has cdiv(70, 16) = 5 splits,")
     print("sequence 1 (23 tokens) alone has 2; its splits 2..4 in the batch are empty (lse = -inf)")
     for dtype in (np.float32, np.float16):
         a, b = batch_vs_alone(np.random.default_rng(11), dtype=dtype)
@@ -177,7 +182,7 @@ def paged():
     kc, vc = to_contiguous(k, table, seqlens), to_contiguous(v, table, seqlens)
     oc = nf.decode(q, kc, vc, cache_seqlens=seqlens)
     print(f"same tokens in a contiguous cache: {bits_report(o, oc)}")
-    print("bad tables are rejected before any launch:")
+    print("bad tables are rejected before any launch (validate=True, the default for NumPy):")
     for label, bad_table, bad_lens in (
             ("-1 inside a live range", _with(table, (0, 1), -1), seqlens),
             ("entry >= num_blocks", _with(table, (2, 5), 16), seqlens),
@@ -187,6 +192,14 @@ def paged():
             print(f"  {label}: accepted (!)")
         except ValueError as exc:
             print(f"  {label}: ValueError: {exc}")
+    print("validate=False (the default for CuPy: no host round trip) reads nothing outside the "
+          "cache;")
+    print("the sequence with the bad entry gets NaN, the others are unchanged:")
+    bad = _with(table, (0, 1), 16)
+    ob, lb = nf.decode(q, k, v, cache_seqlens=seqlens, block_table=bad, validate=False,
+                       return_lse=True)
+    print(f"  entry 16 (= num_blocks) at [0, 1]: sequence 0 o all NaN {bool(np.isnan(ob[0]).all())}"
+          f", lse NaN {bool(np.isnan(lb[0]).all())}; sequences 1, 2 {bits_report(ob[1:], o[1:])}")
 
 
 def _with(table, idx, value):

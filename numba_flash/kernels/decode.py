@@ -168,6 +168,28 @@ def split_policy(num_splits, hkv, step):
     return min(int(num_splits), MAX_GRID_Y), step
 
 
+def split_size(n_keys, split_target, split_min, step):
+    """Keys per split for a sequence whose query rows see ``n_keys`` keys: the kernel's formula
+    (module docstring), on the host."""
+    size = max(split_min, -(-n_keys // split_target))
+    return -(-size // step) * step
+
+
+def gpu_splits(n_keys, hkv, num_splits=None, dtype=np.float16, HEAD_DIM=128, n_rows=1):
+    """``(splits, size)`` a GPU launch uses for one sequence of ``n_keys`` visible keys (the
+    docs' and the benchmark's tables; the same constants as a launch on the GPU)."""
+    lanes = min(32, HEAD_DIM)
+    rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= gpu_rows_max(dtype, HEAD_DIM)),
+                gpu_rows_max(dtype, HEAD_DIM))
+    step = block_step(GPU_THREADS, lanes, keys_per_step(rows, HEAD_DIM // lanes))
+    if num_splits is None:
+        target, smin = -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
+    else:
+        target, smin = min(int(num_splits), MAX_GRID_Y), step
+    size = split_size(n_keys, target, smin, step)
+    return -(-n_keys // size), size
+
+
 def block_step(THREADS, LANES, U):
     """``STEP``: keys a block covers per step (``NG * U``)."""
     return THREADS // LANES * U

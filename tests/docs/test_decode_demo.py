@@ -13,9 +13,12 @@ from decode_demo import (batch_dependent_splits, batch_vs_alone, decode_blocks,
 
 def test_starvation_grid_sizes():
     assert forward_style_blocks(1, 32, 1, 64) == 32
-    blocks, splits = decode_blocks([32768], 32, 8)
-    assert splits == 32768 // kdecode.GPU_SPLIT_TOKENS
+    blocks, splits, size = decode_blocks([32768], 32, 8)
+    assert splits == -(-32768 // size) and splits * 8 >= kdecode.SM_COUNT  # fills the GPU
+    assert size >= kdecode.GPU_MIN_SPLIT_TOKENS
     assert blocks == splits * 8  # one block per (split, kv head): 4 query heads per block
+    blocks, splits, _ = decode_blocks([2048] * 64, 32, 8)
+    assert splits == 8 and blocks == 8 * 64 * 8  # 256-key splits: a batch fills it anyway
 
 
 def test_batch_invariance_is_bitwise_and_a_batch_dependent_policy_is_not():
@@ -46,3 +49,9 @@ def test_paged_nan_stale_slots_and_bad_tables():
     oc = nf.decode(q, to_contiguous(k, table, seqlens), to_contiguous(v, table, seqlens),
                    cache_seqlens=seqlens)
     assert o.tobytes() == oc.tobytes()
+    bad = table.copy()
+    bad[0, 1] = k.shape[0]  # num_blocks: must not be dereferenced
+    ob, lb = nf.decode(q, k, v, cache_seqlens=seqlens, block_table=bad, validate=False,
+                       return_lse=True)
+    assert np.isnan(ob[0]).all() and np.isnan(lb[0]).all()
+    assert ob[1:].tobytes() == o[1:].tobytes()
