@@ -1,6 +1,7 @@
 """The source notes' code, transcribed to Python as written (bugs included), and the demos that
 show each bug on a concrete input.  ``tests/docs/test_notes_code.py`` checks every claim made
-here; ``docs/online-softmax.md`` and ``docs/merge-states.md`` quote the output of::
+here; the pages (online-softmax, merge-states, paged-attention, naive-forward, grid,
+loop-order) quote the output of::
 
     python docs/examples/notes_code.py online-softmax
     python docs/examples/notes_code.py merge
