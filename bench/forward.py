@@ -8,11 +8,24 @@ and a naive CuPy attention (``matmul + softmax + matmul``, skipped where its N x
 fit the memory budget) when they are installed.  Each row also gives ``max|o - ref|`` against
 torch SDPA (or CuPy) as a spot check of the result.
 
+``--kernel simt|mma|auto`` picks the kernel (``numba_flash.forward(kernel=...)``; ``auto``, the
+default, runs float16 on tensor cores on compute capability >= 8.0); each row names the kernel
+that ran.
+
+``--windowed`` runs the sliding-window rows instead: causal local attention ``window_size = (W
+- 1, 0)`` for W in {128, 512, 2048} and N in {2048, 8192, 32768} (d = 64), beside causal full
+attention at the same N.  K/V tiles outside the band are never loaded, so the time per query
+token (``us/token``: ms over B * H * N) grows with the window and stays flat in N, while causal
+full attention's grows linearly with N.  FLOPs count the visible (query, key) pairs exactly
+(:func:`window_flops`).  No peer runs these rows (torch SDPA has no sliding window short of an
+N x N mask).
+
 In the simulator it runs one small configuration and says so: those milliseconds time Python
 threads, not a GPU.
 
     python bench/forward.py [--quick] [--max-seconds S] [--n 1024,4096] [--d 64]
-                            [--dtype float32] [--causal both|on|off] [--json PATH]
+                            [--dtype float32] [--causal both|on|off] [--kernel auto]
+                            [--windowed] [--json PATH]
 """
 
 from __future__ import annotations
@@ -44,6 +57,10 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="float32,float16", help="comma-separated dtypes")
     ap.add_argument("--causal", choices=("both", "on", "off"), default="both")
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per measurement")
+    ap.add_argument("--kernel", choices=("auto", "simt", "mma"), default="auto",
+                    help="numba_flash.forward(kernel=...)")
+    ap.add_argument("--windowed", action="store_true",
+                    help="sliding-window rows: time grows with the window, not with N")
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     return ap.parse_args(argv)
 
@@ -64,6 +81,35 @@ def sweep(args):
             for causal in causals:
                 for n in ns:
                     yield dtype, d, causal, n
+
+
+WINDOWS = (128, 512, 2048)
+WINDOW_NS = (2048, 8192, 32768)
+
+
+def window_flops(b, h, n, d, w):
+    """4 * B * H * d * (visible (query, key) pairs) for Nq = Nk = n and window (w - 1, 0); w =
+    None: causal full attention (the same count as flash-attn's halved convention plus the
+    diagonal)."""
+    i = np.arange(n, dtype=np.int64)
+    pairs = int(np.minimum(i + 1, w).sum()) if w is not None else n * (n + 1) // 2
+    return 4 * b * h * d * pairs
+
+
+def windowed_sweep(args):
+    dtypes = [np.dtype(x) for x in args.dtype.split(",")]
+    ns = [int(x) for x in args.n.split(",")] if args.n else list(WINDOW_NS)
+    for dtype in dtypes:
+        for w in (*WINDOWS, None):  # None: causal full attention, the contrast
+            for n in ns:
+                yield dtype, 64, w, n
+
+
+def kernel_ran(args, dtype):
+    """Which kernel ``numba_flash.forward(kernel=args.kernel)`` runs for this dtype."""
+    from numba_flash.ops.forward import check_kernel
+
+    return check_kernel(args.kernel, dtype, False)
 
 
 # -- peers ----------------------------------------------------------------------------------------
@@ -120,11 +166,11 @@ def run_gpu(args):
                    for _ in range(3))
         scale = 1.0 / math.sqrt(d)
         flops = attention_flops(b, HEADS, n, n, d, causal=causal)
-        ours = lambda: numba_flash.forward(q, k, v, causal=causal)  # noqa: E731
+        ours = lambda: numba_flash.forward(q, k, v, causal=causal, kernel=args.kernel)  # noqa: E731
         o = ours()
         ms = time_gpu(ours, repeat=args.repeat)
         row = {"dtype": dtype.name, "d": d, "causal": causal, "B": b, "H": HEADS, "N": n,
-               "ms": ms, "TFLOP/s": flops / ms / 1e9}
+               "kernel": kernel_ran(args, dtype), "ms": ms, "TFLOP/s": flops / ms / 1e9}
         ref_out = None
         if "torch" in have:
             fn = torch_sdpa(q, k, v, causal, scale)
@@ -149,12 +195,53 @@ def run_gpu(args):
     return rows
 
 
+def run_gpu_windowed(args):
+    import cupy as cp
+
+    rows = []
+    t_start = time.perf_counter()
+    for dtype, d, w, n in windowed_sweep(args):
+        if args.max_seconds is not None and time.perf_counter() - t_start > args.max_seconds:
+            print(f"(stopped after {args.max_seconds:g} s: --max-seconds)")
+            break
+        b = max(1, TOKENS // n)
+        rng = cp.random.default_rng(0)
+        q, k, v = (rng.standard_normal((b, HEADS, n, d), dtype=cp.float32).astype(dtype)
+                   for _ in range(3))
+        window = (w - 1, 0) if w is not None else (-1, -1)
+        ours = lambda: numba_flash.forward(q, k, v, causal=True, window_size=window,  # noqa: E731
+                                           kernel=args.kernel)
+        ours()
+        ms = time_gpu(ours, repeat=args.repeat)
+        row = {"dtype": dtype.name, "d": d, "window": w if w is not None else "causal",
+               "B": b, "H": HEADS, "N": n, "kernel": kernel_ran(args, dtype), "ms": ms,
+               "us/token": ms * 1e3 / (b * HEADS * n),
+               "TFLOP/s": window_flops(b, HEADS, n, d, w) / ms / 1e9}
+        rows.append(row)
+        print(f"  {row}", flush=True)
+        del q, k, v
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
 # -- simulator ------------------------------------------------------------------------------------
 def run_simulator(args):
     b, h, n, d = 1, 1, 32, 16
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((b, h, n, d)).astype(np.float32) for _ in range(3))
     rows = []
+    if args.windowed:
+        for w in (4, 16, None):
+            window = (w - 1, 0) if w is not None else (-1, -1)
+            run = lambda: numba_flash.forward(q, k, v, causal=True, window_size=window)  # noqa: E731
+            ms = time_host(run, repeat=1)
+            want = numba_flash.reference.attention(q, k, v, causal=True, window_size=window)[0]
+            rows.append({"dtype": "float32", "d": d, "window": w if w is not None else "causal",
+                         "B": b, "H": h, "N": n, "ms (simulator)": ms,
+                         "max|o-ref|": float(np.abs(run() - want).max())})
+        print("No GPU: timed the Numba CUDA simulator (Python threads), one small configuration.")
+        print("These milliseconds say nothing about GPU performance.\n")
+        return rows
     for causal in (False, True):
         ms = time_host(lambda: numba_flash.forward(q, k, v, causal=causal), repeat=1)
         o = numba_flash.forward(q, k, v, causal=causal)
@@ -175,12 +262,17 @@ def main(argv=None):
             raise SystemExit("bench/forward.py on a GPU needs CuPy for its inputs: pip install "
                              "cupy-cuda12x (or cupy-cuda13x)")
         print(f"GPU: {device_name()}; peers: {peers() or 'none'}")
-        rows = run_gpu(args)
-        cols = ["dtype", "d", "causal", "B", "H", "N", "ms", "TFLOP/s", "torch TFLOP/s",
-                "cupy TFLOP/s", "max|o-ref|"]
+        if args.windowed:
+            rows = run_gpu_windowed(args)
+            cols = ["dtype", "d", "window", "B", "H", "N", "kernel", "ms", "us/token", "TFLOP/s"]
+        else:
+            rows = run_gpu(args)
+            cols = ["dtype", "d", "causal", "B", "H", "N", "kernel", "ms", "TFLOP/s",
+                    "torch TFLOP/s", "cupy TFLOP/s", "max|o-ref|"]
     else:
         rows = run_simulator(args)
-        cols = ["dtype", "d", "causal", "B", "H", "N", "ms (simulator)", "max|o-ref|"]
+        cols = ["dtype", "d", "window" if args.windowed else "causal", "B", "H", "N",
+                "ms (simulator)", "max|o-ref|"]
     print()
     print_table(rows, cols)
     if args.json:

@@ -37,8 +37,8 @@ def budget_rows():
                 "HEAD_DIM": hd, "BLOCK_M": bm, "BLOCK_N": bn, "threads": (tm_, tn_),
                 "S": (bm // tm_, bn // tn_), "acc": (bm // tm_, hd // tn_),
                 "regs": max(bm // tm_ * bn // tn_, bm // tm_ * hd // tn_) * regs,
-                "smem": kf.shared_bytes(bm, bn, hd, tn_, dtype),
-                "smem_dropout": kf.shared_bytes(bm, bn, hd, tn_, dtype, dropout=True),
+                "smem": kf.shared_bytes(bm, bn, hd, dtype),
+                "smem_dropout": kf.shared_bytes(bm, bn, hd, dtype, dropout=True),
                 "problem": kf.tile_problem(bm, bn, hd, dtype, dropout=True),
             })
     return rows

@@ -14,25 +14,49 @@ For each K/V tile ``j`` (``BLOCK_N`` keys)::
     acc   = alpha * acc + P V_j
     m_i   = m_new
 
-and at the end ``O_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.  A row that saw no key keeps
-``m_i = -inf, l_i = 0`` and writes ``o = 0``, ``lse = -inf`` (``exp`` is then taken against 0 so
-no ``-inf - -inf`` NaN ever appears).  Causal masking is aligned bottom-right: query ``r`` sees
-key ``c`` iff ``c <= r + Nk - Nq``.  K/V tiles wholly after the diagonal are never loaded (the
-loop stops); tiles wholly before it (and inside ``Nk``) run the unmasked step; only the tiles
-crossing the diagonal, and the ragged last tile, run the masked step.
+and at the end ``O_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.
+
+Which keys a row sees, and the score of a visible key, follow the one rule of
+:mod:`numba_flash.kernels.visibility` (flash-attn's conventions): query row ``i`` sits at key
+column ``i + Nk - Nq`` (bottom-right alignment) and sees the keys inside the window ``(left,
+right)`` around it (``causal`` is ``right = 0``; ``-1`` unbounded).  The window is a run-time
+argument, so one kernel serves full, causal and sliding-window attention.  Per Q tile
+(``tile_key_range`` / ``tile_full_range``): K/V tiles wholly outside the band no row of the tile
+sees are never loaded (the loop runs over ``[kv_lo, kv_hi)`` only: windowed attention costs
+``O(Nq * window)``); tiles every row sees whole run the unmasked step; only the tiles crossing
+the band's edges, and the ragged last tile, check each key with ``is_visible``, scoring the keys
+a row does not see ``-inf`` and leaving them out of ``P V`` (so a NaN in a masked key's ``v``
+cannot leak in as ``0 * NaN``).
+
+A visible key's score goes through the score modifier (``make_score_mod``): a non-finite score
+(a NaN or inf in ``q`` or in that key) becomes NaN; with the compile-time ``SCORE_MOD``, softcap
+(``softcap * tanh(s / softcap)``, switched on at run time by ``softcap > 0``) and ALiBi (minus
+``slope[b, h] * |i + Nk - Nq - j|``; zero slopes switch it off) follow.  A NaN score makes the
+row's ``l_i`` NaN, and the epilogue then writes ``o`` and ``lse`` NaN (it only treats ``l = 0``,
+a row that saw no key, specially: ``o = 0``, ``lse = -inf``; ``exp`` is taken against 0 while
+``m_i = -inf`` so no ``-inf - -inf`` NaN ever appears).
+
+Variable-length batches (the compile-time ``VARLEN``): ``q [total_q, H, d]`` and ``k``/``v
+[total_k, Hkv, d]`` packed, sequence ``b`` being rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``
+(and likewise for keys); the block reads its sequence's offsets and lengths and runs the same
+steps with ``Nq``, ``Nk`` that sequence's, its own bottom-right alignment, and ``lse [H,
+total_q]``.  Blocks past a short sequence's last Q tile return at once.
 
 Dropout (the ``DROPOUT`` specialisation; the plain kernel has none of it) replaces the
 ``acc`` update by ``acc = alpha * acc + (P * Z) V_j`` with ``Z = keep / (1 - p)``, while ``m_i``,
 ``l_i`` and so ``lse`` still come from the undropped ``P`` (as in
 :func:`numba_flash.reference.attention`).  ``keep`` for element ``(b, h, i, j)`` (query head
-``h``, global query row ``i`` and key column ``j``) is the Philox4x32-10 draw of
-:mod:`numba_flash.philox`, drawn in the kernel tile by tile and never stored in global memory:
-it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)[b, h, i, j]``.
+``h``, query row ``i`` and key column ``j``; varlen: ``b`` the sequence, ``i`` and ``j`` within
+it) is the Philox4x32-10 draw of :mod:`numba_flash.philox`, drawn in the kernel tile by tile and
+never stored in global memory: it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk,
+p)[b, h, i, j]`` (varlen: ``dropout_mask(seed, B, H, nq_b, nk_b, p)[b]`` for sequence ``b``).
 
 Grid / block
 ------------
-grid = (ceil(Nq / BLOCK_M), B * H); ``blockIdx.y`` is the flattened ``(b, h)`` and the kv head is
-``h // (H // Hkv)`` (GQA / MQA).  block = (THREADS_N, THREADS_M): thread ``(tx, ty)`` owns the
+grid = (ceil(Nq / BLOCK_M), y, z) from :func:`forward_grid`: ``blockIdx.x`` is the Q tile (varlen:
+of the longest sequence) and ``bh = blockIdx.z * gridDim.y + blockIdx.y`` the flattened ``(b,
+h)`` (``gridDim.y`` may not exceed 65535, so ``B * H`` beyond it spills into ``z``; spare blocks
+return at once); the kv head is ``h // (H // Hkv)`` (GQA / MQA).  block = (THREADS_N, THREADS_M): thread ``(tx, ty)`` owns the
 ``TM = BLOCK_M / THREADS_M`` tile rows ``ty, ty + THREADS_M, ...`` and, in those rows, the
 ``TN = BLOCK_N / THREADS_N`` score columns ``tx, tx + THREADS_N, ...`` of S and the
 ``TD = HEAD_DIM / THREADS_N`` output columns ``tx, tx + THREADS_N, ...`` of ``acc``.  Its S and
@@ -101,7 +125,13 @@ GPU_TILES = {
 SIM_BLOCK = 8
 SIM_THREADS = 4
 SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
-GPU_THREADS = 8
+#: GPU thread rows and columns of a block (at most; fewer when a tile is smaller): 16 x 8 = 128
+#: threads.  (Until 2026-11-30 8 x 8: 64 threads with twice the micro-tile, 167 registers and
+#: 15.6 % theoretical occupancy for float32 at HEAD_DIM = 64, see docs/tiled-forward.md.)
+GPU_THREADS_M = 16
+GPU_THREADS_N = 8
+#: all lanes of a warp take part in a shuffle
+FULL_MASK = 0xFFFFFFFF
 
 
 def _word(dtype):
@@ -118,14 +148,14 @@ def gpu_tiles(head_dim, dtype):
 
 def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
     """``(THREADS_M, THREADS_N)``: thread rows and columns of a block for these tiles."""
-    t = SIM_THREADS if simulator else GPU_THREADS
-    return min(t, BLOCK_M), min(t, BLOCK_N, HEAD_DIM)
+    tm_, tn_ = (SIM_THREADS, SIM_THREADS) if simulator else (GPU_THREADS_M, GPU_THREADS_N)
+    return min(tm_, BLOCK_M), min(tn_, BLOCK_N, HEAD_DIM)
 
 
-def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_N, dtype, dropout=False):
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
     """Static shared memory of one block (the budget in the module docstring)."""
     words = (HEAD_DIM * (BLOCK_M + 1) + HEAD_DIM * (BLOCK_N + 1) + BLOCK_N * HEAD_DIM
-             + BLOCK_M * (BLOCK_N + 1) + BLOCK_M * (THREADS_N + 1))
+             + BLOCK_M * (BLOCK_N + 1))
     keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4 + 1) if dropout else 0  # int32 keep_tile
     return _word(dtype) * words + keep_bytes
 
@@ -135,7 +165,7 @@ def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=Fal
     tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
     if dropout and BLOCK_N % 4:
         return f"BLOCK_N = {BLOCK_N} is not a multiple of 4 (one Philox call per 4 keys)"
-    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, tn_, dtype, dropout)
+    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout)
     if smem > SMEM_LIMIT:
         return f"{smem} B of shared memory > {SMEM_LIMIT} B"
     regs_per = _word(dtype) // 4
@@ -223,6 +253,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     """
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
+    assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
     TM = BLOCK_M // THREADS_M     # tile rows per thread
@@ -231,7 +262,11 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     THREADS = THREADS_M * THREADS_N
     Q_STRIDE = BLOCK_M + 1        # padded row lengths: q_tile,
     K_STRIDE = BLOCK_N + 1        # k_tile and p_tile,
-    RED_STRIDE = THREADS_N + 1    # red
+    LOG_THREADS_N = THREADS_N.bit_length() - 1  # butterfly steps across a row's threads
+    # compile-time trip counts of the cooperative loads (every tile size is a multiple of THREADS)
+    assert (BLOCK_M * HEAD_DIM) % THREADS == 0 and (BLOCK_N * HEAD_DIM) % THREADS == 0
+    Q_LOADS = BLOCK_M * HEAD_DIM // THREADS
+    KV_LOADS = BLOCK_N * HEAD_DIM // THREADS
     NEG_INF = -math.inf
     # unsigned trip counts for the two hot loops: an unsigned index needs no negative-index
     # wraparound code, which would also stop the compiler from strength-reducing the addresses
@@ -297,7 +332,6 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         k_tile = cuda.shared.array((HEAD_DIM, K_STRIDE), acc_t)
         v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), acc_t)
         p_tile = cuda.shared.array((BLOCK_M, K_STRIDE), acc_t)
-        red = cuda.shared.array((BLOCK_M, RED_STRIDE), acc_t)
         s = cuda.local.array((TM, TN), acc_t)
         acc = cuda.local.array((TM, TD), acc_t)
         m_i = cuda.local.array(TM, acc_t)
@@ -309,7 +343,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
 
         # [docs:fwd-load-q]
         # -- load q_tile = scale * Q_i (transposed), zero past Nq and past the true head dim
-        for idx in range(tid, BLOCK_M * HEAD_DIM, THREADS):
+        for it in range(Q_LOADS):
+            idx = tid + it * THREADS
             r = idx // HEAD_DIM
             c = idx % HEAD_DIM
             if q_start + r < nq and c < d:
@@ -343,7 +378,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             k_start = kt * BLOCK_N
             masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
             # -- load k_tile = K_j^T and v_tile = V_j, zero past Nk and past the true head dim
-            for idx in range(tid, BLOCK_N * HEAD_DIM, THREADS):
+            for it in range(KV_LOADS):
+                idx = tid + it * THREADS
                 r = idx // HEAD_DIM
                 c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
                 key = k_start + r
@@ -408,20 +444,17 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             # [/docs:fwd-s]
 
             # [docs:fwd-update]
-            # -- update m_i: each thread's partial row max, combined across the row's threads
-            for i in range(TM):
-                mx = s[i, 0]
-                for j in range(1, TN):
-                    mx = max(mx, s[i, j])
-                red[ty + i * THREADS_M, tx] = mx
-            cuda.syncthreads()  # every partial row max is in red before the rows combine them
-
-            # -- P = exp(S - m_new); l_i = alpha * l_i + rowsum(P); acc *= alpha
+            # -- m_new: each thread's partial row max, combined across the row's THREADS_N
+            # threads (consecutive lanes of one warp) by a butterfly of warp shuffles
             for i in range(TM):
                 r = ty + i * THREADS_M
                 m_new = m_i[i]
-                for t in range(THREADS_N):
-                    m_new = max(m_new, red[r, t])
+                for j in range(TN):
+                    m_new = max(m_new, s[i, j])
+                for st in range(LOG_THREADS_N):
+                    m_new = max(m_new, cuda.shfl_xor_sync(FULL_MASK, m_new,
+                                                          int32((THREADS_N >> 1) >> st)))
+                # -- P = exp(S - m_new); l_i = alpha * l_i + rowsum(P); acc *= alpha
                 # a row with no visible key yet keeps m = -inf: take exp against 0, not -inf
                 m_use = m_new if m_new != NEG_INF else acc_t(0.0)
                 alpha = math.exp(m_i[i] - m_use)
@@ -466,20 +499,17 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                         pv = p_tile[ty + i * THREADS_M, n]
                         for c in range(TD):
                             acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
-            cuda.syncthreads()  # k/v/p/keep_tile and red are fully read before the next tile
+            cuda.syncthreads()  # k/v/p/keep_tile are fully read before the next tile
             # [/docs:fwd-pv]
 
         # [docs:fwd-epilogue]
-        # -- epilogue: l = sum of the row's partial l_i; O = acc / l, lse = m + log(l)
+        # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
+        # lane gets the same bits); O = acc / l, lse = m + log(l)
         for i in range(TM):
-            red[ty + i * THREADS_M, tx] = l_i[i]
-        cuda.syncthreads()  # every partial row sum is in red before the rows are combined
-        for i in range(TM):
-            r = ty + i * THREADS_M
-            row = q_start + r
-            l_row = acc_t(0.0)
-            for t in range(THREADS_N):
-                l_row += red[r, t]
+            row = q_start + ty + i * THREADS_M
+            l_row = l_i[i]
+            for st in range(LOG_THREADS_N):
+                l_row += cuda.shfl_xor_sync(FULL_MASK, l_row, int32((THREADS_N >> 1) >> st))
             if row < nq:
                 if l_row == acc_t(0.0):  # no visible key: o = 0, lse = -inf
                     inv_l = acc_t(0.0)

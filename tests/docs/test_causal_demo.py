@@ -42,3 +42,18 @@ def test_rows_with_no_visible_key():
     o, lse, err = empty_rows_case()
     assert (o[:3] == 0).all() and np.isneginf(lse[:3]).all()
     assert np.isfinite(lse[3:]).all() and err < 1e-6
+
+
+def test_kernel_tile_ranges_give_the_pictured_kinds():
+    """The forward kernel's per-block ranges (visibility.py, run on the host by variants_demo)
+    classify causal tiles as the page's map does: skipped, full, masked (diagonal), except that
+    the kernel also masks a ragged last K/V tile (its padded keys score 0, not -inf)."""
+    from numba_flash.pictures import DIAGONAL, FULL
+    from variants_demo import FULL as K_FULL, MASKED, SKIPPED as K_SKIPPED, tile_kinds as kernel_kinds
+
+    names = {SKIPPED: K_SKIPPED, FULL: K_FULL, DIAGONAL: MASKED}
+    for nq, nk, bm, bn in ((32, 32, 8, 8), (16, 40, 8, 8), (10, 7, 4, 3), (7, 10, 2, 4)):
+        pictured = np.vectorize(names.get)(tile_kinds(nq, nk, bm, bn))
+        if nk % bn:
+            pictured[:, -1][pictured[:, -1] == K_FULL] = MASKED
+        np.testing.assert_array_equal(kernel_kinds(nq, nk, bm, bn, causal=True), pictured)
