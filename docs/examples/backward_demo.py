@@ -7,6 +7,8 @@ run as written, and the kernels against the float64 reference.
     python docs/examples/backward_demo.py delta    # rowsum(dO * O) == rowsum(dP * P); per tile: not
     python docs/examples/backward_demo.py notes    # the notes' per-tile dS: wrong unless Bc >= N
     python docs/examples/backward_demo.py kernel   # numba_flash.backward: GQA, empty rows, atomics
+    python docs/examples/backward_demo.py skip     # Q tiles a K/V tile visits: causal vs window
+    python docs/examples/backward_demo.py variants # window, softcap, ALiBi, dropout, varlen
 
 ``tests/docs/test_backward_demo.py`` checks every claim printed here.
 """
@@ -169,5 +171,85 @@ def kernel():
     print(f"  deterministic=True twice: bitwise identical: {r['det_bitwise']}")
 
 
+# -- window, softcap, ALiBi, packed batches -----------------------------------------------------
+def skip_case(n=128, block=16, window=(8, 0)):
+    """Q tiles each K/V tile's block visits (tile_query_range), causal vs a causal window."""
+    from numba_flash.kernels.visibility import tile_query_range_py
+
+    out = {}
+    for name, (left, right) in (("full", (-1, -1)), ("causal", (-1, 0)), ("window", window)):
+        visits = []
+        for k_start in range(0, n, block):
+            lo, hi = tile_query_range_py(k_start, min(k_start + block, n), 0, n, left, right)
+            visits.append(0 if hi <= lo else -(-hi // block) - lo // block)
+        out[name] = visits
+    return out
+
+
+def skip():
+    n, block, window = 128, 16, (8, 0)
+    r = skip_case(n, block, window)
+    print(f"N = {n}, tiles of {block}: Q tiles visited by the dK/dV block of each K/V tile")
+    for name, label in (("full", "no mask"), ("causal", "causal"),
+                        ("window", f"window {window}")):
+        v = r[name]
+        print(f"  {label:>14s}: {' '.join(f'{x:2d}' for x in v)}   total {sum(v):2d} of "
+              f"{len(v) ** 2} pairs")
+
+
+def variants_case(seed=4):
+    rng = np.random.default_rng(seed)
+    b, h, hkv, n, d = 1, 2, 1, 16, 8
+    q = 2 * rng.standard_normal((b, h, n, d)).astype(np.float32)
+    k, v = (rng.standard_normal((b, hkv, n, d)).astype(np.float32) for _ in range(2))
+    do = rng.standard_normal((b, h, n, d)).astype(np.float32)
+    cases = {
+        "window (4, 0)": dict(window_size=(4, 0)),
+        "softcap 2": dict(softcap=2.0),
+        "ALiBi": dict(alibi_slopes=ref.alibi_slopes(h)),
+        "all + dropout": dict(causal=True, window_size=(6, -1), softcap=3.0,
+                              alibi_slopes=ref.alibi_slopes(h), dropout_p=0.2),
+    }
+    out = {}
+    for name, kw in cases.items():
+        kw = dict(kw)
+        p = kw.pop("dropout_p", 0.0)
+        mask = nf.dropout_mask(7, b, h, n, n, p) if p else None
+        o, lse = ref.attention(q, k, v, dropout_mask=mask, dropout_p=p, **kw)
+        got = nf.backward(do, q, k, v, o.astype(np.float32), lse.astype(np.float32),
+                          dropout_p=p, seed=7, **kw)
+        want = ref.attention_backward(do, q, k, v, dropout_mask=mask, dropout_p=p, **kw)
+        out[name] = [float(np.abs(g - w).max() / max(1.0, np.abs(w).max()))
+                     for g, w in zip(got, want)]
+    # a packed batch of 3 sequences, the middle one without queries
+    lq, lk = [5, 0, 11], [7, 3, 9]
+    cu_q = np.array([0, 5, 5, 16], np.int32)
+    cu_k = np.array([0, 7, 10, 19], np.int32)
+    qp = 2 * rng.standard_normal((16, h, d)).astype(np.float32)
+    kp, vp = (rng.standard_normal((19, hkv, d)).astype(np.float32) for _ in range(2))
+    dop = rng.standard_normal((16, h, d)).astype(np.float32)
+    op, lsep = ref.attention_varlen(qp, kp, vp, cu_q, cu_k, causal=True)
+    got = nf.backward_varlen(dop, qp, kp, vp, op.astype(np.float32), lsep.astype(np.float32),
+                             cu_q, cu_k, max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=True)
+    want = ref.attention_backward_varlen(dop, qp, kp, vp, cu_q, cu_k, causal=True)
+    out["varlen causal"] = [float(np.abs(g - w).max() / max(1.0, np.abs(w).max()))
+                            for g, w in zip(got, want)]
+    out["empty sequence's keys: dk = dv = 0"] = bool(not got[1][7:10].any()
+                                                     and not got[2][7:10].any())
+    return out
+
+
+def variants():
+    r = variants_case()
+    print("numba_flash.backward, float32, B=1 H=2 Hkv=1 N=16 d=8, error / max(1, |ref|):")
+    print(f"  {'':>16s} {'dq':>8s} {'dk':>8s} {'dv':>8s}")
+    for name, errs in r.items():
+        if isinstance(errs, list):
+            print(f"  {name:>16s} " + " ".join(f"{e:8.1e}" for e in errs))
+    print(f"  varlen lengths q [5, 0, 11], k [7, 3, 9]; empty sequence's keys get dk = dv = 0: "
+          f"{r['empty sequence' + chr(39) + 's keys: dk = dv = 0']}")
+
+
 if __name__ == "__main__":
-    {"stats": stats, "delta": delta, "notes": notes, "kernel": kernel}[sys.argv[1]]()
+    {"stats": stats, "delta": delta, "notes": notes, "kernel": kernel, "skip": skip,
+     "variants": variants}[sys.argv[1]]()

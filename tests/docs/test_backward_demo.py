@@ -35,3 +35,23 @@ def test_kernels_gqa_empty_rows_determinism():
     assert r["det_bitwise"] and r["empty_dq_zero"] and r["finite"]
     assert set(r["empty_lse"]) == {float("-inf")}
     assert r["dk_shape"] == (1, 2, 9, 8)
+
+
+def test_window_skips_tiles():
+    from backward_demo import skip_case
+
+    r = skip_case()
+    n_tiles = len(r["full"])
+    assert r["full"] == [n_tiles] * n_tiles
+    assert r["causal"] == list(range(n_tiles, 0, -1))
+    # a window of 9 keys (8, 0) over tiles of 16: at most 2 Q tiles per K/V tile, O(N w)
+    assert max(r["window"]) <= 2 and sum(r["window"]) < sum(r["causal"]) / 2
+
+
+def test_variants_and_varlen_match_reference():
+    from backward_demo import variants_case
+
+    r = variants_case()
+    errs = [e for v in r.values() if isinstance(v, list) for e in v]
+    assert len(errs) == 15 and max(errs) < 6e-6  # float32 bound of test_backward_variants.py
+    assert r["empty sequence's keys: dk = dv = 0"]
