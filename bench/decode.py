@@ -1,177 +1,205 @@
-"""Decode bandwidth: ``numba_flash.decode`` (split-KV + combine) against the device copy bandwidth.
+"""Decode bandwidth and latency: ``numba_flash.decode`` against the device copy bandwidth and
+torch in the same run.
 
-Decode is memory bound: each K/V element of the cache is read once, so the figure of merit is
-``bytes of K/V read / time`` against :func:`common.copy_bandwidth` (read + write bytes of a
-device-to-device copy).  Target: >= 85% of copy bandwidth at contexts >= 32k.
+Decode is memory bound: each live K/V element of the cache is read once, so the figure of merit
+is ``bytes of K/V read / time`` (GB/s) against :func:`common.copy_bandwidth` (read + write bytes
+of a device-to-device copy, measured in the same run).  Goals (issue 12, H200): float16 and
+float32 paged (block size 16) at 32k and 128k contexts at >= 80% of copy bandwidth and at least
+as fast as torch SDPA on the contiguous cache; a B = 1, 1k-context call in <= 30 us.
 
-GPU:       B = 8, H = 32, Hkv = 8, d = 128, context 1k .. 128k, float16 and float32 caches,
-           paged (block_size 16, a random permuted block table) and contiguous, beside a baseline
-           run in the same process: torch SDPA on the contiguous cache when torch with CUDA is
-           installed, else a CuPy matmul-softmax-matmul (paged: gather first, the gather timed).
-           Inputs rotate over enough cache copies to exceed L2.
-Simulator: one small configuration, timed on the host (this times the simulator, not a GPU).
+GPU (CuPy inputs, so a call never waits for the host):
+  bandwidth rows  B = 8, H = 32, Hkv = 8, d = 128, contexts 1k .. 128k (``--quick``: 4k, 32k),
+                  float16 and float32, paged (block size 16, a random permuted block table) and
+                  contiguous; each row beside torch SDPA (``enable_gqa``) on the contiguous cache
+                  and, for paged rows, torch gather (``k_cache[table]``) + SDPA, timed the same
+                  way.  Inputs rotate over enough cache copies to exceed L2.
+  latency rows    B = 1, 1k context, float16, paged and contiguous: microseconds per call
+                  (CUDA events around the Python call: launch and host overhead included).
+Simulator (``--dry-run``, or no GPU): the same rows at toy sizes, timed on the host, to check
+that the script runs (this times the simulator, not a GPU).
 
-    python bench/decode.py [--quick] [--json FILE]
+    python bench/decode.py [--quick] [--dry-run] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import numpy as np
 
 import common  # noqa: E402  (puts the repository on sys.path, picks the backend)
 import numba_flash
 from numba import cuda
-from numba_flash.kernels.decode import GPU_SPLIT_TOKENS
+from numba_flash.kernels import decode as kdecode
 
-B, H, HKV, D = 8, 32, 8, 128
-CONTEXTS = (1024, 4096, 16384, 32768, 65536, 131072)
-QUICK_CONTEXTS = (4096, 32768)
-BLOCK_SIZE = 16
+GPU = dict(B=8, H=32, HKV=8, D=128, BLOCK_SIZE=16,
+           contexts=(1024, 4096, 16384, 32768, 65536, 131072), quick=(4096, 32768))
+DRY = dict(B=1, H=4, HKV=2, D=16, BLOCK_SIZE=4, contexts=(16, 64), quick=(16, 64))
+LATENCY_CONTEXT = {"gpu": 1024, "dry": 16}
 L2_BYTES = 256 << 20  # rotate over cache copies totalling at least this much
 
 
 def kv_bytes(b, hkv, ctx, d, dtype):
+    """K + V bytes a decode reads: every live element once."""
     return 2 * b * hkv * ctx * d * np.dtype(dtype).itemsize
 
 
-def make_inputs(xp, rng, ctx, dtype, paged):
-    """q, k_cache, v_cache, cache_seqlens, block_table on the device (CuPy, else Numba arrays)."""
-    q = rng.standard_normal((B, H, D)).astype(dtype)
-    lens = np.full(B, ctx, np.int32)
+def make_inputs(cfg, xp, rng, b, ctx, dtype, paged):
+    """``[q, k_cache, v_cache, cache_seqlens, block_table]`` on the device (CuPy when present,
+    else Numba device arrays; NumPy in the simulator)."""
+    h, hkv, d, bs = cfg["H"], cfg["HKV"], cfg["D"], cfg["BLOCK_SIZE"]
+    q = rng.standard_normal((b, h, d)).astype(dtype)
+    lens = np.full(b, ctx, np.int32)
     if paged:
-        n_blk = ctx // BLOCK_SIZE
-        shape = (B * n_blk, HKV, BLOCK_SIZE, D)
-        table = rng.permutation(B * n_blk).astype(np.int32).reshape(B, n_blk)
+        n_blk = -(-ctx // bs)
+        shape = (b * n_blk, hkv, bs, d)
+        table = rng.permutation(b * n_blk).astype(np.int32).reshape(b, n_blk)
     else:
-        shape = (B, HKV, ctx, D)
-        table = None
-    if xp is not None:  # draw the (up to 8 GiB) caches on the device
+        shape, table = (b, hkv, ctx, d), None
+    if xp is not None:  # draw the (up to 8.6 GiB) caches on the device
         k = xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
         v = xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
         up = xp.asarray
     else:
-        k = cuda.to_device(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
-        v = cuda.to_device(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
-        up = cuda.to_device
+        k = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        v = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        up = (lambda x: x) if not common.on_gpu() else cuda.to_device
+        k, v = up(k), up(v)
     return [up(q), k, v, up(lens), None if table is None else up(table)]
 
 
-def baseline(q, k, v, lens, table, dtype):
-    """A same-run peer: torch SDPA (contiguous; paged gathers first) or CuPy matmul decode."""
-    names = common.peers()
-    if "torch" in names:
-        import torch
+def torch_peers(cfg, q, k, v, table):
+    """``{name: callable}``: torch SDPA on a contiguous cache (the paged cache's tokens gathered
+    once, outside the timing) and, for a paged cache, torch gather + SDPA (gather timed)."""
+    if "torch" not in common.peers():
+        return {}
+    import torch
 
-        tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
-        tt = None if table is None else torch.as_tensor(table, device="cuda").long()
+    b, hkv, d = q.shape[0], cfg["HKV"], cfg["D"]
+    tq, tk, tv = (torch.as_tensor(x, device="cuda") for x in (q, k, v))
+    tq = tq[:, :, None]
+    out = {}
+    if table is None:
+        out["torch SDPA contiguous"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, enable_gqa=True)
+        return out
+    tt = torch.as_tensor(table, device="cuda").long()
 
-        def run():
-            kk, vv = tk, tv
-            if tt is not None:  # gather [B, Hkv, ctx, d] from the paged cache
-                kk = tk[tt].permute(0, 2, 1, 3, 4).reshape(B, HKV, -1, D)
-                vv = tv[tt].permute(0, 2, 1, 3, 4).reshape(B, HKV, -1, D)
-            return torch.nn.functional.scaled_dot_product_attention(
-                tq[:, :, None], kk, vv, enable_gqa=True)
-        return "torch SDPA", run
-    if "cupy" in names:
-        import cupy as cp
+    def gather(x):  # [num_blocks, Hkv, bs, d] -> [B, Hkv, ctx, d]
+        return x[tt].permute(0, 2, 1, 3, 4).reshape(b, hkv, -1, d)
 
-        g = H // HKV
-        scale = 1.0 / math.sqrt(D)
-
-        def run():
-            kk, vv = k, v
-            if table is not None:
-                kk = k[table].transpose(0, 2, 1, 3, 4).reshape(B, HKV, -1, D)
-                vv = v[table].transpose(0, 2, 1, 3, 4).reshape(B, HKV, -1, D)
-            qg = q.reshape(B, HKV, g, D)
-            s = cp.matmul(qg, kk.transpose(0, 1, 3, 2)).astype(cp.float32) * scale
-            s = cp.exp(s - s.max(axis=-1, keepdims=True))
-            p = (s / s.sum(axis=-1, keepdims=True)).astype(vv.dtype)
-            return cp.matmul(p, vv)
-        return "CuPy matmul", run
-    return None, None
+    ck, cv = gather(tk).contiguous(), gather(tv).contiguous()
+    out["torch SDPA contiguous"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+        tq, ck, cv, enable_gqa=True)
+    out["torch gather + SDPA"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+        tq, gather(tk), gather(tv), enable_gqa=True)
+    return out
 
 
-def bench_gpu(contexts):
-    try:
-        import cupy as xp
-    except ImportError:
-        xp = None
+def bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat):
     rng = np.random.default_rng(0)
-    copy_gbs = common.copy_bandwidth()
-    print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
+    b, hkv, d = cfg["B"], cfg["HKV"], cfg["D"]
     rows = []
     for dtype in (np.float16, np.float32):
         for paged in (True, False):
             for ctx in contexts:
-                nbytes = kv_bytes(B, HKV, ctx, D, dtype)
-                copies = max(1, min(8, -(-L2_BYTES // nbytes)))
-                sets = [make_inputs(xp, rng, ctx, dtype, paged) for _ in range(copies)]
+                nbytes = kv_bytes(b, hkv, ctx, d, dtype)
+                copies = max(1, min(8, -(-L2_BYTES // nbytes))) if common.on_gpu() else 1
+                sets = [make_inputs(cfg, xp, rng, b, ctx, dtype, paged) for _ in range(copies)]
                 state = {"i": 0}
 
                 def run():
                     q, k, v, lens, table = sets[state["i"] % copies]
                     state["i"] += 1
                     return numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table)
-                ms = common.time_gpu(run)
+
+                ms = timer(run, repeat)
                 gbs = nbytes / ms / 1e6
-                row = {"dtype": np.dtype(dtype).name, "cache": f"paged/{BLOCK_SIZE}" if paged
-                       else "contiguous", "context": ctx, "splits": -(-ctx // GPU_SPLIT_TOKENS),
-                       "ms": ms, "GB/s": gbs, "% copy": 100 * gbs / copy_gbs}
-                if xp is not None:
-                    name, peer = baseline(*sets[0], dtype)
-                    if peer is not None:
-                        pms = common.time_gpu(peer, repeat=10)
-                        row["peer"] = name
-                        row["peer GB/s"] = nbytes / pms / 1e6
+                splits, size = kdecode.gpu_splits(ctx, hkv, dtype=dtype, HEAD_DIM=d,
+                                                  n_rows=cfg["H"] // hkv)
+                row = {"dtype": np.dtype(dtype).name,
+                       "cache": f"paged/{cfg['BLOCK_SIZE']}" if paged else "contiguous",
+                       "context": ctx, "GPU splits": splits, "ms": ms, "GB/s": gbs}
+                if copy_gbs:
+                    row["% copy"] = 100 * gbs / copy_gbs
+                q, k, v, _, table = sets[0]
+                for name, fn in torch_peers(cfg, q, k, v, table).items():
+                    pms = timer(fn, repeat)
+                    row[f"{name} GB/s"] = nbytes / pms / 1e6
+                    if name == "torch SDPA contiguous":
+                        row["vs SDPA"] = pms / ms
                 rows.append(row)
                 print(row, flush=True)
                 del sets
-    return rows, copy_gbs
+    return rows
 
 
-def bench_simulator():
-    rng = np.random.default_rng(0)
-    b, h, hkv, d, ctx, bs = 1, 4, 2, 16, 64, 4
-    n_blk = ctx // bs
-    q = rng.standard_normal((b, h, d)).astype(np.float32)
-    k = rng.standard_normal((b * n_blk, hkv, bs, d)).astype(np.float32)
-    v = rng.standard_normal((b * n_blk, hkv, bs, d)).astype(np.float32)
-    table = rng.permutation(b * n_blk).astype(np.int32).reshape(b, n_blk)
-    lens = np.full(b, ctx, np.int32)
-    ms = common.time_host(lambda: numba_flash.decode(q, k, v, cache_seqlens=lens,
-                                                     block_table=table))
-    nbytes = kv_bytes(b, hkv, ctx, d, np.float32)
-    return [{"dtype": "float32", "cache": f"paged/{bs}", "B": b, "H": h, "Hkv": hkv, "d": d,
-             "context": ctx, "ms": ms, "GB/s": nbytes / ms / 1e6}]
+def latency_rows(cfg, ctx, xp, timer, repeat):
+    rng = np.random.default_rng(1)
+    rows = []
+    for paged in (True, False):
+        q, k, v, lens, table = make_inputs(cfg, xp, rng, 1, ctx, np.float16, paged)
+        ms = timer(lambda: numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table),
+                   repeat)
+        row = {"dtype": "float16", "cache": f"paged/{cfg['BLOCK_SIZE']}" if paged
+               else "contiguous", "B": 1, "context": ctx, "us per call": ms * 1e3}
+        for name, fn in torch_peers(cfg, q, k, v, table).items():
+            row[f"{name} us"] = timer(fn, repeat) * 1e3
+        rows.append(row)
+        print(row, flush=True)
+    return rows
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"contexts {QUICK_CONTEXTS} only")
+    ap.add_argument("--quick", action="store_true", help="contexts 4k and 32k only")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="toy sizes (the default without a GPU): checks the script, times nothing")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
+    dry = args.dry_run or not common.on_gpu()
+    cfg = DRY if dry else GPU
+    contexts = cfg["quick"] if args.quick else cfg["contexts"]
+    xp = None
     if common.on_gpu():
-        rows, copy_gbs = bench_gpu(QUICK_CONTEXTS if args.quick else CONTEXTS)
-        print(f"\nnumba_flash.decode, B={B} H={H} Hkv={HKV} d={D}; copy bandwidth "
-              f"{copy_gbs:.0f} GB/s; GB/s = K/V bytes read / time\n")
-        common.print_table(rows, ["dtype", "cache", "context", "splits", "ms", "GB/s", "% copy",
-                                  "peer", "peer GB/s"])
-        out = {"backend": "cuda", "copy_GBps": copy_gbs, "rows": rows}
+        try:
+            import cupy as xp
+        except ImportError:
+            xp = None
+    if common.on_gpu():
+        copy_gbs = common.copy_bandwidth()
+        print(f"{common.device_name()}: copy bandwidth {copy_gbs:.0f} GB/s (read + write)")
+
+        def timer(fn, repeat):
+            return common.time_gpu(fn, repeat=repeat)
+        repeat = 3 if dry else 20
     else:
-        rows = bench_simulator()
-        print("Timed the Numba CUDA SIMULATOR (no GPU): host wall-clock of Python threads, not a "
-              "GPU figure.\n")
-        common.print_table(rows, ["dtype", "cache", "B", "H", "Hkv", "d", "context", "ms", "GB/s"])
-        out = {"backend": "simulator", "rows": rows}
+        copy_gbs = None
+
+        def timer(fn, repeat):
+            return common.time_host(fn, repeat=repeat, warmup=0)
+        repeat = 1
+    rows = bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat)
+    lat = latency_rows(cfg, LATENCY_CONTEXT["dry" if dry else "gpu"], xp, timer, repeat)
+    where = "GPU" if common.on_gpu() else "Numba CUDA SIMULATOR (host wall-clock, not a GPU figure)"
+    print(f"\nnumba_flash.decode on the {where}: B={cfg['B']} H={cfg['H']} Hkv={cfg['HKV']} "
+          f"d={cfg['D']}; GB/s = K/V bytes read / time"
+          + (f"; copy bandwidth {copy_gbs:.0f} GB/s" if copy_gbs else "") + "\n")
+    cols = ["dtype", "cache", "context", "GPU splits", "ms", "GB/s", "% copy", "vs SDPA",
+            "torch SDPA contiguous GB/s", "torch gather + SDPA GB/s"]
+    common.print_table(rows, [c for c in cols if any(c in r for r in rows)])
+    print()
+    cols = ["dtype", "cache", "B", "context", "us per call", "torch SDPA contiguous us",
+            "torch gather + SDPA us"]
+    common.print_table(lat, [c for c in cols if any(c in r for r in lat)])
+    out = {"backend": numba_flash.backend(), "dry_run": dry, "copy_GBps": copy_gbs,
+           "config": {k: v for k, v in cfg.items() if k not in ("contexts", "quick")},
+           "rows": rows + lat}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
+    return out
 
 
 if __name__ == "__main__":
