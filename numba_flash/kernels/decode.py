@@ -380,6 +380,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                 j_blk += 1
             # [/docs:decode-tile-load]
 
+            # [docs:decode-scores]
             # -- 2. scores: partial dot over my elements, butterfly sum over the group's lanes
             for r in range(ROWS):
                 for u in range(U):
@@ -422,6 +423,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                         l_i[r] += p
                         for j in range(DPL):
                             acc[r * DPL + j] += p * v_reg[u * DPL + j]
+            # [/docs:decode-scores]
 
         # -- 4. merge the NG group states of the block (fixed order: reproducible bits)
         if bad_entry:
@@ -497,6 +499,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         if n_splits == 1:
             return
 
+        # [docs:decode-combine]
         # -- 6. fused combine: the last block of (b, kvh, z) to finish merges every split
         cuda.threadfence()    # this block's partial is visible device-wide before its ticket
         cuda.syncthreads()  # every thread's partial writes are fenced before thread 0 takes it
@@ -525,6 +528,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                     o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r])
         if tid == 0:
             counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
+        # [/docs:decode-combine]
 
     return decode_split
 
