@@ -9,8 +9,10 @@ d = 64/128, causal off/on, float16/float32, with B * N = 8192 tokens and 8 heads
 median of CUDA-event timings; ``o`` and ``lse`` come from a float32 NumPy forward on the host
 (so the benchmark does not depend on the forward kernel).  When torch with CUDA is importable,
 ``torch.autograd.grad`` through ``scaled_dot_product_attention`` (whichever backend torch picks)
-is timed in the same run on the same shapes.  The full run also times ``deterministic=True``.
-``--quick`` runs float16 only at N = 1024 and 4096.
+is timed in the same run on the same shapes and dtype (float32 rows beside torch SDPA float32,
+which keeps float32 accuracy).  The full run also times ``deterministic=True``.  ``--quick`` runs
+float16 at N = 1024 and 4096 and float32 at N = 4096 (d = 64 and 128, causal off and on).  The
+host inputs of one (N, d, causal) are drawn once and cast to each dtype.
 
 In the simulator it runs one small configuration and says that it timed the simulator.
 """
@@ -28,6 +30,7 @@ from common import attention_flops, on_gpu, peers, print_table, time_gpu, time_h
 import numba_flash  # noqa: E402  (common.py put the repository on sys.path)
 from numba import cuda  # noqa: E402
 from numba_flash import reference as ref  # noqa: E402
+from numba_flash.ops.backward import check_kernel  # noqa: E402  ("auto": simt or mma)
 
 TOKENS = 8192
 HEADS = 8
@@ -71,20 +74,26 @@ def run_gpu(quick):
     rng = np.random.default_rng(0)
     has_torch = "torch" in peers()
     rows = []
-    ns = (1024, 4096) if quick else (1024, 2048, 4096, 8192)
-    dtypes = (np.float16,) if quick else (np.float16, np.float32)
-    for dtype in dtypes:
-        for d in (64, 128):
-            for causal in (False, True):
-                for n in ns:
-                    b, h = max(1, TOKENS // n), HEADS
-                    host = make_inputs(b, h, n, d, dtype, causal, rng)
+    if quick:
+        ns = {np.float16: (1024, 4096), np.float32: (4096,)}
+    else:
+        ns = {np.float16: (1024, 2048, 4096, 8192), np.float32: (1024, 2048, 4096, 8192)}
+    for d in (64, 128):
+        for causal in (False, True):
+            for n in sorted({n for v in ns.values() for n in v}):
+                b, h = max(1, TOKENS // n), HEADS
+                host32 = make_inputs(b, h, n, d, np.float32, causal, rng)
+                for dtype in (np.float16, np.float32):
+                    if n not in ns[dtype]:
+                        continue
+                    host = [x.astype(dtype) for x in host32[:5]] + [host32[5]]
                     dev = [cuda.to_device(x) for x in host]
                     flops = attention_flops(b, h, n, n, d, causal=causal, backward=True)
                     ms = time_gpu(lambda: numba_flash.backward(*dev, causal=causal),
                                   repeat=5 if n >= 4096 else 10, warmup=1)
                     row = {"dtype": np.dtype(dtype).name, "B": b, "H": h, "N": n, "d": d,
-                           "causal": causal, "ms": ms, "TFLOP/s": flops / ms / 1e9}
+                           "causal": causal, "kernel": check_kernel("auto", dtype), "ms": ms,
+                           "TFLOP/s": flops / ms / 1e9}
                     if not quick:
                         ms_det = time_gpu(lambda: numba_flash.backward(
                             *dev, causal=causal, deterministic=True), repeat=3, warmup=1)
@@ -94,6 +103,7 @@ def run_gpu(quick):
                             t_ms = torch_backward_ms(host, causal)
                             row["torch SDPA ms"] = t_ms
                             row["torch SDPA TFLOP/s"] = flops / t_ms / 1e9
+                            row["torch TFLOP/s"] = row["torch SDPA TFLOP/s"]  # forward's key
                         except Exception as exc:  # noqa: BLE001  report, keep benchmarking
                             row["torch SDPA ms"] = f"error: {type(exc).__name__}"
                     rows.append(row)

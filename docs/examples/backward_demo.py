@@ -82,7 +82,8 @@ def delta_case(seed=1, n=12, d=4, bc=4):
 
 def delta():
     r = delta_case()
-    print(f"N = {r['n']}, d = {r['d']}: max |rowsum(dP * P) - rowsum(dO * O)| = {r['identity']:.1e}")
+    print(f"N = {r['n']}, d = {r['d']}: max |rowsum(dP * P) - rowsum(dO * O)| = "
+          f"{r['identity']:.1e}")
     print(f"per K/V tile of Bc = {r['bc']} columns, (dP * P).sum(dim=1) over the tile only:")
     d0, parts = r["row0"]
     print(f"  row 0: D = {d0:+.4f}; tile sums " + ", ".join(f"{x:+.4f}" for x in parts)
@@ -127,7 +128,8 @@ def notes_case(bc, seed=2, n=12, d=4, br=4):
 
 def notes():
     print("the notes' pseudo-code vs reference.attention_backward, N = 12, d = 4, Br = 4")
-    print(f"{'Bc':>3s} {'K/V tiles':>9s} {'dQ rel. err':>11s} {'dK rel. err':>11s} {'dV rel. err':>11s}")
+    print(f"{'Bc':>3s} {'K/V tiles':>9s} {'dQ rel. err':>11s} {'dK rel. err':>11s} "
+          f"{'dV rel. err':>11s}")
     for bc in (12, 6, 4, 2):
         e = notes_case(bc)
         print(f"{bc:3d} {12 // bc:9d} {e[0]:11.1e} {e[1]:11.1e} {e[2]:11.1e}")
@@ -165,7 +167,8 @@ def kernel():
     print(f"  {'':>14s} {'max |dq - ref|':>14s} {'max |dk - ref|':>14s} {'max |dv - ref|':>14s}")
     print(f"  {'atomic dQ':>14s} " + " ".join(f"{e:14.1e}" for e in r["err_atomic"]))
     print(f"  {'deterministic':>14s} " + " ".join(f"{e:14.1e}" for e in r["err_det"]))
-    print(f"  dk, dv come back as {r['dk_shape']} (summed over each group of {h // hkv} query heads)")
+    print(f"  dk, dv come back as {r['dk_shape']} (summed over each group of {h // hkv} "
+          "query heads)")
     print(f"  rows 0..2 see no key: lse = {sorted(set(r['empty_lse']))}, their dq all zero: "
           f"{r['empty_dq_zero']}; every gradient finite: {r['finite']}")
     print(f"  deterministic=True twice: bitwise identical: {r['det_bitwise']}")
