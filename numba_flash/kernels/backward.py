@@ -102,7 +102,11 @@ as float16 and computed in float32; float64 computes in float64.
 Compile-time constants, and why the variants are runtime arguments
 ------------------------------------------------------------------
 ``BLOCK_M``, ``BLOCK_N``, ``HEAD_DIM`` (padded to 16/32/64/128/256), ``THREADS``, the dtype and
-``DROPOUT`` are arguments of the memoised factories.  The window (``left``, ``right``; causal is
+``DROPOUT`` are arguments of the memoised factories.  On the GPU the dK/dV and dQ kernels are
+compiled with ``launch_bounds = (THREADS, MIN_BLOCKS)`` (:data:`DKDV_MIN_BLOCKS`,
+:data:`DQ_MIN_BLOCKS`: 3 to 5 resident blocks of 128 threads per SM, the most that assemble
+without spills), which caps their registers at 168, 128 or 96 instead of the up to 237 ptxas
+takes unasked.  The window (``left``, ``right``; causal is
 ``right = 0``), ``softcap``, the ALiBi slopes, ``varlen`` and ``dq_atomic`` are runtime
 arguments of the same kernels.  The mask costs one or two integer compares per score next to
 ``2 HEAD_DIM`` FMAs, and the tile skipping it buys is a runtime loop bound in any case (tiles
@@ -157,6 +161,7 @@ from numba import cuda, int32, int64, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
+from .jit import kernel_jit
 from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
                      padded_head_dim)
 from .visibility import (is_visible, key_bounds, make_score_mod, make_softcap_grad,
@@ -192,6 +197,19 @@ GRID_X_MAX = 2**31 - 1
 
 FULL_MASK = 0xFFFFFFFF
 
+#: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
+#: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread
+#: (5: 96, 4: 128, 3: 168, 2: 255).  Without it ptxas took up to 237 (2 blocks, 8 warps per
+#: SM).  Each value is the largest that assembles without spills for sm_80 and sm_90 (ptxas 13,
+#: swept 2..6 on 2026-11-30) and that the block's shared memory allows on an H100/H200 (228 KiB
+#: per SM: 5 blocks of ~42 KiB); the compile tier fails on any spill.  Keyed by word size, then
+#: HEAD_DIM.  (4-byte dK/dV at HEAD_DIM 256 keeps 2: its 32 + 32 accumulators per thread spill
+#: under 168 registers.)
+DKDV_MIN_BLOCKS = {4: {16: 4, 32: 3, 64: 4, 128: 3, 256: 2},
+                   8: {16: 5, 32: 3, 64: 5, 128: 3, 256: 3}}
+DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 3, 128: 3}, 8: {64: 4}}
+DQ_MIN_BLOCKS = 5
+
 
 def _word(dtype):
     """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
@@ -205,6 +223,16 @@ def default_tiles(head_dim, dtype, simulator=None):
         return SIM_BLOCK, SIM_BLOCK, hd, SIM_THREADS
     block_m, block_n = GPU_TILES[_word(dtype)][hd]
     return block_m, block_n, hd, GPU_THREADS
+
+
+def min_blocks(kind, HEAD_DIM, dtype, DROPOUT):
+    """``MIN_BLOCKS`` of the ``"dkdv"`` or ``"dq"`` kernel (see :data:`DKDV_MIN_BLOCKS`)."""
+    if kind == "dq":
+        return DQ_MIN_BLOCKS
+    word = _word(dtype)
+    if DROPOUT and HEAD_DIM in DKDV_MIN_BLOCKS_DROPOUT[word]:
+        return DKDV_MIN_BLOCKS_DROPOUT[word][HEAD_DIM]
+    return DKDV_MIN_BLOCKS[word][HEAD_DIM]
 
 
 def elem_threads():
@@ -464,7 +492,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence = tile_functions(
         BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
-    @cuda.jit
+    @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)))
     def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
                       scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic,
                       dropout):
@@ -589,7 +617,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence = tile_functions(
         BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
-    @cuda.jit
+    @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)))
     def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
                     inv_softcap, left, right, varlen, tiles, dropout):
         tid = cuda.threadIdx.x
@@ -670,7 +698,7 @@ def preprocess_kernel(THREADS, LANES, dtype):
     ROWS = THREADS // LANES
     STEPS = LANES.bit_length() - 1  # log2(LANES) butterfly steps
 
-    @cuda.jit
+    @kernel_jit
     def backward_preprocess(o, do, delta, dq_accum, tiles):
         # [docs:bwd-preprocess]
         tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, o.shape[1])
@@ -702,7 +730,7 @@ def reduce_kernel(THREADS, src_dtype, dst_dtype):
     """
     acc_t = compute_type(src_dtype)
 
-    @cuda.jit
+    @kernel_jit
     def backward_reduce(src, dst, tiles):
         tile, b, g = unfold_block(int64(cuda.blockIdx.x), tiles, dst.shape[1])
         idx = tile * THREADS + cuda.threadIdx.x
@@ -761,8 +789,10 @@ def compile_configs():
                        "kernel": dkdv_kernel(bm, bn, hd, threads, dtype, dropout),
                        "args": (a4, a4, a4, a4, lse3, a3, acc4, acc4, acc4, *variant, i64,
                                 drop_t),
+                       "launch_bounds": (threads, min_blocks("dkdv", hd, dtype, dropout)),
                        "float64_ok": f64_ok}
                 yield {"name": f"backward dq {tag}",
                        "kernel": dq_kernel(bm, bn, hd, threads, dtype, dropout),
                        "args": (a4, a4, a4, a4, lse3, a3, acc4, *variant, drop_t),
+                       "launch_bounds": (threads, min_blocks("dq", hd, dtype, dropout)),
                        "float64_ok": f64_ok}
