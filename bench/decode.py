@@ -131,7 +131,7 @@ def bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat):
                         row["vs SDPA"] = pms / ms
                 rows.append(row)
                 print(row, flush=True)
-                del sets
+                sets.clear()  # free the caches before the next size
     return rows
 
 

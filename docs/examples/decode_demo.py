@@ -104,7 +104,8 @@ def invariance():
     print("sequence 1 (23 tokens) alone has 2; its splits 2..4 in the batch are empty (lse = -inf)")
     for dtype in (np.float32, np.float16):
         a, b = batch_vs_alone(np.random.default_rng(11), dtype=dtype)
-        print(f"  {np.dtype(dtype).name:8s} num_splits=None, in batch vs alone: {bits_report(a, b)}")
+        print(f"  {np.dtype(dtype).name:8s} num_splits=None, in batch vs alone: "
+              f"{bits_report(a, b)}")
     a, b = batch_vs_alone(rng, num_splits=3)
     print(f"  float32  num_splits=3,    in batch vs alone: {bits_report(a, b)}")
     a, b = batch_dependent_splits(np.random.default_rng(5))

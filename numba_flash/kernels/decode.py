@@ -73,7 +73,7 @@ import numpy as np
 from numba import cuda, int32, types
 
 from ..backend import on_simulator
-from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
+from .common import acc_dtype, compute_type, numba_array_type
 from .merge import make_merge_functions
 from .visibility import key_bounds, make_score_mod, tile_key_range
 
@@ -108,7 +108,8 @@ FULL_MASK = 0xFFFFFFFF
 
 def padded_head_dim(d):
     """The compiled head dim for ``d``: the next power of two, at least 16 on the GPU (one of
-    :data:`HEAD_DIMS`) and at least 2 in the simulator (where every padded lane costs time)."""
+    ``kernels.common.HEAD_DIMS``) and at least 2 in the simulator (where every padded lane
+    costs time)."""
     return max(2 if on_simulator() else 16, 1 << (int(d) - 1).bit_length())
 
 
@@ -253,7 +254,6 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
     NEG_INF = acc_t(-math.inf)
     NAN = acc_t(math.nan)
     ZERO = acc_t(0.0)
-    ONE = acc_t(1.0)
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
     merge_stats, merge_element = make_merge_functions(acc_t)
 

@@ -235,10 +235,13 @@ def _bad_case(**over):
     (dict(block_table=np.array([[0, 1, 2]])), ValueError, "block_table: expected 2 rows"),
     (dict(k=randn(np.random.default_rng(0), (6, 2, 4, 8), np.float64)), TypeError,
      "k_cache: expected dtype float32"),
-    (dict(v=randn(np.random.default_rng(0), (6, 2, 4, 7))), ValueError, "v_cache: expected the shape"),
-    (dict(k=randn(np.random.default_rng(0), (6, 3, 4, 8)), v=randn(np.random.default_rng(0), (6, 3, 4, 8))),
+    (dict(v=randn(np.random.default_rng(0), (6, 2, 4, 7))), ValueError,
+     "v_cache: expected the shape"),
+    (dict(k=randn(np.random.default_rng(0), (6, 3, 4, 8)),
+          v=randn(np.random.default_rng(0), (6, 3, 4, 8))),
      ValueError, "k_cache: expected a number of kv heads that divides"),
-    (dict(q=randn(np.random.default_rng(0), (2, 4, 6))), ValueError, "k_cache: expected head dim 6"),
+    (dict(q=randn(np.random.default_rng(0), (2, 4, 6))), ValueError,
+     "k_cache: expected head dim 6"),
 ])
 def test_rejects_bad_input(over, exc, msg):
     a = _bad_case(**over)

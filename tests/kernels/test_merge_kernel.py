@@ -39,7 +39,8 @@ def test_merge_matches_reference(rng, dtype, shape):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_merge_empty_parts(rng, dtype):
-    """-inf parts contribute nothing (even with NaN in their o); all -inf gives o = 0, lse = -inf."""
+    """-inf parts contribute nothing (even with NaN in their o); all -inf gives o = 0,
+    lse = -inf."""
     o_parts, lse_parts = parts(rng, (4, 3, 2, 8), dtype)
     lse_parts[1] = -np.inf          # part 1 empty everywhere
     o_parts[1] = np.nan             # ... with garbage output
@@ -76,5 +77,6 @@ def test_merge_rejects_bad_input(rng):
         numba_flash.merge_states(o, l.astype(np.float64))
     with pytest.raises(TypeError, match="o_parts: expected dtype in"):
         numba_flash.merge_states(o.astype(np.int32), l)
-    with pytest.raises(ValueError, match=r"o_parts: expected a 2-D to 9-D array \[P, ..., d\], got shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"o_parts: expected a 2-D to 9-D array \[P, ..., d\], "
+                                         r"got shape \(4,\)"):
         numba_flash.merge_states(o[0, 0], l)
