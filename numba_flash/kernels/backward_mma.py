@@ -24,7 +24,10 @@ Kernels
    ``P^T`` and ``dS^T`` element-wise on the accumulator fragments, then ``dV += (P Z)^T dO`` and
    ``dK += dS^T Q`` with ``A`` straight from those registers (two 8-query fragments are one
    16-query ``A`` fragment) and ``B`` = ``dO`` / ``Q`` read untransposed
-   (:func:`~numba_flash.kernels.mma.load_b_frag_t`).  ``dK``, ``dV`` stay in registers and are
+   (:func:`~numba_flash.kernels.mma.load_b_frag_t`; for ``Q`` and ``K``, whose non-finite
+   entries already made ``dS`` NaN where a row sees the key, the ``_finite`` variant stores them
+   as 0 so that ``dS = 0`` of a pair the row does not see stays 0 on the tensor core).  ``dK``,
+   ``dV`` stay in registers and are
    written once, in float32, per query head; the op sums each GQA group and casts
    (``reduce_kernel``, fixed order).  With ``DQ_ATOMIC`` the block also needs ``dS`` with
    queries as rows: each warp stores its ``dS^T`` fragment into ``ds_sh [16, BLOCK_N]``
@@ -59,7 +62,8 @@ from numba import cuda, float32, types
 from ..backend import on_simulator
 from ..philox import philox_keep
 from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
-from .mma import half2_bits, load_a_frag, load_b_frag, load_b_frag_t, mma_m16n8k16, pack_half2
+from .mma import (half2_bits, load_a_frag, load_b_frag, load_b_frag_t, load_b_frag_t_finite,
+                  mma_m16n8k16, pack_half2)
 from .visibility import (is_visible, make_score_mod, make_softcap_grad, tile_key_range,
                          tile_query_range)
 
@@ -283,7 +287,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                 a2 = pack_half2(dpt[1, 0], dpt[1, 1])
                 a3 = pack_half2(dpt[1, 2], dpt[1, 3])
                 for n in range(D_FRAGS):
-                    b0, b1 = load_b_frag_t(q_tile, 0, 8 * n, g, t)
+                    b0, b1 = load_b_frag_t_finite(q_tile, 0, 8 * n, g, t)
                     dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3] = mma_m16n8k16(
                         a0, a1, a2, a3, b0, b1,
                         dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3])
@@ -305,7 +309,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                         a1 = pack_half2(ds_sh[g + 8, kb], ds_sh[g + 8, kb + 1])
                         a2 = pack_half2(ds_sh[g, kb + 8], ds_sh[g, kb + 9])
                         a3 = pack_half2(ds_sh[g + 8, kb + 8], ds_sh[g + 8, kb + 9])
-                        b0, b1 = load_b_frag_t(k_tile, 16 * kk, 8 * n, g, t)
+                        b0, b1 = load_b_frag_t_finite(k_tile, 16 * kk, 8 * n, g, t)
                         c0, c1, c2, c3 = mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
                     col = 8 * n + 2 * t
                     for r in range(2):
@@ -443,7 +447,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
                 a2 = pack_half2(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
                 a3 = pack_half2(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
                 for n in range(D_FRAGS):
-                    b0, b1 = load_b_frag_t(k_tile, 16 * kk, 8 * n, g, t)
+                    b0, b1 = load_b_frag_t_finite(k_tile, 16 * kk, 8 * n, g, t)
                     acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
                         a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
             cuda.syncthreads()  # every warp is done with k_tile / v_tile: next K/V tile

@@ -244,6 +244,7 @@ _device = functools.partial(cuda.jit, device=True, inline=True)
 
 _SHIFT16 = uint32(16)
 _LOW16 = uint32(0xFFFF)
+_EXP16 = uint32(0x7C00)  # float16 exponent bits: all set = inf or NaN
 
 
 @_device
@@ -287,6 +288,28 @@ def load_b_frag_t(tile, k0, n0, g, t):
     h1 = uint32(tile[k0 + 2 * t + 1, word] >> sh) & _LOW16
     h2 = uint32(tile[k0 + 2 * t + 8, word] >> sh) & _LOW16
     h3 = uint32(tile[k0 + 2 * t + 9, word] >> sh) & _LOW16
+    return half2_bits(h0, h1), half2_bits(h2, h3)
+
+
+@_device
+def finite_half(h):
+    """A float16 bit pattern, or 0 (+0.0) if it is inf or NaN (all exponent bits set)."""
+    return h if (h & _EXP16) != _EXP16 else uint32(0)
+
+
+@_device
+def load_b_frag_t_finite(tile, k0, n0, g, t):
+    """:func:`load_b_frag_t` with every inf / NaN half replaced by 0.  For the backward's
+    ``dK = dS^T Q`` and ``dQ = dS K``: a non-finite ``q`` or ``k`` of a pair the row sees has
+    already made that row's ``dS`` NaN (through ``S``), and one of a pair it does not see must
+    not turn its ``dS = 0`` into ``0 * inf = NaN`` on the tensor core."""
+    col = n0 + g
+    word = col >> 1
+    sh = uint32((col & 1) * 16)
+    h0 = finite_half(uint32(tile[k0 + 2 * t, word] >> sh) & _LOW16)
+    h1 = finite_half(uint32(tile[k0 + 2 * t + 1, word] >> sh) & _LOW16)
+    h2 = finite_half(uint32(tile[k0 + 2 * t + 8, word] >> sh) & _LOW16)
+    h3 = finite_half(uint32(tile[k0 + 2 * t + 9, word] >> sh) & _LOW16)
     return half2_bits(h0, h1), half2_bits(h2, h3)
 
 

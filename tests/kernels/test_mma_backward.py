@@ -132,3 +132,27 @@ def test_gpu_size(deterministic):
     check(do, q, k, v, tol=1e-2, causal=True, deterministic=deterministic)
     check(do, q, k, v, tol=1e-2, deterministic=deterministic, window_size=(300, 40),
           softcap=20.0, alibi_slopes=reference.alibi_slopes(4), dropout_p=0.1, seed=5)
+
+
+def test_non_finite_inputs_never_leak_through_invisible_keys(rng):
+    """A NaN in q, an inf in k and a NaN in v: a row whose lse or D = rowsum(dO * O) is NaN gets
+    a NaN dq row and poisons dk (dS) of the keys it sees, a NaN lse also dv (P); nothing else
+    is NaN: in particular a row that does not see the inf key keeps a finite dq although the
+    tensor core multiplies its dS = 0 by K (``load_b_frag_t_finite``)."""
+    do, q, k, v = make_inputs(rng, 1, 1, 1, 20, 18, 16)
+    q[0, 0, 10, 3] = np.nan
+    k[0, 0, 12, 2] = np.inf
+    v[0, 0, 5, 7] = np.nan
+    for kw in (dict(causal=True), dict(window_size=(3, 2))):
+        o, lse = forward_mma(q, k, v, return_lse=True, **kw)
+        dq, dk, dv = backward_mma(do, q, k, v, o, lse, **kw)
+        o_ref, lse_ref = reference.attention(q, k, v, **kw)
+        vis = reference.visible_mask(20, 18, **kw)
+        bad_lse = np.isnan(lse_ref[0, 0])
+        bad_d = bad_lse | np.isnan(o_ref[0, 0]).any(-1)
+        np.testing.assert_array_equal(np.isnan(dq[0, 0]), np.repeat(bad_d[:, None], 16, 1))
+        want_dk = (vis & bad_d[:, None]).any(0)
+        want_dv = (vis & bad_lse[:, None]).any(0)
+        np.testing.assert_array_equal(np.isnan(dk[0, 0]), np.repeat(want_dk[:, None], 16, 1))
+        np.testing.assert_array_equal(np.isnan(dv[0, 0]), np.repeat(want_dv[:, None], 16, 1))
+        assert bad_d.any() and not bad_d.all() and want_dk.any()
