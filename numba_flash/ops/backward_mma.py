@@ -71,7 +71,7 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
     dv_heads = call.empty((b, h, nk, d), f32)
     delta = call.empty((b, h, nq), f32)
-    alibi_in = call.input(alibi) if alibi is not None else call.input(np.zeros((1, 1), f32))
+    alibi_in = call.input(alibi) if alibi is not None else call.zeros((1, 1), f32)
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
     variant = (f32(scale), (np.int32(left), np.int32(right)),
                (f32(softcap), f32(1.0 / softcap if softcap > 0.0 else 0.0)), alibi_in)

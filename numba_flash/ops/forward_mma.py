@@ -53,7 +53,7 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     o = call.empty((b, h, nq, d), np.float16)
     lse = call.empty((b, h, nq), np.float32)
-    alibi_d = call.input(alibi) if alibi is not None else call.input(np.zeros((1, 1), np.float32))
+    alibi_d = call.input(alibi) if alibi is not None else call.zeros((1, 1), np.float32)
     mods = (np.float32(softcap), np.float32(1.0 / softcap if softcap > 0.0 else 0.0))
     dropout = (seed_lo, seed_hi, threshold, np.float32(keep_scale)) if use_dropout else ()
     call.launch(kernel, grid, (32 * num_warps,),
