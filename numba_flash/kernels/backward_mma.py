@@ -36,7 +36,7 @@ Kernels
    ``WANT_DV`` / ``WANT_DK`` select the outputs: at ``HEAD_DIM = 256`` both accumulators would
    need 256 registers per lane, so the op runs the kernel twice (dV; then dK and dQ).
 2. :func:`dq_mma_kernel` (``deterministic=True``): one block per ``(Q tile of 16 NUM_WARPS rows,
-   b, h)``, a warp per 16 rows, looping over the K/V tiles the rows see
+   b, h)``, a warp per 16 rows, looping over the K/V tiles (:func:`dq_block_n` keys) the rows see
    (:func:`~numba_flash.kernels.visibility.tile_key_range`): ``S = Q K^T``, ``dP = dO V^T`` (as
    the forward), ``P``, ``dS`` on the fragments, ``dQ += dS K`` (``A`` from registers, ``B`` =
    ``K`` untransposed), in a fixed order: no atomics, bitwise reproducible.
@@ -48,7 +48,7 @@ are 2 keys x 2 queries, each its own Philox group, so each takes one call.
 Shared memory (uint32 words of two float16; ``W = HEAD_DIM / 2 + 4``, the ``+ 4`` against bank
 conflicts): dkdv ``k_tile, v_tile [BLOCK_N, W]``, ``q_tile, do_tile [16, W]``, ``ds_sh
 [16, BLOCK_N + 1]`` float32, ``lse_sh, delta_sh [16]``; dq ``q_tile, do_tile [BLOCK_M, W]``,
-``k_tile, v_tile [BLOCK_N, W]``.  At most 48 KiB for every head dim of :data:`GPU_WARPS`
+``k_tile, v_tile [dq_block_n, W]``.  At most 48 KiB for every head dim of :data:`GPU_WARPS`
 (:func:`shared_bytes`).
 """
 
@@ -68,7 +68,7 @@ from .visibility import (is_visible, make_score_mod, make_softcap_grad, tile_key
                          tile_query_range)
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
-#: BLOCK_M = BLOCK_N = 16 NUM_WARPS)
+#: BLOCK_M = 16 NUM_WARPS rows, BLOCK_N = :func:`dq_block_n` keys)
 GPU_WARPS = {16: 4, 32: 4, 64: 4, 128: 2, 256: 1}
 #: the simulator: one warp (32 Python threads)
 SIM_WARPS = 1
@@ -77,12 +77,18 @@ SIM_WARPS = 1
 SPLIT_HEAD_DIMS = (256,)
 
 
+def dq_block_n(NUM_WARPS, HEAD_DIM):
+    """Keys per K/V tile of the dQ kernel: ``16 NUM_WARPS``, but 16 from head dim 128 on (with
+    every flag the 16 dS elements per lane of 32 keys pushed sm_90 over 255 registers)."""
+    return 16 if HEAD_DIM >= 128 else 16 * NUM_WARPS
+
+
 def shared_bytes(NUM_WARPS, HEAD_DIM):
     """``(dkdv, dq)`` static shared memory of one block (the budget in the module docstring)."""
     w = HEAD_DIM // 2 + 4
     n = 16 * NUM_WARPS
     dkdv = 4 * (2 * n * w + 2 * 16 * w + 16 * (n + 1) + 2 * 16)
-    dq = 4 * (4 * n * w)
+    dq = 4 * (2 * n * w + 2 * dq_block_n(NUM_WARPS, HEAD_DIM) * w)
     return dkdv, dq
 
 
@@ -343,7 +349,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     dropout)``: ``dq_accum = scale * dS K`` (float32) without atomics (``deterministic=True``);
     arguments as :func:`dkdv_mma_kernel`, ``tiles = ceil(Nq / BLOCK_M)``."""
     BLOCK_M = 16 * NUM_WARPS
-    BLOCK_N = 16 * NUM_WARPS
+    BLOCK_N = dq_block_n(NUM_WARPS, HEAD_DIM)
     THREADS = 32 * NUM_WARPS
     ROW_W = HEAD_DIM // 2 + 4
     D_FRAGS = HEAD_DIM // 8
