@@ -12,6 +12,8 @@
   :func:`numba_flash.reference.merge_states`;
 * ``backward_loops.png``: the backward's loop layout: K/V tiles outer (one block each, dK and dV
   on chip), Q tiles inner, dQ accumulated in HBM;
+* ``tile_ownership.png``: the tiled forward's thread layout (which thread owns which S and acc
+  elements) and its barriers, read from ``numba_flash.kernels.forward``;
 * ``roofline.png``: measured kernels against the H200's copy bandwidth and compute peaks (data in
   :data:`ROOFLINE`).
 
@@ -323,6 +325,110 @@ def draw_backward_loops(path):
     plt.close(fig)
 
 
+def forward_barriers():
+    """The comments of the tiled forward's ``cuda.syncthreads()`` calls, in source order: the
+    picture's barrier timeline follows the kernel's code."""
+    import inspect
+    import re
+
+    from .kernels import forward
+
+    src = inspect.getsource(forward.forward_kernel)
+    return re.findall(r"cuda\.syncthreads\(\)\s*#\s*(.+)", src)
+
+
+def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
+    """Which thread of the tiled forward owns which elements of S and acc (GPU layout of
+    ``numba_flash.kernels.forward`` for float32 at ``head_dim``), and its barriers per K/V tile."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+    from .kernels import forward
+
+    block_m, block_n, hd = forward.gpu_tiles(head_dim, np.float32)
+    t_m, t_n = forward.thread_layout(block_m, block_n, hd)
+    plt = _plt()
+    fig = plt.figure(figsize=(12, 9))
+    ax = fig.add_axes([0.01, 0.36, 0.98, 0.58])
+    cell = 0.1
+    mine, other = "#f58518", "#e3eaf4"
+
+    def tile(x0, rows, cols, title):
+        for r in range(rows):
+            for c in range(cols):
+                own = r % t_m == ty and c % t_n == tx
+                ax.add_patch(Rectangle((x0 + c * cell, (rows - 1 - r) * cell), cell, cell,
+                                       facecolor=mine if own else other,
+                                       edgecolor="white", linewidth=0.3))
+        ax.text(x0 + cols * cell / 2, rows * cell + 0.15, title, ha="center", va="bottom",
+                fontsize=9.5, fontweight="bold")
+        for r in range(ty, rows, t_m):
+            ax.text(x0 - 0.05, (rows - 1 - r) * cell + cell / 2, f"row {r}", ha="right",
+                    va="center", fontsize=8, color="#a04d00")
+        ax.text(x0 + cols * cell / 2, -0.12, f"its columns: {tx}, {tx + t_n}, {tx + 2 * t_n}, ..."
+                f" (every {t_n}th)", ha="center", va="top", fontsize=8, color="#a04d00")
+        return x0 + cols * cell
+
+    x_end = tile(0.7, block_m, block_n, f"S = scale Q K^T\n{block_m} x {block_n} (BLOCK_M x BLOCK_N)")
+    x1 = x_end + 1.1
+    x_end = tile(x1, block_m, hd, f"acc (becomes O)\n{block_m} x {hd} (BLOCK_M x HEAD_DIM)")
+    note = (f"block = {t_n} x {t_m} = {t_n * t_m} threads\n(tx = 0..{t_n - 1}, ty = 0..{t_m - 1})"
+            f"\n\nThread (tx={tx}, ty={ty}), orange,\nowns rows ty, ty + {t_m}, ...\n"
+            f"and in them the S and acc\ncolumns tx, tx + {t_n}, ...:\n"
+            f"a {block_m // t_m} x {block_n // t_n} S micro-tile and a\n"
+            f"{block_m // t_m} x {hd // t_n} acc micro-tile, in registers.\n\n"
+            f"Strided ownership: the {t_n} threads\nof a row read {t_n} neighbouring\n"
+            "shared-memory words at once\n(no bank conflict). They are\nconsecutive lanes "
+            "of one warp,\nso a row's max and sum combine\nby warp shuffles.")
+    ax.text(x_end + 0.3, block_m * cell, note, fontsize=8.8, va="top")
+    ax.set_xlim(0, x_end + 3.4)
+    ax.set_ylim(-0.4, block_m * cell + 0.7)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+    # the barrier timeline, from the kernel's own comments
+    bx = fig.add_axes([0.02, 0.02, 0.96, 0.30])
+    bx.axis("off")
+    bx.set_xlim(0, 12)
+    bx.set_ylim(0, 3.6)
+    barriers = forward_barriers()
+    work = ["load the Q tile (all threads)", "load K_j, V_j tiles (all threads, coalesced)",
+            "S micro-tile in registers, row max by shuffles, P -> p_tile", "acc += P V_j"]
+    steps = []
+    for i, text in enumerate(barriers):
+        steps.append(("work", work[i] if i < len(work) else "..."))
+        steps.append(("barrier", text))
+    n = len(steps)
+    w = 12 / n
+    for i, (kind, text) in enumerate(steps):
+        x = i * w
+        if kind == "work":
+            bx.add_patch(FancyBboxPatch((x + 0.05, 1.3), w - 0.1, 1.1, boxstyle="round,pad=0.02",
+                                        facecolor="#e5f5e0", edgecolor="#54a24b"))
+            bx.text(x + w / 2, 1.85, _wrap(text, 20), ha="center", va="center", fontsize=8)
+        else:
+            bx.add_patch(Rectangle((x + w / 2 - 0.04, 1.1), 0.08, 1.5, facecolor="#d62728"))
+            bx.text(x + w / 2, 0.95, _wrap("syncthreads: " + text, 24), ha="center", va="top",
+                    fontsize=7.5, color="#8b0000")
+    if n >= 4:
+        bx.add_patch(FancyArrowPatch((n * w - 0.3, 2.7), (2 * w + 0.3, 2.7),
+                                     connectionstyle="arc3,rad=0.08", arrowstyle="-|>",
+                                     mutation_scale=12, color="#4c78a8"))
+        bx.text((n + 2) * w / 2, 3.25, f"per K/V tile: {len(barriers) - 1} barriers, then the "
+                "next tile", ha="center", fontsize=9, color="#4c78a8")
+        bx.text(w, 3.25, "once", ha="center", fontsize=9, color="#4c78a8")
+    fig.suptitle(f"Tiled forward, float32, HEAD_DIM = {hd} (GPU layout of "
+                 "numba_flash/kernels/forward.py): who owns what, and every barrier",
+                 fontsize=11)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _wrap(text, width):
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
 #: What the roofline picture plots: the H200's ceilings and the kernels measured on it
 #: (2026-11-30, commit 38a7cb7, bench/gpu_check.py; the figures of issues 11-13 and
 #: docs/performance.md).  Arithmetic intensity counts compulsory bytes: every input read once,
@@ -395,6 +501,7 @@ PICTURES = {
     "split_kv.png": draw_split_kv,
     "backward_loops.png": draw_backward_loops,
     "roofline.png": draw_roofline,
+    "tile_ownership.png": draw_tile_ownership,
 }
 
 

@@ -47,3 +47,14 @@ def test_roofline_tiled_intensity_matches_counted_traffic():
     assert np.isclose(tiled_intensity(n, bm, 4), 4 * n * n * d / (4 * elements))
     # compulsory intensity of the forward is N / itemsize
     assert ROOFLINE["kernels"][0][1] == 4096 / 4
+
+
+def test_tile_ownership_picture_reads_the_kernel():
+    """The barrier timeline is every commented syncthreads of the forward kernel, in order."""
+    import inspect
+
+    from numba_flash.kernels import forward
+    from numba_flash.pictures import forward_barriers
+
+    src = inspect.getsource(forward.forward_kernel)
+    assert len(forward_barriers()) == src.count("cuda.syncthreads()") >= 2
