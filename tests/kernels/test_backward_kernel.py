@@ -170,3 +170,32 @@ def test_backward_float64_wants_float64_lse():
     kw["lse"] = kw["lse"].astype(np.float32)
     with pytest.raises(TypeError, match=r"lse: expected dtype in \(float64\)"):
         numba_flash.backward(*(kw[n] for n in ("do", "q", "k", "v", "o", "lse")))
+
+
+def test_preprocess_warp_rows_and_group_reduce(rng):
+    """The two helper kernels on their own: delta = rowsum(dO * O) by LANES threads per row (d
+    wider than the lanes, a row count that leaves the last block part empty) with dq_accum
+    zeroed; and the GQA reduce (sum of each group's heads, cast to float16)."""
+    from numba import cuda
+
+    from numba_flash.kernels import backward as kb
+
+    b, h, n, d = 2, 3, 7, 19
+    o, do = randn(rng, (b, h, n, d)), randn(rng, (b, h, n, d))
+    delta = cuda.to_device(np.full((b, h, n), np.nan, np.float32))
+    dq_accum = cuda.to_device(np.full((b, h, n, d), np.nan, np.float32))
+    t, lanes = kb.elem_threads(), kb.row_lanes()
+    tiles = -(-n // (t // lanes))
+    kb.preprocess_kernel(t, lanes, np.dtype(np.float32))[kb.fold_grid(tiles, b, h), t](
+        o, do, delta, dq_accum, tiles)
+    want = (do.astype(np.float64) * o).sum(-1)
+    assert np.abs(delta.copy_to_host() - want).max() < 1e-5  # float32 sums of 19 products
+    np.testing.assert_array_equal(dq_accum.copy_to_host(), 0.0)
+
+    src = randn(rng, (b, 4, n, d))  # H = 4 heads in groups of 2 -> Hkv = 2
+    dst = cuda.to_device(np.full((b, 2, n, d), np.nan, np.float16))
+    tiles = -(-(n * d) // t)
+    kb.reduce_kernel(t, np.dtype(np.float32), np.dtype(np.float16))[
+        kb.fold_grid(tiles, b, 2), t](src, dst, tiles)
+    want = src.reshape(b, 2, 2, n, d).sum(2)
+    np.testing.assert_array_equal(dst.copy_to_host(), want.astype(np.float16))
