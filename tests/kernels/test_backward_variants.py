@@ -158,6 +158,42 @@ def test_backward_kernel_choice(rng):
         np.testing.assert_array_equal(x, y)
 
 
+def test_backward_mma_dispatch(monkeypatch):
+    """kernel="auto" picks tensor cores for float16 on compute capability >= 8.0 (when the mma
+    backward exists), and kernel="mma" hands every argument on, validated, to backward_mma."""
+    import numba_flash.ops.backward as ob
+
+    monkeypatch.setattr(ob, "_mma_available", lambda: True)
+    for cc, dtype, want in (((9, 0), np.float16, "mma"), ((8, 0), np.float16, "mma"),
+                            ((7, 5), np.float16, "simt"), ((9, 0), np.float32, "simt"),
+                            (None, np.float16, "simt")):
+        monkeypatch.setattr(ob, "_cuda_cc", lambda cc=cc: cc)
+        assert ob.check_kernel("auto", dtype) == want, (cc, dtype)
+    if not _real_mma_available():
+        pytest.skip("numba_flash.ops.backward_mma is not in this build")
+    import numba_flash.ops.backward_mma as om
+
+    seen = {}
+    monkeypatch.setattr(om, "backward_mma", lambda *a, **kw: seen.update(kw) or "called")
+    args = tuple(x.astype(np.float16) if x.dtype == np.float32 and x.ndim == 4 else x
+                 for x in _good())
+    slopes = np.ones(2, np.float32)
+    assert numba_flash.backward(*args, kernel="mma", causal=True, window_size=[3, -1],
+                                softcap=1.5, alibi_slopes=slopes, dropout_p=0.1, seed=5,
+                                deterministic=True) == "called"
+    assert seen["window_size"] == (3, -1) and seen["softcap"] == 1.5 and seen["causal"]
+    assert seen["alibi_slopes"] is slopes and seen["dropout_p"] == 0.1 and seen["seed"] == 5
+    assert seen["deterministic"] and seen["softmax_scale"] is None
+
+
+def _real_mma_available():
+    try:
+        import numba_flash.ops.backward_mma  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def test_grid_folds_batch_and_heads_past_65535():
     """B * H = 70000 (> 65535, CUDA's gridDim.y/z limit): every backward grid is 1-D, inside
     CUDA's limits, and its last block unfolds to the last (tile, b, h)."""
