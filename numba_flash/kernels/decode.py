@@ -36,11 +36,21 @@ Inside a block, ``LANES`` consecutive lanes of a warp (32, or ``HEAD_DIM`` when 
 row at a time: lane ``l`` holds the elements ``c = l + LANES * j`` (``j < DPL = HEAD_DIM //
 LANES``), so each load instruction of a warp reads ``LANES`` consecutive elements (coalesced).
 Each lane keeps in registers the pre-scaled ``q`` of its elements for all ``ROWS`` rows and the
-``ROWS x DPL`` output accumulator.  Per step a group takes ``U`` consecutive keys: partial dot
-products over its ``DPL`` elements, summed across the group's lanes with ``shfl_xor_sync``
-butterflies (every lane ends with the full score: no shared memory, no barrier), then the online
-softmax update of ``m_i, l_i`` (the same on every lane of the group) and ``acc += p v``.  A block
-step covers ``NG * U`` consecutive keys.
+``ROWS x DPL`` output accumulator.  Per step a group takes ``U`` consecutive keys:
+
+1. partial dot products of the ``ROWS`` rows over the lane's ``DPL`` elements;
+2. a *reduce-scatter* over the group's lanes with ``shfl_xor_sync``: at butterfly step ``i``
+   (offset ``LANES >> (i + 1)``) a lane keeps half of the rows it carries and sends the other
+   half to its partner, which keeps that half, so after ``log2(ROWS)`` steps each lane carries
+   one row (the row whose bits are the lane's top offset bits, ``r_own``) and the remaining
+   steps are plain sums: ``ROWS - 1 + log2(LANES / ROWS)`` shuffles per key instead of
+   ``ROWS * log2(LANES)``, and no shared memory, no barrier;
+3. each lane runs the online softmax of its own row (``m, l``: one ``exp`` per key per lane,
+   shared by the ``LANES / ROWS`` lanes of the row instead of ``ROWS`` per lane);
+4. ``acc += p v``: each row's ``alpha`` and ``p`` come from a lane that owns the row
+   (``shfl_sync``), ``ROWS * (1 + U)`` shuffles per step.
+
+A block step covers ``NG * U`` consecutive keys.
 
 Where a key lives: a group walks its tokens with a running ``(table index, slot)`` pair that it
 advances by ``NG * U`` slots per step (one division when the split starts, none per key or
@@ -122,20 +132,20 @@ def gpu_rows_max(dtype, HEAD_DIM):
     return max(1, rows // 2) if np.dtype(dtype) == np.float64 else rows
 
 
-def gpu_min_blocks(dtype, HEAD_DIM, variant=False):
+def gpu_min_blocks(dtype, HEAD_DIM):
     """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``): 4 (at most
-    128 registers per thread) for float16/float32 up to ``HEAD_DIM = 128``; 3 (170) for the
-    softcap / ALiBi kernels there (128 spills); else 2 (255: the larger per-lane slices of
-    ``HEAD_DIM = 256`` and float64 need them)."""
+    128 registers per thread) for float16/float32 up to ``HEAD_DIM = 128``, softcap / ALiBi
+    included; else 2 (up to 255: ``HEAD_DIM = 256`` and float64 need more than 128)."""
     if np.dtype(dtype) == np.float64 or HEAD_DIM > 128:
         return 2
-    return 3 if variant else 4
+    return 4
 
 
 def keys_per_step(rows, dpl):
-    """``U``: 2 keys per group step (two K/V rows in flight per warp); 1 for 8 rows of 2+
-    elements per lane (LLVM leaves the larger unrolled body in local memory)."""
-    return 1 if rows >= 8 and dpl >= 2 else GPU_KEYS_PER_STEP
+    """``U``: 2 keys per group step (two K/V rows in flight per warp); 1 for 8 rows of 4+
+    elements per lane (not launched with the row caps of :func:`gpu_rows_max`: 2 spills
+    there)."""
+    return 1 if rows >= 8 and dpl >= 4 else GPU_KEYS_PER_STEP
 
 
 def launch_shape(dtype, HEAD_DIM, n_rows):
@@ -214,11 +224,11 @@ def decode_grid(b, hkv, chunks, splits):
     return (x, int(splits))
 
 
-def jit_options(THREADS, dtype, HEAD_DIM, variant):
+def jit_options(THREADS, dtype, HEAD_DIM):
     """``cuda.jit`` options: ``launch_bounds`` on the GPU (the simulator has no such option)."""
     if on_simulator():
         return {}
-    return {"launch_bounds": (THREADS, gpu_min_blocks(dtype, HEAD_DIM, variant))}
+    return {"launch_bounds": (THREADS, gpu_min_blocks(dtype, HEAD_DIM))}
 
 
 @functools.lru_cache(maxsize=None)
@@ -250,14 +260,20 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
     LOG_LANES = LANES.bit_length() - 1
     RD = ROWS * DPL                       # per-lane q / accumulator registers
     UD = U * DPL                          # per-lane K (and V) registers of one step
-    RU = ROWS * U                         # scores of one step
+    LOG_ROWS = ROWS.bit_length() - 1
+    assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
+    #: a lane that owns row r after the reduce-scatter (the row's bits as offset bits)
+    LANE_OF = tuple(sum(LANES >> (i + 1) for i in range(LOG_ROWS) if r & (ROWS >> (i + 1)))
+                    for r in range(ROWS))
+    ONE = acc_t(1.0)
+    NOT_SEEN = acc_t(-1.0)                # p of a key the row does not see
     NEG_INF = acc_t(-math.inf)
     NAN = acc_t(math.nan)
     ZERO = acc_t(0.0)
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
     merge_stats, merge_element = make_merge_functions(acc_t)
 
-    @cuda.jit(**jit_options(THREADS, dtype, HEAD_DIM, SOFTCAP or ALIBI))
+    @cuda.jit(**jit_options(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
                      counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size,
                      split_target, split_min, left, right, softcap, inv_softcap):
@@ -306,10 +322,6 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         # -- prologue: my lanes' slice of the pre-scaled q rows, each row's visible keys
         q_reg = cuda.local.array(RD, acc_t)
         acc = cuda.local.array(RD, acc_t)
-        m_i = cuda.local.array(ROWS, acc_t)
-        l_i = cuda.local.array(ROWS, acc_t)
-        r_tok = cuda.local.array(ROWS, int32)   # (only ALiBi reads it)
-        slope = cuda.local.array(ROWS, acc_t)
         full = True                           # every row sees every key of [lo, hi): no mask
         for r in range(ROWS):
             row = row0 + r
@@ -323,15 +335,25 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                     val = acc_t(q[b, h, tok, c]) * scale
                 q_reg[r * DPL + j] = val
                 acc[r * DPL + j] = ZERO
-            m_i[r] = NEG_INF
-            l_i[r] = ZERO
-            r_tok[r] = tok
             lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
             if live_row and (lo_r > lo or hi_r < hi):
                 full = False                  # some row does not see every key of the split
-            slope[r] = ZERO
-            if ALIBI and live_row:
-                slope[r] = acc_t(alibi[b, h])
+        # my own row: after the reduce-scatter below, lane l holds the scores of row r_own,
+        # the row whose bits are the lane's top LOG_ROWS offset bits; it keeps that row's m, l
+        r_own = 0
+        for i in range(LOG_ROWS):
+            if lane & (LANES >> (i + 1)):
+                r_own += ROWS >> (i + 1)
+        row_own = row0 + r_own
+        tok_own = row_own % nq
+        live_own = row_own < n_rows
+        lo_own, hi_own = key_bounds(tok_own, offset, seqlen, left, right)
+        slope_own = ZERO
+        if ALIBI and live_own:
+            slope_own = acc_t(alibi[b, kvh * group + row_own // nq])
+        m_own = NEG_INF
+        l_own = ZERO
+        warp_base = tid % 32 - lane           # lane 0 of my group, as a lane of the warp
         if tid == 0:
             flag_sh[0] = 0                    # a bad table entry was met
         cuda.syncthreads()  # flag_sh is cleared before any group can set it
@@ -346,7 +368,8 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         k_reg = cuda.local.array(UD, acc_t)
         v_reg = cuda.local.array(UD, acc_t)
         key_ok = cuda.local.array(U, int32)
-        s_reg = cuda.local.array(RU, acc_t)
+        part = cuda.local.array(ROWS, acc_t)
+        s_own = cuda.local.array(U, acc_t)
         for base in range(lo, hi, STEP):      # the same trip count on every lane (shuffles)
             # [docs:decode-tile-load]
             # -- 1. load my group's U keys: K and V rows, LANES lanes side by side along d
@@ -381,58 +404,78 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             # [/docs:decode-tile-load]
 
             # [docs:decode-scores]
-            # -- 2. scores: partial dot over my elements, butterfly sum over the group's lanes
-            for r in range(ROWS):
-                for u in range(U):
-                    part = ZERO
+            # -- 2. scores: partial dots over my elements, then a reduce-scatter over the group's
+            # lanes: each butterfly step halves the rows a lane carries (it sends the half its
+            # partner keeps), the last steps are plain sums; lane l ends with row r_own's score
+            for u in range(U):
+                for r in range(ROWS):
+                    dot = ZERO
                     for j in range(DPL):
-                        part += q_reg[r * DPL + j] * k_reg[u * DPL + j]
-                    for st in range(LOG_LANES):
-                        part += cuda.shfl_xor_sync(FULL_MASK, part, int32(LANES >> (st + 1)))
-                    s_reg[r * U + u] = part
+                        dot += q_reg[r * DPL + j] * k_reg[u * DPL + j]
+                    part[r] = dot
+                for i in range(LOG_ROWS):
+                    off = LANES >> (i + 1)
+                    half = ROWS >> (i + 1)
+                    upper = (lane & off) != 0
+                    for j in range(half):
+                        lo_v = part[j]
+                        hi_v = part[j + half]
+                        send = lo_v if upper else hi_v
+                        keep = hi_v if upper else lo_v
+                        part[j] = keep + cuda.shfl_xor_sync(FULL_MASK, send, int32(off))
+                sc = part[0]
+                for i in range(LOG_ROWS, LOG_LANES):
+                    sc += cuda.shfl_xor_sync(FULL_MASK, sc, int32(LANES >> (i + 1)))
+                s_own[u] = sc
 
-            # -- 3. online softmax per row (identical on every lane of the group), acc += p v
+            # -- 3. online softmax of my row (one exp per key per lane, not per row)
+            m_new = m_own
+            for u in range(U):
+                t = base + grp * U + u
+                vis = key_ok[u] != 0
+                if vis and not full:          # a split at the band's edge: the rule, per row
+                    vis = live_own and lo_own <= t and t < hi_own
+                if vis:
+                    sc = score_mod(s_own[u], tok_own, t, offset, softcap, inv_softcap,
+                                   slope_own)
+                    s_own[u] = sc
+                    if not sc <= m_new:       # NaN-propagating max
+                        m_new = sc
+                else:
+                    s_own[u] = NEG_INF        # not seen: no p, no p * v
+            alpha = ONE
+            if m_new != m_own:                # rescale only when the max moved (or NaN)
+                alpha = math.exp(m_own - m_new)
+                l_own *= alpha
+                m_own = m_new
+            for u in range(U):
+                p = NOT_SEEN
+                if s_own[u] != NEG_INF:       # a visible key (a NaN score included)
+                    p = math.exp(s_own[u] - m_new)
+                    l_own += p
+                s_own[u] = p
+
+            # -- 4. acc += p v: each row's alpha and p from a lane that owns the row
             for r in range(ROWS):
-                m_old = m_i[r]
-                m_new = m_old
-                for u in range(U):
-                    t = base + grp * U + u
-                    vis = key_ok[u] != 0
-                    if vis and not full:      # a split at the band's edge: the rule, per row
-                        row = row0 + r
-                        lo_r, hi_r = key_bounds(row % nq, offset, seqlen, left, right)
-                        vis = row < n_rows and lo_r <= t and t < hi_r
-                    if vis:
-                        s = score_mod(s_reg[r * U + u], r_tok[r], t, offset, softcap,
-                                      inv_softcap, slope[r])
-                        s_reg[r * U + u] = s
-                        if not s <= m_new:    # NaN-propagating max
-                            m_new = s
-                    else:
-                        s_reg[r * U + u] = NEG_INF
-                if m_new != m_old:            # rescale only when the max moved (or NaN)
-                    alpha = math.exp(m_old - m_new)
-                    l_i[r] *= alpha
+                src = warp_base + LANE_OF[r]
+                a_r = cuda.shfl_sync(FULL_MASK, alpha, src)
+                if a_r != ONE:
                     for j in range(DPL):
-                        acc[r * DPL + j] *= alpha
-                    m_i[r] = m_new
+                        acc[r * DPL + j] *= a_r
                 for u in range(U):
-                    s = s_reg[r * U + u]
-                    if s != NEG_INF:          # a visible key (a NaN score included)
-                        p = math.exp(s - m_new)
-                        l_i[r] += p
+                    p_r = cuda.shfl_sync(FULL_MASK, s_own[u], src)
+                    if not p_r < ZERO:        # seen (p >= 0, or NaN)
                         for j in range(DPL):
-                            acc[r * DPL + j] += p * v_reg[u * DPL + j]
+                            acc[r * DPL + j] += p_r * v_reg[u * DPL + j]
             # [/docs:decode-scores]
 
-        # -- 4. merge the NG group states of the block (fixed order: reproducible bits)
+        # -- 5. merge the NG group states of the block (fixed order: reproducible bits)
         if bad_entry:
             flag_sh[0] = 1
-        if lane == 0:
-            for r in range(ROWS):
-                m_sh[grp, r] = m_i[r]
-                l_sh[grp, r] = l_i[r]
-        cuda.syncthreads()  # every group's (m_i, l_i) and the bad flag are in shared memory
+        if (lane & (LANES // ROWS - 1)) == 0:
+            m_sh[grp, r_own] = m_own          # one lane per row writes (all hold the same)
+            l_sh[grp, r_own] = l_own
+        cuda.syncthreads()  # every group's (m, l) per row and the bad flag are in shared memory
         for r in range(ROWS):
             big_m = NEG_INF
             for g in range(NG):
@@ -444,8 +487,8 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                 if l_g != ZERO:
                     big_l += l_g * math.exp(m_sh[g, r] - big_m)
             f = ZERO
-            if l_i[r] != ZERO:
-                f = math.exp(m_i[r] - big_m)
+            if l_sh[grp, r] != ZERO:
+                f = math.exp(m_sh[grp, r] - big_m)
             for j in range(DPL):
                 acc[r * DPL + j] *= f
             if tid == r:
@@ -462,7 +505,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                             acc_sh[r, c] += acc[r * DPL + j]
             cuda.syncthreads()  # group g's share is added before group g + 1 adds its own
 
-        # -- 5. this split's (o, lse): NaN for a bad sequence, 0 / -inf for no visible key
+        # -- 6. this split's (o, lse): NaN for a bad sequence, 0 / -inf for no visible key
         bad = bad_len or flag_sh[0] != 0
         if tid < ROWS:
             big_l = stat_sh[1, tid]
@@ -500,7 +543,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             return
 
         # [docs:decode-combine]
-        # -- 6. fused combine: the last block of (b, kvh, z) to finish merges every split
+        # -- 7. fused combine: the last block of (b, kvh, z) to finish merges every split
         cuda.threadfence()    # this block's partial is visible device-wide before its ticket
         cuda.syncthreads()  # every thread's partial writes are fenced before thread 0 takes it
         if tid == 0:
@@ -561,7 +604,7 @@ def compile_configs():
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
             "kernel": decode_kernel(GPU_THREADS, lanes, u, rows, HEAD_DIM, dtype, softcap, alibi),
             "args": kernel_args_types(dtype, alibi),
-            "launch_bounds": (GPU_THREADS, gpu_min_blocks(dtype, HEAD_DIM, softcap or alibi)),
+            "launch_bounds": (GPU_THREADS, gpu_min_blocks(dtype, HEAD_DIM)),
             "float64_ok": dtype == np.float64,
         }
 
