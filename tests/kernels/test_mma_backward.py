@@ -156,3 +156,9 @@ def test_non_finite_inputs_never_leak_through_invisible_keys(rng):
         np.testing.assert_array_equal(np.isnan(dk[0, 0]), np.repeat(want_dk[:, None], 16, 1))
         np.testing.assert_array_equal(np.isnan(dv[0, 0]), np.repeat(want_dv[:, None], 16, 1))
         assert bad_d.any() and not bad_d.all() and want_dk.any()
+
+
+def test_head_dim_256_runs_the_two_dkdv_passes(rng):
+    """d = 256 (here 200, padded): dV in one pass, dK and dQ in another (SPLIT_HEAD_DIMS)."""
+    do, q, k, v = make_inputs(rng, 1, 1, 1, 10, 12, 200)
+    check(do, q, k, v, causal=True)

@@ -146,3 +146,8 @@ def test_gpu_size(causal):
     check(q, k, v, causal=causal)
     check(q, k, v, causal=causal, window_size=(256, 0), softcap=20.0,
           alibi_slopes=reference.alibi_slopes(4), dropout_p=0.1, seed=7)
+
+
+def test_head_dim_256(rng):
+    q, k, v = make_qkv(rng, 1, 1, 1, 9, 20, 256)
+    check(q, k, v, window_size=(10, 0))

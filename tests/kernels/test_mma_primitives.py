@@ -185,3 +185,20 @@ def test_fragment_loads_match_the_ptx_layout(rng):
     np.testing.assert_array_equal(out_a, regs[:, :4])
     np.testing.assert_array_equal(out_b, regs[:, 4:])
     np.testing.assert_array_equal(out_bt, ptx_registers(m, m[:, :8].copy())[:, 4:])
+
+
+@cuda.jit
+def _finite_load_kernel(tile, out):
+    lane = cuda.threadIdx.x
+    c0, c1 = mma.load_b_frag_t_finite(tile, 0, 0, lane >> 2, lane & 3)
+    out[lane, 0] = c0
+    out[lane, 1] = c1
+
+
+def test_finite_transposed_load_zeroes_inf_and_nan(rng):
+    m = rng.standard_normal((16, 16)).astype(np.float16)
+    m[3, 2], m[8, 5], m[0, 0] = np.inf, np.nan, -np.inf
+    out = np.zeros((32, 2), np.uint32)
+    launch(_finite_load_kernel, np.ascontiguousarray(m).view(np.uint32), out)
+    clean = np.where(np.isfinite(m), m, np.float16(0))
+    np.testing.assert_array_equal(out, ptx_registers(m, clean[:, :8].copy())[:, 4:])
