@@ -3,10 +3,10 @@
 The forward's ``o`` and ``lse`` come from the tensor-core forward, as in training.  Tiny shapes:
 the simulator runs one warp (32 Python threads) per block.
 
-Measured errors (simulator, 2026-11-30; d in {16, 32}, ragged Nq/Nk up to 37, causal, window,
-softcap + ALiBi, dropout 0.2, deterministic or atomic dQ): max |dx - dx_ref| / max(1, max
-|dx_ref|) = 4.7e-4 over dq, dk, dv (P and dS rounded to float16 for the products, float16
-outputs).  Bound: 2e-3 (scaled), about 4x.  The flash-attn papers state ~1e-2 for float16
+Measured errors (simulator, 2026-11-30, 12 random cases; d in {16, 32, 64}, ragged Nq/Nk up to
+37, causal, window, softcap + ALiBi, dropout 0.2, deterministic or atomic dQ): max |dx - dx_ref|
+/ max(1, max |dx_ref|) = 6.2e-4 over dq, dk, dv (P and dS rounded to float16 for the products,
+float16 outputs).  Bound: 2.5e-3 (scaled), about 4x.  The flash-attn papers state ~1e-2 for float16
 gradients at large N; the gpu-marked test checks 1e-2 at N = 2049.
 """
 
@@ -22,7 +22,7 @@ from numba_flash.ops.backward_mma import backward_mma
 from numba_flash.ops.forward_mma import forward_mma
 from tests.helpers import assert_scaled_close
 
-GRAD_TOL = 2e-3
+GRAD_TOL = 2.5e-3
 
 
 def make_inputs(rng, b, h, hkv, nq, nk, d):
