@@ -98,7 +98,7 @@ def run_gpu_forward(args, t_start):
                                                      - ref.astype(cp.float32)).max())
         rows.append(ratios(row))
         print(json.dumps(row), flush=True)
-        del q, k, v, outs
+        q = k = v = outs = None  # free before the next configuration allocates
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 
@@ -143,7 +143,7 @@ def run_gpu_backward(args, t_start):
                                                     warmup=1) / 1e9
         rows.append(ratios(row))
         print(json.dumps(row), flush=True)
-        del q, k, v, do, o, lse, grads
+        q = k = v = do = o = lse = grads = None  # free before the next configuration
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 

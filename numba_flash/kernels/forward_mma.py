@@ -63,7 +63,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 from numba import cuda, float32, int32, types
 
 from ..backend import on_simulator

@@ -61,7 +61,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, types, uint32
+from numba import cuda, types, uint32
 
 from ..backend import on_simulator
 
