@@ -395,8 +395,9 @@ def parse_ncu_csv(text):
     kernels = {}
     for r in csv.DictReader(io.StringIO("\n".join(rows))):
         kid = r.get("ID")
-        k = kernels.setdefault(kid, {"id": kid, "kernel": short_kernel_name(r.get("Kernel Name", "?")),
-                                     "block": r.get("Block Size"), "grid": r.get("Grid Size")})
+        name = short_kernel_name(r.get("Kernel Name", "?"))
+        k = kernels.setdefault(kid, {"id": kid, "kernel": name, "block": r.get("Block Size"),
+                                     "grid": r.get("Grid Size")})
         key = NCU_METRICS.get(r.get("Metric Name"))
         if key:
             unit = (r.get("Metric Unit") or "").strip()

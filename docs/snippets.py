@@ -205,7 +205,8 @@ def check_links(page, text, root=ROOT, pending=PENDING):
                 problems.append(f"{rel}:{n}: link to missing file {target}")
                 continue
             if anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
-                problems.append(f"{rel}:{n}: no heading for anchor #{anchor} in {dest.relative_to(root)}")
+                problems.append(f"{rel}:{n}: no heading for anchor #{anchor} in "
+                                f"{dest.relative_to(root)}")
         for m in INLINE_CODE.finditer(line):
             token = m.group(1).strip()
             candidate = token.split("::")[0].split("#")[0]
@@ -232,7 +233,8 @@ def process(pages, write=False, root=ROOT, pending=PENDING):
                 page.write_text(new)
                 rep.changed.append(str(rel))
             else:
-                rep.problems.append(f"{rel}: stale generated block(s): run python docs/snippets.py --write")
+                rep.problems.append(f"{rel}: stale generated block(s): run "
+                                    "python docs/snippets.py --write")
         p, notes = check_links(page, new if write else text, root, pending)
         rep.problems += p
         rep.notes += notes

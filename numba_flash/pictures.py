@@ -1,4 +1,4 @@
-"""Pictures for the docs, drawn with matplotlib (optional extra: ``pip install numba_flash[pictures]``).
+"""Pictures for the docs, drawn with matplotlib (``pip install numba_flash[pictures]``).
 
 ``python -m numba_flash.pictures --out docs/img`` (or :func:`draw_all`) writes:
 
@@ -214,7 +214,8 @@ def draw_split_kv(path):
                                      mutation_scale=12, color=colors[p], linewidth=1.2))
     # keys per split (token numbers); the empty split draws its slots dashed
     for p in range(n_splits):
-        label = f"split {p}" if p * per < context else f"split {p}: keys {p * per}..{p * per + per - 1}, past the context"
+        label = (f"split {p}" if p * per < context else
+                 f"split {p}: keys {p * per}..{p * per + per - 1}, past the context")
         ax.text(centers[p], 3.65, label, ha="center", va="bottom", fontsize=9,
                 color=colors[p], fontweight="bold")
         for i in range(per):
@@ -368,7 +369,8 @@ def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
                 f" (every {t_n}th)", ha="center", va="top", fontsize=8, color="#a04d00")
         return x0 + cols * cell
 
-    x_end = tile(0.7, block_m, block_n, f"S = scale Q K^T\n{block_m} x {block_n} (BLOCK_M x BLOCK_N)")
+    x_end = tile(0.7, block_m, block_n,
+                 f"S = scale Q K^T\n{block_m} x {block_n} (BLOCK_M x BLOCK_N)")
     x1 = x_end + 1.1
     x_end = tile(x1, block_m, hd, f"acc (becomes O)\n{block_m} x {hd} (BLOCK_M x HEAD_DIM)")
     note = (f"block = {t_n} x {t_m} = {t_n * t_m} threads\n(tx = 0..{t_n - 1}, ty = 0..{t_m - 1})"

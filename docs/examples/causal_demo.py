@@ -5,7 +5,7 @@ the diagonal never read, rows that see no key.
 
     python docs/examples/causal_demo.py alignment   # who sees whom, Nq != Nk, both conventions
     python docs/examples/causal_demo.py kinds       # tile kinds and loaded tiles per Q tile
-    python docs/examples/causal_demo.py nan-tiles   # NaN after the diagonal: the kernel never reads it
+    python docs/examples/causal_demo.py nan-tiles   # NaN after the diagonal: never read
     python docs/examples/causal_demo.py empty-rows  # Nq > Nk: o = 0, lse = -inf
 
 ``tests/docs/test_causal_demo.py`` checks every claim printed here.
@@ -89,7 +89,8 @@ def alignment():
     br = picture(ref.causal_visible(nq, nk))
     tl = picture(np.tril(np.ones((nq, nk), bool)))
     print(f"Nq = {nq} new queries after {nk - nq} cached keys (Nk = {nk}); x = query sees key")
-    print(f"{'query':>5s}  {'bottom-right (flash-attn >= 2.1)':>32s}  {'top-left (notes: q_pos >= k_pos)':>33s}")
+    print(f"{'query':>5s}  {'bottom-right (flash-attn >= 2.1)':>32s}  "
+          f"{'top-left (notes: q_pos >= k_pos)':>33s}")
     for i in range(nq):
         print(f"{i:5d}  {br[i]:>32s}  {tl[i]:>33s}")
     print()
@@ -136,7 +137,8 @@ def nan_tile_rows(nq=32, nk=32, d=8, block=8, seed=1):
         masked_all = (p / p.sum(axis=1, keepdims=True)) @ vn[0, 0]
         rows.append({"tile": t, "nan_keys": nk - first_bad,
                      "finite": bool(np.isfinite(o[0, 0, t * block:q_end]).all()),
-                     "err": float(np.abs(o[0, 0, t * block:q_end] - want[0, 0, t * block:q_end]).max()),
+                     "err": float(np.abs(o[0, 0, t * block:q_end]
+                                         - want[0, 0, t * block:q_end]).max()),
                      "mask_all_finite": bool(np.isfinite(masked_all).all())})
     return rows
 

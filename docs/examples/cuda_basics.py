@@ -165,7 +165,8 @@ def bank_conflict(word_indices, banks=32):
 
 def naive_load_addresses(d=64, itemsize=4):
     """Byte offsets read by lanes 0..31 of one warp of the naive kernel (rows 0..31 of one head),
-    at one step of its loops: ``q[b, h, row, c]`` (c fixed) and ``k[b, h_kv, j, c]`` (j, c fixed)."""
+    at one step of its loops: ``q[b, h, row, c]`` (c fixed) and ``k[b, h_kv, j, c]`` (j, c
+    fixed)."""
     c = j = 0
     q_addr = [(row * d + c) * itemsize for row in range(32)]
     k_addr = [(j * d + c) * itemsize for _ in range(32)]
@@ -177,7 +178,8 @@ def demo_memory():
     q_addr, k_addr, row_addr = naive_load_addresses()
     print("global loads, one warp (32 lanes x 4 bytes), float32, d = 64:")
     print(f"  naive kernel q[b, h, row, c], lane = row   sectors: {sectors(q_addr):2d}"
-          f"  (addresses {q_addr[0]}, {q_addr[1]}, {q_addr[2]}, ... stride {q_addr[1] - q_addr[0]})")
+          f"  (addresses {q_addr[0]}, {q_addr[1]}, {q_addr[2]}, ..."
+          f" stride {q_addr[1] - q_addr[0]})")
     print(f"  naive kernel k[b, h_kv, j, c], same j, c   sectors: {sectors(k_addr):2d}"
           "  (every lane the same address: one broadcast)")
     print(f"  tile load k[b, h_kv, j, lane], lane = col  sectors: {sectors(row_addr):2d}"

@@ -110,7 +110,8 @@ def reproduce_case(seed=99, p=0.3, dtype=np.float32):
             "tiles_diff": float(np.abs(o16 - o).max()),
             "lse_same_as_plain": lse.tobytes() == lse_plain.tobytes(),
             "other_seed_diff": float(np.abs(o_other_seed - o).max()),
-            "kept": float(keep[ref.causal_visible(nq, nk)[None, None].repeat(b, 0).repeat(h, 1)].mean())}
+            "kept": float(keep[ref.causal_visible(nq, nk)[None, None].repeat(b, 0)
+                               .repeat(h, 1)].mean())}
 
 
 def reproduce():
@@ -148,8 +149,10 @@ def notes_case(samples=20000, p=0.5, nq=4, nk=6, d=3, seed=11):
 
 
 def notes():
-    print("mean over dropout masks vs the output without dropout (one head, Nq = 4, Nk = 6, p = 0.5)")
-    print(f"{'masks':>6s} {'reference: max |mean - exact|':>30s} {'notes: max |mean - exact|':>26s} "
+    print("mean over dropout masks vs the output without dropout "
+          "(one head, Nq = 4, Nk = 6, p = 0.5)")
+    print(f"{'masks':>6s} {'reference: max |mean - exact|':>30s} "
+          f"{'notes: max |mean - exact|':>26s} "
           f"{'std. error':>10s} {'notes 0/0 rows':>15s}")
     for n in (2000, 20000):
         r = notes_case(samples=n)

@@ -113,7 +113,8 @@ def count_global_bytes(call):
         original(self, kernel, grid, block, *wrapped)
         for stats in record.arrays.values():
             for kind in ("read", "written"):
-                stats["distinct_" + kind] = int(stats.pop("touched_" + kind).sum()) * stats["itemsize"]
+                touched = int(stats.pop("touched_" + kind).sum())
+                stats["distinct_" + kind] = touched * stats["itemsize"]
         launches.append(record)
 
     ArrayCall.launch = counting_launch
@@ -220,7 +221,8 @@ def main():
               f" {model['written']:7d}")
     print()
     print("decode (numba_flash.decode, float32, paged, block_size 4, d = 8), K+V bytes read:")
-    print(f"{'H':>3s} {'Hkv':>3s} {'chunks':>6s} {'cache_seqlens':>14s} {'measured':>8s} {'model':>8s}"
+    print(f"{'H':>3s} {'Hkv':>3s} {'chunks':>6s} {'cache_seqlens':>14s} {'measured':>8s} "
+          f"{'model':>8s}"
           f" {'per q head':>10s} {'table':>6s}")
     for h, hkv, seqlens in ((4, 4, (5, 37, 20)), (8, 2, (5, 37, 20)), (8, 1, (5, 37, 20))):
         seqlens = np.array(seqlens, np.int32)

@@ -102,7 +102,8 @@ def notes_wrong_merge_sliced(blocks):
 
 # [docs:notes-paged]
 def c_ceil_of_int_division(a, b):
-    """``ceil(seq_len / block_size)`` as C evaluates it on two ints: the division truncates first."""
+    """``ceil(seq_len / block_size)`` as C evaluates it on two ints: the division truncates
+    first."""
     return math.ceil(a // b)
 
 
@@ -153,7 +154,8 @@ def ceil_div(a, b):
 
 def paged_example(rng, seq_len, scale, block_size=4, d=4, n_blocks=8, heads=2, head=1):
     """A random one-sequence paged cache (the notes' layout) with a scrambled block table, and
-    the float64 attention of ``Q`` over the sequence's ``seq_len`` keys: ``(Q, table, kv, want)``."""
+    the float64 attention of ``Q`` over the sequence's ``seq_len`` keys:
+    ``(Q, table, kv, want)``."""
     kv_cache = rng.standard_normal((2, n_blocks, heads, block_size, d))
     table = rng.permutation(n_blocks)[: ceil_div(seq_len, block_size)]
     Q = rng.standard_normal((seq_len, d))
@@ -539,7 +541,8 @@ def demo_loop_order(n=256, d=64, br=64, bc=64):
     want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
     o1, h1 = kv_outer_forward(q, k, v, br, bc)
     o2, h2 = q_outer_forward(q, k, v, br, bc)
-    print(f"one head, N = {n}, d = {d}, Br = {br}, Bc = {bc} (Tr = Tc = {n // br}); elements moved:")
+    print(f"one head, N = {n}, d = {d}, Br = {br}, Bc = {bc} (Tr = Tc = {n // br}); "
+          "elements moved:")
     print("  array   K/V outer (FA1)       Q outer (FA2 forward)")
     print("          reads   writes       reads   writes")
     for name in ("Q", "K", "V", "O", "l", "m", "lse"):

@@ -85,15 +85,36 @@ def test_write_record_names_and_latest(tmp_path):
     assert gc.gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
 
 
-NCU_CSV = '''==PROF== Connected to process 123 (/usr/bin/python3.12)
-==PROF== Profiling "flash_forward": 0%....50%....100% - 9 passes
-"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d](Array<float, 4, C, mutable, aligned>)","1","7","(64, 1, 1)","(64, 64, 1)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","167"
-"0","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d](Array<float, 4, C, mutable, aligned>)","1","7","(64, 1, 1)","(64, 64, 1)","0","9.0","Occupancy","Theoretical Occupancy","%","15.62"
-"0","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d](Array<float, 4, C, mutable, aligned>)","1","7","(64, 1, 1)","(64, 64, 1)","0","9.0","Compute Workload Analysis","Issue Slots Busy","%","56.1"
-"1","123","python3.12","127.0.0.1","cudapy::numba_flash::kernels::merge::merge_kernel::<locals>::merge_states[abi:v2](Array<float, 3, C, mutable, aligned>)","1","7","(128, 1, 1)","(256, 1, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","3.02"
-ncu target: decode
-'''
+FWD = ("cudapy::numba_flash::kernels::forward::forward_kernel::<locals>::flash_forward"
+       "[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqqmjgOSEQBVoFaKhgRDKsEJgOqHBWIDQ5AA_3d]"
+       "(Array<float, 4, C, mutable, aligned>)")
+MERGE = ("cudapy::numba_flash::kernels::merge::merge_kernel::<locals>::merge_states[abi:v2]"
+         "(Array<float, 3, C, mutable, aligned>)")
+HEADER = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
+          "Block Size", "Grid Size", "Device", "CC", "Section Name", "Metric Name",
+          "Metric Unit", "Metric Value"]
+
+
+def _csv_row(kid, name, block, grid, section, metric, unit, value):
+    cells = [kid, "123", "python3.12", "127.0.0.1", name, "1", "7", block, grid, "0", "9.0",
+             section, metric, unit, value]
+    return ",".join(f'"{c}"' for c in cells)
+
+
+NCU_CSV = "\n".join([
+    "==PROF== Connected to process 123 (/usr/bin/python3.12)",
+    '==PROF== Profiling "flash_forward": 0%....50%....100% - 9 passes',
+    ",".join(f'"{h}"' for h in HEADER),
+    _csv_row("0", FWD, "(64, 1, 1)", "(64, 64, 1)", "Launch Statistics", "Registers Per Thread",
+             "register/thread", "167"),
+    _csv_row("0", FWD, "(64, 1, 1)", "(64, 64, 1)", "Occupancy", "Theoretical Occupancy", "%",
+             "15.62"),
+    _csv_row("0", FWD, "(64, 1, 1)", "(64, 64, 1)", "Compute Workload Analysis",
+             "Issue Slots Busy", "%", "56.1"),
+    _csv_row("1", MERGE, "(128, 1, 1)", "(256, 1, 1)", "GPU Speed Of Light Throughput",
+             "DRAM Throughput", "%", "3.02"),
+    "ncu target: decode",
+])
 
 
 def test_parse_ncu_csv():

@@ -79,7 +79,8 @@ def test_each_kind_of_problem_is_reported(tree, line, problem):
 
 
 def test_anchor_and_pending_path_are_accepted(tree):
-    p = page(tree, "# A heading: `with` code\n\n[up](#a-heading-with-code) `numba_flash/later.py`\n")
+    p = page(tree, "# A heading: `with` code\n\n"
+                   "[up](#a-heading-with-code) `numba_flash/later.py`\n")
     rep = snippets.process([p], root=tree, pending={"numba_flash/later.py"})
     assert not rep.problems
 
