@@ -12,7 +12,9 @@ median of CUDA-event timings; ``o`` and ``lse`` come from a float32 NumPy forwar
 is timed in the same run on the same shapes and dtype (float32 rows beside torch SDPA float32,
 which keeps float32 accuracy).  The full run also times ``deterministic=True``.  ``--quick`` runs
 float16 at N = 1024 and 4096 and float32 at N = 4096 (d = 64 and 128, causal off and on).  The
-host inputs of one (N, d, causal) are drawn once and cast to each dtype.
+host inputs of one (N, d, causal) are drawn once and cast to each dtype.  The full run adds a
+sliding-window series (float32, d = 64, causal window of 256 keys, N = 2048..16384 at 16384
+tokens): TFLOP/s counts the visible pairs only, so a flat rate means time grows with N * window.
 
 In the simulator it runs one small configuration and says that it timed the simulator.
 """
@@ -111,6 +113,50 @@ def run_gpu(quick):
     return rows
 
 
+WINDOW = 256  # keys per row in the sliding-window rows: window_size = (WINDOW - 1, 0)
+
+
+def window_inputs(b, h, n, d, dtype, rng):
+    """Host ``(do, q, k, v, o, lse)`` for causal window ``(WINDOW - 1, 0)``: ``lse`` from the
+    banded scores only (``n * WINDOW`` dot products per head, so long ``n`` stays cheap on the
+    host); ``o`` is random (its values only set ``D = rowsum(dO * O)``, not the work)."""
+    q, k, v, do, o = (rng.standard_normal((b, h, n, d)).astype(dtype) for _ in range(5))
+    lse = np.empty((b, h, n), np.float32)
+    for bb in range(b):
+        for hh in range(h):
+            kp = np.concatenate([np.zeros((WINDOW - 1, d), np.float32),
+                                 k[bb, hh].astype(np.float32)])
+            band = np.lib.stride_tricks.sliding_window_view(kp, (WINDOW, d))[:, 0]
+            s = np.einsum("nd,nwd->nw", q[bb, hh].astype(np.float32), band) / np.sqrt(d)
+            s[np.arange(WINDOW)[None, :] < (WINDOW - 1 - np.arange(n))[:, None]] = -np.inf
+            m = s.max(axis=1, keepdims=True)
+            lse[bb, hh] = (m + np.log(np.exp(s - m).sum(axis=1, keepdims=True)))[:, 0]
+    return do, q, k, v, o, lse
+
+
+def run_window_gpu():
+    """float32, d = 64, causal sliding window of WINDOW keys, fixed B * N = 16384 tokens: the time
+    per token stays flat as N grows (tiles outside the band are never loaded), where full causal
+    attention's grows with N."""
+    rng = np.random.default_rng(1)
+    rows = []
+    d, dtype, h = 64, np.float32, HEADS
+    for n in (2048, 4096, 8192, 16384):
+        b = max(1, 16384 // n)
+        dev = [cuda.to_device(x) for x in window_inputs(b, h, n, d, dtype, rng)]
+        ms = time_gpu(lambda: numba_flash.backward(*dev, causal=True,
+                                                   window_size=(WINDOW - 1, 0)),
+                      repeat=5, warmup=1)
+        pairs = WINDOW * n - WINDOW * (WINDOW - 1) // 2  # visible (query, key) pairs per head
+        flops = 2.5 * 4 * b * h * pairs * d
+        row = {"dtype": "float32", "B": b, "H": h, "N": n, "d": d, "causal": True,
+               "window": WINDOW, "kernel": check_kernel("auto", dtype), "ms": ms,
+               "TFLOP/s": flops / ms / 1e9}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def run_simulator():
     rng = np.random.default_rng(0)
     b, h, n, d, dtype, causal = 1, 2, 32, 16, np.float32, False
@@ -128,7 +174,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a short sweep (float16, N 1024/4096)")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args(argv)
-    rows = run_gpu(args.quick) if on_gpu() else run_simulator()
+    if on_gpu():
+        rows = run_gpu(args.quick) + ([] if args.quick else run_window_gpu())
+    else:
+        rows = run_simulator()
     columns = []
     for r in rows:
         columns += [c for c in r if c not in columns]
