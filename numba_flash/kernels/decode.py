@@ -507,6 +507,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
 
         # -- 6. this split's (o, lse): NaN for a bad sequence, 0 / -inf for no visible key
         bad = bad_len or flag_sh[0] != 0
+        empty_split = hi <= lo and not bad    # past the sequence's keys: lse = -inf only
         if tid < ROWS:
             big_l = stat_sh[1, tid]
             lse_r = NEG_INF
@@ -530,7 +531,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                 h = kvh * group + row // nq
                 if n_splits == 1:
                     o[b, h, row % nq, c] = out
-                else:
+                elif not empty_split:         # the merge never reads o of a -inf part
                     o_part[split, (b * n_heads + h) * nq + row % nq, c] = out
         if tid < ROWS and row0 + tid < n_rows:
             row = row0 + tid
