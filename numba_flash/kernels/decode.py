@@ -69,7 +69,13 @@ order) and resets the counter to 0.
 Shared memory
 -------------
 ``acc_sh[ROWS, HEAD_DIM]`` (compute type) for the group merge, ``m_sh``/``l_sh[NG, ROWS]``,
-per-row ``M, W, lse`` and two flags: at most 8 KiB (float64, ``ROWS * HEAD_DIM = 512``).
+per-row ``M, W, lse`` and two flags: ``ROWS * HEAD_DIM * 4`` bytes and a little more, 2.1-2.4
+KiB for the GPU configurations (``ROWS * HEAD_DIM <= 512``), so shared memory never limits how
+many blocks an SM holds; registers do (``launch_bounds``: 4 blocks of 128 threads per SM, at
+most 128 registers, for float16/float32 up to ``HEAD_DIM = 128``).
+
+Empty splits (past a sequence's keys: the grid spans the cache's capacity, the host does not
+know the lengths) write only ``lse = -inf`` and take their ticket.
 
 float16 caches are read as float16 and computed in float32; float64 computes in float64.
 """
