@@ -66,6 +66,7 @@ from .mma import (half2_bits, load_a_frag, load_b_frag, load_b_frag_t, load_b_fr
                   mma_m16n8k16, pack_half2)
 from .visibility import (is_visible, make_score_mod, make_softcap_grad, tile_key_range,
                          tile_query_range)
+from .jit import kernel_jit
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
 #: BLOCK_M = 16 NUM_WARPS rows, BLOCK_N = :func:`dq_block_n` keys)
@@ -185,7 +186,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     p_ds = _element_functions(DROPOUT, SOFTCAP, ALIBI)
     load_rows = _load_functions(HEAD_DIM, THREADS)
 
-    @cuda.jit
+    @kernel_jit
     def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window,
                           mods, alibi, tiles, dropout):
         tid = cuda.threadIdx.x
@@ -360,7 +361,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     p_ds = _element_functions(DROPOUT, SOFTCAP, ALIBI)
     load_rows = _load_functions(HEAD_DIM, THREADS)
 
-    @cuda.jit
+    @kernel_jit
     def backward_dq_mma(q, k, v, do, lse, delta, dq_accum, scale, window, mods, alibi, tiles,
                         dropout):
         tid = cuda.threadIdx.x

@@ -71,6 +71,7 @@ from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
 from .mma import half2_bits, load_a_frag, load_b_frag, mma_m16n8k16, pack_half2, quad_max, quad_sum
 from .visibility import (key_bounds, make_score_mod, tile_full_range, tile_key_range,
                          tile_needs_mask)
+from .jit import kernel_jit
 
 #: GPU tiles per padded head dim: ``(NUM_WARPS, BLOCK_N)``; ``BLOCK_M = 16 * NUM_WARPS``.
 GPU_TILES = {16: (4, 64), 32: (4, 64), 64: (4, 64), 128: (4, 32), 256: (2, 16)}
@@ -171,7 +172,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             bad = bad or bad_lo or bad_hi
         return bad
 
-    @cuda.jit
+    @kernel_jit
     def flash_forward_mma(q, k, v, o, lse, scale, window, mods, alibi, dropout):
         # -- which block, warp and lane
         tid = cuda.threadIdx.x

@@ -64,6 +64,7 @@ import numpy as np
 from numba import cuda, types, uint32
 
 from ..backend import on_simulator
+from .jit import kernel_jit
 
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
@@ -344,7 +345,7 @@ def warp_gemm_kernel(K):
     WORDS = K // 2
     STRIDE = WORDS + 4  # + 4 words: the 8 rows g of one fragment load fall in distinct banks
 
-    @cuda.jit
+    @kernel_jit
     def warp_gemm(a, b, c, d, d16):
         lane = cuda.threadIdx.x & 31
         g = lane >> 2
@@ -386,7 +387,7 @@ def fragment_kernel():
     (uint32 x 6) and ``c[lane]`` (float32 x 4) and writes ``d[lane]``: the primitive alone,
     for a test that lays fragments out by the PTX table itself."""
 
-    @cuda.jit
+    @kernel_jit
     def fragment_mma(regs, c, d):
         lane = cuda.threadIdx.x & 31
         d0, d1, d2, d3 = mma_m16n8k16(regs[lane, 0], regs[lane, 1], regs[lane, 2],

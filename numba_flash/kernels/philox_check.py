@@ -36,6 +36,7 @@ from numba import cuda, int32, types
 from ..backend import on_simulator
 from ..philox import philox4x32_10_device, philox_keep, philox_keep_bits4
 from .common import numba_array_type
+from .jit import kernel_jit
 
 #: threads per block: small in the simulator (one Python thread each), a full block on the GPU.
 SIM_THREADS = 8
@@ -50,7 +51,7 @@ def default_threads():
 def philox_fill_kernel(THREADS):
     """Build (once per ``THREADS``) ``kernel(counter [n,4] u32, key [n,2] u32, out [n,4] u32)``."""
 
-    @cuda.jit
+    @kernel_jit
     def philox_fill(counter, key, out):
         n = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
         if n < out.shape[0]:
@@ -68,7 +69,7 @@ def philox_fill_kernel(THREADS):
 def keep_fill_kernel(THREADS, BITS4):
     """Build ``kernel(keep [B,H,Nq,Nk] int32, seed_lo, seed_hi, threshold)`` (uint32 scalars)."""
 
-    @cuda.jit
+    @kernel_jit
     def keep_fill(keep, seed_lo, seed_hi, threshold):
         H = keep.shape[1]
         Nk = keep.shape[3]

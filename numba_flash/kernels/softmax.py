@@ -76,7 +76,7 @@ def softmax_kernel(THREADS, dtype):
             m_i = m_new
         m_sh[tid] = m_i
         l_sh[tid] = l_i
-        cuda.syncthreads()  # every thread's (m, l) is in shared memory before the reduction reads it
+        cuda.syncthreads()  # every (m, l) is in shared memory before the reduction reads it
         # [/docs:softmax-kernel-pass1]
 
         # [docs:softmax-kernel-reduction]
