@@ -90,6 +90,7 @@ from numba import cuda, int32, types
 
 from ..backend import on_simulator
 from .common import acc_dtype, compute_type, numba_array_type
+from .jit import kernel_jit
 from .merge import make_merge_functions
 from .visibility import key_bounds, make_score_mod, tile_key_range
 
@@ -230,11 +231,10 @@ def decode_grid(b, hkv, chunks, splits):
     return (x, int(splits))
 
 
-def jit_options(THREADS, dtype, HEAD_DIM):
-    """``cuda.jit`` options: ``launch_bounds`` on the GPU (the simulator has no such option)."""
-    if on_simulator():
-        return {}
-    return {"launch_bounds": (THREADS, gpu_min_blocks(dtype, HEAD_DIM))}
+def launch_bounds(THREADS, dtype, HEAD_DIM):
+    """``(max threads per block, min resident blocks per SM)`` of the kernel (``kernel_jit``
+    drops it in the simulator)."""
+    return (THREADS, gpu_min_blocks(dtype, HEAD_DIM))
 
 
 @functools.lru_cache(maxsize=None)
@@ -279,7 +279,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
     merge_stats, merge_element = make_merge_functions(acc_t)
 
-    @cuda.jit(**jit_options(THREADS, dtype, HEAD_DIM))
+    @kernel_jit(launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
                      counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size,
                      split_target, split_min, left, right, softcap, inv_softcap):
@@ -611,7 +611,7 @@ def compile_configs():
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
             "kernel": decode_kernel(GPU_THREADS, lanes, u, rows, HEAD_DIM, dtype, softcap, alibi),
             "args": kernel_args_types(dtype, alibi),
-            "launch_bounds": (GPU_THREADS, gpu_min_blocks(dtype, HEAD_DIM)),
+            "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
         }
 

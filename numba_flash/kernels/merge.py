@@ -48,6 +48,7 @@ from numba import cuda
 
 from ..backend import on_simulator
 from .common import acc_dtype, compute_type, numba_array_type
+from .jit import kernel_jit
 
 SIM_THREADS = 4
 GPU_THREADS = 128
@@ -133,7 +134,7 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
     """
     merge_stats, merge_element = make_merge_functions(compute_type(part_dtype))
 
-    @cuda.jit
+    @kernel_jit
     def merge_states(o_parts, lse_parts, o, lse):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
