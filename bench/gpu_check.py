@@ -271,7 +271,8 @@ def part_bench(name, dry, outdir, budget_s):
            "stderr_tail": proc.stderr.strip().splitlines()[-10:]}
     if js.exists():
         data = json.loads(js.read_text())
-        res["rows"] = data["rows"] if isinstance(data, dict) else data  # {"rows": [...]} or [...]
+        rows = data["rows"] if isinstance(data, dict) else data  # {"rows": [...]} or [...]
+        res["rows"] = normalize_rows(f"bench_{name}", rows)
     return res
 
 
@@ -446,6 +447,31 @@ PEER_ROW_KEYS = {  # present when the peer (torch) was installed in that run
 }
 
 
+#: decode's peers as bench/decode.py names them, per cache layout: the record's ``peer`` and
+#: ``peer GB/s`` are the one that reads the same cache (paged: gather + SDPA)
+DECODE_PEERS = {"paged": "torch gather + SDPA", "contiguous": "torch SDPA contiguous"}
+
+
+def is_latency_row(row):
+    """bench/decode.py's latency rows (B = 1, microseconds per call) carry no GB/s."""
+    return "us per call" in row
+
+
+def normalize_rows(part, rows):
+    """Keep the record's keys whatever the bench script calls them: ``peer``/``peer GB/s`` for
+    decode (from ``<peer> GB/s``), ``torch TFLOP/s`` for the backward (from ``torch SDPA
+    TFLOP/s``).  The script's own keys stay too."""
+    for r in rows:
+        if part == "bench_decode" and not is_latency_row(r) and "peer GB/s" not in r:
+            layout = "contiguous" if str(r.get("cache", "")).startswith("contiguous") else "paged"
+            name = DECODE_PEERS[layout]
+            if f"{name} GB/s" in r:
+                r["peer"], r["peer GB/s"] = name, r[f"{name} GB/s"]
+        if part == "bench_backward" and "torch TFLOP/s" not in r and "torch SDPA TFLOP/s" in r:
+            r["torch TFLOP/s"] = r["torch SDPA TFLOP/s"]
+    return rows
+
+
 def gpu_slug(name):
     """``NVIDIA H200`` -> ``h200``: the ``<gpu>`` of the record's file name."""
     s = re.sub(r"^nvidia\s+", "", str(name).strip(), flags=re.I).lower()
@@ -472,10 +498,12 @@ def validate_record(rec):
         if not rows:
             problems.append(f"{part}.rows missing or empty")
             continue
-        want = list(keys) + (list(MEASURED_ROW_KEYS[part]) if measured else [])
         for i, row in enumerate(rows):
-            need = want + (list(PEER_ROW_KEYS[part]) if measured and torch
-                           and not (part == "bench_decode" and "peer" not in row) else [])
+            if part == "bench_decode" and is_latency_row(row):
+                need = ["dtype", "cache", "context", "us per call"]
+            else:
+                need = list(keys) + (list(MEASURED_ROW_KEYS[part]) if measured else [])
+                need += list(PEER_ROW_KEYS[part]) if measured and torch else []
             for k in need:
                 if not _has(row, k):
                     problems.append(f"{part}.rows[{i}] has no {k!r}")
@@ -501,7 +529,9 @@ def _fmt(v, digits=3):
     if isinstance(v, bool) or v is None:
         return "" if v is None else str(v)
     if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.{digits}g}"
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.0f}" if abs(v) >= 10 ** digits else f"{v:.{digits}g}"
     return str(v)
 
 
@@ -544,13 +574,24 @@ def render_record(rec):
                           "ratio", "of fp32 FMA peak"], body) if body else "(no rows)\n")
     rows = rec.get("bench_decode", {}).get("rows") or []
     sim = bool(rec.get("dry_run"))
-    body = [[r.get("dtype"), r.get("cache"), r.get("context"), _fmt(r.get("ms")),
+    contiguous = f"{DECODE_PEERS['contiguous']} GB/s"
+    body = [[r.get("dtype"), r.get("cache"), r.get("context"), "" if sim else _fmt(r.get("ms")),
              "" if sim else _fmt(r.get("GB/s")), _fmt(r.get("% copy"), 2), r.get("peer", ""),
-             _fmt(r.get("peer GB/s"))] for r in rows]
+             _fmt(r.get("peer GB/s")),
+             "" if r.get("peer") == DECODE_PEERS["contiguous"] else _fmt(r.get(contiguous))]
+            for r in rows if not is_latency_row(r)]
     md.append("\nDecode (GB/s of K/V read: only the K and V bytes count; % of the copy "
-              "ceiling):\n\n")
-    md.append(_table(["dtype", "cache", "context", "ms", "GB/s", "% copy", "peer", "peer GB/s"],
-                     body) if body else "(no rows)\n")
+              "ceiling; the peer reads the same cache layout):\n\n")
+    md.append(_table(["dtype", "cache", "context", "ms", "GB/s", "% copy", "peer", "peer GB/s",
+                      "torch SDPA, contiguous copy, GB/s"], body) if body else "(no rows)\n")
+    lat = [r for r in rows if is_latency_row(r)]
+    if lat:
+        us = [k for k in lat[0] if k.endswith(" us")]
+        md.append("\nDecode latency (microseconds per call):\n\n")
+        md.append(_table(["dtype", "cache", "B", "context", "numba_flash"] + us,
+                         [[r.get("dtype"), r.get("cache"), r.get("B"), r.get("context"),
+                           "" if sim else _fmt(r.get("us per call"))]
+                          + ["" if sim else _fmt(r.get(k)) for k in us] for r in lat]))
     kernels = (rec.get("ncu") or {}).get("kernels") or []
     if kernels:
         cols = ["kernel", "block", "grid", "registers", "static smem", "theoretical occupancy",

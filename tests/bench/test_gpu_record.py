@@ -140,3 +140,40 @@ def test_datasheet_and_render_of_missing_record(tmp_path, capsys):
     del bad["gpu"]
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     assert gc.render_main(tmp_path / "bad.json") == 1
+
+
+@pytest.mark.parametrize("part", sorted(gc.REQUIRED_ROW_KEYS))
+def test_bench_scripts_still_write_the_record_keys(part):
+    """A GPU run's rows come from bench/<name>.py, which the dry run cannot time: every key the
+    record needs must still be a string literal in that script (a renamed key fails here)."""
+    src = (gc.ROOT / "bench" / f"{part.removeprefix('bench_')}.py").read_text()
+    keys = gc.REQUIRED_ROW_KEYS[part] + gc.MEASURED_ROW_KEYS[part] + gc.PEER_ROW_KEYS[part]
+    for key in keys:
+        if part == "bench_decode" and key == "peer GB/s":  # derived by normalize_rows
+            assert all(f'"{name}"' in src for name in gc.DECODE_PEERS.values())
+            assert 'f"{name} GB/s"' in src or all(f'"{n} GB/s"' in src
+                                                  for n in gc.DECODE_PEERS.values())
+            continue
+        assert any(f'"{k}"' in src for k in key.split("|")), (part, key)
+
+
+def test_normalize_rows_keeps_the_record_keys():
+    rows = [{"dtype": "float16", "cache": "paged/16", "context": 4096, "GB/s": 66.0,
+             "% copy": 1.6, "torch SDPA contiguous GB/s": 2010.0,
+             "torch gather + SDPA GB/s": 432.0},
+            {"dtype": "float16", "cache": "contiguous", "context": 4096, "GB/s": 70.0,
+             "% copy": 1.7, "torch SDPA contiguous GB/s": 2010.0},
+            {"dtype": "float16", "cache": "paged/16", "B": 1, "context": 1024,
+             "us per call": 40.0, "torch SDPA contiguous us": 20.0}]
+    out = gc.normalize_rows("bench_decode", rows)
+    assert (out[0]["peer"], out[0]["peer GB/s"]) == ("torch gather + SDPA", 432.0)
+    assert (out[1]["peer"], out[1]["peer GB/s"]) == ("torch SDPA contiguous", 2010.0)
+    assert "peer" not in out[2]
+    rec = measured_record()
+    rec["bench_decode"]["rows"] = out
+    assert gc.validate_record(rec) == []
+    md = gc.render_record(rec)
+    assert "| float16 | paged/16 | 4096 |  | 66 | 1.6 | torch gather + SDPA | 432 | 2010 |" in md
+    assert "Decode latency" in md and "| float16 | paged/16 | 1 | 1024 | 40 | 20 |" in md
+    back = gc.normalize_rows("bench_backward", [{"torch SDPA TFLOP/s": 220.0}])
+    assert back[0]["torch TFLOP/s"] == 220.0
