@@ -244,9 +244,10 @@ def draw_split_kv(path):
         ax.add_patch(FancyArrowPatch((centers[p], 1.4), (qx, 0.62), arrowstyle="-|>",
                                      mutation_scale=10, color=colors[p],
                                      linestyle="--" if empty else "-"))
-    ax.add_patch(FancyBboxPatch((qx - 3.0, -0.2), 6.0, 0.8, boxstyle="round,pad=0.05",
+    ax.add_patch(FancyBboxPatch((qx - 3.6, -0.2), 7.2, 0.8, boxstyle="round,pad=0.05",
                                 facecolor="#f4f4f4", edgecolor="black"))
-    ax.text(qx, 0.2, "merge (its own launch, fixed order): m = max_p lse_p,  w_p = exp(lse_p - m)"
+    ax.text(qx, 0.2, "merge (the last split block to finish, in split order): m = max_p lse_p,  "
+            "w_p = exp(lse_p - m)"
             "\no = sum_p w_p o_p / sum_p w_p,   lse = m + log sum_p w_p   (empty parts skipped)",
             ha="center", va="center", fontsize=9)
     ax.set_xlim(-0.4, split_x[-1] + per * tw + 0.4)
