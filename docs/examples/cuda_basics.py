@@ -5,6 +5,7 @@ thread) and unchanged on a GPU.  ``tests/docs/test_cuda_basics.py`` checks each 
 
     python docs/examples/cuda_basics.py threads     # who runs which element: block, thread, warp
     python docs/examples/cuda_basics.py row-max     # shared memory and syncthreads
+    python docs/examples/cuda_basics.py warp        # a warp sum by shuffles
     python docs/examples/cuda_basics.py naive       # the naive attention kernel, launched by hand
     python docs/examples/cuda_basics.py memory      # coalescing (global) and banks (shared)
     python docs/examples/cuda_basics.py occupancy   # blocks per SM from registers and shared memory
@@ -18,7 +19,7 @@ import sys
 import numpy as np
 
 import numba_flash  # noqa: F401  (turns the simulator on when there is no GPU, before numba.cuda)
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from numba_flash import reference as ref
 from numba_flash import simulator
@@ -117,6 +118,34 @@ def demo_row_max():
     print(f"  kernel      {out.tolist()}")
     print(f"  x.max(1)    {x.max(axis=1).tolist()}")
     print(f"  equal: {bool(np.array_equal(out, x.max(axis=1)))}")
+    return x, out
+
+
+# -- 2b. warp shuffles ----------------------------------------------------------------------
+# [docs:warp-sum-kernel]
+@cuda.jit
+def warp_sum(x, out):
+    """out[w] = x[32 w : 32 w + 32].sum(): one warp per 32 elements, no shared memory."""
+    i = cuda.grid(1)
+    lane = cuda.threadIdx.x % 32
+    v = x[i] if i < x.shape[0] else float32(0.0)
+    offset = 16
+    while offset > 0:  # butterfly: after 5 steps every lane holds the warp's sum
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, int32(offset))  # lane ^ offset's v
+        offset //= 2
+    if lane == 0 and i < x.shape[0]:
+        out[i // 32] = v
+# [/docs:warp-sum-kernel]
+
+
+def demo_warp():
+    x = np.arange(70, dtype=np.float32)
+    out = np.full(3, np.nan, np.float32)
+    with simulator.fast_switching():
+        warp_sum[1, 96](x, out)
+    want = [x[w * 32:(w + 1) * 32].sum() for w in range(3)]
+    print(f"warp_sum[1, 96] on x = arange(70): {out.tolist()}")
+    print(f"  NumPy sums of x[0:32], x[32:64], x[64:70]: {[float(w) for w in want]}")
     return x, out
 
 
@@ -229,7 +258,7 @@ def demo_occupancy():
               f"{' and '.join(by):24s} {100 * occ:5.1f}%")
 
 
-DEMOS = {"threads": demo_threads, "row-max": demo_row_max, "naive": demo_naive,
+DEMOS = {"threads": demo_threads, "row-max": demo_row_max, "warp": demo_warp, "naive": demo_naive,
          "memory": demo_memory, "occupancy": demo_occupancy}
 
 if __name__ == "__main__":

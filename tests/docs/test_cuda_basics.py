@@ -65,3 +65,8 @@ def test_occupancy_reproduces_nsight_compute():
     assert occ == 0.125 and by == ["registers"]
     assert cb.blocks_per_sm(32, 16, 0)[1] == ["blocks"]
     assert cb.blocks_per_sm(1024, 32, 0) == (2, ["warps", "registers"], 1.0)
+
+
+def test_warp_sum_by_shuffles():
+    x, out = cb.demo_warp()
+    np.testing.assert_array_equal(out, [x[0:32].sum(), x[32:64].sum(), x[64:].sum()])
