@@ -262,8 +262,9 @@ def part_bench(name, dry, outdir, budget_s):
         return {"error": f"{script} missing"}
     js = Path(outdir) / f"{name}.json"
     args = [sys.executable, str(script), "--quick", "--json", str(js)]
-    if name == "forward" and not dry:
-        args += ["--max-seconds", str(max(10, budget_s - 30))]  # stop sweeping, keep the rows
+    if name == "forward" and not dry:  # the goal shapes: N = 4096, d = 64 and 128 (issue 13)
+        args += ["--n", "4096", "--d", "64,128",
+                 "--max-seconds", str(max(10, budget_s - 30))]  # stop sweeping, keep the rows
     t0 = time.time()
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
     res = {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
