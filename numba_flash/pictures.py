@@ -401,7 +401,7 @@ def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
         steps.append(("work", work[i] if i < len(work) else "..."))
         steps.append(("barrier", text))
     n = len(steps)
-    w = 12 / n
+    w = 12 / max(n, 1)
     for i, (kind, text) in enumerate(steps):
         x = i * w
         if kind == "work":
