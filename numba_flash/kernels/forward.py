@@ -56,21 +56,29 @@ Grid / block
 grid = (ceil(Nq / BLOCK_M), y, z) from :func:`forward_grid`: ``blockIdx.x`` is the Q tile (varlen:
 of the longest sequence) and ``bh = blockIdx.z * gridDim.y + blockIdx.y`` the flattened ``(b,
 h)`` (``gridDim.y`` may not exceed 65535, so ``B * H`` beyond it spills into ``z``; spare blocks
-return at once); the kv head is ``h // (H // Hkv)`` (GQA / MQA).  block = (THREADS_N, THREADS_M): thread ``(tx, ty)`` owns the
+return at once); the kv head is ``h // (H // Hkv)`` (GQA / MQA).
+
+block = (THREADS_N, THREADS_M), 16 x 8 = 128 threads on the GPU: thread ``(tx, ty)`` owns the
 ``TM = BLOCK_M / THREADS_M`` tile rows ``ty, ty + THREADS_M, ...`` and, in those rows, the
 ``TN = BLOCK_N / THREADS_N`` score columns ``tx, tx + THREADS_N, ...`` of S and the
 ``TD = HEAD_DIM / THREADS_N`` output columns ``tx, tx + THREADS_N, ...`` of ``acc``.  Its S and
 ``acc`` micro-tiles, ``m_i`` and its partial ``l_i`` live in registers (``cuda.local.array`` with
 compile-time sizes, fully unrolled).  Strided ownership makes neighbouring threads read
-neighbouring shared-memory words (no bank conflicts).  Each row's max is combined across its
-``THREADS_N`` threads through shared memory every tile; the partial sums ``l_i`` are combined once,
-at the end (they all share the row's ``m_i``, so partial sums add up).
+neighbouring shared-memory words (no bank conflicts).  A row's ``THREADS_N`` threads are
+consecutive lanes of one warp (``THREADS_N`` divides 32), so each row's max is combined across
+them every tile by a butterfly of ``cuda.shfl_xor_sync`` (no shared memory, no barrier); the
+partial sums ``l_i`` are combined the same way once, at the end (they all share the row's
+``m_i``, so partial sums add up).  The cooperative loads run ``BLOCK * HEAD_DIM / THREADS``
+iterations, a compile-time trip count.  Barriers: one after the Q load, then three per K/V tile
+(tiles loaded, ``p_tile`` written, everything read before the next load).  On the GPU the kernel
+is compiled with ``launch_bounds`` only where ptxas showed it pays (:data:`GPU_MIN_BLOCKS`;
+ptxas figures before and after in docs/tiled-forward.md).
 
 With dropout, one Philox call serves the 4 consecutive keys ``4g .. 4g+3`` of a row
 (``philox_keep_bits4``), but a thread's S columns are strided (``tx, tx + THREADS_N, ...``), not 4
 consecutive ones.  So each K/V tile the block first draws the ``BLOCK_M x BLOCK_N / 4`` keep
-nibbles cooperatively (thread ``tid`` takes groups ``tid, tid + THREADS, ...``; groups no row of
-the tile can see are not drawn) into ``keep_tile`` in shared memory, next to the K/V loads and
+nibbles cooperatively (thread ``tid`` takes groups ``tid, tid + THREADS, ...``; a group of keys
+its row does not see at all is not drawn) into ``keep_tile`` in shared memory, next to the K/V loads and
 covered by their barrier, and each thread reads its columns' bits back after the softmax
 update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no extra barrier.
 
@@ -80,15 +88,14 @@ Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 * ``k_tile [HEAD_DIM, BLOCK_N + 1]``: ``K_j`` transposed, so S reads a row of consecutive keys;
 * ``v_tile [BLOCK_N, HEAD_DIM]``;
 * ``p_tile [BLOCK_M, BLOCK_N + 1]``: the probabilities ``P`` for ``P V``;
-* ``red    [BLOCK_M, THREADS_N + 1]``: per-thread partial row maxima (then partial row sums);
 * dropout only: ``keep_tile [BLOCK_M, BLOCK_N / 4 + 1]`` (int32, 4 bytes): the keep bits of the
   tile, 4 columns per word.
 
 The ``+ 1`` pads keep transposed stores and column reads free of bank conflicts.  In total
-``w * (HEAD_DIM (BLOCK_M + BLOCK_N + 2) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N + THREADS_N + 2))``
-bytes, plus ``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout, at most 48 KiB for every configuration
-:func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 43 KiB for the float32 default at
-HEAD_DIM = 64: 64 x 32 tiles, 8 x 8 threads; 45.3 KiB with dropout).
+``w * (HEAD_DIM (BLOCK_M + BLOCK_N + 2) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N + 1))`` bytes, plus
+``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout, at most 48 KiB for every configuration
+:func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 40.8 KiB for the float32 default
+at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8 threads; 43.0 KiB with dropout).
 
 float16 inputs are read as float16 and computed in float32 (the tiles hold float32); float64
 inputs compute in float64.  ``lse`` is stored in the compute type.
@@ -174,6 +181,36 @@ def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=Fal
     if max(acc_regs, s_regs) > MAX_TILE_REGS:
         return f"{max(acc_regs, s_regs)} registers per thread for one micro-tile > {MAX_TILE_REGS}"
     return None
+
+
+#: ``launch_bounds`` minimum resident blocks per SM, per ``(compute word, HEAD_DIM)``, where
+#: ptxas shows it pays (ptxas 13.5, 2026-11-30): float16/float32 at HEAD_DIM = 16 use 140
+#: registers unbounded (3 blocks of 128 threads per SM), at most 128 with 4 blocks asked and no
+#: spill.  Elsewhere a bound made ptxas use the allowance (HEAD_DIM = 128: 60 registers unbounded,
+#: 98 with 4 blocks asked) or spill (96 registers at HEAD_DIM = 64 on sm_80), so none is set.
+GPU_MIN_BLOCKS = {(4, 16): 4}
+
+
+def gpu_min_blocks(HEAD_DIM, dtype):
+    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``), or ``None``."""
+    return GPU_MIN_BLOCKS.get((_word(dtype), HEAD_DIM))
+
+
+def launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False):
+    """``(threads, min_blocks)`` for ``cuda.jit(launch_bounds=...)``, or ``None``."""
+    blocks = gpu_min_blocks(HEAD_DIM, dtype)
+    if blocks is None:
+        return None
+    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
+    return (tm_ * tn_, blocks)
+
+
+def jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
+    """``cuda.jit`` options: ``launch_bounds`` on the GPU where set (the simulator has none)."""
+    if on_simulator():
+        return {}
+    bounds = launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype)
+    return {} if bounds is None else {"launch_bounds": bounds}
 
 
 def explicit_tiles(head_dim, dtype, simulator=None):
@@ -280,7 +317,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     score_alibi = make_score_mod(False, True, acc_t)
     score_capped = make_score_mod(True, True, acc_t)
 
-    @cuda.jit
+    @cuda.jit(**jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
     def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
@@ -608,5 +645,6 @@ def compile_configs():
                     "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, dropout, score_mod,
                                              varlen),
                     "args": kernel_arg_types(dt, dropout, score_mod, varlen),
+                    "launch_bounds": launch_bounds(bm, bn, hd, dt),
                     "float64_ok": dt == np.float64,
                 }
