@@ -6,7 +6,7 @@ and the kernel against the float64 reference for every variant.
 
     python docs/examples/variants_demo.py band       # who sees whom: causal, windows, varlen
     python docs/examples/variants_demo.py tiles      # tile kinds per (Q tile, K/V tile)
-    python docs/examples/variants_demo.py cost       # K/V tiles loaded: grows with the window, not N
+    python docs/examples/variants_demo.py cost       # K/V tiles loaded: grow with the window
     python docs/examples/variants_demo.py accuracy   # forward / forward_varlen vs the reference
     python docs/examples/variants_demo.py draw docs/img/variants.png   # the picture (matplotlib)
 

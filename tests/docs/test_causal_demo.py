@@ -49,7 +49,8 @@ def test_kernel_tile_ranges_give_the_pictured_kinds():
     classify causal tiles as the page's map does: skipped, full, masked (diagonal), except that
     the kernel also masks a ragged last K/V tile (its padded keys score 0, not -inf)."""
     from numba_flash.pictures import DIAGONAL, FULL
-    from variants_demo import FULL as K_FULL, MASKED, SKIPPED as K_SKIPPED, tile_kinds as kernel_kinds
+    from variants_demo import FULL as K_FULL, MASKED, SKIPPED as K_SKIPPED
+    from variants_demo import tile_kinds as kernel_kinds
 
     names = {SKIPPED: K_SKIPPED, FULL: K_FULL, DIAGONAL: MASKED}
     for nq, nk, bm, bn in ((32, 32, 8, 8), (16, 40, 8, 8), (10, 7, 4, 3), (7, 10, 2, 4)):
