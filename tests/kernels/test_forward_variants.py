@@ -269,3 +269,10 @@ def test_folded_grid_runs_every_head(rng, monkeypatch):
     assert fk.forward_grid(1, 8) == (1, 3, 3)
     q, k, v = make_qkv(rng, 2, 4, 2, 5, 6, 3, np.float32)
     compare(*run(q, k, v, causal=True), np.float32)
+
+
+@pytest.mark.gpu
+def test_forward_with_70000_heads_on_the_gpu(rng):
+    """B * H = 70000 > 65535 on the device: every head written and right (grid (1, 35000, 2))."""
+    q, k, v = make_qkv(rng, 2, 35000, 35000, 5, 6, 16, np.float32)
+    compare(*run(q, k, v, causal=True, window_size=(3, -1)), np.float32)
