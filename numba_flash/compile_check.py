@@ -67,7 +67,7 @@ def parse_ptxas(text):
 
 
 def f64_lines(ptx):
-    """PTX instructions that operate on float64 (``add.f64``, ``cvt.f64.f32``, ``fma.rn.f64``...)."""
+    """PTX instructions that operate on float64 (``add.f64``, ``cvt.f64.f32``, ``fma.rn.f64``)."""
     return [m.group(0).strip() for m in _F64.finditer(ptx)]
 
 
@@ -211,7 +211,8 @@ def problems(row):
 
 
 def format_table(rows):
-    head = f"{'configuration':58s} {'arch':6s} {'regs':>4s} {'smem B':>7s} {'spill':>5s} {'f64':>4s}  status"
+    head = (f"{'configuration':58s} {'arch':6s} {'regs':>4s} {'smem B':>7s} {'spill':>5s} "
+            f"{'f64':>4s}  status")
     lines = [head, "-" * len(head)]
     for r in rows:
         spill = r["spill_stores"] + r["spill_loads"]

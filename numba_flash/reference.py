@@ -200,6 +200,8 @@ def _scores(q, k, scale, causal, window_size, softcap, alibi):
 def _softmax_rows(s):
     """``(p, lse)`` of masked scores: a row with no visible key has ``P = 0``, ``lse = -inf``; a
     row with a NaN score has ``P`` and ``lse`` NaN."""
+    if s.shape[-1] == 0:  # no keys at all
+        return np.zeros(s.shape), np.full(s.shape[:-1], -np.inf)
     with np.errstate(invalid="ignore"):
         m = s.max(axis=-1, keepdims=True)  # NaN if the row holds a NaN
         m_safe = np.where(np.isfinite(m), m, 0.0)

@@ -78,8 +78,8 @@ With dropout, one Philox call serves the 4 consecutive keys ``4g .. 4g+3`` of a 
 (``philox_keep_bits4``), but a thread's S columns are strided (``tx, tx + THREADS_N, ...``), not 4
 consecutive ones.  So each K/V tile the block first draws the ``BLOCK_M x BLOCK_N / 4`` keep
 nibbles cooperatively (thread ``tid`` takes groups ``tid, tid + THREADS, ...``; a group of keys
-its row does not see at all is not drawn) into ``keep_tile`` in shared memory, next to the K/V loads and
-covered by their barrier, and each thread reads its columns' bits back after the softmax
+its row does not see at all is not drawn) into ``keep_tile`` in shared memory, next to the K/V
+loads and covered by their barrier, and each thread reads its columns' bits back after the softmax
 update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no extra barrier.
 
 Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
@@ -113,6 +113,7 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
                      padded_head_dim)
+from .jit import kernel_jit
 from .visibility import (is_visible, key_bounds, make_score_mod, tile_full_range, tile_key_range,
                          tile_needs_mask)
 
@@ -317,7 +318,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     score_alibi = make_score_mod(False, True, acc_t)
     score_capped = make_score_mod(True, True, acc_t)
 
-    @cuda.jit(**jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
+    @kernel_jit(**jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
     def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code

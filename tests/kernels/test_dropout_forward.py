@@ -103,7 +103,7 @@ def test_dropout_leaves_lse_alone(rng):
 
 
 def test_dropout_p_zero_is_the_plain_kernel(rng):
-    """dropout_p = 0 (any seed) is bitwise the no-dropout call, and never builds a dropout kernel."""
+    """dropout_p = 0 (any seed) is bitwise the no-dropout call and builds no dropout kernel."""
     q, k, v = make_qkv(rng, 1, 2, 1, 11, 13, 7, np.float32)
     o0, lse0 = numba_flash.forward(q, k, v, causal=True, return_lse=True)
     built = []

@@ -121,7 +121,8 @@ def test_forward_causal_skips_tiles_after_the_diagonal(rng):
     o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True)
     rows = slice(0, block_m)
     assert np.abs(o[:, :, rows] - want_o[:, :, rows]).max() <= O_TOL[np.float32]
-    assert np.abs(lse[:, :, rows] - want_lse[:, :, rows]).max() <= LSE_TOL[np.float32] * 4  # |lse| < 4 here
+    # |lse| < 4 here
+    assert np.abs(lse[:, :, rows] - want_lse[:, :, rows]).max() <= LSE_TOL[np.float32] * 4
 
 
 def test_forward_non_contiguous_inputs_and_not_modified(rng):
@@ -168,7 +169,8 @@ def test_forward_deterministic(rng):
 
 def _qkv32(h=2, hkv=1, nq=4, nk=5, d=8):
     z = np.zeros
-    return z((1, h, nq, d), np.float32), z((1, hkv, nk, d), np.float32), z((1, hkv, nk, d), np.float32)
+    return (z((1, h, nq, d), np.float32), z((1, hkv, nk, d), np.float32),
+            z((1, hkv, nk, d), np.float32))
 
 
 @pytest.mark.parametrize("change, exc, msg", [
@@ -180,9 +182,11 @@ def _qkv32(h=2, hkv=1, nq=4, nk=5, d=8):
     (lambda q, k, v: (q, k[..., :4], v[..., :4]), ValueError, r"^k: expected head dim 8"),
     (lambda q, k, v: (q[:, :, :0], k, v), ValueError, r"^q: expected no empty dimension"),
     (lambda q, k, v: (np.zeros((1, 3, 4, 8), np.float32), np.zeros((1, 2, 5, 8), np.float32),
-                      np.zeros((1, 2, 5, 8), np.float32)), ValueError, r"^k: expected a number of kv heads"),
+                      np.zeros((1, 2, 5, 8), np.float32)), ValueError,
+     r"^k: expected a number of kv heads"),
     (lambda q, k, v: (np.zeros((1, 1, 2, 300), np.float32), np.zeros((1, 1, 2, 300), np.float32),
-                      np.zeros((1, 1, 2, 300), np.float32)), ValueError, r"^q: expected head dim 1..256"),
+                      np.zeros((1, 1, 2, 300), np.float32)), ValueError,
+     r"^q: expected head dim 1..256"),
 ])
 def test_forward_rejects_bad_arrays(change, exc, msg):
     q, k, v = change(*_qkv32())
