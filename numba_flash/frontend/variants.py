@@ -111,3 +111,17 @@ def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
                          f"{vals[-1]}")
     xp = _xp(cu_seqlens)
     return xp.ascontiguousarray(xp.asarray(cu_seqlens), dtype=xp.int32), lengths
+
+
+def check_variants(causal, window_size, softcap, alibi_slopes, b, h):
+    """The three variant arguments of an attention op at once, after ``causal`` (a checked bool).
+
+    Returns ``(window, left, right, softcap, alibi)``: the validated ``window_size``, the
+    kernels' window bounds with ``causal`` folded in (:func:`~numba_flash.kernels.visibility.
+    window_bounds`), ``softcap`` as a float and the ALiBi slopes as float32 ``[B, H]`` or ``None``.
+    """
+    from ..kernels.visibility import window_bounds  # the kernels import frontend, not back
+
+    window = check_window(window_size)
+    left, right = window_bounds(causal, window)
+    return window, left, right, check_softcap(softcap), check_alibi(alibi_slopes, b, h)

@@ -192,11 +192,6 @@ def warmup_configs(select=None, everything=False):
             yield cfg
 
 
-def compile_configs():
-    """This module holds no kernel (the kernel-module scan of the compile tier finds it)."""
-    return iter(())
-
-
 def _disk_cached(kernel):
     """True for a kernel with numba's disk cache attached (``kernel_jit`` or ``cache=True``)."""
     cache = getattr(kernel, "_cache", None)

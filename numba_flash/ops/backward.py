@@ -13,11 +13,10 @@ from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
                                  check_same_kind, check_scale)
-from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..frontend.variants import check_variants
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
                                 preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
-from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
 
 #: the values of ``kernel=``
@@ -191,9 +190,8 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    window = check_window(window_size)
-    softcap = check_softcap(softcap)
-    alibi = check_alibi(alibi_slopes, b, h)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h)
     kernel = check_kernel(kernel, dtype)
     if kernel == "mma":
         try:
@@ -205,7 +203,6 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
         return backward_mma(do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                             dropout_p=dropout_p, seed=seed, deterministic=deterministic,
                             window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
-    left, right = window_bounds(causal, window)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(x) for x in (do, q, k, v, o, lse)]

@@ -14,13 +14,12 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
                                  check_same_kind, check_scale)
-from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
 from ..kernels.backward_mma import (SPLIT_HEAD_DIMS, default_tiles, dkdv_mma_kernel,
                                     dq_mma_kernel)
 from ..kernels.common import cdiv
-from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
 
 
@@ -53,10 +52,8 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window = check_window(window_size)
-    softcap = check_softcap(softcap)
-    alibi = check_alibi(alibi_slopes, b, h)
-    left, right = window_bounds(causal, window)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h)
     use_dropout = float(dropout_p) > 0.0
     num_warps, head_dim = default_tiles(d)
     flags = (use_dropout, softcap > 0.0, alibi is not None)

@@ -7,9 +7,8 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale)
-from ..frontend.variants import check_alibi, check_cu_seqlens, check_softcap, check_window
+from ..frontend.variants import check_cu_seqlens, check_variants
 from ..kernels.common import acc_dtype
-from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
 from .backward import launch_backward
 
@@ -90,10 +89,8 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    window = check_window(window_size)
-    softcap = check_softcap(softcap)
-    alibi = check_alibi(alibi_slopes, n_seq, h)
-    left, right = window_bounds(causal, window)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, n_seq, h)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]

@@ -8,11 +8,10 @@ import numpy as np
 from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
-from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..frontend.variants import check_variants
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import (choose_tiles, explicit_tiles, forward_grid, forward_kernel,
                                launch_config)
-from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
 
 #: the values of ``kernel=``
@@ -111,9 +110,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window = check_window(window_size)
-    softcap = check_softcap(softcap)
-    alibi = check_alibi(alibi_slopes, b, h)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h)
     which = check_kernel(kernel, dtype, block_m is not None or block_n is not None)
     if which == "mma":
         return _forward_mma()(q, k, v, causal=causal, softmax_scale=softmax_scale,
@@ -129,7 +127,6 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
                           use_dropout, use_mods)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
-    left, right = window_bounds(causal, window)
     window_arg = (np.int32(left), np.int32(right))
     # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
     dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())

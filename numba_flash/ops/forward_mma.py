@@ -10,9 +10,8 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.validate import check_bool, check_qkv, check_scale
-from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..frontend.variants import check_variants
 from ..kernels.forward_mma import default_tiles, forward_grid, forward_mma_kernel
-from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
 
 
@@ -39,15 +38,13 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window = check_window(window_size)
-    softcap = check_softcap(softcap)
-    alibi = check_alibi(alibi_slopes, b, h)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h)
     use_dropout = float(dropout_p) > 0.0
     num_warps, block_n, head_dim = default_tiles(d)
     grid = forward_grid(nq, b, h, 16 * num_warps)
     kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
                                 alibi is not None)
-    left, right = window_bounds(causal, window)
 
     call = ArrayCall({"q": q, "k": k, "v": v})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)

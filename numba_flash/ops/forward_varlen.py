@@ -9,10 +9,9 @@ from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale)
-from ..frontend.variants import check_alibi, check_cu_seqlens, check_softcap, check_window
+from ..frontend.variants import check_cu_seqlens, check_variants
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import default_tiles, forward_grid, forward_kernel, launch_config
-from ..kernels.visibility import window_bounds
 from ..philox import dropout_params
 
 
@@ -77,9 +76,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window = check_window(window_size)
-    softcap = check_softcap(softcap)
-    alibi = check_alibi(alibi_slopes, b, h)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h)
     use_dropout = float(dropout_p) > 0.0
 
     BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype)
@@ -88,7 +86,6 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
                           use_dropout, True, True)
     acc_t = acc_dtype(dtype)
-    left, right = window_bounds(causal, window)
     dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
     call = ArrayCall({"q": q, "k": k, "v": v})
