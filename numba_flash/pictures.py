@@ -291,7 +291,8 @@ def draw_backward_loops(path):
                                  mutation_scale=14, color="#4c78a8", linewidth=1.6))
     ax.text(cx + 0.08, y0 - 0.05, "inner loop:\nQ tiles i = 0, 1, ...", fontsize=8.5,
             color="#4c78a8", va="top")
-    ax.text(x0 + tc * w / 2, top + 0.85, "grid: one thread block per K/V tile (x batch x query head)",
+    ax.text(x0 + tc * w / 2, top + 0.85,
+            "grid: one thread block per K/V tile (x batch x query head)",
             ha="center", fontsize=10, fontweight="bold")
     # on chip: dK_j, dV_j
     ax.add_patch(FancyBboxPatch((0.3, -0.75), 5.6, 0.9, boxstyle="round,pad=0.05",
