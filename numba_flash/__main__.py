@@ -144,7 +144,7 @@ def _main(argv):
                                     "the float64 reference; exits 1 on any FAIL")
     p.add_argument("--ops", default="all",
                    help="comma-separated subset of: softmax, forward, causal, backward, dropout, "
-                        "decode, paged (default: all)")
+                        "variants, varlen, mma, decode, paged (default: all)")
     p.add_argument("--size", default=None, choices=["tiny", "small", "gpu"],
                    help="problem size: tiny (default in the simulator, seconds per op), small, "
                         "gpu (default on a GPU)")

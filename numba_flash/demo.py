@@ -125,6 +125,55 @@ def case_dropout(rng, s, dtype):
                t + t2, dtype)
 
 
+def case_variants(rng, s, dtype):
+    """Sliding window, softcap and ALiBi together, forward and backward (GQA as the size has)."""
+    q, k, v = _qkv(rng, s, dtype)
+    kw = dict(causal=True, window_size=(s["N"] // 3, 0), softcap=5.0,
+              alibi_slopes=ref.alibi_slopes(s["H"]))
+    do = rng.standard_normal(q.shape).astype(dtype)
+    (o, lse), t = _timed(lambda: numba_flash.forward(q, k, v, return_lse=True, **kw))
+    (dq, dk, dv), t2 = _timed(lambda: numba_flash.backward(do, q, k, v, o, lse, **kw))
+    o_ref, _ = ref.attention(q, k, v, **kw)
+    want = ref.attention_backward(do, q, k, v, **kw)
+    return Row("window+softcap+ALiBi fwd+bwd", _shape(s) + f" window=({s['N'] // 3}, 0)",
+               [(o, o_ref), *zip((dq, dk, dv), want)], t + t2, dtype)
+
+
+def case_varlen(rng, s, dtype):
+    """A packed batch of three sequences of different lengths, queries and keys."""
+    lens_q, lens_k = [s["N"] // 2, 1, s["N"]], [s["N"] // 2, s["N"] // 3, s["N"]]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), s["H"], s["d"])).astype(dtype)
+    k = rng.standard_normal((int(cu_k[-1]), s["Hkv"], s["d"])).astype(dtype)
+    v = rng.standard_normal(k.shape).astype(dtype)
+    do = rng.standard_normal(q.shape).astype(dtype)
+    kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), causal=True)
+    (o, lse), t = _timed(lambda: numba_flash.forward_varlen(q, k, v, cu_q, cu_k, return_lse=True,
+                                                            **kw))
+    (dq, dk, dv), t2 = _timed(lambda: numba_flash.backward_varlen(do, q, k, v, o, lse, cu_q, cu_k,
+                                                                  **kw))
+    o_ref, _ = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+    want = ref.attention_backward_varlen(do, q, k, v, cu_q, cu_k, causal=True)
+    return Row("varlen fwd+bwd causal", f"q{list(q.shape)} lengths q={lens_q} k={lens_k}",
+               [(o, o_ref), *zip((dq, dk, dv), want)], t + t2, dtype)
+
+
+def case_tensor_cores(rng, s, dtype):
+    """The float16 tensor-core (mma.sync) kernels, whatever --dtype says (they are float16 only;
+    in the simulator the mma runs as a lane-by-lane twin)."""
+    q, k, v = _qkv(rng, s, np.float16)
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    (o, lse), t = _timed(lambda: numba_flash.forward(q, k, v, causal=True, return_lse=True,
+                                                     kernel="mma"))
+    (dq, dk, dv), t2 = _timed(lambda: numba_flash.backward(do, q, k, v, o, lse, causal=True,
+                                                           kernel="mma"))
+    o_ref, _ = ref.attention(q, k, v, causal=True)
+    want = ref.attention_backward(do, q, k, v, causal=True)
+    return Row("tensor cores fwd+bwd causal", _shape(s), [(o, o_ref), *zip((dq, dk, dv), want)],
+               t + t2, "float16")
+
+
 def _cache(rng, s, dtype):
     b, hkv, d, ctx = s["B"], s["Hkv"], s["d"], s["ctx"]
     seqlens = np.array([max(1, ctx - 7 * i) for i in range(b)], np.int32)
@@ -171,6 +220,9 @@ CASES = {
     "causal": case_forward_causal,
     "backward": case_backward,
     "dropout": case_dropout,
+    "variants": case_variants,
+    "varlen": case_varlen,
+    "mma": case_tensor_cores,
     "decode": case_decode,
     "paged": case_paged_decode,
 }
