@@ -199,7 +199,7 @@ def _scores(q, k, scale, causal, window_size, softcap, alibi):
 
 def _softmax_rows(s):
     """``(p, lse)`` of masked scores: a row with no visible key has ``P = 0``, ``lse = -inf``; a
-    row with a NaN score has ``P`` and ``lse`` NaN."""
+    row with a NaN score has ``lse`` NaN and ``P`` NaN at the keys it sees (0 elsewhere)."""
     if s.shape[-1] == 0:  # no keys at all
         return np.zeros(s.shape), np.full(s.shape[:-1], -np.inf)
     with np.errstate(invalid="ignore"):
@@ -209,7 +209,7 @@ def _softmax_rows(s):
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(np.isnan(l), np.nan, np.where(l > 0, m_safe + np.log(l), -np.inf))
         p = np.where(l > 0, np.exp(s - np.where(np.isfinite(lse), lse, 0.0)), 0.0)
-    p = np.where(np.isnan(l), np.nan, p)
+    p = np.where(np.isnan(l) & (s != -np.inf), np.nan, p)  # NaN where the row sees a key
     return p, lse[..., 0]
 
 
@@ -281,7 +281,9 @@ def attention_backward(
         dK = \text{scale}\; dS^T Q
 
     where :math:`t = \tanh(\text{scale}\, q \cdot k / \text{softcap})` is the softcap's slope
-    (the factor is 1 without softcap; ALiBi's bias has no gradient).  ``dk`` and ``dv`` are summed
+    (the factor is 1 without softcap; ALiBi's bias has no gradient).  Non-finite ``q`` or ``k``
+    follow the forward's rule: they make the gradients of the rows (keys) that see them NaN and
+    never touch a row that does not see them.  ``dk`` and ``dv`` are summed
     over the query heads of each GQA group, in ``k``'s shape.
     """
     q = np.asarray(q, dtype=np.float64)
@@ -299,11 +301,13 @@ def attention_backward(
     dv = np.einsum("bhij,bhid->bhjd", p_drop, do)
     dp = np.einsum("bhid,bhjd->bhij", do, v) * z
     d_row = (do * o).sum(axis=-1, keepdims=True)
-    ds = p * (dp - d_row)
+    with np.errstate(invalid="ignore"):
+        ds = np.where(vis, p * (dp - d_row), 0.0)  # a key the row does not see: exactly 0
     if t is not None:
         ds = ds * np.where(vis, 1.0 - t * t, 0.0)
-    dq = scale * np.einsum("bhij,bhjd->bhid", ds, k)
-    dk = scale * np.einsum("bhij,bhid->bhjd", ds, q)
+    # a non-finite k (q) reaches dq (dk) only through the NaN dS of the rows that see it
+    dq = scale * np.einsum("bhij,bhjd->bhid", ds, np.where(np.isfinite(k), k, 0.0))
+    dk = scale * np.einsum("bhij,bhid->bhjd", ds, np.where(np.isfinite(q), q, 0.0))
     return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv)
 
 

@@ -312,6 +312,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
     NEG_INF = -math.inf
+    INF = acc_t(math.inf)
     A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     A_TILE = A_TR * A_TC
@@ -445,7 +446,10 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
             kc = cuda.local.array(C_TC, acc_t)
             for n in range(BLOCK_N):
                 for j in range(C_TC):
-                    kc[j] = k_tile[n, cc + j * C_COL_T]
+                    # a non-finite K reaches dQ only through the NaN dS of the rows that see
+                    # it; a row that does not see it gets 0, not 0 * inf
+                    x = k_tile[n, cc + j * C_COL_T]
+                    kc[j] = x if abs(x) < INF else acc_t(0.0)
                 for i in range(C_TR):
                     dsv = ds_tile[cr + i * C_ROW_T, n]
                     for j in range(C_TC):
@@ -483,6 +487,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
+    INF = acc_t(math.inf)
     ROW = HEAD_DIM + PAD
     B_COL_T, B_ROW_T, B_TR, B_TC = layout(BLOCK_N, HEAD_DIM, THREADS)    # dK, dV
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
@@ -561,7 +566,8 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                 for m in range(BLOCK_M):
                     for j in range(B_TC):
                         doc[j] = do_tile[m, bc + j * B_COL_T]
-                        qc[j] = q_tile[m, bc + j * B_COL_T]
+                        x = q_tile[m, bc + j * B_COL_T]  # non-finite Q: as K in ds_k
+                        qc[j] = x if abs(x) < INF else acc_t(0.0)
                     for i in range(B_TR):
                         pv = p_tile[m, br + i * B_ROW_T]
                         dsv = ds_tile[m, br + i * B_ROW_T]

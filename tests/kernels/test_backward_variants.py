@@ -251,3 +251,29 @@ def test_backward_gpu_tile_layout_in_simulator(rng, monkeypatch):
     args, _ = make_case(rng, 1, 2, 1, 40, 37, 64, np.float32, q_scale=2.0, **variant)
     check(args, None, np.float32, numba_flash.backward(*args, deterministic=True, **variant),
           **variant)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_non_finite_key_or_query_never_reaches_a_row_that_does_not_see_it(
+        rng, deterministic):
+    """An inf in k (or q) that shares a tile with rows (keys) that do not see it: those rows'
+    gradients stay finite (no 0 * inf in dS K or dS^T Q); the rows that see it are NaN, as in
+    the reference."""
+    b, h, hkv, nq, nk, d = 1, 2, 1, 20, 18, 8
+    q = randn(rng, (b, h, nq, d))
+    k = randn(rng, (b, hkv, nk, d))
+    v = randn(rng, (b, hkv, nk, d))
+    do = randn(rng, (b, h, nq, d))
+    k[0, 0, 12, 2] = np.inf
+    q[0, 1, 3, 5] = np.nan
+    kw = dict(window_size=(3, 2))
+    o, lse = numba_flash.forward(q, k, v, return_lse=True, **kw)
+    dq, dk, dv = numba_flash.backward(do, q, k, v, o, lse, deterministic=deterministic, **kw)
+    want = ref.attention_backward(do, q, k, v, **kw)
+    for name, got, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+        assert (np.isnan(got) == np.isnan(w)).all(), name
+        fin = np.isfinite(w)
+        assert_scaled_close(got[fin], w[fin], 6e-6, name=name)
+    vis = ref.visible_mask(nq, nk, window_size=(3, 2))
+    blind = ~vis[:, 12]  # rows that do not see key 12 (some share its tile)
+    assert np.isfinite(dq[0, 0, blind]).all() and np.isnan(dq[0, 0, vis[:, 12]]).all()

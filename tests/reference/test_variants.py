@@ -263,3 +263,25 @@ def test_merge_states_non_finite_parts():
     assert np.isnan(om).all() and (lm == np.inf).all()
     om, lm = ref.merge_states(o[[0, 1]], np.array([[-np.inf], [-np.inf]]))
     assert (om == 0).all() and (lm == -np.inf).all()
+
+
+def test_backward_non_finite_rule(rng):
+    """A non-finite k or q makes the gradients of the rows / keys that see it NaN, and nothing
+    else: the rows that do not see the key keep the gradients they have without it."""
+    b, h, nq, nk, d = 1, 1, 6, 6, 3
+    q = rng.standard_normal((b, h, nq, d))
+    k = rng.standard_normal((b, h, nk, d))
+    v = rng.standard_normal((b, h, nk, d))
+    do = rng.standard_normal((b, h, nq, d))
+    kw = dict(causal=True, window_size=(1, -1))  # row i sees keys i-1, i
+    k1 = k.copy()
+    k1[0, 0, 4, 0] = np.inf  # seen by rows 4 and 5
+    dq, dk, dv = ref.attention_backward(do, q, k1, v, **kw)
+    clean = ref.attention_backward(do, q, k, v, **kw)
+    assert np.isnan(dq[0, 0, 4:]).all()
+    np.testing.assert_allclose(dq[0, 0, :4], clean[0][0, 0, :4], atol=1e-14)
+    q1 = q.copy()
+    q1[0, 0, 1, 2] = np.nan  # row 1 sees keys 0 and 1
+    dq, dk, dv = ref.attention_backward(do, q1, k, v, **kw)
+    assert np.isnan(dk[0, 0, :2]).all()
+    np.testing.assert_allclose(dk[0, 0, 2:], clean[1][0, 0, 2:], atol=1e-14)
