@@ -14,7 +14,8 @@ Parts, each run and reported even if an earlier one failed:
 3. tests: the ``gpu``-marked tests and the kernel tier, on the device;
 4. benchmarks: bench/forward.py, bench/backward.py and bench/decode.py (trimmed with ``--quick``),
    each with its peers (torch SDPA, CuPy) in the same run, each figure also as a fraction of its
-   ceiling;
+   ceiling (float16 runs the tensor-core kernels there: ``kernel="auto"``); then the windowed
+   forward rows (``bench/forward.py --windowed``, float16, 40 s at most);
 5. with ``--ncu``: ``ncu`` on one launch of each kernel at benchmark size (registers, shared
    memory, occupancy, DRAM throughput, issue slots busy), the target being this script's
    ``--ncu-target`` mode;
@@ -257,7 +258,7 @@ def part_tests(dry, budget_s):
 
 
 def part_bench(name, dry, outdir, budget_s):
-    script = ROOT / "bench" / f"{name}.py"
+    script = ROOT / "bench" / f"{'forward' if name == 'windowed' else name}.py"
     if not script.exists():
         return {"error": f"{script} missing"}
     js = Path(outdir) / f"{name}.json"
@@ -265,6 +266,9 @@ def part_bench(name, dry, outdir, budget_s):
     if name == "forward" and not dry:  # the goal shapes: N = 4096, d = 64 and 128 (issue 13)
         args += ["--n", "4096", "--d", "64,128",
                  "--max-seconds", str(max(10, budget_s - 30))]  # stop sweeping, keep the rows
+    if name == "windowed":  # issue 14: time grows with the window, not with N (float16)
+        args = [sys.executable, str(script), "--windowed", "--dtype", "float16", "--json",
+                str(js)] + ([] if dry else ["--max-seconds", str(max(10, budget_s - 15))])
     t0 = time.time()
     proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
     res = {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
@@ -669,8 +673,8 @@ def main(argv=None):
     run_part(report, "ceilings", part_ceilings, dry)
     if not args.skip_tests:
         run_part(report, "tests", part_tests, dry, 150 if not dry else 300)
-    budgets = {"forward": 120, "backward": 90, "decode": 90} if not dry else \
-        {"forward": 300, "backward": 300, "decode": 300}
+    budgets = {"forward": 110, "backward": 90, "decode": 90, "windowed": 40} if not dry else \
+        {"forward": 300, "backward": 300, "decode": 300, "windowed": 300}
     for name, budget in budgets.items():
         run_part(report, f"bench_{name}", part_bench, name, dry, outdir, budget)
     if args.ncu:
