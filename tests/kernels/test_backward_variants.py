@@ -253,6 +253,7 @@ def test_backward_gpu_tile_layout_in_simulator(rng, monkeypatch):
           **variant)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy on inf * 0
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_non_finite_key_or_query_never_reaches_a_row_that_does_not_see_it(
         rng, deterministic):
