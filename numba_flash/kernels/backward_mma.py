@@ -62,8 +62,8 @@ from numba import cuda, float32, types
 from ..backend import on_simulator
 from ..philox import philox_keep
 from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
-from .mma import (half2_bits, load_a_frag, load_b_frag, load_b_frag_t, load_b_frag_t_finite,
-                  mma_m16n8k16, pack_half2)
+from .mma import (a_frag_from_c, half2_bits, load_a_frag, load_b_frag, load_b_frag_t,
+                  load_b_frag_t_finite, mma_m16n8k16, pack_half2)
 from .visibility import (is_visible, make_score_mod, make_softcap_grad, tile_key_range,
                          tile_query_range)
 from .jit import kernel_jit
@@ -279,20 +279,14 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
 
             # -- dV += (P Z)^T dO and dK += dS^T Q: A from the registers, B = dO / Q rows
             if WANT_DV:
-                a0 = pack_half2(st[0, 0], st[0, 1])
-                a1 = pack_half2(st[0, 2], st[0, 3])
-                a2 = pack_half2(st[1, 0], st[1, 1])
-                a3 = pack_half2(st[1, 2], st[1, 3])
+                a0, a1, a2, a3 = a_frag_from_c(st, 0, 1)
                 for n in range(D_FRAGS):
                     b0, b1 = load_b_frag_t(do_tile, 0, 8 * n, g, t)
                     dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma_m16n8k16(
                         a0, a1, a2, a3, b0, b1,
                         dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3])
             if WANT_DK:
-                a0 = pack_half2(dpt[0, 0], dpt[0, 1])
-                a1 = pack_half2(dpt[0, 2], dpt[0, 3])
-                a2 = pack_half2(dpt[1, 0], dpt[1, 1])
-                a3 = pack_half2(dpt[1, 2], dpt[1, 3])
+                a0, a1, a2, a3 = a_frag_from_c(dpt, 0, 1)
                 for n in range(D_FRAGS):
                     b0, b1 = load_b_frag_t_finite(q_tile, 0, 8 * n, g, t)
                     dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3] = mma_m16n8k16(
@@ -449,10 +443,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
 
             # -- dQ += dS K: A from the registers, B = K rows read untransposed
             for kk in range(P_STEPS):
-                a0 = pack_half2(s[2 * kk, 0], s[2 * kk, 1])
-                a1 = pack_half2(s[2 * kk, 2], s[2 * kk, 3])
-                a2 = pack_half2(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                a3 = pack_half2(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
                 for n in range(D_FRAGS):
                     b0, b1 = load_b_frag_t_finite(k_tile, 16 * kk, 8 * n, g, t)
                     acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(

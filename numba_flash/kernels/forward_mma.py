@@ -68,7 +68,8 @@ from numba import cuda, float32, int32, types
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
-from .mma import half2_bits, load_a_frag, load_b_frag, mma_m16n8k16, pack_half2, quad_max, quad_sum
+from .mma import (a_frag_from_c, half2_bits, load_a_frag, load_b_frag, mma_m16n8k16, pack_half2,
+                  quad_max, quad_sum)
 from .visibility import (key_bounds, make_score_mod, tile_full_range, tile_key_range,
                          tile_needs_mask)
 from .jit import kernel_jit
@@ -330,10 +331,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             # [docs:mma-pv]
             # -- acc += P V on the tensor cores: two S fragments are one A fragment of P
             for kk in range(P_STEPS):
-                a0 = pack_half2(s[2 * kk, 0], s[2 * kk, 1])
-                a1 = pack_half2(s[2 * kk, 2], s[2 * kk, 3])
-                a2 = pack_half2(s[2 * kk + 1, 0], s[2 * kk + 1, 1])
-                a3 = pack_half2(s[2 * kk + 1, 2], s[2 * kk + 1, 3])
+                a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
                 for n in range(D_FRAGS):
                     b0, b1 = load_b_frag(vt_tile, 8 * n, 8 * kk, g, t)
                     acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(

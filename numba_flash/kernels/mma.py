@@ -41,6 +41,7 @@ Primitives (the kernels call these names; the backend picks the implementation a
 * :func:`pack_half2` - two float32 to one register of two float16 (round to nearest even):
   ``cvt.rn.f16x2.f32`` on the GPU (sm_80+), NumPy in the simulator.
 * :func:`half2_bits` - two float16 bit patterns (uint16) to one register (plain integer code).
+* :func:`a_frag_from_c` - an ``A`` fragment from two accumulator fragments (``P``, ``dS``).
 * :func:`load_a_frag`, :func:`load_b_frag`, :func:`load_b_frag_t` - a lane's ``A`` / ``B``
   registers from a shared tile of packed half pairs (plain loads; the same code runs in both
   backends); ``_t`` reads ``B`` from a tile that holds it untransposed (``ldmatrix.trans``'s
@@ -252,6 +253,17 @@ _EXP16 = uint32(0x7C00)  # float16 exponent bits: all set = inf or NaN
 def half2_bits(lo, hi):
     """One register from two float16 bit patterns (integers < 2**16): ``lo | hi << 16``."""
     return uint32(uint32(lo) | uint32(uint32(hi) << _SHIFT16))
+
+
+@_device
+def a_frag_from_c(c, f0, f1):
+    """Registers ``a0..a3`` of a 16 x 16 ``A`` block from two of this lane's float32 accumulator
+    fragments: ``c[f0, :]`` holds its columns 0..7, ``c[f1, :]`` its columns 8..15.  By the
+    table, ``C``'s (g, 2t), (g, 2t+1) are ``a0``'s halves and (g+8, 2t), (g+8, 2t+1) ``a1``'s (and
+    ``a2``, ``a3`` the same for ``f1``), so ``P`` or ``dS`` goes from the accumulators of one
+    ``mma`` into the next without touching memory (rounded to float16 by :func:`pack_half2`)."""
+    return (pack_half2(c[f0, 0], c[f0, 1]), pack_half2(c[f0, 2], c[f0, 3]),
+            pack_half2(c[f1, 0], c[f1, 1]), pack_half2(c[f1, 2], c[f1, 3]))
 
 
 @_device
