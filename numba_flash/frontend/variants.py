@@ -14,7 +14,8 @@ import numbers
 
 import numpy as np
 
-from .validate import array_info, is_device_array
+from .validate import (array_info, check_array, check_same_dtype, check_same_kind,
+                       is_device_array)
 
 
 def check_window(window_size):
@@ -125,3 +126,39 @@ def check_variants(causal, window_size, softcap, alibi_slopes, b, h):
     window = check_window(window_size)
     left, right = window_bounds(causal, window)
     return window, left, right, check_softcap(softcap), check_alibi(alibi_slopes, b, h)
+
+
+def check_packed_qkv(q, k, v):
+    """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns ``(total_q, H, Hkv,
+    total_k, d, dtype)``."""
+    (qs, qd) = check_array("q", q, 3)
+    (ks, kd) = check_array("k", k, 3)
+    (vs, vd) = check_array("v", v, 3)
+    dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
+    check_same_kind({"q": q, "k": k, "v": v})
+    total_q, h, d = qs
+    if ks != vs:
+        raise ValueError(f"v: expected the shape of k {ks}, got {vs}")
+    total_k, hkv, dk = ks
+    if dk != d:
+        raise ValueError(f"k: expected head dim {d} (from q), got {dk}")
+    if h % hkv:
+        raise ValueError(f"k: expected a number of kv heads that divides the {h} query heads of "
+                         f"q (GQA), got {hkv}")
+    if d > 256:
+        raise ValueError(f"q: expected head dim 1..256, got {d}")
+    return total_q, h, hkv, total_k, d, dtype
+
+
+def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
+                          max_seqlen_k):
+    """Both ``cu_seqlens`` of a packed batch (:func:`check_cu_seqlens`), with the same number of
+    sequences.  Returns ``(cu_q, len_q, cu_k, len_k)``."""
+    cu_q, len_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q,
+                                   "max_seqlen_q")
+    cu_k, len_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k,
+                                   "max_seqlen_k")
+    if len(len_q) != len(len_k):
+        raise ValueError(f"cu_seqlens_k: expected {len(len_q) + 1} entries (B + 1, from "
+                         f"cu_seqlens_q), got {len(len_k) + 1}")
+    return cu_q, len_q, cu_k, len_k

@@ -7,7 +7,7 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.validate import (check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale)
-from ..frontend.variants import check_cu_seqlens, check_variants
+from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype
 from ..philox import dropout_params
 from .backward import launch_backward
@@ -50,23 +50,11 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     ``[1, H, total, d]`` batch; the NumPy (CuPy) inputs are transposed into that layout once and
     the gradients back (O(total * d) copies next to the O(total * max_seqlen * d) work).
     """
-    q_shape, dtype = check_array("q", q, 3)
-    k_shape, k_dtype = check_array("k", k, 3)
-    v_shape, v_dtype = check_array("v", v, 3)
+    total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
+    q_shape = (total_q, h, d)
     do_shape, do_dtype = check_array("do", do, 3)
     o_shape, o_dtype = check_array("o", o, 3)
-    check_same_dtype({"q": dtype, "k": k_dtype, "v": v_dtype, "do": do_dtype, "o": o_dtype})
-    total_q, h, d = q_shape
-    total_k, hkv, dk_ = k_shape
-    if v_shape != k_shape:
-        raise ValueError(f"v: expected the shape of k {k_shape}, got {v_shape}")
-    if dk_ != d:
-        raise ValueError(f"k: expected head dim {d} (from q), got {dk_}")
-    if h % hkv:
-        raise ValueError(f"k: expected a number of kv heads that divides the {h} query heads "
-                         f"of q (GQA), got {hkv}")
-    if d > 256:
-        raise ValueError(f"q: expected head dim 1..256, got {d}")
+    check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != q_shape:
             raise ValueError(f"{name}: expected the shape of q {q_shape}, got {shape}")
@@ -77,13 +65,8 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
                          f"{lse_shape}")
     check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
                      "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
-    cu_q, len_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q,
-                                   "max_seqlen_q")
-    cu_k, len_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k,
-                                   "max_seqlen_k")
-    if len(len_k) != len(len_q):
-        raise ValueError(f"cu_seqlens_k: expected {len(len_q) + 1} entries (one more than the "
-                         f"{len(len_q)} sequences of cu_seqlens_q), got {len(len_k) + 1}")
+    cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
+                                                     max_seqlen_q, max_seqlen_k)
     n_seq = len(len_q)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)

@@ -7,34 +7,11 @@ import numpy as np
 
 from ..backend import on_simulator
 from ..frontend import ArrayCall
-from ..frontend.validate import (check_array, check_bool, check_same_dtype, check_same_kind,
-                                 check_scale)
-from ..frontend.variants import check_cu_seqlens, check_variants
+from ..frontend.validate import check_bool, check_same_kind, check_scale
+from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import default_tiles, forward_grid, forward_kernel, launch_config
 from ..philox import dropout_params
-
-
-def check_packed_qkv(q, k, v):
-    """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns ``(total_q, H, Hkv,
-    total_k, d, dtype)``."""
-    (qs, qd) = check_array("q", q, 3)
-    (ks, kd) = check_array("k", k, 3)
-    (vs, vd) = check_array("v", v, 3)
-    dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
-    check_same_kind({"q": q, "k": k, "v": v})
-    total_q, h, d = qs
-    if ks != vs:
-        raise ValueError(f"v: expected the shape of k {ks}, got {vs}")
-    total_k, hkv, dk = ks
-    if dk != d:
-        raise ValueError(f"k: expected head dim {d} (from q), got {dk}")
-    if h % hkv:
-        raise ValueError(f"k: expected a number of kv heads that divides the {h} query heads of "
-                         f"q (GQA), got {hkv}")
-    if d > 256:
-        raise ValueError(f"q: expected head dim 1..256, got {d}")
-    return total_q, h, hkv, total_k, d, dtype
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
@@ -63,13 +40,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     as batch entry ``b`` of a padded batch would.
     """
     total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
-    cu_q, len_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q,
-                                   "max_seqlen_q")
-    cu_k, len_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k,
-                                   "max_seqlen_k")
-    if len(len_q) != len(len_k):
-        raise ValueError(f"cu_seqlens_k: expected {len(len_q) + 1} entries (B + 1, from "
-                         f"cu_seqlens_q), got {len(len_k) + 1}")
+    cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
+                                                     max_seqlen_q, max_seqlen_k)
     check_same_kind({"q": q, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
     b = len(len_q)
     causal = check_bool("causal", causal)
