@@ -149,3 +149,23 @@ def int_values(name, values):
             raise ValueError(f"{name}: expected entries below 2**63, got {int(values.flat[i])} "
                              f"at index {i}")
     return values.astype(np.int64)
+
+
+def check_backward_arrays(do, q, k, v, o, lse):
+    """The backward's arrays: :func:`check_qkv` for ``q, k, v``; ``do`` and ``o`` of ``q``'s
+    shape and dtype; ``lse [B, H, Nq]`` in the compute dtype (float32, float64 for float64); all on
+    one side (host or GPU).  Returns what :func:`check_qkv` returns."""
+    b, h, hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+    do_shape, do_dtype = check_array("do", do, 4)
+    o_shape, o_dtype = check_array("o", o, 4)
+    check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
+    for name, shape in (("do", do_shape), ("o", o_shape)):
+        if shape != (b, h, nq, d):
+            raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, got {shape}")
+    from ..kernels.common import acc_dtype  # the compute dtype, which lse is stored in
+
+    lse_shape, _ = check_array("lse", lse, 3, dtypes=(acc_dtype(dtype),))
+    if lse_shape != (b, h, nq):
+        raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
+    check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
+    return b, h, hkv, nq, nk, d, dtype

@@ -11,8 +11,7 @@ import numpy as np
 
 from ..backend import on_simulator
 from ..frontend import ArrayCall
-from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
-                                 check_same_kind, check_scale)
+from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
                                 preprocess_kernel, reduce_kernel, row_lanes)
@@ -174,18 +173,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
-    b, h, hkv, nq, nk, d, dtype = check_qkv(q, k, v)
-    do_shape, do_dtype = check_array("do", do, 4)
-    o_shape, o_dtype = check_array("o", o, 4)
-    check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
-    for name, shape in (("do", do_shape), ("o", o_shape)):
-        if shape != (b, h, nq, d):
-            raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, got {shape}")
-    lse_dtype = acc_dtype(dtype)
-    lse_shape, _ = check_array("lse", lse, 3, dtypes=(lse_dtype,))
-    if lse_shape != (b, h, nq):
-        raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
-    check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
+    b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
