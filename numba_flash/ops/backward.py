@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
@@ -17,50 +16,7 @@ from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_thre
                                 preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
 from ..philox import dropout_params
-
-#: the values of ``kernel=``
-KERNELS = ("auto", "simt", "mma")
-
-
-def _mma_available():
-    try:
-        from . import backward_mma  # noqa: F401  (written by the tensor-core work)
-    except ImportError:
-        return False
-    return True
-
-
-def _cuda_cc():
-    """Compute capability of the current CUDA device, or None (simulator, no device)."""
-    if on_simulator():
-        return None
-    try:
-        from numba import cuda
-
-        return tuple(cuda.get_current_device().compute_capability)
-    except Exception:  # no usable device: the launch will say so
-        return None
-
-
-def check_kernel(kernel, dtype):
-    """``kernel``: "auto", "simt" or "mma"; returns the one that runs.
-
-    "auto" takes the tensor-core "mma" backward for float16 on the CUDA backend with compute
-    capability >= 8.0 (when it is available), "simt" otherwise.
-    """
-    if not isinstance(kernel, str):
-        raise TypeError(f"kernel: expected one of {KERNELS} (a str), got {type(kernel).__name__}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    if kernel == "mma" and np.dtype(dtype) != np.float16:
-        raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 inputs, got {dtype}; "
-                         "use kernel='simt' or 'auto'")
-    if kernel == "auto":
-        cc = _cuda_cc()
-        use_mma = (np.dtype(dtype) == np.float16 and cc is not None and cc >= (8, 0)
-                   and _mma_available())
-        return "mma" if use_mma else "simt"
-    return kernel
+from .kernel_choice import check_backward_kernel, import_mma
 
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
@@ -180,17 +136,12 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                         alibi_slopes, b, h)
-    kernel = check_kernel(kernel, dtype)
+    kernel = check_backward_kernel(kernel, dtype)
     if kernel == "mma":
-        try:
-            from .backward_mma import backward_mma
-        except ImportError as exc:
-            raise NotImplementedError(
-                "kernel: 'mma' needs the tensor-core backward (numba_flash.ops.backward_mma), "
-                "which this build does not have; use kernel='simt'") from exc
-        return backward_mma(do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
-                            dropout_p=dropout_p, seed=seed, deterministic=deterministic,
-                            window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
+        return import_mma("backward_mma").backward_mma(
+            do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
+            seed=seed, deterministic=deterministic, window_size=window, softcap=softcap,
+            alibi_slopes=alibi_slopes)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(x) for x in (do, q, k, v, o, lse)]

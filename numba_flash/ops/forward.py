@@ -3,6 +3,8 @@ window, softcap, ALiBi, GQA, dropout) and the choice between the SIMT and tensor
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..backend import on_simulator
@@ -13,55 +15,50 @@ from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import (choose_tiles, explicit_tiles, forward_grid, forward_kernel,
                                launch_config)
 from ..philox import dropout_params
+from .kernel_choice import KERNELS, check_forward_kernel, import_mma  # noqa: F401  (KERNELS)
 
-#: the values of ``kernel=``
-KERNELS = ("auto", "simt", "mma")
+class ForwardArgs(NamedTuple):
+    """The forward's arguments, validated once (:func:`check_forward_args`), as the launch code
+    of both kernel families takes them."""
 
-
-def check_kernel(kernel, dtype, explicit_tiles_given):
-    """``"simt"`` or ``"mma"`` for ``kernel=`` (validated) and the input dtype.
-
-    ``"auto"`` takes the tensor-core kernel for float16 on the CUDA backend with compute
-    capability >= 8.0 (when :mod:`numba_flash.ops.forward_mma` is installed) unless ``block_m`` /
-    ``block_n`` ask for SIMT tiles, and the SIMT kernel otherwise.
-    """
-    if not isinstance(kernel, str):
-        raise TypeError(f"kernel: expected one of {KERNELS}, got {type(kernel).__name__}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    if kernel == "mma":
-        if np.dtype(dtype) != np.float16:
-            raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 inputs, got "
-                             f"{np.dtype(dtype).name}; use kernel='simt' or 'auto'")
-        if explicit_tiles_given:
-            raise ValueError("block_m: the tile choice applies to kernel='simt' only, got "
-                             "block_m/block_n with kernel='mma'")
-        return "mma"
-    if kernel == "simt" or explicit_tiles_given or np.dtype(dtype) != np.float16:
-        return "simt"
-    if on_simulator() or not _mma_available():
-        return "simt"
-    from numba import cuda
-
-    return "mma" if cuda.get_current_device().compute_capability >= (8, 0) else "simt"
+    b: int
+    h: int
+    nq: int
+    d: int
+    dtype: np.dtype
+    causal: bool
+    return_lse: bool
+    scale: float
+    dropout_p: float
+    #: ``(seed_lo, seed_hi, threshold, keep_scale)`` of :func:`numba_flash.philox.dropout_params`
+    dropout: tuple
+    window: tuple
+    left: int
+    right: int
+    softcap: float
+    #: float32 ``[B, H]`` of the inputs' kind, or None
+    alibi: object
 
 
-def _mma_available():
-    try:
-        from . import forward_mma  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
+                       softcap, alibi_slopes):
+    """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
+    share (raising before any launch) and return them as a :class:`ForwardArgs`."""
+    b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
+    scale = check_scale(softmax_scale, d)
+    dropout = dropout_params(dropout_p, seed)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h)
+    return ForwardArgs(b, h, nq, d, np.dtype(dtype), causal, return_lse, scale,
+                       float(dropout_p), dropout, window, left, right, softcap, alibi)
 
 
 def _forward_mma():
-    try:
-        from .forward_mma import forward_mma
-    except ImportError as exc:
-        raise NotImplementedError(
-            "kernel: 'mma' needs numba_flash.ops.forward_mma (the tensor-core forward), which "
-            f"this installation does not have ({exc}); use kernel='simt'") from exc
-    return forward_mma
+    """The tensor-core forward's launch (:func:`~numba_flash.ops.forward_mma.launch_forward_mma`,
+    which takes already validated :class:`ForwardArgs`)."""
+    return import_mma("forward_mma").launch_forward_mma
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
@@ -105,19 +102,15 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``"auto"``: ``"mma"`` for float16 on a GPU of compute capability >= 8.0 without explicit
     ``block_m`` / ``block_n``, ``"simt"`` otherwise.
     """
-    b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
-    causal = check_bool("causal", causal)
-    return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d)
-    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h)
-    which = check_kernel(kernel, dtype, block_m is not None or block_n is not None)
-    if which == "mma":
-        return _forward_mma()(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                              return_lse=return_lse, dropout_p=dropout_p, seed=seed,
-                              window_size=window, softcap=softcap, alibi_slopes=alibi_slopes)
-    use_dropout = float(dropout_p) > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
+    args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
+                              window_size, softcap, alibi_slopes)
+    b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
+    left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
+    seed_lo, seed_hi, threshold, keep_scale = args.dropout
+    which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
+    if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
+        return _forward_mma()(q, k, v, args)
+    use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     use_mods = softcap > 0.0 or alibi is not None
     allowed = explicit_tiles(d, dtype)
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
@@ -142,7 +135,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
     call.launch(kern, forward_grid(cdiv(nq, BLOCK_M), b * h), block, dq, dk, dv, o, lse,
-                acc_t.type(scale), window_arg, mods, dropout, ())
-    if return_lse:
+                acc_t.type(args.scale), window_arg, mods, dropout, ())
+    if args.return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

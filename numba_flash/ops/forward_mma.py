@@ -9,10 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..frontend.validate import check_bool, check_qkv, check_scale
-from ..frontend.variants import check_variants
 from ..kernels.forward_mma import default_tiles, forward_grid, forward_mma_kernel
-from ..philox import dropout_params
+from .forward import check_forward_args
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -31,22 +29,28 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     before ``P V``, as in flash-attn); the softmax runs in float32.  ``o`` is float16, ``lse``
     float32 ``[B, H, Nq]``.  NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
-    b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
-    if dtype != np.float16:
-        raise TypeError(f"q: expected dtype float16 for the tensor-core forward, got {dtype}")
-    causal = check_bool("causal", causal)
-    return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d)
-    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h)
-    use_dropout = float(dropout_p) > 0.0
+    args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
+                              window_size, softcap, alibi_slopes)
+    return launch_forward_mma(q, k, v, args)
+
+
+def launch_forward_mma(q, k, v, args):
+    """Run the tensor-core forward on ``q``, ``k``, ``v`` with ``args`` already validated by
+    :func:`~numba_flash.ops.forward.check_forward_args` (``forward(kernel="mma")`` calls this,
+    so each argument is checked, and CuPy ALiBi slopes read, once per call)."""
+    if args.dtype != np.float16:
+        raise TypeError(f"q: expected dtype float16 for the tensor-core forward, got "
+                        f"{args.dtype}")
+    b, h, nq, d = args.b, args.h, args.nq, args.d
+    left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
+    seed_lo, seed_hi, threshold, keep_scale = args.dropout
+    use_dropout = args.dropout_p > 0.0
     num_warps, block_n, head_dim = default_tiles(d)
     grid = forward_grid(nq, b, h, 16 * num_warps)
     kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
                                 alibi is not None)
 
-    call = ArrayCall({"q": q, "k": k, "v": v})
+    call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_mma")
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     o = call.empty((b, h, nq, d), np.float16)
     lse = call.empty((b, h, nq), np.float32)
@@ -55,7 +59,7 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     dropout = (seed_lo, seed_hi, threshold, np.float32(keep_scale)) if use_dropout else ()
     call.launch(kernel, grid, (32 * num_warps,),
                 dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o, lse,
-                np.float32(scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout)
-    if return_lse:
+                np.float32(args.scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout)
+    if args.return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

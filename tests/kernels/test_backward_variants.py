@@ -144,12 +144,12 @@ def test_backward_variant_argument_errors(kwargs, exc, msg):
 def test_backward_kernel_choice(rng):
     """"auto" and "simt" run the SIMT kernels here (simulator); "mma" for float16 runs the
     tensor-core backward when it exists and otherwise says so by name."""
-    from numba_flash.ops.backward import _mma_available, check_kernel
+    from numba_flash.ops.kernel_choice import check_backward_kernel as check_kernel
 
     assert check_kernel("auto", np.float16) == "simt"  # simulator: no compute capability
     assert check_kernel("auto", np.float32) == "simt"
     args, _ = make_case(rng, 1, 1, 1, 4, 4, 8, np.float16)
-    if not _mma_available():
+    if not _real_mma_available():
         with pytest.raises(NotImplementedError, match="kernel: 'mma'"):
             numba_flash.backward(*args, kernel="mma")
     a = numba_flash.backward(*args, kernel="simt")
@@ -161,14 +161,14 @@ def test_backward_kernel_choice(rng):
 def test_backward_mma_dispatch(monkeypatch):
     """kernel="auto" picks tensor cores for float16 on compute capability >= 8.0 (when the mma
     backward exists), and kernel="mma" hands every argument on, validated, to backward_mma."""
-    import numba_flash.ops.backward as ob
+    import numba_flash.ops.kernel_choice as kc
 
-    monkeypatch.setattr(ob, "_mma_available", lambda: True)
+    monkeypatch.setattr(kc, "mma_available", lambda name: True)
     for cc, dtype, want in (((9, 0), np.float16, "mma"), ((8, 0), np.float16, "mma"),
                             ((7, 5), np.float16, "simt"), ((9, 0), np.float32, "simt"),
                             (None, np.float16, "simt")):
-        monkeypatch.setattr(ob, "_cuda_cc", lambda cc=cc: cc)
-        assert ob.check_kernel("auto", dtype) == want, (cc, dtype)
+        monkeypatch.setattr(kc, "cuda_cc", lambda cc=cc: cc)
+        assert kc.check_backward_kernel("auto", dtype) == want, (cc, dtype)
     if not _real_mma_available():
         pytest.skip("numba_flash.ops.backward_mma is not in this build")
     import numba_flash.ops.backward_mma as om

@@ -224,12 +224,15 @@ def test_variant_arguments_are_checked_before_launch(monkeypatch, kwargs, exc, m
 
 
 def test_kernel_choice(monkeypatch):
-    """'mma' hands every argument to forward_mma; 'auto' in the simulator (and for float32/64,
-    or with explicit SIMT tiles) runs the SIMT kernel; block_m with 'mma' is an error."""
+    """'mma' hands every argument, validated once, to the tensor-core launch; 'auto' in the
+    simulator (and for float32/64, or with explicit SIMT tiles) runs the SIMT kernel; block_m
+    with 'mma' is an error."""
+    from numba_flash.ops.kernel_choice import check_forward_kernel
+
     calls = []
 
-    def fake_mma(q, k, v, **kw):
-        calls.append(kw)
+    def fake_mma(q, k, v, args):
+        calls.append(args)
         return "mma result"
 
     monkeypatch.setattr(forward_op, "_forward_mma", lambda: fake_mma)
@@ -240,14 +243,16 @@ def test_kernel_choice(monkeypatch):
                               return_lse=True, softmax_scale=0.5)
     assert out == "mma result"
     kw = calls[0]
-    assert kw["causal"] is True and kw["window_size"] == (3, 0) and kw["softcap"] == 1.0
-    assert kw["alibi_slopes"] is slopes and kw["dropout_p"] == 0.1 and kw["seed"] == 5
-    assert kw["return_lse"] is True and kw["softmax_scale"] == 0.5
-    assert forward_op.check_kernel("auto", np.float32, False) == "simt"
-    assert forward_op.check_kernel("auto", np.float16, True) == "simt"
-    assert forward_op.check_kernel("simt", np.float16, False) == "simt"
+    assert kw.causal is True and kw.window == (3, 0) and kw.softcap == 1.0
+    assert (kw.left, kw.right) == (3, 0)
+    np.testing.assert_array_equal(kw.alibi, np.broadcast_to(slopes, (1, 2)))
+    assert kw.dropout_p == 0.1 and kw.dropout == numba_flash.philox.dropout_params(0.1, 5)
+    assert kw.return_lse is True and kw.scale == 0.5
+    assert check_forward_kernel("auto", np.float32, False) == "simt"
+    assert check_forward_kernel("auto", np.float16, True) == "simt"
+    assert check_forward_kernel("simt", np.float16, False) == "simt"
     if numba_flash.backend() == "simulator":
-        assert forward_op.check_kernel("auto", np.float16, False) == "simt"
+        assert check_forward_kernel("auto", np.float16, False) == "simt"
     with pytest.raises(ValueError, match=r"^block_m: the tile choice applies to kernel='simt'"):
         numba_flash.forward(q, k, v, kernel="mma", block_m=8)
 

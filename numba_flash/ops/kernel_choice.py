@@ -1,0 +1,122 @@
+"""``kernel=``: which kernel family runs a call, SIMT (FMA, every dtype) or tensor cores ("mma",
+float16).  The one home of that choice for :func:`numba_flash.forward` and
+:func:`numba_flash.backward`.
+
+``"auto"`` takes tensor cores for float16 on the CUDA backend with compute capability >= 8.0, and
+the SIMT kernels otherwise.  The tensor-core ops (:mod:`numba_flash.ops.forward_mma`,
+:mod:`numba_flash.ops.backward_mma`) are imported only when a call would use them; one that is
+installed but fails to import is an :class:`ImportError` naming the failure, never a quiet
+fall-back to SIMT (only a module that is not installed at all makes ``"auto"`` take SIMT).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from ..backend import on_simulator
+
+__all__ = ["KERNELS", "check_forward_kernel", "check_backward_kernel", "mma_available",
+           "import_mma", "cuda_cc"]
+
+#: the values of ``kernel=``
+KERNELS = ("auto", "simt", "mma")
+
+_WHAT = {"forward_mma": "the tensor-core forward", "backward_mma": "the tensor-core backward"}
+
+
+def _module_name(name):
+    return f"{__package__}.{name}"
+
+
+def import_mma(name):
+    """The tensor-core op module ``numba_flash.ops.<name>``.
+
+    Raises ``NotImplementedError`` (naming ``kernel``) when this installation does not have it,
+    and ``ImportError`` naming the module and the import's own error when it is there but fails
+    to import (a syntax error, a missing name, a broken dependency).
+    """
+    full = _module_name(name)
+    try:
+        return importlib.import_module(full)
+    except ModuleNotFoundError as exc:
+        if exc.name != full:  # the module is there; something it imports is missing
+            raise _broken(name, exc) from exc
+        raise NotImplementedError(
+            f"kernel: 'mma' needs {full} ({_WHAT[name]}), which this installation does not "
+            "have; use kernel='simt'") from exc
+    except ImportError as exc:
+        raise _broken(name, exc) from exc
+
+
+def _broken(name, exc):
+    full = _module_name(name)
+    return ImportError(
+        f"{full} ({_WHAT[name]}) is installed but failed to import: {type(exc).__name__}: {exc}. "
+        "Fix or reinstall numba_flash, or pass kernel='simt' to run the SIMT kernels")
+
+
+def mma_available(name):
+    """True when ``numba_flash.ops.<name>`` imports, False when it is not installed; raises the
+    :class:`ImportError` of :func:`import_mma` when it is installed but broken."""
+    try:
+        import_mma(name)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def cuda_cc():
+    """Compute capability of the current CUDA device, or None (simulator, no device)."""
+    if on_simulator():
+        return None
+    try:
+        from numba import cuda
+
+        return tuple(cuda.get_current_device().compute_capability)
+    except Exception:  # no usable device: the launch will say so
+        return None
+
+
+def _check_name(kernel, dtype):
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel: expected one of {KERNELS} (a str), got {type(kernel).__name__}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    if kernel == "mma" and np.dtype(dtype) != np.float16:
+        raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 inputs, got "
+                         f"{np.dtype(dtype).name}; use kernel='simt' or 'auto'")
+
+
+def _auto_mma(dtype, name):
+    """"auto": tensor cores for float16 on compute capability >= 8.0, if installed."""
+    if np.dtype(dtype) != np.float16:
+        return False
+    cc = cuda_cc()
+    return cc is not None and cc >= (8, 0) and mma_available(name)
+
+
+def check_forward_kernel(kernel, dtype, explicit_tiles_given):
+    """``"simt"`` or ``"mma"`` for the forward's ``kernel=`` (validated) and input dtype.
+
+    ``"auto"`` takes tensor cores (see the module docstring) unless ``block_m`` / ``block_n``
+    ask for SIMT tiles; with ``"mma"`` explicit tiles are a ``ValueError``.
+    """
+    _check_name(kernel, dtype)
+    if kernel == "mma":
+        if explicit_tiles_given:
+            raise ValueError("block_m: the tile choice applies to kernel='simt' only, got "
+                             "block_m/block_n with kernel='mma'")
+        return "mma"
+    if kernel == "simt" or explicit_tiles_given:
+        return "simt"
+    return "mma" if _auto_mma(dtype, "forward_mma") else "simt"
+
+
+def check_backward_kernel(kernel, dtype):
+    """``"simt"`` or ``"mma"`` for the backward's ``kernel=`` (validated) and input dtype."""
+    _check_name(kernel, dtype)
+    if kernel == "auto":
+        return "mma" if _auto_mma(dtype, "backward_mma") else "simt"
+    return kernel
