@@ -62,13 +62,17 @@ def softmax(x):
 
     Subtracting the maximum changes nothing mathematically (it cancels between numerator and
     denominator) and keeps every exponent <= 0, so ``exp`` cannot overflow.
+
+    A ``-inf`` entry (masked) gets ``y_i = 0``.  A vector that is ``-inf`` everywhere has no
+    softmax (``0 / 0``) and gives NaN everywhere, as torch does; so does a NaN anywhere.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"x: expected a non-empty 1-D array, got shape {x.shape}")
     m = x.max()
-    e = np.exp(x - m)
-    return e / e.sum()
+    with np.errstate(invalid="ignore"):  # all -inf: -inf - (-inf) = NaN, the documented result
+        e = np.exp(x - m)
+        return e / e.sum()
 
 
 # [docs:online-softmax-stats]
@@ -83,15 +87,21 @@ def online_softmax_stats(x):
 
     The old sum is *multiplied* by ``exp(m_old - m_new)`` because every term in it was taken
     against the old maximum.  After the pass ``l = sum_i exp(x_i - m)`` with ``m = max(x)``.
+
+    A ``-inf`` element (a masked entry) is skipped: it adds ``exp(-inf) = 0`` and moves no
+    maximum, while computing it before any finite element would give ``exp(-inf - (-inf)) =
+    NaN``.  All ``-inf`` gives ``(-inf, 0)``; a NaN gives ``l = NaN``.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"x: expected a non-empty 1-D array, got shape {x.shape}")
     m = -math.inf
     l = 0.0
-    for xk in x:
-        m_new = max(m, float(xk))
-        l = l * math.exp(m - m_new) + math.exp(float(xk) - m_new)
+    for xk in map(float, x):
+        if xk == -math.inf:  # masked: contributes exactly nothing
+            continue
+        m_new = max(m, xk)
+        l = l * math.exp(m - m_new) + math.exp(xk - m_new)
         m = m_new
     return m, l
 # [/docs:online-softmax-stats]
@@ -110,10 +120,12 @@ def online_softmax(x):
 
     The source notes claim a one-pass version; their code adds ``exp(m - x)`` to ``l`` where it
     must multiply, and stores exponents taken against stale maxima.  See ``docs/online-softmax.md``.
+    ``-inf`` entries and an all ``-inf`` vector give what :func:`softmax` gives (0; NaN).
     """
     m, l = online_softmax_stats(x)
     x = np.asarray(x, dtype=np.float64)
-    return np.exp(x - m) / l
+    with np.errstate(invalid="ignore", divide="ignore"):  # all -inf: NaN, as softmax
+        return np.exp(x - m) / l
 # [/docs:online-softmax]
 
 

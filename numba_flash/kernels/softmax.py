@@ -16,6 +16,14 @@ to pairs::
 and a final pass writes ``y_j = exp(x_j - m) / l``.  (A normalised softmax needs this second pass:
 no output can be written before the whole row's ``m`` and ``l`` are known.)
 
+Masked entries (``-inf``, e.g. from an attention mask) get ``y_j = 0``: the recurrence skips a
+``-inf`` element (it adds ``exp(-inf) = 0`` and moves no maximum; computing it would give
+``exp(-inf - (-inf)) = NaN`` while ``m`` is still ``-inf``), and the merge keeps two empty
+halves at ``(-inf, 0)``, so leading, trailing or scattered ``-inf`` entries, or a thread whose
+whole strided slice is ``-inf``, give :func:`numba_flash.reference.softmax` of the row.  A row
+that is ``-inf`` everywhere has no softmax and comes out NaN everywhere, as in
+:func:`numba_flash.reference.softmax` (and torch).  A NaN anywhere in a row makes the row NaN.
+
 Grid / block
 ------------
 grid = (rows,), block = (THREADS,).  Thread ``t`` of block ``r`` handles ``x[r, t::THREADS]``;
@@ -71,9 +79,10 @@ def softmax_kernel(THREADS, dtype):
         l_i = acc_t(0.0)
         for j in range(tid, n, THREADS):
             xj = acc_t(x[row, j])
-            m_new = max(m_i, xj)
-            l_i = l_i * math.exp(m_i - m_new) + math.exp(xj - m_new)
-            m_i = m_new
+            if xj != NEG_INF:  # a -inf adds exp(-inf) = 0 and moves no max: skip, no -inf + inf
+                m_new = max(m_i, xj)
+                l_i = l_i * math.exp(m_i - m_new) + math.exp(xj - m_new)
+                m_i = m_new
         m_sh[tid] = m_i
         l_sh[tid] = l_i
         cuda.syncthreads()  # every (m, l) is in shared memory before the reduction reads it

@@ -24,6 +24,32 @@ def test_online_softmax_equals_softmax(x):
     assert math.isclose(l, np.exp(x - x.max()).sum(), rel_tol=1e-12)
 
 
+@given(hnp.arrays(np.float64, st.integers(1, 40),
+                  elements=st.one_of(st.floats(-1e3, 1e3), st.just(-math.inf))),
+       st.integers(0, 39))
+@settings(max_examples=200, deadline=None)
+def test_online_softmax_masked_entries(x, keep):
+    """-inf entries (leading, trailing, anywhere; issue 21 item 2): 0 in the softmax, nothing in
+    the stats, the same as the three-pass softmax (one finite entry at least)."""
+    x = x.copy()
+    x[keep % x.size] = 0.25
+    y = ref.online_softmax(x)
+    np.testing.assert_allclose(y, ref.softmax(x), rtol=1e-12, atol=1e-15)
+    assert (y[np.isneginf(x)] == 0).all()
+    m, l = ref.online_softmax_stats(x)
+    assert m == x.max()
+    assert math.isclose(l, np.exp(x - x.max()).sum(), rel_tol=1e-12)
+
+
+def test_online_softmax_stats_leading_and_all_masked():
+    assert ref.online_softmax_stats([-math.inf, 1.0]) == (1.0, 1.0)
+    assert ref.online_softmax_stats([-math.inf, -math.inf, 2.0, -math.inf]) == (2.0, 1.0)
+    assert ref.online_softmax_stats([-math.inf, -math.inf]) == (-math.inf, 0.0)
+    # no visible entry: no softmax, NaN everywhere in both forms (torch gives NaN too)
+    assert np.isnan(ref.softmax([-math.inf, -math.inf])).all()
+    assert np.isnan(ref.online_softmax([-math.inf, -math.inf])).all()
+
+
 def test_softmax_large_logits_do_not_overflow():
     y = ref.softmax(np.array([1000.0, 999.0, -1000.0]))
     np.testing.assert_allclose(y, [1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1)), 0.0])
