@@ -1,0 +1,642 @@
+"""Tile stages for the tensor-core kernels: 16-byte async copies, ``ldmatrix``, ``ex2``.
+
+The pieces a fast ``mma.sync`` kernel is built from, each a device function the kernels call by
+name.  On the GPU each is an ``@intrinsic`` emitting one PTX instruction (a plain LLVM load for
+:func:`load_u16`); in the simulator, which cannot run inline PTX, each has a *twin* of the same
+semantics, written from the PTX ISA's definition (the tests check every twin against it).
+
+Shared memory is addressed in **bytes** from the start of a ``uint32`` shared array ``smem``
+(``smem_byte``), global memory in **elements** from the start of a ``uint16`` array of any shape
+(``elem``; the array's own shape is ignored: it must be C-contiguous).
+
+Copies (global -> shared, 16 bytes per instruction)
+---------------------------------------------------
+* :func:`cp_async16` ``(smem, smem_byte, src, elem, src_bytes)``:
+  ``cp.async.cg.shared.global [dst], [src], 16, src_bytes`` copies ``src_bytes`` (0 or 16) bytes
+  and zero-fills the rest of the 16 (a row past the end of a tensor reads nothing and lands as
+  zeros).  Both addresses must be 16-byte aligned.  The copy is asynchronous:
+  :func:`cp_async_commit` closes a group of copies, :func:`cp_async_wait_all`
+  (``cp.async.wait_group 0``) waits until this thread's groups have landed, and a
+  ``cuda.syncthreads()`` after it makes them visible to the other threads.
+  Twin: the copy happens at once (commit and wait do nothing).
+* :func:`make_tile_copy` builds ``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d,
+  tid)``: a ``ROWS x HEAD_DIM`` tile of float16 rows (global row stride ``d``) into shared rows
+  of ``ROW_BYTES``.  Thread ``tid`` owns the 16-byte chunks ``tid, tid + THREADS, ...``: row
+  ``tid // CHUNKS + i * (THREADS // CHUNKS)``, chunk ``tid % CHUNKS`` (``CHUNKS = HEAD_DIM /
+  8``), so its offsets are one per-thread base plus compile-time steps.  A full tile
+  (``rows_valid == ROWS``) issues the copies with no per-row test; a boundary tile predicates
+  each row (``src_bytes = 0``: zero fill).  With ``VEC=False`` (``d < HEAD_DIM``, or an input
+  not 16-byte aligned) the same chunks are filled by 16-bit loads with per-element bounds,
+  zero outside.  :func:`make_tile_scan` gives ``zero_nonfinite(smem, smem_byte, tid)``: the
+  thread's own chunks with every inf / NaN half set to 0, True if there was one.
+
+Fragments (shared -> registers)
+-------------------------------
+* :func:`ldmatrix_x4` / :func:`ldmatrix_x4_trans` ``(smem, smem_byte)`` -> 4 ``uint32``:
+  ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``.  Four 8 x 8 matrices of 16-bit
+  elements; lane ``8 m + r`` gives the address of row ``r`` of matrix ``m`` (8 consecutive
+  halves, 16 bytes).  Register ``m`` of lane ``4 r + w`` receives halves ``2w, 2w + 1`` of row
+  ``r`` of matrix ``m`` (without ``.trans``), or halves ``(2w, r)`` and ``(2w + 1, r)`` (row,
+  column) of matrix ``m`` (``.trans``: column ``r`` of the stored matrix).  That is exactly an
+  ``mma.m16n8k16`` fragment (:mod:`numba_flash.kernels.mma`): one ``x4`` is an ``A`` fragment,
+  or the ``B`` fragments of two 8-column blocks; ``.trans`` reads ``B`` from a row-major ``V``.
+  :func:`ldmatrix_rows` says which (row, column) of a tile each lane must point at.
+* Shared rows are padded to ``ROW_BYTES = 2 HEAD_DIM + 16`` (:func:`row_bytes`): the 8 rows of
+  one 8 x 8 matrix then start ``16 r`` bytes apart modulo 128, in 8 distinct 16-byte groups of
+  banks, so an ``ldmatrix`` (and a warp's ``cp.async`` stores) has no bank conflict.
+
+Arithmetic
+----------
+* :func:`ex2` ``(x)``: ``ex2.approx.ftz.f32``, ``2**x`` (about 2 ulp; subnormals flushed to
+  zero, ``ex2(-inf) = 0``).  With ``x = s * scale * log2(e) - m * scale * log2(e)`` this is the
+  softmax's ``exp(scale (s - m))`` in one FFMA and one MUFU.EX2 (libdevice ``expf`` is 8).
+* :func:`fmax` ``(a, b)``: ``max.f32``: the larger, and the other operand if one is NaN (one
+  FMNMX; NaN handling is the kernels' job, on a slow path).
+* :func:`fma` ``(a, b, c)``: ``fma.rn.f32``, ``a * b + c`` rounded once (Numba contracts no
+  FMA without fastmath).
+* :func:`load_u16` ``(src, elem)``: one 16-bit global load at a flat element offset.
+
+Every twin runs in the simulator as the kernels' own code does; the compile tier builds the
+intrinsics for sm_80 and sm_90 through :func:`compile_configs`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, types, uint32
+
+from ..backend import on_simulator
+from .jit import kernel_jit
+from .mma import WARP, mma_m16n8k16
+
+#: the PTX instructions behind the intrinsics
+LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+LDMATRIX_T_PTX = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+CP_ASYNC_PTX = "cp.async.cg.shared.global"
+
+LOG2E = math.log2(math.e)
+
+_EXP16 = 0x7C00  # float16 exponent bits: all set = inf or NaN
+
+
+def row_bytes(head_dim):
+    """Bytes of one padded shared row of ``head_dim`` float16 (+16: no bank conflicts)."""
+    return 2 * head_dim + 16
+
+
+def ldmatrix_rows(lane, kind):
+    """``(row, col)`` offsets (in rows and halves) of the 8 x 8 block whose row ``lane`` points
+    at, for one ``x4`` covering a 16 x 16 block of a row-major tile:
+
+    * ``"a"``: an ``A`` fragment (rows = ``M``, columns = ``K``): matrices (rows 0-7, cols 0-7),
+      (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) -> registers ``a0, a1, a2, a3``;
+    * ``"b"``: ``B`` of ``Q K^T`` from a tile of keys (rows = keys ``n``, columns = ``k``):
+      (0-7, 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15) -> ``b0, b1`` of keys 0-7, then of 8-15;
+    * ``"bt"``: ``B`` of ``P V`` from a row-major ``V`` tile with ``.trans`` (rows = keys ``k``,
+      columns = ``n``): (0-7, 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) -> ``b0, b1`` of
+      columns 0-7, then of 8-15.
+    """
+    m, r = lane >> 3, lane & 7
+    if kind == "a" or kind == "bt":
+        return r + 8 * (m & 1), 8 * (m >> 1)
+    if kind == "b":
+        return r + 8 * (m >> 1), 8 * (m & 1)
+    raise ValueError(f"kind: expected 'a', 'b' or 'bt', got {kind!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# GPU implementations: inline PTX and LLVM intrinsics
+# ------------------------------------------------------------------------------------------
+def _gpu_stages():
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    try:
+        from numba.cuda.core.errors import NumbaTypeError
+    except ImportError:  # pragma: no cover - other numba-cuda versions
+        from numba.core.errors import NumbaTypeError
+
+    i32 = ir.IntType(32)
+    i64 = ir.IntType(64)
+    f32 = ir.FloatType()
+
+    def check_int(name, what, ty):
+        if not isinstance(ty, types.Integer):
+            raise NumbaTypeError(f"{name}: expected {what} as an integer, got {ty}")
+
+    def check_array(name, what, ty, dtype):
+        if not isinstance(ty, types.Array) or ty.dtype != dtype:
+            raise NumbaTypeError(f"{name}: expected {what} as a {dtype} array, got {ty}")
+
+    def as_i(context, builder, ty, val, bits):
+        """An integer argument as an LLVM i32 / i64 (truncated or sign-extended)."""
+        return context.cast(builder, val, ty, types.int32 if bits == 32 else types.int64)
+
+    def smem_addr(context, builder, aryty, ary, ty, byte):
+        """The 32-bit shared-window address of byte ``byte`` of the shared array ``ary``."""
+        data = context.make_array(aryty)(context, builder, ary).data
+        shared = builder.addrspacecast(data, ir.PointerType(data.type.pointee, 3))
+        return builder.add(builder.ptrtoint(shared, i32), as_i(context, builder, ty, byte, 32))
+
+    def global_addr(context, builder, aryty, ary, ty, elem):
+        """The 64-bit generic address of element ``elem`` of the flat view of ``ary``."""
+        data = context.make_array(aryty)(context, builder, ary).data
+        ptr = builder.gep(data, [as_i(context, builder, ty, elem, 64)])
+        return builder.ptrtoint(ptr, i64)
+
+    # [docs:ldmatrix-intrinsic]
+    def make_ldmatrix(ptx, name):
+        @intrinsic
+        def ldmatrix(typingctx, smem, smem_byte):
+            check_array(name, "smem", smem, types.uint32)
+            check_int(name, "smem_byte", smem_byte)
+            sig = types.UniTuple(types.uint32, 4)(smem, smem_byte)
+
+            def codegen(context, builder, sig, args):
+                addr = smem_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+                fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+                asm = ir.InlineAsm(fnty, ptx + " {$0, $1, $2, $3}, [$4];",
+                                   "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+                res = builder.call(asm, [addr])
+                outs = [builder.extract_value(res, i) for i in range(4)]
+                return context.make_tuple(builder, sig.return_type, outs)
+
+            return sig, codegen
+
+        return ldmatrix
+    # [/docs:ldmatrix-intrinsic]
+
+    @intrinsic
+    def cp_async16(typingctx, smem, smem_byte, src, elem, src_bytes):
+        """Copy 16 bytes (``src_bytes`` of them read, the rest zero) global -> shared."""
+        check_array("cp_async16", "smem", smem, types.uint32)
+        check_array("cp_async16", "src", src, types.uint16)
+        for what, ty in (("smem_byte", smem_byte), ("elem", elem), ("src_bytes", src_bytes)):
+            check_int("cp_async16", what, ty)
+        sig = types.none(smem, smem_byte, src, elem, src_bytes)
+
+        def codegen(context, builder, sig, args):
+            dst = smem_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            gsrc = global_addr(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+            nbytes = as_i(context, builder, sig.args[4], args[4], 32)
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+            asm = ir.InlineAsm(fnty, CP_ASYNC_PTX + " [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [dst, gsrc, nbytes])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def make_bare(ptx):
+        @intrinsic
+        def bare(typingctx):
+            sig = types.none()
+
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
+                                   side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return bare
+
+    def float_sig(name, args):
+        if any(a != types.float32 for a in args):
+            raise NumbaTypeError(f"{name}: expected float32 arguments, got {args}")
+        return types.float32(*args)
+
+    def float_asm(ptx, n):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(f32, [f32] * n), ptx, "=f" + ",f" * n)
+            return builder.call(asm, list(args))
+
+        return codegen
+
+    @intrinsic
+    def ex2(typingctx, x):
+        """``2**x`` by ``ex2.approx.ftz.f32``."""
+        return float_sig("ex2", (x,)), float_asm("ex2.approx.ftz.f32 $0, $1;", 1)
+
+    @intrinsic
+    def fmax(typingctx, a, b):
+        """``max.f32``: the larger, the other operand if one is NaN."""
+        return float_sig("fmax", (a, b)), float_asm("max.f32 $0, $1, $2;", 2)
+
+    @intrinsic
+    def fma(typingctx, a, b, c):
+        """``a * b + c`` rounded once."""
+        return float_sig("fma", (a, b, c)), float_asm("fma.rn.f32 $0, $1, $2, $3;", 3)
+
+    @intrinsic
+    def load_u16(typingctx, src, elem):
+        """``src`` (uint16, any shape) at flat element ``elem``."""
+        check_array("load_u16", "src", src, types.uint16)
+        check_int("load_u16", "elem", elem)
+        sig = types.uint16(src, elem)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            return builder.load(builder.gep(data, [as_i(context, builder, sig.args[1], args[1],
+                                                        64)]))
+
+        return sig, codegen
+
+    return dict(
+        ldmatrix_x4=make_ldmatrix(LDMATRIX_PTX, "ldmatrix_x4"),
+        ldmatrix_x4_trans=make_ldmatrix(LDMATRIX_T_PTX, "ldmatrix_x4_trans"),
+        cp_async16=cp_async16,
+        cp_async_commit=make_bare("cp.async.commit_group;"),
+        cp_async_wait_all=make_bare("cp.async.wait_group 0;"),
+        ex2=ex2,
+        fmax=fmax,
+        fma=fma,
+        load_u16=load_u16,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# simulator twins: the PTX ISA's definitions in NumPy
+# ------------------------------------------------------------------------------------------
+def _host_flat(arr):
+    """The flat NumPy view of a simulator kernel argument (or of a plain ndarray)."""
+    item = arr.__dict__.get("_item", arr) if hasattr(arr, "__dict__") else arr
+    ary = getattr(item, "_ary", item)
+    return np.asarray(ary).reshape(-1)
+
+
+def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
+    """Twin of :func:`cp_async16`: the 16 bytes land at once (zero past ``src_bytes``)."""
+    n = int(src_bytes) // 2
+    halves = np.zeros(8, np.uint16)
+    if n:
+        halves[:n] = _host_flat(src)[int(elem):int(elem) + n]
+    w = int(smem_byte) >> 2
+    smem[w:w + 4] = halves.view(np.uint32)
+
+
+def _sim_nothing():
+    """Twin of ``cp.async.commit_group`` / ``wait_group``: the twin's copies are synchronous."""
+
+
+# [docs:ldmatrix-twin]
+def _sim_ldmatrix(smem, smem_byte, trans):
+    """Twin of ``ldmatrix .x4``: every lane reads the 8 halves its address points at, the warp
+    exchanges them, and lane ``4 r + w`` takes from matrix ``m`` (rows of lanes ``8m .. 8m+7``)
+    halves ``2w, 2w+1`` of row ``r`` or, with ``trans``, half ``r`` of rows ``2w`` and
+    ``2w + 1``."""
+    from .. import simulator_warp
+
+    w = int(smem_byte) >> 2
+    row = np.asarray(smem[w:w + 4], np.uint32).view(np.uint16).copy()
+    rows = simulator_warp.exchange(row)
+    if len(rows) != WARP:
+        raise RuntimeError(f"ldmatrix: needs a full warp of 32 lanes, got {len(rows)}")
+    lane = simulator_warp.lane_id()
+    r, wd = lane >> 2, lane & 3
+    out = []
+    for m in range(4):
+        mat = np.array(rows[8 * m:8 * m + 8], np.uint16)  # [8 rows, 8 halves]
+        pair = mat[r, 2 * wd:2 * wd + 2] if not trans else mat[2 * wd:2 * wd + 2, r]
+        out.append(np.uint32(np.ascontiguousarray(pair).view(np.uint32)[0]))
+    return tuple(out)
+# [/docs:ldmatrix-twin]
+
+
+def _sim_ldmatrix_x4(smem, smem_byte):
+    return _sim_ldmatrix(smem, smem_byte, False)
+
+
+def _sim_ldmatrix_x4_trans(smem, smem_byte):
+    return _sim_ldmatrix(smem, smem_byte, True)
+
+
+_TINY = np.finfo(np.float32).tiny
+
+
+def _sim_ex2(x):
+    """Twin of ``ex2.approx.ftz.f32``: ``2**x`` in float32, subnormal input and output -> 0
+    (the device result is within about 2 ulp of this)."""
+    x = np.float32(x)
+    if x != 0 and abs(x) < _TINY:
+        x = np.float32(0.0)
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.float32(np.exp2(np.float64(x)))
+    return np.float32(0.0) if (y != 0 and abs(y) < _TINY) else y
+
+
+def _sim_fmax(a, b):
+    """Twin of ``max.f32``: the larger of ``a`` and ``b``; the other one if one is NaN."""
+    return np.float32(np.fmax(np.float32(a), np.float32(b)))
+
+
+def _sim_fma(a, b, c):
+    """Twin of ``fma.rn.f32`` (the float64 product of two float32 is exact)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+def _sim_load_u16(src, elem):
+    return _host_flat(src)[int(elem)]
+
+
+if on_simulator():
+    ldmatrix_x4 = _sim_ldmatrix_x4
+    ldmatrix_x4_trans = _sim_ldmatrix_x4_trans
+    cp_async16 = _sim_cp_async16
+    cp_async_commit = _sim_nothing
+    cp_async_wait_all = _sim_nothing
+    ex2 = _sim_ex2
+    fmax = _sim_fmax
+    fma = _sim_fma
+    load_u16 = _sim_load_u16
+else:
+    _g = _gpu_stages()
+    ldmatrix_x4, ldmatrix_x4_trans = _g["ldmatrix_x4"], _g["ldmatrix_x4_trans"]
+    cp_async16, cp_async_commit, cp_async_wait_all = (_g["cp_async16"], _g["cp_async_commit"],
+                                                      _g["cp_async_wait_all"])
+    ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
+    del _g
+
+
+# ------------------------------------------------------------------------------------------
+# tile copies (plain device functions over the intrinsics: the same source in both backends)
+# ------------------------------------------------------------------------------------------
+_device = functools.partial(cuda.jit, device=True, inline=True)
+
+_SHIFT16 = uint32(16)
+_EXP_LO = uint32(_EXP16)
+_EXP_HI = uint32(_EXP16 << 16)
+_LOW16 = uint32(0xFFFF)
+_HIGH16 = uint32(0xFFFF0000)
+
+
+def _chunk_plan(ROWS, HEAD_DIM, THREADS):
+    CHUNKS = HEAD_DIM // 8                 # 16-byte chunks per row
+    assert HEAD_DIM % 8 == 0 and THREADS % CHUNKS == 0, (HEAD_DIM, THREADS)
+    STEP = THREADS // CHUNKS               # rows between a thread's consecutive chunks
+    COPIES = -(-ROWS // STEP)              # chunks per thread (the last may lie past ROWS)
+    return CHUNKS, STEP, COPIES, ROWS % STEP == 0
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC):
+    """``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``: rows
+    ``0 .. ROWS-1`` of the tile whose row 0 is element ``elem_base`` of ``src`` (row stride
+    ``d``) into shared rows ``smem_byte + row * ROW_BYTES``; rows ``>= rows_valid`` (and, with
+    ``VEC=False``, columns ``>= d``) as zeros.  ``VEC`` (``d == HEAD_DIM``, 16-byte aligned
+    rows): ``cp.async``, the caller commits and waits; else 16-bit loads and shared stores."""
+    CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    assert ROW_BYTES % 16 == 0 and ROW_BYTES >= 2 * HEAD_DIM
+
+    @_device
+    def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
+        row0 = tid // CHUNKS
+        col = tid % CHUNKS
+        dst0 = smem_byte + row0 * ROW_BYTES + 16 * col
+        if VEC:
+            src0 = elem_base + row0 * HEAD_DIM + 8 * col
+            if rows_valid >= ROWS:          # full tile: no per-row test
+                for i in range(COPIES):
+                    if EXACT or row0 + i * STEP < ROWS:
+                        cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
+                                   src0 + i * STEP * HEAD_DIM, 16)
+            else:                           # boundary tile: rows past the end read nothing
+                for i in range(COPIES):
+                    row = row0 + i * STEP
+                    if EXACT or row < ROWS:
+                        ok = row < rows_valid
+                        cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
+                                   src0 + i * STEP * HEAD_DIM if ok else elem_base,
+                                   16 if ok else 0)
+        else:
+            for i in range(COPIES):
+                row = row0 + i * STEP
+                if EXACT or row < ROWS:
+                    base = elem_base + row * d
+                    w0 = (dst0 + i * STEP * ROW_BYTES) >> 2
+                    for w in range(4):
+                        c = 8 * col + 2 * w
+                        lo = uint32(0)
+                        hi = uint32(0)
+                        if row < rows_valid:
+                            if c < d:
+                                lo = uint32(load_u16(src, base + c))
+                            if c + 1 < d:
+                                hi = uint32(load_u16(src, base + c + 1))
+                        smem[w0 + w] = uint32(lo | uint32(hi << _SHIFT16))
+
+    return copy_tile
+
+
+@_device
+def zero_nonfinite_word(x):
+    """A word of two float16 with each inf / NaN half replaced by +0."""
+    if (x & _EXP_LO) == _EXP_LO:
+        x = uint32(x & _HIGH16)
+    if (x & _EXP_HI) == _EXP_HI:
+        x = uint32(x & _LOW16)
+    return x
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS):
+    """``zero_nonfinite(smem, smem_byte, tid)``: the chunks :func:`make_tile_copy` gave thread
+    ``tid`` (readable by it after its own wait, no barrier), every inf / NaN half set to +0;
+    True if there was one.  Other threads see the result after a barrier."""
+    CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+
+    @_device
+    def zero_nonfinite(smem, smem_byte, tid):
+        bad = False
+        w0 = (smem_byte + (tid // CHUNKS) * ROW_BYTES + 16 * (tid % CHUNKS)) >> 2
+        for i in range(COPIES):
+            if EXACT or tid // CHUNKS + i * STEP < ROWS:
+                for w in range(4):
+                    idx = w0 + i * (STEP * ROW_BYTES // 4) + w
+                    x = smem[idx]
+                    y = zero_nonfinite_word(x)
+                    if y != x:
+                        smem[idx] = y
+                        bad = True
+        return bad
+
+    return zero_nonfinite
+
+
+# ------------------------------------------------------------------------------------------
+# test and compile-tier kernels
+# ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def ldmatrix_kernel(TRANS):
+    """``kernel(tile, rows, regs)``: one warp; ``tile`` uint32 ``[64 * 4]`` (64 rows of 8
+    halves) goes to shared memory, lane ``l`` points at row ``rows[l]`` and ``regs[l]`` gets the
+    four registers of ``ldmatrix .x4`` (``.trans`` with ``TRANS``)."""
+
+    @kernel_jit
+    def ldmatrix_probe(tile, rows, regs):
+        lane = cuda.threadIdx.x
+        smem = cuda.shared.array(256, types.uint32)
+        for i in range(lane, 256, WARP):
+            smem[i] = tile[i]
+        cuda.syncthreads()  # the tile is in shared memory before any lane's ldmatrix reads it
+        if TRANS:
+            r0, r1, r2, r3 = ldmatrix_x4_trans(smem, 16 * rows[lane])
+        else:
+            r0, r1, r2, r3 = ldmatrix_x4(smem, 16 * rows[lane])
+        regs[lane, 0] = r0
+        regs[lane, 1] = r1
+        regs[lane, 2] = r2
+        regs[lane, 3] = r3
+
+    return ldmatrix_probe
+
+
+@functools.lru_cache(maxsize=None)
+def ldmatrix_gemm_kernel(K, N):
+    """``kernel(a, bt, v, s, o)``: one warp, float16 bits (uint16) ``a [16, K]``, ``bt [N, K]``
+    (a row per column of ``B``, as ``K`` rows are) and ``v [N, 16]``: ``s = a @ bt.T`` (float32
+    ``[16, N]``) with fragments from :func:`ldmatrix_x4`, and ``o = a[:, :N] @ v`` (float32
+    ``[16, 16]``) with ``B`` from a row-major ``v`` by :func:`ldmatrix_x4_trans`.  The tiles go
+    through :func:`make_tile_copy` (``cp.async``); ``K``, ``N`` multiples of 16."""
+    assert K % 16 == 0 and N % 16 == 0
+    RB_A = row_bytes(K)
+    RB_V = row_bytes(16)
+    A_BYTES = 16 * RB_A
+    BT_BYTES = N * RB_A
+    copy_a = make_tile_copy(16, K, RB_A, WARP, True)
+    copy_bt = make_tile_copy(N, K, RB_A, WARP, True)
+    copy_v = make_tile_copy(N, 16, RB_V, WARP, True)
+    WORDS = (A_BYTES + BT_BYTES + N * RB_V) // 4
+
+    @kernel_jit
+    def ldmatrix_gemm(a, bt, v, s, o):
+        lane = cuda.threadIdx.x
+        g = lane >> 2
+        t = lane & 3
+        smem = cuda.shared.array(WORDS, types.uint32)
+        copy_a(smem, 0, a, 0, 16, K, lane)
+        copy_bt(smem, A_BYTES, bt, 0, N, K, lane)
+        copy_v(smem, A_BYTES + BT_BYTES, v, 0, N, 16, lane)
+        cp_async_commit()
+        cp_async_wait_all()
+        cuda.syncthreads()  # every lane's copies have landed before any ldmatrix reads them
+        m = lane >> 3
+        r = lane & 7
+        a_off = (r + 8 * (m & 1)) * RB_A + 16 * (m >> 1)
+        b_off = A_BYTES + (r + 8 * (m >> 1)) * RB_A + 16 * (m & 1)
+        v_off = A_BYTES + BT_BYTES + (r + 8 * (m & 1)) * RB_V + 16 * (m >> 1)
+        for p in range(N // 16):
+            c = cuda.local.array((2, 4), types.float32)
+            for j in range(2):
+                for e in range(4):
+                    c[j, e] = types.float32(0.0)
+            for kc in range(K // 16):
+                a0, a1, a2, a3 = ldmatrix_x4(smem, a_off + 32 * kc)
+                b0, b1, b2, b3 = ldmatrix_x4(smem, b_off + 16 * p * RB_A + 32 * kc)
+                c[0, 0], c[0, 1], c[0, 2], c[0, 3] = mma_m16n8k16(
+                    a0, a1, a2, a3, b0, b1, c[0, 0], c[0, 1], c[0, 2], c[0, 3])
+                c[1, 0], c[1, 1], c[1, 2], c[1, 3] = mma_m16n8k16(
+                    a0, a1, a2, a3, b2, b3, c[1, 0], c[1, 1], c[1, 2], c[1, 3])
+            for j in range(2):
+                for e in range(4):
+                    s[g + 8 * (e >> 1), 16 * p + 8 * j + 2 * t + (e & 1)] = c[j, e]
+        acc = cuda.local.array((2, 4), types.float32)
+        for j in range(2):
+            for e in range(4):
+                acc[j, e] = types.float32(0.0)
+        for kk in range(N // 16):
+            a0, a1, a2, a3 = ldmatrix_x4(smem, a_off + 32 * kk)
+            b0, b1, b2, b3 = ldmatrix_x4_trans(smem, v_off + 16 * kk * RB_V)
+            acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3] = mma_m16n8k16(
+                a0, a1, a2, a3, b0, b1, acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3])
+            acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3] = mma_m16n8k16(
+                a0, a1, a2, a3, b2, b3, acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3])
+        for j in range(2):
+            for e in range(4):
+                o[g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)] = acc[j, e]
+
+    return ldmatrix_gemm
+
+
+@functools.lru_cache(maxsize=None)
+def tile_copy_kernel(ROWS, HEAD_DIM, THREADS, VEC, TILES):
+    """``kernel(src, out, d, n_rows, flags)``: ``TILES`` consecutive ``ROWS``-row tiles of the
+    ``[n_rows, d]`` float16 bits ``src`` through a double buffer of shared memory (tile ``j + 1``
+    copied under the read-out of tile ``j``, one barrier per tile); ``out [TILES, ROWS,
+    HEAD_DIM]`` gets each tile as shared memory held it when read (zeros past the end) and
+    ``flags[j]`` = 1 if :func:`make_tile_scan` found a non-finite value (those read as 0)."""
+    RB = row_bytes(HEAD_DIM)
+    BUF = ROWS * RB
+    WORDS = 2 * BUF // 4
+    copy = make_tile_copy(ROWS, HEAD_DIM, RB, THREADS, VEC)
+    scan = make_tile_scan(ROWS, HEAD_DIM, RB, THREADS)
+
+    @kernel_jit
+    def tile_copy(src, out, d, n_rows, flags):
+        tid = cuda.threadIdx.x
+        smem = cuda.shared.array(WORDS, types.uint32)
+        copy(smem, 0, src, 0, min(ROWS, n_rows), d, tid)
+        cp_async_commit()
+        for j in range(TILES):
+            cp_async_wait_all()
+            cuda.syncthreads()  # tile j landed everywhere; nobody still reads buffer (j+1) % 2
+            if j + 1 < TILES:
+                nxt = (j + 1) * ROWS
+                copy(smem, ((j + 1) & 1) * BUF, src, nxt * d, min(ROWS, n_rows - nxt), d, tid)
+                cp_async_commit()
+            bad = cuda.syncthreads_or(1 if scan(smem, (j & 1) * BUF, tid) else 0)  # + barrier
+            if tid == 0:
+                flags[j] = 1 if bad else 0
+            base = (j & 1) * BUF // 4
+            for idx in range(tid, ROWS * HEAD_DIM // 2, THREADS):
+                r = idx // (HEAD_DIM // 2)
+                w = idx % (HEAD_DIM // 2)
+                x = smem[base + r * (RB // 4) + w]
+                out[j, r, 2 * w] = uint32(x & _LOW16)
+                out[j, r, 2 * w + 1] = uint32(x >> _SHIFT16)
+
+    return tile_copy
+
+
+@functools.lru_cache(maxsize=None)
+def arith_kernel():
+    """``kernel(x, y, out)``: ``out[i] = (ex2(x), fmax(x, y), fma(x, y, x))`` per element."""
+
+    @kernel_jit
+    def arith(x, y, out):
+        i = cuda.grid(1)
+        if i < x.shape[0]:
+            out[i, 0] = ex2(x[i])
+            out[i, 1] = fmax(x[i], y[i])
+            out[i, 2] = fma(x[i], y[i], x[i])
+
+    return arith
+
+
+def compile_configs():
+    """The stage kernels for the compile tier (they must build ``ldmatrix``, ``cp.async``)."""
+    u16_1 = types.Array(types.uint16, 1, "C")
+    u16_2 = types.Array(types.uint16, 2, "C")
+    u16_3 = types.Array(types.uint16, 3, "C")
+    u32_1 = types.Array(types.uint32, 1, "C")
+    u32_2 = types.Array(types.uint32, 2, "C")
+    i32_1 = types.Array(types.int32, 1, "C")
+    f32_1 = types.Array(types.float32, 1, "C")
+    f32_2 = types.Array(types.float32, 2, "C")
+    for trans in (False, True):
+        yield {"name": f"stages ldmatrix{' trans' if trans else ''}",
+               "kernel": ldmatrix_kernel(trans), "args": (u32_1, i32_1, u32_2),
+               "float64_ok": False}
+    yield {"name": "stages ldmatrix_gemm K64 N32", "kernel": ldmatrix_gemm_kernel(64, 32),
+           "args": (u16_2, u16_2, u16_2, f32_2, f32_2), "float64_ok": False, "mma": True}
+    for vec in (True, False):
+        yield {"name": f"stages tile_copy R32 D64{' vec' if vec else ''}",
+               "kernel": tile_copy_kernel(32, 64, 128, vec, 3),
+               "args": (u16_1, u16_3, types.int32, types.int32, i32_1), "float64_ok": False}
+    yield {"name": "stages arith", "kernel": arith_kernel(), "args": (f32_1, f32_1, f32_2),
+           "float64_ok": False}
