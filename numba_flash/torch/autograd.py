@@ -1,0 +1,81 @@
+"""The ``torch.autograd.Function`` pair behind :mod:`numba_flash.torch.interface`: the forward
+op saves ``q, k, v, out, softmax_lse`` and the dropout seed (``rng_state``); the backward runs
+numba_flash's backward from them (``P`` recomputed from ``lse``, the dropout mask redrawn from
+the seed).  The packed forms (qkv, kv) call these on views of the packed tensor, so autograd
+assembles ``dqkv`` / ``dkv`` from ``dq, dk, dv``.
+
+``softmax_lse`` and ``S_dmask`` (``return_attn_probs=True``) are marked non-differentiable: a
+loss that reaches them raises torch's "does not require grad" error instead of giving a wrong
+gradient.  The backward is once-differentiable (a double backward is an error).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import ops  # noqa: F401  (registers torch.ops.numba_flash.*)
+
+
+def _finish(ctx, out, lse, s_dmask, return_softmax):
+    if not return_softmax:
+        return out
+    ctx.mark_non_differentiable(lse, s_dmask)
+    return out, lse, s_dmask
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    """Dense ``[B, N, H, d]`` attention (``flash_attn_func`` and its packed forms)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+        out, lse, s_dmask, rng_state = torch.ops.numba_flash.fwd(
+            q, k, v, dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap,
+            alibi_slopes, return_softmax and dropout_p > 0)
+        if is_grad_enabled and any(x.requires_grad for x in (q, k, v)):
+            ctx.save_for_backward(q, k, v, out, lse, rng_state)
+            ctx.args = (dropout_p, softmax_scale, causal, window_size[0], window_size[1],
+                        softcap, alibi_slopes, deterministic)
+        return _finish(ctx, out, lse, s_dmask, return_softmax)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, *_unused):
+        q, k, v, out, lse, rng_state = ctx.saved_tensors
+        (dropout_p, scale, causal, left, right, softcap, alibi_slopes,
+         deterministic) = ctx.args
+        dq, dk, dv = torch.ops.numba_flash.bwd(
+            dout, q, k, v, out, lse, dropout_p, scale, causal, left, right, softcap,
+            alibi_slopes, deterministic, rng_state)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+class FlashAttnVarlenFunc(torch.autograd.Function):
+    """Packed ``[total, H, d]`` attention over ``cu_seqlens`` (``flash_attn_varlen_func`` and its
+    packed forms)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                return_softmax, is_grad_enabled):
+        out, lse, s_dmask, rng_state = torch.ops.numba_flash.varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size[0], window_size[1], softcap, alibi_slopes,
+            return_softmax and dropout_p > 0)
+        if is_grad_enabled and any(x.requires_grad for x in (q, k, v)):
+            ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state)
+            ctx.args = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                        window_size[0], window_size[1], softcap, alibi_slopes, deterministic)
+        return _finish(ctx, out, lse, s_dmask, return_softmax)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, *_unused):
+        q, k, v, out, lse, cu_q, cu_k, rng_state = ctx.saved_tensors
+        (max_q, max_k, dropout_p, scale, causal, left, right, softcap, alibi_slopes,
+         deterministic) = ctx.args
+        dq, dk, dv = torch.ops.numba_flash.varlen_bwd(
+            dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal, left,
+            right, softcap, alibi_slopes, deterministic, rng_state)
+        return (dq, dk, dv) + (None,) * 13

@@ -1,0 +1,130 @@
+"""Argument checks of :mod:`numba_flash.torch`, in flash-attn's layouts and argument names.
+
+They run before anything is launched or recorded for autograd: ``TypeError`` for a wrong type
+or dtype, ``ValueError`` for a wrong shape, value or device, each naming the argument, what was
+expected and what came.  Scalars (``dropout_p``, ``softmax_scale``, ``causal``, ``window_size``,
+``softcap``, ``deterministic``) go through the NumPy front end's own checks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..backend import backend
+from ..frontend.validate import check_bool, check_scale
+from ..frontend.variants import check_softcap, check_window
+from ..philox import check_dropout_p
+
+#: the dtypes the kernels take (bfloat16: not yet, see the package docstring)
+DTYPES = (torch.float16, torch.float32, torch.float64)
+
+DENSE = "(batch_size, seqlen, nheads, headdim)"
+PACKED = "(total, nheads, headdim)"
+
+
+def _dtype_text(dtypes):
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(name, x, ndim, layout, dtypes=DTYPES):
+    """``x`` is a torch tensor of rank ``ndim`` (``layout`` names its axes), a dtype in
+    ``dtypes``, no empty dimension.  Returns its shape as a tuple."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor {layout}, got "
+                        f"{type(x).__module__}.{type(x).__qualname__}")
+    if x.dtype not in dtypes:
+        extra = " (bfloat16 is not supported yet)" if x.dtype == torch.bfloat16 else ""
+        raise TypeError(f"{name}: expected dtype in ({_dtype_text(dtypes)}), got "
+                        f"{str(x.dtype).replace('torch.', '')}{extra}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor {layout}, got shape "
+                         f"{tuple(x.shape)} ({x.dim()}-D)")
+    if any(s == 0 for s in x.shape):
+        raise ValueError(f"{name}: expected no empty dimension, got shape {tuple(x.shape)}")
+    return tuple(x.shape)
+
+
+def check_device(named):
+    """All tensors in ``{name: tensor or None}`` on one device, a CPU or (CUDA backend only) a
+    CUDA one.  Returns that device."""
+    items = [(n, x) for n, x in named.items() if x is not None]
+    first_name, first = items[0]
+    device = first.device
+    for name, x in items[1:]:
+        if x.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device} (the device of "
+                             f"{first_name}), got one on {x.device}")
+    if device.type == "cuda":
+        if backend() != "cuda":
+            raise ValueError(f"{first_name}: a CUDA tensor needs numba_flash's CUDA backend, but "
+                             "kernels run in the simulator here (no usable GPU); pass CPU "
+                             "tensors")
+    elif device.type != "cpu":
+        raise ValueError(f"{first_name}: expected a CPU or CUDA tensor, got one on {device}")
+    return device
+
+
+def check_same_dtype(named):
+    items = list(named.items())
+    first_name, first = items[0]
+    for name, x in items[1:]:
+        if x.dtype != first.dtype:
+            raise TypeError(f"{name}: expected dtype {str(first.dtype).replace('torch.', '')} "
+                            f"(the dtype of {first_name}), got "
+                            f"{str(x.dtype).replace('torch.', '')}")
+
+
+def check_kv_shapes(q_shape, k_shape, v_shape, k_name="k", v_name="v", dense=True):
+    """Shapes of ``q`` and ``k``/``v`` (``[B, N, H, d]`` dense, ``[total, H, d]`` packed): ``k``
+    and ``v`` alike, same batch (dense) and head dim, query heads a multiple of kv heads (GQA),
+    head dim at most 256."""
+    if k_shape != v_shape:
+        raise ValueError(f"{v_name}: expected the shape of {k_name} {k_shape}, got {v_shape}")
+    if dense and k_shape[0] != q_shape[0]:
+        raise ValueError(f"{k_name}: expected batch_size {q_shape[0]} (from q), got "
+                         f"{k_shape[0]}")
+    if k_shape[-1] != q_shape[-1]:
+        raise ValueError(f"{k_name}: expected headdim {q_shape[-1]} (from q), got {k_shape[-1]}")
+    h, hkv = q_shape[-2], k_shape[-2]
+    if h % hkv:
+        raise ValueError(f"{k_name}: expected a number of heads (nheads_k) that divides the {h} "
+                         f"heads of q (GQA), got {hkv}")
+    if q_shape[-1] > 256:
+        raise ValueError(f"q: expected headdim 1..256, got {q_shape[-1]}")
+
+
+def check_alibi(alibi_slopes):
+    """``alibi_slopes``: None or a tensor that does not require grad (there is no gradient for
+    the slopes); dtype and shape are checked by the NumPy front end."""
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError("alibi_slopes: expected None or a float32 torch.Tensor (nheads,) or "
+                        f"(batch_size, nheads), got {type(alibi_slopes).__name__}")
+    if alibi_slopes.requires_grad:
+        raise ValueError("alibi_slopes: expected a tensor that does not require grad (there is "
+                         "no backward for the ALiBi slopes), got requires_grad=True; pass "
+                         "alibi_slopes.detach()")
+
+
+def check_cu_seqlens(name, cu):
+    """``cu_seqlens``: a 1-D integer tensor; its values are checked by the NumPy front end."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 torch.Tensor (batch_size + 1,), got "
+                        f"{type(cu).__module__}.{type(cu).__qualname__}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected dtype int32, got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name}: expected a 1-D tensor (batch_size + 1,) with batch_size >= 1, "
+                         f"got shape {tuple(cu.shape)}")
+
+
+def check_options(d, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+                  return_attn_probs):
+    """The scalar arguments; returns ``(dropout_p, softmax_scale, causal, window_size, softcap,
+    deterministic, return_attn_probs)`` as the custom ops take them (``softmax_scale`` None ->
+    ``headdim ** -0.5``)."""
+    return (check_dropout_p(dropout_p), check_scale(softmax_scale, d), check_bool("causal", causal),
+            check_window(window_size), check_softcap(softcap),
+            check_bool("deterministic", deterministic),
+            check_bool("return_attn_probs", return_attn_probs))

@@ -1,0 +1,191 @@
+"""The four ``torch.library`` custom ops (``numba_flash::fwd``, ``bwd``, ``varlen_fwd``,
+``varlen_bwd``) that run numba_flash's NumPy front end on torch tensors, with fake
+implementations so ``torch.compile`` can trace through them (shapes only, nothing launched).
+
+Layouts are flash-attn's: dense ``[B, N, H, d]``, packed ``[total, H, d]``; ``lse`` is
+``[B, H, Nq]`` (dense) or ``[H, total_q]`` (packed), float32 (float64 for float64 inputs).
+``rng_state`` is an int64 ``[1]`` CPU tensor holding the dropout seed (drawn by the forward
+from torch's generator, read back by the backward).  The ops take checked arguments
+(:mod:`numba_flash.torch.checks`); the front end checks the rest (values of ``cu_seqlens``,
+``alibi_slopes``' dtype and shape) before any launch.
+"""
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+import numba_flash
+from numba_flash import reference
+
+from . import bridge
+
+Tensor = torch.Tensor
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _alibi(alibi_slopes):
+    return None if alibi_slopes is None else bridge.as_array(alibi_slopes)
+
+
+def _probs(q, k, scale, causal, window, softcap, alibi):
+    """Softmax probabilities ``[B, H, Nq, Nk]`` in float64 (host NumPy) for ``[B, H, N, d]``
+    host arrays: the S_dmask of ``return_attn_probs`` (testing only)."""
+    k = reference._expand_kv(np.asarray(k, np.float64), q.shape[1])
+    _s, p, _lse = reference._probabilities(np.asarray(q, np.float64), k, causal, scale, window,
+                                           softcap, alibi)
+    return p
+
+
+def _host(t):
+    return t.detach().cpu().numpy()
+
+
+def _s_dmask(q, k, seed, dropout_p, scale, causal, window, softcap, alibi_slopes):
+    """flash-attn's S_dmask for dense ``[B, N, H, d]`` tensors: ``P`` where kept, ``-P`` where
+    dropped, ``[B, H, Nq, Nk]`` in q's dtype (flash-attn pads the last two axes to 128)."""
+    qh, kh = (_host(x).transpose(0, 2, 1, 3) for x in (q, k))
+    alibi = None if alibi_slopes is None else _host(alibi_slopes)
+    p = _probs(qh, kh, scale, causal, window, softcap, alibi)
+    keep = numba_flash.dropout_mask(seed, *p.shape, dropout_p)
+    return torch.from_numpy(np.where(keep, p, -p)).to(q.dtype).to(q.device)
+
+
+@torch.library.custom_op("numba_flash::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
+        window_size_left: int, window_size_right: int, softcap: float,
+        alibi_slopes: Optional[Tensor], return_softmax: bool
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward`."""
+    rng_state = bridge.draw_seed(dropout_p)
+    seed = int(rng_state[0])
+    window = (window_size_left, window_size_right)
+    with bridge.on_device(q.device):
+        o, lse = numba_flash.forward(
+            *(bridge.as_heads_first(x) for x in (q, k, v)), causal=causal,
+            softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
+            window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes))
+        out, lse = bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
+    if return_softmax:
+        s_dmask = _s_dmask(q, k, seed, dropout_p, softmax_scale, causal, window, softcap,
+                           alibi_slopes)
+    else:
+        s_dmask = q.new_empty((0,))
+    return out, lse, s_dmask, rng_state
+
+
+@fwd.register_fake
+def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
+      alibi_slopes, return_softmax):
+    b, nq, h, d = q.shape
+    lse = q.new_empty((b, h, nq), dtype=_acc_dtype(q.dtype))
+    s_dmask = q.new_empty((b, h, nq, k.shape[1]) if return_softmax else (0,))
+    return q.new_empty(q.shape), lse, s_dmask, torch.empty((1,), dtype=torch.int64)
+
+
+@torch.library.custom_op("numba_flash::bwd", mutates_args=())
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+        dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
+        window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+        deterministic: bool, rng_state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`numba_flash.backward`, in the inputs' layouts."""
+    with bridge.on_device(q.device):
+        grads = numba_flash.backward(
+            *(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
+            bridge.as_array(softmax_lse), causal=causal, softmax_scale=softmax_scale,
+            deterministic=deterministic, dropout_p=dropout_p, seed=int(rng_state[0]),
+            window_size=(window_size_left, window_size_right), softcap=softcap,
+            alibi_slopes=_alibi(alibi_slopes))
+        return tuple(bridge.seq_first(g, q.device) for g in grads)
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal, window_size_left,
+      window_size_right, softcap, alibi_slopes, deterministic, rng_state):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, seed, dropout_p, scale, causal, window,
+                    softcap, alibi_slopes):
+    """S_dmask ``[B, H, max_seqlen_q, max_seqlen_k]`` of a packed batch: sequence ``b`` in the
+    top-left ``[nq_b, nk_b]`` corner (0 elsewhere), signed by its keep-mask."""
+    qh, kh = _host(q), _host(k)
+    cq, ck = _host(cu_q).tolist(), _host(cu_k).tolist()
+    alibi = None if alibi_slopes is None else _host(alibi_slopes)
+    b, h = len(cq) - 1, q.shape[1]
+    out = np.zeros((b, h, max_q, max_k))
+    for i in range(b):
+        nq, nk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        if nq == 0 or nk == 0:
+            continue
+        slopes = None if alibi is None else (alibi[i] if alibi.ndim == 2 else alibi)
+        p = _probs(qh[None, cq[i]:cq[i + 1]].transpose(0, 2, 1, 3),
+                   kh[None, ck[i]:ck[i + 1]].transpose(0, 2, 1, 3), scale, causal, window,
+                   softcap, slopes)[0]
+        keep = numba_flash.dropout_mask(seed, b, h, nq, nk, dropout_p)[i]
+        out[i, :, :nq, :nk] = np.where(keep, p, -p)
+    return torch.from_numpy(out).to(q.dtype).to(q.device)
+
+
+@torch.library.custom_op("numba_flash::varlen_fwd", mutates_args=())
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float,
+               causal: bool, window_size_left: int, window_size_right: int, softcap: float,
+               alibi_slopes: Optional[Tensor], return_softmax: bool
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward_varlen`."""
+    rng_state = bridge.draw_seed(dropout_p)
+    seed = int(rng_state[0])
+    window = (window_size_left, window_size_right)
+    with bridge.on_device(q.device):
+        o, lse = numba_flash.forward_varlen(
+            *(bridge.as_array(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+            window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes),
+            softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True)
+        out, lse = bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
+    if return_softmax:
+        s_dmask = _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  seed, dropout_p, softmax_scale, causal, window, softcap,
+                                  alibi_slopes)
+    else:
+        s_dmask = q.new_empty((0,))
+    return out, lse, s_dmask, rng_state
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+      causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax):
+    total_q, h, _d = q.shape
+    lse = q.new_empty((h, total_q), dtype=_acc_dtype(q.dtype))
+    shape = ((cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_softmax
+             else (0,))
+    return q.new_empty(q.shape), lse, q.new_empty(shape), torch.empty((1,), dtype=torch.int64)
+
+
+@torch.library.custom_op("numba_flash::varlen_bwd", mutates_args=())
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+               dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
+               window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+               deterministic: bool, rng_state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
+    with bridge.on_device(q.device):
+        grads = numba_flash.backward_varlen(
+            *(bridge.as_array(x) for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q,
+                                           cu_seqlens_k)),
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+            window_size=(window_size_left, window_size_right), softcap=softcap,
+            alibi_slopes=_alibi(alibi_slopes), softmax_scale=softmax_scale, dropout_p=dropout_p,
+            seed=int(rng_state[0]), deterministic=deterministic)
+        return tuple(bridge.to_tensor(g, q.device) for g in grads)
+
+
+@varlen_bwd.register_fake
+def _(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+      dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
+      alibi_slopes, deterministic, rng_state):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
