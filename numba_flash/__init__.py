@@ -3,19 +3,26 @@
 The backend (GPU or the Numba CUDA simulator) is chosen on import, before ``numba.cuda`` is
 first imported; :func:`backend` says which one runs.
 
-Public API (each name is imported on first use, so ``import numba_flash`` stays light):
+Public API (the ops are imported on first use, so ``import numba_flash`` stays light):
 
 * :func:`softmax` - row softmax with the online normaliser
-* :func:`forward` - attention forward (causal, GQA, dropout, lse)
+* :func:`forward` - attention forward (causal, window, softcap, ALiBi, GQA, dropout, lse)
 * :func:`forward_varlen` - the forward over a packed batch of variable-length sequences
 * :func:`backward` - attention backward recomputed from lse
+* :func:`backward_varlen` - the backward over a packed batch of variable-length sequences
 * :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
 * :func:`merge_states` - merge partial attention states with the log-sum-exp rule
 * :func:`dropout_mask` - the exact keep-mask the kernels draw from a Philox seed
 * :mod:`reference` - the float64 NumPy oracle
+* :func:`backend` - ``"cuda"`` or ``"simulator"``: where the kernels run
+* :func:`poisoned_outputs` - a context in which outputs start as NaN (for tests)
+* :class:`BackendError` - no backend can run kernels in this process
+* :class:`SimulatorWarning` - kernels run in the simulator (no GPU found)
+* :class:`SlowSimulatorWarning` - a simulator launch is estimated to take a minute or more
 """
 
-from .backend import backend, BackendError, SimulatorWarning  # noqa: F401  (must come first)
+from .backend import (backend, BackendError, SimulatorWarning,  # noqa: F401  (must come first)
+                      SlowSimulatorWarning)
 from . import reference  # noqa: F401
 
 if backend() == "simulator":
@@ -38,7 +45,7 @@ _LAZY = {
 }
 
 __all__ = ["backend", "reference", "poisoned_outputs", "BackendError", "SimulatorWarning",
-           *_LAZY]
+           "SlowSimulatorWarning", *_LAZY]
 
 
 def __getattr__(name):
@@ -49,3 +56,8 @@ def __getattr__(name):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'numba_flash' has no attribute {name!r}")
+
+
+def __dir__():
+    """The module's names with the public ops that are imported on first use."""
+    return sorted(set(globals()) | set(__all__))

@@ -1,4 +1,4 @@
-"""Command line: ``python -m numba_flash`` (also installed as ``numba-flash``).
+"""Command line: python -m numba_flash (also installed as numba-flash).
 
   demo          run every kernel on a small problem, check it against the float64 reference
   info          the backend and library versions
@@ -6,7 +6,7 @@
   compile-check build every kernel configuration to PTX and assemble it (no GPU needed)
   pictures      draw the tile map, block table and split-KV figures (needs matplotlib)
 
-Errors end in one line (``numba-flash: error: ...``), not a traceback.
+Errors end in one line (numba-flash: error: ...), not a traceback.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def _demo(args):
 
     ops = list(demo.CASES) if args.ops == "all" else args.ops.split(",")
     unknown = [o for o in ops if o not in demo.CASES]
-    if unknown:
-        print(f"--ops: unknown operation(s) {unknown}; choose from {list(demo.CASES)}",
-              file=sys.stderr)
+    if unknown:  # a bad option value: exit status 2, as argparse's own
+        print(f"numba-flash: error: --ops: unknown operation(s) {', '.join(unknown)}; choose "
+              f"from {', '.join(demo.CASES)} (or all)", file=sys.stderr)
         return 2
     rows = demo.run(ops, size=args.size, dtype=args.dtype, seed=args.seed)
     return 0 if demo.render(rows) else 1
@@ -105,13 +105,56 @@ def _warmup(args):
     return 0
 
 
+class MissingExtra(Exception):
+    """A command needs packages of an extra that is not installed (one line, naming it)."""
+
+
+def _missing_compile_tools():
+    """What the compile tier needs and cannot find: NVRTC and NVVM (the numba-cuda[cu13]
+    wheels) and ptxas (the nvidia-cuda-nvcc wheel, or one on PATH); [] when all are there."""
+    missing = []
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError:
+        return ["cuda.pathfinder (numba-cuda[cu13])"]
+    for lib in ("nvrtc", "nvvm"):
+        try:
+            load_nvidia_dynamic_lib(lib)
+        except Exception as exc:  # DynamicLibNotFoundError and kin
+            missing.append(f"lib{lib} ({type(exc).__name__})")
+    import glob
+    import shutil
+
+    try:
+        import nvidia
+
+        roots = list(getattr(nvidia, "__path__", []))
+    except ImportError:
+        roots = []
+    wheel = [p for r in roots for p in glob.glob(os.path.join(r, "cu*", "bin", "ptxas"))]
+    if not wheel and shutil.which("ptxas") is None:
+        missing.append("ptxas (nvidia-cuda-nvcc)")
+    return missing
+
+
 def _compile_check(args):
+    if not any(a in ("-h", "--help") for a in args.rest):
+        missing = _missing_compile_tools()
+        if missing:
+            raise MissingExtra(
+                f"compile-check needs the CUDA compiler wheels, and {', '.join(missing)} "
+                "cannot be found; install them with: pip install 'numba_flash[test]'")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     cmd = [sys.executable, "-m", "numba_flash.compile_check", *args.rest]
     return subprocess.call(cmd, env=env)
 
 
 def _pictures(args):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise MissingExtra(f"pictures needs matplotlib ({exc}); install it with: "
+                           "pip install 'numba_flash[pictures]'") from exc
     from numba_flash import pictures
 
     for path in pictures.draw_all(args.out):
@@ -126,6 +169,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("numba-flash: interrupted", file=sys.stderr)
         return 130
+    except MissingExtra as exc:
+        print(f"numba-flash: error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # one line, not a traceback (NUMBA_FLASH_DEBUG=1 shows it)
         if os.environ.get("NUMBA_FLASH_DEBUG"):
             raise
