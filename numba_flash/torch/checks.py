@@ -119,6 +119,9 @@ def check_cu_seqlens(name, cu):
                          f"got shape {tuple(cu.shape)}")
 
 
+# Plain Python on Python scalars: under torch.compile it runs once at trace time (Dynamo cannot
+# trace the NumPy calls inside the front end's checks) and its result is a graph constant.
+@torch.compiler.assume_constant_result
 def check_options(d, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
                   return_attn_probs):
     """The scalar arguments; returns ``(dropout_p, softmax_scale, causal, window_size, softcap,

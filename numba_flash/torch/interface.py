@@ -36,6 +36,20 @@ __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_
            "flash_attn_varlen_qkvpacked_func"]
 
 
+def _distinct(*tensors):
+    """Under torch.compile, a copy of each tensor passed a second time (Dynamo cannot trace an
+    autograd.Function given one tensor twice, e.g. ``cu_seqlens_q is cu_seqlens_k``); eager
+    calls get the tensors as they are."""
+    if not torch.compiler.is_compiling():
+        return tensors
+    seen, out = [], []
+    for t in tensors:
+        dup = t is not None and any(t is s for s in seen)
+        out.append(t.clone() if dup else t)
+        seen.append(t)
+    return tuple(out)
+
+
 def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
            deterministic, return_attn_probs):
     """Check and run dense attention; ``names`` are the user's names for q, k, v."""
@@ -44,6 +58,7 @@ def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softca
     checks.check_alibi(alibi_slopes)
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes})
     p, scale, causal, window, softcap, deterministic, probs = opts
+    q, k, v = _distinct(q, k, v)
     return FlashAttnFunc.apply(q, k, v, p, scale, causal, window, softcap, alibi_slopes,
                                deterministic, probs, torch.is_grad_enabled())
 
@@ -79,6 +94,7 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, names[3]: cu_seqlens_q,
                          names[4]: cu_seqlens_k, "alibi_slopes": alibi_slopes})
     p, scale, causal, window, softcap, deterministic, probs = opts
+    q, k, v, cu_seqlens_q, cu_seqlens_k = _distinct(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, p, scale, causal, window, softcap,
                                      alibi_slopes, deterministic, probs, torch.is_grad_enabled())
