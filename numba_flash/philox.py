@@ -241,12 +241,9 @@ def check_dropout_p(dropout_p):
 
 def check_seed(seed):
     """An integer in ``[0, 2**64)`` (Python or NumPy integer, not bool); returns a Python int."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed: expected an integer in [0, 2**64), got {type(seed).__name__}")
-    s = int(seed)
-    if not 0 <= s < 2**64:
-        raise ValueError(f"seed: expected an integer in [0, 2**64), got {s}")
-    return s
+    from .frontend.validate import check_int  # the one integer check of every kernel argument
+
+    return check_int("seed", seed, 0, 2**64 - 1, what="an integer in [0, 2**64)")
 
 
 def dropout_params(dropout_p, seed):

@@ -145,16 +145,17 @@ def causal_visible(nq, nk):
 def visible_mask(nq, nk, *, causal=False, window_size=(-1, -1)):
     """Boolean ``[nq, nk]``: query ``i`` sees key ``j`` iff ``c - left <= j <= c + right`` with
     ``c = i + nk - nq`` (bottom-right alignment), ``-1`` meaning an unbounded side and ``causal``
-    meaning ``right = 0``."""
+    meaning ``right = 0``.  Any Python int works as an edge: one at or past the sequence
+    (``left >= nk``, ``right >= nq``) already sees every key on its side."""
     left, right = (int(w) for w in window_size)
     if causal:
         right = 0
     c = np.arange(nq)[:, None] + (nk - nq)
     j = np.arange(nk)[None, :]
     vis = np.ones((nq, nk), dtype=bool)
-    if left >= 0:
+    if 0 <= left < nk:  # (a larger edge is unbounded; int64 arithmetic cannot overflow here)
         vis &= j >= c - left
-    if right >= 0:
+    if 0 <= right < nq:
         vis &= j <= c + right
     return vis
 # [/docs:visible-mask]

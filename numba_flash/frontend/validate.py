@@ -138,6 +138,69 @@ def check_tile(name, x, allowed):
     return int(x)
 
 
+#: the bounds of a kernel's int32 / int64 integer arguments
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def bound_text(n):
+    """An integer bound as a reader writes it: ``2**31 - 1``, ``2**63``, ``-2**63``, ``0``."""
+    for k in (15, 16, 31, 32, 63, 64):
+        for text, value in ((f"2**{k}", 2**k), (f"2**{k} - 1", 2**k - 1), (f"-2**{k}", -(2**k))):
+            if n == value:
+                return text
+    return str(n)
+
+
+def check_int(name, x, lo, hi, what=None):
+    """A Python or NumPy integer (not a bool) in ``[lo, hi]``; returns it as a Python int.
+
+    The one check for every integer scalar that reaches a kernel (``max_seqlen_q``,
+    ``num_splits``, shapes): ``TypeError`` for anything that is not an integer (a float, a bool,
+    a string, ``None``), ``ValueError`` for a value outside ``[lo, hi]``, which is compared as a
+    Python int, so a ``numpy.uint64`` of 2**63 or a ``10**20`` is reported as passed and never
+    wraps or overflows.  Both messages name the argument; ``what`` replaces the default
+    description ``"an int in [lo, hi]"``.
+    """
+    what = what or f"an int in [{bound_text(lo)}, {bound_text(hi)}]"
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name}: expected {what}, got {type(x).__name__} {x!r}")
+    v = int(x)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: expected {what}, got {v}")
+    return v
+
+
+def check_int_array(name, x, lo, hi, dtype=np.int32):
+    """Entries of a host integer array in ``[lo, hi]``; returns a new C-contiguous ``dtype`` copy.
+
+    The one conversion for every integer array that reaches a kernel (``cu_seqlens_q/k``):
+    ``TypeError`` for a non-integer dtype (float, bool), ``ValueError`` naming the first entry
+    outside ``[lo, hi]`` (compared in the array's own dtype, printed as a Python int, so a uint64
+    entry of 2**63 shows as passed instead of wrapping to a negative int64), before the cast
+    (which then cannot wrap: ``[lo, hi]`` must lie within ``dtype``).
+    """
+    values = np.asarray(x)
+    if values.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array (entries in [{bound_text(lo)}, "
+                        f"{bound_text(hi)}]), got dtype {values.dtype}")
+    info = np.iinfo(values.dtype)
+    if lo > info.max or hi < info.min:  # no value of this dtype is in range
+        bad = np.ones(values.shape, dtype=bool)
+    else:  # each bound is compared only where the dtype holds it, so nothing overflows
+        bad = np.zeros(values.shape, dtype=bool)
+        if lo > info.min:
+            bad |= values < lo
+        if hi < info.max:
+            bad |= values > hi
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        where = i[0] if len(i) == 1 else list(i)
+        raise ValueError(f"{name}: expected entries in [{bound_text(lo)}, {bound_text(hi)}], "
+                         f"got {int(values[i])} at index {where}")
+    return np.ascontiguousarray(values, dtype=dtype)
+
+
 def int_values(name, values):
     """Integer array values as int64, raising ``ValueError`` with the value as passed when one
     does not fit (a uint64 2**64 - 1 would otherwise wrap to -1 and be reported as -1)."""

@@ -14,18 +14,25 @@ import numbers
 
 import numpy as np
 
-from .validate import (array_info, check_array, check_same_dtype, check_same_kind,
-                       is_device_array)
+from .validate import (INT32_MAX, INT64_MAX, array_info, check_array, check_int,
+                       check_int_array, check_same_dtype, check_same_kind, is_device_array)
+
+
+#: The bound past which a window edge is clamped to unbounded when the caller does not pass its
+#: sequence lengths (:func:`clamp_window`): exact for sequences of up to 2**30 queries and keys.
+WINDOW_SAFE = 2**30
 
 
 def check_window(window_size):
-    """``window_size``: a pair ``(left, right)`` of ints >= -1 (-1 = unbounded).  Returns ints."""
-    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__"):
-        raise TypeError(f"window_size: expected a pair (left, right) of ints, got "
-                        f"{type(window_size).__name__}")
-    if len(window_size) != 2:
-        raise ValueError(f"window_size: expected a pair (left, right), got {len(window_size)} "
-                         f"entries: {tuple(window_size)!r}")
+    """``window_size``: a pair ``(left, right)`` (a tuple or list, or a 1-D integer array of two)
+    of ints (Python or NumPy, not bool) in ``[-1, 2**63 - 1]`` (-1 = unbounded).  Returns the
+    two as Python ints (as passed; :func:`clamp_window` makes them safe for a kernel)."""
+    if not isinstance(window_size, (tuple, list, np.ndarray)):
+        raise TypeError(f"window_size: expected a pair (left, right) of ints (a tuple or list), "
+                        f"got {type(window_size).__name__}")
+    if np.ndim(window_size) != 1 or len(window_size) != 2:
+        raise ValueError(f"window_size: expected a pair (left, right), got "
+                         f"{np.size(window_size)} entries: {tuple(np.ravel(window_size))!r}")
     out = []
     for side, w in zip(("left", "right"), window_size):
         if isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Integral):
@@ -33,8 +40,35 @@ def check_window(window_size):
                             f"{type(w).__name__} {w!r}")
         if int(w) < -1:
             raise ValueError(f"window_size: expected {side} >= -1 (-1 = unbounded), got {int(w)}")
+        if int(w) > INT64_MAX:
+            raise ValueError(f"window_size: expected {side} <= 2**63 - 1 (an int64; any edge at "
+                             f"or past the sequence length is unbounded), got {int(w)}")
         out.append(int(w))
     return tuple(out)
+
+
+def clamp_window(left, right, nq=None, nk=None):
+    """``(left, right)`` with every edge at or past the sequence clamped to -1 (unbounded).
+
+    Row ``i`` of ``Nq`` sits at key column ``c = i + Nk - Nq`` and sees keys ``c - left <= j <=
+    c + right`` within ``[0, Nk)``: ``left >= Nk`` reaches past key 0 for every row and ``right
+    >= Nq`` past key ``Nk - 1``, so either is the same as -1 (exactly: no row's keys change).
+    ``nq`` / ``nk`` are the longest query and key sequences (varlen: the longest of the batch,
+    decode: the cache capacity); without them the bound is :data:`WINDOW_SAFE` (``2**30``), exact
+    for sequences up to that length.
+
+    Why this cannot overflow: afterwards every edge is -1 or below ``max(Nq, Nk)`` (or 2**30),
+    so every value :mod:`numba_flash.kernels.visibility` computes from the edges (``c - left``,
+    ``c + right + 1``, ``k_end - 1 + left - offset + 1``, ...: at most one edge plus indices
+    below ``Nq + Nk``) lies within ``(-2**31, 2**31)`` whenever ``Nq + Nk <= 2**30``, in the
+    simulator's int32 arithmetic (the edges reach it as ``np.int32``) as well as in the GPU's
+    int64 (the sizes are int64 there).  Before the clamp, ``right = 2**31 - 1`` wrapped
+    ``c + right + 1`` to a negative int32 (a silently wrong output) and ``2**31`` did not fit
+    the ``np.int32`` the kernels take at all.
+    """
+    lim_left = WINDOW_SAFE if nk is None else int(nk)
+    lim_right = WINDOW_SAFE if nq is None else int(nq)
+    return (-1 if left >= lim_left else left), (-1 if right >= lim_right else right)
 
 
 def check_softcap(softcap):
@@ -78,9 +112,10 @@ def check_alibi(alibi_slopes, b, h):
 
 
 def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
-    """``cu_seqlens`` of a packed batch: an integer 1-D array ``[B + 1]``, 0 first, ``total``
-    (the packed length of the matching tensor) last, non-decreasing, no sequence longer than
-    ``max_seqlen``.
+    """``cu_seqlens`` of a packed batch: an integer 1-D array ``[B + 1]`` of entries in
+    ``[0, 2**31 - 1]`` (int32 offsets), 0 first, ``total`` (the packed length of the matching
+    tensor) last, non-decreasing, no sequence longer than ``max_seqlen`` (an int in
+    ``[0, 2**31 - 1]``).
 
     Returns ``(cu_int32, lengths)``: a new C-contiguous int32 array of the same kind (NumPy or
     CuPy) for the kernels, and the host NumPy int64 sequence lengths (a CuPy ``cu_seqlens`` is
@@ -92,7 +127,9 @@ def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
     if len(shape) != 1 or shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array [B + 1] with B >= 1, got shape {shape}")
     host = cu_seqlens.get() if hasattr(cu_seqlens, "get") else np.asarray(cu_seqlens)
-    vals = [int(x) for x in host]  # Python ints: a uint64 value shows as the value passed
+    # the range first (compared in the array's own dtype): no uint64 or int64 entry can wrap or
+    # overflow in the checks below, and the int32 cast of the kernels' copy is exact
+    vals = check_int_array(name, host, 0, INT32_MAX, dtype=np.int64).tolist()
     if vals[0] != 0:
         raise ValueError(f"{name}: expected 0 first, got {vals[0]}")
     if vals[-1] != total:
@@ -102,28 +139,26 @@ def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
         i = int(np.argmax(lengths < 0))
         raise ValueError(f"{name}: expected non-decreasing values, got {vals[i]} then "
                          f"{vals[i + 1]} at index {i}")
-    if isinstance(max_seqlen, (bool, np.bool_)) or not isinstance(max_seqlen, numbers.Integral):
-        raise TypeError(f"{max_name}: expected an int, got {type(max_seqlen).__name__}")
-    if int(max_seqlen) < int(lengths.max()):
+    max_seqlen = check_int(max_name, max_seqlen, 0, INT32_MAX)
+    if max_seqlen < int(lengths.max()):
         raise ValueError(f"{max_name}: expected at least the longest sequence of {name} "
-                         f"({int(lengths.max())}), got {int(max_seqlen)}")
-    if vals[-1] >= 2**31:
-        raise ValueError(f"{name}: expected a packed length < 2**31 (int32 offsets), got "
-                         f"{vals[-1]}")
+                         f"({int(lengths.max())}), got {max_seqlen}")
     xp = _xp(cu_seqlens)
     return xp.ascontiguousarray(xp.asarray(cu_seqlens), dtype=xp.int32), lengths
 
 
-def check_variants(causal, window_size, softcap, alibi_slopes, b, h):
+def check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=None, nk=None):
     """The three variant arguments of an attention op at once, after ``causal`` (a checked bool).
 
-    Returns ``(window, left, right, softcap, alibi)``: the validated ``window_size``, the
-    kernels' window bounds with ``causal`` folded in (:func:`~numba_flash.kernels.visibility.
-    window_bounds`), ``softcap`` as a float and the ALiBi slopes as float32 ``[B, H]`` or ``None``.
+    Returns ``(window, left, right, softcap, alibi)``: the validated ``window_size`` with edges
+    at or past the sequence clamped to -1 (:func:`clamp_window`; ``nq`` / ``nk`` are the longest
+    query / key sequence, ``None``: the 2**30 bound), the kernels' window bounds from it with
+    ``causal`` folded in (:func:`~numba_flash.kernels.visibility.window_bounds`), ``softcap`` as
+    a float and the ALiBi slopes as float32 ``[B, H]`` or ``None``.  The bounds fit an int32.
     """
     from ..kernels.visibility import window_bounds  # the kernels import frontend, not back
 
-    window = check_window(window_size)
+    window = clamp_window(*check_window(window_size), nq, nk)
     left, right = window_bounds(causal, window)
     return window, left, right, check_softcap(softcap), check_alibi(alibi_slopes, b, h)
 

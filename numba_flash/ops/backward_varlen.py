@@ -72,8 +72,9 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, n_seq, h)
+    window, left, right, softcap, alibi = check_variants(
+        causal, window_size, softcap, alibi_slopes, n_seq, h, nq=int(len_q.max()),
+        nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]

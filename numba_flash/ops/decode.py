@@ -20,17 +20,15 @@ is bitwise the same alone or beside any other sequences (flash-attn issue #1897)
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 from numba import cuda
 
 from ..frontend import ArrayCall
 from ..frontend.validate import (
-    FLOAT_DTYPES, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
-    check_same_kind, check_scale, is_device_array,
+    FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_int,
+    check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
-from ..frontend.variants import check_alibi, check_softcap, check_window
+from ..frontend.variants import check_alibi, check_softcap, check_window, clamp_window
 from ..kernels.common import acc_dtype, cdiv, compute_type
 from ..kernels.decode import (
     block_step, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
@@ -52,13 +50,11 @@ def _host_ints(x):
 
 
 def _check_num_splits(num_splits):
+    """``None`` or an int in ``[1, 2**31 - 1]`` (more splits than key tiles are clamped)."""
     if num_splits is None:
         return None
-    if isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, numbers.Integral):
-        raise TypeError(f"num_splits: expected an int or None, got {type(num_splits).__name__}")
-    if num_splits < 1:
-        raise ValueError(f"num_splits: expected an int >= 1 or None, got {num_splits}")
-    return int(num_splits)
+    return check_int("num_splits", num_splits, 1, INT32_MAX,
+                     what="an int >= 1 (at most 2**31 - 1) or None")
 
 
 def _first_bad(mask):
@@ -203,7 +199,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
-    left, right = window_bounds(causal, check_window(window_size))
+    window = check_window(window_size)
     softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)
     on_device = any(is_device_array(x) for x in arrays.values())
@@ -232,6 +228,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
     n_splits = split_grid(split_target, split_min, capacity)
     # [/docs:decode-split-policy]
+    # window edges at or past the capacity (keys) or Nq (queries) are unbounded: int32-safe
+    left, right = window_bounds(causal, clamp_window(*window, nq, capacity))
     # [docs:decode-grid]
     grid = decode_grid(b, hkv, chunks, n_splits)
     # [/docs:decode-grid]

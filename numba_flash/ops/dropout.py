@@ -8,11 +8,10 @@ element, what a forward or backward call with ``(dropout_p, seed)`` applied, and
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 from ..frontend.arrays import check_memory
+from ..frontend.validate import check_int
 from ..philox import dropout_params, keep_mask
 
 #: host bytes of work per element of one (b, h) slab in philox.keep_mask (counters, meshgrid,
@@ -23,12 +22,7 @@ __all__ = ["dropout_mask", "dropout_params"]
 
 
 def _check_dim(name, x):
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{name}: expected a positive int, got {type(x).__name__}")
-    n = int(x)
-    if not 1 <= n <= 2**32:
-        raise ValueError(f"{name}: expected a positive int <= 2**32, got {n}")
-    return n
+    return check_int(name, x, 1, 2**32, what="a positive int <= 2**32")
 
 
 def dropout_mask(seed, B, H, Nq, Nk, dropout_p):

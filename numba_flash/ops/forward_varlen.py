@@ -48,8 +48,9 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h)
+    window, left, right, softcap, alibi = check_variants(
+        causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),
+        nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
     use_dropout = float(dropout_p) > 0.0
 
     BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype)

@@ -259,7 +259,8 @@ def test_rejects_bad_contiguous_and_options():
         numba_flash.decode(randn(rng, (3, 2, 8)), k, k, cache_seqlens=np.array([3, 4, 5]))
     with pytest.raises(ValueError, match="num_splits: expected an int >= 1"):
         numba_flash.decode(q, k, k, cache_seqlens=np.array([3, 4]), num_splits=0)
-    with pytest.raises(TypeError, match="num_splits: expected an int or None"):
+    with pytest.raises(TypeError, match=r"num_splits: expected an int >= 1 \(at most 2\*\*31 - 1\) "
+                                        r"or None, got float"):
         numba_flash.decode(q, k, k, cache_seqlens=np.array([3, 4]), num_splits=2.0)
     with pytest.raises(TypeError, match="causal: expected a bool"):
         numba_flash.decode(q, k, k, cache_seqlens=np.array([3, 4]), causal=1)
