@@ -145,7 +145,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       :mod:`numba_flash.kernels.visibility`).  GQA/MQA: query head ``h`` reads kv head
       ``h // (H // Hkv)``.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
-      ``1`` (no split) or any ``S >= 1`` (clamped to the key tiles of the cache's capacity).
+      ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
+      cache's capacity).
     * ``validate``: check ``cache_seqlens`` and ``block_table`` on the host before the launch,
       with a ``ValueError`` naming the bad entry.  Default ``True`` for NumPy inputs and
       ``False`` for device (CuPy) inputs, where the call then never waits for the GPU.  Without

@@ -22,10 +22,12 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
 
     ``q`` is ``[total_q, H, d]``, ``k`` and ``v`` are ``[total_k, Hkv, d]`` (GQA as in
     :func:`numba_flash.forward`).  ``cu_seqlens_q`` / ``cu_seqlens_k`` are integer ``[B + 1]``
-    arrays (0 first, the packed length last, non-decreasing): sequence ``b`` is rows
+    arrays (entries in ``[0, 2**31 - 1]``, 0 first, the packed length last, non-decreasing;
+    anything else is a ``ValueError`` / ``TypeError`` naming the array): sequence ``b`` is rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` against rows
     ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of ``k`` and ``v``.  ``max_seqlen_q`` /
-    ``max_seqlen_k`` are at least the longest sequence (they size the grid).
+    ``max_seqlen_k`` are ints in ``[0, 2**31 - 1]``, at least the longest sequence.  A window
+    edge at or past the longest sequence is unbounded on that side.
 
     Each sequence is an independent :func:`numba_flash.forward` with its own bottom-right
     alignment (query ``i`` of sequence ``b`` sits at key column ``i + nk_b - nq_b``), and the same
