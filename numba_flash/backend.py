@@ -41,7 +41,7 @@ class SimulatorWarning(UserWarning):
 
 
 class SlowSimulatorWarning(SimulatorWarning):
-    """A simulator launch is estimated to run for minutes (and cannot be stopped with Ctrl-C)."""
+    """A simulator launch is estimated to run for a minute or more (Ctrl-C stops it)."""
 
 
 def _quiet_command_line() -> bool:

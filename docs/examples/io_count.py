@@ -95,7 +95,7 @@ def count_global_bytes(call):
     launches = []
     original = ArrayCall.launch
 
-    def counting_launch(self, kernel, grid, block, *args):
+    def counting_launch(self, kernel, grid, block, *args, **kw):
         names = list(inspect.signature(kernel.py_func).parameters)
         record = LaunchCount(kernel.py_func.__name__, _as_tuple(grid), _as_tuple(block))
         lock = threading.Lock()
@@ -110,7 +110,7 @@ def count_global_bytes(call):
                 wrapped.append(CountingArray(arg, stats, lock))
             else:
                 wrapped.append(arg)
-        original(self, kernel, grid, block, *wrapped)
+        original(self, kernel, grid, block, *wrapped, **kw)  # kw: the work hint
         for stats in record.arrays.values():
             for kind in ("read", "written"):
                 touched = int(stats.pop("touched_" + kind).sum())

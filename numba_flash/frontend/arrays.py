@@ -21,9 +21,9 @@ asked for.  :meth:`ArrayCall.reserve` does that for a whole call; :meth:`ArrayCa
 
 Launches (:meth:`ArrayCall.launch`) hide numba's "Grid size N will likely result in GPU
 under-utilization" ``NumbaPerformanceWarning`` (small problems are allowed to be small), and in
-the simulator warn (:class:`~numba_flash.backend.SlowSimulatorWarning`) before a launch whose
-thread count makes it likely to run for minutes: a simulator launch cannot be interrupted with
-Ctrl-C.
+the simulator warn (:class:`numba_flash.SlowSimulatorWarning`) before a launch
+estimated to run for a minute or more, from the work hint each op passes
+(:mod:`numba_flash.frontend.sim_time`).
 
 For tests, :func:`poisoned_outputs` fills every output with NaN (or a sentinel for integer
 arrays) before launch, so that an element a kernel forgot to write fails the comparison.
@@ -41,20 +41,15 @@ import numpy as np
 from numba import cuda
 
 from .. import simulator
-from ..backend import SlowSimulatorWarning, on_simulator
+from ..backend import on_simulator
+from .sim_time import SimWork, simulator_seconds, warn_if_slow
 from .validate import is_device_array
 
-__all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds"]
+__all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds",
+           "SimWork"]
 
 _POISON = False
 GIB = 2**30
-
-#: seconds per simulated CUDA thread, a lower bound measured on a 2-core CPU (2026-11-30): 0.37 ms
-#: for the lightest kernels (merge, backward preprocess), 0.6 ms softmax, 2-6 ms forward, 18 ms
-#: backward dK/dV at d = 64.  The estimate below is therefore "at least".
-SIM_SECONDS_PER_THREAD = 3.7e-4
-#: warn before a simulator launch estimated to take at least this long
-SIM_WARN_SECONDS = 60.0
 
 
 @contextlib.contextmanager
@@ -153,40 +148,6 @@ def check_memory(op, buffers, *, device=True, work_bytes=0, work_name="work arra
     raise MemoryError(
         f"{op}: needs {_gib(total)} for {listed}, but only {_gib(avail)} of {_where(device)} is "
         "available; use smaller shapes"
-    )
-
-
-def simulator_seconds(grid, block):
-    """Lower-bound estimate of a simulator launch's wall time: threads x measured cost."""
-    def count(dims):
-        dims = dims if isinstance(dims, tuple) else (dims,)
-        return math.prod(int(x) for x in dims)
-
-    return count(grid) * count(block) * SIM_SECONDS_PER_THREAD
-
-
-def _user_stacklevel():
-    """The stacklevel of the first frame outside numba_flash (for warnings about a call)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _warn_if_slow(kernel, grid, block):
-    seconds = simulator_seconds(grid, block)
-    if seconds < SIM_WARN_SECONDS:
-        return
-    name = getattr(getattr(kernel, "py_func", None), "__name__", None) or "kernel"
-    threads = round(seconds / SIM_SECONDS_PER_THREAD)
-    warnings.warn(
-        f"this simulator launch of {name} runs {threads} CUDA threads (grid {grid}, block {block})"
-        f": at {SIM_SECONDS_PER_THREAD * 1e3:.2f} ms per thread or more it takes at least "
-        f"{seconds / 60:.1f} min, and a simulator launch cannot be stopped with Ctrl-C. "
-        "Use smaller shapes in the simulator, or a GPU.",
-        SlowSimulatorWarning,
-        stacklevel=_user_stacklevel(),
     )
 
 
@@ -327,14 +288,18 @@ class ArrayCall:
                 return self._cupy.asarray(x)
         return x
 
-    def launch(self, kernel, grid, block, *args):
-        """Launch ``kernel[grid, block, stream](*args)`` (on the inputs' device)."""
+    def launch(self, kernel, grid, block, *args, work=None):
+        """Launch ``kernel[grid, block, stream](*args)`` (on the inputs' device).
+
+        ``work`` (a :class:`~numba_flash.frontend.sim_time.SimWork`) describes what the threads
+        do, for the simulator's time estimate and its warning before a long launch; it changes
+        nothing on the GPU."""
         if not on_simulator():
             with self.device(), warnings.catch_warnings():
                 # numba warns on every grid under 128 blocks; a small problem is not a mistake
                 warnings.simplefilter("ignore", _performance_warning())
                 kernel[grid, block, self.stream](*args)
             return
-        _warn_if_slow(kernel, grid, block)
+        warn_if_slow(kernel, grid, block, work)
         with simulator.fast_switching():  # see numba_flash.simulator
             kernel[grid, block, self.stream](*args)

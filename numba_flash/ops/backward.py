@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork, tiled_work
 from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
@@ -21,14 +22,15 @@ from .kernel_choice import check_backward_kernel, import_mma
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
                     cu_q, cu_k, varlen, dtype, scale, left, right, softcap, alibi,
-                    deterministic, dropout_p, seed):
+                    deterministic, dropout_p, seed, lens=None):
     """Run preprocess, dK/dV (+ atomic dQ), deterministic dQ and the reductions on 4-D device
     arrays ``[Ba, H, N, d]`` (``Ba = B``, or 1 for a packed batch); return device ``(dq, dk, dv)``
     of the inputs' shapes and dtype.
 
     ``n_seq`` sequences (``B``, or the ``cu_seqlens`` entries - 1), the longest ``max_nq`` /
-    ``max_nk``; ``alibi`` a validated ``[n_seq, H]`` float32 array or None; the rest as the
-    kernels take them (:mod:`numba_flash.kernels.backward`).
+    ``max_nk`` (``lens``: each sequence's ``(nq, nk)``, for the simulator's time estimate;
+    default ``n_seq`` times the longest); ``alibi`` a validated ``[n_seq, H]`` float32 array or
+    None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward`).
     """
     ba, h, nq_rows, d = q_in.shape
     hkv, nk_rows = k_in.shape[1], k_in.shape[2]
@@ -57,16 +59,19 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     # the kernels' last argument: () adds no parameter to the plain kernels
     drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
 
-    def launch(kernel, grid, block, *args):
+    def launch(kernel, grid, block, *args, work=None):
         if grid[0] > 0:  # an empty problem (varlen: every sequence empty) launches nothing
-            call.launch(kernel, grid, block, *args)
+            call.launch(kernel, grid, block, *args, work=work)
+
+    lens = [(max_nq, max_nk)] * n_seq if lens is None else list(lens)
 
     # 1. D = rowsum(dO * O); dq_accum = 0 (row by row: no sequence boundaries needed)
     t = elem_threads()
     lanes = row_lanes()
     rows = cdiv(nq_rows, t // lanes)
     launch(preprocess_kernel(t, lanes, dtype), fold_grid(rows, ba, h), (t,),
-           o_in, do_in, delta, dq_accum, rows)
+           o_in, do_in, delta, dq_accum, rows,
+           work=SimWork("backward_preprocess", ba * h * nq_rows * d))
 
     # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, head)
     block_m, block_n, head_dim, threads = default_tiles(d, dtype)
@@ -74,25 +79,29 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
            fold_grid(tiles_k, n_seq, h), (threads,),
            q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk_out, dv_out, *variant, tiles_k,
-           0 if deterministic else 1, drop_args)
+           0 if deterministic else 1, drop_args,
+           work=tiled_work("backward_dkdv", lens, h, block_m, block_n, left, right, threads,
+                           head_dim, kv_outer=True))
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
     if deterministic:
         tiles_q = cdiv(max_nq, block_m)
         launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
                fold_grid(tiles_q, n_seq, h), (threads,),
-               q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, *variant, tiles_q, drop_args)
+               q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, *variant, tiles_q, drop_args,
+               work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,
+                               head_dim))
 
     # 4. float16: cast the float32 dQ accumulator; GQA (or float16): sum each group's dK, dV
     if dq_accum is not dq:
         tiles = cdiv(nq_rows * d, t)
         launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, h), (t,), dq_accum, dq,
-               tiles)
+               tiles, work=SimWork("backward_reduce", ba * h * nq_rows * d))
     if not direct:
         tiles = cdiv(nk_rows * d, t)
         for src, dst in ((dk_out, dk), (dv_out, dv)):
             launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, hkv), (t,), src, dst,
-                   tiles)
+                   tiles, work=SimWork("backward_reduce", ba * h * nk_rows * d))
     return dq, dk, dv
 
 

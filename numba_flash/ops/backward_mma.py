@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork, tiled_work
 from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
 from ..kernels.backward_mma import (SPLIT_HEAD_DIMS, default_tiles, dkdv_mma_kernel,
-                                    dq_mma_kernel)
+                                    dq_block_n, dq_mma_kernel)
 from ..kernels.common import cdiv
 from ..philox import dropout_params
 
@@ -67,7 +68,8 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     t = elem_threads()
     rows = cdiv(nq, t // row_lanes())
     call.launch(preprocess_kernel(t, row_lanes(), dtype), fold_grid(rows, b, h), (t,),
-                o_in, do_in, delta, dq_accum, rows)
+                o_in, do_in, delta, dq_accum, rows,
+                work=SimWork("backward_preprocess", b * h * nq * d))
 
     # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); two passes at d = 256
     tiles_k = cdiv(nk, 16 * num_warps)
@@ -77,18 +79,24 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
         kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk,
                                want_dk and not deterministic)
         call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_in, delta,
-                    dq_accum, dk_heads, dv_heads, *variant, tiles_k, drop)
+                    dq_accum, dk_heads, dv_heads, *variant, tiles_k, drop,
+                    work=tiled_work("backward_dkdv_mma", [(nq, nk)] * b, h, 16,
+                                    16 * num_warps, left, right, 32 * num_warps, head_dim,
+                                    kv_outer=True, mma=True))
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
     if deterministic:
         tiles_q = cdiv(nq, 16 * num_warps)
         call.launch(dq_mma_kernel(num_warps, head_dim, *flags), fold_grid(tiles_q, b, h),
-                    (32 * num_warps,), *u16, lse_in, delta, dq_accum, *variant, tiles_q, drop)
+                    (32 * num_warps,), *u16, lse_in, delta, dq_accum, *variant, tiles_q, drop,
+                    work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, 16 * num_warps,
+                                    dq_block_n(num_warps, head_dim), left, right,
+                                    32 * num_warps, head_dim, mma=True))
 
     # 4. sum each GQA group's dK, dV in a fixed order; cast everything to float16
     for src, dst, heads, n in ((dq_accum, dq, h, nq), (dk_heads, dk, hkv, nk),
                                (dv_heads, dv, hkv, nk)):
         tiles = cdiv(n * d, t)
         call.launch(reduce_kernel(t, np.dtype(f32), dtype), fold_grid(tiles, b, heads), (t,),
-                    src, dst, tiles)
+                    src, dst, tiles, work=SimWork("backward_reduce", b * h * n * d))
     return call.result(dq), call.result(dk), call.result(dv)

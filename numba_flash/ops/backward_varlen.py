@@ -83,5 +83,5 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         call, *ins, lse_in, n_seq=n_seq, max_nq=int(len_q.max()), max_nk=int(len_k.max()),
         cu_q=call.input(cu_q), cu_k=call.input(cu_k), varlen=True, dtype=dtype, scale=scale,
         left=left, right=right, softcap=softcap, alibi=alibi, deterministic=deterministic,
-        dropout_p=dropout_p, seed=seed)
+        dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k))
     return tuple(_unpack(call.result(x)) for x in (dq, dk, dv))

@@ -24,6 +24,7 @@ import numpy as np
 from numba import cuda
 
 from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
     FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_int,
     check_same_dtype, check_same_kind, check_scale, is_device_array,
@@ -264,11 +265,16 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     kernel = decode_kernel(threads, lanes, keys_per_step, rows, HEAD_DIM, dtype, softcap > 0,
                            alibi_slopes is not None)
     ct = compute_type(dtype)
+    # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
+    lengths = seqlens if validate else [capacity] * b
+    trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * chunks
     call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_alibi, o, lse,
                 o_part, lse_part, counters, ct(scale), np.int32(paged), np.int32(n_cache),
                 np.int32(hkv), np.int32(n_slots), np.int32(split_target),
                 np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
-                ct(1.0 / softcap if softcap > 0 else 0.0))
+                ct(1.0 / softcap if softcap > 0 else 0.0),
+                work=SimWork("decode", trips * threads,
+                             grid[0] * grid[1] * threads * HEAD_DIM))
     out = call.result(o).reshape(qs)
     if not return_lse:
         return out
@@ -313,5 +319,6 @@ def merge_states(o_parts, lse_parts):
     o = call.empty((rows, d), dtype)
     lse = call.empty((rows,), acc_t)
     threads = merge_threads()
-    call.launch(merge_kernel(threads, dtype, dtype), grid, (threads,), d_o, d_l, o, lse)
+    call.launch(merge_kernel(threads, dtype, dtype), grid, (threads,), d_o, d_l, o, lse,
+                work=SimWork("merge", n_parts * rows * d))
     return call.result(o).reshape(os_[1:]), call.result(lse).reshape(ls_[1:])

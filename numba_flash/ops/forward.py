@@ -9,6 +9,7 @@ import numpy as np
 
 from ..backend import on_simulator
 from ..frontend import ArrayCall
+from ..frontend.sim_time import tiled_work
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
 from ..frontend.variants import check_variants
 from ..kernels.common import acc_dtype, cdiv
@@ -24,6 +25,7 @@ class ForwardArgs(NamedTuple):
     b: int
     h: int
     nq: int
+    nk: int
     d: int
     dtype: np.dtype
     causal: bool
@@ -44,14 +46,14 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
                        softcap, alibi_slopes):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
     share (raising before any launch) and return them as a :class:`ForwardArgs`."""
-    b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
+    b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
     dropout = dropout_params(dropout_p, seed)
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                         alibi_slopes, b, h)
-    return ForwardArgs(b, h, nq, d, np.dtype(dtype), causal, return_lse, scale,
+    return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
                        float(dropout_p), dropout, window, left, right, softcap, alibi)
 
 
@@ -134,8 +136,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
         mods = (acc_t.type(softcap), acc_t.type(inv), call.input(slopes))
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
+    work = tiled_work("forward", [(nq, args.nk)] * b, h, BLOCK_M, BLOCK_N, left, right,
+                      block[0] * block[1], HEAD_DIM)
     call.launch(kern, forward_grid(cdiv(nq, BLOCK_M), b * h), block, dq, dk, dv, o, lse,
-                acc_t.type(args.scale), window_arg, mods, dropout, ())
+                acc_t.type(args.scale), window_arg, mods, dropout, (), work=work)
     if args.return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

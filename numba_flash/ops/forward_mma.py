@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.sim_time import tiled_work
 from ..kernels.forward_mma import default_tiles, forward_grid, forward_mma_kernel
 from .forward import check_forward_args
 
@@ -59,7 +60,9 @@ def launch_forward_mma(q, k, v, args):
     dropout = (seed_lo, seed_hi, threshold, np.float32(keep_scale)) if use_dropout else ()
     call.launch(kernel, grid, (32 * num_warps,),
                 dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o, lse,
-                np.float32(args.scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout)
+                np.float32(args.scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout,
+                work=tiled_work("forward_mma", [(nq, args.nk)] * b, h, 16 * num_warps, block_n,
+                                left, right, 32 * num_warps, head_dim, mma=True))
     if args.return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

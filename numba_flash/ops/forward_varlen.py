@@ -7,6 +7,7 @@ import numpy as np
 
 from ..backend import on_simulator
 from ..frontend import ArrayCall
+from ..frontend.sim_time import tiled_work
 from ..frontend.validate import check_bool, check_same_kind, check_scale
 from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype, cdiv
@@ -74,7 +75,9 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     lse = call.empty((h, total_q), acc_t)
     n_q_tiles = cdiv(max(1, int(len_q.max())), BLOCK_M)  # the longest sequence's Q tiles
     call.launch(kern, forward_grid(n_q_tiles, b * h), block, dq, dk, dv, o, lse,
-                acc_t.type(scale), (np.int32(left), np.int32(right)), mods, dropout, seqs)
+                acc_t.type(scale), (np.int32(left), np.int32(right)), mods, dropout, seqs,
+                work=tiled_work("forward", zip(len_q, len_k), h, BLOCK_M, BLOCK_N, left,
+                                right, block[0] * block[1], HEAD_DIM))
     if return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork, kv_tiles_visited
 from ..frontend.validate import check_bool, check_qkv, check_scale
 from ..kernels.common import acc_dtype, cdiv, padded_head_dim
 from ..kernels.naive_forward import default_block_m, naive_forward_kernel
@@ -21,7 +22,7 @@ def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
     ``softmax_scale=None`` meaning ``1/sqrt(d)``).  ``o`` has ``q``'s dtype; ``lse [B, H, Nq]`` is
     float32 for float16/float32 inputs and float64 for float64.
     """
-    b, h, _hkv, nq, _nk, d, dtype = check_qkv(q, k, v)
+    b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
     scale = check_scale(softmax_scale, d)
     acc_t = acc_dtype(dtype)
@@ -34,5 +35,8 @@ def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
     block_m = default_block_m()
     kernel = naive_forward_kernel(padded_head_dim(d), causal, np.dtype(dtype))
     scale_arg = acc_t.type(scale)  # already the compute type: no float64 in f32 kernels
-    call.launch(kernel, (cdiv(nq, block_m), b * h), (block_m,), dq, dk, dv, o, lse, scale_arg)
+    # each thread is one query row; its loop visits the keys the row sees, d elements each
+    keys = kv_tiles_visited(nq, nk, 1, 1, -1, 0 if causal else -1)
+    call.launch(kernel, (cdiv(nq, block_m), b * h), (block_m,), dq, dk, dv, o, lse, scale_arg,
+                work=SimWork("naive_forward", b * h * keys * d, b * h * nq * d))
     return call.result(o), call.result(lse)

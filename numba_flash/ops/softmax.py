@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork
 from ..frontend.validate import check_array
 from ..kernels.softmax import default_threads, softmax_kernel
 
@@ -19,5 +20,6 @@ def softmax(x):
     dx = call.input(x)
     y = call.empty(dx.shape, dtype)
     threads = default_threads()
-    call.launch(softmax_kernel(threads, dtype), (rows,), (threads,), dx, y)
+    call.launch(softmax_kernel(threads, dtype), (rows,), (threads,), dx, y,
+                work=SimWork("softmax", rows * threads * -(-_n // threads)))
     return call.result(y)

@@ -15,6 +15,7 @@ import pytest
 import numba_flash
 from numba_flash.backend import SlowSimulatorWarning
 from numba_flash.frontend import arrays
+from numba_flash.frontend import sim_time
 from numba_flash.frontend.arrays import ArrayCall, check_memory, nbytes, simulator_seconds
 
 on_sim = pytest.mark.skipif(numba_flash.backend() != "simulator", reason="simulator only")
@@ -75,7 +76,7 @@ def test_array_call_names_the_calling_op():
 
 
 # -- launch warnings ----------------------------------------------------------------------------
-def test_simulator_seconds_counts_threads():
+def test_simulator_seconds_without_a_work_hint_counts_threads():
     assert simulator_seconds((64, 32), (4, 4)) == pytest.approx(64 * 32 * 16 * 3.7e-4)
     assert simulator_seconds(10, 8) == pytest.approx(80 * 3.7e-4)
 
@@ -86,12 +87,12 @@ def test_slow_simulator_launch_warns_with_the_estimate(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", SlowSimulatorWarning)
         numba_flash.softmax(x)  # a tiny launch: no warning
-    monkeypatch.setattr(arrays, "SIM_WARN_SECONDS", 0.0)
+    monkeypatch.setattr(sim_time, "SIM_WARN_SECONDS", 0.0)
     with pytest.warns(SlowSimulatorWarning) as rec:
         numba_flash.softmax(x)
     msg = str(rec[0].message)
-    assert "softmax_rows runs" in msg and "CUDA threads (grid (3,)" in msg
-    assert "at least" in msg and "Ctrl-C" in msg
+    assert "launch of softmax_rows (grid (3,), block (8,), 24 CUDA threads)" in msg
+    assert "from the work of its threads" in msg and "Ctrl-C stops it" in msg
     assert rec[0].filename == __file__  # points at the caller's line, not inside the package
 
 

@@ -1,0 +1,189 @@
+"""How long a launch will take in the Numba CUDA simulator, estimated before it starts.
+
+The simulator runs every CUDA thread as a Python thread and every ``cuda.syncthreads()`` as a
+barrier among them, so a launch's time grows with the work each thread does, not only with the
+number of threads.  Each op tells :meth:`~numba_flash.frontend.arrays.ArrayCall.launch` that work
+as a :class:`SimWork` hint:
+
+* ``steps``: the trips of the kernel's main loop summed over all threads of the launch (for the
+  tiled kernels, each thread's K/V tiles, or Q tiles for the backward's K/V-outer loop; for the
+  element-wise kernels, the elements each thread handles);
+* ``elems``: the per-thread elements outside the loop, summed over the threads (the head dim of
+  the row or column each thread loads and writes).
+
+The estimate is ``threads * a + elems * b + steps * c`` with ``(a, b, c)`` measured for each
+kernel family on a 2-core CPU (:data:`SIM_COST`).  A launch without a hint is estimated by its
+threads alone (``threads * SIM_SECONDS_PER_THREAD``, the lightest kernel's cost: a lower bound).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from ..backend import SlowSimulatorWarning
+
+__all__ = ["SimWork", "SIM_COST", "SIM_WARN_SECONDS", "simulator_seconds", "warn_if_slow",
+           "kv_tiles_visited", "q_tiles_visited", "threads_of"]
+
+#: warn before a simulator launch estimated to take at least this long
+SIM_WARN_SECONDS = 60.0
+
+#: seconds per simulated CUDA thread for a launch that gives no :class:`SimWork` hint: the
+#: lightest kernels' cost (merge, backward preprocess) on a 2-core CPU, 2026-11-30; a lower bound.
+SIM_SECONDS_PER_THREAD = 3.7e-4
+
+#: ``family: (seconds per thread, per thread element, per loop step)``: non-negative least
+#: squares (relative error) over tiny launches on a 2-core CPU machine, 2026-12-01, numba-cuda
+#: 0.30.4, Python 3.11.  Measured as the process's CPU time (``time.process_time``) around each
+#: launch, which is the wall time on an idle machine: that day other work ran beside it (load
+#: average 13-20), which stretched wall times 1.3-4x, and CPU time less.  Each row: the launches
+#: fitted and the worst ratio estimate / measured among them.
+SIM_COST = {
+    # forward and forward_varlen: 11 launches, [1, 1-2, 16-128, 16-256], causal, packed batches;
+    # ratios 0.84-1.08.  One step: one thread's K/V tile (8 x 8 tiles, 16 threads, ~0.8 ms).
+    "forward": (2.5e-4, 3.6e-5, 8.2e-4),
+    # tensor-core forward (1 warp, 16 x 16 tiles): 5 launches, N 16-128, d 16-128; 0.86-1.08.
+    # One step: one thread's 16-column k-slice of one tile pair.
+    "forward_mma": (1.7e-3, 0.0, 1.3e-3),
+    # backward dK/dV (8 x 8 tiles, 16 threads): 8 launches, N 16-64, d 16-64, causal, GQA;
+    # 0.80-1.17.  dQ (deterministic): 4 launches; 0.95-1.07.
+    "backward_dkdv": (0.0, 6.7e-5, 5.9e-4),
+    "backward_dq": (0.0, 6.4e-5, 5.1e-4),
+    # tensor-core backward: dK/dV 5 launches (0.76-1.15), dQ 3 launches (1.0)
+    "backward_dkdv_mma": (9.8e-4, 5.8e-5, 1.7e-3),
+    "backward_dq_mma": (1.1e-3, 1.3e-5, 1.3e-3),
+    # element-wise kernels, one step per element: D = rowsum(dO * O) (13 launches, 0.61-1.25),
+    # the dQ cast and GQA sums (18 launches, 0.85-1.22), merge_states (2), softmax (4,
+    # 0.93-1.06), naive_forward (one thread per row, a step per key and column; 3)
+    "backward_preprocess": (6.6e-4, 0.0, 4.2e-5),
+    "backward_reduce": (1.6e-4, 0.0, 0.0),
+    "merge": (2.2e-4, 0.0, 1.3e-5),
+    "softmax": (8.1e-4, 0.0, 7.3e-6),
+    "naive_forward": (1.2e-3, 2.7e-5, 4.5e-6),
+    # split-KV decode: 4 launches (B 1-2, H 1-4, 16-256 keys, d 16-64); 0.77-1.21.  One step:
+    # one thread's share of one block step of keys.
+    "decode": (0.0, 4.1e-5, 8.8e-4),
+}
+
+
+class SimWork(NamedTuple):
+    """A launch's work for the simulator estimate (see the module docstring)."""
+
+    family: str
+    steps: int
+    elems: int = 0
+
+
+def threads_of(grid, block):
+    """CUDA threads of a launch configuration (ints or tuples)."""
+    def count(dims):
+        dims = dims if isinstance(dims, tuple) else (dims,)
+        return math.prod(int(x) for x in dims)
+
+    return count(grid) * count(block)
+
+
+def _tile_edges(n, block):
+    start = np.arange(0, max(0, int(n)), int(block), dtype=np.int64)
+    return start, np.minimum(start + int(block), int(n))
+
+
+def kv_tiles_visited(nq, nk, block_m, block_n, left, right):
+    """(Q tile, K/V tile) pairs the forward-style loop visits for one head: for each Q tile, the
+    K/V tiles that hold a key some row sees (:func:`~numba_flash.kernels.visibility.
+    tile_key_range_py`, vectorised)."""
+    q_start, q_end = _tile_edges(nq, block_m)
+    offset = int(nk) - int(nq)
+    lo = np.zeros_like(q_start) if left < 0 else np.maximum(0, q_start + offset - left)
+    hi = np.full_like(q_start, nk) if right < 0 else np.minimum(nk, q_end - 1 + offset + right + 1)
+    first = lo // block_n
+    last = -(-hi // block_n)
+    return int(np.where(hi > lo, last - first, 0).sum())
+
+
+def q_tiles_visited(nq, nk, block_m, block_n, left, right):
+    """(K/V tile, Q tile) pairs the backward's K/V-outer loop visits for one head
+    (:func:`~numba_flash.kernels.visibility.tile_query_range_py`, vectorised)."""
+    k_start, k_end = _tile_edges(nk, block_n)
+    offset = int(nk) - int(nq)
+    lo = np.zeros_like(k_start) if right < 0 else np.maximum(0, k_start - right - offset)
+    hi = np.full_like(k_start, nq) if left < 0 else np.minimum(nq, k_end - 1 + left - offset + 1)
+    first = lo // block_m
+    last = -(-hi // block_m)
+    return int(np.where(hi > lo, last - first, 0).sum())
+
+
+def tiled_work(family, lens, heads, block_m, block_n, left, right, per_block, head_dim,
+               kv_outer=False, mma=False):
+    """:class:`SimWork` of a tiled kernel with ``per_block`` threads, over the sequences
+    ``lens`` (pairs ``(nq, nk)``: ``B`` times the same pair, or a packed batch's lengths) and
+    ``heads`` heads each: ``steps`` are the (outer tile, inner tile) pairs visited times the
+    threads, ``elems`` the outer tiles' threads times ``head_dim``.  ``kv_outer``: the outer
+    loop runs over K/V tiles (the backward's dK/dV kernel), else over Q tiles.  ``mma``: a
+    tensor-core kernel, whose simulator twins emulate each ``m16n8k16`` lane by lane, so a tile
+    pair costs in proportion to its ``head_dim / 16`` k-slices: each slice counts as a step."""
+    steps = elems = 0
+    for nq, nk in lens:
+        nq, nk = int(nq), int(nk)
+        if kv_outer:
+            steps += q_tiles_visited(nq, nk, block_m, block_n, left, right)
+            elems += -(-nk // block_n)
+        else:
+            steps += kv_tiles_visited(nq, nk, block_m, block_n, left, right)
+            elems += -(-nq // block_m)
+    slices = max(1, head_dim // 16) if mma else 1
+    return SimWork(family, steps * heads * per_block * slices,
+                   elems * heads * per_block * head_dim)
+
+
+def simulator_seconds(grid, block, work=None):
+    """Estimated wall time of a simulator launch (see the module docstring)."""
+    threads = threads_of(grid, block)
+    cost = SIM_COST.get(work.family) if work is not None else None
+    if cost is None:
+        return threads * SIM_SECONDS_PER_THREAD
+    per_thread, per_elem, per_step = cost
+    return threads * per_thread + int(work.elems) * per_elem + int(work.steps) * per_step
+
+
+def _user_stacklevel():
+    """The stacklevel of the first frame outside numba_flash (for warnings about a call)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _fmt_time(seconds):
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def warn_if_slow(kernel, grid, block, work=None):
+    """Warn (:class:`~numba_flash.backend.SlowSimulatorWarning`) before a simulator launch
+    estimated at :data:`SIM_WARN_SECONDS` or more."""
+    seconds = simulator_seconds(grid, block, work)
+    if seconds < SIM_WARN_SECONDS:
+        return seconds
+    name = getattr(getattr(kernel, "py_func", None), "__name__", None) or "kernel"
+    how = ("from the work of its threads; longer on a busy machine"
+           if work is not None and work.family in SIM_COST
+           else "at least: counted from its threads alone")
+    warnings.warn(
+        f"this simulator launch of {name} (grid {grid}, block {block}, "
+        f"{threads_of(grid, block)} CUDA threads) is estimated to take {_fmt_time(seconds)} "
+        f"({how}). Use smaller shapes in the simulator, or run on a GPU; Ctrl-C stops it.",
+        SlowSimulatorWarning,
+        stacklevel=_user_stacklevel(),
+    )
+    return seconds
