@@ -99,8 +99,12 @@ def test_missing_mma_module_falls_back_or_says_so(monkeypatch):
     """A module that is not installed at all: "auto" takes SIMT, "mma" says what is missing."""
     from numba_flash.ops import kernel_choice as kc
 
-    def missing(name):
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    real = importlib.import_module
+
+    def missing(name, *args, **kw):
+        if name.startswith("numba_flash.ops.") and name.endswith("_mma"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *args, **kw)
 
     monkeypatch.setattr(kc.importlib, "import_module", missing)
     monkeypatch.setattr(kc, "cuda_cc", lambda: (9, 0))
