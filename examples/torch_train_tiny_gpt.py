@@ -41,12 +41,14 @@ class Block(torch.nn.Module):
 
     def forward(self, x):
         b, n, c = x.shape
+        # [docs:torch-flash-attn-func]
         q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.heads, c // self.heads).unbind(2)
         if self.attention == "numba_flash":  # flash-attn's layout: [batch, seqlen, heads, d]
             y = flash_attn_func(q, k, v, causal=True)
         else:  # torch SDPA takes [batch, heads, seqlen, d]
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                                v.transpose(1, 2), is_causal=True).transpose(1, 2)
+        # [/docs:torch-flash-attn-func]
         x = x + self.proj(y.reshape(b, n, c))
         return x + self.mlp(self.ln2(x))
 

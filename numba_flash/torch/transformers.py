@@ -44,6 +44,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         raise ValueError(f"attention_mask: expected the 2-D padding mask [batch, kv_len] "
                          f"{(k.shape[0], k.shape[1])} that the numba_flash mask function "
                          f"gives, got shape {tuple(attention_mask.shape)}")
+    # [docs:torch-padded-batch]
     b, nq = q.shape[:2]
     mask_k = attention_mask.bool()
     mask_q = mask_k[:, -nq:]  # the queries are the last nq positions (decoding with a cache)
@@ -52,6 +53,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     v_p = unpad_input(v, mask_k)[0]
     out = flash_attn_varlen_func(q_p, k_p, v_p, cu_q, cu_k, max_q, max_k, **opts)
     return pad_input(out, idx_q, b, nq), None
+    # [/docs:torch-padded-batch]
 
 
 def register_transformers(name="numba_fa"):

@@ -88,6 +88,21 @@ def test_llama_gqa_causal_lm_matches_eager(padded):
     _compare_grads(ours, eager, 1e-5)
 
 
+def test_register_then_from_config():
+    """The page's how-to (docs/torch.md): register, then build a model on "numba_fa"."""
+    from transformers import AttentionInterface
+
+    config = _llama_config()
+    # [docs:torch-transformers]
+    import numba_flash.torch
+
+    numba_flash.torch.register_transformers()  # the name "numba_fa" (no "flash" in it)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="numba_fa")
+    # [/docs:torch-transformers]
+    assert model.config._attn_implementation == "numba_fa"
+    assert AttentionInterface()["numba_fa"] is numba_flash.torch.transformers.attention_forward
+
+
 def test_register_refuses_a_flash_name():
     with pytest.raises(ValueError, match="name: expected a name without 'flash'"):
         nft.register_transformers("numba_flash")
