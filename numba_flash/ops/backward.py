@@ -144,7 +144,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     scale = check_scale(softmax_scale, d)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h)
+                                                        alibi_slopes, b, h, nq=nq, nk=nk)
     kernel = check_backward_kernel(kernel, dtype)
     if kernel == "mma":
         return import_mma("backward_mma").backward_mma(

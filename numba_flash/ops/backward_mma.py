@@ -43,7 +43,7 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     scale = check_scale(softmax_scale, d)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h)
+                                                        alibi_slopes, b, h, nq=nq, nk=nk)
     use_dropout = float(dropout_p) > 0.0
     num_warps, head_dim = default_tiles(d)
     flags = (use_dropout, softcap > 0.0, alibi is not None)

@@ -52,7 +52,7 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
     scale = check_scale(softmax_scale, d)
     dropout = dropout_params(dropout_p, seed)
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h)
+                                                        alibi_slopes, b, h, nq=nq, nk=nk)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
                        float(dropout_p), dropout, window, left, right, softcap, alibi)
 
