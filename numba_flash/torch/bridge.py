@@ -57,9 +57,12 @@ def on_device(device):
     import cupy
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(index)
-    with cupy.cuda.Device(index), cupy.cuda.ExternalStream(stream.cuda_stream, index):
-        yield
+    ptr = torch.cuda.current_stream(index).cuda_stream
+    with cupy.cuda.Device(index):
+        # torch's stream as CuPy's current one (0: the legacy default stream, CuPy's null one)
+        stream = cupy.cuda.ExternalStream(ptr, index) if ptr else cupy.cuda.Stream.null
+        with stream:
+            yield
 
 
 def draw_seed(dropout_p):
