@@ -8,11 +8,15 @@ registered alone is given ``attention_mask=None`` for a padded batch, which woul
 attend to the padding.  The mask function hands over the 2-D padding mask ``[batch, kv_len]``
 (or None when nothing is padded); :func:`attention_forward` then packs the valid tokens
 (:func:`~numba_flash.torch.unpad_input`), runs :func:`~numba_flash.torch.flash_attn_varlen_func`
-and scatters the result back (padded query positions get 0).  GQA models pass their kv heads
-as they are (no repeat).
+and scatters the result back (padded query positions get 0).  Sequences packed into one row
+without padding (``position_ids`` that restart, or ``cu_seq_lens_q/k`` from
+``DataCollatorWithFlattening``) run as a packed batch too, as in transformers' own flash path.
+GQA models pass their kv heads as they are (no repeat).
 """
 
 from __future__ import annotations
+
+import torch
 
 from .bert_padding import pad_input, unpad_input
 from .interface import flash_attn_func, flash_attn_varlen_func
@@ -39,7 +43,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                 window_size=window, softcap=float(softcap or 0.0))
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [B, N, heads, d]
     if attention_mask is None:
-        return flash_attn_func(q, k, v, **opts), None
+        packed = _packed_sequences(q, k, kwargs)
+        if packed is None:
+            return flash_attn_func(q, k, v, **opts), None
+        heads = (q.shape[2:], k.shape[2:])
+        out = flash_attn_varlen_func(q.reshape(-1, *heads[0]), k.reshape(-1, *heads[1]),
+                                     v.reshape(-1, *heads[1]), *packed, **opts)
+        return out.reshape(q.shape), None
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (k.shape[0], k.shape[1]):
         raise ValueError(f"attention_mask: expected the 2-D padding mask [batch, kv_len] "
                          f"{(k.shape[0], k.shape[1])} that the numba_flash mask function "
@@ -54,6 +64,30 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     out = flash_attn_varlen_func(q_p, k_p, v_p, cu_q, cu_k, max_q, max_k, **opts)
     return pad_input(out, idx_q, b, nq), None
     # [/docs:torch-padded-batch]
+
+
+def _packed_sequences(q, k, kwargs):
+    """``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` of several sequences packed
+    into one row without padding, or None: from transformers' ``cu_seq_lens_q/k`` and
+    ``max_length_q/k`` keywords (``DataCollatorWithFlattening``), or, as transformers' own flash
+    path does, from ``position_ids`` of a batch of one that restart (each sequence starts at the
+    smallest position id)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:
+        return (cu_q.to(torch.int32), cu_k.to(torch.int32), int(kwargs["max_length_q"]),
+                int(kwargs["max_length_k"]))
+    pos = kwargs.get("position_ids")
+    if (pos is None or q.shape[0] != 1 or q.shape[1] == 1 or q.shape[1] != k.shape[1]
+            or pos.numel() != q.shape[1]):
+        return None
+    pos = pos.reshape(-1)
+    starts = (pos == pos.min()).nonzero().view(-1).to(torch.int32)
+    if starts.numel() == 1:  # one sequence: the dense path
+        return None
+    cu = torch.cat((starts, torch.tensor([pos.numel()], dtype=torch.int32,
+                                         device=starts.device)))
+    longest = int(cu.diff().max())
+    return cu, cu, longest, longest
 
 
 def register_transformers(name="numba_fa"):

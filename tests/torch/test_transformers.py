@@ -88,6 +88,21 @@ def test_llama_gqa_causal_lm_matches_eager(padded):
     _compare_grads(ours, eager, 1e-5)
 
 
+def test_llama_packed_sequences_match_eager():
+    """Three sequences packed into one row, told apart only by restarting position_ids (what
+    transformers' flash path and eager's packed-sequence mask both read): no attention across
+    sequences."""
+    ours, eager = _pair(transformers.AutoModelForCausalLM.from_config, _llama_config())
+    ids = torch.randint(1, 40, (1, 9), generator=torch.Generator().manual_seed(6))
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    # use_cache=False: eager builds its packed-sequence mask only without a cache (training)
+    logits = [m(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+              for m in (ours, eager)]
+    torch.testing.assert_close(logits[0], logits[1], atol=2e-5, rtol=0)
+    alone = ours(input_ids=ids[:, 3:5], position_ids=pos[:, 3:5]).logits[0]
+    torch.testing.assert_close(logits[0][3:5], alone, atol=2e-5, rtol=0)
+
+
 def test_register_then_from_config():
     """The page's how-to (docs/torch.md): register, then build a model on "numba_fa"."""
     from transformers import AttentionInterface
