@@ -74,23 +74,24 @@ def check_same_dtype(named):
                             f"{str(x.dtype).replace('torch.', '')}")
 
 
-def check_kv_shapes(q_shape, k_shape, v_shape, k_name="k", v_name="v", dense=True):
+def check_kv_shapes(q_shape, k_shape, v_shape, k_name="k", v_name="v", dense=True, q_name="q"):
     """Shapes of ``q`` and ``k``/``v`` (``[B, N, H, d]`` dense, ``[total, H, d]`` packed): ``k``
     and ``v`` alike, same batch (dense) and head dim, query heads a multiple of kv heads (GQA),
     head dim at most 256."""
     if k_shape != v_shape:
         raise ValueError(f"{v_name}: expected the shape of {k_name} {k_shape}, got {v_shape}")
     if dense and k_shape[0] != q_shape[0]:
-        raise ValueError(f"{k_name}: expected batch_size {q_shape[0]} (from q), got "
+        raise ValueError(f"{k_name}: expected batch_size {q_shape[0]} (from {q_name}), got "
                          f"{k_shape[0]}")
     if k_shape[-1] != q_shape[-1]:
-        raise ValueError(f"{k_name}: expected headdim {q_shape[-1]} (from q), got {k_shape[-1]}")
+        raise ValueError(f"{k_name}: expected headdim {q_shape[-1]} (from {q_name}), got "
+                         f"{k_shape[-1]}")
     h, hkv = q_shape[-2], k_shape[-2]
     if h % hkv:
         raise ValueError(f"{k_name}: expected a number of heads (nheads_k) that divides the {h} "
-                         f"heads of q (GQA), got {hkv}")
+                         f"heads of {q_name} (GQA), got {hkv}")
     if q_shape[-1] > 256:
-        raise ValueError(f"q: expected headdim 1..256, got {q_shape[-1]}")
+        raise ValueError(f"{q_name}: expected headdim 1..256, got {q_shape[-1]}")
 
 
 def check_alibi(alibi_slopes):

@@ -68,7 +68,7 @@ def _check_dense(q, k, v, q_name="q", k_name="k", v_name="v"):
     ks = checks.check_tensor(k_name, k, 4, checks.DENSE)
     vs = checks.check_tensor(v_name, v, 4, checks.DENSE)
     checks.check_same_dtype({q_name: q, k_name: k, v_name: v})
-    checks.check_kv_shapes(qs, ks, vs, k_name, v_name)
+    checks.check_kv_shapes(qs, ks, vs, k_name, v_name, q_name=q_name)
 
 
 def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -82,7 +82,7 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     ks = checks.check_tensor(names[1], k, 3, checks.PACKED)
     vs = checks.check_tensor(names[2], v, 3, checks.PACKED)
     checks.check_same_dtype({names[0]: q, names[1]: k, names[2]: v})
-    checks.check_kv_shapes(qs, ks, vs, names[1], names[2], dense=False)
+    checks.check_kv_shapes(qs, ks, vs, names[1], names[2], dense=False, q_name=names[0])
     checks.check_cu_seqlens(names[3], cu_seqlens_q)
     checks.check_cu_seqlens(names[4], cu_seqlens_k)
     for name, m in ((names[5], max_seqlen_q), (names[6], max_seqlen_k)):
@@ -120,6 +120,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     """
     _check_packed("qkv", qkv, 5, 2, 3, "(batch_size, seqlen, 3, nheads, headdim)")
     q, k, v = qkv.unbind(2)
+    _check_dense(q, k, v, "qkv", "qkv", "qkv")
     return _dense(q, k, v, ("qkv", "qkv", "qkv"), dropout_p, softmax_scale, causal, window_size,
                   softcap, alibi_slopes, deterministic, return_attn_probs)
 

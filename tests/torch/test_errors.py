@@ -72,6 +72,8 @@ def test_packed_bad_input():
     with pytest.raises(ValueError, match=r"qkv: expected 3 along dim 2 of \(batch_size, seqlen, "
                                          r"3, nheads, headdim\), got shape \(1, 4, 2, 2, 8\)"):
         nft.flash_attn_qkvpacked_func(torch.randn(1, 4, 2, 2, 8))
+    with pytest.raises(ValueError, match=r"qkv: expected headdim 1..256, got 300"):
+        nft.flash_attn_qkvpacked_func(torch.randn(1, 2, 3, 1, 300))
     with pytest.raises(ValueError, match=r"kv: expected a 5-D tensor"):
         nft.flash_attn_kvpacked_func(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8))
 
