@@ -103,6 +103,26 @@ def test_llama_packed_sequences_match_eager():
     torch.testing.assert_close(logits[0][3:5], alone, atol=2e-5, rtol=0)
 
 
+def test_flattening_collator_keywords(gen):
+    """cu_seq_lens_q/k and max_length_q/k (DataCollatorWithFlattening) split the row into its
+    sequences: each equals flash_attn_func on that sequence alone."""
+    from types import SimpleNamespace
+
+    from numba_flash.torch.transformers import attention_forward
+    from torch_helpers import randn
+
+    query, key, value = randn(gen, 1, 2, 7, 4), randn(gen, 1, 1, 7, 4), randn(gen, 1, 1, 7, 4)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    out, weights = attention_forward(SimpleNamespace(is_causal=True), query, key, value, None,
+                                     cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4,
+                                     max_length_k=4)
+    assert weights is None and out.shape == (1, 7, 2, 4)
+    for s, e in ((0, 3), (3, 7)):
+        alone = nft.flash_attn_func(*(x[:, :, s:e].transpose(1, 2) for x in (query, key, value)),
+                                    causal=True)
+        torch.testing.assert_close(out[:, s:e], alone, atol=1e-6, rtol=0)
+
+
 def test_register_then_from_config():
     """The page's how-to (docs/torch.md): register, then build a model on "numba_fa"."""
     from transformers import AttentionInterface
