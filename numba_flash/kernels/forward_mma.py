@@ -10,11 +10,19 @@ NaN, softcap, ALiBi for one it sees), then the online softmax in float32::
     m_new = max(m_i, rowmax(S));  alpha = exp(m_i - m_new);  P = exp(S - m_new)
     l_i = alpha l_i + rowsum(P);  acc = alpha acc + P V_j  (P rounded to float16 for the mma)
 
-and at the end ``O = acc / l_i`` (float16), ``lse = m_i + log(l_i)`` (float32).  A row that sees
-no key ends with ``l_i = 0``: ``o = 0``, ``lse = -inf``; a NaN score (NaN or inf in ``q`` or in a
-visible ``k``) makes ``m_i``, ``l_i`` NaN: ``o`` and ``lse`` NaN.  Dropout multiplies the ``P``
-fed to ``P V`` by ``keep / (1 - p)`` (``l_i`` and ``lse`` stay undropped); ``keep`` of element
-``(b, h, i, j)`` is the Philox draw of :func:`numba_flash.dropout_mask`.
+and at the end ``O = acc / l_i`` (float16), ``lse = m_i + log(l_i)`` (float32, natural log of
+the scaled scores).  Without softcap and ALiBi, ``S`` and ``m_i`` stay in raw ``q . k`` units
+and ``exp(scale (x - m))`` is ``ex2(x c - m c)`` with ``c = scale log2(e)``: one FFMA and one
+``ex2.approx`` per score (:func:`~numba_flash.kernels.stages.ex2`); ``lse = scale m_i +
+log(l_i)``.  With them, the modified scores are in natural units and ``c = log2(e)``.
+
+A row that sees no key ends with ``l_i = 0``: ``o = 0``, ``lse = -inf``.  A NaN score (NaN or
+inf in ``q`` or in a visible ``k``) makes ``P`` and so ``l_i`` NaN: ``o`` and ``lse`` NaN.
+Finding it costs one sum of the tile's raw scores per lane: only when that sum is not finite do
+the scores get the per-element test (the max is a plain ``max.f32``, which skips NaN; the NaN
+reaches ``l_i`` through ``P``).  Dropout multiplies the ``P`` fed to ``P V`` by
+``keep / (1 - p)`` (``l_i`` and ``lse`` stay undropped); ``keep`` of element ``(b, h, i, j)``
+is the Philox draw of :func:`numba_flash.dropout_mask`.
 
 Fragments, not threads, own the tiles
 -------------------------------------
@@ -22,40 +30,51 @@ Each warp owns 16 query rows.  Its ``S`` for ``BLOCK_N`` keys is ``BLOCK_N / 8``
 fragments (:mod:`numba_flash.kernels.mma`): lane ``(g, t)`` (``g = lane >> 2``, ``t = lane % 4``)
 holds rows ``g`` and ``g + 8`` and, per 8-key fragment ``n``, keys ``8n + 2t`` and ``8n + 2t + 1``.
 So the online softmax runs on the accumulator registers: a row's max and sum are the lane's own
-values combined over the 4 lanes of its quad (:func:`~numba_flash.kernels.mma.quad_max`, two
-``shfl_xor_sync``; the partial sums are combined once, at the end, since they share ``m_i``).
-``P`` goes straight from the ``S`` registers to the ``A`` registers of ``P V``
-(:func:`~numba_flash.kernels.mma.pack_half2`): two 8-key ``S`` fragments are exactly one
-16-key ``A`` fragment.  ``acc`` is ``HEAD_DIM / 8`` accumulator fragments per lane.
+values combined over the 4 lanes of its quad (two ``shfl_xor_sync``; the partial sums are
+combined once, at the end, since they share ``m_i``).  ``P`` goes straight from the ``S``
+registers to the ``A`` registers of ``P V`` (:func:`~numba_flash.kernels.mma.a_frag_from_c`).
+Q's ``A`` fragments are read once (``ldmatrix``) and stay in registers (``HEAD_DIM / 4`` per
+lane, up to ``HEAD_DIM`` 128: :data:`Q_IN_REGS_MAX`; at 256 they would spill, so Q keeps its
+own shared region and is read at every k-step); K's ``B`` fragments come from ``ldmatrix.x4``
+(two 8-key fragments per instruction) and V's from ``ldmatrix.x4.trans`` on the row-major V
+tile (:mod:`numba_flash.kernels.stages`).
 
-Non-finite ``v``: a key a row does not see must not touch it, but a tensor core computes
-``0 * NaN = NaN``.  So a non-finite ``v`` element is stored as 0 in ``vt_tile`` and the tile is
-flagged (``v_bad``).  For a flagged tile (rare) the block reloads ``vt_tile`` as a 0/1 indicator
-of the non-finite elements and runs one more product on the tensor cores, ``seen (0/1) x
-indicator``: where it counts a visible key with a non-finite ``v[j, c]``, ``acc`` becomes NaN
-(the reference's rule).  Everything stays in fragments with compile-time register indices.
+Tiles, the double buffer and the masks
+--------------------------------------
+K/V tiles outside the keys some row of the Q tile sees are never loaded
+(:func:`~numba_flash.kernels.visibility.tile_key_range`: causal skips the upper triangle, a window
+costs O(window)). The tiles run in key order; one loop body (``make_step(MASKED)``) is compiled
+twice and each tile takes one: the tiles inside the keys every row sees
+(:func:`~numba_flash.kernels.visibility.tile_full_range`) run the unmasked step, with no per-element
+mask and no ``v`` test, the others the masked one. Each step waits for its tile's ``cp.async``
+group, passes one barrier (the tile is visible to every warp, and every warp is done with the other
+stage), issues the next tile's copies into the other stage and computes; so tile ``j + 1``'s copy
+runs under tile ``j``'s math. Rows past ``Nk`` (``Nq`` for Q) are zero-filled by the copy.
+
+Non-finite ``v``: a key a row does not see has ``P = 0``, but a tensor core computes ``0 * NaN
+= NaN``.  In an unmasked tile every row sees every key, so the NaN is the right answer.  In a
+masked tile each thread zeroes the inf / NaN halves of the V chunks it copied and the block
+learns whether there were any (``syncthreads_or``, which is also the barrier before ``P V``);
+if so (rare), each lane marks ``acc`` NaN where a key its row sees has a non-finite ``v[j, c]``
+(read again from global memory): the reference's rule.
 
 Grid / block
 ------------
 grid = ``(ceil(Nq / BLOCK_M) * B * H,)`` (:func:`forward_grid`: Q tiles fastest, then the
 flattened ``(b, h)``; x allows 2**31 - 1 blocks, so any ``B * H`` fits), block =
 ``32 * NUM_WARPS`` threads, ``BLOCK_M = 16 * NUM_WARPS``.  The kv head is ``h // (H // Hkv)``.
-K/V tiles outside the keys some row of the Q tile sees are never loaded
-(:func:`~numba_flash.kernels.visibility.tile_key_range`: causal skips the upper triangle,
-a window costs O(window)); tiles inside the keys every row sees skip the per-element mask.
 
-Shared memory (uint32 words, each two float16)
-----------------------------------------------
-* ``q_tile  [BLOCK_M, HEAD_DIM / 2 + 4]``: Q, a row per query (``A`` of ``S = Q K^T``);
-* ``k_tile  [BLOCK_N, HEAD_DIM / 2 + 4]``: K, a row per key (``B`` of ``S``, ``.col`` layout);
-* ``vt_tile [HEAD_DIM, BLOCK_N / 2 + 4]``: V transposed, a row per head-dim column (``B`` of
-  ``P V``), packed key pairs;
-* ``v_bad   [1]`` int32: the tile holds a non-finite ``v``.
-
-The ``+ 4`` pad puts the 8 rows ``g`` of a fragment load into distinct banks.  In total
-``4 (BLOCK_M + BLOCK_N) (HEAD_DIM / 2 + 4) + 4 HEAD_DIM (BLOCK_N / 2 + 4) + 4`` bytes, at most
-48 KiB for every tile choice of :data:`GPU_TILES` (:func:`shared_bytes`).  Inputs are read as
-their float16 bit patterns (``uint16`` views): no conversion on load.
+Shared memory (one static ``uint32`` array, rows of ``RB = 2 HEAD_DIM + 16`` bytes)
+-----------------------------------------------------------------------------------
+Two stages, each a K tile then a V tile of ``BLOCK_N`` rows (``2 BLOCK_N RB`` bytes); Q's
+``BLOCK_M`` rows sit in stage 1 until their fragments are in registers (the first barrier of the
+loop frees it). In total ``max(4 BLOCK_N, 2 BLOCK_N + BLOCK_M) RB`` bytes, or ``(4 BLOCK_N +
+BLOCK_M) RB`` when Q stays in shared memory (:func:`shared_bytes`), at most 48 KiB for every tile
+choice of :data:`GPU_TILES`. The 16-byte pad of each row puts the 8 rows of an ``ldmatrix`` in
+distinct banks. Inputs are read as their float16 bit patterns (``uint16`` views); with ``d ==
+HEAD_DIM`` and 16-byte aligned tensors by ``cp.async`` (16 bytes per instruction), else by 16-bit
+loads (zero-padded columns): a compile-time choice (``VEC``, :func:`vector_copies`), so the fast
+build has no fallback code.
 """
 
 from __future__ import annotations
@@ -63,19 +82,23 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, int32, types
+from numba import cuda, float32, int32, types, uint32
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
-from .mma import (a_frag_from_c, half2_bits, load_a_frag, load_b_frag, mma_m16n8k16, pack_half2,
-                  quad_max, quad_sum)
-from .visibility import (key_bounds, make_score_mod, tile_full_range, tile_key_range,
-                         tile_needs_mask)
 from .jit import kernel_jit
+from .mma import FULL_MASK, a_frag_from_c, mma_m16n8k16, quad_sum
+from .stages import (LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
+                     ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
+from .visibility import key_bounds, make_score_mod, tile_full_range, tile_key_range
 
 #: GPU tiles per padded head dim: ``(NUM_WARPS, BLOCK_N)``; ``BLOCK_M = 16 * NUM_WARPS``.
-GPU_TILES = {16: (4, 64), 32: (4, 64), 64: (4, 64), 128: (4, 32), 256: (2, 16)}
+GPU_TILES = {16: (4, 64), 32: (4, 64), 64: (4, 64), 128: (4, 32), 256: (1, 16)}
+
+#: Q's A fragments stay in registers up to this head dim (at 256 they would spill: Q stays in
+#: its own shared-memory region and is read by ldmatrix at each k-step)
+Q_IN_REGS_MAX = 128
 
 #: simulator tiles: one warp (32 Python threads) and 16 keys per tile
 SIM_TILES = (1, 16)
@@ -84,13 +107,23 @@ SIM_TILES = (1, 16)
 GRID_X_MAX = 2**31 - 1
 
 _EXP_MASK = 0x7C00  # float16 exponent bits: all ones = inf or NaN
-_ONE_BITS = 0x3C00  # float16 1.0
 
 
 def shared_bytes(NUM_WARPS, BLOCK_N, HEAD_DIM):
     """Static shared memory of one block (the budget in the module docstring)."""
-    words = (16 * NUM_WARPS + BLOCK_N) * (HEAD_DIM // 2 + 4) + HEAD_DIM * (BLOCK_N // 2 + 4) + 1
-    return 4 * words
+    if HEAD_DIM <= Q_IN_REGS_MAX:  # Q shares stage 1 until its fragments are in registers
+        return max(4 * BLOCK_N, 2 * BLOCK_N + 16 * NUM_WARPS) * row_bytes(HEAD_DIM)
+    return (4 * BLOCK_N + 16 * NUM_WARPS) * row_bytes(HEAD_DIM)
+
+
+def vector_copies(d, head_dim, *arrays):
+    """The ``VEC`` build: ``d == head_dim`` and every array's data 16-byte aligned (the
+    ``cp.async`` path; on the simulator alignment does not matter)."""
+    if d != head_dim:
+        return False
+    if on_simulator():
+        return True
+    return all(x.__cuda_array_interface__["data"][0] % 16 == 0 for x in arrays)
 
 
 def default_tiles(head_dim, simulator=None):
@@ -112,66 +145,209 @@ def forward_grid(nq, b, h, block_m):
 
 
 @functools.lru_cache(maxsize=None)
-def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False):
+def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False,
+                       VEC=True):
     """Build ``kernel(q, k, v, o, lse, scale, window, mods, alibi, dropout)``.
 
-    ``q``, ``k``, ``v``: uint16 views of the float16 ``[B, H(kv), N, d]`` inputs; ``o`` float16,
-    ``lse`` float32.  ``scale`` float32; ``window = (left, right)`` int32 (causal folded in,
-    :func:`~numba_flash.kernels.visibility.window_bounds`); ``mods = (softcap, 1 / softcap)``
-    float32 (used with ``SOFTCAP``); ``alibi`` float32 ``[B, H]`` (read with ``ALIBI``);
-    ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)`` (with ``DROPOUT``).
+    ``q``, ``k``, ``v``: uint16 views of the float16 ``[B, H(kv), N, d]`` inputs (C-contiguous);
+    ``o`` float16, ``lse`` float32.  ``scale`` float32; ``window = (left, right)`` int32 (causal
+    folded in, :func:`~numba_flash.kernels.visibility.window_bounds`); ``mods = (softcap,
+    1 / softcap)`` float32 (used with ``SOFTCAP``); ``alibi`` float32 ``[B, H]`` (read with
+    ``ALIBI``); ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)`` (with
+    ``DROPOUT``).  ``VEC``: ``d == HEAD_DIM`` and 16-byte aligned ``q``, ``k``, ``v``
+    (:func:`vector_copies`): tiles move by ``cp.async``; else by 16-bit loads.
     """
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0
     BLOCK_M = 16 * NUM_WARPS
     THREADS = 32 * NUM_WARPS
-    WORDS = HEAD_DIM // 2           # words of a packed Q / K row
-    ROW_W = WORDS + 4               # padded row length of q_tile, k_tile
-    PAIRS = BLOCK_N // 2            # key pairs of a vt_tile row
-    VT_W = PAIRS + 4                # padded row length of vt_tile
+    RB = row_bytes(HEAD_DIM)        # bytes of a padded shared row (Q, K or V)
+    KV_BYTES = BLOCK_N * RB         # one K (or V) tile
+    STAGE_BYTES = 2 * KV_BYTES      # one stage of the double buffer: K, then V
+    SMEM_WORDS = shared_bytes(NUM_WARPS, BLOCK_N, HEAD_DIM) // 4
     N_FRAGS = BLOCK_N // 8          # S fragments per warp (8 keys each)
     D_FRAGS = HEAD_DIM // 8         # acc fragments per warp (8 output columns each)
-    K_STEPS = HEAD_DIM // 16        # mma steps of S = Q K^T
+    K_STEPS = HEAD_DIM // 16        # mma steps of S = Q K^T (Q's A fragments, in registers)
     P_STEPS = BLOCK_N // 16         # mma steps of P V
+    MODS = SOFTCAP or ALIBI         # scores need per-element work even on unmasked tiles
+    Q_IN_REGS = HEAD_DIM <= Q_IN_REGS_MAX
+    Q_BYTE = STAGE_BYTES if Q_IN_REGS else 2 * STAGE_BYTES  # where Q's tile sits
     NEG_INF = float32(-math.inf)
+    INF = float32(math.inf)
     NAN = float32(math.nan)
     ZERO = float32(0.0)
     ONE = float32(1.0)
+    LOG2E_F = float32(LOG2E)
     score_mod = make_score_mod(SOFTCAP, ALIBI, float32)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
+    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS)
 
     @cuda.jit(device=True, inline=True)
-    def seen(key, lo, hi):
-        """1.0 if the row with visible keys [lo, hi) sees ``key``, else 0.0."""
-        return ONE if (lo <= key and key < hi) else ZERO
+    def load_kv(smem, stage_byte, k, v, kv_base, k_start, nk, d, tid):
+        """Issue the copies of K/V rows ``k_start ..`` into the stage at ``stage_byte``."""
+        rows = min(BLOCK_N, nk - k_start)
+        base = kv_base + k_start * d
+        copy_kv(smem, stage_byte, k, base, rows, d, tid)
+        copy_kv(smem, stage_byte + KV_BYTES, v, base, rows, d, tid)
 
-    @cuda.jit(device=True, inline=True)
-    def load_vt(vt_tile, v, b, hk, k_start, nk, d, tid, indicator):
-        """vt_tile = V_j transposed as packed key pairs, zero outside V; a non-finite element
-        is stored as 0 (``indicator``: every element as 1.0 if non-finite, else 0).  True if
-        this thread met a non-finite element."""
-        bad = False
-        for idx in range(tid, HEAD_DIM * PAIRS, THREADS):
-            c = idx % HEAD_DIM             # consecutive threads: consecutive columns
-            key = k_start + 2 * (idx // HEAD_DIM)
-            lo = 0
-            hi = 0
-            if c < d:
-                if key < nk:
-                    lo = v[b, hk, key, c]
-                if key + 1 < nk:
-                    hi = v[b, hk, key + 1, c]
-            bad_lo = (lo & _EXP_MASK) == _EXP_MASK
-            bad_hi = (hi & _EXP_MASK) == _EXP_MASK
-            if indicator:
-                lo = _ONE_BITS if bad_lo else 0
-                hi = _ONE_BITS if bad_hi else 0
+    def make_step(MASKED):
+        """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
+        of the Q tile sees, so scores get the per-element mask and ``v`` the non-finite rule."""
+
+        @cuda.jit(device=True, inline=True)
+        def step(kt, t_lo, t_hi, smem, kv, frags, lanes, rows, sc, drop):
+            k, v, kv_base, nk, d, b, hk = kv
+            qf, s, acc, m_i, l_i = frags
+            tid, t, a_off, b_off, v_off = lanes
+            row0, lo0, hi0, lo1, hi1, offset = rows
+            scale, exp_scale, softcap, inv_softcap, slope = sc
+            h, nq, seed_lo, seed_hi, threshold, keep_scale = drop
+            k_start = kt * BLOCK_N
+            kb = ((kt - t_lo) & 1) * STAGE_BYTES          # this tile's stage
+            cp_async_wait_all()
+            cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
+            if kt + 1 < t_hi:   # the next tile's copy runs under this tile's math
+                load_kv(smem, STAGE_BYTES - kb, k, v, kv_base, k_start + BLOCK_N, nk, d, tid)
+                cp_async_commit()
+
+            # [docs:mma-s]
+            # -- S = Q K^T: Q's A fragments from registers, K's B fragments by ldmatrix (two
+            # 8-key fragments per x4)
+            for n in range(N_FRAGS):
+                for e in range(4):
+                    s[n, e] = ZERO
+            for kc in range(K_STEPS):
+                if Q_IN_REGS:
+                    a0, a1, a2, a3 = qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3]
+                else:
+                    a0, a1, a2, a3 = ldmatrix_x4(smem, a_off + 32 * kc)
+                for p in range(N_FRAGS // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, kb + b_off + 16 * p * RB + 32 * kc)
+                    n = 2 * p
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
+                        a0, a1, a2, a3, b0, b1, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                    n = 2 * p + 1
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
+                        a0, a1, a2, a3, b2, b3, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+            # [/docs:mma-s]
+
+            # [docs:mma-scores]
+            # -- scores: raw q.k (exp_scale = scale log2 e) or, with softcap / ALiBi, scaled
+            # and modified (exp_scale = log2 e); masked tiles set unseen keys to -inf
+            if MODS:
+                for n in range(N_FRAGS):
+                    for e in range(4):
+                        key = k_start + 8 * n + 2 * t + (e & 1)
+                        lo = lo0 if e < 2 else lo1
+                        hi = hi0 if e < 2 else hi1
+                        if MASKED and not (lo <= key and key < hi):
+                            s[n, e] = NEG_INF
+                        else:
+                            s[n, e] = score_mod(s[n, e] * scale, row0 + 8 * (e >> 1), key,
+                                                offset, softcap, inv_softcap, slope)
             else:
-                if bad_lo:
-                    lo = 0
-                if bad_hi:
-                    hi = 0
-            vt_tile[c, idx // HEAD_DIM] = half2_bits(lo, hi)
-            bad = bad or bad_lo or bad_hi
-        return bad
+                total = ZERO
+                for n in range(N_FRAGS):
+                    for e in range(4):
+                        total += s[n, e]
+                if not abs(total) < INF:   # rare: an inf / NaN score (in q or k) -> NaN
+                    for n in range(N_FRAGS):
+                        for e in range(4):
+                            if not abs(s[n, e]) < INF:
+                                s[n, e] = NAN
+                if MASKED:
+                    for n in range(N_FRAGS):
+                        for e in range(4):
+                            key = k_start + 8 * n + 2 * t + (e & 1)
+                            lo = lo0 if e < 2 else lo1
+                            hi = hi0 if e < 2 else hi1
+                            if not (lo <= key and key < hi):
+                                s[n, e] = NEG_INF
+            # [/docs:mma-scores]
+
+            # [docs:mma-softmax]
+            # -- online softmax on the fragments: rows g (e = 0, 1) and g + 8 (e = 2, 3);
+            # exp(x - m) = ex2(x exp_scale - m exp_scale): one FFMA and one MUFU.EX2
+            for r in range(2):
+                mx = NEG_INF
+                for n in range(N_FRAGS):
+                    mx = fmax(mx, fmax(s[n, 2 * r], s[n, 2 * r + 1]))
+                mx = fmax(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))   # over the row's 4 lanes
+                mx = fmax(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
+                m_new = fmax(m_i[r], mx)
+                m_use = m_new if m_new != NEG_INF else ZERO    # no visible key yet: exp vs 0
+                neg_m = -(m_use * exp_scale)
+                alpha = ex2(fma(m_i[r], exp_scale, neg_m))
+                m_i[r] = m_new
+                row_sum = ZERO
+                for n in range(N_FRAGS):
+                    for e in range(2 * r, 2 * r + 2):
+                        p = ex2(fma(s[n, e], exp_scale, neg_m))
+                        s[n, e] = p
+                        row_sum += p
+                l_i[r] = alpha * l_i[r] + row_sum              # this lane's part of the row
+                for n in range(D_FRAGS):
+                    for e in range(2 * r, 2 * r + 2):
+                        acc[n, e] *= alpha
+            # [/docs:mma-softmax]
+
+            if DROPOUT:
+                # -- P * keep / (1 - p) for P V: one Philox call per row and fragment covers the
+                # lane's 2 keys (8n + 2t is even, so both lie in one group of 4)
+                for n in range(N_FRAGS):
+                    key = k_start + 8 * n + 2 * t
+                    for r in range(2):
+                        row = row0 + 8 * r
+                        bits = 0
+                        if row < nq and key < nk:
+                            bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2,
+                                                     threshold) >> (key & 3)
+                        for e in range(2):
+                            if (bits >> e) & 1:
+                                s[n, 2 * r + e] *= keep_scale
+                            else:
+                                s[n, 2 * r + e] = ZERO
+
+            v_bad = 0
+            if MASKED:
+                # a key a row does not see has P = 0, but 0 * NaN = NaN on the tensor cores:
+                # each thread zeroes the inf / NaN halves of the V chunks it copied
+                v_bad = cuda.syncthreads_or(
+                    1 if zero_nonfinite_v(smem, kb + KV_BYTES, tid) else 0)  # zeroed V for all
+
+            # [docs:mma-pv]
+            # -- acc += P V: two S fragments are one A fragment of P; V's B fragments by
+            # ldmatrix.trans from the row-major tile (two 8-column fragments per x4)
+            for kk in range(P_STEPS):
+                a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
+                for dp in range(D_FRAGS // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, kb + v_off + 16 * kk * RB + 32 * dp)
+                    n = 2 * dp
+                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
+                        a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+                    n = 2 * dp + 1
+                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
+                        a0, a1, a2, a3, b2, b3, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+            # [/docs:mma-pv]
+
+            if MASKED and v_bad:
+                # -- rare: a non-finite v[j, c] of a key j the row sees makes o[i, c] NaN (the
+                # reference's rule); read from global memory, where it is still inf / NaN
+                for j in range(min(BLOCK_N, nk - k_start)):
+                    key = k_start + j
+                    for n in range(D_FRAGS):
+                        for e in range(2):
+                            c = 8 * n + 2 * t + e
+                            if c < d and (v[b, hk, key, c] & _EXP_MASK) == _EXP_MASK:
+                                if lo0 <= key and key < hi0:
+                                    acc[n, e] = NAN
+                                if lo1 <= key and key < hi1:
+                                    acc[n, 2 + e] = NAN
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
 
     @kernel_jit
     def flash_forward_mma(q, k, v, o, lse, scale, window, mods, alibi, dropout):
@@ -198,35 +374,51 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         slope = ZERO
         if ALIBI:
             slope = alibi[b, h]
+        seed_lo, seed_hi, threshold, keep_scale = 0, 0, 0, ONE
         if DROPOUT:
             seed_lo, seed_hi, threshold, keep_scale = dropout
         row0 = q_start + 16 * warp + g     # the lane's two query rows
-        row1 = row0 + 8
         lo0, hi0 = key_bounds(row0, offset, nk, left, right)  # the keys [lo, hi) each row sees
-        lo1, hi1 = key_bounds(row1, offset, nk, left, right)
+        lo1, hi1 = key_bounds(row0 + 8, offset, nk, left, right)
+        # scores stay in raw q.k units without modifiers (scale folded into the exponent)
+        exp_scale = LOG2E_F if MODS else scale * LOG2E_F
+        lse_scale = ONE if MODS else scale
 
-        q_tile = cuda.shared.array((BLOCK_M, ROW_W), types.uint32)
-        k_tile = cuda.shared.array((BLOCK_N, ROW_W), types.uint32)
-        vt_tile = cuda.shared.array((HEAD_DIM, VT_W), types.uint32)
-        v_bad = cuda.shared.array(1, int32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        qf = cuda.local.array((K_STEPS, 4), uint32)
         s = cuda.local.array((N_FRAGS, 4), float32)
         acc = cuda.local.array((D_FRAGS, 4), float32)
         m_i = cuda.local.array(2, float32)
         l_i = cuda.local.array(2, float32)
 
-        # -- load q_tile: packed float16 pairs, zero past Nq and past the true head dim
-        for idx in range(tid, BLOCK_M * WORDS, THREADS):
-            r = idx // WORDS
-            c = 2 * (idx % WORDS)
-            row = q_start + r
-            lo = 0
-            hi = 0
-            if row < nq:
-                if c < d:
-                    lo = q[b, h, row, c]
-                if c + 1 < d:
-                    hi = q[b, h, row, c + 1]
-            q_tile[r, idx % WORDS] = half2_bits(lo, hi)
+        # -- this lane's ldmatrix rows (stages.ldmatrix_rows): Q's A fragments (Q sits in
+        # stage 1 until the loop starts, or in its own region), K's B, V's B (.trans)
+        mat = lane >> 3
+        r8 = lane & 7
+        a_off = Q_BYTE + (16 * warp + r8 + 8 * (mat & 1)) * RB + 16 * (mat >> 1)
+        b_off = (r8 + 8 * (mat >> 1)) * RB + 16 * (mat & 1)
+        v_off = KV_BYTES + (r8 + 8 * (mat & 1)) * RB + 16 * (mat >> 1)
+
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
+        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
+        t_lo = int32(kv_lo // BLOCK_N)
+        t_hi = int32((kv_hi + BLOCK_N - 1) // BLOCK_N)
+        f_lo = int32(min(max((full_lo + BLOCK_N - 1) // BLOCK_N, t_lo), t_hi))
+        f_hi = int32(min(max(full_hi // BLOCK_N, f_lo), t_hi))  # unmasked tiles: [f_lo, f_hi)
+        kv_base = (b * k.shape[1] + hk) * nk * d
+
+        # -- prologue: Q (into stage 1 or its own region), the first K/V tile into stage 0,
+        # one copy group
+        q_base = ((b * n_heads + h) * nq + q_start) * d
+        copy_q(smem, Q_BYTE, q, q_base, q_end - q_start, d, tid)
+        if t_lo < t_hi:
+            load_kv(smem, 0, k, v, kv_base, t_lo * BLOCK_N, nk, d, tid)
+        cp_async_commit()
+        cp_async_wait_all()
+        cuda.syncthreads()  # Q's tile is complete before any warp reads its fragments
+        if Q_IN_REGS:
+            for kc in range(K_STEPS):
+                qf[kc, 0], qf[kc, 1], qf[kc, 2], qf[kc, 3] = ldmatrix_x4(smem, a_off + 32 * kc)
         for r in range(2):
             m_i[r] = NEG_INF
             l_i[r] = ZERO
@@ -234,143 +426,27 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             for e in range(4):
                 acc[n, e] = ZERO
 
-        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
-        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
-        for kt in range(kv_lo // BLOCK_N, (kv_hi + BLOCK_N - 1) // BLOCK_N):
-            k_start = kt * BLOCK_N
-            # -- load k_tile (rows of K) and vt_tile (V transposed), zero outside K/V
-            if tid == 0:
-                v_bad[0] = 0
-            for idx in range(tid, BLOCK_N * WORDS, THREADS):
-                r = idx // WORDS
-                c = 2 * (idx % WORDS)
-                key = k_start + r
-                lo = 0
-                hi = 0
-                if key < nk:
-                    if c < d:
-                        lo = k[b, hk, key, c]
-                    if c + 1 < d:
-                        hi = k[b, hk, key, c + 1]
-                k_tile[r, idx % WORDS] = half2_bits(lo, hi)
-            cuda.syncthreads()  # v_bad = 0 is written before any thread may raise it
-            if load_vt(vt_tile, v, b, hk, k_start, nk, d, tid, False):
-                v_bad[0] = 1  # a non-finite v, stored as 0: handled after P V
-            cuda.syncthreads()  # k_tile, vt_tile and v_bad are complete before any fragment load
+        # -- the K/V tiles in key order; the step is compiled masked and unmasked
+        kv = (k, v, kv_base, nk, d, b, hk)
+        frags = (qf, s, acc, m_i, l_i)
+        lanes = (tid, t, a_off, b_off, v_off)
+        rows = (row0, lo0, hi0, lo1, hi1, offset)
+        sc = (scale, exp_scale, softcap, inv_softcap, slope)
+        drop = (h, nq, seed_lo, seed_hi, threshold, keep_scale)
+        for kt in range(t_lo, t_hi):
+            if f_lo <= kt and kt < f_hi:   # inside the keys every row sees: no mask
+                step_full(kt, t_lo, t_hi, smem, kv, frags, lanes, rows, sc, drop)
+            else:
+                step_masked(kt, t_lo, t_hi, smem, kv, frags, lanes, rows, sc, drop)
 
-            # [docs:mma-s]
-            # -- S = Q K^T on the tensor cores: N_FRAGS accumulator fragments per warp
-            for n in range(N_FRAGS):
-                for e in range(4):
-                    s[n, e] = ZERO
-            for kc in range(K_STEPS):
-                a0, a1, a2, a3 = load_a_frag(q_tile, 16 * warp, 8 * kc, g, t)
-                for n in range(N_FRAGS):
-                    b0, b1 = load_b_frag(k_tile, 8 * n, 8 * kc, g, t)
-                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
-            # [/docs:mma-s]
-
-            # -- scale, mask (only tiles not inside the fully visible keys), score modifiers
-            masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
-            for n in range(N_FRAGS):
-                for e in range(4):
-                    row = row0 if e < 2 else row1
-                    key = k_start + 8 * n + 2 * t + (e & 1)
-                    x = s[n, e] * scale
-                    lo = lo0 if e < 2 else lo1
-                    hi = hi0 if e < 2 else hi1
-                    if masked and not (lo <= key and key < hi):
-                        x = NEG_INF
-                    else:
-                        x = score_mod(x, row, key, offset, softcap, inv_softcap, slope)
-                    s[n, e] = x
-
-            # [docs:mma-softmax]
-            # -- online softmax on the fragments: rows g (e = 0, 1) and g + 8 (e = 2, 3)
-            for r in range(2):
-                mx = NEG_INF
-                for n in range(N_FRAGS):
-                    for e in range(2 * r, 2 * r + 2):
-                        x = s[n, e]
-                        mx = x if (x > mx or x != x) else mx   # a NaN wins
-                mx = quad_max(mx)                              # over the row's 4 lanes
-                m_new = mx if (mx > m_i[r] or mx != mx) else m_i[r]
-                m_use = m_new if m_new != NEG_INF else ZERO    # no visible key yet: exp vs 0
-                alpha = math.exp(m_i[r] - m_use)
-                m_i[r] = m_new
-                row_sum = ZERO
-                for n in range(N_FRAGS):
-                    for e in range(2 * r, 2 * r + 2):
-                        p = math.exp(s[n, e] - m_use)
-                        s[n, e] = p
-                        row_sum += p
-                l_i[r] = alpha * l_i[r] + row_sum              # this lane's part of the row
-                for n in range(D_FRAGS):
-                    for e in range(2 * r, 2 * r + 2):
-                        acc[n, e] *= alpha
-            # [/docs:mma-softmax]
-
-            if DROPOUT:
-                # -- P * keep / (1 - p) for P V: one Philox call per row and fragment covers the
-                # lane's 2 keys (8n + 2t is even, so both lie in one group of 4)
-                for n in range(N_FRAGS):
-                    key = k_start + 8 * n + 2 * t
-                    for r in range(2):
-                        row = row0 + 8 * r
-                        bits = 0
-                        if row < nq and key < nk:
-                            bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2,
-                                                     threshold) >> (key & 3)
-                        for e in range(2):
-                            if (bits >> e) & 1:
-                                s[n, 2 * r + e] *= keep_scale
-                            else:
-                                s[n, 2 * r + e] = ZERO
-
-            # [docs:mma-pv]
-            # -- acc += P V on the tensor cores: two S fragments are one A fragment of P
-            for kk in range(P_STEPS):
-                a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
-                for n in range(D_FRAGS):
-                    b0, b1 = load_b_frag(vt_tile, 8 * n, 8 * kk, g, t)
-                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
-            # [/docs:mma-pv]
-
-            if v_bad[0]:
-                # -- rare: a non-finite v[j, c] of a key j the row sees makes o[i, c] NaN.  The
-                # count of such keys is itself a product: visible (0/1) x non-finite (0/1)
-                cuda.syncthreads()  # every warp has read vt_tile for P V before it is replaced
-                load_vt(vt_tile, v, b, hk, k_start, nk, d, tid, True)
-                cuda.syncthreads()  # the 0/1 indicator tile is complete before fragment loads
-                for kk in range(P_STEPS):
-                    key = k_start + 16 * kk + 2 * t
-                    a0 = pack_half2(seen(key, lo0, hi0), seen(key + 1, lo0, hi0))
-                    a1 = pack_half2(seen(key, lo1, hi1), seen(key + 1, lo1, hi1))
-                    a2 = pack_half2(seen(key + 8, lo0, hi0), seen(key + 9, lo0, hi0))
-                    a3 = pack_half2(seen(key + 8, lo1, hi1), seen(key + 9, lo1, hi1))
-                    for n in range(D_FRAGS):
-                        b0, b1 = load_b_frag(vt_tile, 8 * n, 8 * kk, g, t)
-                        h0, h1, h2, h3 = mma_m16n8k16(a0, a1, a2, a3, b0, b1, ZERO, ZERO, ZERO,
-                                                      ZERO)
-                        if h0 > ZERO:
-                            acc[n, 0] = NAN
-                        if h1 > ZERO:
-                            acc[n, 1] = NAN
-                        if h2 > ZERO:
-                            acc[n, 2] = NAN
-                        if h3 > ZERO:
-                            acc[n, 3] = NAN
-            cuda.syncthreads()  # every warp is done with k_tile / vt_tile / v_bad: next tile
-
-        # -- epilogue: l = the quad's partial sums; o = acc / l, lse = m + log(l)
+        # -- epilogue: l = the quad's partial sums; o = acc / l, lse = m + log(l) (natural log
+        # of the scaled scores: m is in raw units, times lse_scale)
         for r in range(2):
             row = row0 + 8 * r
             l_row = quad_sum(l_i[r])
             if l_row > ZERO:
-                inv_l = float32(1.0) / l_row
-                row_lse = m_i[r] + math.log(l_row)
+                inv_l = ONE / l_row
+                row_lse = m_i[r] * lse_scale + math.log(l_row)
             elif l_row == ZERO:   # no visible key: o = 0, lse = -inf
                 inv_l = ZERO
                 row_lse = NEG_INF
@@ -391,9 +467,10 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
 
 def compile_configs():
     """A representative set for the compile tier (the flags multiply: 5 head dims x dropout x
-    softcap x ALiBi = 40 kernels would take minutes): every head dim plain, and every flag at
-    once at 128 and 256 (the largest register and shared-memory footprints).  Causal and
-    windows are runtime arguments: every configuration covers them."""
+    softcap x ALiBi = 40 kernels would take minutes): every head dim plain, every flag at once
+    at 128 and 256 (the largest register and shared-memory footprints), and the 16-bit-load
+    build (``ld16``: ``d < HEAD_DIM`` or unaligned inputs) at 64 and, with every flag, 128.
+    Causal and windows are runtime arguments: every configuration covers them."""
     u16 = types.Array(types.uint16, 4, "C")
     f16 = types.Array(types.float16, 4, "C")
     lse_t = types.Array(types.float32, 3, "C")
@@ -401,15 +478,16 @@ def compile_configs():
     mods_t = types.UniTuple(types.float32, 2)
     alibi_t = types.Array(types.float32, 2, "C")
     drop_t = types.Tuple((types.uint32, types.uint32, types.uint32, types.float32))
-    plan = [(hd, False, False, False) for hd in HEAD_DIMS]
-    plan += [(128, True, True, True), (256, True, True, True)]
-    for hd, dropout, softcap, alibi in plan:
+    plan = [(hd, False, False, False, True) for hd in HEAD_DIMS]
+    plan += [(128, True, True, True, True), (256, True, True, True, True)]
+    plan += [(64, False, False, False, False), (128, True, True, True, False)]
+    for hd, dropout, softcap, alibi, vec in plan:
         nw, bn = GPU_TILES[hd]
         flags = "".join(f" {n}" for n, f in (("dropout", dropout), ("softcap", softcap),
-                                              ("alibi", alibi)) if f)
+                                              ("alibi", alibi), ("ld16", not vec)) if f)
         yield {
             "name": f"forward_mma W{nw} M{16 * nw} N{bn} D{hd}{flags} float16",
-            "kernel": forward_mma_kernel(nw, bn, hd, dropout, softcap, alibi),
+            "kernel": forward_mma_kernel(nw, bn, hd, dropout, softcap, alibi, vec),
             "args": (u16, u16, u16, f16, lse_t, types.float32, window_t, mods_t, alibi_t,
                      drop_t if dropout else types.Tuple(())),
             "float64_ok": False,

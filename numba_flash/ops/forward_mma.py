@@ -10,7 +10,7 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
-from ..kernels.forward_mma import default_tiles, forward_grid, forward_mma_kernel
+from ..kernels.forward_mma import default_tiles, forward_grid, forward_mma_kernel, vector_copies
 from .forward import check_forward_args
 
 
@@ -48,11 +48,11 @@ def launch_forward_mma(q, k, v, args):
     use_dropout = args.dropout_p > 0.0
     num_warps, block_n, head_dim = default_tiles(d)
     grid = forward_grid(nq, b, h, 16 * num_warps)
-    kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
-                                alibi is not None)
 
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_mma")
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
+                                alibi is not None, vector_copies(d, head_dim, dq, dk, dv))
     o = call.empty((b, h, nq, d), np.float16)
     lse = call.empty((b, h, nq), np.float32)
     alibi_d = call.input(alibi) if alibi is not None else call.zeros((1, 1), np.float32)
