@@ -12,7 +12,15 @@ this script generates:
 ``<!-- run: python docs/examples/notes_code.py online-softmax -->``
     The standard output of that command (split like a shell would), run from the repository root
     with this Python, the root's absolute path removed.  This is how the numbers quoted in a page
-    come from running tested code; the output must be deterministic.
+    come from running tested code; the output must be deterministic, and the same on every
+    machine: print rounding noise as a bound (``< 1e-15``), not its digits.
+
+Machine independence is checked, not hoped for.  ``--write`` runs each command twice, in this
+machine's own numeric environment and in a *foreign* one (:func:`foreign_env`: one BLAS thread, an
+older BLAS kernel, NumPy's SIMD dispatch off, so other summation orders and other ``exp``/``log``
+code paths), and reports a block whose two outputs differ.  ``--check`` (and the test suite)
+compares the committed blocks with the foreign run, so a page written on one machine is checked
+under another machine's arithmetic.
 
 Besides regenerating blocks, ``--check`` fails on: a stale block, a missing file or region, an
 unbalanced region marker, a relative markdown link or image whose file does not exist, a
@@ -29,7 +37,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -106,13 +116,34 @@ def include_text(spec, root=ROOT):
     return f"```{LANG.get(full.suffix, '')}\n{body}\n```"
 
 
-def run_text(command, root=ROOT):
-    """The fenced block holding the standard output of ``python ...`` run from ``root``."""
+def foreign_env():
+    """Environment variables that make NumPy compute like another machine's: one BLAS/OpenMP
+    thread (other blocking and summation order in ``@`` and reductions), OpenBLAS's Nehalem
+    kernels on x86-64 (SSE, not this CPU's AVX2/AVX-512 GEMM), and every SIMD target NumPy
+    dispatches to on this CPU switched off (``NPY_DISABLE_CPU_FEATURES``: the baseline ``exp``,
+    ``log``, ``sum`` loops).  Variables the caller set are kept."""
+    env = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        env["OPENBLAS_CORETYPE"] = "Nehalem"
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:  # NumPy 1.x
+        from numpy.core import _multiarray_umath as umath
+    found = [f for f in getattr(umath, "__cpu_dispatch__", [])
+             if umath.__cpu_features__.get(f)]
+    if found:
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(found)
+    return {k: v for k, v in env.items() if k not in os.environ}
+
+
+def run_text(command, root=ROOT, foreign=False):
+    """The fenced block holding the standard output of ``python ...`` run from ``root`` (under
+    :func:`foreign_env` when ``foreign``)."""
     argv = shlex.split(command)
     if not argv or argv[0] != "python":
         raise ValueError(f"run: only 'python ...' commands are allowed, got {command!r}")
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONWARNINGS="ignore", COLUMNS="100")
+               PYTHONWARNINGS="ignore", COLUMNS="100", **(foreign_env() if foreign else {}))
     proc = subprocess.run([sys.executable, *argv[1:]], cwd=root, env=env, capture_output=True,
                           text=True, timeout=600)
     if proc.returncode != 0:
@@ -122,8 +153,10 @@ def run_text(command, root=ROOT):
 
 
 # -- pages ----------------------------------------------------------------------------------
-def render(text, root=ROOT):
-    """Return ``(new_text, problems)``: every directive's block regenerated."""
+def render(text, root=ROOT, mode="check"):
+    """Return ``(new_text, problems)``: every directive's block regenerated.  ``mode`` "check"
+    runs commands in the foreign environment; "write" runs them natively and again foreign, and
+    reports a block whose outputs differ (it depends on the machine)."""
     lines = text.split("\n")
     out, problems, i, fence = [], [], 0, None
     while i < len(lines):
@@ -148,7 +181,16 @@ def render(text, root=ROOT):
                 j += 1
             old_end = min(j + 1, len(lines))
         try:
-            block = include_text(arg, root) if kind == "include" else run_text(arg, root)
+            if kind == "include":
+                block = include_text(arg, root)
+            else:
+                block = run_text(arg, root, foreign=(mode == "check"))
+                if mode == "write" and (other := run_text(arg, root, foreign=True)) != block:
+                    problems.append(f"run: {arg!r} prints different output on another machine's "
+                                    f"arithmetic (foreign_env()):\n" + "\n".join(
+                                        difflib.unified_diff(block.split("\n"),
+                                                             other.split("\n"), "native",
+                                                             "foreign", lineterm="", n=0)))
         except (ValueError, subprocess.TimeoutExpired) as exc:
             problems.append(str(exc))
             block = "\n".join(lines[i:old_end])  # keep the old block
@@ -225,7 +267,7 @@ def process(pages, write=False, root=ROOT, pending=PENDING):
     rep = Report()
     for page in pages:
         text = page.read_text()
-        new, problems = render(text, root)
+        new, problems = render(text, root, mode="write" if write else "check")
         rel = page.relative_to(root)
         rep.problems += [f"{rel}: {p}" for p in problems]
         if new != text:

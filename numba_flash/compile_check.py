@@ -13,8 +13,15 @@ It must run in a process where ``numba.cuda`` is the real CUDA target, not the s
 prints a resource table and exits 1 if any configuration fails a check:
 
 * no ``.f64`` instruction in a kernel whose inputs are float16/float32;
-* no spill stores or loads;
+* no spill stores or loads, and no stack frame (local memory: a local array indexed at run time,
+  or a call that could not be inlined);
 * static shared memory at most 48 KiB per block (the limit without a dynamic opt-in).
+
+With ``--sass`` each sm_90 cubin is also disassembled (nvdisasm, ``nvidia-cuda-nvdisasm`` wheel)
+and one iteration of its steady-state loop counted by instruction class
+(:mod:`numba_flash.sass`): instructions, MMAs, non-MMA instructions per MMA, global bytes per
+instruction and the issue-bound ceiling on an H200.  ``--dump NAME`` prints the SASS of the
+configurations whose name contains NAME, the loop marked.
 """
 
 from __future__ import annotations
@@ -33,7 +40,11 @@ import sys
 import tempfile
 import time
 
+from numba_flash import sass
 from numba_flash.kernels.common import SMEM_LIMIT  # 48 KiB of static shared memory per block
+
+#: the architecture whose machine code the SASS tier counts (the H200's)
+SASS_CC = (9, 0)
 
 _F64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z][a-z0-9_.]*\.f64\b", re.M)
 
@@ -133,21 +144,24 @@ def ptx_for_archs(cfg, ccs):
     return {cc: lib.get_asm_strs(cc=cc)[0] for cc in ccs}
 
 
-def assemble(ptx, cc, ptxas):
-    """Run ``ptxas -v`` on the PTX; return (returncode, combined output)."""
+def assemble(ptx, cc, ptxas, nvdisasm=None):
+    """Run ``ptxas -v`` on the PTX; return (returncode, combined output, SASS listing or None).
+    The listing (``nvdisasm -c`` of the cubin) only when ``nvdisasm`` is given."""
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as fh:
             fh.write(ptx)
-        proc = subprocess.run(
-            [ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
-            capture_output=True, text=True,
-        )
-    return proc.returncode, proc.stderr + proc.stdout
+        proc = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", cubin],
+                              capture_output=True, text=True)
+        listing = None
+        if nvdisasm and proc.returncode == 0:
+            listing = sass.disassemble(cubin, nvdisasm)
+    return proc.returncode, proc.stderr + proc.stdout, listing
 
 
-def build(cfg, ccs, ptxas):
-    """Compile one configuration for each compute capability; return one row per cc."""
+def build(cfg, ccs, ptxas, nvdisasm=None):
+    """Compile one configuration for each compute capability; return one row per cc (with the
+    SASS tier's counts in ``row["sass"]`` for sm_90 when ``nvdisasm`` is given)."""
     t0 = time.perf_counter()
     rows = [{"name": cfg["name"], "cc": f"sm_{cc[0]}{cc[1]}", "float64_ok": cfg["float64_ok"]}
             for cc in ccs]
@@ -164,34 +178,62 @@ def build(cfg, ccs, ptxas):
         ptx = ptxs[cc]
         row["f64"] = f64_lines(ptx)[:5]
         row["mma_missing"] = bool(cfg.get("mma")) and "mma.sync" not in ptx  # tensor-core kernels
-        rc, text = assemble(ptx, cc, ptxas)
+        rc, text, listing = assemble(ptx, cc, ptxas, nvdisasm if cc == SASS_CC else None)
         row["ptxas_rc"] = rc
         row["ptxas_err"] = "" if rc == 0 else text[-2000:]
         row.update(parse_ptxas(text))
+        if listing is not None:
+            row["sass"] = sass.analyse(listing, **cfg.get("sass", {}))
+            if _DUMP and _DUMP in cfg["name"]:
+                row["sass_listing"] = listing
         row["seconds"] = round(time.perf_counter() - t0, 2)
         row["problems"] = problems(row)
     return rows
 
 
 _CONFIGS = []  # inherited by forked workers (kernel objects do not pickle)
+_DUMP = None   # --dump NAME: keep the SASS listing of these configurations
 
 
 def _build_job(args):
-    index, ccs, ptxas = args
-    return build(_CONFIGS[index], ccs, ptxas)
+    index, ccs, ptxas, nvdisasm = args
+    return build(_CONFIGS[index], ccs, ptxas, nvdisasm)
 
 
-def build_all(configs, ccs, ptxas, jobs=1):
+def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None):
     """Build every configuration for every cc, in ``jobs`` forked processes; rows in order."""
     global _CONFIGS
     _CONFIGS = list(configs)
-    tasks = [(i, ccs, ptxas) for i in range(len(_CONFIGS))]
+    tasks = [(i, ccs, ptxas, nvdisasm) for i in range(len(_CONFIGS))]
     if jobs <= 1 or len(tasks) < 2 or "fork" not in mp.get_all_start_methods():
         results = [_build_job(t) for t in tasks]
     else:
         with mp.get_context("fork").Pool(jobs) as pool:
             results = pool.map(_build_job, tasks, chunksize=1)
     return [row for rows in results for row in rows]
+
+
+#: configurations known to have a stack frame (local memory), by name prefix, and why; every
+#: other stack frame fails the compile tier, and an entry that no longer has one fails the test
+#: that checks this list (so it only shrinks).
+KNOWN_STACK = {
+    "naive_forward": "by design: the teaching kernel keeps its row of O (HEAD_DIM values) in a "
+                     "cuda.local.array indexed in a runtime loop",
+    "forward M64 N64 D16 T16x8 mods": "SIMT forward with softcap/ALiBi, d <= 32: to fix on the "
+                                      "tile stages (issue 22)",
+    "forward M64 N64 D32 T16x8 mods": "as above",
+    "forward varlen M64 N64 D16 T16x8 mods": "as above",
+    "forward varlen M64 N64 D32 T16x8 mods": "as above",
+    "backward_mma dkdv (dv) W1 N16 D256": "tensor-core backward, d = 256: to fix on the tile "
+                                          "stages (issue 20)",
+    "backward_mma dkdv (dk dq) W1 N16 D256": "as above",
+    "backward_mma dq W4 M64 D64": "tensor-core backward dQ, d = 64 (issue 20)",
+}
+
+
+def known_stack(name):
+    """The :data:`KNOWN_STACK` entry covering a configuration, or None."""
+    return next((k for k in KNOWN_STACK if name.startswith(k)), None)
 
 
 def problems(row):
@@ -205,6 +247,8 @@ def problems(row):
         out.append("no mma.sync in the PTX of a tensor-core kernel (configuration marks mma)")
     if row["spill_stores"] or row["spill_loads"]:
         out.append(f"spills: {row['spill_stores']} B stores, {row['spill_loads']} B loads")
+    if row["stack"] and known_stack(row["name"]) is None:
+        out.append(f"stack frame of {row['stack']} B (local memory)")
     if row["smem"] > SMEM_LIMIT:
         out.append(f"static shared memory {row['smem']} B > {SMEM_LIMIT} B")
     return out
@@ -254,14 +298,74 @@ def markdown_table(rows, ptxas):
     return "\n".join(lines) + "\n"
 
 
+SASS_COLUMNS = ("instr/iter", "MMA", "non-MMA/MMA", "FFMA %", "global B/instr", "LDS+LDSM",
+                "barriers", "int/addr", "ceiling")
+
+
+def sass_cells(r):
+    """The SASS tier's cells of one sm_90 row (see :data:`SASS_COLUMNS`)."""
+    s = r.get("sass") or {}
+    if not s.get("loop"):
+        return ["no loop"] + ["-"] * (len(SASS_COLUMNS) - 1)
+    c = s["counts"]
+    lds = sum(v for k, v in c.items() if k.startswith(("lds", "ldsm")))
+    if s["mma"]:
+        ceiling = f"{s['ceiling_tflops']:.0f} TFLOP/s"
+    elif s["global_bytes"] and s["counts"].get("ffma", 0) * 4 < s["instructions"]:
+        ceiling = f"{s['ceiling_gbs']:.0f} GB/s"  # a streaming kernel (decode): bytes bound it
+    else:
+        ceiling = f"{s['ceiling_tflops']:.1f} TFLOP/s"
+    lower = "" if s["trips_known"] else f" (>=, {s['inner_loops']} inner loop(s) x1)"
+    return [f"{s['instructions']}{lower}", str(s["mma"]),
+            "-" if s["non_mma_per_mma"] is None else f"{s['non_mma_per_mma']:.1f}",
+            f"{100 * s['ffma_share']:.0f}", f"{s['bytes_per_instruction']:.2f}", str(lds),
+            str(c.get("barrier", 0)), str(c.get("int_addr", 0)), ceiling]
+
+
+def format_sass_table(rows):
+    sass_rows = [r for r in rows if "sass" in r]
+    head = f"{'configuration (sm_90, per warp per iteration)':58s} " + " ".join(
+        f"{h:>11s}" for h in SASS_COLUMNS)
+    lines = [head, "-" * len(head)]
+    for r in sass_rows:
+        lines.append(f"{r['name'][:58]:58s} " + " ".join(f"{c:>11s}" for c in sass_cells(r)))
+    return "\n".join(lines)
+
+
+def sass_markdown(rows):
+    """The SASS table as Markdown (appended to the resource table)."""
+    lines = ["", "## SASS tier: one steady-state iteration on sm_90", "",
+             "Per warp, one iteration of the loop holding the kernel's work (the K/V-tile loop of "
+             "an attention kernel), counted from ptxas + nvdisasm output by `numba_flash.sass` "
+             "(`python -m numba_flash compile-check --sass`; `--dump NAME` shows the code). "
+             "Ceiling: an H200 issuing one instruction per scheduler per clock "
+             f"({sass.H200['sms']} SMs x {sass.H200['schedulers']} x "
+             f"{sass.H200['clock_hz'] / 1e9:.2f} GHz) times the useful work per instruction "
+             "(MMA or FFMA flops, or global bytes for a streaming kernel). `>=`: an inner loop "
+             "the compiler did not unroll is counted once, so the count is a lower bound.", "",
+             "| configuration | " + " | ".join(SASS_COLUMNS) + " |",
+             "|---|" + "---|" * len(SASS_COLUMNS)]
+    for r in rows:
+        if "sass" in r:
+            lines.append("| " + " | ".join([r["name"], *sass_cells(r)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    global _DUMP
+    ap = argparse.ArgumentParser(prog="numba-flash compile-check",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--cc", default="80,90", help="compute capabilities, e.g. 80,90")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--markdown", help="write the resource table as Markdown to this file")
     ap.add_argument("-k", dest="selector", help="only configurations whose name contains this")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                     help="parallel build processes (default: all cores)")
+    ap.add_argument("--sass", action="store_true",
+                    help="also count one steady-state loop iteration of each sm_90 build")
+    ap.add_argument("--dump", metavar="NAME",
+                    help="print the sm_90 SASS of configurations whose name contains NAME, "
+                         "the counted loop marked '>' (implies --sass)")
     args = ap.parse_args(argv)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("0",):
         print("set NUMBA_ENABLE_CUDASIM=0: the compile tier needs the real CUDA target",
@@ -272,14 +376,31 @@ def main(argv=None):
         print("ptxas not found: pip install nvidia-cuda-nvcc", file=sys.stderr)
         return 2
     ccs = [(int(c[0]), int(c[1:])) for c in args.cc.split(",")]
-    rows = build_all(list(all_configs(args.selector)), ccs, ptxas, args.jobs)
+    nvdisasm = None
+    if args.sass or args.dump:
+        nvdisasm = sass.find_nvdisasm(ptxas)
+        if nvdisasm is None:
+            print("nvdisasm not found: pip install nvidia-cuda-nvdisasm (in the test extra)",
+                  file=sys.stderr)
+            return 2
+        if SASS_CC not in ccs:
+            ccs.append(SASS_CC)
+    _DUMP = args.dump
+    rows = build_all(list(all_configs(args.selector)), ccs, ptxas, args.jobs, nvdisasm)
+    for r in rows:
+        if "sass_listing" in r:
+            print(f"== {r['name']} (sm_90), counted loop {r['sass'].get('loop')}")
+            print(sass.mark_loop(r.pop("sass_listing"), r["sass"].get("loop")))
     print(format_table(rows))
+    if nvdisasm:
+        print()
+        print(format_sass_table(rows))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as fh:
-            fh.write(markdown_table(rows, ptxas))
+            fh.write(markdown_table(rows, ptxas) + (sass_markdown(rows) if nvdisasm else ""))
     return 1 if any(r["problems"] for r in rows) else 0
 
 

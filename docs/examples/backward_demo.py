@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 import numba_flash as nf
+from report import decade, err
 from numba_flash import reference as ref
 
 
@@ -57,8 +58,9 @@ def stats():
           f"{'|lse| * 2^-24':>13s} {'the two differ':>14s}")
     for spread in (1.0, 8.0):
         r = stats_case(spread=spread)
-        print(f"{r['spread']:6.0f} {r['max_lse']:9.2f} {r['err_mL']:15.1e} {r['err_lse']:13.1e} "
-              f"{r['max_lse'] * 2.0**-24:13.1e} {r['between']:14.1e}")
+        print(f"{r['spread']:6.0f} {r['max_lse']:9.2f} {decade(r['err_mL'], 15)} "
+              f"{decade(r['err_lse'], 13)} {r['max_lse'] * 2.0**-24:13.1e} "
+              f"{decade(r['between'], 14)}")
     print("stored per row: m and L (2 floats) vs lse (1 float); per element: exp and a divide "
           "(or multiply) vs exp only")
 
@@ -83,7 +85,7 @@ def delta_case(seed=1, n=12, d=4, bc=4):
 def delta():
     r = delta_case()
     print(f"N = {r['n']}, d = {r['d']}: max |rowsum(dP * P) - rowsum(dO * O)| = "
-          f"{r['identity']:.1e}")
+          f"{err(r['identity'])}")
     print(f"per K/V tile of Bc = {r['bc']} columns, (dP * P).sum(dim=1) over the tile only:")
     d0, parts = r["row0"]
     print(f"  row 0: D = {d0:+.4f}; tile sums " + ", ".join(f"{x:+.4f}" for x in parts)
@@ -132,7 +134,7 @@ def notes():
           f"{'dV rel. err':>11s}")
     for bc in (12, 6, 4, 2):
         e = notes_case(bc)
-        print(f"{bc:3d} {12 // bc:9d} {e[0]:11.1e} {e[1]:11.1e} {e[2]:11.1e}")
+        print(f"{bc:3d} {12 // bc:9d} " + " ".join(err(x, 11) for x in e))
 
 
 # -- the kernels ------------------------------------------------------------------------------

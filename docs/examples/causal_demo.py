@@ -20,6 +20,7 @@ import numpy as np
 
 import numba_flash as nf
 from numba_flash import reference as ref
+from report import err
 from numba_flash.pictures import DIAGONAL, FULL, SKIPPED, tile_kinds
 
 
@@ -98,8 +99,8 @@ def alignment():
           f"{'numba_flash vs bottom-right':>28s}")
     for nq, nk in ((6, 6), (3, 6), (6, 3)):
         r = alignment_case(nq, nk)
-        print(f"{nq:3d} {nk:3d} {r['notes_vs_bottom_right']:22.1e} {r['notes_vs_top_left']:18.1e} "
-              f"{r['kernel_vs_bottom_right']:28.1e}")
+        print(f"{nq:3d} {nk:3d} {err(r['notes_vs_bottom_right'], 22)} "
+              f"{err(r['notes_vs_top_left'], 18)} {err(r['kernel_vs_bottom_right'], 28)}")
 
 
 def kinds():

@@ -18,6 +18,7 @@ import numpy as np
 
 import numba_flash as nf
 from numba_flash import reference as ref
+from report import err
 from numba_flash.kernels import decode as kdecode
 from numba_flash.kernels.common import cdiv
 
@@ -134,7 +135,7 @@ def last_row():
         for nq in (1, 3):
             got, want = last_rows(np.random.default_rng(3), nq, dtype)
             print(f"  {np.dtype(dtype).name:8s} Nq={nq}: max |decode - oracle| "
-                  f"{np.abs(got - want).max():.2e}")
+                  f"{err(np.abs(got - want).max())}")
 
 
 # -- paged -----------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def paged():
     o = nf.decode(q, k, v, cache_seqlens=seqlens, block_table=table)
     want, _ = ref.paged_decode(q, k, v, seqlens, table)
     print(f"decode: all finite {bool(np.isfinite(o).all())}, max |o - oracle| "
-          f"{np.abs(o - want).max():.2e}")
+          f"{err(np.abs(o - want).max())}")
     kc, vc = to_contiguous(k, table, seqlens), to_contiguous(v, table, seqlens)
     oc = nf.decode(q, kc, vc, cache_seqlens=seqlens)
     print(f"same tokens in a contiguous cache: {bits_report(o, oc)}")

@@ -19,6 +19,7 @@ import numpy as np
 
 import numba_flash as nf
 from numba_flash import reference as ref
+from report import err
 from numba_flash.kernels import forward as kf
 
 
@@ -85,8 +86,8 @@ def accuracy():
     print(f"{'input':>8s} {'causal':>6s} {'max |o - ref|':>14s} {'max |lse - ref|':>16s} "
           f"{'lse dtype':>9s} {'blocked_attention':>18s}")
     for r in rows:
-        print(f"{r['dtype']:>8s} {str(r['causal']):>6s} {r['o_err']:14.1e} {r['lse_err']:16.1e} "
-              f"{r['lse_dtype']:>9s} {r['blocked_err']:18.1e}")
+        print(f"{r['dtype']:>8s} {str(r['causal']):>6s} {err(r['o_err'], 14)} "
+              f"{err(r['lse_err'], 16)} {r['lse_dtype']:>9s} {err(r['blocked_err'], 18)}")
 
 
 # -- the notes' Triton kernel ------------------------------------------------------------------
@@ -156,8 +157,8 @@ def triton():
           f"{'max |(m + log l) - lse|':>24s} {'l - l_true - pad e^-m':>22s}")
     for n in (16, 10, 13):
         r = triton_case(n)
-        print(f"{r['n']:3d} {r['pad']:11d} {r['o_err']:14.1e} {r['lse_err']:24.1e} "
-              f"{r['l_excess']:22.1e}")
+        print(f"{r['n']:3d} {r['pad']:11d} {err(r['o_err'], 14)} {err(r['lse_err'], 24)} "
+              f"{err(r['l_excess'], 22)}")
 
 
 if __name__ == "__main__":

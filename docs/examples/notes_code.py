@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from numba_flash import reference as ref
+from report import err
 
 
 # [docs:notes-online-softmax]
@@ -178,7 +179,7 @@ def demo_paged():
                 (ceil_div, True, True, "+ sum over valid_tokens only")):
             got = notes_paged_attention(Q, table, kv, seq_len, 4, 1, scale, count, store, bound)
             print(f"  seq_len={seq_len:2d} ({count(seq_len, 4)} blocks read) {label:32s}"
-                  f" {np.abs(got - want).max():.2e}")
+                  f" {err(np.abs(got - want).max(), 8)}")
     Q, table, kv, want = paged_example(rng, 12, scale)
     bad = table.copy()
     bad[1] = -1
@@ -340,8 +341,8 @@ def demo_triton():
             except (TypeError, ValueError) as exc:
                 print(f"  N={n:2d} {label:28s} {type(exc).__name__}: {exc}")
                 continue
-            print(f"  N={n:2d} {label:28s} max |O - attention| {np.abs(o - want).max():.1e},"
-                  f" max |M + log L - lse| {np.abs(m_out + np.log(l_out) - lse).max():.1e}")
+            print(f"  N={n:2d} {label:28s} max |O - attention| {err(np.abs(o - want).max())},"
+                  f" max |M + log L - lse| {err(np.abs(m_out + np.log(l_out) - lse).max())}")
 
 
 # -- question 9: the batched wrapper ---------------------------------------------------------
@@ -433,7 +434,7 @@ def demo_batch():
             print(f"  {fn.__name__:34s} {type(exc).__name__}: {exc}")
     got = flash_attention_batch(q, k, v, 4, 4)
     print(f"  {'flash_attention_batch (fixed)':34s} max |O - attention| "
-          f"{np.abs(got - want).max():.1e}")
+          f"{err(np.abs(got - want).max())}")
 
 
 # -- question 10: which loop is outer, counted ----------------------------------------------
@@ -556,8 +557,8 @@ def demo_loop_order(n=256, d=64, br=64, bc=64):
     print(f"  total {t1:16d}      {t2:16d}")
     print(f"  O, l, m round trips per row: {h1.writes['O'] // (n * d)} writes of O (1 to"
           f" initialise + {n // bc} updates) vs {h2.writes['O'] // (n * d)}")
-    print(f"  max |O - attention|: K/V outer {np.abs(o1 - want).max():.1e}, "
-          f"Q outer {np.abs(o2 - want).max():.1e}")
+    print(f"  max |O - attention|: K/V outer {err(np.abs(o1 - want).max())}, "
+          f"Q outer {err(np.abs(o2 - want).max())}")
     with np.errstate(invalid="ignore"):
         notes = notes_flash_attention_v2_forward(q, k, v, br, bc)
     print(f"  the notes' v2 pseudo-code returns O / L with O = L = 0: all NaN "

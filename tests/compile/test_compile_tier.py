@@ -1,16 +1,21 @@
 """Compile tier: every kernel configuration the package can launch, built to PTX for sm_80 and
 sm_90 and assembled by ptxas, in a separate process where ``numba.cuda`` is the real CUDA target
 (the simulator cannot compile).  Fails on float64 instructions in float16/float32 kernels, on
-register spills and on static shared memory over 48 KiB.  The resource table is printed (run
-``pytest tests/compile -s`` or ``NUMBA_ENABLE_CUDASIM=0 python -m numba_flash.compile_check``).
+register spills, on a stack frame and on static shared memory over 48 KiB.  The SASS tier counts
+one steady-state loop iteration of every sm_90 build (``numba_flash.sass``) and fails when a
+kernel's count grows more than 10% over the table committed in docs/resources.md.  The
+resource table is printed (run ``pytest tests/compile -s`` or
+``NUMBA_ENABLE_CUDASIM=0 python -m numba_flash.compile_check --sass``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +32,8 @@ def table(tmp_path_factory):
         pytest.fail("ptxas not found: the test extra installs nvidia-cuda-nvcc")
     out = tmp_path_factory.mktemp("ptx") / "rows.json"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-m", "numba_flash.compile_check", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "numba_flash.compile_check", "--sass",
+                           "--json", str(out)],
                           env=env, capture_output=True, text=True, timeout=1200)
     print(proc.stdout)
     if not out.exists():
@@ -55,3 +61,45 @@ def test_checker_catches_float64(table):
     """The f64 scan is not vacuous: the float64 softmax kernel does use f64 instructions."""
     row = table[(next(n for n in NAMES if n.startswith("softmax") and "float64" in n), "sm_90")]
     assert row["f64"]
+
+
+# -- the SASS tier ---------------------------------------------------------------------------
+RESOURCES = Path(__file__).resolve().parents[2] / "docs" / "resources.md"
+GROWTH = 1.10  # a kernel may issue at most 10% more instructions per iteration than committed
+
+
+def committed_sass():
+    """``{name: instructions per iteration}`` from the SASS section of docs/resources.md."""
+    text = RESOURCES.read_text()
+    assert "## SASS tier" in text, "docs/resources.md has no SASS table: regenerate it"
+    out = {}
+    for line in text.split("## SASS tier", 1)[1].splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) > 2 and (m := re.match(r"(\d+)", cells[1])):
+            out[cells[0]] = int(m.group(1))
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sass_iteration_does_not_grow(table, name):
+    """Instructions per steady-state iteration (sm_90) within 10% of the committed table; a
+    kernel that got faster passes (regenerate the table to lock the gain in)."""
+    row = table[(name, "sm_90")]
+    assert "sass" in row, "the compile tier ran without --sass"
+    got = row["sass"].get("instructions")
+    want = committed_sass().get(name)
+    assert want is not None, (f"{name} is not in docs/resources.md's SASS table: python -m "
+                              "numba_flash compile-check --sass --markdown docs/resources.md")
+    if got is None:
+        pytest.fail(f"{name}: no steady-state loop found in the SASS")
+    assert got <= GROWTH * want, (
+        f"{name}: {got} instructions per iteration, {got / want:.2f}x the committed {want} "
+        f"(counts now: {row['sass']['counts']})")
+
+
+def test_sass_finds_the_mma_loop_of_every_tensor_core_kernel(table):
+    """The counter is not vacuous: every tensor-core configuration has its MMAs in the counted
+    loop, and the float64 softmax has none."""
+    for (name, cc), row in table.items():
+        if cc == "sm_90" and name.startswith(("forward_mma", "backward_mma")):
+            assert row["sass"]["mma"] > 0, name

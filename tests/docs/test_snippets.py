@@ -103,3 +103,35 @@ def test_directive_inside_a_code_block_is_left_alone(tree):
     p = page(tree, text)
     assert not run(tree, p, write=True).problems
     assert p.read_text() == text
+
+
+def test_foreign_env_changes_the_arithmetic():
+    env = snippets.foreign_env()
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        assert env.get(name, "1") == "1"
+    from numpy._core import _multiarray_umath as umath
+    found = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+    if found and "NPY_DISABLE_CPU_FEATURES" not in snippets.os.environ:
+        assert env["NPY_DISABLE_CPU_FEATURES"].split() == found
+
+
+def test_machine_dependent_output_is_reported_on_write(tree):
+    """--write runs a command natively and under foreign_env(): a block that prints something
+    of the machine's arithmetic (here the BLAS thread setting itself) is a problem, and --check
+    compares the committed block with the foreign run."""
+    (tree / "numba_flash" / "noisy.py").write_text(
+        "import os\nprint('threads', os.environ.get('OMP_NUM_THREADS', 'native'))\n")
+    p = page(tree, "<!-- run: python numba_flash/noisy.py -->\n")
+    rep = run(tree, p, write=True)
+    if "OMP_NUM_THREADS" in snippets.os.environ:
+        pytest.skip("OMP_NUM_THREADS is set here: foreign_env() keeps it")
+    assert any("different output on another machine" in x for x in rep.problems), rep.problems
+    assert "threads native" in p.read_text()  # the native output is what --write writes
+    assert any("stale" in x for x in run(tree, p).problems)  # and --check sees the foreign one
+
+
+def test_docs_examples_print_noise_as_a_bound():
+    import report
+    assert report.err(4.4e-16) == "< 1e-14" and report.err(0.0) == "< 1e-14"
+    assert report.err(4.9e-1, 8) == " 4.9e-01"
+    assert report.decade(6.3e-8) == report.decade(6.2e-8) == "< 1e-07"

@@ -1,0 +1,411 @@
+"""The SASS tier: count what one steady-state loop iteration of a kernel issues on sm_90.
+
+PTX says what Numba asked for; the machine code (SASS) says what the GPU will issue.  Without a
+GPU the SASS can still be read: ptxas (``nvidia-cuda-nvcc`` wheel) assembles the PTX of a kernel
+configuration into a cubin, nvdisasm (``nvidia-cuda-nvdisasm`` wheel) prints its instructions.
+This module finds the kernel's steady-state loop in that listing, counts one iteration by
+instruction class and turns the count into an issue-bound ceiling.
+
+How the loop is found
+---------------------
+* Loops are back edges: a branch to an address at or before its own.  A loop is the address
+  interval ``[target, branch]``; loops nest by containment.
+* The **work** of a kernel is its tensor-core instructions (``HMMA``/``HGMMA``) if it has any,
+  else its FP32 FMAs (``FFMA``).  The **steady-state loop** is the innermost loop that still holds
+  at least :data:`WORK_SHARE` of the kernel's work (for the attention forward: the K/V-tile loop,
+  not an inner k-step loop that holds a part of it, and not the whole kernel).
+* One iteration is one path from the loop's first instruction to its back edge through the
+  forward branches inside it.  Rare paths (a non-finite fix-up, a boundary tile's masking) are
+  such branches; the counted path is the one that does the kernel's work with the fewest
+  instructions: the path with the most work instructions (at most ``expect_mma`` when the
+  configuration states how many MMAs one iteration must issue: a fix-up that runs one more MMA
+  is off the path), then the most loads (a full tile loads every element: the path that skips
+  a bounds-checked load is the boundary tile's), and among those the shortest.
+  A slow path that ptxas places out of line (after the loop) is not in the interval at all.
+* An inner loop left inside the iteration (one the compiler did not unroll) is counted as
+  ``trips`` x its body when the configuration gives its trip count (``sass_trips``, innermost
+  first, in address order), else once, and the row says so (``inner_loops``, ``trips_known``):
+  such a count is a lower bound.
+
+What is reported (per warp, per iteration)
+------------------------------------------
+Instructions by class (:func:`classify`), non-MMA instructions per MMA, the FFMA share, bytes
+loaded from global memory (per warp: 32 lanes x the width of each ``LDG``/``LDGSTS``) and bytes
+per instruction, and the ceiling an H200 cannot pass if issue is the only limit (:data:`H200`):
+``warp instructions per second x useful work per instruction``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+
+#: H200 (SXM, 132 SMs) figures the ceilings use: 4 warp schedulers per SM, one instruction each
+#: per clock, at the boost clock.  ``warp_ips`` = 132 x 4 x 1.98e9 warp-instructions per second.
+H200 = {"sms": 132, "schedulers": 4, "clock_hz": 1.98e9, "hbm_gbs": 4800.0,
+        "copy_gbs": 4165.0}  # copy: device-to-device copy measured on the H200 on 2026-11-30
+WARP_IPS = H200["sms"] * H200["schedulers"] * H200["clock_hz"]
+
+#: the steady-state loop holds at least this share of the kernel's work instructions
+WORK_SHARE = 0.75
+
+#: floating-point operations of one warp-level MMA instruction
+MMA_FLOP = {"HMMA.16816": 2 * 16 * 8 * 16, "HMMA.1688": 2 * 16 * 8 * 8}
+
+_INS = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
+_PRED = re.compile(r"^@!?U?P[T\d]+\s+")
+_FUNC = re.compile(r"^\.text\.(\S+):")
+
+
+@dataclasses.dataclass
+class Ins:
+    addr: int
+    text: str          # the instruction without its predicate
+    op: str            # the opcode with its modifiers, e.g. ``LDG.E.U16``
+    predicated: bool
+    target: int | None = None  # branch target address
+
+    @property
+    def base(self):
+        return self.op.split(".")[0]
+
+
+def find_nvdisasm(ptxas=None):
+    """nvdisasm next to ptxas (both from NVIDIA's wheels), else from PATH."""
+    if ptxas:
+        cand = os.path.join(os.path.dirname(ptxas), "nvdisasm")
+        if os.access(cand, os.X_OK):
+            return cand
+    try:
+        import glob
+
+        import nvidia
+
+        for root in nvidia.__path__:
+            for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", "nvdisasm")),
+                               reverse=True):
+                if os.access(cand, os.X_OK):
+                    return cand
+    except ImportError:
+        pass
+    return shutil.which("nvdisasm")
+
+
+def disassemble(cubin, nvdisasm):
+    """The SASS listing of a cubin (``nvdisasm -c``: code sections only)."""
+    proc = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def parse(listing):
+    """``{function: [Ins]}`` from an nvdisasm listing, branch targets resolved to addresses."""
+    funcs, labels, current, pending = {}, {}, None, []
+    for line in listing.splitlines():
+        stripped = line.strip()
+        if m := _FUNC.match(stripped):
+            current = m.group(1)
+            funcs[current] = []
+            labels[current] = {}
+            continue
+        if m := _LABEL.match(stripped):
+            pending.append(m.group(1))
+            continue
+        m = _INS.match(line)
+        if not m or current is None:
+            continue
+        addr, text = int(m.group(1), 16), m.group(2)
+        for name in pending:
+            labels[current][name] = addr
+        pending = []
+        body = _PRED.sub("", text)
+        funcs[current].append(Ins(addr, body, body.split()[0] if body else "", body != text))
+    for name, ins in funcs.items():
+        for i in ins:
+            if i.base in ("BRA", "BRX", "JMP", "CALL", "BSSY", "BREAK", "BPT") and \
+                    (t := _TARGET.search(i.text)):
+                i.target = labels[name].get(t.group(1))
+    return funcs
+
+
+def kernel_instructions(funcs):
+    """The entry kernel's instructions (the longest function: internal helpers such as
+    ``__cuda_sm20_div_s64`` are separate, small functions)."""
+    return max(funcs.values(), key=len)
+
+
+# -- classes ---------------------------------------------------------------------------------
+def _width(op):
+    """Bytes per lane of a load or store from its modifiers."""
+    for mod, size in ((".128", 16), (".64", 8), (".U16", 2), (".S16", 2), (".U8", 1),
+                      (".S8", 1)):
+        if mod in op:
+            return size
+    return 4
+
+
+def classify(op):
+    """The class an instruction counts in (the column names of the SASS table)."""
+    base = op.split(".")[0]
+    if base in ("HMMA", "HGMMA", "IMMA", "DMMA", "BMMA"):
+        return "mma"
+    if base == "FFMA":
+        return "ffma"
+    if base in ("FMUL", "FADD"):
+        return "fmul_fadd"
+    if base in ("FMNMX", "FSEL", "FSETP", "FSET", "FCHK", "FSWZADD"):
+        return "fp_other"
+    if base in ("HFMA2", "HADD2", "HMUL2", "HMNMX2", "HSETP2", "HSET2"):
+        return "half2"
+    if base == "MUFU":
+        return "mufu"
+    if base in ("DADD", "DMUL", "DFMA", "DSETP", "DMNMX"):
+        return "fp64"
+    if base in ("LDG", "LD"):
+        return f"ldg{_width(op)}"
+    if base == "LDGSTS":
+        return f"ldgsts{_width(op)}"
+    if base == "LDSM":
+        return "ldsm"
+    if base == "LDS":
+        return f"lds{_width(op)}"
+    if base == "STS":
+        return f"sts{_width(op)}"
+    if base in ("STG", "ST", "RED", "ATOM", "ATOMG", "REDG"):
+        return "stg_atom"
+    if base in ("LDL", "STL"):
+        return "local"
+    if base == "SHFL":
+        return "shfl"
+    if base in ("BAR", "DEPBAR", "LDGDEPBAR", "ARRIVES", "SYNCS", "MEMBAR", "ERRBAR"):
+        return "barrier"
+    if base in ("BRA", "BRX", "JMP", "BSSY", "BSYNC", "WARPSYNC", "CALL", "RET", "EXIT",
+                "BREAK", "NOP", "YIELD", "VOTE", "VOTEU", "BMOV"):
+        return "branch"
+    if base in ("F2F", "F2I", "I2F", "F2FP", "I2FP", "F2IP", "FRND"):
+        return "convert"
+    return "int_addr"
+
+
+# -- loops -----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Loop:
+    start: int  # index of the first instruction
+    end: int    # index of the back-edge branch
+    children: list = dataclasses.field(default_factory=list)
+
+    def contains(self, other):
+        return self.start <= other.start and other.end <= self.end and self != other
+
+
+def loops(ins):
+    """Every back edge as a :class:`Loop`, innermost first within each nest (sorted by size)."""
+    index = {i.addr: n for n, i in enumerate(ins)}
+    found = []
+    for n, i in enumerate(ins):
+        if i.base in ("BRA", "JMP") and i.target is not None and i.target <= i.addr:
+            found.append(Loop(index[i.target], n))
+    # merge back edges to one header (a loop with two latches): keep the outermost latch
+    by_start = {}
+    for lp in found:
+        if lp.start not in by_start or lp.end > by_start[lp.start].end:
+            by_start[lp.start] = lp
+    found = sorted(by_start.values(), key=lambda lp: lp.end - lp.start)
+    for lp in found:
+        lp.children = [c for c in found if lp.contains(c)
+                       and not any(lp.contains(m) and m.contains(c) for m in found)]
+    return found
+
+
+def _work_class(ins):
+    return "mma" if any(classify(i.op) == "mma" for i in ins) else "ffma"
+
+
+def is_work(cls, work):
+    """Whether an instruction of class ``cls`` is ``work``: ``"mma"``, ``"ffma"``, or ``"ldg"``
+    (global loads of any width, cp.async included: a streaming kernel such as decode)."""
+    if work == "ldg":
+        return cls.startswith("ldg")
+    return cls == work
+
+
+def steady_loop(ins, work=None, share=WORK_SHARE):
+    """The innermost loop holding at least ``share`` of the kernel's work (``work``: see
+    :func:`is_work`; by default MMAs if the kernel has any, else FFMAs)."""
+    work = work or _work_class(ins)
+    total = sum(is_work(classify(i.op), work) for i in ins)
+    if total == 0:
+        return None, work
+    for lp in loops(ins):  # innermost first
+        inside = sum(is_work(classify(i.op), work) for i in ins[lp.start:lp.end + 1])
+        if inside >= share * total:
+            return lp, work
+    return None, work
+
+
+# -- the counted path ------------------------------------------------------------------------
+def _blocks(ins, lp):
+    """Straight-line blocks of the loop body with inner loops collapsed to one node each:
+    ``[(first, last, inner_loop_or_None)]`` in address order."""
+    inner = sorted(lp.children, key=lambda c: c.start)
+    leaders = {lp.start, lp.end + 1}
+    for c in inner:
+        leaders |= {c.start, c.end + 1}
+    index = {i.addr: n for n, i in enumerate(ins)}
+    for n in range(lp.start, lp.end + 1):
+        i = ins[n]
+        if any(c.start <= n <= c.end for c in inner):
+            continue
+        if i.base in ("BRA", "JMP", "EXIT", "RET", "BRX"):
+            leaders.add(n + 1)
+            if i.target is not None and i.target in index:
+                leaders.add(index[i.target])
+    cuts = sorted(x for x in leaders if lp.start <= x <= lp.end + 1)
+    blocks = []
+    for a, b in zip(cuts, cuts[1:]):
+        node = next((c for c in inner if c.start == a), None)
+        if any(c.start < a <= c.end for c in inner):
+            continue  # inside an inner loop: its node stands for it
+        if node is not None:
+            blocks.append((node.start, node.end, node))
+            if b - 1 > node.end:
+                blocks.append((node.end + 1, b - 1, None))
+        else:
+            blocks.append((a, b - 1, None))
+    return blocks
+
+
+def count_iteration(ins, lp, work, expect_mma=None, trips=None):
+    """Per-class counts of one iteration of ``lp`` along the counted path (see the module
+    docstring); returns ``(counts, inner_loops, trips_known)``."""
+    blocks = _blocks(ins, lp)
+    pos = {b[0]: n for n, b in enumerate(blocks)}
+    index = {i.addr: n for n, i in enumerate(ins)}
+    trips = list(trips or [])
+    inner_nodes = [b[2] for b in blocks if b[2] is not None]
+    trips_known = len(trips) >= len(inner_nodes)
+
+    def weight(block):
+        first, last, node = block
+        counts = {}
+        if node is None:
+            for i in ins[first:last + 1]:
+                c = classify(i.op)
+                counts[c] = counts.get(c, 0) + 1
+            return counts
+        k = inner_nodes.index(node)
+        t = trips[k] if k < len(trips) else 1
+        body, _, _ = count_iteration(ins, node, work, None, [])
+        for c in set(body):  # the inner loop's own counted path, ``t`` times
+            counts[c] = counts.get(c, 0) + body[c] * t
+        return counts
+
+    def successors(n):
+        first, last, node = blocks[n]
+        if node is not None:
+            return [n + 1] if n + 1 < len(blocks) else []
+        term = ins[last]
+        out = []
+        if term.base in ("EXIT", "RET") and not term.predicated:
+            return []
+        if term.base in ("BRA", "JMP") and term.target is not None:
+            tgt = index.get(term.target)
+            if n == len(blocks) - 1 and last == lp.end:
+                return []  # the back edge: the end of the iteration
+            if tgt in pos and tgt > first:
+                out.append(pos[tgt])
+            if not term.predicated:
+                return out
+        if n + 1 < len(blocks):
+            out.append(n + 1)
+        return out
+
+    def loads(w):
+        return sum(v for c, v in w.items() if c.startswith(("ldg", "lds", "ldsm")))
+
+    def work_of(w):
+        return sum(v for c, v in w.items() if is_work(c, work))
+
+    # most work, then most loads, then fewest instructions: a path through the DAG, with states
+    # (block, mma so far) so that the cap on MMAs holds
+    cap = expect_mma
+    best = {}  # (block, mma) -> (work, loads, -instructions, counts)
+    w0 = weight(blocks[0])
+    start_m = w0.get("mma", 0)
+    best[(0, start_m)] = (work_of(w0), loads(w0), -sum(w0.values()), w0)
+    for n in range(len(blocks)):
+        for (bn, m), (wk, ld, neg, counts) in sorted(
+                ((k, v) for k, v in best.items() if k[0] == n), key=lambda kv: kv[0]):
+            for s in successors(bn):
+                ws = weight(blocks[s])
+                m2 = m + ws.get("mma", 0)
+                if cap is not None and m2 > cap:
+                    continue
+                merged = dict(counts)
+                for c, v in ws.items():
+                    merged[c] = merged.get(c, 0) + v
+                cand = (wk + work_of(ws), ld + loads(ws), neg - sum(ws.values()), merged)
+                key = (s, m2)
+                if key not in best or cand[:3] > best[key][:3]:
+                    best[key] = cand
+    last = len(blocks) - 1
+    ends = [v for (bn, _), v in best.items() if bn == last]
+    if not ends:
+        ends = list(best.values())
+    counts = max(ends, key=lambda v: v[:3])[3]
+    return counts, len(inner_nodes), trips_known
+
+
+def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE,
+            mma_kind="HMMA.16816"):
+    """The SASS row of one kernel: per-iteration counts and the derived figures.  The keyword
+    arguments are a configuration's ``"sass"`` hints: ``expect_mma`` (MMAs one iteration
+    issues), ``trips`` (inner-loop trip counts, innermost loops in address order), ``work``
+    (what the steady-state loop does: ``"ldg"`` for a streaming kernel) and ``share`` (of that
+    work the loop holds at least: a kernel with several specialised copies of its loop, such as
+    decode's contiguous and paged paths, holds less than :data:`WORK_SHARE` in each)."""
+    ins = kernel_instructions(parse(listing))
+    lp, work = steady_loop(ins, work, share)
+    row = {"kernel_instructions": len(ins), "loop": None}
+    if lp is None:
+        return row
+    counts, inner, known = count_iteration(ins, lp, work, expect_mma, trips)
+    total = sum(counts.values())
+    mma = counts.get("mma", 0)
+    ldg_bytes = 32 * sum(int(c[3:]) * v for c, v in counts.items() if c.startswith("ldg")
+                         and c[3:].isdigit())
+    ldg_bytes += 32 * sum(int(c[6:]) * v for c, v in counts.items() if c.startswith("ldgsts"))
+    row.update(
+        loop=f"{ins[lp.start].addr:#06x}-{ins[lp.end].addr:#06x}", work=work,
+        instructions=total, counts=dict(sorted(counts.items())), mma=mma,
+        inner_loops=inner, trips_known=known,
+        non_mma_per_mma=round((total - mma) / mma, 2) if mma else None,
+        ffma_share=round(counts.get("ffma", 0) / total, 3) if total else 0.0,
+        global_bytes=ldg_bytes,
+        bytes_per_instruction=round(ldg_bytes / total, 2) if total else 0.0,
+    )
+    if mma:
+        row["ceiling_tflops"] = round(WARP_IPS * MMA_FLOP[mma_kind] * mma / total / 1e12, 1)
+    else:
+        row["ceiling_tflops"] = round(WARP_IPS * 64 * counts.get("ffma", 0) / total / 1e12, 1)
+    row["ceiling_gbs"] = round(WARP_IPS * row["bytes_per_instruction"] / 1e9, 1)
+    return row
+
+
+def mark_loop(listing, loop):
+    """The listing with the instructions of ``loop`` (``"0x3990-0xbe80"``) marked ``>``."""
+    if not loop:
+        return listing
+    lo, hi = (int(x, 16) for x in loop.split("-"))
+    out = []
+    for line in listing.splitlines():
+        m = _INS.match(line)
+        inside = m is not None and lo <= int(m.group(1), 16) <= hi
+        out.append(("> " if inside else "  ") + line)
+    return "\n".join(out)
