@@ -146,11 +146,11 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                         alibi_slopes, b, h, nq=nq, nk=nk)
     kernel = check_backward_kernel(kernel, dtype)
-    if kernel == "mma":
-        return import_mma("backward_mma").backward_mma(
-            do, q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale, dropout_p=dropout_p,
-            seed=seed, deterministic=deterministic, window_size=window, softcap=softcap,
-            alibi_slopes=alibi_slopes)
+    if kernel == "mma":  # validated above, once: straight to the launches
+        return import_mma("backward_mma").launch_backward_mma(
+            do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
+            deterministic=deterministic, dropout_p=dropout_p, seed=seed, left=left, right=right,
+            softcap=softcap, alibi=alibi)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(x) for x in (do, q, k, v, o, lse)]

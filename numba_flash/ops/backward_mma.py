@@ -41,9 +41,22 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
+    dropout_params(dropout_p, seed)  # checks dropout_p and seed
+    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                         alibi_slopes, b, h, nq=nq, nk=nk)
+    return launch_backward_mma(do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
+                               deterministic=deterministic, dropout_p=dropout_p, seed=seed,
+                               left=left, right=right, softcap=softcap, alibi=alibi)
+
+
+def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
+                        left, right, softcap, alibi):
+    """The launches of :func:`backward_mma` on arguments already checked (``shape`` =
+    ``(B, H, Hkv, Nq, Nk, d)``, ``left``/``right`` the kernels' window bounds, ``alibi`` float32
+    ``[B, H]`` or None): :func:`numba_flash.backward` validates once and calls this."""
+    b, h, hkv, nq, nk, d = shape
+    dtype = np.dtype(np.float16)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h, nq=nq, nk=nk)
     use_dropout = float(dropout_p) > 0.0
     num_warps, head_dim = default_tiles(d)
     flags = (use_dropout, softcap > 0.0, alibi is not None)

@@ -155,3 +155,24 @@ def test_forward_on_tensor_cores_validates_once(monkeypatch, launches):
     numba_flash.forward(q, k, v, alibi_slopes=slopes)  # "auto" on a (pretended) sm_90
     assert len(launches) == 2 and "mma" in launches[1], launches
     assert (qkv[0], alibi[0]) == (2, 2)
+
+
+def test_backward_on_tensor_cores_validates_once(monkeypatch, launches):
+    """backward(kernel="mma"): the arrays and the ALiBi slopes are checked once per call (the
+    tensor-core launches take the checked values), and the public backward_mma still checks."""
+    import numba_flash.ops.backward_mma  # noqa: F401  (bind its names before counting)
+
+    q, k, v = _qkv16()
+    o, do = q.copy(), q.copy()
+    lse = np.zeros(q.shape[:3], np.float32)
+    slopes = np.ones(2, np.float32)
+    arrays_ = _count_calls(monkeypatch, "check_backward_arrays", "numba_flash.frontend.validate")
+    alibi = _count_calls(monkeypatch, "check_alibi", "numba_flash.frontend.variants")
+    numba_flash.backward(do, q, k, v, o, lse, kernel="mma", causal=True, alibi_slopes=slopes)
+    assert any("mma" in name for name in launches), launches
+    assert (arrays_[0], alibi[0]) == (1, 1)
+    numba_flash.ops.backward_mma.backward_mma(do, q, k, v, o, lse, alibi_slopes=slopes)
+    assert (arrays_[0], alibi[0]) == (2, 2)
+    with pytest.raises(TypeError, match="q: expected dtype float16"):
+        numba_flash.ops.backward_mma.backward_mma(*(x.astype(np.float32) for x in
+                                                    (do, q, k, v, o)), lse)
