@@ -492,6 +492,8 @@ def compile_configs():
                      drop_t if dropout else types.Tuple(())),
             "float64_ok": False,
             "mma": True,
+            # one K/V tile per warp: Q K^T and P V, (BLOCK_N / 8) (HEAD_DIM / 16) mma each
+            "sass": {"expect_mma": 2 * (bn // 8) * (hd // 16)},
         }
 
 
