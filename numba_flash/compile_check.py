@@ -310,7 +310,8 @@ def sass_cells(r):
     c = s["counts"]
     lds = sum(v for k, v in c.items() if k.startswith(("lds", "ldsm")))
     if s["mma"]:
-        ceiling = f"{s['ceiling_tflops']:.0f} TFLOP/s"
+        ceiling = f"{s['ceiling_tflops']:.0f} TFLOP/s" + (" (mma)" if s.get("bound") == "mma.sync"
+                                                        else "")
     elif s["global_bytes"] and s["counts"].get("ffma", 0) * 4 < s["instructions"]:
         ceiling = f"{s['ceiling_gbs']:.0f} GB/s"  # a streaming kernel (decode): bytes bound it
     else:
@@ -341,7 +342,9 @@ def sass_markdown(rows):
              "Ceiling: an H200 issuing one instruction per scheduler per clock "
              f"({sass.H200['sms']} SMs x {sass.H200['schedulers']} x "
              f"{sass.H200['clock_hz'] / 1e9:.2f} GHz) times the useful work per instruction "
-             "(MMA or FFMA flops, or global bytes for a streaming kernel). `>=`: an inner loop "
+             "(MMA or FFMA flops, or global bytes for a streaming kernel); `(mma)`: above the "
+             f"~{sass.MMA_SYNC_TFLOPS:.0f} TFLOP/s mma.sync itself reaches, so that bound. "
+             "`>=`: an inner loop "
              "the compiler did not unroll is counted once, so the count is a lower bound.", "",
              "| configuration | " + " | ".join(SASS_COLUMNS) + " |",
              "|---|" + "---|" * len(SASS_COLUMNS)]

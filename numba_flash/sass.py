@@ -11,16 +11,19 @@ How the loop is found
 * Loops are back edges: a branch to an address at or before its own.  A loop is the address
   interval ``[target, branch]``; loops nest by containment.
 * The **work** of a kernel is its tensor-core instructions (``HMMA``/``HGMMA``) if it has any,
-  else its FP32 FMAs (``FFMA``).  The **steady-state loop** is the innermost loop that still holds
-  at least :data:`WORK_SHARE` of the kernel's work (for the attention forward: the K/V-tile loop,
-  not an inner k-step loop that holds a part of it, and not the whole kernel).
+  else its FP32 FMAs (``FFMA``).  The **steady-state loop** of a tensor-core kernel is the loop
+  with the most MMAs in its own body (outside its inner loops), the shortest on a tie: of a
+  masked and an unmasked copy of the K/V loop, the unmasked one.  Otherwise it is the innermost
+  loop that still holds at least :data:`WORK_SHARE` of the kernel's work (the K/V-tile loop of
+  a SIMT forward, not an inner dot-product loop that holds a part of it, nor the whole kernel).
 * One iteration is one path from the loop's first instruction to its back edge through the
   forward branches inside it.  Rare paths (a non-finite fix-up, a boundary tile's masking) are
   such branches; the counted path is the one that does the kernel's work with the fewest
   instructions: the path with the most work instructions (at most ``expect_mma`` when the
   configuration states how many MMAs one iteration must issue: a fix-up that runs one more MMA
-  is off the path), then the most loads (a full tile loads every element: the path that skips
-  a bounds-checked load is the boundary tile's), and among those the shortest.
+  is off the path), then the most tile copies (``LDGSTS`` in a kernel that copies by cp.async,
+  else global loads: a full tile loads every element, and the path that skips a bounds-checked
+  load is the boundary tile's), and among those the shortest.
   A slow path that ptxas places out of line (after the loop) is not in the interval at all.
 * An inner loop left inside the iteration (one the compiler did not unroll) is counted as
   ``trips`` x its body when the configuration gives its trip count (``sass_trips``, innermost
@@ -48,6 +51,11 @@ import subprocess
 H200 = {"sms": 132, "schedulers": 4, "clock_hz": 1.98e9, "hbm_gbs": 4800.0,
         "copy_gbs": 4165.0}  # copy: device-to-device copy measured on the H200 on 2026-11-30
 WARP_IPS = H200["sms"] * H200["schedulers"] * H200["clock_hz"]
+
+#: what mma.sync (HMMA.16816, float16 in, float32 accumulate) can reach on an H200 whatever the
+#: issue rate: about 2/3 of the 989 TFLOP/s dense wgmma peak (issue 20's figure, from the Triton
+#: tutorial's mma.sync build); an issue-bound ceiling above it is reported as this bound
+MMA_SYNC_TFLOPS = 660.0
 
 #: the steady-state loop holds at least this share of the kernel's work instructions
 WORK_SHARE = 0.75
@@ -242,6 +250,19 @@ def steady_loop(ins, work=None, share=WORK_SHARE):
     total = sum(is_work(classify(i.op), work) for i in ins)
     if total == 0:
         return None, work
+    if work == "mma":
+        # tensor-core kernels: the loop with the most MMAs in its own body (not in an inner
+        # loop), the shortest on a tie, so that of a masked and an unmasked copy of the K/V
+        # loop the unmasked one counts, and a k-step loop left inside does not
+        def own(lp):
+            inner = [(c.start, c.end) for c in lp.children]
+            return sum(is_work(classify(ins[n].op), work) for n in range(lp.start, lp.end + 1)
+                       if not any(a <= n <= b for a, b in inner))
+        found = loops(ins)
+        if found:
+            lp = max(found, key=lambda lp: (own(lp), -(lp.end - lp.start)))
+            if own(lp):
+                return lp, work
     for lp in loops(ins):  # innermost first
         inside = sum(is_work(classify(i.op), work) for i in ins[lp.start:lp.end + 1])
         if inside >= share * total:
@@ -283,13 +304,13 @@ def _blocks(ins, lp):
 
 def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     """Per-class counts of one iteration of ``lp`` along the counted path (see the module
-    docstring); returns ``(counts, inner_loops, trips_known)``."""
+    docstring); returns ``(counts, inner_loops, trips_known)``: the inner loops on that path and
+    whether every one of them had its trip count given."""
     blocks = _blocks(ins, lp)
     pos = {b[0]: n for n, b in enumerate(blocks)}
     index = {i.addr: n for n, i in enumerate(ins)}
     trips = list(trips or [])
     inner_nodes = [b[2] for b in blocks if b[2] is not None]
-    trips_known = len(trips) >= len(inner_nodes)
 
     def weight(block):
         first, last, node = block
@@ -326,8 +347,14 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
             out.append(n + 1)
         return out
 
+    # a kernel that copies its tiles with cp.async does its steady-state loads that way (a
+    # plain LDG is then a fix-up's re-read); otherwise its global loads are the copies
+    copy = "ldgsts" if any(classify(i.op).startswith("ldgsts")
+                           for i in ins[lp.start:lp.end + 1]) else "ldg"
+
     def loads(w):
-        return sum(v for c, v in w.items() if c.startswith(("ldg", "lds", "ldsm")))
+        return sum(v for c, v in w.items()
+                   if c.startswith(copy) and (copy == "ldgsts" or not c.startswith("ldgsts")))
 
     def work_of(w):
         return sum(v for c, v in w.items() if is_work(c, work))
@@ -338,9 +365,12 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     best = {}  # (block, mma) -> (work, loads, -instructions, counts)
     w0 = weight(blocks[0])
     start_m = w0.get("mma", 0)
-    best[(0, start_m)] = (work_of(w0), loads(w0), -sum(w0.values()), w0)
+    def inner_of(n):
+        return (n,) if blocks[n][2] is not None else ()
+
+    best[(0, start_m)] = (work_of(w0), loads(w0), -sum(w0.values()), w0, inner_of(0))
     for n in range(len(blocks)):
-        for (bn, m), (wk, ld, neg, counts) in sorted(
+        for (bn, m), (wk, ld, neg, counts, used) in sorted(
                 ((k, v) for k, v in best.items() if k[0] == n), key=lambda kv: kv[0]):
             for s in successors(bn):
                 ws = weight(blocks[s])
@@ -350,7 +380,8 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
                 merged = dict(counts)
                 for c, v in ws.items():
                     merged[c] = merged.get(c, 0) + v
-                cand = (wk + work_of(ws), ld + loads(ws), neg - sum(ws.values()), merged)
+                cand = (wk + work_of(ws), ld + loads(ws), neg - sum(ws.values()), merged,
+                        used + inner_of(s))
                 key = (s, m2)
                 if key not in best or cand[:3] > best[key][:3]:
                     best[key] = cand
@@ -358,8 +389,9 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     ends = [v for (bn, _), v in best.items() if bn == last]
     if not ends:
         ends = list(best.values())
-    counts = max(ends, key=lambda v: v[:3])[3]
-    return counts, len(inner_nodes), trips_known
+    chosen = max(ends, key=lambda v: v[:3])
+    on_path = [inner_nodes.index(blocks[n][2]) for n in chosen[4]]
+    return chosen[3], len(on_path), all(k < len(trips) for k in on_path)
 
 
 def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE,
@@ -391,7 +423,9 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE,
         bytes_per_instruction=round(ldg_bytes / total, 2) if total else 0.0,
     )
     if mma:
-        row["ceiling_tflops"] = round(WARP_IPS * MMA_FLOP[mma_kind] * mma / total / 1e12, 1)
+        issue = WARP_IPS * MMA_FLOP[mma_kind] * mma / total / 1e12
+        row["ceiling_tflops"] = round(min(issue, MMA_SYNC_TFLOPS), 1)
+        row["bound"] = "issue" if issue < MMA_SYNC_TFLOPS else "mma.sync"
     else:
         row["ceiling_tflops"] = round(WARP_IPS * 64 * counts.get("ffma", 0) / total / 1e12, 1)
     row["ceiling_gbs"] = round(WARP_IPS * row["bytes_per_instruction"] / 1e9, 1)
