@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import threading
 
+from .kernels.common import FULL_MASK
+
 WARP = 32
-FULL_MASK = 0xFFFFFFFF
 _TIMEOUT = 120.0  # seconds: a lane that never arrives (divergent call) fails instead of hanging
 
 _state_lock = threading.Lock()

@@ -18,6 +18,14 @@ _NUMBA_DTYPE = {
 #: the per-block static shared-memory limit (no dynamic opt-in); the compile tier enforces it.
 SMEM_LIMIT = 48 * 1024
 
+#: CUDA's grid limits: blocks along x, and along y or z.  Every launcher checks its grid
+#: against these (a ValueError naming the shapes, before any launch).
+GRID_X_MAX = 2**31 - 1
+GRID_YZ_MAX = 65535
+
+#: all 32 lanes of a warp: the member mask of the ``*_sync`` warp intrinsics
+FULL_MASK = 0xFFFFFFFF
+
 #: compile-time head dims of the attention kernels: a head dim ``d`` runs in the smallest one
 #: >= d, zero-padded.
 HEAD_DIMS = (16, 32, 64, 128, 256)

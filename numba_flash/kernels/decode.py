@@ -89,7 +89,8 @@ import numpy as np
 from numba import cuda, int32, types
 
 from ..backend import on_simulator
-from .common import acc_dtype, compute_type, numba_array_type
+from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type,
+                     numba_array_type)
 from .jit import kernel_jit
 from .merge import make_merge_functions
 from .visibility import key_bounds, make_score_mod, tile_key_range
@@ -116,11 +117,7 @@ TARGET_BLOCKS_PER_SM = 4
 #: smallest split by default: enough keys per block to amortise its partial state
 GPU_MIN_SPLIT_TOKENS = 256
 SIM_MIN_SPLIT_TOKENS = 16
-#: CUDA's grid limit in y (the split dimension) and x
-MAX_GRID_Y = 65535
-MAX_GRID_X = 2**31 - 1
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
-FULL_MASK = 0xFFFFFFFF
 
 
 def padded_head_dim(d):
@@ -181,9 +178,9 @@ def split_policy(num_splits, hkv, step):
     sim = on_simulator()
     if num_splits is None:
         if sim:
-            return MAX_GRID_Y, SIM_MIN_SPLIT_TOKENS
+            return GRID_YZ_MAX, SIM_MIN_SPLIT_TOKENS
         return -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
-    return min(int(num_splits), MAX_GRID_Y), step
+    return min(int(num_splits), GRID_YZ_MAX), step
 
 
 def split_size(n_keys, split_target, split_min, step):
@@ -203,7 +200,7 @@ def gpu_splits(n_keys, hkv, num_splits=None, dtype=np.float16, HEAD_DIM=128, n_r
     if num_splits is None:
         target, smin = -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
     else:
-        target, smin = min(int(num_splits), MAX_GRID_Y), step
+        target, smin = min(int(num_splits), GRID_YZ_MAX), step
     size = split_size(n_keys, target, smin, step)
     return -(-n_keys // size), size
 
@@ -216,18 +213,18 @@ def block_step(THREADS, LANES, U):
 def split_grid(split_target, split_min, capacity):
     """Splits in the grid: at most ``split_target`` and no more than the capacity has
     ``split_min``-key pieces (so a huge ``num_splits`` is clamped to the key tiles that exist)."""
-    return max(1, min(split_target, -(-int(capacity) // split_min), MAX_GRID_Y))
+    return max(1, min(split_target, -(-int(capacity) // split_min), GRID_YZ_MAX))
 
 
 def decode_grid(b, hkv, chunks, splits):
     """``(x, y)`` grid of the decode kernel; checked against CUDA's limits (a CPU test runs it
     with ``B * Hkv`` past 65535)."""
     x = int(b) * int(hkv) * int(chunks)
-    if x > MAX_GRID_X:
-        raise ValueError(f"q: expected B * Hkv * row chunks <= {MAX_GRID_X} (the CUDA grid's x "
+    if x > GRID_X_MAX:
+        raise ValueError(f"q: expected B * Hkv * row chunks <= {GRID_X_MAX} (the CUDA grid's x "
                          f"limit), got {b} * {hkv} * {chunks} = {x}")
-    if not 1 <= splits <= MAX_GRID_Y:
-        raise ValueError(f"num_splits: expected 1..{MAX_GRID_Y} splits in the grid, got {splits}")
+    if not 1 <= splits <= GRID_YZ_MAX:
+        raise ValueError(f"num_splits: expected 1..{GRID_YZ_MAX} splits in the grid, got {splits}")
     return (x, int(splits))
 
 

@@ -86,9 +86,9 @@ from numba import cuda, float32, int32, types, uint32
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
+from .common import FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, padded_head_dim
 from .jit import kernel_jit
-from .mma import FULL_MASK, a_frag_from_c, mma_m16n8k16, quad_sum
+from .mma import a_frag_from_c, mma_m16n8k16, quad_sum
 from .stages import (LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
                      ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
 from .visibility import key_bounds, make_score_mod, tile_full_range, tile_key_range
@@ -102,9 +102,6 @@ Q_IN_REGS_MAX = 128
 
 #: simulator tiles: one warp (32 Python threads) and 16 keys per tile
 SIM_TILES = (1, 16)
-
-#: largest grid.x
-GRID_X_MAX = 2**31 - 1
 
 _EXP_MASK = 0x7C00  # float16 exponent bits: all ones = inf or NaN
 

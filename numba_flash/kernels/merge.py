@@ -47,13 +47,11 @@ import numpy as np
 from numba import cuda
 
 from ..backend import on_simulator
-from .common import acc_dtype, compute_type, numba_array_type
+from .common import GRID_X_MAX, acc_dtype, compute_type, numba_array_type
 from .jit import kernel_jit
 
 SIM_THREADS = 4
 GPU_THREADS = 128
-#: the largest grid x dimension CUDA accepts
-MAX_GRID_X = 2**31 - 1
 
 
 def default_threads():
@@ -63,8 +61,8 @@ def default_threads():
 def merge_grid(rows):
     """``(grid, why)``: the merge grid for ``rows`` rows (x only); raises ValueError past the
     CUDA limit.  A function of its own so that a CPU test checks it."""
-    if rows > MAX_GRID_X:
-        raise ValueError(f"o_parts: expected at most {MAX_GRID_X} rows (the CUDA grid's x limit),"
+    if rows > GRID_X_MAX:
+        raise ValueError(f"o_parts: expected at most {GRID_X_MAX} rows (the CUDA grid's x limit),"
                          f" got {rows}")
     return (int(rows),)
 

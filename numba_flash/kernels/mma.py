@@ -65,10 +65,10 @@ import numpy as np
 from numba import cuda, types, uint32
 
 from ..backend import on_simulator
+from .common import FULL_MASK
 from .jit import kernel_jit
 
 WARP = 32
-FULL_MASK = 0xFFFFFFFF
 
 #: the PTX instruction behind :func:`mma_m16n8k16`
 MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"

@@ -200,7 +200,7 @@ def test_huge_num_splits_is_clamped_to_the_key_tiles(rng):
     step = kdecode.block_step(kdecode.SIM_THREADS, kdecode.SIM_LANES, kdecode.SIM_KEYS_PER_STEP)
     target, smin = kdecode.split_policy(10**9, 1, step)
     assert kdecode.split_grid(target, smin, 30) == -(-30 // step)
-    assert kdecode.split_grid(*kdecode.split_policy(10**9, 8, 16), 2**40) == kdecode.MAX_GRID_Y
+    assert kdecode.split_grid(*kdecode.split_policy(10**9, 8, 16), 2**40) == kdecode.GRID_YZ_MAX
 
 
 def test_grid_keeps_large_batches_in_x():
