@@ -55,6 +55,12 @@ Arithmetic
 * :func:`fma` ``(a, b, c)``: ``fma.rn.f32``, ``a * b + c`` rounded once (Numba contracts no
   FMA without fastmath).
 * :func:`load_u16` ``(src, elem)``: one 16-bit global load at a flat element offset.
+* :func:`load16` ``(src, elem)``: one 16-byte read-only global load
+  (``ld.global.nc.v4.u32``) of elements ``elem .. elem + 16 / itemsize - 1`` of a float16,
+  float32 or float64 array (any shape, C-contiguous; the address must be 16-byte aligned),
+  returned as a tuple in the compute type (float16 widened to float32: 8 values, float32 4,
+  float64 2).  For kernels that only read the array (``.nc``: the read-only data path).  The
+  twin also checks that ``elem`` is a multiple of ``16 / itemsize`` inside the array.
 
 Every twin runs in the simulator as the kernels' own code does; the compile tier builds the
 intrinsics for sm_80 and sm_90 through :func:`compile_configs`.
@@ -76,6 +82,9 @@ from .mma import WARP, mma_m16n8k16
 LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 LDMATRIX_T_PTX = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 CP_ASYNC_PTX = "cp.async.cg.shared.global"
+LOAD16_PTX = "ld.global.nc.v4.u32"
+#: element types :func:`load16` reads
+LOAD16_TYPES = (types.float16, types.float32, types.float64)
 
 LOG2E = math.log2(math.e)
 
@@ -246,7 +255,44 @@ def _gpu_stages():
 
         return sig, codegen
 
+    # [docs:load16-intrinsic]
+    @intrinsic
+    def load16(typingctx, src, elem):
+        """16 bytes of ``src`` (float16/32/64, any shape) from flat element ``elem``, as a
+        tuple of ``16 / itemsize`` values in the compute type (float16 -> float32)."""
+        if not isinstance(src, types.Array) or src.dtype not in LOAD16_TYPES:
+            raise NumbaTypeError(f"load16: expected src as a float16, float32 or float64 array, "
+                                 f"got {src}")
+        check_int("load16", "elem", elem)
+        n = 128 // src.dtype.bitwidth
+        out_t = types.float64 if src.dtype == types.float64 else types.float32
+        sig = types.UniTuple(out_t, n)(src, elem)
+
+        def codegen(context, builder, sig, args):
+            gaddr = global_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i64])
+            # read-only and no side effect: the compiler may schedule it early (loads in flight)
+            asm = ir.InlineAsm(fnty, "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+                               + LOAD16_PTX + " {$0, $1, $2, $3}, [g]; }",
+                               "=r,=r,=r,=r,l")
+            res = builder.call(asm, [gaddr])
+            vec = ir.Constant(ir.VectorType(i32, 4), ir.Undefined)
+            for i in range(4):
+                vec = builder.insert_element(vec, builder.extract_value(res, i),
+                                             ir.Constant(i32, i))
+            elem_ty = {types.float16: ir.HalfType(), types.float32: f32,
+                       types.float64: ir.DoubleType()}[sig.args[0].dtype]  # (Numba's f16: i16)
+            vals = builder.bitcast(vec, ir.VectorType(elem_ty, n))
+            if sig.args[0].dtype == types.float16:
+                vals = builder.fpext(vals, ir.VectorType(f32, n))
+            outs = [builder.extract_element(vals, ir.Constant(i32, i)) for i in range(n)]
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return sig, codegen
+    # [/docs:load16-intrinsic]
+
     return dict(
+        load16=load16,
         ldmatrix_x4=make_ldmatrix(LDMATRIX_PTX, "ldmatrix_x4"),
         ldmatrix_x4_trans=make_ldmatrix(LDMATRIX_T_PTX, "ldmatrix_x4_trans"),
         cp_async16=cp_async16,
@@ -344,6 +390,22 @@ def _sim_load_u16(src, elem):
     return _host_flat(src)[int(elem)]
 
 
+def _sim_load16(src, elem):
+    """Twin of :func:`load16`: the 16 bytes from element ``elem`` (the address must be
+    16-byte aligned, as on the device), in the compute type."""
+    flat = _host_flat(src)
+    n = 16 // flat.itemsize
+    if flat.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"load16: expected src as a float16, float32 or float64 array, got "
+                        f"{flat.dtype}")
+    e = int(elem)
+    if e % n or not 0 <= e <= flat.size - n:
+        raise ValueError(f"load16: expected a multiple of {n} (16 bytes from the array's "
+                         f"start) with {n} elements inside the array ({flat.size}), got {e}")
+    acc = np.float64 if flat.dtype == np.float64 else np.float32
+    return tuple(acc(x) for x in flat[e:e + n])
+
+
 if on_simulator():
     ldmatrix_x4 = _sim_ldmatrix_x4
     ldmatrix_x4_trans = _sim_ldmatrix_x4_trans
@@ -354,12 +416,14 @@ if on_simulator():
     fmax = _sim_fmax
     fma = _sim_fma
     load_u16 = _sim_load_u16
+    load16 = _sim_load16
 else:
     _g = _gpu_stages()
     ldmatrix_x4, ldmatrix_x4_trans = _g["ldmatrix_x4"], _g["ldmatrix_x4_trans"]
     cp_async16, cp_async_commit, cp_async_wait_all = (_g["cp_async16"], _g["cp_async_commit"],
                                                       _g["cp_async_wait_all"])
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
+    load16 = _g["load16"]
     del _g
 
 
@@ -604,6 +668,22 @@ def tile_copy_kernel(ROWS, HEAD_DIM, THREADS, VEC, TILES):
 
 
 @functools.lru_cache(maxsize=None)
+def load16_kernel(N):
+    """``kernel(src, elems, out)``: thread ``i`` stores :func:`load16` of ``src`` at flat
+    element ``elems[i]`` into ``out[i, :N]`` (``N = 16 / src.itemsize``)."""
+
+    @kernel_jit
+    def load16_probe(src, elems, out):
+        i = cuda.grid(1)
+        if i < elems.shape[0]:
+            vals = load16(src, elems[i])
+            for j in range(N):
+                out[i, j] = vals[j]
+
+    return load16_probe
+
+
+@functools.lru_cache(maxsize=None)
 def arith_kernel():
     """``kernel(x, y, out)``: ``out[i] = (ex2(x), fmax(x, y), fma(x, y, x))`` per element."""
 
@@ -640,3 +720,6 @@ def compile_configs():
                "args": (u16_1, u16_3, types.int32, types.int32, i32_1), "float64_ok": False}
     yield {"name": "stages arith", "kernel": arith_kernel(), "args": (f32_1, f32_1, f32_2),
            "float64_ok": False}
+    f16_2 = types.Array(types.float16, 2, "C")
+    yield {"name": "stages load16 float16", "kernel": load16_kernel(8),
+           "args": (f16_2, i32_1, f32_2), "float64_ok": False}

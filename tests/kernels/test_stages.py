@@ -114,3 +114,21 @@ def test_arithmetic_twins():
     assert out[7, 0] == 0 and out[5, 0] == 0 and out[10, 0] == 1    # -inf, underflow, ftz in
     np.testing.assert_array_equal(out[:, 1], np.fmax(x, y))         # NaN loses to a number
     np.testing.assert_array_equal(out[:, 2], want_fma)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_load16_reads_16_bytes_in_the_compute_type(rng, dtype):
+    """load16 at flat offsets of a 2-D array: the 16 bytes from there, widened (float16 ->
+    float32) exactly; the twin refuses a misaligned or out-of-range offset, as the device
+    cannot read them."""
+    n = 16 // np.dtype(dtype).itemsize
+    src = rng.standard_normal((6, 4 * n)).astype(dtype)
+    elems = (rng.permutation(src.size // n)[:5] * n).astype(np.int32)
+    acc = np.float64 if dtype == np.float64 else np.float32
+    out = np.full((5, n), np.nan, acc)
+    launch(stages.load16_kernel(n), 5, src, elems, out)
+    want = np.stack([src.reshape(-1)[e:e + n] for e in elems]).astype(acc)
+    np.testing.assert_array_equal(out, want)
+    for bad in (1, src.size - n + n):   # not a multiple of n; past the end
+        with pytest.raises(ValueError, match="load16: expected a multiple"):
+            stages.load16(src, bad)
