@@ -1,52 +1,61 @@
-"""CUDA for NumPy programmers: the runs quoted by ``docs/cuda-basics.md``.
+"""CUDA for NumPy programmers: the code and the runs quoted by ``docs/cuda-basics.md``.
 
 Every kernel here runs in the Numba CUDA simulator on a CPU (each CUDA thread is a Python
-thread) and unchanged on a GPU.  ``tests/docs/test_cuda_basics.py`` checks each claim::
+thread) and unchanged on a GPU.  Each ``[docs:...]`` region is a block of the page and runs on its
+own as shown: it starts with its own imports, ``import numba_flash`` before ``from numba import
+cuda`` (with no GPU, importing numba_flash turns the simulator on; ``NUMBA_ENABLE_CUDASIM=1`` does
+it by hand).  ``tests/docs/test_cuda_basics.py`` runs every Python block of the page, each alone
+in a fresh interpreter, and checks each claim::
 
     python docs/examples/cuda_basics.py threads     # who runs which element: block, thread, warp
     python docs/examples/cuda_basics.py row-max     # shared memory and syncthreads
     python docs/examples/cuda_basics.py warp        # a warp sum by shuffles
+    python docs/examples/cuda_basics.py atomics     # atomics, a fence and the last-block ticket
     python docs/examples/cuda_basics.py naive       # the naive attention kernel, launched by hand
     python docs/examples/cuda_basics.py memory      # coalescing (global) and banks (shared)
     python docs/examples/cuda_basics.py occupancy   # blocks per SM from registers and shared memory
 """
 
+# The regions repeat their imports (each must run alone), hence imports below code (E402) and
+# ``import numba_flash`` kept for its side effect only (F401), each a redefinition (F811).
+# ruff: noqa: E402, F401, F811
+
 from __future__ import annotations
 
-import math
 import sys
+from pathlib import Path
 
-import numpy as np
-
-import numba_flash  # noqa: F401  (turns the simulator on when there is no GPU, before numba.cuda)
-from numba import cuda, float32, int32
-
-from numba_flash import reference as ref
 from numba_flash import simulator
-from numba_flash.kernels.naive_forward import naive_forward_kernel
-
 
 # -- 1. threads, blocks, the grid ------------------------------------------------------------
-# [docs:scale-add-kernel]
+# [docs:scale-add]
+import numpy as np
+
+import numba_flash  # first: on a machine with no GPU this turns on the Numba CUDA simulator
+from numba import cuda
+
+
 @cuda.jit                                   # compile this Python function for the GPU
 def scale_add(alpha, x, y, out):
     """out = alpha * x + y, one element per thread (NumPy: ``out[:] = alpha * x + y``)."""
     i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x   # this thread's element
     if i < out.shape[0]:                    # bounds guard: the last block has spare threads
         out[i] = alpha * x[i] + y[i]
-# [/docs:scale-add-kernel]
+
+
+n = 10
+x = np.arange(n, dtype=np.float32)
+y = np.ones(n, dtype=np.float32)
+out = np.full(n, np.nan, dtype=np.float32)      # NaN: an element no thread wrote shows
+threads_per_block = 4
+blocks = (n + threads_per_block - 1) // threads_per_block   # ceil(10 / 4) = 3 blocks
+scale_add[blocks, threads_per_block](np.float32(2.0), x, y, out)   # launch: [grid, block]
+# [/docs:scale-add]
 
 
 def demo_scale_add():
-    # [docs:scale-add-launch]
-    n = 10
-    x = np.arange(n, dtype=np.float32)
-    y = np.ones(n, dtype=np.float32)
-    out = np.full(n, np.nan, dtype=np.float32)      # NaN: an element no thread wrote shows
-    threads_per_block = 4
-    blocks = (n + threads_per_block - 1) // threads_per_block   # ceil(10 / 4) = 3 blocks
-    scale_add[blocks, threads_per_block](np.float32(2.0), x, y, out)   # launch: [grid, block]
-    # [/docs:scale-add-launch]
+    out = np.full(n, np.nan, dtype=np.float32)
+    scale_add[blocks, threads_per_block](np.float32(2.0), x, y, out)
     print(f"launch scale_add[{blocks}, {threads_per_block}]: {blocks * threads_per_block} threads"
           f" for n = {n} elements")
     print(f"  out          = {out.tolist()}")
@@ -55,6 +64,10 @@ def demo_scale_add():
 
 
 # [docs:whoami-kernel]
+import numba_flash  # first: on a machine with no GPU this turns on the Numba CUDA simulator
+from numba import cuda
+
+
 @cuda.jit
 def whoami(block_of, thread_of, warp_of, lane_of):
     i = cuda.grid(1)                        # shorthand for blockIdx.x * blockDim.x + threadIdx.x
@@ -82,10 +95,15 @@ def demo_threads():
 
 
 # -- 2. shared memory and syncthreads -------------------------------------------------------
-THREADS = 8  # threads per block (a power of two, for the tree)
-
-
 # [docs:row-max-kernel]
+import math
+
+import numba_flash  # first: on a machine with no GPU this turns on the Numba CUDA simulator
+from numba import cuda, float32
+
+THREADS = 8  # threads per block (a power of two, for the tree): a compile-time constant
+
+
 @cuda.jit
 def row_max(x, out):
     """out[r] = x[r].max(): one block per row, THREADS threads per block."""
@@ -123,6 +141,10 @@ def demo_row_max():
 
 # -- 2b. warp shuffles ----------------------------------------------------------------------
 # [docs:warp-sum-kernel]
+import numba_flash  # first: adds warp shuffles to the simulator (numba's own has none)
+from numba import cuda, float32, int32
+
+
 @cuda.jit
 def warp_sum(x, out):
     """out[w] = x[32 w : 32 w + 32].sum(): one warp per 32 elements, no shared memory."""
@@ -149,23 +171,84 @@ def demo_warp():
     return x, out
 
 
-# -- 3. the naive attention kernel, launched by hand ----------------------------------------
+# -- 3. atomics and fences ------------------------------------------------------------------
+# [docs:atomics-kernel]
+import numba_flash  # first: on a machine with no GPU this turns on the Numba CUDA simulator
+from numba import cuda, float32
+
+SUM_THREADS = 8  # threads per block (a power of two, for the tree): a compile-time constant
+
+
+@cuda.jit
+def grid_sum(x, partial, ticket, out):
+    """out[0] = x.sum() in one launch: each block sums its slice, and the last block to finish
+    (the one that draws the last ticket) adds up the blocks' partial sums."""
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s = cuda.shared.array(SUM_THREADS, float32)
+    s[t] = x[i] if i < x.shape[0] else float32(0.0)
+    cuda.syncthreads()  # every slot is written before the tree reads its neighbour's
+    stride = SUM_THREADS // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        cuda.syncthreads()  # this level is finished before the next level reads it
+        stride //= 2
+    if t == 0:
+        partial[cuda.blockIdx.x] = s[0]
+        cuda.threadfence()  # this block's partial is visible to every block before its ticket
+        drawn = cuda.atomic.add(ticket, 0, 1)  # returns the old value: 0, 1, 2, ... in turn
+        if drawn == cuda.gridDim.x - 1:      # the last block: every partial is written
+            cuda.threadfence()  # read the partials only after seeing all the tickets
+            total = float32(0.0)
+            for b in range(cuda.gridDim.x):  # a fixed order: the same bits on every run
+                total += partial[b]
+            out[0] = total
+            ticket[0] = 0                    # ready for the next launch
+# [/docs:atomics-kernel]
+
+
+def demo_atomics():
+    rng = np.random.default_rng(1)
+    x = rng.integers(-8, 9, 37).astype(np.float32)  # small integers: every sum is exact
+    n_blocks = (x.shape[0] + SUM_THREADS - 1) // SUM_THREADS
+    partial = np.full(n_blocks, np.nan, np.float32)
+    ticket = np.zeros(1, np.int32)
+    out = np.full(1, np.nan, np.float32)
+    with simulator.fast_switching():
+        grid_sum[n_blocks, SUM_THREADS](x, partial, ticket, out)
+    print(f"grid_sum[{n_blocks}, {SUM_THREADS}] on {x.shape[0]} integers: {out[0]}"
+          f"  (NumPy x.sum(): {x.sum()})")
+    print(f"  the blocks' partial sums: {partial.tolist()}")
+    print(f"  ticket after the launch: {int(ticket[0])} (reset by the last block)")
+    return x, partial, ticket, out
+
+
+# -- 4. the naive attention kernel, launched by hand ----------------------------------------
 def demo_naive():
+    # [docs:naive-launch]
+    import math
+
+    import numpy as np
+
+    import numba_flash  # first: on a machine with no GPU this turns on the Numba CUDA simulator
+    from numba_flash.kernels.naive_forward import naive_forward_kernel
+
     rng = np.random.default_rng(0)
-    B, H, Hkv, nq, nk, d = 1, 2, 1, 6, 6, 16
+    B, H, Hkv, nq, nk, d = 1, 2, 1, 6, 6, 16          # GQA: two query heads share one kv head
     q = rng.standard_normal((B, H, nq, d)).astype(np.float32)
     k = rng.standard_normal((B, Hkv, nk, d)).astype(np.float32)
     v = rng.standard_normal((B, Hkv, nk, d)).astype(np.float32)
     scale = 1.0 / math.sqrt(d)
-    # [docs:naive-launch]
     o = np.full((B, H, nq, d), np.nan, np.float32)   # outputs: every element must be written
     lse = np.full((B, H, nq), np.nan, np.float32)
     kernel = naive_forward_kernel(16, True, np.dtype(np.float32))  # HEAD_DIM=16, CAUSAL=True
     BLOCK_M = 4                                      # threads (query rows) per block
     grid = ((nq + BLOCK_M - 1) // BLOCK_M, B * H)    # (Q tiles, batch x heads) = (2, 2)
     kernel[grid, BLOCK_M](q, k, v, o, lse, np.float32(scale))
+
+    o_ref, lse_ref = numba_flash.reference.attention(q, k, v, causal=True, softmax_scale=scale)
     # [/docs:naive-launch]
-    o_ref, lse_ref = ref.attention(q, k, v, causal=True, softmax_scale=scale)
     print(f"naive_forward[{grid}, {BLOCK_M}]: {grid[0] * grid[1]} blocks of {BLOCK_M} threads "
           f"for {B * H * nq} query rows")
     print(f"  max |o - reference|   = {np.abs(o - o_ref).max():.1e}")
@@ -174,7 +257,7 @@ def demo_naive():
     return o, lse, o_ref, lse_ref
 
 
-# -- 4. memory: coalescing and banks --------------------------------------------------------
+# -- 5. memory: coalescing and banks --------------------------------------------------------
 SECTOR = 32  # bytes: the unit in which global memory is read through L2
 
 
@@ -221,7 +304,7 @@ def demo_memory():
               f"  tile[0][lane] (a row) {bank_conflict(row)}-way")
 
 
-# -- 5. occupancy ---------------------------------------------------------------------------
+# -- 6. occupancy ---------------------------------------------------------------------------
 # [docs:occupancy]
 H200 = dict(sms=132, max_warps=64, max_blocks=32, regs=65536, reg_unit=256,
             smem=228 * 1024, smem_per_block_reserved=1024)
@@ -243,23 +326,54 @@ def blocks_per_sm(threads, regs_per_thread, smem_bytes, gpu=H200):
 # [/docs:occupancy]
 
 
+RESOURCES = Path(__file__).resolve().parents[1] / "resources.md"
+
+
+def resources(config):
+    """``(sm_90 registers per thread, static shared bytes per block)`` of one configuration, as
+    the compile tier measured it with ptxas (a row of ``docs/resources.md``)."""
+    for line in RESOURCES.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == config:
+            return int(cells[2]), int(cells[3])
+    raise LookupError(f"no row {config!r} in {RESOURCES}")
+
+
+def occupancy_cases():
+    """``[(label, threads, registers, shared bytes)]``: the kernels of the occupancy table."""
+    import numpy as np
+
+    from numba_flash.kernels import forward, naive_forward
+
+    f32 = np.dtype(np.float32)
+    bm, bn, hd = forward.gpu_tiles(64, f32)
+    tm, tn = forward.thread_layout(bm, bn, hd)
+    tiled = forward.config_name(bm, bn, hd, tm, tn, f32)      # "forward M64 N32 D64 T16x8 ..."
+    return [
+        # Nsight Compute on an H200, 2026-11-30 (commit 38a7cb7), before the 128-thread layout
+        ("tiled forward fp32 d=64, old (ncu)", 64, 167, 44032),  # ncu's "44.03 KB" = 43.0 KiB
+        ("tiled forward fp32 d=64 (ptxas)", tm * tn, *resources(tiled)),
+        ("mma forward fp16 d=64 (ptxas)", 128, *resources("forward_mma W4 M64 N64 D64 float16")),
+        ("naive forward fp32 d=64 (ptxas)", naive_forward.GPU_BLOCK_M,
+         *resources("naive_forward HEAD_DIM=64 CAUSAL=1 float32")),
+        ("a 256-thread block, 32 KiB", 256, 64, 32 * 1024),
+    ]
+
+
 def demo_occupancy():
     print("H200 SM: 64 warps, 32 blocks, 65536 registers, 228 KiB shared memory (1 KiB kept per"
           " block)")
-    print("  kernel                         threads  regs  shared   blocks/SM  limited by"
+    print("  kernel                              threads  regs  shared   blocks/SM  limited by"
           "                occupancy")
-    cases = [("tiled forward fp32 d=64 (ncu)", 64, 167, 44032),  # 43.0 KiB = ncu's "44.03 KB"
-             ("naive forward, 128 rows/block", 128, 56, 0),
-             ("the same at 64 regs/thread", 128, 64, 0),
-             ("a 256-thread block, 32 KiB", 256, 64, 32 * 1024)]
-    for name, threads, regs, smem in cases:
+    for name, threads, regs, smem in occupancy_cases():
         n, by, occ = blocks_per_sm(threads, regs, smem)
-        print(f"  {name:30s} {threads:7d} {regs:5d} {smem / 1024:4.1f} KiB {n:9d}  "
+        print(f"  {name:35s} {threads:7d} {regs:5d} {smem / 1024:4.1f} KiB {n:9d}  "
               f"{' and '.join(by):24s} {100 * occ:5.1f}%")
 
 
-DEMOS = {"threads": demo_threads, "row-max": demo_row_max, "warp": demo_warp, "naive": demo_naive,
-         "memory": demo_memory, "occupancy": demo_occupancy}
+DEMOS = {"threads": demo_threads, "row-max": demo_row_max, "warp": demo_warp,
+         "atomics": demo_atomics, "naive": demo_naive, "memory": demo_memory,
+         "occupancy": demo_occupancy}
 
 if __name__ == "__main__":
     DEMOS[sys.argv[1]]()

@@ -1,12 +1,55 @@
-"""docs/cuda-basics.md: every kernel of its examples against NumPy, and the counts it prints
-(sectors, bank conflicts, occupancy) against independent arithmetic."""
+"""docs/cuda-basics.md: every Python block of the page run alone, as a reader would paste it;
+every kernel of its examples against NumPy, and the counts it prints (sectors, bank conflicts,
+occupancy) against independent arithmetic."""
 
 from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cuda_basics as cb
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cuda-basics.md"
+#: a Python block and the directive line above it (if any)
+BLOCK = re.compile(r"(?:^(<!--[^\n]*-->)\n)?^```python\n(.*?)^```$", re.S | re.M)
+
+
+def page_blocks(text):
+    """``[(directive or "", code)]`` for every Python block of a page."""
+    return [(m.group(1) or "", m.group(2)) for m in BLOCK.finditer(text)]
+
+
+def run_alone(blocks, tmp_path):
+    """Run each block in its own fresh interpreter (in parallel), in an empty folder, with the
+    simulator switch left to the block (``NUMBA_ENABLE_CUDASIM`` unset, as on a reader's
+    machine); return ``[(code, returncode, stderr)]``."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONWARNINGS"] = "ignore"
+    procs = []
+    for n, code in enumerate(blocks):
+        path = tmp_path / f"block{n}.py"
+        path.write_text(code)
+        procs.append((code, subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=env,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                             text=True)))
+    return [(code, p.wait(timeout=300), p.stderr.read()) for code, p in procs]
+
+
+def test_every_python_block_of_the_page_runs_alone(tmp_path):
+    blocks = page_blocks(PAGE.read_text())
+    # the one excerpt: the inside of the naive kernel factory (the page says so); it runs
+    # through the launch block that follows it
+    excerpts = [c for d, c in blocks if "include: numba_flash/kernels/naive_forward.py" in d]
+    runnable = [c for d, c in blocks if "include: numba_flash/" not in d]
+    assert len(excerpts) == 1 and len(runnable) == len(blocks) - 1 >= 7
+    for code, rc, err in run_alone(runnable, tmp_path):
+        assert rc == 0, f"this block of {PAGE.name} fails alone:\n{code}\n{err[-1500:]}"
 
 
 def test_scale_add_writes_every_element_and_nothing_past_the_end():
@@ -60,7 +103,7 @@ def test_occupancy_reproduces_nsight_compute():
     # 44.03 KB static shared memory, 15.6% theoretical occupancy
     n, by, occ = cb.blocks_per_sm(64, 167, 44032)
     assert (n, by) == (5, ["shared memory"]) and round(100 * occ, 1) == 15.6
-    # decode_split at 32k (issue 12): 128 threads, 191 registers -> 12.5%
+    # the decode kernel as ncu saw it on the H200 (2026-11-30): 128 threads, 191 registers
     n, by, occ = cb.blocks_per_sm(128, 191, 0)
     assert occ == 0.125 and by == ["registers"]
     assert cb.blocks_per_sm(32, 16, 0)[1] == ["blocks"]
@@ -70,3 +113,26 @@ def test_occupancy_reproduces_nsight_compute():
 def test_warp_sum_by_shuffles():
     x, out = cb.demo_warp()
     np.testing.assert_array_equal(out, [x[0:32].sum(), x[32:64].sum(), x[64:].sum()])
+
+
+def test_occupancy_rows_follow_the_resource_table():
+    cases = {name: rest for name, *rest in cb.occupancy_cases()}
+    threads, regs, smem = cases["tiled forward fp32 d=64 (ptxas)"]
+    # the 128-thread layout; registers and shared memory from ptxas, as docs/resources.md has them
+    assert threads == 128 and 0 < regs <= 255 and smem <= 48 * 1024
+    assert (regs, smem) == cb.resources("forward M64 N32 D64 T16x8 float32")
+    with pytest.raises(LookupError):
+        cb.resources("no such configuration")
+
+
+def test_grid_sum_last_block_adds_the_partials():
+    x, partial, ticket, out = cb.demo_atomics()
+    blocks = -(-x.shape[0] // cb.SUM_THREADS)
+    np.testing.assert_array_equal(
+        partial, [x[b * cb.SUM_THREADS:(b + 1) * cb.SUM_THREADS].sum() for b in range(blocks)])
+    assert out[0] == x.sum() and ticket[0] == 0
+    # the counter was reset: a second launch (other data, one block) is right too
+    y = np.arange(3, dtype=np.float32)
+    out2 = np.full(1, np.nan, np.float32)
+    cb.grid_sum[1, cb.SUM_THREADS](y, np.full(1, np.nan, np.float32), ticket, out2)
+    assert out2[0] == 3.0 and ticket[0] == 0
