@@ -296,7 +296,8 @@ def attention_backward(
     where :math:`t = \tanh(\text{scale}\, q \cdot k / \text{softcap})` is the softcap's slope
     (the factor is 1 without softcap; ALiBi's bias has no gradient).  Non-finite ``q`` or ``k``
     follow the forward's rule: they make the gradients of the rows (keys) that see them NaN and
-    never touch a row that does not see them.  ``dk`` and ``dv`` are summed
+    never touch a row that does not see them; so does a non-finite ``do[i, c]`` (``dq`` of row
+    ``i``, ``dk`` and ``dv[:, c]`` of the keys row ``i`` sees).  ``dk`` and ``dv`` are summed
     over the query heads of each GQA group, in ``k``'s shape.
     """
     q = np.asarray(q, dtype=np.float64)
@@ -311,7 +312,13 @@ def attention_backward(
     z = _keep_scale(dropout_mask, dropout_p, p.shape)
     p_drop = p * z
     o = np.einsum("bhij,bhjd->bhid", p_drop, v)
-    dv = np.einsum("bhij,bhid->bhjd", p_drop, do)
+    # a non-finite do[i, c] reaches dv[j, c] of the keys j row i sees, never the others (P = 0
+    # there, but 0 * NaN would be NaN)
+    fin_do = np.isfinite(do)
+    dv = np.einsum("bhij,bhid->bhjd", p_drop, np.where(fin_do, do, 0.0))
+    vis_bh = np.broadcast_to(vis, p.shape)
+    for bi, hi, i, c in zip(*np.nonzero(~fin_do)):
+        dv[bi, hi, :, c] += np.where(vis_bh[bi, hi, i], p_drop[bi, hi, i] * do[bi, hi, i, c], 0.0)
     dp = np.einsum("bhid,bhjd->bhij", do, v) * z
     d_row = (do * o).sum(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):

@@ -14,8 +14,12 @@ l_i))``, the one number ``lse_i = m_i + log l_i`` recovers the probabilities exa
     dQ = scale * dS K                     dK = scale * dS^T Q
 
 ``dS`` is the softmax Jacobian applied to ``dP``: ``dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)``,
-times the softcap's slope ``d(c tanh(s / c))/ds = 1 - t^2`` with ``t = tanh(s / c)``
-(:func:`~numba_flash.kernels.visibility.make_softcap_grad`; 1 without softcap).  ALiBi adds a
+times the softcap's slope ``d(c tanh(s / c))/ds = 1 - t^2`` with ``t = tanh(s / c)`` (1
+without softcap).  ``S`` is recomputed by the forward's own score function
+(:func:`~numba_flash.kernels.visibility.make_score`: the raw ``q . k`` over the head dim in
+order, times ``scale``, then the modifiers), so ``P`` is the forward's bit for bit and sums to 1
+as the forward's ``lse`` says; with scores near 150 a score one ulp off would already be a
+1e-5 relative error in ``P``.  ALiBi adds a
 constant ``-slope |i + Nk - Nq - j|`` to the score: it has no gradient.  The row term ``D_i``
 needs a whole row of ``dP``, which no K/V tile has, but it equals a row of ``dO * O`` summed (the
 *preprocess* kernel, :func:`preprocess_kernel`)::
@@ -30,6 +34,19 @@ forced to 0 (never ``exp(S + inf)``), so it adds nothing and its ``dQ`` stays 0,
 Which keys a row sees (causal, sliding window ``(left, right)``, bottom-right aligned) is
 :func:`~numba_flash.kernels.visibility.is_visible`; the kernels take the window as two runtime
 ints with causal folded in (``right = 0``; :func:`~numba_flash.kernels.visibility.window_bounds`).
+
+Non-finite inputs never reach a row (key) that does not see them.  A NaN or inf in ``q`` or in a
+visible ``k`` makes the score, hence ``P`` and ``dS`` of the pairs that see it, NaN; the ``dS K``
+and ``dS^T Q`` operands store a non-finite ``k`` / ``q`` as 0, so a pair with ``dS = 0`` stays 0.
+A NaN or inf in ``dO_i`` makes ``D_i`` non-finite (the preprocess sums ``dO_i * O_i``), hence
+``dS`` NaN at the pairs row ``i`` sees (whatever ``dP`` holds).  For ``dV = P^T dO`` the dK/dV
+kernel stores a non-finite ``dO`` as 0 in ``do_tile`` (``P = 0`` at a pair the row does not see,
+but ``0 * NaN`` is NaN), learns from ``D`` that a Q tile held such a row (a
+shared ``do_bad`` flag raised while ``D`` is loaded) and then, once after its Q-tile loop,
+makes ``dV[j, c]`` NaN where a row that sees key ``j`` has a non-finite ``dO[row, c]``
+(:func:`dkdv_kernel`'s ``mark_non_finite_do``, in global memory once ``dV`` is written, reading
+``D`` and ``dO`` again).  Finite inputs run the plain step; the fast path pays one compare and
+select per loaded ``dO`` element.
 
 Kernels (every grid is 1-D, :func:`fold_grid`)
 ----------------------------------------------
@@ -94,7 +111,8 @@ Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 
     w * (2 (BLOCK_M + BLOCK_N)(HEAD_DIM + PAD) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)  bytes
 
-plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` (:func:`shared_bytes`), at most 48
+plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` and 4 for the dK/dV kernel's
+``do_bad`` flag (:func:`shared_bytes`), at most 48
 KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 42.4 KiB for float32 at HEAD_DIM = 128
 with 8 x 32 tiles, 42.6 KiB with dropout).  Tiles hold the compute type: float16 inputs are read
 as float16 and computed in float32; float64 computes in float64.
@@ -164,8 +182,7 @@ from ..philox import philox_keep_bits4
 from .jit import kernel_jit
 from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
                      padded_head_dim)
-from .visibility import (is_visible, key_bounds, make_score_mod, make_softcap_grad,
-                         tile_key_range, tile_query_range)
+from .visibility import is_visible, key_bounds, make_score, tile_key_range, tile_query_range
 
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
@@ -204,10 +221,12 @@ FULL_MASK = 0xFFFFFFFF
 #: swept 2..6 on 2026-11-30) and that the block's shared memory allows on an H100/H200 (228 KiB
 #: per SM: 5 blocks of ~42 KiB); the compile tier fails on any spill.  Keyed by word size, then
 #: HEAD_DIM.  (4-byte dK/dV at HEAD_DIM 256 keeps 2: its 32 + 32 accumulators per thread spill
-#: under 168 registers.)
+#: under 168 registers.  float64 at HEAD_DIM 16, and 64 with dropout, went down by one on
+#: 2026-12-01: with the forward's score function (a rounded ``dmul.rn``, never fused) they
+#: spilled 4-12 B at 5 and 4.)
 DKDV_MIN_BLOCKS = {4: {16: 4, 32: 3, 64: 4, 128: 3, 256: 2},
-                   8: {16: 5, 32: 3, 64: 5, 128: 3, 256: 3}}
-DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 3, 128: 3}, 8: {64: 4}}
+                   8: {16: 4, 32: 3, 64: 5, 128: 3, 256: 3}}
+DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 3, 128: 3}, 8: {64: 3}}
 DQ_MIN_BLOCKS = 5
 
 
@@ -248,7 +267,7 @@ def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
     row = HEAD_DIM + PAD
     words = 2 * (BLOCK_M + BLOCK_N) * row + 2 * BLOCK_M * BLOCK_N + 2 * BLOCK_M
     keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4) if dropout else 0  # int32 keep_tile
-    return _word(dtype) * words + keep_bytes
+    return _word(dtype) * words + keep_bytes + 4  # + the dK/dV kernel's int32 do_bad flag
 
 
 # [docs:bwd-grid]
@@ -317,36 +336,52 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     A_TILE = A_TR * A_TC
     GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
-    # the score modifiers of kernels/visibility.py: NaN check only, softcap, ALiBi (a slope of 0
-    # is exact: s - 0 * distance = s, so ALiBi runs always and softcap is a runtime branch)
-    score_plain = make_score_mod(False, False, acc_t)
-    score_softcap = make_score_mod(True, False, acc_t)
-    score_alibi = make_score_mod(False, True, acc_t)
-    softcap_grad = make_softcap_grad(True, acc_t)
+    # the forward's own score (kernels/visibility.py), so that P = exp(s - lse) is the forward's
+    # P: times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
+    # ALiBi runs always and softcap is a runtime branch, as in the forward)
+    score_alibi = make_score(False, True, acc_t)
+    score_capped = make_score(True, True, acc_t)
 
-    @cuda.jit(device=True, inline="always")
-    def load_tile(x, bb, h, start, end, ROWS, tile, tid):
-        """``tile[:ROWS, :HEAD_DIM] <- x[bb, h, start:start + ROWS, :]``, zero at rows >= end
-        and columns >= d."""
-        d = x.shape[3]
-        for idx in range(tid, ROWS * HEAD_DIM, THREADS):
-            r = idx // HEAD_DIM
-            c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
-            if start + r < end and c < d:
-                tile[r, c] = acc_t(x[bb, h, start + r, c])
-            else:
-                tile[r, c] = acc_t(0.0)
+    def make_load_tile(FINITE):
+        def load_tile(x, bb, h, start, end, ROWS, tile, tid):
+            """``tile[:ROWS, :HEAD_DIM] <- x[bb, h, start:start + ROWS, :]``, zero at rows >= end
+            and columns >= d; with ``FINITE`` (dO in the dK/dV kernel) every inf / NaN stored
+            as 0."""
+            d = x.shape[3]
+            for idx in range(tid, ROWS * HEAD_DIM, THREADS):
+                r = idx // HEAD_DIM
+                c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
+                if start + r < end and c < d:
+                    v = acc_t(x[bb, h, start + r, c])
+                    if FINITE and not abs(v) < INF:
+                        v = acc_t(0.0)
+                    tile[r, c] = v
+                else:
+                    tile[r, c] = acc_t(0.0)
+
+        return cuda.jit(device=True, inline="always")(load_tile)
+
+    load_tile = make_load_tile(False)
+    load_tile_finite = make_load_tile(True)
 
     @cuda.jit(device=True, inline="always")
     def load_row_stats(lse, delta, bb, h, start, end, lse_sh, delta_sh, tid):
-        """``lse`` and ``D`` of the Q tile's rows; rows past the end get ``lse = -inf`` (P = 0)."""
+        """``lse`` and ``D`` of the Q tile's rows; rows past the end get ``lse = -inf`` (P = 0).
+        Returns 1 if a row this thread loaded has a non-finite ``D = rowsum(dO * O)``, which is
+        the case whenever that row's ``dO`` holds an inf or NaN (``inf * x`` and ``NaN * x`` are
+        never finite, nor is any sum with them), else 0."""
+        bad = int32(0)
         for m in range(tid, BLOCK_M, THREADS):
             if start + m < end:
                 lse_sh[m] = acc_t(lse[bb, h, start + m])
-                delta_sh[m] = delta[bb, h, start + m]
+                dm = delta[bb, h, start + m]
+                delta_sh[m] = dm
+                if not abs(dm) < INF:
+                    bad = int32(1)
             else:
                 lse_sh[m] = acc_t(NEG_INF)
                 delta_sh[m] = acc_t(0.0)
+        return bad
 
     @cuda.jit(device=True, inline="always")
     def draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid):
@@ -402,7 +437,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                         s[i * A_TC + j] += qv * kc[j]
                         dp[i * A_TC + j] += dov * vc[j]
             # [docs:bwd-p-ds]
-            # -- P = exp(mod(scale S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
+            # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
             offset = nk - nq  # bottom-right alignment
             for i in range(A_TR):
@@ -416,14 +451,13 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     ds = acc_t(0.0)
                     if (row < nq and lse_i != acc_t(NEG_INF)
                             and is_visible(row, col, offset, nk, left, right)):
-                        x = s[i * A_TC + j] * scale
-                        grad = acc_t(1.0)
+                        # the forward's score; grad = 1 - tanh^2 with softcap, else 1
                         if softcap > acc_t(0.0):  # runtime: one uniform branch per score
-                            x = score_softcap(x, row, col, offset, softcap, inv_softcap, slope)
-                            grad = softcap_grad(x, inv_softcap)  # 1 - tanh^2, before ALiBi
+                            x, grad = score_capped(s[i * A_TC + j], scale, row, col, offset,
+                                                   softcap, inv_softcap, slope)
                         else:
-                            x = score_plain(x, row, col, offset, softcap, inv_softcap, slope)
-                        x = score_alibi(x, row, col, offset, softcap, inv_softcap, slope)
+                            x, grad = score_alibi(s[i * A_TC + j], scale, row, col, offset,
+                                                  softcap, inv_softcap, slope)
                         p = math.exp(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)
@@ -467,7 +501,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     int64(cu_k[b + 1] - k0))
         return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
 
-    return load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence
+    return load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence
 
 
 @functools.lru_cache(maxsize=None)
@@ -488,14 +522,38 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
     INF = acc_t(math.inf)
+    NAN = acc_t(math.nan)
     ROW = HEAD_DIM + PAD
     B_COL_T, B_ROW_T, B_TR, B_TC = layout(BLOCK_N, HEAD_DIM, THREADS)    # dK, dV
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
-    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence = tile_functions(
-        BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
+     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
+
+    @cuda.jit(device=True, inline="always")
+    def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
+                           bc):
+        """Rare, once this thread's ``dV`` is written: some query row has a non-finite dO,
+        which ``do_tile`` stored as 0.  ``dV[key, c]`` (this thread's elements of
+        ``dv_out``) becomes NaN where a row that sees the key has an inf or NaN ``dO[row, c]``
+        (the reference's ``P * inf`` or ``P * NaN``: not finite either way); a key the row does
+        not see keeps its finite ``dV``.  From global memory and over all rows (a row that
+        does not see the keys is skipped by the rule), so that no register of the loop stays
+        live for it."""
+        d = do.shape[3]
+        offset = nk - nq
+        for row in range(nq):
+            if not abs(delta[bb, h, q0 + row]) < INF:  # this row's dO holds an inf or NaN
+                for i in range(B_TR):
+                    key = k_start + br + i * B_ROW_T
+                    if key < nk and is_visible(row, key, offset, nk, left, right):
+                        for j in range(B_TC):
+                            c = bc + j * B_COL_T
+                            if c < d:
+                                if not abs(acc_t(do[bb, h, q0 + row, c])) < INF:
+                                    dv_out[bb, h, k0 + key, c] = NAN
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)))
     def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
@@ -523,10 +581,16 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
         else:
             keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
 
+        do_bad = cuda.shared.array(1, int32)  # 1 once a row of a Q tile has a non-finite dO
+        if tid == 0:
+            do_bad[0] = int32(0)
+
         # -- this block's K_j, V_j: loaded once, used for every Q tile that sees them
         load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
         load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
-        cuda.syncthreads()  # k_tile and v_tile are complete before any thread reads them
+        # k_tile and v_tile are complete before any thread reads them (and do_bad = 0 before
+        # any thread may raise it)
+        cuda.syncthreads()
 
         br = tid // B_COL_T
         bc = tid % B_COL_T
@@ -549,10 +613,15 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
         for qi in range(first_tile, last_tile):
             q_start = qi * BLOCK_M
             load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
-            load_tile(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
-            load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh, tid)
+            # dO with inf / NaN as 0: a non-finite dO still makes dS NaN where its row sees a
+            # key (through D), and mark_non_finite_do puts it into dV there alone
+            load_tile_finite(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
+            bad = load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh,
+                                 tid)
             if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
                 draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid)
+            if bad:  # a row with a non-finite D: its dO holds an inf or NaN (or its o does)
+                do_bad[0] = int32(1)
             cuda.syncthreads()  # Q_i, dO_i, lse, D (keep bits) are in shared memory before P
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
@@ -603,6 +672,9 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     if key < nk and c < d:
                         dk_out[bb, h, k0 + key, c] = dk_acc[i * B_TC + j] * scale
                         dv_out[bb, h, k0 + key, c] = dv_acc[i * B_TC + j]
+            if do_bad[0]:  # rare: a non-finite dO reaches the dV of the keys its row sees alone
+                mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left,
+                                   right, br, bc)
         # [/docs:bwd-dkdv-loop]
 
     return backward_dkdv
@@ -620,8 +692,8 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
-    load_tile, load_row_stats, draw_keep, p_and_ds, ds_k, sequence = tile_functions(
-        BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
+     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)))
     def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,

@@ -8,10 +8,16 @@ rowsum(dO * O)`` (the SIMT preprocess kernel) and ``Z = keep / (1 - p)`` (1 with
     dV = (P Z)^T dO      dP = (dO V^T) Z      dS = P (dP - D) (1 - t^2)
     dK = scale dS^T Q    dQ = scale dS K
 
-``t = tanh(s / softcap)`` (the factor is 1 without softcap; ALiBi has no gradient).  A key a row
-does not see, a row past ``Nq`` and a row with ``lse = -inf`` (it sees no key) give exactly
-``P = dS = 0``.  The float16 operands of each product: ``Q``, ``K``, ``V``, ``dO`` as stored;
-``P Z`` and ``dS`` rounded from float32 to float16 (as flash-attn does); accumulation in float32.
+``t = tanh(s / softcap)`` (the factor is 1 without softcap; ALiBi has no gradient).  The scores
+follow the contract of :func:`~numba_flash.kernels.visibility.make_score` (as the SIMT kernels
+do): ``Q K^T`` (here ``K Q^T``, the same float16 products) accumulated in float32, times
+``scale`` rounded once, then the modifiers.  The tensor-core forward folds the scale into its
+``ex2`` exponent instead, so ``P = exp(s - lse)`` matches its ``P`` to a few ulps of ``|s|``
+(1e-5 relative at ``|s|`` = 150), far below the float16 rounding of ``P`` and ``dS`` here.
+A key a row does not see, a row past ``Nq`` and a row with ``lse = -inf`` (it sees no key)
+give exactly ``P = dS = 0``.  The float16 operands of each product: ``Q``, ``K``, ``V``,
+``dO`` as stored; ``P Z`` and ``dS`` rounded from float32 to float16 (as flash-attn does);
+accumulation in float32.
 
 Kernels
 -------
@@ -41,6 +47,13 @@ Kernels
    the forward), ``P``, ``dS`` on the fragments, ``dQ += dS K`` (``A`` from registers, ``B`` =
    ``K`` untransposed), in a fixed order: no atomics, bitwise reproducible.
 
+A non-finite ``dO_i`` makes ``D_i`` non-finite (the preprocess sums ``dO_i * O_i``), so ``dS``
+is NaN at the pairs row ``i`` sees and 0 elsewhere; for ``dV`` the dkdv block learns from ``D``
+that its Q tile holds such a row (``cuda.syncthreads_or`` on its existing barrier) and runs the
+rare path (:func:`_dv_masked_function`): ``dO`` with non-finite halves as 0, then a 0/1 product
+that makes ``dV[j, c]`` NaN where a row seeing key ``j`` has a non-finite ``dO[row, c]``, so a
+key a row does not see gets nothing from that row's ``dO``.
+
 Dropout: the keep bit of element ``(b, h, i, j)`` is :func:`numba_flash.philox.philox_keep`
 (the mask of :func:`numba_flash.dropout_mask`); in ``dkdv`` a lane's 4 elements of a fragment
 are 2 keys x 2 queries, each its own Philox group, so each takes one call.
@@ -57,15 +70,14 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, types
+from numba import cuda, float32, int32, types, uint32
 
 from ..backend import on_simulator
 from ..philox import philox_keep
 from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
 from .mma import (a_frag_from_c, half2_bits, load_a_frag, load_b_frag, load_b_frag_t,
                   load_b_frag_t_finite, mma_m16n8k16, pack_half2)
-from .visibility import (is_visible, make_score_mod, make_softcap_grad, tile_key_range,
-                         tile_query_range)
+from .visibility import is_visible, make_score, tile_key_range, tile_query_range
 from .jit import kernel_jit
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
@@ -104,9 +116,7 @@ def default_tiles(head_dim, simulator=None):
 @functools.lru_cache(maxsize=None)
 def _element_functions(DROPOUT, SOFTCAP, ALIBI):
     """``p_ds(s, dp, row, key, ...) -> (p Z, dS)``: THE element-wise step of both kernels."""
-    cap_mod = make_score_mod(SOFTCAP, False, float32)     # non-finite -> NaN, softcap
-    alibi_mod = make_score_mod(False, ALIBI, float32)     # then ALiBi (no gradient)
-    softcap_grad = make_softcap_grad(SOFTCAP, float32)
+    score = make_score(SOFTCAP, ALIBI, float32)  # the forward's score, so P is the forward's
     ZERO = float32(0.0)
     NEG_INF = float32(-math.inf)
 
@@ -117,9 +127,7 @@ def _element_functions(DROPOUT, SOFTCAP, ALIBI):
         dO . v``; ``(0, 0)`` where the row does not see the key or sees none."""
         if not (row < nq and lse_i != NEG_INF and is_visible(row, key, offset, nk, left, right)):
             return ZERO, ZERO
-        x = cap_mod(s * scale, row, key, offset, softcap, inv_softcap, slope)
-        grad = softcap_grad(x, inv_softcap)  # 1 - tanh^2, before ALiBi
-        x = alibi_mod(x, row, key, offset, softcap, inv_softcap, slope)
+        x, grad = score(s, scale, row, key, offset, softcap, inv_softcap, slope)  # 1 - tanh^2
         p = math.exp(x - lse_i)
         if DROPOUT:
             seed_lo, seed_hi, threshold, keep_scale = dropout
@@ -154,6 +162,69 @@ def _load_functions(HEAD_DIM, THREADS):
     return load_rows
 
 
+_LOW16 = uint32(0xFFFF)
+_SHIFT16 = uint32(16)
+_EXP16 = uint32(0x7C00)  # float16 exponent bits: all set = inf or NaN
+_ONE16 = uint32(0x3C00)  # float16 1.0
+
+
+@cuda.jit(device=True, inline=True)
+def _nonfinite_half(h):
+    """float16 1.0 if the float16 bit pattern ``h`` is inf or NaN, else 0."""
+    return _ONE16 if (h & _EXP16) == _EXP16 else uint32(0)
+
+
+@cuda.jit(device=True, inline=True)
+def _nonfinite_indicator(word):
+    """A register of two float16: 1.0 where a half of ``word`` is inf or NaN, else 0."""
+    return half2_bits(_nonfinite_half(uint32(word & _LOW16)),
+                      _nonfinite_half(uint32(word >> _SHIFT16)))
+
+
+@functools.lru_cache(maxsize=None)
+def _dv_masked_function(HEAD_DIM):
+    """``dv_masked(a0..a3, do_tile, dv_acc, seen_t, ...)``: the rare ``dV += (P Z)^T dO`` of a
+    Q tile holding a non-finite ``dO``, where a key a row does not see must get nothing from it
+    (``P = 0`` there, but the tensor core computes ``0 * NaN = NaN``).  ``dO`` goes in with its
+    non-finite halves as 0; then ``seen (0/1) x non-finite (0/1)``, one more product on the tensor
+    cores, counts for each ``dV[key, c]`` the rows that see the key and have a non-finite
+    ``dO[row, c]``, and those elements become NaN (the reference's ``P * NaN`` or ``P * inf``:
+    non-finite either way)."""
+    D_FRAGS = HEAD_DIM // 8
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+    NAN = float32(math.nan)
+
+    @cuda.jit(device=True, inline=True)
+    def dv_masked(a0, a1, a2, a3, do_tile, dv_acc, seen_t, q_start, key0, key1, offset, nk, left,
+                  right, g, t):
+        for n in range(D_FRAGS):
+            b0, b1 = load_b_frag_t_finite(do_tile, 0, 8 * n, g, t)
+            dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma_m16n8k16(
+                a0, a1, a2, a3, b0, b1, dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3])
+        # seen^T in the layout of st: query 8 f + 2 t + (e & 1), key key0 (e < 2) or key1
+        for f in range(2):
+            for e in range(4):
+                key = key0 if e < 2 else key1
+                row = q_start + 8 * f + 2 * t + (e & 1)
+                seen_t[f, e] = ONE if is_visible(row, key, offset, nk, left, right) else ZERO
+        s0, s1, s2, s3 = a_frag_from_c(seen_t, 0, 1)
+        for n in range(D_FRAGS):
+            b0, b1 = load_b_frag_t(do_tile, 0, 8 * n, g, t)
+            h0, h1, h2, h3 = mma_m16n8k16(s0, s1, s2, s3, _nonfinite_indicator(b0),
+                                          _nonfinite_indicator(b1), ZERO, ZERO, ZERO, ZERO)
+            if h0 > ZERO:
+                dv_acc[n, 0] = NAN
+            if h1 > ZERO:
+                dv_acc[n, 1] = NAN
+            if h2 > ZERO:
+                dv_acc[n, 2] = NAN
+            if h3 > ZERO:
+                dv_acc[n, 3] = NAN
+
+    return dv_masked
+
+
 def _variant_args():
     """Numba types of the kernels' trailing arguments (see :func:`dkdv_mma_kernel`)."""
     return (types.float32, types.UniTuple(types.int32, 2), types.UniTuple(types.float32, 2),
@@ -183,8 +254,10 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     NEED_DS = WANT_DK or DQ_ATOMIC
     ZERO = float32(0.0)
     NEG_INF = float32(-math.inf)
+    INF = float32(math.inf)
     p_ds = _element_functions(DROPOUT, SOFTCAP, ALIBI)
     load_rows = _load_functions(HEAD_DIM, THREADS)
+    dv_masked = _dv_masked_function(HEAD_DIM)
 
     @kernel_jit
     def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window,
@@ -221,6 +294,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         lse_sh = cuda.shared.array(16, float32)
         delta_sh = cuda.shared.array(16, float32)
         st = cuda.local.array((2, 4), float32)      # S^T, then P^T Z (keys x 16 queries)
+        seen_t = cuda.local.array((2, 4), float32)  # rare path: 1 where the row sees the key
         dpt = cuda.local.array((2, 4), float32)     # dP^T, then dS^T
         dk_acc = cuda.local.array((D_FRAGS, 4), float32)
         dv_acc = cuda.local.array((D_FRAGS, 4), float32)
@@ -239,14 +313,20 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             # -- the Q tile: Q and dO rows, lse and D
             load_rows(q, b, h, q_start, nq, 16, q_tile, tid)
             load_rows(do, b, h, q_start, nq, 16, do_tile, tid)
+            bad = int32(0)  # a non-finite D: that row's dO holds an inf or NaN
             for m in range(tid, 16, THREADS):
                 if q_start + m < nq:
                     lse_sh[m] = lse[b, h, q_start + m]
-                    delta_sh[m] = delta[b, h, q_start + m]
+                    dm = delta[b, h, q_start + m]
+                    delta_sh[m] = dm
+                    if not abs(dm) < INF:
+                        bad = int32(1)
                 else:
                     lse_sh[m] = NEG_INF
                     delta_sh[m] = ZERO
-            cuda.syncthreads()  # every tile of this step is complete before fragment loads
+            # every tile of this step is complete before fragment loads; and every thread learns
+            # whether a row of this Q tile has a non-finite dO
+            do_bad = cuda.syncthreads_or(bad)
 
             # -- S^T = K Q^T and dP^T = V dO^T: keys as rows, 2 fragments of 8 queries
             for n in range(2):
@@ -280,11 +360,15 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             # -- dV += (P Z)^T dO and dK += dS^T Q: A from the registers, B = dO / Q rows
             if WANT_DV:
                 a0, a1, a2, a3 = a_frag_from_c(st, 0, 1)
-                for n in range(D_FRAGS):
-                    b0, b1 = load_b_frag_t(do_tile, 0, 8 * n, g, t)
-                    dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1,
-                        dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3])
+                if do_bad:
+                    dv_masked(a0, a1, a2, a3, do_tile, dv_acc, seen_t, q_start, key0, key1,
+                              offset, nk, left, right, g, t)
+                else:
+                    for n in range(D_FRAGS):
+                        b0, b1 = load_b_frag_t(do_tile, 0, 8 * n, g, t)
+                        dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma_m16n8k16(
+                            a0, a1, a2, a3, b0, b1,
+                            dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3])
             if WANT_DK:
                 a0, a1, a2, a3 = a_frag_from_c(dpt, 0, 1)
                 for n in range(D_FRAGS):

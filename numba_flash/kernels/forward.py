@@ -28,10 +28,13 @@ the band's edges, and the ragged last tile, check each key with ``is_visible``, 
 a row does not see ``-inf`` and leaving them out of ``P V`` (so a NaN in a masked key's ``v``
 cannot leak in as ``0 * NaN``).
 
-A visible key's score goes through the score modifier (``make_score_mod``): a non-finite score
-(a NaN or inf in ``q`` or in that key) becomes NaN; with the compile-time ``SCORE_MOD``, softcap
-(``softcap * tanh(s / softcap)``, switched on at run time by ``softcap > 0``) and ALiBi (minus
-``slope[b, h] * |i + Nk - Nq - j|``; zero slopes switch it off) follow.  A NaN score makes the
+A visible key's score is the one score function of the backward too (``make_score``, whose
+docstring holds the contract): the raw ``q . k`` (unscaled ``q``, one FMA per column in order)
+times ``scale``, rounded; a non-finite score (a NaN or inf in ``q`` or in that key) becomes
+NaN; with the compile-time ``SCORE_MOD``, softcap (``softcap * tanh(s / softcap)``, switched on
+at run time by ``softcap > 0``) and ALiBi (minus ``slope[b, h] * |i + Nk - Nq - j|``; zero
+slopes switch it off) follow.  So the backward's ``P = exp(S - lse)`` is made of these very
+scores.  A NaN score makes the
 row's ``l_i`` NaN, and the epilogue then writes ``o`` and ``lse`` NaN (it only treats ``l = 0``,
 a row that saw no key, specially: ``o = 0``, ``lse = -inf``; ``exp`` is taken against 0 while
 ``m_i = -inf`` so no ``-inf - -inf`` NaN ever appears).
@@ -84,7 +87,7 @@ update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no e
 
 Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 ------------------------------------------------------------------
-* ``q_tile [HEAD_DIM, BLOCK_M + 1]``: ``scale * Q_i`` transposed, loaded once;
+* ``q_tile [HEAD_DIM, BLOCK_M + 1]``: ``Q_i`` transposed (unscaled), loaded once;
 * ``k_tile [HEAD_DIM, BLOCK_N + 1]``: ``K_j`` transposed, so S reads a row of consecutive keys;
 * ``v_tile [BLOCK_N, HEAD_DIM]``;
 * ``p_tile [BLOCK_M, BLOCK_N + 1]``: the probabilities ``P`` for ``P V``;
@@ -114,7 +117,7 @@ from ..philox import philox_keep_bits4
 from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
                      padded_head_dim)
 from .jit import kernel_jit
-from .visibility import (is_visible, key_bounds, make_score_mod, tile_full_range, tile_key_range,
+from .visibility import (is_visible, key_bounds, make_score, tile_full_range, tile_key_range,
                          tile_needs_mask)
 
 
@@ -312,11 +315,12 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     BLOCK_N_U = np.uint64(BLOCK_N)
     GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
     KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
-    # the score modifiers of the one visibility rule: non-finite -> NaN always; softcap and
-    # ALiBi in the SCORE_MOD kernels (softcap switched at run time by softcap > 0)
-    score_plain = make_score_mod(False, False, acc_t)
-    score_alibi = make_score_mod(False, True, acc_t)
-    score_capped = make_score_mod(True, True, acc_t)
+    # the one score of kernels/visibility.py (the backward recomputes exactly these scores):
+    # scale and non-finite -> NaN always; softcap and ALiBi in the SCORE_MOD kernels (softcap
+    # switched at run time by softcap > 0)
+    score_plain = make_score(False, False, acc_t)
+    score_alibi = make_score(False, True, acc_t)
+    score_capped = make_score(True, True, acc_t)
 
     @kernel_jit(**jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
     def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
@@ -380,16 +384,17 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
 
         # [docs:fwd-load-q]
-        # -- load q_tile = scale * Q_i (transposed), zero past Nq and past the true head dim
+        # -- load q_tile = Q_i (transposed, unscaled: the score contract scales q . k), zero past
+        # Nq and past the true head dim
         for it in range(Q_LOADS):
             idx = tid + it * THREADS
             r = idx // HEAD_DIM
             c = idx % HEAD_DIM
             if q_start + r < nq and c < d:
                 if VARLEN:
-                    q_tile[c, r] = acc_t(q[q0 + q_start + r, h, c]) * scale
+                    q_tile[c, r] = acc_t(q[q0 + q_start + r, h, c])
                 else:
-                    q_tile[c, r] = acc_t(q[b, h, q_start + r, c]) * scale
+                    q_tile[c, r] = acc_t(q[b, h, q_start + r, c])
             else:
                 q_tile[c, r] = acc_t(0.0)
         for i in range(TM):
@@ -452,7 +457,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             # [docs:fwd-s]
             cuda.syncthreads()  # k_tile, v_tile (and keep_tile) are complete before any read
 
-            # -- S = Q K^T  (q_tile already holds scale * Q): a TM x TN micro-tile per thread
+            # -- q . k: a TM x TN micro-tile of Q K^T per thread, one FMA per column in order
             for i in range(TM):
                 for j in range(TN):
                     s[i, j] = acc_t(0.0)
@@ -462,8 +467,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     for j in range(TN):
                         s[i, j] += qv * k_tile[c, tx + j * THREADS_N]
 
-            # -- the score of a visible key (non-finite -> NaN, softcap, ALiBi); -inf for a key
-            # the row does not see (only tiles that cross the band's edges or Nk check that)
+            # -- the score of a visible key (make_score: times scale, non-finite -> NaN,
+            # softcap, ALiBi); -inf for a key the row does not see (only tiles that cross the
+            # band's edges or Nk check that)
             for i in range(TM):
                 row = q_start + ty + i * THREADS_M
                 for j in range(TN):
@@ -471,14 +477,14 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     if masked and not is_visible(row, key, offset, nk, left, right):
                         s[i, j] = acc_t(NEG_INF)
                     elif not SCORE_MOD:
-                        s[i, j] = score_plain(s[i, j], row, key, offset, softcap, inv_softcap,
-                                              slope)
+                        s[i, j] = score_plain(s[i, j], scale, row, key, offset, softcap,
+                                              inv_softcap, slope)[0]
                     elif softcap > acc_t(0.0):
-                        s[i, j] = score_capped(s[i, j], row, key, offset, softcap, inv_softcap,
-                                               slope)
+                        s[i, j] = score_capped(s[i, j], scale, row, key, offset, softcap,
+                                               inv_softcap, slope)[0]
                     else:
-                        s[i, j] = score_alibi(s[i, j], row, key, offset, softcap, inv_softcap,
-                                              slope)
+                        s[i, j] = score_alibi(s[i, j], scale, row, key, offset, softcap,
+                                              inv_softcap, slope)[0]
             # [/docs:fwd-s]
 
             # [docs:fwd-update]

@@ -17,19 +17,24 @@ causal attention is ``(-1, 0)``, no mask is ``(-1, -1)`` and Mistral-style local
 ``(W - 1, 0)``.  The keys row ``i`` sees are the half-open range ``[lo, hi)`` of
 :func:`key_bounds`; it may be empty (``hi <= lo``): such a row has ``o = 0``, ``lse = -inf``.
 
-Scores (:func:`make_score_mod`)
--------------------------------
-For a visible key the kernels compute ``s = scale * q . k`` and then, in this order:
+Scores (:func:`make_score`)
+---------------------------
+For a visible key the SIMT forward (also varlen), the SIMT backward and the tensor-core backward
+compute the score with the one device function of :func:`make_score` (its docstring holds the
+exact contract): from the raw dot product ``qk = q . k`` of the unscaled inputs, in this order,
 
-1. non-finite -> NaN: an ``inf`` or NaN score (a NaN or inf in ``q`` or in a visible ``k``)
+1. ``s = qk * scale``, rounded once (never ``(q * scale) . k``, never fused into an FMA);
+2. non-finite -> NaN: an ``inf`` or NaN score (a NaN or inf in ``q`` or in a visible ``k``)
    becomes NaN, so the row's ``o`` and ``lse`` come out NaN (an ``-inf`` score would otherwise
    look like a masked key);
-2. softcap (``softcap > 0``, Gemma-2): ``s = softcap * tanh(s / softcap)``;
-3. ALiBi (``slope``): ``s = s - slope * |c - j|``.
+3. softcap (``softcap > 0``, Gemma-2): ``s = softcap * tanh(s / softcap)``, with the factor
+   ``1 - tanh^2`` the backward multiplies ``dS`` by;
+4. ALiBi (``slope``): ``s = s - slope * |c - j|``.
 
-A key the row does not see gets ``-inf`` instead, whatever ``k`` holds, so a masked key never
-affects a row.  The backward needs ``ds_raw = ds * (1 - tanh^2)`` through the softcap:
-:func:`make_softcap_grad`.
+So the backward's ``P = exp(s - lse)`` is made of the forward's very scores.  A key the row
+does not see gets ``-inf`` instead, whatever ``k`` holds, so a masked key never affects a row.
+:func:`make_score_mod` is steps 2-4 alone on an already scaled score, for decode (no backward
+recomputes its scores).
 
 Tiles (:func:`tile_key_range`, :func:`tile_full_range`, :func:`tile_query_range`)
 --------------------------------------------------------------------------------
@@ -55,7 +60,10 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda
+from numba import cuda, float64
+from numba.cuda import libdevice
+
+from ..backend import on_simulator
 
 #: ``left`` / ``right`` of an unbounded side of the window.
 UNBOUNDED = -1
@@ -150,49 +158,122 @@ tile_query_range = _device(tile_query_range_py)
 tile_needs_mask = _device(tile_needs_mask_py)
 
 
-@functools.lru_cache(maxsize=None)
-def make_score_mod(SOFTCAP, ALIBI, acc_t):
-    """Build the device function ``score_mod(s, row, key, offset, softcap, inv_softcap, slope)``
-    for a visible key's scaled score ``s`` (compute type ``acc_t``): non-finite -> NaN, then
-    softcap (compile-time ``SOFTCAP``), then ALiBi (compile-time ``ALIBI``).
+def _mul_py(x, y):
+    return x * y
 
-    ``softcap``, ``inv_softcap = 1 / softcap`` and ``slope`` must already be of type ``acc_t``
-    (unused ones may be 0).  ``row`` / ``key`` / ``offset`` are the global indices of
-    :func:`key_bounds`.
-    """
+
+def _fmul_rn(x, y):
+    return libdevice.fmul_rn(x, y)
+
+
+def _dmul_rn(x, y):
+    return libdevice.dmul_rn(x, y)
+
+
+# ``x * y`` rounded once, never fused with a following add into an FMA.  NVVM contracts
+# ``a * b + c`` by default, so a score ``qk * scale`` that flows into ``exp(s - m)`` in the
+# forward and ``exp(s - lse)`` in the backward could be rounded in one and fused in the other;
+# PTX ``mul.rn`` (libdevice ``fmul_rn`` / ``dmul_rn``) is never contracted.  The simulator
+# (its NumPy scalars round every product; it cannot run libdevice) multiplies plainly.
+if on_simulator():
+    _MUL_F32 = _MUL_F64 = _device(_mul_py)
+else:
+    _MUL_F32 = _device(_fmul_rn)
+    _MUL_F64 = _device(_dmul_rn)
+
+
+@functools.lru_cache(maxsize=None)
+def _make_mods(SOFTCAP, ALIBI, acc_t):
+    """``mods(s, row, key, offset, softcap, inv_softcap, slope) -> (s, dcap)``: steps 3-5 of
+    :func:`make_score` on a scaled score (the one copy of that code)."""
+    mul = _MUL_F64 if acc_t == float64 else _MUL_F32
     INF = acc_t(math.inf)
     NAN = acc_t(math.nan)
+    ONE = acc_t(1.0)
 
-    def score_mod(s, row, key, offset, softcap, inv_softcap, slope):
-        # 1. an inf or NaN score (NaN or inf in q or in a visible k) poisons the row
+    def mods(s, row, key, offset, softcap, inv_softcap, slope):
+        # 3. an inf or NaN score (NaN or inf in q or in a visible k) poisons the row
         if not abs(s) < INF:
             s = NAN
-        # 2. softcap: s -> softcap * tanh(s / softcap)
+        dcap = ONE
+        # 4. softcap: s -> softcap * tanh(s / softcap); dcap = d s / d s_in = 1 - tanh^2
         if SOFTCAP:
-            s = softcap * math.tanh(s * inv_softcap)
-        # 3. ALiBi: s -> s - slope * |c - j|, c = row + offset (the distance as acc_t: no f64)
+            t = math.tanh(s * inv_softcap)
+            s = mul(softcap, t)
+            dcap = ONE - t * t
+        # 5. ALiBi: s -> s - slope * |c - j|, c = row + offset (the distance as acc_t: no f64)
         if ALIBI:
             s -= slope * acc_t(abs(row + offset - key))
-        return s
+        return s, dcap
+
+    mods.__name__ = f"score_mods_{int(SOFTCAP)}{int(ALIBI)}"
+    return _device(mods)
+
+
+@functools.lru_cache(maxsize=None)
+def make_score(SOFTCAP, ALIBI, acc_t):
+    """Build ``score(qk, scale, row, key, offset, softcap, inv_softcap, slope) -> (s, dcap)``:
+    THE score of a visible key, for the kernels whose scores a backward recomputes (the SIMT
+    forward and backward, also varlen, and the tensor-core backward).  The backward recomputes
+    ``P = exp(s - lse)``
+    from the forward's ``lse``, so its ``s`` must be the forward's bit for bit: with scores near
+    150 one ulp is 1.5e-5, a relative error of 1.5e-5 in ``P``, and the recomputed ``P`` no
+    longer sums to 1 (issue 21: float32 ``dv`` errors 6-12x those of plain float32 attention).
+
+    The contract (``acc_t`` arithmetic, float32 for float16 inputs, each step rounded once):
+
+    1. ``qk``: the raw dot product ``sum_c q[row, c] k[key, c]`` of the *unscaled* inputs,
+       accumulated in ``acc_t`` (SIMT: one FMA per ``c = 0 .. HEAD_DIM - 1`` in order, from 0;
+       tensor cores: float16 products accumulated in float32 by ``mma.sync``, 16 columns per
+       step, in order; the backward's ``K Q^T`` is the forward's ``Q K^T`` transposed).
+       ``q`` is never pre-multiplied by ``scale``: ``(q * scale) . k`` rounds differently;
+    2. ``s = qk * scale``, rounded (PTX ``mul.rn``: never fused into a following add);
+    3. an ``inf`` or NaN ``s`` (a NaN or inf in ``q`` or in this ``k``) becomes NaN, so the
+       row's ``o`` and ``lse`` come out NaN (an ``-inf`` would look like a masked key);
+    4. softcap (``SOFTCAP``; the SIMT kernels take the ``SOFTCAP`` build at run time when
+       ``softcap > 0``): ``t = tanh(s * inv_softcap)``, ``s = softcap * t`` (rounded, never
+       fused); ``dcap = 1 - t * t`` is ``d s / d (qk * scale)``, the factor of ``dS`` (1
+       without softcap);
+    5. ALiBi (``ALIBI``; a slope of 0 leaves ``s`` exactly as it is): ``s = s - slope *
+       |row + offset - key|`` (the distance as ``acc_t``); no gradient.
+
+    ``scale``, ``softcap``, ``inv_softcap = 1 / softcap`` and ``slope`` are ``acc_t`` values
+    (unused ones may be 0); ``row``, ``key`` and ``offset = Nk - Nq`` are the indices of
+    :func:`key_bounds` (within the sequence for varlen).  A key the row does not see gets
+    ``-inf`` from the caller, never a score.  The forward's ``lse`` is ``m + log(l)`` over these
+    ``s`` (natural log, in ``acc_t``) and its ``P`` is ``exp(s - m) / l``; the backward's ``P``
+    is ``exp(s - lse)`` with the same ``s``.
+
+    The tensor-core forward (:mod:`numba_flash.kernels.forward_mma`, since 2026-12-01) does not
+    call this function: without modifiers it keeps the raw ``qk`` and folds the scale into its
+    exponent (``ex2.approx(qk * scale log2(e) - m scale log2(e))``, ``lse = scale m + log l``),
+    so its ``P`` and ``lse`` match this contract only to a few ulps of ``|s|`` (about 1e-5
+    relative at ``|s|`` = 150), far below the float16 rounding of its output and of the
+    backward's ``P``, ``dS`` operands (2^-11); a float32 tensor-core path would have to follow
+    the contract exactly.
+    """
+    mul = _MUL_F64 if acc_t == float64 else _MUL_F32
+    mods = _make_mods(SOFTCAP, ALIBI, acc_t)
+
+    def score(qk, scale, row, key, offset, softcap, inv_softcap, slope):
+        return mods(mul(qk, scale), row, key, offset, softcap, inv_softcap, slope)
+
+    score.__name__ = f"score_{int(SOFTCAP)}{int(ALIBI)}"
+    return _device(score)
+
+
+@functools.lru_cache(maxsize=None)
+def make_score_mod(SOFTCAP, ALIBI, acc_t):
+    """Build ``score_mod(s, row, key, offset, softcap, inv_softcap, slope)``: steps 3-5 of
+    :func:`make_score` (non-finite -> NaN, softcap, ALiBi; the same device code) on an already
+    scaled score ``s``, for a kernel whose probabilities no backward recomputes (decode).  A
+    kernel paired with a backward calls :func:`make_score` on the raw ``q . k``, so that the
+    scale multiply follows the contract too.
+    """
+    mods = _make_mods(SOFTCAP, ALIBI, acc_t)
+
+    def score_mod(s, row, key, offset, softcap, inv_softcap, slope):
+        return mods(s, row, key, offset, softcap, inv_softcap, slope)[0]
 
     score_mod.__name__ = f"score_mod_{int(SOFTCAP)}{int(ALIBI)}"
     return _device(score_mod)
-
-
-@functools.lru_cache(maxsize=None)
-def make_softcap_grad(SOFTCAP, acc_t):
-    """Build ``softcap_grad(s_capped, inv_softcap)``: the factor ``d s_capped / d s = 1 -
-    tanh^2 = 1 - (s_capped / softcap)^2`` the backward multiplies ``dS`` by (1 without softcap).
-
-    ``s_capped`` is the softcapped score *before* ALiBi (ALiBi's bias has no gradient).
-    """
-    ONE = acc_t(1.0)
-
-    def softcap_grad(s_capped, inv_softcap):
-        if SOFTCAP:
-            t = s_capped * inv_softcap
-            return ONE - t * t
-        return ONE
-
-    return _device(softcap_grad)
-

@@ -278,3 +278,28 @@ def test_backward_non_finite_key_or_query_never_reaches_a_row_that_does_not_see_
     vis = ref.visible_mask(nq, nk, window_size=(3, 2))
     blind = ~vis[:, 12]  # rows that do not see key 12 (some share its tile)
     assert np.isfinite(dq[0, 0, blind]).all() and np.isnan(dq[0, 0, vis[:, 12]]).all()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy on NaN * 0
+@pytest.mark.parametrize("deterministic, p", [(False, 0.0), (True, 0.3)])
+def test_backward_non_finite_do_never_reaches_a_key_the_row_does_not_see(rng, deterministic, p):
+    """A NaN (inf) in ``do[i, c]``: ``dq`` of row i, ``dk`` and ``dv[:, c]`` of the keys row i
+    sees are non-finite, as in the reference; ``dv`` of the keys it does not see, some in its
+    tile, stays finite (no ``0 * NaN`` in ``P^T dO``), also with dropout and GQA."""
+    b, h, hkv, nq, nk, d = 1, 2, 1, 20, 18, 8
+    kw = dict(window_size=(3, 2))
+    (do, q, k, v, o, lse), mask = make_case(rng, b, h, hkv, nq, nk, d, np.float32, p=p,
+                                            seed=5, **kw)
+    do[0, 0, 9, 3] = np.nan
+    do[0, 1, 14, 6] = np.inf
+    dq, dk, dv = numba_flash.backward(do, q, k, v, o, lse, deterministic=deterministic,
+                                      dropout_p=p, seed=5, **kw)
+    want = ref.attention_backward(do, q, k, v, dropout_mask=mask, dropout_p=p, **kw)
+    for name, got, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
+        assert (np.isfinite(got) == np.isfinite(w)).all(), name
+        fin = np.isfinite(w)
+        assert_scaled_close(got[fin], w[fin], GRAD_TOL[np.float32], name=name)
+    vis = ref.visible_mask(nq, nk, window_size=(3, 2))
+    assert not np.isfinite(dv[0, 0, vis[9], 3]).any()          # keys row 9 sees (and 14)
+    assert np.isfinite(dv[0, 0, ~(vis[9] | vis[14])]).all()    # keys neither row sees
+    assert np.isfinite(dv[0, 0, :, :3]).all() and np.isfinite(dv[0, 0, :, 7]).all()

@@ -162,3 +162,26 @@ def test_head_dim_256_runs_the_two_dkdv_passes(rng):
     """d = 256 (here 200, padded): dV in one pass, dK and dQ in another (SPLIT_HEAD_DIMS)."""
     do, q, k, v = make_inputs(rng, 1, 1, 1, 10, 12, 200)
     check(do, q, k, v, causal=True)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy on NaN * 0
+@pytest.mark.parametrize("dq_atomic", [True, False])
+def test_non_finite_do_never_reaches_a_key_the_row_does_not_see(rng, dq_atomic):
+    """A NaN (inf) in ``do[i, c]``: ``dq`` of row i, ``dk`` and ``dv[:, c]`` of the keys row i
+    sees are non-finite, as in the reference; ``dv`` of the keys it does not see, in its 16-key
+    tile, stays finite (the rare path: no ``0 * NaN`` on the tensor cores)."""
+    do, q, k, v = make_inputs(rng, 1, 2, 1, 20, 18, 16)
+    kw = dict(window_size=(3, 2))
+    do[0, 0, 9, 3] = np.nan
+    do[0, 1, 14, 6] = np.inf
+    o, lse = forward_mma(q, k, v, return_lse=True, **kw)
+    grads = backward_mma(do, q, k, v, o, lse, deterministic=not dq_atomic, **kw)
+    want = reference.attention_backward(do, q, k, v, **kw)
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want):
+        assert (np.isfinite(got) == np.isfinite(w)).all(), name
+        fin = np.isfinite(w)
+        assert_scaled_close(got[fin], w[fin], GRAD_TOL, name=name)
+    dv = grads[2]
+    vis = reference.visible_mask(20, 18, window_size=(3, 2))
+    assert not np.isfinite(dv[0, 0, vis[9], 3]).any()
+    assert np.isfinite(dv[0, 0, ~(vis[9] | vis[14])]).all()
