@@ -160,7 +160,8 @@ def test_backward_kernel_choice(rng):
 
 def test_backward_mma_dispatch(monkeypatch):
     """kernel="auto" picks tensor cores for float16 on compute capability >= 8.0 (when the mma
-    backward exists), and kernel="mma" hands every argument on, validated, to backward_mma."""
+    backward exists), and kernel="mma" hands every argument on, validated once, to the
+    tensor-core launches (launch_backward_mma)."""
     import numba_flash.ops.kernel_choice as kc
 
     monkeypatch.setattr(kc, "mma_available", lambda name: True)
@@ -174,16 +175,20 @@ def test_backward_mma_dispatch(monkeypatch):
     import numba_flash.ops.backward_mma as om
 
     seen = {}
-    monkeypatch.setattr(om, "backward_mma", lambda *a, **kw: seen.update(kw) or "called")
+    monkeypatch.setattr(om, "launch_backward_mma", lambda *a, **kw: seen.update(kw) or "called")
     args = tuple(x.astype(np.float16) if x.dtype == np.float32 and x.ndim == 4 else x
                  for x in _good())
     slopes = np.ones(2, np.float32)
     assert numba_flash.backward(*args, kernel="mma", causal=True, window_size=[3, -1],
                                 softcap=1.5, alibi_slopes=slopes, dropout_p=0.1, seed=5,
                                 deterministic=True) == "called"
-    assert seen["window_size"] == (3, -1) and seen["softcap"] == 1.5 and seen["causal"]
-    assert seen["alibi_slopes"] is slopes and seen["dropout_p"] == 0.1 and seen["seed"] == 5
-    assert seen["deterministic"] and seen["softmax_scale"] is None
+    # causal with window (3, -1): the kernels' bounds left 3, right 0
+    assert (seen["left"], seen["right"]) == (3, 0) and seen["softcap"] == 1.5
+    b, h = args[1].shape[:2]
+    assert seen["alibi"].shape == (b, h) and (seen["alibi"] == 1.0).all()
+    assert seen["dropout_p"] == 0.1 and seen["seed"] == 5 and seen["deterministic"]
+    assert seen["scale"] == pytest.approx(1 / np.sqrt(args[1].shape[-1]))
+    assert seen["shape"][:2] == (b, h)
 
 
 def _real_mma_available():
