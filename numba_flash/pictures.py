@@ -232,7 +232,7 @@ def draw_split_kv(path):
     # partial states
     for p in range(n_splits):
         empty = p * per >= context
-        text = ("no key: o_3 = 0,\nlse_3 = -inf (skipped)" if empty else
+        text = ("no key: writes lse_3 = -inf only\n(o_3 never written; skipped)" if empty else
                 f"o_{p} = softmax(s_{p}) V_{p}\nlse_{p} = log sum exp(s_{p})")
         ax.add_patch(FancyBboxPatch((centers[p] - 1.15, 1.45), 2.3, 0.8,
                                     boxstyle="round,pad=0.05",
