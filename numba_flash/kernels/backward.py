@@ -180,8 +180,8 @@ from numba import cuda, int32, int64, types
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .jit import kernel_jit
-from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
-                     padded_head_dim)
+from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
+                     compute_type, numba_array_type, padded_head_dim)
 from .visibility import is_visible, key_bounds, make_score, tile_key_range, tile_query_range
 
 
@@ -208,11 +208,6 @@ GPU_ELEM_THREADS = 128
 GPU_ROW_LANES = 32
 SIM_ROW_LANES = 8
 
-#: CUDA's limit on gridDim.y and gridDim.z (gridDim.x may reach 2**31 - 1).
-GRID_YZ_MAX = 65535
-GRID_X_MAX = 2**31 - 1
-
-FULL_MASK = 0xFFFFFFFF
 
 #: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
 #: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread

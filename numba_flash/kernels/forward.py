@@ -114,8 +114,8 @@ from numba import cuda, int32, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import (HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, numba_array_type,
-                     padded_head_dim)
+from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
+                     numba_array_type, padded_head_dim)
 from .jit import kernel_jit
 from .visibility import (is_visible, key_bounds, make_score, tile_full_range, tile_key_range,
                          tile_needs_mask)
@@ -141,8 +141,6 @@ SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
 #: 15.6 % theoretical occupancy for float32 at HEAD_DIM = 64, see docs/tiled-forward.md.)
 GPU_THREADS_M = 16
 GPU_THREADS_N = 8
-#: all lanes of a warp take part in a shuffle
-FULL_MASK = 0xFFFFFFFF
 
 
 def _word(dtype):
@@ -578,8 +576,6 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     return flash_forward
 
 
-#: the CUDA limit on gridDim.y and gridDim.z
-GRID_YZ_MAX = 65535
 
 
 def forward_grid(n_q_tiles, n_bh):
