@@ -26,9 +26,10 @@ How the loop is found
   load is the boundary tile's), and among those the shortest.
   A slow path that ptxas places out of line (after the loop) is not in the interval at all.
 * An inner loop left inside the iteration (one the compiler did not unroll) is counted as
-  ``trips`` x its body when the configuration gives its trip count (``sass_trips``, innermost
-  first, in address order), else once, and the row says so (``inner_loops``, ``trips_known``):
-  such a count is a lower bound.
+  ``trips`` x its body: the trip count the configuration gives (``trips``, inner loops in
+  address order), else the one read from the loop's own counter (:func:`infer_trips`: the
+  count-down form ptxas makes of a compile-time ``range``), else once, and then the row says so
+  (``trips_known`` False): such a count is a lower bound.
 
 What is reported (per warp, per iteration)
 ------------------------------------------
@@ -77,6 +78,7 @@ class Ins:
     op: str            # the opcode with its modifiers, e.g. ``LDG.E.U16``
     predicated: bool
     target: int | None = None  # branch target address
+    pred: str = ""             # the guarding predicate as written, e.g. ``@!P1``
 
     @property
     def base(self):
@@ -133,7 +135,9 @@ def parse(listing):
             labels[current][name] = addr
         pending = []
         body = _PRED.sub("", text)
-        funcs[current].append(Ins(addr, body, body.split()[0] if body else "", body != text))
+        pred = text[:len(text) - len(body)].strip()
+        funcs[current].append(Ins(addr, body, body.split()[0] if body else "", body != text,
+                                  pred=pred))
     for name, ins in funcs.items():
         for i in ins:
             if i.base in ("BRA", "BRX", "JMP", "CALL", "BSSY", "BREAK", "BPT") and \
@@ -270,6 +274,72 @@ def steady_loop(ins, work=None, share=WORK_SHARE):
     return None, work
 
 
+# -- trip counts ----------------------------------------------------------------------------
+_IMM_WRITE = re.compile(r"^(?:U?MOV|IMAD\.MOV\.U32)\s+(U?R\d+),\s*(?:U?RZ,\s*U?RZ,\s*)?"
+                        r"(0x[0-9a-f]+|\d+)$")
+
+
+def _operands(i):
+    """The comma-separated operands of an instruction (destination first)."""
+    rest = i.text[len(i.op):].strip()
+    return [x.strip() for x in rest.split(",")] if rest else []
+
+
+def infer_trips(ins, lp):
+    """The trip count of a loop of the form ptxas gives a counted ``range`` loop, or None.
+
+    Recognised form (a 64-bit count-down counter, as numba's ``range`` over a compile-time
+    count compiles): the back edge ``@P BRA`` where ``P`` is (a ``PLOP3`` copy of)
+    ``(U)ISETP.NE.U32.AND P, PT, C, RZ`` (with its ``.EX`` high half) testing the counter ``C``
+    before the one add that updates it in the body, and ``C`` set by a move of an immediate
+    before the loop: the body runs ``C + 1`` times (``C`` if the test follows the add).  A body
+    unrolled ``k`` times holds ``k`` test-and-add pairs (the middle tests leave the loop): it
+    runs ``(C + 1) / k`` times when that divides.  Any other form is unknown (None)."""
+    latch = ins[lp.end]
+    if not latch.pred or latch.pred.startswith("@!"):
+        return None
+    want = latch.pred[1:]
+    test_at = None
+    for n in range(lp.end - 1, lp.start - 1, -1):
+        ops = _operands(ins[n])
+        if not ops or ops[0] != want:
+            continue
+        if ins[n].op == "PLOP3.LUT" and ops[1:4] == ["PT", "PT", "PT"] and ops[5:] == ["0x80",
+                                                                                        "0x0"]:
+            want = ops[4]  # P = copy of another predicate
+            continue
+        if ins[n].base in ("ISETP", "UISETP") and ".EX" in ins[n].op:
+            continue       # the high half of a 64-bit compare
+        if ins[n].base in ("ISETP", "UISETP") and ins[n].op.startswith(("ISETP.NE.U32.AND",
+                                                                        "UISETP.NE.U32.AND")) \
+                and len(ops) >= 4 and ops[3] in ("RZ", "URZ"):
+            test_at, counter = n, ops[2]
+        break
+    if test_at is None:
+        return None
+    writes = [n for n in range(lp.start, lp.end + 1)
+              if _operands(ins[n])[:1] == [counter] and ins[n].base in ("IADD3", "UIADD3",
+                                                                        "IMAD", "VIADD")]
+    others = [n for n in range(lp.start, lp.end + 1) if _operands(ins[n])[:1] == [counter]
+              and n not in writes]
+    if not writes or others:
+        return None
+    for n in range(lp.start - 1, max(-1, lp.start - 400), -1):
+        ops = _operands(ins[n])
+        if ops[:1] != [counter]:
+            continue
+        m = _IMM_WRITE.match(ins[n].text)
+        if not m or ins[n].predicated:
+            return None
+        init = int(m.group(2), 0)
+        if len(writes) == 1:
+            return init + 1 if test_at < writes[0] else init
+        # unrolled by k: k tests and adds per trip (the middle tests leave the loop early)
+        runs = init + 1
+        return runs // len(writes) if runs % len(writes) == 0 else None
+    return None
+
+
 # -- the counted path ------------------------------------------------------------------------
 def _blocks(ins, lp):
     """Straight-line blocks of the loop body with inner loops collapsed to one node each:
@@ -311,6 +381,7 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     index = {i.addr: n for n, i in enumerate(ins)}
     trips = list(trips or [])
     inner_nodes = [b[2] for b in blocks if b[2] is not None]
+    inferred = [infer_trips(ins, node) for node in inner_nodes]
 
     def weight(block):
         first, last, node = block
@@ -321,7 +392,7 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
                 counts[c] = counts.get(c, 0) + 1
             return counts
         k = inner_nodes.index(node)
-        t = trips[k] if k < len(trips) else 1
+        t = trips[k] if k < len(trips) else (inferred[k] or 1)
         body, _, _ = count_iteration(ins, node, work, None, [])
         for c in set(body):  # the inner loop's own counted path, ``t`` times
             counts[c] = counts.get(c, 0) + body[c] * t
@@ -391,7 +462,7 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
         ends = list(best.values())
     chosen = max(ends, key=lambda v: v[:3])
     on_path = [inner_nodes.index(blocks[n][2]) for n in chosen[4]]
-    return chosen[3], len(on_path), all(k < len(trips) for k in on_path)
+    return chosen[3], len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
 
 
 def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE,

@@ -133,3 +133,49 @@ def test_classes(op, cls):
 def test_mark_loop():
     marked = sass.mark_loop(KERNEL, "0x0040-0x0140").splitlines()
     assert sum(line.startswith("> ") for line in marked) == 17
+
+
+def countdown_loop(init, unroll=1):
+    """A kernel whose steady loop holds an inner count-down loop as ptxas compiles a numba
+    ``range`` of a compile-time count: counter set to ``init``, tested against 0 before each of
+    its ``unroll`` adds (the middle tests leave the loop), back edge on a PLOP3 copy."""
+    body = []
+    for u in range(unroll):
+        body += ["LDS R4, [R2]", "FFMA R6, R4, R5, R6",
+                 "UISETP.NE.U32.AND UP0, UPT, UR20, URZ, UPT",
+                 "UISETP.NE.AND.EX UP0, UPT, UR9, URZ, UPT, UP0",
+                 "USEL UR8, URZ, 0xffffffff, !UP0",
+                 "PLOP3.LUT P2, PT, PT, PT, UP0, 0x80, 0x0",
+                 f"UIADD3 UR20, UP{u + 1}, UR8, UR20, URZ"]
+        if u < unroll - 1:
+            body.append("@!P2 BRA `(.L_x_9)")
+    return listing(
+        ".L_x_0:",
+        "FFMA R7, R4, R5, R7",
+        f"UMOV UR20, {init:#x}",
+        "UMOV UR9, URZ",
+        ".L_x_1:",
+        *body,
+        "@P2 BRA `(.L_x_1)",
+        ".L_x_9:",
+        "@P0 BRA `(.L_x_0)",
+        "EXIT",
+    )
+
+
+@pytest.mark.parametrize("init, unroll, trips", [(15, 1, 16), (63, 1, 64), (15, 2, 8)])
+def test_trip_count_read_from_a_countdown_counter(init, unroll, trips):
+    text = countdown_loop(init, unroll)
+    ins = sass.kernel_instructions(sass.parse(text))
+    inner = min(sass.loops(ins), key=lambda lp: lp.end - lp.start)
+    assert sass.infer_trips(ins, inner) == trips
+    row = sass.analyse(text)
+    assert row["trips_known"] and row["counts"]["ffma"] == 1 + trips * unroll
+
+
+def test_unknown_counter_form_is_a_lower_bound():
+    text = countdown_loop(15).replace("UMOV UR20, 0xf", "UIADD3 UR20, UR4, 0x3, URZ")
+    ins = sass.kernel_instructions(sass.parse(text))
+    inner = min(sass.loops(ins), key=lambda lp: lp.end - lp.start)
+    assert sass.infer_trips(ins, inner) is None
+    assert not sass.analyse(text)["trips_known"]
