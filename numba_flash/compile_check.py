@@ -312,11 +312,11 @@ def sass_cells(r):
     if s["mma"]:
         ceiling = f"{s['ceiling_tflops']:.0f} TFLOP/s" + (" (mma)" if s.get("bound") == "mma.sync"
                                                         else "")
-    elif s["global_bytes"] and s["counts"].get("ffma", 0) * 4 < s["instructions"]:
+    elif s.get("work") == "ldg":
         ceiling = f"{s['ceiling_gbs']:.0f} GB/s"  # a streaming kernel (decode): bytes bound it
     else:
         ceiling = f"{s['ceiling_tflops']:.1f} TFLOP/s"
-    lower = "" if s["trips_known"] else f" (>=, {s['inner_loops']} inner loop(s) x1)"
+    lower = "" if s["trips_known"] else " (>=)"
     return [f"{s['instructions']}{lower}", str(s["mma"]),
             "-" if s["non_mma_per_mma"] is None else f"{s['non_mma_per_mma']:.1f}",
             f"{100 * s['ffma_share']:.0f}", f"{s['bytes_per_instruction']:.2f}", str(lds),
@@ -344,7 +344,7 @@ def sass_markdown(rows):
              f"{sass.H200['clock_hz'] / 1e9:.2f} GHz) times the useful work per instruction "
              "(MMA or FFMA flops, or global bytes for a streaming kernel); `(mma)`: above the "
              f"~{sass.MMA_SYNC_TFLOPS:.0f} TFLOP/s mma.sync itself reaches, so that bound. "
-             "`>=`: an inner loop "
+             "`(>=)`: an inner loop "
              "the compiler did not unroll is counted once, so the count is a lower bound.", "",
              "| configuration | " + " | ".join(SASS_COLUMNS) + " |",
              "|---|" + "---|" * len(SASS_COLUMNS)]
