@@ -31,12 +31,19 @@ the smallest of 1, 2, 4, 8 that holds ``G * Nq`` (within a register budget), so 
 ``G * Nq <= ROWS`` each live K/V row is read from global memory exactly once, for all the heads
 and new tokens of its group, and no row is padded when ``G * Nq`` is a power of two.
 
-Inside a block, ``LANES`` consecutive lanes of a warp (32, or ``HEAD_DIM`` when smaller) form a
-*key group*; a block has ``NG = THREADS // LANES`` of them.  A key group reads one K row and one V
-row at a time: lane ``l`` holds the elements ``c = l + LANES * j`` (``j < DPL = HEAD_DIM //
-LANES``), so each load instruction of a warp reads ``LANES`` consecutive elements (coalesced).
-Each lane keeps in registers the pre-scaled ``q`` of its elements for all ``ROWS`` rows and the
-``ROWS x DPL`` output accumulator.  Per step a group takes ``U`` consecutive keys:
+Inside a block, ``LANES`` consecutive lanes of a warp form a *key group*; a block has ``NG =
+THREADS // LANES`` of them.  A key group reads one K row and one V row at a time in *chunks* of
+``CHUNK`` contiguous elements, 16 bytes on the GPU (8 float16, 4 float32, 2 float64:
+:func:`lane_layout`): lane ``l`` holds the ``DPL = HEAD_DIM // LANES`` elements ``l * CHUNK +
+LANES * CHUNK * i + e`` (chunk ``i``, ``e < CHUNK``), so when ``d == HEAD_DIM`` (``VEC``) each is
+one 16-byte load (:func:`~numba_flash.kernels.stages.load16`, ``LDG.E.128``) from one base
+address per key, with no per-element test, and a warp's load covers ``32 * 16`` contiguous bytes
+(a float16 ``d = 128`` row is 16 lanes: two keys per warp instruction).  A padded head dim
+(``d < HEAD_DIM``) reads the same elements one at a time, zero past ``d``.  Each lane keeps the
+``ROWS x DPL`` output accumulator in registers; the pre-scaled ``q`` rows sit in shared memory
+(``q_sh``, lane-interleaved 16-byte pieces: one ``LDS.128`` gives a lane 4 of its values, shared
+by the ``U`` keys of a step), which leaves the registers to the keys in flight.  Per step a
+group takes ``U`` consecutive keys:
 
 1. partial dot products of the ``ROWS`` rows over the lane's ``DPL`` elements;
 2. a *reduce-scatter* over the group's lanes with ``shfl_xor_sync``: at butterfly step ``i``
@@ -47,14 +54,17 @@ Each lane keeps in registers the pre-scaled ``q`` of its elements for all ``ROWS
    ``ROWS * log2(LANES)``, and no shared memory, no barrier;
 3. each lane runs the online softmax of its own row (``m, l``: one ``exp`` per key per lane,
    shared by the ``LANES / ROWS`` lanes of the row instead of ``ROWS`` per lane);
-4. ``acc += p v``: each row's ``alpha`` and ``p`` come from a lane that owns the row
-   (``shfl_sync``), ``ROWS * (1 + U)`` shuffles per step.
+4. ``acc = alpha acc + p v``: each row's ``alpha`` and ``p`` come from a lane that owns the row
+   (``shfl_sync``), ``ROWS * (1 + U)`` shuffles per step; the rescale runs only in a step where
+   some row's max moved (one branch), and where every row sees every key of the split (``full``)
+   ``p v`` is added with no test (a key past the end has ``p = 0`` and ``v = 0``).
 
 A block step covers ``NG * U`` consecutive keys.
 
 Where a key lives: a group walks its tokens with a running ``(table index, slot)`` pair that it
-advances by ``NG * U`` slots per step (one division when the split starts, none per key or
-element; any block size works, a contiguous cache is one block of ``Nmax`` slots per sequence).
+advances by ``NG * U`` slots per step (two divisions when the split starts, none per key or
+element, 32-bit; any block size works, a contiguous cache is one block of ``Nmax`` slots per
+sequence, and ``PAGED`` is a compile-time flag so that neither build carries the other's code).
 Every table entry is checked against ``[0, num_blocks)`` before it is dereferenced, and ``L``
 against the cache capacity (``Nmax``, or ``max_blocks * block_size``): a sequence with a bad
 entry for a key some query row sees, or a bad ``L``, gets ``o = NaN, lse = NaN`` and nothing
@@ -68,11 +78,11 @@ order) and resets the counter to 0.
 
 Shared memory
 -------------
-``acc_sh[ROWS, HEAD_DIM]`` (compute type) for the group merge, ``m_sh``/``l_sh[NG, ROWS]``,
-per-row ``M, W, lse`` and two flags: ``ROWS * HEAD_DIM * 4`` bytes and a little more, 2.1-2.4
-KiB for the GPU configurations (``ROWS * HEAD_DIM <= 512``), so shared memory never limits how
-many blocks an SM holds; registers do (``launch_bounds``: 4 blocks of 128 threads per SM, at
-most 128 registers, for float16/float32 up to ``HEAD_DIM = 128``).
+``q_sh`` and ``acc_sh[ROWS, HEAD_DIM]`` (compute type) for q and the group merge,
+``m_sh``/``l_sh[NG, ROWS]``, per-row ``M, W, lse`` and two flags: ``2 * ROWS * HEAD_DIM``
+values and a little more, 2.6-8.4 KiB for the GPU configurations, so shared memory never limits
+how many blocks an SM holds; registers do (``launch_bounds``: 3 blocks of 128 threads per SM, at
+most 168 registers, for float16/float32 up to ``HEAD_DIM = 128``; 2 above).
 
 Empty splits (past a sequence's keys: the grid spans the cache's capacity, the host does not
 know the lengths) write only ``lse = -inf`` and take their ticket.
@@ -86,19 +96,26 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, int32, types
+from numba import cuda, int32, int64, types, uint32
 
 from ..backend import on_simulator
 from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type,
                      numba_array_type)
 from .jit import kernel_jit
 from .merge import make_merge_functions
+from .stages import lds16, load16
 from .visibility import key_bounds, make_score_mod, tile_key_range
 
-#: GPU block: 4 warps.  A key group is one warp (``HEAD_DIM >= 32``) or ``HEAD_DIM`` lanes.
+#: GPU block: 4 warps.  A key group is the ``HEAD_DIM / CHUNK`` lanes (at most 32) that hold one
+#: K/V row: 16 at float16 ``HEAD_DIM = 128``, so a warp reads two keys per load instruction.
 GPU_THREADS = 128
 #: keys a key group takes per step (loads of several keys in flight per warp)
 GPU_KEYS_PER_STEP = 2
+#: bytes one lane loads per chunk: one ``ld.global.nc.v4.u32`` (:func:`~.stages.load16`)
+CHUNK_BYTES = 16
+#: per-lane registers for q and for the accumulator (``ROWS * DPL`` values each) the GPU row
+#: cap keeps (float64: values of two registers, half as many); see :func:`gpu_rows_max`
+GPU_ROW_REGS = 32
 #: simulator block: every CUDA thread is a Python thread, keep them few; 4 lanes per key group
 #: so that shuffles, several elements per lane and several key groups are all exercised.
 SIM_THREADS = 8
@@ -127,41 +144,70 @@ def padded_head_dim(d):
     return max(2 if on_simulator() else 16, 1 << (int(d) - 1).bit_length())
 
 
+def lane_layout(dtype, HEAD_DIM, simulator=None):
+    """``(LANES, CHUNK)``: lanes per key group and contiguous elements per lane chunk.  On the
+    GPU a chunk is 16 bytes (8 float16, 4 float32, 2 float64) and a group has ``HEAD_DIM /
+    CHUNK`` lanes, at most 32 (then each lane holds several chunks, ``LANES * CHUNK`` columns
+    apart).  The simulator keeps ``SIM_LANES`` lanes and a chunk of at most 16 bytes
+    (``HEAD_DIM / SIM_LANES`` elements when that is fewer: element loads, not 16-byte ones)."""
+    if simulator is None:
+        simulator = on_simulator()
+    full = CHUNK_BYTES // np.dtype(dtype).itemsize
+    if simulator:
+        lanes = min(SIM_LANES, HEAD_DIM)
+        return lanes, min(full, HEAD_DIM // lanes)
+    chunk = min(full, HEAD_DIM)
+    return min(32, HEAD_DIM // chunk), chunk
+
+
+def vector_loads(dtype, d, HEAD_DIM, CHUNK, *arrays):
+    """The ``VEC`` build (16-byte loads, no per-element test): ``d == HEAD_DIM``, a chunk of 16
+    bytes and, on the GPU, every cache's data 16-byte aligned (rows then are too)."""
+    if d != HEAD_DIM or CHUNK * np.dtype(dtype).itemsize != CHUNK_BYTES:
+        return False
+    if on_simulator():
+        return True
+    return all(x.__cuda_array_interface__["data"][0] % CHUNK_BYTES == 0 for x in arrays)
+
+
 def gpu_rows_max(dtype, HEAD_DIM):
-    """Most query rows per GPU block, so that the per-lane q and accumulator (``ROWS * DPL``
-    values each) stay in registers: float16/float32 8 rows up to ``HEAD_DIM = 64``, 4 at 128, 2
-    at 256; float64 half of that.  Chosen with ptxas (docs/resources.md): past these, LLVM stops
-    unrolling the row loops and the arrays go to local memory, or ptxas spills."""
-    rows = {16: 8, 32: 8, 64: 8, 128: 4, 256: 2}[HEAD_DIM]
-    return max(1, rows // 2) if np.dtype(dtype) == np.float64 else rows
+    """Most query rows per GPU block: at most ``LANES`` (the reduce-scatter gives each row a
+    lane), 8, and ``GPU_ROW_REGS // DPL`` (half for float64) so that the per-lane q and
+    accumulator (``ROWS * DPL`` values each) stay in registers: float16 4 rows from ``HEAD_DIM
+    = 32`` to 256 (2 at 16), float32 8 up to 128 and 4 at 256, float64 4.  Checked with ptxas
+    (docs/resources.md): past these, LLVM stops unrolling the row loops or ptxas spills."""
+    lanes, _ = lane_layout(dtype, HEAD_DIM, simulator=False)
+    dpl = HEAD_DIM // lanes
+    regs = GPU_ROW_REGS // (2 if np.dtype(dtype) == np.float64 else 1)
+    return max(1, min(8, lanes, regs // dpl))
 
 
 def gpu_min_blocks(dtype, HEAD_DIM):
-    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``): 4 (at most
-    128 registers per thread) for float16/float32 up to ``HEAD_DIM = 128``, softcap / ALiBi
-    included; else 2 (up to 255: ``HEAD_DIM = 256`` and float64 need more than 128)."""
+    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``): 3 (at most
+    168 registers per thread: two keys of 8 elements per lane in flight, K and V, beside 4
+    rows of accumulators) for float16/float32 up to ``HEAD_DIM = 128``, softcap / ALiBi
+    included; else 2 (up to 255: ``HEAD_DIM = 256`` and float64 need more)."""
     if np.dtype(dtype) == np.float64 or HEAD_DIM > 128:
         return 2
-    return 4
+    return 3
 
 
 def keys_per_step(rows, dpl):
-    """``U``: 2 keys per group step (two K/V rows in flight per warp); 1 for 8 rows of 4+
-    elements per lane (not launched with the row caps of :func:`gpu_rows_max`: 2 spills
-    there)."""
-    return 1 if rows >= 8 and dpl >= 4 else GPU_KEYS_PER_STEP
+    """``U``: 2 keys per group step (two K/V rows of each group in flight); 1 when the
+    accumulator registers (``rows * dpl``) are over 32, where 2 would not fit the registers."""
+    return 1 if rows * dpl > 32 else GPU_KEYS_PER_STEP
 
 
 def launch_shape(dtype, HEAD_DIM, n_rows):
-    """``(THREADS, LANES, U, ROWS)`` for a group of ``n_rows = G * Nq`` query rows."""
+    """``(THREADS, LANES, CHUNK, U, ROWS)`` for a group of ``n_rows = G * Nq`` query rows."""
+    lanes, chunk = lane_layout(dtype, HEAD_DIM)
     if on_simulator():
-        rows_max = SIM_ROWS_MAX
+        rows_max = min(SIM_ROWS_MAX, lanes)
         rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-        return SIM_THREADS, min(SIM_LANES, HEAD_DIM), SIM_KEYS_PER_STEP, rows
-    lanes = min(32, HEAD_DIM)
+        return SIM_THREADS, lanes, chunk, SIM_KEYS_PER_STEP, rows
     rows_max = gpu_rows_max(dtype, HEAD_DIM)
     rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-    return GPU_THREADS, lanes, keys_per_step(rows, HEAD_DIM // lanes), rows
+    return GPU_THREADS, lanes, chunk, keys_per_step(rows, HEAD_DIM // lanes), rows
 
 
 def split_policy(num_splits, hkv, step):
@@ -193,7 +239,7 @@ def split_size(n_keys, split_target, split_min, step):
 def gpu_splits(n_keys, hkv, num_splits=None, dtype=np.float16, HEAD_DIM=128, n_rows=1):
     """``(splits, size)`` a GPU launch uses for one sequence of ``n_keys`` visible keys (the
     docs' and the benchmark's tables; the same constants as a launch on the GPU)."""
-    lanes = min(32, HEAD_DIM)
+    lanes, _ = lane_layout(dtype, HEAD_DIM, simulator=False)
     rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= gpu_rows_max(dtype, HEAD_DIM)),
                 gpu_rows_max(dtype, HEAD_DIM))
     step = block_step(GPU_THREADS, lanes, keys_per_step(rows, HEAD_DIM // lanes))
@@ -235,14 +281,18 @@ def launch_bounds(THREADS, dtype, HEAD_DIM):
 
 
 @functools.lru_cache(maxsize=None)
-def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI=False):
+def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP=False,
+                  ALIBI=False):
     """Build (once per configuration) the fused split-KV decode kernel
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
     counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
     split_min, left, right, softcap, inv_softcap)``
 
-    ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type); caches
+    ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and
+    ``CHUNK`` of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table
+    (``paged`` must agree).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute
+    type); caches
     ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size, d]``
     views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
     ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
@@ -254,10 +304,20 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
     causal folded into ``right = 0``).
     """
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
-    assert HEAD_DIM % LANES == 0 and ROWS <= THREADS
+    assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
     dtype = np.dtype(dtype)
     acc_t = compute_type(dtype)
+    assert not VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
     DPL = HEAD_DIM // LANES               # elements of a K/V row per lane
+    NCH = DPL // CHUNK                    # chunks of CHUNK contiguous elements per lane
+    #: element j of a lane is column lane * CHUNK + COL[j]: chunk i = j // CHUNK of the lane
+    #: starts LANES * CHUNK * i columns further (the group's lanes cover a row side by side)
+    COL = tuple((j // CHUNK) * LANES * CHUNK + j % CHUNK for j in range(DPL))
+    V4 = 16 // np.dtype(acc_dtype(dtype)).itemsize   # q values per 16-byte shared load
+    QP = -(-DPL // V4)                    # 16-byte pieces of q per lane and row
+    Q_WORDS = ROWS * QP * LANES * V4
+    UR = U * ROWS                         # scores of one step: U keys x ROWS rows
+    assert U <= 2, "a key's slot carries into the next table entry at most once"
     NG = THREADS // LANES                 # key groups per block
     STEP = NG * U                         # keys per block step
     LOG_LANES = LANES.bit_length() - 1
@@ -282,8 +342,9 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                      split_target, split_min, left, right, softcap, inv_softcap):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
-        lane = tid % LANES                    # my elements: lane + LANES * j, j < DPL
+        lane = tid % LANES                    # my elements: lane * CHUNK + COL[j], j < DPL
         grp = tid // LANES                    # my key group
+        col0 = lane * CHUNK                   # my first element of a K/V row
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
@@ -300,8 +361,9 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         row0 = z * ROWS                       # first row of this block's chunk
         seqlen = seqlens[b]
         block_size = cache_block_size
+        row_stride = int64(hkv) * block_size  # cache rows per physical block
         capacity = block_size                 # contiguous: Nmax
-        if paged:
+        if PAGED:
             capacity = block_table.shape[1] * block_size
         bad_len = seqlen < 0 or seqlen > capacity
         offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
@@ -322,8 +384,11 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         stat_sh = cuda.shared.array((3, ROWS), acc_t)
         flag_sh = cuda.shared.array(2, int32)
 
-        # -- prologue: my lanes' slice of the pre-scaled q rows, each row's visible keys
-        q_reg = cuda.local.array(RD, acc_t)
+        # -- prologue: the pre-scaled q rows to shared memory (group 0 writes every lane's
+        # pieces: QP pieces of V4 values per lane and row, lane-interleaved, read back 16 bytes
+        # at a time), each row's visible keys
+        q_sh = cuda.shared.array(Q_WORDS, acc_t)
+        q_val = cuda.local.array(DPL, acc_t)
         acc = cuda.local.array(RD, acc_t)
         full = True                           # every row sees every key of [lo, hi): no mask
         for r in range(ROWS):
@@ -331,12 +396,30 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             tok = row % nq
             h = kvh * group + row // nq
             live_row = row < n_rows
+            if grp == 0:
+                if VEC:
+                    for j in range(DPL):
+                        q_val[j] = ZERO
+                    if live_row:
+                        e0 = ((b * n_heads + h) * nq + tok) * HEAD_DIM + col0
+                        for i in range(NCH):
+                            qc = load16(q, e0 + i * (LANES * CHUNK))
+                            for e in range(CHUNK):
+                                q_val[i * CHUNK + e] = qc[e] * scale
+                else:
+                    for j in range(DPL):
+                        c = col0 + COL[j]
+                        val = ZERO
+                        if live_row and c < d:
+                            val = acc_t(q[b, h, tok, c]) * scale
+                        q_val[j] = val
+                for pc in range(QP):
+                    for e in range(V4):
+                        val = ZERO
+                        if pc * V4 + e < DPL:
+                            val = q_val[pc * V4 + e]
+                        q_sh[((r * QP + pc) * LANES + lane) * V4 + e] = val
             for j in range(DPL):
-                c = lane + LANES * j
-                val = ZERO
-                if live_row and c < d:
-                    val = acc_t(q[b, h, tok, c]) * scale
-                q_reg[r * DPL + j] = val
                 acc[r * DPL + j] = ZERO
             lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
             if live_row and (lo_r > lo or hi_r < hi):
@@ -351,6 +434,9 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         tok_own = row_own % nq
         live_own = row_own < n_rows
         lo_own, hi_own = key_bounds(tok_own, offset, seqlen, left, right)
+        # int32 from here (key positions fit: lengths are int32-checked on the host)
+        lo_own = int32(max(lo_own, -1))
+        hi_own = int32(min(hi_own, khi))
         slope_own = ZERO
         if ALIBI and live_own:
             slope_own = acc_t(alibi[b, kvh * group + row_own // nq])
@@ -359,51 +445,87 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
         warp_base = tid % 32 - lane           # lane 0 of my group, as a lane of the warp
         if tid == 0:
             flag_sh[0] = 0                    # a bad table entry was met
-        cuda.syncthreads()  # flag_sh is cleared before any group can set it
+        cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
 
         # [docs:decode-token-lookup]
-        # -- where my first key lives: table index j_blk, slot (one division per split)
-        t_first = lo + grp * U
-        j_blk = t_first // block_size
-        slot = t_first - j_blk * block_size
+        # -- where my first key lives: table index j_blk, slot (one division per split); a
+        # block step moves them on by step_blk entries and step_slot slots (one carry at most).
+        # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
+        t_first = int32(lo + grp * U)
+        j_blk = int32(t_first // block_size)
+        slot = int32(t_first - j_blk * block_size)
+        step_blk = int32(STEP // block_size)
+        step_slot = int32(STEP - step_blk * block_size)
         bad_entry = False
         # [/docs:decode-token-lookup]
         k_reg = cuda.local.array(UD, acc_t)
         v_reg = cuda.local.array(UD, acc_t)
-        key_ok = cuda.local.array(U, int32)
+        key_ok = cuda.local.array(U, types.boolean)
         part = cuda.local.array(ROWS, acc_t)
+        dots = cuda.local.array(UR, acc_t)
+        a_row = cuda.local.array(ROWS, acc_t)
+        p_row = cuda.local.array(UR, acc_t)
+        q_byte = lane * 16                    # my 16 bytes of each q piece
         s_own = cuda.local.array(U, acc_t)
-        for base in range(lo, hi, STEP):      # the same trip count on every lane (shuffles)
+        hi32 = int32(hi)
+        # p of a key a row does not see: 0 where every row sees every live key (the key's v is
+        # then 0 too: p v adds 0), else -1 (p v skipped: a NaN v of a key the row does not see
+        # must not reach it)
+        p_unseen = ZERO if full else NOT_SEEN
+        kvh_rows = int32(kvh * block_size)    # rows of a physical block before my kv head's
+        table_row = block_table[b if PAGED else 0]   # my sequence's table (paged only)
+        blk_elems = int64(hkv) * block_size * HEAD_DIM   # elements per physical block
+        base = int32(lo)
+        while base < hi32:                    # the same trip count on every lane (shuffles)
             # [docs:decode-tile-load]
             # -- 1. load my group's U keys: K and V rows, LANES lanes side by side along d
             for u in range(U):
-                t = base + grp * U + u
+                t = int32(base + grp * U + u)
                 jj = j_blk
-                ss = slot + u
-                while ss >= block_size:       # carry into the next table entry (no division)
-                    ss -= block_size
-                    jj += 1
-                blk = b
-                if paged and t < hi:
-                    blk = block_table[b, jj]
-                ok = t < hi and 0 <= blk and blk < n_cache_blocks
-                if t < hi and not ok:
+                ss = int32(slot + u)
+                if ss >= block_size:          # u < U <= 2: one carry into the next entry
+                    ss = int32(ss - block_size)
+                    jj = int32(jj + 1)
+                live = t < hi32
+                blk = int32(b)
+                ok = live
+                if PAGED and live:
+                    entry = table_row[uint32(jj)]
+                    ok = 0 <= entry and entry < n_cache_blocks
+                    blk = int32(entry)        # in [0, num_blocks) when ok
+                if live and not ok:
                     bad_entry = True          # never dereferenced
-                key_ok[u] = 1 if ok else 0
-                kv_row = (blk * hkv + kvh) * block_size + ss   # row of the [.., d] cache view
-                for j in range(DPL):
-                    c = lane + LANES * j
-                    kv = ZERO
-                    vv = ZERO
-                    if ok and c < d:
-                        kv = acc_t(k_cache[kv_row, c])
-                        vv = acc_t(v_cache[kv_row, c])
-                    k_reg[u * DPL + j] = kv
-                    v_reg[u * DPL + j] = vv
-            slot += STEP                      # advance to my keys of the next step
-            while slot >= block_size:
-                slot -= block_size
-                j_blk += 1
+                key_ok[u] = ok
+                # row of the [.., d] cache view: (blk * Hkv + kvh) * block_size + slot
+                in_row = int32(kvh_rows + ss)  # the key's row inside its physical block
+                if VEC:                       # d == HEAD_DIM: one 16-byte load per chunk
+                    if not ok:
+                        blk = int32(0)        # read row 0 (always there), use nothing of it
+                        in_row = int32(0)
+                    # one base address per key: block start (64-bit) + row in the block
+                    e0 = int64(blk) * blk_elems + int64(in_row) * HEAD_DIM + col0
+                    for i in range(NCH):
+                        kc = load16(k_cache, e0 + i * (LANES * CHUNK))
+                        vc = load16(v_cache, e0 + i * (LANES * CHUNK))
+                        for e in range(CHUNK):
+                            k_reg[u * DPL + i * CHUNK + e] = kc[e]
+                            v_reg[u * DPL + i * CHUNK + e] = vc[e] if ok else ZERO
+                else:                         # padded head dim: element loads, zero past d
+                    for j in range(DPL):
+                        c = col0 + COL[j]
+                        kv = ZERO
+                        vv = ZERO
+                        if ok and c < d:
+                            kv_row = int64(blk) * row_stride + in_row
+                            kv = acc_t(k_cache[kv_row, c])
+                            vv = acc_t(v_cache[kv_row, c])
+                        k_reg[u * DPL + j] = kv
+                        v_reg[u * DPL + j] = vv
+            slot = int32(slot + step_slot)    # advance to my keys of the next step
+            j_blk = int32(j_blk + step_blk)
+            if slot >= block_size:
+                slot = int32(slot - block_size)
+                j_blk = int32(j_blk + 1)
             # [/docs:decode-tile-load]
 
             # [docs:decode-scores]
@@ -412,10 +534,17 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             # partner keeps), the last steps are plain sums; lane l ends with row r_own's score
             for u in range(U):
                 for r in range(ROWS):
-                    dot = ZERO
-                    for j in range(DPL):
-                        dot += q_reg[r * DPL + j] * k_reg[u * DPL + j]
-                    part[r] = dot
+                    dots[u * ROWS + r] = ZERO
+            for r in range(ROWS):             # q read 16 bytes at a time, shared by the U keys
+                for pc in range(QP):
+                    qv = lds16(q_sh, q_byte + (r * QP + pc) * (LANES * 16))
+                    for e in range(V4):
+                        if pc * V4 + e < DPL:
+                            for u in range(U):
+                                dots[u * ROWS + r] += qv[e] * k_reg[u * DPL + pc * V4 + e]
+            for u in range(U):
+                for r in range(ROWS):
+                    part[r] = dots[u * ROWS + r]
                 for i in range(LOG_ROWS):
                     off = LANES >> (i + 1)
                     half = ROWS >> (i + 1)
@@ -434,8 +563,8 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             # -- 3. online softmax of my row (one exp per key per lane, not per row)
             m_new = m_own
             for u in range(U):
-                t = base + grp * U + u
-                vis = key_ok[u] != 0
+                t = int32(base + grp * U + u)
+                vis = key_ok[u]
                 if vis and not full:          # a split at the band's edge: the rule, per row
                     vis = live_own and lo_own <= t and t < hi_own
                 if vis:
@@ -452,24 +581,37 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
                 l_own *= alpha
                 m_own = m_new
             for u in range(U):
-                p = NOT_SEEN
+                p = p_unseen
                 if s_own[u] != NEG_INF:       # a visible key (a NaN score included)
                     p = math.exp(s_own[u] - m_new)
                     l_own += p
                 s_own[u] = p
 
-            # -- 4. acc += p v: each row's alpha and p from a lane that owns the row
-            for r in range(ROWS):
+            # -- 4. acc = alpha acc + p v: each row's alpha and p from a lane that owns the row
+            # (alpha is exactly 1 when the max did not move: the product changes nothing)
+            moved = False
+            for r in range(ROWS):             # all shuffles first, in one straight run
                 src = warp_base + LANE_OF[r]
-                a_r = cuda.shfl_sync(FULL_MASK, alpha, src)
-                if a_r != ONE:
-                    for j in range(DPL):
-                        acc[r * DPL + j] *= a_r
+                a_row[r] = cuda.shfl_sync(FULL_MASK, alpha, src)
+                moved = moved or a_row[r] != ONE
                 for u in range(U):
-                    p_r = cuda.shfl_sync(FULL_MASK, s_own[u], src)
-                    if not p_r < ZERO:        # seen (p >= 0, or NaN)
+                    p_row[r * U + u] = cuda.shfl_sync(FULL_MASK, s_own[u], src)
+            if moved:                         # rare once the max settles: one branch
+                for r in range(ROWS):
+                    for j in range(DPL):
+                        acc[r * DPL + j] *= a_row[r]
+            if full:                          # p = 0 and v = 0 for a key past the end
+                for r in range(ROWS):
+                    for u in range(U):
                         for j in range(DPL):
-                            acc[r * DPL + j] += p_r * v_reg[u * DPL + j]
+                            acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
+            else:
+                for r in range(ROWS):
+                    for u in range(U):
+                        if not p_row[r * U + u] < ZERO:   # seen (p >= 0, or NaN)
+                            for j in range(DPL):
+                                acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
+            base = int32(base + STEP)
             # [/docs:decode-scores]
 
         # -- 5. merge the NG group states of the block (fixed order: reproducible bits)
@@ -501,7 +643,7 @@ def decode_kernel(THREADS, LANES, U, ROWS, HEAD_DIM, dtype, SOFTCAP=False, ALIBI
             if grp == g:
                 for r in range(ROWS):
                     for j in range(DPL):
-                        c = lane + LANES * j
+                        c = col0 + COL[j]
                         if g == 0:
                             acc_sh[r, c] = acc[r * DPL + j]
                         else:
@@ -595,29 +737,34 @@ def kernel_args_types(dtype, ALIBI=False):
 
 def compile_configs():
     """The GPU configurations the compile tier builds (a compile costs ~10 s, so a selection):
-    float16 and float32 at ``HEAD_DIM = 128`` with 4 rows (the most registers at that head dim;
-    1 and 2 rows measured 96-110 registers), float16 at 64 with 8 rows and at 256 with 2, the
-    softcap + ALiBi variant, and float64 at 128.  Other combinations are the same source with other
-    constants and compile on first use."""
-    def cfg(dtype, HEAD_DIM, rows, softcap=False, alibi=False):
+    float16 and float32 at ``HEAD_DIM = 128`` with the most rows launched there, float16 at 64
+    and at 256, the softcap + ALiBi variant, and float64 at 128, all with 16-byte loads
+    (``VEC``), and float16 at 128 with element loads (a padded head dim).  Other combinations
+    are the same source with other constants and compile on first use."""
+    def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True):
         dtype = np.dtype(dtype)
-        lanes = min(32, HEAD_DIM)
+        lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator=False)
+        rows = gpu_rows_max(dtype, HEAD_DIM)
         u = keys_per_step(rows, HEAD_DIM // lanes)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
+        tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
         return {
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
-            "kernel": decode_kernel(GPU_THREADS, lanes, u, rows, HEAD_DIM, dtype, softcap, alibi),
+            "kernel": decode_kernel(GPU_THREADS, lanes, chunk, u, rows, HEAD_DIM, dtype, vec,
+                                    paged, softcap, alibi),
             "args": kernel_args_types(dtype, alibi),
             "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
-            # the SASS tier counts the loop that streams K/V (one of the kernel's specialised
-            # copies of it: the first holding a third of the global loads)
-            "sass": {"work": "ldg", "share": 0.3},
+            # the SASS tier counts the loop that streams K/V: the innermost one holding 30% of
+            # the kernel's FMAs (the combine's and the prologue's loops hold fewer)
+            "sass": {"work": "fp64" if dtype == np.float64 else "ffma", "share": 0.3},
         }
 
     for dtype in DTYPES[:2]:
-        yield cfg(dtype, 128, 4)
-    yield cfg(np.float16, 64, 8)
-    yield cfg(np.float16, 256, 2)
-    yield cfg(np.float16, 128, 4, softcap=True, alibi=True)
-    yield cfg(np.float64, 128, gpu_rows_max(np.float64, 128))
+        yield cfg(dtype, 128)
+    yield cfg(np.float16, 64)
+    yield cfg(np.float16, 256)
+    yield cfg(np.float16, 128, softcap=True, alibi=True)
+    yield cfg(np.float64, 128)
+    yield cfg(np.float16, 128, vec=False)
+    yield cfg(np.float16, 128, paged=False)

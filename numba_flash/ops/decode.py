@@ -33,7 +33,7 @@ from ..frontend.variants import check_alibi, check_softcap, check_window, clamp_
 from ..kernels.common import acc_dtype, cdiv, compute_type
 from ..kernels.decode import (
     block_step, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
-    split_policy,
+    split_policy, vector_loads,
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
 from ..kernels.visibility import window_bounds
@@ -222,7 +222,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # -- launch shape and split policy (each sequence's split size from its own length)
     HEAD_DIM = padded_head_dim(d)
     group = h // hkv
-    threads, lanes, keys_per_step, rows = launch_shape(dtype, HEAD_DIM, group * nq)
+    threads, lanes, chunk, keys_per_step, rows = launch_shape(dtype, HEAD_DIM, group * nq)
     chunks = cdiv(group * nq, rows)
     # [docs:decode-split-policy]
     step = block_step(threads, lanes, keys_per_step)
@@ -262,8 +262,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         o_part = call.empty((1, 1, 1), acc_t)
         lse_part = call.empty((1, 1), acc_t)
         counters = call.zeros((1,), np.int32)
-    kernel = decode_kernel(threads, lanes, keys_per_step, rows, HEAD_DIM, dtype, softcap > 0,
-                           alibi_slopes is not None)
+    vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
+    kernel = decode_kernel(threads, lanes, chunk, keys_per_step, rows, HEAD_DIM, dtype, vec,
+                           paged, softcap > 0, alibi_slopes is not None)
     ct = compute_type(dtype)
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
