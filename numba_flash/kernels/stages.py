@@ -61,6 +61,10 @@ Arithmetic
   returned as a tuple in the compute type (float16 widened to float32: 8 values, float32 4,
   float64 2).  For kernels that only read the array (``.nc``: the read-only data path).  The
   twin also checks that ``elem`` is a multiple of ``16 / itemsize`` inside the array.
+* :func:`lds16` ``(smem, smem_byte)``: one 16-byte shared load (``ld.shared.v4.f32`` /
+  ``ld.shared.v2.f64``) of a float32 / float64 shared array at a 16-byte aligned byte offset,
+  as a tuple (4 float32 or 2 float64).  Ordered with the surrounding shared-memory accesses (a
+  memory clobber), like :func:`ldmatrix_x4`.
 
 Every twin runs in the simulator as the kernels' own code does; the compile tier builds the
 intrinsics for sm_80 and sm_90 through :func:`compile_configs`.
@@ -291,8 +295,35 @@ def _gpu_stages():
         return sig, codegen
     # [/docs:load16-intrinsic]
 
+    @intrinsic
+    def lds16(typingctx, smem, smem_byte):
+        """16 bytes of the float32 / float64 shared array ``smem`` from byte ``smem_byte``."""
+        if not isinstance(smem, types.Array) or smem.dtype not in (types.float32,
+                                                                  types.float64):
+            raise NumbaTypeError(f"lds16: expected smem as a float32 or float64 shared array, "
+                                 f"got {smem}")
+        check_int("lds16", "smem_byte", smem_byte)
+        wide = smem.dtype == types.float64
+        n = 2 if wide else 4
+        sig = types.UniTuple(smem.dtype, n)(smem, smem_byte)
+
+        def codegen(context, builder, sig, args):
+            addr = smem_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            ty = ir.DoubleType() if wide else f32
+            regs = ", ".join(f"${i}" for i in range(n))
+            ptx = f"ld.shared.v{n}.{'f64' if wide else 'f32'} {{{regs}}}, [${n}];"
+            cons = ",".join(["=d" if wide else "=f"] * n) + ",r,~{memory}"
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([ty] * n), [i32]), ptx,
+                               cons, side_effect=True)
+            res = builder.call(asm, [addr])
+            outs = [builder.extract_value(res, i) for i in range(n)]
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return sig, codegen
+
     return dict(
         load16=load16,
+        lds16=lds16,
         ldmatrix_x4=make_ldmatrix(LDMATRIX_PTX, "ldmatrix_x4"),
         ldmatrix_x4_trans=make_ldmatrix(LDMATRIX_T_PTX, "ldmatrix_x4_trans"),
         cp_async16=cp_async16,
@@ -406,6 +437,16 @@ def _sim_load16(src, elem):
     return tuple(acc(x) for x in flat[e:e + n])
 
 
+def _sim_lds16(smem, smem_byte):
+    """Twin of :func:`lds16`: the 16 bytes from byte ``smem_byte`` (16-byte aligned)."""
+    size = np.dtype(smem.dtype).itemsize
+    b = int(smem_byte)
+    if b % 16:
+        raise ValueError(f"lds16: expected a 16-byte aligned byte offset, got {b}")
+    w = b // size
+    return tuple(smem[w + i] for i in range(16 // size))
+
+
 if on_simulator():
     ldmatrix_x4 = _sim_ldmatrix_x4
     ldmatrix_x4_trans = _sim_ldmatrix_x4_trans
@@ -417,13 +458,14 @@ if on_simulator():
     fma = _sim_fma
     load_u16 = _sim_load_u16
     load16 = _sim_load16
+    lds16 = _sim_lds16
 else:
     _g = _gpu_stages()
     ldmatrix_x4, ldmatrix_x4_trans = _g["ldmatrix_x4"], _g["ldmatrix_x4_trans"]
     cp_async16, cp_async_commit, cp_async_wait_all = (_g["cp_async16"], _g["cp_async_commit"],
                                                       _g["cp_async_wait_all"])
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
-    load16 = _g["load16"]
+    load16, lds16 = _g["load16"], _g["lds16"]
     del _g
 
 

@@ -132,3 +132,16 @@ def test_load16_reads_16_bytes_in_the_compute_type(rng, dtype):
     for bad in (1, src.size - n + n):   # not a multiple of n; past the end
         with pytest.raises(ValueError, match="load16: expected a multiple"):
             stages.load16(src, bad)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lds16_reads_16_bytes_at_a_byte_offset(dtype):
+    """lds16's twin: the 16 bytes from a byte offset of a float32 / float64 shared array (4 or
+    2 values), and a misaligned offset refused (the device's ld.shared.v4 needs 16-byte
+    alignment)."""
+    smem = np.arange(32, dtype=dtype)
+    n = 16 // np.dtype(dtype).itemsize
+    for byte in (0, 16, 96):
+        assert stages.lds16(smem, byte) == tuple(smem[byte // (16 // n):][:n])
+    with pytest.raises(ValueError, match="lds16: expected a 16-byte aligned"):
+        stages.lds16(smem, 8)
