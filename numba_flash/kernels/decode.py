@@ -448,7 +448,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
 
         # [docs:decode-token-lookup]
-        # -- where my first key lives: table index j_blk, slot (one division per split); a
+        # -- where my first key lives: table index j_blk, slot (two divisions per split); a
         # block step moves them on by step_blk entries and step_slot slots (one carry at most).
         # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
         t_first = int32(lo + grp * U)
@@ -473,7 +473,6 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         # must not reach it)
         p_unseen = ZERO if full else NOT_SEEN
         kvh_rows = int32(kvh * block_size)    # rows of a physical block before my kv head's
-        table_row = block_table[b if PAGED else 0]   # my sequence's table (paged only)
         blk_elems = int64(hkv) * block_size * HEAD_DIM   # elements per physical block
         base = int32(lo)
         while base < hi32:                    # the same trip count on every lane (shuffles)
@@ -490,7 +489,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 blk = int32(b)
                 ok = live
                 if PAGED and live:
-                    entry = table_row[uint32(jj)]
+                    entry = block_table[uint32(b), uint32(jj)]
                     ok = 0 <= entry and entry < n_cache_blocks
                     blk = int32(entry)        # in [0, num_blocks) when ok
                 if live and not ok:
@@ -499,17 +498,19 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 # row of the [.., d] cache view: (blk * Hkv + kvh) * block_size + slot
                 in_row = int32(kvh_rows + ss)  # the key's row inside its physical block
                 if VEC:                       # d == HEAD_DIM: one 16-byte load per chunk
-                    if not ok:
-                        blk = int32(0)        # read row 0 (always there), use nothing of it
-                        in_row = int32(0)
                     # one base address per key: block start (64-bit) + row in the block
                     e0 = int64(blk) * blk_elems + int64(in_row) * HEAD_DIM + col0
                     for i in range(NCH):
-                        kc = load16(k_cache, e0 + i * (LANES * CHUNK))
-                        vc = load16(v_cache, e0 + i * (LANES * CHUNK))
-                        for e in range(CHUNK):
-                            k_reg[u * DPL + i * CHUNK + e] = kc[e]
-                            v_reg[u * DPL + i * CHUNK + e] = vc[e] if ok else ZERO
+                        if ok:                # (predicated: a dead or bad key reads nothing)
+                            kc = load16(k_cache, e0 + i * (LANES * CHUNK))
+                            vc = load16(v_cache, e0 + i * (LANES * CHUNK))
+                            for e in range(CHUNK):
+                                k_reg[u * DPL + i * CHUNK + e] = kc[e]
+                                v_reg[u * DPL + i * CHUNK + e] = vc[e]
+                        else:                 # v = 0: p v adds 0 (p = 0 there)
+                            for e in range(CHUNK):
+                                k_reg[u * DPL + i * CHUNK + e] = ZERO
+                                v_reg[u * DPL + i * CHUNK + e] = ZERO
                 else:                         # padded head dim: element loads, zero past d
                     for j in range(DPL):
                         c = col0 + COL[j]
@@ -755,9 +756,9 @@ def compile_configs():
             "args": kernel_args_types(dtype, alibi),
             "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
-            # the SASS tier counts the loop that streams K/V: the innermost one holding 30% of
-            # the kernel's FMAs (the combine's and the prologue's loops hold fewer)
-            "sass": {"work": "fp64" if dtype == np.float64 else "ffma", "share": 0.3},
+            # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
+            # holding 30% of the kernel's FFMAs (by global loads it would be a combine loop)
+            "sass": {"work": "ldg" if dtype == np.float64 else "ffma", "share": 0.3},
         }
 
     for dtype in DTYPES[:2]:
