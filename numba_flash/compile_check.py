@@ -312,8 +312,11 @@ def sass_cells(r):
     if s["mma"]:
         ceiling = f"{s['ceiling_tflops']:.0f} TFLOP/s" + (" (mma)" if s.get("bound") == "mma.sync"
                                                         else "")
-    elif s.get("work") == "ldg":
-        ceiling = f"{s['ceiling_gbs']:.0f} GB/s"  # a streaming kernel (decode): bytes bound it
+    elif s.get("streaming"):
+        # a streaming kernel (decode): bytes bound it, and past the HBM's bandwidth the HBM does
+        hbm = sass.H200["hbm_gbs"]
+        ceiling = (f"{s['ceiling_gbs']:.0f} GB/s" if s["ceiling_gbs"] < hbm
+                   else f"{hbm:.0f} GB/s (HBM)")
     else:
         ceiling = f"{s['ceiling_tflops']:.1f} TFLOP/s"
     lower = "" if s["trips_known"] else " (>=)"
@@ -342,8 +345,10 @@ def sass_markdown(rows):
              "Ceiling: an H200 issuing one instruction per scheduler per clock "
              f"({sass.H200['sms']} SMs x {sass.H200['schedulers']} x "
              f"{sass.H200['clock_hz'] / 1e9:.2f} GHz) times the useful work per instruction "
-             "(MMA or FFMA flops, or global bytes for a streaming kernel); `(mma)`: above the "
-             f"~{sass.MMA_SYNC_TFLOPS:.0f} TFLOP/s mma.sync itself reaches, so that bound. "
+             "(MMA or FFMA flops, or for a streaming kernel the bytes of all its global loads, "
+             "K/V and block table alike); `(mma)`: above the "
+             f"~{sass.MMA_SYNC_TFLOPS:.0f} TFLOP/s mma.sync itself reaches, so that bound; "
+             f"`(HBM)`: above the {sass.H200['hbm_gbs']:.0f} GB/s of HBM, so that bound. "
              "`(>=)`: an inner loop "
              "the compiler did not unroll is counted once, so the count is a lower bound.", "",
              "| configuration | " + " | ".join(SASS_COLUMNS) + " |",

@@ -412,7 +412,9 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
                 return []  # the back edge: the end of the iteration
             if tgt in pos and tgt > first:
                 out.append(pos[tgt])
-            if not term.predicated:
+            # BRA.DIV is taken only by a diverged warp (to an out-of-line fallback before warp
+            # shuffles): conditional, like a predicated branch
+            if not term.predicated and ".DIV" not in term.op:
                 return out
         if n + 1 < len(blocks):
             out.append(n + 1)
@@ -465,17 +467,18 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     return chosen[3], len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
 
 
-def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE,
+def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, streaming=False,
             mma_kind="HMMA.16816"):
     """The SASS row of one kernel: per-iteration counts and the derived figures.  The keyword
     arguments are a configuration's ``"sass"`` hints: ``expect_mma`` (MMAs one iteration
     issues), ``trips`` (inner-loop trip counts, innermost loops in address order), ``work``
     (what the steady-state loop does: ``"ldg"`` for a streaming kernel) and ``share`` (of that
     work the loop holds at least: a kernel with several specialised copies of its loop, such as
-    decode's contiguous and paged paths, holds less than :data:`WORK_SHARE` in each)."""
+    decode's contiguous and paged paths, holds less than :data:`WORK_SHARE` in each) and
+    ``streaming`` (the kernel is bound by the bytes it moves, not its flops: decode)."""
     ins = kernel_instructions(parse(listing))
     lp, work = steady_loop(ins, work, share)
-    row = {"kernel_instructions": len(ins), "loop": None}
+    row = {"kernel_instructions": len(ins), "loop": None, "streaming": streaming}
     if lp is None:
         return row
     counts, inner, known = count_iteration(ins, lp, work, expect_mma, trips)

@@ -758,7 +758,8 @@ def compile_configs():
             "float64_ok": dtype == np.float64,
             # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
             # holding 30% of the kernel's FFMAs (by global loads it would be a combine loop)
-            "sass": {"work": "ldg" if dtype == np.float64 else "ffma", "share": 0.3},
+            "sass": {"work": "ldg" if dtype == np.float64 else "ffma", "share": 0.3,
+                     "streaming": True},
         }
 
     for dtype in DTYPES[:2]:
