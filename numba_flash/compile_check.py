@@ -49,18 +49,24 @@ SASS_CC = (9, 0)
 _F64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z][a-z0-9_.]*\.f64\b", re.M)
 
 
-def find_ptxas():
-    """ptxas from the nvidia-cuda-nvcc wheel (new enough for NVVM's PTX), else from PATH."""
+def find_nvidia_tool(name):
+    """A CUDA tool (``ptxas``, ``nvdisasm``) from NVIDIA's wheels (the newest ``cu*/bin``: new
+    enough for NVVM's PTX), else from PATH; None when neither has it."""
     try:
         import nvidia
 
         for root in nvidia.__path__:
-            for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", "ptxas")), reverse=True):
+            for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", name)), reverse=True):
                 if os.access(cand, os.X_OK):
                     return cand
     except ImportError:
         pass
-    return shutil.which("ptxas")
+    return shutil.which(name)
+
+
+def find_ptxas():
+    """ptxas from the nvidia-cuda-nvcc wheel, else from PATH."""
+    return find_nvidia_tool("ptxas")
 
 
 def parse_ptxas(text):
@@ -386,7 +392,7 @@ def main(argv=None):
     ccs = [(int(c[0]), int(c[1:])) for c in args.cc.split(",")]
     nvdisasm = None
     if args.sass or args.dump:
-        nvdisasm = sass.find_nvdisasm(ptxas)
+        nvdisasm = find_nvidia_tool("nvdisasm")
         if nvdisasm is None:
             print("nvdisasm not found: pip install nvidia-cuda-nvdisasm (in the test extra)",
                   file=sys.stderr)

@@ -42,9 +42,7 @@ per instruction, and the ceiling an H200 cannot pass if issue is the only limit 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shutil
 import subprocess
 
 #: H200 (SXM, 132 SMs) figures the ceilings use: 4 warp schedulers per SM, one instruction each
@@ -83,27 +81,6 @@ class Ins:
     @property
     def base(self):
         return self.op.split(".")[0]
-
-
-def find_nvdisasm(ptxas=None):
-    """nvdisasm next to ptxas (both from NVIDIA's wheels), else from PATH."""
-    if ptxas:
-        cand = os.path.join(os.path.dirname(ptxas), "nvdisasm")
-        if os.access(cand, os.X_OK):
-            return cand
-    try:
-        import glob
-
-        import nvidia
-
-        for root in nvidia.__path__:
-            for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", "nvdisasm")),
-                               reverse=True):
-                if os.access(cand, os.X_OK):
-                    return cand
-    except ImportError:
-        pass
-    return shutil.which("nvdisasm")
 
 
 def disassemble(cubin, nvdisasm):

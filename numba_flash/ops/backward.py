@@ -143,8 +143,8 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h, nq=nq, nk=nk)
+    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                         alibi_slopes, b, h, nq=nq, nk=nk)
     kernel = check_backward_kernel(kernel, dtype)
     if kernel == "mma":  # validated above, once: straight to the launches
         return import_mma("backward_mma").launch_backward_mma(
