@@ -68,10 +68,10 @@ def _check_lengths_and_table(seqlens, table, n_cache, block_size, n_blocks, page
 
     Comparisons run in the arrays' own dtypes and messages print Python ints, so a uint64 value
     shows as passed (never a wrapped negative)."""
-    bad = _first_bad(seqlens < 1)
+    bad = _first_bad(seqlens < 0)  # 0 is an empty cache (o = 0, lse = -inf), as flash-attn
     if bad:
         i = bad[0]
-        raise ValueError(f"cache_seqlens: expected every entry >= 1, got {int(seqlens[i])} at "
+        raise ValueError(f"cache_seqlens: expected every entry >= 0, got {int(seqlens[i])} at "
                          f"index {i}")
     if not paged:
         bad = _first_bad(seqlens > n_cache)
@@ -139,7 +139,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       size) and an integer ``block_table`` ``[B, max_blocks]``: token ``t`` of sequence ``b`` is
       in physical block ``block_table[b, t // block_size]`` at slot ``t % block_size``.  Entries
       past a sequence's live blocks are ignored (may be -1).
-    * ``cache_seqlens``: integer ``[B]``, each in ``[1, Nmax]`` (paged: within the table).
+    * ``cache_seqlens``: integer ``[B]``, each in ``[0, Nmax]`` (paged: within the table); a
+      length of 0 is an empty cache: every row gets ``o = 0``, ``lse = -inf``.
     * ``causal``, ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` (float32 ``[H]``
       or ``[B, H]``): flash-attn's variants, bottom-right aligned: query token ``i`` of ``Nq``
       sits at key column ``i + L - Nq`` (``causal`` is ``right = 0``; see

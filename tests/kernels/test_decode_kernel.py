@@ -228,7 +228,8 @@ def _bad_case(**over):
     (dict(block_table=np.array([[0, -1, 5], [2, 3, -1]])), ValueError,
      r"block_table: .* got -1 at \[0, 1\]"),
     (dict(cache_seqlens=np.array([5, 13])), ValueError, "cache_seqlens: entry 1 = 13 needs 4"),
-    (dict(cache_seqlens=np.array([0, 8])), ValueError, "cache_seqlens: expected every entry >= 1"),
+    (dict(cache_seqlens=np.array([-1, 8])), ValueError,
+     "cache_seqlens: expected every entry >= 0, got -1 at index 0"),
     (dict(cache_seqlens=np.array([5.0, 8.0])), TypeError, "cache_seqlens: expected dtype"),
     (dict(cache_seqlens=np.array([5, 8, 1])), ValueError, r"cache_seqlens: expected shape \(2,\)"),
     (dict(block_table=np.array([[0.0, 1.0]])), TypeError, "block_table: expected dtype"),
@@ -264,3 +265,23 @@ def test_rejects_bad_contiguous_and_options():
         numba_flash.decode(q, k, k, cache_seqlens=np.array([3, 4]), num_splits=2.0)
     with pytest.raises(TypeError, match="causal: expected a bool"):
         numba_flash.decode(q, k, k, cache_seqlens=np.array([3, 4]), causal=1)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_empty_cache_is_accepted(rng, paged, num_splits):
+    """``cache_seqlens = 0`` (an empty cache before the first token; flash-attn accepts it) is
+    valid under validation: its rows get o = 0, lse = -inf, the other sequences are unaffected
+    (they match the reference).  Before: ValueError "expected every entry >= 1"."""
+    b, h, hkv, d = 3, 4, 2, 8
+    lens = np.array([0, 13, 0])
+    if paged:
+        k, v, table = paged_cache(rng, b, hkv, d, lens, 4, np.float32)
+    else:
+        k, v = contiguous_cache(rng, b, hkv, 16, d, lens, np.float32)
+        table = None
+    q = randn(rng, (b, h, 2, d), np.float32)
+    o, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table, causal=True,
+                                num_splits=num_splits, return_lse=True)
+    assert (o[[0, 2]] == 0).all() and (lse[[0, 2]] == -np.inf).all()
+    check(o, lse, *ref.paged_decode(q, k, v, lens, table, causal=True), np.float32)
