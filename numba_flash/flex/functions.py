@@ -1,0 +1,184 @@
+"""A user's ``score_mod`` / ``mask_mod``: checked, fingerprinted and compiled for each target.
+
+The functions are plain Python functions of scalars (FlexAttention's and FlashAttention-4's
+signatures, with the aux arrays passed as extra positional arguments)::
+
+    def score_mod(score, b, h, q_idx, kv_idx, *aux) -> float   # the scaled score, modified
+    def mask_mod(b, h, q_idx, kv_idx, *aux) -> bool            # True where the query sees the key
+
+``q_idx`` and ``kv_idx`` are the query's and the key's own positions (0-based).  The package
+compiles each function as Numba code for the target that needs it: a CPU function
+(``numba.njit``) for :func:`numba_flash.flex.create_block_mask` and a CUDA device function
+(``cuda.jit(device=True)``) for the kernels; in the simulator the device function is the Python
+function itself, so ``breakpoint()`` inside it stops in pdb.
+
+Compiled versions are memoised on the function's :func:`fingerprint` (its bytecode, constants,
+defaults, closure values and the values of the globals it reads), not on the function object:
+an edited or re-defined function never runs a stale compilation, and the same source defined
+twice compiles once.  User functions never enter the on-disk kernel cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import pickle
+import types as pytypes
+
+import numpy as np
+
+__all__ = ["SCORE_MOD_ARGS", "MASK_MOD_ARGS", "check_mod", "check_aux_tensors", "fingerprint",
+           "host_function", "device_function", "check_host_types"]
+
+#: the fixed leading parameters of each kind of user function (the aux arrays follow)
+SCORE_MOD_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
+MASK_MOD_ARGS = ("b", "h", "q_idx", "kv_idx")
+
+_FIXED = {"score_mod": SCORE_MOD_ARGS, "mask_mod": MASK_MOD_ARGS,
+          "score_mod_grad": SCORE_MOD_ARGS}
+
+
+def check_aux_tensors(aux_tensors):
+    """``aux_tensors`` as a tuple of arrays (NumPy, or device arrays for GPU launches)."""
+    if aux_tensors is None:
+        return ()
+    if not isinstance(aux_tensors, (tuple, list)):
+        raise TypeError(f"aux_tensors: expected a tuple of arrays, got "
+                        f"{type(aux_tensors).__name__}")
+    out = []
+    for i, a in enumerate(aux_tensors):
+        if not (isinstance(a, np.ndarray) or hasattr(a, "__cuda_array_interface__")):
+            raise TypeError(f"aux_tensors[{i}]: expected a NumPy or device array, got "
+                            f"{type(a).__name__}")
+        dt = np.dtype(a.dtype)
+        if dt.kind not in "biuf":
+            raise TypeError(f"aux_tensors[{i}]: expected a bool, integer or float array, got "
+                            f"dtype {dt}")
+        out.append(a)
+    return tuple(out)
+
+
+def check_mod(name, fn, n_aux):
+    """``fn`` for the user-function argument ``name`` (``score_mod``, ``mask_mod`` or
+    ``score_mod_grad``): ``None``, or a plain Python function taking exactly the fixed parameters
+    of its kind plus one per aux array.  TypeError otherwise, naming the argument."""
+    if fn is None:
+        return None
+    fixed = _FIXED[name]
+    if not isinstance(fn, pytypes.FunctionType):
+        raise TypeError(f"{name}: expected a plain Python function (def or lambda) "
+                        f"{name}({', '.join(fixed)}, *aux), got {type(fn).__name__}")
+    params = list(inspect.signature(fn).parameters.values())
+    kinds = {p.kind for p in params}
+    if kinds - {inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD}:
+        raise TypeError(f"{name}: expected only positional parameters ({', '.join(fixed)}, then "
+                        f"one per aux tensor), got {fn.__name__}{inspect.signature(fn)}")
+    want = len(fixed) + n_aux
+    if len(params) != want:
+        raise TypeError(f"{name}: expected a function of {want} arguments ({', '.join(fixed)}"
+                        f"{' and ' + str(n_aux) + ' aux tensor(s)' if n_aux else ''}), got "
+                        f"{fn.__name__}{inspect.signature(fn)} with {len(params)}")
+    return fn
+
+
+def _code_key(code, h):
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    h.update(repr(code.co_varnames).encode())
+    for c in code.co_consts:
+        if isinstance(c, pytypes.CodeType):
+            _code_key(c, h)
+        else:
+            h.update(repr(c).encode())
+
+
+def _value_key(value, h):
+    """Hash a constant the function closes over or reads as a global."""
+    if isinstance(value, pytypes.FunctionType):
+        h.update(fingerprint(value).encode())
+    elif isinstance(value, pytypes.ModuleType):
+        h.update(("module:" + value.__name__).encode())
+    elif isinstance(value, np.ndarray):
+        h.update(repr((value.dtype.str, value.shape)).encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    else:
+        try:
+            h.update(pickle.dumps(value))
+        except Exception:  # noqa: BLE001 - unpicklable: its identity is the best we know
+            h.update(f"{type(value).__qualname__}@{id(value)}".encode())
+
+
+def fingerprint(fn):
+    """A hex digest of everything that decides what ``fn`` computes: its bytecode and constants
+    (nested functions too), defaults, closure cell values, and the current values of the globals
+    its code reads (Numba freezes globals at compile time, so a changed global must change the
+    key)."""
+    h = hashlib.sha256()
+    code = fn.__code__
+    _code_key(code, h)
+    for d in fn.__defaults__ or ():
+        _value_key(d, h)
+    for cell in fn.__closure__ or ():
+        _value_key(cell.cell_contents, h)
+    names = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, pytypes.CodeType))
+    g = fn.__globals__
+    for name in sorted(names):
+        if name in g:
+            h.update(name.encode())
+            _value_key(g[name], h)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _host_compiled(key, fn):
+    from numba import njit
+    return njit(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_compiled(key, fn):
+    from numba import cuda
+    return cuda.jit(device=True)(fn)
+
+
+def host_function(fn):
+    """``fn`` compiled for the CPU (``numba.njit``), memoised on its fingerprint."""
+    return _host_compiled(fingerprint(fn), fn)
+
+
+def device_function(fn):
+    """``fn`` as a CUDA device function, memoised on its fingerprint (in the simulator: the
+    Python function itself, run thread by thread)."""
+    return _device_compiled(fingerprint(fn), fn)
+
+
+def check_host_types(name, fn, arg_types, want):
+    """Compile ``fn`` for the CPU with Numba types ``arg_types`` and check its return type is of
+    kind ``want`` (``"float"`` or ``"bool"``).  A function Numba cannot compile is a TypeError
+    carrying the function's name and Numba's message; the compiled CPU function is returned."""
+    from numba import types
+    from numba.core.errors import NumbaError
+
+    host = host_function(fn)
+    try:
+        host.compile(tuple(arg_types))
+    except NumbaError as e:
+        raise TypeError(f"{name}: Numba could not compile {fn.__name__} "
+                        f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) for arguments "
+                        f"{tuple(str(t) for t in arg_types)}:\n{e}") from None
+    ret = next(s.return_type for s in host.nopython_signatures
+               if tuple(s.args) == tuple(arg_types))
+    ok = (isinstance(ret, types.Float) if want == "float"
+          else isinstance(ret, types.Boolean) or ret == types.boolean)
+    if want == "float" and isinstance(ret, types.Integer):
+        ok = False
+    if not ok:
+        raise TypeError(f"{name}: expected {fn.__name__} to return a "
+                        f"{'float' if want == 'float' else 'bool'}, got {ret}")
+    return host
