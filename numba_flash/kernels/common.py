@@ -12,6 +12,7 @@ _NUMBA_DTYPE = {
     np.dtype(np.int32): types.int32,
     np.dtype(np.int64): types.int64,
     np.dtype(np.uint32): types.uint32,
+    np.dtype(np.uint16): types.uint16,
 }
 
 
@@ -37,8 +38,8 @@ def padded_head_dim(d):
 
 
 def acc_dtype(dtype):
-    """The NumPy compute dtype for an input dtype: float64 for float64, float32 otherwise (also
-    the dtype of ``lse`` and of float partial results)."""
+    """The NumPy compute dtype for an input dtype: float64 for float64, float32 otherwise
+    (float16, bfloat16, float32; also the dtype of ``lse`` and of float partial results)."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
@@ -48,8 +49,11 @@ def compute_type(dtype):
 
 
 def numba_array_type(dtype, ndim):
-    """The Numba type of a C-contiguous array as the launch path passes it to a kernel."""
-    return types.Array(_NUMBA_DTYPE[np.dtype(dtype)], ndim, "C")
+    """The Numba type of a C-contiguous array as the launch path passes it to a kernel (a
+    bfloat16 array as its uint16 words, :func:`numba_flash.kernels.elements.kernel_dtype`)."""
+    from .elements import kernel_dtype
+
+    return types.Array(_NUMBA_DTYPE[kernel_dtype(dtype)], ndim, "C")
 
 
 def cdiv(a, b):
