@@ -1,4 +1,4 @@
-"""Warp-level tensor-core primitives: ``mma.sync.m16n8k16`` (float16 in, float32 accumulate).
+"""Warp-level tensor-core primitives: ``mma.sync.m16n8k16`` (float16 or bfloat16 in, float32 out).
 
 A tensor core multiplies small matrices held by a whole warp: one ``mma.sync.aligned.m16n8k16``
 computes ``D = A B + C`` with ``A`` 16 x 16 float16, ``B`` 16 x 8 float16 and ``C``, ``D``
@@ -40,6 +40,13 @@ Primitives (the kernels call these names; the backend picks the implementation a
   above and computes its own four ``D`` elements in float64, rounded to float32.
 * :func:`pack_half2` - two float32 to one register of two float16 (round to nearest even):
   ``cvt.rn.f16x2.f32`` on the GPU (sm_80+), NumPy in the simulator.
+* :func:`mma_m16n8k16_bf16`, :func:`pack_bf16x2` - the same for bfloat16 (``.bf16`` operands,
+  ``cvt.rn.bf16x2.f32``): the same fragment layout, 16-bit halves holding bfloat16.  The twins
+  decode bfloat16 exactly (its bits are the upper half of a float32) and round float32 to
+  bfloat16 to nearest even (NaN stays NaN, overflow goes to inf), as the instruction does.
+* :func:`mma_ops` ``(dtype)`` - ``(mma, pack2)`` for ``"float16"`` or ``"bfloat16"``: a kernel
+  factory takes its element type's pair at compile time; :func:`make_a_frag_from_c` the same
+  for :func:`a_frag_from_c`.
 * :func:`half2_bits` - two float16 bit patterns (uint16) to one register (plain integer code).
 * :func:`a_frag_from_c` - an ``A`` fragment from two accumulator fragments (``P``, ``dS``).
 * :func:`load_a_frag`, :func:`load_b_frag`, :func:`load_b_frag_t` - a lane's ``A`` / ``B``
@@ -70,8 +77,16 @@ from .jit import kernel_jit
 
 WARP = 32
 
-#: the PTX instruction behind :func:`mma_m16n8k16`
+#: the PTX instructions behind :func:`mma_m16n8k16` and :func:`mma_m16n8k16_bf16`
 MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+MMA_BF16_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#: ... and behind :func:`pack_half2` / :func:`pack_bf16x2` (``cvt.rn.X.f32 d, a, b``: ``a`` to
+#: the upper half, ``b`` to the lower)
+PACK_PTX = "cvt.rn.f16x2.f32"
+PACK_BF16_PTX = "cvt.rn.bf16x2.f32"
+
+#: the element types of the tensor-core operands
+MMA_DTYPES = ("float16", "bfloat16")
 
 
 # ------------------------------------------------------------------------------------------
@@ -150,61 +165,94 @@ def _gpu_primitives():
         from numba.core.errors import NumbaTypeError
 
     # [docs:mma-intrinsic]
-    @intrinsic
-    def mma_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        """``(d0, d1, d2, d3) = A B + C`` on the tensor cores; the fragment layout of the
-        module docstring.  ``a*``, ``b*`` uint32 (two float16 each), ``c*`` float32."""
-        regs = (a0, a1, a2, a3, b0, b1)
-        accs = (c0, c1, c2, c3)
-        if any(r != types.uint32 for r in regs):
-            raise NumbaTypeError(f"mma_m16n8k16: expected the six A/B registers as uint32 (wrap "
-                                 f"integer arithmetic in uint32(...)), got {regs}")
-        if any(c != types.float32 for c in accs):
-            raise NumbaTypeError(f"mma_m16n8k16: expected the four C values as float32, got "
-                                 f"{accs}")
-        sig = types.UniTuple(types.float32, 4)(*regs, *accs)
+    def make_mma(ptx, name, elem):
+        @intrinsic
+        def mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            """``(d0, d1, d2, d3) = A B + C`` on the tensor cores; the fragment layout of the
+            module docstring.  ``a*``, ``b*`` uint32 (two 16-bit elements each), ``c*``
+            float32."""
+            regs = (a0, a1, a2, a3, b0, b1)
+            accs = (c0, c1, c2, c3)
+            if any(r != types.uint32 for r in regs):
+                raise NumbaTypeError(f"{name}: expected the six A/B registers as uint32 (two "
+                                     f"{elem} each; wrap integer arithmetic in uint32(...)), "
+                                     f"got {regs}")
+            if any(c != types.float32 for c in accs):
+                raise NumbaTypeError(f"{name}: expected the four C values as float32, got "
+                                     f"{accs}")
+            sig = types.UniTuple(types.float32, 4)(*regs, *accs)
 
-        def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-            asm = ir.InlineAsm(
-                fnty,
-                MMA_PTX + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-            )
-            res = builder.call(asm, list(args))
-            outs = [builder.extract_value(res, i) for i in range(4)]
-            return context.make_tuple(builder, sig.return_type, outs)
+            def codegen(context, builder, sig, args):
+                f32 = ir.FloatType()
+                i32 = ir.IntType(32)
+                fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+                asm = ir.InlineAsm(
+                    fnty,
+                    ptx + " {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                )
+                res = builder.call(asm, list(args))
+                outs = [builder.extract_value(res, i) for i in range(4)]
+                return context.make_tuple(builder, sig.return_type, outs)
 
-        return sig, codegen
+            return sig, codegen
+
+        return mma
     # [/docs:mma-intrinsic]
 
-    @intrinsic
-    def pack_half2(typingctx, lo, hi):
-        """One uint32 holding float16(lo) in the low and float16(hi) in the high 16 bits."""
-        if lo != types.float32 or hi != types.float32:
-            raise NumbaTypeError(f"pack_half2: expected two float32, got {lo}, {hi}")
-        sig = types.uint32(lo, hi)
+    def make_pack(ptx, name, elem):
+        @intrinsic
+        def pack(typingctx, lo, hi):
+            """One uint32 holding ``elem(lo)`` in the low and ``elem(hi)`` in the high 16
+            bits (round to nearest even)."""
+            if lo != types.float32 or hi != types.float32:
+                raise NumbaTypeError(f"{name}: expected two float32, got {lo}, {hi}")
+            sig = types.uint32(lo, hi)
 
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            f32 = ir.FloatType()
-            fnty = ir.FunctionType(i32, [f32, f32])
-            # cvt.rn.f16x2.f32 d, a, b: a goes to the upper half, b to the lower
-            asm = ir.InlineAsm(fnty, "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f")
-            return builder.call(asm, list(args))
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                f32 = ir.FloatType()
+                fnty = ir.FunctionType(i32, [f32, f32])
+                # cvt.rn.{f16x2,bf16x2}.f32 d, a, b: a goes to the upper half, b to the lower
+                asm = ir.InlineAsm(fnty, ptx + " $0, $2, $1;", "=r,f,f")
+                return builder.call(asm, list(args))
 
-        return sig, codegen
+            return sig, codegen
 
-    return mma_m16n8k16, pack_half2
+        return pack
+
+    return (make_mma(MMA_PTX, "mma_m16n8k16", "float16"),
+            make_pack(PACK_PTX, "pack_half2", "float16"),
+            make_mma(MMA_BF16_PTX, "mma_m16n8k16_bf16", "bfloat16"),
+            make_pack(PACK_BF16_PTX, "pack_bf16x2", "bfloat16"))
 
 
 # ------------------------------------------------------------------------------------------
 # simulator twins: the same layout, through memory
 # ------------------------------------------------------------------------------------------
+def halves_to_float64(words, dtype):
+    """The 16-bit elements of uint32 registers ``words`` (low half first) as float64, read as
+    ``dtype`` (``"float16"`` or ``"bfloat16"``: a bfloat16 is the upper half of a float32, so
+    the widening is exact either way)."""
+    h = np.ascontiguousarray(words, dtype=np.uint32).view(np.uint16)
+    if dtype == "float16":
+        return h.view(np.float16).astype(np.float64)
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+
+
+def float32_to_bf16_bits(x):
+    """float32 values -> uint16 bfloat16 bit patterns, round to nearest even (``cvt.rn``):
+    NaN stays NaN (quietened), a value past the largest bfloat16 rounds to inf."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    sh = np.uint64(16)
+    rounded = (bits + np.uint64(0x7FFF) + ((bits >> sh) & np.uint64(1))) >> sh
+    nan = ((bits >> sh) | np.uint64(0x0040)) & np.uint64(0xFFFF)
+    return np.where(np.isnan(x), nan, rounded).astype(np.uint16)
+
+
 # [docs:mma-twin]
-def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, dtype):
     """Simulator twin of the ``mma``: every lane publishes its six registers, rebuilds ``A`` and
     ``B`` by the PTX table and computes its own four ``D`` elements (float64, then float32)."""
     from .. import simulator_warp
@@ -212,7 +260,7 @@ def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     regs = simulator_warp.exchange((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)))
     if len(regs) != WARP:
         raise RuntimeError(f"mma_m16n8k16: needs a full warp of 32 lanes, got {len(regs)}")
-    halves = np.array(regs, dtype=np.uint32).view(np.float16).astype(np.float64)  # [32, 12]
+    halves = halves_to_float64(np.array(regs, dtype=np.uint32), dtype)  # [32, 12]
     a = halves[_A_LANE, _A_HALF]  # [16, 16]
     b = halves[_B_LANE, _B_HALF]  # [16, 8]
     lane = simulator_warp.lane_id()
@@ -222,7 +270,17 @@ def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         d = d + np.array([[c0, c1], [c2, c3]], np.float64)
     d = d.astype(np.float32)
     return d[0, 0], d[0, 1], d[1, 0], d[1, 1]
+
+
+def _sim_mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """Twin of :func:`mma_m16n8k16` (float16 operands)."""
+    return _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, "float16")
 # [/docs:mma-twin]
+
+
+def _sim_mma_m16n8k16_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """Twin of :func:`mma_m16n8k16_bf16` (bfloat16 operands)."""
+    return _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, "bfloat16")
 
 
 def _sim_pack_half2(lo, hi):
@@ -232,11 +290,46 @@ def _sim_pack_half2(lo, hi):
     return np.uint32(pair.view(np.uint32)[0])
 
 
+def _sim_pack_bf16x2(lo, hi):
+    """Simulator twin of :func:`pack_bf16x2`: bfloat16(lo) | bfloat16(hi) << 16, round to
+    nearest even (:func:`float32_to_bf16_bits`)."""
+    return np.uint32(float32_to_bf16_bits(np.array([lo, hi], np.float32)).view(np.uint32)[0])
+
+
 if on_simulator():
     mma_m16n8k16 = _sim_mma_m16n8k16
     pack_half2 = _sim_pack_half2
+    mma_m16n8k16_bf16 = _sim_mma_m16n8k16_bf16
+    pack_bf16x2 = _sim_pack_bf16x2
 else:
-    mma_m16n8k16, pack_half2 = _gpu_primitives()
+    mma_m16n8k16, pack_half2, mma_m16n8k16_bf16, pack_bf16x2 = _gpu_primitives()
+
+
+def dtype_name(dtype):
+    """``"float16"`` or ``"bfloat16"`` for a tensor-core element type given as a name, a NumPy
+    dtype (``ml_dtypes.bfloat16`` included) or a Numba type; ValueError otherwise."""
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(dtype, types.Type):
+        name = str(dtype)
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = repr(dtype)
+    if name not in MMA_DTYPES:
+        raise ValueError(f"dtype: expected one of {MMA_DTYPES} for the tensor cores, got {name}")
+    return name
+
+
+def mma_ops(dtype):
+    """``(mma, pack2)`` of the element type ``dtype`` (``float16`` or ``bfloat16``, see
+    :func:`dtype_name`): :func:`mma_m16n8k16` and :func:`pack_half2`, or
+    :func:`mma_m16n8k16_bf16` and :func:`pack_bf16x2`.  Called in a kernel factory, so the
+    kernel's element type is a compile-time choice."""
+    if dtype_name(dtype) == "float16":
+        return mma_m16n8k16, pack_half2
+    return mma_m16n8k16_bf16, pack_bf16x2
 
 
 # ------------------------------------------------------------------------------------------
@@ -264,6 +357,23 @@ def a_frag_from_c(c, f0, f1):
     ``mma`` into the next without touching memory (rounded to float16 by :func:`pack_half2`)."""
     return (pack_half2(c[f0, 0], c[f0, 1]), pack_half2(c[f0, 2], c[f0, 3]),
             pack_half2(c[f1, 0], c[f1, 1]), pack_half2(c[f1, 2], c[f1, 3]))
+
+
+@functools.lru_cache(maxsize=None)
+def make_a_frag_from_c(dtype):
+    """:func:`a_frag_from_c` for the element type ``dtype`` (``float16``: that function;
+    ``bfloat16``: the same with :func:`pack_bf16x2`)."""
+    _mma, pack2 = mma_ops(dtype)
+    if pack2 is pack_half2:
+        return a_frag_from_c
+
+    @_device
+    def a_frag_from_c_bf16(c, f0, f1):
+        """:func:`a_frag_from_c` with the halves rounded to bfloat16."""
+        return (pack2(c[f0, 0], c[f0, 1]), pack2(c[f0, 2], c[f0, 3]),
+                pack2(c[f1, 0], c[f1, 1]), pack2(c[f1, 2], c[f1, 3]))
+
+    return a_frag_from_c_bf16
 
 
 @_device
@@ -346,14 +456,17 @@ def quad_sum(x):
 # a one-warp GEMM: the primitives end to end (tests, compile tier, docs)
 # ------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def warp_gemm_kernel(K):
-    """``kernel(a, b, c, d)``: ``d = a @ b + c`` for uint16 float16 bits ``a [16, K]``,
+def warp_gemm_kernel(K, DTYPE="float16"):
+    """``kernel(a, b, c, d, d16)``: ``d = a @ b + c`` for uint16 bits ``a [16, K]``,
     ``b [K, 8]`` and float32 ``c``, ``d [16, 8]``, on one warp (``block = 32``); ``K`` a multiple
     of 16.  ``a`` goes through shared memory as packed rows, ``b`` transposed (a row per column
     ``n``), then ``K / 16`` mma steps accumulate in registers.  ``d`` gets the float32
-    accumulator and ``d16`` (uint32 ``[16, 4]``) its float16 rounding, packed by
-    :func:`pack_half2` (word ``w`` of row ``r`` = columns ``2w``, ``2w + 1``)."""
+    accumulator and ``d16`` (uint32 ``[16, 4]``) its rounding to ``DTYPE``, packed by
+    :func:`pack_half2` (word ``w`` of row ``r`` = columns ``2w``, ``2w + 1``).  ``DTYPE``
+    (``"float16"`` or ``"bfloat16"``): the element type of ``a``, ``b`` and ``d16``, through
+    :func:`mma_ops`."""
     assert K % 16 == 0
+    mma, pack2 = mma_ops(DTYPE)
     WORDS = K // 2
     STRIDE = WORDS + 4  # + 4 words: the 8 rows g of one fragment load fall in distinct banks
 
@@ -380,13 +493,13 @@ def warp_gemm_kernel(K):
         for kc in range(K // 16):
             a0, a1, a2, a3 = load_a_frag(a_tile, 0, 8 * kc, g, t)
             b0, b1 = load_b_frag(bt_tile, 0, 8 * kc, g, t)
-            c0, c1, c2, c3 = mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+            c0, c1, c2, c3 = mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
         d[g, 2 * t] = c0
         d[g, 2 * t + 1] = c1
         d[g + 8, 2 * t] = c2
         d[g + 8, 2 * t + 1] = c3
-        lo = pack_half2(c0, c1)  # row g, columns 2t, 2t+1 as one half2 register
-        hi = pack_half2(c2, c3)
+        lo = pack2(c0, c1)  # row g, columns 2t, 2t+1 as one register of two halves
+        hi = pack2(c2, c3)
         d16[g, t] = lo
         d16[g + 8, t] = hi
 
@@ -394,15 +507,16 @@ def warp_gemm_kernel(K):
 
 
 @functools.lru_cache(maxsize=None)
-def fragment_kernel():
-    """``kernel(regs, c, d)``: each lane runs one ``mma`` on its own registers ``regs[lane]``
-    (uint32 x 6) and ``c[lane]`` (float32 x 4) and writes ``d[lane]``: the primitive alone,
-    for a test that lays fragments out by the PTX table itself."""
+def fragment_kernel(DTYPE="float16"):
+    """``kernel(regs, c, d)``: each lane runs one ``mma`` (of ``DTYPE`` operands) on its own
+    registers ``regs[lane]`` (uint32 x 6) and ``c[lane]`` (float32 x 4) and writes ``d[lane]``:
+    the primitive alone, for a test that lays fragments out by the PTX table itself."""
+    mma, _pack2 = mma_ops(DTYPE)
 
     @kernel_jit
     def fragment_mma(regs, c, d):
         lane = cuda.threadIdx.x & 31
-        d0, d1, d2, d3 = mma_m16n8k16(regs[lane, 0], regs[lane, 1], regs[lane, 2],
+        d0, d1, d2, d3 = mma(regs[lane, 0], regs[lane, 1], regs[lane, 2],
                                       regs[lane, 3], regs[lane, 4], regs[lane, 5],
                                       c[lane, 0], c[lane, 1], c[lane, 2], c[lane, 3])
         d[lane, 0] = d0
@@ -421,4 +535,8 @@ def compile_configs():
     yield {"name": "mma warp_gemm K64", "kernel": warp_gemm_kernel(64),
            "args": (u16_2, u16_2, f32_2, f32_2, u32_2), "float64_ok": False, "mma": True}
     yield {"name": "mma fragment", "kernel": fragment_kernel(),
+           "args": (u32_2, f32_2, f32_2), "float64_ok": False, "mma": True}
+    yield {"name": "mma warp_gemm K64 bfloat16", "kernel": warp_gemm_kernel(64, "bfloat16"),
+           "args": (u16_2, u16_2, f32_2, f32_2, u32_2), "float64_ok": False, "mma": True}
+    yield {"name": "mma fragment bfloat16", "kernel": fragment_kernel("bfloat16"),
            "args": (u32_2, f32_2, f32_2), "float64_ok": False, "mma": True}

@@ -14,7 +14,8 @@ Copies (global -> shared, 16 bytes per instruction)
 * :func:`cp_async16` ``(smem, smem_byte, src, elem, src_bytes)``:
   ``cp.async.cg.shared.global [dst], [src], 16, src_bytes`` copies ``src_bytes`` (0 or 16) bytes
   and zero-fills the rest of the 16 (a row past the end of a tensor reads nothing and lands as
-  zeros).  Both addresses must be 16-byte aligned.  The copy is asynchronous:
+  zeros).  Both addresses must be 16-byte aligned.  The copies move bits: float16 and bfloat16
+  alike (``uint16`` views).  The copy is asynchronous:
   :func:`cp_async_commit` closes a group of copies, :func:`cp_async_wait_all`
   (``cp.async.wait_group 0``) waits until this thread's groups have landed, and a
   ``cuda.syncthreads()`` after it makes them visible to the other threads.
@@ -28,7 +29,9 @@ Copies (global -> shared, 16 bytes per instruction)
   each row (``src_bytes = 0``: zero fill).  With ``VEC=False`` (``d < HEAD_DIM``, or an input
   not 16-byte aligned) the same chunks are filled by 16-bit loads with per-element bounds,
   zero outside.  :func:`make_tile_scan` gives ``zero_nonfinite(smem, smem_byte, tid)``: the
-  thread's own chunks with every inf / NaN half set to 0, True if there was one.
+  thread's own chunks with every inf / NaN half set to 0, True if there was one (``DTYPE``
+  ``"float16"`` or ``"bfloat16"``: which exponent bits, :data:`EXP_BITS`;
+  :func:`make_zero_nonfinite_word` gives the one-register test).
 
 Fragments (shared -> registers)
 -------------------------------
@@ -93,6 +96,9 @@ LOAD16_TYPES = (types.float16, types.float32, types.float64)
 LOG2E = math.log2(math.e)
 
 _EXP16 = 0x7C00  # float16 exponent bits: all set = inf or NaN
+
+#: exponent bits of a 16-bit element type: all set = inf or NaN
+EXP_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
 
 
 def row_bytes(head_dim):
@@ -550,11 +556,36 @@ def zero_nonfinite_word(x):
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS):
+def make_zero_nonfinite_word(DTYPE="float16"):
+    """:func:`zero_nonfinite_word` for the 16-bit element type ``DTYPE`` (``"float16"``: that
+    function; ``"bfloat16"``: the same test on bfloat16's exponent bits, ``0x7F80``)."""
+    if DTYPE == "float16":
+        return zero_nonfinite_word
+    if DTYPE not in EXP_BITS:
+        raise ValueError(f"DTYPE: expected one of {tuple(EXP_BITS)}, got {DTYPE!r}")
+    EXP_LO = uint32(EXP_BITS[DTYPE])
+    EXP_HI = uint32(EXP_BITS[DTYPE] << 16)
+
+    @_device
+    def zero_nonfinite_word_16(x):
+        """A word of two 16-bit elements with each inf / NaN one replaced by +0."""
+        if (x & EXP_LO) == EXP_LO:
+            x = uint32(x & _HIGH16)
+        if (x & EXP_HI) == EXP_HI:
+            x = uint32(x & _LOW16)
+        return x
+
+    return zero_nonfinite_word_16
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16"):
     """``zero_nonfinite(smem, smem_byte, tid)``: the chunks :func:`make_tile_copy` gave thread
-    ``tid`` (readable by it after its own wait, no barrier), every inf / NaN half set to +0;
-    True if there was one.  Other threads see the result after a barrier."""
+    ``tid`` (readable by it after its own wait, no barrier), every inf / NaN element (of the
+    16-bit type ``DTYPE``, ``"float16"`` or ``"bfloat16"``) set to +0; True if there was one.
+    Other threads see the result after a barrier."""
     CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    zero_word = make_zero_nonfinite_word(DTYPE)
 
     @_device
     def zero_nonfinite(smem, smem_byte, tid):
@@ -565,7 +596,7 @@ def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS):
                 for w in range(4):
                     idx = w0 + i * (STEP * ROW_BYTES // 4) + w
                     x = smem[idx]
-                    y = zero_nonfinite_word(x)
+                    y = zero_word(x)
                     if y != x:
                         smem[idx] = y
                         bad = True
@@ -670,17 +701,18 @@ def ldmatrix_gemm_kernel(K, N):
 
 
 @functools.lru_cache(maxsize=None)
-def tile_copy_kernel(ROWS, HEAD_DIM, THREADS, VEC, TILES):
+def tile_copy_kernel(ROWS, HEAD_DIM, THREADS, VEC, TILES, DTYPE="float16"):
     """``kernel(src, out, d, n_rows, flags)``: ``TILES`` consecutive ``ROWS``-row tiles of the
     ``[n_rows, d]`` float16 bits ``src`` through a double buffer of shared memory (tile ``j + 1``
     copied under the read-out of tile ``j``, one barrier per tile); ``out [TILES, ROWS,
     HEAD_DIM]`` gets each tile as shared memory held it when read (zeros past the end) and
-    ``flags[j]`` = 1 if :func:`make_tile_scan` found a non-finite value (those read as 0)."""
+    ``flags[j]`` = 1 if :func:`make_tile_scan` found a non-finite value (those read as 0) of the
+    16-bit type ``DTYPE`` (``src`` holds its bits)."""
     RB = row_bytes(HEAD_DIM)
     BUF = ROWS * RB
     WORDS = 2 * BUF // 4
     copy = make_tile_copy(ROWS, HEAD_DIM, RB, THREADS, VEC)
-    scan = make_tile_scan(ROWS, HEAD_DIM, RB, THREADS)
+    scan = make_tile_scan(ROWS, HEAD_DIM, RB, THREADS, DTYPE)
 
     @kernel_jit
     def tile_copy(src, out, d, n_rows, flags):
@@ -760,6 +792,9 @@ def compile_configs():
         yield {"name": f"stages tile_copy R32 D64{' vec' if vec else ''}",
                "kernel": tile_copy_kernel(32, 64, 128, vec, 3),
                "args": (u16_1, u16_3, types.int32, types.int32, i32_1), "float64_ok": False}
+    yield {"name": "stages tile_copy R32 D64 vec bfloat16",
+           "kernel": tile_copy_kernel(32, 64, 128, True, 3, "bfloat16"),
+           "args": (u16_1, u16_3, types.int32, types.int32, i32_1), "float64_ok": False}
     yield {"name": "stages arith", "kernel": arith_kernel(), "args": (f32_1, f32_1, f32_2),
            "float64_ok": False}
     f16_2 = types.Array(types.float16, 2, "C")

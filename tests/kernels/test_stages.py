@@ -145,3 +145,29 @@ def test_lds16_reads_16_bytes_at_a_byte_offset(dtype):
         assert stages.lds16(smem, byte) == tuple(smem[byte // (16 // n):][:n])
     with pytest.raises(ValueError, match="lds16: expected a 16-byte aligned"):
         stages.lds16(smem, 8)
+
+
+def test_tile_scan_bf16_uses_bfloat16_exponent_bits(rng):
+    """DTYPE bfloat16: inf / NaN bfloat16 (exponent 0x7F80) read as 0 and flagged; a finite
+    bfloat16 whose bits would be a float16 inf / NaN (0x7C00 set: 2**121 here) is kept."""
+    import ml_dtypes
+
+    ROWS, HEAD_DIM, TILES, n_rows = 32, 64, 3, 70
+    src = rng.standard_normal((n_rows, HEAD_DIM)).astype(ml_dtypes.bfloat16)
+    bits = src.view(np.uint16)
+    bits[2, 7] = 0x7C00      # 2**121 as bfloat16: finite (a float16 inf)
+    bits[40, 1] = 0xFC01     # -2**121 * (1 + 2**-7): finite (a float16 NaN)
+    bits[3, 3] = 0x7F80      # +inf   (tile 0)
+    bits[69, 63] = 0xFFC1    # NaN    (tile 2)
+    out = np.zeros((TILES, ROWS, HEAD_DIM), np.uint16)
+    flags = np.full(TILES, -1, np.int32)
+    launch(stages.tile_copy_kernel(ROWS, HEAD_DIM, 128, True, TILES, "bfloat16"), 128,
+           bits.reshape(-1), out, np.int32(HEAD_DIM), np.int32(n_rows), flags)
+    want = np.zeros((TILES * ROWS, HEAD_DIM), np.uint16)
+    want[:n_rows] = bits
+    want[3, 3] = 0
+    want[69, 63] = 0
+    np.testing.assert_array_equal(out.reshape(-1, HEAD_DIM), want)
+    np.testing.assert_array_equal(flags, [1, 0, 1])
+    with pytest.raises(ValueError, match="DTYPE: expected one of"):
+        stages.make_zero_nonfinite_word("float32")
