@@ -25,6 +25,11 @@ the simulator warn (:class:`numba_flash.SlowSimulatorWarning`) before a launch
 estimated to run for a minute or more, from the work hint each op passes
 (:mod:`numba_flash.frontend.sim_time`).
 
+bfloat16 (``ml_dtypes.bfloat16`` on the host; a CuPy >= 14 bfloat16 array on the GPU) reaches
+the kernels as its 16-bit words: :meth:`ArrayCall.input` hands on a ``uint16`` view (no copy),
+:meth:`ArrayCall.empty` allocates a bfloat16 output as ``uint16`` and :meth:`ArrayCall.result`
+gives it back viewed as bfloat16 (see :mod:`numba_flash.kernels.elements`).
+
 For tests, :func:`poisoned_outputs` fills every output with NaN (or a sentinel for integer
 arrays) before launch, so that an element a kernel forgot to write fails the comparison.
 """
@@ -43,7 +48,7 @@ from numba import cuda
 from .. import simulator
 from ..backend import on_simulator
 from .sim_time import SimWork, simulator_seconds, warn_if_slow
-from .validate import is_device_array
+from .validate import BFLOAT16, is_device_array
 
 __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds",
            "SimWork"]
@@ -65,6 +70,17 @@ def poisoned_outputs(enabled=True):
 
 def _poison_value(dtype):
     return np.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min + 1
+
+
+#: a bfloat16 output's poison: the bits of a quiet NaN
+BF16_NAN_BITS = np.uint16(0x7FC0)
+
+
+def _words(x):
+    """A bfloat16 array (NumPy or CuPy) as its uint16 words, zero copy; others unchanged."""
+    if getattr(x, "dtype", None) == BFLOAT16:
+        return x.view(np.uint16)
+    return x
 
 
 # -- sizes ------------------------------------------------------------------------------------
@@ -177,6 +193,7 @@ class ArrayCall:
                 "but kernels run in the simulator here; pass numpy.ndarray instead"
             )
         self._cupy = None
+        self._bf16 = set()  # ids of the outputs allocated as bfloat16 words
         self.device_id = None
         self.stream = 0
         if self.on_device:
@@ -234,12 +251,12 @@ class ArrayCall:
         """The array as the kernel takes it: C-contiguous, on the backend's memory."""
         if not self.on_device:
             self._check("an input copy", x.shape, x.dtype)
-            return cuda.to_device(np.ascontiguousarray(x), stream=self.stream)
+            return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
         with self.device():
             if self._cupy is not None:
                 if not x.flags.c_contiguous:
                     self._check("a contiguous input copy", x.shape, x.dtype)
-                return cuda.as_cuda_array(self._cupy.ascontiguousarray(x))
+                return cuda.as_cuda_array(_words(self._cupy.ascontiguousarray(x)))
             dx = cuda.as_cuda_array(x)
             if not dx.is_c_contiguous():
                 self._check("a contiguous input copy", dx.shape, dx.dtype)
@@ -250,9 +267,14 @@ class ArrayCall:
 
     # -- outputs -----------------------------------------------------------------------------
     def empty(self, shape, dtype):
-        """An output array (NaN-poisoned inside :func:`poisoned_outputs`)."""
+        """An output array (NaN-poisoned inside :func:`poisoned_outputs`); bfloat16 as its
+        uint16 words (:meth:`result` views it back)."""
         dtype = np.dtype(dtype)
         self._check("an output", shape, dtype)
+        if dtype == BFLOAT16:
+            out = self._empty_words(shape)
+            self._bf16.add(id(out))
+            return out
         if not self.on_device:
             host = np.empty(shape, dtype)
             if _POISON:
@@ -269,6 +291,25 @@ class ArrayCall:
                 arr.copy_to_device(np.full(shape, _poison_value(dtype), dtype), stream=self.stream)
             return arr
 
+    def _empty_words(self, shape):
+        """uint16 words for a bfloat16 output, poisoned with a NaN's bits."""
+        u16 = np.dtype(np.uint16)
+        if not self.on_device:
+            host = np.empty(shape, u16)
+            if _POISON:
+                host.fill(BF16_NAN_BITS)
+            return cuda.to_device(host, stream=self.stream)
+        with self.device():
+            if self._cupy is not None:
+                arr = self._cupy.empty(shape, u16)
+                if _POISON:
+                    arr.fill(BF16_NAN_BITS)
+                return cuda.as_cuda_array(arr)
+            arr = cuda.device_array(shape, u16, stream=self.stream)
+            if _POISON:
+                arr.copy_to_device(np.full(shape, BF16_NAN_BITS, u16), stream=self.stream)
+            return arr
+
     def zeros(self, shape, dtype):
         """A zero-filled work buffer (for atomics)."""
         self._check("a work buffer", shape, dtype)
@@ -280,13 +321,17 @@ class ArrayCall:
             return cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
 
     def result(self, x):
-        """Give a kernel output back in the kind the caller passed in."""
+        """Give a kernel output back in the kind the caller passed in (a bfloat16 output,
+        allocated as words by :meth:`empty`, viewed as bfloat16 again: no copy on the GPU)."""
+        bf16 = id(x) in self._bf16
         if not self.on_device:
-            return x.copy_to_host(stream=self.stream)
+            host = x.copy_to_host(stream=self.stream)
+            return host.view(BFLOAT16) if bf16 else host
         if self._cupy is not None:
             with self.device():
-                return self._cupy.asarray(x)
-        return x
+                arr = self._cupy.asarray(x)
+                return arr.view(BFLOAT16) if bf16 else arr
+        return x  # a Numba device array of bfloat16 words (Numba has no bfloat16 dtype)
 
     def launch(self, kernel, grid, block, *args, work=None):
         """Launch ``kernel[grid, block, stream](*args)`` (on the inputs' device).

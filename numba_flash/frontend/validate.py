@@ -10,9 +10,16 @@ from __future__ import annotations
 import math
 import numbers
 
+import ml_dtypes
 import numpy as np
 
+#: the host bfloat16 dtype (NumPy has none; ``ml_dtypes.bfloat16`` is the one JAX uses)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: the float dtypes :func:`numba_flash.decode` and :func:`numba_flash.merge_states` take
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+#: the dtypes the attention ops take (forward, backward, varlen, ring, softmax, naive forward):
+#: :data:`FLOAT_DTYPES` and bfloat16
+ATTENTION_DTYPES = FLOAT_DTYPES + (BFLOAT16,)
 INT_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64,
                                          np.uint8, np.uint16, np.uint32, np.uint64))
 
@@ -28,6 +35,10 @@ def array_info(name, x):
         return x.shape, x.dtype
     if is_device_array(x):
         cai = x.__cuda_array_interface__
+        # a bfloat16 CuPy array (CuPy >= 14 with ml_dtypes) says so in its dtype; its CAI
+        # typestr is only "<V2"
+        if getattr(x, "dtype", None) == BFLOAT16:
+            return tuple(cai["shape"]), BFLOAT16
         return tuple(cai["shape"]), np.dtype(cai["typestr"])
     raise TypeError(
         f"{name}: expected a numpy.ndarray, a CuPy array or an object with "
@@ -80,14 +91,16 @@ def check_same_kind(named):
         raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
 
 
-def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v"):
-    """Check the ``[B, H, Nq, d]`` / ``[B, Hkv, Nk, d]`` attention contract.
+def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYPES):
+    """Check the ``[B, H, Nq, d]`` / ``[B, Hkv, Nk, d]`` attention contract (``dtypes``: the
+    element dtypes allowed, one for all three; mixing bfloat16 with another is a ``TypeError``
+    naming the odd argument).
 
     Returns ``(B, H, Hkv, Nq, Nk, d, dtype)``.
     """
-    (qs, qd) = check_array(q_name, q, 4)
-    (ks, kd) = check_array(k_name, k, 4)
-    (vs, vd) = check_array(v_name, v, 4)
+    (qs, qd) = check_array(q_name, q, 4, dtypes)
+    (ks, kd) = check_array(k_name, k, 4, dtypes)
+    (vs, vd) = check_array(v_name, v, 4, dtypes)
     dtype = check_same_dtype({q_name: qd, k_name: kd, v_name: vd})
     check_same_kind({q_name: q, k_name: k, v_name: v})
     b, h, nq, d = qs
@@ -219,8 +232,8 @@ def check_backward_arrays(do, q, k, v, o, lse):
     shape and dtype; ``lse [B, H, Nq]`` in the compute dtype (float32, float64 for float64); all on
     one side (host or GPU).  Returns what :func:`check_qkv` returns."""
     b, h, hkv, nq, nk, d, dtype = check_qkv(q, k, v)
-    do_shape, do_dtype = check_array("do", do, 4)
-    o_shape, o_dtype = check_array("o", o, 4)
+    do_shape, do_dtype = check_array("do", do, 4, ATTENTION_DTYPES)
+    o_shape, o_dtype = check_array("o", o, 4, ATTENTION_DTYPES)
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != (b, h, nq, d):

@@ -14,8 +14,9 @@ import numbers
 
 import numpy as np
 
-from .validate import (INT32_MAX, INT64_MAX, array_info, check_array, check_int,
-                       check_int_array, check_same_dtype, check_same_kind, is_device_array)
+from .validate import (ATTENTION_DTYPES, INT32_MAX, INT64_MAX, array_info, check_array,
+                       check_int, check_int_array, check_same_dtype, check_same_kind,
+                       is_device_array)
 
 
 #: The bound past which a window edge is clamped to unbounded when the caller does not pass its
@@ -166,9 +167,9 @@ def check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=None, nk
 def check_packed_qkv(q, k, v):
     """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns ``(total_q, H, Hkv,
     total_k, d, dtype)``."""
-    (qs, qd) = check_array("q", q, 3)
-    (ks, kd) = check_array("k", k, 3)
-    (vs, vd) = check_array("v", v, 3)
+    (qs, qd) = check_array("q", q, 3, ATTENTION_DTYPES)
+    (ks, kd) = check_array("k", k, 3, ATTENTION_DTYPES)
+    (vs, vd) = check_array("v", v, 3, ATTENTION_DTYPES)
     dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
     check_same_kind({"q": q, "k": k, "v": v})
     total_q, h, d = qs

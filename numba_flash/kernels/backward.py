@@ -114,8 +114,10 @@ Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` and 4 for the dK/dV kernel's
 ``do_bad`` flag (:func:`shared_bytes`), at most 48
 KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 42.4 KiB for float32 at HEAD_DIM = 128
-with 8 x 32 tiles, 42.6 KiB with dropout).  Tiles hold the compute type: float16 inputs are read
-as float16 and computed in float32; float64 computes in float64.
+with 8 x 32 tiles, 42.6 KiB with dropout).  Tiles hold the compute type: float16 and bfloat16
+inputs are computed in float32, float64 in float64; every element is read (q, k, v, dO, O)
+and written (the reduction's dQ, dK, dV) through the element-type stage of
+:mod:`numba_flash.kernels.elements` (bfloat16 arrays are their uint16 words).
 
 Compile-time constants, and why the variants are runtime arguments
 ------------------------------------------------------------------
@@ -182,6 +184,7 @@ from ..philox import philox_keep_bits4
 from .jit import kernel_jit
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, numba_array_type, padded_head_dim)
+from .elements import BFLOAT16, element_ops
 from .visibility import is_visible, key_bounds, make_score, tile_key_range, tile_query_range
 
 
@@ -325,6 +328,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined)."""
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
+    load = element_ops(dtype)[0]  # the element-type stage: q, k, v, dO elements in
     NEG_INF = -math.inf
     INF = acc_t(math.inf)
     A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
@@ -347,7 +351,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                 r = idx // HEAD_DIM
                 c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
                 if start + r < end and c < d:
-                    v = acc_t(x[bb, h, start + r, c])
+                    v = load(x[bb, h, start + r, c])
                     if FINITE and not abs(v) < INF:
                         v = acc_t(0.0)
                     tile[r, c] = v
@@ -526,6 +530,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     GROUPS = BLOCK_N // 4
     (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
      sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
+    load = element_ops(dtype)[0]  # the element-type stage: a dO element in
 
     @cuda.jit(device=True, inline="always")
     def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
@@ -547,7 +552,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                         for j in range(B_TC):
                             c = bc + j * B_COL_T
                             if c < d:
-                                if not abs(acc_t(do[bb, h, q0 + row, c])) < INF:
+                                if not abs(load(do[bb, h, q0 + row, c])) < INF:
                                     dv_out[bb, h, k0 + key, c] = NAN
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)))
@@ -768,6 +773,7 @@ def preprocess_kernel(THREADS, LANES, dtype):
     grid :func:`fold_grid` with ``tiles = ceil(N / (THREADS // LANES))``."""
     assert THREADS % LANES == 0 and 32 % LANES == 0
     acc_t = compute_type(dtype)
+    load = element_ops(dtype)[0]
     ROWS = THREADS // LANES
     STEPS = LANES.bit_length() - 1  # log2(LANES) butterfly steps
 
@@ -782,7 +788,7 @@ def preprocess_kernel(THREADS, LANES, dtype):
         if i < o.shape[2]:
             # the row's LANES threads read consecutive columns: one coalesced access per step
             for c in range(lane, d, LANES):
-                acc += acc_t(do[b, h, i, c]) * acc_t(o[b, h, i, c])
+                acc += load(do[b, h, i, c]) * load(o[b, h, i, c])
                 dq_accum[b, h, i, c] = acc_t(0.0)
         # butterfly sum over the row's lanes (every lane of the warp takes part, converged)
         for s in range(STEPS):
@@ -802,6 +808,7 @@ def reduce_kernel(THREADS, src_dtype, dst_dtype):
     element of ``dst [B, Hd, N, d]``; grid :func:`fold_grid` with ``tiles = ceil(N d / THREADS)``.
     """
     acc_t = compute_type(src_dtype)
+    store = element_ops(dst_dtype)[1]  # the element-type stage: dQ, dK, dV elements out
 
     @kernel_jit
     def backward_reduce(src, dst, tiles):
@@ -815,7 +822,7 @@ def reduce_kernel(THREADS, src_dtype, dst_dtype):
             acc = acc_t(0.0)
             for j in range(group):  # fixed order: deterministic
                 acc += src[b, g * group + j, n, c]
-            dst[b, g, n, c] = acc
+            dst[b, g, n, c] = store(acc)
 
     return backward_reduce
 
@@ -824,20 +831,26 @@ def reduce_kernel(THREADS, src_dtype, dst_dtype):
 #: the family's compile time in check (each dropout build carries Philox; ~1-4 s per arch).
 #: Other head dims compile the same device code with other tile constants.
 DROPOUT_CONFIGS = ((64, np.float16), (128, np.float16), (64, np.float32), (128, np.float32),
-                   (64, np.float64))
+                   (64, np.float64), (64, BFLOAT16))
+
+#: the padded head dims the compile tier builds the bfloat16 dK/dV and dQ kernels for: a
+#: representative selection (the bfloat16 kernels are the float16 ones with other loads, same
+#: tiles); preprocess and reduce are built for bfloat16 as for every dtype.
+BF16_HEAD_DIMS = (64, 128)
 
 
 def compile_configs():
     """Every backward configuration the package can launch on a GPU, for the compile tier: the
     plain kernels at the default tiles of every padded head dim and dtype, and the ``DROPOUT``
     kernels for :data:`DROPOUT_CONFIGS` only (float16/float32 at HEAD_DIM 64 and 128, float64
-    at 64; the rest share their code and differ only in tile constants).  Window, softcap, ALiBi,
-    GQA and varlen are runtime arguments of the same kernels."""
+    and bfloat16 at 64; the rest share their code and differ only in tile constants); bfloat16's
+    dK/dV and dQ kernels at :data:`BF16_HEAD_DIMS` only.  Window, softcap, ALiBi, GQA and varlen
+    are runtime arguments of the same kernels."""
     dropout_set = {(hd, np.dtype(dt)) for hd, dt in DROPOUT_CONFIGS}
     i64 = types.int64
     cu_t = numba_array_type(np.int32, 1)
     alibi_t = numba_array_type(np.float32, 2)
-    for dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
+    for dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16):
         acc = acc_dtype(dtype)
         a4, a3 = numba_array_type(dtype, 4), numba_array_type(acc, 3)
         acc4 = numba_array_type(acc, 4)
@@ -853,6 +866,8 @@ def compile_configs():
                "args": (acc4, a4, i64), "float64_ok": f64_ok}
         lse3 = numba_array_type(acc, 3)
         for hd in HEAD_DIMS:
+            if dtype == BFLOAT16 and hd not in BF16_HEAD_DIMS:
+                continue
             bm, bn, _, threads = default_tiles(hd, dtype, simulator=False)
             for dropout in (False, True) if (hd, dtype) in dropout_set else (False,):
                 tag = f"M{bm} N{bn} D{hd} {dtype.name}{' dropout' if dropout else ''}"

@@ -100,8 +100,10 @@ The ``+ 1`` pads keep transposed stores and column reads free of bank conflicts.
 :func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 40.8 KiB for the float32 default
 at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8 threads; 43.0 KiB with dropout).
 
-float16 inputs are read as float16 and computed in float32 (the tiles hold float32); float64
-inputs compute in float64.  ``lse`` is stored in the compute type.
+float16 and bfloat16 inputs are computed in float32 (the tiles hold float32), float64 inputs
+in float64: each element is read and written through the element-type stage of
+:mod:`numba_flash.kernels.elements` (bfloat16 arrays are their uint16 words).  ``lse`` is stored
+in the compute type.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
                      numba_array_type, padded_head_dim)
+from .elements import BFLOAT16, element_ops
 from .jit import kernel_jit
 from .visibility import (is_visible, key_bounds, make_score, tile_full_range, tile_key_range,
                          tile_needs_mask)
@@ -295,6 +298,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
+    # the element-type stage (kernels/elements.py): q, k, v elements in, o elements out
+    load, store = element_ops(dtype)
     TM = BLOCK_M // THREADS_M     # tile rows per thread
     TN = BLOCK_N // THREADS_N     # S columns per thread
     TD = HEAD_DIM // THREADS_N    # acc (output) columns per thread
@@ -390,9 +395,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             c = idx % HEAD_DIM
             if q_start + r < nq and c < d:
                 if VARLEN:
-                    q_tile[c, r] = acc_t(q[q0 + q_start + r, h, c])
+                    q_tile[c, r] = load(q[q0 + q_start + r, h, c])
                 else:
-                    q_tile[c, r] = acc_t(q[b, h, q_start + r, c])
+                    q_tile[c, r] = load(q[b, h, q_start + r, c])
             else:
                 q_tile[c, r] = acc_t(0.0)
         for i in range(TM):
@@ -426,11 +431,11 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                 key = k_start + r
                 if key < nk and c < d:
                     if VARLEN:
-                        k_tile[c, r] = acc_t(k[k0 + key, hk, c])
-                        v_tile[r, c] = acc_t(v[k0 + key, hk, c])
+                        k_tile[c, r] = load(k[k0 + key, hk, c])
+                        v_tile[r, c] = load(v[k0 + key, hk, c])
                     else:
-                        k_tile[c, r] = acc_t(k[b, hk, key, c])
-                        v_tile[r, c] = acc_t(v[b, hk, key, c])
+                        k_tile[c, r] = load(k[b, hk, key, c])
+                        v_tile[r, c] = load(v[b, hk, key, c])
                 else:
                     k_tile[c, r] = acc_t(0.0)
                     v_tile[r, c] = acc_t(0.0)
@@ -563,9 +568,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     col = tx + c * THREADS_N
                     if col < d:
                         if VARLEN:
-                            o[q0 + row, h, col] = acc[i, c] * inv_l
+                            o[q0 + row, h, col] = store(acc[i, c] * inv_l)
                         else:
-                            o[b, h, row, col] = acc[i, c] * inv_l
+                            o[b, h, row, col] = store(acc[i, c] * inv_l)
                 if tx == 0:
                     if VARLEN:
                         lse[h, q0 + row] = row_lse
@@ -633,16 +638,27 @@ def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False):
     return (arr, arr, arr, arr, lse_t, acc, window_t, mods_t, dropout_t, seqs_t)
 
 
+#: the bfloat16 configurations the compile tier builds: ``{HEAD_DIM: dropout flags}``, a
+#: representative selection (the bfloat16 kernel is the float16 kernel with other loads and
+#: stores, same tiles and threads): every flag at HEAD_DIM 64, the kernels without dropout at 128.
+BF16_CONFIGS = {64: (False, True), 128: (False,)}
+
+
 def compile_configs():
     """Every forward configuration the package can launch on a GPU, for the compile tier: the
     default tiles of each compile-time head dim and dtype, for every :func:`kernel_flags`
-    (explicit tiles reuse these kernels, see :func:`explicit_tiles`)."""
-    for dtype in (np.float16, np.float32, np.float64):
+    (explicit tiles reuse these kernels, see :func:`explicit_tiles`); bfloat16 for
+    :data:`BF16_CONFIGS` only."""
+    for dtype in (np.float16, np.float32, np.float64, BFLOAT16):
         dt = np.dtype(dtype)
         for hd in HEAD_DIMS:
+            if dt == BFLOAT16 and hd not in BF16_CONFIGS:
+                continue
             bm, bn, _ = gpu_tiles(hd, dt)
             tm_, tn_ = thread_layout(bm, bn, hd)
             for dropout, score_mod, varlen in kernel_flags():
+                if dt == BFLOAT16 and dropout not in BF16_CONFIGS[hd]:
+                    continue
                 yield {
                     "name": config_name(bm, bn, hd, tm_, tn_, dt, dropout, score_mod, varlen),
                     "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, dropout, score_mod,

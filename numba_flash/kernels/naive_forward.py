@@ -31,8 +31,9 @@ No shared memory.  Per thread: ``q_row[HEAD_DIM]`` and ``acc[HEAD_DIM]`` local a
 compute type (``HEAD_DIM`` is the head dim padded to a compile-time size; the loops run over the
 true ``d``), plus the scalars ``m_i``, ``l_i``.
 
-float16 inputs are read as float16 and computed in float32; float64 inputs compute in float64.
-``lse`` is stored in the compute type.
+float16 and bfloat16 inputs are computed in float32, float64 inputs in float64, each element
+read and written through the element-type stage (:mod:`numba_flash.kernels.elements`).  ``lse``
+is stored in the compute type.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from numba import cuda
 
 from ..backend import on_simulator
 from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
+from .elements import BFLOAT16, element_ops
 from .visibility import key_bounds
 
 
@@ -63,6 +65,7 @@ def default_block_m():
 def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
     """Build (once per ``(HEAD_DIM, CAUSAL, dtype)``) ``kernel(q, k, v, o, lse, scale)``."""
     acc_t = compute_type(dtype)
+    load, store = element_ops(dtype)  # the element-type stage (kernels/elements.py)
     NEG_INF = -math.inf
 
     # [docs:naive-kernel]
@@ -86,7 +89,7 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
         q_row = cuda.local.array(HEAD_DIM, acc_t)
         acc = cuda.local.array(HEAD_DIM, acc_t)
         for c in range(d):
-            q_row[c] = acc_t(q[b, h, row, c])
+            q_row[c] = load(q[b, h, row, c])
             acc[c] = acc_t(0.0)
         m_i = acc_t(NEG_INF)
         l_i = acc_t(0.0)
@@ -97,7 +100,7 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
         for j in range(lo, hi):
             s = acc_t(0.0)
             for c in range(d):
-                s += q_row[c] * acc_t(k[b, h_kv, j, c])
+                s += q_row[c] * load(k[b, h_kv, j, c])
             s *= scale
             # -- online softmax: rescale what was summed against the old max
             m_new = max(m_i, s)
@@ -105,18 +108,18 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
             p = math.exp(s - m_new)
             l_i = alpha * l_i + p
             for c in range(d):
-                acc[c] = alpha * acc[c] + p * acc_t(v[b, h_kv, j, c])
+                acc[c] = alpha * acc[c] + p * load(v[b, h_kv, j, c])
             m_i = m_new
 
         # -- epilogue: normalise once; a row that saw no key writes o = 0, lse = -inf
         if l_i > acc_t(0.0):
             inv_l = acc_t(1.0) / l_i
             for c in range(d):
-                o[b, h, row, c] = acc[c] * inv_l
+                o[b, h, row, c] = store(acc[c] * inv_l)
             lse[b, h, row] = m_i + math.log(l_i)
         else:
             for c in range(d):
-                o[b, h, row, c] = acc_t(0.0)
+                o[b, h, row, c] = store(acc_t(0.0))
             lse[b, h, row] = acc_t(NEG_INF)
         # [/docs:naive-body]
     # [/docs:naive-kernel]
@@ -125,14 +128,17 @@ def naive_forward_kernel(HEAD_DIM, CAUSAL, dtype):
 
 
 def compile_configs():
-    """Every naive-forward configuration the package can launch on a GPU, for the compile tier."""
-    for dtype in (np.float16, np.float32, np.float64):
+    """Every naive-forward configuration the package can launch on a GPU, for the compile tier
+    (bfloat16: HEAD_DIM 64 only, the stage's loads and stores in this kernel)."""
+    for dtype in (np.float16, np.float32, np.float64, BFLOAT16):
         dtype = np.dtype(dtype)
         arr = numba_array_type(dtype, 4)
         acc_np = acc_dtype(dtype)
         lse_arr = numba_array_type(acc_np, 3)
         scale_t = compute_type(dtype)
         for head_dim in HEAD_DIMS:
+            if dtype == BFLOAT16 and head_dim != 64:
+                continue
             for causal in (False, True):
                 yield {
                     "name": f"naive_forward HEAD_DIM={head_dim} CAUSAL={int(causal)} {dtype.name}",

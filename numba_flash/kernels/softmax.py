@@ -35,7 +35,8 @@ Shared memory
 (2 KiB at 256 threads), ``2 * THREADS * 8`` in float64.  No warp shuffles, so the kernel runs
 unchanged in the simulator.
 
-float16 inputs are read as float16 and computed in float32; float64 inputs compute in float64.
+float16 and bfloat16 inputs are computed in float32, float64 inputs in float64, each element
+read and written through the element-type stage (:mod:`numba_flash.kernels.elements`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from numba import cuda
 
 from ..backend import on_simulator
 from .common import compute_type, numba_array_type
+from .elements import BFLOAT16, element_ops
 
 #: threads per block: small in the simulator (one Python thread each), a full block on the GPU.
 SIM_THREADS = 8
@@ -63,6 +65,7 @@ def softmax_kernel(THREADS, dtype):
     """Build (once per ``(THREADS, dtype)``) the row-softmax kernel ``kernel(x, y)``."""
     assert THREADS & (THREADS - 1) == 0, "THREADS must be a power of two for the tree reduction"
     acc_t = compute_type(dtype)
+    load, store = element_ops(dtype)  # the element-type stage (kernels/elements.py)
     NEG_INF = -math.inf
 
     @cuda.jit
@@ -78,7 +81,7 @@ def softmax_kernel(THREADS, dtype):
         m_i = acc_t(NEG_INF)
         l_i = acc_t(0.0)
         for j in range(tid, n, THREADS):
-            xj = acc_t(x[row, j])
+            xj = load(x[row, j])
             if xj != NEG_INF:  # a -inf adds exp(-inf) = 0 and moves no max: skip, no -inf + inf
                 m_new = max(m_i, xj)
                 l_i = l_i * math.exp(m_i - m_new) + math.exp(xj - m_new)
@@ -108,14 +111,14 @@ def softmax_kernel(THREADS, dtype):
         m_row = m_sh[0]
         inv_l = acc_t(1.0) / l_sh[0]
         for j in range(tid, n, THREADS):
-            y[row, j] = math.exp(acc_t(x[row, j]) - m_row) * inv_l
+            y[row, j] = store(math.exp(load(x[row, j]) - m_row) * inv_l)
 
     return softmax_rows
 
 
 def compile_configs():
     """Every softmax configuration the package can launch on a GPU, for the compile tier."""
-    for dtype in (np.float16, np.float32, np.float64):
+    for dtype in (np.float16, np.float32, np.float64, BFLOAT16):
         arr = numba_array_type(dtype, 2)
         yield {
             "name": f"softmax THREADS={GPU_THREADS} {np.dtype(dtype).name}",

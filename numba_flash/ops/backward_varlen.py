@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..frontend.validate import (check_array, check_bool, check_same_dtype, check_same_kind,
-                                 check_scale)
+from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_same_dtype,
+                                 check_same_kind, check_scale)
 from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype
 from ..philox import dropout_params
@@ -52,8 +52,8 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     """
     total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
     q_shape = (total_q, h, d)
-    do_shape, do_dtype = check_array("do", do, 3)
-    o_shape, o_dtype = check_array("o", o, 3)
+    do_shape, do_dtype = check_array("do", do, 3, ATTENTION_DTYPES)
+    o_shape, o_dtype = check_array("o", o, 3, ATTENTION_DTYPES)
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != q_shape:
