@@ -12,6 +12,7 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :func:`backward_varlen` - the backward over a packed batch of variable-length sequences
 * :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
 * :func:`merge_states` - merge partial attention states with the log-sum-exp rule
+* :func:`append_kv` - write new tokens' K/V into a contiguous or paged KV cache, in place
 * :func:`dropout_mask` - the exact keep-mask the kernels draw from a Philox seed
 * :mod:`reference` - the float64 NumPy oracle
 * :func:`backend` - ``"cuda"`` or ``"simulator"``: where the kernels run
@@ -41,6 +42,7 @@ _LAZY = {
     "backward_varlen": "numba_flash.ops.backward_varlen",
     "decode": "numba_flash.ops.decode",
     "merge_states": "numba_flash.ops.decode",
+    "append_kv": "numba_flash.ops.kv_cache",
     "dropout_mask": "numba_flash.ops.dropout",
 }
 

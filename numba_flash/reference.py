@@ -49,6 +49,9 @@ __all__ = [
     "gather_paged",
     "paged_decode",
     "causal_visible",
+    "append_kv",
+    "apply_rotary",
+    "kvcache_decode",
 ]
 
 
@@ -555,3 +558,123 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
     if single:
         return o[:, :, 0], lse[:, :, 0]
     return o, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# the KV cache of a generation loop: append, rotary, flash_attn_with_kvcache's decode
+# ----------------------------------------------------------------------------------------------
+def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
+              cache_batch_idx=None):
+    """New caches with ``k_new``, ``v_new`` (``[B, Hkv, Nnew, d]``) written at each sequence's
+    length, and the new lengths: ``(k_cache', v_cache', cache_seqlens + Nnew)``.
+
+    Token ``i`` of sequence ``b`` goes to position ``t = cache_seqlens[b] + i``: in a contiguous
+    cache ``[Bc, Hkv, Nmax, d]`` row ``cache_batch_idx[b]`` (default ``b``), slot ``t``; in a paged
+    cache ``[num_blocks, Hkv, block_size, d]`` block ``block_table[b, t // block_size]``, slot
+    ``t % block_size``.  A copy, so the caches keep their dtype (``k_new`` is cast to it); the
+    inputs are not modified."""
+    k_out, v_out = np.array(k_cache), np.array(v_cache)
+    lens = np.asarray(cache_seqlens).astype(np.int64)
+    b, _, nnew, _ = np.shape(k_new)
+    for s in range(b):
+        t = lens[s] + np.arange(nnew)
+        if block_table is None:
+            row = s if cache_batch_idx is None else int(cache_batch_idx[s])
+            k_out[row, :, t] = np.asarray(k_new)[s].transpose(1, 0, 2)
+            v_out[row, :, t] = np.asarray(v_new)[s].transpose(1, 0, 2)
+        else:
+            bs = k_out.shape[2]
+            blocks = np.asarray(block_table)[s, t // bs]
+            k_out[blocks, :, t % bs] = np.asarray(k_new)[s].transpose(1, 0, 2)
+            v_out[blocks, :, t % bs] = np.asarray(v_new)[s].transpose(1, 0, 2)
+    return k_out, v_out, lens + nnew
+
+
+def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0):
+    r"""Rotary position embedding (flash-attn's ``apply_rotary_emb``) in float64.
+
+    ``x`` is ``[B, H, N, d]`` (this package's layout; flash-attn's is ``[B, N, H, d]``), ``cos``
+    and ``sin`` ``[max_position, rotary_dim / 2]``; token ``n`` of sequence ``b`` is at position
+    ``p = seqlen_offsets[b] + n`` (an int or ``[B]`` ints).  For each pair ``(x_1, x_2)`` of the
+    first ``rotary_dim`` dims and ``c = cos[p, i]``, ``s = sin[p, i]``:
+
+    .. math:: (x_1, x_2) \mapsto (x_1 c - x_2 s,\; x_2 c + x_1 s)
+
+    the pairs being ``(x[i], x[i + rotary_dim / 2])`` (GPT-NeoX halves) or, with
+    ``interleaved``, ``(x[2i], x[2i + 1])`` (GPT-J); dims past ``rotary_dim`` pass through."""
+    x = np.asarray(x, dtype=np.float64)
+    cos, sin = np.asarray(cos, dtype=np.float64), np.asarray(sin, dtype=np.float64)
+    b, _, n, _ = x.shape
+    half = cos.shape[1]
+    pos = np.broadcast_to(np.asarray(seqlen_offsets, dtype=np.int64), (b,))[:, None] + np.arange(n)
+    c, s = cos[pos][:, None], sin[pos][:, None]           # [B, 1, N, rotary_dim / 2]
+    if interleaved:
+        x1, x2 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+    else:
+        x1, x2 = x[..., :half], x[..., half:2 * half]
+    out = x.copy()
+    r1, r2 = x1 * c - x2 * s, x2 * c + x1 * s
+    if interleaved:
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = r1, r2
+    else:
+        out[..., :half], out[..., half:2 * half] = r1, r2
+    return out
+
+
+def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
+                   rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                   cache_batch_idx=None, cache_leftpad=None, block_table=None, causal=False,
+                   softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """flash-attn's ``flash_attn_with_kvcache`` in float64: ``(o, lse, k_cache', v_cache')``.
+
+    ``q`` ``[B, H, Nq, d]`` or ``[B, H, d]``; caches and ``block_table`` as :func:`paged_decode`.
+    With ``rotary_cos``/``rotary_sin``, ``k_new`` is rotated at positions ``cache_seqlens[b] +
+    i`` and ``q`` at ``cache_seqlens[b] + i`` when ``causal`` or a window edge is set (in ``[0,
+    capacity)``), else every query token at ``cache_seqlens[b]`` (flash-attn's rule).  Then
+    ``k_new``/``v_new`` are appended (:func:`append_kv`; the caches come back in float64) and
+    sequence ``b`` attends to its keys ``[cache_leftpad[b], cache_seqlens[b] + Nnew)`` of cache
+    row ``cache_batch_idx[b]``: plain :func:`attention` on that slice (bottom-right aligned to
+    its length)."""
+    q = np.asarray(q, dtype=np.float64)
+    single = q.ndim == 3
+    q4 = q[:, :, None, :] if single else q
+    b, _, nq, _ = q4.shape
+    lens = np.asarray(cache_seqlens).astype(np.int64)
+    k_c = np.asarray(k_cache, dtype=np.float64)
+    v_c = np.asarray(v_cache, dtype=np.float64)
+    cap = (k_c.shape[2] if block_table is None else np.shape(block_table)[1] * k_c.shape[2])
+    if rotary_cos is not None:
+        left, right = window_size
+        local = causal or 0 <= left < cap or 0 <= right < cap
+        if local:
+            q4 = apply_rotary(q4, rotary_cos, rotary_sin, interleaved=rotary_interleaved,
+                              seqlen_offsets=lens)
+        else:  # every query token at position cache_seqlens[b]
+            q4 = np.concatenate([apply_rotary(q4[:, :, i:i + 1], rotary_cos, rotary_sin,
+                                              interleaved=rotary_interleaved,
+                                              seqlen_offsets=lens) for i in range(nq)], axis=2)
+        k_new = apply_rotary(k_new, rotary_cos, rotary_sin, interleaved=rotary_interleaved,
+                             seqlen_offsets=lens)
+    if k_new is not None:
+        k_c, v_c, lens = append_kv(k_c, v_c, np.asarray(k_new, dtype=np.float64),
+                                   np.asarray(v_new, dtype=np.float64), lens, block_table,
+                                   cache_batch_idx)
+    outs, lses = [], []
+    for s in range(b):
+        lp = 0 if cache_leftpad is None else int(cache_leftpad[s])
+        n = int(lens[s])
+        if block_table is None:
+            row = s if cache_batch_idx is None else int(cache_batch_idx[s])
+            kb, vb = k_c[row, :, lp:n], v_c[row, :, lp:n]
+        else:
+            kb = gather_paged(k_c, block_table, n, s)[:, lp:]
+            vb = gather_paged(v_c, block_table, n, s)[:, lp:]
+        o, lse = attention(q4[s:s + 1], kb[None], vb[None], causal=causal,
+                           softmax_scale=softmax_scale, window_size=window_size,
+                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, s))
+        outs.append(o[0])
+        lses.append(lse[0])
+    o, lse = np.stack(outs), np.stack(lses)
+    if single:
+        o, lse = o[:, :, 0], lse[:, :, 0]
+    return o, lse, k_c, v_c

@@ -1,0 +1,243 @@
+"""``numba_flash.append_kv``: write new tokens' K/V into a contiguous or paged KV cache.
+
+One launch (:mod:`numba_flash.kernels.kv_cache`) copies the new rows and writes the new lengths.
+The caches are written in place (NumPy caches: the device copy is written back into them; a
+CuPy cache must be C-contiguous, it is written where it lies); every other input is left as it
+came.  The shape checks and the host value checks live here so that
+:func:`numba_flash.decode` (``k_new``/``v_new``) shares them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork
+from ..frontend.validate import (
+    INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
+    check_same_kind, is_device_array,
+)
+from ..kernels.kv_cache import append_grid, append_kernel, default_threads
+
+#: integer dtypes the kernels read directly; others are converted
+_KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def host_ints(x):
+    """Host copy of a small integer array (a device array is copied: validating mode only)."""
+    if is_device_array(x):
+        from numba import cuda
+
+        return cuda.as_cuda_array(x).copy_to_host()
+    return np.asarray(x)
+
+
+def kernel_ints(call, x, name):
+    """``x`` as an int32/int64 array the kernel reads (no host round trip for CuPy arrays; a
+    uint64 beyond int64 turns negative there, which the kernels treat as bad)."""
+    dt = array_info(name, x)[1]
+    if dt in _KERNEL_INTS:
+        return call.input(x)
+    if call._cupy is not None:
+        return call.input(x.astype(call._cupy.int64))
+    host = host_ints(x)
+    return call.input(np.clip(host, -1, np.iinfo(np.int64).max).astype(np.int64))
+
+
+def check_writable_cache(name, x):
+    """A cache written in place: a writable NumPy array, or a C-contiguous device array (a
+    strided one would be copied and the writes lost)."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.writeable:
+            raise ValueError(f"{name}: expected a writable array (it is written in place), got "
+                             "a read-only one")
+    elif is_device_array(x):
+        cai = x.__cuda_array_interface__
+        strides = cai.get("strides")
+        if strides is not None:
+            itemsize = np.dtype(cai["typestr"]).itemsize
+            want, acc = [], itemsize
+            for s in reversed(cai["shape"]):
+                want.insert(0, acc)
+                acc *= s
+            if tuple(strides) != tuple(want):
+                raise ValueError(f"{name}: expected a C-contiguous device array (it is written "
+                                 f"in place), got strides {tuple(strides)}")
+
+
+def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new"):
+    """``k_new``, ``v_new`` ``[B, Hkv, Nnew, d]`` in the caches' dtype; returns ``Nnew``."""
+    ks, kd = check_array(k_name, k_new, 4)
+    vs, vd = check_array(v_name, v_new, 4)
+    check_same_dtype({"k_cache": dtype, k_name: kd, v_name: vd})
+    if vs != ks:
+        raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
+    if ks[0] != b or ks[1] != hkv or ks[3] != d:
+        raise ValueError(f"{k_name}: expected shape [B, Hkv, Nnew, d] = [{b}, {hkv}, Nnew, {d}] "
+                         f"(B from cache_seqlens, Hkv and d from k_cache), got {ks}")
+    return ks[2]
+
+
+def check_batch_idx(cache_batch_idx, b, paged):
+    """``cache_batch_idx``: integer ``[B]`` (contiguous caches only, as flash-attn)."""
+    if cache_batch_idx is None:
+        return
+    if paged:
+        raise ValueError("cache_batch_idx: expected None with a paged cache (block_table "
+                         "already says where each sequence lives), got an array")
+    (n,), _ = check_array("cache_batch_idx", cache_batch_idx, 1, INT_DTYPES)
+    if n != b:
+        raise ValueError(f"cache_batch_idx: expected shape ({b},) (the batch), got ({n},)")
+
+
+def first_bad(mask):
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if idx.size else None
+
+
+def validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged):
+    """Host value checks of an append, before anything is written: lengths >= 0, room for
+    ``Nnew`` more tokens (contiguous: ``L + Nnew <= Nmax``; paged: the table has the blocks,
+    and the entries the new tokens go to are in ``[0, num_blocks)``), ``cache_batch_idx``
+    entries in ``[0, Bc)`` and distinct (two sequences must not write one cache row)."""
+    seqlens = np.asarray(seqlens)
+    i = first_bad(seqlens < 0)
+    if i is not None:
+        raise ValueError(f"cache_seqlens: expected every entry >= 0, got {int(seqlens[i])} at "
+                         f"index {i}")
+    new = seqlens.astype(np.float64) + nnew           # exact for any int64 entry that matters
+    if not paged:
+        i = first_bad(new > n_slots)
+        if i is not None:
+            raise ValueError(
+                f"k_cache: too small: sequence {i} holds {int(seqlens[i])} tokens and {nnew} "
+                f"new ones do not fit in Nmax = {n_slots} (k_cache dim 2)")
+        if cbi is not None:
+            cbi = np.asarray(cbi)
+            j = first_bad((cbi < 0) | (cbi >= n_cache))
+            if j is not None:
+                raise ValueError(f"cache_batch_idx: expected entries in [0, {n_cache}) (dim 0 of "
+                                 f"k_cache), got {int(cbi[j])} at index {j}")
+            vals, counts = np.unique(cbi, return_counts=True)
+            if (counts > 1).any():
+                dup = int(vals[counts > 1][0])
+                raise ValueError(f"cache_batch_idx: expected distinct entries when appending "
+                                 f"(two sequences would write one cache row), got {dup} twice")
+        return
+    max_blocks = table.shape[1]
+    i = first_bad(new > max_blocks * n_slots)
+    if i is not None:
+        need = -(-(int(seqlens[i]) + nnew) // n_slots)
+        raise ValueError(
+            f"block_table: no room: sequence {i} holds {int(seqlens[i])} tokens and {nnew} new "
+            f"ones need {need} blocks of {n_slots} tokens, but block_table has {max_blocks} per "
+            "sequence")
+    for b in range(table.shape[0]):
+        first = int(seqlens[b]) // n_slots
+        last = (int(seqlens[b]) + nnew - 1) // n_slots
+        entries = table[b, first:last + 1]
+        out = np.flatnonzero((entries < 0) | (entries >= n_cache))
+        if out.size:
+            j = first + int(out[0])
+            raise ValueError(
+                f"block_table: expected entries in [0, {n_cache}) (num_blocks of k_cache) for "
+                f"the blocks the new tokens go to, got {int(table[b, j])} at [{b}, {j}]")
+    if (seqlens.astype(np.int64) + nnew > INT32_MAX).any():
+        raise ValueError("cache_seqlens: expected L + Nnew <= 2**31 - 1")
+
+
+def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
+                  nnew, d, dtype):
+    """One append launch on device arrays (the caches as their ``[rows, d]`` views); returns
+    the device array of new lengths (``d_len``'s dtype)."""
+    threads = default_threads()
+    grid = append_grid(b, hkv, nnew)
+    new_lens = call.empty((b,), d_len.dtype)
+    call.launch(append_kernel(threads, np.dtype(dtype), bool(paged)), grid, (threads,), dk, dv,
+                dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache), np.int32(n_slots),
+                work=SimWork("merge", b * hkv * nnew * max(d, threads)))
+    return new_lens
+
+
+def cache_tables(call, block_table, cache_batch_idx, b):
+    """``(paged, table)`` as the kernels read them: a paged cache's table; ``cache_batch_idx``
+    as a one-column table (a contiguous cache is ``Bc`` blocks of ``Nmax`` slots); else no
+    table (sequence ``b`` is block ``b``)."""
+    if block_table is not None:
+        return True, kernel_ints(call, block_table, "block_table")
+    if cache_batch_idx is not None:
+        return True, kernel_ints(call, cache_batch_idx, "cache_batch_idx").reshape(b, 1)
+    return False, call.empty((1, 1), np.int32)
+
+
+def write_back(call, user, dev):
+    """NumPy caches are written in place: the device copy back into the caller's array."""
+    if not call.on_device:
+        user[...] = dev.copy_to_host().reshape(user.shape)
+
+
+def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
+              cache_batch_idx=None, *, validate=None):
+    """Write ``k_new``, ``v_new`` into the caches at each sequence's current length, in place.
+
+    * ``k_cache``, ``v_cache``: contiguous ``[Bc, Hkv, Nmax, d]`` (``block_table=None``) or paged
+      ``[num_blocks, Hkv, block_size, d]`` with ``block_table`` ``[B, max_blocks]`` (the layouts
+      of :func:`numba_flash.decode`).  Written in place.
+    * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, the caches' dtype (float16/32/64).
+    * ``cache_seqlens``: integer ``[B]``, the tokens each sequence holds; token ``i`` of
+      sequence ``b`` goes to position ``cache_seqlens[b] + i``.
+    * ``cache_batch_idx``: integer ``[B]``, the cache row of each sequence (contiguous caches
+      only, as flash-attn; default ``arange(B)``, which needs ``Bc == B``).
+    * ``validate``: check the values on the host first (default for NumPy inputs): a cache too
+      small for the new tokens, a table without room or with a bad entry where they go, a
+      ``cache_batch_idx`` entry outside ``[0, Bc)`` or repeated, a negative length: a
+      ``ValueError`` naming the argument, and nothing is written.  Without validation (the
+      default for device arrays: no host copy, no synchronisation) a token that would land
+      outside the cache is skipped.
+
+    Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
+    else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
+    """
+    ks, dtype = check_array("k_cache", k_cache, 4)
+    vs, vd = check_array("v_cache", v_cache, 4)
+    check_same_dtype({"k_cache": dtype, "v_cache": vd})
+    if vs != ks:
+        raise ValueError(f"v_cache: expected the shape of k_cache {ks}, got {vs}")
+    n_cache, hkv, n_slots, d = ks
+    (b,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
+    nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype)
+    paged = block_table is not None
+    arrays = {"k_cache": k_cache, "v_cache": v_cache, "k_new": k_new, "v_new": v_new,
+              "cache_seqlens": cache_seqlens}
+    if paged:
+        ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
+        if ts[0] != b:
+            raise ValueError(f"block_table: expected {b} rows (the batch of cache_seqlens), got "
+                             f"shape {ts}")
+        arrays["block_table"] = block_table
+    check_batch_idx(cache_batch_idx, b, paged)
+    if cache_batch_idx is not None:
+        arrays["cache_batch_idx"] = cache_batch_idx
+    elif not paged and n_cache != b:
+        raise ValueError(f"k_cache: expected batch size {b} (from cache_seqlens) in dim 0 of a "
+                         f"contiguous cache without cache_batch_idx, got {n_cache}")
+    check_same_kind(arrays)
+    check_writable_cache("k_cache", k_cache)
+    check_writable_cache("v_cache", v_cache)
+    on_device = any(is_device_array(x) for x in arrays.values())
+    validate = check_bool("validate", (not on_device) if validate is None else validate)
+
+    call = ArrayCall(arrays)  # rejects device arrays in the simulator, before any copy
+    if validate:
+        validate_append(host_ints(cache_seqlens), host_ints(block_table) if paged else None,
+                        host_ints(cache_batch_idx) if cache_batch_idx is not None else None,
+                        nnew, n_cache, n_slots, paged)
+    dk = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
+    dv = call.input(v_cache).reshape(n_cache * hkv * n_slots, d)
+    d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
+    is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
+    new_lens = launch_append(call, dk, dv, call.input(k_new), call.input(v_new), d_len, d_table,
+                             is_paged, n_cache, n_slots, b, hkv, nnew, d, dtype)
+    write_back(call, k_cache, dk)
+    write_back(call, v_cache, dv)
+    return call.result(new_lens)
