@@ -181,8 +181,8 @@ def store_as_is(x):
 def element_ops(dtype):
     """``(load, store)`` device functions for elements of ``dtype`` (see the module table):
     ``load(element) -> compute type`` and ``store(compute value) -> element`` (what is assigned
-    into the kernel's output array)."""
-    dt = np.dtype(dtype)
+    into the kernel's output array).  ``dtype``: a NumPy dtype or its name."""
+    dt = BFLOAT16 if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype)
     if dt == BFLOAT16:
         return load_bf16, store_bf16
     if dt == np.float64:

@@ -1,16 +1,17 @@
-"""FlashAttention forward on tensor cores: float16 ``Q K^T`` and ``P V`` on ``mma.sync.m16n8k16``.
+"""FlashAttention forward on tensor cores: float16 or bfloat16 ``Q K^T`` and ``P V`` on
+``mma.sync.m16n8k16``.
 
 Math (as :mod:`numba_flash.kernels.forward`, the SIMT kernel)
 -------------------------------------------------------------
 For one ``(b, h)`` and a Q tile, per K/V tile ``j`` and per query row: ``S = scale * Q K_j^T``
-(float16 inputs, float32 accumulation on the tensor cores), masked and modified by the rule of
-:mod:`numba_flash.kernels.visibility` (``-inf`` for a key the row does not see; non-finite ->
-NaN, softcap, ALiBi for one it sees), then the online softmax in float32::
+(float16 or bfloat16 inputs, float32 accumulation on the tensor cores), masked and modified by
+the rule of :mod:`numba_flash.kernels.visibility` (``-inf`` for a key the row does not see;
+non-finite -> NaN, softcap, ALiBi for one it sees), then the online softmax in float32::
 
     m_new = max(m_i, rowmax(S));  alpha = exp(m_i - m_new);  P = exp(S - m_new)
-    l_i = alpha l_i + rowsum(P);  acc = alpha acc + P V_j  (P rounded to float16 for the mma)
+    l_i = alpha l_i + rowsum(P);  acc = alpha acc + P V_j  (P rounded to the input type)
 
-and at the end ``O = acc / l_i`` (float16), ``lse = m_i + log(l_i)`` (float32, natural log of
+and at the end ``O = acc / l_i`` (the input type), ``lse = m_i + log(l_i)`` (float32, natural log of
 the scaled scores).  Without softcap and ALiBi, ``S`` and ``m_i`` stay in raw ``q . k`` units
 and ``exp(scale (x - m))`` is ``ex2(x c - m c)`` with ``c = scale log2(e)``: one FFMA and one
 ``ex2.approx`` per score (:func:`~numba_flash.kernels.stages.ex2`); ``lse = scale m_i +
@@ -71,10 +72,20 @@ Two stages, each a K tile then a V tile of ``BLOCK_N`` rows (``2 BLOCK_N RB`` by
 loop frees it). In total ``max(4 BLOCK_N, 2 BLOCK_N + BLOCK_M) RB`` bytes, or ``(4 BLOCK_N +
 BLOCK_M) RB`` when Q stays in shared memory (:func:`shared_bytes`), at most 48 KiB for every tile
 choice of :data:`GPU_TILES`. The 16-byte pad of each row puts the 8 rows of an ``ldmatrix`` in
-distinct banks. Inputs are read as their float16 bit patterns (``uint16`` views); with ``d ==
+distinct banks. Inputs are read as their 16-bit patterns (``uint16`` views); with ``d ==
 HEAD_DIM`` and 16-byte aligned tensors by ``cp.async`` (16 bytes per instruction), else by 16-bit
 loads (zero-padded columns): a compile-time choice (``VEC``, :func:`vector_copies`), so the fast
 build has no fallback code.
+
+Element type (``DTYPE``, compile time: ``"float16"`` or ``"bfloat16"``)
+----------------------------------------------------------------------
+The kernel source is one for both: the copies move bits, and the element type picks the
+tensor-core instruction and the float32-to-pair pack (:func:`~numba_flash.kernels.mma.mma_ops`:
+``mma...f32.f16.f16.f32`` with ``cvt.rn.f16x2.f32``, or ``...f32.bf16.bf16.f32`` with
+``cvt.rn.bf16x2.f32``, sm_80+), the exponent bits of the non-finite ``v`` rule
+(:data:`~numba_flash.kernels.stages.EXP_BITS`) and the store of ``o``
+(:func:`~numba_flash.kernels.elements.element_ops`: bfloat16 ``o`` is its uint16 words,
+rounded to nearest even).
 """
 
 from __future__ import annotations
@@ -87,9 +98,10 @@ from numba import cuda, float32, int32, types, uint32
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, padded_head_dim
+from .elements import element_ops
 from .jit import kernel_jit
-from .mma import a_frag_from_c, mma_m16n8k16, quad_sum
-from .stages import (LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
+from .mma import make_a_frag_from_c, mma_ops, quad_sum
+from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
                      ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
 from .visibility import key_bounds, make_score_mod, tile_full_range, tile_key_range
 
@@ -103,7 +115,8 @@ Q_IN_REGS_MAX = 128
 #: simulator tiles: one warp (32 Python threads) and 16 keys per tile
 SIM_TILES = (1, 16)
 
-_EXP_MASK = 0x7C00  # float16 exponent bits: all ones = inf or NaN
+#: the element types of the tensor-core forward (``DTYPE``)
+MMA_DTYPES = ("float16", "bfloat16")
 
 
 def shared_bytes(NUM_WARPS, BLOCK_N, HEAD_DIM):
@@ -143,11 +156,12 @@ def forward_grid(nq, b, h, block_m):
 
 @functools.lru_cache(maxsize=None)
 def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False,
-                       VEC=True):
+                       VEC=True, DTYPE="float16"):
     """Build ``kernel(q, k, v, o, lse, scale, window, mods, alibi, dropout)``.
 
-    ``q``, ``k``, ``v``: uint16 views of the float16 ``[B, H(kv), N, d]`` inputs (C-contiguous);
-    ``o`` float16, ``lse`` float32.  ``scale`` float32; ``window = (left, right)`` int32 (causal
+    ``q``, ``k``, ``v``: uint16 views of the ``DTYPE`` (``"float16"`` or ``"bfloat16"``)
+    ``[B, H(kv), N, d]`` inputs (C-contiguous); ``o`` float16, or uint16 words for bfloat16;
+    ``lse`` float32.  ``scale`` float32; ``window = (left, right)`` int32 (causal
     folded in, :func:`~numba_flash.kernels.visibility.window_bounds`); ``mods = (softcap,
     1 / softcap)`` float32 (used with ``SOFTCAP``); ``alibi`` float32 ``[B, H]`` (read with
     ``ALIBI``); ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)`` (with
@@ -155,6 +169,11 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     (:func:`vector_copies`): tiles move by ``cp.async``; else by 16-bit loads.
     """
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0
+    assert DTYPE in MMA_DTYPES
+    mma, _pack2 = mma_ops(DTYPE)            # the element type's mma.sync
+    a_frag_from_c = make_a_frag_from_c(DTYPE)  # P into A registers, rounded to DTYPE
+    store = element_ops(DTYPE)[1]           # o's elements
+    EXP_MASK = EXP_BITS[DTYPE]              # exponent bits: all ones = inf or NaN
     BLOCK_M = 16 * NUM_WARPS
     THREADS = 32 * NUM_WARPS
     RB = row_bytes(HEAD_DIM)        # bytes of a padded shared row (Q, K or V)
@@ -177,7 +196,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     score_mod = make_score_mod(SOFTCAP, ALIBI, float32)
     copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
-    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS)
+    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
 
     @cuda.jit(device=True, inline=True)
     def load_kv(smem, stage_byte, k, v, kv_base, k_start, nk, d, tid):
@@ -221,10 +240,10 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                 for p in range(N_FRAGS // 2):
                     b0, b1, b2, b3 = ldmatrix_x4(smem, kb + b_off + 16 * p * RB + 32 * kc)
                     n = 2 * p
-                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma(
                         a0, a1, a2, a3, b0, b1, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
                     n = 2 * p + 1
-                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma(
                         a0, a1, a2, a3, b2, b3, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
             # [/docs:mma-s]
 
@@ -320,10 +339,10 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                 for dp in range(D_FRAGS // 2):
                     b0, b1, b2, b3 = ldmatrix_x4_trans(smem, kb + v_off + 16 * kk * RB + 32 * dp)
                     n = 2 * dp
-                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
+                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(
                         a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
                     n = 2 * dp + 1
-                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
+                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(
                         a0, a1, a2, a3, b2, b3, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
             # [/docs:mma-pv]
 
@@ -335,7 +354,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                     for n in range(D_FRAGS):
                         for e in range(2):
                             c = 8 * n + 2 * t + e
-                            if c < d and (v[b, hk, key, c] & _EXP_MASK) == _EXP_MASK:
+                            if c < d and (v[b, hk, key, c] & EXP_MASK) == EXP_MASK:
                                 if lo0 <= key and key < hi0:
                                     acc[n, e] = NAN
                                 if lo1 <= key and key < hi1:
@@ -455,7 +474,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                     for e in range(2):
                         c = 8 * n + 2 * t + e
                         if c < d:
-                            o[b, h, row, c] = acc[n, 2 * r + e] * inv_l
+                            o[b, h, row, c] = store(acc[n, 2 * r + e] * inv_l)
                 if t == 0:
                     lse[b, h, row] = row_lse
 
@@ -467,7 +486,9 @@ def compile_configs():
     softcap x ALiBi = 40 kernels would take minutes): every head dim plain, every flag at once
     at 128 and 256 (the largest register and shared-memory footprints), and the 16-bit-load
     build (``ld16``: ``d < HEAD_DIM`` or unaligned inputs) at 64 and, with every flag, 128.
-    Causal and windows are runtime arguments: every configuration covers them."""
+    Causal and windows are runtime arguments: every configuration covers them.  bfloat16 (the
+    same source with the bf16 mma, pack, exponent bits and store): D64 plain and D128 with every
+    flag."""
     u16 = types.Array(types.uint16, 4, "C")
     f16 = types.Array(types.float16, 4, "C")
     lse_t = types.Array(types.float32, 3, "C")
@@ -475,17 +496,21 @@ def compile_configs():
     mods_t = types.UniTuple(types.float32, 2)
     alibi_t = types.Array(types.float32, 2, "C")
     drop_t = types.Tuple((types.uint32, types.uint32, types.uint32, types.float32))
-    plan = [(hd, False, False, False, True) for hd in HEAD_DIMS]
-    plan += [(128, True, True, True, True), (256, True, True, True, True)]
-    plan += [(64, False, False, False, False), (128, True, True, True, False)]
-    for hd, dropout, softcap, alibi, vec in plan:
+    plan = [(hd, False, False, False, True, "float16") for hd in HEAD_DIMS]
+    plan += [(128, True, True, True, True, "float16"), (256, True, True, True, True, "float16")]
+    plan += [(64, False, False, False, False, "float16"),
+             (128, True, True, True, False, "float16")]
+    plan += [(64, False, False, False, True, "bfloat16"),
+             (128, True, True, True, True, "bfloat16")]
+    for hd, dropout, softcap, alibi, vec, dtype in plan:
         nw, bn = GPU_TILES[hd]
         flags = "".join(f" {n}" for n, f in (("dropout", dropout), ("softcap", softcap),
                                               ("alibi", alibi), ("ld16", not vec)) if f)
+        o_t = f16 if dtype == "float16" else u16  # bfloat16 o: its uint16 words
         yield {
-            "name": f"forward_mma W{nw} M{16 * nw} N{bn} D{hd}{flags} float16",
-            "kernel": forward_mma_kernel(nw, bn, hd, dropout, softcap, alibi, vec),
-            "args": (u16, u16, u16, f16, lse_t, types.float32, window_t, mods_t, alibi_t,
+            "name": f"forward_mma W{nw} M{16 * nw} N{bn} D{hd}{flags} {dtype}",
+            "kernel": forward_mma_kernel(nw, bn, hd, dropout, softcap, alibi, vec, dtype),
+            "args": (u16, u16, u16, o_t, lse_t, types.float32, window_t, mods_t, alibi_t,
                      drop_t if dropout else types.Tuple(())),
             "float64_ok": False,
             "mma": True,

@@ -41,7 +41,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     dk = call.empty(k_in.shape, dtype)
     dv = call.empty(v_in.shape, dtype)
     dq = call.empty(q_in.shape, dtype)
-    # float32 / float64 accumulate straight into dq; float16 goes through a float32 buffer
+    # float32 / float64 accumulate straight into dq; float16 / bfloat16 through a float32 buffer
     dq_accum = dq if dtype == acc_t else call.empty(q_in.shape, acc_t)
     # each query head's dK/dV share: straight into dk/dv when there is no group to sum and no
     # cast; otherwise a compute-type buffer with H heads that reduce_kernel sums per group
@@ -92,7 +92,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
                work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,
                                head_dim))
 
-    # 4. float16: cast the float32 dQ accumulator; GQA (or float16): sum each group's dK, dV
+    # 4. float16 / bfloat16: cast the float32 dQ accumulator (round to nearest even); GQA (or a
+    # 16-bit dtype): sum each group's dK, dV
     if dq_accum is not dq:
         tiles = cdiv(nq_rows * d, t)
         launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, h), (t,), dq_accum, dq,
@@ -129,8 +130,10 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     (:func:`numba_flash.dropout_mask`) from the seed and differentiate through
     ``keep / (1 - dropout_p)``.  ``dropout_p = 0`` runs exactly the kernels without dropout.
 
-    ``kernel``: "simt" (the FMA kernels here), "mma" (tensor cores, float16 only) or "auto"
-    (mma for float16 on a GPU of compute capability >= 8.0 where available, simt otherwise).
+    ``kernel``: "simt" (the FMA kernels here, every dtype), "mma" (tensor cores: the dtypes of
+    :mod:`numba_flash.ops.backward_mma`'s ``MMA_DTYPES``, float16; bfloat16 once it has it) or
+    "auto" (mma for those dtypes on a GPU of compute capability >= 8.0 where available, simt
+    otherwise).  bfloat16 (``ml_dtypes.bfloat16``) computes in float32 and returns bfloat16.
 
     Non-finite inputs: a row whose ``lse`` is NaN (a NaN in its ``q`` or a visible key) gets NaN
     gradients; a row that sees no key (``lse = -inf``) gets ``dq = 0`` and adds nothing to

@@ -87,10 +87,11 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``o[i, c]`` non-finite; a key the row does not see never affects it, whatever it holds.
 
     ``o`` has the input dtype; ``lse [B, H, Nq]`` (natural log) is float32, or float64 for
-    float64 inputs.  float16 computes in float32, float64 in float64.  ``block_m`` / ``block_n``
+    float64 inputs.  float16 and bfloat16 (``ml_dtypes.bfloat16``) compute in float32, float64
+    in float64.  ``block_m`` / ``block_n``
     pick other compiled SIMT tile shapes (see
     :func:`numba_flash.kernels.forward.explicit_tiles`); ``None`` takes the backend's default.
-    NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
+    NumPy in, NumPy out; CuPy in, CuPy out (GPU backend); bfloat16 in, bfloat16 out.
 
     ``dropout_p`` in ``[0, 1)`` drops each attention probability with that probability and
     scales the kept ones by ``1 / (1 - dropout_p)``: ``o = (P * keep / (1 - p)) V``, while ``lse``
@@ -100,8 +101,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     output.  ``dropout_p = 0`` runs the plain kernel (no random numbers drawn).
 
     ``kernel``: ``"simt"`` (the FMA kernel of :mod:`numba_flash.kernels.forward`, every dtype),
-    ``"mma"`` (tensor cores, float16 only: :func:`numba_flash.ops.forward_mma.forward_mma`) or
-    ``"auto"``: ``"mma"`` for float16 on a GPU of compute capability >= 8.0 without explicit
+    ``"mma"`` (tensor cores, float16 and bfloat16: :func:`numba_flash.ops.forward_mma.forward_mma`)
+    or ``"auto"``: ``"mma"`` for float16 / bfloat16 on a GPU of compute capability >= 8.0
+    without explicit
     ``block_m`` / ``block_n``, ``"simt"`` otherwise.
     """
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,

@@ -1,9 +1,13 @@
 """``kernel=``: which kernel family runs a call, SIMT (FMA, every dtype) or tensor cores ("mma",
-float16).  The one home of that choice for :func:`numba_flash.forward` and
+float16 and bfloat16).  The one home of that choice for :func:`numba_flash.forward` and
 :func:`numba_flash.backward`.
 
-``"auto"`` takes tensor cores for float16 on the CUDA backend with compute capability >= 8.0, and
-the SIMT kernels otherwise.  The tensor-core ops (:mod:`numba_flash.ops.forward_mma`,
+``"auto"`` takes tensor cores for float16 and bfloat16 on the CUDA backend with compute
+capability >= 8.0 (bfloat16's ``mma.sync`` and ``cvt.rn.bf16x2`` are sm_80 instructions), and
+the SIMT kernels otherwise: float32, float64, the simulator, or an older GPU (bfloat16 there
+runs on the SIMT kernels, which need no sm_80 instruction).  Which dtypes an mma op takes is its
+module's ``MMA_DTYPES`` (float16 alone for a module without one), so a dtype reaches the tensor
+cores only once that op has it.  The tensor-core ops (:mod:`numba_flash.ops.forward_mma`,
 :mod:`numba_flash.ops.backward_mma`) are imported only when a call would use them; one that is
 installed but fails to import is an :class:`ImportError` naming the failure, never a quiet
 fall-back to SIMT (only a module that is not installed at all makes ``"auto"`` take SIMT).
@@ -18,7 +22,7 @@ import numpy as np
 from ..backend import on_simulator
 
 __all__ = ["KERNELS", "check_forward_kernel", "check_backward_kernel", "mma_available",
-           "import_mma", "cuda_cc"]
+           "mma_dtypes", "import_mma", "cuda_cc"]
 
 #: the values of ``kernel=``
 KERNELS = ("auto", "simt", "mma")
@@ -79,22 +83,38 @@ def cuda_cc():
         return None
 
 
-def _check_name(kernel, dtype):
+def mma_dtypes(name):
+    """The dtype names ``numba_flash.ops.<name>`` takes on the tensor cores (its
+    ``MMA_DTYPES``; ``("float16",)`` for a module without it; ``()`` when not installed)."""
+    try:
+        mod = import_mma(name)
+    except NotImplementedError:
+        return ()
+    return tuple(getattr(mod, "MMA_DTYPES", ("float16",)))
+
+
+def _check_name(kernel, dtype, name):
     if not isinstance(kernel, str):
         raise TypeError(f"kernel: expected one of {KERNELS} (a str), got {type(kernel).__name__}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    if kernel == "mma" and np.dtype(dtype) != np.float16:
-        raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 inputs, got "
-                         f"{np.dtype(dtype).name}; use kernel='simt' or 'auto'")
+    dt = np.dtype(dtype)
+    if kernel == "mma" and dt.name not in ("float16", "bfloat16"):
+        raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 or bfloat16 inputs, got "
+                         f"{dt.name}; use kernel='simt' or 'auto'")
+    if kernel == "mma" and dt.name == "bfloat16" and dt.name not in mma_dtypes(name):
+        raise ValueError(f"kernel: 'mma' ({_WHAT[name]}) does not take bfloat16 yet, got "
+                         f"{dt.name}; use kernel='simt' or 'auto'")
 
 
 def _auto_mma(dtype, name):
-    """"auto": tensor cores for float16 on compute capability >= 8.0, if installed."""
-    if np.dtype(dtype) != np.float16:
+    """"auto": tensor cores for float16 / bfloat16 on compute capability >= 8.0, if the op is
+    installed and takes the dtype."""
+    if np.dtype(dtype).name not in ("float16", "bfloat16"):
         return False
     cc = cuda_cc()
-    return cc is not None and cc >= (8, 0) and mma_available(name)
+    return (cc is not None and cc >= (8, 0) and mma_available(name)
+            and np.dtype(dtype).name in mma_dtypes(name))
 
 
 def check_forward_kernel(kernel, dtype, explicit_tiles_given):
@@ -103,7 +123,7 @@ def check_forward_kernel(kernel, dtype, explicit_tiles_given):
     ``"auto"`` takes tensor cores (see the module docstring) unless ``block_m`` / ``block_n``
     ask for SIMT tiles; with ``"mma"`` explicit tiles are a ``ValueError``.
     """
-    _check_name(kernel, dtype)
+    _check_name(kernel, dtype, "forward_mma")
     if kernel == "mma":
         if explicit_tiles_given:
             raise ValueError("block_m: the tile choice applies to kernel='simt' only, got "
@@ -116,7 +136,7 @@ def check_forward_kernel(kernel, dtype, explicit_tiles_given):
 
 def check_backward_kernel(kernel, dtype):
     """``"simt"`` or ``"mma"`` for the backward's ``kernel=`` (validated) and input dtype."""
-    _check_name(kernel, dtype)
+    _check_name(kernel, dtype, "backward_mma")
     if kernel == "auto":
         return "mma" if _auto_mma(dtype, "backward_mma") else "simt"
     return kernel

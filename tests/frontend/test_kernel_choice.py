@@ -176,3 +176,39 @@ def test_backward_on_tensor_cores_validates_once(monkeypatch, launches):
     with pytest.raises(TypeError, match="q: expected dtype float16"):
         numba_flash.ops.backward_mma.backward_mma(*(x.astype(np.float32) for x in
                                                     (do, q, k, v, o)), lse)
+
+
+# -- bfloat16 (issue 23) ------------------------------------------------------------------------
+def test_auto_takes_tensor_cores_for_bfloat16_on_sm80_and_simt_below(monkeypatch):
+    """"auto": bfloat16 runs on the tensor cores from compute capability 8.0 (the bf16 mma and
+    cvt.rn.bf16x2 are sm_80 instructions), on the SIMT kernels on an older GPU."""
+    from numba_flash.kernels.elements import BFLOAT16
+    from numba_flash.ops import kernel_choice as kc
+
+    monkeypatch.setattr(kc, "cuda_cc", lambda: (8, 0))
+    assert kc.check_forward_kernel("auto", BFLOAT16, False) == "mma"
+    assert kc.check_forward_kernel("auto", BFLOAT16, True) == "simt"  # explicit SIMT tiles
+    monkeypatch.setattr(kc, "cuda_cc", lambda: (7, 5))
+    assert kc.check_forward_kernel("auto", BFLOAT16, False) == "simt"
+    assert kc.check_backward_kernel("auto", BFLOAT16) == "simt"
+    assert kc.check_forward_kernel("mma", BFLOAT16, False) == "mma"  # asked for: the launch says
+
+
+def test_bfloat16_backward_reaches_the_tensor_cores_only_once_they_take_it(monkeypatch):
+    """backward_mma's MMA_DTYPES says which dtypes it takes: without bfloat16 there, "auto" takes
+    SIMT and "mma" is a ValueError naming the dtype; with it, both take the tensor cores."""
+    import numba_flash.ops.backward_mma as bmma
+    from numba_flash.kernels.elements import BFLOAT16
+    from numba_flash.ops import kernel_choice as kc
+
+    monkeypatch.setattr(kc, "cuda_cc", lambda: (9, 0))
+    monkeypatch.setattr(bmma, "MMA_DTYPES", ("float16",), raising=False)
+    assert kc.check_backward_kernel("auto", BFLOAT16) == "simt"
+    assert kc.check_backward_kernel("auto", np.float16) == "mma"
+    with pytest.raises(ValueError, match="kernel: 'mma' .*does not take bfloat16 yet"):
+        kc.check_backward_kernel("mma", BFLOAT16)
+    monkeypatch.setattr(bmma, "MMA_DTYPES", ("float16", "bfloat16"))
+    assert kc.check_backward_kernel("auto", BFLOAT16) == "mma"
+    assert kc.check_backward_kernel("mma", BFLOAT16) == "mma"
+    with pytest.raises(ValueError, match="float16 or bfloat16 inputs, got float32"):
+        kc.check_backward_kernel("mma", np.float32)
