@@ -29,8 +29,9 @@ every tile and reaches every barrier.
 
 Memory
 ------
-Shared: ``K_j`` and ``V_j``, ``[BLOCK_N, HEAD_DIM]`` each in the compute type (float16 converted
-once, as it is loaded): ``2 * BLOCK_N * HEAD_DIM * 4`` bytes in float32, 32 KiB at most
+Shared: ``K_j`` and ``V_j``, ``[BLOCK_N, HEAD_DIM]`` each in the compute type (float16 and
+bfloat16 converted to float32 once, as they are loaded, by :mod:`numba_flash.kernels.elements`):
+``2 * BLOCK_N * HEAD_DIM * 4`` bytes in float32, 32 KiB at most
 (:func:`gpu_blocks` picks ``BLOCK_N`` for that).  Per thread: ``q_i``, ``acc`` (``HEAD_DIM``) and
 ``s`` (``BLOCK_N``) local arrays; they are indexed in runtime loops, so ptxas puts them in local
 memory (a stack frame): the register-tile kernel (``kernels/forward.py``) is the next step.
@@ -46,6 +47,7 @@ from numba import cuda
 
 from ..backend import on_simulator
 from .common import HEAD_DIMS, acc_dtype, compute_type, numba_array_type
+from .elements import BFLOAT16, element_ops
 from .visibility import key_bounds
 
 #: rows per block on a GPU, and the shared-memory budget for the two K/V tiles
@@ -73,6 +75,7 @@ def default_blocks(head_dim, dtype):
 def row_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, dtype):
     """Build (once per configuration) ``kernel(q, k, v, o, lse, scale)``."""
     acc_t = compute_type(dtype)
+    load, store = element_ops(dtype)  # element -> compute type and back (kernels/elements.py)
     NEG_INF = -math.inf
 
     # [docs:row-kernel]
@@ -100,7 +103,7 @@ def row_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, dtype):
         if row < nq:
             lo, hi = key_bounds(row, nk - nq, nk, -1, 0 if CAUSAL else -1)
             for c in range(d):
-                q_i[c] = acc_t(q[b, h, row, c])
+                q_i[c] = load(q[b, h, row, c])
         for c in range(d):
             acc[c] = acc_t(0.0)
         m_i = acc_t(NEG_INF)
@@ -118,8 +121,8 @@ def row_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, dtype):
             for e in range(tid, n_rows * d, BLOCK_M):  # thread tid: elements tid, tid + BLOCK_M..
                 r = e // d
                 c = e % d
-                K_j[r, c] = acc_t(k[b, h_kv, k0 + r, c])
-                V_j[r, c] = acc_t(v[b, h_kv, k0 + r, c])
+                K_j[r, c] = load(k[b, h_kv, k0 + r, c])
+                V_j[r, c] = load(v[b, h_kv, k0 + r, c])
             cuda.syncthreads()  # every thread reads rows of K_j, V_j that other threads wrote
             # [/docs:row-load]
 
@@ -156,11 +159,11 @@ def row_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, dtype):
             if l_i > acc_t(0.0):
                 inv_l = acc_t(1.0) / l_i
                 for c in range(d):
-                    o[b, h, row, c] = acc[c] * inv_l
+                    o[b, h, row, c] = store(acc[c] * inv_l)
                 lse[b, h, row] = m_i + math.log(l_i)
             else:                                     # a row that saw no key
                 for c in range(d):
-                    o[b, h, row, c] = acc_t(0.0)
+                    o[b, h, row, c] = store(acc_t(0.0))
                 lse[b, h, row] = acc_t(NEG_INF)
         # [/docs:row-epilogue]
     # [/docs:row-kernel]
@@ -169,12 +172,15 @@ def row_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, dtype):
 
 
 def compile_configs():
-    """Every row-forward configuration the package can launch on a GPU, for the compile tier."""
-    for dtype in (np.float16, np.float32, np.float64):
+    """Every row-forward configuration the package can launch on a GPU, for the compile tier
+    (bfloat16: HEAD_DIM 64 only, as the naive kernel's: the element stage's loads and stores)."""
+    for dtype in (np.float16, np.float32, np.float64, BFLOAT16):
         dtype = np.dtype(dtype)
         arr = numba_array_type(dtype, 4)
         lse_arr = numba_array_type(acc_dtype(dtype), 3)
         for head_dim in HEAD_DIMS:
+            if dtype == BFLOAT16 and head_dim != 64:
+                continue
             block_m, block_n = gpu_blocks(head_dim, dtype)
             for causal in (False, True):
                 yield {
