@@ -13,6 +13,7 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
 * :func:`merge_states` - merge partial attention states with the log-sum-exp rule
 * :func:`append_kv` - write new tokens' K/V into a contiguous or paged KV cache, in place
+* :func:`apply_rotary` - rotary position embedding (flash-attn's ``apply_rotary_emb``)
 * :func:`dropout_mask` - the exact keep-mask the kernels draw from a Philox seed
 * :mod:`reference` - the float64 NumPy oracle
 * :func:`backend` - ``"cuda"`` or ``"simulator"``: where the kernels run
@@ -43,6 +44,7 @@ _LAZY = {
     "decode": "numba_flash.ops.decode",
     "merge_states": "numba_flash.ops.decode",
     "append_kv": "numba_flash.ops.kv_cache",
+    "apply_rotary": "numba_flash.ops.rotary",
     "dropout_mask": "numba_flash.ops.dropout",
 }
 

@@ -1,0 +1,124 @@
+"""``numba_flash.apply_rotary``: rotary position embedding as flash-attn's ``apply_rotary_emb``
+(:mod:`numba_flash.kernels.rotary`), and the checks :func:`numba_flash.decode` shares for its
+``rotary_cos``/``rotary_sin``."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.sim_time import SimWork
+from ..frontend.validate import (
+    INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_dtype,
+    check_same_kind, is_device_array,
+)
+from ..kernels.rotary import default_threads, rotary_grid, rotary_kernel
+from .kv_cache import host_ints, kernel_ints
+
+
+def check_rotary_tables(cos, sin, d, dtype, names=("cos", "sin")):
+    """``cos``, ``sin``: ``[max_position, rotary_dim / 2]`` in ``x``'s dtype (as flash-attn),
+    ``rotary_dim <= d``.  Returns ``(max_position, rotary_dim)``.  (The rotary dim is twice
+    the tables' width, so it is even by construction.)"""
+    cn, sn = names
+    cs, cd = check_array(cn, cos, 2)
+    ss, sd = check_array(sn, sin, 2)
+    check_same_dtype({"x" if cn == "cos" else "q": dtype, cn: cd, sn: sd})
+    if ss != cs:
+        raise ValueError(f"{sn}: expected the shape of {cn} {cs}, got {ss}")
+    rotary_dim = 2 * cs[1]
+    if rotary_dim > d:
+        raise ValueError(f"{cn}: expected [max_position, rotary_dim / 2] with rotary_dim <= the "
+                         f"head dim {d}, got shape {cs} (rotary_dim {rotary_dim})")
+    return cs[0], rotary_dim
+
+
+def check_positions(name, last, max_position, what):
+    """Every position a call reads (``last[b]`` is sequence ``b``'s largest) is below the
+    tables' ``max_position``."""
+    last = np.asarray(last, dtype=np.int64)
+    bad = np.flatnonzero(last >= max_position)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}: too short: sequence {i} needs position {int(last[i])} "
+                         f"({what}), but {name} has {max_position} positions (dim 0)")
+
+
+def launch_rotary(call, dx, dcos, dsin, d_off, offset0, step, per_seq, interleaved, dtype):
+    """One rotary launch on device arrays; returns the new device array."""
+    b, h, n, d = dx.shape
+    threads = default_threads()
+    out = call.empty((b, h, n, d), dtype)
+    call.launch(rotary_kernel(threads, np.dtype(dtype), bool(interleaved)),
+                rotary_grid(b, h, n), (threads,), dx, dcos, dsin, d_off, out,
+                np.int32(offset0), np.int32(step), np.int32(per_seq),
+                work=SimWork("merge", b * h * n * max(d, threads)))
+    return out
+
+
+def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=None):
+    """Rotary position embedding: flash-attn's ``apply_rotary_emb(x, cos, sin, interleaved,
+    seqlen_offsets=...)``, on this package's layout.
+
+    * ``x``: ``[B, H, N, d]`` (heads before tokens, the layout of ``q`` and of the caches in
+      :func:`numba_flash.decode`; flash-attn's ``apply_rotary_emb`` takes ``[B, N, H, d]``:
+      pass ``x.transpose(0, 2, 1, 3)``).  float16/32/64.
+    * ``cos``, ``sin``: ``[max_position, rotary_dim / 2]``, ``x``'s dtype, ``rotary_dim <= d``;
+      the dims past ``rotary_dim`` pass through unchanged.
+    * ``interleaved``: ``False`` (default, GPT-NeoX): pairs ``(x[i], x[i + rotary_dim / 2])``;
+      ``True`` (GPT-J): pairs ``(x[2i], x[2i + 1])``.  Pair ``i`` of token ``n`` of sequence
+      ``b`` turns by ``cos[p, i]``, ``sin[p, i]`` at position ``p = seqlen_offsets[b] + n``:
+      ``(x_1, x_2) -> (x_1 cos - x_2 sin, x_2 cos + x_1 sin)``.
+    * ``seqlen_offsets``: an int, or integer ``[B]`` (each sequence's first position, e.g. the
+      tokens already in a KV cache), >= 0.
+    * ``validate``: check on the host that every position is below ``max_position`` (the default
+      for NumPy inputs; a ``ValueError`` naming ``cos``).  Without it (device arrays) a position
+      outside the tables gives NaN in the rotated dims and reads nothing outside them.
+
+    Returns a new array of ``x``'s shape and dtype (computed in float32, float64 for float64);
+    ``x`` is not modified.
+    """
+    xs, dtype = check_array("x", x, 4)
+    b, h, n, d = xs
+    max_position, _ = check_rotary_tables(cos, sin, d, dtype)
+    interleaved = check_bool("interleaved", interleaved)
+    arrays = {"x": x, "cos": cos, "sin": sin}
+    per_seq = not isinstance(seqlen_offsets, numbers.Integral) or isinstance(
+        seqlen_offsets, (bool, np.bool_))
+    if per_seq:
+        if isinstance(seqlen_offsets, (bool, np.bool_, float, str)) or seqlen_offsets is None:
+            raise TypeError("seqlen_offsets: expected an int or an integer array [B], got "
+                            f"{type(seqlen_offsets).__name__}")
+        (ob,), _ = check_array("seqlen_offsets", seqlen_offsets, 1, INT_DTYPES)
+        if ob != b:
+            raise ValueError(f"seqlen_offsets: expected shape ({b},) (the batch of x), got "
+                             f"({ob},)")
+        arrays["seqlen_offsets"] = seqlen_offsets
+        offset0 = 0
+    else:
+        offset0 = check_int("seqlen_offsets", seqlen_offsets, 0, INT32_MAX)
+    check_same_kind(arrays)
+    on_device = any(is_device_array(a) for a in arrays.values())
+    validate = check_bool("validate", (not on_device) if validate is None else validate)
+
+    call = ArrayCall(arrays)
+    if validate:
+        if per_seq:
+            off = host_ints(seqlen_offsets)
+            bad = np.flatnonzero(off < 0)
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"seqlen_offsets: expected entries >= 0, got {int(off[i])} at "
+                                 f"index {i}")
+            last = off.astype(np.float64) + (n - 1)
+        else:
+            last = np.full(b, offset0 + n - 1, np.float64)
+        check_positions("cos", np.minimum(last, 2.0**62), max_position,
+                        "seqlen_offsets[b] + N - 1")
+    d_off = (kernel_ints(call, seqlen_offsets, "seqlen_offsets") if per_seq
+             else call.empty((1,), np.int32))
+    out = launch_rotary(call, call.input(x), call.input(cos), call.input(sin), d_off, offset0,
+                        1, per_seq, interleaved, dtype)
+    return call.result(out)
