@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from .comm import as_ring_comm
@@ -35,7 +36,10 @@ from .sharding import _xp, check_layout, rank_chunks
 __all__ = ["ring_forward", "ring_backward"]
 
 _TAG_KV, _TAG_DKV = 17, 18
-_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+#: the dtypes a shard may have, by code (bfloat16: ``ml_dtypes.bfloat16``); the order is the
+#: code each rank sends in the agreement check
+_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64),
+           np.dtype(ml_dtypes.bfloat16))
 _LAYOUT_CODE = {"zigzag": 0, "contiguous": 1}
 
 
@@ -108,8 +112,8 @@ def _agree(ring, arrays, scalars, local_check):
 
 def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flags=None):
     """Local checks (types, GQA shapes, self-attention shard lengths) and the cross-rank one."""
-    from ..frontend.validate import (check_array, check_bool, check_qkv, check_same_dtype,
-                                     check_same_kind, check_scale)
+    from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_qkv,
+                                     check_same_dtype, check_same_kind, check_scale)
     from ..kernels.common import acc_dtype
 
     layout_ok = layout if isinstance(layout, str) and layout in _LAYOUT_CODE else None
@@ -133,7 +137,7 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
         if extra:  # the backward's do, o, lse
             named = dict(extra)
             for name in ("do", "o"):
-                shape, dt = check_array(name, named[name], 4)
+                shape, dt = check_array(name, named[name], 4, ATTENTION_DTYPES)
                 check_same_dtype({"q": dtype, name: dt})
                 if shape != (b, h, nq, d):
                     raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, "
@@ -217,9 +221,11 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
     (``layout="zigzag"``: :func:`~numba_flash.distributed.zigzag_shard`; ``"contiguous"``:
     :func:`~numba_flash.distributed.contiguous_shard`) of one self-attention sequence of
     ``N = R * N_local`` tokens (queries and keys the same tokens, so the bottom-right causal
-    alignment is the plain ``j <= i``).  Returns this rank's shard of ``o`` (input dtype), and
-    of ``lse`` ``[B, H, N_local]`` (float32; float64 for float64) with ``return_lse=True``:
-    equal to :func:`numba_flash.forward` of the whole sequence, sharded the same way.
+    alignment is the plain ``j <= i``).  Returns this rank's shard of ``o`` (input dtype:
+    float16, bfloat16, float32 or float64; the partial results merge in float32, float64 for
+    float64, and are rounded to the input dtype once, at the end), and of ``lse``
+    ``[B, H, N_local]`` (float32; float64 for float64) with ``return_lse=True``: equal to
+    :func:`numba_flash.forward` of the whole sequence, sharded the same way.
 
     ``comm``: an mpi4py communicator or :class:`~numba_flash.distributed.NcclComm`.  Every rank
     must call with the same shapes, dtypes and options; one allgather checks that first and

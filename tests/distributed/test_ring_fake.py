@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from numba_flash import reference
+from numba_flash.kernels.elements import BFLOAT16
 from numba_flash.distributed import (contiguous_shard, contiguous_unshard, rank_chunks,
                                      ring_backward, ring_forward, shard_positions, zigzag_shard,
                                      zigzag_unshard)
@@ -84,13 +85,16 @@ def _run_ring(world, layout, causal, q, k, v, do):
 # tolerance relative to max(1, max|reference|).  float32: measured 1.0e-6 at most over 20 seeds
 # (tests/distributed/ring_mpi_check.py --seeds 20), the same bound as the MPI check.  float16
 # (partial outputs rounded to float16 before the float32 merge, gradients accumulated in
-# float32): measured 1.3e-3 (dk) over 10 seeds, 2 and 3 ranks, causal and not.
-TOL = {np.float32: 4e-6, np.float16: 5e-3}
+# float32): measured 1.3e-3 (dk) over 10 seeds, 2 and 3 ranks, causal and not.  bfloat16 (the
+# same path, 8-bit mantissa): measured 6.2e-3 (dv; o 3.6e-3) over 4 seeds, 2 ranks zigzag causal
+# and 3 ranks contiguous, 4.8x float16's.
+TOL = {np.float32: 4e-6, np.float16: 5e-3, BFLOAT16: 2e-2}
 
 
 @pytest.mark.parametrize("world,layout,causal,dtype", [(3, "zigzag", True, np.float32),
                                                        (2, "contiguous", False, np.float32),
-                                                       (2, "zigzag", True, np.float16)])
+                                                       (2, "zigzag", True, np.float16),
+                                                       (2, "zigzag", True, BFLOAT16)])
 def test_fake_ring_matches_whole_sequence(world, layout, causal, dtype, rng):
     q, k, v, do = _inputs(rng, world, dtype)
     got, fw = _run_ring(world, layout, causal, q, k, v, do)
