@@ -10,8 +10,9 @@ views, torch's current stream; needs CuPy).  Also flash-attn's ``bert_padding`` 
 (:func:`unpad_input`, :func:`pad_input`) and :func:`register_transformers`, which makes
 ``attn_implementation="numba_fa"`` work in Hugging Face transformers.
 
-Not yet: bfloat16 tensors and ``flash_attn_with_kvcache`` (their numba_flash issues have not
-landed).  Needs ``torch>=2.4`` (``pip install 'numba_flash[torch]'``).
+float16, bfloat16, float32 and float64 tensors (bfloat16 reaches the kernels as its 16-bit words:
+no copy).  Not yet: ``flash_attn_with_kvcache`` (its numba_flash issue has not landed).
+Needs ``torch>=2.4`` (``pip install 'numba_flash[torch]'``).
 """
 
 try:

@@ -2,11 +2,15 @@
 
 * CPU tensors become NumPy views (``t.detach().numpy()``, zero copy, any strides); the front end
   copies them once to where the kernels run (the simulator's "device" memory, or the GPU).
+  A bfloat16 tensor (which NumPy cannot hold) is viewed as its int16 words and those as
+  ``ml_dtypes.bfloat16`` (still zero copy); a bfloat16 result goes back the same way.
 * CUDA tensors become CuPy views through ``__cuda_array_interface__`` (zero copy), and the
   kernels run on the tensor's device on torch's current stream there: :func:`on_device` makes
   that stream CuPy's current stream, which numba_flash launches on.  Results come back through
-  DLPack (zero copy).  This path needs CuPy and a GPU; it is written to that contract but has
-  not been run (no GPU was available when it was written).
+  DLPack (zero copy).  A bfloat16 CUDA tensor (torch's ``__cuda_array_interface__`` refuses
+  bfloat16) goes over as int16 words viewed as CuPy's ``ml_dtypes.bfloat16`` (CuPy >= 14).
+  This path needs CuPy and a GPU; it is written to that contract but has not been run (no GPU
+  was available when it was written).
 
 Nothing here copies an input or writes to one.
 """
@@ -15,18 +19,27 @@ from __future__ import annotations
 
 import contextlib
 
+import ml_dtypes
 import numpy as np
 import torch
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
 
 def as_array(t):
-    """A zero-copy NumPy (CPU) or CuPy (CUDA) view of ``t``, same shape and strides."""
+    """A zero-copy NumPy (CPU) or CuPy (CUDA) view of ``t``, same shape and strides (bfloat16:
+    ``ml_dtypes.bfloat16``, through a view of the int16 words)."""
     t = t.detach()
+    bf16 = t.dtype == torch.bfloat16
+    if bf16:
+        t = t.view(torch.int16)  # same itemsize: a view for any strides
     if t.device.type == "cpu":
-        return t.numpy()
+        a = t.numpy()
+        return a.view(BFLOAT16) if bf16 else a
     import cupy  # a CUDA tensor: checks.check_device has already required the CUDA backend
 
-    return cupy.asarray(t)
+    a = cupy.asarray(t)
+    return a.view(BFLOAT16) if bf16 else a
 
 
 def as_heads_first(t):
@@ -36,9 +49,14 @@ def as_heads_first(t):
 
 def to_tensor(a, device):
     """A result array of the front end as a torch tensor on ``device`` (zero copy)."""
+    bf16 = a.dtype == BFLOAT16
+    if bf16:
+        a = a.view(np.int16)  # torch takes the words; viewed back as bfloat16 below
     if isinstance(a, np.ndarray):
-        return torch.from_numpy(a)
-    return torch.from_dlpack(a).to(device)  # CuPy: already on ``device``; .to is a no-op
+        t = torch.from_numpy(a)
+    else:
+        t = torch.from_dlpack(a).to(device)  # CuPy: already on ``device``; .to is a no-op
+    return t.view(torch.bfloat16) if bf16 else t
 
 
 def seq_first(a, device):

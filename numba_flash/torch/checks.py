@@ -15,8 +15,8 @@ from ..frontend.validate import check_bool, check_scale
 from ..frontend.variants import check_softcap, check_window
 from ..philox import check_dropout_p
 
-#: the dtypes the kernels take (bfloat16: not yet, see the package docstring)
-DTYPES = (torch.float16, torch.float32, torch.float64)
+#: the dtypes the kernels take
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 DENSE = "(batch_size, seqlen, nheads, headdim)"
 PACKED = "(total, nheads, headdim)"
@@ -33,9 +33,8 @@ def check_tensor(name, x, ndim, layout, dtypes=DTYPES):
         raise TypeError(f"{name}: expected a torch.Tensor {layout}, got "
                         f"{type(x).__module__}.{type(x).__qualname__}")
     if x.dtype not in dtypes:
-        extra = " (bfloat16 is not supported yet)" if x.dtype == torch.bfloat16 else ""
         raise TypeError(f"{name}: expected dtype in ({_dtype_text(dtypes)}), got "
-                        f"{str(x.dtype).replace('torch.', '')}{extra}")
+                        f"{str(x.dtype).replace('torch.', '')}")
     if x.dim() != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D tensor {layout}, got shape "
                          f"{tuple(x.shape)} ({x.dim()}-D)")

@@ -8,18 +8,19 @@ Layouts (flash-attn's): dense ``q [batch_size, seqlen_q, nheads, headdim]``, ``k
 (varlen).  The rules (bottom-right causal alignment, ``window_size``, ``softcap``,
 ``alibi_slopes``, GQA/MQA, dropout) are flash-attn's and :func:`numba_flash.forward`'s.
 
-Where numba_flash goes further than flash-attn: float32 and float64 as well as float16 (the
-kernels compute float16 in float32, float64 in float64; ``softmax_lse`` is float64 for float64
-inputs, float32 otherwise), any head dim 1..256 (no padding to a multiple of 8), CPU tensors (in
-the Numba CUDA simulator: slow, tiny shapes).  Where it differs: a query row that sees no key
-has ``out = 0`` as in flash-attn and ``softmax_lse = -inf`` (flash-attn stores +inf there);
-dropout masks come from numba_flash's Philox counter layout (reproducible with
-``torch.manual_seed``, not the same bits as flash-attn's); ``S_dmask`` (``return_attn_probs``
-with ``dropout_p > 0``; empty otherwise, as flash-attn) is exact ``[batch_size, nheads,
-seqlen_q, seqlen_k]`` (varlen: ``[batch_size, nheads, max_seqlen_q, max_seqlen_k]``) where
-flash-attn pads both to a multiple of 128, computed on the host in float64 (testing only).
+Where numba_flash goes further than flash-attn: float32 and float64 as well as float16 and
+bfloat16 (the kernels compute float16 and bfloat16 in float32, float64 in float64;
+``softmax_lse`` is float64 for float64 inputs, float32 otherwise), any head dim 1..256 (no
+padding to a multiple of 8), CPU tensors (in the Numba CUDA simulator: slow, tiny shapes). Where
+it differs: a query row that sees no key has ``out = 0`` as in flash-attn and ``softmax_lse =
+-inf`` (flash-attn stores +inf there); dropout masks come from numba_flash's Philox counter
+layout (reproducible with ``torch.manual_seed``, not the same bits as flash-attn's); ``S_dmask``
+(``return_attn_probs`` with ``dropout_p > 0``; empty otherwise, as flash-attn) is exact
+``[batch_size, nheads, seqlen_q, seqlen_k]`` (varlen: ``[batch_size, nheads, max_seqlen_q,
+max_seqlen_k]``) where flash-attn pads both to a multiple of 128, computed on the host in
+float64 (testing only).
 
-Not here yet: bfloat16 (a ``TypeError``), ``flash_attn_with_kvcache`` (numba_flash's KV-cache
+Not here yet: ``flash_attn_with_kvcache`` (numba_flash's KV-cache
 work has not landed; :func:`numba_flash.decode` is the NumPy/CuPy decode), and ``block_table``
 in :func:`flash_attn_varlen_func` (a ``NotImplementedError`` unless None).
 """
@@ -160,7 +161,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``S_dmask`` (testing only; see the module docstring).
 
     Returns ``out [batch_size, seqlen_q, nheads, headdim]`` in q's dtype, or ``(out,
-    softmax_lse, S_dmask)``.  dtypes float16, float32, float64 (not bfloat16 yet); CPU tensors
+    softmax_lse, S_dmask)``.  dtypes float16, bfloat16, float32, float64; CPU tensors
     run in the simulator, CUDA tensors on the GPU on torch's current stream.
     """
     _check_dense(q, k, v)

@@ -41,7 +41,7 @@ def _probs(q, k, scale, causal, window, softcap, alibi):
 
 
 def _host(t):
-    return t.detach().cpu().numpy()
+    return bridge.as_array(t.detach().cpu())
 
 
 def _s_dmask(q, k, seed, dropout_p, scale, causal, window, softcap, alibi_slopes):
