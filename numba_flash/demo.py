@@ -18,7 +18,7 @@ from numba_flash import reference as ref
 
 #: max abs error allowed, relative to max(1, max |reference|), per dtype.  Far above the errors
 #: the kernel tests measure (see tests/), far below what a wrong kernel produces (O(1)).
-TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-10}
+TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-4, "float64": 1e-10}
 
 #: problem sizes: (B, H, Hkv, N, d).  "tiny" suits the simulator, "gpu" a real device.
 SIZES = {
@@ -174,6 +174,26 @@ def case_tensor_cores(rng, s, dtype):
                t + t2, "float16")
 
 
+def case_bfloat16(rng, s, dtype):
+    """bfloat16 (``ml_dtypes.bfloat16``) in and out, whatever --dtype says: the causal forward
+    on both kernel families (SIMT, tensor cores) and the backward (the default kernel)."""
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    q, k, v = _qkv(rng, s, bf16)
+    do = rng.standard_normal(q.shape).astype(bf16)
+    (o, lse), t = _timed(lambda: numba_flash.forward(q, k, v, causal=True, return_lse=True,
+                                                     kernel="simt"))
+    o_mma, t1 = _timed(lambda: numba_flash.forward(q, k, v, causal=True, kernel="mma"))
+    (dq, dk, dv), t2 = _timed(lambda: numba_flash.backward(do, q, k, v, o, lse, causal=True))
+    if not all(x.dtype == bf16 for x in (o, o_mma, dq, dk, dv)):
+        raise TypeError("expected bfloat16 outputs")
+    o_ref, _ = ref.attention(q, k, v, causal=True)
+    want = ref.attention_backward(do, q, k, v, causal=True)
+    return Row("bfloat16 fwd (simt, mma) + bwd", _shape(s),
+               [(o, o_ref), (o_mma, o_ref), *zip((dq, dk, dv), want)], t + t1 + t2, "bfloat16")
+
+
 def _cache(rng, s, dtype):
     b, hkv, d, ctx = s["B"], s["Hkv"], s["d"], s["ctx"]
     seqlens = np.array([max(1, ctx - 7 * i) for i in range(b)], np.int32)
@@ -223,6 +243,7 @@ CASES = {
     "variants": case_variants,
     "varlen": case_varlen,
     "mma": case_tensor_cores,
+    "bfloat16": case_bfloat16,
     "decode": case_decode,
     "paged": case_paged_decode,
 }
