@@ -4,9 +4,12 @@ combine fused into the same launch.
 Math
 ----
 Sequence ``b`` has ``L = cache_seqlens[b]`` cached keys and ``Nq`` new query tokens, aligned
-bottom-right (query token ``i`` sits at key column ``i + L - Nq``).  The keys some query row sees
-are ``[klo, khi)`` (:func:`~numba_flash.kernels.visibility.tile_key_range` over all ``Nq`` rows:
-the window, causal and ``L`` folded in).  That range is cut into splits of ``size`` keys, from
+bottom-right (query token ``i`` sits at key column ``i + L - Nq``); with ``leftpad[b] = P`` its
+keys are ``[P, L)`` only (flash-attn's ``cache_leftpad``: the sequence is aligned at its end, so
+the columns above, the window and ALiBi's distances are unchanged, and no key before ``P`` is
+read).  The keys some query row sees are ``[klo, khi)``
+(:func:`~numba_flash.kernels.visibility.tile_key_range` over all ``Nq`` rows: the window, causal,
+``L`` and ``P`` folded in).  That range is cut into splits of ``size`` keys, from
 the sequence's own ``L`` only (batch invariance)::
 
     size = round_up(max(split_min, cdiv(khi - klo, split_target)), STEP)
@@ -66,8 +69,9 @@ advances by ``NG * U`` slots per step (two divisions when the split starts, none
 element, 32-bit; any block size works, a contiguous cache is one block of ``Nmax`` slots per
 sequence, and ``PAGED`` is a compile-time flag so that neither build carries the other's code).
 Every table entry is checked against ``[0, num_blocks)`` before it is dereferenced, and ``L``
-against the cache capacity (``Nmax``, or ``max_blocks * block_size``): a sequence with a bad
-entry for a key some query row sees, or a bad ``L``, gets ``o = NaN, lse = NaN`` and nothing
+against the cache capacity (``Nmax``, or ``max_blocks * block_size``) and ``P`` against ``[0,
+L]``: a sequence with a bad entry for a key some query row sees, or a bad ``L`` or ``P``, gets
+``o = NaN, lse = NaN`` and nothing
 outside the cache is ever read.  Slots past ``L`` are never read either (stale NaN cannot leak).
 
 At the end of a split the ``NG`` group states merge in shared memory (a fixed order, so the bits
@@ -285,7 +289,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                   ALIBI=False):
     """Build (once per configuration) the fused split-KV decode kernel
 
-    ``kernel(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
+    ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part, lse_part,
     counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
     split_min, left, right, softcap, inv_softcap)``
 
@@ -296,7 +300,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size, d]``
     views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
     ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
-    ``block_table`` unused) when 0; ``seqlens`` ``[B]``;
+    ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each sequence's keys) and
+    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence);
     ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``); ``o_part`` ``[splits, B * H * Nq,
     d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused with one split) and
     ``counters`` int32 ``[grid x]``, zero; the rest scalars (``scale``, ``softcap``,
@@ -337,9 +342,10 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     merge_stats, merge_element = make_merge_functions(acc_t)
 
     @kernel_jit(launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
-    def decode_split(q, k_cache, v_cache, block_table, seqlens, alibi, o, lse, o_part, lse_part,
-                     counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size,
-                     split_target, split_min, left, right, softcap, inv_softcap):
+    def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part,
+                     lse_part, counters, scale, paged, n_cache_blocks, n_kv_heads,
+                     cache_block_size, split_target, split_min, left, right, softcap,
+                     inv_softcap):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = tid % LANES                    # my elements: lane * CHUNK + COL[j], j < DPL
@@ -360,15 +366,19 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         n_splits = cuda.gridDim.y
         row0 = z * ROWS                       # first row of this block's chunk
         seqlen = seqlens[b]
+        pad = leftpad[b]                      # keys before it are not part of the sequence
         block_size = cache_block_size
         row_stride = int64(hkv) * block_size  # cache rows per physical block
         capacity = block_size                 # contiguous: Nmax
         if PAGED:
             capacity = block_table.shape[1] * block_size
-        bad_len = seqlen < 0 or seqlen > capacity
+        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
         offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
-        # keys some query row sees, and this split's share of them (from L alone)
+        # keys some query row sees, and this split's share of them (from L and the pad alone):
+        # the sequence is [pad, L), aligned at its end, so the rule's columns are unchanged
         klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        klo = max(klo, pad)
+        khi = max(khi, klo)
         n_keys = khi - klo
         size = max(split_min, (n_keys + split_target - 1) // split_target)
         size = (size + STEP - 1) // STEP * STEP   # whole block steps
@@ -435,7 +445,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         live_own = row_own < n_rows
         lo_own, hi_own = key_bounds(tok_own, offset, seqlen, left, right)
         # int32 from here (key positions fit: lengths are int32-checked on the host)
-        lo_own = int32(max(lo_own, -1))
+        lo_own = int32(max(lo_own, pad))      # (pad >= 0 when the length is good)
         hi_own = int32(min(hi_own, khi))
         slope_own = ZERO
         if ALIBI and live_own:
@@ -730,7 +740,8 @@ def kernel_args_types(dtype, ALIBI=False):
     i32 = types.int32
     return (numba_array_type(dtype, 4), numba_array_type(dtype, 2), numba_array_type(dtype, 2),
             numba_array_type(np.int32, 2), numba_array_type(np.int32, 1),
-            numba_array_type(np.float32, 2), numba_array_type(dtype, 4),
+            numba_array_type(np.int32, 1), numba_array_type(np.float32, 2),
+            numba_array_type(dtype, 4),
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
             acc_t, i32, i32, i32, i32, i32, i32, i32, i32, acc_t, acc_t)

@@ -37,6 +37,9 @@ from ..kernels.decode import (
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
 from ..kernels.visibility import window_bounds
+from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
+                       launch_append, validate_append, write_back)
+from .rotary import check_positions, check_rotary_tables, launch_rotary
 
 #: integer dtypes the kernel reads directly; others are converted (on the device for CuPy)
 _KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
@@ -129,18 +132,40 @@ def _alibi(alibi_slopes, b, h, check_values):
 
 def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False,
            softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-           num_splits=None, return_lse=False, validate=None):
-    """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV).
+           num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
+           rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
+           cache_leftpad=None):
+    """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
+    flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
     * ``q``: ``[B, H, d]`` (one token per sequence) or ``[B, H, Nq, d]``.
-    * contiguous cache (``block_table=None``): ``k_cache``, ``v_cache`` ``[B, Hkv, Nmax, d]``;
-      sequence ``b`` uses positions ``0 .. cache_seqlens[b] - 1``.
+    * contiguous cache (``block_table=None``): ``k_cache``, ``v_cache`` ``[Bc, Hkv, Nmax, d]``
+      (``Bc = B`` unless ``cache_batch_idx`` is given); sequence ``b`` uses positions ``0 ..
+      cache_seqlens[b] - 1`` of cache row ``b``.
     * paged cache: ``k_cache``, ``v_cache`` ``[num_blocks, Hkv, block_size, d]`` (any block
       size) and an integer ``block_table`` ``[B, max_blocks]``: token ``t`` of sequence ``b`` is
       in physical block ``block_table[b, t // block_size]`` at slot ``t % block_size``.  Entries
       past a sequence's live blocks are ignored (may be -1).
     * ``cache_seqlens``: integer ``[B]``, each in ``[0, Nmax]`` (paged: within the table); a
       length of 0 is an empty cache: every row gets ``o = 0``, ``lse = -inf``.
+    * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, appended to the caches at ``cache_seqlens``
+      before attending (:func:`numba_flash.append_kv`; the caches are written in place, and the
+      attention sees ``cache_seqlens + Nnew`` keys).  ``cache_seqlens`` itself is not modified:
+      the caller adds ``Nnew``.  The cache must have room (checked under ``validate``).
+    * ``rotary_cos``, ``rotary_sin``: ``[max_position, rotary_dim / 2]`` in ``q``'s dtype (with
+      ``k_new`` only, as flash-attn): ``k_new`` token ``i`` is rotated at position
+      ``cache_seqlens[b] + i``, and ``q`` token ``i`` at ``cache_seqlens[b] + i`` when ``causal``
+      or a window edge is set (in ``[0, capacity)``), else every query token at
+      ``cache_seqlens[b]`` (flash-attn's rule; :func:`numba_flash.apply_rotary`).  Positions are
+      cache indices (``cache_leftpad`` does not shift them, as in flash-attn).
+      ``rotary_interleaved``: ``True`` (flash-attn's default here) pairs ``(x[2i], x[2i+1])``
+      (GPT-J), ``False`` the halves (GPT-NeoX).
+    * ``cache_batch_idx``: integer ``[B]``, the cache row of each sequence (contiguous caches
+      only, as flash-attn); entries in ``[0, Bc)``, distinct when appending.
+    * ``cache_leftpad``: integer ``[B]``: sequence ``b``'s keys are positions ``[cache_leftpad[b],
+      cache_seqlens[b] (+ Nnew))``, the tokens before it are not part of the sequence (the
+      causal / window / ALiBi alignment is to the sequence's end, as flash-attn).  Contiguous or
+      paged.
     * ``causal``, ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` (float32 ``[H]``
       or ``[B, H]``): flash-attn's variants, bottom-right aligned: query token ``i`` of ``Nq``
       sits at key column ``i + L - Nq`` (``causal`` is ``right = 0``; see
@@ -149,19 +174,25 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
-    * ``validate``: check ``cache_seqlens`` and ``block_table`` on the host before the launch,
-      with a ``ValueError`` naming the bad entry.  Default ``True`` for NumPy inputs and
-      ``False`` for device (CuPy) inputs, where the call then never waits for the GPU.  Without
-      validation nothing outside the cache is ever read: a sequence whose length is outside
-      ``[0, capacity]`` or whose table has an entry outside ``[0, num_blocks)`` for a key that
-      some query row sees gets ``o = NaN`` and ``lse = NaN``; a length of 0 gives ``o = 0``,
-      ``lse = -inf``.
+    * ``validate``: check ``cache_seqlens``, ``block_table``, ``cache_batch_idx``,
+      ``cache_leftpad``, the room for ``k_new`` and the rotary positions on the host before any
+      launch (nothing is written when one fails), with a ``ValueError`` naming the argument.
+      Default ``True`` for NumPy inputs and ``False`` for device (CuPy) inputs, where the call
+      then never waits for the GPU.  Without validation nothing outside the cache is ever read
+      or written: an appended token that does not fit is skipped; a sequence whose length is
+      outside ``[0, capacity]``, whose left pad is outside ``[0, L]``, whose
+      ``cache_batch_idx`` is outside ``[0, Bc)`` or whose table has an entry outside ``[0,
+      num_blocks)`` for a key that some query row sees gets ``o = NaN`` and ``lse = NaN``; a
+      rotary position past the tables rotates to NaN.
+
+    Launches: the rotary kernel on ``q`` and on ``k_new`` (with rotary tables), the append
+    kernel (with ``k_new``), then the decode kernel, on one stream.
 
     Non-finite values (as torch SDPA): a NaN/inf in a query row or in a key the row sees makes
     that row's ``o`` and ``lse`` NaN; a NaN/inf in ``v[j, c]`` of a key the row sees makes
-    ``o[.., c]`` non-finite; stale slots (past ``cache_seqlens``), other sequences' blocks and
-    keys outside the window never affect a row; a row that sees no key gets ``o = 0``,
-    ``lse = -inf``.
+    ``o[.., c]`` non-finite; stale slots (past ``cache_seqlens``, before the left pad), other
+    sequences' blocks and keys outside the window never affect a row; a row that sees no key
+    gets ``o = 0``, ``lse = -inf``.
 
     Returns ``o`` in ``q``'s shape and dtype, and with ``return_lse`` also ``lse`` (``[B, H]`` or
     ``[B, H, Nq]``, float32; float64 for float64 inputs).  NumPy in, NumPy out; CuPy in, CuPy out.
@@ -172,11 +203,6 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens}
-    if paged:
-        arrays["block_table"] = block_table
-    if alibi_slopes is not None:
-        arrays["alibi_slopes"] = alibi_slopes
-    check_same_kind(arrays)
     single = len(qs) == 3
     b, h, nq, d = (qs[0], qs[1], 1, qs[2]) if single else qs
     if vs != ks:
@@ -189,7 +215,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     if h % hkv:
         raise ValueError(f"k_cache: expected a number of kv heads that divides the {h} query "
                          f"heads of q (GQA), got {hkv}")
-    if not paged and n_cache != b:
+    check_batch_idx(cache_batch_idx, b, paged)
+    if not paged and cache_batch_idx is None and n_cache != b:
         raise ValueError(f"k_cache: expected batch size {b} (from q) in dim 0 of a contiguous "
                          f"cache, got {n_cache}")
     (ls,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
@@ -199,6 +226,36 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
         if ts[0] != b:
             raise ValueError(f"block_table: expected {b} rows (batch of q), got shape {ts}")
+    optional = {"block_table": block_table, "alibi_slopes": alibi_slopes, "k_new": k_new,
+                "v_new": v_new, "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
+                "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad}
+    arrays.update({n: x for n, x in optional.items() if x is not None})
+    if (k_new is None) != (v_new is None):
+        have, miss = ("k_new", "v_new") if v_new is None else ("v_new", "k_new")
+        raise ValueError(f"{miss}: expected an array with {have} (both or neither), got None")
+    nnew = 0
+    if k_new is not None:
+        nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype)
+        check_writable_cache("k_cache", k_cache)
+        check_writable_cache("v_cache", v_cache)
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary:
+        if rotary_cos is None or rotary_sin is None:
+            miss = "rotary_cos" if rotary_cos is None else "rotary_sin"
+            raise ValueError(f"{miss}: expected an array with the other rotary table (both or "
+                             "neither), got None")
+        if k_new is None:
+            raise ValueError("rotary_cos: expected k_new and v_new with the rotary tables (q and "
+                             "k_new are rotated as they are appended, as flash-attn), got "
+                             "k_new=None")
+        max_position, _ = check_rotary_tables(rotary_cos, rotary_sin, d, dtype,
+                                              names=("rotary_cos", "rotary_sin"))
+    rotary_interleaved = check_bool("rotary_interleaved", rotary_interleaved)
+    if cache_leftpad is not None:
+        (lp,), _ = check_array("cache_leftpad", cache_leftpad, 1, INT_DTYPES)
+        if lp != b:
+            raise ValueError(f"cache_leftpad: expected shape ({b},) (batch of q), got ({lp},)")
+    check_same_kind(arrays)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
@@ -212,13 +269,41 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     alibi = None
     if alibi_slopes is not None:
         alibi = _alibi(alibi_slopes, b, h, check_values=validate or not on_device)
+    capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
+    # flash-attn rotates the queries at their own positions when the mask depends on them
+    q_step = int(causal or 0 <= window[0] < capacity or 0 <= window[1] < capacity)
 
     call = ArrayCall(arrays)  # rejects device arrays in the simulator, before any copy
-    if validate:
+    seqlens = None
+    if validate:  # every check before the first launch: nothing is written when one fails
         seqlens = _host_ints(cache_seqlens)
         table = _host_ints(block_table) if paged else None
+        cbi = _host_ints(cache_batch_idx) if cache_batch_idx is not None else None
+        if k_new is not None:
+            validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged)
+        elif cbi is not None:
+            bad = np.flatnonzero((cbi < 0) | (cbi >= n_cache))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"cache_batch_idx: expected entries in [0, {n_cache}) (dim 0 "
+                                 f"of k_cache), got {int(cbi[i])} at index {i}")
+        if rotary:
+            last_k = seqlens.astype(np.float64) + nnew - 1
+            last_q = seqlens.astype(np.float64) + (nq - 1) * q_step
+            check_positions("rotary_cos", np.maximum(last_k, last_q), max_position,
+                            "cache_seqlens[b] + max(Nnew, Nq) - 1" if q_step else
+                            "cache_seqlens[b] + Nnew - 1")
+        seqlens = seqlens.astype(np.int64) + nnew if nnew else seqlens
         _check_lengths_and_table(seqlens, table, n_slots if not paged else n_cache,
                                  n_slots, n_cache, paged)
+        if cache_leftpad is not None:
+            pads = _host_ints(cache_leftpad)
+            bad = np.flatnonzero((pads < 0) | (pads > seqlens))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"cache_leftpad: expected entries in [0, cache_seqlens[b]"
+                                 f"{' + Nnew' if nnew else ''}], got {int(pads[i])} at index {i} "
+                                 f"(length {int(seqlens[i])})")
 
     # -- launch shape and split policy (each sequence's split size from its own length)
     HEAD_DIM = padded_head_dim(d)
@@ -228,7 +313,6 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # [docs:decode-split-policy]
     step = block_step(threads, lanes, keys_per_step)
     split_target, split_min = split_policy(num_splits, hkv, step)
-    capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
     n_splits = split_grid(split_target, split_min, capacity)
     # [/docs:decode-split-policy]
     # window edges at or past the capacity (keys) or Nq (queries) are unbounded: int32-safe
@@ -239,7 +323,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     acc_t = acc_dtype(dtype)
     rows_total = b * h * nq
     call.reserve({"o": ((rows_total, d), dtype),
-                  "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d), acc_t)})
+                  "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d), acc_t),
+                  "rotated q and k_new": ((rows_total + b * hkv * nnew if rotary else 0, d),
+                                          dtype)})
 
     dq = call.input(q[:, :, None, :] if single else q)
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
@@ -248,10 +334,23 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     dv_ = call.input(v_cache).reshape(n_cache * hkv * n_slots, d)
     d_len = _kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
-    # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax
-    d_table = _kernel_ints(call, block_table, "block_table") if paged else \
-        call.empty((1, 1), np.int32)
+    # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax;
+    # with cache_batch_idx it is a paged cache of Bc blocks of Nmax slots, the indices its
+    # one-column table
+    paged_kernel, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     # [/docs:contiguous-as-paged]
+    if k_new is not None:  # rotate q and k_new (at the old lengths), then append: new lengths
+        dkn, dvn = call.input(k_new), call.input(v_new)
+        if rotary:
+            d_cos, d_sin = call.input(rotary_cos), call.input(rotary_sin)
+            dq = launch_rotary(call, dq, d_cos, d_sin, d_len, 0, q_step, 1, rotary_interleaved,
+                               dtype)
+            dkn = launch_rotary(call, dkn, d_cos, d_sin, d_len, 0, 1, 1, rotary_interleaved,
+                                dtype)
+        d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
+                              n_slots, b, hkv, nnew, d, dtype)
+    d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
+             else call.zeros((b,), np.int32))
     d_alibi = call.input(alibi) if alibi is not None else call.empty((1, 1), np.float32)
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
@@ -265,18 +364,21 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         counters = call.zeros((1,), np.int32)
     vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
     kernel = decode_kernel(threads, lanes, chunk, keys_per_step, rows, HEAD_DIM, dtype, vec,
-                           paged, softcap > 0, alibi_slopes is not None)
+                           paged_kernel, softcap > 0, alibi_slopes is not None)
     ct = compute_type(dtype)
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
     trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * chunks
-    call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_alibi, o, lse,
-                o_part, lse_part, counters, ct(scale), np.int32(paged), np.int32(n_cache),
-                np.int32(hkv), np.int32(n_slots), np.int32(split_target),
+    call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_pad, d_alibi, o, lse,
+                o_part, lse_part, counters, ct(scale), np.int32(paged_kernel),
+                np.int32(n_cache), np.int32(hkv), np.int32(n_slots), np.int32(split_target),
                 np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
                 ct(1.0 / softcap if softcap > 0 else 0.0),
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))
+    if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
+        write_back(call, k_cache, dk_)
+        write_back(call, v_cache, dv_)
     out = call.result(o).reshape(qs)
     if not return_lse:
         return out
