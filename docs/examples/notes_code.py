@@ -9,6 +9,13 @@ loop-order) quote the output of::
     python docs/examples/notes_code.py triton       # question 8
     python docs/examples/notes_code.py batch        # question 9
     python docs/examples/notes_code.py loop-order   # question 10
+    python docs/examples/notes_code.py triton-dot   # question 8: tl.dot's dtype and size rules
+    python docs/examples/notes_code.py stats-dtype  # questions 3, 5, 6: l, m, O in float16
+    python docs/examples/notes_code.py lse          # question 6: l and m, not the lse
+    python docs/examples/notes_code.py merge-maxima # question 13: sums against other maxima
+    python docs/examples/notes_code.py decode-io    # question 2: "in decode N is small"
+    python docs/examples/notes_code.py strides      # question 9.1: K/V offsets from Q's strides
+    python docs/examples/notes_code.py paged-init   # question 12: float m_s[Br] = {-inf};
 """
 
 from __future__ import annotations
@@ -109,7 +116,8 @@ def c_ceil_of_int_division(a, b):
 
 
 def notes_paged_attention(Q, block_table, kv_cache, seq_len, block_size, head, scale,
-                          count_blocks=c_ceil_of_int_division, store_max=False, bound_sum=False):
+                          count_blocks=c_ceil_of_int_division, store_max=False, bound_sum=False,
+                          c_init=False):
     """The notes' ``flash_paged_attention_kernel`` for one Q block (rows ``0 .. Br-1``), one
     head, transcribed statement by statement; ``kv_cache`` is ``[2, num_blocks, heads,
     block_size, d]`` as in the notes.  Returns ``O[q_start:q_end]``.  The three keyword arguments
@@ -117,13 +125,18 @@ def notes_paged_attention(Q, block_table, kv_cache, seq_len, block_size, head, s
 
     ``float S[Br][block_size]`` is written only in its first ``valid_tokens`` columns; the rest
     is undefined in C and in practice holds what the previous block left there, which is what
-    ``S`` (one array for the whole loop) models."""
+    ``S`` (one array for the whole loop) models.
+
+    ``float m_s[Br] = {-inf};`` sets only ``m_s[0]`` in C (an initialiser shorter than the array
+    zero-fills the rest); ``np.full`` sets every element.  ``c_init=True`` models C's reading."""
     Br, head_dim = Q.shape
     q_start, q_end = 0, min(Br, seq_len)
     Q_s = Q[q_start:q_end]
     O_s = np.zeros((Br, head_dim))
     l_s = np.zeros(Br)
-    m_s = np.full(Br, -np.inf)
+    m_s = np.full(Br, -np.inf)  # float m_s[Br] = {-inf};
+    if c_init:
+        m_s[1:] = 0.0  # ... as C reads it: {-inf, 0, 0, ...}
     S = np.zeros((q_end - q_start, block_size))  # float S[Br][block_size]
     num_logic_blocks = count_blocks(seq_len, block_size)
     for lb in range(num_logic_blocks):
@@ -187,6 +200,34 @@ def demo_paged():
     print(f"  seq_len=12, block_table = {bad.tolist()}, all fixes: no error, all finite "
           f"{bool(np.isfinite(got).all())},")
     print(f"  max |O - attention| {np.abs(got - want).max():.2e} (keys 4..7 silently dropped)")
+
+
+def demo_paged_init():
+    rng = np.random.default_rng(0)
+    scale = 0.5
+    print("the notes' paged kernel with its three fixes, seq_len = 12, Br = 12 rows; m_s as")
+    print("np.full sets it ({-inf, -inf, ...}) and as C sets it ({-inf, 0, 0, ...}):")
+    for label, negative in (("scores ~ N(0, 1)", False), ("every score below -1000", True)):
+        Q, table, kv, _ = paged_example(rng, 12, scale)
+        if negative:  # keys with entries >= 1, queries <= -500
+            kv = kv.copy()
+            kv[0] = np.abs(kv[0]) + 1.0
+            Q = -np.abs(Q) - 500.0
+        K = np.concatenate([kv[0, pb, 1] for pb in table])[:12]
+        V = np.concatenate([kv[1, pb, 1] for pb in table])[:12]
+        want = ref.attention(Q[None, None], K[None, None], V[None, None], softmax_scale=scale)[0]
+        want = want[0, 0]
+        smax = (Q @ K.T * scale).max()
+        for init, c_init in (("np.full", False), ("C's {-inf}", True)):
+            with np.errstate(invalid="ignore"):
+                got = notes_paged_attention(Q, table, kv, 12, 4, 1, scale, ceil_div, True, True,
+                                            c_init=c_init)
+            nan_rows = np.flatnonzero(np.isnan(got).any(axis=1))
+            ok = np.flatnonzero(~np.isnan(got).any(axis=1))
+            e = np.abs(got[ok] - want[ok]).max() if ok.size else float("nan")
+            rows = (f"rows {nan_rows[0]}..{nan_rows[-1]} NaN" if nan_rows.size else "no NaN")
+            print(f"  {label:23s} (max score {smax:8.1f}) {init:10s} {rows:16s} "
+                  f"other rows max |O - ref| {err(e)}")
 
 
 # -- question 8: the notes' Triton kernel, on a NumPy stand-in of triton.language -------------
@@ -261,6 +302,45 @@ class TritonStandIn:
         pointer.base[off[mask]] = value[mask]
 
 
+class StrictDotStandIn(TritonStandIn):
+    """:class:`TritonStandIn` whose ``dot`` also checks the two rules of Triton's
+    ``semantic.dot`` that the plain ``a @ b`` hides (quoted from Triton 3.x):
+
+    * ``assert lhs.dtype == rhs.dtype, f"Both operands must be same dtype. Got {lhs.dtype} and
+      {rhs.dtype}"`` (for every non-fp8 pair);
+    * ``assert lhs.shape[-2] >= min_dot_size[0] and lhs.shape[-1] >= min_dot_size[2] and
+      rhs.shape[-1] >= min_dot_size[1], f"Input shapes should have M >= ..., N >= ... and K >=
+      ..."``, with the NVIDIA backend's ``min_dot_size``: (16, 16, 16) for 16- and 32-bit
+      operands in Triton 3.0-3.2; newer releases pad small M and N and keep K >= 16 (16-bit),
+      K >= 8 (32-bit), K >= 4 (64-bit).  ``min_dot`` picks the rule (default: the older one).
+
+    The product of two float16 blocks is float32 (``out_dtype=tl.float32``), as in Triton."""
+
+    float16 = np.float16
+    NAMES = {np.dtype(np.float16): "fp16", np.dtype(np.float32): "fp32",
+             np.dtype(np.float64): "fp64"}
+
+    def __init__(self, pid=0, min_dot="triton<=3.2"):
+        super().__init__(pid)
+        self.min_dot = min_dot
+
+    def min_dot_size(self, dtype):
+        if self.min_dot == "triton<=3.2":
+            return (16, 16, 16)
+        return (1, 1, {2: 16, 4: 8, 8: 4}[np.dtype(dtype).itemsize])
+
+    def dot(self, a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype != b.dtype:
+            raise AssertionError(f"Both operands must be same dtype. Got {self.NAMES[a.dtype]} "
+                                 f"and {self.NAMES[b.dtype]}")
+        mm, nn, kk = self.min_dot_size(a.dtype)
+        if not (a.shape[-2] >= mm and a.shape[-1] >= kk and b.shape[-1] >= nn):
+            raise AssertionError(f"Input shapes should have M >= {mm}, N >= {nn} and K >= {kk}")
+        out = np.float64 if a.dtype == np.float64 else np.float32
+        return a.astype(out) @ b.astype(out)
+
+
 TritonStandIn.max.__qualname__ = "max"  # as Triton's own function names itself in errors
 TritonStandIn.sum.__qualname__ = "sum"
 
@@ -268,10 +348,11 @@ TritonStandIn.sum.__qualname__ = "sum"
 # [docs:notes-triton]
 def notes_triton_forward(tl, Q_ptr, K_ptr, V_ptr, O_ptr, L_ptr, M_ptr, N, d, Br, Bc, scale,
                          stride_q_n, stride_k_n, stride_v_n, stride_o_n,
-                         BLOCK_Q, BLOCK_KV, D, keep="keepdim", stats_1d=False):
+                         BLOCK_Q, BLOCK_KV, D, keep="keepdim", stats_1d=False, p_cast=False):
     """The notes' ``_flash_attention_fwd_kernel`` (question 8) statement by statement, for the
-    program ``tl.program_id(0)``.  ``keep="keep_dims"`` and ``stats_1d=True`` switch on the
-    two fixes (Triton's keyword; ``l`` and ``m`` stored as ``[BLOCK_Q]``)."""
+    program ``tl.program_id(0)``.  ``keep="keep_dims"``, ``stats_1d=True`` and ``p_cast=True``
+    switch on the fixes (Triton's keyword; ``l`` and ``m`` stored as ``[BLOCK_Q]``; ``P`` cast
+    to ``V``'s dtype before ``tl.dot``)."""
     pid = tl.program_id(0)
     q_start = pid * BLOCK_Q
     if q_start >= N:
@@ -297,6 +378,8 @@ def notes_triton_forward(tl, Q_ptr, K_ptr, V_ptr, O_ptr, L_ptr, M_ptr, N, d, Br,
         l = l * tl.exp(m - m_new)
         P = tl.exp(S - m_new)
         l = l + tl.sum(P, axis=1, **{keep: True})
+        if p_cast:  # the fix: tl.dot takes two operands of one dtype (in Triton: P.to(V.dtype))
+            P = P.astype(V.dtype)
         O = O + tl.dot(P, V)
         m = m_new
     O = O / l
@@ -309,7 +392,7 @@ def notes_triton_forward(tl, Q_ptr, K_ptr, V_ptr, O_ptr, L_ptr, M_ptr, N, d, Br,
 # [/docs:notes-triton]
 
 
-def run_notes_triton(q, k, v, block=4, **fixes):
+def run_notes_triton(q, k, v, block=4, stand_in=TritonStandIn, **fixes):
     """Launch :func:`notes_triton_forward` over its grid ``(cdiv(N, BLOCK_Q),)`` for one head
     ``q, k, v [N, D]``; return ``(O, L, M)`` (NaN where nothing was written)."""
     n, dd = q.shape
@@ -317,7 +400,7 @@ def run_notes_triton(q, k, v, block=4, **fixes):
     l_out = np.full(n, np.nan)
     m_out = np.full(n, np.nan)
     for pid in range(ceil_div(n, block)):
-        notes_triton_forward(TritonStandIn(pid), _Pointer(q.ravel()), _Pointer(k.ravel()),
+        notes_triton_forward(stand_in(pid), _Pointer(q.ravel()), _Pointer(k.ravel()),
                              _Pointer(v.ravel()), _Pointer(o), _Pointer(l_out), _Pointer(m_out),
                              n, dd, block, block, 1 / math.sqrt(dd), dd, dd, dd, dd,
                              block, block, dd, **fixes)
@@ -641,6 +724,244 @@ def demo_merge():
               f"{fmt(reference_merge(partial_states(shifted, v, [3, 6], dtype))[0])}")
 
 
+# -- question 8: tl.dot's dtype and size rules ------------------------------------------------
+def demo_triton_dot():
+    rng = np.random.default_rng(0)
+    print("the notes' Triton kernel (keep_dims and [BLOCK_Q] statistics fixed) with tl.dot's two")
+    print("rules enforced (StrictDotStandIn), one head, N = 32, float16 q, k, v:")
+    for dd, block, min_dot in ((4, 4, "triton<=3.2"), (4, 4, "triton>=3.3"),
+                               (16, 16, "triton<=3.2"), (16, 16, "triton>=3.3")):
+        q, k, v = (rng.standard_normal((32, dd)).astype(np.float16) for _ in range(3))
+        want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+        for label, p_cast in (("tl.dot(P, V)", False), ("tl.dot(P.to(V.dtype), V)", True)):
+            try:
+                o, _, _ = run_notes_triton(
+                    q, k, v, block, lambda pid: StrictDotStandIn(pid, min_dot),
+                    keep="keep_dims", stats_1d=True, p_cast=p_cast)
+            except AssertionError as exc:
+                print(f"  D = BLOCK = {dd:2d}, {min_dot:11s} {label:24s} AssertionError: {exc}")
+                continue
+            print(f"  D = BLOCK = {dd:2d}, {min_dot:11s} {label:24s} max |O - attention| "
+                  f"{err(np.abs(o - want).max())}")
+
+
+# -- questions 3, 5, 6: the statistics in the input dtype --------------------------------------
+# [docs:notes-q-block]
+def notes_flash_forward_q_block(Qi, K, V, Bc, scale, acc_dtype=None):
+    """The notes' question-5 ``flash_forward_q_block`` (non-causal path) in NumPy: ``Oi``, ``li``
+    and ``mi`` are created with ``dtype=Qi.dtype`` as in the notes (questions 3 and 6 do the
+    same); ``acc_dtype=np.float32`` is the fix.  torch's float16 matmul and sum accumulate in
+    float32 and round the result to float16 once: modelled by ``_mm`` and ``_rowsum``."""
+    Br, d = Qi.shape
+    N = K.shape[0]
+    dt = Qi.dtype if acc_dtype is None else np.dtype(acc_dtype)
+    Oi = np.zeros((Br, d), dt)
+    li = np.zeros((Br, 1), dt)
+    mi = np.full((Br, 1), -np.inf, dt)
+    Tc = (N + Bc - 1) // Bc
+    for j in range(Tc):
+        k_start = j * Bc
+        k_end = min(N, k_start + Bc)
+        Kj, Vj = K[k_start:k_end], V[k_start:k_end]
+        Sij = (_mm(Qi, Kj.T) * scale).astype(dt)
+        row_max = Sij.max(axis=1, keepdims=True)
+        mi_new = np.maximum(mi, row_max)
+        Oi = Oi * np.exp(mi - mi_new)
+        li = li * np.exp(mi - mi_new)
+        Pij = np.exp(Sij - mi_new)
+        li = li + _rowsum(Pij)
+        Oi = Oi + _mm(Pij, Vj).astype(dt)
+        mi = mi_new
+    Oi = Oi / li
+    return Oi, li
+# [/docs:notes-q-block]
+
+
+def _mm(a, b):
+    """A matmul as torch does it on float16: float32 accumulation, one rounding to the type."""
+    out = np.result_type(a.dtype, b.dtype)
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(out)
+
+
+def _rowsum(p):
+    return p.astype(np.float32).sum(axis=1, keepdims=True).astype(p.dtype)
+
+
+def demo_stats_dtype():
+    rng = np.random.default_rng(0)
+    print("the notes' flash_forward_q_block (question 5), float16 q, k, v, Br = 4, Bc = 64:")
+    cases = (("N = 70000 keys, |s| < 0.1", 70000, 0.02, 0.0),
+             ("N = 1024 keys, |s| < 0.1, v ~ 100 + N(0, 1)", 1024, 0.02, 100.0))
+    for label, n, q_scale, v_shift in cases:
+        q = (q_scale * rng.standard_normal((4, 8))).astype(np.float16)
+        k = rng.standard_normal((n, 8)).astype(np.float16)
+        v = (v_shift + rng.standard_normal((n, 8))).astype(np.float16)
+        scale = 1 / math.sqrt(8)
+        want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+        print(f"  {label}: reference max |O| {np.abs(want).max():.3g}")
+        for name, acc in (("l, m, O in float16 (the notes)", None),
+                          ("l, m, O in float32 (the fix)", np.float32)):
+            with np.errstate(over="ignore", invalid="ignore"):
+                o, li = notes_flash_forward_q_block(q, k, v, 64, scale, acc)
+            o = o.astype(np.float64)
+            bad = "all finite" if np.isfinite(o).all() else "not finite"
+            rel = np.abs(o - want).max() / np.abs(want).max()
+            # below 1e-3 as a power of ten: the last digits of float32 exp depend on the CPU
+            shown = f"< 1e{math.floor(math.log10(rel)) + 1:d}" if rel < 1e-3 else f"{rel:.1e}"
+            print(f"    {name:31s} l[0] = {float(li[0, 0]):<9.6g} O {bad}, "
+                  f"max |O - ref| / max |ref| {shown}")
+
+
+# -- question 6: asked for the log-sum-exp, returns l and m -------------------------------------
+# [docs:notes-save-stats]
+def notes_save_stats(Q, K, V, Br, Bc):
+    """The notes' question-6 ``flash_attention_forward_save_stats`` (no mask) in NumPy, float64:
+    returns ``(O, L, m)`` with ``L`` the final sum ``l`` (the notes' own name for it)."""
+    N, d = Q.shape
+    scale = 1.0 / math.sqrt(d)
+    O = np.zeros_like(Q)
+    L = np.zeros((N, 1))
+    m = np.full((N, 1), -np.inf)
+    for q_start in range(0, N, Br):
+        i = slice(q_start, min(N, q_start + Br))
+        Oi, mi, li = O[i], m[i], L[i]
+        for k_start in range(0, N, Bc):
+            j = slice(k_start, min(N, k_start + Bc))
+            Sij = Q[i] @ K[j].T * scale
+            mi_new = np.maximum(mi, Sij.max(axis=1, keepdims=True))
+            Oi = Oi * np.exp(mi - mi_new)
+            li = li * np.exp(mi - mi_new)
+            Pij = np.exp(Sij - mi_new)
+            li = li + Pij.sum(axis=1, keepdims=True)
+            Oi = Oi + Pij @ V[j]
+            mi = mi_new
+        O[i], L[i], m[i] = Oi / li, li, mi
+    return O, L, m
+# [/docs:notes-save-stats]
+
+
+def demo_lse():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((8, 4)) for _ in range(3))
+    o, L, m = notes_save_stats(q, k, v, 4, 4)
+    o_ref, lse = ref.attention(q[None, None], k[None, None], v[None, None])
+    lse = lse[0, 0]
+    print("the notes' flash_attention_forward_save_stats (question 6), N = 8, d = 4, Br = Bc = 4:")
+    print(f"  returns O, L, m: max |O - attention| {err(np.abs(o - o_ref[0, 0]).max())}")
+    print(f"  L[:3, 0]            {fmt(L[:3, 0])}   (the sum l, not the log-sum-exp)")
+    print(f"  m[:3, 0] + log L    {fmt((m + np.log(L))[:3, 0])}")
+    print(f"  reference lse[:3]   {fmt(lse[:3])}")
+    print(f"  max |m + log L - lse| {err(np.abs((m + np.log(L))[:, 0] - lse).max())}")
+
+
+# -- question 13: partial sums against different maxima ---------------------------------------
+# [docs:notes-13-cases]
+def stale_max_merge(blocks, m_ref):
+    """The notes' 13.1 scenario: every block's terms taken against one stale max ``m_ref``
+    (exp(s - 10) for block 2, whose max is 20).  One common max: right, if nothing overflows."""
+    l = sum(b["l"] * np.exp(b["m"] - m_ref) for b in blocks)
+    o = sum(b["o"] * np.exp(b["m"] - m_ref) for b in blocks)
+    return o / l
+
+
+def unrescaled_merge(blocks):
+    """The failure 13.1 never runs: the max is updated but what was summed before is not
+    rescaled, so ``l`` adds terms taken against different maxima."""
+    m, l, o = -np.inf, 0.0, 0.0
+    for b in blocks:
+        m_new = max(m, b["m"])
+        l = l + b["l"] * np.exp(b["m"] - m_new)  # the old l is still against the old m
+        o = o + b["o"] * np.exp(b["m"] - m_new)
+        m = m_new
+    return o / l
+# [/docs:notes-13-cases]
+
+
+def demo_merge_maxima():
+    rng = np.random.default_rng(1)
+    s = rng.standard_normal(8)
+    v = rng.standard_normal((8, 2))
+    print("one query, two blocks of scores [0:4], [4:8]; block 2 shifted so its max is `gap`")
+    print("above block 1's (the notes' 13.1 example: maxima 10 and 20, gap 10):")
+    print("max |o - exact| of three merges of float64 states:")
+    print(f"  {'gap':>6s} {'stale_max_merge':>16s} {'unrescaled_merge':>17s} "
+          f"{'notes_correct_merge':>20s}")
+    for gap in (0.1, 1.0, 10.0, 1000.0):
+        x = s.copy()
+        x[:4] += 10 - x[:4].max()
+        x[4:] += 10 + gap - x[4:].max()
+        p = np.exp(x - x.max())
+        exact = (p / p.sum()) @ v
+        e = []
+        for merge in (lambda b: stale_max_merge(b, 10.0), unrescaled_merge, notes_correct_merge):
+            with np.errstate(over="ignore", invalid="ignore"):
+                got = merge(partial_states(x, v, [4]))
+            e.append(float(np.abs(got - exact).max()))
+        print(f"  {gap:6.1f} " + " ".join(f"{err(x, w)}" for x, w in zip(e, (16, 17, 20))))
+
+
+# -- question 2: "in decode N is small" -------------------------------------------------------
+def demo_decode_io():
+    from io_count import standard_attention_bytes, tiled_forward_bytes
+    d, item = 64, 2
+    print(f"one head, d = {d}, float16, Q tiles of 128 rows, K/V tiles of 64; bytes moved by the")
+    print("models tests/docs/test_io_count.py checks against the kernels:")
+    print(f"  {'shape':24s} {'standard':>14s} {'flash':>14s} {'standard / flash':>17s}")
+    for nq, nk in ((4096, 4096), (1, 4096), (1, 131072)):
+        std = standard_attention_bytes(nq, nk, d, item)
+        fl = tiled_forward_bytes(1, 1, nq, nk, d, 128, 64, item, 4)
+        std_b, fl_b = std["read"] + std["written"], fl["read"] + fl["written"]
+        label = f"Nq = {nq}, N = {nk}"
+        print(f"  {label:24s} {std_b:14,d} {fl_b:14,d} {std_b / fl_b:17.2f}")
+
+
+# -- question 9.1: K/V offsets from Q's strides -----------------------------------------------
+def head_from_offset(flat, base, stride_n, n, d):
+    """Rows ``0..n-1`` of one head read through a flat pointer: ``flat[base + r * stride_n + c]``
+    (what ``tl.load`` does), IndexError past the end (a fault, or another tensor, on a GPU)."""
+    idx = base + np.arange(n)[:, None] * stride_n + np.arange(d)[None, :]
+    if idx.max() >= flat.size:
+        raise IndexError("load past the end of the buffer")
+    return flat[idx]
+
+
+def demo_strides():
+    rng = np.random.default_rng(0)
+    print("the notes' 9.1 offset `offs_b = b * stride_q_b + h * stride_q_h` used for Q, K and V;")
+    print("head (b, h) = (1, 1), d = 4, attention of that head against the reference:")
+    cases = (("same shapes, contiguous", (2, 2, 6), (2, 2, 6), False),
+             ("Nk = 9 != Nq = 6", (2, 2, 6), (2, 2, 9), False),
+             ("GQA: H = 4, Hkv = 2", (2, 4, 6), (2, 2, 6), False),
+             ("K, V as [B, N, H, d] views", (2, 2, 6), (2, 2, 6), True))
+    b, h, d = 1, 1, 4
+    for label, (bq, hq, nq), (bk, hk, nk), bshd in cases:
+        q = rng.standard_normal((bq, hq, nq, d))
+        k, v = (rng.standard_normal((bk, hk, nk, d)) for _ in range(2))
+        if bshd:  # a [B, N, H, d] buffer seen as [B, H, N, d]: strides of another layout
+            k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+                    for x in (k, v))
+        want = ref.attention(q, k, v)[0][b, h]
+        sq = [s // 8 for s in q.strides]
+        sk = [s // 8 for s in k.strides]
+        h_kv = h // (hq // hk)
+        flat_k = np.lib.stride_tricks.as_strided(k, (k.size,), (8,)) if not bshd else \
+            np.ascontiguousarray(k.transpose(0, 2, 1, 3)).ravel()
+        flat_v = np.lib.stride_tricks.as_strided(v, (v.size,), (8,)) if not bshd else \
+            np.ascontiguousarray(v.transpose(0, 2, 1, 3)).ravel()
+        results = []
+        for name, off, stride_n in (("notes", b * sq[0] + h * sq[1], sq[2]),
+                                    ("fixed", b * sk[0] + h_kv * sk[1], sk[2])):
+            try:
+                kh = head_from_offset(flat_k, off, stride_n, nk, d)
+                vh = head_from_offset(flat_v, off, stride_n, nk, d)
+            except IndexError as exc:
+                results.append(f"{name}: IndexError ({exc})")
+                continue
+            o = ref.attention(q[b, h][None, None], kh[None, None], vh[None, None])[0][0, 0]
+            results.append(f"{name}: max |O - ref| {err(np.abs(o - want).max())}")
+        print(f"  {label:27s} " + ";  ".join(results))
+
+
 def reference_merge(blocks):
     o_parts, lse_parts = to_lse_form(blocks)
     return ref.merge_states(o_parts, lse_parts)
@@ -648,4 +969,7 @@ def reference_merge(blocks):
 
 if __name__ == "__main__":
     {"online-softmax": demo_online_softmax, "merge": demo_merge, "paged": demo_paged,
-     "triton": demo_triton, "batch": demo_batch, "loop-order": demo_loop_order}[sys.argv[1]]()
+     "triton": demo_triton, "batch": demo_batch, "loop-order": demo_loop_order,
+     "triton-dot": demo_triton_dot, "stats-dtype": demo_stats_dtype, "lse": demo_lse,
+     "merge-maxima": demo_merge_maxima, "decode-io": demo_decode_io,
+     "strides": demo_strides, "paged-init": demo_paged_init}[sys.argv[1]]()

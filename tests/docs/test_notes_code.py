@@ -177,3 +177,123 @@ def test_loop_orders_count_round_trips_q10(n, d, br, bc):
     assert h2.writes["O"] == n * d and h2.writes["lse"] == n and h2.reads["O"] == 0
     with np.errstate(invalid="ignore"):
         assert np.isnan(notes_flash_attention_v2_forward(q, k, v, br, bc)).all()
+
+
+# -- the notes' errors the pages show by runs (questions 2, 3/5/6, 7, 8, 9.1, 12, 13) ----------
+def test_q8_tl_dot_rules():
+    """tl.dot as Triton checks it: D = BLOCK = 4 fails the size rule in both Triton generations;
+    at 16 the float32 P times float16 V fails the dtype rule; P cast to V's dtype is right."""
+    from notes_code import StrictDotStandIn, run_notes_triton
+    rng = np.random.default_rng(5)
+    fixes = dict(keep="keep_dims", stats_1d=True)
+    for rule, msg in (("triton<=3.2", "M >= 16, N >= 16 and K >= 16"),
+                      ("triton>=3.3", "M >= 1, N >= 1 and K >= 16")):
+        q, k, v = (rng.standard_normal((8, 4)).astype(np.float16) for _ in range(3))
+        with pytest.raises(AssertionError, match=msg):
+            run_notes_triton(q, k, v, 4, lambda pid: StrictDotStandIn(pid, rule), p_cast=True,
+                             **fixes)
+        q, k, v = (rng.standard_normal((32, 16)).astype(np.float16) for _ in range(3))
+        with pytest.raises(AssertionError, match="Got fp32 and fp16"):
+            run_notes_triton(q, k, v, 16, lambda pid: StrictDotStandIn(pid, rule), **fixes)
+        o, _, _ = run_notes_triton(q, k, v, 16, lambda pid: StrictDotStandIn(pid, rule),
+                                   p_cast=True, **fixes)
+        want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+        assert np.abs(o - want).max() < 2e-3  # P rounded to float16: measured 1.5e-4
+
+
+def test_q5_stats_in_float16_overflow():
+    from notes_code import notes_flash_forward_q_block
+    rng = np.random.default_rng(6)
+    q = (0.02 * rng.standard_normal((4, 8))).astype(np.float16)
+    k = rng.standard_normal((70000, 8)).astype(np.float16)
+    v = rng.standard_normal((70000, 8)).astype(np.float16)
+    with np.errstate(over="ignore"):
+        o, li = notes_flash_forward_q_block(q, k, v, 64, 1 / math.sqrt(8))
+    assert np.isinf(li).all() and (o == 0).all()
+    o32, li32 = notes_flash_forward_q_block(q, k, v, 64, 1 / math.sqrt(8), np.float32)
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    assert np.isfinite(li32).all() and np.abs(o32 - want).max() < 1e-3 * np.abs(want).max()
+    # |v| ~ 100: the float16 accumulator overflows at ~700 keys of similar score
+    k, v = k[:1024], (100 + rng.standard_normal((1024, 8))).astype(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        o, _ = notes_flash_forward_q_block(q, k, v, 64, 1 / math.sqrt(8))
+    assert not np.isfinite(o).any()
+
+
+def test_q6_returns_l_not_lse():
+    from notes_code import notes_save_stats
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((8, 4)) for _ in range(3))
+    o, L, m = notes_save_stats(q, k, v, 4, 4)
+    o_ref, lse = ref.attention(q[None, None], k[None, None], v[None, None])
+    np.testing.assert_allclose(o, o_ref[0, 0], atol=1e-14)
+    np.testing.assert_allclose((m + np.log(L))[:, 0], lse[0, 0], atol=1e-14)
+    assert np.abs(L[:, 0] - lse[0, 0]).min() > 0.1
+
+
+def test_q7_fixed_tiled_backward_exact_at_every_tiling():
+    from backward_demo import fixed_case, notes_case
+    for bc in (12, 6, 4, 2):
+        assert max(fixed_case(bc)) < 1e-13
+    assert max(notes_case(4)) > 0.1  # the notes' version on the same inputs
+
+
+def test_q13_stale_max_exact_unrescaled_wrong_at_any_gap():
+    from notes_code import stale_max_merge, unrescaled_merge
+    rng = np.random.default_rng(8)
+    s, v = rng.standard_normal(8), rng.standard_normal((8, 2))
+    for gap in (0.1, 1.0, 10.0):
+        x = s.copy()
+        x[:4] += 10 - x[:4].max()
+        x[4:] += 10 + gap - x[4:].max()
+        p = np.exp(x - x.max())
+        exact = (p / p.sum()) @ v
+        assert np.abs(stale_max_merge(partial_states(x, v, [4]), 10.0) - exact).max() < 1e-13
+        assert np.abs(notes_correct_merge(partial_states(x, v, [4])) - exact).max() < 1e-13
+        assert np.abs(unrescaled_merge(partial_states(x, v, [4])) - exact).max() > 1e-3
+    x = s.copy()
+    x[4:] += 1000
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert np.isnan(stale_max_merge(partial_states(x, v, [4]), float(s[:4].max()))).all()
+
+
+def test_q2_decode_moves_kv_once_either_way():
+    from io_count import standard_attention_bytes, tiled_forward_bytes
+
+    def total(d):
+        return d["read"] + d["written"]
+
+    for n in (4096, 131072):
+        std = total(standard_attention_bytes(1, n, 64, 2))
+        fl = total(tiled_forward_bytes(1, 1, 1, n, 64, 128, 64, 2, 4))
+        assert 1.0 < std / fl < 1.05 and fl >= 2 * n * 64 * 2
+    assert total(standard_attention_bytes(4096, 4096, 64, 2)) > 3.9 * total(
+        tiled_forward_bytes(1, 1, 4096, 4096, 64, 128, 64, 2, 4))
+
+
+def test_q9_1_q_strides_locate_k_only_for_equal_shapes(capsys):
+    from notes_code import demo_strides
+    demo_strides()
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert "notes: max |O - ref| < 1e-14" in lines[0]
+    assert "notes: max |O - ref| < 1e-14" not in lines[1] and "IndexError" in lines[2]
+    assert "notes: max |O - ref| < 1e-14" not in lines[3]
+    assert all("fixed: max |O - ref| < 1e-14" in line for line in lines)
+
+
+def test_q12_c_initialiser_nan_rows_for_very_negative_scores():
+    from notes_code import ceil_div, notes_paged_attention, paged_example
+    rng = np.random.default_rng(9)
+    Q, table, kv, want = paged_example(rng, 12, 0.5)
+    for c_init in (False, True):  # ordinary scores: the zero start is harmless
+        got = notes_paged_attention(Q, table, kv, 12, 4, 1, 0.5, ceil_div, True, True,
+                                    c_init=c_init)
+        assert np.abs(got - want).max() < 1e-13
+    kv = kv.copy()
+    kv[0] = np.abs(kv[0]) + 1.0
+    Q = -np.abs(Q) - 500.0
+    with np.errstate(invalid="ignore"):
+        got = notes_paged_attention(Q, table, kv, 12, 4, 1, 0.5, ceil_div, True, True,
+                                    c_init=True)
+        fine = notes_paged_attention(Q, table, kv, 12, 4, 1, 0.5, ceil_div, True, True)
+    assert np.isfinite(got[0]).all() and np.isnan(got[1:]).all() and np.isfinite(fine).all()
