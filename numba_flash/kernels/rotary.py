@@ -121,12 +121,13 @@ def kernel_args_types(dtype, int_dtype=np.int32):
 
 
 def compile_configs():
-    """The GPU configurations the compile tier builds: every dtype, both pair layouts."""
-    for dtype in DTYPES:
-        for interleaved in (False, True):
-            yield {
-                "name": f"rotary {dtype.name}{' interleaved' if interleaved else ''}",
-                "kernel": rotary_kernel(GPU_THREADS, dtype, interleaved),
-                "args": kernel_args_types(dtype),
-                "float64_ok": dtype == np.float64,
-            }
+    """The GPU configurations the compile tier builds (a selection): float16 with both pair
+    layouts, float32 and float64 with GPT-NeoX halves."""
+    for dtype, interleaved in ((DTYPES[0], False), (DTYPES[0], True), (DTYPES[1], False),
+                               (DTYPES[2], False)):
+        yield {
+            "name": f"rotary {dtype.name}{' interleaved' if interleaved else ''}",
+            "kernel": rotary_kernel(GPU_THREADS, dtype, interleaved),
+            "args": kernel_args_types(dtype),
+            "float64_ok": dtype == np.float64,
+        }

@@ -5,7 +5,12 @@ The decode is one launch (:mod:`numba_flash.kernels.decode`): split-KV blocks, a
 of each (sequence, kv head) to finish merges the splits.  With CuPy inputs and the default
 ``validate=False`` a call only enqueues work on the current stream (no host copy of
 ``cache_seqlens`` or ``block_table``, no synchronisation), so a serving loop can capture it in a
-CUDA graph; the kernel itself checks every table entry and length it uses.
+CUDA graph; the kernel itself checks every table entry and length it uses.  With
+flash_attn_with_kvcache's extras the call composes launches on the same stream: the rotary
+kernel on ``q`` and ``k_new`` (:mod:`numba_flash.ops.rotary`), the append kernel
+(:mod:`numba_flash.ops.kv_cache`; its new lengths feed the decode launch on the device), then
+the decode kernel, which reads ``cache_leftpad`` itself and ``cache_batch_idx`` as a
+one-column block table.
 
 Split policy (batch invariance)
 -------------------------------
