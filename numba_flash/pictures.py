@@ -15,7 +15,15 @@
 * ``tile_ownership.png``: the tiled forward's thread layout (which thread owns which S and acc
   elements) and its barriers, read from ``numba_flash.kernels.forward``;
 * ``roofline.png``: measured kernels against the H200's copy bandwidth and compute peaks (data in
-  :data:`ROOFLINE`).
+  :data:`ROOFLINE`);
+* for docs/cuda-basics.md: ``grid_block_thread.png`` (a grid of blocks of threads over an array,
+  :func:`thread_index`), ``warps_lanes.png`` (a block's threads as warps and lanes),
+  ``memory_hierarchy.png`` (HBM, L2, shared memory, registers and where the tiled forward keeps
+  each array of a tile), ``tree_reduction.png`` (the shared-memory tree of ``row_max``,
+  :func:`tree_levels`) and ``smem_banks.png`` (a column of a ``[32][32]`` and a ``[32][33]``
+  float32 tile over the 32 banks, :func:`bank_of`);
+* ``loop_order.png``: the FlashAttention-1 (K/V outer) and -2 (Q outer) forward loop orders and
+  what each reads and writes in HBM per step, for docs/loop-order.md.
 
 The tile classification comes from :func:`tile_kinds`, the same rule as
 :func:`numba_flash.reference.blocked_attention`'s loop (tested in tests/docs).
@@ -499,6 +507,259 @@ def draw_roofline(path, data=ROOFLINE):
     plt.close(fig)
 
 
+# -- the CUDA basics ---------------------------------------------------------------------------
+def thread_index(n, threads):
+    """``[(block, thread, i)]`` of a 1-D launch over ``n`` elements with ``threads`` per block:
+    ``i = blockIdx.x * blockDim.x + threadIdx.x`` (``i >= n``: a spare thread)."""
+    blocks = -(-n // threads)
+    return [(b, t, b * threads + t) for b in range(blocks) for t in range(threads)]
+
+
+def tree_levels(values):
+    """The levels of the shared-memory tree reduction (max) of ``row_max`` in
+    docs/examples/cuda_basics.py: ``[values, after stride len/2, ..., [max]]``."""
+    level = list(values)
+    out = [level]
+    stride = len(level) // 2
+    while stride > 0:
+        level = [max(level[t], level[t + stride]) for t in range(stride)]
+        out.append(level)
+        stride //= 2
+    return out
+
+
+def bank_of(row, col, width, banks=32):
+    """The shared-memory bank of float32 element ``[row][col]`` of a tile ``width`` words wide."""
+    return (row * width + col) % banks
+
+
+def draw_grid_block_thread(path, n=20, threads=8):
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    cells = thread_index(n, threads)
+    fig, ax = plt.subplots(figsize=(12, 3.6))
+    colors = ["#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb"]
+    for b, t, i in cells:
+        spare = i >= n
+        ax.add_patch(Rectangle((i, 1.2), 0.95, 0.9, facecolor="#eeeeee" if spare
+                               else colors[b % 4], edgecolor="#888888",
+                               hatch="//" if spare else None))
+        ax.text(i + 0.47, 1.85, f"t{t}", ha="center", va="center", fontsize=7.5)
+        ax.text(i + 0.47, 1.45, f"i={i}", ha="center", va="center", fontsize=7,
+                color="#999999" if spare else "black")
+        if not spare:
+            ax.add_patch(Rectangle((i, 0), 0.95, 0.7, facecolor="white", edgecolor="#4c78a8"))
+            ax.text(i + 0.47, 0.35, f"x[{i}]", ha="center", va="center", fontsize=7)
+            ax.annotate("", (i + 0.47, 0.72), (i + 0.47, 1.18),
+                        arrowprops=dict(arrowstyle="->", color="#777777", lw=0.7))
+    for b in range(-(-n // threads)):
+        ax.text(b * threads + threads / 2 - 0.05, 2.35, f"block {b} (blockIdx.x = {b})",
+                ha="center", fontsize=9, fontweight="bold")
+    if len(cells) > n:
+        ax.text((n + len(cells)) / 2, 0.35, "spare threads\n(i >= n: they return)",
+                fontsize=8.5, ha="center", va="center", color="#555555")
+    ax.set_xlim(-0.3, len(cells) + 0.3)
+    ax.set_ylim(-0.2, 2.7)
+    ax.axis("off")
+    ax.set_title(f"A grid of {-(-n // threads)} blocks of {threads} threads over an array of {n}:"
+                 " thread t of block b handles i = b * blockDim.x + t", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_warps_lanes(path, threads=96):
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(12, 3.2))
+    colors = ["#c6dbef", "#fdd0a2", "#c7e9c0"]
+    for t in range(threads):
+        warp, lane = divmod(t, 32)
+        x, y = lane, 2 - warp
+        ax.add_patch(Rectangle((x, y), 0.92, 0.8, facecolor=colors[warp % 3],
+                               edgecolor="#888888", linewidth=0.5))
+        ax.text(x + 0.46, y + 0.55, str(t), ha="center", va="center", fontsize=6)
+        ax.text(x + 0.46, y + 0.2, str(lane), ha="center", va="center", fontsize=5.5,
+                color="#555555")
+    for warp in range(threads // 32):
+        ax.text(-0.4, 2 - warp + 0.4, f"warp {warp}\n(threads {32 * warp}-{32 * warp + 31})",
+                ha="right", va="center", fontsize=8.5)
+    ax.text(16, 3.05, "lane = threadIdx.x % 32 (small numbers), warp = threadIdx.x // 32; "
+            "the 32 lanes of a warp issue each instruction together", ha="center", fontsize=9)
+    ax.set_xlim(-5.5, 32.3)
+    ax.set_ylim(-0.2, 3.4)
+    ax.axis("off")
+    ax.set_title(f"A block of {threads} threads is {threads // 32} warps of 32 lanes",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+#: the memory levels of an H100/H200, as docs/cuda-basics.md gives them, and what the tiled
+#: forward keeps in each during one K/V tile (``numba_flash.kernels.forward``)
+MEMORY_LEVELS = [
+    ("HBM (global memory)", "tens to 141 GB, about 4.8 TB/s, all SMs",
+     "q, k, v, o, lse: the whole arrays; each K/V tile read once per Q tile"),
+    ("L2 cache", "50 MB, shared by all SMs",
+     "recently read K/V tiles (other blocks of the same head re-read them)"),
+    ("shared memory (per block)", "<= 48 KiB per block, 228 KiB per SM",
+     "q_tile (loaded once), k_tile and v_tile (the current K/V tile), p_tile"),
+    ("registers (per thread)", "<= 255 x 4 B per thread, 256 KiB per SM",
+     "a micro-tile of S and of acc, m_i and l_i of the thread's rows"),
+]
+
+
+def draw_memory_hierarchy(path, levels=MEMORY_LEVELS):
+    from matplotlib.patches import FancyBboxPatch
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(12, 5))
+    colors = ["#fdd0a2", "#fdae6b", "#c6dbef", "#c7e9c0"]
+    n = len(levels)
+    for k, (name, size, holds) in enumerate(levels):
+        y = n - 1 - k
+        width = 5.2 - 0.8 * k
+        ax.add_patch(FancyBboxPatch((3 - width / 2, y + 0.1), width, 0.75,
+                                    boxstyle="round,pad=0.03", facecolor=colors[k],
+                                    edgecolor="#666666"))
+        ax.text(3, y + 0.6, name, ha="center", va="center", fontsize=10, fontweight="bold")
+        ax.text(3, y + 0.3, size, ha="center", va="center", fontsize=8.5)
+        ax.text(6.1, y + 0.47, holds, ha="left", va="center", fontsize=9)
+        if k:
+            ax.annotate("", (3, y + 0.87), (3, y + 1.08),
+                        arrowprops=dict(arrowstyle="<->", color="#555555"))
+    ax.text(6.1, n + 0.05, "during one K/V tile of the tiled forward:", fontsize=9.5,
+            fontweight="bold")
+    ax.text(0.1, -0.35, "smaller and faster towards the bottom; a load from HBM goes through L2; "
+            "shared memory and registers are on the SM", fontsize=8.5, color="#555555")
+    ax.set_xlim(0, 13)
+    ax.set_ylim(-0.5, n + 0.35)
+    ax.axis("off")
+    ax.set_title("The memory hierarchy, and where a tile's data lives", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_tree_reduction(path, values=(3, 7, 1, 8, 2, 9, 4, 6)):
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    levels = tree_levels(values)
+    fig, ax = plt.subplots(figsize=(10, 4.6))
+    for k, level in enumerate(levels):
+        y = len(levels) - 1 - k
+        for t, val in enumerate(level):
+            ax.add_patch(Rectangle((t, y), 0.9, 0.6, facecolor="#c6dbef" if k else "#eeeeee",
+                                   edgecolor="#4c78a8"))
+            ax.text(t + 0.45, y + 0.3, str(val), ha="center", va="center", fontsize=10)
+            if k:
+                stride = len(level)
+                for src in (t, t + stride):
+                    ax.annotate("", (t + 0.45, y + 0.62), (src + 0.45, y + 0.98),
+                                arrowprops=dict(arrowstyle="->", color="#777777", lw=0.8))
+        label = ("partial[t] (one slot per thread)" if k == 0 else
+                 f"threads t < {len(level)}: partial[t] = max(partial[t], partial[t + "
+                 f"{len(level)}])")
+        ax.text(8.3, y + 0.3, label, va="center", fontsize=8.5)
+        if k < len(levels) - 1:
+            ax.plot([-0.2, 8.1], [y - 0.2, y - 0.2], color="#d62728", linestyle="--", lw=0.9)
+            ax.text(-0.3, y - 0.2, "syncthreads", ha="right", va="center", fontsize=7.5,
+                    color="#d62728")
+    ax.set_xlim(-1.6, 15)
+    ax.set_ylim(-0.3, len(levels) - 0.2)
+    ax.axis("off")
+    ax.set_title("Tree reduction in shared memory (row_max, 8 threads): log2(8) = 3 levels, a "
+                 "barrier before each level reads", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_smem_banks(path, rows=8):
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    cmap = plt.get_cmap("hsv")
+    for ax, width in zip(axes, (32, 33)):
+        for r in range(rows):
+            for c in range(width):
+                bank = bank_of(r, c, width)
+                hit = c == 0
+                ax.add_patch(Rectangle((c, rows - 1 - r), 0.95, 0.9,
+                                       facecolor=cmap(bank / 32), alpha=0.9 if hit else 0.25,
+                                       edgecolor="black" if hit else "none",
+                                       linewidth=1.2 if hit else 0))
+                if hit or r == 0:
+                    ax.text(c + 0.47, rows - 1 - r + 0.45, str(bank), ha="center",
+                            va="center", fontsize=5.5)
+        col_banks = [bank_of(r, 0, width) for r in range(32)]
+        ways = max(col_banks.count(b) for b in set(col_banks))
+        ax.set_title(f"float32 tile[32][{width}]: column 0 (outlined, first {rows} rows shown) "
+                     f"lies in banks {col_banks[0]}, {col_banks[1]}, {col_banks[2]}, ...: "
+                     f"{ways}-way", fontsize=9)
+        ax.set_xlim(-0.2, 33.5)
+        ax.set_ylim(-0.3, rows + 0.2)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    fig.suptitle("Shared-memory banks: word w is in bank w % 32 (numbers: the bank); a warp "
+                 "reading a column of a 32-wide tile hits one bank 32 times, of a 33-wide tile "
+                 "32 banks once", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- loop orders ------------------------------------------------------------------------------
+def draw_loop_order(path, tr=3, tc=3):
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    orders = {
+        "FlashAttention-1: K/V tiles outer, Q tiles inner":
+            [(i, j) for j in range(tc) for i in range(tr)],
+        "FlashAttention-2: Q tiles outer (the grid), K/V tiles inner":
+            [(i, j) for i in range(tr) for j in range(tc)],
+    }
+    notes = [
+        "per step (i, j): read Q_i, O_i, l_i, m_i from HBM,\nrescale, write O_i, l_i, m_i "
+        "back;\nK_j, V_j stay on chip for the inner loop",
+        "per step (i, j): read K_j, V_j; Q_i, acc, m_i, l_i\nstay on chip for the inner loop; "
+        "O_i and lse_i\nwritten once, after the last j; the Q tiles\nrun in parallel, one block "
+        "each",
+    ]
+    for ax, (title, order), note in zip(axes, orders.items(), notes):
+        for step, (i, j) in enumerate(order):
+            ax.add_patch(Rectangle((j, tr - 1 - i), 0.92, 0.92, facecolor="#c6dbef",
+                                   edgecolor="#4c78a8"))
+            ax.text(j + 0.46, tr - 1 - i + 0.46, f"step {step + 1}\nS_{i}{j}", ha="center",
+                    va="center", fontsize=9)
+        for (i0, j0), (i1, j1) in zip(order, order[1:]):
+            ax.annotate("", (j1 + 0.46, tr - 1 - i1 + 0.46), (j0 + 0.46, tr - 1 - i0 + 0.46),
+                        arrowprops=dict(arrowstyle="->", color="#f58518", lw=1.0,
+                                        shrinkA=14, shrinkB=14))
+        for j in range(tc):
+            ax.text(j + 0.46, tr + 0.15, f"K_{j}, V_{j}", ha="center", fontsize=9)
+        for i in range(tr):
+            ax.text(-0.1, tr - 1 - i + 0.46, f"Q_{i}", ha="right", va="center", fontsize=9)
+        ax.text(-0.5, -0.35, note, fontsize=8.5, va="top")
+        ax.set_xlim(-0.7, tc + 0.3)
+        ax.set_ylim(-1.6, tr + 0.5)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(title, fontsize=10)
+    fig.suptitle("The forward's two loop orders over the score tiles S_ij (orange: the order of "
+                 "the steps)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 PICTURES = {
     "causal_tiles.png": draw_causal_tiles,
     "paged_block_table.png": draw_paged_block_table,
@@ -506,6 +767,12 @@ PICTURES = {
     "backward_loops.png": draw_backward_loops,
     "roofline.png": draw_roofline,
     "tile_ownership.png": draw_tile_ownership,
+    "grid_block_thread.png": draw_grid_block_thread,
+    "warps_lanes.png": draw_warps_lanes,
+    "memory_hierarchy.png": draw_memory_hierarchy,
+    "tree_reduction.png": draw_tree_reduction,
+    "smem_banks.png": draw_smem_banks,
+    "loop_order.png": draw_loop_order,
 }
 
 

@@ -58,3 +58,56 @@ def test_tile_ownership_picture_reads_the_kernel():
 
     src = inspect.getsource(forward.forward_kernel)
     assert len(forward_barriers()) == src.count("cuda.syncthreads()") >= 2
+
+
+def test_every_picture_is_committed_and_embedded_in_a_page():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    pages = "\n".join(p.read_text() for p in docs.glob("*.md"))
+    for name in PICTURES:
+        assert (docs / "img" / name).is_file(), name
+        assert f"](img/{name})" in pages, f"{name} is embedded in no page"
+
+
+def test_grid_picture_mapping_is_the_kernels():
+    """thread_index is scale_add's i = blockIdx.x * blockDim.x + threadIdx.x, spare threads
+    included: the last block has threads * blocks - n of them."""
+    from numba_flash.pictures import thread_index
+
+    cells = thread_index(20, 8)
+    assert len(cells) == 24 and [i for _, _, i in cells] == list(range(24))
+    assert all(i == b * 8 + t for b, t, i in cells)
+    assert sum(i >= 20 for _, _, i in cells) == 4
+
+
+def test_tree_picture_levels_are_row_max():
+    from numba_flash.pictures import tree_levels
+
+    rng = np.random.default_rng(0)
+    x = list(rng.integers(0, 100, 16))
+    levels = tree_levels(x)
+    assert [len(lv) for lv in levels] == [16, 8, 4, 2, 1] and levels[-1] == [max(x)]
+
+
+def test_bank_picture_agrees_with_the_bank_conflict_counter():
+    from cuda_basics import bank_conflict
+
+    from numba_flash.pictures import bank_of
+
+    for width, ways in ((32, 32), (33, 1)):
+        column = [r * width for r in range(32)]  # word indices of tile[lane][0]
+        assert bank_conflict(column) == ways
+        banks = [bank_of(r, 0, width) for r in range(32)]
+        assert max(banks.count(b) for b in banks) == ways
+
+
+def test_memory_picture_names_the_forwards_tiles():
+    import inspect
+
+    from numba_flash.kernels import forward
+    from numba_flash.pictures import MEMORY_LEVELS
+
+    src = inspect.getsource(forward)
+    for name in ("q_tile", "k_tile", "v_tile", "p_tile", "m_i", "l_i", "acc"):
+        assert name in src and any(name in holds for *_, holds in MEMORY_LEVELS), name
