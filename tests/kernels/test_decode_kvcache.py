@@ -128,6 +128,35 @@ def test_contiguous_append_rotary_variants(rng, causal, window, interleaved, hkv
                   rotary_interleaved=interleaved, num_splits=2)
 
 
+def test_paged_window_append_rotary(rng):
+    """Paged (block size 3), a sliding window, Nq = Nnew = 3, GPT-NeoX halves."""
+    case = make_case(rng, paged=True, lens=(6, 10), nnew=3, nq=3, block_size=3)
+    run_and_check(case, np.float32, window_size=(4, 0), rotary_interleaved=False)
+
+
+def test_unvalidated_append_that_does_not_fit(rng):
+    """validate=False: of a sequence whose new tokens do not all fit, the ones past the cache
+    are skipped (the others land) and the sequence gets NaN (its length is past the capacity);
+    the other sequence is exact."""
+    case = make_case(rng, paged=False, lens=(3, 5), nnew=2, rotary_dim=8)
+    case["rotary_cos"], case["rotary_sin"] = tables(rng, 12, 4, np.float32)
+    nmax = case["k_cache"].shape[2]               # 9: room for 5 + 2, not for 8 + 2
+    case["cache_seqlens"] = np.array([3, nmax - 1], np.int32)
+    want_v1 = case["v_cache"][1].copy()
+    want_v1[:, nmax - 1] = case["v_new"][1, :, 0]  # position 8 fits, 9 is skipped
+    want = ref.kvcache_decode(case["q"][:1], case["k_cache"][:1], case["v_cache"][:1], [3],
+                              k_new=case["k_new"][:1], v_new=case["v_new"][:1],
+                              rotary_cos=case["rotary_cos"], rotary_sin=case["rotary_sin"])
+    o, lse = numba_flash.decode(case["q"], case["k_cache"], case["v_cache"],
+                                **{n: x for n, x in case.items()
+                                   if n not in ("q", "k_cache", "v_cache")},
+                                validate=False, return_lse=True)
+    assert_close(o[0], want[0][0], np.float32)
+    assert np.isnan(o[1]).all() and np.isnan(lse[1]).all()
+    np.testing.assert_array_equal(case["v_cache"][1], want_v1)
+    assert not np.isnan(case["k_cache"][1, :, nmax - 1]).any()
+
+
 def test_cache_batch_idx_with_append(rng):
     """Two sequences in cache rows of a 4-row cache (the others all NaN), append + rotary."""
     case = make_case(rng, paged=False, bc=4, lens=(3, 7), nq=1)
