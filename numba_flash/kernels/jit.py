@@ -170,13 +170,15 @@ def cache_dir(dispatcher):
 
 
 # -- warm-up ------------------------------------------------------------------------------------
-#: kernel families that only teaching pages and tests launch: not warmed up by default
-TEACHING_MODULES = ("naive_forward", "philox_check")
+#: kernel families that only teaching pages and tests launch (``elements``: the element stage's
+#: round-trip test kernel): not warmed up by default
+TEACHING_MODULES = ("naive_forward", "philox_check", "elements")
 
 
 def warmup_configs(select=None, everything=False):
     """The compile-tier configurations to compile ahead: by default every configuration of the
-    public ops for float16 and float32; ``everything`` adds float64 and the teaching kernels;
+    public ops for float16, bfloat16 and float32; ``everything`` adds float64 and the teaching
+    kernels;
     ``select`` keeps names containing that text."""
     from . import KERNEL_MODULES
 
