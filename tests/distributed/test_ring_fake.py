@@ -94,7 +94,9 @@ TOL = {np.float32: 4e-6, np.float16: 5e-3, BFLOAT16: 2e-2}
 @pytest.mark.parametrize("world,layout,causal,dtype", [(3, "zigzag", True, np.float32),
                                                        (2, "contiguous", False, np.float32),
                                                        (2, "zigzag", True, np.float16),
-                                                       (2, "zigzag", True, BFLOAT16)])
+                                                       (2, "zigzag", True, BFLOAT16)],
+                         ids=["f32-3-zigzag-causal", "f32-2-contiguous", "f16-2-zigzag-causal",
+                              "bf16-2-zigzag-causal"])
 def test_fake_ring_matches_whole_sequence(world, layout, causal, dtype, rng):
     q, k, v, do = _inputs(rng, world, dtype)
     got, fw = _run_ring(world, layout, causal, q, k, v, do)
