@@ -7,10 +7,13 @@ capability >= 8.0 (bfloat16's ``mma.sync`` and ``cvt.rn.bf16x2`` are sm_80 instr
 the SIMT kernels otherwise: float32, float64, the simulator, or an older GPU (bfloat16 there
 runs on the SIMT kernels, which need no sm_80 instruction).  Which dtypes an mma op takes is its
 module's ``MMA_DTYPES`` (float16 alone for a module without one), so a dtype reaches the tensor
-cores only once that op has it.  The tensor-core ops (:mod:`numba_flash.ops.forward_mma`,
-:mod:`numba_flash.ops.backward_mma`) are imported only when a call would use them; one that is
-installed but fails to import is an :class:`ImportError` naming the failure, never a quiet
-fall-back to SIMT (only a module that is not installed at all makes ``"auto"`` take SIMT).
+cores only once that op has it.  ``kernel="mma"`` on a GPU older than sm_80 is a ``ValueError``
+naming its compute capability (before any compile), never a ptxas failure.
+
+The tensor-core ops (:mod:`numba_flash.ops.forward_mma`, :mod:`numba_flash.ops.backward_mma`)
+are imported only when a call would use them; one that is installed but fails to import is an
+:class:`ImportError` naming the failure, never a quiet fall-back to SIMT (only a module that is
+not installed at all makes ``"auto"`` take SIMT).
 """
 
 from __future__ import annotations
@@ -105,6 +108,11 @@ def _check_name(kernel, dtype, name):
     if kernel == "mma" and dt.name == "bfloat16" and dt.name not in mma_dtypes(name):
         raise ValueError(f"kernel: 'mma' ({_WHAT[name]}) does not take bfloat16 yet, got "
                          f"{dt.name}; use kernel='simt' or 'auto'")
+    cc = cuda_cc() if kernel == "mma" else None
+    if cc is not None and cc < (8, 0):  # m16n8k16 (and its bf16 form, cvt.rn.*x2) are sm_80
+        raise ValueError(f"kernel: 'mma' needs a GPU of compute capability >= 8.0 "
+                         f"(mma.sync.m16n8k16), this one has {cc[0]}.{cc[1]}; use kernel='simt' "
+                         "or 'auto' (which runs SIMT there)")
 
 
 def _auto_mma(dtype, name):

@@ -191,7 +191,13 @@ def test_auto_takes_tensor_cores_for_bfloat16_on_sm80_and_simt_below(monkeypatch
     monkeypatch.setattr(kc, "cuda_cc", lambda: (7, 5))
     assert kc.check_forward_kernel("auto", BFLOAT16, False) == "simt"
     assert kc.check_backward_kernel("auto", BFLOAT16) == "simt"
-    assert kc.check_forward_kernel("mma", BFLOAT16, False) == "mma"  # asked for: the launch says
+    for dtype in (BFLOAT16, np.float16):  # asked for on an sm_75: a clear error, no ptxas one
+        with pytest.raises(ValueError, match=r"compute capability >= 8\.0 .*has 7\.5"):
+            kc.check_forward_kernel("mma", dtype, False)
+        with pytest.raises(ValueError, match=r"compute capability >= 8\.0 .*has 7\.5"):
+            kc.check_backward_kernel("mma", dtype)
+    monkeypatch.setattr(kc, "cuda_cc", lambda: None)  # the simulator runs the twins
+    assert kc.check_forward_kernel("mma", BFLOAT16, False) == "mma"
 
 
 def test_bfloat16_backward_reaches_the_tensor_cores_only_once_they_take_it(monkeypatch):
