@@ -192,10 +192,42 @@ def _fold_groups(dx, hkv):
     return dx.reshape(b, hkv, h // hkv, n, d).sum(axis=2)
 
 
+def _elementwise(fn, *arrays):
+    """``fn`` applied to every element of the broadcast ``arrays`` in plain Python (a user's
+    function of scalars, evaluated as Python evaluates it), as float64."""
+    return np.frompyfunc(fn, len(arrays), 1)(*arrays).astype(np.float64)
+
+
+def _user_tuple(score_mod, mask_mod, aux_tensors):
+    """``None`` without user functions, else ``(score_mod, mask_mod, aux)`` for :func:`_scores`."""
+    if score_mod is None and mask_mod is None:
+        return None
+    return score_mod, mask_mod, tuple(aux_tensors)
+
+
+def _user_mods(s, vis, score_mod, mask_mod, aux):
+    """A user's ``mask_mod`` (and-ed into ``vis``) and ``score_mod`` (on the modified scores)
+    over ``[B, H, Nq, Nk]``; returns ``(s, vis, s_pre)`` with ``s_pre`` the scores ``score_mod``
+    received (for ``score_mod_grad``)."""
+    b, h, nq, nk = s.shape
+    idx = np.ix_(np.arange(b), np.arange(h), np.arange(nq), np.arange(nk))
+    vis = np.broadcast_to(vis, s.shape)
+    if mask_mod is not None:
+        vis = vis & _elementwise(lambda *a: bool(mask_mod(*a, *aux)), *idx).astype(bool)
+    s_pre = s
+    if score_mod is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            s = _elementwise(lambda x, *a: float(score_mod(x, *a, *aux)), s, *idx)
+    return s, vis, s_pre
+
+
 # [docs:reference-scores]
-def _scores(q, k, scale, causal, window_size, softcap, alibi):
+def _scores(q, k, scale, causal, window_size, softcap, alibi, user=None):
     """``(s, vis, t)``: the modified scores ``[B, H, Nq, Nk]`` (``-inf`` where not visible), the
-    visibility mask and ``tanh(s_raw / softcap)`` (``None`` without softcap) for the backward."""
+    visibility mask and ``tanh(s_raw / softcap)`` (``None`` without softcap) for the backward.
+    ``user``: ``(score_mod, mask_mod, aux_tensors)`` applied after the built-in modifiers (see
+    :func:`attention`); then ``t`` is ``(t, s_pre)`` with ``s_pre`` the scores ``score_mod``
+    received."""
     nq, nk = q.shape[2], k.shape[2]
     vis = visible_mask(nq, nk, causal=causal, window_size=window_size)[None, None]
     with np.errstate(invalid="ignore", over="ignore"):
@@ -209,6 +241,9 @@ def _scores(q, k, scale, causal, window_size, softcap, alibi):
         slopes = np.broadcast_to(np.asarray(alibi, dtype=np.float64), (q.shape[0], q.shape[1]))
         dist = np.abs(np.arange(nq)[:, None] + (nk - nq) - np.arange(nk)[None, :])
         s = s - slopes[:, :, None, None] * dist[None, None]
+    if user is not None:  # 4. the user's score_mod and mask_mod
+        s, vis, s_pre = _user_mods(s, vis, *user)
+        t = (t, s_pre)
     return np.where(vis, s, -np.inf), vis, t
 # [/docs:reference-scores]
 
@@ -258,7 +293,8 @@ def _keep_scale(dropout_mask, dropout_p, shape):
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,
-              window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None,
+              mask_mod=None, aux_tensors=()):
     r"""Exact attention in float64, returning ``(o, lse)``.
 
     .. math::
@@ -270,13 +306,19 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
     ``mod`` is softcap then ALiBi (see the module docstring); "visible" follows ``causal`` and
     ``window_size`` (:func:`visible_mask`).  ``dropout_mask`` is the boolean keep-mask
     ``[B, H, Nq, Nk]`` (see :func:`numba_flash.dropout_mask`); ``None`` means no dropout.
+
+    A user's variant (FlexAttention's functions, :mod:`numba_flash.flex`), evaluated per element
+    in plain Python: ``mask_mod(b, h, q_idx, kv_idx, *aux_tensors) -> bool`` is and-ed with
+    ``causal`` / ``window_size``; ``score_mod(score, b, h, q_idx, kv_idx, *aux_tensors) ->
+    float`` takes the score after scale, softcap and ALiBi and returns the one the softmax uses.
     """
     q = np.asarray(q, dtype=np.float64)
     h = q.shape[1]
     k = _expand_kv(np.asarray(k, dtype=np.float64), h)
     v = _expand_kv(np.asarray(v, dtype=np.float64), h)
+    user = _user_tuple(score_mod, mask_mod, aux_tensors)
     s, vis, _ = _scores(q, k, _scale(q.shape[-1], softmax_scale), causal, window_size, softcap,
-                        alibi_slopes)
+                        alibi_slopes, user)
     p, lse = _softmax_rows(s)
     p_drop = p * _keep_scale(dropout_mask, dropout_p, p.shape)
     return _pv(p_drop, v, vis), lse
@@ -284,7 +326,8 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
 
 def attention_backward(
     do, q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,
-    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None, mask_mod=None,
+    score_mod_grad=None, aux_tensors=(),
 ):
     r"""Gradients ``(dq, dk, dv)`` of :func:`attention`'s ``o`` for an upstream gradient ``do``.
 
@@ -302,7 +345,14 @@ def attention_backward(
     never touch a row that does not see them; so does a non-finite ``do[i, c]`` (``dq`` of row
     ``i``, ``dk`` and ``dv[:, c]`` of the keys row ``i`` sees).  ``dk`` and ``dv`` are summed
     over the query heads of each GQA group, in ``k``'s shape.
+
+    With a ``score_mod``, ``score_mod_grad(score, b, h, q_idx, kv_idx, *aux_tensors)`` is its
+    derivative with respect to ``score`` (at the score it received): ``dS`` is multiplied by it
+    before the softcap factor.  A ``score_mod`` without ``score_mod_grad`` is a ``ValueError``.
     """
+    if score_mod is not None and score_mod_grad is None:
+        raise ValueError("score_mod_grad: the backward of a score_mod needs its derivative "
+                         "d score_mod / d score, got None")
     q = np.asarray(q, dtype=np.float64)
     do = np.asarray(do, dtype=np.float64)
     hkv = np.shape(k)[1]
@@ -310,7 +360,11 @@ def attention_backward(
     k = _expand_kv(np.asarray(k, dtype=np.float64), h)
     v = _expand_kv(np.asarray(v, dtype=np.float64), h)
     scale = _scale(q.shape[-1], softmax_scale)
-    s, vis, t = _scores(q, k, scale, causal, window_size, softcap, alibi_slopes)
+    user = _user_tuple(score_mod, mask_mod, aux_tensors)
+    s, vis, t = _scores(q, k, scale, causal, window_size, softcap, alibi_slopes, user)
+    s_pre = None
+    if user is not None:
+        t, s_pre = t
     p, _ = _softmax_rows(s)
     z = _keep_scale(dropout_mask, dropout_p, p.shape)
     p_drop = p * z
@@ -326,6 +380,13 @@ def attention_backward(
     d_row = (do * o).sum(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
         ds = np.where(vis, p * (dp - d_row), 0.0)  # a key the row does not see: exactly 0
+    if score_mod is not None:  # the chain rule through the user's score_mod
+        b_, h_, nq_, nk_ = ds.shape
+        idx = np.ix_(np.arange(b_), np.arange(h_), np.arange(nq_), np.arange(nk_))
+        aux = tuple(aux_tensors)
+        with np.errstate(invalid="ignore", over="ignore"):
+            grad = _elementwise(lambda x, *a: float(score_mod_grad(x, *a, *aux)), s_pre, *idx)
+        ds = np.where(vis, ds * grad, 0.0)
     if t is not None:
         ds = ds * np.where(vis, 1.0 - t * t, 0.0)
     # a non-finite k (q) reaches dq (dk) only through the NaN dS of the rows that see it
