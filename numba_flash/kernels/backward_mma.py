@@ -8,61 +8,78 @@ rowsum(dO * O)`` (the SIMT preprocess kernel) and ``Z = keep / (1 - p)`` (1 with
     dV = (P Z)^T dO      dP = (dO V^T) Z      dS = P (dP - D) (1 - t^2)
     dK = scale dS^T Q    dQ = scale dS K
 
-``t = tanh(s / softcap)`` (the factor is 1 without softcap; ALiBi has no gradient).  The scores
-follow the contract of :func:`~numba_flash.kernels.visibility.make_score` (as the SIMT kernels
-do): ``Q K^T`` (here ``K Q^T``, the same float16 products) accumulated in float32, times
-``scale`` rounded once, then the modifiers.  The tensor-core forward folds the scale into its
-``ex2`` exponent instead, so ``P = exp(s - lse)`` matches its ``P`` to a few ulps of ``|s|``
-(1e-5 relative at ``|s|`` = 150), far below the float16 rounding of ``P`` and ``dS`` here.
-A key a row does not see, a row past ``Nq`` and a row with ``lse = -inf`` (it sees no key)
-give exactly ``P = dS = 0``.  The float16 operands of each product: ``Q``, ``K``, ``V``,
-``dO`` as stored; ``P Z`` and ``dS`` rounded from float32 to float16 (as flash-attn does);
-accumulation in float32.
+``t = tanh(s / softcap)`` (the factor is 1 without softcap; ALiBi has no gradient).  ``P`` is
+the tensor-core forward's (:mod:`numba_flash.kernels.forward_mma`): without modifiers the raw
+``q . k`` (float32 accumulation of the 16-bit products, ``K Q^T`` here: the same products) goes
+into ``ex2(qk * scale log2(e) - lse log2(e))``, one FFMA and one ``ex2.approx``
+(:func:`~numba_flash.kernels.stages.ex2`), the forward's ``exp(scale (qk - m)) / l`` with its
+``lse = scale m + log l``; with softcap or ALiBi the score of
+:func:`~numba_flash.kernels.visibility.make_score` (natural units) goes into ``ex2(s log2(e) -
+lse log2(e))``.  A key a row does not see and a row past ``Nq`` give exactly ``P = dS = 0``.
+The 16-bit operands (``DTYPE``: float16 or bfloat16, a compile-time choice through
+:func:`~numba_flash.kernels.mma.mma_ops`): ``Q``, ``K``, ``V``, ``dO`` as stored; ``P Z`` and
+``dS`` rounded from float32 (as flash-attn does); accumulation in float32.
 
 Kernels
 -------
 1. :func:`dkdv_mma_kernel`: one block per ``(K/V tile of BLOCK_N = 16 NUM_WARPS keys, b, query
-   head h)`` (a 1-D grid, :func:`numba_flash.kernels.backward.fold_grid`).  Each warp owns 16
-   keys; ``k_tile``, ``v_tile`` are loaded once, then the block walks the 16-row Q tiles that see
-   some key of the tile (:func:`~numba_flash.kernels.visibility.tile_query_range`).  Per Q tile
-   each warp computes the *transposed* products, keys as rows: ``S^T = K Q^T`` and ``dP^T = V
-   dO^T`` (``B`` = rows of ``q_tile`` / ``do_tile``, :func:`~numba_flash.kernels.mma.load_b_frag`),
-   ``P^T`` and ``dS^T`` element-wise on the accumulator fragments, then ``dV += (P Z)^T dO`` and
-   ``dK += dS^T Q`` with ``A`` straight from those registers (two 8-query fragments are one
-   16-query ``A`` fragment) and ``B`` = ``dO`` / ``Q`` read untransposed
-   (:func:`~numba_flash.kernels.mma.load_b_frag_t`; for ``Q`` and ``K``, whose non-finite
-   entries already made ``dS`` NaN where a row sees the key, the ``_finite`` variant stores them
-   as 0 so that ``dS = 0`` of a pair the row does not see stays 0 on the tensor core).  ``dK``,
-   ``dV`` stay in registers and are
-   written once, in float32, per query head; the op sums each GQA group and casts
-   (``reduce_kernel``, fixed order).  With ``DQ_ATOMIC`` the block also needs ``dS`` with
-   queries as rows: each warp stores its ``dS^T`` fragment into ``ds_sh [16, BLOCK_N]``
-   (float32), and after a barrier the warps split the ``HEAD_DIM / 8`` output fragments of
-   ``dQ_i += dS K_j`` and ``cuda.atomic.add`` them into the float32 ``dq_accum``.
-   ``WANT_DV`` / ``WANT_DK`` select the outputs: at ``HEAD_DIM = 256`` both accumulators would
-   need 256 registers per lane, so the op runs the kernel twice (dV; then dK and dQ).
+   head h)`` (a 1-D grid, :func:`numba_flash.kernels.backward.fold_grid`); each warp owns 16
+   keys.  K and V are copied once (``cp.async``), then the block walks the Q tiles of
+   :data:`BLOCK_M` = 16 rows that see some key of the tile
+   (:func:`~numba_flash.kernels.visibility.tile_query_range`), Q and dO double-buffered (the next
+   tile's copy runs under this tile's math).  Per Q tile each warp computes the *transposed*
+   products, keys as rows: ``S^T = K Q^T``, ``dP^T = V dO^T`` (``A`` = its K / V rows by
+   ``ldmatrix``, ``B`` = Q / dO rows by ``ldmatrix``), ``P^T`` and ``dS^T`` on the accumulator
+   fragments, then ``dV += (P Z)^T dO`` and ``dK += dS^T Q`` (``A`` straight from those
+   registers, ``B`` from the row-major Q / dO tiles by ``ldmatrix.trans``).  ``dK``, ``dV`` stay
+   in registers and are written once, in float32, per query head; the op sums each GQA group
+   and casts (``reduce_kernel``, fixed order).  With ``DQ_ATOMIC`` each warp also writes its
+   ``dS^T`` as 16-bit pairs into shared memory (the very registers of the ``dK`` product), and
+   after a barrier the warps split the column pairs of ``dQ_i += scale dS K_j``: ``A`` = ``dS``
+   by ``ldmatrix.trans`` of the stored ``dS^T``, ``B`` = K by ``ldmatrix.trans``, then float32
+   ``atomic.add`` into ``dq_accum``.  ``WANT_DV`` / ``WANT_DK`` select the outputs: at
+   ``HEAD_DIM = 256`` both accumulators would need 256 registers per lane, so the op runs the
+   kernel twice (dV; then dK and dQ).
 2. :func:`dq_mma_kernel` (``deterministic=True``): one block per ``(Q tile of 16 NUM_WARPS rows,
-   b, h)``, a warp per 16 rows, looping over the K/V tiles (:func:`dq_block_n` keys) the rows see
-   (:func:`~numba_flash.kernels.visibility.tile_key_range`): ``S = Q K^T``, ``dP = dO V^T`` (as
-   the forward), ``P``, ``dS`` on the fragments, ``dQ += dS K`` (``A`` from registers, ``B`` =
-   ``K`` untransposed), in a fixed order: no atomics, bitwise reproducible.
+   b, h)``, a warp per 16 rows, Q and dO copied once, looping over the double-buffered K/V tiles
+   of :func:`dq_block_n` keys the rows see (:func:`~numba_flash.kernels.visibility.tile_key_range`)
+   as the forward does: ``S = Q K^T``, ``dP = dO V^T``, ``dS`` on the fragments, ``dQ += dS K``
+   (``A`` from the registers, ``B`` = K by ``ldmatrix.trans``), in a fixed order: no atomics,
+   bitwise reproducible.
 
-A non-finite ``dO_i`` makes ``D_i`` non-finite (the preprocess sums ``dO_i * O_i``), so ``dS``
-is NaN at the pairs row ``i`` sees and 0 elsewhere; for ``dV`` the dkdv block learns from ``D``
-that its Q tile holds such a row (``cuda.syncthreads_or`` on its existing barrier) and runs the
-rare path (:func:`_dv_masked_function`): ``dO`` with non-finite halves as 0, then a 0/1 product
-that makes ``dV[j, c]`` NaN where a row seeing key ``j`` has a non-finite ``dO[row, c]``, so a
-key a row does not see gets nothing from that row's ``dO``.
+Full and masked tiles (one step compiled twice, as the forward's)
+-----------------------------------------------------------------
+A (Q tile, K/V tile) pair where every row sees every key, all rows below ``Nq`` and all keys
+below ``Nk`` (:func:`full_query_rows` for the dK/dV loop,
+:func:`~numba_flash.kernels.visibility.tile_full_range` for dQ's) runs the unmasked step: no
+per-element visibility test, no bounds, no non-finite handling.  That is exact: a non-finite
+``q`` or ``k`` of a pair a row sees has made the row's ``lse`` NaN, so its ``P``, ``dS`` are NaN
+anyway, and a non-finite ``v`` or ``dO`` reaches only pairs the row sees, which is every pair of
+the tile.  The other pairs run the masked step: ``P = dS = 0`` where the row does not see the key
+(or lies past ``Nq``, or has ``lse = -inf``), and since a tensor core computes ``0 * inf =
+NaN``, each thread zeroes the inf / NaN elements of the chunks it copied
+(:func:`~numba_flash.kernels.stages.make_tile_scan`) of the operands that multiply such a zero:
+``Q`` (for ``dK = dS^T Q``) and ``dO`` (``dV = P^T dO``) in the dK/dV kernel, ``K`` (``dQ = dS K``)
+once, after its copy, and in the dQ kernel's masked steps.  Scores made from a zeroed value
+are finite where the reference's are not, but only in rows whose ``lse`` is NaN (so ``P`` is
+NaN) or for keys the row does not see (so ``P`` is 0).  A zeroed ``dO[i, c]`` (rare: the block
+learns it from the scan, ``cuda.syncthreads_or`` on the step's barrier) leaves ``dS`` non-finite
+through ``D_i``, and a fix-up makes ``dV[j, c]`` NaN for every key ``j`` row ``i`` sees (read
+again from global memory, where it is still inf / NaN): the reference's ``P * NaN``.
 
 Dropout: the keep bit of element ``(b, h, i, j)`` is :func:`numba_flash.philox.philox_keep`
-(the mask of :func:`numba_flash.dropout_mask`); in ``dkdv`` a lane's 4 elements of a fragment
-are 2 keys x 2 queries, each its own Philox group, so each takes one call.
+(the mask of :func:`numba_flash.dropout_mask`), one call per element.
 
-Shared memory (uint32 words of two float16; ``W = HEAD_DIM / 2 + 4``, the ``+ 4`` against bank
-conflicts): dkdv ``k_tile, v_tile [BLOCK_N, W]``, ``q_tile, do_tile [16, W]``, ``ds_sh
-[16, BLOCK_N + 1]`` float32, ``lse_sh, delta_sh [16]``; dq ``q_tile, do_tile [BLOCK_M, W]``,
-``k_tile, v_tile [dq_block_n, W]``.  At most 48 KiB for every head dim of :data:`GPU_WARPS`
-(:func:`shared_bytes`).
+Shared memory (one static ``uint32`` array, rows of ``RB = 2 HEAD_DIM + 16`` bytes, the pad
+putting the 8 rows of an ``ldmatrix`` in distinct banks): dK/dV: K and V tiles (``BLOCK_N``
+rows each), ``Q_STAGES`` (2, or 1 where two would pass 48 KiB: ``HEAD_DIM`` 256) stages of a Q
+and a dO tile (16 rows each) and, with ``DQ_ATOMIC``, ``dS^T`` (``BLOCK_N`` rows of 16 pairs +
+16 bytes); dQ: Q and dO (``16 NUM_WARPS`` rows each) and ``KV_STAGES`` stages of a K and a V tile
+(:func:`dq_block_n` rows each).  :func:`shared_bytes`; at most 48 KiB for every head dim of
+:data:`GPU_WARPS`.  Inputs are read as 16-bit words (``uint16`` views); with ``d == HEAD_DIM`` and
+16-byte aligned tensors by ``cp.async`` (``VEC``), else by 16-bit loads with zero-padded columns.
+Index arithmetic: per-thread copy offsets from one base per tile; ``lse``, ``D`` and ``dq_accum``
+are flat views indexed by one unsigned 64-bit base per tile plus 32-bit offsets.
 """
 
 from __future__ import annotations
@@ -70,15 +87,16 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float32, int32, types, uint32
+from numba import cuda, float32, int32, types, uint32, uint64
 
 from ..backend import on_simulator
 from ..philox import philox_keep
 from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
-from .mma import (a_frag_from_c, half2_bits, load_a_frag, load_b_frag, load_b_frag_t,
-                  load_b_frag_t_finite, mma_m16n8k16, pack_half2)
-from .visibility import is_visible, make_score, tile_key_range, tile_query_range
 from .jit import kernel_jit
+from .mma import MMA_DTYPES, make_a_frag_from_c, mma_ops
+from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma,
+                     ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
+from .visibility import is_visible, make_score, tile_full_range, tile_key_range, tile_query_range
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
 #: BLOCK_M = 16 NUM_WARPS rows, BLOCK_N = :func:`dq_block_n` keys)
@@ -86,23 +104,47 @@ GPU_WARPS = {16: 4, 32: 4, 64: 4, 128: 2, 256: 1}
 #: the simulator: one warp (32 Python threads)
 SIM_WARPS = 1
 
+#: query rows per step of the dK/dV kernel (each warp's S^T: its 16 keys x 16 queries)
+BLOCK_M = 16
+
 #: head dims whose dK and dV accumulators do not fit in registers together: two dkdv passes
 SPLIT_HEAD_DIMS = (256,)
 
+__all__ = ["MMA_DTYPES", "GPU_WARPS", "SIM_WARPS", "BLOCK_M", "SPLIT_HEAD_DIMS", "dq_block_n",
+           "shared_bytes", "default_tiles", "full_query_rows", "dkdv_mma_kernel",
+           "dq_mma_kernel", "compile_configs"]
+
 
 def dq_block_n(NUM_WARPS, HEAD_DIM):
-    """Keys per K/V tile of the dQ kernel: ``16 NUM_WARPS``, but 16 from head dim 128 on (with
-    every flag the 16 dS elements per lane of 32 keys pushed sm_90 over 255 registers)."""
-    return 16 if HEAD_DIM >= 128 else 16 * NUM_WARPS
+    """Keys per K/V tile of the dQ kernel: 64 up to head dim 32, 32 at 64, 16 from 128 on (two
+    stages of K and V within 48 KiB) and with one warp (the simulator)."""
+    if NUM_WARPS == 1 or HEAD_DIM >= 128:
+        return 16
+    return 64 if HEAD_DIM <= 32 else 32
+
+
+def _dkdv_layout(NUM_WARPS, HEAD_DIM):
+    """``(Q_STAGES, bytes)`` of the dK/dV kernel's shared memory."""
+    rb = row_bytes(HEAD_DIM)
+    n = 16 * NUM_WARPS
+    fixed = 2 * n * rb + n * (2 * BLOCK_M + 16)      # K, V, dS^T
+    stage = 2 * BLOCK_M * rb                          # Q, dO
+    stages = 2 if fixed + 2 * stage <= SMEM_LIMIT else 1
+    return stages, fixed + stages * stage
+
+
+def _dq_layout(NUM_WARPS, HEAD_DIM):
+    """``(KV_STAGES, bytes)`` of the dQ kernel's shared memory."""
+    rb = row_bytes(HEAD_DIM)
+    fixed = 2 * 16 * NUM_WARPS * rb                   # Q, dO
+    stage = 2 * dq_block_n(NUM_WARPS, HEAD_DIM) * rb  # K, V
+    stages = 2 if fixed + 2 * stage <= SMEM_LIMIT else 1
+    return stages, fixed + stages * stage
 
 
 def shared_bytes(NUM_WARPS, HEAD_DIM):
     """``(dkdv, dq)`` static shared memory of one block (the budget in the module docstring)."""
-    w = HEAD_DIM // 2 + 4
-    n = 16 * NUM_WARPS
-    dkdv = 4 * (2 * n * w + 2 * 16 * w + 16 * (n + 1) + 2 * 16)
-    dq = 4 * (2 * n * w + 2 * dq_block_n(NUM_WARPS, HEAD_DIM) * w)
-    return dkdv, dq
+    return _dkdv_layout(NUM_WARPS, HEAD_DIM)[1], _dq_layout(NUM_WARPS, HEAD_DIM)[1]
 
 
 def default_tiles(head_dim, simulator=None):
@@ -113,116 +155,23 @@ def default_tiles(head_dim, simulator=None):
     return (SIM_WARPS if simulator else GPU_WARPS[hd]), hd
 
 
-@functools.lru_cache(maxsize=None)
-def _element_functions(DROPOUT, SOFTCAP, ALIBI):
-    """``p_ds(s, dp, row, key, ...) -> (p Z, dS)``: THE element-wise step of both kernels."""
-    score = make_score(SOFTCAP, ALIBI, float32)  # the forward's score, so P is the forward's
-    ZERO = float32(0.0)
-    NEG_INF = float32(-math.inf)
-
-    @cuda.jit(device=True, inline=True)
-    def p_ds(s, dp, b, h, row, key, nq, nk, offset, left, right, scale, lse_i, delta_i,
-             softcap, inv_softcap, slope, dropout):
-        """``(P Z, dS)`` of element ``(row, key)`` from its raw ``s = q . k`` and ``dp =
-        dO . v``; ``(0, 0)`` where the row does not see the key or sees none."""
-        if not (row < nq and lse_i != NEG_INF and is_visible(row, key, offset, nk, left, right)):
-            return ZERO, ZERO
-        x, grad = score(s, scale, row, key, offset, softcap, inv_softcap, slope)  # 1 - tanh^2
-        p = math.exp(x - lse_i)
-        if DROPOUT:
-            seed_lo, seed_hi, threshold, keep_scale = dropout
-            z = keep_scale if philox_keep(seed_lo, seed_hi, b, h, row, key, threshold) else ZERO
-            return p * z, p * (dp * z - delta_i) * grad
-        return p, p * (dp - delta_i) * grad
-
-    return p_ds
+def full_query_rows_py(k_start, k_end, offset, nq, nk, left, right):
+    """``(r_lo, r_hi)``: the query rows that see every key of ``[k_start, k_end)`` (none unless
+    ``k_end <= Nk``): ``lo(i) <= k_start`` and ``hi(i) >= k_end`` in the terms of
+    :func:`~numba_flash.kernels.visibility.key_bounds`, i.e. ``k_end - 1 - right <= i + offset
+    <= k_start + left`` (an unbounded side: no limit), within ``[0, Nq)``."""
+    r_lo = 0
+    if right >= 0:
+        r_lo = max(0, k_end - 1 - right - offset)
+    r_hi = nq
+    if left >= 0:
+        r_hi = min(nq, k_start + left - offset + 1)
+    if k_end > nk:
+        r_hi = r_lo
+    return r_lo, max(r_lo, r_hi)
 
 
-@functools.lru_cache(maxsize=None)
-def _load_functions(HEAD_DIM, THREADS):
-    WORDS = HEAD_DIM // 2
-
-    @cuda.jit(device=True, inline=True)
-    def load_rows(x, b, h, start, end, ROWS, tile, tid):
-        """``tile[:ROWS]`` <- rows ``start ..`` of ``x[b, h]`` (uint16 float16 bits) as packed
-        pairs, zero at rows >= ``end`` and columns >= d."""
-        d = x.shape[3]
-        for idx in range(tid, ROWS * WORDS, THREADS):
-            r = idx // WORDS
-            c = 2 * (idx % WORDS)
-            lo = 0
-            hi = 0
-            if start + r < end:
-                if c < d:
-                    lo = x[b, h, start + r, c]
-                if c + 1 < d:
-                    hi = x[b, h, start + r, c + 1]
-            tile[r, idx % WORDS] = half2_bits(lo, hi)
-
-    return load_rows
-
-
-_LOW16 = uint32(0xFFFF)
-_SHIFT16 = uint32(16)
-_EXP16 = uint32(0x7C00)  # float16 exponent bits: all set = inf or NaN
-_ONE16 = uint32(0x3C00)  # float16 1.0
-
-
-@cuda.jit(device=True, inline=True)
-def _nonfinite_half(h):
-    """float16 1.0 if the float16 bit pattern ``h`` is inf or NaN, else 0."""
-    return _ONE16 if (h & _EXP16) == _EXP16 else uint32(0)
-
-
-@cuda.jit(device=True, inline=True)
-def _nonfinite_indicator(word):
-    """A register of two float16: 1.0 where a half of ``word`` is inf or NaN, else 0."""
-    return half2_bits(_nonfinite_half(uint32(word & _LOW16)),
-                      _nonfinite_half(uint32(word >> _SHIFT16)))
-
-
-@functools.lru_cache(maxsize=None)
-def _dv_masked_function(HEAD_DIM):
-    """``dv_masked(a0..a3, do_tile, dv_acc, seen_t, ...)``: the rare ``dV += (P Z)^T dO`` of a
-    Q tile holding a non-finite ``dO``, where a key a row does not see must get nothing from it
-    (``P = 0`` there, but the tensor core computes ``0 * NaN = NaN``).  ``dO`` goes in with its
-    non-finite halves as 0; then ``seen (0/1) x non-finite (0/1)``, one more product on the tensor
-    cores, counts for each ``dV[key, c]`` the rows that see the key and have a non-finite
-    ``dO[row, c]``, and those elements become NaN (the reference's ``P * NaN`` or ``P * inf``:
-    non-finite either way)."""
-    D_FRAGS = HEAD_DIM // 8
-    ZERO = float32(0.0)
-    ONE = float32(1.0)
-    NAN = float32(math.nan)
-
-    @cuda.jit(device=True, inline=True)
-    def dv_masked(a0, a1, a2, a3, do_tile, dv_acc, seen_t, q_start, key0, key1, offset, nk, left,
-                  right, g, t):
-        for n in range(D_FRAGS):
-            b0, b1 = load_b_frag_t_finite(do_tile, 0, 8 * n, g, t)
-            dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma_m16n8k16(
-                a0, a1, a2, a3, b0, b1, dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3])
-        # seen^T in the layout of st: query 8 f + 2 t + (e & 1), key key0 (e < 2) or key1
-        for f in range(2):
-            for e in range(4):
-                key = key0 if e < 2 else key1
-                row = q_start + 8 * f + 2 * t + (e & 1)
-                seen_t[f, e] = ONE if is_visible(row, key, offset, nk, left, right) else ZERO
-        s0, s1, s2, s3 = a_frag_from_c(seen_t, 0, 1)
-        for n in range(D_FRAGS):
-            b0, b1 = load_b_frag_t(do_tile, 0, 8 * n, g, t)
-            h0, h1, h2, h3 = mma_m16n8k16(s0, s1, s2, s3, _nonfinite_indicator(b0),
-                                          _nonfinite_indicator(b1), ZERO, ZERO, ZERO, ZERO)
-            if h0 > ZERO:
-                dv_acc[n, 0] = NAN
-            if h1 > ZERO:
-                dv_acc[n, 1] = NAN
-            if h2 > ZERO:
-                dv_acc[n, 2] = NAN
-            if h3 > ZERO:
-                dv_acc[n, 3] = NAN
-
-    return dv_masked
+full_query_rows = cuda.jit(device=True, inline=True)(full_query_rows_py)
 
 
 def _variant_args():
@@ -232,32 +181,297 @@ def _variant_args():
 
 
 @functools.lru_cache(maxsize=None)
+def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI):
+    """``p_ds(s, dp, nlse2, delta_i, b, h, row, key, ...) -> (P Z, dS)``: THE element-wise step
+    of both kernels.  ``s`` raw ``q . k``, ``dp = dO . v``, ``nlse2 = -lse log2(e)``; ``MASKED``:
+    ``(0, 0)`` where the row does not see the key, lies past ``Nq`` or has ``lse = -inf``."""
+    MODS = SOFTCAP or ALIBI
+    score = make_score(SOFTCAP, ALIBI, float32)  # the forward's score, so P is the forward's
+    ZERO = float32(0.0)
+    INF = float32(math.inf)   # nlse2 of a row with lse = -inf (it sees no key)
+    LOG2E_F = float32(LOG2E)
+
+    @cuda.jit(device=True, inline=True)
+    def p_ds(s, dp, nlse2, delta_i, exp_scale, b, h, row, key, nq, nk, offset, left, right,
+             scale, softcap, inv_softcap, slope, dropout):
+        if MASKED:
+            if not (row < nq and nlse2 != INF
+                    and is_visible(row, key, offset, nk, left, right)):
+                return ZERO, ZERO
+        if MODS:
+            x, grad = score(s, scale, row, key, offset, softcap, inv_softcap, slope)
+            p = ex2(fma(x, LOG2E_F, nlse2))
+        else:
+            p = ex2(fma(s, exp_scale, nlse2))         # exp(scale qk - lse): FFMA + MUFU.EX2
+        if DROPOUT:
+            seed_lo, seed_hi, threshold, keep_scale = dropout
+            z = keep_scale if philox_keep(seed_lo, seed_hi, b, h, row, key, threshold) else ZERO
+            pz = p * z
+            ds = p * (dp * z - delta_i)
+        else:
+            pz = p
+            ds = p * (dp - delta_i)
+        if SOFTCAP:
+            ds = ds * grad
+        return pz, ds
+
+    return p_ds
+
+
+@cuda.jit(device=True, inline=True)
+def _lane_offsets(lane, RB, RB2):
+    """Byte offsets of this lane's ``ldmatrix`` row (:func:`~numba_flash.kernels.stages.
+    ldmatrix_rows`) in a tile of ``RB``-byte rows: ``a`` (an ``A`` fragment; also ``bt``, a
+    ``B`` by ``.trans``), ``b`` (the ``B`` fragments of two 8-row blocks; also ``at``: an ``A``
+    by ``.trans`` of the stored ``A^T``), and ``b`` in a tile of ``RB2``-byte rows."""
+    mat = lane >> 3
+    r8 = lane & 7
+    off_a = (r8 + 8 * (mat & 1)) * RB + 16 * (mat >> 1)
+    off_b = (r8 + 8 * (mat >> 1)) * RB + 16 * (mat & 1)
+    off_b2 = (r8 + 8 * (mat >> 1)) * RB2 + 16 * (mat & 1)
+    return int32(off_a), int32(off_b), int32(off_b2)
+
+
+@functools.lru_cache(maxsize=None)
 def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False,
-                    WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True):
+                    WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True, VEC=True, DTYPE="float16"):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window, mods,
     alibi, tiles, dropout)``.
 
-    ``q, k, v, do``: uint16 views of float16 ``[B, H(kv), N, d]``; ``lse``, ``delta`` float32
-    ``[B, H, Nq]``; ``dq_accum`` float32 ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``);
-    ``dk_out``, ``dv_out`` float32 ``[B, H, Nk, d]`` (this query head's share, unscaled dK times
+    ``q, k, v, do``: uint16 views of the ``DTYPE`` (``"float16"`` / ``"bfloat16"``) ``[B, H(kv),
+    N, d]`` (C-contiguous); ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``;
+    ``dq_accum``: the flat float32 view of ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``);
+    ``dk_out``, ``dv_out`` float32 ``[B, H, Nk, d]`` (this query head's share, dK times
     ``scale``); ``scale`` float32; ``window`` ``(left, right)`` int32; ``mods`` ``(softcap,
     1/softcap)`` float32; ``alibi`` float32 ``[B, H]``; ``tiles`` = ceil(Nk / BLOCK_N);
-    ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)``.
+    ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)``.  ``VEC``: ``d ==
+    HEAD_DIM`` and 16-byte aligned inputs (``cp.async``); else 16-bit loads.
     """
+    assert DTYPE in MMA_DTYPES and HEAD_DIM % 16 == 0
+    mma, _pack2 = mma_ops(DTYPE)
+    a_frag_from_c = make_a_frag_from_c(DTYPE)
+    EXP_MASK = EXP_BITS[DTYPE]
     BLOCK_N = 16 * NUM_WARPS
     THREADS = 32 * NUM_WARPS
-    ROW_W = HEAD_DIM // 2 + 4
-    DS_W = BLOCK_N + 1          # padded row of ds_sh
+    RB = row_bytes(HEAD_DIM)
+    DS_RB = 2 * BLOCK_M + 16        # a dS^T row: 16 queries of 16 bits, + 16 against conflicts
+    Q_STAGES, SMEM_BYTES = _dkdv_layout(NUM_WARPS, HEAD_DIM)
+    SMEM_WORDS = SMEM_BYTES // 4
+    K_BYTE = 0
+    V_BYTE = BLOCK_N * RB
+    DS_BYTE = 2 * BLOCK_N * RB
+    QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
+    STAGE_BYTES = 2 * BLOCK_M * RB  # one stage: Q, then dO
+    DO_OFF = BLOCK_M * RB
     D_FRAGS = HEAD_DIM // 8
+    D_PAIRS = D_FRAGS // 2
     K_STEPS = HEAD_DIM // 16
-    P_STEPS = BLOCK_N // 16
+    P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
+    PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
+    EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
     NEED_DS = WANT_DK or DQ_ATOMIC
     ZERO = float32(0.0)
+    NAN = float32(math.nan)
     NEG_INF = float32(-math.inf)
-    INF = float32(math.inf)
-    p_ds = _element_functions(DROPOUT, SOFTCAP, ALIBI)
-    load_rows = _load_functions(HEAD_DIM, THREADS)
-    dv_masked = _dv_masked_function(HEAD_DIM)
+    LOG2E_F = float32(LOG2E)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
+    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE)
+
+    @cuda.jit(device=True, inline=True)
+    def load_q(smem, stage_byte, q, do, qo_base, q_start, nq, d, tid):
+        """Issue the copies of Q and dO rows ``q_start ..`` into the stage at ``stage_byte``."""
+        rows = min(BLOCK_M, nq - q_start)
+        base = qo_base + q_start * d
+        copy_q(smem, stage_byte, q, base, rows, d, tid)
+        copy_q(smem, stage_byte + DO_OFF, do, base, rows, d, tid)
+
+    def make_step(MASKED):
+        p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI)
+
+        @cuda.jit(device=True, inline=True)
+        def step(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, drop):
+            q, do, lse, delta, dq_accum, qo_base, row_base, nq, nk, d, b, h = ins
+            st, dpt, dk_acc, dv_acc, nlse2, dl, da = frags
+            tid, warp, g, t, off_a, off_b, off_ds = lanes
+            key0, key1, offset, left, right = keys
+            scale, exp_scale, softcap, inv_softcap, slope = sc
+            dropout = drop
+            q_start = qt * BLOCK_M
+            qb = QS_BYTE + (((qt - t_lo) & 1) * STAGE_BYTES if Q_STAGES == 2 else 0)
+            # -- lse (as -lse log2 e) and D of the lane's 4 queries 8 f + 2 t + j
+            tile_row = row_base + uint64(q_start)
+            for f in range(2):
+                for j in range(2):
+                    m = 8 * f + 2 * t + j
+                    i = 2 * f + j
+                    if MASKED and q_start + m >= nq:
+                        nlse2[i] = -NEG_INF
+                        dl[i] = ZERO
+                    else:
+                        nlse2[i] = -(lse[tile_row + uint64(m)] * LOG2E_F)
+                        dl[i] = delta[tile_row + uint64(m)]
+            cp_async_wait_all()
+            do_bad = 0
+            if MASKED:
+                # 0 * inf = NaN on the tensor cores: each thread zeroes the inf / NaN elements of
+                # the Q and dO chunks it copied; the barrier publishes them, and whether dO had any
+                scan_q(smem, qb, tid)
+                do_bad = cuda.syncthreads_or(1 if scan_q(smem, qb + DO_OFF, tid) else 0)
+            else:
+                cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
+            if Q_STAGES == 2 and qt + 1 < t_hi:  # the next Q tile's copy runs under this math
+                load_q(smem, QS_BYTE + STAGE_BYTES - (qb - QS_BYTE), q, do, qo_base,
+                       q_start + BLOCK_M, nq, d, tid)
+                cp_async_commit()
+
+            # -- S^T = K Q^T and dP^T = V dO^T: keys as rows, 2 fragments of 8 queries; A = the
+            # warp's K / V rows, B = Q / dO rows (ldmatrix, two 8-query fragments per x4)
+            for n in range(2):
+                for e in range(4):
+                    st[n, e] = ZERO
+                    dpt[n, e] = ZERO
+            for kc in range(K_STEPS):
+                a0, a1, a2, a3 = ldmatrix_x4(smem, K_BYTE + 16 * RB * warp + off_a + 32 * kc)
+                b0, b1, b2, b3 = ldmatrix_x4(smem, qb + off_b + 32 * kc)
+                st[0, 0], st[0, 1], st[0, 2], st[0, 3] = mma(
+                    a0, a1, a2, a3, b0, b1, st[0, 0], st[0, 1], st[0, 2], st[0, 3])
+                st[1, 0], st[1, 1], st[1, 2], st[1, 3] = mma(
+                    a0, a1, a2, a3, b2, b3, st[1, 0], st[1, 1], st[1, 2], st[1, 3])
+                if NEED_DS:
+                    a0, a1, a2, a3 = ldmatrix_x4(smem, V_BYTE + 16 * RB * warp + off_a + 32 * kc)
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, qb + DO_OFF + off_b + 32 * kc)
+                    dpt[0, 0], dpt[0, 1], dpt[0, 2], dpt[0, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dpt[0, 0], dpt[0, 1], dpt[0, 2], dpt[0, 3])
+                    dpt[1, 0], dpt[1, 1], dpt[1, 2], dpt[1, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dpt[1, 0], dpt[1, 1], dpt[1, 2], dpt[1, 3])
+
+            # -- P^T Z and dS^T element by element (query 8 n + 2 t + (e & 1), key key0 / key1)
+            for n in range(2):
+                for e in range(4):
+                    i = 2 * n + (e & 1)
+                    pz, ds = p_ds(st[n, e], dpt[n, e], nlse2[i], dl[i], exp_scale, b, h,
+                                  q_start + 8 * n + 2 * t + (e & 1), key0 if e < 2 else key1,
+                                  nq, nk, offset, left, right, scale, softcap, inv_softcap,
+                                  slope, dropout)
+                    st[n, e] = pz
+                    dpt[n, e] = ds
+
+            # -- dV += (P Z)^T dO and dK += dS^T Q: A from the registers, B = dO / Q by
+            # ldmatrix.trans from their row-major tiles (two 8-column fragments per x4)
+            if WANT_DV:
+                a0, a1, a2, a3 = a_frag_from_c(st, 0, 1)
+                for p in range(D_PAIRS):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, qb + DO_OFF + off_a + 32 * p)
+                    n = 2 * p
+                    dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2],
+                        dv_acc[n, 3])
+                    n = 2 * p + 1
+                    dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2],
+                        dv_acc[n, 3])
+                if MASKED and do_bad:
+                    # -- rare: a non-finite dO[i, c] (zeroed in the tile) makes dV[j, c] NaN for
+                    # every key j row i sees (the reference's P * NaN); read from global memory.
+                    # Bit 2 n + e of bad0 / bad1: column 8 n + 2 t + e for key0 / key1 (bits,
+                    # not array indices, in the runtime loop: dv_acc stays in registers)
+                    bad0 = uint64(0)
+                    bad1 = uint64(0)
+                    for r in range(min(BLOCK_M, nq - q_start)):
+                        row = q_start + r
+                        sees0 = is_visible(row, key0, offset, nk, left, right)
+                        sees1 = is_visible(row, key1, offset, nk, left, right)
+                        if sees0 or sees1:
+                            for n in range(D_FRAGS):
+                                for e in range(2):
+                                    c = 8 * n + 2 * t + e
+                                    if c < d and (do[b, h, row, c] & EXP_MASK) == EXP_MASK:
+                                        bit = uint64(1) << uint64(2 * n + e)
+                                        if sees0:
+                                            bad0 |= bit
+                                        if sees1:
+                                            bad1 |= bit
+                    for n in range(D_FRAGS):
+                        for e in range(2):
+                            if (bad0 >> uint64(2 * n + e)) & uint64(1):
+                                dv_acc[n, e] = NAN
+                            if (bad1 >> uint64(2 * n + e)) & uint64(1):
+                                dv_acc[n, 2 + e] = NAN
+            if NEED_DS:
+                a0, a1, a2, a3 = a_frag_from_c(dpt, 0, 1)
+                if WANT_DK:
+                    for p in range(D_PAIRS):
+                        b0, b1, b2, b3 = ldmatrix_x4_trans(smem, qb + off_a + 32 * p)
+                        n = 2 * p
+                        dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3] = mma(
+                            a0, a1, a2, a3, b0, b1, dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2],
+                            dk_acc[n, 3])
+                        n = 2 * p + 1
+                        dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3] = mma(
+                            a0, a1, a2, a3, b2, b3, dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2],
+                            dk_acc[n, 3])
+                if DQ_ATOMIC:
+                    # dS^T as 16-bit pairs, keys as rows: the registers a0..a3 are rows key0 /
+                    # key0 + 8, queries 2t, 2t+1 (a0, a1) and 8 + 2t, 9 + 2t (a2, a3)
+                    w = (DS_BYTE + (16 * warp + g) * DS_RB) // 4 + t
+                    smem[w] = a0
+                    smem[w + 2 * DS_RB] = a1
+                    smem[w + 4] = a2
+                    smem[w + 2 * DS_RB + 4] = a3
+            if DQ_ATOMIC or Q_STAGES == 1:
+                cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
+            if Q_STAGES == 1 and qt + 1 < t_hi:   # one stage: the next copy after the barrier
+                load_q(smem, QS_BYTE, q, do, qo_base, q_start + BLOCK_M, nq, d, tid)
+                cp_async_commit()
+
+            if DQ_ATOMIC:
+                # -- dQ_i += scale dS K_j: A = dS by ldmatrix.trans of dS^T, B = K by
+                # ldmatrix.trans; the warps split dQ's column pairs
+                for kk in range(P_STEPS):
+                    da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3] = ldmatrix_x4_trans(
+                        smem, DS_BYTE + off_ds + 16 * DS_RB * kk)
+                dq_tile = tile_row * uint64(d)
+                for i in range(PAIRS_PER_WARP):
+                    p = warp + i * NUM_WARPS
+                    if EXACT_PAIRS or p < D_PAIRS:
+                        c0 = ZERO
+                        c1 = ZERO
+                        c2 = ZERO
+                        c3 = ZERO
+                        c4 = ZERO
+                        c5 = ZERO
+                        c6 = ZERO
+                        c7 = ZERO
+                        for kk in range(P_STEPS):
+                            b0, b1, b2, b3 = ldmatrix_x4_trans(
+                                smem, K_BYTE + off_a + 16 * RB * kk + 32 * p)
+                            c0, c1, c2, c3 = mma(da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3],
+                                                 b0, b1, c0, c1, c2, c3)
+                            c4, c5, c6, c7 = mma(da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3],
+                                                 b2, b3, c4, c5, c6, c7)
+                        col = 16 * p + 2 * t
+                        for r in range(2):
+                            m = g + 8 * r
+                            if not MASKED or q_start + m < nq:
+                                base = dq_tile + uint64(uint32(m * d + col))
+                                if VEC or col < d:
+                                    cuda.atomic.add(dq_accum, base, (c0 if r == 0 else c2) * scale)
+                                if VEC or col + 1 < d:
+                                    cuda.atomic.add(dq_accum, base + uint64(1),
+                                                    (c1 if r == 0 else c3) * scale)
+                                if VEC or col + 8 < d:
+                                    cuda.atomic.add(dq_accum, base + uint64(8),
+                                                    (c4 if r == 0 else c6) * scale)
+                                if VEC or col + 9 < d:
+                                    cuda.atomic.add(dq_accum, base + uint64(9),
+                                                    (c5 if r == 0 else c7) * scale)
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
 
     @kernel_jit
     def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window,
@@ -277,136 +491,62 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         h = bh % n_heads
         hk = h // (n_heads // k.shape[1])
         k_start = (bx % tiles) * BLOCK_N
+        k_end = min(k_start + BLOCK_N, nk)
         offset = nk - nq
         left, right = window
         softcap, inv_softcap = mods
         slope = ZERO
         if ALIBI:
             slope = alibi[b, h]
+        exp_scale = scale * LOG2E_F
         key0 = k_start + 16 * warp + g     # the lane's two keys (rows of S^T)
         key1 = key0 + 8
 
-        k_tile = cuda.shared.array((BLOCK_N, ROW_W), types.uint32)
-        v_tile = cuda.shared.array((BLOCK_N, ROW_W), types.uint32)
-        q_tile = cuda.shared.array((16, ROW_W), types.uint32)
-        do_tile = cuda.shared.array((16, ROW_W), types.uint32)
-        ds_sh = cuda.shared.array((16, DS_W), float32)
-        lse_sh = cuda.shared.array(16, float32)
-        delta_sh = cuda.shared.array(16, float32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
         st = cuda.local.array((2, 4), float32)      # S^T, then P^T Z (keys x 16 queries)
-        seen_t = cuda.local.array((2, 4), float32)  # rare path: 1 where the row sees the key
         dpt = cuda.local.array((2, 4), float32)     # dP^T, then dS^T
         dk_acc = cuda.local.array((D_FRAGS, 4), float32)
         dv_acc = cuda.local.array((D_FRAGS, 4), float32)
-
-        load_rows(k, b, hk, k_start, nk, BLOCK_N, k_tile, tid)
-        load_rows(v, b, hk, k_start, nk, BLOCK_N, v_tile, tid)
+        nlse2 = cuda.local.array(4, float32)        # -lse log2 e of the lane's 4 queries
+        dl = cuda.local.array(4, float32)           # D of the lane's 4 queries
+        da = cuda.local.array((P_STEPS, 4), uint32)  # dQ's A fragments (dS)
         for n in range(D_FRAGS):
             for e in range(4):
                 dk_acc[n, e] = ZERO
                 dv_acc[n, e] = ZERO
 
-        q_lo, q_hi = tile_query_range(k_start, min(k_start + BLOCK_N, nk), offset, nq, left,
-                                      right)
-        for qt in range(q_lo // 16, (q_hi + 15) // 16):
-            q_start = qt * 16
-            # -- the Q tile: Q and dO rows, lse and D
-            load_rows(q, b, h, q_start, nq, 16, q_tile, tid)
-            load_rows(do, b, h, q_start, nq, 16, do_tile, tid)
-            bad = int32(0)  # a non-finite D: that row's dO holds an inf or NaN
-            for m in range(tid, 16, THREADS):
-                if q_start + m < nq:
-                    lse_sh[m] = lse[b, h, q_start + m]
-                    dm = delta[b, h, q_start + m]
-                    delta_sh[m] = dm
-                    if not abs(dm) < INF:
-                        bad = int32(1)
-                else:
-                    lse_sh[m] = NEG_INF
-                    delta_sh[m] = ZERO
-            # every tile of this step is complete before fragment loads; and every thread learns
-            # whether a row of this Q tile has a non-finite dO
-            do_bad = cuda.syncthreads_or(bad)
+        off_a, off_b, off_ds = _lane_offsets(lane, RB, DS_RB)
+        q_lo, q_hi = tile_query_range(k_start, k_end, offset, nq, left, right)
+        r_lo, r_hi = full_query_rows(k_start, k_start + BLOCK_N, offset, nq, nk, left, right)
+        t_lo = int32(q_lo // BLOCK_M)
+        t_hi = int32((q_hi + BLOCK_M - 1) // BLOCK_M)
+        f_lo = int32(min(max((r_lo + BLOCK_M - 1) // BLOCK_M, t_lo), t_hi))
+        f_hi = int32(min(max(r_hi // BLOCK_M, f_lo), t_hi))  # unmasked Q tiles: [f_lo, f_hi)
 
-            # -- S^T = K Q^T and dP^T = V dO^T: keys as rows, 2 fragments of 8 queries
-            for n in range(2):
-                for e in range(4):
-                    st[n, e] = ZERO
-                    dpt[n, e] = ZERO
-            for kc in range(K_STEPS):
-                a0, a1, a2, a3 = load_a_frag(k_tile, 16 * warp, 8 * kc, g, t)
-                for n in range(2):
-                    b0, b1 = load_b_frag(q_tile, 8 * n, 8 * kc, g, t)
-                    st[n, 0], st[n, 1], st[n, 2], st[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1, st[n, 0], st[n, 1], st[n, 2], st[n, 3])
-                if NEED_DS:
-                    a0, a1, a2, a3 = load_a_frag(v_tile, 16 * warp, 8 * kc, g, t)
-                    for n in range(2):
-                        b0, b1 = load_b_frag(do_tile, 8 * n, 8 * kc, g, t)
-                        dpt[n, 0], dpt[n, 1], dpt[n, 2], dpt[n, 3] = mma_m16n8k16(
-                            a0, a1, a2, a3, b0, b1, dpt[n, 0], dpt[n, 1], dpt[n, 2], dpt[n, 3])
+        # -- prologue: K and V (K's inf / NaN zeroed: it multiplies dS = 0 in dQ), the first Q
+        # tile into stage 0
+        kv_base = ((b * k.shape[1] + hk) * nk + k_start) * d
+        qo_base = (b * n_heads + h) * nq * d
+        copy_kv(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
+        copy_kv(smem, V_BYTE, v, kv_base, k_end - k_start, d, tid)
+        if t_lo < t_hi:
+            load_q(smem, QS_BYTE, q, do, qo_base, t_lo * BLOCK_M, nq, d, tid)
+        cp_async_commit()
+        cp_async_wait_all()
+        if DQ_ATOMIC:
+            scan_k(smem, K_BYTE, tid)   # this thread's own chunks: no barrier before
 
-            # -- P^T Z and dS^T element by element (row = query, key as the fragment row)
-            for n in range(2):
-                for e in range(4):
-                    m = 8 * n + 2 * t + (e & 1)          # query within the Q tile
-                    key = key0 if e < 2 else key1
-                    pz, ds = p_ds(st[n, e], dpt[n, e], b, h, q_start + m, key, nq, nk, offset,
-                                  left, right, scale, lse_sh[m], delta_sh[m], softcap,
-                                  inv_softcap, slope, dropout)
-                    st[n, e] = pz
-                    dpt[n, e] = ds
-
-            # -- dV += (P Z)^T dO and dK += dS^T Q: A from the registers, B = dO / Q rows
-            if WANT_DV:
-                a0, a1, a2, a3 = a_frag_from_c(st, 0, 1)
-                if do_bad:
-                    dv_masked(a0, a1, a2, a3, do_tile, dv_acc, seen_t, q_start, key0, key1,
-                              offset, nk, left, right, g, t)
-                else:
-                    for n in range(D_FRAGS):
-                        b0, b1 = load_b_frag_t(do_tile, 0, 8 * n, g, t)
-                        dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma_m16n8k16(
-                            a0, a1, a2, a3, b0, b1,
-                            dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3])
-            if WANT_DK:
-                a0, a1, a2, a3 = a_frag_from_c(dpt, 0, 1)
-                for n in range(D_FRAGS):
-                    b0, b1 = load_b_frag_t_finite(q_tile, 0, 8 * n, g, t)
-                    dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1,
-                        dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3])
-
-            if DQ_ATOMIC:
-                # -- dQ_i += scale dS K_j: dS with queries as rows through shared memory
-                for n in range(2):
-                    for e in range(4):
-                        ds_sh[8 * n + 2 * t + (e & 1), 16 * warp + g + 8 * (e >> 1)] = dpt[n, e]
-                cuda.syncthreads()  # ds_sh holds every warp's dS^T before any warp reads rows
-                for n in range(warp, D_FRAGS, NUM_WARPS):  # the warps split dQ's columns
-                    c0 = ZERO
-                    c1 = ZERO
-                    c2 = ZERO
-                    c3 = ZERO
-                    for kk in range(P_STEPS):
-                        kb = 16 * kk + 2 * t
-                        a0 = pack_half2(ds_sh[g, kb], ds_sh[g, kb + 1])
-                        a1 = pack_half2(ds_sh[g + 8, kb], ds_sh[g + 8, kb + 1])
-                        a2 = pack_half2(ds_sh[g, kb + 8], ds_sh[g, kb + 9])
-                        a3 = pack_half2(ds_sh[g + 8, kb + 8], ds_sh[g + 8, kb + 9])
-                        b0, b1 = load_b_frag_t_finite(k_tile, 16 * kk, 8 * n, g, t)
-                        c0, c1, c2, c3 = mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-                    col = 8 * n + 2 * t
-                    for r in range(2):
-                        row = q_start + g + 8 * r
-                        if row < nq:
-                            if col < d:
-                                cuda.atomic.add(dq_accum, (b, h, row, col),
-                                                (c0 if r == 0 else c2) * scale)
-                            if col + 1 < d:
-                                cuda.atomic.add(dq_accum, (b, h, row, col + 1),
-                                                (c1 if r == 0 else c3) * scale)
-            cuda.syncthreads()  # q/do_tile, lse/delta_sh and ds_sh are read: next Q tile
+        ins = (q, do, lse, delta, dq_accum, qo_base, uint64(b * n_heads + h) * uint64(nq), nq,
+               nk, d, b, h)
+        frags = (st, dpt, dk_acc, dv_acc, nlse2, dl, da)
+        lanes = (tid, warp, g, t, off_a, off_b, off_ds)
+        keys = (key0, key1, offset, left, right)
+        sc = (scale, exp_scale, softcap, inv_softcap, slope)
+        for qt in range(t_lo, t_hi):
+            if f_lo <= qt and qt < f_hi:   # every row sees every key of the tile: no mask
+                step_full(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, dropout)
+            else:
+                step_masked(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, dropout)
 
         # -- this query head's dK (times scale) and dV, in float32
         for n in range(D_FRAGS):
@@ -423,21 +563,125 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
 
 
 @functools.lru_cache(maxsize=None)
-def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False):
+def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False, VEC=True,
+                  DTYPE="float16"):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, scale, window, mods, alibi, tiles,
-    dropout)``: ``dq_accum = scale * dS K`` (float32) without atomics (``deterministic=True``);
-    arguments as :func:`dkdv_mma_kernel`, ``tiles = ceil(Nq / BLOCK_M)``."""
-    BLOCK_M = 16 * NUM_WARPS
+    dropout)``: ``dq_accum = scale * dS K`` (float32, its flat view) without atomics
+    (``deterministic=True``); arguments as :func:`dkdv_mma_kernel`, ``tiles = ceil(Nq /
+    BLOCK_M)``."""
+    assert DTYPE in MMA_DTYPES and HEAD_DIM % 16 == 0
+    mma, _pack2 = mma_ops(DTYPE)
+    a_frag_from_c = make_a_frag_from_c(DTYPE)
+    BLOCK_M_DQ = 16 * NUM_WARPS
     BLOCK_N = dq_block_n(NUM_WARPS, HEAD_DIM)
     THREADS = 32 * NUM_WARPS
-    ROW_W = HEAD_DIM // 2 + 4
+    RB = row_bytes(HEAD_DIM)
+    KV_STAGES, SMEM_BYTES = _dq_layout(NUM_WARPS, HEAD_DIM)
+    SMEM_WORDS = SMEM_BYTES // 4
+    Q_BYTE = 0
+    DO_BYTE = BLOCK_M_DQ * RB
+    KV_BYTE = 2 * BLOCK_M_DQ * RB
+    KV_TILE = BLOCK_N * RB
+    STAGE_BYTES = 2 * KV_TILE       # one stage: K, then V
     D_FRAGS = HEAD_DIM // 8
     K_STEPS = HEAD_DIM // 16
     N_FRAGS = BLOCK_N // 8
     P_STEPS = BLOCK_N // 16
     ZERO = float32(0.0)
-    p_ds = _element_functions(DROPOUT, SOFTCAP, ALIBI)
-    load_rows = _load_functions(HEAD_DIM, THREADS)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    copy_q = make_tile_copy(BLOCK_M_DQ, HEAD_DIM, RB, THREADS, VEC)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
+    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+
+    @cuda.jit(device=True, inline=True)
+    def load_kv(smem, stage_byte, k, v, kv_base, k_start, nk, d, tid):
+        """Issue the copies of K/V rows ``k_start ..`` into the stage at ``stage_byte``."""
+        rows = min(BLOCK_N, nk - k_start)
+        base = kv_base + k_start * d
+        copy_kv(smem, stage_byte, k, base, rows, d, tid)
+        copy_kv(smem, stage_byte + KV_TILE, v, base, rows, d, tid)
+
+    def make_step(MASKED):
+        p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI)
+
+        @cuda.jit(device=True, inline=True)
+        def step(kt, t_lo, t_hi, smem, ins, frags, lanes, rows, sc, drop):
+            k, v, kv_base, nq, nk, d, b, h = ins
+            s, dp, acc = frags
+            tid, warp, t, off_a, off_b = lanes
+            row0, nlse0, nlse1, delta0, delta1, offset, left, right = rows
+            scale, exp_scale, softcap, inv_softcap, slope = sc
+            k_start = kt * BLOCK_N
+            kb = KV_BYTE + (((kt - t_lo) & 1) * STAGE_BYTES if KV_STAGES == 2 else 0)
+            cp_async_wait_all()
+            if MASKED:
+                scan_k(smem, kb, tid)  # K's inf / NaN -> 0: it multiplies dS = 0 in dQ
+            cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
+            if KV_STAGES == 2 and kt + 1 < t_hi:  # the next tile's copy runs under this math
+                load_kv(smem, KV_BYTE + STAGE_BYTES - (kb - KV_BYTE), k, v, kv_base,
+                        k_start + BLOCK_N, nk, d, tid)
+                cp_async_commit()
+
+            # -- S = Q K^T and dP = dO V^T (queries as rows, as the forward): A = the warp's Q /
+            # dO rows, B = K / V rows (ldmatrix, two 8-key fragments per x4)
+            for n in range(N_FRAGS):
+                for e in range(4):
+                    s[n, e] = ZERO
+                    dp[n, e] = ZERO
+            for kc in range(K_STEPS):
+                a0, a1, a2, a3 = ldmatrix_x4(smem, Q_BYTE + 16 * RB * warp + off_a + 32 * kc)
+                e0, e1, e2, e3 = ldmatrix_x4(smem, DO_BYTE + 16 * RB * warp + off_a + 32 * kc)
+                for p in range(N_FRAGS // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, kb + off_b + 16 * RB * p + 32 * kc)
+                    n = 2 * p
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                    n = 2 * p + 1
+                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
+                    b0, b1, b2, b3 = ldmatrix_x4(smem, kb + KV_TILE + off_b + 16 * RB * p
+                                                 + 32 * kc)
+                    n = 2 * p
+                    dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma(
+                        e0, e1, e2, e3, b0, b1, dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+                    n = 2 * p + 1
+                    dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma(
+                        e0, e1, e2, e3, b2, b3, dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+
+            # -- dS element by element (row row0 / row0 + 8, key k_start + 8 n + 2 t + (e & 1))
+            for n in range(N_FRAGS):
+                for e in range(4):
+                    hi = e >= 2
+                    _pz, ds = p_ds(s[n, e], dp[n, e], nlse1 if hi else nlse0,
+                                   delta1 if hi else delta0, exp_scale, b, h,
+                                   row0 + 8 if hi else row0, k_start + 8 * n + 2 * t + (e & 1),
+                                   nq, nk, offset, left, right, scale, softcap, inv_softcap,
+                                   slope, drop)
+                    s[n, e] = ds
+
+            # -- dQ += dS K: A from the registers, B = K by ldmatrix.trans (two 8-column
+            # fragments per x4)
+            for kk in range(P_STEPS):
+                a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
+                for p in range(D_FRAGS // 2):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, kb + off_a + 16 * RB * kk + 32 * p)
+                    n = 2 * p
+                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(
+                        a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+                    n = 2 * p + 1
+                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(
+                        a0, a1, a2, a3, b2, b3, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+            if KV_STAGES == 1:
+                cuda.syncthreads()  # every warp is done with this K/V tile: the next one
+                if kt + 1 < t_hi:
+                    load_kv(smem, KV_BYTE, k, v, kv_base, k_start + BLOCK_N, nk, d, tid)
+                    cp_async_commit()
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
 
     @kernel_jit
     def backward_dq_mma(q, k, v, do, lse, delta, dq_accum, scale, window, mods, alibi, tiles,
@@ -456,135 +700,139 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
         b = bh // n_heads
         h = bh % n_heads
         hk = h // (n_heads // k.shape[1])
-        q_start = (bx % tiles) * BLOCK_M
+        q_start = (bx % tiles) * BLOCK_M_DQ
+        q_end = min(q_start + BLOCK_M_DQ, nq)
         offset = nk - nq
         left, right = window
         softcap, inv_softcap = mods
         slope = ZERO
         if ALIBI:
             slope = alibi[b, h]
-        row0 = q_start + 16 * warp + g
-        row1 = row0 + 8
-        lse0 = float32(-math.inf)
-        lse1 = float32(-math.inf)
+        exp_scale = scale * LOG2E_F
+        row0 = q_start + 16 * warp + g     # the lane's two query rows
+        row_base = uint64(b * n_heads + h) * uint64(nq)
+        nlse0 = -NEG_INF                   # rows past Nq: lse = -inf (P = 0 on masked tiles)
+        nlse1 = -NEG_INF
         delta0 = ZERO
         delta1 = ZERO
         if row0 < nq:
-            lse0 = lse[b, h, row0]
-            delta0 = delta[b, h, row0]
-        if row1 < nq:
-            lse1 = lse[b, h, row1]
-            delta1 = delta[b, h, row1]
+            nlse0 = -(lse[row_base + uint64(row0)] * LOG2E_F)
+            delta0 = delta[row_base + uint64(row0)]
+        if row0 + 8 < nq:
+            nlse1 = -(lse[row_base + uint64(row0 + 8)] * LOG2E_F)
+            delta1 = delta[row_base + uint64(row0 + 8)]
 
-        q_tile = cuda.shared.array((BLOCK_M, ROW_W), types.uint32)
-        do_tile = cuda.shared.array((BLOCK_M, ROW_W), types.uint32)
-        k_tile = cuda.shared.array((BLOCK_N, ROW_W), types.uint32)
-        v_tile = cuda.shared.array((BLOCK_N, ROW_W), types.uint32)
-        s = cuda.local.array((N_FRAGS, 4), float32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        s = cuda.local.array((N_FRAGS, 4), float32)     # S, then dS
         dp = cuda.local.array((N_FRAGS, 4), float32)
         acc = cuda.local.array((D_FRAGS, 4), float32)
-
-        load_rows(q, b, h, q_start, nq, BLOCK_M, q_tile, tid)
-        load_rows(do, b, h, q_start, nq, BLOCK_M, do_tile, tid)
         for n in range(D_FRAGS):
             for e in range(4):
                 acc[n, e] = ZERO
 
-        kv_lo, kv_hi = tile_key_range(q_start, min(q_start + BLOCK_M, nq), offset, nk, left,
-                                      right)
-        for kt in range(kv_lo // BLOCK_N, (kv_hi + BLOCK_N - 1) // BLOCK_N):
-            k_start = kt * BLOCK_N
-            load_rows(k, b, hk, k_start, nk, BLOCK_N, k_tile, tid)
-            load_rows(v, b, hk, k_start, nk, BLOCK_N, v_tile, tid)
-            cuda.syncthreads()  # K/V (and, first time, Q/dO) tiles complete before fragments
+        off_a, off_b, _off = _lane_offsets(lane, RB, RB)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
+        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
+        t_lo = int32(kv_lo // BLOCK_N)
+        t_hi = int32((kv_hi + BLOCK_N - 1) // BLOCK_N)
+        f_lo = int32(min(max((full_lo + BLOCK_N - 1) // BLOCK_N, t_lo), t_hi))
+        f_hi = int32(min(max(full_hi // BLOCK_N, f_lo), t_hi))  # unmasked tiles: [f_lo, f_hi)
+        if q_start + BLOCK_M_DQ > nq:   # rows past Nq: every tile masked
+            f_hi = f_lo
 
-            # -- S = Q K^T and dP = dO V^T (queries as rows, as the forward)
-            for n in range(N_FRAGS):
-                for e in range(4):
-                    s[n, e] = ZERO
-                    dp[n, e] = ZERO
-            for kc in range(K_STEPS):
-                a0, a1, a2, a3 = load_a_frag(q_tile, 16 * warp, 8 * kc, g, t)
-                e0, e1, e2, e3 = load_a_frag(do_tile, 16 * warp, 8 * kc, g, t)
-                for n in range(N_FRAGS):
-                    b0, b1 = load_b_frag(k_tile, 8 * n, 8 * kc, g, t)
-                    s[n, 0], s[n, 1], s[n, 2], s[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1, s[n, 0], s[n, 1], s[n, 2], s[n, 3])
-                    b0, b1 = load_b_frag(v_tile, 8 * n, 8 * kc, g, t)
-                    dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3] = mma_m16n8k16(
-                        e0, e1, e2, e3, b0, b1, dp[n, 0], dp[n, 1], dp[n, 2], dp[n, 3])
+        # -- prologue: Q and dO of the block's rows, the first K/V tile into stage 0
+        kv_base = (b * k.shape[1] + hk) * nk * d
+        qo_base = ((b * n_heads + h) * nq + q_start) * d
+        copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
+        copy_q(smem, DO_BYTE, do, qo_base, q_end - q_start, d, tid)
+        if t_lo < t_hi:
+            load_kv(smem, KV_BYTE, k, v, kv_base, t_lo * BLOCK_N, nk, d, tid)
+        cp_async_commit()
 
-            # -- dS element by element
-            for n in range(N_FRAGS):
-                for e in range(4):
-                    key = k_start + 8 * n + 2 * t + (e & 1)
-                    row = row0 if e < 2 else row1
-                    _pz, ds = p_ds(s[n, e], dp[n, e], b, h, row, key, nq, nk, offset, left,
-                                   right, scale, lse0 if e < 2 else lse1,
-                                   delta0 if e < 2 else delta1, softcap, inv_softcap, slope,
-                                   dropout)
-                    s[n, e] = ds
+        ins = (k, v, kv_base, nq, nk, d, b, h)
+        frags = (s, dp, acc)
+        lanes = (tid, warp, t, off_a, off_b)
+        rows = (row0, nlse0, nlse1, delta0, delta1, offset, left, right)
+        sc = (scale, exp_scale, softcap, inv_softcap, slope)
+        for kt in range(t_lo, t_hi):
+            if f_lo <= kt and kt < f_hi:   # inside the keys every row sees: no mask
+                step_full(kt, t_lo, t_hi, smem, ins, frags, lanes, rows, sc, dropout)
+            else:
+                step_masked(kt, t_lo, t_hi, smem, ins, frags, lanes, rows, sc, dropout)
 
-            # -- dQ += dS K: A from the registers, B = K rows read untransposed
-            for kk in range(P_STEPS):
-                a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
+        # -- dQ (times scale), in float32
+        for r in range(2):
+            row = row0 + 8 * r
+            if row < nq:
+                base = (row_base + uint64(row)) * uint64(d)
                 for n in range(D_FRAGS):
-                    b0, b1 = load_b_frag_t_finite(k_tile, 16 * kk, 8 * n, g, t)
-                    acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma_m16n8k16(
-                        a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
-            cuda.syncthreads()  # every warp is done with k_tile / v_tile: next K/V tile
-
-        for n in range(D_FRAGS):
-            for e in range(4):
-                row = row0 if e < 2 else row1
-                c = 8 * n + 2 * t + (e & 1)
-                if row < nq and c < d:
-                    dq_accum[b, h, row, c] = acc[n, e] * scale
+                    for e in range(2):
+                        c = 8 * n + 2 * t + e
+                        if c < d:
+                            dq_accum[base + uint64(c)] = acc[n, 2 * r + e] * scale
 
     return backward_dq_mma
 
 
 def compile_configs():
     """A representative set for the compile tier: the dK/dV kernel (with atomic dQ) at every
-    head dim (256: its two passes), the deterministic dQ kernel at 64 and 128, and every flag
-    (dropout, softcap, ALiBi) at 128.  Causal and windows are runtime arguments."""
+    head dim (256: its two passes), the deterministic dQ kernel at 64 and 128, every flag
+    (dropout, softcap, ALiBi) at 128, the 16-bit-load build (``ld16``) at 64 and bfloat16 at 64.
+    Causal and windows are runtime arguments."""
     u16 = types.Array(types.uint16, 4, "C")
-    f32_3 = types.Array(types.float32, 3, "C")
+    f32_1 = types.Array(types.float32, 1, "C")
     f32_4 = types.Array(types.float32, 4, "C")
     drop_t = types.Tuple((types.uint32, types.uint32, types.uint32, types.float32))
     scale_t, window_t, mods_t, alibi_t = _variant_args()
     i64 = types.int64
 
-    def flags_name(dropout, softcap, alibi):
+    def flags_name(dropout, softcap, alibi, vec=True):
         return "".join(f" {n}" for n, f in (("dropout", dropout), ("softcap", softcap),
-                                             ("alibi", alibi)) if f)
+                                             ("alibi", alibi), ("ld16", not vec)) if f)
 
-    plan = [(hd, False, False, False, True, True) for hd in HEAD_DIMS if hd not in SPLIT_HEAD_DIMS]
-    plan += [(256, False, False, False, True, False), (256, False, False, False, False, True)]
-    plan += [(128, True, True, True, True, True)]
-    for hd, dropout, softcap, alibi, want_dv, want_dk in plan:
+    F16 = "float16"
+    plan = [(hd, False, False, False, True, True, True, F16) for hd in HEAD_DIMS
+            if hd not in SPLIT_HEAD_DIMS]
+    plan += [(256, False, False, False, True, False, True, F16),
+             (256, False, False, False, False, True, True, F16)]
+    plan += [(128, True, True, True, True, True, True, F16),
+             (64, False, False, False, True, True, False, F16),
+             (64, False, False, False, True, True, True, "bfloat16")]
+    for hd, dropout, softcap, alibi, want_dv, want_dk, vec, dtype in plan:
         nw = GPU_WARPS[hd]
         parts = "dv" if not want_dk else ("dk dq" if not want_dv else "dk dv dq")
+        pairs = hd // 16
         yield {
             "name": f"backward_mma dkdv ({parts}) W{nw} N{16 * nw} D{hd}"
-                    f"{flags_name(dropout, softcap, alibi)} float16",
+                    f"{flags_name(dropout, softcap, alibi, vec)} {dtype}",
             "kernel": dkdv_mma_kernel(nw, hd, dropout, softcap, alibi, want_dv, want_dk,
-                                      want_dk),
-            "args": (u16, u16, u16, u16, f32_3, f32_3, f32_4, f32_4, f32_4, scale_t, window_t,
+                                      want_dk, vec, dtype),
+            "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, f32_4, f32_4, scale_t, window_t,
                      mods_t, alibi_t, i64, drop_t if dropout else types.Tuple(())),
             "float64_ok": False,
             "mma": True,
+            # one Q tile per warp on the common (unmasked) path: S^T, dP^T (2 K_STEPS each),
+            # dV, dK (D_FRAGS each), dQ (2 mma per column pair of this warp, per 16 keys)
+            "sass": {"expect_mma": (2 * (hd // 16) * (1 + int(want_dk))
+                                    + (hd // 8) * (int(want_dv) + int(want_dk))
+                                    + (2 * -(-pairs // nw) * nw if want_dk else 0))},
         }
-    for hd, dropout, softcap, alibi in ((64, False, False, False), (128, True, True, True)):
+    for hd, dropout, softcap, alibi, dtype in ((64, False, False, False, F16),
+                                               (128, False, False, False, F16),
+                                               (128, True, True, True, F16),
+                                               (64, False, False, False, "bfloat16")):
         nw = GPU_WARPS[hd]
+        bn = dq_block_n(nw, hd)
         yield {
-            "name": f"backward_mma dq W{nw} M{16 * nw} D{hd}{flags_name(dropout, softcap, alibi)}"
-                    " float16",
-            "kernel": dq_mma_kernel(nw, hd, dropout, softcap, alibi),
-            "args": (u16, u16, u16, u16, f32_3, f32_3, f32_4, scale_t, window_t, mods_t,
+            "name": f"backward_mma dq W{nw} M{16 * nw} D{hd}"
+                    f"{flags_name(dropout, softcap, alibi)} {dtype}",
+            "kernel": dq_mma_kernel(nw, hd, dropout, softcap, alibi, True, dtype),
+            "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, scale_t, window_t, mods_t,
                      alibi_t, i64, drop_t if dropout else types.Tuple(())),
             "float64_ok": False,
             "mma": True,
+            # one K/V tile per warp: S, dP (N_FRAGS K_STEPS each), dQ (P_STEPS D_FRAGS)
+            "sass": {"expect_mma": 2 * (bn // 8) * (hd // 16) + (bn // 16) * (hd // 8)},
         }
 
 

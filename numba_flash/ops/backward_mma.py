@@ -1,9 +1,9 @@
-"""``backward_mma``: attention gradients on tensor cores (float16, ``mma.sync.m16n8k16``).
+"""``backward_mma``: attention gradients on tensor cores (float16 / bfloat16, ``mma.sync``).
 
 ``numba_flash.backward(..., kernel="mma")`` calls it.  The launch sequence: the SIMT preprocess
 (``D = rowsum(dO * O)``, ``dq_accum = 0``), the tensor-core dK/dV kernel (with atomic dQ, or the
 deterministic tensor-core dQ kernel after it), then the SIMT reduce kernel sums each GQA group's
-dK/dV in a fixed order and casts dQ, dK, dV to float16 (see
+dK/dV in a fixed order and casts dQ, dK, dV to the input dtype (see
 :mod:`numba_flash.kernels.backward_mma`).
 """
 
@@ -17,9 +17,10 @@ from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
-from ..kernels.backward_mma import (SPLIT_HEAD_DIMS, default_tiles, dkdv_mma_kernel,
-                                    dq_block_n, dq_mma_kernel)
+from ..kernels.backward_mma import (MMA_DTYPES, SPLIT_HEAD_DIMS, default_tiles,
+                                    dkdv_mma_kernel, dq_block_n, dq_mma_kernel)
 from ..kernels.common import cdiv
+from ..kernels.forward_mma import vector_copies
 from ..philox import dropout_params
 
 
@@ -28,16 +29,18 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
                  alibi_slopes=None):
     """Gradients ``(dq, dk, dv)`` on tensor cores; the contract of :func:`numba_flash.backward`.
 
-    float16 ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and ``k``, ``v`` ``[B, Hkv, Nk, d]`` (GQA),
-    float32 ``lse [B, H, Nq]`` from the forward, and the forward's ``causal``,
-    ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``, ``dropout_p`` and
-    ``seed``.  Each gradient comes in its input's shape, float16; ``dk``, ``dv`` are summed over
-    each GQA group.  dQ is summed over K/V tiles with float32 atomic adds, or, with
-    ``deterministic=True``, by a second kernel without atomics (bitwise reproducible).
+    float16 or bfloat16 (``ml_dtypes.bfloat16``) ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and
+    ``k``, ``v`` ``[B, Hkv, Nk, d]`` (GQA), float32 ``lse [B, H, Nq]`` from the forward, and the
+    forward's ``causal``, ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``,
+    ``dropout_p`` and ``seed``.  Each gradient comes in its input's shape and dtype; ``dk``,
+    ``dv`` are summed over each GQA group.  dQ is summed over K/V tiles with float32 atomic
+    adds, or, with ``deterministic=True``, by a second kernel without atomics (bitwise
+    reproducible).
     """
     b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
-    if dtype != np.float16:
-        raise TypeError(f"q: expected dtype float16 for the tensor-core backward, got {dtype}")
+    if np.dtype(dtype).name not in MMA_DTYPES:
+        raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core backward, "
+                        f"got {dtype}")
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d)
@@ -55,7 +58,11 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     ``(B, H, Hkv, Nq, Nk, d)``, ``left``/``right`` the kernels' window bounds, ``alibi`` float32
     ``[B, H]`` or None): :func:`numba_flash.backward` validates once and calls this."""
     b, h, hkv, nq, nk, d = shape
-    dtype = np.dtype(np.float16)
+    dtype = do.dtype
+    name = np.dtype(dtype).name
+    if name not in MMA_DTYPES:
+        raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core backward, "
+                        f"got {dtype}")
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     use_dropout = float(dropout_p) > 0.0
     num_warps, head_dim = default_tiles(d)
@@ -73,6 +80,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     delta = call.empty((b, h, nq), f32)
     alibi_in = call.input(alibi) if alibi is not None else call.zeros((1, 1), f32)
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
+    vec = vector_copies(d, head_dim, *u16)
+    # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
+    lse_flat, delta_flat, dq_flat = (x.reshape(-1) for x in (lse_in, delta, dq_accum))
     variant = (f32(scale), (np.int32(left), np.int32(right)),
                (f32(softcap), f32(1.0 / softcap if softcap > 0.0 else 0.0)), alibi_in)
     drop = (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else ()
@@ -90,9 +100,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
               else [(True, True)])
     for want_dv, want_dk in passes:
         kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk,
-                               want_dk and not deterministic)
-        call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_in, delta,
-                    dq_accum, dk_heads, dv_heads, *variant, tiles_k, drop,
+                               want_dk and not deterministic, vec, name)
+        call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_flat,
+                    delta_flat, dq_flat, dk_heads, dv_heads, *variant, tiles_k, drop,
                     work=tiled_work("backward_dkdv_mma", [(nq, nk)] * b, h, 16,
                                     16 * num_warps, left, right, 32 * num_warps, head_dim,
                                     kv_outer=True, mma=True))
@@ -100,13 +110,14 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
     if deterministic:
         tiles_q = cdiv(nq, 16 * num_warps)
-        call.launch(dq_mma_kernel(num_warps, head_dim, *flags), fold_grid(tiles_q, b, h),
-                    (32 * num_warps,), *u16, lse_in, delta, dq_accum, *variant, tiles_q, drop,
+        call.launch(dq_mma_kernel(num_warps, head_dim, *flags, vec, name),
+                    fold_grid(tiles_q, b, h), (32 * num_warps,), *u16, lse_flat, delta_flat,
+                    dq_flat, *variant, tiles_q, drop,
                     work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, 16 * num_warps,
                                     dq_block_n(num_warps, head_dim), left, right,
                                     32 * num_warps, head_dim, mma=True))
 
-    # 4. sum each GQA group's dK, dV in a fixed order; cast everything to float16
+    # 4. sum each GQA group's dK, dV in a fixed order; cast everything to the input dtype
     for src, dst, heads, n in ((dq_accum, dq, h, nq), (dk_heads, dk, hkv, nk),
                                (dv_heads, dv, hkv, nk)):
         tiles = cdiv(n * d, t)
