@@ -52,3 +52,41 @@ def test_good_functions_pass_through():
     fn = lambda s, b, h, q, k, bias: s + bias[h, q - k]  # noqa: E731
     assert check_mod("score_mod", fn, 1) is fn
     assert check_mod("mask_mod", None, 0) is None
+
+
+def test_prepare_variant_checks_before_any_launch():
+    import numpy as np
+
+    from numba_flash.flex import create_block_mask
+    from numba_flash.flex.launch import prepare_variant
+
+    bias = np.zeros((2, 9), np.float32)
+
+    def rel(score, b, h, q_idx, kv_idx, bias):
+        return score + bias[h, q_idx - kv_idx + 4]
+
+    def causal(b, h, q_idx, kv_idx, bias):
+        return q_idx >= kv_idx
+
+    assert prepare_variant() is None
+    uv = prepare_variant(rel, causal, (bias,), shape=(1, 2, 5, 5))
+    assert uv.aux[0] is bias and uv.kinds is None and len(uv.key) == 5
+    # the key follows the code: the same functions give the same key
+    assert prepare_variant(rel, causal, (bias,)).key == uv.key
+    with pytest.raises(ValueError, match="score_mod_grad"):
+        prepare_variant(rel, None, (bias,), needs_grad=True)
+    with pytest.raises(ValueError, match="aux_tensors"):
+        prepare_variant(aux_tensors=(bias,))
+    with pytest.raises(TypeError, match="return a float"):
+        prepare_variant(lambda s, b, h, q, k: q > k)
+    with pytest.raises(TypeError, match="return a bool"):
+        prepare_variant(mask_mod=lambda b, h, q, k: 1.0 * q)
+    bm = create_block_mask(causal, 1, 2, 32, 32, aux_tensors=(bias,), BLOCK_SIZE=16)
+    uv = prepare_variant(None, None, (bias,), bm, shape=(3, 2, 32, 32))
+    assert uv.mask_mod is not None and uv.block == (16, 16) and uv.kinds.shape == (1, 2, 2, 2)
+    with pytest.raises(ValueError, match="block_mask: expected a mask for"):
+        prepare_variant(None, None, (bias,), bm, shape=(1, 2, 32, 48))
+    with pytest.raises(ValueError, match="mask_mod: expected the function"):
+        prepare_variant(None, lambda b, h, q, k, x: True, (bias,), bm)
+    with pytest.raises(TypeError, match="block_mask: expected"):
+        prepare_variant(None, causal, (bias,), "dense")
