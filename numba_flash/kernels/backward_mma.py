@@ -37,9 +37,11 @@ Kernels
    ``dS^T`` as 16-bit pairs into shared memory (the very registers of the ``dK`` product), and
    after a barrier the warps split the column pairs of ``dQ_i += scale dS K_j``: ``A`` = ``dS``
    by ``ldmatrix.trans`` of the stored ``dS^T``, ``B`` = K by ``ldmatrix.trans``, then float32
-   ``atomic.add`` into ``dq_accum``.  ``WANT_DV`` / ``WANT_DK`` select the outputs: at
-   ``HEAD_DIM = 256`` both accumulators would need 256 registers per lane, so the op runs the
-   kernel twice (dV; then dK and dQ).
+   ``atomic.add`` into ``dq_accum``.  ``WANT_DV`` / ``WANT_DK`` select the outputs and ``COL0``
+   / ``ACC_DIM`` the columns: at ``HEAD_DIM = 256`` both accumulators would need 256 registers
+   per lane (and even one, 128, spills beside the scores), so the op runs the kernel four times
+   (:func:`dkdv_passes`: each half of dV, each half of dK, dQ with the first), recomputing the
+   scores in each.
 2. :func:`dq_mma_kernel` (``deterministic=True``): one block per ``(Q tile of 16 NUM_WARPS rows,
    b, h)``, a warp per 16 rows, Q and dO copied once, looping over the double-buffered K/V tiles
    of :func:`dq_block_n` keys the rows see (:func:`~numba_flash.kernels.visibility.tile_key_range`)
@@ -107,10 +109,24 @@ SIM_WARPS = 1
 #: query rows per step of the dK/dV kernel (each warp's S^T: its 16 keys x 16 queries)
 BLOCK_M = 16
 
-#: head dims whose dK and dV accumulators do not fit in registers together: two dkdv passes
+#: head dims whose dK and dV accumulators do not fit in registers together: dkdv passes of
+#: half the columns (:func:`dkdv_passes`)
 SPLIT_HEAD_DIMS = (256,)
 
-__all__ = ["MMA_DTYPES", "GPU_WARPS", "SIM_WARPS", "BLOCK_M", "SPLIT_HEAD_DIMS", "dq_block_n",
+
+def dkdv_passes(head_dim, deterministic):
+    """The dK/dV launches of one backward: ``(want_dv, want_dk, dq_atomic, col0, acc_dim)``
+    each.  One pass (every output, atomic dQ unless ``deterministic``), or at a head dim of
+    :data:`SPLIT_HEAD_DIMS` four, each accumulating half the columns of dV or of dK (64
+    registers per lane; the first dK pass also adds dQ)."""
+    if head_dim not in SPLIT_HEAD_DIMS:
+        return [(True, True, not deterministic, 0, head_dim)]
+    half = head_dim // 2
+    return [(True, False, False, 0, half), (True, False, False, half, half),
+            (False, True, not deterministic, 0, half), (False, True, False, half, half)]
+
+__all__ = ["MMA_DTYPES", "GPU_WARPS", "SIM_WARPS", "BLOCK_M", "SPLIT_HEAD_DIMS", "dkdv_passes",
+           "dq_block_n",
            "shared_bytes", "default_tiles", "full_query_rows", "dkdv_mma_kernel",
            "dq_mma_kernel", "compile_configs"]
 
@@ -234,18 +250,22 @@ def _lane_offsets(lane, RB, RB2):
 
 @functools.lru_cache(maxsize=None)
 def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False,
-                    WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True, VEC=True, DTYPE="float16"):
+                    WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True, VEC=True, DTYPE="float16",
+                    COL0=0, ACC_DIM=None):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window, mods,
     alibi, tiles, dropout)``.
 
     ``q, k, v, do``: uint16 views of the ``DTYPE`` (``"float16"`` / ``"bfloat16"``) ``[B, H(kv),
     N, d]`` (C-contiguous); ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``;
     ``dq_accum``: the flat float32 view of ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``);
-    ``dk_out``, ``dv_out`` float32 ``[B, H, Nk, d]`` (this query head's share, dK times
-    ``scale``); ``scale`` float32; ``window`` ``(left, right)`` int32; ``mods`` ``(softcap,
+    ``dk_out``, ``dv_out``: flat float32 views of ``[B, H, Nk, d]`` (this query head's share,
+    dK times ``scale``); ``scale`` float32; ``window`` ``(left, right)`` int32; ``mods`` ``(softcap,
     1/softcap)`` float32; ``alibi`` float32 ``[B, H]``; ``tiles`` = ceil(Nk / BLOCK_N);
     ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)``.  ``VEC``: ``d ==
-    HEAD_DIM`` and 16-byte aligned inputs (``cp.async``); else 16-bit loads.
+    HEAD_DIM`` and 16-byte aligned inputs (``cp.async``); else 16-bit loads.  ``COL0``,
+    ``ACC_DIM`` (default ``HEAD_DIM``): the block accumulates and writes only the dK / dV
+    columns ``COL0 .. COL0 + ACC_DIM - 1`` (:func:`dkdv_passes`: at ``HEAD_DIM`` 256 each pass
+    keeps 64 accumulator registers per lane), the scores still over all of ``HEAD_DIM``.
     """
     assert DTYPE in MMA_DTYPES and HEAD_DIM % 16 == 0
     mma, _pack2 = mma_ops(DTYPE)
@@ -265,6 +285,11 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     DO_OFF = BLOCK_M * RB
     D_FRAGS = HEAD_DIM // 8
     D_PAIRS = D_FRAGS // 2
+    ACC_DIM = HEAD_DIM if ACC_DIM is None else ACC_DIM
+    assert COL0 % 16 == 0 and ACC_DIM % 16 == 0 and COL0 + ACC_DIM <= HEAD_DIM
+    A_FRAGS = ACC_DIM // 8          # dK / dV fragments this block accumulates
+    A_PAIRS = A_FRAGS // 2
+    P0 = COL0 // 16                 # its first column pair
     K_STEPS = HEAD_DIM // 16
     P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
     PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
@@ -362,8 +387,8 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             # ldmatrix.trans from their row-major tiles (two 8-column fragments per x4)
             if WANT_DV:
                 a0, a1, a2, a3 = a_frag_from_c(st, 0, 1)
-                for p in range(D_PAIRS):
-                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, qb + DO_OFF + off_a + 32 * p)
+                for p in range(A_PAIRS):
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, qb + DO_OFF + off_a + 32 * (P0 + p))
                     n = 2 * p
                     dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2], dv_acc[n, 3] = mma(
                         a0, a1, a2, a3, b0, b1, dv_acc[n, 0], dv_acc[n, 1], dv_acc[n, 2],
@@ -384,16 +409,16 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                         sees0 = is_visible(row, key0, offset, nk, left, right)
                         sees1 = is_visible(row, key1, offset, nk, left, right)
                         if sees0 or sees1:
-                            for n in range(D_FRAGS):
+                            for n in range(A_FRAGS):
                                 for e in range(2):
-                                    c = 8 * n + 2 * t + e
+                                    c = COL0 + 8 * n + 2 * t + e
                                     if c < d and (do[b, h, row, c] & EXP_MASK) == EXP_MASK:
                                         bit = uint64(1) << uint64(2 * n + e)
                                         if sees0:
                                             bad0 |= bit
                                         if sees1:
                                             bad1 |= bit
-                    for n in range(D_FRAGS):
+                    for n in range(A_FRAGS):
                         for e in range(2):
                             if (bad0 >> uint64(2 * n + e)) & uint64(1):
                                 dv_acc[n, e] = NAN
@@ -402,8 +427,8 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             if NEED_DS:
                 a0, a1, a2, a3 = a_frag_from_c(dpt, 0, 1)
                 if WANT_DK:
-                    for p in range(D_PAIRS):
-                        b0, b1, b2, b3 = ldmatrix_x4_trans(smem, qb + off_a + 32 * p)
+                    for p in range(A_PAIRS):
+                        b0, b1, b2, b3 = ldmatrix_x4_trans(smem, qb + off_a + 32 * (P0 + p))
                         n = 2 * p
                         dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2], dk_acc[n, 3] = mma(
                             a0, a1, a2, a3, b0, b1, dk_acc[n, 0], dk_acc[n, 1], dk_acc[n, 2],
@@ -505,12 +530,12 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         smem = cuda.shared.array(SMEM_WORDS, uint32)
         st = cuda.local.array((2, 4), float32)      # S^T, then P^T Z (keys x 16 queries)
         dpt = cuda.local.array((2, 4), float32)     # dP^T, then dS^T
-        dk_acc = cuda.local.array((D_FRAGS, 4), float32)
-        dv_acc = cuda.local.array((D_FRAGS, 4), float32)
+        dk_acc = cuda.local.array((A_FRAGS, 4), float32)
+        dv_acc = cuda.local.array((A_FRAGS, 4), float32)
         nlse2 = cuda.local.array(4, float32)        # -lse log2 e of the lane's 4 queries
         dl = cuda.local.array(4, float32)           # D of the lane's 4 queries
         da = cuda.local.array((P_STEPS, 4), uint32)  # dQ's A fragments (dS)
-        for n in range(D_FRAGS):
+        for n in range(A_FRAGS):
             for e in range(4):
                 dk_acc[n, e] = ZERO
                 dv_acc[n, e] = ZERO
@@ -548,16 +573,20 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             else:
                 step_masked(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, dropout)
 
-        # -- this query head's dK (times scale) and dV, in float32
-        for n in range(D_FRAGS):
-            for e in range(4):
-                key = key0 if e < 2 else key1
-                c = 8 * n + 2 * t + (e & 1)
-                if key < nk and c < d:
-                    if WANT_DK:
-                        dk_out[b, h, key, c] = dk_acc[n, e] * scale
-                    if WANT_DV:
-                        dv_out[b, h, key, c] = dv_acc[n, e]
+        # -- this query head's dK (times scale) and dV, in float32 (flat: one base per key, so
+        # the unrolled stores keep the accumulators in registers)
+        for r in range(2):
+            key = key0 + 8 * r
+            if key < nk:
+                base = (uint64(b * n_heads + h) * uint64(nk) + uint64(key)) * uint64(d)
+                for n in range(A_FRAGS):
+                    for e in range(2):
+                        c = COL0 + 8 * n + 2 * t + e
+                        if VEC or c < d:
+                            if WANT_DK:
+                                dk_out[base + uint64(c)] = dk_acc[n, 2 * r + e] * scale
+                            if WANT_DV:
+                                dv_out[base + uint64(c)] = dv_acc[n, 2 * r + e]
 
     return backward_dkdv_mma
 
@@ -781,7 +810,6 @@ def compile_configs():
     Causal and windows are runtime arguments."""
     u16 = types.Array(types.uint16, 4, "C")
     f32_1 = types.Array(types.float32, 1, "C")
-    f32_4 = types.Array(types.float32, 4, "C")
     drop_t = types.Tuple((types.uint32, types.uint32, types.uint32, types.float32))
     scale_t, window_t, mods_t, alibi_t = _variant_args()
     i64 = types.int64
@@ -791,30 +819,32 @@ def compile_configs():
                                              ("alibi", alibi), ("ld16", not vec)) if f)
 
     F16 = "float16"
-    plan = [(hd, False, False, False, True, True, True, F16) for hd in HEAD_DIMS
+    plan = [(hd, False, False, False, True, True, True, F16, 0, hd) for hd in HEAD_DIMS
             if hd not in SPLIT_HEAD_DIMS]
-    plan += [(256, False, False, False, True, False, True, F16),
-             (256, False, False, False, False, True, True, F16)]
-    plan += [(128, True, True, True, True, True, True, F16),
-             (64, False, False, False, True, True, False, F16),
-             (64, False, False, False, True, True, True, "bfloat16")]
-    for hd, dropout, softcap, alibi, want_dv, want_dk, vec, dtype in plan:
+    # HEAD_DIM 256: two of its four passes (dkdv_passes), the dV half and the dK half with dQ
+    plan += [(256, False, False, False, True, False, True, F16, 0, 128),
+             (256, False, False, False, False, True, True, F16, 0, 128)]
+    plan += [(128, True, True, True, True, True, True, F16, 0, 128),
+             (64, False, False, False, True, True, False, F16, 0, 64),
+             (64, False, False, False, True, True, True, "bfloat16", 0, 64)]
+    for hd, dropout, softcap, alibi, want_dv, want_dk, vec, dtype, c0, acc in plan:
         nw = GPU_WARPS[hd]
         parts = "dv" if not want_dk else ("dk dq" if not want_dv else "dk dv dq")
+        cols = f" c{c0}-{c0 + acc - 1}" if acc < hd else ""
         pairs = hd // 16
         yield {
-            "name": f"backward_mma dkdv ({parts}) W{nw} N{16 * nw} D{hd}"
+            "name": f"backward_mma dkdv ({parts}{cols}) W{nw} N{16 * nw} D{hd}"
                     f"{flags_name(dropout, softcap, alibi, vec)} {dtype}",
             "kernel": dkdv_mma_kernel(nw, hd, dropout, softcap, alibi, want_dv, want_dk,
-                                      want_dk, vec, dtype),
-            "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, f32_4, f32_4, scale_t, window_t,
+                                      want_dk, vec, dtype, c0, acc),
+            "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, f32_1, f32_1, scale_t, window_t,
                      mods_t, alibi_t, i64, drop_t if dropout else types.Tuple(())),
             "float64_ok": False,
             "mma": True,
             # one Q tile per warp on the common (unmasked) path: S^T, dP^T (2 K_STEPS each),
-            # dV, dK (D_FRAGS each), dQ (2 mma per column pair of this warp, per 16 keys)
+            # dV, dK (acc / 8 each), dQ (2 mma per column pair of this warp, per 16 keys)
             "sass": {"expect_mma": (2 * (hd // 16) * (1 + int(want_dk))
-                                    + (hd // 8) * (int(want_dv) + int(want_dk))
+                                    + (acc // 8) * (int(want_dv) + int(want_dk))
                                     + (2 * -(-pairs // nw) * nw if want_dk else 0))},
         }
     for hd, dropout, softcap, alibi, dtype in ((64, False, False, False, F16),

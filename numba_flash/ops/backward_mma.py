@@ -17,8 +17,8 @@ from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
-from ..kernels.backward_mma import (MMA_DTYPES, SPLIT_HEAD_DIMS, default_tiles,
-                                    dkdv_mma_kernel, dq_block_n, dq_mma_kernel)
+from ..kernels.backward_mma import (MMA_DTYPES, default_tiles, dkdv_mma_kernel, dkdv_passes,
+                                    dq_block_n, dq_mma_kernel)
 from ..kernels.common import cdiv
 from ..kernels.forward_mma import vector_copies
 from ..philox import dropout_params
@@ -82,7 +82,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
     vec = vector_copies(d, head_dim, *u16)
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
-    lse_flat, delta_flat, dq_flat = (x.reshape(-1) for x in (lse_in, delta, dq_accum))
+    lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
+        x.reshape(-1) for x in (lse_in, delta, dq_accum, dk_heads, dv_heads))
     variant = (f32(scale), (np.int32(left), np.int32(right)),
                (f32(softcap), f32(1.0 / softcap if softcap > 0.0 else 0.0)), alibi_in)
     drop = (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else ()
@@ -94,15 +95,14 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
                 o_in, do_in, delta, dq_accum, rows,
                 work=SimWork("backward_preprocess", b * h * nq * d))
 
-    # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); two passes at d = 256
+    # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); at d = 256 four passes
+    # of half the columns each (dkdv_passes)
     tiles_k = cdiv(nk, 16 * num_warps)
-    passes = ([(True, False), (False, True)] if head_dim in SPLIT_HEAD_DIMS
-              else [(True, True)])
-    for want_dv, want_dk in passes:
-        kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk,
-                               want_dk and not deterministic, vec, name)
+    for want_dv, want_dk, dq_atomic, col0, acc_dim in dkdv_passes(head_dim, deterministic):
+        kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk, dq_atomic, vec,
+                               name, col0, acc_dim)
         call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_flat,
-                    delta_flat, dq_flat, dk_heads, dv_heads, *variant, tiles_k, drop,
+                    delta_flat, dq_flat, dk_flat, dv_flat, *variant, tiles_k, drop,
                     work=tiled_work("backward_dkdv_mma", [(nq, nk)] * b, h, 16,
                                     16 * num_warps, left, right, 32 * num_warps, head_dim,
                                     kv_outer=True, mma=True))
