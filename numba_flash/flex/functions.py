@@ -15,7 +15,9 @@ function itself, so ``breakpoint()`` inside it stops in pdb.
 Compiled versions are memoised on the function's :func:`fingerprint` (its bytecode, constants,
 defaults, closure values and the values of the globals it reads), not on the function object:
 an edited or re-defined function never runs a stale compilation, and the same source defined
-twice compiles once.  User functions never enter the on-disk kernel cache.
+twice compiles once.  A function may call other plain Python functions (its own helpers, one
+mask combining two others): each is compiled for the same target and called from the compiled
+code.  User functions never enter the on-disk kernel cache.
 """
 
 from __future__ import annotations
@@ -135,16 +137,44 @@ def fingerprint(fn):
     return h.hexdigest()
 
 
+def _retarget(fn, compile_one):
+    """A copy of ``fn`` whose globals and closure cells that are plain Python functions (a
+    user's helpers, e.g. one mask calling another) are replaced by their compiled versions
+    (``compile_one``), so Numba can call them; everything else is shared with ``fn``."""
+    g = fn.__globals__
+    names = set()
+    stack = [fn.__code__]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, pytypes.CodeType))
+    swap = {n: compile_one(g[n]) for n in names
+            if isinstance(g.get(n), pytypes.FunctionType) and g[n] is not fn}
+    cells = fn.__closure__
+    if cells and any(isinstance(c.cell_contents, pytypes.FunctionType) for c in cells):
+        cells = tuple(pytypes.CellType(compile_one(c.cell_contents))
+                      if isinstance(c.cell_contents, pytypes.FunctionType) else c
+                      for c in cells)
+    if not swap and cells is fn.__closure__:
+        return fn
+    new_globals = dict(g)
+    new_globals.update(swap)
+    out = pytypes.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, cells)
+    out.__qualname__ = fn.__qualname__
+    out.__module__ = fn.__module__
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def _host_compiled(key, fn):
     from numba import njit
-    return njit(fn)
+    return njit(_retarget(fn, host_function))
 
 
 @functools.lru_cache(maxsize=256)
 def _device_compiled(key, fn):
     from numba import cuda
-    return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True)(_retarget(fn, device_function))
 
 
 def host_function(fn):

@@ -118,6 +118,15 @@ SIM_TILES = (1, 16)
 #: the element types of the tensor-core forward (``DTYPE``)
 MMA_DTYPES = ("float16", "bfloat16")
 
+#: simulator only: when a list, each block's thread 0 appends ``(b, h, q_start, kt)`` for every
+#: K/V tile it computes (tests count the tiles a block mask lets through); never in a GPU build
+TILE_LOG = None
+
+
+def _log_tile(b, h, q_start, kt):
+    if TILE_LOG is not None:
+        TILE_LOG.append((int(b), int(h), int(q_start), int(kt)))
+
 
 def shared_bytes(NUM_WARPS, BLOCK_N, HEAD_DIM):
     """Static shared memory of one block (the budget in the module docstring)."""
@@ -156,8 +165,8 @@ def forward_grid(nq, b, h, block_m):
 
 @functools.lru_cache(maxsize=None)
 def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False,
-                       VEC=True, DTYPE="float16"):
-    """Build ``kernel(q, k, v, o, lse, scale, window, mods, alibi, dropout)``.
+                       VEC=True, DTYPE="float16", USER=None):
+    """Build ``kernel(q, k, v, o, lse, scale, window, mods, alibi, dropout, user)``.
 
     ``q``, ``k``, ``v``: uint16 views of the ``DTYPE`` (``"float16"`` or ``"bfloat16"``)
     ``[B, H(kv), N, d]`` inputs (C-contiguous); ``o`` float16, or uint16 words for bfloat16;
@@ -167,6 +176,15 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     ``ALIBI``); ``dropout`` ``()`` or ``(seed_lo, seed_hi, threshold, keep_scale)`` (with
     ``DROPOUT``).  ``VEC``: ``d == HEAD_DIM`` and 16-byte aligned ``q``, ``k``, ``v``
     (:func:`vector_copies`): tiles move by ``cp.async``; else by 16-bit loads.
+
+    ``USER``: ``None``, or a user's variant (:mod:`numba_flash.flex`) as ``(score_mod,
+    mask_mod, BLOCKS)``: CUDA device functions or None, and ``(Q_BLOCK, KV_BLOCK)`` of a block
+    mask or None.  Then ``user = (kinds,) + aux_tensors`` (``kinds``: the block mask's int8
+    classification ``[B or 1, H or 1, q blocks, kv blocks]``, read only with ``BLOCKS``);
+    without it ``user = ()`` adds no kernel parameter and no instruction.  ``mask_mod`` runs on
+    every tile a block mask calls PARTIAL (on every tile without one), ``score_mod`` on every
+    visible score, both only for rows ``< Nq`` and keys ``< Nk`` (so a user's aux indexing
+    never sees a padding position); EMPTY tiles are never loaded.
     """
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0
     assert DTYPE in MMA_DTYPES
@@ -184,7 +202,10 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     D_FRAGS = HEAD_DIM // 8         # acc fragments per warp (8 output columns each)
     K_STEPS = HEAD_DIM // 16        # mma steps of S = Q K^T (Q's A fragments, in registers)
     P_STEPS = BLOCK_N // 16         # mma steps of P V
-    MODS = SOFTCAP or ALIBI         # scores need per-element work even on unmasked tiles
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    SCORE_MOD = user_score is not None  # compile time: the user's functions are in the build
+    MASK_MOD = user_mask is not None
+    MODS = SOFTCAP or ALIBI or SCORE_MOD  # scores need per-element work even on unmasked tiles
     Q_IN_REGS = HEAD_DIM <= Q_IN_REGS_MAX
     Q_BYTE = STAGE_BYTES if Q_IN_REGS else 2 * STAGE_BYTES  # where Q's tile sits
     NEG_INF = float32(-math.inf)
@@ -206,12 +227,49 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         copy_kv(smem, stage_byte, k, base, rows, d, tid)
         copy_kv(smem, stage_byte + KV_BYTES, v, base, rows, d, tid)
 
+    @cuda.jit(device=True, inline=True)
+    def sees(b, h, row, key, nq, umask, user):
+        """The user's mask_mod for a key inside the row's causal / window bounds (True
+        without one)."""
+        if MASK_MOD and umask:
+            return row < nq and user_mask(b, h, row, key, *user[1:])
+        return True
+
+    @cuda.jit(device=True, inline=True)
+    def tile_kind(kinds, b, h, q_start, q_end, kt, nk):
+        """The block mask's verdict on K/V tile ``kt`` for this Q tile: EMPTY (0) when every
+        block it overlaps is empty, FULL (2) when every one is full, else PARTIAL (1)."""
+        QB, KB = BLOCKS
+        bb = b if kinds.shape[0] > 1 else 0
+        hh = h if kinds.shape[1] > 1 else 0
+        k_start = kt * BLOCK_N
+        k_end = min(k_start + BLOCK_N, nk)
+        seen = 0
+        full = 1
+        for qi in range(q_start // QB, (q_end - 1) // QB + 1):
+            for kj in range(k_start // KB, (k_end - 1) // KB + 1):
+                kind = kinds[bb, hh, qi, kj]
+                if kind != 0:
+                    seen = 1
+                if kind != 2:
+                    full = 0
+        if seen == 0:
+            return 0
+        return 2 if full == 1 else 1
+
+    @cuda.jit(device=True, inline=True)
+    def next_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk):
+        """The first tile ``>= kt`` the block mask does not call EMPTY (``t_hi`` if none)."""
+        while kt < t_hi and tile_kind(kinds, b, h, q_start, q_end, kt, nk) == 0:
+            kt += 1
+        return kt
+
     def make_step(MASKED):
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
         of the Q tile sees, so scores get the per-element mask and ``v`` the non-finite rule."""
 
         @cuda.jit(device=True, inline=True)
-        def step(kt, t_lo, t_hi, smem, kv, frags, lanes, rows, sc, drop):
+        def step(kt, kt_next, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop, user, umask):
             k, v, kv_base, nk, d, b, hk = kv
             qf, s, acc, m_i, l_i = frags
             tid, t, a_off, b_off, v_off = lanes
@@ -219,11 +277,11 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             scale, exp_scale, softcap, inv_softcap, slope = sc
             h, nq, seed_lo, seed_hi, threshold, keep_scale = drop
             k_start = kt * BLOCK_N
-            kb = ((kt - t_lo) & 1) * STAGE_BYTES          # this tile's stage
+            kb = stage * STAGE_BYTES                      # this tile's stage
             cp_async_wait_all()
             cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
-            if kt + 1 < t_hi:   # the next tile's copy runs under this tile's math
-                load_kv(smem, STAGE_BYTES - kb, k, v, kv_base, k_start + BLOCK_N, nk, d, tid)
+            if kt_next < t_hi:  # the next tile's copy runs under this tile's math
+                load_kv(smem, STAGE_BYTES - kb, k, v, kv_base, kt_next * BLOCK_N, nk, d, tid)
                 cp_async_commit()
 
             # [docs:mma-s]
@@ -254,13 +312,21 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                 for n in range(N_FRAGS):
                     for e in range(4):
                         key = k_start + 8 * n + 2 * t + (e & 1)
+                        row = row0 + 8 * (e >> 1)
                         lo = lo0 if e < 2 else lo1
                         hi = hi0 if e < 2 else hi1
                         if MASKED and not (lo <= key and key < hi):
                             s[n, e] = NEG_INF
+                        elif (SCORE_MOD or MASK_MOD) and row >= nq:
+                            s[n, e] = NEG_INF  # a padding row: the user's code never sees it
+                        elif MASK_MOD and umask and not user_mask(b, h, row, key, *user[1:]):
+                            s[n, e] = NEG_INF
                         else:
-                            s[n, e] = score_mod(s[n, e] * scale, row0 + 8 * (e >> 1), key,
-                                                offset, softcap, inv_softcap, slope)
+                            x = score_mod(s[n, e] * scale, row, key, offset, softcap,
+                                          inv_softcap, slope)
+                            if SCORE_MOD:  # the user's score_mod, after scale/softcap/ALiBi
+                                x = user_score(x, b, h, row, key, *user[1:])
+                            s[n, e] = x
             else:
                 total = ZERO
                 for n in range(N_FRAGS):
@@ -279,6 +345,10 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                             hi = hi0 if e < 2 else hi1
                             if not (lo <= key and key < hi):
                                 s[n, e] = NEG_INF
+                            elif MASK_MOD and umask:  # the user's mask_mod (a PARTIAL tile)
+                                row = row0 + 8 * (e >> 1)
+                                if row >= nq or not user_mask(b, h, row, key, *user[1:]):
+                                    s[n, e] = NEG_INF
             # [/docs:mma-scores]
 
             # [docs:mma-softmax]
@@ -355,9 +425,11 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                         for e in range(2):
                             c = 8 * n + 2 * t + e
                             if c < d and (v[b, hk, key, c] & EXP_MASK) == EXP_MASK:
-                                if lo0 <= key and key < hi0:
+                                if lo0 <= key and key < hi0 and sees(b, h, row0, key, nq,
+                                                                     umask, user):
                                     acc[n, e] = NAN
-                                if lo1 <= key and key < hi1:
+                                if lo1 <= key and key < hi1 and sees(b, h, row0 + 8, key, nq,
+                                                                     umask, user):
                                     acc[n, 2 + e] = NAN
 
         return step
@@ -365,8 +437,13 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    @kernel_jit
-    def flash_forward_mma(q, k, v, o, lse, scale, window, mods, alibi, dropout):
+    # a user's functions stay out of the on-disk kernel cache (their code is not in this
+    # package's sources, which key it): such a build is compiled in each process
+    jit = kernel_jit if USER is None else cuda.jit
+    LOG = on_simulator()  # compile time: the tile log exists only in the simulator
+
+    @jit
+    def flash_forward_mma(q, k, v, o, lse, scale, window, mods, alibi, dropout, user):
         # -- which block, warp and lane
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -427,8 +504,11 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         # one copy group
         q_base = ((b * n_heads + h) * nq + q_start) * d
         copy_q(smem, Q_BYTE, q, q_base, q_end - q_start, d, tid)
-        if t_lo < t_hi:
-            load_kv(smem, 0, k, v, kv_base, t_lo * BLOCK_N, nk, d, tid)
+        kt0 = t_lo
+        if BLOCKS is not None:  # a block mask: EMPTY tiles are never loaded
+            kt0 = next_tile(user[0], b, h, q_start, q_end, t_lo, t_hi, nk)
+        if kt0 < t_hi:
+            load_kv(smem, 0, k, v, kv_base, kt0 * BLOCK_N, nk, d, tid)
         cp_async_commit()
         cp_async_wait_all()
         cuda.syncthreads()  # Q's tile is complete before any warp reads its fragments
@@ -449,11 +529,33 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         rows = (row0, lo0, hi0, lo1, hi1, offset)
         sc = (scale, exp_scale, softcap, inv_softcap, slope)
         drop = (h, nq, seed_lo, seed_hi, threshold, keep_scale)
-        for kt in range(t_lo, t_hi):
-            if f_lo <= kt and kt < f_hi:   # inside the keys every row sees: no mask
-                step_full(kt, t_lo, t_hi, smem, kv, frags, lanes, rows, sc, drop)
-            else:
-                step_masked(kt, t_lo, t_hi, smem, kv, frags, lanes, rows, sc, drop)
+        if BLOCKS is None:
+            for kt in range(t_lo, t_hi):
+                if LOG and tid == 0:
+                    _log_tile(b, h, q_start, kt)
+                stage = (kt - t_lo) & 1
+                if f_lo <= kt and kt < f_hi and not MASK_MOD:  # every row sees it: no mask
+                    step_full(kt, kt + 1, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop,
+                              user, False)
+                else:
+                    step_masked(kt, kt + 1, stage, t_hi, smem, kv, frags, lanes, rows, sc,
+                                drop, user, True)
+        else:  # visit the tiles the block mask does not call EMPTY, in key order
+            kt = kt0
+            stage = 0
+            while kt < t_hi:
+                if LOG and tid == 0:
+                    _log_tile(b, h, q_start, kt)
+                kind = tile_kind(user[0], b, h, q_start, q_end, kt, nk)
+                kt_next = next_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
+                if f_lo <= kt and kt < f_hi and kind == 2:  # FULL, inside the bounds: no mask
+                    step_full(kt, kt_next, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop,
+                              user, False)
+                else:
+                    step_masked(kt, kt_next, stage, t_hi, smem, kv, frags, lanes, rows, sc,
+                                drop, user, kind == 1)
+                kt = kt_next
+                stage ^= 1
 
         # -- epilogue: l = the quad's partial sums; o = acc / l, lse = m + log(l) (natural log
         # of the scaled scores: m is in raw units, times lse_scale)
@@ -502,6 +604,7 @@ def compile_configs():
              (128, True, True, True, False, "float16")]
     plan += [(64, False, False, False, True, "bfloat16"),
              (128, True, True, True, True, "bfloat16")]
+    yield from _user_configs(u16, f16, lse_t, window_t, mods_t, alibi_t)
     for hd, dropout, softcap, alibi, vec, dtype in plan:
         nw, bn = GPU_TILES[hd]
         flags = "".join(f" {n}" for n, f in (("dropout", dropout), ("softcap", softcap),
@@ -511,7 +614,7 @@ def compile_configs():
             "name": f"forward_mma W{nw} M{16 * nw} N{bn} D{hd}{flags} {dtype}",
             "kernel": forward_mma_kernel(nw, bn, hd, dropout, softcap, alibi, vec, dtype),
             "args": (u16, u16, u16, o_t, lse_t, types.float32, window_t, mods_t, alibi_t,
-                     drop_t if dropout else types.Tuple(())),
+                     drop_t if dropout else types.Tuple(()), types.Tuple(())),
             "float64_ok": False,
             "mma": True,
             # one K/V tile per warp: Q K^T and P V, (BLOCK_N / 8) (HEAD_DIM / 16) mma each
@@ -520,3 +623,31 @@ def compile_configs():
 
 
 assert all(shared_bytes(nw, bn, hd) <= SMEM_LIMIT for hd, (nw, bn) in GPU_TILES.items())
+
+
+def _user_configs(u16, f16, lse_t, window_t, mods_t, alibi_t):
+    """A user's variant (:mod:`numba_flash.flex.examples`: a relative-position bias score_mod and
+    a document mask_mod with a block mask) at D64, float16: the device build of user functions
+    called with ``*aux`` (the plain rows above are the ``score_mod=None`` build)."""
+    from ..flex.examples import document_mask, relative_bias
+    from ..flex.functions import device_function
+
+    def biased(score, b, h, q_idx, kv_idx, bias, doc):  # every function gets every aux array
+        return relative_bias(score, b, h, q_idx, kv_idx, bias)
+
+    def documents(b, h, q_idx, kv_idx, bias, doc):
+        return document_mask(b, h, q_idx, kv_idx, doc)
+
+    nw, bn = GPU_TILES[64]
+    user = (device_function(biased), device_function(documents), (128, 128))
+    user_t = types.Tuple((types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
+                          types.Array(types.int32, 2, "C")))
+    yield {
+        "name": f"forward_mma W{nw} M{16 * nw} N{bn} D64 score_mod mask_mod block_mask float16",
+        "kernel": forward_mma_kernel(nw, bn, 64, False, False, False, True, "float16", user),
+        "args": (u16, u16, u16, f16, lse_t, types.float32, window_t, mods_t, alibi_t,
+                 types.Tuple(()), user_t),
+        "float64_ok": False,
+        "mma": True,
+        "sass": {"expect_mma": 2 * (bn // 8) * (64 // 16)},
+    }

@@ -57,6 +57,17 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
                        float(dropout_p), dropout, window, left, right, softcap, alibi)
 
 
+def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
+    """A user's variant of the forward (:func:`numba_flash.flex.launch.prepare_variant`),
+    checked before any launch against the validated ``args``; None without one."""
+    if score_mod is None and mask_mod is None and block_mask is None and not aux_tensors:
+        return None
+    from ..flex.launch import prepare_variant
+    return prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                           compute_dtype=acc_dtype(args.dtype),
+                           shape=(args.b, args.h, args.nq, args.nk))
+
+
 def _forward_mma():
     """The tensor-core forward's launch (:func:`~numba_flash.ops.forward_mma.launch_forward_mma`,
     which takes already validated :class:`ForwardArgs`)."""
@@ -65,7 +76,8 @@ def _forward_mma():
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
-            alibi_slopes=None, kernel="auto"):
+            alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
+            aux_tensors=()):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -105,15 +117,42 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     or ``"auto"``: ``"mma"`` for float16 / bfloat16 on a GPU of compute capability >= 8.0
     without explicit
     ``block_m`` / ``block_n``, ``"simt"`` otherwise.
+
+    Your own variant (FlexAttention's functions, :mod:`numba_flash.flex`; the tensor-core
+    kernel only, so far: float16 / bfloat16 with ``kernel="mma"``, or ``"auto"`` on a GPU that
+    takes it; ``"simt"`` with a user function is a ``NotImplementedError``):
+
+    * ``mask_mod(b, h, q_idx, kv_idx, *aux_tensors) -> bool``: True where query ``q_idx`` sees
+      key ``kv_idx`` (positions from 0), and-ed with ``causal`` / ``window_size``;
+    * ``score_mod(score, b, h, q_idx, kv_idx, *aux_tensors) -> float``: the score the softmax
+      uses, from the score after scale, softcap and ALiBi;
+    * ``block_mask``: a :class:`numba_flash.flex.BlockMask` of ``mask_mod`` from
+      :func:`numba_flash.flex.create_block_mask`: tiles it calls EMPTY are never loaded, FULL
+      ones skip ``mask_mod``;
+    * ``aux_tensors``: a tuple of arrays the functions read (moved to the inputs' device).
+
+    The functions are plain Python, compiled by Numba for the device (run as Python, thread by
+    thread, in the simulator); :func:`numba_flash.reference.attention` takes the same ones.
     """
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
                               window_size, softcap, alibi_slopes)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     seed_lo, seed_hi, threshold, keep_scale = args.dropout
+    variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
+    if variant is not None and which == "simt" and kernel == "auto" and \
+            dtype.name in ("float16", "bfloat16"):
+        # the family that takes user functions today (the simulator runs it); a GPU older
+        # than sm_80 gets check_forward_kernel's error naming its compute capability
+        which = check_forward_kernel("mma", dtype, block_m is not None or block_n is not None)
     if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
-        return _forward_mma()(q, k, v, args)
+        return _forward_mma()(q, k, v, args, variant)
+    if variant is not None:
+        raise NotImplementedError(
+            f"score_mod / mask_mod / block_mask: the SIMT forward does not take a user's "
+            f"variant yet; {dtype.name} inputs run on it (kernel={kernel!r}). float16 or "
+            f"bfloat16 with kernel='mma' (or 'auto') take them")
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     use_mods = softcap > 0.0 or alibi is not None
     allowed = explicit_tiles(d, dtype)

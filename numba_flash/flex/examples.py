@@ -1,0 +1,28 @@
+"""Example user functions (the docs' and the compile tier's): each a plain Python function of
+scalars, as a user writes one."""
+
+from __future__ import annotations
+
+__all__ = ["relative_bias", "relative_bias_grad", "document_mask", "prefix_lm_mask"]
+
+
+def relative_bias(score, b, h, q_idx, kv_idx, bias):
+    """T5-style relative position bias: ``bias[h, q_idx - kv_idx + bias.shape[1] // 2]``."""
+    return score + bias[h, q_idx - kv_idx + bias.shape[1] // 2]
+
+
+def relative_bias_grad(score, b, h, q_idx, kv_idx, bias):
+    """d relative_bias / d score."""
+    return 1.0
+
+
+def document_mask(b, h, q_idx, kv_idx, doc):
+    """Packed documents: a token sees the tokens of its own document (``doc[b, i]``: the
+    document of token ``i``)."""
+    return doc[b, q_idx] == doc[b, kv_idx]
+
+
+def prefix_lm_mask(b, h, q_idx, kv_idx, prefix):
+    """Prefix-LM: every token sees the prefix (``prefix[b]`` tokens) bidirectionally, the rest
+    causally."""
+    return kv_idx < prefix[b] or kv_idx <= q_idx
