@@ -225,6 +225,8 @@ def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None):
 KNOWN_STACK = {
     "naive_forward": "by design: the teaching kernel keeps its row of O (HEAD_DIM values) in a "
                      "cuda.local.array indexed in a runtime loop",
+    "row_forward": "by design: the second teaching kernel keeps q_i, acc and s in "
+                   "cuda.local.array indexed in runtime loops (docs/row-forward.md)",
     "forward M64 N64 D16 T16x8 mods": "SIMT forward with softcap/ALiBi, d <= 32: to fix on the "
                                       "tile stages (issue 22)",
     "forward M64 N64 D32 T16x8 mods": "as above",
