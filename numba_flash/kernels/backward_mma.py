@@ -126,9 +126,17 @@ def dkdv_passes(head_dim, deterministic):
             (False, True, not deterministic, 0, half), (False, True, False, half, half)]
 
 __all__ = ["MMA_DTYPES", "GPU_WARPS", "SIM_WARPS", "BLOCK_M", "SPLIT_HEAD_DIMS", "dkdv_passes",
-           "dq_block_n",
+           "dq_passes", "dq_block_n",
            "shared_bytes", "default_tiles", "full_query_rows", "dkdv_mma_kernel",
            "dq_mma_kernel", "compile_configs"]
+
+
+def dq_passes(head_dim):
+    """``(col0, acc_dim)`` of each launch of the deterministic dQ kernel: one, or two halves at
+    a head dim of :data:`SPLIT_HEAD_DIMS`."""
+    if head_dim not in SPLIT_HEAD_DIMS:
+        return [(0, head_dim)]
+    return [(0, head_dim // 2), (head_dim // 2, head_dim // 2)]
 
 
 def dq_block_n(NUM_WARPS, HEAD_DIM):
@@ -593,11 +601,12 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
 
 @functools.lru_cache(maxsize=None)
 def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False, VEC=True,
-                  DTYPE="float16"):
+                  DTYPE="float16", COL0=0, ACC_DIM=None):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, scale, window, mods, alibi, tiles,
     dropout)``: ``dq_accum = scale * dS K`` (float32, its flat view) without atomics
     (``deterministic=True``); arguments as :func:`dkdv_mma_kernel`, ``tiles = ceil(Nq /
-    BLOCK_M)``."""
+    BLOCK_M)``.  ``COL0``, ``ACC_DIM``: only dQ's columns ``COL0 .. COL0 + ACC_DIM - 1``
+    (:func:`dq_passes`: halves at ``HEAD_DIM`` 256, where 128 accumulators spill)."""
     assert DTYPE in MMA_DTYPES and HEAD_DIM % 16 == 0
     mma, _pack2 = mma_ops(DTYPE)
     a_frag_from_c = make_a_frag_from_c(DTYPE)
@@ -612,7 +621,10 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     KV_BYTE = 2 * BLOCK_M_DQ * RB
     KV_TILE = BLOCK_N * RB
     STAGE_BYTES = 2 * KV_TILE       # one stage: K, then V
-    D_FRAGS = HEAD_DIM // 8
+    ACC_DIM = HEAD_DIM if ACC_DIM is None else ACC_DIM
+    assert COL0 % 16 == 0 and ACC_DIM % 16 == 0 and COL0 + ACC_DIM <= HEAD_DIM
+    D_FRAGS = ACC_DIM // 8          # dQ fragments this block accumulates
+    P0 = COL0 // 16                 # its first column pair
     K_STEPS = HEAD_DIM // 16
     N_FRAGS = BLOCK_N // 8
     P_STEPS = BLOCK_N // 16
@@ -694,7 +706,8 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
             for kk in range(P_STEPS):
                 a0, a1, a2, a3 = a_frag_from_c(s, 2 * kk, 2 * kk + 1)
                 for p in range(D_FRAGS // 2):
-                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, kb + off_a + 16 * RB * kk + 32 * p)
+                    b0, b1, b2, b3 = ldmatrix_x4_trans(smem, kb + off_a + 16 * RB * kk
+                                                       + 32 * (P0 + p))
                     n = 2 * p
                     acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3] = mma(
                         a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
@@ -796,7 +809,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
                 base = (row_base + uint64(row)) * uint64(d)
                 for n in range(D_FRAGS):
                     for e in range(2):
-                        c = 8 * n + 2 * t + e
+                        c = COL0 + 8 * n + 2 * t + e
                         if c < d:
                             dq_accum[base + uint64(c)] = acc[n, 2 * r + e] * scale
 
@@ -847,22 +860,24 @@ def compile_configs():
                                     + (acc // 8) * (int(want_dv) + int(want_dk))
                                     + (2 * -(-pairs // nw) * nw if want_dk else 0))},
         }
-    for hd, dropout, softcap, alibi, dtype in ((64, False, False, False, F16),
-                                               (128, False, False, False, F16),
-                                               (128, True, True, True, F16),
-                                               (64, False, False, False, "bfloat16")):
+    for hd, dropout, softcap, alibi, dtype, acc in ((64, False, False, False, F16, 64),
+                                                    (128, False, False, False, F16, 128),
+                                                    (128, True, True, True, F16, 128),
+                                                    (256, False, False, False, F16, 128),
+                                                    (64, False, False, False, "bfloat16", 64)):
         nw = GPU_WARPS[hd]
         bn = dq_block_n(nw, hd)
+        cols = f" c0-{acc - 1}" if acc < hd else ""
         yield {
-            "name": f"backward_mma dq W{nw} M{16 * nw} D{hd}"
+            "name": f"backward_mma dq W{nw} M{16 * nw} D{hd}{cols}"
                     f"{flags_name(dropout, softcap, alibi)} {dtype}",
-            "kernel": dq_mma_kernel(nw, hd, dropout, softcap, alibi, True, dtype),
+            "kernel": dq_mma_kernel(nw, hd, dropout, softcap, alibi, True, dtype, 0, acc),
             "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, scale_t, window_t, mods_t,
                      alibi_t, i64, drop_t if dropout else types.Tuple(())),
             "float64_ok": False,
             "mma": True,
             # one K/V tile per warp: S, dP (N_FRAGS K_STEPS each), dQ (P_STEPS D_FRAGS)
-            "sass": {"expect_mma": 2 * (bn // 8) * (hd // 16) + (bn // 16) * (hd // 8)},
+            "sass": {"expect_mma": 2 * (bn // 8) * (hd // 16) + (bn // 16) * (acc // 8)},
         }
 
 

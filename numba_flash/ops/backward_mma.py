@@ -18,7 +18,7 @@ from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
 from ..kernels.backward_mma import (MMA_DTYPES, default_tiles, dkdv_mma_kernel, dkdv_passes,
-                                    dq_block_n, dq_mma_kernel)
+                                    dq_block_n, dq_mma_kernel, dq_passes)
 from ..kernels.common import cdiv
 from ..kernels.forward_mma import vector_copies
 from ..philox import dropout_params
@@ -107,15 +107,16 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
                                     16 * num_warps, left, right, 32 * num_warps, head_dim,
                                     kv_outer=True, mma=True))
 
-    # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
+    # 3. deterministic dQ: one block per (Q tile, b, head), no atomics (d = 256: two halves)
     if deterministic:
         tiles_q = cdiv(nq, 16 * num_warps)
-        call.launch(dq_mma_kernel(num_warps, head_dim, *flags, vec, name),
-                    fold_grid(tiles_q, b, h), (32 * num_warps,), *u16, lse_flat, delta_flat,
-                    dq_flat, *variant, tiles_q, drop,
-                    work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, 16 * num_warps,
-                                    dq_block_n(num_warps, head_dim), left, right,
-                                    32 * num_warps, head_dim, mma=True))
+        for col0, acc_dim in dq_passes(head_dim):
+            call.launch(dq_mma_kernel(num_warps, head_dim, *flags, vec, name, col0, acc_dim),
+                        fold_grid(tiles_q, b, h), (32 * num_warps,), *u16, lse_flat,
+                        delta_flat, dq_flat, *variant, tiles_q, drop,
+                        work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, 16 * num_warps,
+                                        dq_block_n(num_warps, head_dim), left, right,
+                                        32 * num_warps, head_dim, mma=True))
 
     # 4. sum each GQA group's dK, dV in a fixed order; cast everything to the input dtype
     for src, dst, heads, n in ((dq_accum, dq, h, nq), (dk_heads, dk, hkv, nk),

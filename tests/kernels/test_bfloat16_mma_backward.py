@@ -1,7 +1,8 @@
 """The tensor-core backward in bfloat16 (``ml_dtypes.bfloat16`` in, bfloat16 out) against the
 float64 reference, the forward's ``o`` and ``lse`` from the bfloat16 tensor-core forward.
 
-Measured (simulator, 2026-12-01): the three cases below on 4 seeds, max |dx - dx_ref| /
+Measured (simulator, 2026-12-01): the two cases below (the first then without GQA) and a
+causal GQA d = 16 case, on 4 seeds, max |dx - dx_ref| /
 max(1, max |dx_ref|) per gradient = 1.9e-3 to 5.1e-3; five other cases (no mask d = 32, d = 200
 in the four half-column passes, dropout alone, softcap + ALiBi alone) 1.4e-3 to 4.9e-3, float16
 on the same draws 2.5e-4 to 5.3e-4 (bfloat16's 8-bit mantissa: about 8x).  Bound 2e-2, about 4x
@@ -30,8 +31,7 @@ def inputs(rng, b, h, hkv, nq, nk, d):
 
 
 @pytest.mark.parametrize("shape, kw", [
-    ((1, 2, 1, 21, 37, 16), dict(causal=True)),
-    ((1, 2, 2, 18, 23, 32), dict(window_size=(4, 6), deterministic=True)),
+    ((1, 2, 1, 18, 23, 32), dict(window_size=(4, 6), deterministic=True)),   # GQA
     ((1, 2, 2, 20, 30, 16), dict(causal=True, softcap=4.0, dropout_p=0.2, seed=3)),
 ])
 def test_bfloat16_backward_matches_float64(rng, shape, kw):

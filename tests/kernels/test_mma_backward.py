@@ -163,9 +163,11 @@ def test_non_finite_inputs_never_leak_through_invisible_keys(rng):
 
 def test_head_dim_256_runs_the_split_dkdv_passes(rng):
     """d = 256 (here 200, padded): dV and dK each in two passes of half the columns, dQ with the
-    first dK pass (dkdv_passes), the padded columns past d never written."""
+    first dK pass (dkdv_passes) or, deterministic, in two dQ passes (dq_passes); the padded
+    columns past d never written."""
     do, q, k, v = make_inputs(rng, 1, 1, 1, 10, 12, 200)
     check(do, q, k, v, causal=True)
+    check(do, q, k, v, window_size=(3, 1), deterministic=True)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy on NaN * 0
@@ -215,3 +217,5 @@ def test_dkdv_passes_cover_every_output_column_once():
                         for c in range(c0, c0 + n)]
                 assert sorted(cols) == list(range(hd)), (hd, want)
             assert sum(q for _v, _k, q, _c, _n in passes) == (0 if det else 1)
+        cols = [c for c0, n in bm.dq_passes(hd) for c in range(c0, c0 + n)]
+        assert cols == list(range(hd)), hd
