@@ -45,6 +45,22 @@ Variable-length batches (the compile-time ``VARLEN``): ``q [total_q, H, d]`` and
 steps with ``Nq``, ``Nk`` that sequence's, its own bottom-right alignment, and ``lse [H,
 total_q]``.  Blocks past a short sequence's last Q tile return at once.
 
+Paged K/V (the compile-time ``PAGED``, a varlen build; the prefill of a paged KV cache):
+``k``/``v`` are caches ``[num_blocks, Hkv, block_size, d]`` (read as their ``[num_blocks * Hkv *
+block_size, d]`` views) and key ``t`` of sequence ``b`` is in physical block ``block_table[b, t
+// block_size]`` at slot ``t % block_size`` (any block size: a K/V tile may span several blocks
+and a block several tiles).  Only the address of a K/V tile row changes: before a tile's
+loads, ``page_sh[r]`` holds the cache row ``(entry * Hkv + hk) * block_size + slot`` of its key
+``r``, one table lookup and one 32-bit division per key row (``page_rows``), and the loads
+read ``k[row, c]``.  The first tile's rows are looked up behind a barrier of their own; each
+later tile's are looked up while the previous tile is computed, after its loads (the only
+readers of ``page_sh``) and before its ``p_tile`` barrier, so a tile needs no extra barrier.
+Every entry is checked before it is used: one outside ``[0, num_blocks)`` or a column past
+the table gives the row -1, and that key's ``k`` is taken as NaN (``v`` as 0) without any read,
+so exactly the query rows that see the key get ``o = lse = NaN`` (a NaN key score, the
+non-finite rule above) and keys no row sees never matter.  Otherwise the arithmetic is the
+varlen build's, bit for bit.  The unpaged builds carry none of this code.
+
 Dropout (the ``DROPOUT`` specialisation; the plain kernel has none of it) replaces the
 ``acc`` update by ``acc = alpha * acc + (P * Z) V_j`` with ``Z = keep / (1 - p)``, while ``m_i``,
 ``l_i`` and so ``lse`` still come from the undropped ``P`` (as in
@@ -73,7 +89,8 @@ them every tile by a butterfly of ``cuda.shfl_xor_sync`` (no shared memory, no b
 partial sums ``l_i`` are combined the same way once, at the end (they all share the row's
 ``m_i``, so partial sums add up).  The cooperative loads run ``BLOCK * HEAD_DIM / THREADS``
 iterations, a compile-time trip count.  Barriers: one after the Q load, then three per K/V tile
-(tiles loaded, ``p_tile`` written, everything read before the next load).  On the GPU the kernel
+(tiles loaded, ``p_tile`` written, everything read before the next load); paged, one more
+before the first tile (its ``page_sh``).  On the GPU the kernel
 is compiled with ``launch_bounds`` only where ptxas showed it pays (:data:`GPU_MIN_BLOCKS`;
 ptxas figures before and after in docs/tiled-forward.md).
 
@@ -92,13 +109,14 @@ Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 * ``v_tile [BLOCK_N, HEAD_DIM]``;
 * ``p_tile [BLOCK_M, BLOCK_N + 1]``: the probabilities ``P`` for ``P V``;
 * dropout only: ``keep_tile [BLOCK_M, BLOCK_N / 4 + 1]`` (int32, 4 bytes): the keep bits of the
-  tile, 4 columns per word.
+  tile, 4 columns per word;
+* paged only: ``page_sh [BLOCK_N]`` (int32): the cache row of each key of the tile.
 
 The ``+ 1`` pads keep transposed stores and column reads free of bank conflicts.  In total
 ``w * (HEAD_DIM (BLOCK_M + BLOCK_N + 2) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N + 1))`` bytes, plus
-``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout, at most 48 KiB for every configuration
-:func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 40.8 KiB for the float32 default
-at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8 threads; 43.0 KiB with dropout).
+``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout and ``4 BLOCK_N`` paged, at most 48 KiB for every
+configuration :func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 40.8 KiB for the
+float32 default at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8 threads; 43.0 KiB with dropout).
 
 float16 and bfloat16 inputs are computed in float32 (the tiles hold float32), float64 inputs
 in float64: each element is read and written through the element-type stage of
@@ -112,7 +130,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, int32, types
+from numba import cuda, int32, types, uint32
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
@@ -123,6 +141,8 @@ from .jit import kernel_jit
 from .visibility import (is_visible, key_bounds, make_score, tile_full_range, tile_key_range,
                          tile_needs_mask)
 
+
+_device = functools.partial(cuda.jit, device=True, inline=True)
 
 #: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
 MAX_TILE_REGS = 64
@@ -164,12 +184,13 @@ def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
     return min(tm_, BLOCK_M), min(tn_, BLOCK_N, HEAD_DIM)
 
 
-def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False, paged=False):
     """Static shared memory of one block (the budget in the module docstring)."""
     words = (HEAD_DIM * (BLOCK_M + 1) + HEAD_DIM * (BLOCK_N + 1) + BLOCK_N * HEAD_DIM
              + BLOCK_M * (BLOCK_N + 1))
     keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4 + 1) if dropout else 0  # int32 keep_tile
-    return _word(dtype) * words + keep_bytes
+    page_bytes = 4 * BLOCK_N if paged else 0  # int32 page_sh
+    return _word(dtype) * words + keep_bytes + page_bytes
 
 
 def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=False):
@@ -273,7 +294,7 @@ def default_tiles(head_dim, dtype):
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT=False,
-                   SCORE_MOD=False, VARLEN=False):
+                   SCORE_MOD=False, VARLEN=False, PAGED=False):
     """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, window, mods, dropout,
     seqs)``.
 
@@ -289,7 +310,11 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
       ``1 / (1 - p)`` in the compute type;
     * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``, ``lse [B, H, Nq]``), else
       ``(cu_seqlens_q, cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN``
-      (``q [total_q, H, d]``, ``k``/``v [total_k, Hkv, d]``, ``lse [H, total_q]``).
+      (``q [total_q, H, d]``, ``k``/``v [total_k, Hkv, d]``, ``lse [H, total_q]``); with
+      ``PAGED`` (varlen only) ``(cu_seqlens_q, cu_seqlens_k, block_table, block_size,
+      n_kv_heads, num_blocks)``: ``k``/``v`` are the paged caches ``[num_blocks, Hkv,
+      block_size, d]`` as their ``[num_blocks * Hkv * block_size, d]`` views, ``block_table``
+      int32 ``[B, max_blocks]`` and the three sizes ``np.int32`` (see the module docstring).
 
     An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
     """
@@ -297,6 +322,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
     assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
+    assert VARLEN or not PAGED  # a paged K/V is read by the packed (varlen) build only
     acc_t = compute_type(dtype)
     # the element-type stage (kernels/elements.py): q, k, v elements in, o elements out
     load, store = element_ops(dtype)
@@ -312,6 +338,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     Q_LOADS = BLOCK_M * HEAD_DIM // THREADS
     KV_LOADS = BLOCK_N * HEAD_DIM // THREADS
     NEG_INF = -math.inf
+    NAN = math.nan
     # unsigned trip counts for the two hot loops: an unsigned index needs no negative-index
     # wraparound code, which would also stop the compiler from strength-reducing the addresses
     HEAD_DIM_U = np.uint64(HEAD_DIM)
@@ -325,6 +352,27 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     score_alibi = make_score(False, True, acc_t)
     score_capped = make_score(True, True, acc_t)
 
+    @_device
+    def page_rows(page_sh, block_table, b, hk, k_start, nk, block_size, n_kv_heads, n_blocks,
+                  tid):
+        """PAGED: ``page_sh[r]`` = the row of key ``k_start + r`` in the ``[num_blocks * Hkv *
+        block_size, d]`` cache view, or -1 where its table entry is outside ``[0, num_blocks)``
+        or past the table (never dereferenced); keys past ``nk`` are not loaded at all.  One
+        lookup (a 32-bit division, one table read) per key row of the tile, 32-bit indices."""
+        for r in range(tid, BLOCK_N, THREADS):
+            key = int32(k_start + r)
+            row = int32(-1)
+            if key < nk:
+                # token key is in table column j_blk at slot key - j_blk * block_size
+                # (unsigned: a 32-bit division)
+                j_blk = int32(uint32(key) // uint32(block_size))
+                if j_blk < block_table.shape[1]:
+                    entry = block_table[uint32(b), uint32(j_blk)]
+                    if 0 <= entry and entry < n_blocks:
+                        row = int32((entry * n_kv_heads + int32(hk)) * block_size
+                                    + (key - j_blk * block_size))
+            page_sh[r] = row
+
     @kernel_jit(**jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
     def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
@@ -335,10 +383,13 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         tid = ty * THREADS_N + tx
         # (batch, head) pairs fold into grid y and z: gridDim.y <= 65535 (see forward_grid)
         bh = cuda.blockIdx.z * cuda.gridDim.y + cuda.blockIdx.y
-        if VARLEN:  # q [total_q, H, d], k and v [total_k, Hkv, d]
+        if VARLEN:  # q [total_q, H, d], k and v [total_k, Hkv, d] (PAGED: caches, see above)
             n_batch = seqs[0].shape[0] - 1
             n_heads = q.shape[1]
-            n_kv_heads = k.shape[1]
+            if PAGED:
+                n_kv_heads = seqs[4]
+            else:
+                n_kv_heads = k.shape[1]
         else:       # q [B, H, Nq, d], k and v [B, Hkv, Nk, d]
             n_batch = q.shape[0]
             n_heads = q.shape[1]
@@ -385,6 +436,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         if DROPOUT:  # compile-time: the plain kernel has neither these values nor keep_tile
             seed_lo, seed_hi, threshold, keep_scale = dropout
             keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
+        if PAGED:  # the cache row of each key of the K/V tile (page_rows)
+            block_table, block_size, n_blocks = seqs[2], seqs[3], seqs[5]
+            page_sh = cuda.shared.array(BLOCK_N, int32)
 
         # [docs:fwd-load-q]
         # -- load q_tile = Q_i (transposed, unscaled: the score contract scales q . k), zero past
@@ -418,6 +472,10 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         kt_first = kv_lo // BLOCK_N
         kt_end = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else kt_first
         # [/docs:fwd-tile-range]
+        if PAGED:
+            page_rows(page_sh, block_table, b, hk, kt_first * BLOCK_N, nk, block_size,
+                      n_kv_heads, n_blocks, tid)
+            cuda.syncthreads()  # page_sh holds the first tile's rows before its loads read them
 
         # [docs:fwd-load-kv]
         for kt in range(kt_first, kt_end):
@@ -430,7 +488,15 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                 c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
                 key = k_start + r
                 if key < nk and c < d:
-                    if VARLEN:
+                    if PAGED:
+                        row = page_sh[r]
+                        if row >= 0:
+                            k_tile[c, r] = load(k[uint32(row), c])
+                            v_tile[r, c] = load(v[uint32(row), c])
+                        else:  # a bad table entry, not read: the rows that see the key get NaN
+                            k_tile[c, r] = acc_t(NAN)
+                            v_tile[r, c] = acc_t(0.0)
+                    elif VARLEN:
                         k_tile[c, r] = load(k[k0 + key, hk, c])
                         v_tile[r, c] = load(v[k0 + key, hk, c])
                     else:
@@ -489,6 +555,11 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                         s[i, j] = score_alibi(s[i, j], scale, row, key, offset, softcap,
                                               inv_softcap, slope)[0]
             # [/docs:fwd-s]
+            if PAGED and kt + 1 < kt_end:
+                # the next tile's rows: this tile's loads (page_sh's only readers) are done, and
+                # the next loads come after two more barriers (no barrier of its own)
+                page_rows(page_sh, block_table, b, hk, (kt + 1) * BLOCK_N, nk, block_size,
+                          n_kv_heads, n_blocks, tid)
 
             # [docs:fwd-update]
             # -- m_new: each thread's partial row max, combined across the row's THREADS_N
@@ -603,10 +674,12 @@ def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
 
 
 def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout=False,
-                score_mod=False, varlen=False):
-    """The compile tier's name of one configuration, e.g. ``forward M64 N32 D64 T8x8 float32``
-    or ``forward varlen M64 N32 D64 T8x8 mods dropout float32``."""
-    return (f"forward{' varlen' if varlen else ''} M{BLOCK_M} N{BLOCK_N} D{HEAD_DIM} "
+                score_mod=False, varlen=False, paged=False):
+    """The compile tier's name of one configuration, e.g. ``forward M64 N32 D64 T8x8 float32``,
+    ``forward varlen M64 N32 D64 T8x8 mods dropout float32`` or ``forward varlen paged M64 N32
+    D64 T16x8 mods float16``."""
+    return (f"forward{' varlen' if varlen else ''}{' paged' if paged else ''} M{BLOCK_M} "
+            f"N{BLOCK_N} D{HEAD_DIM} "
             f"T{THREADS_M}x{THREADS_N}{' mods' if score_mod else ''}"
             f"{' dropout' if dropout else ''} {np.dtype(dtype).name}")
 
@@ -622,12 +695,13 @@ def kernel_flags():
                 yield dropout, score_mod, varlen
 
 
-def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False):
+def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False, paged=False):
     """The Numba argument types of ``forward_kernel(...)(q, k, v, o, lse, scale, window, mods,
-    dropout, seqs)`` for inputs of ``dtype``."""
+    dropout, seqs)`` for inputs of ``dtype`` (``paged``: int32 table and sizes, 2-D caches)."""
     dt = np.dtype(dtype)
     acc = compute_type(dt)
     arr = numba_array_type(dt, 3 if varlen else 4)
+    kv = numba_array_type(dt, 2) if paged else arr
     lse_t = numba_array_type(acc_dtype(dt), 2 if varlen else 3)
     window_t = types.UniTuple(types.int32, 2)
     mods_t = (types.Tuple((acc, acc, numba_array_type(np.float32, 2))) if score_mod
@@ -635,7 +709,11 @@ def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False):
     dropout_t = (types.Tuple((types.uint32, types.uint32, types.uint32, acc)) if dropout
                  else types.Tuple(()))
     seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if varlen else types.Tuple(()))
-    return (arr, arr, arr, arr, lse_t, acc, window_t, mods_t, dropout_t, seqs_t)
+    if paged:
+        cu_t = numba_array_type(np.int32, 1)
+        seqs_t = types.Tuple((cu_t, cu_t, numba_array_type(np.int32, 2), types.int32,
+                              types.int32, types.int32))
+    return (arr, kv, kv, arr, lse_t, acc, window_t, mods_t, dropout_t, seqs_t)
 
 
 #: the bfloat16 configurations the compile tier builds: ``{HEAD_DIM: dropout flags}``, a
@@ -644,11 +722,20 @@ def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False):
 BF16_CONFIGS = {64: (False, True), 128: (False,)}
 
 
+#: the paged varlen configurations the compile tier builds (``forward_varlen`` with a
+#: ``block_table``), a selection: ``{dtype: head dims}``, without dropout.  The paged build is
+#: the varlen build with another K/V row address (:func:`forward_kernel`'s ``PAGED``), so
+#: float16 and float32 at HEAD_DIM 64 and 128 stand for the rest (the dropout builds at
+#: HEAD_DIM 64, checked once on 2026-12-01, built clean too: 96 / 128 registers on sm_80 /
+#: sm_90, no spill, no stack).
+PAGED_CONFIGS = {np.dtype(np.float16): (64, 128), np.dtype(np.float32): (64, 128)}
+
+
 def compile_configs():
     """Every forward configuration the package can launch on a GPU, for the compile tier: the
     default tiles of each compile-time head dim and dtype, for every :func:`kernel_flags`
     (explicit tiles reuse these kernels, see :func:`explicit_tiles`); bfloat16 for
-    :data:`BF16_CONFIGS` only."""
+    :data:`BF16_CONFIGS` only; the paged varlen kernels for :data:`PAGED_CONFIGS` only."""
     for dtype in (np.float16, np.float32, np.float64, BFLOAT16):
         dt = np.dtype(dtype)
         for hd in HEAD_DIMS:
@@ -667,3 +754,14 @@ def compile_configs():
                     "launch_bounds": launch_bounds(bm, bn, hd, dt),
                     "float64_ok": dt == np.float64,
                 }
+    for dt, dims in PAGED_CONFIGS.items():
+        for hd in dims:
+            bm, bn, _ = gpu_tiles(hd, dt)
+            tm_, tn_ = thread_layout(bm, bn, hd)
+            yield {
+                "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, True, True),
+                "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, True, True),
+                "args": kernel_arg_types(dt, False, True, True, True),
+                "launch_bounds": launch_bounds(bm, bn, hd, dt),
+                "float64_ok": False,
+            }

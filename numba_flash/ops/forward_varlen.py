@@ -1,5 +1,7 @@
 """``numba_flash.forward_varlen``: the forward over a packed batch of sequences of different
-lengths (flash-attn's ``flash_attn_varlen_func``), one launch for the whole batch."""
+lengths (flash-attn's ``flash_attn_varlen_func``), one launch for the whole batch, with K/V
+packed or in a paged KV cache (``block_table``: the prefill of prompts over a paged cache runs
+in the tiled forward kernel, not the decode kernel)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,100 @@ import numpy as np
 from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
-from ..frontend.validate import check_bool, check_same_kind, check_scale
+from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info,
+                                 check_array, check_bool, check_same_dtype, check_same_kind,
+                                 check_scale, is_device_array)
 from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import default_tiles, forward_grid, forward_kernel, launch_config
 from ..philox import dropout_params
+from .kv_cache import host_ints
+
+
+def _check_paged_qkv(q, k, v):
+    """``q [total_q, H, d]``, ``k`` and ``v`` paged caches ``[num_blocks, Hkv, block_size, d]``;
+    returns ``(total_q, H, Hkv, num_blocks, block_size, d, dtype)``."""
+    qs, qd = check_array("q", q, 3, ATTENTION_DTYPES)
+    ks, kd = check_array("k", k, 4, ATTENTION_DTYPES)
+    vs, vd = check_array("v", v, 4, ATTENTION_DTYPES)
+    dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
+    check_same_kind({"q": q, "k": k, "v": v})
+    total_q, h, d = qs
+    if vs != ks:
+        raise ValueError(f"v: expected the shape of k {ks}, got {vs}")
+    n_blocks, hkv, block_size, dk = ks
+    if dk != d:
+        raise ValueError(f"k: expected head dim {d} (from q) in dim 3 of the paged cache "
+                         f"[num_blocks, Hkv, block_size, d], got {dk}")
+    if h % hkv:
+        raise ValueError(f"k: expected a number of kv heads (dim 1 of the paged cache) that "
+                         f"divides the {h} query heads of q (GQA), got {hkv}")
+    if d > 256:
+        raise ValueError(f"q: expected head dim 1..256, got {d}")
+    rows = n_blocks * hkv * block_size
+    if rows > INT32_MAX:  # the kernel addresses cache rows with 32-bit indices
+        raise ValueError(f"k: expected num_blocks * Hkv * block_size <= 2**31 - 1 (32-bit cache "
+                         f"rows), got {n_blocks} * {hkv} * {block_size} = {rows}")
+    return total_q, h, hkv, n_blocks, block_size, d, dtype
+
+
+def _cumulative_total(name, cu_seqlens):
+    """The last entry of ``cu_seqlens`` (the packed length it must end with), or -1 where the
+    array is not one :func:`check_cu_seqlens` accepts (which then says why)."""
+    shape, dtype = array_info(name, cu_seqlens)
+    if dtype.kind not in "iu" or len(shape) != 1 or shape[0] < 2:
+        return -1
+    return int(host_ints(cu_seqlens)[-1])
+
+
+def _check_block_table(block_table, b):
+    """``block_table``: an integer ``[B, max_blocks]`` array; returns its shape."""
+    ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
+    if ts[0] != b:
+        raise ValueError(f"block_table: expected {b} rows (B, from cu_seqlens_q), got shape "
+                         f"{ts}")
+    return ts
+
+
+def _validate_table(table, len_k, block_size, n_blocks):
+    """Host checks of a paged prefill's table: room for each sequence's keys, and every entry
+    that holds one of them in ``[0, num_blocks)``."""
+    max_blocks = table.shape[1]
+    need = (np.asarray(len_k, np.int64) + block_size - 1) // block_size
+    for b, n in enumerate(need):
+        if n > max_blocks:
+            raise ValueError(
+                f"block_table: sequence {b} has {int(len_k[b])} keys (cu_seqlens_k), which need "
+                f"{int(n)} blocks of {block_size} tokens, but block_table has {max_blocks} per "
+                f"sequence")
+        entries = table[b, :n]
+        out = np.flatnonzero((entries < 0) | (entries >= n_blocks))
+        if out.size:
+            j = int(out[0])
+            raise ValueError(
+                f"block_table: expected the entries holding a sequence's keys in [0, "
+                f"{n_blocks}) (num_blocks, dim 0 of k), got {int(entries[j])} at [{b}, {j}]")
+
+
+def _table_int32(call, block_table):
+    """The table as the kernel reads it: int32, an entry outside the int32 range clamped to -1
+    or 2**31 - 1 (still outside [0, num_blocks): the kernel's check sees it as bad)."""
+    dt = array_info("block_table", block_table)[1]
+    if dt == np.int32:
+        return call.input(block_table)
+    xp = call._cupy if call._cupy is not None else np
+    x = block_table if call._cupy is not None else np.asarray(block_table)
+    if dt.kind == "u":
+        x = xp.minimum(x.astype(xp.uint64), xp.uint64(INT32_MAX))
+    else:
+        x = xp.clip(x.astype(xp.int64), -1, INT32_MAX)
+    return call.input(x.astype(xp.int32))
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                   softmax_scale=None, dropout_p=0.0, seed=0, return_lse=False):
+                   softmax_scale=None, dropout_p=0.0, seed=0, return_lse=False,
+                   block_table=None, validate=None):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -41,12 +127,46 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     element ``(b, h, i, j)`` uses the sequence index ``b`` as the batch index and the row ``i`` and
     key ``j`` *within the sequence* (not the packed positions), so a sequence draws the same mask
     as batch entry ``b`` of a padded batch would.
+
+    Paged K/V (``block_table`` given; the prefill of a paged KV cache): ``k`` and ``v`` are
+    caches ``[num_blocks, Hkv, block_size, d]`` in :func:`numba_flash.decode`'s layout (any
+    ``block_size``) and ``block_table`` an integer ``[B, max_blocks]`` array: key ``t`` of
+    sequence ``b`` is in physical block ``block_table[b, t // block_size]`` at slot
+    ``t % block_size``.  ``cu_seqlens_k`` keeps its meaning as a cumulative count, as in
+    flash-attn's ``flash_attn_varlen_func(..., block_table=...)`` (its ``varlen_fwd`` takes
+    sequence ``b``'s key count as ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` and, with a table,
+    reads those keys from position 0 of the sequence's table row, not from packed offsets; we
+    take no ``seqused_k``): sequence ``b`` attends to tokens ``0 .. cu_seqlens_k[b + 1] -
+    cu_seqlens_k[b] - 1`` of its table row, and the last entry is the total key count (no
+    packed ``k`` to match).  Table entries past a sequence's keys are ignored (may be -1).
+    Everything else (variants, GQA, dropout, ``lse``) is as above; the result equals the call
+    on the keys gathered into packed ``k``/``v`` bit for bit.  ``validate`` (default ``True``
+    for NumPy inputs, ``False`` for device arrays): check on the host, before the launch, that
+    the table has room for each sequence's keys and that every entry holding one is in ``[0,
+    num_blocks)`` (a ``ValueError`` naming ``block_table``).  Without it the kernel checks
+    each entry before it reads through it: nothing outside the cache or the table is read,
+    and a query row that sees a key whose entry is bad (or past the table) gets ``o = NaN``,
+    ``lse = NaN``; the other rows are as validated.  (``numba_flash.backward_varlen`` takes no
+    table.)
     """
-    total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
+    paged = block_table is not None
+    if paged:
+        total_q, h, hkv, n_blocks, block_size, d, dtype = _check_paged_qkv(q, k, v)
+        total_k = _cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
+    else:
+        total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
     cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
                                                      max_seqlen_q, max_seqlen_k)
-    check_same_kind({"q": q, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
+    kinds = {"q": q, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    if paged:
+        kinds["block_table"] = block_table
+    check_same_kind(kinds)
     b = len(len_q)
+    if paged:
+        _check_block_table(block_table, b)
+    if validate is None:
+        validate = not is_device_array(q)
+    validate = check_bool("validate", validate)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d)
@@ -55,22 +175,29 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
         causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
     use_dropout = float(dropout_p) > 0.0
+    if paged and validate:  # after every other check, before any launch
+        _validate_table(host_ints(block_table), len_k, block_size, n_blocks)
 
     BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes)
     kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, True, True)
+                          use_dropout, True, True, paged)
     acc_t = acc_dtype(dtype)
     dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
-    call = ArrayCall({"q": q, "k": k, "v": v})
+    call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
     call.reserve({"o": ((total_q, h, d), dtype), "lse": ((h, total_q), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
     mods = (acc_t.type(softcap), acc_t.type(1.0 / softcap if softcap > 0.0 else 0.0),
             call.input(slopes))
     seqs = (call.input(cu_q), call.input(cu_k))
+    if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
+        rows = n_blocks * hkv * block_size
+        dk, dv = dk.reshape(rows, d), dv.reshape(rows, d)
+        seqs += (_table_int32(call, block_table), np.int32(block_size), np.int32(hkv),
+                 np.int32(n_blocks))
     o = call.empty((total_q, h, d), dtype)
     lse = call.empty((h, total_q), acc_t)
     n_q_tiles = cdiv(max(1, int(len_q.max())), BLOCK_M)  # the longest sequence's Q tiles
