@@ -92,6 +92,11 @@ Empty splits (past a sequence's keys: the grid spans the cache's capacity, the h
 know the lengths) write only ``lse = -inf`` and take their ticket.
 
 float16 caches are read as float16 and computed in float32; float64 computes in float64.
+bfloat16 (:mod:`~numba_flash.kernels.elements`: the kernel sees the 16-bit words) computes in
+float32 too: element loads are ``bits << 16``, and the 16-byte loads read the caches as
+``float32`` views (:func:`cache_views`), each float32 of a chunk split into its two words
+(``bits << 16`` and ``bits & 0xFFFF0000``, exact, 2 integer instructions per pair, no
+conversion); ``o`` is stored rounded to nearest even, ``lse`` stays float32.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ from numba import cuda, int32, int64, types, uint32
 from ..backend import on_simulator
 from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type,
                      numba_array_type)
+from .elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
 from .jit import kernel_jit
 from .merge import make_merge_functions
 from .stages import lds16, load16
@@ -138,7 +144,10 @@ TARGET_BLOCKS_PER_SM = 4
 #: smallest split by default: enough keys per block to amortise its partial state
 GPU_MIN_SPLIT_TOKENS = 256
 SIM_MIN_SPLIT_TOKENS = 16
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
+#: bfloat16 bits: the upper word of a float32 (the lower one is ``bits << 16``)
+_HI_WORD = uint32(0xFFFF0000)
+_SHIFT16 = uint32(16)
 
 
 def padded_head_dim(d):
@@ -313,6 +322,13 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     dtype = np.dtype(dtype)
     acc_t = compute_type(dtype)
     assert not VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
+    load, store = element_ops(dtype)      # element <-> compute type (kernels/elements.py)
+    #: bfloat16 with 16-byte loads: the caches come as float32 views (two bfloat16 words per
+    #: float32 element, :func:`cache_views`), so ``load16`` reads 8 of them as 4 float32 whose
+    #: bits are split: low word ``bits << 16``, high word ``bits & 0xFFFF0000`` (both exact)
+    BF16_PAIRS = VEC and is_bfloat16(dtype)
+    EW = 2 if BF16_PAIRS else 1           # cache elements per element of the kernel's view
+    Q_VEC = VEC and not BF16_PAIRS        # q by load16 (bfloat16 q: element loads, prologue only)
     DPL = HEAD_DIM // LANES               # elements of a K/V row per lane
     NCH = DPL // CHUNK                    # chunks of CHUNK contiguous elements per lane
     #: element j of a lane is column lane * CHUNK + COL[j]: chunk i = j // CHUNK of the lane
@@ -407,7 +423,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
             h = kvh * group + row // nq
             live_row = row < n_rows
             if grp == 0:
-                if VEC:
+                if Q_VEC:
                     for j in range(DPL):
                         q_val[j] = ZERO
                     if live_row:
@@ -421,7 +437,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                         c = col0 + COL[j]
                         val = ZERO
                         if live_row and c < d:
-                            val = acc_t(q[b, h, tok, c]) * scale
+                            val = load(q[b, h, tok, c]) * scale
                         q_val[j] = val
                 for pc in range(QP):
                     for e in range(V4):
@@ -483,7 +499,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         # must not reach it)
         p_unseen = ZERO if full else NOT_SEEN
         kvh_rows = int32(kvh * block_size)    # rows of a physical block before my kv head's
-        blk_elems = int64(hkv) * block_size * HEAD_DIM   # elements per physical block
+        blk_elems = int64(hkv) * block_size * (HEAD_DIM // EW)   # view elements per block
+        col0_v = lane * (CHUNK // EW)         # my first view element of a K/V row
         base = int32(lo)
         while base < hi32:                    # the same trip count on every lane (shuffles)
             # [docs:decode-tile-load]
@@ -509,14 +526,24 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 in_row = int32(kvh_rows + ss)  # the key's row inside its physical block
                 if VEC:                       # d == HEAD_DIM: one 16-byte load per chunk
                     # one base address per key: block start (64-bit) + row in the block
-                    e0 = int64(blk) * blk_elems + int64(in_row) * HEAD_DIM + col0
+                    e0 = int64(blk) * blk_elems + int64(in_row) * (HEAD_DIM // EW) + col0_v
                     for i in range(NCH):
                         if ok:                # (predicated: a dead or bad key reads nothing)
-                            kc = load16(k_cache, e0 + i * (LANES * CHUNK))
-                            vc = load16(v_cache, e0 + i * (LANES * CHUNK))
-                            for e in range(CHUNK):
-                                k_reg[u * DPL + i * CHUNK + e] = kc[e]
-                                v_reg[u * DPL + i * CHUNK + e] = vc[e]
+                            kc = load16(k_cache, e0 + i * (LANES * CHUNK // EW))
+                            vc = load16(v_cache, e0 + i * (LANES * CHUNK // EW))
+                            if BF16_PAIRS:    # 4 float32 = 8 bfloat16 words (low word first)
+                                for e in range(CHUNK // 2):
+                                    kb = float32_bits(kc[e])
+                                    vb = float32_bits(vc[e])
+                                    j0 = u * DPL + i * CHUNK + 2 * e
+                                    k_reg[j0] = float32_from_bits(uint32(kb << _SHIFT16))
+                                    v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
+                                    k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
+                                    v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
+                            else:
+                                for e in range(CHUNK):
+                                    k_reg[u * DPL + i * CHUNK + e] = kc[e]
+                                    v_reg[u * DPL + i * CHUNK + e] = vc[e]
                         else:                 # v = 0: p v adds 0 (p = 0 there)
                             for e in range(CHUNK):
                                 k_reg[u * DPL + i * CHUNK + e] = ZERO
@@ -528,8 +555,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                         vv = ZERO
                         if ok and c < d:
                             kv_row = int64(blk) * row_stride + in_row
-                            kv = acc_t(k_cache[kv_row, c])
-                            vv = acc_t(v_cache[kv_row, c])
+                            kv = load(k_cache[kv_row, c])
+                            vv = load(v_cache[kv_row, c])
                         k_reg[u * DPL + j] = kv
                         v_reg[u * DPL + j] = vv
             slot = int32(slot + step_slot)    # advance to my keys of the next step
@@ -686,7 +713,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                     out = acc_sh[r, c] / big_l
                 h = kvh * group + row // nq
                 if n_splits == 1:
-                    o[b, h, row % nq, c] = out
+                    o[b, h, row % nq, c] = store(out)
                 elif not empty_split:         # the merge never reads o of a -inf part
                     o_part[split, (b * n_heads + h) * nq + row % nq, c] = out
         if tid < ROWS and row0 + tid < n_rows:
@@ -724,8 +751,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
             row = row0 + r
             if row < n_rows and c < d:
                 grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
-                o[b, kvh * group + row // nq, row % nq, c] = merge_element(
-                    o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r])
+                o[b, kvh * group + row // nq, row % nq, c] = store(merge_element(
+                    o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r]))
         if tid == 0:
             counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
         # [/docs:decode-combine]
@@ -733,12 +760,23 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     return decode_split
 
 
-def kernel_args_types(dtype, ALIBI=False):
+def cache_views(dtype, VEC, k_rows, v_rows):
+    """The K/V cache arrays as the kernel reads them, from their ``[rows, d]`` device views:
+    as they are, except bfloat16 with 16-byte loads (``VEC``): ``float32`` ``[rows, d / 2]``
+    views of the words (no copy; the kernel splits each float32's bits into its two bfloat16)."""
+    if VEC and is_bfloat16(dtype):
+        return k_rows.view(np.float32), v_rows.view(np.float32)
+    return k_rows, v_rows
+
+
+def kernel_args_types(dtype, ALIBI=False, VEC=True):
     """Numba argument types of :func:`decode_kernel` for int32 tables and lengths."""
     acc_np = acc_dtype(dtype)
     acc_t = compute_type(dtype)
     i32 = types.int32
-    return (numba_array_type(dtype, 4), numba_array_type(dtype, 2), numba_array_type(dtype, 2),
+    cache_t = (numba_array_type(np.float32, 2) if VEC and is_bfloat16(dtype)
+               else numba_array_type(dtype, 2))
+    return (numba_array_type(dtype, 4), cache_t, cache_t,
             numba_array_type(np.int32, 2), numba_array_type(np.int32, 1),
             numba_array_type(np.int32, 1), numba_array_type(np.float32, 2),
             numba_array_type(dtype, 4),
@@ -764,7 +802,7 @@ def compile_configs():
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
             "kernel": decode_kernel(GPU_THREADS, lanes, chunk, u, rows, HEAD_DIM, dtype, vec,
                                     paged, softcap, alibi),
-            "args": kernel_args_types(dtype, alibi),
+            "args": kernel_args_types(dtype, alibi, vec),
             "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
             # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
@@ -781,3 +819,6 @@ def compile_configs():
     yield cfg(np.float64, 128)
     yield cfg(np.float16, 128, vec=False)
     yield cfg(np.float16, 128, paged=False)
+    # bfloat16: the float16 kernel with other loads (float32 views split into words) and stores
+    yield cfg(BFLOAT16, 128)
+    yield cfg(BFLOAT16, 64, paged=False)

@@ -43,12 +43,14 @@ from numba import cuda, int64
 
 from ..backend import on_simulator
 from .common import GRID_X_MAX, numba_array_type
+from .elements import BFLOAT16
 from .jit import kernel_jit
 
 #: threads per block: one per head-dim element up to 128 (the simulator: few Python threads)
 GPU_THREADS = 128
 SIM_THREADS = 4
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+#: (bfloat16 is copied as its uint16 words: the same kernel as float16 but for the cache key)
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
 
 
 def default_threads():
@@ -127,9 +129,10 @@ def kernel_args_types(dtype, int_dtype=np.int32):
 
 def compile_configs():
     """The GPU configurations the compile tier builds (a selection: one source, so the others
-    differ only in the element type): float16 paged and contiguous, float32 and float64 paged."""
+    differ only in the element type): float16 paged and contiguous, float32, float64 and
+    bfloat16 paged."""
     for dtype, paged in ((DTYPES[0], True), (DTYPES[0], False), (DTYPES[1], True),
-                         (DTYPES[2], True)):
+                         (DTYPES[2], True), (DTYPES[3], True)):
         yield {
             "name": f"append_kv {dtype.name}{' paged' if paged else ' contiguous'}",
             "kernel": append_kernel(GPU_THREADS, dtype, paged),

@@ -35,7 +35,7 @@ Shared memory
 None.
 
 Parts are read in their dtype and merged in float32 (float64 for float64 parts); ``o`` is written
-in the output dtype.
+in the output dtype (bfloat16: the loads and stores of :mod:`~numba_flash.kernels.elements`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, float64
 
 from ..backend import on_simulator
 from .common import GRID_X_MAX, acc_dtype, compute_type, numba_array_type
+from .elements import BFLOAT16, element_ops
 from .jit import kernel_jit
 
 SIM_THREADS = 4
@@ -68,14 +69,18 @@ def merge_grid(rows):
 
 
 @functools.lru_cache(maxsize=None)
-def make_merge_functions(acc_t):
-    """``(merge_stats, merge_element)``, device functions in the compute type ``acc_t``.
+def make_merge_functions(acc_t, part_dtype=None):
+    """``(merge_stats, merge_element)``, device functions in the compute type ``acc_t``;
+    ``o_parts`` elements are read by ``part_dtype``'s load (:mod:`~.elements`; default: the
+    compute type itself, the decode's float32 / float64 workspace).
 
     ``merge_stats(lse_parts, row) -> (m, total, lse)`` over the parts ``lse_parts[:, row]`` in
     order ``p = 0, 1, ...``; ``merge_element(o_parts, lse_parts, row, c, m, total)`` is
     ``o[row, c]``.  ``total`` is 0 for a row with no key (then ``o = 0``) and NaN for a row whose
     ``o`` is NaN.
     """
+    load, _ = element_ops(part_dtype if part_dtype is not None
+                          else (np.float64 if acc_t == float64 else np.float32))
     NEG_INF = acc_t(-math.inf)
     INF = acc_t(math.inf)
     NAN = acc_t(math.nan)
@@ -115,7 +120,7 @@ def make_merge_functions(acc_t):
         for p in range(lse_parts.shape[0]):
             x = acc_t(lse_parts[p, row])
             if x != NEG_INF:
-                out += math.exp(x - m) * acc_t(o_parts[p, row, c])
+                out += math.exp(x - m) * load(o_parts[p, row, c])
         return out / total
     # [/docs:merge-skip-empty]
 
@@ -130,7 +135,9 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
     ``o_parts`` ``[P, rows, d]`` in ``part_dtype``; ``lse_parts`` ``[P, rows]`` and ``lse``
     ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``.
     """
-    merge_stats, merge_element = make_merge_functions(compute_type(part_dtype))
+    merge_stats, merge_element = make_merge_functions(compute_type(part_dtype),
+                                                      np.dtype(part_dtype))
+    _, store = element_ops(out_dtype)
 
     @kernel_jit
     def merge_states(o_parts, lse_parts, o, lse):
@@ -139,7 +146,7 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
         m, total, lse_row = merge_stats(lse_parts, row)
         # -- o = sum_p w_p o_p / W for this thread's head-dim elements (coalesced along d)
         for c in range(tid, o_parts.shape[2], THREADS):
-            o[row, c] = merge_element(o_parts, lse_parts, row, c, m, total)
+            o[row, c] = store(merge_element(o_parts, lse_parts, row, c, m, total))
         if tid == 0:
             lse[row] = lse_row
 
@@ -151,6 +158,7 @@ PAIRS = (
     (np.dtype(np.float16), np.dtype(np.float16)),
     (np.dtype(np.float32), np.dtype(np.float32)),
     (np.dtype(np.float64), np.dtype(np.float64)),
+    (BFLOAT16, BFLOAT16),
 )
 
 

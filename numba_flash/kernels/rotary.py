@@ -12,7 +12,8 @@ turns by the angle whose cosine is ``c = cos[p, i]`` and sine ``s = sin[p, i]``:
 
 where the pair is ``(x[i], x[i + R])`` (GPT-NeoX halves) or, ``INTERLEAVED``, ``(x[2i], x[2i +
 1])`` (GPT-J); the dims from ``2R`` to ``d`` pass through unchanged.  Computed in float32
-(float64 for float64), written in the input dtype.
+(float64 for float64), written in the input dtype (bfloat16: loads and stores of
+:mod:`~numba_flash.kernels.elements`, round to nearest even).
 
 A position outside ``[0, max_position)`` (an unvalidated call) reads no table entry: its
 rotated dims are NaN, the passed-through dims are copied.
@@ -39,11 +40,12 @@ from numba import cuda, int64
 
 from ..backend import on_simulator
 from .common import GRID_X_MAX, compute_type, numba_array_type
+from .elements import BFLOAT16, element_ops
 from .jit import kernel_jit
 
 GPU_THREADS = 128
 SIM_THREADS = 4
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
 
 
 def default_threads():
@@ -66,6 +68,7 @@ def rotary_kernel(THREADS, dtype, INTERLEAVED):
     ``x``'s dtype; ``offsets`` ``[B]`` ints read when ``per_seq`` is 1 (else ``offset0`` is every
     row's offset); ``step`` 1 or 0 (see the module docstring).  int32 scalars."""
     acc_t = compute_type(dtype)
+    load, store = element_ops(dtype)      # bfloat16: its words in, rounded words out
     NAN = acc_t(math.nan)
 
     @kernel_jit
@@ -97,17 +100,17 @@ def rotary_kernel(THREADS, dtype, INTERLEAVED):
                     partner = e + R if first else e - R
                 val = NAN
                 if ok:
-                    c = acc_t(cos[pos, i])
-                    s = acc_t(sin[pos, i])
-                    me = acc_t(x[b, h, n, e])
-                    other = acc_t(x[b, h, n, partner])
+                    c = load(cos[pos, i])
+                    s = load(sin[pos, i])
+                    me = load(x[b, h, n, e])
+                    other = load(x[b, h, n, partner])
                     if first:
                         val = me * c - other * s  # x_1 c - x_2 s
                     else:
                         val = me * c + other * s  # x_2 c + x_1 s
-                out[b, h, n, e] = val
+                out[b, h, n, e] = store(val)
             else:
-                out[b, h, n, e] = x[b, h, n, e]   # past rotary_dim: passed through
+                out[b, h, n, e] = x[b, h, n, e]   # past rotary_dim: passed through (bits)
 
     return apply_rotary
 
@@ -122,9 +125,9 @@ def kernel_args_types(dtype, int_dtype=np.int32):
 
 def compile_configs():
     """The GPU configurations the compile tier builds (a selection): float16 with both pair
-    layouts, float32 and float64 with GPT-NeoX halves."""
+    layouts, float32, float64 and bfloat16 with GPT-NeoX halves."""
     for dtype, interleaved in ((DTYPES[0], False), (DTYPES[0], True), (DTYPES[1], False),
-                               (DTYPES[2], False)):
+                               (DTYPES[2], False), (DTYPES[3], False)):
         yield {
             "name": f"rotary {dtype.name}{' interleaved' if interleaved else ''}",
             "kernel": rotary_kernel(GPU_THREADS, dtype, interleaved),

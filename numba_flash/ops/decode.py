@@ -31,13 +31,13 @@ from numba import cuda
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
-    FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_int,
-    check_same_dtype, check_same_kind, check_scale, is_device_array,
+    ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool,
+    check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
 from ..frontend.variants import check_alibi, check_softcap, check_window, clamp_window
 from ..kernels.common import acc_dtype, cdiv, compute_type
 from ..kernels.decode import (
-    block_step, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
+    block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
     split_policy, vector_loads,
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
@@ -201,10 +201,13 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
 
     Returns ``o`` in ``q``'s shape and dtype, and with ``return_lse`` also ``lse`` (``[B, H]`` or
     ``[B, H, Nq]``, float32; float64 for float64 inputs).  NumPy in, NumPy out; CuPy in, CuPy out.
+    Element types: float16, float32, float64 and bfloat16 (``ml_dtypes.bfloat16``; computed in
+    float32, ``o`` bfloat16); ``q``, the caches, ``k_new``/``v_new`` and the rotary tables share
+    one (a mix is a ``TypeError`` naming the argument).
     """
-    qs, dtype = check_array("q", q, (3, 4))
-    ks, kd = check_array("k_cache", k_cache, 4)
-    vs, vd = check_array("v_cache", v_cache, 4)
+    qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
+    ks, kd = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
+    vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
     dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens}
@@ -374,8 +377,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
     trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * chunks
-    call.launch(kernel, grid, (threads,), dq, dk_, dv_, d_table, d_len, d_pad, d_alibi, o, lse,
-                o_part, lse_part, counters, ct(scale), np.int32(paged_kernel),
+    dk_read, dv_read = cache_views(dtype, vec, dk_, dv_)  # bfloat16 VEC: float32 word pairs
+    call.launch(kernel, grid, (threads,), dq, dk_read, dv_read, d_table, d_len, d_pad, d_alibi, o,
+                lse, o_part, lse_part, counters, ct(scale), np.int32(paged_kernel),
                 np.int32(n_cache), np.int32(hkv), np.int32(n_slots), np.int32(split_target),
                 np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
                 ct(1.0 / softcap if softcap > 0 else 0.0),
@@ -397,19 +401,20 @@ def block_table_shape(block_table):
 def merge_states(o_parts, lse_parts):
     """Merge partial attention states over disjoint key sets, stacked on axis 0.
 
-    ``o_parts`` ``[P, ..., d]`` (float16/32/64), ``lse_parts`` ``[P, ...]`` (float32; float64
-    for float64 ``o_parts``).  Returns ``(o, lse)`` of shapes ``[..., d]`` (``o_parts``' dtype)
-    and ``[...]``: ``lse = log sum_p exp(lse_p)``, ``o = sum_p exp(lse_p - lse) o_p``.  Parts
-    with ``lse_p = -inf`` contribute nothing (whatever their ``o_p`` holds); if all are
-    ``-inf``, ``o = 0`` and ``lse = -inf``.  A part with ``lse_p = NaN`` makes the row's ``o``
-    and ``lse`` NaN; ``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN``; a NaN in ``o_p`` of
-    a non-empty part reaches ``o``.  Used by cascade / ring attention.
+    ``o_parts`` ``[P, ..., d]`` (float16/32/64 or ``ml_dtypes.bfloat16``), ``lse_parts``
+    ``[P, ...]`` (float32; float64 for float64 ``o_parts``).  Returns ``(o, lse)`` of shapes
+    ``[..., d]`` (``o_parts``' dtype) and ``[...]``: ``lse = log sum_p exp(lse_p)``, ``o =
+    sum_p exp(lse_p - lse) o_p``.  Parts with ``lse_p = -inf`` contribute nothing (whatever
+    their ``o_p`` holds); if all are ``-inf``, ``o = 0`` and ``lse = -inf``.  A part with
+    ``lse_p = NaN`` makes the row's ``o`` and ``lse`` NaN; ``lse_p = +inf`` gives ``lse =
+    +inf`` and ``o = NaN``; a NaN in ``o_p`` of a non-empty part reaches ``o``.  Used by
+    cascade / ring attention.
     """
     shape, _ = array_info("o_parts", o_parts)
     if not 2 <= len(shape) <= 9:
         raise ValueError(f"o_parts: expected a 2-D to 9-D array [P, ..., d], got shape {shape} "
                          f"({len(shape)}-D)")
-    os_, dtype = check_array("o_parts", o_parts, len(shape), FLOAT_DTYPES)
+    os_, dtype = check_array("o_parts", o_parts, len(shape), ATTENTION_DTYPES)
     acc_t = acc_dtype(dtype)
     ls_, ldt = check_array("lse_parts", lse_parts, len(shape) - 1, FLOAT_DTYPES)
     if ldt != acc_t:

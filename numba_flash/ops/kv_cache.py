@@ -14,7 +14,7 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
-    INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
+    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
     check_same_kind, is_device_array,
 )
 from ..kernels.kv_cache import append_grid, append_kernel, default_threads
@@ -67,8 +67,8 @@ def check_writable_cache(name, x):
 
 def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new"):
     """``k_new``, ``v_new`` ``[B, Hkv, Nnew, d]`` in the caches' dtype; returns ``Nnew``."""
-    ks, kd = check_array(k_name, k_new, 4)
-    vs, vd = check_array(v_name, v_new, 4)
+    ks, kd = check_array(k_name, k_new, 4, ATTENTION_DTYPES)
+    vs, vd = check_array(v_name, v_new, 4, ATTENTION_DTYPES)
     check_same_dtype({"k_cache": dtype, k_name: kd, v_name: vd})
     if vs != ks:
         raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
@@ -171,9 +171,11 @@ def cache_tables(call, block_table, cache_batch_idx, b):
 
 
 def write_back(call, user, dev):
-    """NumPy caches are written in place: the device copy back into the caller's array."""
+    """NumPy caches are written in place: the device copy back into the caller's array (a
+    bfloat16 cache's words into its words: bits, not a uint16 -> bfloat16 value conversion)."""
     if not call.on_device:
-        user[...] = dev.copy_to_host().reshape(user.shape)
+        host = dev.copy_to_host().reshape(user.shape)
+        (user.view(host.dtype) if user.dtype != host.dtype else user)[...] = host
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
@@ -183,7 +185,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     * ``k_cache``, ``v_cache``: contiguous ``[Bc, Hkv, Nmax, d]`` (``block_table=None``) or paged
       ``[num_blocks, Hkv, block_size, d]`` with ``block_table`` ``[B, max_blocks]`` (the layouts
       of :func:`numba_flash.decode`).  Written in place.
-    * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, the caches' dtype (float16/32/64).
+    * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, the caches' dtype (float16/32/64 or
+      ``ml_dtypes.bfloat16``: copied as their 16-bit words).
     * ``cache_seqlens``: integer ``[B]``, the tokens each sequence holds; token ``i`` of
       sequence ``b`` goes to position ``cache_seqlens[b] + i``.
     * ``cache_batch_idx``: integer ``[B]``, the cache row of each sequence (contiguous caches
@@ -198,8 +201,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
     """
-    ks, dtype = check_array("k_cache", k_cache, 4)
-    vs, vd = check_array("v_cache", v_cache, 4)
+    ks, dtype = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
+    vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
     check_same_dtype({"k_cache": dtype, "v_cache": vd})
     if vs != ks:
         raise ValueError(f"v_cache: expected the shape of k_cache {ks}, got {vs}")

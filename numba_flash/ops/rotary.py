@@ -11,7 +11,7 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
-    INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_dtype,
+    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_dtype,
     check_same_kind, is_device_array,
 )
 from ..kernels.rotary import default_threads, rotary_grid, rotary_kernel
@@ -23,8 +23,8 @@ def check_rotary_tables(cos, sin, d, dtype, names=("cos", "sin")):
     ``rotary_dim <= d``.  Returns ``(max_position, rotary_dim)``.  (The rotary dim is twice
     the tables' width, so it is even by construction.)"""
     cn, sn = names
-    cs, cd = check_array(cn, cos, 2)
-    ss, sd = check_array(sn, sin, 2)
+    cs, cd = check_array(cn, cos, 2, ATTENTION_DTYPES)
+    ss, sd = check_array(sn, sin, 2, ATTENTION_DTYPES)
     check_same_dtype({"x" if cn == "cos" else "q": dtype, cn: cd, sn: sd})
     if ss != cs:
         raise ValueError(f"{sn}: expected the shape of {cn} {cs}, got {ss}")
@@ -64,7 +64,7 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=N
 
     * ``x``: ``[B, H, N, d]`` (heads before tokens, the layout of ``q`` and of the caches in
       :func:`numba_flash.decode`; flash-attn's ``apply_rotary_emb`` takes ``[B, N, H, d]``:
-      pass ``x.transpose(0, 2, 1, 3)``).  float16/32/64.
+      pass ``x.transpose(0, 2, 1, 3)``).  float16/32/64 or ``ml_dtypes.bfloat16``.
     * ``cos``, ``sin``: ``[max_position, rotary_dim / 2]``, ``x``'s dtype, ``rotary_dim <= d``;
       the dims past ``rotary_dim`` pass through unchanged.
     * ``interleaved``: ``False`` (default, GPT-NeoX): pairs ``(x[i], x[i + rotary_dim / 2])``;
@@ -80,7 +80,7 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=N
     Returns a new array of ``x``'s shape and dtype (computed in float32, float64 for float64);
     ``x`` is not modified.
     """
-    xs, dtype = check_array("x", x, 4)
+    xs, dtype = check_array("x", x, 4, ATTENTION_DTYPES)
     b, h, n, d = xs
     max_position, _ = check_rotary_tables(cos, sin, d, dtype)
     interleaved = check_bool("interleaved", interleaved)
