@@ -1,0 +1,93 @@
+"""Every claim docs/own-variant.md prints from flex_demo.py and flex_step.py (the simulator)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flex_demo
+import flex_step
+from numba_flash.flex import EMPTY, FULL, PARTIAL
+
+# float16 tensor-core forward vs the float64 reference (and vs forward_varlen) at the demo's
+# shapes: o within 9.8e-4 (one float16 ulp at 1.0: two float16 outputs a rounding apart), lse
+# within 4.8e-7 (measured over every row below, 2026-12-01)
+O_BOUND, LSE_BOUND = 2e-3, 1e-6
+
+
+def _rows_within_bounds(rows):
+    for name, what, eo, el in rows:
+        if "reference(score_mod) vs reference" in what or "reference_varlen" in what:
+            assert eo < 1e-14 and el < 1e-14, (name, what, eo, el)  # float64 vs float64
+        else:
+            assert eo < O_BOUND and el < LSE_BOUND, (name, what, eo, el)
+
+
+def test_scores():
+    rows = flex_demo.scores_rows()
+    assert len(rows) == 5
+    _rows_within_bounds(rows)
+    # the score_mod and the built-in run the same float32 steps: o the same to the bit here
+    assert rows[-1][2] == 0.0
+
+
+def test_documents_against_varlen():
+    rows, bm, same = flex_demo.documents_rows()
+    assert len(rows) == 4
+    _rows_within_bounds(rows)
+    assert same  # the block mask changes which tiles run, not a single output bit
+    np.testing.assert_array_equal(bm.kind[0, 0], [[PARTIAL, PARTIAL, EMPTY],
+                                                  [PARTIAL, FULL, EMPTY],
+                                                  [EMPTY, EMPTY, FULL]])
+    assert str(bm).splitlines()[1:] == ["xx.", "x#.", "..#"]
+
+
+def test_prefix_lm():
+    _rows_within_bounds(flex_demo.prefix_rows())
+
+
+def test_tiles_visited_are_the_non_empty_blocks():
+    runs = {r["lengths"]: r for r in map(flex_demo.visited_tiles, flex_demo.LAYOUTS)}
+    for r in runs.values():
+        assert r["visited"] == r["non_empty"] == len(r["tiles"]), r  # each tile computed once
+        assert r["o_err"] < O_BOUND
+        kind = r["bm"].kind[0, 0]
+        assert {(qs // 16, kt) for _, _, qs, kt in r["tiles"]} == set(zip(*np.nonzero(kind)))
+    assert [runs[lens]["visited"] for lens in flex_demo.LAYOUTS] == [16, 4, 4, 8]
+    # shorter documents, fewer tiles, down to one tile per document that fills one
+    assert runs[(8,) * 8]["visited"] == runs[(16,) * 4]["visited"] == 64 // 16
+
+
+def test_cost_grows_with_the_documents_not_n_squared():
+    rows = flex_demo.scaling_rows()
+    for r in rows:  # documents of 256 tokens in 128-blocks: 2 x 2 blocks each, all FULL
+        assert r["non_empty"] == (r["n"] // 256) * 4
+        assert r["all"] == (r["n"] // 128) ** 2
+    assert rows[-1]["non_empty"] / rows[0]["non_empty"] == rows[-1]["n"] / rows[0]["n"]
+
+
+def test_step_into_score_mod():
+    cmds = "p q_idx, kv_idx, float(score); n; p float(s); up 2; p tid, row, key, float(x)"
+    stopper, o_err = flex_step.run_stopped(cmds, {"q_idx": 3, "kv_idx": 1})
+    out = stopper.out.getvalue()
+    blk, tid = stopper.stopped_in
+    assert blk == 0 and tid == 12  # lane (g, t) = (3, 0) holds row 3 and keys 0, 1 of n = 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("(Pdb) (")]
+    q_idx, kv_idx, score = eval(lines[0][6:])
+    assert (q_idx, kv_idx) == (3, 1)
+    _, _, _, bias = flex_step.inputs()
+    s_after = float(out.split("-> return s\n(Pdb) ")[1].split()[0])
+    assert s_after == pytest.approx(score + float(bias[0, 3 - 1 + flex_step.N - 1]), abs=1e-6)
+    assert eval(lines[1][6:]) == (12, 3, 1, score)  # the kernel's frame: its thread, row, key
+    assert "flash_forward_mma" not in out and "step()" in out
+    calls = stopper.calls  # 16 x 16 scores, 8 per lane: the stop did not end the counting
+    assert sum(calls.values()) == 256 and len(calls) == 32 and set(calls.values()) == {8}
+    assert o_err < O_BOUND
+
+
+def test_breakpoint_inside_a_score_mod_is_refused_today():
+    """The host type check compiles the function with numba.njit, which has no breakpoint():
+    the page says so; this fails (and the page must change) once that is no longer true."""
+    text = flex_step.try_breakpoint()
+    assert text.startswith("refused before launch: TypeError: score_mod:")
+    assert "Untyped global name 'breakpoint'" in text
