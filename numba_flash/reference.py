@@ -216,8 +216,9 @@ def _user_mods(s, vis, score_mod, mask_mod, aux):
         vis = vis & _elementwise(lambda *a: bool(mask_mod(*a, *aux)), *idx).astype(bool)
     s_pre = s
     if score_mod is not None:
-        with np.errstate(invalid="ignore", over="ignore"):
-            s = _elementwise(lambda x, *a: float(score_mod(x, *a, *aux)), s, *idx)
+        with np.errstate(invalid="ignore", over="ignore"):  # np.float64: a Python float
+            # would round to float32 against a float32 aux value (NumPy's weak scalars)
+            s = _elementwise(lambda x, *a: float(score_mod(np.float64(x), *a, *aux)), s, *idx)
     return s, vis, s_pre
 
 
@@ -385,7 +386,8 @@ def attention_backward(
         idx = np.ix_(np.arange(b_), np.arange(h_), np.arange(nq_), np.arange(nk_))
         aux = tuple(aux_tensors)
         with np.errstate(invalid="ignore", over="ignore"):
-            grad = _elementwise(lambda x, *a: float(score_mod_grad(x, *a, *aux)), s_pre, *idx)
+            grad = _elementwise(lambda x, *a: float(score_mod_grad(np.float64(x), *a, *aux)),
+                                s_pre, *idx)
         ds = np.where(vis, ds * grad, 0.0)
     if t is not None:
         ds = ds * np.where(vis, 1.0 - t * t, 0.0)

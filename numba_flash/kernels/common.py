@@ -59,3 +59,15 @@ def numba_array_type(dtype, ndim):
 def cdiv(a, b):
     """Ceiling division, for grid sizes."""
     return -(-a // b)
+
+
+#: simulator only: when a list, each block's thread 0 of an attention forward appends
+#: ``(b, h, q_start, kt)`` for every K/V tile it computes (tests count the tiles a block mask
+#: lets through); the kernels call :func:`log_tile` only in their simulator builds
+TILE_LOG = None
+
+
+def log_tile(b, h, q_start, kt):
+    """Record one computed tile in :data:`TILE_LOG` (plain Python: the simulator only)."""
+    if TILE_LOG is not None:
+        TILE_LOG.append((int(b), int(h), int(q_start), int(kt)))

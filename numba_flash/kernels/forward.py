@@ -135,11 +135,11 @@ from numba import cuda, int32, types, uint32
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
-                     numba_array_type, padded_head_dim)
+                     log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
 from .jit import kernel_jit
-from .visibility import (is_visible, key_bounds, make_score, tile_full_range, tile_key_range,
-                         tile_needs_mask)
+from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
+                         make_tile_kind, tile_full_range, tile_key_range, tile_needs_mask)
 
 
 _device = functools.partial(cuda.jit, device=True, inline=True)
@@ -294,7 +294,7 @@ def default_tiles(head_dim, dtype):
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT=False,
-                   SCORE_MOD=False, VARLEN=False, PAGED=False):
+                   SCORE_MOD=False, VARLEN=False, PAGED=False, USER=None):
     """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, window, mods, dropout,
     seqs)``.
 
@@ -323,6 +323,15 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     assert VARLEN or not PAGED  # a paged K/V is read by the packed (varlen) build only
+    # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code; its
+    # arrays ride in mods after the built-in ones: (softcap, inv_softcap, alibi, kinds, *aux)
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    assert USER is None or (SCORE_MOD and not PAGED and (BLOCKS is None or not VARLEN))
+    U_SCORE = user_score is not None
+    U_MASK = user_mask is not None
+    USER_FN = U_SCORE or U_MASK
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
     acc_t = compute_type(dtype)
     # the element-type stage (kernels/elements.py): q, k, v elements in, o elements out
     load, store = element_ops(dtype)
@@ -373,7 +382,18 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                                     + (key - j_blk * block_size))
             page_sh[r] = row
 
-    @kernel_jit(**jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
+    @_device
+    def user_sees(b, h, row, key, nq, umask, mods):
+        """A row inside the sequence that the user's mask_mod lets see the key (True without
+        one, or on a FULL tile): the user's code never sees a padding row."""
+        if row >= nq:
+            return False
+        if U_MASK and umask:
+            return user_mask(b, h, row, key, *mods[4:])
+        return True
+
+    # a user's functions stay out of the on-disk kernel cache (their code does not key it)
+    @kernel_jit(cache=USER is None, **jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
     def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
@@ -416,8 +436,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         left, right = window
         offset = nk - nq  # bottom-right alignment: query row r sits at key column r + offset
         if SCORE_MOD:
-            softcap, inv_softcap, alibi = mods
-            slope = acc_t(alibi[b, h])
+            softcap = mods[0]
+            inv_softcap = mods[1]
+            slope = acc_t(mods[2][b, h])
         else:
             softcap = acc_t(0.0)
             inv_softcap = acc_t(0.0)
@@ -481,6 +502,16 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         for kt in range(kt_first, kt_end):
             k_start = kt * BLOCK_N
             masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
+            umask = U_MASK  # the user's mask_mod runs on this tile (a block mask may say no)
+            if BLOCKS is not None:
+                kind = tile_kind(mods[3], b, h, q_start, q_end, kt, nk)
+                if kind == BLOCK_EMPTY:
+                    continue  # no row of this Q tile sees a key of it: never loaded
+                umask = kind == BLOCK_PARTIAL
+            if LOG and tid == 0:
+                log_tile(b, h, q_start, kt)
+            if umask:
+                masked = True  # the per-element mask, and the PV loop's visibility test
             # -- load k_tile = K_j^T and v_tile = V_j, zero past Nk and past the true head dim
             for it in range(KV_LOADS):
                 idx = tid + it * THREADS
@@ -545,6 +576,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     key = k_start + tx + j * THREADS_N
                     if masked and not is_visible(row, key, offset, nk, left, right):
                         s[i, j] = acc_t(NEG_INF)
+                    elif USER_FN and not user_sees(b, h, row, key, nq, umask, mods):
+                        s[i, j] = acc_t(NEG_INF)  # the user's mask_mod (or a padding row)
                     elif not SCORE_MOD:
                         s[i, j] = score_plain(s[i, j], scale, row, key, offset, softcap,
                                               inv_softcap, slope)[0]
@@ -554,6 +587,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     else:
                         s[i, j] = score_alibi(s[i, j], scale, row, key, offset, softcap,
                                               inv_softcap, slope)[0]
+                    if U_SCORE and s[i, j] != NEG_INF:  # after scale, softcap and ALiBi
+                        s[i, j] = user_score(s[i, j], b, h, row, key, *mods[4:])
             # [/docs:fwd-s]
             if PAGED and kt + 1 < kt_end:
                 # the next tile's rows: this tile's loads (page_sh's only readers) are done, and
@@ -607,7 +642,9 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                 for n in range(BLOCK_N_U):
                     key = k_start + n
                     for i in range(TM):
-                        if is_visible(q_start + ty + i * THREADS_M, key, offset, nk, left, right):
+                        row = q_start + ty + i * THREADS_M
+                        if is_visible(row, key, offset, nk, left, right) and (
+                                not USER_FN or user_sees(b, h, row, key, nq, umask, mods)):
                             pv = p_tile[ty + i * THREADS_M, n]
                             for c in range(TD):
                                 acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
@@ -765,3 +802,37 @@ def compile_configs():
                 "launch_bounds": launch_bounds(bm, bn, hd, dt),
                 "float64_ok": False,
             }
+    yield from _user_configs()
+
+
+def _user_configs():
+    """A user's variant (:mod:`numba_flash.flex.examples`: a relative-position bias score_mod and
+    a document mask_mod with a block mask) at float32 HEAD_DIM 64: the device build of user
+    functions called with ``*aux`` from the score stage (the rows above are the build without
+    them)."""
+    from ..flex.examples import document_mask, relative_bias
+    from ..flex.functions import device_function
+
+    def biased(score, b, h, q_idx, kv_idx, bias, doc):  # every function gets every aux array
+        return relative_bias(score, b, h, q_idx, kv_idx, bias)
+
+    def documents(b, h, q_idx, kv_idx, bias, doc):
+        return document_mask(b, h, q_idx, kv_idx, doc)
+
+    dt = np.dtype(np.float32)
+    bm, bn, hd = (*gpu_tiles(64, dt)[:2], 64)
+    tm_, tn_ = thread_layout(bm, bn, hd)
+    user = (device_function(biased), device_function(documents), (128, 128))
+    args = list(kernel_arg_types(dt, False, True, False))
+    acc = compute_type(dt)
+    args[7] = types.Tuple((acc, acc, numba_array_type(np.float32, 2),
+                           types.Array(types.int8, 4, "C"), numba_array_type(np.float32, 2),
+                           numba_array_type(np.int32, 2)))
+    yield {
+        "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, False)
+        + " score_mod mask_mod block_mask",
+        "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, False, False, user),
+        "args": tuple(args),
+        "launch_bounds": launch_bounds(bm, bn, hd, dt),
+        "float64_ok": False,
+    }

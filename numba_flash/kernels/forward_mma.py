@@ -97,13 +97,14 @@ from numba import cuda, float32, int32, types, uint32
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, padded_head_dim
+from .common import FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, log_tile, padded_head_dim
 from .elements import element_ops
 from .jit import kernel_jit
 from .mma import make_a_frag_from_c, mma_ops, quad_sum
 from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
                      ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
-from .visibility import key_bounds, make_score_mod, tile_full_range, tile_key_range
+from .visibility import (key_bounds, make_score_mod, make_tile_kind, tile_full_range,
+                         tile_key_range)
 
 #: GPU tiles per padded head dim: ``(NUM_WARPS, BLOCK_N)``; ``BLOCK_M = 16 * NUM_WARPS``.
 GPU_TILES = {16: (4, 64), 32: (4, 64), 64: (4, 64), 128: (4, 32), 256: (1, 16)}
@@ -117,15 +118,6 @@ SIM_TILES = (1, 16)
 
 #: the element types of the tensor-core forward (``DTYPE``)
 MMA_DTYPES = ("float16", "bfloat16")
-
-#: simulator only: when a list, each block's thread 0 appends ``(b, h, q_start, kt)`` for every
-#: K/V tile it computes (tests count the tiles a block mask lets through); never in a GPU build
-TILE_LOG = None
-
-
-def _log_tile(b, h, q_start, kt):
-    if TILE_LOG is not None:
-        TILE_LOG.append((int(b), int(h), int(q_start), int(kt)))
 
 
 def shared_bytes(NUM_WARPS, BLOCK_N, HEAD_DIM):
@@ -235,27 +227,8 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             return row < nq and user_mask(b, h, row, key, *user[1:])
         return True
 
-    @cuda.jit(device=True, inline=True)
-    def tile_kind(kinds, b, h, q_start, q_end, kt, nk):
-        """The block mask's verdict on K/V tile ``kt`` for this Q tile: EMPTY (0) when every
-        block it overlaps is empty, FULL (2) when every one is full, else PARTIAL (1)."""
-        QB, KB = BLOCKS
-        bb = b if kinds.shape[0] > 1 else 0
-        hh = h if kinds.shape[1] > 1 else 0
-        k_start = kt * BLOCK_N
-        k_end = min(k_start + BLOCK_N, nk)
-        seen = 0
-        full = 1
-        for qi in range(q_start // QB, (q_end - 1) // QB + 1):
-            for kj in range(k_start // KB, (k_end - 1) // KB + 1):
-                kind = kinds[bb, hh, qi, kj]
-                if kind != 0:
-                    seen = 1
-                if kind != 2:
-                    full = 0
-        if seen == 0:
-            return 0
-        return 2 if full == 1 else 1
+    # the block mask's verdict per K/V tile (visibility.py); next_tile is built only with one
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
     @cuda.jit(device=True, inline=True)
     def next_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk):
@@ -437,12 +410,11 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    # a user's functions stay out of the on-disk kernel cache (their code is not in this
-    # package's sources, which key it): such a build is compiled in each process
-    jit = kernel_jit if USER is None else cuda.jit
     LOG = on_simulator()  # compile time: the tile log exists only in the simulator
 
-    @jit
+    # a user's functions stay out of the on-disk kernel cache (their code is not in this
+    # package's sources, which key it): such a build is compiled in each process
+    @kernel_jit(cache=USER is None)
     def flash_forward_mma(q, k, v, o, lse, scale, window, mods, alibi, dropout, user):
         # -- which block, warp and lane
         tid = cuda.threadIdx.x
@@ -532,7 +504,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         if BLOCKS is None:
             for kt in range(t_lo, t_hi):
                 if LOG and tid == 0:
-                    _log_tile(b, h, q_start, kt)
+                    log_tile(b, h, q_start, kt)
                 stage = (kt - t_lo) & 1
                 if f_lo <= kt and kt < f_hi and not MASK_MOD:  # every row sees it: no mask
                     step_full(kt, kt + 1, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop,
@@ -545,7 +517,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             stage = 0
             while kt < t_hi:
                 if LOG and tid == 0:
-                    _log_tile(b, h, q_start, kt)
+                    log_tile(b, h, q_start, kt)
                 kind = tile_kind(user[0], b, h, q_start, q_end, kt, nk)
                 kt_next = next_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
                 if f_lo <= kt and kt < f_hi and kind == 2:  # FULL, inside the bounds: no mask

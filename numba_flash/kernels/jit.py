@@ -141,7 +141,9 @@ def kernel_jit(func=None, **options):
 
     The same options as ``cuda.jit`` (``fastmath``, ``debug``, ``lineinfo``...), lazy
     compilation only (no signature).  On the CUDA target, with caching enabled, the compiled
-    kernel is stored on disk and loaded by later processes; otherwise this is ``cuda.jit``.  In
+    kernel is stored on disk and loaded by later processes; otherwise this is ``cuda.jit``.
+    ``cache=False`` keeps one kernel off the disk (a build that calls a user's functions, whose
+    code is not among the sources that key the cache).  In
     the simulator, options it does not know (``lineinfo``, ``launch_bounds``, ``max_registers``)
     are dropped, so a kernel can ask for them on the device and still run thread by thread.
     """
@@ -150,12 +152,12 @@ def kernel_jit(func=None, **options):
     if not callable(func):
         raise TypeError("kernel_jit: expected a function (kernels compile lazily, at first "
                         f"launch), got {type(func).__name__}")
-    options.pop("cache", None)
+    cache = options.pop("cache", True)  # cache=False: never on disk (a user's functions)
     if on_simulator():  # options the simulator's jit does not take (they tune device code only)
         for name in _DEVICE_ONLY_OPTIONS:
             options.pop(name, None)
     dispatcher = cuda.jit(**options)(func)
-    if options.get("device") or not caching_enabled():
+    if options.get("device") or not cache or not caching_enabled():
         return dispatcher
     try:
         dispatcher._cache = _cache_classes()(dispatcher.py_func)

@@ -277,3 +277,40 @@ def make_score_mod(SOFTCAP, ALIBI, acc_t):
 
     score_mod.__name__ = f"score_mod_{int(SOFTCAP)}{int(ALIBI)}"
     return _device(score_mod)
+
+
+#: a block mask's kinds (numba_flash.flex.block_mask): EMPTY, PARTIAL, FULL
+BLOCK_EMPTY, BLOCK_PARTIAL, BLOCK_FULL = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_kind(Q_BLOCK, KV_BLOCK, BLOCK_N):
+    """Build ``tile_kind(kinds, b, h, q_start, q_end, kt, nk)``: a block mask's verdict on
+    K/V tile ``kt`` (keys ``[kt BLOCK_N, min(kt BLOCK_N + BLOCK_N, nk))``) for the query rows
+    ``[q_start, q_end)``: EMPTY when every ``[Q_BLOCK x KV_BLOCK]`` block the tile overlaps is
+    empty, FULL when every one is full, else PARTIAL.  ``kinds`` is the int8
+    ``[B or 1, H or 1, q blocks, kv blocks]`` classification of
+    :func:`numba_flash.flex.create_block_mask` (a dimension of 1 broadcasts).  Any tile and
+    block sizes work: a tile of a kernel with smaller tiles lies in one block, and one with
+    larger tiles takes the verdict of all the blocks it covers."""
+
+    @_device
+    def tile_kind(kinds, b, h, q_start, q_end, kt, nk):
+        bb = b if kinds.shape[0] > 1 else 0
+        hh = h if kinds.shape[1] > 1 else 0
+        k_start = kt * BLOCK_N
+        k_end = min(k_start + BLOCK_N, nk)
+        seen = 0
+        full = 1
+        for qi in range(q_start // Q_BLOCK, (q_end - 1) // Q_BLOCK + 1):
+            for kj in range(k_start // KV_BLOCK, (k_end - 1) // KV_BLOCK + 1):
+                kind = kinds[bb, hh, qi, kj]
+                if kind != BLOCK_EMPTY:
+                    seen = 1
+                if kind != BLOCK_FULL:
+                    full = 0
+        if seen == 0:
+            return BLOCK_EMPTY
+        return BLOCK_FULL if full == 1 else BLOCK_PARTIAL
+
+    return tile_kind

@@ -68,6 +68,22 @@ def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
                            shape=(args.b, args.h, args.nq, args.nk))
 
 
+def user_build(variant):
+    """A kernel factory's ``USER``: ``(score_mod, mask_mod, BLOCKS)`` device code, or None."""
+    if variant is None:
+        return None
+    return (variant.score_mod, variant.mask_mod, variant.block)
+
+
+def user_arrays(call, variant):
+    """``(kinds,) + aux`` on the inputs' device (kinds: the block mask's classification, or a
+    dummy a build without one never reads), or ``()`` without a variant."""
+    if variant is None:
+        return ()
+    kinds = variant.kinds if variant.kinds is not None else np.ones((1, 1, 1, 1), np.int8)
+    return (call.input(kinds),) + tuple(call.input(a) for a in variant.aux)
+
+
 def _forward_mma():
     """The tensor-core forward's launch (:func:`~numba_flash.ops.forward_mma.launch_forward_mma`,
     which takes already validated :class:`ForwardArgs`)."""
@@ -118,9 +134,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     without explicit
     ``block_m`` / ``block_n``, ``"simt"`` otherwise.
 
-    Your own variant (FlexAttention's functions, :mod:`numba_flash.flex`; the tensor-core
-    kernel only, so far: float16 / bfloat16 with ``kernel="mma"``, or ``"auto"`` on a GPU that
-    takes it; ``"simt"`` with a user function is a ``NotImplementedError``):
+    Your own variant (FlexAttention's functions, :mod:`numba_flash.flex`; both kernel
+    families, every dtype):
 
     * ``mask_mod(b, h, q_idx, kv_idx, *aux_tensors) -> bool``: True where query ``q_idx`` sees
       key ``kv_idx`` (positions from 0), and-ed with ``causal`` / ``window_size``;
@@ -141,27 +156,18 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     seed_lo, seed_hi, threshold, keep_scale = args.dropout
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
-    if variant is not None and which == "simt" and kernel == "auto" and \
-            dtype.name in ("float16", "bfloat16"):
-        # the family that takes user functions today (the simulator runs it); a GPU older
-        # than sm_80 gets check_forward_kernel's error naming its compute capability
-        which = check_forward_kernel("mma", dtype, block_m is not None or block_n is not None)
     if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
         return _forward_mma()(q, k, v, args, variant)
-    if variant is not None:
-        raise NotImplementedError(
-            f"score_mod / mask_mod / block_mask: the SIMT forward does not take a user's "
-            f"variant yet; {dtype.name} inputs run on it (kernel={kernel!r}). float16 or "
-            f"bfloat16 with kernel='mma' (or 'auto') take them")
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
-    use_mods = softcap > 0.0 or alibi is not None
+    # a user's variant rides on the score-modifier build (softcap / ALiBi switched at run time)
+    use_mods = softcap > 0.0 or alibi is not None or variant is not None
     allowed = explicit_tiles(d, dtype)
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
     BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
     kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, use_mods)
+                          use_dropout, use_mods, USER=user_build(variant))
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
     window_arg = (np.int32(left), np.int32(right))
     # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
@@ -175,6 +181,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
         slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
         inv = 1.0 / softcap if softcap > 0.0 else 0.0
         mods = (acc_t.type(softcap), acc_t.type(inv), call.input(slopes))
+    mods += user_arrays(call, variant)
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
     work = tiled_work("forward", [(nq, args.nk)] * b, h, BLOCK_M, BLOCK_N, left, right,

@@ -13,14 +13,7 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..kernels.forward_mma import (MMA_DTYPES, default_tiles, forward_grid, forward_mma_kernel,
                                    vector_copies)
-from .forward import check_forward_args, check_forward_variant
-
-
-def _user_build(variant):
-    """The kernel factory's ``USER``: ``(score_mod, mask_mod, BLOCKS)`` device code, or None."""
-    if variant is None:
-        return None
-    return (variant.score_mod, variant.mask_mod, variant.block)
+from .forward import check_forward_args, check_forward_variant, user_arrays, user_build
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -69,18 +62,13 @@ def launch_forward_mma(q, k, v, args, variant=None):
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
                                 alibi is not None, vector_copies(d, head_dim, dq, dk, dv),
-                                args.dtype.name, _user_build(variant))
+                                args.dtype.name, user_build(variant))
     o = call.empty((b, h, nq, d), args.dtype)  # bfloat16: uint16 words, viewed back
     lse = call.empty((b, h, nq), np.float32)
     alibi_d = call.input(alibi) if alibi is not None else call.zeros((1, 1), np.float32)
     mods = (np.float32(softcap), np.float32(1.0 / softcap if softcap > 0.0 else 0.0))
     dropout = (seed_lo, seed_hi, threshold, np.float32(keep_scale)) if use_dropout else ()
-    user = ()
-    if variant is not None:  # (kinds,) + aux: the block mask's classification (a dummy
-        # without one: not read) and the user's arrays, on the inputs' device
-        kinds = (variant.kinds if variant.kinds is not None
-                 else np.ones((1, 1, 1, 1), np.int8))
-        user = (call.input(kinds),) + tuple(call.input(a) for a in variant.aux)
+    user = user_arrays(call, variant)  # (kinds,) + aux, or ()
     call.launch(kernel, grid, (32 * num_warps,),
                 dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o, lse,
                 np.float32(args.scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout,

@@ -231,7 +231,7 @@ def test_kernel_choice(monkeypatch):
 
     calls = []
 
-    def fake_mma(q, k, v, args):
+    def fake_mma(q, k, v, args, variant=None):
         calls.append(args)
         return "mma result"
 
