@@ -97,7 +97,8 @@ from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
 from .jit import kernel_jit
 from .mma import MMA_DTYPES, make_a_frag_from_c, mma_ops
 from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma,
-                     ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
+                     ldmatrix_x4, ldmatrix_x4_trans, load_u16, make_tile_copy, make_tile_scan,
+                     row_bytes)
 from .visibility import is_visible, make_score, tile_full_range, tile_key_range, tile_query_range
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
@@ -302,6 +303,9 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
     PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
     EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
+    # dS's A fragments for dQ held across the warp's column pairs (2 or fewer), else read per
+    # pair (at HEAD_DIM 128 with dK and dV in registers the 8 more registers spilled on sm_80)
+    DA_ONCE = PAIRS_PER_WARP <= 2
     NEED_DS = WANT_DK or DQ_ATOMIC
     ZERO = float32(0.0)
     NAN = float32(math.nan)
@@ -420,7 +424,9 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                             for n in range(A_FRAGS):
                                 for e in range(2):
                                     c = COL0 + 8 * n + 2 * t + e
-                                    if c < d and (do[b, h, row, c] & EXP_MASK) == EXP_MASK:
+                                    x = uint32(load_u16(do, qo_base + row * d + c)) if c < d \
+                                        else uint32(0)
+                                    if (x & EXP_MASK) == EXP_MASK:
                                         bit = uint64(1) << uint64(2 * n + e)
                                         if sees0:
                                             bad0 |= bit
@@ -462,9 +468,10 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             if DQ_ATOMIC:
                 # -- dQ_i += scale dS K_j: A = dS by ldmatrix.trans of dS^T, B = K by
                 # ldmatrix.trans; the warps split dQ's column pairs
-                for kk in range(P_STEPS):
-                    da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3] = ldmatrix_x4_trans(
-                        smem, DS_BYTE + off_ds + 16 * DS_RB * kk)
+                if DA_ONCE:
+                    for kk in range(P_STEPS):
+                        da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3] = ldmatrix_x4_trans(
+                            smem, DS_BYTE + off_ds + 16 * DS_RB * kk)
                 dq_tile = tile_row * uint64(d)
                 for i in range(PAIRS_PER_WARP):
                     p = warp + i * NUM_WARPS
@@ -478,6 +485,9 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                         c6 = ZERO
                         c7 = ZERO
                         for kk in range(P_STEPS):
+                            if not DA_ONCE:  # read again per pair: fewer live registers
+                                da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3] = ldmatrix_x4_trans(
+                                    smem, DS_BYTE + off_ds + 16 * DS_RB * kk)
                             b0, b1, b2, b3 = ldmatrix_x4_trans(
                                 smem, K_BYTE + off_a + 16 * RB * kk + 32 * p)
                             c0, c1, c2, c3 = mma(da[kk, 0], da[kk, 1], da[kk, 2], da[kk, 3],
@@ -569,7 +579,8 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         if DQ_ATOMIC:
             scan_k(smem, K_BYTE, tid)   # this thread's own chunks: no barrier before
 
-        ins = (q, do, lse, delta, dq_accum, qo_base, uint64(b * n_heads + h) * uint64(nq), nq,
+        # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
+        ins = (q, do, lse, delta, dq_accum, qo_base, uint64(uint32(bh)) * uint64(nq), nq,
                nk, d, b, h)
         frags = (st, dpt, dk_acc, dv_acc, nlse2, dl, da)
         lanes = (tid, warp, g, t, off_a, off_b, off_ds)
@@ -586,15 +597,15 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         for r in range(2):
             key = key0 + 8 * r
             if key < nk:
-                base = (uint64(b * n_heads + h) * uint64(nk) + uint64(key)) * uint64(d)
+                base = ((uint64(uint32(bh)) * uint64(nk) + uint64(key)) * uint64(d)
+                        + uint64(COL0 + 2 * t))
                 for n in range(A_FRAGS):
                     for e in range(2):
-                        c = COL0 + 8 * n + 2 * t + e
-                        if VEC or c < d:
+                        if VEC or COL0 + 8 * n + 2 * t + e < d:
                             if WANT_DK:
-                                dk_out[base + uint64(c)] = dk_acc[n, 2 * r + e] * scale
+                                dk_out[base + uint64(8 * n + e)] = dk_acc[n, 2 * r + e] * scale
                             if WANT_DV:
-                                dv_out[base + uint64(c)] = dv_acc[n, 2 * r + e]
+                                dv_out[base + uint64(8 * n + e)] = dv_acc[n, 2 * r + e]
 
     return backward_dkdv_mma
 
@@ -752,7 +763,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
             slope = alibi[b, h]
         exp_scale = scale * LOG2E_F
         row0 = q_start + 16 * warp + g     # the lane's two query rows
-        row_base = uint64(b * n_heads + h) * uint64(nq)
+        row_base = uint64(uint32(bh)) * uint64(nq)
         nlse0 = -NEG_INF                   # rows past Nq: lse = -inf (P = 0 on masked tiles)
         nlse1 = -NEG_INF
         delta0 = ZERO
