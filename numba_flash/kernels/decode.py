@@ -56,18 +56,28 @@ group takes ``U`` consecutive keys:
    steps are plain sums: ``ROWS - 1 + log2(LANES / ROWS)`` shuffles per key instead of
    ``ROWS * log2(LANES)``, and no shared memory, no barrier;
 3. each lane runs the online softmax of its own row (``m, l``: one ``exp`` per key per lane,
-   shared by the ``LANES / ROWS`` lanes of the row instead of ``ROWS`` per lane);
+   shared by the ``LANES / ROWS`` lanes of the row instead of ``ROWS`` per lane; float32 builds
+   take it as ``ex2(x log2 e)``, :func:`~numba_flash.kernels.stages.ex2`: an FMUL and a
+   MUFU.EX2 against libdevice ``expf``'s ten instructions, relative error about 1e-6 at most
+   for the ``x <= 0`` it sees);
 4. ``acc = alpha acc + p v``: each row's ``alpha`` and ``p`` come from a lane that owns the row
    (``shfl_sync``), ``ROWS * (1 + U)`` shuffles per step; the rescale runs only in a step where
-   some row's max moved (one branch), and where every row sees every key of the split (``full``)
-   ``p v`` is added with no test (a key past the end has ``p = 0`` and ``v = 0``).
+   some row's max moved (one branch), and in a step whose keys are all live and readable where
+   every row sees every key of the split (``full``) ``p v`` is added with no test; else a key
+   a row does not see (or a dead key, whose registers are stale) has ``p = -1`` and is
+   skipped.
 
 A block step covers ``NG * U`` consecutive keys.
 
 Where a key lives: a group walks its tokens with a running ``(table index, slot)`` pair that it
 advances by ``NG * U`` slots per step (two divisions when the split starts, none per key or
-element, 32-bit; any block size works, a contiguous cache is one block of ``Nmax`` slots per
-sequence, and ``PAGED`` is a compile-time flag so that neither build carries the other's code).
+element, 32-bit).  Steps start at the split's first key rounded down to a multiple of ``U``
+(keys before it are dead), so when ``U`` divides the block size a group's ``U`` keys share one
+page: one table entry (read at an index clamped into the table, no branch) and one base
+address per step, key ``u`` an immediate offset from it; with an odd block size
+(``SPLIT_PAGES``, compile-time) each key finds its own page.  Any block size works, a
+contiguous cache is one block of ``Nmax`` slots per sequence, and ``PAGED`` is a compile-time
+flag so that neither build carries the other's code.
 Every table entry is checked against ``[0, num_blocks)`` before it is dereferenced, and ``L``
 against the cache capacity (``Nmax``, or ``max_blocks * block_size``) and ``P`` against ``[0,
 L]``: a sequence with a bad entry for a key some query row sees, or a bad ``L`` or ``P``, gets
@@ -105,7 +115,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, int32, int64, types, uint32
+from numba import cuda, float32, int32, int64, types, uint32
 
 from ..backend import on_simulator
 from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type,
@@ -113,7 +123,7 @@ from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type
 from .elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
 from .jit import kernel_jit
 from .merge import make_merge_functions
-from .stages import lds16, load16
+from .stages import ex2, lds16, load16
 from .visibility import key_bounds, make_score_mod, tile_key_range
 
 #: GPU block: 4 warps.  A key group is the ``HEAD_DIM / CHUNK`` lanes (at most 32) that hold one
@@ -295,7 +305,7 @@ def launch_bounds(THREADS, dtype, HEAD_DIM):
 
 @functools.lru_cache(maxsize=None)
 def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP=False,
-                  ALIBI=False):
+                  ALIBI=False, SPLIT_PAGES=False):
     """Build (once per configuration) the fused split-KV decode kernel
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part, lse_part,
@@ -304,8 +314,9 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
 
     ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and
     ``CHUNK`` of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table
-    (``paged`` must agree).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute
-    type); caches
+    (``paged`` must agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not
+    divide (a step's keys may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse``
+    ``[B, H, Nq]`` (compute type); caches
     ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size, d]``
     views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
     ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
@@ -345,6 +356,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     RD = ROWS * DPL                       # per-lane q / accumulator registers
     UD = U * DPL                          # per-lane K (and V) registers of one step
     LOG_ROWS = ROWS.bit_length() - 1
+    N_UPPER = max(1, LOG_ROWS)
     assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
     #: a lane that owns row r after the reduce-scatter (the row's bits as offset bits)
     LANE_OF = tuple(sum(LANES >> (i + 1) for i in range(LOG_ROWS) if r & (ROWS >> (i + 1)))
@@ -357,6 +369,39 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
     merge_stats, merge_element = make_merge_functions(acc_t)
 
+    if acc_t == float32:
+        LOG2E = float32(math.log2(math.e))
+
+        @functools.partial(cuda.jit, device=True, inline="always")
+        def exp_loop(x):
+            # exp in the K/V loop: ex2.approx (FMUL + MUFU.EX2; libdevice's expf is ~10
+            # instructions); relative error about |x| 6e-8 + 2**-22 for the x <= 0 it gets
+            return ex2(x * LOG2E)
+    else:
+        @functools.partial(cuda.jit, device=True, inline="always")
+        def exp_loop(x):
+            return math.exp(x)
+
+    @functools.partial(cuda.jit, device=True, inline="always")
+    def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
+        # key u's K and V chunks from view element e0 (16-byte loads) into the registers
+        for i in range(NCH):
+            kc = load16(k_cache, e0 + i * (LANES * CHUNK // EW))
+            vc = load16(v_cache, e0 + i * (LANES * CHUNK // EW))
+            if BF16_PAIRS:                    # 4 float32 = 8 bfloat16 words (low word first)
+                for e in range(CHUNK // 2):
+                    kb = float32_bits(kc[e])
+                    vb = float32_bits(vc[e])
+                    j0 = u * DPL + i * CHUNK + 2 * e
+                    k_reg[j0] = float32_from_bits(uint32(kb << _SHIFT16))
+                    v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
+                    k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
+                    v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
+            else:
+                for e in range(CHUNK):
+                    k_reg[u * DPL + i * CHUNK + e] = kc[e]
+                    v_reg[u * DPL + i * CHUNK + e] = vc[e]
+
     @kernel_jit(launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part,
                      lse_part, counters, scale, paged, n_cache_blocks, n_kv_heads,
@@ -364,8 +409,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                      inv_softcap):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
-        lane = tid % LANES                    # my elements: lane * CHUNK + COL[j], j < DPL
-        grp = tid // LANES                    # my key group
+        lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
+        grp = int32(tid // LANES)             # my key group
         col0 = lane * CHUNK                   # my first element of a K/V row
         n_heads = q.shape[1]
         nq = q.shape[2]
@@ -453,8 +498,10 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         # my own row: after the reduce-scatter below, lane l holds the scores of row r_own,
         # the row whose bits are the lane's top LOG_ROWS offset bits; it keeps that row's m, l
         r_own = 0
+        upper_at = cuda.local.array(N_UPPER, types.boolean)  # my half at butterfly step i
         for i in range(LOG_ROWS):
-            if lane & (LANES >> (i + 1)):
+            upper_at[i] = (lane & (LANES >> (i + 1))) != 0
+            if upper_at[i]:
                 r_own += ROWS >> (i + 1)
         row_own = row0 + r_own
         tok_own = row_own % nq
@@ -463,6 +510,9 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         # int32 from here (key positions fit: lengths are int32-checked on the host)
         lo_own = int32(max(lo_own, pad))      # (pad >= 0 when the length is good)
         hi_own = int32(min(hi_own, khi))
+        if not live_own:                      # a padding row sees every key (never written)
+            lo_own = int32(0)
+            hi_own = int32(2**31 - 1)
         slope_own = ZERO
         if ALIBI and live_own:
             slope_own = acc_t(alibi[b, kvh * group + row_own // nq])
@@ -477,7 +527,10 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         # -- where my first key lives: table index j_blk, slot (two divisions per split); a
         # block step moves them on by step_blk entries and step_slot slots (one carry at most).
         # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
-        t_first = int32(lo + grp * U)
+        # the steps start at lo rounded down to a multiple of U (keys before lo are dead): with
+        # a block size that U divides, a group's U keys then always share one page
+        lo_step = int32(lo // U * U)
+        t_first = int32(lo_step + grp * U)
         j_blk = int32(t_first // block_size)
         slot = int32(t_first - j_blk * block_size)
         step_blk = int32(STEP // block_size)
@@ -486,7 +539,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         # [/docs:decode-token-lookup]
         k_reg = cuda.local.array(UD, acc_t)
         v_reg = cuda.local.array(UD, acc_t)
-        key_ok = cuda.local.array(U, types.boolean)
+        key_ok = cuda.local.array(U, int32)   # key u is live and readable (1) or not (0)
+        key_at = cuda.local.array(U, int64)   # key u: view element (VEC) or cache row
         part = cuda.local.array(ROWS, acc_t)
         dots = cuda.local.array(UR, acc_t)
         a_row = cuda.local.array(ROWS, acc_t)
@@ -494,67 +548,92 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         q_byte = lane * 16                    # my 16 bytes of each q piece
         s_own = cuda.local.array(U, acc_t)
         hi32 = int32(hi)
-        # p of a key a row does not see: 0 where every row sees every live key (the key's v is
-        # then 0 too: p v adds 0), else -1 (p v skipped: a NaN v of a key the row does not see
-        # must not reach it)
-        p_unseen = ZERO if full else NOT_SEEN
+        last_entry = uint32(block_table.shape[1] - 1)   # (PAGED: the table has >= 1 column)
+        # p of a key a row does not see (or a dead / bad key of the step): -1, p v skipped (a
+        # NaN v, or a dead key's stale registers, must not reach it)
+        for j in range(UD):                   # (the stale registers of a dead key are finite)
+            k_reg[j] = ZERO
+            v_reg[j] = ZERO
         kvh_rows = int32(kvh * block_size)    # rows of a physical block before my kv head's
         blk_elems = int64(hkv) * block_size * (HEAD_DIM // EW)   # view elements per block
         col0_v = lane * (CHUNK // EW)         # my first view element of a K/V row
-        base = int32(lo)
+        lo32 = int32(lo)
+        base = lo_step
         while base < hi32:                    # the same trip count on every lane (shuffles)
             # [docs:decode-tile-load]
             # -- 1. load my group's U keys: K and V rows, LANES lanes side by side along d
-            for u in range(U):
-                t = int32(base + grp * U + u)
-                jj = j_blk
-                ss = int32(slot + u)
-                if ss >= block_size:          # u < U <= 2: one carry into the next entry
-                    ss = int32(ss - block_size)
-                    jj = int32(jj + 1)
-                live = t < hi32
+            # Where they live: a group's U keys are consecutive from a multiple of U, so when U
+            # divides the block size (not SPLIT_PAGES) they share one page: one table entry and
+            # one base address serve them all (key u is u rows further: an immediate offset).
+            # SPLIT_PAGES (an odd block size): each key finds its own page (one carry at most).
+            # A dead or bad key reads nothing and keeps its stale registers: its p is "not
+            # seen" (step 4 skips it).
+            t0 = int32(base + grp * U)
+            step_ok = True                    # every key of my step is live and readable
+            if not SPLIT_PAGES:
                 blk = int32(b)
-                ok = live
-                if PAGED and live:
-                    entry = block_table[uint32(b), uint32(jj)]
-                    ok = 0 <= entry and entry < n_cache_blocks
-                    blk = int32(entry)        # in [0, num_blocks) when ok
-                if live and not ok:
-                    bad_entry = True          # never dereferenced
-                key_ok[u] = ok
-                # row of the [.., d] cache view: (blk * Hkv + kvh) * block_size + slot
-                in_row = int32(kvh_rows + ss)  # the key's row inside its physical block
-                if VEC:                       # d == HEAD_DIM: one 16-byte load per chunk
-                    # one base address per key: block start (64-bit) + row in the block
-                    e0 = int64(blk) * blk_elems + int64(in_row) * (HEAD_DIM // EW) + col0_v
-                    for i in range(NCH):
-                        if ok:                # (predicated: a dead or bad key reads nothing)
-                            kc = load16(k_cache, e0 + i * (LANES * CHUNK // EW))
-                            vc = load16(v_cache, e0 + i * (LANES * CHUNK // EW))
-                            if BF16_PAIRS:    # 4 float32 = 8 bfloat16 words (low word first)
-                                for e in range(CHUNK // 2):
-                                    kb = float32_bits(kc[e])
-                                    vb = float32_bits(vc[e])
-                                    j0 = u * DPL + i * CHUNK + 2 * e
-                                    k_reg[j0] = float32_from_bits(uint32(kb << _SHIFT16))
-                                    v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
-                                    k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
-                                    v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
-                            else:
-                                for e in range(CHUNK):
-                                    k_reg[u * DPL + i * CHUNK + e] = kc[e]
-                                    v_reg[u * DPL + i * CHUNK + e] = vc[e]
-                        else:                 # v = 0: p v adds 0 (p = 0 there)
-                            for e in range(CHUNK):
-                                k_reg[u * DPL + i * CHUNK + e] = ZERO
-                                v_reg[u * DPL + i * CHUNK + e] = ZERO
-                else:                         # padded head dim: element loads, zero past d
+                page_ok = True
+                if PAGED:
+                    some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
+                    # (no branch: an index clamped into the table is always safe to read, and
+                    # only a live key's entry is used)
+                    entry = block_table[uint32(b), min(uint32(j_blk), last_entry)]
+                    page_ok = 0 <= entry and entry < n_cache_blocks
+                    if some_live and not page_ok:
+                        bad_entry = True      # never dereferenced
+                    blk = int32(entry)
+                in_row = int32(kvh_rows + slot)   # key 0's row inside its physical block
+                if VEC:
+                    first = (int64(uint32(blk)) * blk_elems
+                             + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
+                else:
+                    first = int64(uint32(blk)) * row_stride + in_row
+                for u in range(U):
+                    t = int32(t0 + u)
+                    key_ok[u] = lo32 <= t and t < hi32 and page_ok
+                    key_at[u] = first + u * ((HEAD_DIM // EW) if VEC else 1)
+            else:
+                for u in range(U):
+                    t = int32(t0 + u)
+                    ss = int32(slot + u)
+                    jj = j_blk
+                    if ss >= block_size:      # u < U <= 2: one carry into the next entry
+                        ss = int32(ss - block_size)
+                        jj = int32(jj + 1)
+                    live = lo32 <= t and t < hi32
+                    ok = live
+                    blk = int32(b)
+                    if PAGED and live:
+                        entry = block_table[uint32(b), uint32(jj)]
+                        ok = 0 <= entry and entry < n_cache_blocks
+                        blk = int32(entry)
+                    if live and not ok:
+                        bad_entry = True
+                    key_ok[u] = ok
+                    in_row = int32(kvh_rows + ss)
+                    if VEC:
+                        key_at[u] = (int64(uint32(blk)) * blk_elems
+                                     + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
+                    else:
+                        key_at[u] = int64(uint32(blk)) * row_stride + in_row
+            for u in range(U):
+                step_ok = step_ok and key_ok[u] != 0
+            if VEC and step_ok:               # every key readable: one branch, no test per key
+                for u in range(U):
+                    load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+            elif VEC:                         # each key on its own: a dead or bad one reads
+                for u in range(U):            # nothing
+                    if key_ok[u] != 0:
+                        load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+            else:                             # padded head dim: element loads, zero past d
+                for u in range(U):
+                    ok = key_ok[u] != 0
+                    kv_row = key_at[u]
                     for j in range(DPL):
                         c = col0 + COL[j]
                         kv = ZERO
                         vv = ZERO
                         if ok and c < d:
-                            kv_row = int64(blk) * row_stride + in_row
                             kv = load(k_cache[kv_row, c])
                             vv = load(v_cache[kv_row, c])
                         k_reg[u * DPL + j] = kv
@@ -586,7 +665,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 for i in range(LOG_ROWS):
                     off = LANES >> (i + 1)
                     half = ROWS >> (i + 1)
-                    upper = (lane & off) != 0
+                    upper = upper_at[i]
                     for j in range(half):
                         lo_v = part[j]
                         hi_v = part[j + half]
@@ -599,12 +678,11 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 s_own[u] = sc
 
             # -- 3. online softmax of my row (one exp per key per lane, not per row)
+            # (the rule is two int32 compares per key: with `full` they hold for every live key)
             m_new = m_own
             for u in range(U):
-                t = int32(base + grp * U + u)
-                vis = key_ok[u]
-                if vis and not full:          # a split at the band's edge: the rule, per row
-                    vis = live_own and lo_own <= t and t < hi_own
+                t = int32(t0 + u)
+                vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
                 if vis:
                     sc = score_mod(s_own[u], tok_own, t, offset, softcap, inv_softcap,
                                    slope_own)
@@ -615,15 +693,17 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                     s_own[u] = NEG_INF        # not seen: no p, no p * v
             alpha = ONE
             if m_new != m_own:                # rescale only when the max moved (or NaN)
-                alpha = math.exp(m_own - m_new)
+                alpha = exp_loop(m_own - m_new)
                 l_own *= alpha
                 m_own = m_new
+            # no branch: an unseen key's exp(-inf - m) is 0 (m_sub: 0 while the row has seen
+            # nothing, so never -inf - -inf)
+            m_sub = m_new if m_new != NEG_INF else ZERO
             for u in range(U):
-                p = p_unseen
-                if s_own[u] != NEG_INF:       # a visible key (a NaN score included)
-                    p = math.exp(s_own[u] - m_new)
-                    l_own += p
-                s_own[u] = p
+                p = exp_loop(s_own[u] - m_sub)
+                l_own += p
+                # a visible key (a NaN score included) keeps its p, an unseen one is skipped
+                s_own[u] = p if s_own[u] != NEG_INF else NOT_SEEN
 
             # -- 4. acc = alpha acc + p v: each row's alpha and p from a lane that owns the row
             # (alpha is exactly 1 when the max did not move: the product changes nothing)
@@ -638,7 +718,7 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 for r in range(ROWS):
                     for j in range(DPL):
                         acc[r * DPL + j] *= a_row[r]
-            if full:                          # p = 0 and v = 0 for a key past the end
+            if full and step_ok:              # every row sees every key of the step: no test
                 for r in range(ROWS):
                     for u in range(U):
                         for j in range(DPL):

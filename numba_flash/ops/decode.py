@@ -371,8 +371,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         lse_part = call.empty((1, 1), acc_t)
         counters = call.zeros((1,), np.int32)
     vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
+    # a block size that keys_per_step does not divide: a step's keys may straddle two pages
+    split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
     kernel = decode_kernel(threads, lanes, chunk, keys_per_step, rows, HEAD_DIM, dtype, vec,
-                           paged_kernel, softcap > 0, alibi_slopes is not None)
+                           paged_kernel, softcap > 0, alibi_slopes is not None, split_pages)
     ct = compute_type(dtype)
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
