@@ -324,8 +324,13 @@ def layout(ROWS, COLS, THREADS):
 
 
 @functools.lru_cache(maxsize=None)
-def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
-    """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined)."""
+def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
+    """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined).
+
+    ``USER``: ``None`` or a user's variant ``(score_mod, mask_mod, score_mod_grad)`` (CUDA
+    device functions or None, :mod:`numba_flash.flex`); its arrays arrive as the kernels' last
+    argument ``user = (kinds,) + aux`` (``kinds`` unused here: the backward applies the mask
+    per element on every tile)."""
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
     load = element_ops(dtype)[0]  # the element-type stage: q, k, v, dO elements in
@@ -340,6 +345,20 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     # ALiBi runs always and softcap is a runtime branch, as in the forward)
     score_alibi = make_score(False, True, acc_t)
     score_capped = make_score(True, True, acc_t)
+    user_score, user_mask, user_grad = USER if USER is not None else (None, None, None)
+    U_SCORE = user_score is not None
+    U_MASK = user_mask is not None
+    USER_FN = U_SCORE or U_MASK
+
+    @cuda.jit(device=True, inline="always")
+    def user_sees(b, h, row, key, nq, user):
+        """A row inside the sequence that the user's mask_mod lets see the key (True without
+        one): the user's code never sees a padding row."""
+        if row >= nq:
+            return False
+        if U_MASK:
+            return user_mask(b, h, row, key, *user[1:])
+        return True
 
     def make_load_tile(FINITE):
         def load_tile(x, bb, h, start, end, ROWS, tile, tid):
@@ -403,7 +422,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     @cuda.jit(device=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                  q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                 dropout, keep_tile, tid):
+                 dropout, keep_tile, tid, b, h, user):
         """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- dS``.
 
         ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as one ``A_TR x A_TC`` micro-tile per thread,
@@ -412,7 +431,9 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
         visible, past the arrays, or in a row with ``lse = -inf``) and
         ``dS = P * (dP - D) * (1 - tanh^2)`` (the factor only with softcap).  DROPOUT: with
         ``Z = keep / (1 - p)`` from ``keep_tile``, ``p_tile <- P * Z`` and
-        ``ds_tile <- P * (dP * Z - D) * (1 - tanh^2)``.
+        ``ds_tile <- P * (dP * Z - D) * (1 - tanh^2)``.  A user's variant: ``mask_mod`` and-ed
+        into the visibility, ``score_mod`` on the modified score and its ``score_mod_grad``
+        (at the score it received) multiplied into the factor.
         """
         ar = tid // A_COL_T
         ac = tid % A_COL_T
@@ -449,7 +470,8 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                     p = acc_t(0.0)
                     ds = acc_t(0.0)
                     if (row < nq and lse_i != acc_t(NEG_INF)
-                            and is_visible(row, col, offset, nk, left, right)):
+                            and is_visible(row, col, offset, nk, left, right)
+                            and (not USER_FN or user_sees(b, h, row, col, nq, user))):
                         # the forward's score; grad = 1 - tanh^2 with softcap, else 1
                         if softcap > acc_t(0.0):  # runtime: one uniform branch per score
                             x, grad = score_capped(s[i * A_TC + j], scale, row, col, offset,
@@ -457,6 +479,9 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                         else:
                             x, grad = score_alibi(s[i * A_TC + j], scale, row, col, offset,
                                                   softcap, inv_softcap, slope)
+                        if U_SCORE:  # the user's score_mod, and its derivative at x
+                            grad = grad * user_grad(x, b, h, row, col, *user[1:])
+                            x = user_score(x, b, h, row, col, *user[1:])
                         p = math.exp(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)
@@ -504,9 +529,9 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
 
 
 @functools.lru_cache(maxsize=None)
-def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
+def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
-    scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic, dropout)``.
+    scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic, dropout, user)``.
 
     K/V tiles outer, one block per ``(K/V tile, b, query head h)`` on the folded grid
     (:func:`fold_grid`, ``tiles`` K/V tiles per sequence).  ``dk_out``/``dv_out`` are
@@ -515,7 +540,8 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     type; ``left``/``right`` the window (causal folded in, -1 unbounded); ``alibi`` float32
     ``[B, H]`` (zeros without ALiBi); ``varlen`` (0/1) reads sequence ``b`` from ``cu_q``/``cu_k``;
     ``dq_atomic`` (0/1) adds ``scale * dS K_j`` into the zeroed ``dq_accum``.  ``dropout`` is
-    ``()`` for the plain kernel, ``(seed_lo, seed_hi, threshold, keep_scale)`` with ``DROPOUT``.
+    ``()`` for the plain kernel, ``(seed_lo, seed_hi, threshold, keep_scale)`` with ``DROPOUT``;
+    ``user``: ``()``, or ``(kinds,) + aux`` with ``USER`` (:func:`tile_functions`).
     """
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
@@ -529,12 +555,14 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
     (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
-     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
+     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
     load = element_ops(dtype)[0]  # the element-type stage: a dO element in
+    user_mask = USER[1] if USER is not None else None
+    U_MASK = user_mask is not None
 
     @cuda.jit(device=True, inline="always")
     def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
-                           bc):
+                           bc, b, user):
         """Rare, once this thread's ``dV`` is written: some query row has a non-finite dO,
         which ``do_tile`` stored as 0.  ``dV[key, c]`` (this thread's elements of
         ``dv_out``) becomes NaN where a row that sees the key has an inf or NaN ``dO[row, c]``
@@ -548,17 +576,19 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
             if not abs(delta[bb, h, q0 + row]) < INF:  # this row's dO holds an inf or NaN
                 for i in range(B_TR):
                     key = k_start + br + i * B_ROW_T
-                    if key < nk and is_visible(row, key, offset, nk, left, right):
+                    if key < nk and is_visible(row, key, offset, nk, left, right) and (
+                            not U_MASK or user_mask(b, h, row, key, *user[1:])):
                         for j in range(B_TC):
                             c = bc + j * B_COL_T
                             if c < d:
                                 if not abs(load(do[bb, h, q0 + row, c])) < INF:
                                     dv_out[bb, h, k0 + key, c] = NAN
 
-    @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)))
+    @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)),
+                cache=USER is None)  # a user's functions stay off the disk cache
     def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
                       scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic,
-                      dropout):
+                      dropout, user):
         tid = cuda.threadIdx.x
         tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
         hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
@@ -626,7 +656,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                      q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                     dropout, keep_tile, tid)
+                     dropout, keep_tile, tid, b, h, user)
             cuda.syncthreads()  # all of P and dS are written before other threads read them
 
             # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
@@ -674,16 +704,16 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
                         dv_out[bb, h, k0 + key, c] = dv_acc[i * B_TC + j]
             if do_bad[0]:  # rare: a non-finite dO reaches the dV of the keys its row sees alone
                 mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left,
-                                   right, br, bc)
+                                   right, br, bc, b, user)
         # [/docs:bwd-dkdv-loop]
 
     return backward_dkdv
 
 
 @functools.lru_cache(maxsize=None)
-def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
+def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     """Build ``kernel(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
-    inv_softcap, left, right, varlen, tiles, dropout)``: deterministic dQ, one block per
+    inv_softcap, left, right, varlen, tiles, dropout, user)``: deterministic dQ, one block per
     ``(Q tile, b, h)`` on the folded grid; the arguments as in :func:`dkdv_kernel`."""
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
@@ -693,11 +723,12 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
     (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
-     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT)
+     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
 
-    @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)))
+    @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)),
+                cache=USER is None)  # a user's functions stay off the disk cache
     def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
-                    inv_softcap, left, right, varlen, tiles, dropout):
+                    inv_softcap, left, right, varlen, tiles, dropout, user):
         tid = cuda.threadIdx.x
         tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
         hk = h // (q.shape[1] // k.shape[1])
@@ -745,7 +776,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT):
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                      q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                     dropout, keep_tile, tid)
+                     dropout, keep_tile, tid, b, h, user)
             cuda.syncthreads()  # all of dS is written before other threads read it
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
@@ -876,11 +907,11 @@ def compile_configs():
                 yield {"name": f"backward dkdv {tag}",
                        "kernel": dkdv_kernel(bm, bn, hd, threads, dtype, dropout),
                        "args": (a4, a4, a4, a4, lse3, a3, acc4, acc4, acc4, *variant, i64,
-                                drop_t),
+                                drop_t, no_drop),
                        "launch_bounds": (threads, min_blocks("dkdv", hd, dtype, dropout)),
                        "float64_ok": f64_ok}
                 yield {"name": f"backward dq {tag}",
                        "kernel": dq_kernel(bm, bn, hd, threads, dtype, dropout),
-                       "args": (a4, a4, a4, a4, lse3, a3, acc4, *variant, drop_t),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, *variant, drop_t, no_drop),
                        "launch_bounds": (threads, min_blocks("dq", hd, dtype, dropout)),
                        "float64_ok": f64_ok}

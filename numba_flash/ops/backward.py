@@ -17,12 +17,13 @@ from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_thre
                                 preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
 from ..philox import dropout_params
+from .forward import user_arrays
 from .kernel_choice import check_backward_kernel, import_mma
 
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
                     cu_q, cu_k, varlen, dtype, scale, left, right, softcap, alibi,
-                    deterministic, dropout_p, seed, lens=None):
+                    deterministic, dropout_p, seed, lens=None, user_variant=None):
     """Run preprocess, dK/dV (+ atomic dQ), deterministic dQ and the reductions on 4-D device
     arrays ``[Ba, H, N, d]`` (``Ba = B``, or 1 for a packed batch); return device ``(dq, dk, dv)``
     of the inputs' shapes and dtype.
@@ -30,7 +31,9 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     ``n_seq`` sequences (``B``, or the ``cu_seqlens`` entries - 1), the longest ``max_nq`` /
     ``max_nk`` (``lens``: each sequence's ``(nq, nk)``, for the simulator's time estimate;
     default ``n_seq`` times the longest); ``alibi`` a validated ``[n_seq, H]`` float32 array or
-    None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward`).
+    None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward`);
+    ``user_variant``: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`) or
+    None.
     """
     ba, h, nq_rows, d = q_in.shape
     hkv, nk_rows = k_in.shape[1], k_in.shape[2]
@@ -58,6 +61,9 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     variant = (cu_q, cu_k, alibi_in, scale_c, softcap_c, inv_softcap, left, right, int(varlen))
     # the kernels' last argument: () adds no parameter to the plain kernels
     drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
+    uv = user_variant
+    user = None if uv is None else (uv.score_mod, uv.mask_mod, uv.score_mod_grad)
+    user_args = user_arrays(call, uv)  # (kinds,) + aux, or (): no parameter without one
 
     def launch(kernel, grid, block, *args, work=None):
         if grid[0] > 0:  # an empty problem (varlen: every sequence empty) launches nothing
@@ -76,19 +82,20 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, head)
     block_m, block_n, head_dim, threads = default_tiles(d, dtype)
     tiles_k = cdiv(max_nk, block_n)
-    launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
+    launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
            fold_grid(tiles_k, n_seq, h), (threads,),
            q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk_out, dv_out, *variant, tiles_k,
-           0 if deterministic else 1, drop_args,
+           0 if deterministic else 1, drop_args, user_args,
            work=tiled_work("backward_dkdv", lens, h, block_m, block_n, left, right, threads,
                            head_dim, kv_outer=True))
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
     if deterministic:
         tiles_q = cdiv(max_nq, block_m)
-        launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout),
+        launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
                fold_grid(tiles_q, n_seq, h), (threads,),
                q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, *variant, tiles_q, drop_args,
+               user_args,
                work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,
                                head_dim))
 
@@ -108,7 +115,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
 
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
              dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-             kernel="auto"):
+             kernel="auto", score_mod=None, mask_mod=None, score_mod_grad=None,
+             block_mask=None, aux_tensors=()):
     """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do``.
 
     ``q``, ``o``, ``do`` are ``[B, H, Nq, d]``; ``k``, ``v`` are ``[B, Hkv, Nk, d]`` (GQA: ``H`` a
@@ -139,6 +147,12 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     gradients; a row that sees no key (``lse = -inf``) gets ``dq = 0`` and adds nothing to
     ``dk``/``dv``; keys a row does not see never affect it.
 
+    A user's variant (the forward's ``score_mod``, ``mask_mod``, ``block_mask``, ``aux_tensors``,
+    see :func:`numba_flash.forward`) needs ``score_mod_grad(score, b, h, q_idx, kv_idx, *aux)``,
+    d score_mod / d score, with a ``score_mod``; it runs on the SIMT kernels (``kernel="auto"``
+    takes them; ``"mma"`` with a user variant is a ``NotImplementedError``), which apply the
+    mask per element (a block mask's tiles are not skipped in the backward yet).
+
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
     b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
@@ -148,7 +162,20 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                          alibi_slopes, b, h, nq=nq, nk=nk)
+    variant = None
+    if (score_mod is not None or mask_mod is not None or block_mask is not None or aux_tensors
+            or score_mod_grad is not None):
+        from ..flex.launch import prepare_variant
+        variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                                  score_mod_grad=score_mod_grad, needs_grad=True,
+                                  compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
+    asked = kernel
     kernel = check_backward_kernel(kernel, dtype)
+    if variant is not None and kernel == "mma":
+        if asked == "mma":
+            raise NotImplementedError("score_mod / mask_mod: the tensor-core backward does not "
+                                      "take a user's variant yet; use kernel='simt' or 'auto'")
+        kernel = "simt"  # the family that takes user functions in the backward
     if kernel == "mma":  # validated above, once: straight to the launches
         return import_mma("backward_mma").launch_backward_mma(
             do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
@@ -160,5 +187,5 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     dq, dk, dv = launch_backward(
         call, *ins, n_seq=b, max_nq=nq, max_nk=nk, cu_q=None, cu_k=None, varlen=False,
         dtype=dtype, scale=scale, left=left, right=right, softcap=softcap, alibi=alibi,
-        deterministic=deterministic, dropout_p=dropout_p, seed=seed)
+        deterministic=deterministic, dropout_p=dropout_p, seed=seed, user_variant=variant)
     return call.result(dq), call.result(dk), call.result(dv)
