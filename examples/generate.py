@@ -8,10 +8,11 @@ in NumPy, or CuPy with ``--cupy`` (on a GPU).  The loop:
 
 1. **Prefill** a batch of prompts of different lengths (packed, no padding in the attention):
    per layer, q/k/v of every prompt token, :func:`numba_flash.apply_rotary` at positions
-   ``0..n-1``, :func:`numba_flash.forward_varlen` (causal) for the prompt attention, and
-   :func:`numba_flash.append_kv` to write the prompt's K/V into the layer's paged cache (one
-   launch for the batch: the prompts are right-padded to the longest, and the slots past each
-   prompt's length are stale, never read, and overwritten by the generated tokens).
+   ``0..n-1``, :func:`numba_flash.append_kv` to write the prompt's K/V into the layer's paged
+   cache (one launch for the batch: the prompts are right-padded to the longest, and the slots
+   past each prompt's length are stale, never read, and overwritten by the generated tokens), then
+   :func:`numba_flash.forward_varlen` (causal, ``block_table``) for the prompt attention, read
+   from those pages by the tiled forward.
 2. **Decode**: per step and layer, one :func:`numba_flash.decode` call with the new token's
    ``k_new``/``v_new`` fused (rotated at the sequence's length and appended in place before the
    attention) and ``rotary_cos``/``rotary_sin`` for q; greedy next token.
@@ -146,7 +147,7 @@ def main(argv=None):
     k_cache = [xp.full(shape, np.nan, np.float32) for _ in model.layers]
     v_cache = [xp.full(shape, np.nan, np.float32) for _ in model.layers]
 
-    # -- prefill: packed prompts through forward_varlen, K/V appended into the pages
+    # -- prefill: K/V appended into the pages, packed prompts through forward_varlen over them
     prompts = rng.integers(0, args.vocab, (b, n_max))
     tokens = np.zeros((b, total_len), np.int64)
     tokens[:, :n_max] = prompts
@@ -159,12 +160,14 @@ def main(argv=None):
         q, k, v = (heads_first(t) for t in model.qkv(layer, x))
         q = numba_flash.apply_rotary(q, cos, sin)                 # positions 0 .. n_max - 1
         k = numba_flash.apply_rotary(k, cos, sin)
-        packed = [t.transpose(0, 2, 1, 3)[pad].copy() for t in (q, k, v)]  # [total, heads, dh]
-        o = numba_flash.forward_varlen(*packed, cu, cu, max_seqlen_q=n_max,
-                                       max_seqlen_k=n_max, causal=True)
+        # the prompt's K/V into the pages first, then the prompt attention reads them there
+        numba_flash.append_kv(k_cache[li], v_cache[li], k, v, zero, block_table=table)
+        q_packed = q.transpose(0, 2, 1, 3)[pad].copy()            # [total, H, dh]
+        o = numba_flash.forward_varlen(q_packed, k_cache[li], v_cache[li], cu, cu,
+                                       max_seqlen_q=n_max, max_seqlen_k=n_max, causal=True,
+                                       block_table=table)
         o_pad = xp.zeros((b, n_max, args.heads, args.head_dim), np.float32)
         o_pad[pad] = o
-        numba_flash.append_kv(k_cache[li], v_cache[li], k, v, zero, block_table=table)
         x = model.finish(layer, x, o_pad)
     logits = model.logits(x[xp.arange(b), xp.asarray(lengths - 1)])
     seqlens = xp.asarray(lengths)      # the stale slots past each prompt are never read

@@ -232,10 +232,6 @@ KNOWN_STACK = {
     "forward M64 N64 D32 T16x8 mods": "as above",
     "forward varlen M64 N64 D16 T16x8 mods": "as above",
     "forward varlen M64 N64 D32 T16x8 mods": "as above",
-    "backward_mma dkdv (dv) W1 N16 D256": "tensor-core backward, d = 256: to fix on the tile "
-                                          "stages (issue 20)",
-    "backward_mma dkdv (dk dq) W1 N16 D256": "as above",
-    "backward_mma dq W4 M64 D64": "tensor-core backward dQ, d = 64 (issue 20)",
 }
 
 

@@ -1,9 +1,10 @@
 """Your own attention variant in Python: ``score_mod``, ``mask_mod`` and block masks.
 
-The pieces that do not depend on a kernel: checking and compiling a user's functions
-(:mod:`.functions`) and block masks (:mod:`.block_mask`, FlexAttention's ``create_block_mask``).
-The attention ops do not take these functions yet; see docs/variants.md for the built-in
-variants they take today.
+Checking and compiling a user's functions (:mod:`.functions`), block masks (:mod:`.block_mask`,
+FlexAttention's ``create_block_mask``), what an op does with them before a launch
+(:mod:`.launch`) and example functions (:mod:`.examples`).  ``numba_flash.forward`` (both kernel
+families, every dtype) and ``numba_flash.backward`` (SIMT kernels) take them; varlen and decode
+do not yet.  The page: docs/own-variant.md.
 """
 
 from .block_mask import DEFAULT_BLOCK_SIZE, EMPTY, FULL, PARTIAL, BlockMask, create_block_mask

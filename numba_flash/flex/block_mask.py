@@ -16,8 +16,10 @@ in ``kv_indices[b, h, i, :kv_num_blocks]`` (the rest of the row is -1), and
 ``q_indices`` and ``full_q_*`` are the same lists per key block (the backward's loop runs over
 key blocks outside, query blocks inside).
 
-The blocks must be multiples of the kernel tiles that use them (every tile of a kernel then lies
-in one block); the kernels check that at launch.  ``B`` or ``H`` of 1 broadcasts over the batch
+Any block size works with any kernel tile: a kernel tile takes the verdict of every block it
+overlaps (EMPTY only if all are, FULL only if all are;
+:func:`numba_flash.kernels.visibility.make_tile_kind`), so blocks that are multiples of the
+kernels' tiles (the default 128) lose nothing.  ``B`` or ``H`` of 1 broadcasts over the batch
 or the heads, as FlexAttention's ``B=None`` / ``H=None``: the mask is evaluated with ``b = 0``
 (``h = 0``) and must not depend on it.
 

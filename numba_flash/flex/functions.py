@@ -17,7 +17,9 @@ defaults, closure values and the values of the globals it reads), not on the fun
 an edited or re-defined function never runs a stale compilation, and the same source defined
 twice compiles once.  A function may call other plain Python functions (its own helpers, one
 mask combining two others): each is compiled for the same target and called from the compiled
-code.  User functions never enter the on-disk kernel cache.
+code.  ``breakpoint()`` inside a function stops in pdb in the simulator (the device function
+is the Python function there) and compiles to nothing elsewhere.  User functions never enter the
+on-disk kernel cache.
 """
 
 from __future__ import annotations
@@ -137,7 +139,12 @@ def fingerprint(fn):
     return h.hexdigest()
 
 
-def _retarget(fn, compile_one):
+def _no_breakpoint():
+    """What ``breakpoint()`` in a user's function compiles to outside the simulator: nothing."""
+    return None
+
+
+def _retarget(fn, compile_one, keep_breakpoint=False):
     """A copy of ``fn`` whose globals and closure cells that are plain Python functions (a
     user's helpers, e.g. one mask calling another) are replaced by their compiled versions
     (``compile_one``), so Numba can call them; everything else is shared with ``fn``."""
@@ -150,6 +157,10 @@ def _retarget(fn, compile_one):
         stack.extend(k for k in c.co_consts if isinstance(k, pytypes.CodeType))
     swap = {n: compile_one(g[n]) for n in names
             if isinstance(g.get(n), pytypes.FunctionType) and g[n] is not fn}
+    if "breakpoint" in names and "breakpoint" not in g and not keep_breakpoint:
+        # compiled code cannot stop in pdb: breakpoint() is a no-op there (the simulator runs
+        # the function as Python, where it stops)
+        swap["breakpoint"] = compile_one(_no_breakpoint)
     cells = fn.__closure__
     if cells and any(isinstance(c.cell_contents, pytypes.FunctionType) for c in cells):
         cells = tuple(pytypes.CellType(compile_one(c.cell_contents))
@@ -174,7 +185,10 @@ def _host_compiled(key, fn):
 @functools.lru_cache(maxsize=256)
 def _device_compiled(key, fn):
     from numba import cuda
-    return cuda.jit(device=True)(_retarget(fn, device_function))
+
+    from ..backend import on_simulator
+    return cuda.jit(device=True)(_retarget(fn, device_function,
+                                           keep_breakpoint=on_simulator()))
 
 
 def host_function(fn):

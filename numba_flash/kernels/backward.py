@@ -77,7 +77,7 @@ Kernels (every grid is 1-D, :func:`fold_grid`)
 
 Grid
 ----
-``gridDim.y`` and ``gridDim.z`` stop at 65535 on CUDA, which ``B * H`` passes (issue 15), so
+``gridDim.y`` and ``gridDim.z`` stop at 65535 on CUDA, which ``B * H`` can pass, so
 every kernel here runs on a 1-D grid of ``tiles * B * heads`` blocks (:func:`fold_grid`, limit
 ``2**31 - 1``) and each block unfolds its ``(tile, b, h)`` (:func:`unfold_block`), tile fastest
 so that the blocks of one head run side by side.  :func:`backward_grids` lists every grid the op
@@ -274,7 +274,7 @@ def fold_grid(tiles, batch, heads):
     ``x % tiles`` of ``(b, h) = divmod(x // tiles, heads)`` (:func:`unfold_block`).
 
     Everything goes into ``gridDim.x`` (limit 2**31 - 1) because ``gridDim.y`` and ``.z`` stop
-    at 65535, which ``B * H`` passes easily (issue 15: B * H = 70000).
+    at 65535, which ``B * H`` passes easily (70000 heads of a batch, say).
     """
     n = int(tiles) * int(batch) * int(heads)
     if n > GRID_X_MAX:

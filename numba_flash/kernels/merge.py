@@ -14,7 +14,7 @@ a row whose parts are all ``-inf`` gets ``o = 0, lse = -inf``.  Skipping, rather
 ``w_p = 0``, also keeps the result bitwise independent of how many empty parts a launch has,
 which the split-KV decode needs for batch invariance.
 
-Non-finite parts (issue 15; the same rule as :func:`numba_flash.reference.merge_states`): a part
+Non-finite parts (the same rule as :func:`numba_flash.reference.merge_states`): a part
 with ``lse_p = NaN`` (it saw a NaN/inf score) makes the row's ``o`` and ``lse`` NaN; a part with
 ``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN`` (the weights are inf/inf); a NaN in ``o_p``
 of a part that is not empty reaches ``o`` (``w_p * NaN``).  Nothing is silently discarded.

@@ -139,7 +139,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     ``keep / (1 - dropout_p)``.  ``dropout_p = 0`` runs exactly the kernels without dropout.
 
     ``kernel``: "simt" (the FMA kernels here, every dtype), "mma" (tensor cores: the dtypes of
-    :mod:`numba_flash.ops.backward_mma`'s ``MMA_DTYPES``, float16; bfloat16 once it has it) or
+    :mod:`numba_flash.ops.backward_mma`'s ``MMA_DTYPES``: float16 and bfloat16) or
     "auto" (mma for those dtypes on a GPU of compute capability >= 8.0 where available, simt
     otherwise).  bfloat16 (``ml_dtypes.bfloat16``) computes in float32 and returns bfloat16.
 

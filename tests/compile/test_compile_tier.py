@@ -127,6 +127,33 @@ def test_forward_mma_kv_loop_at_most_8_non_mma_per_hmma(table, name, hmma):
     assert s["non_mma_per_mma"] <= 8.0, f"{name}: {s['non_mma_per_mma']} per HMMA ({s})"
 
 
+#: issue 20's static goal for the tensor-core backward: at most 12 non-MMA instructions per MMA
+#: in one iteration of each kernel's loop (sm_90).  Measured 2026-12-01 on the stages-based
+#: kernels (e168947): dK/dV 8.4 (d = 64) and 8.6 (d = 128), dQ 4.2 and 3.6; the kernels before
+#: them (a4f802d) 65.9, 61.7 and 23.4, on which this fails.
+BACKWARD_MMA_GOAL = ["backward_mma dkdv (dk dv dq) W4 N64 D64 float16",
+                     "backward_mma dkdv (dk dv dq) W2 N32 D128 float16",
+                     "backward_mma dq W4 M64 D64 float16", "backward_mma dq W2 M32 D128 float16"]
+
+
+@pytest.mark.parametrize("name", BACKWARD_MMA_GOAL)
+def test_backward_mma_loop_at_most_12_non_mma_per_mma(table, name):
+    from numba_flash.compile_check import all_configs
+    cfg = next(c for c in all_configs(name) if c["name"] == name)
+    s = table[(name, "sm_90")]["sass"]
+    assert s["mma"] == cfg["sass"]["expect_mma"], s   # the whole tile's MMAs on the path
+    assert not s["counts"].get("local"), s
+    assert s["non_mma_per_mma"] <= 12.0, f"{name}: {s['non_mma_per_mma']} per MMA ({s})"
+
+
+#: issue 22's static goal for decode: float16 d=128 paged GQA-4, one warp step moves 2 groups x
+#: U = 2 keys x (K + V) x 256 B = 2048 B of K/V; at least 6 bytes per instruction (ec1b99b: 338
+#: instructions, 6.06; a4f802d: 442, 4.63, on which this fails)
+def test_decode_at_least_6_bytes_of_kv_per_instruction(table):
+    s = table[("decode float16 D=128 ROWS=4 U=2", "sm_90")]["sass"]
+    assert 32 * 16 * s["counts"]["ldg16"] / s["instructions"] >= 6.0, s
+
+
 def test_known_stack_frames_are_still_real(table):
     """compile_check.KNOWN_STACK only shrinks: every entry still covers a configuration that has
     a stack frame (drop an entry once its kernel is fixed)."""

@@ -189,3 +189,18 @@ def test_backward_with_score_mod_grad_and_mask_mod(rng, dtype):
                                    err_msg=f"d{name}")
     with pytest.raises(ValueError, match="score_mod_grad"):
         numba_flash.backward(do, q, k, v, o, lse, **kw)
+
+
+def test_breakpoint_in_a_score_mod_stops_in_the_simulator(rng, monkeypatch):
+    import sys
+    stops = []
+    monkeypatch.setattr(sys, "breakpointhook", lambda *a, **k: stops.append(1))
+
+    def mod(score, b, h, q_idx, kv_idx):
+        if q_idx == 3 and kv_idx == 1:
+            breakpoint()  # compiled (the host check): a no-op; simulated: pdb's hook
+        return score
+
+    q, k, v = _qkv(rng, np.float32, nq=8, nk=8)
+    numba_flash.forward(q, k, v, score_mod=mod)
+    assert len(stops) == 2  # one per query head, at (3, 1)

@@ -1,5 +1,6 @@
-"""bfloat16 (issue 23) on every attention op but decode / merge / the KV cache: ml_dtypes.bfloat16
-in, bfloat16 out, against the float64 reference, on both kernel families (SIMT and tensor cores),
+"""bfloat16 (issue 23) on the attention ops (decode, merge and the KV cache are in
+test_decode_bfloat16.py): ml_dtypes.bfloat16 in, bfloat16 out, against the float64 reference, on
+both kernel families (SIMT and tensor cores),
 with dropout, GQA, causal, window / softcap / ALiBi and varlen; the bad-input rules.
 
 One small shape per case (the simulator runs a Python thread per CUDA thread).  Errors are
