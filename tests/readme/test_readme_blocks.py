@@ -27,3 +27,4 @@ def test_readme_blocks_run_on_a_cpu():
         ran += 1
     assert ran >= 3
     assert ns["lens"].tolist() == [8, 8]  # the generation loop appended 5 + 3 tokens
+    assert abs(ns["o"] - ns["o_ref"]).max() < 1e-5  # the last block: a user's variant
