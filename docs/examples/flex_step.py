@@ -11,11 +11,10 @@ the terminal.  The function is not edited.
 ``docs/own-variant.md`` quotes the output of::
 
     python docs/examples/flex_step.py --commands "p q_idx, kv_idx, float(score); n; ..."
-    python docs/examples/flex_step.py --breakpoint  # what breakpoint() inside the function does
+    python docs/examples/flex_step.py --breakpoint --commands "..."  # breakpoint() inside it
 
 pdb's location lines inside the package's kernels are printed without their line numbers (they
-move whenever the kernel is edited).  ``tests/docs/test_flex_step.py``... no: the stop is checked
-in ``tests/docs/test_flex_demo.py``.
+move whenever the kernel is edited).  ``tests/docs/test_flex_demo.py`` checks both stops.
 """
 
 from __future__ import annotations
@@ -129,17 +128,39 @@ def run_stopped(commands, when):
     return stopper, float(np.max(np.abs(o - want)))
 
 
-def try_breakpoint():
-    """What ``breakpoint()`` written inside the function does today."""
+def try_breakpoint(commands=None):
+    """Run :func:`with_breakpoint` as the score_mod: ``breakpoint()`` stops in pdb in the
+    simulator (the device function is the Python function); ``commands`` (``;``-separated) feed
+    that pdb, or None for the terminal.  Returns ``(transcript, max |o - reference|)``, or
+    ``(why, None)`` if the call is refused before launch."""
     q, k, v, bias = inputs()
+    out = io.StringIO()
+
+    def hook(*args, **kwargs):  # sys.breakpointhook: pdb at the caller, fed from `commands`
+        if commands is None:
+            dbg = pdb.Pdb()
+        else:
+            script = [c.strip() for c in commands.split(";") if c.strip()]
+            if not script or script[-1] not in ("c", "cont", "continue"):
+                script.append("c")
+            dbg = pdb.Pdb(stdin=io.StringIO("\n".join(script) + "\n"), stdout=out)
+            dbg.prompt = "(Pdb) "
+        dbg.set_trace(sys._getframe(1))
+
+    old_hook, sys.breakpointhook = sys.breakpointhook, hook
     try:
-        numba_flash.forward(q, k, v, score_mod=with_breakpoint, aux_tensors=(bias,),
-                            kernel="mma")
+        o = numba_flash.forward(q, k, v, score_mod=with_breakpoint, aux_tensors=(bias,),
+                                kernel="mma")
     except TypeError as e:
-        lines = str(e).splitlines()
-        return "refused before launch: TypeError: " + lines[0] + "\n  " + next(
-            ln for ln in lines if "Untyped global name" in ln)
-    return "ran"
+        return "refused before launch: TypeError: " + str(e).splitlines()[0], None
+    finally:
+        sys.breakpointhook = old_hook
+    sys.breakpointhook = lambda *args, **kwargs: None   # the reference calls it too: no stop
+    try:
+        want = ref.attention(q, k, v, score_mod=with_breakpoint, aux_tensors=(bias,))[0]
+    finally:
+        sys.breakpointhook = old_hook
+    return readable(out.getvalue()).rstrip(), float(np.max(np.abs(o - want)))
 
 
 def main(argv=None):
@@ -148,12 +169,18 @@ def main(argv=None):
                     help="stop at the first call with these arguments (default q_idx=3,kv_idx=1)")
     ap.add_argument("--commands", help='pdb commands, ";"-separated (default: the terminal)')
     ap.add_argument("--breakpoint", action="store_true",
-                    help="run a score_mod that calls breakpoint() instead, and say what happens")
+                    help="run a score_mod that calls breakpoint() instead (pdb stops there)")
     args = ap.parse_args(argv)
     if not on_simulator():
         raise SystemExit("stepping needs the simulator: run with NUMBA_ENABLE_CUDASIM=1")
     if args.breakpoint:
-        print("breakpoint() inside a score_mod:", try_breakpoint())
+        text, o_err = try_breakpoint(args.commands)
+        if o_err is None:
+            print("breakpoint() inside a score_mod:", text)
+            return 1
+        print("breakpoint() inside with_breakpoint stopped in pdb:")
+        print(text)
+        print(f"o against the reference with the same function: max |error| {err(o_err)}")
         return 0
     when = {k: int(v) for k, v in (p.split("=") for p in args.when.split(","))}
     stopper, o_err = run_stopped(args.commands, when)

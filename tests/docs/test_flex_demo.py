@@ -85,9 +85,17 @@ def test_step_into_score_mod():
     assert o_err < O_BOUND
 
 
-def test_breakpoint_inside_a_score_mod_is_refused_today():
-    """The host type check compiles the function with numba.njit, which has no breakpoint():
-    the page says so; this fails (and the page must change) once that is no longer true."""
-    text = flex_step.try_breakpoint()
-    assert text.startswith("refused before launch: TypeError: score_mod:")
-    assert "Untyped global name 'breakpoint'" in text
+def test_breakpoint_inside_a_score_mod_stops_in_pdb():
+    """breakpoint() written inside the score_mod stops in pdb in the simulator, in the thread that
+    computes (q_idx, kv_idx) = (3, 1), inside the kernel's step (the page's claims); the host
+    check no longer refuses it (it compiles to nothing there)."""
+    text, o_err = flex_step.try_breakpoint("p q_idx, kv_idx, float(score); up 2; "
+                                           "p tid, row, key, float(x)")
+    assert o_err is not None, text                # not refused before launch
+    lines = [ln for ln in text.splitlines() if ln.startswith("(Pdb) (")]
+    assert len(lines) == 2, text
+    q_idx, kv_idx, score = eval(lines[0][6:])
+    assert (q_idx, kv_idx) == (3, 1)
+    assert eval(lines[1][6:]) == (12, 3, 1, score)  # the kernel's frame: thread 12, row, key
+    assert text.startswith("> docs/examples/flex_step.py(") and "step()" in text
+    assert o_err < O_BOUND
