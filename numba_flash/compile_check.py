@@ -88,14 +88,39 @@ def f64_lines(ptx):
     return [m.group(0).strip() for m in _F64.finditer(ptx)]
 
 
-def all_configs(selector=None):
+def all_configs(selector=None, suite=False):
+    """Every configuration of every kernel module (``suite``: the test suite's selection,
+    :func:`in_suite`), optionally those whose name contains ``selector``."""
     from numba_flash.kernels import KERNEL_MODULES
 
     for mod_name in KERNEL_MODULES:
         mod = importlib.import_module(f"numba_flash.kernels.{mod_name}")
         for cfg in mod.compile_configs():
-            if selector is None or selector in cfg["name"]:
+            if (selector is None or selector in cfg["name"]) and (not suite
+                                                                   or in_suite(cfg["name"])):
                 yield cfg
+
+
+#: the SIMT forward's head dims whose flag builds (dropout, mods, varlen) the suite builds; the
+#: others build plain there (each flag is the same code at every head dim: D64 and D128 stand
+#: for it; the KNOWN_STACK builds stay in so that list is checked)
+_SUITE_FLAG_DIMS = (" D64 ", " D128 ")
+
+
+def in_suite(name):
+    """Whether the test suite's compile tier builds this configuration: everything but the
+    teaching kernels at other head dims than 64 and the SIMT forward's flag builds at head dims
+    16, 32 and 256 (``numba-flash compile-check`` and docs/resources.md build every one; the
+    suite's selection keeps it inside CI's time)."""
+    if name.startswith(("naive_forward", "row_forward")):
+        return "=64 " in name or " D64 " in name
+    if name.startswith("forward ") and not name.startswith("forward varlen paged"):
+        if any(d in name for d in _SUITE_FLAG_DIMS) or "score_mod" in name:
+            return True
+        if known_stack(name) is not None and "float16" in name:
+            return True
+        return not any(f in name for f in (" dropout", " mods", "varlen"))
+    return True
 
 
 @contextlib.contextmanager
@@ -371,6 +396,8 @@ def main(argv=None):
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--markdown", help="write the resource table as Markdown to this file")
     ap.add_argument("-k", dest="selector", help="only configurations whose name contains this")
+    ap.add_argument("--suite", action="store_true",
+                    help="only the test suite's selection (compile_check.in_suite)")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                     help="parallel build processes (default: all cores)")
     ap.add_argument("--sass", action="store_true",
@@ -398,7 +425,8 @@ def main(argv=None):
         if SASS_CC not in ccs:
             ccs.append(SASS_CC)
     _DUMP = args.dump
-    rows = build_all(list(all_configs(args.selector)), ccs, ptxas, args.jobs, nvdisasm)
+    rows = build_all(list(all_configs(args.selector, args.suite)), ccs, ptxas, args.jobs,
+                     nvdisasm)
     for r in rows:
         if "sass_listing" in r:
             print(f"== {r['name']} (sm_90), counted loop {r['sass'].get('loop')}")

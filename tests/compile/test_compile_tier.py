@@ -23,7 +23,8 @@ from numba_flash.compile_check import all_configs, find_ptxas
 
 pytestmark = pytest.mark.compile
 
-NAMES = [cfg["name"] for cfg in all_configs()]
+#: the suite's selection (compile_check.in_suite); `numba-flash compile-check` builds them all
+NAMES = [cfg["name"] for cfg in all_configs(suite=True)]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def table(tmp_path_factory):
     out = tmp_path_factory.mktemp("ptx") / "rows.json"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     proc = subprocess.run([sys.executable, "-m", "numba_flash.compile_check", "--sass",
-                           "--json", str(out)],
+                           "--suite", "--json", str(out)],
                           env=env, capture_output=True, text=True, timeout=1200)
     print(proc.stdout)
     if not out.exists():
