@@ -402,8 +402,8 @@ def load_b_frag_t(tile, k0, n0, g, t):
     ``B[k, n] = tile half (k0 + k, n0 + n)``: ``b0`` packs halves ``(k0+2t, n0+g)`` and
     ``(k0+2t+1, n0+g)``, ``b1`` rows ``k0+2t+8`` and ``k0+2t+9``.  The two halves of a register
     come from two rows, so each is cut out of its word (what ``ldmatrix.trans`` does in
-    hardware): 4 loads instead of 2.  Used where ``B`` is ``Q``, ``dO`` or ``K`` with the key /
-    query index as ``k`` (``dV = P^T dO``, ``dK = dS^T Q``, ``dQ = dS K``)."""
+    hardware): 4 loads instead of 2.  Used by the tests and :func:`warp_gemm_kernel`; the
+    backward reads such operands with ``ldmatrix.trans`` (:mod:`numba_flash.kernels.stages`)."""
     col = n0 + g
     word = col >> 1
     sh = uint32((col & 1) * 16)
@@ -422,8 +422,9 @@ def finite_half(h):
 
 @_device
 def load_b_frag_t_finite(tile, k0, n0, g, t):
-    """:func:`load_b_frag_t` with every inf / NaN half replaced by 0.  For the backward's
-    ``dK = dS^T Q`` and ``dQ = dS K``: a non-finite ``q`` or ``k`` of a pair the row sees has
+    """:func:`load_b_frag_t` with every inf / NaN half replaced by 0 (not used by the kernels:
+    the backward zeroes non-finite chunks with ``stages.make_tile_scan``).  The rule it
+    implements: a non-finite ``q`` or ``k`` of a pair the row sees has
     already made that row's ``dS`` NaN (through ``S``), and one of a pair it does not see must
     not turn its ``dS = 0`` into ``0 * inf = NaN`` on the tensor core."""
     col = n0 + g

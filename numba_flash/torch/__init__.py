@@ -11,7 +11,8 @@ views, torch's current stream; needs CuPy).  Also flash-attn's ``bert_padding`` 
 ``attn_implementation="numba_fa"`` work in Hugging Face transformers.
 
 float16, bfloat16, float32 and float64 tensors (bfloat16 reaches the kernels as its 16-bit words:
-no copy).  Not yet: ``flash_attn_with_kvcache`` (its numba_flash issue has not landed).
+no copy).  Not yet: ``flash_attn_with_kvcache`` (``numba_flash.decode`` covers it on
+NumPy/CuPy arrays).
 Needs ``torch>=2.4`` (``pip install 'numba_flash[torch]'``).
 """
 

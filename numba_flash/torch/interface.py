@@ -20,9 +20,9 @@ layout (reproducible with ``torch.manual_seed``, not the same bits as flash-attn
 max_seqlen_k]``) where flash-attn pads both to a multiple of 128, computed on the host in
 float64 (testing only).
 
-Not here yet: ``flash_attn_with_kvcache`` (numba_flash's KV-cache
-work has not landed; :func:`numba_flash.decode` is the NumPy/CuPy decode), and ``block_table``
-in :func:`flash_attn_varlen_func` (a ``NotImplementedError`` unless None).
+Not here yet: ``flash_attn_with_kvcache`` (:func:`numba_flash.decode` does its work on
+NumPy/CuPy arrays), and ``block_table`` in :func:`flash_attn_varlen_func` (a
+``NotImplementedError`` unless None; :func:`numba_flash.forward_varlen` takes one).
 """
 
 from __future__ import annotations
