@@ -101,25 +101,45 @@ def all_configs(selector=None, suite=False):
                 yield cfg
 
 
-#: the SIMT forward's head dims whose flag builds (dropout, mods, varlen) the suite builds; the
-#: others build plain there (each flag is the same code at every head dim: D64 and D128 stand
-#: for it; the KNOWN_STACK builds stay in so that list is checked)
-_SUITE_FLAG_DIMS = (" D64 ", " D128 ")
+#: the test suite's selection of the tensor-core and decode builds (the rest: the CLI and
+#: docs/resources.md): the goal configurations, every flag at once, bfloat16, a user variant
+_SUITE_MMA = (
+    "forward_mma W4 M64 N64 D64 float16", "forward_mma W4 M64 N32 D128 float16",
+    "forward_mma W4 M64 N32 D128 dropout softcap alibi float16",
+    "forward_mma W4 M64 N64 D64 bfloat16",
+    "forward_mma W4 M64 N64 D64 score_mod mask_mod block_mask float16",
+    "backward_mma dkdv (dk dv dq) W4 N64 D64 float16",
+    "backward_mma dkdv (dk dv dq) W2 N32 D128 float16",
+    "backward_mma dkdv (dk dv dq) W2 N32 D128 dropout softcap alibi float16",
+    "backward_mma dkdv (dk dv dq) W4 N64 D64 bfloat16",
+    "backward_mma dq W4 M64 D64 float16", "backward_mma dq W2 M32 D128 float16",
+    "decode float16 D=128 ROWS=4 U=2", "decode float16 D=128 ROWS=4 U=2 softcap alibi",
+    "decode float32 D=128 ROWS=8 U=2", "decode float64 D=128 ROWS=4 U=2",
+    "decode bfloat16 D=128 ROWS=4 U=2", "decode float16 D=128 ROWS=4 U=2 contiguous",
+)
 
 
 def in_suite(name):
-    """Whether the test suite's compile tier builds this configuration: everything but the
-    teaching kernels at other head dims than 64 and the SIMT forward's flag builds at head dims
-    16, 32 and 256 (``numba-flash compile-check`` and docs/resources.md build every one; the
-    suite's selection keeps it inside CI's time)."""
+    """Whether the test suite's compile tier builds this configuration (``numba-flash
+    compile-check`` and docs/resources.md build every one; the selection keeps the suite inside
+    CI's time: the full tier is about 25 CPU-minutes).  Out of the suite: the teaching kernels
+    other than d = 64; the tensor-core and decode builds not in :data:`_SUITE_MMA`; the SIMT
+    forward's flag builds (dropout, softcap/ALiBi, varlen) other than d = 64 (the same code at
+    every head dim; the KNOWN_STACK builds stay in so that list is checked); the SIMT backward's
+    float16 / float64 / bfloat16 builds other than d = 64 and 128 (float32 keeps every head
+    dim)."""
     if name.startswith(("naive_forward", "row_forward")):
         return "=64 " in name or " D64 " in name
+    if name.startswith(("forward_mma", "backward_mma", "decode ")):
+        return name in _SUITE_MMA
     if name.startswith("forward ") and not name.startswith("forward varlen paged"):
-        if any(d in name for d in _SUITE_FLAG_DIMS) or "score_mod" in name:
+        if " D64 " in name or "score_mod" in name:
             return True
         if known_stack(name) is not None and "float16" in name:
             return True
         return not any(f in name for f in (" dropout", " mods", "varlen"))
+    if name.startswith(("backward dkdv", "backward dq")):
+        return "float32" in name or " D64 " in name or " D128 " in name
     return True
 
 
