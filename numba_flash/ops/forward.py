@@ -166,8 +166,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
     BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
+    user = {} if variant is None else {"USER": user_build(variant)}
     kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, use_mods, USER=user_build(variant))
+                          use_dropout, use_mods, **user)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
     window_arg = (np.int32(left), np.int32(right))
     # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
