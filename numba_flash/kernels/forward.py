@@ -326,7 +326,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code; its
     # arrays ride in mods after the built-in ones: (softcap, inv_softcap, alibi, kinds, *aux)
     user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
-    assert USER is None or (SCORE_MOD and not PAGED and (BLOCKS is None or not VARLEN))
+    assert USER is None or (SCORE_MOD and not PAGED)  # varlen: b is the sequence
     U_SCORE = user_score is not None
     U_MASK = user_mask is not None
     USER_FN = U_SCORE or U_MASK
