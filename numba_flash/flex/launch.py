@@ -49,11 +49,15 @@ def aux_numba_types(aux):
 
 def prepare_variant(score_mod=None, mask_mod=None, aux_tensors=(), block_mask=None, *,
                     score_mod_grad=None, needs_grad=False, compute_dtype=np.float32,
-                    shape=None):
+                    shape=None, max_seqlens=None):
     """Check the user's variant arguments of an op; ``None`` when there are none.
 
     ``shape``: ``(B, H, Nq, Nk)`` of the op (for the block mask's check); ``needs_grad``: the op
-    is a backward (a ``score_mod`` then needs ``score_mod_grad``).
+    is a backward (a ``score_mod`` then needs ``score_mod_grad``).  A packed (varlen) batch
+    passes ``B`` = its number of sequences, ``Nq`` / ``Nk`` its longest sequence's lengths and
+    ``max_seqlens = (max_seqlen_q, max_seqlen_k)``: a block mask created for any ``Nq`` from the
+    longest up to ``max_seqlen_q`` (``Nk`` likewise) fits, since the kernels index its blocks
+    by the positions within a sequence and never past the longest one.
     """
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask: expected a numba_flash.flex.BlockMask (from "
@@ -97,9 +101,18 @@ def prepare_variant(score_mod=None, mask_mod=None, aux_tensors=(), block_mask=No
         if shape is not None:
             B, H, Nq, Nk = shape
             bB, bH, bNq, bNk = block_mask.shape
-            if bB not in (1, B) or bH not in (1, H) or (bNq, bNk) != (Nq, Nk):
+            if max_seqlens is None:
+                fits = (bNq, bNk) == (Nq, Nk)
+                what = "B and H may be 1"
+            else:  # varlen: from the longest sequence's lengths up to max_seqlen_q / _k
+                hq, hk = max(max_seqlens[0], Nq, 1), max(max_seqlens[1], Nk, 1)
+                fits = Nq <= bNq <= hq and Nk <= bNk <= hk
+                what = (f"packed batch: B the number of sequences, Nq in [{Nq}, {hq}] and Nk "
+                        f"in [{Nk}, {hk}] (from the longest sequence's lengths to "
+                        f"max_seqlen_q / max_seqlen_k); B and H may be 1")
+            if bB not in (1, B) or bH not in (1, H) or not fits:
                 raise ValueError(f"block_mask: expected a mask for [B, H, Nq, Nk] = "
-                                 f"{list(shape)} (B and H may be 1), got one created for "
+                                 f"{list(shape)} ({what}), got one created for "
                                  f"{list(block_mask.shape)}")
         if len(block_mask.aux_tensors) != len(aux):
             raise ValueError(f"aux_tensors: block_mask was created with "

@@ -1,4 +1,5 @@
-"""``numba_flash.backward_varlen``: gradients of attention over a packed variable-length batch."""
+"""``numba_flash.backward_varlen``: gradients of attention over a packed variable-length batch
+(with a user's variant too: ``b`` the sequence, positions within it)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _unpack(x):
 def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                     max_seqlen_k, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, softmax_scale=None, dropout_p=0.0, seed=0,
-                    deterministic=False):
+                    deterministic=False, score_mod=None, mask_mod=None, score_mod_grad=None,
+                    block_mask=None, aux_tensors=()):
     """Gradients ``(dq, dk, dv)`` of :func:`numba_flash.forward_varlen`, packed like the inputs.
 
     ``q``, ``o``, ``do`` are ``[total_q, H, d]``, ``k``, ``v`` ``[total_k, Hkv, d]`` (GQA: ``H`` a
@@ -49,6 +51,14 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     The kernels are those of :func:`numba_flash.backward`, reading the packed batch as one
     ``[1, H, total, d]`` batch; the NumPy (CuPy) inputs are transposed into that layout once and
     the gradients back (O(total * d) copies next to the O(total * max_seqlen * d) work).
+
+    A user's variant: the forward's ``score_mod``, ``mask_mod``, ``block_mask`` and
+    ``aux_tensors`` (:func:`numba_flash.forward_varlen`: ``b`` the sequence index, ``q_idx`` /
+    ``kv_idx`` positions within the sequence, a block mask for ``B`` sequences and the longest
+    sequence's ``Nq``, ``Nk``) and, with a ``score_mod``, ``score_mod_grad(score, b, h, q_idx,
+    kv_idx, *aux)``, d score_mod / d score (a ``score_mod`` without it is a ``ValueError``), as
+    in :func:`numba_flash.backward`: the SIMT kernels apply the mask per element (a block
+    mask's EMPTY tiles are not skipped in the backward yet).
     """
     total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
     q_shape = (total_q, h, d)
@@ -75,6 +85,15 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     window, left, right, softcap, alibi = check_variants(
         causal, window_size, softcap, alibi_slopes, n_seq, h, nq=int(len_q.max()),
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
+    variant = None
+    if (score_mod is not None or mask_mod is not None or block_mask is not None or aux_tensors
+            or score_mod_grad is not None):
+        from ..flex.launch import prepare_variant
+        variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                                  score_mod_grad=score_mod_grad, needs_grad=True,
+                                  compute_dtype=lse_dtype,
+                                  shape=(n_seq, h, int(len_q.max()), int(len_k.max())),
+                                  max_seqlens=(int(max_seqlen_q), int(max_seqlen_k)))
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]
@@ -83,5 +102,5 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         call, *ins, lse_in, n_seq=n_seq, max_nq=int(len_q.max()), max_nk=int(len_k.max()),
         cu_q=call.input(cu_q), cu_k=call.input(cu_k), varlen=True, dtype=dtype, scale=scale,
         left=left, right=right, softcap=softcap, alibi=alibi, deterministic=deterministic,
-        dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k))
+        dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k), user_variant=variant)
     return tuple(_unpack(call.result(x)) for x in (dq, dk, dv))

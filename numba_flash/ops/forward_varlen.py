@@ -1,7 +1,8 @@
 """``numba_flash.forward_varlen``: the forward over a packed batch of sequences of different
 lengths (flash-attn's ``flash_attn_varlen_func``), one launch for the whole batch, with K/V
 packed or in a paged KV cache (``block_table``: the prefill of prompts over a paged cache runs
-in the tiled forward kernel, not the decode kernel)."""
+in the tiled forward kernel, not the decode kernel), and with a user's variant (``score_mod``,
+``mask_mod``, ``block_mask``, ``aux_tensors``: ``b`` the sequence, positions within it)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_v
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import default_tiles, forward_grid, forward_kernel, launch_config
 from ..philox import dropout_params
+from .forward import user_arrays, user_build
 from .kv_cache import host_ints
 
 
@@ -100,10 +102,30 @@ def _table_int32(call, block_table):
     return call.input(x.astype(xp.int32))
 
 
+def _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h, len_q, len_k,
+                   max_seqlen_q, max_seqlen_k, paged):
+    """A user's variant of a packed batch (:func:`numba_flash.flex.launch.prepare_variant`),
+    checked before any launch: ``B`` the number of sequences, a block mask's ``Nq`` / ``Nk``
+    from the longest sequence's lengths up to ``max_seqlen_q`` / ``max_seqlen_k``; ``None``
+    without one."""
+    if score_mod is None and mask_mod is None and block_mask is None and not aux_tensors:
+        return None
+    if paged:
+        raise ValueError("block_table: the paged prefill takes no score_mod / mask_mod / "
+                         "block_mask / aux_tensors yet; gather the keys into packed k / v "
+                         "(block_table=None) to use a variant")
+    from ..flex.launch import prepare_variant
+    return prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                           compute_dtype=acc_dtype(dtype),
+                           shape=(b, h, int(len_q.max()), int(len_k.max())),
+                           max_seqlens=(int(max_seqlen_q), int(max_seqlen_k)))
+
+
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                    softmax_scale=None, dropout_p=0.0, seed=0, return_lse=False,
-                   block_table=None, validate=None):
+                   block_table=None, validate=None, score_mod=None, mask_mod=None,
+                   block_mask=None, aux_tensors=()):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -148,6 +170,21 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     and a query row that sees a key whose entry is bad (or past the table) gets ``o = NaN``,
     ``lse = NaN``; the other rows are as validated.  (``numba_flash.backward_varlen`` takes no
     table.)
+
+    Your own variant (:func:`numba_flash.forward`'s ``score_mod``, ``mask_mod``, ``block_mask``,
+    ``aux_tensors``; :mod:`numba_flash.flex`): inside the kernel ``b`` is the sequence index and
+    ``q_idx`` / ``kv_idx`` the query's and key's positions *within* sequence ``b`` (from 0), so
+    a function means for sequence ``b`` what it means for the batched :func:`numba_flash.forward`
+    of that sequence alone at batch index ``b``; an aux array indexed by a position holds it per
+    sequence (e.g. ``doc [B, max_seqlen]``, not one entry per packed token).  A block mask comes
+    from ``create_block_mask(mask_mod, B, H, Nq, Nk, ...)`` with ``B`` the number of sequences
+    (or 1/None: the same for all) and ``Nq``, ``Nk`` the longest sequence's lengths (or
+    ``max_seqlen_q`` / ``max_seqlen_k``, or anything in between): the mask is then evaluated
+    over ``[Nq x Nk]`` for every sequence, positions past a shorter sequence included, so pad
+    its aux arrays to that size (those evaluations can only make a block PARTIAL; the kernel
+    never calls the functions there).  EMPTY tiles are never loaded, as in ``forward``.  A
+    variant runs on the SIMT forward (the only varlen kernel); the paged prefill
+    (``block_table``) takes none yet (a ``ValueError`` naming ``block_table``).
     """
     paged = block_table is not None
     if paged:
@@ -175,14 +212,18 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
         causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
     use_dropout = float(dropout_p) > 0.0
+    variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
+                             len_q, len_k, max_seqlen_q, max_seqlen_k, paged)
     if paged and validate:  # after every other check, before any launch
         _validate_table(host_ints(block_table), len_k, block_size, n_blocks)
 
     BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
-    # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes)
+    # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
+    # user's variant rides on it
+    user = {} if variant is None else {"USER": user_build(variant)}
     kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, True, True, paged)
+                          use_dropout, True, True, paged, **user)
     acc_t = acc_dtype(dtype)
     dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
@@ -191,7 +232,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
     mods = (acc_t.type(softcap), acc_t.type(1.0 / softcap if softcap > 0.0 else 0.0),
-            call.input(slopes))
+            call.input(slopes)) + user_arrays(call, variant)  # + (kinds,) + aux
     seqs = (call.input(cu_q), call.input(cu_k))
     if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
         rows = n_blocks * hkv * block_size
