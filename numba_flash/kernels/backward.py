@@ -183,9 +183,10 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .jit import kernel_jit
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
-                     compute_type, numba_array_type, padded_head_dim)
+                     compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
-from .visibility import is_visible, key_bounds, make_score, tile_key_range, tile_query_range
+from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
+                         make_tile_kind, tile_key_range, tile_query_range)
 
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
@@ -327,10 +328,12 @@ def layout(ROWS, COLS, THREADS):
 def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined).
 
-    ``USER``: ``None`` or a user's variant ``(score_mod, mask_mod, score_mod_grad)`` (CUDA
-    device functions or None, :mod:`numba_flash.flex`); its arrays arrive as the kernels' last
-    argument ``user = (kinds,) + aux`` (``kinds`` unused here: the backward applies the mask
-    per element on every tile)."""
+    ``USER``: ``None`` or a user's variant ``(score_mod, mask_mod, score_mod_grad, BLOCKS)``
+    (CUDA device functions or None, :mod:`numba_flash.flex`; ``BLOCKS``: ``(Q_BLOCK,
+    KV_BLOCK)`` of a block mask or None); its arrays arrive as the kernels' last argument
+    ``user = (kinds,) + aux`` (``kinds``, the block mask's classification, read by the kernels'
+    tile loops with ``BLOCKS``: EMPTY tiles are skipped, and ``p_and_ds`` applies ``mask_mod``
+    only with ``umask``, i.e. off on a FULL tile)."""
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     acc_t = compute_type(dtype)
     load = element_ops(dtype)[0]  # the element-type stage: q, k, v, dO elements in
@@ -345,18 +348,19 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     # ALiBi runs always and softcap is a runtime branch, as in the forward)
     score_alibi = make_score(False, True, acc_t)
     score_capped = make_score(True, True, acc_t)
-    user_score, user_mask, user_grad = USER if USER is not None else (None, None, None)
+    user_score, user_mask, user_grad = USER[:3] if USER is not None else (None, None, None)
     U_SCORE = user_score is not None
     U_MASK = user_mask is not None
     USER_FN = U_SCORE or U_MASK
 
     @cuda.jit(device=True, inline="always")
-    def user_sees(b, h, row, key, nq, user):
-        """A row inside the sequence that the user's mask_mod lets see the key (True without
-        one): the user's code never sees a padding row."""
+    def user_sees(b, h, row, key, nq, user, umask):
+        """A row inside the sequence that the user's mask_mod (asked only with ``umask``: not
+        on a tile the block mask calls FULL) lets see the key (True without one): the user's
+        code never sees a padding row."""
         if row >= nq:
             return False
-        if U_MASK:
+        if U_MASK and umask:
             return user_mask(b, h, row, key, *user[1:])
         return True
 
@@ -422,7 +426,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     @cuda.jit(device=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                  q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                 dropout, keep_tile, tid, b, h, user):
+                 dropout, keep_tile, tid, b, h, user, umask):
         """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- dS``.
 
         ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as one ``A_TR x A_TC`` micro-tile per thread,
@@ -432,8 +436,9 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
         ``dS = P * (dP - D) * (1 - tanh^2)`` (the factor only with softcap).  DROPOUT: with
         ``Z = keep / (1 - p)`` from ``keep_tile``, ``p_tile <- P * Z`` and
         ``ds_tile <- P * (dP * Z - D) * (1 - tanh^2)``.  A user's variant: ``mask_mod`` and-ed
-        into the visibility, ``score_mod`` on the modified score and its ``score_mod_grad``
-        (at the score it received) multiplied into the factor.
+        into the visibility (with ``umask``: the tile is not FULL in a block mask), ``score_mod``
+        on the modified score and its ``score_mod_grad`` (at the score it received) multiplied
+        into the factor.
         """
         ar = tid // A_COL_T
         ac = tid % A_COL_T
@@ -471,7 +476,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     ds = acc_t(0.0)
                     if (row < nq and lse_i != acc_t(NEG_INF)
                             and is_visible(row, col, offset, nk, left, right)
-                            and (not USER_FN or user_sees(b, h, row, col, nq, user))):
+                            and (not USER_FN or user_sees(b, h, row, col, nq, user, umask))):
                         # the forward's score; grad = 1 - tanh^2 with softcap, else 1
                         if softcap > acc_t(0.0):  # runtime: one uniform branch per score
                             x, grad = score_capped(s[i * A_TC + j], scale, row, col, offset,
@@ -559,6 +564,10 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     load = element_ops(dtype)[0]  # the element-type stage: a dO element in
     user_mask = USER[1] if USER is not None else None
     U_MASK = user_mask is not None
+    BLOCKS = USER[3] if USER is not None else None
+    # a block mask's verdict on (Q tile, this K/V tile) (visibility.py); built only with one
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
 
     @cuda.jit(device=True, inline="always")
     def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
@@ -642,6 +651,14 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
         for qi in range(first_tile, last_tile):
             q_start = qi * BLOCK_M
+            umask = U_MASK  # mask_mod runs on this pair of tiles (a block mask may say no)
+            if BLOCKS is not None:
+                kind = tile_kind(user[0], b, h, q_start, min(q_start + BLOCK_M, nq), tile, nk)
+                if kind == BLOCK_EMPTY:
+                    continue  # no row of Q tile qi sees a key of this tile: never loaded
+                umask = kind == BLOCK_PARTIAL
+            if LOG and tid == 0:
+                log_tile(b, h, q_start, tile)
             load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
             # dO with inf / NaN as 0: a non-finite dO still makes dS NaN where its row sees a
             # key (through D), and mark_non_finite_do puts it into dV there alone
@@ -656,7 +673,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                      q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                     dropout, keep_tile, tid, b, h, user)
+                     dropout, keep_tile, tid, b, h, user, umask)
             cuda.syncthreads()  # all of P and dS are written before other threads read them
 
             # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
@@ -724,6 +741,11 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     GROUPS = BLOCK_N // 4
     (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
      sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
+    U_MASK = USER is not None and USER[1] is not None
+    BLOCKS = USER[3] if USER is not None else None
+    # a block mask's verdict on (this Q tile, K/V tile) (visibility.py); built only with one
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)),
                 cache=USER is None)  # a user's functions stay off the disk cache
@@ -768,6 +790,14 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         # [docs:bwd-dq-loop]
         for kj in range(first_tile, last_tile):
             k_start = kj * BLOCK_N
+            umask = U_MASK  # mask_mod runs on this pair of tiles (a block mask may say no)
+            if BLOCKS is not None:
+                kind = tile_kind(user[0], b, h, q_start, q_end, kj, nk)
+                if kind == BLOCK_EMPTY:
+                    continue  # no row of this Q tile sees a key of tile kj: never loaded
+                umask = kind == BLOCK_PARTIAL
+            if LOG and tid == 0:
+                log_tile(b, h, q_start, kj)
             load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
             load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
             if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
@@ -776,7 +806,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                      q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                     dropout, keep_tile, tid, b, h, user)
+                     dropout, keep_tile, tid, b, h, user, umask)
             cuda.syncthreads()  # all of dS is written before other threads read it
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run

@@ -72,6 +72,22 @@ again from global memory, where it is still inf / NaN): the reference's ``P * Na
 Dropout: the keep bit of element ``(b, h, i, j)`` is :func:`numba_flash.philox.philox_keep`
 (the mask of :func:`numba_flash.dropout_mask`), one call per element.
 
+A user's variant (``USER``, :mod:`numba_flash.flex`; compile time, so ``USER=None`` builds the
+code above and nothing else)
+-------------------------------------------------------------------------------------------
+``score_mod`` runs on the score of :func:`~numba_flash.kernels.visibility.make_score` (after
+scale, softcap, ALiBi), as the tensor-core forward applies it, and ``P = ex2(x log2(e) - lse
+log2(e))`` of that ``x``; the chain rule multiplies ``dS`` by ``score_mod_grad`` at the score
+``score_mod`` received: ``dS = P (dP - D) (1 - t^2) score_mod_grad(s)`` before ``scale``.
+``mask_mod`` is and-ed into the visibility of the masked step, so a build with one and no
+block mask runs every tile masked.  With a block mask (:func:`~numba_flash.kernels.
+visibility.make_tile_kind` on its classification) each loop visits only the tiles it does not
+call EMPTY, in order, the double buffer loading the next visited tile: the dK/dV kernel's Q
+tiles of its K/V tile, the dQ kernel's K/V tiles of its Q tile; a FULL tile inside the bounds
+runs the unmasked step and a FULL one on a causal / window edge the masked step without
+``mask_mod``.  In the simulator thread 0 of each block logs every tile pair it computes
+(:func:`~numba_flash.kernels.common.log_tile`: ``(b, h, q_start, key tile)``).
+
 Shared memory (one static ``uint32`` array, rows of ``RB = 2 HEAD_DIM + 16`` bytes, the pad
 putting the 8 rows of an ``ldmatrix`` in distinct banks): dK/dV: K and V tiles (``BLOCK_N``
 rows each), ``Q_STAGES`` (2, or 1 where two would pass 48 KiB: ``HEAD_DIM`` 256) stages of a Q
@@ -93,13 +109,14 @@ from numba import cuda, float32, int32, types, uint32, uint64
 
 from ..backend import on_simulator
 from ..philox import philox_keep
-from .common import HEAD_DIMS, SMEM_LIMIT, padded_head_dim
+from .common import HEAD_DIMS, SMEM_LIMIT, log_tile, padded_head_dim
 from .jit import kernel_jit
 from .mma import MMA_DTYPES, make_a_frag_from_c, mma_ops
 from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma,
                      ldmatrix_x4, ldmatrix_x4_trans, load_u16, make_tile_copy, make_tile_scan,
                      row_bytes)
-from .visibility import is_visible, make_score, tile_full_range, tile_key_range, tile_query_range
+from .visibility import (BLOCK_EMPTY, BLOCK_FULL, BLOCK_PARTIAL, is_visible, make_score,
+                         make_tile_kind, tile_full_range, tile_key_range, tile_query_range)
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
 #: BLOCK_M = 16 NUM_WARPS rows, BLOCK_N = :func:`dq_block_n` keys)
@@ -206,11 +223,22 @@ def _variant_args():
 
 
 @functools.lru_cache(maxsize=None)
-def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI):
-    """``p_ds(s, dp, nlse2, delta_i, b, h, row, key, ...) -> (P Z, dS)``: THE element-wise step
-    of both kernels.  ``s`` raw ``q . k``, ``dp = dO . v``, ``nlse2 = -lse log2(e)``; ``MASKED``:
-    ``(0, 0)`` where the row does not see the key, lies past ``Nq`` or has ``lse = -inf``."""
-    MODS = SOFTCAP or ALIBI
+def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS=None):
+    """``p_ds(s, dp, nlse2, delta_i, b, h, row, key, ..., user, umask) -> (P Z, dS)``: THE
+    element-wise step of both kernels.  ``s`` raw ``q . k``, ``dp = dO . v``, ``nlse2 = -lse
+    log2(e)``; ``MASKED``: ``(0, 0)`` where the row does not see the key, lies past ``Nq`` or has
+    ``lse = -inf`` (and, with ``umask``, where the user's ``mask_mod`` says no).
+
+    ``FNS``: ``None`` or a user's ``(score_mod, mask_mod, score_mod_grad)`` (CUDA device
+    functions or None; their aux arrays are ``user[1:]``).  The score is then the forward's
+    (:mod:`numba_flash.kernels.forward_mma`): ``x = score_mod(mod(scale qk))`` in natural units,
+    ``P = ex2(x log2(e) - lse log2(e))``, and ``dS`` is multiplied by ``score_mod_grad`` at the
+    score ``score_mod`` received (the chain rule, beside the softcap's ``1 - t^2``)."""
+    user_score, user_mask, user_grad = FNS if FNS is not None else (None, None, None)
+    SCORE_MOD = user_score is not None
+    MASK_MOD = user_mask is not None
+    MODS = SOFTCAP or ALIBI or SCORE_MOD   # the score in natural units (make_score)
+    GRAD = SOFTCAP or SCORE_MOD            # dS has a factor d x / d (scale qk)
     score = make_score(SOFTCAP, ALIBI, float32)  # the forward's score, so P is the forward's
     ZERO = float32(0.0)
     INF = float32(math.inf)   # nlse2 of a row with lse = -inf (it sees no key)
@@ -218,13 +246,18 @@ def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI):
 
     @cuda.jit(device=True, inline=True)
     def p_ds(s, dp, nlse2, delta_i, exp_scale, b, h, row, key, nq, nk, offset, left, right,
-             scale, softcap, inv_softcap, slope, dropout):
+             scale, softcap, inv_softcap, slope, dropout, user, umask):
         if MASKED:
             if not (row < nq and nlse2 != INF
                     and is_visible(row, key, offset, nk, left, right)):
                 return ZERO, ZERO
+            if MASK_MOD and umask and not user_mask(b, h, row, key, *user[1:]):
+                return ZERO, ZERO  # the user's mask_mod (a PARTIAL tile, or no block mask)
         if MODS:
             x, grad = score(s, scale, row, key, offset, softcap, inv_softcap, slope)
+            if SCORE_MOD:  # the user's score_mod after scale / softcap / ALiBi, as the forward
+                grad = grad * user_grad(x, b, h, row, key, *user[1:])
+                x = user_score(x, b, h, row, key, *user[1:])
             p = ex2(fma(x, LOG2E_F, nlse2))
         else:
             p = ex2(fma(s, exp_scale, nlse2))         # exp(scale qk - lse): FFMA + MUFU.EX2
@@ -236,11 +269,19 @@ def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI):
         else:
             pz = p
             ds = p * (dp - delta_i)
-        if SOFTCAP:
+        if GRAD:
             ds = ds * grad
         return pz, ds
 
     return p_ds
+
+
+def _user_parts(USER):
+    """``(FNS, MASK_MOD, BLOCKS)`` of a backward ``USER = (score_mod, mask_mod,
+    score_mod_grad, BLOCKS)`` (None: ``(None, False, None)``)."""
+    if USER is None:
+        return None, False, None
+    return tuple(USER[:3]), USER[1] is not None, USER[3]
 
 
 @cuda.jit(device=True, inline=True)
@@ -260,9 +301,9 @@ def _lane_offsets(lane, RB, RB2):
 @functools.lru_cache(maxsize=None)
 def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False,
                     WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True, VEC=True, DTYPE="float16",
-                    COL0=0, ACC_DIM=None):
+                    COL0=0, ACC_DIM=None, USER=None):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window, mods,
-    alibi, tiles, dropout)``.
+    alibi, tiles, dropout, user)``.
 
     ``q, k, v, do``: uint16 views of the ``DTYPE`` (``"float16"`` / ``"bfloat16"``) ``[B, H(kv),
     N, d]`` (C-contiguous); ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``;
@@ -275,8 +316,20 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     ``ACC_DIM`` (default ``HEAD_DIM``): the block accumulates and writes only the dK / dV
     columns ``COL0 .. COL0 + ACC_DIM - 1`` (:func:`dkdv_passes`: at ``HEAD_DIM`` 256 each pass
     keeps 64 accumulator registers per lane), the scores still over all of ``HEAD_DIM``.
+
+    ``USER``: ``None``, or a user's variant (:mod:`numba_flash.flex`) as ``(score_mod,
+    mask_mod, score_mod_grad, BLOCKS)``: CUDA device functions or None, and ``(Q_BLOCK,
+    KV_BLOCK)`` of a block mask or None.  Then ``user = (kinds,) + aux_tensors`` (``kinds``
+    read only with ``BLOCKS``); without it ``user = ()`` adds no parameter and no instruction.
+    A Q tile the block mask calls EMPTY for this K/V tile is never loaded; ``mask_mod`` runs on
+    the PARTIAL ones (on every tile without a block mask), ``score_mod`` / ``score_mod_grad``
+    on every pair a row sees (:func:`_element_function`), only for rows ``< Nq`` and keys
+    ``< Nk``.
     """
     assert DTYPE in MMA_DTYPES and HEAD_DIM % 16 == 0
+    FNS, MASK_MOD, BLOCKS = _user_parts(USER)
+    user_mask = USER[1] if MASK_MOD else None
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
     mma, _pack2 = mma_ops(DTYPE)
     a_frag_from_c = make_a_frag_from_c(DTYPE)
     EXP_MASK = EXP_BITS[DTYPE]
@@ -324,11 +377,33 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         copy_q(smem, stage_byte, q, base, rows, d, tid)
         copy_q(smem, stage_byte + DO_OFF, do, base, rows, d, tid)
 
+    @cuda.jit(device=True, inline=True)
+    def sees(b, h, row, key, offset, nk, left, right, user, umask):
+        """Row ``row`` (< Nq) sees key ``key``: the visibility rule and, with ``umask``, the
+        user's mask_mod (called only for keys < Nk)."""
+        if not is_visible(row, key, offset, nk, left, right):
+            return False
+        if MASK_MOD and umask:
+            return user_mask(b, h, row, key, *user[1:])
+        return True
+
+    # the block mask's verdict on (Q tile of BLOCK_M rows, this K/V tile), visibility.py
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+
+    @cuda.jit(device=True, inline=True)
+    def next_q_tile(kinds, b, h, qt, t_hi, kt, nq, nk):
+        """The first Q tile ``>= qt`` the block mask does not call EMPTY (``t_hi`` if none)."""
+        while qt < t_hi and tile_kind(kinds, b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq),
+                                      kt, nk) == BLOCK_EMPTY:
+            qt += 1
+        return qt
+
     def make_step(MASKED):
-        p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI)
+        p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS)
 
         @cuda.jit(device=True, inline=True)
-        def step(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, drop):
+        def step(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, keys, sc, drop, user,
+                 umask):
             q, do, lse, delta, dq_accum, qo_base, row_base, nq, nk, d, b, h = ins
             st, dpt, dk_acc, dv_acc, nlse2, dl, da = frags
             tid, warp, g, t, off_a, off_b, off_ds = lanes
@@ -336,7 +411,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             scale, exp_scale, softcap, inv_softcap, slope = sc
             dropout = drop
             q_start = qt * BLOCK_M
-            qb = QS_BYTE + (((qt - t_lo) & 1) * STAGE_BYTES if Q_STAGES == 2 else 0)
+            qb = QS_BYTE + (stage * STAGE_BYTES if Q_STAGES == 2 else 0)
             # -- lse (as -lse log2 e) and D of the lane's 4 queries 8 f + 2 t + j
             tile_row = row_base + uint64(q_start)
             for f in range(2):
@@ -358,9 +433,9 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                 do_bad = cuda.syncthreads_or(1 if scan_q(smem, qb + DO_OFF, tid) else 0)
             else:
                 cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
-            if Q_STAGES == 2 and qt + 1 < t_hi:  # the next Q tile's copy runs under this math
+            if Q_STAGES == 2 and qt_next < t_hi:  # the next Q tile's copy runs under this math
                 load_q(smem, QS_BYTE + STAGE_BYTES - (qb - QS_BYTE), q, do, qo_base,
-                       q_start + BLOCK_M, nq, d, tid)
+                       qt_next * BLOCK_M, nq, d, tid)
                 cp_async_commit()
 
             # -- S^T = K Q^T and dP^T = V dO^T: keys as rows, 2 fragments of 8 queries; A = the
@@ -391,7 +466,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                     pz, ds = p_ds(st[n, e], dpt[n, e], nlse2[i], dl[i], exp_scale, b, h,
                                   q_start + 8 * n + 2 * t + (e & 1), key0 if e < 2 else key1,
                                   nq, nk, offset, left, right, scale, softcap, inv_softcap,
-                                  slope, dropout)
+                                  slope, dropout, user, umask)
                     st[n, e] = pz
                     dpt[n, e] = ds
 
@@ -418,8 +493,8 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                     bad1 = uint64(0)
                     for r in range(min(BLOCK_M, nq - q_start)):
                         row = q_start + r
-                        sees0 = is_visible(row, key0, offset, nk, left, right)
-                        sees1 = is_visible(row, key1, offset, nk, left, right)
+                        sees0 = sees(b, h, row, key0, offset, nk, left, right, user, umask)
+                        sees1 = sees(b, h, row, key1, offset, nk, left, right, user, umask)
                         if sees0 or sees1:
                             for n in range(A_FRAGS):
                                 for e in range(2):
@@ -461,8 +536,8 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                     smem[w + 2 * DS_RB + 4] = a3
             if DQ_ATOMIC or Q_STAGES == 1:
                 cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
-            if Q_STAGES == 1 and qt + 1 < t_hi:   # one stage: the next copy after the barrier
-                load_q(smem, QS_BYTE, q, do, qo_base, q_start + BLOCK_M, nq, d, tid)
+            if Q_STAGES == 1 and qt_next < t_hi:   # one stage: the next copy after the barrier
+                load_q(smem, QS_BYTE, q, do, qo_base, qt_next * BLOCK_M, nq, d, tid)
                 cp_async_commit()
 
             if DQ_ATOMIC:
@@ -516,9 +591,11 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    @kernel_jit
+    # a user's functions stay out of the on-disk kernel cache (their code is not in this
+    # package's sources, which key it): such a build is compiled in each process
+    @kernel_jit(cache=USER is None)
     def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, scale, window,
-                          mods, alibi, tiles, dropout):
+                          mods, alibi, tiles, dropout, user):
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -533,7 +610,8 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         b = bh // n_heads
         h = bh % n_heads
         hk = h // (n_heads // k.shape[1])
-        k_start = (bx % tiles) * BLOCK_N
+        kt = bx % tiles                    # this block's K/V tile
+        k_start = kt * BLOCK_N
         k_end = min(k_start + BLOCK_N, nk)
         offset = nk - nq
         left, right = window
@@ -572,8 +650,11 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         qo_base = (b * n_heads + h) * nq * d
         copy_kv(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
         copy_kv(smem, V_BYTE, v, kv_base, k_end - k_start, d, tid)
-        if t_lo < t_hi:
-            load_q(smem, QS_BYTE, q, do, qo_base, t_lo * BLOCK_M, nq, d, tid)
+        qt0 = t_lo
+        if BLOCKS is not None:  # a block mask: EMPTY Q tiles are never loaded
+            qt0 = next_q_tile(user[0], b, h, t_lo, t_hi, kt, nq, nk)
+        if qt0 < t_hi:
+            load_q(smem, QS_BYTE, q, do, qo_base, qt0 * BLOCK_M, nq, d, tid)
         cp_async_commit()
         cp_async_wait_all()
         if DQ_ATOMIC:
@@ -586,11 +667,35 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         lanes = (tid, warp, g, t, off_a, off_b, off_ds)
         keys = (key0, key1, offset, left, right)
         sc = (scale, exp_scale, softcap, inv_softcap, slope)
-        for qt in range(t_lo, t_hi):
-            if f_lo <= qt and qt < f_hi:   # every row sees every key of the tile: no mask
-                step_full(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, dropout)
-            else:
-                step_masked(qt, t_lo, t_hi, smem, ins, frags, lanes, keys, sc, dropout)
+        if BLOCKS is None:
+            for qt in range(t_lo, t_hi):
+                if LOG and tid == 0:
+                    log_tile(b, h, qt * BLOCK_M, kt)
+                stage = (qt - t_lo) & 1
+                # every row sees every key of the tile (and no mask_mod to ask): no mask
+                if f_lo <= qt and qt < f_hi and not MASK_MOD:
+                    step_full(qt, qt + 1, stage, t_hi, smem, ins, frags, lanes, keys, sc,
+                              dropout, user, False)
+                else:
+                    step_masked(qt, qt + 1, stage, t_hi, smem, ins, frags, lanes, keys, sc,
+                                dropout, user, True)
+        else:  # the Q tiles the block mask does not call EMPTY, in order
+            qt = qt0
+            stage = 0
+            while qt < t_hi:
+                if LOG and tid == 0:
+                    log_tile(b, h, qt * BLOCK_M, kt)
+                kind = tile_kind(user[0], b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq),
+                                 kt, nk)
+                qt_next = next_q_tile(user[0], b, h, qt + 1, t_hi, kt, nq, nk)
+                if f_lo <= qt and qt < f_hi and kind == BLOCK_FULL:  # FULL, inside the bounds
+                    step_full(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, keys, sc,
+                              dropout, user, False)
+                else:
+                    step_masked(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, keys, sc,
+                                dropout, user, kind == BLOCK_PARTIAL)
+                qt = qt_next
+                stage ^= 1
 
         # -- this query head's dK (times scale) and dV, in float32 (flat: one base per key, so
         # the unrolled stores keep the accumulators in registers)
@@ -612,13 +717,17 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
 
 @functools.lru_cache(maxsize=None)
 def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False, VEC=True,
-                  DTYPE="float16", COL0=0, ACC_DIM=None):
+                  DTYPE="float16", COL0=0, ACC_DIM=None, USER=None):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, scale, window, mods, alibi, tiles,
-    dropout)``: ``dq_accum = scale * dS K`` (float32, its flat view) without atomics
+    dropout, user)``: ``dq_accum = scale * dS K`` (float32, its flat view) without atomics
     (``deterministic=True``); arguments as :func:`dkdv_mma_kernel`, ``tiles = ceil(Nq /
     BLOCK_M)``.  ``COL0``, ``ACC_DIM``: only dQ's columns ``COL0 .. COL0 + ACC_DIM - 1``
-    (:func:`dq_passes`: halves at ``HEAD_DIM`` 256, where 128 accumulators spill)."""
+    (:func:`dq_passes`: halves at ``HEAD_DIM`` 256, where 128 accumulators spill).  ``USER``
+    as in :func:`dkdv_mma_kernel`: a K/V tile the block mask calls EMPTY for this Q tile is
+    never loaded, a FULL one skips ``mask_mod``."""
     assert DTYPE in MMA_DTYPES and HEAD_DIM % 16 == 0
+    FNS, MASK_MOD, BLOCKS = _user_parts(USER)
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
     mma, _pack2 = mma_ops(DTYPE)
     a_frag_from_c = make_a_frag_from_c(DTYPE)
     BLOCK_M_DQ = 16 * NUM_WARPS
@@ -654,25 +763,36 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
         copy_kv(smem, stage_byte, k, base, rows, d, tid)
         copy_kv(smem, stage_byte + KV_TILE, v, base, rows, d, tid)
 
+    # the block mask's verdict on (this Q tile, K/V tile kt), visibility.py
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+
+    @cuda.jit(device=True, inline=True)
+    def next_kv_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk):
+        """The first K/V tile ``>= kt`` the block mask does not call EMPTY (``t_hi`` if none)."""
+        while kt < t_hi and tile_kind(kinds, b, h, q_start, q_end, kt, nk) == BLOCK_EMPTY:
+            kt += 1
+        return kt
+
     def make_step(MASKED):
-        p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI)
+        p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS)
 
         @cuda.jit(device=True, inline=True)
-        def step(kt, t_lo, t_hi, smem, ins, frags, lanes, rows, sc, drop):
+        def step(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, rows, sc, drop, user,
+                 umask):
             k, v, kv_base, nq, nk, d, b, h = ins
             s, dp, acc = frags
             tid, warp, t, off_a, off_b = lanes
             row0, nlse0, nlse1, delta0, delta1, offset, left, right = rows
             scale, exp_scale, softcap, inv_softcap, slope = sc
             k_start = kt * BLOCK_N
-            kb = KV_BYTE + (((kt - t_lo) & 1) * STAGE_BYTES if KV_STAGES == 2 else 0)
+            kb = KV_BYTE + (stage * STAGE_BYTES if KV_STAGES == 2 else 0)
             cp_async_wait_all()
             if MASKED:
                 scan_k(smem, kb, tid)  # K's inf / NaN -> 0: it multiplies dS = 0 in dQ
             cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
-            if KV_STAGES == 2 and kt + 1 < t_hi:  # the next tile's copy runs under this math
+            if KV_STAGES == 2 and kt_next < t_hi:  # the next tile's copy runs under this math
                 load_kv(smem, KV_BYTE + STAGE_BYTES - (kb - KV_BYTE), k, v, kv_base,
-                        k_start + BLOCK_N, nk, d, tid)
+                        kt_next * BLOCK_N, nk, d, tid)
                 cp_async_commit()
 
             # -- S = Q K^T and dP = dO V^T (queries as rows, as the forward): A = the warp's Q /
@@ -709,7 +829,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
                                    delta1 if hi else delta0, exp_scale, b, h,
                                    row0 + 8 if hi else row0, k_start + 8 * n + 2 * t + (e & 1),
                                    nq, nk, offset, left, right, scale, softcap, inv_softcap,
-                                   slope, drop)
+                                   slope, drop, user, umask)
                     s[n, e] = ds
 
             # -- dQ += dS K: A from the registers, B = K by ldmatrix.trans (two 8-column
@@ -727,8 +847,8 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
                         a0, a1, a2, a3, b2, b3, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
             if KV_STAGES == 1:
                 cuda.syncthreads()  # every warp is done with this K/V tile: the next one
-                if kt + 1 < t_hi:
-                    load_kv(smem, KV_BYTE, k, v, kv_base, k_start + BLOCK_N, nk, d, tid)
+                if kt_next < t_hi:
+                    load_kv(smem, KV_BYTE, k, v, kv_base, kt_next * BLOCK_N, nk, d, tid)
                     cp_async_commit()
 
         return step
@@ -736,9 +856,9 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    @kernel_jit
+    @kernel_jit(cache=USER is None)  # a user's functions stay off the on-disk kernel cache
     def backward_dq_mma(q, k, v, do, lse, delta, dq_accum, scale, window, mods, alibi, tiles,
-                        dropout):
+                        dropout, user):
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -798,8 +918,11 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
         qo_base = ((b * n_heads + h) * nq + q_start) * d
         copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
         copy_q(smem, DO_BYTE, do, qo_base, q_end - q_start, d, tid)
-        if t_lo < t_hi:
-            load_kv(smem, KV_BYTE, k, v, kv_base, t_lo * BLOCK_N, nk, d, tid)
+        kt0 = t_lo
+        if BLOCKS is not None:  # a block mask: EMPTY K/V tiles are never loaded
+            kt0 = next_kv_tile(user[0], b, h, q_start, q_end, t_lo, t_hi, nk)
+        if kt0 < t_hi:
+            load_kv(smem, KV_BYTE, k, v, kv_base, kt0 * BLOCK_N, nk, d, tid)
         cp_async_commit()
 
         ins = (k, v, kv_base, nq, nk, d, b, h)
@@ -807,11 +930,34 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
         lanes = (tid, warp, t, off_a, off_b)
         rows = (row0, nlse0, nlse1, delta0, delta1, offset, left, right)
         sc = (scale, exp_scale, softcap, inv_softcap, slope)
-        for kt in range(t_lo, t_hi):
-            if f_lo <= kt and kt < f_hi:   # inside the keys every row sees: no mask
-                step_full(kt, t_lo, t_hi, smem, ins, frags, lanes, rows, sc, dropout)
-            else:
-                step_masked(kt, t_lo, t_hi, smem, ins, frags, lanes, rows, sc, dropout)
+        if BLOCKS is None:
+            for kt in range(t_lo, t_hi):
+                if LOG and tid == 0:
+                    log_tile(b, h, q_start, kt)
+                stage = (kt - t_lo) & 1
+                # inside the keys every row sees (and no mask_mod to ask): no mask
+                if f_lo <= kt and kt < f_hi and not MASK_MOD:
+                    step_full(kt, kt + 1, stage, t_hi, smem, ins, frags, lanes, rows, sc,
+                              dropout, user, False)
+                else:
+                    step_masked(kt, kt + 1, stage, t_hi, smem, ins, frags, lanes, rows, sc,
+                                dropout, user, True)
+        else:  # the K/V tiles the block mask does not call EMPTY, in key order
+            kt = kt0
+            stage = 0
+            while kt < t_hi:
+                if LOG and tid == 0:
+                    log_tile(b, h, q_start, kt)
+                kind = tile_kind(user[0], b, h, q_start, q_end, kt, nk)
+                kt_next = next_kv_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
+                if f_lo <= kt and kt < f_hi and kind == BLOCK_FULL:  # FULL, inside the bounds
+                    step_full(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, rows, sc,
+                              dropout, user, False)
+                else:
+                    step_masked(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, rows, sc,
+                                dropout, user, kind == BLOCK_PARTIAL)
+                kt = kt_next
+                stage ^= 1
 
         # -- dQ (times scale), in float32
         for r in range(2):
@@ -830,8 +976,10 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
 def compile_configs():
     """A representative set for the compile tier: the dK/dV kernel (with atomic dQ) at every
     head dim (256: its two passes), the deterministic dQ kernel at 64 and 128, every flag
-    (dropout, softcap, ALiBi) at 128, the 16-bit-load build (``ld16``) at 64 and bfloat16 at 64.
-    Causal and windows are runtime arguments."""
+    (dropout, softcap, ALiBi) at 128, the 16-bit-load build (``ld16``) at 64 and bfloat16 at 64,
+    and a user's variant at 64 (:func:`_user_configs`).  Causal and windows are runtime
+    arguments."""
+    yield from _user_configs()
     u16 = types.Array(types.uint16, 4, "C")
     f32_1 = types.Array(types.float32, 1, "C")
     drop_t = types.Tuple((types.uint32, types.uint32, types.uint32, types.float32))
@@ -862,7 +1010,8 @@ def compile_configs():
             "kernel": dkdv_mma_kernel(nw, hd, dropout, softcap, alibi, want_dv, want_dk,
                                       want_dk, vec, dtype, c0, acc),
             "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, f32_1, f32_1, scale_t, window_t,
-                     mods_t, alibi_t, i64, drop_t if dropout else types.Tuple(())),
+                     mods_t, alibi_t, i64, drop_t if dropout else types.Tuple(()),
+                     types.Tuple(())),
             "float64_ok": False,
             "mma": True,
             # one Q tile per warp on the common (unmasked) path: S^T, dP^T (2 K_STEPS each),
@@ -884,7 +1033,7 @@ def compile_configs():
                     f"{flags_name(dropout, softcap, alibi)} {dtype}",
             "kernel": dq_mma_kernel(nw, hd, dropout, softcap, alibi, True, dtype, 0, acc),
             "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, scale_t, window_t, mods_t,
-                     alibi_t, i64, drop_t if dropout else types.Tuple(())),
+                     alibi_t, i64, drop_t if dropout else types.Tuple(()), types.Tuple(())),
             "float64_ok": False,
             "mma": True,
             # one K/V tile per warp: S, dP (N_FRAGS K_STEPS each), dQ (P_STEPS D_FRAGS)
@@ -893,3 +1042,42 @@ def compile_configs():
 
 
 assert all(max(shared_bytes(nw, hd)) <= SMEM_LIMIT for hd, nw in GPU_WARPS.items())
+
+
+def _user_configs():
+    """A user's variant (:mod:`numba_flash.flex.examples`: a relative-position bias score_mod
+    with its score_mod_grad and a document mask_mod with a block mask) in the dK/dV kernel
+    (with atomic dQ) at D64, float16: the device build of user functions called with ``*aux``
+    (the plain rows are the ``score_mod=None`` build)."""
+    from ..flex.examples import document_mask, relative_bias, relative_bias_grad
+    from ..flex.functions import device_function
+
+    def biased(score, b, h, q_idx, kv_idx, bias, doc):  # every function gets every aux array
+        return relative_bias(score, b, h, q_idx, kv_idx, bias)
+
+    def biased_grad(score, b, h, q_idx, kv_idx, bias, doc):
+        return relative_bias_grad(score, b, h, q_idx, kv_idx, bias)
+
+    def documents(b, h, q_idx, kv_idx, bias, doc):
+        return document_mask(b, h, q_idx, kv_idx, doc)
+
+    u16 = types.Array(types.uint16, 4, "C")
+    f32_1 = types.Array(types.float32, 1, "C")
+    scale_t, window_t, mods_t, alibi_t = _variant_args()
+    user = (device_function(biased), device_function(documents), device_function(biased_grad),
+            (128, 128))
+    user_t = types.Tuple((types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
+                          types.Array(types.int32, 2, "C")))
+    nw, hd = GPU_WARPS[64], 64
+    yield {
+        "name": f"backward_mma dkdv (dk dv dq) W{nw} N{16 * nw} D{hd} score_mod mask_mod "
+                f"block_mask float16",
+        "kernel": dkdv_mma_kernel(nw, hd, False, False, False, True, True, True, True,
+                                  "float16", 0, hd, user),
+        "args": (u16, u16, u16, u16, f32_1, f32_1, f32_1, f32_1, f32_1, scale_t, window_t,
+                 mods_t, alibi_t, types.int64, types.Tuple(()), user_t),
+        "float64_ok": False,
+        "mma": True,
+        # as the plain dK/dV row: S^T, dP^T, dV, dK and the warp's dQ column pairs
+        "sass": {"expect_mma": 2 * (hd // 16) * 2 + (hd // 8) * 2 + 2 * -(-(hd // 16) // nw) * nw},
+    }

@@ -16,9 +16,18 @@ from ..frontend.variants import check_variants
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
                                 preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
+from ..flex.launch import prepare_variant
 from ..philox import dropout_params
 from .forward import user_arrays
 from .kernel_choice import check_backward_kernel, import_mma
+
+
+def user_build(variant):
+    """The backward kernels' ``USER`` (both families): ``(score_mod, mask_mod,
+    score_mod_grad, BLOCKS)`` device code of a user's variant, or None without one."""
+    if variant is None:
+        return None
+    return (variant.score_mod, variant.mask_mod, variant.score_mod_grad, variant.block)
 
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
@@ -61,9 +70,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     variant = (cu_q, cu_k, alibi_in, scale_c, softcap_c, inv_softcap, left, right, int(varlen))
     # the kernels' last argument: () adds no parameter to the plain kernels
     drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
-    uv = user_variant
-    user = None if uv is None else (uv.score_mod, uv.mask_mod, uv.score_mod_grad)
-    user_args = user_arrays(call, uv)  # (kinds,) + aux, or (): no parameter without one
+    user = user_build(user_variant)
+    user_args = user_arrays(call, user_variant)  # (kinds,) + aux, or (): no parameter without one
 
     def launch(kernel, grid, block, *args, work=None):
         if grid[0] > 0:  # an empty problem (varlen: every sequence empty) launches nothing
@@ -149,9 +157,11 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     A user's variant (the forward's ``score_mod``, ``mask_mod``, ``block_mask``, ``aux_tensors``,
     see :func:`numba_flash.forward`) needs ``score_mod_grad(score, b, h, q_idx, kv_idx, *aux)``,
-    d score_mod / d score, with a ``score_mod``; it runs on the SIMT kernels (``kernel="auto"``
-    takes them; ``"mma"`` with a user variant is a ``NotImplementedError``), which apply the
-    mask per element (a block mask's tiles are not skipped in the backward yet).
+    d score_mod / d score, with a ``score_mod`` (``dS`` is multiplied by it, at the score
+    ``score_mod`` received).  Both kernel families take it (``kernel`` chooses as without one);
+    with a ``block_mask`` the tiles it calls EMPTY are never loaded in either backward loop
+    (the dK/dV kernel's Q tiles of a K/V tile, the dQ kernel's K/V tiles of a Q tile), and FULL
+    ones skip the per-element ``mask_mod``.
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
@@ -162,25 +172,16 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                          alibi_slopes, b, h, nq=nq, nk=nk)
-    variant = None
-    if (score_mod is not None or mask_mod is not None or block_mask is not None or aux_tensors
-            or score_mod_grad is not None):
-        from ..flex.launch import prepare_variant
-        variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
-                                  score_mod_grad=score_mod_grad, needs_grad=True,
-                                  compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
-    asked = kernel
+    # the one check of the user's arguments: None = no variant (and none of them given)
+    variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                              score_mod_grad=score_mod_grad, needs_grad=True,
+                              compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
     kernel = check_backward_kernel(kernel, dtype)
-    if variant is not None and kernel == "mma":
-        if asked == "mma":
-            raise NotImplementedError("score_mod / mask_mod: the tensor-core backward does not "
-                                      "take a user's variant yet; use kernel='simt' or 'auto'")
-        kernel = "simt"  # the family that takes user functions in the backward
     if kernel == "mma":  # validated above, once: straight to the launches
         return import_mma("backward_mma").launch_backward_mma(
             do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
             deterministic=deterministic, dropout_p=dropout_p, seed=seed, left=left, right=right,
-            softcap=softcap, alibi=alibi)
+            softcap=softcap, alibi=alibi, variant=variant)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(x) for x in (do, q, k, v, o, lse)]

@@ -4,7 +4,9 @@
 (``D = rowsum(dO * O)``, ``dq_accum = 0``), the tensor-core dK/dV kernel (with atomic dQ, or the
 deterministic tensor-core dQ kernel after it), then the SIMT reduce kernel sums each GQA group's
 dK/dV in a fixed order and casts dQ, dK, dV to the input dtype (see
-:mod:`numba_flash.kernels.backward_mma`).
+:mod:`numba_flash.kernels.backward_mma`).  A user's variant (``score_mod`` with its
+``score_mod_grad``, ``mask_mod``, ``block_mask``, ``aux_tensors``) is compiled into the
+tensor-core kernels (``USER``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from ..kernels.backward_mma import (MMA_DTYPES, default_tiles, dkdv_mma_kernel, 
                                     dq_block_n, dq_mma_kernel, dq_passes)
 from ..kernels.common import cdiv
 from ..kernels.forward_mma import vector_copies
+from ..kernels.common import acc_dtype
 from ..philox import dropout_params
+from .backward import user_build
+from .forward import user_arrays
 
 
 def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
                  seed=0, deterministic=False, window_size=(-1, -1), softcap=0.0,
-                 alibi_slopes=None):
+                 alibi_slopes=None, score_mod=None, mask_mod=None, score_mod_grad=None,
+                 block_mask=None, aux_tensors=()):
     """Gradients ``(dq, dk, dv)`` on tensor cores; the contract of :func:`numba_flash.backward`.
 
     float16 or bfloat16 (``ml_dtypes.bfloat16``) ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and
@@ -35,7 +41,8 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     ``dropout_p`` and ``seed``.  Each gradient comes in its input's shape and dtype; ``dk``,
     ``dv`` are summed over each GQA group.  dQ is summed over K/V tiles with float32 atomic
     adds, or, with ``deterministic=True``, by a second kernel without atomics (bitwise
-    reproducible).
+    reproducible).  ``score_mod``, ``mask_mod``, ``score_mod_grad``, ``block_mask``,
+    ``aux_tensors``: a user's variant, as in :func:`numba_flash.backward`.
     """
     b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
     if np.dtype(dtype).name not in MMA_DTYPES:
@@ -47,16 +54,23 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                          alibi_slopes, b, h, nq=nq, nk=nk)
+    from ..flex.launch import prepare_variant
+    variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                              score_mod_grad=score_mod_grad, needs_grad=True,
+                              compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
     return launch_backward_mma(do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
                                deterministic=deterministic, dropout_p=dropout_p, seed=seed,
-                               left=left, right=right, softcap=softcap, alibi=alibi)
+                               left=left, right=right, softcap=softcap, alibi=alibi,
+                               variant=variant)
 
 
 def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
-                        left, right, softcap, alibi):
+                        left, right, softcap, alibi, variant=None):
     """The launches of :func:`backward_mma` on arguments already checked (``shape`` =
     ``(B, H, Hkv, Nq, Nk, d)``, ``left``/``right`` the kernels' window bounds, ``alibi`` float32
-    ``[B, H]`` or None): :func:`numba_flash.backward` validates once and calls this."""
+    ``[B, H]`` or None; ``variant``: a user's variant from
+    :func:`~numba_flash.flex.launch.prepare_variant`, or None): :func:`numba_flash.backward`
+    validates once and calls this."""
     b, h, hkv, nq, nk, d = shape
     dtype = do.dtype
     name = np.dtype(dtype).name
@@ -84,9 +98,11 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
         x.reshape(-1) for x in (lse_in, delta, dq_accum, dk_heads, dv_heads))
-    variant = (f32(scale), (np.int32(left), np.int32(right)),
+    scalars = (f32(scale), (np.int32(left), np.int32(right)),
                (f32(softcap), f32(1.0 / softcap if softcap > 0.0 else 0.0)), alibi_in)
     drop = (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else ()
+    user = user_build(variant)
+    user_args = user_arrays(call, variant)  # (kinds,) + aux, or (): no parameter without one
 
     # 1. D = rowsum(dO * O), dq_accum = 0 (the SIMT preprocess kernel)
     t = elem_threads()
@@ -100,9 +116,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     tiles_k = cdiv(nk, 16 * num_warps)
     for want_dv, want_dk, dq_atomic, col0, acc_dim in dkdv_passes(head_dim, deterministic):
         kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk, dq_atomic, vec,
-                               name, col0, acc_dim)
+                               name, col0, acc_dim, user)
         call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_flat,
-                    delta_flat, dq_flat, dk_flat, dv_flat, *variant, tiles_k, drop,
+                    delta_flat, dq_flat, dk_flat, dv_flat, *scalars, tiles_k, drop, user_args,
                     work=tiled_work("backward_dkdv_mma", [(nq, nk)] * b, h, 16,
                                     16 * num_warps, left, right, 32 * num_warps, head_dim,
                                     kv_outer=True, mma=True))
@@ -111,9 +127,10 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     if deterministic:
         tiles_q = cdiv(nq, 16 * num_warps)
         for col0, acc_dim in dq_passes(head_dim):
-            call.launch(dq_mma_kernel(num_warps, head_dim, *flags, vec, name, col0, acc_dim),
+            call.launch(dq_mma_kernel(num_warps, head_dim, *flags, vec, name, col0, acc_dim,
+                                      user),
                         fold_grid(tiles_q, b, h), (32 * num_warps,), *u16, lse_flat,
-                        delta_flat, dq_flat, *variant, tiles_q, drop,
+                        delta_flat, dq_flat, *scalars, tiles_q, drop, user_args,
                         work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, 16 * num_warps,
                                         dq_block_n(num_warps, head_dim), left, right,
                                         32 * num_warps, head_dim, mma=True))
