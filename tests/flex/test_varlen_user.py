@@ -158,18 +158,21 @@ def test_block_mask_on_varlen_skips_empty_tiles_per_sequence(rng, tile_log):
     max_seqlen = 32 > the longest 28): forward_varlen equals forward_varlen of the documents,
     and the kernel computes exactly the (Q tile, K/V tile) pairs of each sequence that its
     block mask does not call EMPTY."""
+    # [docs:varlen-documents]
     lens = [28, 20]
-    docs = [[16, 12], [20]]  # sequence 0: two EMPTY blocks; sequence 1: none
+    docs = [[16, 12], [20]]  # the documents inside each sequence
     cu = _cu(lens)
     q, k, v = _packed(rng, np.float32, lens, lens, h=1, hkv=1)
     doc = np.full((2, 32), 9, np.int32)  # padded to max_seqlen: the mask reads it there too
-    for b, ds in enumerate(docs):
+    for b, ds in enumerate(docs):  # doc[b, i]: the document of token i of sequence b
         doc[b, :lens[b]] = np.repeat(np.arange(len(ds)), ds)
     bm = create_block_mask(_same_doc, 2, None, 32, 32, aux_tensors=(doc,), BLOCK_SIZE=16)
-    # the sequences' masks differ (B is read): 0 skips two of its four tiles, 1 none
-    assert (bm.kind[0] == 0).sum() == 2 and (bm.kind[1] != 0).all()
     kw = dict(max_seqlen_q=32, max_seqlen_k=32, mask_mod=_same_doc, aux_tensors=(doc,))
     o = numba_flash.forward_varlen(q, k, v, cu, cu, block_mask=bm, **kw)
+    # [/docs:varlen-documents]
+    # the sequences' masks differ (B is read): 0 skips two of its four blocks, 1 none
+    assert (bm.kind[0] == 0).sum() == 2 and (bm.kind[1] != 0).all()
+    np.testing.assert_array_equal(doc[1, 20:], 9)  # the aux array is not modified
     cu_docs = _cu(sum(docs, []))
     o_d = numba_flash.forward_varlen(q, k, v, cu_docs, cu_docs, max_seqlen_q=20,
                                      max_seqlen_k=20)
