@@ -687,7 +687,8 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0):
 def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None,
                    rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                    cache_batch_idx=None, cache_leftpad=None, block_table=None, causal=False,
-                   softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                   softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                   score_mod=None, mask_mod=None, aux_tensors=()):
     """flash-attn's ``flash_attn_with_kvcache`` in float64: ``(o, lse, k_cache', v_cache')``.
 
     ``q`` ``[B, H, Nq, d]`` or ``[B, H, d]``; caches and ``block_table`` as :func:`paged_decode`.
@@ -697,12 +698,28 @@ def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None
     ``k_new``/``v_new`` are appended (:func:`append_kv`; the caches come back in float64) and
     sequence ``b`` attends to its keys ``[cache_leftpad[b], cache_seqlens[b] + Nnew)`` of cache
     row ``cache_batch_idx[b]``: plain :func:`attention` on that slice (bottom-right aligned to
-    its length)."""
+    its length).
+
+    ``score_mod`` / ``mask_mod`` (:func:`attention`'s) see the positions of the sequence as
+    :func:`numba_flash.decode` gives them: ``b`` the sequence, ``q_idx = L - Nq + i`` for
+    query token ``i`` (``L = cache_seqlens[b] + Nnew``) and ``kv_idx`` the key's cache position
+    (``cache_leftpad[b] + j`` for key ``j`` of the slice)."""
     q = np.asarray(q, dtype=np.float64)
     single = q.ndim == 3
     q4 = q[:, :, None, :] if single else q
     b, _, nq, _ = q4.shape
     lens = np.asarray(cache_seqlens).astype(np.int64)
+
+    def at_positions(s, q0, k0):
+        """The user's functions for :func:`attention` of sequence ``s``'s rows over its key
+        slice: row ``i`` is position ``q0 + i``, key ``j`` position ``k0 + j``, batch row ``s``."""
+        out = {}
+        if score_mod is not None:
+            out["score_mod"] = lambda x, _, h, i, j, *a: score_mod(x, s, h, q0 + i, k0 + j, *a)
+        if mask_mod is not None:
+            out["mask_mod"] = lambda _, h, i, j, *a: mask_mod(s, h, q0 + i, k0 + j, *a)
+        return out
+
     k_c = np.asarray(k_cache, dtype=np.float64)
     v_c = np.asarray(v_cache, dtype=np.float64)
     cap = (k_c.shape[2] if block_table is None else np.shape(block_table)[1] * k_c.shape[2])
@@ -734,7 +751,9 @@ def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None
             vb = gather_paged(v_c, block_table, n, s)[:, lp:]
         o, lse = attention(q4[s:s + 1], kb[None], vb[None], causal=causal,
                            softmax_scale=softmax_scale, window_size=window_size,
-                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, s))
+                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, s),
+                           aux_tensors=aux_tensors,
+                           **at_positions(s, n - nq, lp))
         outs.append(o[0])
         lses.append(lse[0])
     o, lse = np.stack(outs), np.stack(lses)

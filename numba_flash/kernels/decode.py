@@ -305,12 +305,12 @@ def launch_bounds(THREADS, dtype, HEAD_DIM):
 
 @functools.lru_cache(maxsize=None)
 def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP=False,
-                  ALIBI=False, SPLIT_PAGES=False):
+                  ALIBI=False, SPLIT_PAGES=False, USER=None):
     """Build (once per configuration) the fused split-KV decode kernel
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part, lse_part,
     counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
-    split_min, left, right, softcap, inv_softcap)``
+    split_min, left, right, softcap, inv_softcap, aux)``
 
     ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and
     ``CHUNK`` of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table
@@ -327,6 +327,15 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     ``counters`` int32 ``[grid x]``, zero; the rest scalars (``scale``, ``softcap``,
     ``inv_softcap`` in the compute type).  ``left``/``right``: the window (``-1`` unbounded,
     causal folded into ``right = 0``).
+
+    ``USER``: a user's variant (:mod:`numba_flash.flex`), ``(score_mod, mask_mod)`` CUDA device
+    functions (either may be None), compile-time: ``aux`` is the tuple of the user's aux arrays
+    (``()`` without ``USER``: no kernel parameter).  For a key ``t`` the built-in rules let a
+    live row see, ``mask_mod(b, h, q_idx, t, *aux)`` decides whether it stays visible and
+    ``score_mod(s, b, h, q_idx, t, *aux)`` replaces its score after scale, softcap and ALiBi;
+    ``b`` is the sequence (the row of ``q``), ``h`` the query head, ``q_idx = L - Nq + i`` the
+    query's column and ``t`` the key's position in the cache (all int32).  A build with
+    ``USER`` keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
@@ -367,6 +376,10 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     NAN = acc_t(math.nan)
     ZERO = acc_t(0.0)
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
+    user_score, user_mask = USER if USER is not None else (None, None)
+    U_SCORE = user_score is not None
+    U_MASK = user_mask is not None
+    USER_FN = U_SCORE or U_MASK
     merge_stats, merge_element = make_merge_functions(acc_t)
 
     if acc_t == float32:
@@ -402,11 +415,12 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                     k_reg[u * DPL + i * CHUNK + e] = kc[e]
                     v_reg[u * DPL + i * CHUNK + e] = vc[e]
 
-    @kernel_jit(launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
+    # a user's functions stay out of the on-disk kernel cache (their code does not key it)
+    @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part,
                      lse_part, counters, scale, paged, n_cache_blocks, n_kv_heads,
                      cache_block_size, split_target, split_min, left, right, softcap,
-                     inv_softcap):
+                     inv_softcap, aux):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
@@ -461,7 +475,9 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         q_sh = cuda.shared.array(Q_WORDS, acc_t)
         q_val = cuda.local.array(DPL, acc_t)
         acc = cuda.local.array(RD, acc_t)
-        full = True                           # every row sees every key of [lo, hi): no mask
+        # every row sees every key of [lo, hi): no mask (never with a user's function: its
+        # mask may hide any key, its score may be -inf, and either makes p "not seen")
+        full = not USER_FN
         for r in range(ROWS):
             row = row0 + r
             tok = row % nq
@@ -513,6 +529,10 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         if not live_own:                      # a padding row sees every key (never written)
             lo_own = int32(0)
             hi_own = int32(2**31 - 1)
+        # the user's coordinates of my row: sequence b, query head, the query's column
+        b_user = int32(b)
+        h_user = int32(kvh * group + row_own // nq)
+        q_user = int32(tok_own + offset)
         slope_own = ZERO
         if ALIBI and live_own:
             slope_own = acc_t(alibi[b, kvh * group + row_own // nq])
@@ -683,9 +703,13 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
             for u in range(U):
                 t = int32(t0 + u)
                 vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
+                if U_MASK and vis and live_own:   # the user's mask (never on a padding row)
+                    vis = user_mask(b_user, h_user, q_user, t, *aux)
                 if vis:
                     sc = score_mod(s_own[u], tok_own, t, offset, softcap, inv_softcap,
                                    slope_own)
+                    if U_SCORE and live_own:  # after scale, softcap and ALiBi
+                        sc = acc_t(user_score(sc, b_user, h_user, q_user, t, *aux))
                     s_own[u] = sc
                     if not sc <= m_new:       # NaN-propagating max
                         m_new = sc
@@ -849,8 +873,9 @@ def cache_views(dtype, VEC, k_rows, v_rows):
     return k_rows, v_rows
 
 
-def kernel_args_types(dtype, ALIBI=False, VEC=True):
-    """Numba argument types of :func:`decode_kernel` for int32 tables and lengths."""
+def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=()):
+    """Numba argument types of :func:`decode_kernel` for int32 tables and lengths; ``aux``: the
+    Numba types of a user build's aux arrays (``()``: no kernel parameter)."""
     acc_np = acc_dtype(dtype)
     acc_t = compute_type(dtype)
     i32 = types.int32
@@ -862,7 +887,7 @@ def kernel_args_types(dtype, ALIBI=False, VEC=True):
             numba_array_type(dtype, 4),
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
-            acc_t, i32, i32, i32, i32, i32, i32, i32, i32, acc_t, acc_t)
+            acc_t, i32, i32, i32, i32, i32, i32, i32, i32, acc_t, acc_t, types.Tuple(tuple(aux)))
 
 
 def compile_configs():
@@ -870,19 +895,22 @@ def compile_configs():
     float16 and float32 at ``HEAD_DIM = 128`` with the most rows launched there, float16 at 64
     and at 256, the softcap + ALiBi variant, and float64 at 128, all with 16-byte loads
     (``VEC``), and float16 at 128 with element loads (a padded head dim).  Other combinations
-    are the same source with other constants and compile on first use."""
-    def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True):
+    are the same source with other constants and compile on first use.  A user's variant
+    (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
+    def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None):
         dtype = np.dtype(dtype)
         lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator=False)
         rows = gpu_rows_max(dtype, HEAD_DIM)
         u = keys_per_step(rows, HEAD_DIM // lanes)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
+        fns, aux = (None, ()) if user is None else user
+        tag += "" if user is None else " score_mod mask_mod"
         return {
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
             "kernel": decode_kernel(GPU_THREADS, lanes, chunk, u, rows, HEAD_DIM, dtype, vec,
-                                    paged, softcap, alibi),
-            "args": kernel_args_types(dtype, alibi, vec),
+                                    paged, softcap, alibi, USER=fns),
+            "args": kernel_args_types(dtype, alibi, vec, aux),
             "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
             # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
@@ -902,3 +930,21 @@ def compile_configs():
     # bfloat16: the float16 kernel with other loads (float32 views split into words) and stores
     yield cfg(BFLOAT16, 128)
     yield cfg(BFLOAT16, 64, paged=False)
+    yield cfg(np.float16, 128, user=_user_config())
+
+
+def _user_config():
+    """``((score_mod, mask_mod), aux types)`` of the compile tier's user build: the examples of
+    :mod:`numba_flash.flex.examples` (a relative-position bias table and per-token document
+    ids), each taking both aux arrays, as device functions (the builds above have none)."""
+    from ..flex.examples import document_mask, relative_bias
+    from ..flex.functions import device_function
+
+    def biased(score, b, h, q_idx, kv_idx, bias, doc):   # every function gets every aux array
+        return relative_bias(score, b, h, q_idx, kv_idx, bias)
+
+    def documents(b, h, q_idx, kv_idx, bias, doc):
+        return document_mask(b, h, q_idx, kv_idx, doc)
+
+    aux = (numba_array_type(np.float32, 2), numba_array_type(np.int32, 2))
+    return (device_function(biased), device_function(documents)), aux

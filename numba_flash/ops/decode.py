@@ -135,11 +135,27 @@ def _alibi(alibi_slopes, b, h, check_values):
     return cupy.ascontiguousarray(cupy.broadcast_to(alibi_slopes, (b, h)))
 
 
+def _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype):
+    """A user's variant of the decode (:func:`numba_flash.flex.launch.prepare_variant`),
+    checked before any launch; None without one.  No block mask: a decode row reads the few
+    key tiles of its sequence anyway, so ``mask_mod`` is evaluated per key."""
+    if block_mask is not None:
+        raise ValueError(f"block_mask: expected None (decode evaluates mask_mod per key: pass "
+                         f"the block mask's mask_mod as mask_mod), got "
+                         f"{type(block_mask).__name__}")
+    from ..flex.functions import check_aux_tensors
+    aux = check_aux_tensors(aux_tensors)  # a tuple of arrays (TypeError otherwise)
+    if score_mod is None and mask_mod is None and not aux:
+        return None
+    from ..flex.launch import prepare_variant
+    return prepare_variant(score_mod, mask_mod, aux, compute_dtype=acc_dtype(dtype))
+
+
 def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False,
            softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
            num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
-           cache_leftpad=None):
+           cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=()):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -189,6 +205,26 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       ``cache_batch_idx`` is outside ``[0, Bc)`` or whose table has an entry outside ``[0,
       num_blocks)`` for a key that some query row sees gets ``o = NaN`` and ``lse = NaN``; a
       rotary position past the tables rotates to NaN.
+
+    Your own variant (FlexAttention's functions, :mod:`numba_flash.flex`, as
+    :func:`numba_flash.forward` takes them; every dtype, contiguous or paged):
+
+    * ``mask_mod(b, h, q_idx, kv_idx, *aux_tensors) -> bool``: True where the query sees the
+      key, and-ed with ``causal`` / ``window_size``;
+    * ``score_mod(score, b, h, q_idx, kv_idx, *aux_tensors) -> float``: the score the softmax
+      uses, from the score after scale, softcap and ALiBi;
+    * ``aux_tensors``: a tuple of arrays the functions read (moved to the inputs' device).
+
+    Their arguments: ``b`` the sequence (the row of ``q``, not its ``cache_batch_idx`` row),
+    ``h`` the query head, ``kv_idx`` the key's position in its sequence (token ``t`` of the
+    cache, never a physical page slot) and ``q_idx = cache_seqlens[b] (+ Nnew) - Nq + i`` for
+    query token ``i``: the ``q_idx`` and ``kv_idx`` that :func:`numba_flash.forward` of the
+    whole sequence gives that row.  With ``cache_leftpad`` both stay cache positions (the
+    keys are ``kv_idx`` in ``[cache_leftpad[b], L)``, as the rotary positions): a function
+    that wants positions from the pad subtracts it (``cache_leftpad`` as an aux tensor).  The
+    functions run only for keys the built-in rules let a row see.  ``block_mask`` is not
+    taken (``ValueError``): a decode row reads its few key tiles anyway, so ``mask_mod`` is
+    evaluated per key.  :func:`numba_flash.reference.kvcache_decode` takes the same functions.
 
     Launches: the rotary kernel on ``q`` and on ``k_new`` (with rotary tables), the append
     kernel (with ``k_new``), then the decode kernel, on one stream.
@@ -270,6 +306,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     window = check_window(window_size)
     softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)
+    variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype)
     on_device = any(is_device_array(x) for x in arrays.values())
     if validate is None:
         validate = not on_device
@@ -373,8 +410,11 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
+    user = {} if variant is None else {"USER": (variant.score_mod, variant.mask_mod)}
+    aux = () if variant is None else tuple(call.input(a) for a in variant.aux)
     kernel = decode_kernel(threads, lanes, chunk, keys_per_step, rows, HEAD_DIM, dtype, vec,
-                           paged_kernel, softcap > 0, alibi_slopes is not None, split_pages)
+                           paged_kernel, softcap > 0, alibi_slopes is not None, split_pages,
+                           **user)
     ct = compute_type(dtype)
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
@@ -384,7 +424,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                 lse, o_part, lse_part, counters, ct(scale), np.int32(paged_kernel),
                 np.int32(n_cache), np.int32(hkv), np.int32(n_slots), np.int32(split_target),
                 np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
-                ct(1.0 / softcap if softcap > 0 else 0.0),
+                ct(1.0 / softcap if softcap > 0 else 0.0), aux,
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
