@@ -78,7 +78,8 @@ def test_document_mask_over_a_paged_cache(rng, dtype):
     k, v = _cache(rng, dtype, b, hkv, nmax, d, lens)
     kp, vp, table = _paged(rng, k, v, lens, 3)
     q = _randn(rng, (b, h, nq, d), dtype)
-    doc = np.zeros((b, nmax), np.int32)
+    # [docs:decode-documents]
+    doc = np.zeros((b, nmax), np.int32)  # doc[b, t]: the document of token t of sequence b
     doc[0, 9:] = 1
     doc[0, 21:] = 2              # the last query rows start a document of their own
     doc[1, 20:] = 1
@@ -87,6 +88,7 @@ def test_document_mask_over_a_paged_cache(rng, dtype):
     got = numba_flash.decode(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=3,
                              return_lse=True, **kw)
     want = ref.kvcache_decode(q, kp, vp, lens, block_table=table, **kw)
+    # [/docs:decode-documents]
     _check(got, want, dtype)
     assert np.isneginf(got[1][:, 3]).all() and (got[0][:, 3] == 0).all()
     if dtype != np.float32:
