@@ -13,7 +13,10 @@ this script generates:
     The standard output of that command (split like a shell would), run from the repository root
     with this Python, the root's absolute path removed.  This is how the numbers quoted in a page
     come from running tested code; the output must be deterministic, and the same on every
-    machine: print rounding noise as a bound (``< 1e-15``), not its digits.
+    machine: print rounding noise as a bound (``< 1e-15``), not its digits.  Each command runs
+    in its own process, forked from one interpreter that has already imported NumPy and
+    numba_flash (:class:`Runner`: the same process a fresh ``python`` would be, without ~65
+    times the imports).
 
 Machine independence is checked, not hoped for.  ``--write`` runs each command twice, in this
 machine's own numeric environment and in a *foreign* one (:func:`foreign_env`: one BLAS thread, an
@@ -37,13 +40,18 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
+import json
 import os
 import platform
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,19 +144,207 @@ def foreign_env():
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
+def _env(root, foreign):
+    """The environment a page's command runs in (the caller's, plus the root on ``PYTHONPATH``,
+    no warnings, 100 columns, and :func:`foreign_env` when ``foreign``)."""
+    return dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                PYTHONWARNINGS="ignore", COLUMNS="100", **(foreign_env() if foreign else {}))
+
+
+class Runner:
+    """Runs ``python script.py args`` commands as a fresh ``python`` would, without paying for
+    NumPy, Numba and numba_flash's imports (~2 s) once per command (the pages have ~65).
+
+    A server interpreter started with the runner's environment ``env`` (:func:`_serve`: so NumPy
+    is loaded under :func:`foreign_env` when asked) imports ``numpy`` and, on a machine with no
+    CUDA device, ``numba_flash`` (what every script's own ``import numba_flash`` would do first);
+    then each command is a child ``fork()``-ed from it: its own process with nothing any other
+    command did, with ``sys.argv``, ``sys.path[0]``, ``__main__``, working directory and exit
+    status as ``python script.py`` gives them, standard output and error to files, standard input
+    ``/dev/null``.  A command whose first ``numba``/``numba_flash`` import would not have been
+    ``import numba_flash`` into the simulator (:func:`_guard_first_import`: ``numba.cuda`` first,
+    or ``NUMBA_ENABLE_CUDASIM=0``) is run again in a fresh interpreter, as are other commands
+    (``python -m ...``, ``python -c ...``).  With a CUDA device the server imports only NumPy
+    (the driver must not be initialised before a fork)."""
+
+    def __init__(self, env, preload=True):
+        self.env, self.preload, self.proc = dict(env), preload, None
+
+    def _start(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve",
+             "numba_flash" if self.preload else "-"], env=self.env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True)  # its own process group: a timeout kills it and its child
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.stdin.close()  # the server's loop ends at end of input
+            self.proc.wait(timeout=60)
+            self.proc = None
+
+    def run(self, argv, cwd, timeout=600):
+        """``(returncode, stdout, stderr)`` of ``argv`` (``["python", script, ...]``) run in
+        ``cwd``; raises :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
+        if len(argv) >= 2 and not argv[1].startswith("-"):  # python script.py ...
+            rc, out, err = self._forked(argv, cwd, timeout)
+            if rc != FRESH:
+                return rc, out, err
+        proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def _forked(self, argv, cwd, timeout):
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "out"), Path(tmp, "err")
+            self.proc.stdin.write(json.dumps({"argv": argv[1:], "cwd": str(cwd),
+                                              "out": str(out), "err": str(err)}) + "\n")
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            line = self.proc.stdout.readline() if ready else ""
+            if not line:  # timed out, or the server died: kill it (and a running command)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                self.proc = None
+                raise subprocess.TimeoutExpired(argv, timeout)
+            return json.loads(line)["rc"], out.read_text(), err.read_text()
+
+
+#: a child's exit status asking :class:`Runner` to run its command in a fresh interpreter
+FRESH = 86
+
+
+def _guard_first_import(sim):
+    """In a child of a server that imported ``numba_flash``: let the command go on only if its
+    own first import of ``numba`` or ``numba_flash`` would have given it this same process, that
+    is, it imports ``numba_flash`` first (``numba.cuda`` first would have chosen no simulator,
+    or raised numba_flash's BackendError) with ``NUMBA_ENABLE_CUDASIM`` not ``0``; otherwise exit
+    :data:`FRESH` before the import.  ``NUMBA_ENABLE_CUDASIM`` goes back to ``sim`` (what the
+    process was started with) until then, and is ``1`` after it, as numba_flash's import leaves
+    it."""
+    import builtins
+
+    original = builtins.__import__
+
+    def first_import(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
+        top = name.split(".")[0]
+        if level == 0 and top in ("numba", "numba_flash"):
+            builtins.__import__ = original  # decided: every later import is the plain one
+            env = os.environ.get("NUMBA_ENABLE_CUDASIM")
+            if top != "numba_flash" or (env or "").strip() == "0":
+                sys.stdout.flush()
+                os._exit(FRESH)
+            if not (env or "").strip():
+                os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        return original(name, globals, locals, fromlist, level)
+
+    if sim is None:
+        os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+    else:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = sim
+    builtins.__import__ = first_import
+
+
+def _no_cuda_device():
+    """True when no CUDA driver reports a device, asked in a forked child: initialising the
+    driver in the server would break CUDA in every child forked after it."""
+    pid = os.fork()
+    if pid == 0:  # the child: exit 1 when a device answers
+        import ctypes
+
+        found = False
+        for name in ("libcuda.so.1", "libcuda.so"):
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError:
+                continue
+            count = ctypes.c_int(0)
+            found = lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 \
+                and count.value > 0
+            break
+        os._exit(1 if found else 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def _serve(preload):
+    """The server of :class:`Runner`: one JSON request per input line, one ``{"rc": ...}`` reply
+    per line of output; returns at end of input.  A forked child returns from here too, into the
+    interpreter's normal exit (``atexit``, thread joins, buffered output flushed, an exception's
+    traceback and exit status 1, ``SystemExit``'s status)."""
+    import builtins
+    import importlib.machinery
+    import io
+    import types
+
+    import numpy  # noqa: F401  (loaded now, under this server's environment)
+
+    sim = os.environ.get("NUMBA_ENABLE_CUDASIM")  # as the command's process starts with it
+    preloaded = preload and ((sim or "").strip() not in ("", "0")
+                             or (sim is None and _no_cuda_device()))
+    if preloaded:
+        import numba_flash  # noqa: F401  (the simulator: no driver in this process)
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()  # nothing buffered for the child to inherit
+        pid = os.fork()
+        if pid == 0:  # the child: become `python script args`
+            for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                                    (1, req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                    (2, req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+                opened = os.open(path, flags, 0o644)
+                os.dup2(opened, fd)
+                os.close(opened)  # no descriptor a fresh process would not have
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115  (reads /dev/null now)
+            os.chdir(req["cwd"])
+            script = os.path.abspath(req["argv"][0])  # __file__ is absolute, argv[0] as given
+            sys.argv = list(req["argv"])
+            sys.path[0] = os.path.dirname(script)
+            with io.open_code(script) as f:
+                code = compile(f.read(), script, "exec")
+            main = types.ModuleType("__main__")
+            main.__dict__.update(
+                __file__=script, __cached__=None, __builtins__=builtins, __annotations__={},
+                __loader__=importlib.machinery.SourceFileLoader("__main__", script))
+            sys.modules["__main__"] = main
+            if preloaded:
+                _guard_first_import(sim)
+            exec(code, main.__dict__)  # noqa: S102  (the command's script, as python runs it)
+            return
+        rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        print(json.dumps({"rc": rc}), flush=True)
+
+
+_RUNNERS: dict = {}
+
+
+def runner(env, preload=True):
+    """This process's :class:`Runner` for the environment ``env`` (one server per environment,
+    closed at exit); ``preload``: whether its server imports numba_flash."""
+    key = (tuple(sorted(env.items())), preload)
+    if key not in _RUNNERS:
+        _RUNNERS[key] = Runner(env, preload)
+    return _RUNNERS[key]
+
+
+@atexit.register
+def _close_runners():
+    for r in _RUNNERS.values():
+        r.close()
+
+
 def run_text(command, root=ROOT, foreign=False):
     """The fenced block holding the standard output of ``python ...`` run from ``root`` (under
-    :func:`foreign_env` when ``foreign``)."""
+    :func:`foreign_env` when ``foreign``), by :func:`runner`."""
     argv = shlex.split(command)
     if not argv or argv[0] != "python":
         raise ValueError(f"run: only 'python ...' commands are allowed, got {command!r}")
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONWARNINGS="ignore", COLUMNS="100", **(foreign_env() if foreign else {}))
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
-    if proc.returncode != 0:
-        raise ValueError(f"run: {command!r} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    out = proc.stdout.replace(str(root) + os.sep, "")  # no machine-specific absolute paths
+    preload = (Path(root) / "numba_flash" / "__init__.py").is_file()  # the package they share
+    rc, stdout, stderr = runner(_env(root, foreign), preload).run(argv, cwd=root)
+    if rc != 0:
+        raise ValueError(f"run: {command!r} exited {rc}:\n{stderr[-2000:]}")
+    out = stdout.replace(str(root) + os.sep, "")  # no machine-specific absolute paths
     return f"```text\n{out.rstrip()}\n```"
 
 
@@ -307,4 +503,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:  # Runner's server (its children return here too)
+        sys.exit(_serve(sys.argv[2] == "numba_flash"))
     sys.exit(main())

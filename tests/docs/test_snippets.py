@@ -135,3 +135,40 @@ def test_docs_examples_print_noise_as_a_bound():
     assert report.err(4.4e-16) == "< 1e-14" and report.err(0.0) == "< 1e-14"
     assert report.err(4.9e-1, 8) == " 4.9e-01"
     assert report.decade(6.3e-8) == report.decade(6.2e-8) == "< 1e-07"
+
+
+PROBE = """\
+import os, sys
+print(sys.argv, __name__, __file__, sorted(globals()), os.getcwd(), sys.path[0], flush=True)
+print(repr(sys.stdin.read()), sorted(os.listdir("/proc/self/fd")))
+{imports}
+print(os.environ.get("NUMBA_ENABLE_CUDASIM"), file=sys.stderr)
+raise SystemExit(int(sys.argv[1]))
+"""
+
+
+def test_runner_runs_a_script_as_a_fresh_python_does(tmp_path):
+    """Runner forks each command from one interpreter that imported numba_flash (so ~65 commands
+    pay its imports once): argv, __main__'s globals, cwd, sys.path[0], descriptors, stdin, output,
+    exit status and numba_flash's backend choice are those of a fresh ``python script.py``; a
+    script importing numba.cuda before numba_flash is run in a fresh interpreter."""
+    env = snippets._env(snippets.ROOT, foreign=True)  # the pages' check's server
+    runner = snippets.runner(env)
+    (tmp_path / "probe.py").write_text(PROBE.format(imports="import numba_flash"))
+    argv = ["python", "probe.py", "3"]
+    got = runner.run(argv, cwd=tmp_path)
+    fresh = snippets.subprocess.run([snippets.sys.executable, *argv[1:]], cwd=tmp_path, env=env,
+                                    stdin=snippets.subprocess.DEVNULL, capture_output=True,
+                                    text=True)
+    assert got[:2] == (fresh.returncode, fresh.stdout), (got, fresh)
+    assert got[2].splitlines()[-1:] == fresh.stderr.splitlines()[-1:], (got[2], fresh.stderr)
+    assert got[0] == 3 and " __main__ " in got[1] and "['probe.py', '3']" in got[1]
+    # numba.cuda before numba_flash: a fresh interpreter would choose the backend otherwise (or
+    # raise BackendError), so the forked child stops and the command runs fresh
+    (tmp_path / "first.py").write_text(PROBE.format(imports="from numba import cuda\n"
+                                                            "import numba_flash"))
+    sim = snippets.os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() not in ("", "0")
+    if sim:  # the pytest process runs in the simulator: the server imported numba_flash
+        assert runner._forked(["python", "first.py", "3"], tmp_path, 60)[0] == snippets.FRESH
+        assert runner._forked(argv, tmp_path, 60)[0] == 3
+    assert runner.run(["python", "first.py", "4"], cwd=tmp_path)[0] == 4
