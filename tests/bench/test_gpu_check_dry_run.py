@@ -1,6 +1,7 @@
 """bench/gpu_check.py --dry-run: the one-shot GPU script exercised end to end in the simulator,
 so that it runs unchanged the first time a GPU is lent, and writes a record in the format that
-docs/performance.md renders."""
+docs/performance.md renders.  Its test part (``pytest tests/kernels -k softmax`` in a dry run:
+tests this suite runs anyway) is checked apart, collected but not run."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_check_dry_run(tmp_path):
     results = tmp_path / "results"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), str(tmp_path),
-                           "--dry-run", "--ncu", "--record", str(results)],
+                           "--dry-run", "--ncu", "--record", str(results), "--skip-tests"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    for part in ("versions", "ceilings", "tests", "bench_forward", "bench_backward",
-                 "bench_decode", "ncu"):
+    for part in ("versions", "ceilings", "bench_forward", "bench_backward", "bench_decode",
+                 "ncu"):
         assert part in report and "error" not in report[part], (part, report.get(part))
-    assert report["tests"]["returncode"] == 0
+    assert "tests" not in report  # --skip-tests: test_part_tests_selects_the_kernel_tier
     for name in ("forward", "backward", "decode"):
         assert report[f"bench_{name}"]["rows"], name
     md = (tmp_path / "gpu_check.md").read_text()
@@ -45,3 +46,25 @@ def test_gpu_check_dry_run(tmp_path):
                          timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert rec["commit"] in out.stdout and "Forward" in out.stdout and "Decode" in out.stdout
+
+
+def test_part_tests_selects_the_kernel_tier(monkeypatch):
+    """The dry run's test part, as the script builds it: its pytest command is run collecting
+    only (the softmax kernel tests it selects are tests/kernels', run by this suite), and its
+    report has the status and pytest's summary line."""
+    import gpu_check
+
+    seen = []
+    run = subprocess.run
+
+    def collect_only(args, **kw):
+        seen.append(list(args))
+        return run([*args, "--collect-only", "-n", "0"], **kw)  # -n 0: after setup.cfg's -n 2
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", collect_only)
+    res = gpu_check.part_tests(True, 300)
+    assert seen == [[sys.executable, "-m", "pytest", "-q", "-x", "tests/kernels", "-p",
+                     "no:cacheprovider", "-k", "softmax"]]
+    assert res["returncode"] == 0, res["tail"]
+    n = int(res["summary"].split("/")[0].split()[0])  # "34/1500 tests collected (...) in 3s"
+    assert n >= 20 and "collected" in res["summary"], res["summary"]
