@@ -567,6 +567,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
         p_row = cuda.local.array(UR, acc_t)
         q_byte = lane * 16                    # my 16 bytes of each q piece
         s_own = cuda.local.array(U, acc_t)
+        # U_SCORE: key u is visible (a score_mod's -inf score still is: its p = 0 meets v)
+        vis_own = cuda.local.array(U, types.boolean)
         hi32 = int32(hi)
         last_entry = uint32(block_table.shape[1] - 1)   # (PAGED: the table has >= 1 column)
         # p of a key a row does not see (or a dead / bad key of the step): -1, p v skipped (a
@@ -715,6 +717,8 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                         m_new = sc
                 else:
                     s_own[u] = NEG_INF        # not seen: no p, no p * v
+                if U_SCORE:
+                    vis_own[u] = vis
             alpha = ONE
             if m_new != m_own:                # rescale only when the max moved (or NaN)
                 alpha = exp_loop(m_own - m_new)
@@ -727,7 +731,10 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 p = exp_loop(s_own[u] - m_sub)
                 l_own += p
                 # a visible key (a NaN score included) keeps its p, an unseen one is skipped
-                s_own[u] = p if s_own[u] != NEG_INF else NOT_SEEN
+                if U_SCORE:                   # (a visible key's score_mod may give -inf)
+                    s_own[u] = p if vis_own[u] else NOT_SEEN
+                else:
+                    s_own[u] = p if s_own[u] != NEG_INF else NOT_SEEN
 
             # -- 4. acc = alpha acc + p v: each row's alpha and p from a lane that owns the row
             # (alpha is exactly 1 when the max did not move: the product changes nothing)

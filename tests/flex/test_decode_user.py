@@ -5,6 +5,8 @@ batched forward of the whole sequences."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -180,6 +182,30 @@ def test_relative_bias_and_mask_with_append(rng):
                              v_new=v_new, num_splits=2, return_lse=True, **kw)
     _check(got, want, np.float16)
     assert not np.array_equal(kp0, kp, equal_nan=True)  # appended in place
+
+
+def test_score_mod_minus_inf_still_sees_the_value(rng):
+    """A score_mod that gives a visible key -inf: p = 0, and a NaN in that key's value reaches
+    the output column (as the reference and torch: the key is masked by the score, not by the
+    mask); a mask_mod hiding the same key keeps the NaN out."""
+    b, h, hkv, d, n = 1, 2, 1, 4, 12
+    lens = np.array([n])
+    k, v = _cache(rng, np.float32, b, hkv, n, d, lens)
+    v[0, 0, 5, 1] = np.nan
+    q = _randn(rng, (b, h, d), np.float32)
+
+    def drop5(score, b, h, q_idx, kv_idx):
+        return -math.inf if kv_idx == 5 else score
+
+    def hide5(b, h, q_idx, kv_idx):
+        return kv_idx != 5
+
+    for kw in (dict(score_mod=drop5), dict(mask_mod=hide5)):
+        got = numba_flash.decode(q, k, v, cache_seqlens=lens, num_splits=2, return_lse=True,
+                                 **kw)
+        want = ref.kvcache_decode(q, k, v, lens, **kw)
+        assert np.isnan(want[0][..., 1]).all() == ("score_mod" in kw)
+        _check(got, want, np.float32)   # NaN where the reference has NaN, close elsewhere
 
 
 def test_bad_variants_raise_before_any_launch(rng):
