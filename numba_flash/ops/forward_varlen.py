@@ -16,7 +16,8 @@ from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_
                                  check_scale, is_device_array)
 from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype, cdiv
-from ..kernels.forward import default_tiles, forward_grid, forward_kernel, launch_config
+from ..kernels.forward import (default_tiles, forward_grid, forward_kernel, launch_config,
+                               vector_tiles)
 from ..philox import dropout_params
 from .forward import user_arrays, user_build
 from .kv_cache import host_ints
@@ -110,10 +111,6 @@ def _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h, le
     without one."""
     if score_mod is None and mask_mod is None and block_mask is None and not aux_tensors:
         return None
-    if paged:
-        raise ValueError("block_table: the paged prefill takes no score_mod / mask_mod / "
-                         "block_mask / aux_tensors yet; gather the keys into packed k / v "
-                         "(block_table=None) to use a variant")
     from ..flex.launch import prepare_variant
     return prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
                            compute_dtype=acc_dtype(dtype),
@@ -222,14 +219,15 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
     # user's variant rides on it
     user = {} if variant is None else {"USER": user_build(variant)}
-    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, True, True, paged, **user)
     acc_t = acc_dtype(dtype)
     dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
     call.reserve({"o": ((total_q, h, d), dtype), "lse": ((h, total_q), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    vec = vector_tiles(dtype, d, HEAD_DIM, dq, dk, dv)  # 16-byte tile copies (cp.async)
+    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
+                          use_dropout, True, True, paged, VEC=vec, **user)
     slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
     mods = (acc_t.type(softcap), acc_t.type(1.0 / softcap if softcap > 0.0 else 0.0),
             call.input(slopes)) + user_arrays(call, variant)  # + (kinds,) + aux

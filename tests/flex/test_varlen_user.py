@@ -282,8 +282,37 @@ def test_bad_variants_on_packed_batches_raise_before_any_launch(rng, monkeypatch
                                     aux_tensors=(bias,), **lens_kw)
     with pytest.raises(TypeError, match="score_mod: expected a function of 5"):
         numba_flash.forward_varlen(q, k, v, cu, cu, score_mod=_rel, **lens_kw)
-    cache = np.zeros((4, 1, 8, 8), np.float32)
-    table = np.arange(4, dtype=np.int32).reshape(2, 2)
-    with pytest.raises(ValueError, match="block_table: the paged prefill takes no score_mod"):
-        numba_flash.forward_varlen(q, cache, cache, cu, cu, block_table=table,
-                                   mask_mod=causal, **lens_kw)
+
+
+def test_paged_prefill_with_a_variant_equals_the_packed_keys(rng):
+    """The paged prefill (``block_table=``) with a score_mod, a mask_mod and a block mask of two
+    sequences: bit for bit the call on the same keys packed (only the K/V row address differs),
+    and the per-sequence float64 reference."""
+    from tests.kernels.test_forward_paged import paged_cache
+
+    lens = [13, 7]
+    cu = _cu(lens)
+    q, k, v = _packed(rng, np.float32, lens, lens, h=2, hkv=1)
+    bias = rng.standard_normal((2, 2, 64)).astype(np.float32)
+    doc = np.zeros((2, 16), np.int32)
+    doc[0, 6:] = 1  # two documents in sequence 0
+
+    def rel(score, b, h, q_idx, kv_idx, bias, doc):
+        return score + bias[b, h, q_idx - kv_idx + 32]
+
+    def same_doc(b, h, q_idx, kv_idx, bias, doc):
+        return doc[b, q_idx] == doc[b, kv_idx]
+
+    bm = create_block_mask(same_doc, 2, None, 16, 16, aux_tensors=(bias, doc), BLOCK_SIZE=16)
+    kw = dict(max_seqlen_q=16, max_seqlen_k=16, causal=True, score_mod=rel, block_mask=bm,
+              aux_tensors=(bias, doc), return_lse=True)
+    kc, vc, table = paged_cache(rng, k, v, cu, 4)[:3]
+    o_p, lse_p = numba_flash.forward_varlen(q, kc, vc, cu, cu, block_table=table, **kw)
+    o, lse = numba_flash.forward_varlen(q, k, v, cu, cu, **kw)
+    np.testing.assert_array_equal(o_p, o)
+    np.testing.assert_array_equal(lse_p, lse)
+    o_r, lse_r = _ref_varlen(q, k, v, cu, cu, score_mod=rel, mask_mod=same_doc,
+                             aux=(bias, doc), causal=True)
+    # float32: measured at most 2.4e-7 (o) and 3.6e-7 (lse) over 3 seeds
+    np.testing.assert_allclose(o, o_r, atol=2e-6, rtol=0)
+    np.testing.assert_allclose(lse, lse_r, atol=2e-6, rtol=0)
