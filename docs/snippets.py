@@ -348,6 +348,34 @@ def run_text(command, root=ROOT, foreign=False):
     return f"```text\n{out.rstrip()}\n```"
 
 
+def recorded_output(page, command, root=ROOT):
+    """The output of ``<!-- run: command -->`` as ``page`` (a name in docs/) records it, without
+    its fence.  The docs' tests read a claim's numbers here: test_snippets checks that the block
+    is what the command prints now (under :func:`foreign_env`), so they need not run it again."""
+    text = (Path(root) / "docs" / page).read_text()
+    head = f"<!-- run: {command} -->\n"
+    if head not in text:
+        raise ValueError(f"{page} has no <!-- run: {command} --> block")
+    block = text.split(head, 1)[1]
+    if not block.startswith("```text\n"):
+        raise ValueError(f"{page}: no ```text block under <!-- run: {command} -->")
+    return block[len("```text\n"):].split("\n```", 1)[0]
+
+
+def printed_fields(line):
+    """The whitespace-separated fields of a printed table row, a bound ``< 1e-14`` one field."""
+    return re.findall(r"<\s*\S+|\S+", line)
+
+
+def printed_value(token):
+    """A number as the demos print it: ``4.6e-04`` is 4.6e-04, a bound ``< 1e-14`` is 1e-14 (an
+    upper bound of the value); ``True``/``False`` are booleans."""
+    token = token.strip()
+    if token in ("True", "False"):
+        return token == "True"
+    return float(token[1:]) if token.startswith("<") else float(token)
+
+
 # -- pages ----------------------------------------------------------------------------------
 def render(text, root=ROOT, mode="check"):
     """Return ``(new_text, problems)``: every directive's block regenerated.  ``mode`` "check"
