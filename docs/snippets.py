@@ -376,6 +376,13 @@ def printed_value(token):
     return float(token[1:]) if token.startswith("<") else float(token)
 
 
+def printed_below(token, tol):
+    """Whether a printed number, or the value behind a printed bound ``< b`` (``b <= tol``), is
+    below ``tol``."""
+    value = printed_value(token)
+    return value <= tol if token.strip().startswith("<") else value < tol
+
+
 # -- pages ----------------------------------------------------------------------------------
 def render(text, root=ROOT, mode="check"):
     """Return ``(new_text, problems)``: every directive's block regenerated.  ``mode`` "check"

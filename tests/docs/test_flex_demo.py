@@ -7,7 +7,8 @@ import pytest
 
 import flex_demo
 import flex_step
-from numba_flash.flex import EMPTY, FULL, PARTIAL
+import snippets
+from numba_flash.flex import EMPTY, FULL, PARTIAL, create_block_mask
 
 # float16 tensor-core forward vs the float64 reference (and vs forward_varlen) at the demo's
 # shapes: o within 9.8e-4 (one float16 ulp at 1.0: two float16 outputs a rounding apart), lse
@@ -31,19 +32,52 @@ def test_scores():
     assert rows[-1][2] == 0.0
 
 
+def _recorded_rows(what):
+    """``(text, rows)``: the page's recorded output of ``flex_demo.py what`` (test_snippets
+    checks that it is what the command prints now, so its launches are not run again here) and
+    its print_rows rows as ``(line, o, lse)``, o and lse as printed."""
+    text = snippets.recorded_output("own-variant.md", f"python docs/examples/flex_demo.py {what}")
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["variant", "compared"])
+    rows = []
+    for ln in lines[start + 1:]:
+        fields = snippets.printed_fields(ln)
+        if len(fields) < 4 or " vs " not in ln:
+            break
+        rows.append((ln, *fields[-2:]))
+    return text, rows
+
+
+def _printed_rows_within_bounds(rows):
+    for line, eo, el in rows:
+        if "reference(score_mod) vs reference" in line or "reference_varlen" in line:
+            bound = (1e-14, 1e-14)  # float64 vs float64
+        else:
+            bound = (O_BOUND, LSE_BOUND)
+        assert snippets.printed_below(eo, bound[0]) and snippets.printed_below(el, bound[1]), line
+
+
 def test_documents_against_varlen():
-    rows, bm, same = flex_demo.documents_rows()
+    text, rows = _recorded_rows("documents")
     assert len(rows) == 4
-    _rows_within_bounds(rows)
-    assert same  # the block mask changes which tiles run, not a single output bit
+    _printed_rows_within_bounds(rows)
+    # the block mask changes which tiles run, not a single output bit
+    assert text.splitlines()[-1] == ("with and without the block mask, o is bit for bit the "
+                                     "same: True")
+    n = sum(flex_demo.DOC_LENS)  # the demo's block mask, built on the host (no launch)
+    bm = create_block_mask(flex_demo.same_document, 1, None, n, n,
+                           aux_tensors=(flex_demo.documents_of(flex_demo.DOC_LENS),), BLOCK_SIZE=16)
     np.testing.assert_array_equal(bm.kind[0, 0], [[PARTIAL, PARTIAL, EMPTY],
                                                   [PARTIAL, FULL, EMPTY],
                                                   [EMPTY, EMPTY, FULL]])
     assert str(bm).splitlines()[1:] == ["xx.", "x#.", "..#"]
+    assert str(bm) in text  # the printed mask is this one
 
 
 def test_prefix_lm():
-    _rows_within_bounds(flex_demo.prefix_rows())
+    _, rows = _recorded_rows("prefix")
+    assert len(rows) == 1
+    _printed_rows_within_bounds(rows)
 
 
 def test_tiles_visited_are_the_non_empty_blocks():
