@@ -273,7 +273,9 @@ def infer_trips(ins, lp):
     unrolled ``k`` times holds ``k`` test-and-add pairs (the middle tests leave the loop): it
     runs ``(C + 1) / k`` times when that divides.  Any other form is unknown (None)."""
     latch = ins[lp.end]
-    if not latch.pred or latch.pred.startswith("@!"):
+    if latch.pred.startswith("@!"):
+        return _count_up_trips(ins, lp, latch.pred[2:])
+    if not latch.pred:
         return None
     want = latch.pred[1:]
     test_at = None
@@ -315,6 +317,69 @@ def infer_trips(ins, lp):
         runs = init + 1
         return runs // len(writes) if runs % len(writes) == 0 else None
     return None
+
+
+def _init_value(ins, lp, counter):
+    """The immediate ``counter`` is set to before loop ``lp`` (a move of an immediate, or
+    ``CS2R counter, SRZ``: zero), or None."""
+    for n in range(lp.start - 1, max(-1, lp.start - 400), -1):
+        i = ins[n]
+        ops = _operands(i)
+        if i.op == "CS2R" and ops[1:] == ["SRZ"] and counter in (ops[0], _next_reg(ops[0])):
+            return None if i.predicated else 0
+        if ops[:1] != [counter]:
+            continue
+        if i.predicated:
+            return None
+        if i.op in ("MOV", "IMAD.MOV.U32") and ops[-1] == "RZ" and set(ops[1:]) == {"RZ"}:
+            return 0
+        m = _IMM_WRITE.match(i.text)
+        return int(m.group(2), 0) if m else None
+    return None
+
+
+def _next_reg(reg):
+    """``R11`` for ``R10`` (the second register a 64-bit ``CS2R`` writes)."""
+    m = re.fullmatch(r"(U?R)(\d+)", reg)
+    return f"{m.group(1)}{int(m.group(2)) + 1}" if m else ""
+
+
+def _count_up_trips(ins, lp, want):
+    """The second recognised form (a ``while`` loop over a 32-bit offset, as the SIMT forward's
+    stages write them): the back edge ``@!P BRA`` where ``P`` is ``ISETP.GE[.U32].AND P, PT, C,
+    BOUND`` testing the counter ``C`` after the one add ``C += STEP`` (``VIADD`` / ``IADD3``,
+    immediates) in the body, ``C`` set to an immediate ``INIT`` before the loop: the body runs
+    ``ceil((BOUND - INIT) / STEP)`` times.  None for any other form."""
+    test_at = None
+    for n in range(lp.end - 1, lp.start - 1, -1):
+        ops = _operands(ins[n])
+        if not ops or ops[0] != want:
+            continue
+        if ins[n].op in ("ISETP.GE.AND", "ISETP.GE.U32.AND") and len(ops) >= 4 \
+                and ops[1] == "PT" and re.fullmatch(r"0x[0-9a-f]+|\d+", ops[3]):
+            test_at, counter, bound = n, ops[2], int(ops[3], 0)
+        break
+    if test_at is None:
+        return None
+    writes = [n for n in range(lp.start, lp.end + 1) if _operands(ins[n])[:1] == [counter]]
+    if len(writes) != 1 or writes[0] > test_at:
+        return None
+    w = ins[writes[0]]
+    ops = _operands(w)
+    if w.predicated or ops[1:2] != [counter]:
+        return None
+    if w.base == "VIADD" and len(ops) == 3:
+        step = ops[2]
+    elif w.base == "IADD3" and len(ops) == 4 and ops[3] == "RZ":
+        step = ops[2]
+    else:
+        return None
+    if not re.fullmatch(r"0x[0-9a-f]+|\d+", step) or int(step, 0) <= 0:
+        return None
+    init = _init_value(ins, lp, counter)
+    if init is None or init >= bound:
+        return None
+    return -(-(bound - init) // int(step, 0))
 
 
 # -- the counted path ------------------------------------------------------------------------

@@ -77,20 +77,40 @@ of the longest sequence) and ``bh = blockIdx.z * gridDim.y + blockIdx.y`` the fl
 h)`` (``gridDim.y`` may not exceed 65535, so ``B * H`` beyond it spills into ``z``; spare blocks
 return at once); the kv head is ``h // (H // Hkv)`` (GQA / MQA).
 
-block = (THREADS_N, THREADS_M), 16 x 8 = 128 threads on the GPU: thread ``(tx, ty)`` owns the
-``TM = BLOCK_M / THREADS_M`` tile rows ``ty, ty + THREADS_M, ...`` and, in those rows, the
-``TN = BLOCK_N / THREADS_N`` score columns ``tx, tx + THREADS_N, ...`` of S and the
-``TD = HEAD_DIM / THREADS_N`` output columns ``tx, tx + THREADS_N, ...`` of ``acc``.  Its S and
-``acc`` micro-tiles, ``m_i`` and its partial ``l_i`` live in registers (``cuda.local.array`` with
-compile-time sizes, fully unrolled).  Strided ownership makes neighbouring threads read
-neighbouring shared-memory words (no bank conflicts).  A row's ``THREADS_N`` threads are
+block = (THREADS_N, THREADS_M) from :data:`GPU_TILES` (e.g. 16 x 8 = 128 threads for float32 at
+HEAD_DIM = 64, 8 x 8 at 128): thread ``(tx, ty)`` owns the ``TM = BLOCK_M / THREADS_M`` tile rows
+``ty, ty + THREADS_M, ...`` and, in those rows, the ``TN = BLOCK_N / THREADS_N`` score columns
+``tx, tx + THREADS_N, ...`` of S and ``TD = HEAD_DIM / THREADS_N`` output columns of ``acc`` in
+16-byte chunks: chunks ``tx, tx + THREADS_N, ...`` of ``VW`` columns (4 float32, 2 float64).
+Its S and ``acc`` micro-tiles, ``m_i`` and its partial ``l_i`` live in registers
+(``cuda.local.array`` with compile-time sizes, fully unrolled).
+
+The two products read shared memory 16 bytes at a time (``ld.shared.v4``, :func:`stages.lds16`):
+``qk_tile`` takes, per 16-byte chunk of the head dim, one load per owned Q row and one per owned
+key (``TM + TN`` loads for ``TM TN VW`` FMAs, 16 x 4 FMAs for 8 loads at HEAD_DIM = 64);
+``pv_tile``, per chunk of ``VW`` keys, one load of ``P`` per row and ``TD / VW`` of ``V`` per
+key.  The loops are ``while`` loops over a 32-bit byte offset (one add and a compare per step;
+Numba's ``range`` costs 7 instructions there) whose bodies have only compile-time trip counts,
+so every address is one base register plus an immediate.  The threads of a warp reading at once
+(8 per 16-byte phase) read one Q row (a broadcast), 8 keys whose rows the +16-byte pad of
+``k_tile`` puts in 8 distinct bank groups, or 128 consecutive bytes of a V row: no bank conflicts.
+A row's ``THREADS_N`` threads are
 consecutive lanes of one warp (``THREADS_N`` divides 32), so each row's max is combined across
 them every tile by a butterfly of ``cuda.shfl_xor_sync`` (no shared memory, no barrier); the
 partial sums ``l_i`` are combined the same way once, at the end (they all share the row's
-``m_i``, so partial sums add up).  The cooperative loads run ``BLOCK * HEAD_DIM / THREADS``
-iterations, a compile-time trip count.  Barriers: one after the Q load, then three per K/V tile
-(tiles loaded, ``p_tile`` written, everything read before the next load); paged, one more
-before the first tile (its ``page_sh``).  On the GPU the kernel
+``m_i``, so partial sums add up).  ``exp`` is ``ex2.approx`` of ``x log2 e`` in float32 (two
+instructions; libdevice ``expf`` is about ten), libdevice ``exp`` in float64.
+
+The tile copies (``make_copy_rows``) move 16-byte chunks: thread ``tid`` takes chunks ``tid, tid +
+THREADS, ...`` of the tile (a compile-time count).  The ``VEC`` build (float32 / float64 inputs
+whose rows are whole chunks, 16-byte aligned: :func:`vector_tiles`) issues them as ``cp.async``
+(``stages.cp_async16``: rows past the end and chunks past ``d`` are zero-filled by the copy
+itself), K and V as two groups so that V may still land while S is computed
+(``cp.async.wait_group 1`` before the first barrier of a tile, ``0`` before the second); the
+other builds (float16 / bfloat16 inputs widened to float32, odd head dims) load element by
+element through the element-type stage.  Barriers: one after the Q load, then three per K/V
+tile (K landed, ``p_tile`` written and V landed, everything read before the next copies);
+paged, one more before the first tile (its ``page_sh``).  On the GPU the kernel
 is compiled with ``launch_bounds`` only where ptxas showed it pays (:data:`GPU_MIN_BLOCKS`;
 ptxas figures before and after in docs/tiled-forward.md).
 
@@ -104,19 +124,22 @@ update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no e
 
 Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 ------------------------------------------------------------------
-* ``q_tile [HEAD_DIM, BLOCK_M + 1]``: ``Q_i`` transposed (unscaled), loaded once;
-* ``k_tile [HEAD_DIM, BLOCK_N + 1]``: ``K_j`` transposed, so S reads a row of consecutive keys;
+Every tile is row-major and 16-byte aligned (``alignment=16`` on the GPU), rows whole chunks:
+
+* ``q_tile [BLOCK_M, HEAD_DIM]``: ``Q_i`` (unscaled), loaded once;
+* ``k_tile [BLOCK_N, HEAD_DIM + VW]``: ``K_j``, rows padded by one chunk (bank groups, above);
 * ``v_tile [BLOCK_N, HEAD_DIM]``;
-* ``p_tile [BLOCK_M, BLOCK_N + 1]``: the probabilities ``P`` for ``P V``;
+* ``p_tile [BLOCK_M, BLOCK_N + P_PAD]``: the probabilities ``P`` for ``P V`` (``P_PAD = 8``:
+  a warp's scalar stores of ``P`` hit distinct banks);
 * dropout only: ``keep_tile [BLOCK_M, BLOCK_N / 4 + 1]`` (int32, 4 bytes): the keep bits of the
   tile, 4 columns per word;
 * paged only: ``page_sh [BLOCK_N]`` (int32): the cache row of each key of the tile.
 
-The ``+ 1`` pads keep transposed stores and column reads free of bank conflicts.  In total
-``w * (HEAD_DIM (BLOCK_M + BLOCK_N + 2) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N + 1))`` bytes, plus
-``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout and ``4 BLOCK_N`` paged, at most 48 KiB for every
-configuration :func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 40.8 KiB for the
-float32 default at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8 threads; 43.0 KiB with dropout).
+In total ``w * (BLOCK_M HEAD_DIM + BLOCK_N (HEAD_DIM + VW) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N
++ 8))`` bytes, plus ``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout and ``4 BLOCK_N`` paged, at most
+48 KiB for every configuration :func:`compile_configs` lists (see :func:`shared_bytes`; e.g. 42.5
+KiB for the float32 default at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8 threads; 44.8 KiB with
+dropout).
 
 float16 and bfloat16 inputs are computed in float32 (the tiles hold float32), float64 inputs
 in float64: each element is read and written through the element-type stage of
@@ -136,6 +159,8 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
                      log_tile, numba_array_type, padded_head_dim)
+from .stages import (LOG2E, cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
+                     ex2, lds16, load_at)
 from .elements import BFLOAT16, element_ops
 from .jit import kernel_jit
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
@@ -144,26 +169,41 @@ from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, mak
 
 _device = functools.partial(cuda.jit, device=True, inline=True)
 
+
+def _stage(fn):
+    """A stage of the kernel: a device function on the GPU; in the simulator the Python function
+    itself (a simulated device call swaps this module's ``cuda`` globals on every call, and the
+    kernel runs in this module, so ``cuda.local.array`` and the stage twins still resolve)."""
+    return fn if on_simulator() else _device(fn)
+
 #: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
 MAX_TILE_REGS = 64
 
-#: GPU default tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.
-#: Chosen so that the S and acc micro-tiles are as large as the registers allow (each shared load
-#: feeds 4-8 FMAs) while everything stays under 48 KiB of shared memory.
+#: GPU default tiles and threads ``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` per padded head
+#: dim, for 4-byte and 8-byte compute.  Chosen so that every thread owns 4 rows of S where the
+#: tile allows (a 16-byte load of a K row then feeds 4 x 4 FMAs, one of ``acc``'s V chunks 4 x 4:
+#: FFMA dominates the loop, see docs/resources.md) while everything stays under 48 KiB of shared
+#: memory and ``THREADS_N`` 16-byte chunks fit in a head row (``THREADS_N * 16 / w <=
+#: HEAD_DIM``).  Each ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` appears once, so the tiles name their
+#: threads (:func:`thread_layout`).
 GPU_TILES = {
-    4: {16: (64, 64), 32: (64, 64), 64: (64, 32), 128: (32, 16), 256: (16, 8)},
-    8: {16: (32, 32), 32: (32, 32), 64: (32, 16), 128: (16, 8), 256: (4, 8)},
+    4: {16: (64, 64, 16, 4), 32: (64, 64, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
+        256: (16, 8, 8, 8)},
+    8: {16: (32, 32, 8, 8), 32: (32, 32, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
+        256: (4, 8, 4, 8)},
 }
+_GPU_THREADS = {(bm, bn, hd): (tm_, tn_) for table in GPU_TILES.values()
+                for hd, (bm, bn, tm_, tn_) in table.items()}
 
 #: simulator defaults: small tiles and few threads (each CUDA thread is a Python thread).
 SIM_BLOCK = 8
 SIM_THREADS = 4
 SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
-#: GPU thread rows and columns of a block (at most; fewer when a tile is smaller): 16 x 8 = 128
-#: threads.  (Until 2026-11-30 8 x 8: 64 threads with twice the micro-tile, 167 registers and
-#: 15.6 % theoretical occupancy for float32 at HEAD_DIM = 64, see docs/tiled-forward.md.)
-GPU_THREADS_M = 16
-GPU_THREADS_N = 8
+#: padding of a ``p_tile`` row, in elements: with 8 threads per row (4 thread rows per warp) the
+#: scalar stores of ``P`` then hit 32 distinct banks, and rows stay 16-byte aligned
+P_PAD = 8
+#: bytes of one vector access (``cp.async``, ``ld.shared.v4``): 4 float32 or 2 float64
+VEC_BYTES = 16
 
 
 def _word(dtype):
@@ -174,20 +214,25 @@ def _word(dtype):
 def gpu_tiles(head_dim, dtype):
     """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype."""
     hd = padded_head_dim(head_dim)
-    block_m, block_n = GPU_TILES[_word(dtype)][hd]
+    block_m, block_n = GPU_TILES[_word(dtype)][hd][:2]
     return block_m, block_n, hd
 
 
 def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
-    """``(THREADS_M, THREADS_N)``: thread rows and columns of a block for these tiles."""
-    tm_, tn_ = (SIM_THREADS, SIM_THREADS) if simulator else (GPU_THREADS_M, GPU_THREADS_N)
-    return min(tm_, BLOCK_M), min(tn_, BLOCK_N, HEAD_DIM)
+    """``(THREADS_M, THREADS_N)``: thread rows and columns of a block for these tiles (the GPU
+    tiles of :data:`GPU_TILES` name theirs; the simulator's run 4 x 4 threads)."""
+    if simulator:
+        return min(SIM_THREADS, BLOCK_M), min(SIM_THREADS, BLOCK_N, HEAD_DIM // 4)
+    if (BLOCK_M, BLOCK_N, HEAD_DIM) in _GPU_THREADS:
+        return _GPU_THREADS[BLOCK_M, BLOCK_N, HEAD_DIM]
+    return min(16, BLOCK_M), min(8, BLOCK_N, HEAD_DIM // 4)
 
 
 def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False, paged=False):
     """Static shared memory of one block (the budget in the module docstring)."""
-    words = (HEAD_DIM * (BLOCK_M + 1) + HEAD_DIM * (BLOCK_N + 1) + BLOCK_N * HEAD_DIM
-             + BLOCK_M * (BLOCK_N + 1))
+    vw = VEC_BYTES // _word(dtype)  # elements of a 16-byte chunk: the k_tile row pad
+    words = (BLOCK_M * HEAD_DIM + BLOCK_N * (HEAD_DIM + vw) + BLOCK_N * HEAD_DIM
+             + BLOCK_M * (BLOCK_N + P_PAD))
     keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4 + 1) if dropout else 0  # int32 keep_tile
     page_bytes = 4 * BLOCK_N if paged else 0  # int32 page_sh
     return _word(dtype) * words + keep_bytes + page_bytes
@@ -201,6 +246,10 @@ def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=Fal
     smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout)
     if smem > SMEM_LIMIT:
         return f"{smem} B of shared memory > {SMEM_LIMIT} B"
+    vw = VEC_BYTES // _word(dtype)
+    if HEAD_DIM % (tn_ * vw) or BLOCK_N % vw:
+        return (f"{tn_} threads x {vw}-element chunks do not tile HEAD_DIM = {HEAD_DIM} and "
+                f"BLOCK_N = {BLOCK_N}")
     regs_per = _word(dtype) // 4
     acc_regs = (BLOCK_M // tm_) * (HEAD_DIM // tn_) * regs_per
     s_regs = (BLOCK_M // tm_) * (BLOCK_N // tn_) * regs_per
@@ -237,6 +286,20 @@ def jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
         return {}
     bounds = launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype)
     return {} if bounds is None else {"launch_bounds": bounds}
+
+
+def vector_tiles(dtype, d, head_dim, *arrays):
+    """The ``VEC`` build: float32 / float64 inputs (the tiles' own type) whose rows are whole
+    16-byte chunks (``d`` a multiple of 4 float32 / 2 float64; chunks past ``d`` up to
+    ``head_dim`` are zero-filled) and every array's data 16-byte aligned, so each tile row is
+    copied by ``cp.async``; else element by element (float16 and bfloat16 inputs are widened to
+    float32 on the way)."""
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or d % (VEC_BYTES // dt.itemsize):
+        return False
+    if on_simulator():
+        return True
+    return all(x.__cuda_array_interface__["data"][0] % VEC_BYTES == 0 for x in arrays)
 
 
 def explicit_tiles(head_dim, dtype, simulator=None):
@@ -294,7 +357,7 @@ def default_tiles(head_dim, dtype):
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT=False,
-                   SCORE_MOD=False, VARLEN=False, PAGED=False, USER=None):
+                   SCORE_MOD=False, VARLEN=False, PAGED=False, USER=None, VEC=False):
     """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, window, mods, dropout,
     seqs)``.
 
@@ -326,7 +389,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code; its
     # arrays ride in mods after the built-in ones: (softcap, inv_softcap, alibi, kinds, *aux)
     user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
-    assert USER is None or (SCORE_MOD and not PAGED)  # varlen: b is the sequence
+    assert USER is None or SCORE_MOD  # varlen: b is the sequence (paged too)
     U_SCORE = user_score is not None
     U_MASK = user_mask is not None
     USER_FN = U_SCORE or U_MASK
@@ -339,19 +402,20 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     TN = BLOCK_N // THREADS_N     # S columns per thread
     TD = HEAD_DIM // THREADS_N    # acc (output) columns per thread
     THREADS = THREADS_M * THREADS_N
-    Q_STRIDE = BLOCK_M + 1        # padded row lengths: q_tile,
-    K_STRIDE = BLOCK_N + 1        # k_tile and p_tile,
+    W = np.dtype(acc_dtype(dtype)).itemsize  # bytes of a compute element in the tiles
+    VW = VEC_BYTES // W           # elements of one 16-byte chunk: 4 float32, 2 float64
+    CH = HEAD_DIM // VW           # 16-byte chunks of a tile row
+    K_STRIDE = HEAD_DIM + VW      # k_tile rows padded by one chunk (bank-conflict free reads)
+    P_STRIDE = BLOCK_N + P_PAD    # p_tile rows
+    TC = TD // VW                 # the thread's acc column chunks (of VW columns each)
+    assert TD % VW == 0 and BLOCK_N % VW == 0
     LOG_THREADS_N = THREADS_N.bit_length() - 1  # butterfly steps across a row's threads
-    # compile-time trip counts of the cooperative loads (every tile size is a multiple of THREADS)
-    assert (BLOCK_M * HEAD_DIM) % THREADS == 0 and (BLOCK_N * HEAD_DIM) % THREADS == 0
-    Q_LOADS = BLOCK_M * HEAD_DIM // THREADS
-    KV_LOADS = BLOCK_N * HEAD_DIM // THREADS
+    # compile-time trip counts of the cooperative copies (16-byte chunks per thread)
+    assert (BLOCK_M * CH) % THREADS == 0 and (BLOCK_N * CH) % THREADS == 0
     NEG_INF = -math.inf
     NAN = math.nan
-    # unsigned trip counts for the two hot loops: an unsigned index needs no negative-index
-    # wraparound code, which would also stop the compiler from strength-reducing the addresses
-    HEAD_DIM_U = np.uint64(HEAD_DIM)
-    BLOCK_N_U = np.uint64(BLOCK_N)
+    ALIGN = None if on_simulator() else VEC_BYTES  # tiles 16-byte aligned (no kwarg in cudasim)
+    LOG2E_F = np.float32(LOG2E)
     GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
     KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
     # the one score of kernels/visibility.py (the backward recomputes exactly these scores):
@@ -381,6 +445,135 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                         row = int32((entry * n_kv_heads + int32(hk)) * block_size
                                     + (key - j_blk * block_size))
             page_sh[r] = row
+
+    def make_copy_rows(ROWS, STRIDE, PAGED_ROWS):
+        """``copy_rows(tile, x, elem0, row_stride, rows_valid, d, page_sh, bad, tid)``: rows
+        ``0 .. ROWS-1`` of a tile into ``tile[r, 0:HEAD_DIM]`` (row length ``STRIDE``).  Row
+        ``r`` is the ``d`` elements of ``x``'s flat view from ``elem0 + r * row_stride``
+        (``PAGED_ROWS``: from ``page_sh[r] * d``, and a row -1 is filled with ``bad``, nothing
+        read); rows ``>= rows_valid`` and columns ``>= d`` are zeros.  Thread ``tid`` copies the
+        16-byte chunks ``tid, tid + THREADS, ...`` (chunk ``idx`` is row ``idx // CH``, columns
+        ``VW * (idx % CH) ...``): ``VEC`` by ``cp.async`` (the caller commits and waits), else
+        element by element through the element-type stage."""
+        COPIES = ROWS * CH // THREADS
+
+        @_device
+        def copy_rows(tile, x, elem0, row_stride, rows_valid, d, page_sh, bad, tid):
+            for it in range(COPIES):
+                idx = tid + it * THREADS
+                r = idx // CH
+                c0 = (idx % CH) * VW
+                ok = r < rows_valid
+                if PAGED_ROWS:
+                    prow = page_sh[r]
+                    src = np.int64(prow) * d
+                    if ok and prow < 0:  # a bad table entry: not read
+                        for e in range(VW):
+                            tile[r, c0 + e] = bad
+                        continue
+                else:
+                    src = elem0 + r * row_stride
+                if VEC:  # d is a multiple of VW: a chunk is all inside or all past d
+                    live = ok and c0 < d
+                    cp_async16(tile, (r * STRIDE + c0) * W, x, src + c0 if live else 0,
+                               VEC_BYTES if live else 0)
+                else:
+                    for e in range(VW):
+                        if ok and c0 + e < d:
+                            tile[r, c0 + e] = load(load_at(x, src + c0 + e))
+                        else:
+                            tile[r, c0 + e] = acc_t(0.0)
+
+        return copy_rows
+
+    copy_q = make_copy_rows(BLOCK_M, HEAD_DIM, False)
+    copy_k = make_copy_rows(BLOCK_N, K_STRIDE, PAGED)
+    copy_v = make_copy_rows(BLOCK_N, HEAD_DIM, PAGED)
+
+    # byte steps of the shared tiles (compile time): a thread's rows and chunks sit at these
+    # offsets from its first, so every 16-byte load below is one base register + an immediate
+    Q_ROW_STEP = THREADS_M * HEAD_DIM * W   # q_tile rows ty, ty + THREADS_M, ...
+    K_ROW_STEP = THREADS_N * K_STRIDE * W   # k_tile keys tx, tx + THREADS_N, ...
+    P_ROW_STEP = THREADS_M * P_STRIDE * W   # p_tile rows
+    V_ROW = HEAD_DIM * W                    # one v_tile row
+    V_CHUNK_STEP = THREADS_N * VEC_BYTES    # a thread's V chunks tx, tx + THREADS_N, ...
+
+    # [docs:fwd-qk]
+    @_stage
+    def qk_tile(s, q_tile, k_tile, ty, tx):
+        """``s[i, j] = q . k`` of the thread's rows ``ty + i THREADS_M`` and keys ``tx + j
+        THREADS_N`` (raw, unscaled), one FMA per column in column order.  Per 16-byte chunk of
+        the head dim: one ``ld.shared.v4`` per row and per key (``TM + TN`` loads) feed ``TM TN
+        VW`` FMAs."""
+        qr = cuda.local.array((TM, VW), acc_t)
+        kr = cuda.local.array((TN, VW), acc_t)
+        q_byte = int32(ty * HEAD_DIM * W)       # row ty, chunk 0
+        k_byte = int32(tx * K_STRIDE * W)       # key tx, chunk 0
+        for i in range(TM):
+            for j in range(TN):
+                s[i, j] = acc_t(0.0)
+        # a while loop, not range(): Numba lowers range() with a 64-bit count and a sign test
+        # per step (7 instructions of 84 per chunk in the SASS); this is one add and a compare
+        off = int32(0)
+        while off < CH * VEC_BYTES:
+            for i in range(TM):
+                t = lds16(q_tile, q_byte + off + i * Q_ROW_STEP)
+                for e in range(VW):
+                    qr[i, e] = t[e]
+            for j in range(TN):
+                t = lds16(k_tile, k_byte + off + j * K_ROW_STEP)
+                for e in range(VW):
+                    kr[j, e] = t[e]
+            for e in range(VW):
+                for i in range(TM):
+                    for j in range(TN):
+                        s[i, j] += qr[i, e] * kr[j, e]
+            off = int32(off + VEC_BYTES)
+    # [/docs:fwd-qk]
+
+    # [docs:fwd-pv-stage]
+    @_stage
+    def load_v_row(vr, v_tile, n, tx):
+        """``vr`` = the thread's ``TD`` columns of ``v_tile`` row ``n``: chunks ``tx + g
+        THREADS_N`` (``TC`` 16-byte loads; a warp's 8 threads read 128 consecutive bytes)."""
+        v_byte = int32(n * V_ROW + tx * VEC_BYTES)
+        for g in range(TC):
+            t = lds16(v_tile, v_byte + g * V_CHUNK_STEP)
+            for e in range(VW):
+                vr[g * VW + e] = t[e]
+
+    @_stage
+    def pv_tile(acc, p_tile, v_tile, ty, tx):
+        """``acc += P V`` over the whole tile, keys in order: per chunk of ``VW`` keys one
+        16-byte load of ``P`` per row and ``VW TC`` of ``V`` feed ``TM TD VW`` FMAs."""
+        pr = cuda.local.array((TM, VW), acc_t)
+        vr = cuda.local.array(TD, acc_t)
+        p_byte = int32(ty * P_STRIDE * W)       # row ty, key 0
+        n0 = int32(0)  # the chunk's first key (a while loop, as in qk_tile)
+        while n0 < BLOCK_N:
+            for i in range(TM):
+                t = lds16(p_tile, p_byte + n0 * W + i * P_ROW_STEP)
+                for e in range(VW):
+                    pr[i, e] = t[e]
+            for e in range(VW):
+                load_v_row(vr, v_tile, n0 + e, tx)
+                for i in range(TM):
+                    for c in range(TD):
+                        acc[i, c] += pr[i, e] * vr[c]
+            n0 = int32(n0 + VW)
+    # [/docs:fwd-pv-stage]
+
+    if W == 4:
+        @_stage
+        def exp_e(x):
+            """``exp(x)`` in float32 as ``ex2.approx(x log2 e)``: one FMUL and one MUFU.EX2
+            (libdevice ``expf`` is about 10 instructions); ``exp(-inf) = 0``, NaN stays NaN."""
+            return ex2(x * LOG2E_F)
+    else:
+        @_stage
+        def exp_e(x):
+            """``exp(x)`` in float64 (libdevice ``exp``: there is no float64 ``ex2.approx``)."""
+            return math.exp(x)
 
     @_device
     def user_sees(b, h, row, key, nq, umask, mods):
@@ -445,12 +638,13 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             slope = acc_t(0.0)
 
         # [docs:fwd-arrays]
-        q_tile = cuda.shared.array((HEAD_DIM, Q_STRIDE), acc_t)
-        k_tile = cuda.shared.array((HEAD_DIM, K_STRIDE), acc_t)
-        v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), acc_t)
-        p_tile = cuda.shared.array((BLOCK_M, K_STRIDE), acc_t)
+        q_tile = cuda.shared.array((BLOCK_M, HEAD_DIM), acc_t, alignment=ALIGN)
+        k_tile = cuda.shared.array((BLOCK_N, K_STRIDE), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, P_STRIDE), acc_t, alignment=ALIGN)
         s = cuda.local.array((TM, TN), acc_t)
         acc = cuda.local.array((TM, TD), acc_t)
+        vr = cuda.local.array(TD, acc_t)  # a V row's columns of this thread (masked P V)
         m_i = cuda.local.array(TM, acc_t)
         l_i = cuda.local.array(TM, acc_t)
         # [/docs:fwd-arrays]
@@ -460,21 +654,28 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         if PAGED:  # the cache row of each key of the K/V tile (page_rows)
             block_table, block_size, n_blocks = seqs[2], seqs[3], seqs[5]
             page_sh = cuda.shared.array(BLOCK_N, int32)
+        else:
+            page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
+        # the flat element of row 0 of this (b, h)'s Q and K/V, and the row strides
+        if VARLEN:
+            q_elem0 = (np.int64(q0) * n_heads + h) * d
+            q_row = n_heads * d
+            kv_elem0 = (np.int64(k0) * n_kv_heads + hk) * d
+            kv_row = n_kv_heads * d
+        else:
+            q_elem0 = (np.int64(b * n_heads + h) * nq) * d
+            q_row = d
+            kv_elem0 = (np.int64(b * n_kv_heads + hk) * nk) * d
+            kv_row = d
 
         # [docs:fwd-load-q]
-        # -- load q_tile = Q_i (transposed, unscaled: the score contract scales q . k), zero past
-        # Nq and past the true head dim
-        for it in range(Q_LOADS):
-            idx = tid + it * THREADS
-            r = idx // HEAD_DIM
-            c = idx % HEAD_DIM
-            if q_start + r < nq and c < d:
-                if VARLEN:
-                    q_tile[c, r] = load(q[q0 + q_start + r, h, c])
-                else:
-                    q_tile[c, r] = load(q[b, h, q_start + r, c])
-            else:
-                q_tile[c, r] = acc_t(0.0)
+        # -- load q_tile = Q_i (unscaled: the score contract scales q . k), zero past Nq and
+        # past the true head dim
+        copy_q(q_tile, q, q_elem0 + q_start * q_row, q_row, nq - q_start, d, page_sh,
+               acc_t(0.0), tid)
+        if VEC:
+            cp_async_commit()
+            cp_async_wait_all()
         for i in range(TM):
             m_i[i] = acc_t(NEG_INF)
             l_i[i] = acc_t(0.0)
@@ -512,30 +713,17 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                 log_tile(b, h, q_start, kt)
             if umask:
                 masked = True  # the per-element mask, and the PV loop's visibility test
-            # -- load k_tile = K_j^T and v_tile = V_j, zero past Nk and past the true head dim
-            for it in range(KV_LOADS):
-                idx = tid + it * THREADS
-                r = idx // HEAD_DIM
-                c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
-                key = k_start + r
-                if key < nk and c < d:
-                    if PAGED:
-                        row = page_sh[r]
-                        if row >= 0:
-                            k_tile[c, r] = load(k[uint32(row), c])
-                            v_tile[r, c] = load(v[uint32(row), c])
-                        else:  # a bad table entry, not read: the rows that see the key get NaN
-                            k_tile[c, r] = acc_t(NAN)
-                            v_tile[r, c] = acc_t(0.0)
-                    elif VARLEN:
-                        k_tile[c, r] = load(k[k0 + key, hk, c])
-                        v_tile[r, c] = load(v[k0 + key, hk, c])
-                    else:
-                        k_tile[c, r] = load(k[b, hk, key, c])
-                        v_tile[r, c] = load(v[b, hk, key, c])
-                else:
-                    k_tile[c, r] = acc_t(0.0)
-                    v_tile[r, c] = acc_t(0.0)
+            # -- load k_tile = K_j and v_tile = V_j (two cp.async groups: V may still land
+            # while S is computed), zero past Nk and past the true head dim; a bad page table
+            # entry is read as k = NaN, v = 0 (the rows that see the key get NaN)
+            kv_start = kv_elem0 + k_start * kv_row
+            copy_k(k_tile, k, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(NAN), tid)
+            if VEC:
+                cp_async_commit()
+            copy_v(v_tile, v, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(0.0), tid)
+            if VEC:
+                cp_async_commit()
+                cp_async_wait_one()  # this thread's K chunks have landed (V may not have)
         # [/docs:fwd-load-kv]
             # [docs:fwd-dropout-draw]
             if DROPOUT:
@@ -555,17 +743,10 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     keep_tile[r, g] = bits
             # [/docs:fwd-dropout-draw]
             # [docs:fwd-s]
-            cuda.syncthreads()  # k_tile, v_tile (and keep_tile) are complete before any read
+            cuda.syncthreads()  # k_tile (and keep_tile) are complete before any read
 
-            # -- q . k: a TM x TN micro-tile of Q K^T per thread, one FMA per column in order
-            for i in range(TM):
-                for j in range(TN):
-                    s[i, j] = acc_t(0.0)
-            for c in range(HEAD_DIM_U):
-                for i in range(TM):
-                    qv = q_tile[c, ty + i * THREADS_M]
-                    for j in range(TN):
-                        s[i, j] += qv * k_tile[c, tx + j * THREADS_N]
+            # -- q . k: a TM x TN micro-tile of Q K^T per thread (qk_tile)
+            qk_tile(s, q_tile, k_tile, ty, tx)
 
             # -- the score of a visible key (make_score: times scale, non-finite -> NaN,
             # softcap, ALiBi); -inf for a key the row does not see (only tiles that cross the
@@ -610,11 +791,11 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                 # -- P = exp(S - m_new); l_i = alpha * l_i + rowsum(P); acc *= alpha
                 # a row with no visible key yet keeps m = -inf: take exp against 0, not -inf
                 m_use = m_new if m_new != NEG_INF else acc_t(0.0)
-                alpha = math.exp(m_i[i] - m_use)
+                alpha = exp_e(m_i[i] - m_use)
                 m_i[i] = m_new
                 row_sum = acc_t(0.0)
                 for j in range(TN):
-                    p = math.exp(s[i, j] - m_use)
+                    p = exp_e(s[i, j] - m_use)
                     s[i, j] = p
                     row_sum += p
                 l_i[i] = alpha * l_i[i] + row_sum  # l_i (and so lse) from the undropped P
@@ -632,28 +813,27 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     p_tile[r, tx + j * THREADS_N] = s[i, j]
                 for c in range(TD):
                     acc[i, c] *= alpha
-            cuda.syncthreads()  # p_tile is complete before P V reads whole rows of it
+            if VEC:
+                cp_async_wait_all()  # this thread's V chunks have landed
+            cuda.syncthreads()  # p_tile (and v_tile) are complete before P V reads them
             # [/docs:fwd-update]
 
             # [docs:fwd-pv]
             # -- acc += P V: a TM x TD micro-tile of the output per thread
             if masked:
                 # a key the row does not see adds nothing, not even 0 * NaN from a NaN value
-                for n in range(BLOCK_N_U):
+                for n in range(BLOCK_N):
                     key = k_start + n
+                    load_v_row(vr, v_tile, n, tx)
                     for i in range(TM):
                         row = q_start + ty + i * THREADS_M
                         if is_visible(row, key, offset, nk, left, right) and (
                                 not USER_FN or user_sees(b, h, row, key, nq, umask, mods)):
                             pv = p_tile[ty + i * THREADS_M, n]
                             for c in range(TD):
-                                acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
+                                acc[i, c] += pv * vr[c]
             else:
-                for n in range(BLOCK_N_U):
-                    for i in range(TM):
-                        pv = p_tile[ty + i * THREADS_M, n]
-                        for c in range(TD):
-                            acc[i, c] += pv * v_tile[n, tx + c * THREADS_N]
+                pv_tile(acc, p_tile, v_tile, ty, tx)
             cuda.syncthreads()  # k/v/p/keep_tile are fully read before the next tile
             # [/docs:fwd-pv]
 
@@ -673,7 +853,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                     inv_l = acc_t(1.0) / l_row
                     row_lse = m_i[i] + math.log(l_row)
                 for c in range(TD):
-                    col = tx + c * THREADS_N
+                    col = (tx + (c // VW) * THREADS_N) * VW + c % VW  # chunk-owned columns
                     if col < d:
                         if VARLEN:
                             o[q0 + row, h, col] = store(acc[i, c] * inv_l)
@@ -753,6 +933,11 @@ def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False, paged=
     return (arr, kv, kv, arr, lse_t, acc, window_t, mods_t, dropout_t, seqs_t)
 
 
+#: the input dtypes whose builds copy tiles by ``cp.async`` (:func:`vector_tiles`); the compile
+#: tier's other rows of them are named ``... elementwise``
+VEC_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 #: the bfloat16 configurations the compile tier builds: ``{HEAD_DIM: dropout flags}``, a
 #: representative selection (the bfloat16 kernel is the float16 kernel with other loads and
 #: stores, same tiles and threads): every flag at HEAD_DIM 64, the kernels without dropout at 128.
@@ -786,7 +971,7 @@ def compile_configs():
                 yield {
                     "name": config_name(bm, bn, hd, tm_, tn_, dt, dropout, score_mod, varlen),
                     "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, dropout, score_mod,
-                                             varlen),
+                                             varlen, VEC=dt in VEC_DTYPES),
                     "args": kernel_arg_types(dt, dropout, score_mod, varlen),
                     "launch_bounds": launch_bounds(bm, bn, hd, dt),
                     "float64_ok": dt == np.float64,
@@ -797,10 +982,23 @@ def compile_configs():
             tm_, tn_ = thread_layout(bm, bn, hd)
             yield {
                 "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, True, True),
-                "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, True, True),
+                "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, True, True,
+                                         VEC=dt in VEC_DTYPES),
                 "args": kernel_arg_types(dt, False, True, True, True),
                 "launch_bounds": launch_bounds(bm, bn, hd, dt),
                 "float64_ok": False,
+            }
+    for dt in (np.dtype(np.float32), np.dtype(np.float64)):  # the element-wise copies
+        bm, bn, hd = gpu_tiles(64, dt)
+        tm_, tn_ = thread_layout(bm, bn, hd)
+        for varlen in (False, True):
+            yield {
+                "name": config_name(bm, bn, hd, tm_, tn_, dt, False, varlen, varlen)
+                + " elementwise",
+                "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, varlen, varlen),
+                "args": kernel_arg_types(dt, False, varlen, varlen),
+                "launch_bounds": launch_bounds(bm, bn, hd, dt),
+                "float64_ok": dt == np.float64,
             }
     yield from _user_configs()
 
@@ -831,7 +1029,8 @@ def _user_configs():
     yield {
         "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, False)
         + " score_mod mask_mod block_mask",
-        "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, False, False, user),
+        "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, False, False, user,
+                                 VEC=True),
         "args": tuple(args),
         "launch_bounds": launch_bounds(bm, bn, hd, dt),
         "float64_ok": False,

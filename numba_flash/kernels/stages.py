@@ -5,20 +5,24 @@ name.  On the GPU each is an ``@intrinsic`` emitting one PTX instruction (a plai
 :func:`load_u16`); in the simulator, which cannot run inline PTX, each has a *twin* of the same
 semantics, written from the PTX ISA's definition (the tests check every twin against it).
 
-Shared memory is addressed in **bytes** from the start of a ``uint32`` shared array ``smem``
-(``smem_byte``), global memory in **elements** from the start of a ``uint16`` array of any shape
-(``elem``; the array's own shape is ignored: it must be C-contiguous).
+Shared memory is addressed in **bytes** from the start of a shared array ``smem``
+(``smem_byte``: a ``uint32`` arena in the tensor-core kernels, a float32 / float64 tile in the SIMT
+forward), global memory in **elements** from the start of an array of any shape (``elem``; the
+array's own shape is ignored: it must be C-contiguous).
 
 Copies (global -> shared, 16 bytes per instruction)
 ---------------------------------------------------
 * :func:`cp_async16` ``(smem, smem_byte, src, elem, src_bytes)``:
   ``cp.async.cg.shared.global [dst], [src], 16, src_bytes`` copies ``src_bytes`` (0 or 16) bytes
   and zero-fills the rest of the 16 (a row past the end of a tensor reads nothing and lands as
-  zeros).  Both addresses must be 16-byte aligned.  The copies move bits: float16 and bfloat16
-  alike (``uint16`` views).  The copy is asynchronous:
+  zeros).  Both addresses must be 16-byte aligned.  The copies move bits: any shared array
+  (``smem_byte`` in bytes) from any array (``elem`` in its elements): float16 and bfloat16 as
+  ``uint16`` views into a ``uint32`` arena (the tensor-core kernels), float32 / float64 rows
+  into float32 / float64 tiles (the SIMT forward).  The copy is asynchronous:
   :func:`cp_async_commit` closes a group of copies, :func:`cp_async_wait_all`
-  (``cp.async.wait_group 0``) waits until this thread's groups have landed, and a
-  ``cuda.syncthreads()`` after it makes them visible to the other threads.
+  (``cp.async.wait_group 0``) waits until this thread's groups have landed,
+  :func:`cp_async_wait_one` (``cp.async.wait_group 1``) until all but the newest group have,
+  and a ``cuda.syncthreads()`` after it makes them visible to the other threads.
   Twin: the copy happens at once (commit and wait do nothing).
 * :func:`make_tile_copy` builds ``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d,
   tid)``: a ``ROWS x HEAD_DIM`` tile of float16 rows (global row stride ``d``) into shared rows
@@ -58,6 +62,8 @@ Arithmetic
 * :func:`fma` ``(a, b, c)``: ``fma.rn.f32``, ``a * b + c`` rounded once (Numba contracts no
   FMA without fastmath).
 * :func:`load_u16` ``(src, elem)``: one 16-bit global load at a flat element offset.
+* :func:`load_at` ``(src, elem)``: one element of an array of any dtype at a flat element
+  offset (the scalar path of a tile copy, where the 16-byte one cannot run).
 * :func:`load16` ``(src, elem)``: one 16-byte read-only global load
   (``ld.global.nc.v4.u32``) of elements ``elem .. elem + 16 / itemsize - 1`` of a float16,
   float32 or float64 array (any shape, C-contiguous; the address must be 16-byte aligned),
@@ -191,8 +197,9 @@ def _gpu_stages():
     @intrinsic
     def cp_async16(typingctx, smem, smem_byte, src, elem, src_bytes):
         """Copy 16 bytes (``src_bytes`` of them read, the rest zero) global -> shared."""
-        check_array("cp_async16", "smem", smem, types.uint32)
-        check_array("cp_async16", "src", src, types.uint16)
+        for what, ty in (("smem", smem), ("src", src)):
+            if not isinstance(ty, types.Array):
+                raise NumbaTypeError(f"cp_async16: expected {what} as an array, got {ty}")
         for what, ty in (("smem_byte", smem_byte), ("elem", elem), ("src_bytes", src_bytes)):
             check_int("cp_async16", what, ty)
         sig = types.none(smem, smem_byte, src, elem, src_bytes)
@@ -257,6 +264,21 @@ def _gpu_stages():
         check_array("load_u16", "src", src, types.uint16)
         check_int("load_u16", "elem", elem)
         sig = types.uint16(src, elem)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            return builder.load(builder.gep(data, [as_i(context, builder, sig.args[1], args[1],
+                                                        64)]))
+
+        return sig, codegen
+
+    @intrinsic
+    def load_at(typingctx, src, elem):
+        """``src`` (any dtype, any shape) at flat element ``elem``: one plain load."""
+        if not isinstance(src, types.Array):
+            raise NumbaTypeError(f"load_at: expected src as an array, got {src}")
+        check_int("load_at", "elem", elem)
+        sig = src.dtype(src, elem)
 
         def codegen(context, builder, sig, args):
             data = context.make_array(sig.args[0])(context, builder, args[0]).data
@@ -335,10 +357,12 @@ def _gpu_stages():
         cp_async16=cp_async16,
         cp_async_commit=make_bare("cp.async.commit_group;"),
         cp_async_wait_all=make_bare("cp.async.wait_group 0;"),
+        cp_async_wait_one=make_bare("cp.async.wait_group 1;"),
         ex2=ex2,
         fmax=fmax,
         fma=fma,
         load_u16=load_u16,
+        load_at=load_at,
     )
 
 
@@ -353,13 +377,20 @@ def _host_flat(arr):
 
 
 def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
-    """Twin of :func:`cp_async16`: the 16 bytes land at once (zero past ``src_bytes``)."""
-    n = int(src_bytes) // 2
-    halves = np.zeros(8, np.uint16)
+    """Twin of :func:`cp_async16`: the 16 bytes land at once (zero past ``src_bytes``); any
+    element types (the copy moves bytes), ``elem`` counted in ``src``'s elements."""
+    flat = _host_flat(src)
+    n = int(src_bytes)
+    data = np.zeros(16, np.uint8)
     if n:
-        halves[:n] = _host_flat(src)[int(elem):int(elem) + n]
-    w = int(smem_byte) >> 2
-    smem[w:w + 4] = halves.view(np.uint32)
+        e = int(elem)
+        data[:n] = flat[e:e + n // flat.itemsize].view(np.uint8)
+    b = int(smem_byte)
+    if b % 16:
+        raise ValueError(f"cp_async16: expected a 16-byte aligned shared byte offset, got {b}")
+    dst = smem.reshape(-1)
+    size = dst.itemsize
+    dst[b // size:(b + 16) // size] = data.view(dst.dtype)
 
 
 def _sim_nothing():
@@ -427,6 +458,10 @@ def _sim_load_u16(src, elem):
     return _host_flat(src)[int(elem)]
 
 
+def _sim_load_at(src, elem):
+    return _host_flat(src)[int(elem)]
+
+
 def _sim_load16(src, elem):
     """Twin of :func:`load16`: the 16 bytes from element ``elem`` (the address must be
     16-byte aligned, as on the device), in the compute type."""
@@ -450,7 +485,8 @@ def _sim_lds16(smem, smem_byte):
     if b % 16:
         raise ValueError(f"lds16: expected a 16-byte aligned byte offset, got {b}")
     w = b // size
-    return tuple(smem[w + i] for i in range(16 // size))
+    flat = smem.reshape(-1)
+    return tuple(flat[w + i] for i in range(16 // size))
 
 
 if on_simulator():
@@ -459,10 +495,12 @@ if on_simulator():
     cp_async16 = _sim_cp_async16
     cp_async_commit = _sim_nothing
     cp_async_wait_all = _sim_nothing
+    cp_async_wait_one = _sim_nothing
     ex2 = _sim_ex2
     fmax = _sim_fmax
     fma = _sim_fma
     load_u16 = _sim_load_u16
+    load_at = _sim_load_at
     load16 = _sim_load16
     lds16 = _sim_lds16
 else:
@@ -470,8 +508,9 @@ else:
     ldmatrix_x4, ldmatrix_x4_trans = _g["ldmatrix_x4"], _g["ldmatrix_x4_trans"]
     cp_async16, cp_async_commit, cp_async_wait_all = (_g["cp_async16"], _g["cp_async_commit"],
                                                       _g["cp_async_wait_all"])
+    cp_async_wait_one = _g["cp_async_wait_one"]
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
-    load16, lds16 = _g["load16"], _g["lds16"]
+    load16, lds16, load_at = _g["load16"], _g["lds16"], _g["load_at"]
     del _g
 
 

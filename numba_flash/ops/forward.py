@@ -14,7 +14,7 @@ from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
 from ..frontend.variants import check_variants
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import (choose_tiles, explicit_tiles, forward_grid, forward_kernel,
-                               launch_config)
+                               launch_config, vector_tiles)
 from ..philox import dropout_params
 from .kernel_choice import KERNELS, check_forward_kernel, import_mma  # noqa: F401  (KERNELS)
 
@@ -167,8 +167,6 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
     user = {} if variant is None else {"USER": user_build(variant)}
-    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, use_mods, **user)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
     window_arg = (np.int32(left), np.int32(right))
     # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
@@ -177,6 +175,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     call = ArrayCall({"q": q, "k": k, "v": v})
     call.reserve({"o": ((b, h, nq, d), dtype), "lse": ((b, h, nq), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    vec = vector_tiles(dtype, d, HEAD_DIM, dq, dk, dv)  # 16-byte tile copies (cp.async)
+    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
+                          use_dropout, use_mods, VEC=vec, **user)
     mods = ()
     if use_mods:  # softcap = 0 switches the softcap off; zero slopes switch ALiBi off
         slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)

@@ -109,9 +109,9 @@ def test_dropout_p_zero_is_the_plain_kernel(rng):
     built = []
     real = forward_op.forward_kernel
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         built.append(args)
-        return real(*args)
+        return real(*args, **kwargs)
 
     try:
         forward_op.forward_kernel = spy
