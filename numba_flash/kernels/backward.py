@@ -169,6 +169,17 @@ The dropout kernels take one more argument, the tuple ``dropout = (seed_lo, seed
 threshold, keep_scale)`` (the ``numpy.uint32`` values of
 :func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type); the plain
 kernels get ``()``, an empty tuple that adds no kernel parameter.
+
+A user's variant (``USER``, :mod:`numba_flash.flex`, compile time)
+------------------------------------------------------------------
+``score_mod`` runs on the modified score and ``dS`` is multiplied by ``score_mod_grad`` at the
+score it received; ``mask_mod`` is and-ed into the visibility rule (:func:`tile_functions`).
+With a block mask each loop reads the classification
+(:func:`~numba_flash.kernels.visibility.make_tile_kind`) before loading a tile: a tile pair it
+calls EMPTY is skipped (the dK/dV kernel's Q tiles of its K/V tile, the dQ kernel's K/V tiles
+of its Q tile; every thread takes the same branch, so the barriers stay uniform), a FULL one
+runs without ``mask_mod``.  In the simulator thread 0 logs each tile pair it computes
+(:func:`~numba_flash.kernels.common.log_tile`, ``(b, h, q_start, key tile)``).
 """
 
 from __future__ import annotations
@@ -484,9 +495,10 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                         else:
                             x, grad = score_alibi(s[i * A_TC + j], scale, row, col, offset,
                                                   softcap, inv_softcap, slope)
-                        if U_SCORE:  # the user's score_mod, and its derivative at x
-                            grad = grad * user_grad(x, b, h, row, col, *user[1:])
-                            x = user_score(x, b, h, row, col, *user[1:])
+                        if U_SCORE:  # the user's score_mod, and its derivative at x (in
+                            # acc_t whatever the user's code returns: 1.0 is a float64)
+                            grad = grad * acc_t(user_grad(x, b, h, row, col, *user[1:]))
+                            x = acc_t(user_score(x, b, h, row, col, *user[1:]))
                         p = math.exp(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)

@@ -256,8 +256,9 @@ def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS=None):
         if MODS:
             x, grad = score(s, scale, row, key, offset, softcap, inv_softcap, slope)
             if SCORE_MOD:  # the user's score_mod after scale / softcap / ALiBi, as the forward
-                grad = grad * user_grad(x, b, h, row, key, *user[1:])
-                x = user_score(x, b, h, row, key, *user[1:])
+                # (float32 whatever the user's code returns: a Python float would be float64)
+                grad = grad * float32(user_grad(x, b, h, row, key, *user[1:]))
+                x = float32(user_score(x, b, h, row, key, *user[1:]))
             p = ex2(fma(x, LOG2E_F, nlse2))
         else:
             p = ex2(fma(s, exp_scale, nlse2))         # exp(scale qk - lse): FFMA + MUFU.EX2
@@ -433,9 +434,12 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
                 do_bad = cuda.syncthreads_or(1 if scan_q(smem, qb + DO_OFF, tid) else 0)
             else:
                 cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
+            # the next tile's first row: q_start + BLOCK_M without a block mask (the plain
+            # build's very expression, once the compiler folds (qt + 1 - qt))
+            next_start = q_start + (qt_next - qt) * BLOCK_M
             if Q_STAGES == 2 and qt_next < t_hi:  # the next Q tile's copy runs under this math
                 load_q(smem, QS_BYTE + STAGE_BYTES - (qb - QS_BYTE), q, do, qo_base,
-                       qt_next * BLOCK_M, nq, d, tid)
+                       next_start, nq, d, tid)
                 cp_async_commit()
 
             # -- S^T = K Q^T and dP^T = V dO^T: keys as rows, 2 fragments of 8 queries; A = the
@@ -537,7 +541,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
             if DQ_ATOMIC or Q_STAGES == 1:
                 cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
             if Q_STAGES == 1 and qt_next < t_hi:   # one stage: the next copy after the barrier
-                load_q(smem, QS_BYTE, q, do, qo_base, qt_next * BLOCK_M, nq, d, tid)
+                load_q(smem, QS_BYTE, q, do, qo_base, next_start, nq, d, tid)
                 cp_async_commit()
 
             if DQ_ATOMIC:
@@ -786,13 +790,16 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
             scale, exp_scale, softcap, inv_softcap, slope = sc
             k_start = kt * BLOCK_N
             kb = KV_BYTE + (stage * STAGE_BYTES if KV_STAGES == 2 else 0)
+            # the next tile's first key: k_start + BLOCK_N without a block mask (the plain
+            # build's very expression, once the compiler folds (kt + 1 - kt))
+            next_start = k_start + (kt_next - kt) * BLOCK_N
             cp_async_wait_all()
             if MASKED:
                 scan_k(smem, kb, tid)  # K's inf / NaN -> 0: it multiplies dS = 0 in dQ
             cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
             if KV_STAGES == 2 and kt_next < t_hi:  # the next tile's copy runs under this math
                 load_kv(smem, KV_BYTE + STAGE_BYTES - (kb - KV_BYTE), k, v, kv_base,
-                        kt_next * BLOCK_N, nk, d, tid)
+                        next_start, nk, d, tid)
                 cp_async_commit()
 
             # -- S = Q K^T and dP = dO V^T (queries as rows, as the forward): A = the warp's Q /
@@ -848,7 +855,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
             if KV_STAGES == 1:
                 cuda.syncthreads()  # every warp is done with this K/V tile: the next one
                 if kt_next < t_hi:
-                    load_kv(smem, KV_BYTE, k, v, kv_base, kt_next * BLOCK_N, nk, d, tid)
+                    load_kv(smem, KV_BYTE, k, v, kv_base, next_start, nk, d, tid)
                     cp_async_commit()
 
         return step
