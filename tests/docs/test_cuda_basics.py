@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cuda_basics as cb
+import snippets
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cuda-basics.md"
 #: a Python block and the directive line above it (if any)
@@ -25,20 +24,22 @@ def page_blocks(text):
     return [(m.group(1) or "", m.group(2)) for m in BLOCK.finditer(text)]
 
 
-def run_alone(blocks, tmp_path):
-    """Run each block in its own fresh interpreter (in parallel), in an empty folder, with the
-    simulator switch left to the block (``NUMBA_ENABLE_CUDASIM`` unset, as on a reader's
-    machine); return ``[(code, returncode, stderr)]``."""
+def run_alone(blocks, tmp_path, preload=True):
+    """Run each block as ``python blockN.py`` in an empty folder, with the simulator switch left
+    to the block (``NUMBA_ENABLE_CUDASIM`` unset, as on a reader's machine); return
+    ``[(code, returncode, stderr)]``.  Each block is its own process, forked from one that has
+    imported numba_flash when ``preload`` (docs/snippets.py's Runner: a block whose first numba
+    import is not ``import numba_flash`` runs in a fresh interpreter, so a block importing
+    numba.cuda first still fails as it would for the reader)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONWARNINGS"] = "ignore"
-    procs = []
+    runner = snippets.runner(env, preload)
+    done = []
     for n, code in enumerate(blocks):
-        path = tmp_path / f"block{n}.py"
-        path.write_text(code)
-        procs.append((code, subprocess.Popen([sys.executable, str(path)], cwd=tmp_path, env=env,
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                             text=True)))
-    return [(code, p.wait(timeout=300), p.stderr.read()) for code, p in procs]
+        (tmp_path / f"block{n}.py").write_text(code)
+        rc, _, err = runner.run(["python", f"block{n}.py"], cwd=tmp_path, timeout=300)
+        done.append((code, rc, err))
+    return done
 
 
 def test_every_python_block_of_the_page_runs_alone(tmp_path):
