@@ -238,3 +238,26 @@ def test_gpu_tiles_are_compiled_and_fit(dtype):
             for prefix, mods in (("forward", ""), ("forward", " mods"),
                                  ("forward varlen", " mods")):
                 assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} {dt.name}" in names
+
+
+@pytest.mark.parametrize("dtype, d", [(np.float32, 12), (np.float64, 16)])
+def test_cp_async_copies_equal_elementwise_copies(rng, monkeypatch, dtype, d):
+    """The VEC build (16-byte cp.async tile copies; d a multiple of the chunk, zero-filled up to
+    HEAD_DIM) computes bit for bit what the element-wise build does, ragged tiles and padded
+    head dim included; float16 takes the element-wise build."""
+    from numba_flash.ops import forward as forward_op
+    q, k, v = make_qkv(rng, 1, 2, 1, 11, 13, d, dtype)
+    built = []
+    real = forward_op.forward_kernel
+
+    def spy(*args, **kwargs):
+        built.append(kwargs.get("VEC"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(forward_op, "forward_kernel", spy)
+    o1, lse1 = numba_flash.forward(q, k, v, causal=True, return_lse=True)
+    monkeypatch.setattr(forward_op, "vector_tiles", lambda *a: False)
+    o2, lse2 = numba_flash.forward(q, k, v, causal=True, return_lse=True)
+    assert built == [True, False]
+    assert o1.tobytes() == o2.tobytes() and lse1.tobytes() == lse2.tobytes()
+    assert not fk.vector_tiles(np.float16, 16, 16) and not fk.vector_tiles(dtype, 7, 16)
