@@ -3,8 +3,9 @@
 Checking and compiling a user's functions (:mod:`.functions`), block masks (:mod:`.block_mask`,
 FlexAttention's ``create_block_mask``), what an op does with them before a launch
 (:mod:`.launch`) and example functions (:mod:`.examples`).  ``numba_flash.forward`` (both kernel
-families, every dtype) and ``numba_flash.backward`` (SIMT kernels) take them; varlen and decode
-do not yet.  The page: docs/own-variant.md.
+families, every dtype), ``numba_flash.backward``, ``numba_flash.forward_varlen`` (the paged
+prefill too) and ``numba_flash.backward_varlen`` take them, and ``numba_flash.decode`` (no block
+mask there).  The page: docs/own-variant.md.
 """
 
 from .block_mask import DEFAULT_BLOCK_SIZE, EMPTY, FULL, PARTIAL, BlockMask, create_block_mask

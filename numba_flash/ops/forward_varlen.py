@@ -180,8 +180,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     over ``[Nq x Nk]`` for every sequence, positions past a shorter sequence included, so pad
     its aux arrays to that size (those evaluations can only make a block PARTIAL; the kernel
     never calls the functions there).  EMPTY tiles are never loaded, as in ``forward``.  A
-    variant runs on the SIMT forward (the only varlen kernel); the paged prefill
-    (``block_table``) takes none yet (a ``ValueError`` naming ``block_table``).
+    variant runs on the SIMT forward (the only varlen kernel), the paged prefill
+    (``block_table``) included.
     """
     paged = block_table is not None
     if paged:
