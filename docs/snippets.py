@@ -164,8 +164,9 @@ class Runner:
     ``/dev/null``.  A command whose first ``numba``/``numba_flash`` import would not have been
     ``import numba_flash`` into the simulator (:func:`_guard_first_import`: ``numba.cuda`` first,
     or ``NUMBA_ENABLE_CUDASIM=0``) is run again in a fresh interpreter, as are other commands
-    (``python -m ...``, ``python -c ...``).  With a CUDA device the server imports only NumPy
-    (the driver must not be initialised before a fork)."""
+    (``python -m ...``, ``python -c ...``; every command where there is no ``os.fork``).  With a
+    CUDA device the server imports only NumPy (the driver must not be initialised before a
+    fork)."""
 
     def __init__(self, env, preload=True):
         self.env, self.preload, self.proc = dict(env), preload, None
@@ -186,12 +187,13 @@ class Runner:
     def run(self, argv, cwd, timeout=600):
         """``(returncode, stdout, stderr)`` of ``argv`` (``["python", script, ...]``) run in
         ``cwd``; raises :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
-        if len(argv) >= 2 and not argv[1].startswith("-"):  # python script.py ...
+        if hasattr(os, "fork") and len(argv) >= 2 and not argv[1].startswith("-"):
             rc, out, err = self._forked(argv, cwd, timeout)
             if rc != FRESH:
                 return rc, out, err
         proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
         return proc.returncode, proc.stdout, proc.stderr
 
     def _forked(self, argv, cwd, timeout):
