@@ -116,6 +116,8 @@ _SUITE_MMA = (
     "decode float16 D=128 ROWS=4 U=2", "decode float16 D=128 ROWS=4 U=2 softcap alibi",
     "decode float32 D=128 ROWS=8 U=2", "decode float64 D=128 ROWS=4 U=2",
     "decode bfloat16 D=128 ROWS=4 U=2", "decode float16 D=128 ROWS=4 U=2 contiguous",
+    "decode float16 D=128 ROWS=4 U=2 score_mod mask_mod",
+    "backward_mma dkdv (dk dv dq) W4 N64 D64 score_mod mask_mod block_mask float16",
 )
 
 

@@ -1005,7 +1005,8 @@ def compile_configs():
 
 def _user_configs():
     """A user's variant (:mod:`numba_flash.flex.examples`: a relative-position bias score_mod and
-    a document mask_mod with a block mask) at float32 HEAD_DIM 64: the device build of user
+    a document mask_mod with a block mask) at float32 HEAD_DIM 64, batched and in the paged
+    prefill: the device build of user
     functions called with ``*aux`` from the score stage (the rows above are the build without
     them)."""
     from ..flex.examples import document_mask, relative_bias
@@ -1021,17 +1022,20 @@ def _user_configs():
     bm, bn, hd = (*gpu_tiles(64, dt)[:2], 64)
     tm_, tn_ = thread_layout(bm, bn, hd)
     user = (device_function(biased), device_function(documents), (128, 128))
-    args = list(kernel_arg_types(dt, False, True, False))
     acc = compute_type(dt)
-    args[7] = types.Tuple((acc, acc, numba_array_type(np.float32, 2),
-                           types.Array(types.int8, 4, "C"), numba_array_type(np.float32, 2),
-                           numba_array_type(np.int32, 2)))
-    yield {
-        "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, False)
-        + " score_mod mask_mod block_mask",
-        "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, False, False, user,
-                                 VEC=True),
-        "args": tuple(args),
-        "launch_bounds": launch_bounds(bm, bn, hd, dt),
-        "float64_ok": False,
-    }
+    user_mods = types.Tuple((acc, acc, numba_array_type(np.float32, 2),
+                             types.Array(types.int8, 4, "C"), numba_array_type(np.float32, 2),
+                             numba_array_type(np.int32, 2)))
+    # the batched build, and the paged prefill (varlen + paged: every address path at once)
+    for varlen in (False, True):
+        args = list(kernel_arg_types(dt, False, True, varlen, varlen))
+        args[7] = user_mods
+        yield {
+            "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, varlen, varlen)
+            + " score_mod mask_mod block_mask",
+            "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, varlen, varlen,
+                                     user, VEC=True),
+            "args": tuple(args),
+            "launch_bounds": launch_bounds(bm, bn, hd, dt),
+            "float64_ok": False,
+        }
