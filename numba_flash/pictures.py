@@ -363,10 +363,10 @@ def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
     cell = 0.1
     mine, other = "#f58518", "#e3eaf4"
 
-    def tile(x0, rows, cols, title):
+    def tile(x0, rows, cols, title, chunk=1):
         for r in range(rows):
             for c in range(cols):
-                own = r % t_m == ty and c % t_n == tx
+                own = r % t_m == ty and (c // chunk) % t_n == tx
                 ax.add_patch(Rectangle((x0 + c * cell, (rows - 1 - r) * cell), cell, cell,
                                        facecolor=mine if own else other,
                                        edgecolor="white", linewidth=0.3))
@@ -375,22 +375,32 @@ def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
         for r in range(ty, rows, t_m):
             ax.text(x0 - 0.05, (rows - 1 - r) * cell + cell / 2, f"row {r}", ha="right",
                     va="center", fontsize=8, color="#a04d00")
-        ax.text(x0 + cols * cell / 2, -0.12, f"its columns: {tx}, {tx + t_n}, {tx + 2 * t_n}, ..."
-                f" (every {t_n}th)", ha="center", va="top", fontsize=8, color="#a04d00")
+        if chunk == 1:
+            cols_text = f"its columns: {tx}, {tx + t_n}, {tx + 2 * t_n}, ... (every {t_n}th)"
+        else:
+            c0, c1 = tx * chunk, (tx + t_n) * chunk
+            cols_text = (f"its columns: {c0}-{c0 + chunk - 1}, {c1}-{c1 + chunk - 1}, ... "
+                         f"({chunk}-column chunks)")
+        ax.text(x0 + cols * cell / 2, -0.12, cols_text, ha="center", va="top", fontsize=8,
+                color="#a04d00")
         return x0 + cols * cell
 
     x_end = tile(0.7, block_m, block_n,
                  f"S = scale Q K^T\n{block_m} x {block_n} (BLOCK_M x BLOCK_N)")
     x1 = x_end + 1.1
-    x_end = tile(x1, block_m, hd, f"acc (becomes O)\n{block_m} x {hd} (BLOCK_M x HEAD_DIM)")
+    vw = forward.VEC_BYTES // 4  # float32 columns of one 16-byte chunk
+    x_end = tile(x1, block_m, hd, f"acc (becomes O)\n{block_m} x {hd} (BLOCK_M x HEAD_DIM)",
+                 chunk=vw)
     note = (f"block = {t_n} x {t_m} = {t_n * t_m} threads\n(tx = 0..{t_n - 1}, ty = 0..{t_m - 1})"
             f"\n\nThread (tx={tx}, ty={ty}), orange,\nowns rows ty, ty + {t_m}, ...\n"
-            f"and in them the S and acc\ncolumns tx, tx + {t_n}, ...:\n"
+            f"and in them the S columns\ntx, tx + {t_n}, ... and the acc\ncolumns in "
+            f"{vw}-column (16-byte)\nchunks tx, tx + {t_n}, ...:\n"
             f"a {block_m // t_m} x {block_n // t_n} S micro-tile and a\n"
             f"{block_m // t_m} x {hd // t_n} acc micro-tile, in registers.\n\n"
-            f"Strided ownership: the {t_n} threads\nof a row read {t_n} neighbouring\n"
-            "shared-memory words at once\n(no bank conflict). They are\nconsecutive lanes "
-            "of one warp,\nso a row's max and sum combine\nby warp shuffles.")
+            f"16-byte loads: the {t_n} threads\nof a row read one Q chunk\n(a broadcast), "
+            f"{t_n} keys' chunks\n(padded rows: {t_n} bank groups)\nor 128 bytes of a V row. "
+            "They are\nconsecutive lanes of one warp,\nso a row's max and sum combine\n"
+            "by warp shuffles.")
     ax.text(x_end + 0.3, block_m * cell, note, fontsize=8.8, va="top")
     ax.set_xlim(0, x_end + 3.4)
     ax.set_ylim(-0.4, block_m * cell + 0.7)
@@ -402,9 +412,12 @@ def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
     bx.axis("off")
     bx.set_xlim(0, 12)
     bx.set_ylim(0, 3.6)
-    barriers = forward_barriers()
-    work = ["load the Q tile (all threads)", "load K_j, V_j tiles (all threads, coalesced)",
-            "S micro-tile in registers, row max by shuffles, P -> p_tile", "acc += P V_j"]
+    # the plain kernel's barriers (the paged build's page_sh barrier is not drawn)
+    barriers = [b for b in forward_barriers() if "page_sh" not in b]
+    work = ["copy the Q tile (all threads, 16 B each)",
+            "copy K_j, then V_j (two cp.async groups); wait for K",
+            "S micro-tile in registers, row max by shuffles, P -> p_tile; wait for V",
+            "acc += P V_j"]
     steps = []
     for i, text in enumerate(barriers):
         steps.append(("work", work[i] if i < len(work) else "..."))

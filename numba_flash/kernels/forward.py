@@ -263,6 +263,8 @@ def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=Fal
 #: registers unbounded (3 blocks of 128 threads per SM), at most 128 with 4 blocks asked and no
 #: spill.  Elsewhere a bound made ptxas use the allowance (HEAD_DIM = 128: 60 registers unbounded,
 #: 98 with 4 blocks asked) or spill (96 registers at HEAD_DIM = 64 on sm_80), so none is set.
+#: Since the 16-byte rebuild (issue 22) the HEAD_DIM = 16 kernel has 64 threads: 4 blocks of them
+#: cap nothing (162 registers); kept until a GPU measures whether a bound pays at the new tiles.
 GPU_MIN_BLOCKS = {(4, 16): 4}
 
 
