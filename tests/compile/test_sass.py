@@ -179,3 +179,47 @@ def test_unknown_counter_form_is_a_lower_bound():
     inner = min(sass.loops(ins), key=lambda lp: lp.end - lp.start)
     assert sass.infer_trips(ins, inner) is None
     assert not sass.analyse(text)["trips_known"]
+
+
+def countup_loop(init_ins, step, bound, op="VIADD"):
+    """A kernel whose steady loop holds an inner count-up loop as ptxas compiles the SIMT
+    forward's ``while off < BOUND: ...; off += STEP`` (a 32-bit offset): counter set before the
+    loop, one add in the body, then ``ISETP.GE`` against the bound and ``@!P BRA`` back."""
+    add = (f"VIADD R10, R10, {step:#x}" if op == "VIADD"
+           else f"IADD3 R10, R10, {step:#x}, RZ")
+    return listing(
+        ".L_x_0:",
+        "FFMA R7, R4, R5, R7",
+        init_ins,
+        ".L_x_1:",
+        "LDS.128 R4, [R10+UR4]",
+        "FFMA R6, R4, R5, R6",
+        add,
+        f"ISETP.GE.AND P1, PT, R10, {bound:#x}, PT",
+        "@!P1 BRA `(.L_x_1)",
+        "@P0 BRA `(.L_x_0)",
+        "EXIT",
+    )
+
+
+@pytest.mark.parametrize("init_ins, step, bound, op, trips", [
+    ("CS2R R10, SRZ", 0x10, 0x100, "VIADD", 16),
+    ("IMAD.MOV.U32 R10, RZ, RZ, RZ", 0x4, 0x20, "VIADD", 8),
+    ("MOV R10, 0x20", 0x10, 0x100, "IADD3", 14),
+    ("MOV R10, RZ", 0x10, 0x108, "VIADD", 17),   # a last partial step still runs
+])
+def test_trip_count_read_from_a_countup_counter(init_ins, step, bound, op, trips):
+    text = countup_loop(init_ins, step, bound, op)
+    ins = sass.kernel_instructions(sass.parse(text))
+    inner = min(sass.loops(ins), key=lambda lp: lp.end - lp.start)
+    assert sass.infer_trips(ins, inner) == trips
+    row = sass.analyse(text)
+    assert row["trips_known"] and row["counts"]["ffma"] == 1 + trips
+
+
+def test_countup_counter_without_a_known_start_is_a_lower_bound():
+    text = countup_loop("IADD3 R10, R2, 0x3, RZ", 0x10, 0x100)
+    ins = sass.kernel_instructions(sass.parse(text))
+    inner = min(sass.loops(ins), key=lambda lp: lp.end - lp.start)
+    assert sass.infer_trips(ins, inner) is None
+    assert not sass.analyse(text)["trips_known"]
