@@ -18,8 +18,8 @@ def test_budget_every_gpu_default_fits():
         assert r["regs"] <= kf.MAX_TILE_REGS
     f32_64 = next(r for r in rows if r["dtype"] == "float16/32" and r["HEAD_DIM"] == 64)
     assert (f32_64["BLOCK_M"], f32_64["BLOCK_N"], f32_64["threads"]) == (64, 32, (16, 8))
-    assert round(f32_64["smem"] / 1024, 1) == 40.8  # the module docstring's figure
-    assert round(f32_64["smem_dropout"] / 1024, 1) == 43.0
+    assert round(f32_64["smem"] / 1024, 1) == 42.5  # the module docstring's figure
+    assert round(f32_64["smem_dropout"] / 1024, 1) == 44.8
 
 
 def test_forward_matches_reference_in_every_dtype():
