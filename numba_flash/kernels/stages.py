@@ -376,15 +376,28 @@ def _host_flat(arr):
     return np.asarray(ary).reshape(-1)
 
 
+def _read_flat(src, elem, n):
+    """Elements ``elem .. elem + n - 1`` of ``src``'s flat (C-order) view, read through the
+    array's own indexing: one slice of its last axis (the chunks the kernels copy never cross a
+    row), so a wrapper that counts element accesses (docs/examples/io_count.py) sees exactly
+    these elements; a chunk that does cross a row is read from the flat view."""
+    shape = tuple(src.shape)  # (the simulator's FakeShape refuses negative indices)
+    e = int(elem)
+    idx = np.unravel_index(e, shape)
+    if idx[-1] + n <= shape[-1]:
+        out = src[tuple(int(i) for i in idx[:-1]) + (slice(int(idx[-1]), int(idx[-1]) + n),)]
+        return np.asarray(out).reshape(-1)
+    return _host_flat(src)[e:e + n]
+
+
 def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
     """Twin of :func:`cp_async16`: the 16 bytes land at once (zero past ``src_bytes``); any
     element types (the copy moves bytes), ``elem`` counted in ``src``'s elements."""
-    flat = _host_flat(src)
     n = int(src_bytes)
     data = np.zeros(16, np.uint8)
     if n:
-        e = int(elem)
-        data[:n] = flat[e:e + n // flat.itemsize].view(np.uint8)
+        size = np.dtype(src.dtype).itemsize
+        data[:n] = np.ascontiguousarray(_read_flat(src, elem, n // size)).view(np.uint8)
     b = int(smem_byte)
     if b % 16:
         raise ValueError(f"cp_async16: expected a 16-byte aligned shared byte offset, got {b}")
@@ -455,27 +468,28 @@ def _sim_fma(a, b, c):
 
 
 def _sim_load_u16(src, elem):
-    return _host_flat(src)[int(elem)]
+    return _read_flat(src, elem, 1)[0]
 
 
 def _sim_load_at(src, elem):
-    return _host_flat(src)[int(elem)]
+    return _read_flat(src, elem, 1)[0]
 
 
 def _sim_load16(src, elem):
     """Twin of :func:`load16`: the 16 bytes from element ``elem`` (the address must be
     16-byte aligned, as on the device), in the compute type."""
-    flat = _host_flat(src)
-    n = 16 // flat.itemsize
-    if flat.dtype not in (np.float16, np.float32, np.float64):
+    dtype = np.dtype(src.dtype)
+    size = int(np.prod(src.shape))
+    n = 16 // dtype.itemsize
+    if dtype not in (np.float16, np.float32, np.float64):
         raise TypeError(f"load16: expected src as a float16, float32 or float64 array, got "
-                        f"{flat.dtype}")
+                        f"{dtype}")
     e = int(elem)
-    if e % n or not 0 <= e <= flat.size - n:
+    if e % n or not 0 <= e <= size - n:
         raise ValueError(f"load16: expected a multiple of {n} (16 bytes from the array's "
-                         f"start) with {n} elements inside the array ({flat.size}), got {e}")
-    acc = np.float64 if flat.dtype == np.float64 else np.float32
-    return tuple(acc(x) for x in flat[e:e + n])
+                         f"start) with {n} elements inside the array ({size}), got {e}")
+    acc = np.float64 if dtype == np.float64 else np.float32
+    return tuple(acc(x) for x in _read_flat(src, e, n))
 
 
 def _sim_lds16(smem, smem_byte):
