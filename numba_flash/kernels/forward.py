@@ -185,9 +185,10 @@ MAX_TILE_REGS = 64
 #: FFMA dominates the loop, see docs/resources.md) while everything stays under 48 KiB of shared
 #: memory and ``THREADS_N`` 16-byte chunks fit in a head row (``THREADS_N * 16 / w <=
 #: HEAD_DIM``).  Each ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` appears once, so the tiles name their
-#: threads (:func:`thread_layout`).
+#: threads (:func:`thread_layout`).  float32 at HEAD_DIM = 16 takes 64 x 16 tiles: 4 keys per
+#: thread (8 kept S on the stack in the softcap/ALiBi build, 128 B).
 GPU_TILES = {
-    4: {16: (64, 32, 16, 4), 32: (64, 64, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
+    4: {16: (64, 16, 16, 4), 32: (64, 64, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
         256: (16, 8, 8, 8)},
     8: {16: (32, 32, 8, 8), 32: (32, 32, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
         256: (4, 8, 4, 8)},
