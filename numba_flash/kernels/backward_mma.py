@@ -115,8 +115,9 @@ from .mma import MMA_DTYPES, make_a_frag_from_c, mma_ops
 from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma,
                      ldmatrix_x4, ldmatrix_x4_trans, load_u16, make_tile_copy, make_tile_scan,
                      row_bytes)
-from .visibility import (BLOCK_EMPTY, BLOCK_FULL, BLOCK_PARTIAL, is_visible, make_score,
-                         make_tile_kind, tile_full_range, tile_key_range, tile_query_range)
+from .visibility import (BLOCK_EMPTY, BLOCK_FULL, BLOCK_PARTIAL, is_visible, make_next_tile,
+                         make_score, make_tile_kind, tile_full_range, tile_key_range,
+                         tile_query_range)
 
 #: warps per block on the GPU, per padded head dim (dkdv: BLOCK_N = 16 NUM_WARPS keys; dq:
 #: BLOCK_M = 16 NUM_WARPS rows, BLOCK_N = :func:`dq_block_n` keys)
@@ -770,12 +771,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     # the block mask's verdict on (this Q tile, K/V tile kt), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
-    @cuda.jit(device=True, inline=True)
-    def next_kv_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk):
-        """The first K/V tile ``>= kt`` the block mask does not call EMPTY (``t_hi`` if none)."""
-        while kt < t_hi and tile_kind(kinds, b, h, q_start, q_end, kt, nk) == BLOCK_EMPTY:
-            kt += 1
-        return kt
+    next_kv_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
     def make_step(MASKED):
         p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS)

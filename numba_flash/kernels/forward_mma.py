@@ -103,8 +103,8 @@ from .jit import kernel_jit
 from .mma import make_a_frag_from_c, mma_ops, quad_sum
 from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
                      ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
-from .visibility import (key_bounds, make_score_mod, make_tile_kind, tile_full_range,
-                         tile_key_range)
+from .visibility import (BLOCK_FULL, key_bounds, make_next_tile, make_score_mod, make_tile_kind,
+                         tile_full_range, tile_key_range)
 
 #: GPU tiles per padded head dim: ``(NUM_WARPS, BLOCK_N)``; ``BLOCK_M = 16 * NUM_WARPS``.
 GPU_TILES = {16: (4, 64), 32: (4, 64), 64: (4, 64), 128: (4, 32), 256: (1, 16)}
@@ -227,15 +227,9 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
             return row < nq and user_mask(b, h, row, key, *user[1:])
         return True
 
-    # the block mask's verdict per K/V tile (visibility.py); next_tile is built only with one
+    # the block mask's verdict per K/V tile and its walk (visibility.py), built only with one
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
-
-    @cuda.jit(device=True, inline=True)
-    def next_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk):
-        """The first tile ``>= kt`` the block mask does not call EMPTY (``t_hi`` if none)."""
-        while kt < t_hi and tile_kind(kinds, b, h, q_start, q_end, kt, nk) == 0:
-            kt += 1
-        return kt
+    next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
     def make_step(MASKED):
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
@@ -520,7 +514,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
                     log_tile(b, h, q_start, kt)
                 kind = tile_kind(user[0], b, h, q_start, q_end, kt, nk)
                 kt_next = next_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
-                if f_lo <= kt and kt < f_hi and kind == 2:  # FULL, inside the bounds: no mask
+                if f_lo <= kt and kt < f_hi and kind == BLOCK_FULL:  # inside the bounds: no mask
                     step_full(kt, kt_next, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop,
                               user, False)
                 else:

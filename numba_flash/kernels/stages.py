@@ -258,19 +258,18 @@ def _gpu_stages():
         """``a * b + c`` rounded once."""
         return float_sig("fma", (a, b, c)), float_asm("fma.rn.f32 $0, $1, $2, $3;", 3)
 
+    def flat_load(context, builder, sig, args):
+        """One plain load of element ``args[1]`` of the flat view of array ``args[0]``."""
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [as_i(context, builder, sig.args[1], args[1], 64)]))
+
     @intrinsic
     def load_u16(typingctx, src, elem):
         """``src`` (uint16, any shape) at flat element ``elem``."""
         check_array("load_u16", "src", src, types.uint16)
         check_int("load_u16", "elem", elem)
-        sig = types.uint16(src, elem)
+        return types.uint16(src, elem), flat_load
 
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            return builder.load(builder.gep(data, [as_i(context, builder, sig.args[1], args[1],
-                                                        64)]))
-
-        return sig, codegen
 
     @intrinsic
     def load_at(typingctx, src, elem):
@@ -278,14 +277,7 @@ def _gpu_stages():
         if not isinstance(src, types.Array):
             raise NumbaTypeError(f"load_at: expected src as an array, got {src}")
         check_int("load_at", "elem", elem)
-        sig = src.dtype(src, elem)
-
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            return builder.load(builder.gep(data, [as_i(context, builder, sig.args[1], args[1],
-                                                        64)]))
-
-        return sig, codegen
+        return src.dtype(src, elem), flat_load
 
     # [docs:load16-intrinsic]
     @intrinsic

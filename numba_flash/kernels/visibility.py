@@ -315,3 +315,19 @@ def make_tile_kind(Q_BLOCK, KV_BLOCK, BLOCK_N):
         return BLOCK_FULL if full == 1 else BLOCK_PARTIAL
 
     return tile_kind
+
+
+@functools.lru_cache(maxsize=None)
+def make_next_tile(Q_BLOCK, KV_BLOCK, BLOCK_N):
+    """Build ``next_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk)``: the first K/V tile ``>=
+    kt`` that the block mask (:func:`make_tile_kind`) does not call EMPTY for the query rows
+    ``[q_start, q_end)``, ``t_hi`` if none: how a kernel's K/V loop walks a block mask."""
+    tile_kind = make_tile_kind(Q_BLOCK, KV_BLOCK, BLOCK_N)
+
+    @_device
+    def next_tile(kinds, b, h, q_start, q_end, kt, t_hi, nk):
+        while kt < t_hi and tile_kind(kinds, b, h, q_start, q_end, kt, nk) == BLOCK_EMPTY:
+            kt += 1
+        return kt
+
+    return next_tile
