@@ -48,8 +48,8 @@ consecutive columns ``j = 4 * (j // 4) + w``, ``w = 0..3``.  The mask does not d
 sizes, thread mapping, causal masking or GQA (``h`` is the query head), so the forward and the
 backward kernels draw identical masks.
 
-Device API (``cuda.jit(device=True)``; call from kernels)
---------------------------------------------------------
+Device API (``device_jit``: ``cuda.jit(device=True)``; call from kernels)
+-----------------------------------------------------------------------
 Integer arguments may be any integer type (``int32``/``int64`` indices, ``uint32`` seeds) holding
 a value in ``[0, 2**32)``; results are exact and identical in the simulator and on the device.
 
@@ -89,7 +89,9 @@ import math
 import numbers
 
 import numpy as np
-from numba import cuda, int32, uint32, uint64
+from numba import int32, uint32, uint64
+
+from .kernels.jit import device_jit
 
 __all__ = [
     "philox4x32", "philox4x32_10", "philox4x32_10_device", "philox_keep", "philox_keep_bits4",
@@ -114,7 +116,7 @@ _SHIFT32 = np.uint64(32)
 # ------------------------------------------------------------------------------------------------
 # device side
 # ------------------------------------------------------------------------------------------------
-@cuda.jit(device=True)
+@device_jit(inline="never")
 def _philox_round(c0, c1, c2, c3, k0, k1):
     """One Philox4x32 round on the uint32 words ``c`` with the uint32 round key ``k``."""
     p0 = _M0 * uint64(c0)  # 32x32 -> 64-bit product (mul.wide.u32 on the device)
@@ -127,7 +129,7 @@ def _philox_round(c0, c1, c2, c3, k0, k1):
     return uint32(hi1 ^ c1 ^ k0), lo1, uint32(hi0 ^ c3 ^ k1), lo0
 
 
-@cuda.jit(device=True)
+@device_jit(inline="never")
 def philox4x32_10_device(c0, c1, c2, c3, k0, k1):
     """Philox4x32-10 of counter ``(c0, c1, c2, c3)`` and key ``(k0, k1)``: four ``uint32``.
 
@@ -149,7 +151,7 @@ def philox4x32_10_device(c0, c1, c2, c3, k0, k1):
 
 
 # [docs:philox-keep-bits4]
-@cuda.jit(device=True)
+@device_jit(inline="never")
 def philox_keep_bits4(seed_lo, seed_hi, b, h, i, jq, threshold):
     """Keep bits of columns ``4*jq .. 4*jq+3`` of row ``(b, h, i)``: bit ``w`` set iff kept."""
     r0, r1, r2, r3 = philox4x32_10_device(jq, i, h, b, seed_lo, seed_hi)
@@ -167,7 +169,7 @@ def philox_keep_bits4(seed_lo, seed_hi, b, h, i, jq, threshold):
 # [/docs:philox-keep-bits4]
 
 
-@cuda.jit(device=True)
+@device_jit(inline="never")
 def philox_keep(seed_lo, seed_hi, b, h, i, j, threshold):
     """True iff element ``(b, h, i, j)`` of the attention probabilities is kept (not dropped)."""
     r0, r1, r2, r3 = philox4x32_10_device(j >> 2, i, h, b, seed_lo, seed_hi)

@@ -184,11 +184,10 @@ def _host_compiled(key, fn):
 
 @functools.lru_cache(maxsize=256)
 def _device_compiled(key, fn):
-    from numba import cuda
-
     from ..backend import on_simulator
-    return cuda.jit(device=True)(_retarget(fn, device_function,
-                                           keep_breakpoint=on_simulator()))
+    from ..kernels.jit import device_jit
+    return device_jit(inline="never")(_retarget(fn, device_function,
+                                                keep_breakpoint=on_simulator()))
 
 
 def host_function(fn):

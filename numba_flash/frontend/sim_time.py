@@ -39,36 +39,37 @@ SIM_WARN_SECONDS = 60.0
 SIM_SECONDS_PER_THREAD = 3.7e-4
 
 #: ``family: (seconds per thread, per thread element, per loop step)``: non-negative least
-#: squares (relative error) over tiny launches on a 2-core CPU machine, 2026-12-01, numba-cuda
-#: 0.30.4, Python 3.11.  Measured as the process's CPU time (``time.process_time``) around each
-#: launch, which is the wall time on an idle machine: that day other work ran beside it (load
-#: average 13-20), which stretched wall times 1.3-4x, and CPU time less.  Each row: the launches
-#: fitted and the worst ratio estimate / measured among them.
+#: squares on the relative error over small launches, fitted by ``bench/sim_cost.py`` on a quiet
+#: 2-core CPU machine, 2026-12-01 (numba-cuda 0.30.4, Python 3.11, the simulator with
+#: :mod:`numba_flash.simulator`'s barriers), as the process's CPU time around each launch
+#: (``time.process_time``).  Each row: the launches fitted and the range of estimate / measured
+#: among them (``python bench/sim_cost.py`` prints both, and the committed constants' range).
 SIM_COST = {
-    # forward and forward_varlen: 11 launches, [1, 1-2, 16-128, 16-256], causal, packed batches;
-    # ratios 0.84-1.08.  One step: one thread's K/V tile (8 x 8 tiles, 16 threads, ~0.8 ms).
-    "forward": (2.5e-4, 3.6e-5, 8.2e-4),
-    # tensor-core forward (1 warp, 16 x 16 tiles): 5 launches, N 16-128, d 16-128; 0.86-1.08.
+    # forward and forward_varlen: 13 launches, [1, 1-2, 16-128, 16-128], causal, a packed
+    # batch; 0.69-1.15.  One step: one thread's K/V tile (8 x 8 tiles, 16 threads).
+    "forward": (0.0, 4.4e-5, 1.1e-3),
+    # tensor-core forward (1 warp, 16 x 16 tiles): 9 launches, N 16-128, d 16-64; 0.86-1.17.
     # One step: one thread's 16-column k-slice of one tile pair.
-    "forward_mma": (1.7e-3, 0.0, 1.3e-3),
-    # backward dK/dV (8 x 8 tiles, 16 threads): 8 launches, N 16-64, d 16-64, causal, GQA;
-    # 0.80-1.17.  dQ (deterministic): 4 launches; 0.95-1.07.
-    "backward_dkdv": (0.0, 6.7e-5, 5.9e-4),
-    "backward_dq": (0.0, 6.4e-5, 5.1e-4),
-    # tensor-core backward: dK/dV 5 launches (0.76-1.15), dQ 3 launches (1.0)
-    "backward_dkdv_mma": (9.8e-4, 5.8e-5, 1.7e-3),
-    "backward_dq_mma": (1.1e-3, 1.3e-5, 1.3e-3),
-    # element-wise kernels, one step per element: D = rowsum(dO * O) (13 launches, 0.61-1.25),
-    # the dQ cast and GQA sums (18 launches, 0.85-1.22), merge_states (2), softmax (4,
-    # 0.93-1.06), naive_forward (one thread per row, a step per key and column; 3)
-    "backward_preprocess": (6.6e-4, 0.0, 4.2e-5),
-    "backward_reduce": (1.6e-4, 0.0, 0.0),
+    "forward_mma": (1.1e-3, 0.0, 2.2e-3),
+    # backward dK/dV (8 x 8 tiles, 16 threads): 6 launches, N 16-64, d 16-64, causal, GQA;
+    # 0.79-1.13.  dQ (deterministic): 4 launches; 0.94-1.12.
+    "backward_dkdv": (9e-6, 2.3e-5, 4.6e-4),
+    "backward_dq": (1.6e-5, 2.7e-5, 3.3e-4),
+    # tensor-core backward: dK/dV 5 launches (0.74-1.14), dQ 3 launches (0.83-1.11)
+    "backward_dkdv_mma": (0.0, 0.0, 4.4e-3),
+    "backward_dq_mma": (6.6e-6, 0.0, 3.3e-3),
+    # element-wise kernels, one step per element: D = rowsum(dO * O) (11 launches, 0.84-1.11),
+    # the dQ cast and GQA sums (17 launches, 0.73-1.18), softmax (4, 0.91-1.11); merge_states
+    # and naive_forward (one thread per row, a step per key and column) are the 2026-11-30 fit,
+    # not re-measured (bench/sim_cost.py does not launch them)
+    "backward_preprocess": (5.4e-4, 0.0, 2.7e-6),
+    "backward_reduce": (1.5e-4, 0.0, 0.0),
     "merge": (2.2e-4, 0.0, 1.3e-5),
-    "softmax": (8.1e-4, 0.0, 7.3e-6),
+    "softmax": (3.7e-4, 0.0, 1.6e-5),
     "naive_forward": (1.2e-3, 2.7e-5, 4.5e-6),
-    # split-KV decode: 4 launches (B 1-2, H 1-4, 16-256 keys, d 16-64); 0.77-1.21.  One step:
+    # split-KV decode: 4 launches (B 1-2, H 1-4, 16-256 keys, d 16-64); 0.79-1.12.  One step:
     # one thread's share of one block step of keys.
-    "decode": (0.0, 4.1e-5, 8.8e-4),
+    "decode": (0.0, 0.0, 1.5e-3),
 }
 
 

@@ -192,7 +192,7 @@ from numba import cuda, int32, int64, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
@@ -303,7 +303,7 @@ def unfold_block_py(bx, tiles, heads):
 # [/docs:bwd-grid]
 
 
-unfold_block = cuda.jit(device=True, inline=True)(unfold_block_py)
+unfold_block = device_jit(inline=True)(unfold_block_py)
 
 
 def backward_grids(b, h, hkv, nq, nk, d, dtype, simulator=None):
@@ -364,7 +364,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     U_MASK = user_mask is not None
     USER_FN = U_SCORE or U_MASK
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def user_sees(b, h, row, key, nq, user, umask):
         """A row inside the sequence that the user's mask_mod (asked only with ``umask``: not
         on a tile the block mask calls FULL) lets see the key (True without one): the user's
@@ -392,12 +392,12 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 else:
                     tile[r, c] = acc_t(0.0)
 
-        return cuda.jit(device=True, inline="always")(load_tile)
+        return device_jit(inline="always")(load_tile)
 
     load_tile = make_load_tile(False)
     load_tile_finite = make_load_tile(True)
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def load_row_stats(lse, delta, bb, h, start, end, lse_sh, delta_sh, tid):
         """``lse`` and ``D`` of the Q tile's rows; rows past the end get ``lse = -inf`` (P = 0).
         Returns 1 if a row this thread loaded has a non-finite ``D = rowsum(dO * O)``, which is
@@ -416,7 +416,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 delta_sh[m] = acc_t(0.0)
         return bad
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid):
         """DROPOUT: ``keep_tile[m, g]`` <- keep bits of keys ``k_start + 4g .. + 3`` of row
         ``q_start + m`` (indices within the sequence: the mask of
@@ -434,7 +434,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
             keep_tile[m, g] = bits
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                  q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
                  dropout, keep_tile, tid, b, h, user, umask):
@@ -512,7 +512,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     ds_tile[m, n] = ds
             # [/docs:bwd-p-ds]
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def ds_k(ds_tile, k_tile, dq_acc, tid):
         """``dq_acc += dS K_j`` on this thread's ``C_TR x C_TC`` micro-tile of dQ_i."""
         cr = tid // C_COL_T
@@ -530,7 +530,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     for j in range(C_TC):
                         dq_acc[i * C_TC + j] += dsv * kc[j]
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def sequence(q, k, cu_q, cu_k, varlen, b):
         """``(bb, q0, nq, k0, nk)``: the array batch index, first row and length of sequence
         ``b``'s queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one
@@ -581,7 +581,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
 
-    @cuda.jit(device=True, inline="always")
+    @device_jit(inline="always")
     def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
                            bc, b, user):
         """Rare, once this thread's ``dV`` is written: some query row has a non-finite dO,

@@ -121,7 +121,7 @@ from ..backend import on_simulator
 from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type,
                      numba_array_type)
 from .elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 from .merge import make_merge_functions
 from .stages import ex2, lds16, load16
 from .visibility import key_bounds, make_score_mod, tile_key_range
@@ -385,17 +385,17 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     if acc_t == float32:
         LOG2E = float32(math.log2(math.e))
 
-        @functools.partial(cuda.jit, device=True, inline="always")
+        @functools.partial(device_jit, inline="always")
         def exp_loop(x):
             # exp in the K/V loop: ex2.approx (FMUL + MUFU.EX2; libdevice's expf is ~10
             # instructions); relative error about |x| 6e-8 + 2**-22 for the x <= 0 it gets
             return ex2(x * LOG2E)
     else:
-        @functools.partial(cuda.jit, device=True, inline="always")
+        @functools.partial(device_jit, inline="always")
         def exp_loop(x):
             return math.exp(x)
 
-    @functools.partial(cuda.jit, device=True, inline="always")
+    @functools.partial(device_jit, inline="always")
     def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
         # key u's K and V chunks from view element e0 (16-byte loads) into the registers
         for i in range(NCH):

@@ -55,7 +55,7 @@ import numpy as np
 from numba import cuda, float32, float64, types, uint16, uint32
 
 from ..backend import on_simulator
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 
 #: the host (NumPy) bfloat16 dtype
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -140,7 +140,7 @@ else:
 # ------------------------------------------------------------------------------------------
 # the loads and stores (device functions; the same source runs in both backends)
 # ------------------------------------------------------------------------------------------
-_device = functools.partial(cuda.jit, device=True, inline="always")
+_device = functools.partial(device_jit, inline="always")
 
 
 def _device_plain(fn):

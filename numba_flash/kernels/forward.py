@@ -162,19 +162,17 @@ from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, c
 from .stages import (LOG2E, cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
                      ex2, lds16, load_at)
 from .elements import BFLOAT16, element_ops
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
                          make_tile_kind, tile_full_range, tile_key_range, tile_needs_mask)
 
 
-_device = functools.partial(cuda.jit, device=True, inline=True)
+_device = functools.partial(device_jit, inline=True)
 
 
-def _stage(fn):
-    """A stage of the kernel: a device function on the GPU; in the simulator the Python function
-    itself (a simulated device call swaps this module's ``cuda`` globals on every call, and the
-    kernel runs in this module, so ``cuda.local.array`` and the stage twins still resolve)."""
-    return fn if on_simulator() else _device(fn)
+#: a stage of the kernel, called only from this module's kernels: in the simulator the Python
+#: function itself even where it reads ``cuda`` (``cuda.local.array``), see ``device_jit``
+_stage = functools.partial(device_jit, own_module=True)
 
 #: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
 MAX_TILE_REGS = 64

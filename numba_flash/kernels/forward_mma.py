@@ -99,7 +99,7 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, log_tile, padded_head_dim
 from .elements import element_ops
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 from .mma import make_a_frag_from_c, mma_ops, quad_sum
 from .stages import (EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, fmax,
                      ldmatrix_x4, ldmatrix_x4_trans, make_tile_copy, make_tile_scan, row_bytes)
@@ -211,7 +211,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
     zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
 
-    @cuda.jit(device=True, inline=True)
+    @device_jit(inline=True)
     def load_kv(smem, stage_byte, k, v, kv_base, k_start, nk, d, tid):
         """Issue the copies of K/V rows ``k_start ..`` into the stage at ``stage_byte``."""
         rows = min(BLOCK_N, nk - k_start)
@@ -219,7 +219,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         copy_kv(smem, stage_byte, k, base, rows, d, tid)
         copy_kv(smem, stage_byte + KV_BYTES, v, base, rows, d, tid)
 
-    @cuda.jit(device=True, inline=True)
+    @device_jit(inline=True)
     def sees(b, h, row, key, nq, umask, user):
         """The user's mask_mod for a key inside the row's causal / window bounds (True
         without one)."""
@@ -235,7 +235,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
         of the Q tile sees, so scores get the per-element mask and ``v`` the non-finite rule."""
 
-        @cuda.jit(device=True, inline=True)
+        @device_jit(inline=True)
         def step(kt, kt_next, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop, user, umask):
             k, v, kv_base, nk, d, b, hk = kv
             qf, s, acc, m_i, l_i = frags

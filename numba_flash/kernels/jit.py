@@ -28,8 +28,8 @@ factories (read from ``numba/cuda/dispatcher.py`` and ``numba/cuda/core/caching.
   file after its key instead and updates the index under a file lock.
 
 ``NUMBA_FLASH_CACHE=0`` turns the cache off.  In the simulator there is nothing to compile and
-``kernel_jit`` is plain ``cuda.jit``.  Device functions (``device=True``) are compiled into the
-kernels that call them and are not cached on their own.
+``kernel_jit`` is plain ``cuda.jit``.  Device functions (``device_jit``, ``device=True``) are
+compiled into the kernels that call them and are not cached on their own.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from numba import cuda
 
 from ..backend import on_simulator
 
-__all__ = ["kernel_jit", "caching_enabled", "cache_dir", "source_fingerprint", "warm_up",
-           "warmup_configs"]
+__all__ = ["kernel_jit", "device_jit", "caching_enabled", "cache_dir", "source_fingerprint",
+           "warm_up", "warmup_configs"]
 
 #: environment variable: "0" turns the on-disk kernel cache off
 CACHE_ENV = "NUMBA_FLASH_CACHE"
@@ -164,6 +164,36 @@ def kernel_jit(func=None, **options):
     except Exception:  # no cache locator for this file, or another numba-cuda: run uncached
         pass
     return dispatcher
+
+
+def _reads_cuda(code):
+    """True when ``code`` (or a function defined inside it) reads a global named ``cuda``."""
+    return "cuda" in code.co_names or any(
+        _reads_cuda(c) for c in code.co_consts if hasattr(c, "co_names"))
+
+
+def device_jit(func=None, *, inline=True, own_module=False):
+    """``@device_jit`` or ``@device_jit(inline="always")`` in place of
+    ``@cuda.jit(device=True, inline=...)``: a device function, compiled into the kernels that
+    call it.
+
+    In the simulator a device function is the Python function itself wherever that changes
+    nothing, because a simulated device call is slow: on every call it swaps the ``cuda`` global
+    of the function's module for the running kernel's fake module, under two locks contended by
+    every simulated thread (most of a small launch's time, measured 2026-12-01).  The swap
+    matters only to a function that reads ``cuda`` (``cuda.local.array``, ``cuda.threadIdx``...)
+    and runs while its module's globals are not already swapped.  So in the simulator:
+
+    * a function whose code never names ``cuda`` is returned as it is;
+    * ``own_module=True``: the function is called only from kernels of its own module, whose
+      launch swaps that module's globals for its whole duration: returned as it is;
+    * any other function stays a simulated device function (``cuda.jit(device=True)``).
+    """
+    if func is None:
+        return functools.partial(device_jit, inline=inline, own_module=own_module)
+    if on_simulator() and (own_module or not _reads_cuda(func.__code__)):
+        return func
+    return cuda.jit(device=True, inline=inline)(func)
 
 
 def cache_dir(dispatcher):

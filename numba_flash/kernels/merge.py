@@ -49,7 +49,7 @@ from numba import cuda, float64
 from ..backend import on_simulator
 from .common import GRID_X_MAX, acc_dtype, compute_type, numba_array_type
 from .elements import BFLOAT16, element_ops
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 
 SIM_THREADS = 4
 GPU_THREADS = 128
@@ -124,7 +124,7 @@ def make_merge_functions(acc_t, part_dtype=None):
         return out / total
     # [/docs:merge-skip-empty]
 
-    device = functools.partial(cuda.jit, device=True, inline=True)
+    device = functools.partial(device_jit, inline=True)
     return device(merge_stats), device(merge_element)
 
 

@@ -73,7 +73,7 @@ from numba import cuda, types, uint32
 
 from ..backend import on_simulator
 from .common import FULL_MASK
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 
 WARP = 32
 
@@ -335,7 +335,7 @@ def mma_ops(dtype):
 # ------------------------------------------------------------------------------------------
 # plain device functions (the same source runs in both backends)
 # ------------------------------------------------------------------------------------------
-_device = functools.partial(cuda.jit, device=True, inline=True)
+_device = functools.partial(device_jit, inline=True)
 
 _SHIFT16 = uint32(16)
 _LOW16 = uint32(0xFFFF)

@@ -88,7 +88,7 @@ import numpy as np
 from numba import cuda, types, uint32
 
 from ..backend import on_simulator
-from .jit import kernel_jit
+from .jit import device_jit, kernel_jit
 from .mma import WARP, mma_m16n8k16
 
 #: the PTX instructions behind the intrinsics
@@ -523,7 +523,7 @@ else:
 # ------------------------------------------------------------------------------------------
 # tile copies (plain device functions over the intrinsics: the same source in both backends)
 # ------------------------------------------------------------------------------------------
-_device = functools.partial(cuda.jit, device=True, inline=True)
+_device = functools.partial(device_jit, inline=True)
 
 _SHIFT16 = uint32(16)
 _EXP_LO = uint32(_EXP16)

@@ -60,10 +60,11 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import cuda, float64
+from numba import float64
 from numba.cuda import libdevice
 
 from ..backend import on_simulator
+from .jit import device_jit
 
 #: ``left`` / ``right`` of an unbounded side of the window.
 UNBOUNDED = -1
@@ -149,7 +150,7 @@ def tile_needs_mask_py(k_start, k_end, full_lo, full_hi):
 
 
 # the device versions: the same source, compiled for the GPU (and run as is by the simulator)
-_device = functools.partial(cuda.jit, device=True, inline=True)
+_device = functools.partial(device_jit, inline=True)
 key_bounds = _device(key_bounds_py)
 is_visible = _device(is_visible_py)
 tile_key_range = _device(tile_key_range_py)

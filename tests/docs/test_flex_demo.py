@@ -101,7 +101,7 @@ def test_cost_grows_with_the_documents_not_n_squared():
 
 
 def test_step_into_score_mod():
-    cmds = "p q_idx, kv_idx, float(score); n; p float(s); up 2; p tid, row, key, float(x)"
+    cmds = "p q_idx, kv_idx, float(score); n; p float(s); up; p tid, row, key, float(x)"
     stopper, o_err = flex_step.run_stopped(cmds, {"q_idx": 3, "kv_idx": 1})
     out = stopper.out.getvalue()
     blk, tid = stopper.stopped_in
@@ -123,7 +123,7 @@ def test_breakpoint_inside_a_score_mod_stops_in_pdb():
     """breakpoint() written inside the score_mod stops in pdb in the simulator, in the thread that
     computes (q_idx, kv_idx) = (3, 1), inside the kernel's step (the page's claims); the host
     check no longer refuses it (it compiles to nothing there)."""
-    text, o_err = flex_step.try_breakpoint("p q_idx, kv_idx, float(score); up 2; "
+    text, o_err = flex_step.try_breakpoint("p q_idx, kv_idx, float(score); up; "
                                            "p tid, row, key, float(x)")
     assert o_err is not None, text                # not refused before launch
     lines = [ln for ln in text.splitlines() if ln.startswith("(Pdb) (")]

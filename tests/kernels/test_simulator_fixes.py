@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from numba import cuda  # a module global: the simulator swaps it for its fake module
 
 import numba_flash
 from numba_flash import simulator
@@ -55,3 +56,67 @@ def test_fixed_allocation_gives_one_array_per_line(monkeypatch):
 def test_original_allocation_races(monkeypatch):
     """The race the fix removes (so the test above can fail)."""
     assert distinct_arrays_from_threads(simulator._ORIGINAL_SHARED_ARRAY, monkeypatch) > 1
+
+
+# -- barriers without polling (numba_flash.simulator, item 3) ---------------------------------
+def _launch(kernel, grid, block, *args):
+    with simulator.fast_switching():
+        kernel[grid, block](*args)
+
+
+def test_barrier_orders_shared_writes_and_early_returns_do_not_count():
+    """Each thread writes its slot, waits, reads its neighbour's: a barrier that opened early
+    would leave NaN.  Threads >= 12 return before the second barrier, which must still open."""
+    @cuda.jit
+    def rotate(out):
+        sh = cuda.shared.array(16, np.float64)
+        t = cuda.threadIdx.x
+        sh[t] = t * 1.5
+        cuda.syncthreads()
+        v = sh[(t + 1) % 16]
+        if t >= 12:
+            out[t] = v
+            return
+        cuda.syncthreads()  # only the 12 threads left take part
+        out[t] = v + 100.0
+
+    out = np.full(16, np.nan)
+    _launch(rotate, 1, 16, out)
+    want = np.array([((t + 1) % 16) * 1.5 + (100.0 if t < 12 else 0.0) for t in range(16)])
+    np.testing.assert_array_equal(out, want)
+
+
+def test_exception_in_one_thread_is_raised_while_others_wait():
+    """A thread that raises before a barrier the others wait at: the launch raises its error
+    (not a hang, not the others' abort errors)."""
+    @cuda.jit
+    def fails(out):
+        t = cuda.threadIdx.x
+        if t == 3:
+            raise ValueError("thread 3 fails")
+        cuda.syncthreads()
+        out[t] = 1.0
+
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="thread 3 fails"):
+        _launch(fails, 1, 8, np.zeros(8))
+    assert time.monotonic() - t0 < 10
+
+
+def test_device_jit_is_plain_python_unless_it_reads_cuda():
+    """``device_jit`` in the simulator: a function that never names ``cuda`` stays the Python
+    function (no simulated call, which swaps module globals under locks); one that reads
+    ``cuda`` from another module stays a simulated device function; ``own_module`` opts out."""
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    from numba_flash.kernels.jit import device_jit
+
+    def plain(x):
+        return x + 1
+
+    def reads_cuda(x):
+        return x + cuda.threadIdx.x
+
+    assert device_jit(plain) is plain
+    assert isinstance(device_jit(reads_cuda), FakeCUDAKernel)
+    assert device_jit(own_module=True)(reads_cuda) is reads_cuda
