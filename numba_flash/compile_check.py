@@ -277,12 +277,6 @@ KNOWN_STACK = {
                      "cuda.local.array indexed in a runtime loop",
     "row_forward": "by design: the second teaching kernel keeps q_i, acc and s in "
                    "cuda.local.array indexed in runtime loops (docs/row-forward.md)",
-    "forward M64 N64 D32 T16x8 mods": "SIMT forward with softcap/ALiBi at d = 32: the score "
-                                      "stage's loop over a thread's 8 keys stays rolled, so S "
-                                      "(128 B) goes to the stack (issue 22, open; 4 keys per "
-                                      "thread, 64 x 32 tiles, have none, but their K/V loop "
-                                      "holds 72% of the FFMAs, under the SASS tier's 75%)",
-    "forward varlen M64 N64 D32 T16x8 mods": "as above",
 }
 
 

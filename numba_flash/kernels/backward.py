@@ -96,25 +96,40 @@ kernels need no sequence boundaries at all: they work row by row on the packed a
 Thread mapping
 --------------
 Every tile product gives each thread a register micro-tile (:func:`layout`): for a ``ROWS x COLS``
-tile, ``COL_T`` threads across columns, ``ROW_T = THREADS / COL_T`` down rows; a thread owns rows
-``r, r + ROW_T, ...`` and columns ``c, c + COL_T, ...``.  Per step of the reduction it loads its
-``TR`` row values and ``TC`` column values from shared memory and does ``TR * TC`` FMAs.
-Neighbouring threads own neighbouring columns, so their shared reads hit distinct banks (rows are
-padded by one element) or broadcast.  Three micro-tiles: ``S``/``dP`` (``BLOCK_M x BLOCK_N``),
+tile, ``COL_T`` threads across columns, ``ROW_T = THREADS / COL_T`` down rows, ``TR x TC``
+elements each.  Per step of the reduction a thread loads its ``TR`` row values and ``TC`` column
+values from shared memory and does ``TR * TC`` FMAs.  Which elements it owns follows the loads:
+
+* ``S`` / ``dP`` (``BLOCK_M x BLOCK_N``): rows ``r, r + ROW_T, ...`` and keys ``c, c + COL_T,
+  ...`` (strided): the reduction runs over the head dim, along the rows of Q, dO, K and V, so
+  every operand is a 16-byte chunk of a row whoever owns it, and neighbouring threads read
+  neighbouring keys' rows (distinct bank groups) or the same row (a broadcast).
+* ``dK`` / ``dV`` (``BLOCK_N x HEAD_DIM``): keys ``r TR ... r TR + TR - 1`` and columns ``c TC
+  ... c TC + TC - 1`` (contiguous): per query row a thread reads its ``TC`` columns of dO and
+  Q and its ``TR`` keys of P and dS, each a contiguous run, 16 bytes at a time where the run
+  is whole chunks (:func:`tile_functions`' ``make_load_run``).
+* ``dQ`` (``BLOCK_M x HEAD_DIM``): rows ``r, r + ROW_T, ...``, columns ``c TC ...`` (contiguous):
+  per chunk of ``VW`` keys one 16-byte load of each of its dS rows and ``TC / VW`` of each K row.
+  The S / dP step (:func:`tile_functions`' ``row_dot``) reads Q, dO, K and V rows 16
+bytes at a time (one ``ld.shared.v4`` per row and per key feeds ``VW`` FMAs of each of the
+thread's ``TR x TC`` products, ``VW = 16 / w``), so their rows are padded by one 16-byte chunk
+(:func:`row_pad`): every row starts 16-byte aligned and 8 consecutive rows start in distinct
+bank groups.  float32 ``exp`` is ``ex2.approx(x log2 e)``, as in the forward.  Three
+micro-tiles: ``S``/``dP`` (``BLOCK_M x BLOCK_N``),
 ``dK``/``dV`` (``BLOCK_N x HEAD_DIM``, live across the whole K/V-outer loop) and ``dQ``
 (``BLOCK_M x HEAD_DIM``).  ``P`` and ``dS`` go through shared memory between them.
 
 Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
 ------------------------------------------------------------------
-``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + PAD]``, ``q_tile``, ``do_tile [BLOCK_M, HEAD_DIM + PAD]``,
-``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse`` and ``delta [BLOCK_M]``::
+``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + VW]``, ``q_tile``, ``do_tile [BLOCK_M, HEAD_DIM +
+VW]``, ``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse`` and ``delta [BLOCK_M]``::
 
-    w * (2 (BLOCK_M + BLOCK_N)(HEAD_DIM + PAD) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)  bytes
+    w * (2 (BLOCK_M + BLOCK_N)(HEAD_DIM + VW) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)  bytes
 
 plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` and 4 for the dK/dV kernel's
 ``do_bad`` flag (:func:`shared_bytes`), at most 48
-KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 42.4 KiB for float32 at HEAD_DIM = 128
-with 8 x 32 tiles, 42.6 KiB with dropout).  Tiles hold the compute type: float16 and bfloat16
+KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 43.3 KiB for float32 at HEAD_DIM = 128
+with 8 x 32 tiles, 43.6 KiB with dropout).  Tiles hold the compute type: float16 and bfloat16
 inputs are computed in float32, float64 in float64; every element is read (q, k, v, dO, O)
 and written (the reduction's dQ, dK, dV) through the element-type stage of
 :mod:`numba_flash.kernels.elements` (bfloat16 arrays are their uint16 words).
@@ -196,6 +211,7 @@ from .jit import device_jit, kernel_jit
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
+from .stages import LOG2E, ex2, lds16
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
                          make_tile_kind, tile_key_range, tile_query_range)
 
@@ -209,8 +225,16 @@ GPU_TILES = {
 }
 GPU_THREADS = 128
 
-#: one element of padding per shared row, so threads reading a column hit distinct banks.
-PAD = 1
+#: bytes of one vector shared-memory load (``ld.shared.v4``): 4 float32 or 2 float64
+VEC_BYTES = 16
+
+
+def row_pad(dtype):
+    """Padding of a Q/dO/K/V shared row, in elements: one 16-byte chunk (4 float32, 2 float64),
+    so every row starts 16-byte aligned (the S / dP step reads 16 bytes of a row at a time) and
+    8 consecutive rows start in 8 distinct groups of 4 banks (no conflict when 8 threads read
+    one chunk of 8 rows)."""
+    return VEC_BYTES // _word(dtype)
 
 #: simulator: small tiles, few threads (each CUDA thread is a Python thread).
 SIM_BLOCK = 8
@@ -226,18 +250,20 @@ SIM_ROW_LANES = 8
 
 #: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
 #: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread
-#: (5: 96, 4: 128, 3: 168, 2: 255).  Without it ptxas took up to 237 (2 blocks, 8 warps per
-#: SM).  Each value is the largest that assembles without spills for sm_80 and sm_90 (ptxas 13,
-#: swept 2..6 on 2026-11-30) and that the block's shared memory allows on an H100/H200 (228 KiB
-#: per SM: 5 blocks of ~42 KiB); the compile tier fails on any spill.  Keyed by word size, then
-#: HEAD_DIM.  (4-byte dK/dV at HEAD_DIM 256 keeps 2: its 32 + 32 accumulators per thread spill
-#: under 168 registers.  float64 at HEAD_DIM 16, and 64 with dropout, went down by one on
-#: 2026-12-01: with the forward's score function (a rounded ``dmul.rn``, never fused) they
-#: spilled 4-12 B at 5 and 4.)
-DKDV_MIN_BLOCKS = {4: {16: 4, 32: 3, 64: 4, 128: 3, 256: 2},
-                   8: {16: 4, 32: 3, 64: 5, 128: 3, 256: 3}}
-DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 3, 128: 3}, 8: {64: 3}}
-DQ_MIN_BLOCKS = 5
+#: (5: 96, 4: 128, 3: 168, 2: 255).  Each value is the largest that assembles without spills
+#: or a stack frame for sm_80 and sm_90 (ptxas 13, swept from the previous value + 1 down on
+#: 2026-12-01 after the 16-byte inner steps) and, at most 5, that the block's shared memory
+#: allows on an H100/H200 (228 KiB per SM: 5 blocks of ~43 KiB); the compile tier fails on any
+#: spill.  Keyed by word size, then HEAD_DIM; the dropout builds where they differ.  The
+#: unrolled 16-byte steps keep more loads in flight and need more registers than the scalar
+#: ones did (the dK/dV kernels went from 3-5 blocks to 2-3, the dQ kernels from 5 to 2-5):
+#: fewer warps per SM for more work per instruction, which a GPU must weigh (unmeasured).
+DKDV_MIN_BLOCKS = {4: {16: 2, 32: 3, 64: 2, 128: 2, 256: 3},
+                   8: {16: 2, 32: 3, 64: 2, 128: 3, 256: 3}}
+DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 4}}
+DQ_MIN_BLOCKS = {4: {16: 3, 32: 4, 64: 3, 128: 3, 256: 4},
+                 8: {16: 4, 32: 5, 64: 3, 128: 5, 256: 5}}
+DQ_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 3}, 8: {64: 3}}
 
 
 def _word(dtype):
@@ -256,12 +282,12 @@ def default_tiles(head_dim, dtype, simulator=None):
 
 def min_blocks(kind, HEAD_DIM, dtype, DROPOUT):
     """``MIN_BLOCKS`` of the ``"dkdv"`` or ``"dq"`` kernel (see :data:`DKDV_MIN_BLOCKS`)."""
-    if kind == "dq":
-        return DQ_MIN_BLOCKS
+    plain, dropout = ((DQ_MIN_BLOCKS, DQ_MIN_BLOCKS_DROPOUT) if kind == "dq"
+                      else (DKDV_MIN_BLOCKS, DKDV_MIN_BLOCKS_DROPOUT))
     word = _word(dtype)
-    if DROPOUT and HEAD_DIM in DKDV_MIN_BLOCKS_DROPOUT[word]:
-        return DKDV_MIN_BLOCKS_DROPOUT[word][HEAD_DIM]
-    return DKDV_MIN_BLOCKS[word][HEAD_DIM]
+    if DROPOUT and HEAD_DIM in dropout[word]:
+        return dropout[word][HEAD_DIM]
+    return plain[word][HEAD_DIM]
 
 
 def elem_threads():
@@ -274,7 +300,7 @@ def row_lanes():
 
 def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
     """Static shared memory of one dK/dV or dQ block (the budget in the module docstring)."""
-    row = HEAD_DIM + PAD
+    row = HEAD_DIM + row_pad(dtype)
     words = 2 * (BLOCK_M + BLOCK_N) * row + 2 * BLOCK_M * BLOCK_N + 2 * BLOCK_M
     keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4) if dropout else 0  # int32 keep_tile
     return _word(dtype) * words + keep_bytes + 4  # + the dK/dV kernel's int32 do_bad flag
@@ -354,6 +380,67 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     A_TILE = A_TR * A_TC
     GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
+    W = _word(dtype)                        # bytes of one compute element in the tiles
+    VW = VEC_BYTES // W                     # elements of one 16-byte chunk
+    ROW_BYTES = (HEAD_DIM + VW) * W         # one padded Q/dO/K/V row (row_pad)
+    A_ROW_STEP = A_ROW_T * ROW_BYTES        # a thread's rows ar, ar + A_ROW_T, ... of Q, dO
+    A_KEY_STEP = A_COL_T * ROW_BYTES        # its keys ac, ac + A_COL_T, ... of K, V
+    LOG2E_F = np.float32(LOG2E)
+
+    if W == 4:
+        @device_jit(inline="always")
+        def exp_e(x):
+            """``exp(x)`` in float32 as ``ex2.approx(x log2 e)`` (the forward's ``exp_e``)."""
+            return ex2(x * LOG2E_F)
+    else:
+        @device_jit(inline="always")
+        def exp_e(x):
+            """``exp(x)`` in float64 (libdevice ``exp``: there is no float64 ``ex2.approx``)."""
+            return math.exp(x)
+
+    def make_load_run(COUNT, TILE_ROW_BYTES):
+        """``load_run(dst, at, tile, row, col0)``: ``dst[at:at + COUNT] = tile[row, col0:col0 +
+        COUNT]`` (a thread's contiguous run of a shared row): ``COUNT / VW`` 16-byte loads where
+        the run is whole chunks of a 16-byte aligned row, else element by element."""
+        VEC = COUNT % VW == 0 and TILE_ROW_BYTES % VEC_BYTES == 0
+
+        def load_run(dst, at, tile, row, col0):
+            if VEC:
+                byte0 = int32(row * TILE_ROW_BYTES + col0 * W)
+                for g in range(COUNT // VW):
+                    t = lds16(tile, byte0 + g * VEC_BYTES)
+                    for e in range(VW):
+                        dst[at + g * VW + e] = t[e]
+            else:
+                for e in range(COUNT):
+                    dst[at + e] = tile[row, col0 + e]
+
+        return device_jit(inline="always")(load_run)
+
+    # [docs:bwd-row-dot]
+    @device_jit(inline="always")
+    def row_dot(out, a_tile, b_tile, ar, ac):
+        """``out[i A_TC + j] += a_tile[ar + i A_ROW_T] . b_tile[ac + j A_COL_T]`` over the
+        (zero-padded) head dim, for the thread's ``A_TR`` rows and ``A_TC`` keys: per
+        16-byte chunk one ``ld.shared.v4`` per key and per row (``A_TC + A_TR`` loads) feed
+        ``A_TR A_TC VW`` FMAs, one per column in column order.  A ``while`` loop over a 32-bit
+        byte offset, not ``range()`` (which Numba lowers with a 64-bit count)."""
+        br = cuda.local.array((A_TC, VW), acc_t)
+        a_byte = int32(ar * ROW_BYTES)
+        b_byte = int32(ac * ROW_BYTES)
+        off = int32(0)
+        while off < HEAD_DIM * W:
+            for j in range(A_TC):
+                t = lds16(b_tile, b_byte + off + j * A_KEY_STEP)
+                for e in range(VW):
+                    br[j, e] = t[e]
+            for i in range(A_TR):
+                t = lds16(a_tile, a_byte + off + i * A_ROW_STEP)
+                for e in range(VW):
+                    for j in range(A_TC):
+                        out[i * A_TC + j] += t[e] * br[j, e]
+            off = int32(off + VEC_BYTES)
+    # [/docs:bwd-row-dot]
     # the forward's own score (kernels/visibility.py), so that P = exp(s - lse) is the forward's
     # P: times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
     # ALiBi runs always and softcap is a runtime branch, as in the forward)
@@ -456,22 +543,13 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
         if ar < BLOCK_M:
             s = cuda.local.array(A_TILE, acc_t)
             dp = cuda.local.array(A_TILE, acc_t)
-            kc = cuda.local.array(A_TC, acc_t)
-            vc = cuda.local.array(A_TC, acc_t)
             for e in range(A_TILE):
                 s[e] = acc_t(0.0)
                 dp[e] = acc_t(0.0)
-            # -- S = Q_i K_j^T and dP = dO_i V_j^T over the (zero-padded) head dim
-            for c in range(HEAD_DIM):
-                for j in range(A_TC):
-                    kc[j] = k_tile[ac + j * A_COL_T, c]
-                    vc[j] = v_tile[ac + j * A_COL_T, c]
-                for i in range(A_TR):
-                    qv = q_tile[ar + i * A_ROW_T, c]
-                    dov = do_tile[ar + i * A_ROW_T, c]
-                    for j in range(A_TC):
-                        s[i * A_TC + j] += qv * kc[j]
-                        dp[i * A_TC + j] += dov * vc[j]
+            # -- S = Q_i K_j^T and dP = dO_i V_j^T over the (zero-padded) head dim, one
+            #    product after the other (half the chunk registers of both at once)
+            row_dot(s, q_tile, k_tile, ar, ac)
+            row_dot(dp, do_tile, v_tile, ar, ac)
             # [docs:bwd-p-ds]
             # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
@@ -499,7 +577,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                             # acc_t whatever the user's code returns: 1.0 is a float64)
                             grad = grad * acc_t(user_grad(x, b, h, row, col, *user[1:]))
                             x = acc_t(user_score(x, b, h, row, col, *user[1:]))
-                        p = math.exp(x - lse_i)
+                        p = exp_e(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)
                             if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
@@ -512,23 +590,36 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     ds_tile[m, n] = ds
             # [/docs:bwd-p-ds]
 
+    load_k_cols = make_load_run(C_TC, ROW_BYTES)       # a dQ thread's columns of a K row
+    load_ds_keys = make_load_run(VW, BLOCK_N * W)      # one chunk of keys of a dS row
+    assert BLOCK_N % VW == 0, (BLOCK_N, VW)
+    DS_RUN = C_TR * VW                                 # a dQ thread's dS values of one chunk
+
     @device_jit(inline="always")
     def ds_k(ds_tile, k_tile, dq_acc, tid):
-        """``dq_acc += dS K_j`` on this thread's ``C_TR x C_TC`` micro-tile of dQ_i."""
+        """``dq_acc += dS K_j`` on this thread's ``C_TR x C_TC`` micro-tile of dQ_i: rows
+        ``cr + i C_ROW_T``, the contiguous columns ``cc C_TC ...``.  Per chunk of ``VW`` keys
+        (in key order) one 16-byte load of dS per row and ``C_TC / VW`` of each K row."""
         cr = tid // C_COL_T
         cc = tid % C_COL_T
         if cr < BLOCK_M:
             kc = cuda.local.array(C_TC, acc_t)
-            for n in range(BLOCK_N):
-                for j in range(C_TC):
-                    # a non-finite K reaches dQ only through the NaN dS of the rows that see
-                    # it; a row that does not see it gets 0, not 0 * inf
-                    x = k_tile[n, cc + j * C_COL_T]
-                    kc[j] = x if abs(x) < INF else acc_t(0.0)
+            dsr = cuda.local.array(DS_RUN, acc_t)
+            n0 = int32(0)
+            while n0 < BLOCK_N:
                 for i in range(C_TR):
-                    dsv = ds_tile[cr + i * C_ROW_T, n]
+                    load_ds_keys(dsr, i * VW, ds_tile, cr + i * C_ROW_T, n0)
+                for e in range(VW):
+                    load_k_cols(kc, 0, k_tile, n0 + e, cc * C_TC)
                     for j in range(C_TC):
-                        dq_acc[i * C_TC + j] += dsv * kc[j]
+                        # a non-finite K reaches dQ only through the NaN dS of the rows that
+                        # see it; a row that does not see it gets 0, not 0 * inf
+                        if not abs(kc[j]) < INF:
+                            kc[j] = acc_t(0.0)
+                    for i in range(C_TR):
+                        for j in range(C_TC):
+                            dq_acc[i * C_TC + j] += dsr[i * VW + e] * kc[j]
+                n0 = int32(n0 + VW)
 
     @device_jit(inline="always")
     def sequence(q, k, cu_q, cu_k, varlen, b):
@@ -542,7 +633,8 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     int64(cu_k[b + 1] - k0))
         return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
 
-    return load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence
+    return (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence,
+            make_load_run)
 
 
 @functools.lru_cache(maxsize=None)
@@ -565,14 +657,19 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     acc_t = compute_type(dtype)
     INF = acc_t(math.inf)
     NAN = acc_t(math.nan)
-    ROW = HEAD_DIM + PAD
+    ROW = HEAD_DIM + row_pad(dtype)
+    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
     B_COL_T, B_ROW_T, B_TR, B_TC = layout(BLOCK_N, HEAD_DIM, THREADS)    # dK, dV
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
-    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
-     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence,
+     make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
+    W = _word(dtype)
+    load_do_cols = make_load_run(B_TC, ROW * W)      # a dK/dV thread's columns of a dO row
+    load_q_cols = load_do_cols                        # ... and of a Q row
+    load_p_keys = make_load_run(B_TR, BLOCK_N * W)   # its keys of a P (dS) row
     load = element_ops(dtype)[0]  # the element-type stage: a dO element in
     user_mask = USER[1] if USER is not None else None
     U_MASK = user_mask is not None
@@ -596,11 +693,11 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         for row in range(nq):
             if not abs(delta[bb, h, q0 + row]) < INF:  # this row's dO holds an inf or NaN
                 for i in range(B_TR):
-                    key = k_start + br + i * B_ROW_T
+                    key = k_start + br * B_TR + i
                     if key < nk and is_visible(row, key, offset, nk, left, right) and (
                             not U_MASK or user_mask(b, h, row, key, *user[1:])):
                         for j in range(B_TC):
-                            c = bc + j * B_COL_T
+                            c = bc * B_TC + j
                             if c < d:
                                 if not abs(load(do[bb, h, q0 + row, c])) < INF:
                                     dv_out[bb, h, k0 + key, c] = NAN
@@ -619,12 +716,12 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
             return  # varlen: past this sequence's keys (the whole block leaves together)
         d = q.shape[3]
         slope = acc_t(alibi[b, h])
-        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
-        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
-        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t)
-        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t)
-        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
-        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
+        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
         lse_sh = cuda.shared.array(BLOCK_M, acc_t)
         delta_sh = cuda.shared.array(BLOCK_M, acc_t)
         if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
@@ -649,6 +746,8 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         dv_acc = cuda.local.array(B_TILE, acc_t)
         doc = cuda.local.array(B_TC, acc_t)
         qc = cuda.local.array(B_TC, acc_t)
+        pr = cuda.local.array(B_TR, acc_t)
+        dsr = cuda.local.array(B_TR, acc_t)
         dq_acc = cuda.local.array(C_TILE, acc_t)
         for e in range(B_TILE):
             dk_acc[e] = acc_t(0.0)
@@ -690,18 +789,24 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
             # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
             #    applied once, at the end)
+            #    the thread's keys br B_TR ... and columns bc B_TC ... are contiguous: per
+            #    query row one load_run each of dO, Q (16-byte loads where B_TC is whole
+            #    chunks) and of P, dS (where B_TR is) feed 2 B_TR B_TC FMAs
             if br < BLOCK_N:
-                for m in range(BLOCK_M):
+                m = int32(0)  # a while loop, not range(): 32-bit, as in row_dot
+                while m < BLOCK_M:
+                    load_do_cols(doc, 0, do_tile, m, bc * B_TC)
+                    load_q_cols(qc, 0, q_tile, m, bc * B_TC)
                     for j in range(B_TC):
-                        doc[j] = do_tile[m, bc + j * B_COL_T]
-                        x = q_tile[m, bc + j * B_COL_T]  # non-finite Q: as K in ds_k
-                        qc[j] = x if abs(x) < INF else acc_t(0.0)
+                        if not abs(qc[j]) < INF:  # non-finite Q: as K in ds_k
+                            qc[j] = acc_t(0.0)
+                    load_p_keys(pr, 0, p_tile, m, br * B_TR)
+                    load_p_keys(dsr, 0, ds_tile, m, br * B_TR)
                     for i in range(B_TR):
-                        pv = p_tile[m, br + i * B_ROW_T]
-                        dsv = ds_tile[m, br + i * B_ROW_T]
                         for j in range(B_TC):
-                            dv_acc[i * B_TC + j] += pv * doc[j]
-                            dk_acc[i * B_TC + j] += dsv * qc[j]
+                            dv_acc[i * B_TC + j] += pr[i] * doc[j]
+                            dk_acc[i * B_TC + j] += dsr[i] * qc[j]
+                    m = int32(m + 1)
 
             # [docs:bwd-dq-atomic]
             # -- dQ_i += scale * dS K_j, added atomically (other K/V blocks add to it too)
@@ -715,7 +820,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
                     for i in range(C_TR):
                         row = q_start + cr + i * C_ROW_T
                         for j in range(C_TC):
-                            c = cc + j * C_COL_T
+                            c = cc * C_TC + j
                             if row < nq and c < d:
                                 cuda.atomic.add(dq_accum, (bb, h, q0 + row, c),
                                                 dq_acc[i * C_TC + j] * scale)
@@ -725,9 +830,9 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         # -- write this query head's dK_j, dV_j once (zeros if no row sees the tile)
         if br < BLOCK_N:
             for i in range(B_TR):
-                key = k_start + br + i * B_ROW_T
+                key = k_start + br * B_TR + i
                 for j in range(B_TC):
-                    c = bc + j * B_COL_T
+                    c = bc * B_TC + j
                     if key < nk and c < d:
                         dk_out[bb, h, k0 + key, c] = dk_acc[i * B_TC + j] * scale
                         dv_out[bb, h, k0 + key, c] = dv_acc[i * B_TC + j]
@@ -747,12 +852,13 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
-    ROW = HEAD_DIM + PAD
+    ROW = HEAD_DIM + row_pad(dtype)
+    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
     GROUPS = BLOCK_N // 4
-    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
-     sequence) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence,
+     make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
     U_MASK = USER is not None and USER[1] is not None
     BLOCKS = USER[3] if USER is not None else None
     # a block mask's verdict on (this Q tile, K/V tile) (visibility.py); built only with one
@@ -772,12 +878,12 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
             return  # varlen: past this sequence's queries (the whole block leaves together)
         d = q.shape[3]
         slope = acc_t(alibi[b, h])
-        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
-        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t)
-        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t)
-        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t)
-        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
-        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t)
+        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
         lse_sh = cuda.shared.array(BLOCK_M, acc_t)
         delta_sh = cuda.shared.array(BLOCK_M, acc_t)
         if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
@@ -832,7 +938,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
             for i in range(C_TR):
                 row = q_start + cr + i * C_ROW_T
                 for j in range(C_TC):
-                    c = cc + j * C_COL_T
+                    c = cc * C_TC + j
                     if row < nq and c < d:
                         dq_out[bb, h, q0 + row, c] = dq_acc[i * C_TC + j] * scale
 

@@ -191,8 +191,13 @@ GPU_TILES = {
     8: {16: (32, 16, 8, 8), 32: (32, 16, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
         256: (4, 8, 4, 8)},
 }
-_GPU_THREADS = {(bm, bn, hd): (tm_, tn_) for table in GPU_TILES.values()
-                for hd, (bm, bn, tm_, tn_) in table.items()}
+#: the score-modifier build's tiles where they differ from :data:`GPU_TILES` (softcap / ALiBi, a
+#: user's variant, every varlen build): float32 at HEAD_DIM = 32 takes 64 x 32 tiles, 4 keys per
+#: thread, because with 8 the score stage's loop over a thread's keys (a libdevice ``tanhf`` per
+#: element) stays rolled and ptxas keeps S (128 B) on the stack
+GPU_MODS_TILES = {4: {32: (64, 32, 16, 8)}}
+_GPU_THREADS = {(bm, bn, hd): (tm_, tn_) for tables in (GPU_TILES, GPU_MODS_TILES)
+                for table in tables.values() for hd, (bm, bn, tm_, tn_) in table.items()}
 
 #: simulator defaults: small tiles and few threads (each CUDA thread is a Python thread).
 SIM_BLOCK = 8
@@ -210,10 +215,13 @@ def _word(dtype):
     return acc_dtype(dtype).itemsize
 
 
-def gpu_tiles(head_dim, dtype):
-    """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype."""
+def gpu_tiles(head_dim, dtype, mods=False):
+    """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype
+    (``mods``: of the score-modifier build, :data:`GPU_MODS_TILES`)."""
     hd = padded_head_dim(head_dim)
-    block_m, block_n = GPU_TILES[_word(dtype)][hd][:2]
+    w = _word(dtype)
+    tiles = GPU_MODS_TILES.get(w, {}).get(hd) if mods else None
+    block_m, block_n = (tiles or GPU_TILES[w][hd])[:2]
     return block_m, block_n, hd
 
 
@@ -303,15 +311,16 @@ def vector_tiles(dtype, d, head_dim, *arrays):
     return all(x.__cuda_array_interface__["data"][0] % VEC_BYTES == 0 for x in arrays)
 
 
-def explicit_tiles(head_dim, dtype, simulator=None):
+def explicit_tiles(head_dim, dtype, simulator=None, mods=False):
     """``{(BLOCK_M, BLOCK_N): HEAD_DIM}``: the tiles a caller may ask for with ``block_m=`` /
     ``block_n=`` for head dim ``d``, in this order of preference.
 
     On the GPU they are the default tiles of every compile-time head dim that can hold ``d``; a
     choice runs in that head dim's default kernel (``d`` zero-padded up to it), so explicit tiles
     never need a kernel that the compile tier does not already build.  They exist for tests and
-    experiments (smaller or non-square tiles), not for speed.  In the simulator (no compile
-    tier, and every tile element costs Python time) they are the small tiles ``SIM_EXPLICIT``.
+    experiments (smaller or non-square tiles), not for speed.  ``mods``: of the score-modifier
+    build (its default tiles).  In the simulator (no compile tier, and every tile element costs
+    Python time) they are the small tiles ``SIM_EXPLICIT``.
     """
     if simulator is None:
         simulator = on_simulator()
@@ -321,19 +330,19 @@ def explicit_tiles(head_dim, dtype, simulator=None):
     out = {}
     for hd in HEAD_DIMS:
         if hd >= hd0:
-            out.setdefault(gpu_tiles(hd, dtype)[:2], hd)
+            out.setdefault(gpu_tiles(hd, dtype, mods)[:2], hd)
     return out
 
 
-def choose_tiles(head_dim, dtype, block_m=None, block_n=None):
+def choose_tiles(head_dim, dtype, block_m=None, block_n=None, mods=False):
     """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a call: the backend default, or the explicit choice.
 
     ``block_m`` / ``block_n`` must already be validated ints (or None).  A ``ValueError`` names
     the argument and lists the allowed pairs when the choice is not one of :func:`explicit_tiles`.
     """
     if block_m is None and block_n is None:
-        return default_tiles(head_dim, dtype)
-    allowed = explicit_tiles(head_dim, dtype)
+        return default_tiles(head_dim, dtype, mods)
+    allowed = explicit_tiles(head_dim, dtype, mods=mods)
     for (bm, bn), hd in allowed.items():
         if block_m in (None, bm) and block_n in (None, bn):
             return bm, bn, hd
@@ -349,11 +358,12 @@ def choose_tiles(head_dim, dtype, block_m=None, block_n=None):
     )
 
 
-def default_tiles(head_dim, dtype):
-    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for this backend: small in the simulator."""
+def default_tiles(head_dim, dtype, mods=False):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for this backend (``mods``: the score-modifier build):
+    small in the simulator."""
     if on_simulator():
         return SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)
-    return gpu_tiles(head_dim, dtype)
+    return gpu_tiles(head_dim, dtype, mods)
 
 
 @functools.lru_cache(maxsize=None)
@@ -964,11 +974,11 @@ def compile_configs():
         for hd in HEAD_DIMS:
             if dt == BFLOAT16 and hd not in BF16_CONFIGS:
                 continue
-            bm, bn, _ = gpu_tiles(hd, dt)
-            tm_, tn_ = thread_layout(bm, bn, hd)
             for dropout, score_mod, varlen in kernel_flags():
                 if dt == BFLOAT16 and dropout not in BF16_CONFIGS[hd]:
                     continue
+                bm, bn, _ = gpu_tiles(hd, dt, mods=score_mod)
+                tm_, tn_ = thread_layout(bm, bn, hd)
                 yield {
                     "name": config_name(bm, bn, hd, tm_, tn_, dt, dropout, score_mod, varlen),
                     "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, dropout, score_mod,
@@ -979,7 +989,7 @@ def compile_configs():
                 }
     for dt, dims in PAGED_CONFIGS.items():
         for hd in dims:
-            bm, bn, _ = gpu_tiles(hd, dt)
+            bm, bn, _ = gpu_tiles(hd, dt, mods=True)
             tm_, tn_ = thread_layout(bm, bn, hd)
             yield {
                 "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, True, True),

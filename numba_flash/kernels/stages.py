@@ -243,10 +243,15 @@ def _gpu_stages():
 
         return codegen
 
+    def ex2_codegen(context, builder, sig, args):
+        fn = builder.module.declare_intrinsic("llvm.nvvm.ex2.approx.ftz.f", (),
+                                              ir.FunctionType(f32, [f32]))
+        return builder.call(fn, list(args))
+
     @intrinsic
     def ex2(typingctx, x):
         """``2**x`` by ``ex2.approx.ftz.f32``."""
-        return float_sig("ex2", (x,)), float_asm("ex2.approx.ftz.f32 $0, $1;", 1)
+        return float_sig("ex2", (x,)), ex2_codegen
 
     @intrinsic
     def fmax(typingctx, a, b):

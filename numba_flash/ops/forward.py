@@ -161,10 +161,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     # a user's variant rides on the score-modifier build (softcap / ALiBi switched at run time)
     use_mods = softcap > 0.0 or alibi is not None or variant is not None
-    allowed = explicit_tiles(d, dtype)
+    allowed = explicit_tiles(d, dtype, mods=use_mods)
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
-    BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n)
+    BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n, mods=use_mods)
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
     user = {} if variant is None else {"USER": user_build(variant)}
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels

@@ -214,7 +214,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     if paged and validate:  # after every other check, before any launch
         _validate_table(host_ints(block_table), len_k, block_size, n_blocks)
 
-    BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype)
+    BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype, mods=True)  # always the mods build
     block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
     # user's variant rides on it

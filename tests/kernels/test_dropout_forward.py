@@ -166,10 +166,11 @@ def test_dropout_gpu_kernels_are_compiled_and_fit(dtype):
     keep_tile added."""
     names = {c["name"] for c in fk.compile_configs()}
     dt = np.dtype(dtype)
-    for hd in fk.HEAD_DIMS:
-        for (bm, bn), hd2 in fk.explicit_tiles(hd, dt, simulator=False).items():
-            assert fk.tile_problem(bm, bn, hd2, dt, dropout=True) is None
-        bm, bn, hd = fk.gpu_tiles(hd, dt)
-        tm, tn = fk.thread_layout(bm, bn, hd)
+    for d in fk.HEAD_DIMS:
         for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):
+            for (bm, bn), hd2 in fk.explicit_tiles(d, dt, simulator=False,
+                                                   mods=bool(mods)).items():
+                assert fk.tile_problem(bm, bn, hd2, dt, dropout=True) is None
+            bm, bn, hd = fk.gpu_tiles(d, dt, mods=bool(mods))
+            tm, tn = fk.thread_layout(bm, bn, hd)
             assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} dropout {dt.name}" in names

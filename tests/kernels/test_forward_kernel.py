@@ -228,15 +228,14 @@ def test_gpu_tiles_are_compiled_and_fit(dtype):
     names = {c["name"] for c in fk.compile_configs()}
     dt = np.dtype(dtype)
     for d in range(1, 257):
-        pairs = dict(fk.explicit_tiles(d, dt, simulator=False))
-        bm, bn, hd = fk.gpu_tiles(d, dt)
-        assert pairs[(bm, bn)] == hd
-        for (bm, bn), hd in pairs.items():
-            assert hd >= d
-            assert fk.tile_problem(bm, bn, hd, dt) is None
-            tm, tn = fk.thread_layout(bm, bn, hd)
-            for prefix, mods in (("forward", ""), ("forward", " mods"),
-                                 ("forward varlen", " mods")):
+        for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):
+            pairs = dict(fk.explicit_tiles(d, dt, simulator=False, mods=bool(mods)))
+            bm, bn, hd = fk.gpu_tiles(d, dt, mods=bool(mods))
+            assert pairs[(bm, bn)] == hd
+            for (bm, bn), hd in pairs.items():
+                assert hd >= d
+                assert fk.tile_problem(bm, bn, hd, dt) is None
+                tm, tn = fk.thread_layout(bm, bn, hd)
                 assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} {dt.name}" in names
 
 
