@@ -127,9 +127,9 @@ def in_suite(name):
     CI's time: the full tier is about 25 CPU-minutes).  Out of the suite: the teaching kernels
     other than d = 64; the tensor-core and decode builds not in :data:`_SUITE_MMA`; the SIMT
     forward's flag builds (dropout, softcap/ALiBi, varlen) other than d = 64 (the same code at
-    every head dim, and there only float16 / float32; the KNOWN_STACK builds stay in so that list
-    is checked); the SIMT backward's builds other than d = 64 and 128 (cut on 2026-12-01: the
-    suite ran 17.5 min on a clean clone)."""
+    every head dim, and there only float16 / float32; a forward KNOWN_STACK build, were there
+    one, would stay in so that the list is checked); the SIMT backward's builds other than d = 64
+    and 128 (cut on 2026-12-01: the suite ran 17.5 min on a clean clone)."""
     if name.startswith(("naive_forward", "row_forward")):
         return "=64 " in name or " D64 " in name
     if name.startswith(("forward_mma", "backward_mma", "decode ")):

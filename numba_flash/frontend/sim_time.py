@@ -40,36 +40,37 @@ SIM_SECONDS_PER_THREAD = 3.7e-4
 
 #: ``family: (seconds per thread, per thread element, per loop step)``: non-negative least
 #: squares on the relative error over small launches, fitted by ``bench/sim_cost.py`` on a quiet
-#: 2-core CPU machine, 2026-12-01 (numba-cuda 0.30.4, Python 3.11, the simulator with
+#: 2-core CPU machine (a VM: the same launch measured up to 1.5x apart between runs), 2026-12-01
+#: (numba-cuda 0.30.4, Python 3.11, the simulator with
 #: :mod:`numba_flash.simulator`'s barriers), as the process's CPU time around each launch
 #: (``time.process_time``).  Each row: the launches fitted and the range of estimate / measured
 #: among them (``python bench/sim_cost.py`` prints both, and the committed constants' range).
 SIM_COST = {
     # forward and forward_varlen: 13 launches, [1, 1-2, 16-128, 16-128], causal, a packed
-    # batch; 0.69-1.15.  One step: one thread's K/V tile (8 x 8 tiles, 16 threads).
-    "forward": (0.0, 4.4e-5, 1.1e-3),
-    # tensor-core forward (1 warp, 16 x 16 tiles): 9 launches, N 16-128, d 16-64; 0.86-1.17.
+    # batch; 0.80-1.19.  One step: one thread's K/V tile (8 x 8 tiles, 16 threads).
+    "forward": (6.2e-4, 7.2e-5, 1.3e-3),
+    # tensor-core forward (1 warp, 16 x 16 tiles): 9 launches, N 16-128, d 16-64; 0.84-1.12.
     # One step: one thread's 16-column k-slice of one tile pair.
-    "forward_mma": (1.1e-3, 0.0, 2.2e-3),
+    "forward_mma": (2.9e-3, 0.0, 2.6e-3),
     # backward dK/dV (8 x 8 tiles, 16 threads): 6 launches, N 16-64, d 16-64, causal, GQA;
-    # 0.79-1.13.  dQ (deterministic): 4 launches; 0.94-1.12.
-    "backward_dkdv": (9e-6, 2.3e-5, 4.6e-4),
-    "backward_dq": (1.6e-5, 2.7e-5, 3.3e-4),
-    # tensor-core backward: dK/dV 5 launches (0.74-1.14), dQ 3 launches (0.83-1.11)
-    "backward_dkdv_mma": (0.0, 0.0, 4.4e-3),
-    "backward_dq_mma": (6.6e-6, 0.0, 3.3e-3),
-    # element-wise kernels, one step per element: D = rowsum(dO * O) (11 launches, 0.84-1.11),
-    # the dQ cast and GQA sums (17 launches, 0.73-1.18), softmax (4, 0.91-1.11); merge_states
+    # 0.84-1.16.  dQ (deterministic): 4 launches; 0.91-1.14.
+    "backward_dkdv": (0.0, 5.1e-5, 1.4e-3),
+    "backward_dq": (0.0, 5.2e-5, 1.2e-3),
+    # tensor-core backward: dK/dV 5 launches (0.87-1.06), dQ 3 launches (1.0)
+    "backward_dkdv_mma": (1.7e-3, 0.0, 5.5e-3),
+    "backward_dq_mma": (1.2e-3, 2.2e-5, 3.9e-3),
+    # element-wise kernels, one step per element: D = rowsum(dO * O) (11 launches, 0.77-1.27),
+    # the dQ cast and GQA sums (17 launches, 0.69-1.23), softmax (4, 0.96-1.06); merge_states
     # and naive_forward (one thread per row, a step per key and column) are the 2026-11-30 fit,
     # not re-measured (bench/sim_cost.py does not launch them)
-    "backward_preprocess": (5.4e-4, 0.0, 2.7e-6),
-    "backward_reduce": (1.5e-4, 0.0, 0.0),
+    "backward_preprocess": (8.0e-4, 0.0, 0.0),
+    "backward_reduce": (2.2e-4, 0.0, 0.0),
     "merge": (2.2e-4, 0.0, 1.3e-5),
-    "softmax": (3.7e-4, 0.0, 1.6e-5),
+    "softmax": (4.7e-4, 0.0, 9.4e-6),
     "naive_forward": (1.2e-3, 2.7e-5, 4.5e-6),
-    # split-KV decode: 4 launches (B 1-2, H 1-4, 16-256 keys, d 16-64); 0.79-1.12.  One step:
+    # split-KV decode: 4 launches (B 1-2, H 1-4, 16-256 keys, d 16-64); 0.66-1.17.  One step:
     # one thread's share of one block step of keys.
-    "decode": (0.0, 0.0, 1.5e-3),
+    "decode": (0.0, 8e-6, 1.4e-3),
 }
 
 

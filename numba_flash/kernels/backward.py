@@ -329,7 +329,7 @@ def unfold_block_py(bx, tiles, heads):
 # [/docs:bwd-grid]
 
 
-unfold_block = device_jit(inline=True)(unfold_block_py)
+unfold_block = device_jit(own_module=True, inline=True)(unfold_block_py)
 
 
 def backward_grids(b, h, hkv, nq, nk, d, dtype, simulator=None):
@@ -388,12 +388,12 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     LOG2E_F = np.float32(LOG2E)
 
     if W == 4:
-        @device_jit(inline="always")
+        @device_jit(own_module=True, inline="always")
         def exp_e(x):
             """``exp(x)`` in float32 as ``ex2.approx(x log2 e)`` (the forward's ``exp_e``)."""
             return ex2(x * LOG2E_F)
     else:
-        @device_jit(inline="always")
+        @device_jit(own_module=True, inline="always")
         def exp_e(x):
             """``exp(x)`` in float64 (libdevice ``exp``: there is no float64 ``ex2.approx``)."""
             return math.exp(x)
@@ -415,10 +415,10 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 for e in range(COUNT):
                     dst[at + e] = tile[row, col0 + e]
 
-        return device_jit(inline="always")(load_run)
+        return device_jit(own_module=True, inline="always")(load_run)
 
     # [docs:bwd-row-dot]
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def row_dot(out, a_tile, b_tile, ar, ac):
         """``out[i A_TC + j] += a_tile[ar + i A_ROW_T] . b_tile[ac + j A_COL_T]`` over the
         (zero-padded) head dim, for the thread's ``A_TR`` rows and ``A_TC`` keys: per
@@ -451,7 +451,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     U_MASK = user_mask is not None
     USER_FN = U_SCORE or U_MASK
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def user_sees(b, h, row, key, nq, user, umask):
         """A row inside the sequence that the user's mask_mod (asked only with ``umask``: not
         on a tile the block mask calls FULL) lets see the key (True without one): the user's
@@ -479,12 +479,12 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 else:
                     tile[r, c] = acc_t(0.0)
 
-        return device_jit(inline="always")(load_tile)
+        return device_jit(own_module=True, inline="always")(load_tile)
 
     load_tile = make_load_tile(False)
     load_tile_finite = make_load_tile(True)
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def load_row_stats(lse, delta, bb, h, start, end, lse_sh, delta_sh, tid):
         """``lse`` and ``D`` of the Q tile's rows; rows past the end get ``lse = -inf`` (P = 0).
         Returns 1 if a row this thread loaded has a non-finite ``D = rowsum(dO * O)``, which is
@@ -503,7 +503,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 delta_sh[m] = acc_t(0.0)
         return bad
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid):
         """DROPOUT: ``keep_tile[m, g]`` <- keep bits of keys ``k_start + 4g .. + 3`` of row
         ``q_start + m`` (indices within the sequence: the mask of
@@ -521,7 +521,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
             keep_tile[m, g] = bits
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                  q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
                  dropout, keep_tile, tid, b, h, user, umask):
@@ -595,7 +595,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     assert BLOCK_N % VW == 0, (BLOCK_N, VW)
     DS_RUN = C_TR * VW                                 # a dQ thread's dS values of one chunk
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def ds_k(ds_tile, k_tile, dq_acc, tid):
         """``dq_acc += dS K_j`` on this thread's ``C_TR x C_TC`` micro-tile of dQ_i: rows
         ``cr + i C_ROW_T``, the contiguous columns ``cc C_TC ...``.  Per chunk of ``VW`` keys
@@ -621,7 +621,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                             dq_acc[i * C_TC + j] += dsr[i * VW + e] * kc[j]
                 n0 = int32(n0 + VW)
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def sequence(q, k, cu_q, cu_k, varlen, b):
         """``(bb, q0, nq, k0, nk)``: the array batch index, first row and length of sequence
         ``b``'s queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one
@@ -678,7 +678,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
 
-    @device_jit(inline="always")
+    @device_jit(own_module=True, inline="always")
     def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
                            bc, b, user):
         """Rare, once this thread's ``dV`` is written: some query row has a non-finite dO,

@@ -214,7 +214,7 @@ def full_query_rows_py(k_start, k_end, offset, nq, nk, left, right):
     return r_lo, max(r_lo, r_hi)
 
 
-full_query_rows = device_jit(inline=True)(full_query_rows_py)
+full_query_rows = device_jit(own_module=True, inline=True)(full_query_rows_py)
 
 
 def _variant_args():
@@ -245,7 +245,7 @@ def _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS=None):
     INF = float32(math.inf)   # nlse2 of a row with lse = -inf (it sees no key)
     LOG2E_F = float32(LOG2E)
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def p_ds(s, dp, nlse2, delta_i, exp_scale, b, h, row, key, nq, nk, offset, left, right,
              scale, softcap, inv_softcap, slope, dropout, user, umask):
         if MASKED:
@@ -286,7 +286,7 @@ def _user_parts(USER):
     return tuple(USER[:3]), USER[1] is not None, USER[3]
 
 
-@device_jit(inline=True)
+@device_jit(own_module=True, inline=True)
 def _lane_offsets(lane, RB, RB2):
     """Byte offsets of this lane's ``ldmatrix`` row (:func:`~numba_flash.kernels.stages.
     ldmatrix_rows`) in a tile of ``RB``-byte rows: ``a`` (an ``A`` fragment; also ``bt``, a
@@ -371,7 +371,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE)
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def load_q(smem, stage_byte, q, do, qo_base, q_start, nq, d, tid):
         """Issue the copies of Q and dO rows ``q_start ..`` into the stage at ``stage_byte``."""
         rows = min(BLOCK_M, nq - q_start)
@@ -379,7 +379,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
         copy_q(smem, stage_byte, q, base, rows, d, tid)
         copy_q(smem, stage_byte + DO_OFF, do, base, rows, d, tid)
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def sees(b, h, row, key, offset, nk, left, right, user, umask):
         """Row ``row`` (< Nq) sees key ``key``: the visibility rule and, with ``umask``, the
         user's mask_mod (called only for keys < Nk)."""
@@ -392,7 +392,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     # the block mask's verdict on (Q tile of BLOCK_M rows, this K/V tile), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def next_q_tile(kinds, b, h, qt, t_hi, kt, nq, nk):
         """The first Q tile ``>= qt`` the block mask does not call EMPTY (``t_hi`` if none)."""
         while qt < t_hi and tile_kind(kinds, b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq),
@@ -403,7 +403,7 @@ def dkdv_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=Fal
     def make_step(MASKED):
         p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS)
 
-        @device_jit(inline=True)
+        @device_jit(own_module=True, inline=True)
         def step(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, keys, sc, drop, user,
                  umask):
             q, do, lse, delta, dq_accum, qo_base, row_base, nq, nk, d, b, h = ins
@@ -760,7 +760,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def load_kv(smem, stage_byte, k, v, kv_base, k_start, nk, d, tid):
         """Issue the copies of K/V rows ``k_start ..`` into the stage at ``stage_byte``."""
         rows = min(BLOCK_N, nk - k_start)
@@ -776,7 +776,7 @@ def dq_mma_kernel(NUM_WARPS, HEAD_DIM, DROPOUT=False, SOFTCAP=False, ALIBI=False
     def make_step(MASKED):
         p_ds = _element_function(MASKED, DROPOUT, SOFTCAP, ALIBI, FNS)
 
-        @device_jit(inline=True)
+        @device_jit(own_module=True, inline=True)
         def step(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, rows, sc, drop, user,
                  umask):
             k, v, kv_base, nq, nk, d, b, h = ins

@@ -385,17 +385,17 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     if acc_t == float32:
         LOG2E = float32(math.log2(math.e))
 
-        @functools.partial(device_jit, inline="always")
+        @functools.partial(device_jit, own_module=True, inline="always")
         def exp_loop(x):
             # exp in the K/V loop: ex2.approx (FMUL + MUFU.EX2; libdevice's expf is ~10
             # instructions); relative error about |x| 6e-8 + 2**-22 for the x <= 0 it gets
             return ex2(x * LOG2E)
     else:
-        @functools.partial(device_jit, inline="always")
+        @functools.partial(device_jit, own_module=True, inline="always")
         def exp_loop(x):
             return math.exp(x)
 
-    @functools.partial(device_jit, inline="always")
+    @functools.partial(device_jit, own_module=True, inline="always")
     def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
         # key u's K and V chunks from view element e0 (16-byte loads) into the registers
         for i in range(NCH):

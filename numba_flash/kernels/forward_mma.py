@@ -211,7 +211,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
     zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def load_kv(smem, stage_byte, k, v, kv_base, k_start, nk, d, tid):
         """Issue the copies of K/V rows ``k_start ..`` into the stage at ``stage_byte``."""
         rows = min(BLOCK_N, nk - k_start)
@@ -219,7 +219,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         copy_kv(smem, stage_byte, k, base, rows, d, tid)
         copy_kv(smem, stage_byte + KV_BYTES, v, base, rows, d, tid)
 
-    @device_jit(inline=True)
+    @device_jit(own_module=True, inline=True)
     def sees(b, h, row, key, nq, umask, user):
         """The user's mask_mod for a key inside the row's causal / window bounds (True
         without one)."""
@@ -235,7 +235,7 @@ def forward_mma_kernel(NUM_WARPS, BLOCK_N, HEAD_DIM, DROPOUT=False, SOFTCAP=Fals
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
         of the Q tile sees, so scores get the per-element mask and ``v`` the non-finite rule."""
 
-        @device_jit(inline=True)
+        @device_jit(own_module=True, inline=True)
         def step(kt, kt_next, stage, t_hi, smem, kv, frags, lanes, rows, sc, drop, user, umask):
             k, v, kv_base, nk, d, b, hk = kv
             qf, s, acc, m_i, l_i = frags
