@@ -211,7 +211,7 @@ from .jit import device_jit, kernel_jit
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
-from .stages import LOG2E, ex2, lds16
+from .stages import lds16, make_exp_e
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
                          make_tile_kind, tile_key_range, tile_query_range)
 
@@ -385,18 +385,8 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     ROW_BYTES = (HEAD_DIM + VW) * W         # one padded Q/dO/K/V row (row_pad)
     A_ROW_STEP = A_ROW_T * ROW_BYTES        # a thread's rows ar, ar + A_ROW_T, ... of Q, dO
     A_KEY_STEP = A_COL_T * ROW_BYTES        # its keys ac, ac + A_COL_T, ... of K, V
-    LOG2E_F = np.float32(LOG2E)
 
-    if W == 4:
-        @device_jit(own_module=True, inline="always")
-        def exp_e(x):
-            """``exp(x)`` in float32 as ``ex2.approx(x log2 e)`` (the forward's ``exp_e``)."""
-            return ex2(x * LOG2E_F)
-    else:
-        @device_jit(own_module=True, inline="always")
-        def exp_e(x):
-            """``exp(x)`` in float64 (libdevice ``exp``: there is no float64 ``ex2.approx``)."""
-            return math.exp(x)
+    exp_e = make_exp_e(W)  # float32: ex2.approx(x log2 e), as the forward's; float64: exp
 
     def make_load_run(COUNT, TILE_ROW_BYTES):
         """``load_run(dst, at, tile, row, col0)``: ``dst[at:at + COUNT] = tile[row, col0:col0 +

@@ -159,8 +159,8 @@ from ..backend import on_simulator
 from ..philox import philox_keep_bits4
 from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
                      log_tile, numba_array_type, padded_head_dim)
-from .stages import (LOG2E, cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one,
-                     ex2, lds16, load_at)
+from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16,
+                     load_at, make_exp_e)
 from .elements import BFLOAT16, element_ops
 from .jit import device_jit, kernel_jit
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
@@ -426,7 +426,6 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     NEG_INF = -math.inf
     NAN = math.nan
     ALIGN = None if on_simulator() else VEC_BYTES  # tiles 16-byte aligned (no kwarg in cudasim)
-    LOG2E_F = np.float32(LOG2E)
     GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
     KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
     # the one score of kernels/visibility.py (the backward recomputes exactly these scores):
@@ -574,17 +573,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             n0 = int32(n0 + VW)
     # [/docs:fwd-pv-stage]
 
-    if W == 4:
-        @_stage
-        def exp_e(x):
-            """``exp(x)`` in float32 as ``ex2.approx(x log2 e)``: one FMUL and one MUFU.EX2
-            (libdevice ``expf`` is about 10 instructions); ``exp(-inf) = 0``, NaN stays NaN."""
-            return ex2(x * LOG2E_F)
-    else:
-        @_stage
-        def exp_e(x):
-            """``exp(x)`` in float64 (libdevice ``exp``: there is no float64 ``ex2.approx``)."""
-            return math.exp(x)
+    exp_e = make_exp_e(W)  # float32: ex2.approx(x log2 e); float64: libdevice exp
 
     @_device
     def user_sees(b, h, row, key, nq, umask, mods):
