@@ -352,7 +352,7 @@ def markdown_table(rows, ptxas):
 
 
 SASS_COLUMNS = ("instr/iter", "MMA", "non-MMA/MMA", "FFMA %", "global B/instr", "LDS+LDSM",
-                "barriers", "int/addr", "ceiling")
+                "smem B", "barriers", "int/addr", "issue bound", "smem bound", "ceiling")
 
 
 def sass_cells(r):
@@ -373,10 +373,14 @@ def sass_cells(r):
     else:
         ceiling = f"{s['ceiling_tflops']:.1f} TFLOP/s"
     lower = "" if s["trips_known"] else " (>=)"
+    flops = not s.get("streaming") and (s["mma"] or c.get("ffma"))
+    issue = f"{s['issue_tflops']:.0f}" if flops and "issue_tflops" in s else "-"
+    smem = (f"{s['smem_tflops']:.0f}" if flops and s.get("smem_tflops") is not None else "-")
     return [f"{s['instructions']}{lower}", str(s["mma"]),
             "-" if s["non_mma_per_mma"] is None else f"{s['non_mma_per_mma']:.1f}",
             f"{100 * s['ffma_share']:.0f}", f"{s['bytes_per_instruction']:.2f}", str(lds),
-            str(c.get("barrier", 0)), str(c.get("int_addr", 0)), ceiling]
+            str(s.get("shared_bytes", "-")), str(c.get("barrier", 0)), str(c.get("int_addr", 0)),
+            issue, smem, ceiling]
 
 
 def format_sass_table(rows):
@@ -402,6 +406,11 @@ def sass_markdown(rows):
              "K/V and block table alike); `(mma)`: above the "
              f"~{sass.MMA_SYNC_TFLOPS:.0f} TFLOP/s mma.sync itself reaches, so that bound; "
              f"`(HBM)`: above the {sass.H200['hbm_gbs']:.0f} GB/s of HBM, so that bound. "
+             "issue bound: the same without the mma.sync cap (TFLOP/s); smem B: bytes the warp "
+             "reads from shared memory in the iteration (ldmatrix.x4 512 B, LDS.w 32w B); smem "
+             f"bound: flops per shared byte x {sass.SMEM_BYTES_PER_CLK} B per clock per SM "
+             "(TFLOP/s; a broadcast read counts in full, so a lower bound for kernels whose lanes "
+             "share addresses). "
              "`(>=)`: an inner loop "
              "the compiler did not unroll is counted once, so the count is a lower bound.", "",
              "| configuration | " + " | ".join(SASS_COLUMNS) + " |",

@@ -35,8 +35,16 @@ What is reported (per warp, per iteration)
 ------------------------------------------
 Instructions by class (:func:`classify`), non-MMA instructions per MMA, the FFMA share, bytes
 loaded from global memory (per warp: 32 lanes x the width of each ``LDG``/``LDGSTS``) and bytes
-per instruction, and the ceiling an H200 cannot pass if issue is the only limit (:data:`H200`):
-``warp instructions per second x useful work per instruction``.
+per instruction, and two bounds an H200 cannot pass (:data:`H200`):
+
+* the **issue bound** (``issue_tflops``): ``warp instructions per second x useful work per
+  instruction``, if issuing one instruction per scheduler per clock were the only limit
+  (``ceiling_tflops`` is this bound, capped at :data:`MMA_SYNC_TFLOPS` for ``mma.sync``);
+* the **shared-read bound** (``smem_tflops``): ``useful work per shared byte x``
+  :data:`SMEM_BYTES_PER_CLK` ``x SMs x clock``, with the bytes a warp reads from shared memory
+  in the iteration (:func:`shared_read_bytes`: ``ldmatrix.x4`` 512 B, ``LDS.w`` ``32 w`` B;
+  a broadcast read counts in full, so for a kernel whose lanes share addresses it is a lower
+  bound).
 """
 
 from __future__ import annotations
@@ -58,6 +66,13 @@ MMA_SYNC_TFLOPS = 660.0
 
 #: the steady-state loop holds at least this share of the kernel's work instructions
 WORK_SHARE = 0.75
+
+#: bytes of shared memory an SM reads per clock (the shared-read bound's rate)
+SMEM_BYTES_PER_CLK = 128
+
+#: bytes one warp reads from shared memory per instruction of each ``ldsm`` class (``ldmatrix``
+#: .x4 / .x2 / .x1: 16 B per lane and matrix row); an ``lds{w}`` reads ``32 w`` bytes
+LDSM_BYTES = {"ldsm": 512, "ldsm_x2": 256, "ldsm_x1": 128}
 
 #: floating-point operations of one warp-level MMA instruction
 MMA_FLOP = {"HMMA.16816": 2 * 16 * 8 * 16, "HMMA.1688": 2 * 16 * 8 * 8}
@@ -160,8 +175,8 @@ def classify(op):
         return f"ldg{_width(op)}"
     if base == "LDGSTS":
         return f"ldgsts{_width(op)}"
-    if base == "LDSM":
-        return "ldsm"
+    if base == "LDSM":  # ldmatrix .x4 (512 B per warp), .x2 (256 B), .x1 (128 B)
+        return {"4": "ldsm", "2": "ldsm_x2"}.get(op.rsplit(".", 1)[-1], "ldsm_x1")
     if base == "LDS":
         return f"lds{_width(op)}"
     if base == "STS":
@@ -509,6 +524,21 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     return chosen[3], len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
 
 
+def shared_read_bytes(counts):
+    """Bytes one warp reads from shared memory for ``counts`` (the classes of
+    :func:`classify`): :data:`LDSM_BYTES` per ``ldmatrix``, ``32 w`` per ``lds{w}``."""
+    out = sum(LDSM_BYTES[c] * v for c, v in counts.items() if c in LDSM_BYTES)
+    return out + sum(32 * int(c[3:]) * v for c, v in counts.items()
+                     if c.startswith("lds") and c[3:].isdigit())
+
+
+def smem_bound_tflops(flop, smem_bytes):
+    """The shared-read bound (TFLOP/s on an H200) of ``flop`` per ``smem_bytes`` read."""
+    if not smem_bytes:
+        return None
+    return H200["sms"] * H200["clock_hz"] * SMEM_BYTES_PER_CLK * flop / smem_bytes / 1e12
+
+
 def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, streaming=False,
             mma_kind="HMMA.16816"):
     """The SASS row of one kernel: per-iteration counts and the derived figures.  The keyword
@@ -538,12 +568,18 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, s
         global_bytes=ldg_bytes,
         bytes_per_instruction=round(ldg_bytes / total, 2) if total else 0.0,
     )
+    flop = MMA_FLOP[mma_kind] * mma if mma else 64 * counts.get("ffma", 0)
+    smem = shared_read_bytes(counts)
+    row["shared_bytes"] = smem
+    bound = smem_bound_tflops(flop, smem)
+    row["smem_tflops"] = None if bound is None else round(bound, 1)
+    issue = WARP_IPS * flop / total / 1e12
+    row["issue_tflops"] = round(issue, 1)
     if mma:
-        issue = WARP_IPS * MMA_FLOP[mma_kind] * mma / total / 1e12
         row["ceiling_tflops"] = round(min(issue, MMA_SYNC_TFLOPS), 1)
         row["bound"] = "issue" if issue < MMA_SYNC_TFLOPS else "mma.sync"
     else:
-        row["ceiling_tflops"] = round(WARP_IPS * 64 * counts.get("ffma", 0) / total / 1e12, 1)
+        row["ceiling_tflops"] = round(issue, 1)
     row["ceiling_gbs"] = round(WARP_IPS * row["bytes_per_instruction"] / 1e9, 1)
     return row
 

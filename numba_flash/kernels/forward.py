@@ -157,14 +157,18 @@ from numba import cuda, int32, types, uint32
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import (FULL_MASK, GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
+from .common import (GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
                      log_tile, numba_array_type, padded_head_dim)
 from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16,
-                     load_at, make_exp_e)
+                     load_at)
 from .elements import BFLOAT16, element_ops
 from .jit import device_jit, kernel_jit
-from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
-                         make_tile_kind, tile_full_range, tile_key_range, tile_needs_mask)
+from .online_softmax import make_epilogue, make_online_softmax
+from .tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores
+from .tiles import FORWARD_MODS_TILES, FORWARD_TILES, ForwardConfig, forward_tiles
+from .variant import variant_type
+from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, key_bounds, make_tile_kind, tile_full_range,
+                         tile_key_range, tile_needs_mask)
 
 
 _device = functools.partial(device_jit, inline=True)
@@ -177,25 +181,11 @@ _stage = functools.partial(device_jit, own_module=True)
 #: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
 MAX_TILE_REGS = 64
 
-#: GPU default tiles and threads ``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` per padded head
-#: dim, for 4-byte and 8-byte compute.  Chosen so that every thread owns 4 rows of S where the
-#: tile allows (a 16-byte load of a K row then feeds 4 x 4 FMAs, one of ``acc``'s V chunks 4 x 4:
-#: FFMA dominates the loop, see docs/resources.md) while everything stays under 48 KiB of shared
-#: memory and ``THREADS_N`` 16-byte chunks fit in a head row (``THREADS_N * 16 / w <=
-#: HEAD_DIM``).  Each ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` appears once, so the tiles name their
-#: threads (:func:`thread_layout`).  float32 at HEAD_DIM = 16 takes 64 x 16 tiles: 4 keys per
-#: thread (8 kept S on the stack in the softcap/ALiBi build, 128 B).
-GPU_TILES = {
-    4: {16: (64, 16, 16, 4), 32: (64, 64, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
-        256: (16, 8, 8, 8)},
-    8: {16: (32, 16, 8, 8), 32: (32, 16, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
-        256: (4, 8, 4, 8)},
-}
-#: the score-modifier build's tiles where they differ from :data:`GPU_TILES` (softcap / ALiBi, a
-#: user's variant, every varlen build): float32 at HEAD_DIM = 32 takes 64 x 32 tiles, 4 keys per
-#: thread, because with 8 the score stage's loop over a thread's keys (a libdevice ``tanhf`` per
-#: element) stays rolled and ptxas keeps S (128 B) on the stack
-GPU_MODS_TILES = {4: {32: (64, 32, 16, 8)}}
+#: the GPU tile choices (:data:`~numba_flash.kernels.tiles.FORWARD_TILES`, and those of the
+#: score-modifier build, :data:`~numba_flash.kernels.tiles.FORWARD_MODS_TILES`); each ``(BLOCK_M,
+#: BLOCK_N, HEAD_DIM)`` appears once, so a tile names its threads (:func:`thread_layout`)
+GPU_TILES = FORWARD_TILES
+GPU_MODS_TILES = FORWARD_MODS_TILES
 _GPU_THREADS = {(bm, bn, hd): (tm_, tn_) for tables in (GPU_TILES, GPU_MODS_TILES)
                 for table in tables.values() for hd, (bm, bn, tm_, tn_) in table.items()}
 
@@ -218,11 +208,8 @@ def _word(dtype):
 def gpu_tiles(head_dim, dtype, mods=False):
     """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype
     (``mods``: of the score-modifier build, :data:`GPU_MODS_TILES`)."""
-    hd = padded_head_dim(head_dim)
-    w = _word(dtype)
-    tiles = GPU_MODS_TILES.get(w, {}).get(hd) if mods else None
-    block_m, block_n = (tiles or GPU_TILES[w][hd])[:2]
-    return block_m, block_n, hd
+    block_m, block_n = forward_tiles(head_dim, dtype, mods)[:2]
+    return block_m, block_n, padded_head_dim(head_dim)
 
 
 def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
@@ -367,43 +354,40 @@ def default_tiles(head_dim, dtype, mods=False):
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT=False,
-                   SCORE_MOD=False, VARLEN=False, PAGED=False, USER=None, VEC=False):
-    """Build (once per configuration) ``kernel(q, k, v, o, lse, scale, window, mods, dropout,
-    seqs)``.
+def forward_kernel(cfg):
+    """Build (once per :class:`~numba_flash.kernels.tiles.ForwardConfig`) ``kernel(q, k, v, o,
+    lse, va, seqs)``.
 
-    * ``scale``: the softmax scale in the compute type (``np.float32`` / ``np.float64``);
-    * ``window``: ``(left, right)`` as two ``np.int32`` (:func:`visibility.window_bounds`: causal
-      is ``right = 0``, ``-1`` unbounded), a runtime value: one kernel serves full, causal and
-      sliding-window attention;
-    * ``mods``: ``()`` without ``SCORE_MOD``, else ``(softcap, inv_softcap, alibi)``: the softcap
-      and its inverse in the compute type (``softcap = 0``: off, a runtime branch) and the float32
-      ``[B, H]`` ALiBi slopes (zeros: off);
-    * ``dropout``: ``()`` without ``DROPOUT``, else ``(seed_lo, seed_hi, threshold,
-      keep_scale)``: the three ``numpy.uint32`` of :func:`numba_flash.philox.dropout_params` and
-      ``1 / (1 - p)`` in the compute type;
-    * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``, ``lse [B, H, Nq]``), else
-      ``(cu_seqlens_q, cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN``
-      (``q [total_q, H, d]``, ``k``/``v [total_k, Hkv, d]``, ``lse [H, total_q]``); with
-      ``PAGED`` (varlen only) ``(cu_seqlens_q, cu_seqlens_k, block_table, block_size,
-      n_kv_heads, num_blocks)``: ``k``/``v`` are the paged caches ``[num_blocks, Hkv,
-      block_size, d]`` as their ``[num_blocks * Hkv * block_size, d]`` views, ``block_table``
-      int32 ``[B, max_blocks]`` and the three sizes ``np.int32`` (see the module docstring).
+    * ``o``, ``lse``: flat views of ``[B, H, Nq, d]`` / ``[B, H, Nq]`` (``VARLEN``: ``[total_q,
+      H, d]`` / ``[H, total_q]``), ``lse`` in the compute type;
+    * ``va``: the :class:`~numba_flash.kernels.variant.Variant` (scalars in the compute type;
+      ``softcap = 0`` and zero slopes switch the modifiers off in the ``SCORE_MOD`` build, the
+      only one that reads them; ``dropout`` filled with ``DROPOUT``; ``user = (kinds,) + aux``
+      with ``USER``);
+    * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``), else ``(cu_seqlens_q,
+      cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN`` (``q [total_q, H,
+      d]``, ``k``/``v [total_k, Hkv, d]``); with ``PAGED`` (varlen only) ``(cu_seqlens_q,
+      cu_seqlens_k, block_table, block_size, n_kv_heads, num_blocks)``: ``k``/``v`` are the
+      paged caches ``[num_blocks, Hkv, block_size, d]`` as their ``[num_blocks * Hkv *
+      block_size, d]`` views, ``block_table`` int32 ``[B, max_blocks]`` and the three sizes
+      ``np.int32`` (see the module docstring).
 
     An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
     """
+    (BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT, SCORE_MOD, VARLEN, PAGED,
+     USER, VEC) = cfg
+    dtype = np.dtype(BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
     assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
     assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
     assert VARLEN or not PAGED  # a paged K/V is read by the packed (varlen) build only
-    # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code; its
-    # arrays ride in mods after the built-in ones: (softcap, inv_softcap, alibi, kinds, *aux)
+    # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code
     user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
     assert USER is None or SCORE_MOD  # varlen: b is the sequence (paged too)
-    U_SCORE = user_score is not None
+    FNS = (user_score, user_mask) if USER is not None else None
     U_MASK = user_mask is not None
-    USER_FN = U_SCORE or U_MASK
+    USER_FN = user_score is not None or U_MASK
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
     acc_t = compute_type(dtype)
@@ -420,20 +404,27 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
     P_STRIDE = BLOCK_N + P_PAD    # p_tile rows
     TC = TD // VW                 # the thread's acc column chunks (of VW columns each)
     assert TD % VW == 0 and BLOCK_N % VW == 0
-    LOG_THREADS_N = THREADS_N.bit_length() - 1  # butterfly steps across a row's threads
+    # a row's THREADS_N threads: the butterfly offsets of its max and sum
+    XOR = tuple((THREADS_N >> 1) >> st for st in range(THREADS_N.bit_length() - 1))
     # compile-time trip counts of the cooperative copies (16-byte chunks per thread)
     assert (BLOCK_M * CH) % THREADS == 0 and (BLOCK_N * CH) % THREADS == 0
-    NEG_INF = -math.inf
     NAN = math.nan
     ALIGN = None if on_simulator() else VEC_BYTES  # tiles 16-byte aligned (no kwarg in cudasim)
     GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
     KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
-    # the one score of kernels/visibility.py (the backward recomputes exactly these scores):
-    # scale and non-finite -> NaN always; softcap and ALiBi in the SCORE_MOD kernels (softcap
-    # switched at run time by softcap > 0)
-    score_plain = make_score(False, False, acc_t)
-    score_alibi = make_score(False, True, acc_t)
-    score_capped = make_score(True, True, acc_t)
+    ROWS = Layout(1, THREADS_M, 0)           # a thread's rows ty + i THREADS_M
+    # -- the stages: the score of kernels/visibility.py through tile_scores.py (the backward
+    # recomputes exactly these scores: scale and non-finite -> NaN always; softcap and ALiBi
+    # in the SCORE_MOD build, softcap switched at run time by softcap > 0), the online softmax
+    # and its epilogue (online_softmax.py)
+    SOFTCAP = None if SCORE_MOD else False
+    scores_masked = make_tile_scores(TM, TN, ROWS, Layout(1, THREADS_N, 0), True, False,
+                                     SOFTCAP, SCORE_MOD, FNS, acc_t)
+    scores_full = make_tile_scores(TM, TN, ROWS, Layout(1, THREADS_N, 0), False, False,
+                                   SOFTCAP, SCORE_MOD, FNS, acc_t)
+    score_fn = make_score_fn(False, SOFTCAP, SCORE_MOD, FNS, acc_t)
+    softmax_init, softmax_update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
+    epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)
 
     @_device
     def page_rows(page_sh, block_table, b, hk, k_start, nk, block_size, n_kv_heads, n_blocks,
@@ -456,16 +447,16 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
                                     + (key - j_blk * block_size))
             page_sh[r] = row
 
-    def make_copy_rows(ROWS, STRIDE, PAGED_ROWS):
+    def make_copy_rows(N_ROWS, STRIDE, PAGED_ROWS):
         """``copy_rows(tile, x, elem0, row_stride, rows_valid, d, page_sh, bad, tid)``: rows
-        ``0 .. ROWS-1`` of a tile into ``tile[r, 0:HEAD_DIM]`` (row length ``STRIDE``).  Row
+        ``0 .. N_ROWS-1`` of a tile into ``tile[r, 0:HEAD_DIM]`` (row length ``STRIDE``).  Row
         ``r`` is the ``d`` elements of ``x``'s flat view from ``elem0 + r * row_stride``
         (``PAGED_ROWS``: from ``page_sh[r] * d``, and a row -1 is filled with ``bad``, nothing
         read); rows ``>= rows_valid`` and columns ``>= d`` are zeros.  Thread ``tid`` copies the
         16-byte chunks ``tid, tid + THREADS, ...`` (chunk ``idx`` is row ``idx // CH``, columns
         ``VW * (idx % CH) ...``): ``VEC`` by ``cp.async`` (the caller commits and waits), else
         element by element through the element-type stage."""
-        COPIES = ROWS * CH // THREADS
+        COPIES = N_ROWS * CH // THREADS
 
         @_device
         def copy_rows(tile, x, elem0, row_stride, rows_valid, d, page_sh, bad, tid):
@@ -573,21 +564,119 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             n0 = int32(n0 + VW)
     # [/docs:fwd-pv-stage]
 
-    exp_e = make_exp_e(W)  # float32: ex2.approx(x log2 e); float64: libdevice exp
-
     @_device
-    def user_sees(b, h, row, key, nq, umask, mods):
+    def sees(row, key, sa, umask):
         """A row inside the sequence that the user's mask_mod lets see the key (True without
         one, or on a FULL tile): the user's code never sees a padding row."""
-        if row >= nq:
+        if row >= sa.nq:
             return False
-        if U_MASK and umask:
-            return user_mask(b, h, row, key, *mods[4:])
-        return True
+        return not U_MASK or score_fn(acc_t(0.0), row, key, sa, umask)[0]
+
+    @_stage
+    def store_p(s, p_tile, keep_tile, ty, tx, va):
+        """``P`` (``s``, after the softmax update) into ``p_tile`` for ``P V``; with dropout
+        ``P Z``: keep -> ``P / (1 - p)``, drop -> 0 (``l_i`` and so ``lse`` stay undropped)."""
+        for i in range(TM):
+            r = ty + i * THREADS_M
+            for j in range(TN):
+                col = tx + j * THREADS_N
+                p = s[i, j]
+                if DROPOUT:
+                    keep_scale = va.dropout[3]
+                    # [docs:fwd-dropout-apply]
+                    p = p * keep_scale if (keep_tile[r, col >> 2] >> (col & 3)) & 1 else \
+                        acc_t(0.0)
+                    # [/docs:fwd-dropout-apply]
+                p_tile[r, col] = p
+
+    @_stage
+    def draw_keep(keep_tile, va, sa, q_start, k_start, bounds, tid):
+        """Dropout: bit ``w`` of ``keep_tile[r, g]`` keeps key ``k_start + 4 g + w`` of row
+        ``q_start + r`` (indices within the sequence, so the mask ignores tiles); a group of 4
+        keys the row does not see at all (or a row past Nq) is not drawn: it is 0."""
+        seed_lo, seed_hi, threshold, _keep = va.dropout
+        nk, left, right = bounds
+        # [docs:fwd-dropout-draw]
+        for idx in range(tid, BLOCK_M * GROUPS, THREADS):
+            r = idx // GROUPS
+            g = idx % GROUPS
+            row = q_start + r
+            key = k_start + 4 * g
+            lo, hi = key_bounds(row, sa.offset, nk, left, right)
+            bits = int32(0)
+            if row < sa.nq and key < hi and key + 4 > lo:
+                bits = philox_keep_bits4(seed_lo, seed_hi, sa.b, sa.h, row, key >> 2, threshold)
+            keep_tile[r, g] = bits
+        # [/docs:fwd-dropout-draw]
+
+    @_stage
+    def pv_masked(acc, p_tile, v_tile, vr, sa, q_start, k_start, bounds, ty, tx, umask):
+        """``acc += P V`` where a key the row does not see adds nothing, not even ``0 * NaN``
+        from a NaN value (a tile that crosses the band's edges or ``Nk``)."""
+        nk, left, right = bounds
+        for n in range(BLOCK_N):
+            key = k_start + n
+            load_v_row(vr, v_tile, n, tx)
+            for i in range(TM):
+                row = q_start + ty + i * THREADS_M
+                lo, hi = key_bounds(row, sa.offset, nk, left, right)
+                if lo <= key and key < hi and (not USER_FN or sees(row, key, sa, umask)):
+                    pv = p_tile[ty + i * THREADS_M, n]
+                    for c in range(TD):
+                        acc[i, c] += pv * vr[c]
+
+    # [docs:fwd-step]
+    @_stage
+    def step(kt, masked, umask, tiles, kv, lane, va, sa, frags):
+        """One K/V tile: load K and V, ``S = Q K^T``, scores, the softmax update, ``acc += P
+        V``; ``masked``: the tile crosses the band's edges (or asks the user's mask_mod)."""
+        q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh = tiles
+        k, v, kv_elem0, kv_row, d, bounds, paged, kt_end = kv
+        tid, ty, tx, q_start = lane
+        s, acc, vr, m_i, l_i = frags
+        k_start = kt * BLOCK_N
+        nk = bounds[0]
+        # -- K_j and V_j into shared memory (two cp.async groups: V may still land while S is
+        # computed), zero past Nk and past the true head dim; a bad page table entry is read
+        # as k = NaN, v = 0 (the rows that see the key get NaN)
+        kv_start = kv_elem0 + k_start * kv_row
+        copy_k(k_tile, k, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(NAN), tid)
+        if VEC:
+            cp_async_commit()
+        copy_v(v_tile, v, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(0.0), tid)
+        if VEC:
+            cp_async_commit()
+            cp_async_wait_one()  # this thread's K chunks have landed (V may not have)
+        if DROPOUT:
+            draw_keep(keep_tile, va, sa, q_start, k_start, bounds, tid)
+        cuda.syncthreads()  # k_tile (and keep_tile) are complete before any read
+        qk_tile(s, q_tile, k_tile, ty, tx)                              # S = Q K^T
+        if masked:                                                      # scores, -inf masked
+            scores_masked(s, sa, q_start + ty, k_start + tx, bounds, umask)
+        else:
+            scores_full(s, sa, q_start + ty, k_start + tx, bounds, umask)
+        if PAGED:
+            # the next tile's rows: this tile's loads (page_sh's only readers) are done, and
+            # the next loads come after two more barriers (no barrier of its own)
+            block_table, block_size, n_kv_heads, n_blocks, hk = paged
+            if kt + 1 < kt_end:
+                page_rows(page_sh, block_table, sa.b, hk, k_start + BLOCK_N, nk, block_size,
+                          n_kv_heads, n_blocks, tid)
+        softmax_update(s, acc, m_i, l_i, acc_t(0.0))                    # m_i, l_i, P, acc
+        store_p(s, p_tile, keep_tile, ty, tx, va)
+        if VEC:
+            cp_async_wait_all()  # this thread's V chunks have landed
+        cuda.syncthreads()  # p_tile (and v_tile) are complete before P V reads them
+        if masked:                                                      # acc += P V
+            pv_masked(acc, p_tile, v_tile, vr, sa, q_start, k_start, bounds, ty, tx, umask)
+        else:
+            pv_tile(acc, p_tile, v_tile, ty, tx)
+        cuda.syncthreads()  # k/v/p/keep_tile are fully read before the next tile
+    # [/docs:fwd-step]
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, **jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
-    def flash_forward(q, k, v, o, lse, scale, window, mods, dropout, seqs):
+    def flash_forward(q, k, v, o, lse, va, seqs):
         # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
         # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
         # [docs:fwd-index]
@@ -619,6 +708,8 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
             nk = seqs[1][b + 1] - k0
             d = q.shape[2]
         else:
+            q0 = 0
+            k0 = 0
             nq = q.shape[2]
             nk = k.shape[2]
             d = q.shape[3]
@@ -626,16 +717,13 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         if q_start >= nq:
             return  # varlen: a sequence shorter than the longest has fewer Q tiles
         # [/docs:fwd-index]
-        left, right = window
-        offset = nk - nq  # bottom-right alignment: query row r sits at key column r + offset
+        left, right = va.window
+        slope = acc_t(0.0)
         if SCORE_MOD:
-            softcap = mods[0]
-            inv_softcap = mods[1]
-            slope = acc_t(mods[2][b, h])
-        else:
-            softcap = acc_t(0.0)
-            inv_softcap = acc_t(0.0)
-            slope = acc_t(0.0)
+            slope = acc_t(va.alibi[b, h])
+        # bottom-right alignment: query row r sits at key column r + nk - nq
+        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, nk - nq, nq, b, h,
+                       va.user[1:])
 
         # [docs:fwd-arrays]
         q_tile = cuda.shared.array((BLOCK_M, HEAD_DIM), acc_t, alignment=ALIGN)
@@ -648,25 +736,22 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         m_i = cuda.local.array(TM, acc_t)
         l_i = cuda.local.array(TM, acc_t)
         # [/docs:fwd-arrays]
-        if DROPOUT:  # compile-time: the plain kernel has neither these values nor keep_tile
-            seed_lo, seed_hi, threshold, keep_scale = dropout
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile
             keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
+        else:
+            keep_tile = p_tile  # unused: store_p reads it only with DROPOUT
         if PAGED:  # the cache row of each key of the K/V tile (page_rows)
-            block_table, block_size, n_blocks = seqs[2], seqs[3], seqs[5]
             page_sh = cuda.shared.array(BLOCK_N, int32)
+            paged = (seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
         else:
             page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
+            paged = ()
         # the flat element of row 0 of this (b, h)'s Q and K/V, and the row strides
-        if VARLEN:
-            q_elem0 = (np.int64(q0) * n_heads + h) * d
-            q_row = n_heads * d
-            kv_elem0 = (np.int64(k0) * n_kv_heads + hk) * d
-            kv_row = n_kv_heads * d
-        else:
-            q_elem0 = (np.int64(b * n_heads + h) * nq) * d
-            q_row = d
-            kv_elem0 = (np.int64(b * n_kv_heads + hk) * nk) * d
-            kv_row = d
+        q_row = n_heads * d if VARLEN else d
+        kv_row = n_kv_heads * d if VARLEN else d
+        q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
+        kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
+                    else np.int64(b * n_kv_heads + hk) * nk * d)
 
         # [docs:fwd-load-q]
         # -- load q_tile = Q_i (unscaled: the score contract scales q . k), zero past Nq and
@@ -676,11 +761,7 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         if VEC:
             cp_async_commit()
             cp_async_wait_all()
-        for i in range(TM):
-            m_i[i] = acc_t(NEG_INF)
-            l_i[i] = acc_t(0.0)
-            for c in range(TD):
-                acc[i, c] = acc_t(0.0)
+        softmax_init(m_i, l_i, acc)
         cuda.syncthreads()  # q_tile is complete before the first S reads it
         # [/docs:fwd-load-q]
 
@@ -689,186 +770,47 @@ def forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROP
         # sees, so their tiles are never loaded (causal: after the diagonal; a window: outside
         # the band); a tile inside [full_lo, full_hi), which every row sees whole, needs no mask
         q_end = min(nq, q_start + BLOCK_M)
-        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
-        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, sa.offset, nk, left, right)
+        full_lo, full_hi = tile_full_range(q_start, q_end, sa.offset, nk, left, right)
         kt_first = kv_lo // BLOCK_N
         kt_end = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else kt_first
         # [/docs:fwd-tile-range]
         if PAGED:
-            page_rows(page_sh, block_table, b, hk, kt_first * BLOCK_N, nk, block_size,
-                      n_kv_heads, n_blocks, tid)
+            page_rows(page_sh, seqs[2], b, hk, kt_first * BLOCK_N, nk, seqs[3], n_kv_heads,
+                      seqs[5], tid)
             cuda.syncthreads()  # page_sh holds the first tile's rows before its loads read them
 
         # [docs:fwd-load-kv]
+        tiles = (q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh)
+        kv = (k, v, kv_elem0, kv_row, d, (nk, left, right), paged, kt_end)
+        lane = (tid, ty, tx, q_start)
+        frags = (s, acc, vr, m_i, l_i)
         for kt in range(kt_first, kt_end):
             k_start = kt * BLOCK_N
             masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
             umask = U_MASK  # the user's mask_mod runs on this tile (a block mask may say no)
             if BLOCKS is not None:
-                kind = tile_kind(mods[3], b, h, q_start, q_end, kt, nk)
+                kind = tile_kind(va.user[0], b, h, q_start, q_end, kt, nk)
                 if kind == BLOCK_EMPTY:
                     continue  # no row of this Q tile sees a key of it: never loaded
                 umask = kind == BLOCK_PARTIAL
             if LOG and tid == 0:
                 log_tile(b, h, q_start, kt)
-            if umask:
-                masked = True  # the per-element mask, and the PV loop's visibility test
-            # -- load k_tile = K_j and v_tile = V_j (two cp.async groups: V may still land
-            # while S is computed), zero past Nk and past the true head dim; a bad page table
-            # entry is read as k = NaN, v = 0 (the rows that see the key get NaN)
-            kv_start = kv_elem0 + k_start * kv_row
-            copy_k(k_tile, k, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(NAN), tid)
-            if VEC:
-                cp_async_commit()
-            copy_v(v_tile, v, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(0.0), tid)
-            if VEC:
-                cp_async_commit()
-                cp_async_wait_one()  # this thread's K chunks have landed (V may not have)
+            step(kt, masked or umask, umask, tiles, kv, lane, va, sa, frags)
         # [/docs:fwd-load-kv]
-            # [docs:fwd-dropout-draw]
-            if DROPOUT:
-                # -- draw keep_tile: bit w of keep_tile[r, g] keeps key k_start + 4 g + w of row
-                # q_start + r (indices within the sequence, so the mask ignores tiles); a group
-                # of 4 keys the row does not see at all (or a row past Nq) is not drawn: it is 0
-                for idx in range(tid, BLOCK_M * GROUPS, THREADS):
-                    r = idx // GROUPS
-                    g = idx % GROUPS
-                    row = q_start + r
-                    key = k_start + 4 * g
-                    lo, hi = key_bounds(row, offset, nk, left, right)
-                    bits = int32(0)
-                    if row < nq and key < hi and key + 4 > lo:
-                        bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2,
-                                                 threshold)
-                    keep_tile[r, g] = bits
-            # [/docs:fwd-dropout-draw]
-            # [docs:fwd-s]
-            cuda.syncthreads()  # k_tile (and keep_tile) are complete before any read
-
-            # -- q . k: a TM x TN micro-tile of Q K^T per thread (qk_tile)
-            qk_tile(s, q_tile, k_tile, ty, tx)
-
-            # -- the score of a visible key (make_score: times scale, non-finite -> NaN,
-            # softcap, ALiBi); -inf for a key the row does not see (only tiles that cross the
-            # band's edges or Nk check that)
-            for i in range(TM):
-                row = q_start + ty + i * THREADS_M
-                for j in range(TN):
-                    key = k_start + tx + j * THREADS_N
-                    if masked and not is_visible(row, key, offset, nk, left, right):
-                        s[i, j] = acc_t(NEG_INF)
-                    elif USER_FN and not user_sees(b, h, row, key, nq, umask, mods):
-                        s[i, j] = acc_t(NEG_INF)  # the user's mask_mod (or a padding row)
-                    elif not SCORE_MOD:
-                        s[i, j] = score_plain(s[i, j], scale, row, key, offset, softcap,
-                                              inv_softcap, slope)[0]
-                    elif softcap > acc_t(0.0):
-                        s[i, j] = score_capped(s[i, j], scale, row, key, offset, softcap,
-                                               inv_softcap, slope)[0]
-                    else:
-                        s[i, j] = score_alibi(s[i, j], scale, row, key, offset, softcap,
-                                              inv_softcap, slope)[0]
-                    if U_SCORE and s[i, j] != NEG_INF:  # after scale, softcap and ALiBi
-                        s[i, j] = user_score(s[i, j], b, h, row, key, *mods[4:])
-            # [/docs:fwd-s]
-            if PAGED and kt + 1 < kt_end:
-                # the next tile's rows: this tile's loads (page_sh's only readers) are done, and
-                # the next loads come after two more barriers (no barrier of its own)
-                page_rows(page_sh, block_table, b, hk, (kt + 1) * BLOCK_N, nk, block_size,
-                          n_kv_heads, n_blocks, tid)
-
-            # [docs:fwd-update]
-            # -- m_new: each thread's partial row max, combined across the row's THREADS_N
-            # threads (consecutive lanes of one warp) by a butterfly of warp shuffles
-            for i in range(TM):
-                r = ty + i * THREADS_M
-                m_new = m_i[i]
-                for j in range(TN):
-                    m_new = max(m_new, s[i, j])
-                for st in range(LOG_THREADS_N):
-                    m_new = max(m_new, cuda.shfl_xor_sync(FULL_MASK, m_new,
-                                                          int32((THREADS_N >> 1) >> st)))
-                # -- P = exp(S - m_new); l_i = alpha * l_i + rowsum(P); acc *= alpha
-                # a row with no visible key yet keeps m = -inf: take exp against 0, not -inf
-                m_use = m_new if m_new != NEG_INF else acc_t(0.0)
-                alpha = exp_e(m_i[i] - m_use)
-                m_i[i] = m_new
-                row_sum = acc_t(0.0)
-                for j in range(TN):
-                    p = exp_e(s[i, j] - m_use)
-                    s[i, j] = p
-                    row_sum += p
-                l_i[i] = alpha * l_i[i] + row_sum  # l_i (and so lse) from the undropped P
-                # [docs:fwd-dropout-apply]
-                if DROPOUT:
-                    # -- P * Z for P V: keep -> P / (1 - p), drop -> 0
-                    for j in range(TN):
-                        col = tx + j * THREADS_N
-                        if (keep_tile[r, col >> 2] >> (col & 3)) & 1:
-                            s[i, j] *= keep_scale
-                        else:
-                            s[i, j] = acc_t(0.0)
-                # [/docs:fwd-dropout-apply]
-                for j in range(TN):
-                    p_tile[r, tx + j * THREADS_N] = s[i, j]
-                for c in range(TD):
-                    acc[i, c] *= alpha
-            if VEC:
-                cp_async_wait_all()  # this thread's V chunks have landed
-            cuda.syncthreads()  # p_tile (and v_tile) are complete before P V reads them
-            # [/docs:fwd-update]
-
-            # [docs:fwd-pv]
-            # -- acc += P V: a TM x TD micro-tile of the output per thread
-            if masked:
-                # a key the row does not see adds nothing, not even 0 * NaN from a NaN value
-                for n in range(BLOCK_N):
-                    key = k_start + n
-                    load_v_row(vr, v_tile, n, tx)
-                    for i in range(TM):
-                        row = q_start + ty + i * THREADS_M
-                        if is_visible(row, key, offset, nk, left, right) and (
-                                not USER_FN or user_sees(b, h, row, key, nq, umask, mods)):
-                            pv = p_tile[ty + i * THREADS_M, n]
-                            for c in range(TD):
-                                acc[i, c] += pv * vr[c]
-            else:
-                pv_tile(acc, p_tile, v_tile, ty, tx)
-            cuda.syncthreads()  # k/v/p/keep_tile are fully read before the next tile
-            # [/docs:fwd-pv]
 
         # [docs:fwd-epilogue]
         # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
         # lane gets the same bits); O = acc / l, lse = m + log(l)
-        for i in range(TM):
-            row = q_start + ty + i * THREADS_M
-            l_row = l_i[i]
-            for st in range(LOG_THREADS_N):
-                l_row += cuda.shfl_xor_sync(FULL_MASK, l_row, int32((THREADS_N >> 1) >> st))
-            if row < nq:
-                if l_row == acc_t(0.0):  # no visible key: o = 0, lse = -inf
-                    inv_l = acc_t(0.0)
-                    row_lse = acc_t(NEG_INF)
-                else:  # l > 0, or NaN (a NaN score): then o and lse are NaN too
-                    inv_l = acc_t(1.0) / l_row
-                    row_lse = m_i[i] + math.log(l_row)
-                for c in range(TD):
-                    col = (tx + (c // VW) * THREADS_N) * VW + c % VW  # chunk-owned columns
-                    if col < d:
-                        if VARLEN:
-                            o[q0 + row, h, col] = store(acc[i, c] * inv_l)
-                        else:
-                            o[b, h, row, col] = store(acc[i, c] * inv_l)
-                if tx == 0:
-                    if VARLEN:
-                        lse[h, q0 + row] = row_lse
-                    else:
-                        lse[b, h, row] = row_lse
+        if VARLEN:  # o [total_q, H, d], lse [H, total_q]
+            rows = (q_start + ty, nq, (np.int64(q0) * n_heads + h) * d, n_heads * d,
+                    np.int64(h) * seqs[0][n_batch] + q0, tx == 0)
+        else:       # o [B, H, Nq, d], lse [B, H, Nq]
+            rows = (q_start + ty, nq, np.int64(bh) * nq * d, d, np.int64(bh) * nq, tx == 0)
+        epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d))
         # [/docs:fwd-epilogue]
 
     return flash_forward
-
-
 
 
 def forward_grid(n_q_tiles, n_bh):
@@ -901,6 +843,41 @@ def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout
             f"{' dropout' if dropout else ''} {np.dtype(dtype).name}")
 
 
+def forward_config(head_dim, dtype, dropout=False, score_mod=False, varlen=False, paged=False,
+                   vec=False, user=None, tiles=None, simulator=None):
+    """The :class:`~numba_flash.kernels.tiles.ForwardConfig` of a launch: the backend's
+    default tiles (``score_mod``: the score-modifier build's, :data:`GPU_MODS_TILES`) or
+    ``tiles = (BLOCK_M, BLOCK_N, HEAD_DIM)`` (:func:`choose_tiles`), their threads
+    (:func:`thread_layout`) and the flags."""
+    if simulator is None:
+        simulator = on_simulator()
+    if tiles is None:
+        tiles = ((SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)) if simulator
+                 else gpu_tiles(head_dim, dtype, score_mod or user is not None))
+    bm, bn, hd = tiles
+    tm_, tn_ = thread_layout(bm, bn, hd, simulator)
+    return ForwardConfig(bm, bn, hd, np.dtype(dtype).name, tm_, tn_, dropout,
+                         score_mod or user is not None, varlen, paged, user, vec)
+
+
+def kernel_arg_types(cfg, user=()):
+    """The Numba argument types of ``forward_kernel(cfg)(q, k, v, o, lse, va, seqs)`` (``user``:
+    the types of ``(kinds,) + aux`` of a user build; ``PAGED``: int32 table and sizes, 2-D
+    caches)."""
+    dt = np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16" else cfg.DTYPE)
+    acc = compute_type(dt)
+    arr = numba_array_type(dt, 3 if cfg.VARLEN else 4)
+    kv = numba_array_type(dt, 2) if cfg.PAGED else arr
+    seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if cfg.VARLEN
+              else types.Tuple(()))
+    if cfg.PAGED:
+        cu_t = numba_array_type(np.int32, 1)
+        seqs_t = types.Tuple((cu_t, cu_t, numba_array_type(np.int32, 2), types.int32,
+                              types.int32, types.int32))
+    return (arr, kv, kv, numba_array_type(dt, 1), numba_array_type(acc_dtype(dt), 1),
+            variant_type(acc, cfg.DROPOUT, user), seqs_t)
+
+
 def kernel_flags():
     """``(DROPOUT, SCORE_MOD, VARLEN)`` of every compiled kernel: the batched kernel with and
     without the score modifiers, the varlen kernel always with them (softcap and ALiBi are
@@ -910,27 +887,6 @@ def kernel_flags():
         for score_mod in ((True,) if varlen else (False, True)):
             for dropout in (False, True):
                 yield dropout, score_mod, varlen
-
-
-def kernel_arg_types(dtype, dropout=False, score_mod=False, varlen=False, paged=False):
-    """The Numba argument types of ``forward_kernel(...)(q, k, v, o, lse, scale, window, mods,
-    dropout, seqs)`` for inputs of ``dtype`` (``paged``: int32 table and sizes, 2-D caches)."""
-    dt = np.dtype(dtype)
-    acc = compute_type(dt)
-    arr = numba_array_type(dt, 3 if varlen else 4)
-    kv = numba_array_type(dt, 2) if paged else arr
-    lse_t = numba_array_type(acc_dtype(dt), 2 if varlen else 3)
-    window_t = types.UniTuple(types.int32, 2)
-    mods_t = (types.Tuple((acc, acc, numba_array_type(np.float32, 2))) if score_mod
-              else types.Tuple(()))
-    dropout_t = (types.Tuple((types.uint32, types.uint32, types.uint32, acc)) if dropout
-                 else types.Tuple(()))
-    seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if varlen else types.Tuple(()))
-    if paged:
-        cu_t = numba_array_type(np.int32, 1)
-        seqs_t = types.Tuple((cu_t, cu_t, numba_array_type(np.int32, 2), types.int32,
-                              types.int32, types.int32))
-    return (arr, kv, kv, arr, lse_t, acc, window_t, mods_t, dropout_t, seqs_t)
 
 
 #: the input dtypes whose builds copy tiles by ``cp.async`` (:func:`vector_tiles`); the compile
@@ -953,6 +909,22 @@ BF16_CONFIGS = {64: (False, True), 128: (False,)}
 PAGED_CONFIGS = {np.dtype(np.float16): (64, 128), np.dtype(np.float32): (64, 128)}
 
 
+def compile_config(cfg, name_suffix="", user=()):
+    """The compile tier's entry of one configuration."""
+    return {
+        "name": config_name(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS_M, cfg.THREADS_N,
+                            np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16" else cfg.DTYPE),
+                            cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED) + name_suffix,
+        "config": cfg,
+        "kernel": forward_kernel(cfg),
+        "args": kernel_arg_types(cfg, user),
+        "launch_bounds": launch_bounds(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM,
+                                       np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16"
+                                                else cfg.DTYPE)),
+        "float64_ok": cfg.DTYPE == "float64",
+    }
+
+
 def compile_configs():
     """Every forward configuration the package can launch on a GPU, for the compile tier: the
     default tiles of each compile-time head dim and dtype, for every :func:`kernel_flags`
@@ -966,49 +938,24 @@ def compile_configs():
             for dropout, score_mod, varlen in kernel_flags():
                 if dt == BFLOAT16 and dropout not in BF16_CONFIGS[hd]:
                     continue
-                bm, bn, _ = gpu_tiles(hd, dt, mods=score_mod)
-                tm_, tn_ = thread_layout(bm, bn, hd)
-                yield {
-                    "name": config_name(bm, bn, hd, tm_, tn_, dt, dropout, score_mod, varlen),
-                    "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, dropout, score_mod,
-                                             varlen, VEC=dt in VEC_DTYPES),
-                    "args": kernel_arg_types(dt, dropout, score_mod, varlen),
-                    "launch_bounds": launch_bounds(bm, bn, hd, dt),
-                    "float64_ok": dt == np.float64,
-                }
+                yield compile_config(forward_config(hd, dt, dropout, score_mod, varlen,
+                                                    vec=dt in VEC_DTYPES, simulator=False))
     for dt, dims in PAGED_CONFIGS.items():
         for hd in dims:
-            bm, bn, _ = gpu_tiles(hd, dt, mods=True)
-            tm_, tn_ = thread_layout(bm, bn, hd)
-            yield {
-                "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, True, True),
-                "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, True, True,
-                                         VEC=dt in VEC_DTYPES),
-                "args": kernel_arg_types(dt, False, True, True, True),
-                "launch_bounds": launch_bounds(bm, bn, hd, dt),
-                "float64_ok": False,
-            }
+            yield compile_config(forward_config(hd, dt, False, True, True, True,
+                                                vec=dt in VEC_DTYPES, simulator=False))
     for dt in (np.dtype(np.float32), np.dtype(np.float64)):  # the element-wise copies
-        bm, bn, hd = gpu_tiles(64, dt)
-        tm_, tn_ = thread_layout(bm, bn, hd)
         for varlen in (False, True):
-            yield {
-                "name": config_name(bm, bn, hd, tm_, tn_, dt, False, varlen, varlen)
-                + " elementwise",
-                "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, varlen, varlen),
-                "args": kernel_arg_types(dt, False, varlen, varlen),
-                "launch_bounds": launch_bounds(bm, bn, hd, dt),
-                "float64_ok": dt == np.float64,
-            }
+            yield compile_config(forward_config(64, dt, False, varlen, varlen, simulator=False),
+                                 " elementwise")
     yield from _user_configs()
 
 
 def _user_configs():
     """A user's variant (:mod:`numba_flash.flex.examples`: a relative-position bias score_mod and
     a document mask_mod with a block mask) at float32 HEAD_DIM 64, batched and in the paged
-    prefill: the device build of user
-    functions called with ``*aux`` from the score stage (the rows above are the build without
-    them)."""
+    prefill: the device build of user functions called with ``*aux`` from the score stage (the
+    rows above are the build without them)."""
     from ..flex.examples import document_mask, relative_bias
     from ..flex.functions import device_function
 
@@ -1019,23 +966,11 @@ def _user_configs():
         return document_mask(b, h, q_idx, kv_idx, doc)
 
     dt = np.dtype(np.float32)
-    bm, bn, hd = (*gpu_tiles(64, dt)[:2], 64)
-    tm_, tn_ = thread_layout(bm, bn, hd)
     user = (device_function(biased), device_function(documents), (128, 128))
-    acc = compute_type(dt)
-    user_mods = types.Tuple((acc, acc, numba_array_type(np.float32, 2),
-                             types.Array(types.int8, 4, "C"), numba_array_type(np.float32, 2),
-                             numba_array_type(np.int32, 2)))
+    user_t = (types.Array(types.int8, 4, "C"), numba_array_type(np.float32, 2),
+              numba_array_type(np.int32, 2))
     # the batched build, and the paged prefill (varlen + paged: every address path at once)
     for varlen in (False, True):
-        args = list(kernel_arg_types(dt, False, True, varlen, varlen))
-        args[7] = user_mods
-        yield {
-            "name": config_name(bm, bn, hd, tm_, tn_, dt, False, True, varlen, varlen)
-            + " score_mod mask_mod block_mask",
-            "kernel": forward_kernel(bm, bn, hd, dt, tm_, tn_, False, True, varlen, varlen,
-                                     user, VEC=True),
-            "args": tuple(args),
-            "launch_bounds": launch_bounds(bm, bn, hd, dt),
-            "float64_ok": False,
-        }
+        cfg = forward_config(64, dt, False, True, varlen, varlen, vec=True, user=user,
+                             tiles=gpu_tiles(64, dt), simulator=False)
+        yield compile_config(cfg, " score_mod mask_mod block_mask", user_t)

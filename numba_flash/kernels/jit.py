@@ -45,8 +45,8 @@ from numba import cuda
 
 from ..backend import on_simulator
 
-__all__ = ["kernel_jit", "device_jit", "caching_enabled", "cache_dir", "source_fingerprint",
-           "warm_up", "warmup_configs"]
+__all__ = ["kernel_jit", "device_jit", "static_for", "caching_enabled", "cache_dir",
+           "source_fingerprint", "warm_up", "warmup_configs"]
 
 #: environment variable: "0" turns the on-disk kernel cache off
 CACHE_ENV = "NUMBA_FLASH_CACHE"
@@ -194,6 +194,31 @@ def device_jit(func=None, *, inline=True, own_module=False):
     if on_simulator() and (own_module or not _reads_cuda(func.__code__)):
         return func
     return cuda.jit(device=True, inline=inline)(func)
+
+
+@functools.lru_cache(maxsize=None)
+def static_for(N, body):
+    """``run(ctx)``: ``body(0, ctx); body(1, ctx); ...; body(N - 1, ctx)``, unrolled when Numba
+    compiles it (Triton's ``tl.static_range``, CUDA C's ``#pragma unroll``): each call is
+    inlined at the Numba IR level with its index a constant, so an array a body indexes by it
+    (a lane's rows of scores, of the accumulator) stays in registers however long the unrolled
+    code, where a ``range`` loop is left to the compiler's unrolling heuristics (a loop it keeps
+    puts the array on the stack).  ``body`` is a device function of ``(i, ctx)``; ``ctx`` a
+    tuple of what it needs (arrays are written in place)."""
+    if N <= 0:
+        @device_jit
+        def nothing(ctx):
+            pass
+        return nothing
+    before = static_for(N - 1, body)
+    I = N - 1
+
+    @device_jit
+    def run(ctx):
+        before(ctx)
+        body(I, ctx)
+
+    return run
 
 
 def cache_dir(dispatcher):

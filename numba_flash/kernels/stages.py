@@ -22,7 +22,9 @@ Copies (global -> shared, 16 bytes per instruction)
   :func:`cp_async_commit` closes a group of copies, :func:`cp_async_wait_all`
   (``cp.async.wait_group 0``) waits until this thread's groups have landed,
   :func:`cp_async_wait_one` (``cp.async.wait_group 1``) until all but the newest group have,
-  and a ``cuda.syncthreads()`` after it makes them visible to the other threads.
+  :func:`cp_async_wait` ``(N)`` gives ``cp.async.wait_group N`` (all but the ``N`` newest
+  groups; ``N`` compile-time, at most :data:`CP_ASYNC_MAX_PENDING`), and a
+  ``cuda.syncthreads()`` after it makes them visible to the other threads.
   Twin: the copy happens at once (commit and wait do nothing).
 * :func:`make_tile_copy` builds ``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d,
   tid)``: a ``ROWS x HEAD_DIM`` tile of float16 rows (global row stride ``d``) into shared rows
@@ -61,6 +63,12 @@ Arithmetic
   FMNMX; NaN handling is the kernels' job, on a slow path).
 * :func:`fma` ``(a, b, c)``: ``fma.rn.f32``, ``a * b + c`` rounded once (Numba contracts no
   FMA without fastmath).
+* :func:`shfl_xor` ``(x, lane_mask)``: ``shfl.sync.bfly`` over the whole warp
+  (``cuda.shfl_xor_sync(FULL_MASK, ...)``): lane ``l`` gets lane ``l ^ lane_mask``'s ``x``.  A
+  stage that reduces across lanes calls this instead of naming ``cuda``, so in the simulator it
+  stays a plain Python function (a device function that names ``cuda`` is a simulated call).
+* :func:`warp_any` ``(pred)``: ``vote.sync.any`` over the whole warp (``cuda.any_sync``): True
+  on every lane when ``pred`` holds on any; a branch on it is uniform across the warp.
 * :func:`load_u16` ``(src, elem)``: one 16-bit global load at a flat element offset.
 * :func:`load_at` ``(src, elem)``: one element of an array of any dtype at a flat element
   offset (the scalar path of a tile copy, where the 16-byte one cannot run).
@@ -96,6 +104,8 @@ LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 LDMATRIX_T_PTX = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 CP_ASYNC_PTX = "cp.async.cg.shared.global"
 LOAD16_PTX = "ld.global.nc.v4.u32"
+#: the most cp.async groups a kernel leaves in flight (:func:`cp_async_wait`)
+CP_ASYNC_MAX_PENDING = 6
 #: element types :func:`load16` reads
 LOAD16_TYPES = (types.float16, types.float32, types.float64)
 
@@ -355,6 +365,8 @@ def _gpu_stages():
         cp_async_commit=make_bare("cp.async.commit_group;"),
         cp_async_wait_all=make_bare("cp.async.wait_group 0;"),
         cp_async_wait_one=make_bare("cp.async.wait_group 1;"),
+        cp_async_wait_group={n: make_bare(f"cp.async.wait_group {n};")
+                             for n in range(CP_ASYNC_MAX_PENDING + 1)},
         ex2=ex2,
         fmax=fmax,
         fma=fma,
@@ -464,6 +476,22 @@ def _sim_fma(a, b, c):
         return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
+def _sim_shfl_xor(x, lane_mask):
+    """Twin of :func:`shfl_xor`: the warp's lanes exchange ``x`` (every lane must call)."""
+    from .. import simulator_warp
+
+    values = simulator_warp.exchange(x)
+    src = simulator_warp.lane_id() ^ int(lane_mask)
+    return values[src] if src < len(values) else x
+
+
+def _sim_warp_any(pred):
+    """Twin of :func:`warp_any`: True on every lane if ``pred`` holds on any lane of the warp."""
+    from .. import simulator_warp
+
+    return any(bool(p) for p in simulator_warp.exchange(bool(pred)))
+
+
 def _sim_load_u16(src, elem):
     return _read_flat(src, elem, 1)[0]
 
@@ -501,6 +529,7 @@ def _sim_lds16(smem, smem_byte):
 
 
 if on_simulator():
+    _WAIT_GROUP = {n: _sim_nothing for n in range(CP_ASYNC_MAX_PENDING + 1)}
     ldmatrix_x4 = _sim_ldmatrix_x4
     ldmatrix_x4_trans = _sim_ldmatrix_x4_trans
     cp_async16 = _sim_cp_async16
@@ -510,12 +539,15 @@ if on_simulator():
     ex2 = _sim_ex2
     fmax = _sim_fmax
     fma = _sim_fma
+    shfl_xor = _sim_shfl_xor
+    warp_any = _sim_warp_any
     load_u16 = _sim_load_u16
     load_at = _sim_load_at
     load16 = _sim_load16
     lds16 = _sim_lds16
 else:
     _g = _gpu_stages()
+    _WAIT_GROUP = _g["cp_async_wait_group"]
     ldmatrix_x4, ldmatrix_x4_trans = _g["ldmatrix_x4"], _g["ldmatrix_x4_trans"]
     cp_async16, cp_async_commit, cp_async_wait_all = (_g["cp_async16"], _g["cp_async_commit"],
                                                       _g["cp_async_wait_all"])
@@ -523,6 +555,29 @@ else:
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
     load16, lds16, load_at = _g["load16"], _g["lds16"], _g["load_at"]
     del _g
+
+
+def _gpu_shfl_xor(x, lane_mask):
+    return cuda.shfl_xor_sync(0xFFFFFFFF, x, lane_mask)
+
+
+def _gpu_warp_any(pred):
+    return cuda.any_sync(0xFFFFFFFF, pred)
+
+
+if not on_simulator():
+    shfl_xor = device_jit(inline=True)(_gpu_shfl_xor)
+    warp_any = device_jit(inline=True)(_gpu_warp_any)
+
+
+def cp_async_wait(N):
+    """``cp.async.wait_group N`` as a device function of no arguments (``N`` a compile-time
+    int, 0 .. :data:`CP_ASYNC_MAX_PENDING`): this thread's copy groups have landed but for the
+    ``N`` newest.  A pipeline that commits one group per tile (empty ones included) waits for
+    tile ``j`` with the number of groups it has committed since."""
+    if not 0 <= N <= CP_ASYNC_MAX_PENDING:
+        raise ValueError(f"N: expected 0..{CP_ASYNC_MAX_PENDING} pending groups, got {N}")
+    return _WAIT_GROUP[N]
 
 
 # ------------------------------------------------------------------------------------------

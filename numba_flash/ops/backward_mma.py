@@ -19,11 +19,11 @@ from ..frontend.validate import check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
-from ..kernels.backward_mma import (MMA_DTYPES, default_tiles, dkdv_mma_kernel, dkdv_passes,
-                                    dq_block_n, dq_mma_kernel, dq_passes)
-from ..kernels.common import cdiv
+from ..kernels.backward_mma import (MMA_DTYPES, backward_mma_config, dkdv_mma_kernel,
+                                    dkdv_passes, dq_mma_kernel, dq_passes)
+from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward_mma import vector_copies
-from ..kernels.common import acc_dtype
+from ..kernels.variant import Variant
 from ..philox import dropout_params
 from .backward import user_build
 from .forward import user_arrays
@@ -79,8 +79,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
                         f"got {dtype}")
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     use_dropout = float(dropout_p) > 0.0
-    num_warps, head_dim = default_tiles(d)
-    flags = (use_dropout, softcap > 0.0, alibi is not None)
+    flags = dict(DROPOUT=use_dropout, SOFTCAP=softcap > 0.0, ALIBI=alibi is not None,
+                 USER=user_build(variant))
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
@@ -92,17 +92,16 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
     dv_heads = call.empty((b, h, nk, d), f32)
     delta = call.empty((b, h, nq), f32)
-    alibi_in = call.input(alibi) if alibi is not None else call.zeros((1, 1), f32)
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
-    vec = vector_copies(d, head_dim, *u16)
+    flags["VEC"] = vector_copies(d, backward_mma_config(d, "dq").HEAD_DIM, *u16)
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
         x.reshape(-1) for x in (lse_in, delta, dq_accum, dk_heads, dv_heads))
-    scalars = (f32(scale), (np.int32(left), np.int32(right)),
-               (f32(softcap), f32(1.0 / softcap if softcap > 0.0 else 0.0)), alibi_in)
-    drop = (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else ()
-    user = user_build(variant)
-    user_args = user_arrays(call, variant)  # (kinds,) + aux, or (): no parameter without one
+    va = Variant(f32(scale), (np.int32(left), np.int32(right)), f32(softcap),
+                 f32(1.0 / softcap if softcap > 0.0 else 0.0),
+                 call.input(alibi) if alibi is not None else call.zeros((1, 1), f32),
+                 (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else (),
+                 user_arrays(call, variant))  # (kinds,) + aux, or (): no parameter without one
 
     # 1. D = rowsum(dO * O), dq_accum = 0 (the SIMT preprocess kernel)
     t = elem_threads()
@@ -113,27 +112,25 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
 
     # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); at d = 256 four passes
     # of half the columns each (dkdv_passes)
-    tiles_k = cdiv(nk, 16 * num_warps)
-    for want_dv, want_dk, dq_atomic, col0, acc_dim in dkdv_passes(head_dim, deterministic):
-        kern = dkdv_mma_kernel(num_warps, head_dim, *flags, want_dv, want_dk, dq_atomic, vec,
-                               name, col0, acc_dim, user)
-        call.launch(kern, fold_grid(tiles_k, b, h), (32 * num_warps,), *u16, lse_flat,
-                    delta_flat, dq_flat, dk_flat, dv_flat, *scalars, tiles_k, drop, user_args,
-                    work=tiled_work("backward_dkdv_mma", [(nq, nk)] * b, h, 16,
-                                    16 * num_warps, left, right, 32 * num_warps, head_dim,
+    for dkdv_pass in dkdv_passes(backward_mma_config(d, "dkdv").HEAD_DIM, deterministic):
+        cfg = backward_mma_config(d, "dkdv", name, **flags, **dkdv_pass)
+        tiles_k = cdiv(nk, cfg.BLOCK)
+        call.launch(dkdv_mma_kernel(cfg), fold_grid(tiles_k, b, h), (cfg.THREADS,), *u16,
+                    lse_flat, delta_flat, dq_flat, dk_flat, dv_flat, va, tiles_k,
+                    work=tiled_work("backward_dkdv_mma", [(nq, nk)] * b, h, cfg.STEP,
+                                    cfg.BLOCK, left, right, cfg.THREADS, cfg.HEAD_DIM,
                                     kv_outer=True, mma=True))
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics (d = 256: two halves)
     if deterministic:
-        tiles_q = cdiv(nq, 16 * num_warps)
-        for col0, acc_dim in dq_passes(head_dim):
-            call.launch(dq_mma_kernel(num_warps, head_dim, *flags, vec, name, col0, acc_dim,
-                                      user),
-                        fold_grid(tiles_q, b, h), (32 * num_warps,), *u16, lse_flat,
-                        delta_flat, dq_flat, *scalars, tiles_q, drop, user_args,
-                        work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, 16 * num_warps,
-                                        dq_block_n(num_warps, head_dim), left, right,
-                                        32 * num_warps, head_dim, mma=True))
+        for dq_pass in dq_passes(backward_mma_config(d, "dq").HEAD_DIM):
+            cfg = backward_mma_config(d, "dq", name, **flags, **dq_pass)
+            tiles_q = cdiv(nq, cfg.BLOCK)
+            call.launch(dq_mma_kernel(cfg), fold_grid(tiles_q, b, h), (cfg.THREADS,), *u16,
+                        lse_flat, delta_flat, dq_flat, va, tiles_q,
+                        work=tiled_work("backward_dq_mma", [(nq, nk)] * b, h, cfg.BLOCK,
+                                        cfg.STEP, left, right, cfg.THREADS, cfg.HEAD_DIM,
+                                        mma=True))
 
     # 4. sum each GQA group's dK, dV in a fixed order; cast everything to the input dtype
     for src, dst, heads, n in ((dq_accum, dq, h, nq), (dk_heads, dk, hkv, nk),

@@ -7,14 +7,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
 from ..frontend.variants import check_variants
 from ..kernels.common import acc_dtype, cdiv
-from ..kernels.forward import (choose_tiles, explicit_tiles, forward_grid, forward_kernel,
-                               launch_config, vector_tiles)
+from ..kernels.forward import (choose_tiles, explicit_tiles, forward_config, forward_grid,
+                               forward_kernel, vector_tiles)
+from ..kernels.variant import Variant
 from ..philox import dropout_params
 from .kernel_choice import KERNELS, check_forward_kernel, import_mma  # noqa: F401  (KERNELS)
 
@@ -82,6 +82,30 @@ def user_arrays(call, variant):
         return ()
     kinds = variant.kinds if variant.kinds is not None else np.ones((1, 1, 1, 1), np.int8)
     return (call.input(kinds),) + tuple(call.input(a) for a in variant.aux)
+
+
+def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=(1, 1),
+                   dropout=None, variant=None):
+    """The kernels' :class:`~numba_flash.kernels.variant.Variant` of a validated call, on the
+    inputs' device, scalars in the compute type ``acc_t``: ``alibi`` float32 ``[B, H]`` or None
+    (then zeros of shape ``bh``: ``(B, H)`` for a build that reads slopes, the score-modifier
+    SIMT build); ``dropout``: the ``(seed_lo, seed_hi, threshold, keep_scale)`` of
+    :func:`numba_flash.philox.dropout_params` when dropout is on, else None; ``variant``: a
+    user's (:func:`check_forward_variant`) or None."""
+    acc_t = np.dtype(acc_t).type
+    softcap = float(softcap)
+    slopes = call.input(alibi) if alibi is not None else call.zeros(bh, np.float32)
+    drop = () if dropout is None else (*dropout[:3], acc_t(dropout[3]))
+    return Variant(acc_t(scale), (np.int32(left), np.int32(right)), acc_t(softcap),
+                   acc_t(1.0 / softcap if softcap > 0.0 else 0.0), slopes, drop,
+                   user_arrays(call, variant))
+
+
+def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
+    """:func:`kernel_variant` of a :class:`ForwardArgs`."""
+    return kernel_variant(call, acc_t, args.scale, args.left, args.right, args.softcap,
+                          args.alibi, bh, args.dropout if args.dropout_p > 0.0 else None,
+                          variant)
 
 
 def _forward_mma():
@@ -153,7 +177,6 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
                               window_size, softcap, alibi_slopes)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
-    seed_lo, seed_hi, threshold, keep_scale = args.dropout
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
     if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
@@ -164,32 +187,24 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     allowed = explicit_tiles(d, dtype, mods=use_mods)
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
-    BLOCK_M, BLOCK_N, HEAD_DIM = choose_tiles(d, dtype, block_m, block_n, mods=use_mods)
-    block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
-    user = {} if variant is None else {"USER": user_build(variant)}
+    tiles = choose_tiles(d, dtype, block_m, block_n, mods=use_mods)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
-    window_arg = (np.int32(left), np.int32(right))
-    # the kernel's dropout tuple: () adds no kernel parameter; scalars in kernel types
-    dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
 
     call = ArrayCall({"q": q, "k": k, "v": v})
     call.reserve({"o": ((b, h, nq, d), dtype), "lse": ((b, h, nq), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    vec = vector_tiles(dtype, d, HEAD_DIM, dq, dk, dv)  # 16-byte tile copies (cp.async)
-    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, use_mods, VEC=vec, **user)
-    mods = ()
-    if use_mods:  # softcap = 0 switches the softcap off; zero slopes switch ALiBi off
-        slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
-        inv = 1.0 / softcap if softcap > 0.0 else 0.0
-        mods = (acc_t.type(softcap), acc_t.type(inv), call.input(slopes))
-    mods += user_arrays(call, variant)
+    cfg = forward_config(d, dtype, use_dropout, use_mods, tiles=tiles,
+                         vec=vector_tiles(dtype, d, tiles[2], dq, dk, dv),  # cp.async copies
+                         user=user_build(variant))
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
-    work = tiled_work("forward", [(nq, args.nk)] * b, h, BLOCK_M, BLOCK_N, left, right,
-                      block[0] * block[1], HEAD_DIM)
-    call.launch(kern, forward_grid(cdiv(nq, BLOCK_M), b * h), block, dq, dk, dv, o, lse,
-                acc_t.type(args.scale), window_arg, mods, dropout, (), work=work)
+    block = (cfg.THREADS_N, cfg.THREADS_M)
+    work = tiled_work("forward", [(nq, args.nk)] * b, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,
+                      cfg.THREADS, cfg.HEAD_DIM)
+    call.launch(forward_kernel(cfg), forward_grid(cdiv(nq, cfg.BLOCK_M), b * h), block, dq, dk,
+                dv, o.reshape(-1), lse.reshape(-1),
+                forward_variant(call, args, variant, acc_t, (b, h) if use_mods else (1, 1)),
+                (), work=work)
     if args.return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
-from ..kernels.forward_mma import (MMA_DTYPES, default_tiles, forward_grid, forward_mma_kernel,
-                                   vector_copies)
-from .forward import check_forward_args, check_forward_variant, user_arrays, user_build
+from ..kernels.forward_mma import (MMA_DTYPES, forward_grid, forward_mma_config,
+                                   forward_mma_kernel, vector_copies)
+from .forward import check_forward_args, check_forward_variant, forward_variant, user_build
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -52,29 +52,20 @@ def launch_forward_mma(q, k, v, args, variant=None):
         raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core forward, "
                         f"got {args.dtype}")
     b, h, nq, d = args.b, args.h, args.nq, args.d
-    left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
-    seed_lo, seed_hi, threshold, keep_scale = args.dropout
-    use_dropout = args.dropout_p > 0.0
-    num_warps, block_n, head_dim = default_tiles(d)
-    grid = forward_grid(nq, b, h, 16 * num_warps)
-
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_mma")
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    kernel = forward_mma_kernel(num_warps, block_n, head_dim, use_dropout, softcap > 0.0,
-                                alibi is not None, vector_copies(d, head_dim, dq, dk, dv),
-                                args.dtype.name, user_build(variant))
+    cfg = forward_mma_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
+                             SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
+                             USER=user_build(variant))
+    cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv))
     o = call.empty((b, h, nq, d), args.dtype)  # bfloat16: uint16 words, viewed back
     lse = call.empty((b, h, nq), np.float32)
-    alibi_d = call.input(alibi) if alibi is not None else call.zeros((1, 1), np.float32)
-    mods = (np.float32(softcap), np.float32(1.0 / softcap if softcap > 0.0 else 0.0))
-    dropout = (seed_lo, seed_hi, threshold, np.float32(keep_scale)) if use_dropout else ()
-    user = user_arrays(call, variant)  # (kinds,) + aux, or ()
-    call.launch(kernel, grid, (32 * num_warps,),
-                dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o, lse,
-                np.float32(args.scale), (np.int32(left), np.int32(right)), mods, alibi_d, dropout,
-                user,
-                work=tiled_work("forward_mma", [(nq, args.nk)] * b, h, 16 * num_warps, block_n,
-                                left, right, 32 * num_warps, head_dim, mma=True))
+    call.launch(forward_mma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),
+                dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o.reshape(-1),
+                lse.reshape(-1), forward_variant(call, args, variant, np.float32),
+                work=tiled_work("forward_mma", [(nq, args.nk)] * b, h, cfg.BLOCK_M,
+                                cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,
+                                mma=True))
     if args.return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

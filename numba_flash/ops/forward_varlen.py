@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info,
@@ -16,10 +15,10 @@ from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_
                                  check_scale, is_device_array)
 from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype, cdiv
-from ..kernels.forward import (default_tiles, forward_grid, forward_kernel, launch_config,
+from ..kernels.forward import (default_tiles, forward_config, forward_grid, forward_kernel,
                                vector_tiles)
 from ..philox import dropout_params
-from .forward import user_arrays, user_build
+from .forward import kernel_variant, user_build
 from .kv_cache import host_ints
 
 
@@ -214,36 +213,31 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     if paged and validate:  # after every other check, before any launch
         _validate_table(host_ints(block_table), len_k, block_size, n_blocks)
 
-    BLOCK_M, BLOCK_N, HEAD_DIM = default_tiles(d, dtype, mods=True)  # always the mods build
-    block, threads_m, threads_n = launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, on_simulator())
-    # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
-    # user's variant rides on it
-    user = {} if variant is None else {"USER": user_build(variant)}
     acc_t = acc_dtype(dtype)
-    dropout = ((seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if use_dropout else ())
-
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
     call.reserve({"o": ((total_q, h, d), dtype), "lse": ((h, total_q), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    vec = vector_tiles(dtype, d, HEAD_DIM, dq, dk, dv)  # 16-byte tile copies (cp.async)
-    kern = forward_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, np.dtype(dtype), threads_m, threads_n,
-                          use_dropout, True, True, paged, VEC=vec, **user)
-    slopes = alibi if alibi is not None else np.zeros((b, h), np.float32)
-    mods = (acc_t.type(softcap), acc_t.type(1.0 / softcap if softcap > 0.0 else 0.0),
-            call.input(slopes)) + user_arrays(call, variant)  # + (kinds,) + aux
+    # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
+    # user's variant rides on it
+    head_dim = default_tiles(d, dtype, mods=True)[2]
+    cfg = forward_config(d, dtype, use_dropout, True, True, paged, user=user_build(variant),
+                         vec=vector_tiles(dtype, d, head_dim, dq, dk, dv))  # cp.async copies
     seqs = (call.input(cu_q), call.input(cu_k))
     if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
         rows = n_blocks * hkv * block_size
         dk, dv = dk.reshape(rows, d), dv.reshape(rows, d)
         seqs += (_table_int32(call, block_table), np.int32(block_size), np.int32(hkv),
                  np.int32(n_blocks))
+    va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (b, h),
+                        (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
+                        variant)
     o = call.empty((total_q, h, d), dtype)
     lse = call.empty((h, total_q), acc_t)
-    n_q_tiles = cdiv(max(1, int(len_q.max())), BLOCK_M)  # the longest sequence's Q tiles
-    call.launch(kern, forward_grid(n_q_tiles, b * h), block, dq, dk, dv, o, lse,
-                acc_t.type(scale), (np.int32(left), np.int32(right)), mods, dropout, seqs,
-                work=tiled_work("forward", zip(len_q, len_k), h, BLOCK_M, BLOCK_N, left,
-                                right, block[0] * block[1], HEAD_DIM))
+    n_q_tiles = cdiv(max(1, int(len_q.max())), cfg.BLOCK_M)  # the longest sequence's Q tiles
+    call.launch(forward_kernel(cfg), forward_grid(n_q_tiles, b * h),
+                (cfg.THREADS_N, cfg.THREADS_M), dq, dk, dv, o.reshape(-1), lse.reshape(-1), va,
+                seqs, work=tiled_work("forward", zip(len_q, len_k), h, cfg.BLOCK_M, cfg.BLOCK_N,
+                                      left, right, cfg.THREADS, cfg.HEAD_DIM))
     if return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

@@ -104,9 +104,9 @@ def _same_document(b, h, q_idx, kv_idx, doc):
 def _tiles(kernel):
     """``(dkdv (Q rows, keys), dq (Q rows, keys))`` per tile of each backward kernel here."""
     if kernel == "mma":
-        from numba_flash.kernels.backward_mma import BLOCK_M, default_tiles, dq_block_n
-        nw, hd = default_tiles(16)
-        return (BLOCK_M, 16 * nw), (16 * nw, dq_block_n(nw, hd))
+        from numba_flash.kernels.tiles import backward_mma_config
+        dkdv, dq = (backward_mma_config(16, kind) for kind in ("dkdv", "dq"))
+        return (dkdv.STEP, dkdv.BLOCK), (dq.BLOCK, dq.STEP)
     from numba_flash.kernels.backward import default_tiles
     bm, bn, _, _ = default_tiles(16, np.float16)
     return (bm, bn), (bm, bn)

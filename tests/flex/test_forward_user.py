@@ -88,9 +88,9 @@ def test_block_mask_skips_empty_tiles(rng, tile_log, kernel):
     o = numba_flash.forward(q, k, v, block_mask=bm, aux_tensors=(doc,), kernel=kernel)
     np.testing.assert_allclose(o.astype(np.float64), want, atol=O_TOL, rtol=0)
     if kernel == "mma":
-        from numba_flash.kernels.forward_mma import default_tiles
-        nw, bn, _ = default_tiles(16)
-        bm_, bn_ = 16 * nw, bn
+        from numba_flash.kernels.tiles import forward_mma_config
+        cfg = forward_mma_config(16)
+        bm_, bn_ = cfg.BLOCK_M, cfg.BLOCK_N
     else:
         from numba_flash.kernels.forward import default_tiles
         bm_, bn_, _ = default_tiles(16, np.float16)

@@ -249,9 +249,9 @@ def test_cp_async_copies_equal_elementwise_copies(rng, monkeypatch, dtype, d):
     built = []
     real = forward_op.forward_kernel
 
-    def spy(*args, **kwargs):
-        built.append(kwargs.get("VEC"))
-        return real(*args, **kwargs)
+    def spy(cfg):
+        built.append(cfg.VEC)
+        return real(cfg)
 
     monkeypatch.setattr(forward_op, "forward_kernel", spy)
     o1, lse1 = numba_flash.forward(q, k, v, causal=True, return_lse=True)

@@ -20,6 +20,7 @@ import pytest
 import numba_flash
 from numba_flash import reference
 from numba_flash.kernels import backward_mma as bm
+from numba_flash.kernels import tiles
 from numba_flash.ops.backward_mma import backward_mma
 from numba_flash.ops.forward_mma import forward_mma
 from tests.helpers import assert_scaled_close
@@ -82,9 +83,13 @@ def test_rows_that_see_no_key_and_odd_head_dim(rng):
     assert (dq[:, :, :12] == 0).all()
 
 
-def test_two_warps(rng, monkeypatch):
-    """The GPU's multi-warp blocks (split dQ columns, ds_sh across warps) in the simulator."""
-    monkeypatch.setattr(bm, "SIM_WARPS", 2)
+@pytest.mark.parametrize("sim_tiles", [((2, 1, 16, 2), (2, 1, 32, 2)),
+                                       ((2, 1, 32, 1), (1, 1, 16, 1))])
+def test_other_tiles(rng, monkeypatch, sim_tiles):
+    """The GPU's other tile choices in the simulator (whose default is one warp of two 16-row
+    tiles per kernel): multi-warp blocks (split dQ columns, dS^T across warps), 32 query rows
+    per dK/dV step, one stage of Q / dO and of K / V."""
+    monkeypatch.setattr(tiles, "BACKWARD_MMA_SIM_TILES", sim_tiles)
     do, q, k, v = make_inputs(rng, 1, 1, 1, 20, 40, 16)
     check(do, q, k, v, causal=True)
     check(do, q, k, v, causal=True, deterministic=True)
@@ -122,8 +127,11 @@ def test_float32_inputs_are_refused():
 
 
 def test_shared_memory_budget():
-    for hd, nw in bm.GPU_WARPS.items():
-        assert max(bm.shared_bytes(nw, hd)) <= 48 * 1024
+    for hd in tiles.BACKWARD_MMA_TILES:
+        for kind, passes in (("dkdv", bm.dkdv_passes(hd, False)), ("dq", bm.dq_passes(hd))):
+            for p in passes:
+                cfg = tiles.backward_mma_config(hd, kind, simulator=False, **p)
+                assert cfg.SMEM_BYTES <= 48 * 1024, cfg
 
 
 @pytest.mark.gpu
@@ -209,13 +217,15 @@ def test_full_query_rows_are_the_rows_that_see_every_key():
 
 
 def test_dkdv_passes_cover_every_output_column_once():
-    for hd in bm.GPU_WARPS:
+    for hd in tiles.BACKWARD_MMA_TILES:
         for det in (False, True):
-            passes = bm.dkdv_passes(hd, det)
-            for want in ("dv", "dk"):
-                cols = [c for dv, dk, _q, c0, n in passes if (dv if want == "dv" else dk)
-                        for c in range(c0, c0 + n)]
+            passes = [tiles.backward_mma_config(hd, "dkdv", simulator=False, **p)
+                      for p in bm.dkdv_passes(hd, det)]
+            for want in ("WANT_DV", "WANT_DK"):
+                cols = [c for p in passes if getattr(p, want)
+                        for c in range(p.COL0, p.COL0 + p.ACC)]
                 assert sorted(cols) == list(range(hd)), (hd, want)
-            assert sum(q for _v, _k, q, _c, _n in passes) == (0 if det else 1)
-        cols = [c for c0, n in bm.dq_passes(hd) for c in range(c0, c0 + n)]
+            assert sum(p.DQ_ATOMIC for p in passes) == (0 if det else 1)
+        cols = [c for p in bm.dq_passes(hd)
+                for c in range(p.get("COL0", 0), p.get("COL0", 0) + (p.get("ACC_DIM") or hd))]
         assert cols == list(range(hd)), hd

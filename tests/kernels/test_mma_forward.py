@@ -21,6 +21,7 @@ import pytest
 import numba_flash
 from numba_flash import reference
 from numba_flash.kernels import forward_mma as fm
+from numba_flash.kernels import tiles
 from numba_flash.ops.forward_mma import forward_mma
 from tests.helpers import assert_scaled_close
 
@@ -81,9 +82,13 @@ def test_dropout_matches_the_philox_mask(rng):
     np.testing.assert_array_equal(o1, o2)  # same seed, same output
 
 
-def test_two_warps_and_wider_key_tiles(rng, monkeypatch):
-    """The GPU's multi-warp blocks and BLOCK_N > 16, in the simulator: 2 warps, 32 keys."""
-    monkeypatch.setattr(fm, "SIM_TILES", (2, 32))
+@pytest.mark.parametrize("sim_tiles", [(2, 1, 32, 1, False), (1, 1, 16, 3, True)])
+def test_other_tiles_and_pipelines(rng, monkeypatch, sim_tiles):
+    """The GPU's other tile choices in the simulator (whose default is one warp of two 16-row
+    tiles, 16 keys, 2 K/V stages, Q in registers): 2 warps of one row tile, 32 keys, one K and
+    one V buffer (V copied under Q K^T, K under P V) and Q read from shared memory; and a
+    3-stage pipeline (K/V two tiles ahead)."""
+    monkeypatch.setattr(tiles, "FORWARD_MMA_SIM_TILES", sim_tiles)
     q, k, v = make_qkv(rng, 1, 1, 1, 40, 45, 16)
     check(q, k, v, causal=True)
     check(q, k, v, window_size=(7, 7))
@@ -138,8 +143,10 @@ def test_grid_and_shared_memory_budgets():
     assert fm.forward_grid(4096, 700, 100, 64) == (64 * 70000,)  # B * H = 70000 > 65535
     with pytest.raises(ValueError, match="grid limit"):
         fm.forward_grid(2**20, 2**12, 2**8, 16)
-    for hd, (nw, bn) in fm.GPU_TILES.items():
-        assert fm.shared_bytes(nw, bn, hd) <= 48 * 1024
+    for hd in tiles.FORWARD_MMA_TILES:
+        cfg = tiles.forward_mma_config(hd, simulator=False)
+        assert cfg.SMEM_BYTES <= 48 * 1024, cfg
+        assert cfg.BLOCK_M * cfg.ROW_BYTES <= cfg.STAGE_BYTES or not cfg.Q_IN_REGS, cfg
 
 
 @pytest.mark.gpu

@@ -1,0 +1,331 @@
+"""Kernel configurations and the tile choices (the analog of FA2's ``Kernel_traits`` and FA3's
+``tile_size.h``): one named tuple per kernel family, its derived sizes as properties, and one
+tile-choice function per family whose comments say which limit each choice hits.
+
+A kernel factory takes its family's configuration (compile-time constants); the ops ask the
+tile-choice function for the configuration of a call; the compile tier lists the
+configurations the tile choices produce (``compile_configs()`` of each kernel module) and the
+test suite selects among them by their fields, never by name
+(:func:`numba_flash.compile_check.in_suite`).  So a new tile shape is one line here.
+
+Limits the choices meet (per block, sm_80 and sm_90): static shared memory <= 48 KiB
+(:data:`~numba_flash.kernels.common.SMEM_LIMIT`; no dynamic opt-in), no register spill and no
+stack frame (the compile tier fails on either), 255 registers per thread.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..backend import on_simulator
+from .common import padded_head_dim
+
+#: the 16-bit element types of the tensor-core kernels
+MMA_DTYPES = ("float16", "bfloat16")
+
+
+def mma_row_bytes(head_dim):
+    """Bytes of one shared row of ``head_dim`` 16-bit elements, padded by 16 so that the 8 rows
+    of an ``ldmatrix`` fall in 8 distinct 16-byte bank groups."""
+    return 2 * head_dim + 16
+
+
+# -- the tensor-core forward -----------------------------------------------------------------
+class ForwardMmaConfig(NamedTuple):
+    """The tensor-core forward's kernel configuration (:mod:`numba_flash.kernels.forward_mma`).
+
+    ``NUM_WARPS`` warps, each owning ``M_TILES`` tiles of 16 query rows; ``BLOCK_N`` keys per
+    K/V tile; ``STAGES`` K/V buffers (1: one K and one V buffer, V_j copied under ``Q K_j^T``
+    and K_{j+1} under ``P V_j``, as FA2); ``Q_IN_REGS``: Q's ``A`` fragments stay in registers
+    (else Q keeps a shared region and is read at every k-step); ``HEAD_DIM`` compile-time (``d``
+    zero-padded to it unless ``VEC``); the element type and the compile-time variant flags;
+    ``USER``: a user's ``(score_mod, mask_mod, BLOCKS)`` or None."""
+
+    NUM_WARPS: int
+    M_TILES: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    STAGES: int = 2
+    Q_IN_REGS: bool = True
+    DTYPE: str = "float16"
+    DROPOUT: bool = False
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    VEC: bool = True
+    USER: object = None
+
+    @property
+    def BLOCK_M(self):
+        """Query rows of a block."""
+        return 16 * self.M_TILES * self.NUM_WARPS
+
+    @property
+    def THREADS(self):
+        return 32 * self.NUM_WARPS
+
+    @property
+    def ROW_BYTES(self):
+        return mma_row_bytes(self.HEAD_DIM)
+
+    @property
+    def STAGE_BYTES(self):
+        """One pipeline stage: a K tile, then a V tile."""
+        return 2 * self.BLOCK_N * self.ROW_BYTES
+
+    @property
+    def Q_BYTE(self):
+        """Where Q's tile sits: with ``Q_IN_REGS``, in a buffer the loop fills only after its
+        first barrier (when every warp holds its fragments): the last stage, or with one stage
+        V's buffer; else in a region of its own after the stages."""
+        if not self.Q_IN_REGS:
+            return self.STAGES * self.STAGE_BYTES
+        if self.STAGES == 1:
+            return self.BLOCK_N * self.ROW_BYTES
+        return (self.STAGES - 1) * self.STAGE_BYTES
+
+    @property
+    def SMEM_BYTES(self):
+        """Static shared memory of one block."""
+        q = self.BLOCK_M * self.ROW_BYTES
+        return max(self.STAGES * self.STAGE_BYTES, self.Q_BYTE + q)
+
+    @property
+    def name(self):
+        """The compile tier's name: ``forward_mma W4 M128 N64 D64 S2 [flags] float16``."""
+        flags = "".join(f" {n}" for n, f in (("dropout", self.DROPOUT), ("softcap", self.SOFTCAP),
+                                              ("alibi", self.ALIBI), ("ld16", not self.VEC),
+                                              ("score_mod mask_mod block_mask",
+                                               self.USER is not None)) if f)
+        return (f"forward_mma W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} D{self.HEAD_DIM}"
+                f" S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{flags} {self.DTYPE}")
+
+
+#: the tensor-core forward's tiles per padded head dim on a GPU: ``(NUM_WARPS, M_TILES, BLOCK_N,
+#: STAGES, Q_IN_REGS)``.  Two 16-row tiles per warp (32 rows) share every K and V fragment read
+#: from shared memory: 32 flop per shared byte, twice the bound of 16 rows (docs/resources.md).
+FORWARD_MMA_TILES = {
+    # 3 stages of K + V (6 / 10 KiB each; Q's 128 rows fit in one): K/V two tiles ahead
+    16: (4, 2, 64, 3, True),
+    32: (4, 2, 64, 3, True),
+    # a stage is 18 KiB: 3 would pass 48 KiB, so 2 (36 KiB, Q in the second until the loop)
+    64: (4, 2, 64, 2, True),
+    # acc (128 registers per lane) + Q's fragments (64) + S spill past 255 registers: Q stays in
+    # shared memory (17 KiB for 2 warps x 32 rows), read at every k-step (24 KiB per warp and
+    # tile with K and V: 21 flop per shared byte); beside it one K and one V buffer of 32 keys
+    # (2 x 8.5 KiB; a second stage would pass 48 KiB)
+    128: (2, 2, 32, 1, False),
+    # acc alone is 128 registers per lane: one row tile, Q read from shared memory per k-step
+    256: (1, 1, 16, 2, False),
+}
+
+#: the simulator's tiles: one warp (32 Python threads), two row tiles, 16 keys, 2 stages
+FORWARD_MMA_SIM_TILES = (1, 2, 16, 2, True)
+
+
+def forward_mma_tiles(head_dim, simulator=None):
+    """``(NUM_WARPS, M_TILES, BLOCK_N, STAGES, Q_IN_REGS)`` of the tensor-core forward for head
+    dim ``d`` (1..256) on this backend (:data:`FORWARD_MMA_TILES`,
+    :data:`FORWARD_MMA_SIM_TILES`)."""
+    if simulator is None:
+        simulator = on_simulator()
+    return FORWARD_MMA_SIM_TILES if simulator else FORWARD_MMA_TILES[padded_head_dim(head_dim)]
+
+
+def forward_mma_config(head_dim, dtype="float16", simulator=None, **flags):
+    """The :class:`ForwardMmaConfig` of a call (``flags``: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``,
+    ``VEC``, ``USER``)."""
+    nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator)
+    return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
+                            **flags)
+
+
+# -- the tensor-core backward ----------------------------------------------------------------
+class BackwardMmaConfig(NamedTuple):
+    """The tensor-core backward's kernel configuration (:mod:`numba_flash.kernels.backward_mma`),
+    for both of its kernels (``KIND``):
+
+    * ``"dkdv"``: a block owns ``BLOCK = 16 M_TILES NUM_WARPS`` keys (``M_TILES`` 16-key tiles
+      per warp) and walks the query tiles of ``STEP`` rows, ``STAGES`` of them in flight; it
+      accumulates the dK / dV columns ``COL0 .. COL0 + ACC_DIM - 1`` (``WANT_DK`` / ``WANT_DV``)
+      and, with ``DQ_ATOMIC``, adds dQ with float32 atomics;
+    * ``"dq"``: a block owns ``BLOCK`` query rows and walks the K/V tiles of ``STEP`` keys (the
+      deterministic dQ, columns ``COL0 ..``).
+
+    Both keep their own operands' fragments where the table says (:data:`BACKWARD_MMA_TILES`)."""
+
+    KIND: str
+    NUM_WARPS: int
+    M_TILES: int
+    STEP: int
+    HEAD_DIM: int
+    STAGES: int = 2
+    DTYPE: str = "float16"
+    DROPOUT: bool = False
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    VEC: bool = True
+    USER: object = None
+    WANT_DV: bool = True
+    WANT_DK: bool = True
+    DQ_ATOMIC: bool = True
+    COL0: int = 0
+    ACC_DIM: int = 0
+
+    @property
+    def BLOCK(self):
+        """Rows a block owns: keys (dkdv) or queries (dq)."""
+        return 16 * self.M_TILES * self.NUM_WARPS
+
+    @property
+    def THREADS(self):
+        return 32 * self.NUM_WARPS
+
+    @property
+    def ROW_BYTES(self):
+        return mma_row_bytes(self.HEAD_DIM)
+
+    @property
+    def ACC(self):
+        """Accumulated columns (``ACC_DIM``, all of ``HEAD_DIM`` when 0)."""
+        return self.ACC_DIM or self.HEAD_DIM
+
+    @property
+    def DS_ROW_BYTES(self):
+        """A dS^T row (dkdv with ``DQ_ATOMIC``): ``STEP`` queries of 16 bits, + 16 bytes."""
+        return 2 * self.STEP + 16
+
+    @property
+    def SMEM_BYTES(self):
+        """Static shared memory: dkdv: K, V (``BLOCK`` rows each), dS^T, ``STAGES`` x (Q, dO)
+        of ``STEP`` rows; dq: Q, dO (``BLOCK`` rows each), ``STAGES`` x (K, V) of ``STEP``."""
+        rb = self.ROW_BYTES
+        if self.KIND == "dkdv":
+            return (2 * self.BLOCK * rb + self.BLOCK * self.DS_ROW_BYTES
+                    + self.STAGES * 2 * self.STEP * rb)
+        return 2 * self.BLOCK * rb + self.STAGES * 2 * self.STEP * rb
+
+    @property
+    def name(self):
+        """The compile tier's name, e.g. ``backward_mma dkdv (dk dv dq) W2 N64 M16 D64 S2
+        float16`` (dkdv: ``N`` keys of a block, ``M`` queries per step; dq the other way)."""
+        flags = "".join(f" {n}" for n, f in (("dropout", self.DROPOUT), ("softcap", self.SOFTCAP),
+                                              ("alibi", self.ALIBI), ("ld16", not self.VEC),
+                                              ("score_mod mask_mod block_mask",
+                                               self.USER is not None)) if f)
+        if self.KIND == "dkdv":
+            parts = " ".join(p for p, w in (("dk", self.WANT_DK), ("dv", self.WANT_DV),
+                                            ("dq", self.DQ_ATOMIC)) if w)
+            shape = f"N{self.BLOCK} M{self.STEP}"
+        else:
+            parts, shape = "dq", f"M{self.BLOCK} N{self.STEP}"
+        cols = (f" c{self.COL0}-{self.COL0 + self.ACC - 1}" if self.ACC < self.HEAD_DIM else "")
+        return (f"backward_mma {self.KIND} ({parts}{cols}) W{self.NUM_WARPS} {shape} "
+                f"D{self.HEAD_DIM} S{self.STAGES}{flags} {self.DTYPE}")
+
+
+#: the tensor-core backward's tiles per padded head dim on a GPU: ``{head dim: (dkdv, dq)}``,
+#: each ``(NUM_WARPS, M_TILES, STEP, STAGES)``.  The dK/dV kernel's warps own keys, its step is a
+#: tile of queries; the dQ kernel's warps own query rows (Q and dO fragments in registers, read
+#: from shared memory once), its step a K/V tile.  A fragment a warp reads from shared memory
+#: feeds all its M_TILES row tiles (the shared-read bound of docs/resources.md).
+BACKWARD_MMA_TILES = {
+    16: ((4, 1, 16, 2), (4, 1, 64, 2)),
+    32: ((4, 1, 16, 2), (4, 1, 64, 2)),
+    # dkdv: 2 warps x 32 keys (K, V 18 KiB, dS^T 3 KiB, 2 stages of Q and dO 9 KiB: 30 KiB);
+    # dK, dV accumulators 2 x 64 registers per lane
+    # dq: 4 warps x 16 rows, 32 keys per tile, 2 stages (Q, dO 18 KiB + 18 KiB)
+    64: ((2, 2, 16, 2), (4, 1, 32, 2)),
+    # dkdv: 16 keys per warp (dK, dV: 128 registers); 32 queries per step so each K and V
+    # fragment feeds two query tiles; one stage of Q and dO (17 KiB: two would pass 48 KiB)
+    # dq: 2 warps x 16 rows, 16 keys per tile, 2 stages
+    128: ((2, 1, 32, 1), (2, 1, 16, 2)),
+    # one warp, half the columns per pass (dkdv_passes, dq_passes); one stage of Q and dO (and
+    # of K and V in dq: two would pass 48 KiB)
+    256: ((1, 1, 16, 1), (1, 1, 16, 1)),
+}
+
+#: the simulator's tiles: one warp (32 Python threads), two row tiles, 16 per step
+BACKWARD_MMA_SIM_TILES = ((1, 2, 16, 2), (1, 2, 16, 2))
+
+
+def backward_mma_tiles(head_dim, kind, simulator=None):
+    """``(NUM_WARPS, M_TILES, STEP, STAGES)`` of the tensor-core backward's ``kind`` (``"dkdv"``
+    or ``"dq"``) kernel for head dim ``d`` on this backend."""
+    if simulator is None:
+        simulator = on_simulator()
+    table = BACKWARD_MMA_SIM_TILES if simulator else BACKWARD_MMA_TILES[padded_head_dim(head_dim)]
+    return table[0 if kind == "dkdv" else 1]
+
+
+def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, **flags):
+    """The :class:`BackwardMmaConfig` of a launch (``flags``: the variant flags and, for dkdv,
+    the pass of :func:`numba_flash.kernels.backward_mma.dkdv_passes`)."""
+    nw, mt, step, stages = backward_mma_tiles(head_dim, kind, simulator)
+    return BackwardMmaConfig(kind, nw, mt, step, padded_head_dim(head_dim), stages, dtype,
+                             **flags)
+
+
+# -- the SIMT forward ------------------------------------------------------------------------
+class ForwardConfig(NamedTuple):
+    """The SIMT forward's kernel configuration (:mod:`numba_flash.kernels.forward`):
+    ``BLOCK_M x BLOCK_N`` tiles of ``THREADS_M x THREADS_N`` threads (thread ``(tx, ty)`` owns
+    rows ``ty + i THREADS_M`` and keys ``tx + j THREADS_N``), ``HEAD_DIM`` compile-time, the
+    input ``DTYPE`` (a NumPy dtype name; float16 / bfloat16 compute in float32) and the
+    compile-time flags: ``DROPOUT``, ``SCORE_MOD`` (softcap and ALiBi, switched at run time),
+    ``VARLEN`` (packed sequences), ``PAGED`` (K/V through a block table, varlen only),
+    ``USER`` (a user's ``(score_mod, mask_mod, BLOCKS)``), ``VEC`` (16-byte ``cp.async`` tile
+    copies)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    DTYPE: str
+    THREADS_M: int
+    THREADS_N: int
+    DROPOUT: bool = False
+    SCORE_MOD: bool = False
+    VARLEN: bool = False
+    PAGED: bool = False
+    USER: object = None
+    VEC: bool = False
+
+    @property
+    def THREADS(self):
+        return self.THREADS_M * self.THREADS_N
+
+    @property
+    def WORD(self):
+        """Bytes of a compute element in the tiles: 8 for float64, else 4 (float32)."""
+        return 8 if self.DTYPE == "float64" else 4
+
+
+#: the SIMT forward's GPU tiles ``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` per compute word
+#: (4: float16 / bfloat16 / float32, 8: float64) and padded head dim.  Every thread owns 4 rows
+#: of S where the tile allows (a 16-byte load of a K row then feeds 4 x 4 FMAs, one of acc's V
+#: chunks 4 x 4: FFMA dominates the loop, docs/resources.md) while everything stays under 48
+#: KiB of shared memory and ``THREADS_N`` 16-byte chunks fit in a head row (``THREADS_N * 16 /
+#: word <= HEAD_DIM``).  float32 at HEAD_DIM = 16 takes 64 x 16 tiles: 4 keys per thread (8 kept
+#: S on the stack in the softcap/ALiBi build, 128 B).  float64 at 16 / 32 takes 32 x 16 (2 keys
+#: per thread: 4 kept the softcap/ALiBi build's S, 128 B, on the stack).
+FORWARD_TILES = {
+    4: {16: (64, 16, 16, 4), 32: (64, 64, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
+        256: (16, 8, 8, 8)},
+    8: {16: (32, 16, 8, 8), 32: (32, 16, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
+        256: (4, 8, 4, 8)},
+}
+#: the score-modifier build's tiles where they differ (softcap / ALiBi, a user's variant, every
+#: varlen build): float32 at HEAD_DIM = 32 takes 64 x 32 tiles, 4 keys per thread, because with
+#: 8 the score stage's loop over a thread's keys (a libdevice ``tanhf`` per element) stays
+#: rolled and ptxas keeps S (128 B) on the stack
+FORWARD_MODS_TILES = {4: {32: (64, 32, 16, 8)}}
+
+
+def forward_tiles(head_dim, dtype, mods=False):
+    """``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` of the SIMT forward's GPU build for head dim
+    ``d`` and input ``dtype`` (``mods``: the score-modifier build), from
+    :data:`FORWARD_TILES` / :data:`FORWARD_MODS_TILES`."""
+    import numpy as np
+
+    word = 8 if np.dtype(dtype) == np.float64 else 4
+    hd = padded_head_dim(head_dim)
+    return (FORWARD_MODS_TILES.get(word, {}).get(hd) if mods else None) or FORWARD_TILES[word][hd]
