@@ -88,6 +88,8 @@ Stages (the kernels call these names; the backend picks the implementation at im
 * :func:`fence_proxy_async` (``fence.proxy.async.shared::cta``): shared memory written by
   ordinary stores or ``cp.async`` (the generic proxy) is visible to ``wgmma`` (the async proxy)
   only after it; each writing thread runs it after its copies landed, before the barrier.
+* :func:`tiles_ready` ``()``: after a thread's copies: ``cp.async`` commit and wait, the proxy
+  fence, the barrier.
 * :func:`smem_address` ``(smem)``: the shared-window address of ``smem[0]``;
   :func:`align_pad` ``(smem)``: bytes from ``smem[0]`` to the next 1024-byte boundary (Numba
   aligns a shared array only to its element size: allocate 1024 bytes of slack).
@@ -406,18 +408,20 @@ def _gpu_primitives():
 
     i32, f32 = ir.IntType(32), ir.FloatType()
 
+    def statement(ptx):
+        """Codegen of one asm statement without operands: volatile, with a memory clobber (kept
+        in order with the other asm statements and with shared-memory accesses)."""
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
+                                      side_effect=True), [])
+            return context.get_dummy_value()
+
+        return codegen
+
     def bare(ptx):
         @intrinsic
         def stage(typingctx):
-            sig = types.none()
-
-            def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
-                                   side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return sig, codegen
+            return types.none(), statement(ptx)
 
         return stage
 
@@ -427,15 +431,7 @@ def _gpu_primitives():
         if not isinstance(n, types.IntegerLiteral):
             raise NumbaTypeError(f"wgmma_wait_group: expected N as a compile-time integer "
                                  f"constant, got {n}")
-        ptx = f"wgmma.wait_group.sync.aligned {n.literal_value};"
-
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
-                               side_effect=True)
-            builder.call(asm, [])
-            return context.get_dummy_value()
-
-        return types.none(n), codegen
+        return types.none(n), statement(f"wgmma.wait_group.sync.aligned {n.literal_value};")
 
     # [docs:wgmma-fence-operand]
     @intrinsic
@@ -836,6 +832,17 @@ def _round_up(x, m):
 
 
 @_device
+def tiles_ready():
+    """After a thread's :func:`make_tile_copy` calls: commit and wait for its copies, fence them
+    for the async proxy, then the barrier; from here every thread's tiles can feed a
+    ``wgmma``."""
+    cp_async_commit()
+    cp_async_wait_all()
+    fence_proxy_async()  # this thread's copies (generic proxy) before wgmma reads (async proxy)
+    cuda.syncthreads()   # every thread's chunks have landed before the warpgroup reads them
+
+
+@_device
 def load_a_reg(a, tid, kk, reg):
     """A register ``reg`` (0..3) of k-block ``kk`` of warpgroup thread ``tid`` from the 16-bit
     bits ``a [64, K]`` in global memory (:func:`a_coords`)."""
@@ -894,10 +901,7 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
         if not REGS:
             copy_a(smem, pad, a, 0, K, 64, K, tid)
         copy_b(smem, pad + B_OFF, b, 0, B_COLS, B_ROWS, B_COLS, tid)
-        cp_async_commit()
-        cp_async_wait_all()
-        fence_proxy_async()  # this thread's copies (generic proxy) before wgmma reads (async)
-        cuda.syncthreads()   # every thread's chunks have landed before the warpgroup reads them
+        tiles_ready()
         base = smem_address(smem) + pad
         acc = fence_operand(zeros())
         wgmma_fence()
@@ -954,10 +958,7 @@ def wgmma_chain_kernel(N1, K, N2, DTYPE="float16", SWIZZLE=128):
         copy_q(smem, pad, q, 0, K, 64, K, tid)
         copy_k(smem, pad + K_OFF, k, 0, K, N1, K, tid)
         copy_v(smem, pad + V_OFF, v, 0, N2, N1, N2, tid)
-        cp_async_commit()
-        cp_async_wait_all()
-        fence_proxy_async()  # this thread's copies (generic proxy) before wgmma reads (async)
-        cuda.syncthreads()   # every thread's chunks have landed before the warpgroup reads them
+        tiles_ready()  # the copies landed, fenced for wgmma, visible to every thread
         base = smem_address(smem) + pad
         acc_s = fence_operand(zeros_s())
         wgmma_fence()
@@ -1014,6 +1015,7 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "a_fragments", "desc_bits", "encode_descriptor", "decode_descriptor",
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
+           "tiles_ready",
            "align_pad", "wgmma_fence", "wgmma_commit_group", "wgmma_wait_group",
            "fence_operand", "fence_proxy_async", "smem_address", "wgmma_gemm_kernel",
            "wgmma_chain_kernel", "compile_configs", "flop"]

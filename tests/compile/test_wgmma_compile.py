@@ -26,37 +26,30 @@ pytestmark = pytest.mark.compile
 
 #: run with NUMBA_ENABLE_CUDASIM=0: one JSON row per probe on stdout's last line
 BUILD = r"""
-import json, os, subprocess, sys, tempfile
+import json
 from numba_flash import compile_check as cc, sass
 from numba_flash.kernels import wgmma
 
 ptxas, nvdisasm = cc.find_ptxas(), cc.find_nvidia_tool("nvdisasm")
 
 def assemble(ptx, arch):
-    with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(src, "w") as fh:
-            fh.write(ptx)
-        p = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", cubin],
-                           capture_output=True, text=True)
-        ops = []
-        if p.returncode == 0:
-            listing = sass.disassemble(cubin, nvdisasm)
-            ops = [i.op for i in sass.kernel_instructions(sass.parse(listing))]
-    return p.returncode, p.stderr + p.stdout, ops
+    # compile_check.assemble writes -arch=sm_{cc[0]}{cc[1]}: (9, "0a") is sm_90a
+    rc, text, listing = cc.assemble(ptx, (9, arch), ptxas, nvdisasm)
+    ops = [i.op for i in sass.kernel_instructions(sass.parse(listing))] if listing else []
+    return rc, text, ops
 
 rows = []
 for cfg in wgmma.compile_configs():
     ccs = [cfg["cc"]] + ([(9, 0)] if not rows else [])  # the first also for plain sm_90
     ptxs = cc.ptx_for_archs(cfg, ccs)
     ptx = ptxs[cfg["cc"]]
-    rc, text, ops = assemble(ptx, "sm_90a")
+    rc, text, ops = assemble(ptx, "0a")
     rows.append(dict(name=cfg["name"], rc=rc, text=text[-2000:], ops=ops,
                      target=next(l.split()[1] for l in ptx.splitlines()
                                  if l.startswith(".target")),
                      f64=cc.f64_lines(ptx)[:3], hgmma=cfg["hgmma"], **cc.parse_ptxas(text)))
     if len(rows) == 1:  # the negative control: the same kernel for plain sm_90
-        rc90, text90, _ = assemble(ptxs[(9, 0)], "sm_90")
+        rc90, text90, _ = assemble(ptxs[(9, 0)], "0")
         rows.append(dict(name="sm_90 control", rc=rc90, text=text90[-2000:]))
 print(json.dumps(rows))
 """
