@@ -844,20 +844,24 @@ def tiles_ready():
 
 @_device
 def load_a_reg(a, tid, kk, reg):
-    """A register ``reg`` (0..3) of k-block ``kk`` of warpgroup thread ``tid`` from the 16-bit
-    bits ``a [64, K]`` in global memory (:func:`a_coords`)."""
+    """A register ``reg`` (0..3) of k-block ``kk`` of thread ``tid`` from the 16-bit bits
+    ``a [64 WARPGROUPS, K]`` in global memory (:func:`a_coords`; warpgroup ``tid >> 7`` takes
+    rows ``64 (tid >> 7) ..``)."""
     row, col = acc_coords_device(tid & 127, 2 * reg)
+    row += 64 * (tid >> 7)
     return half2_bits(a[row, 16 * kk + col], a[row, 16 * kk + col + 1])
 
 
 def _store_acc(NH):
     """``store(out, acc, tid, add)``: ``out[row, col] = acc[i] (+ add[row, col])`` by the
-    fragment layout (``add`` None: plain store)."""
+    fragment layout, warpgroup ``tid >> 7`` on rows ``64 (tid >> 7) ..`` (``add`` None: plain
+    store)."""
 
     @_device
     def store(out, acc, tid, add):
         for i in range(NH):
             row, col = acc_coords_device(tid & 127, i)
+            row += 64 * (tid >> 7)
             if add is None:
                 out[row, col] = acc[i]
             else:
@@ -867,9 +871,12 @@ def _store_acc(NH):
 
 
 @functools.lru_cache(maxsize=None)
-def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR="K"):
-    """``kernel(a, b, c, d)`` on one warpgroup (``block = 128``): ``d = a @ B + c`` for 16-bit
-    bits ``a [64, K]`` and float32 ``c``, ``d [64, N]``, with ``B [K, N]`` given as ``b [N, K]``
+def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR="K",
+                      WARPGROUPS=1):
+    """``kernel(a, b, c, d)`` on ``WARPGROUPS`` warpgroups (``block = 128 WARPGROUPS``; ``M = 64
+    WARPGROUPS``): ``d = a @ B + c`` for 16-bit bits ``a [M, K]`` and float32 ``c``, ``d [M, N]``
+    (warpgroup ``w`` computes rows ``64 w ..``, its ``A`` 64 rows into the shared tile), with
+    ``B [K, N]``, shared by the warpgroups, given as ``b [N, K]``
     (``B_MAJOR="K"``: a row per column of ``B``, as ``K`` rows are) or as ``b [K, N]``
     (``"MN"``, as ``V`` is).  ``a`` and ``b`` go to shared memory by :func:`make_tile_copy`
     (``cp.async``) in :class:`TileLayout` tiles of ``SWIZZLE``; ``K / 16`` ``wgmma`` steps (``A``
@@ -879,16 +886,18 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
     zeros = make_acc_zeros(N)
     if K % 16 or K <= 0:
         raise ValueError(f"K: expected a positive multiple of 16, got {K}")
-    A_LAY = TileLayout(64, K, SWIZZLE).check()
+    M, THREADS = 64 * WARPGROUPS, WARPGROUP * WARPGROUPS
+    A_LAY = TileLayout(M, K, SWIZZLE).check()
     B_LAY = (TileLayout(N, K, SWIZZLE) if B_MAJOR == "K" else TileLayout(K, N, SWIZZLE)).check()
     B_ROWS, B_COLS = B_LAY.ROWS, B_LAY.COLS
     B_OFF = _round_up(A_LAY.BYTES, ARENA_ALIGN)
     WORDS = (B_OFF + _round_up(B_LAY.BYTES, ARENA_ALIGN) + ARENA_ALIGN) // 4  # + align slack
     A_START = tuple(A_LAY.descriptor("K", kk).start for kk in range(K // 16))
     B_START = tuple(B_LAY.descriptor(B_MAJOR, kk).start for kk in range(K // 16))
+    A_WG = A_LAY.descriptor("K", 0, mn0=64).start - A_START[0] if WARPGROUPS > 1 else 0
     A_HI, B_HI = A_LAY.desc_hi("K"), B_LAY.desc_hi(B_MAJOR)
-    copy_a = make_tile_copy(A_LAY, WARPGROUP)
-    copy_b = make_tile_copy(B_LAY, WARPGROUP)
+    copy_a = make_tile_copy(A_LAY, THREADS)
+    copy_b = make_tile_copy(B_LAY, THREADS)
     store = _store_acc(N // 2)
     REGS = A_SRC == "regs"
 
@@ -899,10 +908,11 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
         smem = cuda.shared.array(WORDS, types.uint32)
         pad = align_pad(smem)  # the tiles start on a 1024-byte boundary (the swizzle's pattern)
         if not REGS:
-            copy_a(smem, pad, a, 0, K, 64, K, tid)
+            copy_a(smem, pad, a, 0, K, M, K, tid)
         copy_b(smem, pad + B_OFF, b, 0, B_COLS, B_ROWS, B_COLS, tid)
         tiles_ready()
         base = smem_address(smem) + pad
+        a_base = base + (tid >> 7) * A_WG  # this warpgroup's 64 rows of the A tile
         acc = fence_operand(zeros())
         wgmma_fence()
         for kk in range(K // 16):
@@ -913,7 +923,7 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
                 wgmma_fence()
                 acc = mma(smem, ra, db, acc, kk)  # scale_d = kk: D = A B on the first step
             else:
-                acc = mma(smem, make_desc(base + A_START[kk], A_HI), db, acc, kk)
+                acc = mma(smem, make_desc(a_base + A_START[kk], A_HI), db, acc, kk)
         wgmma_commit_group()
         wgmma_wait_group(0)
         acc = fence_operand(acc)  # complete: the accumulators may be read
@@ -996,13 +1006,14 @@ def compile_configs():
     u16_2 = types.Array(types.uint16, 2, "C")
     f32_2 = types.Array(types.float32, 2, "C")
     gemm = (u16_2, u16_2, f32_2, f32_2)
-    for N, K, dtype, sw, a_src, major in (
-            (64, 64, "float16", 128, "smem", "K"), (128, 64, "bfloat16", 128, "regs", "MN"),
-            (256, 32, "float16", 64, "smem", "K"), (32, 32, "bfloat16", 32, "smem", "MN"),
-            (16, 32, "float16", 0, "regs", "K"), (8, 32, "float16", 0, "smem", "MN")):
-        yield {"name": f"wgmma gemm N{N} K{K} {a_src} B{major} sw{sw} {dtype}",
-               "kernel": wgmma_gemm_kernel(N, K, dtype, sw, a_src, major), "args": gemm,
-               "float64_ok": False, "cc": CC, "hgmma": ((N, K // 16),)}
+    for N, K, dtype, sw, a_src, major, wgs in (
+            (64, 64, "float16", 128, "smem", "K", 2), (128, 64, "bfloat16", 128, "regs", "MN", 1),
+            (256, 32, "float16", 64, "smem", "K", 1), (32, 32, "bfloat16", 32, "smem", "MN", 1),
+            (16, 32, "float16", 0, "regs", "K", 1), (8, 32, "float16", 0, "smem", "MN", 1)):
+        yield {"name": f"wgmma gemm W{wgs} N{N} K{K} {a_src} B{major} sw{sw} {dtype}",
+               "kernel": wgmma_gemm_kernel(N, K, dtype, sw, a_src, major, wgs), "args": gemm,
+               "float64_ok": False, "cc": CC, "hgmma": ((N, K // 16),),
+               "launch_bounds": 128 * wgs}
     for n1, d, dtype in ((64, 64, "float16"), (32, 128, "bfloat16")):
         yield {"name": f"wgmma chain N{n1} D{d} {dtype}", "cc": CC,
                "kernel": wgmma_chain_kernel(n1, d, d, dtype),

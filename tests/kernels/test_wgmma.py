@@ -207,6 +207,44 @@ def test_layout_and_descriptor_refuse_what_does_not_fit():
         wgmma.make_wgmma(64, "float16", "regs", 1)
 
 
+# -- the tile copy ---------------------------------------------------------------------------
+def copy_kernel(lay, vec):
+    """One warpgroup copies ``src`` (rows, columns and row stride given) into a ``lay`` tile at
+    the aligned start of the arena (the pad past ``smem[0]`` included); ``out`` gets the tile's
+    bytes as 16-bit words."""
+    copy = wgmma.make_tile_copy(lay, 128, vec)
+    words = (lay.BYTES + wgmma.ARENA_ALIGN) // 4
+
+    @cuda.jit
+    def k(src, stride, rows, cols, out):
+        tid = cuda.threadIdx.x
+        smem = cuda.shared.array(words, types.uint32)
+        pad = wgmma.align_pad(smem)
+        copy(smem, pad, src, 0, stride, rows, cols, tid)
+        wgmma.tiles_ready()
+        for i in range(tid, lay.BYTES // 4, 128):
+            w = smem[(pad >> 2) + i]
+            out[2 * i] = w & 0xFFFF
+            out[2 * i + 1] = w >> 16
+
+    return k
+
+
+@pytest.mark.parametrize("lay, vec, rows, cols", [(TileLayout(24, 64, 128), True, 17, 64),
+                                                  (TileLayout(16, 32, 64), False, 16, 27),
+                                                  (TileLayout(8, 24, 0), False, 5, 24)])
+def test_tile_copy_writes_the_layout_with_zeros_past_the_edges(rng, lay, vec, rows, cols):
+    """cp.async (a boundary tile: rows past ``rows`` zero-filled) and the 16-bit path (columns
+    past ``cols`` zero too, an odd row stride) write what ``TileLayout.pack`` says."""
+    stride = cols if vec else cols + 3
+    src = rng.integers(1, 2**16, (rows + 1, stride), dtype=np.uint16)
+    want = np.zeros((lay.ROWS, lay.COLS), np.uint16)
+    want[:rows, :cols] = src[:rows, :cols]
+    out = np.full(lay.BYTES // 2, 0xDEAD, np.uint16)
+    launch(copy_kernel(lay, vec), src, stride, rows, cols, out)
+    np.testing.assert_array_equal(out, lay.pack(want))
+
+
 # -- end to end on one warpgroup -------------------------------------------------------------
 def bits(x, dtype):
     """Random-normal ``x`` as 16-bit ``dtype`` (values, bits)."""
@@ -214,9 +252,9 @@ def bits(x, dtype):
     return v.astype(np.float64), v.view(np.uint16)
 
 
-def launch(kernel, *args):
+def launch(kernel, *args, threads=128):
     with simulator.fast_switching():
-        kernel[1, 128](*args)
+        kernel[1, threads](*args)
 
 
 def within(got, want, K):
@@ -226,21 +264,24 @@ def within(got, want, K):
     assert err <= tol, (err, tol)
 
 
-#: (N, K, dtype, swizzle, A source, B major): every N, both types, SS and RS, both majors of
-#: B, every swizzle
-GEMMS = [(64, 64, "float16", 128, "smem", "K"), (128, 64, "bfloat16", 128, "regs", "MN"),
-         (256, 16, "float16", 32, "smem", "K"), (32, 32, "bfloat16", 64, "smem", "MN"),
-         (16, 32, "float16", 0, "regs", "K"), (8, 32, "bfloat16", 0, "smem", "MN")]
+#: (N, K, dtype, swizzle, A source, B major, warpgroups): every N, both types, SS and RS, both
+#: majors of B, every swizzle; two warpgroups sharing B (FA3's two consumers), SS and RS
+GEMMS = [(64, 64, "float16", 128, "smem", "K", 1), (128, 64, "bfloat16", 128, "regs", "MN", 1),
+         (256, 16, "float16", 32, "smem", "K", 1), (32, 32, "bfloat16", 64, "smem", "MN", 1),
+         (16, 32, "float16", 0, "regs", "K", 1), (8, 32, "bfloat16", 0, "smem", "MN", 1),
+         (64, 64, "bfloat16", 128, "smem", "MN", 2), (8, 32, "float16", 64, "regs", "K", 2)]
 
 
-@pytest.mark.parametrize("N, K, dtype, swizzle, a_src, major", GEMMS)
-def test_gemm_matches_float64(rng, N, K, dtype, swizzle, a_src, major):
-    a, a16 = bits(rng.standard_normal((64, K)), dtype)
+@pytest.mark.parametrize("N, K, dtype, swizzle, a_src, major, wgs", GEMMS)
+def test_gemm_matches_float64(rng, N, K, dtype, swizzle, a_src, major, wgs):
+    M = 64 * wgs
+    a, a16 = bits(rng.standard_normal((M, K)), dtype)
     b, b16 = bits(rng.standard_normal((K, N)), dtype)
-    c = rng.standard_normal((64, N)).astype(np.float32)
-    d = np.full((64, N), np.nan, np.float32)
+    c = rng.standard_normal((M, N)).astype(np.float32)
+    d = np.full((M, N), np.nan, np.float32)
     b_arg = np.ascontiguousarray(b16.T) if major == "K" else b16
-    launch(wgmma.wgmma_gemm_kernel(N, K, dtype, swizzle, a_src, major), a16, b_arg, c, d)
+    launch(wgmma.wgmma_gemm_kernel(N, K, dtype, swizzle, a_src, major, wgs), a16, b_arg, c, d,
+           threads=128 * wgs)
     within(d, a @ b + c, K)
 
 
