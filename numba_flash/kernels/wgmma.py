@@ -65,6 +65,14 @@ Every mode moves whole 16-byte chunks (the swizzle permutes chunks), so the 16-b
 (:func:`numba_flash.kernels.stages.cp_async16`) writes all four; :func:`make_tile_copy` does it
 (one chunk per instruction, consecutive threads on consecutive chunks of a row).
 
+Constraints (checked on the host, ValueError): a tile's rows are whole ``W``-byte blocks, so a
+128-byte tile has a multiple of 64 columns (K-major ``Q`` / ``K`` of ``d = 64, 128``; an
+MN-major ``V`` or ``B`` of ``N = 64, 128, 256``), a 64-byte one of 32, a 32-byte one of 16;
+rows a multiple of 8; an operand starting inside a tile starts on 8 rows (K-major) or a whole
+column block (MN-major); a swizzled tile starts on a multiple of ``8 W`` bytes from a 1024-byte
+aligned shared address; ``A`` from registers is K-major only (the ISA's rule), and ``.trans``
+exists for 16-bit types only.
+
 Stages (the kernels call these names; the backend picks the implementation at import)
 -------------------------------------------------------------------------------------
 * :func:`make_wgmma` ``(N, DTYPE, A_SRC, TRANS_A, TRANS_B)`` -> ``mma(smem, a, desc_b, acc,
@@ -117,6 +125,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -545,7 +554,7 @@ class _ThreadState:
         self.fenced = False   # a wgmma_fence since the last wait_group
         self.open = []        # issued, not committed
         self.groups = []      # committed groups, oldest first
-        self.done = set()     # ops this thread has waited for
+        self.done = weakref.WeakSet()  # ops this thread has waited for (kept by accumulators)
         self.issued = 0       # mma_async calls so far (the key of the warpgroup's shared op)
 
 
@@ -901,7 +910,6 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
     store = _store_acc(N // 2)
     REGS = A_SRC == "regs"
 
-    # [docs:wgmma-gemm]
     @kernel_jit
     def wgmma_gemm(a, b, c, d):
         tid = cuda.threadIdx.x
@@ -928,7 +936,6 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
         wgmma_wait_group(0)
         acc = fence_operand(acc)  # complete: the accumulators may be read
         store(d, acc, tid, c)
-    # [/docs:wgmma-gemm]
 
     return wgmma_gemm
 
