@@ -10,7 +10,11 @@ waits again so that no lane overwrites a slot before every lane has read it.
 :func:`install` adds ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
 ``syncwarp`` and ``activemask`` to the simulator's fake ``cuda`` module, so kernels call them as
 they would on the GPU.  :func:`exchange` gives a simulator twin of a warp-wide primitive (the
-tensor-core ``mma`` emulation, for example) every lane's value at once.
+tensor-core ``mma`` emulation, for example) every lane's value at once; ``exchange(value, 128)``
+does the same over a *warpgroup* (four consecutive warps whose first warp's rank is a multiple
+of 4: linear thread ids ``128 w .. 128 w + 127``), for the ``wgmma`` twins
+(:mod:`numba_flash.kernels.wgmma`), and :func:`group_shared` gives such a group one dict its
+threads share (under :func:`group_lock`).
 
 Contract (the same as a full-mask ``*_sync`` on the device): every lane of the warp calls the
 primitive, the same number of times, from converged code.  A warp is 32 consecutive linear
@@ -36,29 +40,34 @@ class _WarpState:
         self.lanes = lanes
         self.slots = [None] * lanes
         self.barrier = threading.Barrier(lanes, timeout=_TIMEOUT)
+        self.shared = {}  # what a twin keeps for the whole group (group_shared)
+        self.lock = threading.Lock()
 
 
-def _warp_state(thread):
-    """The exchange state of the calling thread's warp, made once per block launch."""
+def _warp_state(thread, size=WARP):
+    """The exchange state of the calling thread's group of ``size`` consecutive threads (a warp,
+    or a warpgroup for ``size=128``), made once per block launch."""
     manager = thread._manager
-    warp = thread.thread_id // WARP
+    group = thread.thread_id // size
+    key = group if size == WARP else (size, group)
     with _state_lock:
         states = getattr(manager, "_numba_flash_warps", None)
         if states is None:
             states = manager._numba_flash_warps = {}
-        st = states.get(warp)
+        st = states.get(key)
         if st is None:
             bx, by, bz = manager._block_dim
             nthreads = bx * by * bz
-            st = states[warp] = _WarpState(min(WARP, nthreads - warp * WARP))
+            st = states[key] = _WarpState(min(size, nthreads - group * size))
     return st
 
 
-def exchange(value):
-    """Every lane's ``value``, as a list indexed by lane id (all lanes of the warp must call)."""
+def exchange(value, size=WARP):
+    """Every lane's ``value``, as a list indexed by lane id (all lanes of the warp must call);
+    ``size=128``: over the calling thread's warpgroup, indexed by the thread's rank in it."""
     t = threading.current_thread()
-    st = _warp_state(t)
-    lane = t.thread_id % WARP
+    st = _warp_state(t, size)
+    lane = t.thread_id % size
     st.slots[lane] = value
     st.barrier.wait()  # every lane has written its slot
     values = list(st.slots)
@@ -66,9 +75,21 @@ def exchange(value):
     return values
 
 
-def lane_id():
-    """The calling thread's lane (linear thread id mod 32)."""
-    return threading.current_thread().thread_id % WARP
+def lane_id(size=WARP):
+    """The calling thread's lane (linear thread id mod 32), or with ``size=128`` its rank in its
+    warpgroup."""
+    return threading.current_thread().thread_id % size
+
+
+def group_shared(size=WARP):
+    """A dict shared by the threads of the calling thread's group of ``size`` (one per block
+    launch); hold :func:`group_lock` while reading and writing it."""
+    return _warp_state(threading.current_thread(), size).shared
+
+
+def group_lock(size=WARP):
+    """The lock of :func:`group_shared`."""
+    return _warp_state(threading.current_thread(), size).lock
 
 
 def _pick(values, src, own):
