@@ -26,14 +26,15 @@ entry ``b``; varlen (``varlen = 1``): ``Ba = 1`` and sequence ``b`` is rows ``cu
 cu_q[b + 1]`` (keys ``cu_k[b] : cu_k[b + 1]``), with ``q_idx`` / ``kv_idx`` positions within
 the sequence.  ``alibi`` float32 ``[n_seq, H]`` (zeros: no ALiBi).
 
-Parallelism: one warp per query row, ``ROWS`` rows a block, block ``x`` of the 1-D grid is row
-tile ``x % tiles`` of ``(b, h) = divmod(x // tiles, H)``.  Lane ``l`` takes the row's keys
-``lo + l, lo + l + 32, ...``: each (row, key) is independent (two dot products over the head dim
-from global memory, the score, ``P``, ``dS``, the user's call), so there is no shared memory and
-no barrier; the user's atomic adds sum the contributions.  ``D_i`` is computed by every lane of
-the row (``d`` products: as many as one key's).  The kernel does the backward's ``O(Nq Nk d)``
-work once more: aux gradients cost about one more backward pass (a fused kernel would call
-``aux_grad`` from the backward's ``dS`` tile; the backward kernels are not changed for it).
+Parallelism: ``LANES`` threads per query row (a warp on the GPU), ``ROWS`` rows a block, block
+``x`` of the 1-D grid is row tile ``x % tiles`` of ``(b, h) = divmod(x // tiles, H)``.  Lane
+``l`` takes the row's keys ``lo + l, lo + l + LANES, ...``: each (row, key) is independent
+(two dot products over the head dim from global memory, the score, ``P``, ``dS``, the user's
+call), so there is no shared memory and no barrier; the user's atomic adds sum the
+contributions.  ``D_i`` is computed by every lane of the row (``d`` products: as many as one
+key's).  The kernel does the backward's ``O(Nq Nk d)`` work once more: aux gradients cost
+about one more backward pass (a fused kernel would call ``aux_grad`` from the backward's ``dS``
+tile; the backward kernels are not changed for it).
 """
 
 from __future__ import annotations
@@ -50,17 +51,18 @@ from .elements import element_ops
 from .jit import device_jit, kernel_jit
 from .visibility import key_bounds, make_score
 
-#: lanes of a warp: one query row
-WARP = 32
-#: query rows (warps) per block: 4 on the GPU (128 threads); 1 in the simulator, which runs
-#: each CUDA thread as a Python thread
-GPU_ROWS = 4
-SIM_ROWS = 1
+#: ``(ROWS, LANES)``: query rows per block and threads per row.  GPU: a warp per row, 4 rows
+#: (128 threads).  Simulator (each CUDA thread a Python thread, each block a round of thread
+#: starts): 4 lanes per row and 8 rows, so a block of 32 threads covers 8 rows with 8x fewer
+#: threads than a warp each (measured 2026-12-01 on a loaded 2-core CPU, a [2, 2, 32, 8]
+#: float64 backward with a learnable-slopes aux_grad: 6.5 s -> 2.9 s, most of it the backward).
+GPU_SHAPE = (4, 32)
+SIM_SHAPE = (8, 4)
 
 
-def default_rows():
-    """Query rows per block on the current backend."""
-    return SIM_ROWS if on_simulator() else GPU_ROWS
+def default_shape():
+    """``(ROWS, LANES)`` on the current backend."""
+    return SIM_SHAPE if on_simulator() else GPU_SHAPE
 
 
 def aux_grad_grid(tiles, n_seq, heads):
@@ -74,10 +76,11 @@ def aux_grad_grid(tiles, n_seq, heads):
 
 
 @functools.lru_cache(maxsize=None)
-def aux_grad_kernel(ROWS, dtype, USER):
+def aux_grad_kernel(ROWS, LANES, dtype, USER):
     """Build ``kernel(q, k, v, o, do, lse, cu_q, cu_k, alibi, scale, softcap, inv_softcap, left,
-    right, varlen, tiles, grads, aux)`` for elements of ``dtype`` and ``ROWS`` rows per block
-    (``ROWS * 32`` threads).  ``USER``: ``(score_mod, mask_mod, aux_grad)`` device functions
+    right, varlen, tiles, grads, aux)`` for elements of ``dtype``, ``ROWS`` rows per block and
+    ``LANES`` threads per row (``ROWS * LANES`` threads; lane ``l`` takes keys ``lo + l, lo + l
+    + LANES, ...``).  ``USER``: ``(score_mod, mask_mod, aux_grad)`` device functions
     (``score_mod`` / ``mask_mod`` may be None).  ``scale``, ``softcap``, ``inv_softcap``
     (0: no softcap) are compute-type scalars; ``left`` / ``right`` the window (-1: unbounded),
     ``varlen`` 0 or 1, ``tiles`` the row tiles of the longest sequence (int32); ``grads`` and
@@ -112,8 +115,8 @@ def aux_grad_kernel(ROWS, dtype, USER):
         b = int32(bh // heads)
         h = int32(bh % heads)
         hk = h // group
-        lane = cuda.threadIdx.x % WARP
-        row = int32(tile * ROWS + cuda.threadIdx.x // WARP)
+        lane = cuda.threadIdx.x % LANES
+        row = int32(tile * ROWS + cuda.threadIdx.x // LANES)
         if varlen:
             bb = 0
             q0 = cu_q[b]
@@ -137,7 +140,7 @@ def aux_grad_kernel(ROWS, dtype, USER):
         offset = nk - nq  # bottom-right alignment
         lo, hi = key_bounds(row, offset, nk, left, right)
         slope = acc_t(alibi[b, h])
-        for j in range(lo + lane, hi, WARP):
+        for j in range(lo + lane, hi, LANES):
             key = int32(j)
             if U_MASK:
                 if not user_mask(b, h, row, key, *aux):
@@ -186,8 +189,8 @@ def compile_configs():
     for dt in (np.dtype(np.float32), np.dtype(np.float16)):
         acc = acc_dtype(dt)
         yield {
-            "name": f"aux_grad ROWS={GPU_ROWS} relative_bias {dt.name}",
-            "kernel": aux_grad_kernel(GPU_ROWS, dt, _example_user(dt)),
+            "name": f"aux_grad ROWS={GPU_SHAPE[0]} relative_bias {dt.name}",
+            "kernel": aux_grad_kernel(*GPU_SHAPE, dt, _example_user(dt)),
             "args": kernel_arg_types(dt, (numba_array_type(acc, 2),),
                                      (numba_array_type(np.float32, 2),)),
             "float64_ok": False,

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork
-from ..kernels.aux_grad import WARP, aux_grad_grid, aux_grad_kernel, default_rows
+from ..kernels.aux_grad import aux_grad_grid, aux_grad_kernel, default_shape
 from ..kernels.common import acc_dtype, cdiv
 
 __all__ = ["AuxGrad", "prepare_aux_grad", "check_aux_grad", "aux_gradients"]
@@ -102,12 +102,12 @@ def aux_gradients(prepared, do, q, k, v, o, lse, *, cu_seqlens=None, max_nq, max
     slopes = call.zeros((n_seq, h), np.float32) if alibi is None else call.input(alibi)
     grads = tuple(call.zeros(a.shape, acc_t) for a in variant.aux)
     aux = tuple(call.input(a) for a in variant.aux)
-    rows = default_rows()
+    rows, lanes = default_shape()
     tiles = cdiv(max(int(max_nq), 1), rows)
-    kernel = aux_grad_kernel(rows, np.dtype(dtype),
+    kernel = aux_grad_kernel(rows, lanes, np.dtype(dtype),
                              (variant.score_mod, variant.mask_mod, prepared.fn))
     grid = aux_grad_grid(tiles, n_seq, h)
-    threads = rows * WARP
+    threads = rows * lanes
     pairs = n_seq * h * max(int(max_nq), 1) * max(int(max_nk), 1)
     call.launch(kernel, grid, (threads,), dq_, dk_, dv_, o_, do_, lse_, cu_q, cu_k, slopes,
                 acc_t.type(scale), acc_t.type(softcap),
