@@ -30,6 +30,7 @@ def rel_bias_aux(grad_score, score, b, h, q_idx, kv_idx, grads, table):
     atomic_add(grads[0], (h, q_idx - kv_idx + N - 1), grad_score)
 
 
+# [docs:aux-grad-head-table]
 def head_table(score, b, h, q_idx, kv_idx, bias, temp):
     return score * temp[h] + bias[h, q_idx, kv_idx]
 
@@ -41,6 +42,7 @@ def head_table_grad(score, b, h, q_idx, kv_idx, bias, temp):
 def head_table_aux(grad_score, score, b, h, q_idx, kv_idx, grads, bias, temp):
     atomic_add(grads[0], (h, q_idx, kv_idx), grad_score)
     atomic_add(grads[1], h, grad_score * score)  # d (score temp) / d temp = score
+# [/docs:aux-grad-head-table]
 
 
 def alibi(score, b, h, q_idx, kv_idx, slopes):
@@ -120,9 +122,12 @@ def test_backward_aux_grads_match_torch_autograd(rng, name, dtype, causal, softc
     aux = tuple(a.astype(dtype) for a in _aux(rng, name, h))
     q, k, v, do = (x.astype(dtype) for x in (q, k, v, do))
     kw = dict(causal=causal, softcap=softcap, score_mod=score_mod, aux_tensors=aux)
+    # [docs:aux-grad-call]
     o, lse = numba_flash.forward(q, k, v, return_lse=True, **kw)
     got = numba_flash.backward(do, q, k, v, o, lse, score_mod_grad=score_mod_grad,
                                aux_grad=aux_grad, deterministic=True, **kw)
+    dq, dk, dv, *aux_grads = got   # one gradient per aux tensor, its shape and dtype
+    # [/docs:aux-grad-call]
     assert len(got) == 3 + len(aux)
     for g, a in zip(got[3:], aux):
         assert g.shape == a.shape and g.dtype == a.dtype

@@ -44,16 +44,20 @@ def _check_shards(rank, world, layout, causal, full, want):
     def shard(x):
         return torch.from_numpy(SHARD[layout](x.detach().numpy(), rank, world, axis=1))
 
-    q, k, v, dout = (shard(x) for x in full)
+    q, k, v, dout = (shard(x) for x in full)  # this rank's [B, N / world, H, d] shards
     for x in (q, k, v):
         x.requires_grad_()
+    # [docs:torch-ring]
+    # in each process, after torch.distributed.init_process_group("gloo" or "nccl", ...):
     out, lse = nft.ring_flash_attn_func(q, k, v, causal=causal, layout=layout, return_lse=True)
-    out.backward(dout)
+    out.backward(dout)          # the K/V shards and dK/dV go round the ring again
+    # [/docs:torch-ring]
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1])
     for got, w, name in zip((out, q.grad, k.grad, v.grad), want, ("out", "dq", "dk", "dv")):
         err = (got.detach() - shard(w)).abs().max().item()
-        # float64 throughout: the ring's merges and the kernels round at about 1e-16 relative
-        assert err < 1e-12, (rank, name, err)
+        # float64 throughout: measured 2026-12-01 at most 1.3e-15 (every rank, output and
+        # gradients, 2 and 4 ranks) on values of order 1
+        assert err < 1e-14, (rank, name, err)
 
 
 @pytest.mark.parametrize("world, layout, causal", [(2, "zigzag", True), (4, "zigzag", True),
