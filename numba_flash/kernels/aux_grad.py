@@ -69,10 +69,10 @@ def aux_grad_grid(tiles, n_seq, heads):
     """The 1-D grid ``(tiles * n_seq * heads,)`` (everything in ``gridDim.x``: ``y`` and ``z``
     stop at 65535)."""
     n = int(tiles) * int(n_seq) * int(heads)
-    if n > GRID_X_MAX:
-        raise ValueError(f"aux_grad: {tiles} row tiles x {n_seq} sequences x {heads} heads = {n} "
-                         f"blocks exceed CUDA's grid limit {GRID_X_MAX}")
-    return (n,)
+    if n <= GRID_X_MAX:
+        return (n,)
+    raise ValueError(f"aux_grad: {tiles} row tiles x {n_seq} sequences x {heads} heads = {n} "
+                     f"blocks exceed CUDA's grid limit {GRID_X_MAX}")
 
 
 @functools.lru_cache(maxsize=None)

@@ -54,11 +54,9 @@ def apply_rotary_emb(x, cos, sin, seqlen_offsets, interleaved=False):
     return torch.cat([xr, x[..., ro_dim:]], dim=-1)
 
 
-def attn_bias_from_alibi_slopes(slopes, seqlen_q, seqlen_k, query_padding_mask=None,
-                                key_padding_mask=None, causal=False, key_leftpad=None):
-    slopes = slopes[:, :, None, None]
-    if causal:
-        return torch.arange(-seqlen_k + 1, 1, dtype=torch.float32) * slopes
+def _positions(seqlen_q, seqlen_k, query_padding_mask, key_padding_mask, key_leftpad):
+    """``(row_idx, col_idx, sk, sq)`` as flash-attn's two helpers below compute them (key
+    columns counted from the left pad, lengths from the padding masks)."""
     row_idx = torch.arange(seqlen_q, dtype=torch.long)[:, None]
     col_idx = torch.arange(seqlen_k, dtype=torch.long)
     if key_leftpad is not None:
@@ -69,6 +67,16 @@ def attn_bias_from_alibi_slopes(slopes, seqlen_q, seqlen_k, query_padding_mask=N
           else key_padding_mask.sum(-1)[:, None, None, None])
     sq = (seqlen_q if query_padding_mask is None
           else query_padding_mask.sum(-1)[:, None, None, None])
+    return row_idx, col_idx, sk, sq
+
+
+def attn_bias_from_alibi_slopes(slopes, seqlen_q, seqlen_k, query_padding_mask=None,
+                                key_padding_mask=None, causal=False, key_leftpad=None):
+    slopes = slopes[:, :, None, None]
+    if causal:
+        return torch.arange(-seqlen_k + 1, 1, dtype=torch.float32) * slopes
+    row_idx, col_idx, sk, sq = _positions(seqlen_q, seqlen_k, query_padding_mask,
+                                          key_padding_mask, key_leftpad)
     relative_pos = torch.abs(row_idx + sk - sq - col_idx)
     return -slopes * relative_pos.to(dtype=slopes.dtype)
 
@@ -83,16 +91,8 @@ def generate_random_padding_mask(max_seqlen, batch_size, mode="random"):
 
 def construct_local_mask(seqlen_q, seqlen_k, window_size=(-1, -1), query_padding_mask=None,
                          key_padding_mask=None, key_leftpad=None):
-    row_idx = torch.arange(seqlen_q, dtype=torch.long)[:, None]
-    col_idx = torch.arange(seqlen_k, dtype=torch.long)
-    if key_leftpad is not None:
-        key_leftpad = key_leftpad[:, None, None, None]
-        col_idx = col_idx.expand(key_leftpad.shape[0], 1, 1, seqlen_k)
-        col_idx = torch.where(col_idx >= key_leftpad, col_idx - key_leftpad, 2**32)
-    sk = (seqlen_k if key_padding_mask is None
-          else key_padding_mask.sum(-1)[:, None, None, None])
-    sq = (seqlen_q if query_padding_mask is None
-          else query_padding_mask.sum(-1)[:, None, None, None])
+    row_idx, col_idx, sk, sq = _positions(seqlen_q, seqlen_k, query_padding_mask,
+                                          key_padding_mask, key_leftpad)
     if window_size[0] < 0:
         return col_idx > row_idx + sk - sq + window_size[1]
     sk = torch.full_like(col_idx, seqlen_k) if key_padding_mask is None else sk
