@@ -173,7 +173,7 @@ def check_variant(q, k, v, names, aux_tensors, block_mask, score_mod, score_mod_
                   aux_grad, dropout_p):
     """The torch-side checks of a variant, before any launch (the NumPy front end checks the
     functions, the block mask's shape and the rest): aux tensors on q's device, a
-    ``score_mod_grad`` when q, k or v will need gradients, an ``aux_grad`` (of the right arity,
+    ``score_mod_grad`` when the backward will run, an ``aux_grad`` (of the right arity,
     that Numba compiles) when an aux tensor requires grad.  Returns the aux tensors."""
     from numba_flash.flex import BlockMask
     from numba_flash.ops.aux_grad import check_aux_grad
@@ -185,7 +185,7 @@ def check_variant(q, k, v, names, aux_tensors, block_mask, score_mod, score_mod_
                         f"{type(block_mask).__module__}.{type(block_mask).__qualname__}")
     grad = torch.is_grad_enabled()
     if grad and score_mod is not None and score_mod_grad is None and any(
-            x.requires_grad for x in (q, k, v)):
+            x.requires_grad for x in (q, k, v, *aux)):  # the backward runs (aux: beside dq...)
         raise ValueError(f"score_mod_grad: the gradients of {names[0]}, {names[1]}, {names[2]} "
                          f"through score_mod {score_mod.__name__} need its derivative d "
                          f"score_mod / d score (a function of the same arguments), got None")

@@ -12,7 +12,8 @@ flash-attn needs multiples of 256), one explicit parameter row per case instead 
 cartesian product (which is about 40 000 cases), CPU tensors, einops spelled out in torch,
 ``window_size`` drawn as flash-attn does but passed as a tuple of ints (``numba_flash.torch``
 takes a tuple or list, not a tensor), and the bounds checks' error type: a ``ValueError`` naming
-``block_table`` where flash-attn raises ``RuntimeError``.
+``block_table`` where flash-attn raises ``RuntimeError``.  The last test is numba_flash's own:
+bad arguments of ``flash_attn_with_kvcache`` raise before anything is launched.
 """
 
 from __future__ import annotations
@@ -373,3 +374,35 @@ def test_flash_attn_kvcache_paged_block_table_bounds(append_knew):
                                   block_table=block_table, causal=False)
     assert out.shape == (batch_size, 1, nheads, d)
     assert not out.isnan().any()
+
+
+# -- not from flash-attn: numba_flash's own checks of the torch arguments --------------------
+def _kvcache(**over):
+    args = dict(q=torch.randn(2, 1, 4, 32, dtype=F16), k_cache=torch.randn(2, 8, 2, 32, dtype=F16),
+                v_cache=torch.randn(2, 8, 2, 32, dtype=F16), cache_seqlens=3) | over
+    return flash_attn_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("over, exc, match", [
+    (dict(k=torch.randn(2, 1, 2, 32, dtype=F16)), ValueError,
+     r"v: expected a tensor with k \(both or neither\), got None"),
+    (dict(v_cache=torch.randn(2, 8, 2, 16, dtype=F16)), ValueError,
+     r"v_cache: expected the shape of k_cache \(2, 8, 2, 32\), got \(2, 8, 2, 16\)"),
+    (dict(k=torch.randn(2, 1, 4, 32, dtype=F16), v=torch.randn(2, 1, 4, 32, dtype=F16)),
+     ValueError, r"k: expected shape \(batch_size, seqlen_new, nheads_k, headdim\) = \(2, "
+                 r"seqlen_new, 2, 32\)"),
+    (dict(k_cache=torch.randn(2, 8, 2, 32)), TypeError,
+     r"k_cache: expected dtype float16 \(the dtype of q\), got float32"),
+    (dict(cache_seqlens=torch.tensor([1.0, 2.0])), TypeError, r"cache_seqlens: expected dtype in"),
+    (dict(cache_seqlens=torch.tensor([9, 1], dtype=torch.int32)), ValueError,
+     r"cache_seqlens: expected every entry <= Nmax = 8"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32, device="meta")), ValueError,
+     r"block_table: expected a tensor on cpu \(the device of q\), got one on meta"),
+    (dict(num_splits=-1), ValueError, r"num_splits: expected an int >= 0 \(0: automatic\)"),
+])
+def test_flash_attn_with_kvcache_bad_input(monkeypatch, over, exc, match):
+    from numba_flash.frontend import ArrayCall
+
+    monkeypatch.setattr(ArrayCall, "launch", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(exc, match=match):
+        _kvcache(**over)
