@@ -5,11 +5,14 @@ FlexAttention's ``create_block_mask``), what an op does with them before a launc
 (:mod:`.launch`) and example functions (:mod:`.examples`).  ``numba_flash.forward`` (both kernel
 families, every dtype), ``numba_flash.backward``, ``numba_flash.forward_varlen`` (the paged
 prefill too) and ``numba_flash.backward_varlen`` take them, and ``numba_flash.decode`` (no block
-mask there).  The page: docs/own-variant.md.
+mask there).  The backwards also take ``aux_grad``, a function that adds the gradients of the
+aux tensors with :func:`atomic_add` (:mod:`.atomics`, :mod:`numba_flash.ops.aux_grad`).  The
+page: docs/own-variant.md.
 """
 
+from .atomics import atomic_add
 from .block_mask import DEFAULT_BLOCK_SIZE, EMPTY, FULL, PARTIAL, BlockMask, create_block_mask
 from .functions import check_mod, device_function, fingerprint, host_function
 
-__all__ = ["BlockMask", "create_block_mask", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK_SIZE",
-           "check_mod", "device_function", "fingerprint", "host_function"]
+__all__ = ["atomic_add", "BlockMask", "create_block_mask", "EMPTY", "PARTIAL", "FULL",
+           "DEFAULT_BLOCK_SIZE", "check_mod", "device_function", "fingerprint", "host_function"]

@@ -3,7 +3,10 @@ scalars, as a user writes one."""
 
 from __future__ import annotations
 
-__all__ = ["relative_bias", "relative_bias_grad", "document_mask", "prefix_lm_mask"]
+from .atomics import atomic_add
+
+__all__ = ["relative_bias", "relative_bias_grad", "relative_bias_aux_grad", "document_mask",
+           "prefix_lm_mask"]
 
 
 def relative_bias(score, b, h, q_idx, kv_idx, bias):
@@ -14,6 +17,12 @@ def relative_bias(score, b, h, q_idx, kv_idx, bias):
 def relative_bias_grad(score, b, h, q_idx, kv_idx, bias):
     """d relative_bias / d score."""
     return 1.0
+
+
+def relative_bias_aux_grad(grad_score, score, b, h, q_idx, kv_idx, grads, bias):
+    """The gradient of relative_bias w.r.t. its table: d score_mod / d bias[h, q_idx - kv_idx +
+    c] = 1, so that entry gains ``grad_score`` (``grads[0]``: the table's gradient)."""
+    atomic_add(grads[0], (h, q_idx - kv_idx + bias.shape[1] // 2), grad_score)
 
 
 def document_mask(b, h, q_idx, kv_idx, doc):

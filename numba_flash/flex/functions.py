@@ -32,15 +32,31 @@ import types as pytypes
 
 import numpy as np
 
-__all__ = ["SCORE_MOD_ARGS", "MASK_MOD_ARGS", "check_mod", "check_aux_tensors", "fingerprint",
-           "host_function", "device_function", "check_host_types"]
+__all__ = ["SCORE_MOD_ARGS", "MASK_MOD_ARGS", "AUX_GRAD_ARGS", "check_mod", "check_aux_tensors",
+           "fingerprint", "host_function", "device_function", "check_host_types",
+           "register_host_twin"]
 
 #: the fixed leading parameters of each kind of user function (the aux arrays follow)
 SCORE_MOD_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_MOD_ARGS = ("b", "h", "q_idx", "kv_idx")
 
+#: ``aux_grad(grad_score, score, b, h, q_idx, kv_idx, grads, *aux)``: adds the gradient of the
+#: loss w.r.t. the aux arrays into ``grads`` (:mod:`numba_flash.ops.aux_grad`)
+AUX_GRAD_ARGS = ("grad_score", "score", "b", "h", "q_idx", "kv_idx", "grads")
+
 _FIXED = {"score_mod": SCORE_MOD_ARGS, "mask_mod": MASK_MOD_ARGS,
-          "score_mod_grad": SCORE_MOD_ARGS}
+          "score_mod_grad": SCORE_MOD_ARGS, "aux_grad": AUX_GRAD_ARGS}
+
+#: device helpers a user's function may call (``numba_flash.flex.atomic_add``), by ``id``: the
+#: CPU twin the host compilation (the type check) calls in their place
+_HOST_TWINS = {}
+
+
+def register_host_twin(device_fn, host_fn):
+    """Let a user's function call ``device_fn`` (a device helper the package provides): the CPU
+    compilation of the function (:func:`host_function`, the type check before a launch) calls
+    ``host_fn`` in its place."""
+    _HOST_TWINS[id(device_fn)] = (device_fn, host_fn)
 
 
 def check_aux_tensors(aux_tensors):
@@ -64,9 +80,10 @@ def check_aux_tensors(aux_tensors):
 
 
 def check_mod(name, fn, n_aux):
-    """``fn`` for the user-function argument ``name`` (``score_mod``, ``mask_mod`` or
-    ``score_mod_grad``): ``None``, or a plain Python function taking exactly the fixed parameters
-    of its kind plus one per aux array.  TypeError otherwise, naming the argument."""
+    """``fn`` for the user-function argument ``name`` (``score_mod``, ``mask_mod``,
+    ``score_mod_grad`` or ``aux_grad``): ``None``, or a plain Python function taking exactly
+    the fixed parameters of its kind plus one per aux array.  TypeError otherwise, naming the
+    argument."""
     if fn is None:
         return None
     fixed = _FIXED[name]
@@ -144,10 +161,30 @@ def _no_breakpoint():
     return None
 
 
+def _helper(value):
+    """``(device, host)`` of a package device helper (:func:`register_host_twin`), or None."""
+    pair = _HOST_TWINS.get(id(value))
+    return pair if pair is not None and pair[0] is value else None
+
+
+def _swapped(value, compile_one):
+    """What ``value`` (a global or closure value of a user's function) becomes in the compiled
+    copy: a package helper stays itself on the device and is its CPU twin on the host; another
+    plain Python function is compiled (``compile_one``); anything else is ``None`` (kept)."""
+    helper = _helper(value)
+    if helper is not None:
+        return helper[1] if compile_one is host_function else None
+    if isinstance(value, pytypes.FunctionType):
+        return compile_one(value)
+    return None
+
+
 def _retarget(fn, compile_one, keep_breakpoint=False):
     """A copy of ``fn`` whose globals and closure cells that are plain Python functions (a
     user's helpers, e.g. one mask calling another) are replaced by their compiled versions
-    (``compile_one``), so Numba can call them; everything else is shared with ``fn``."""
+    (``compile_one``), so Numba can call them; a package device helper
+    (:func:`register_host_twin`) by its CPU twin in a CPU compilation; everything else is shared
+    with ``fn``."""
     g = fn.__globals__
     names = set()
     stack = [fn.__code__]
@@ -155,17 +192,22 @@ def _retarget(fn, compile_one, keep_breakpoint=False):
         c = stack.pop()
         names.update(c.co_names)
         stack.extend(k for k in c.co_consts if isinstance(k, pytypes.CodeType))
-    swap = {n: compile_one(g[n]) for n in names
-            if isinstance(g.get(n), pytypes.FunctionType) and g[n] is not fn}
+    swap = {}
+    for n in names:
+        if n in g and g[n] is not fn:
+            new = _swapped(g[n], compile_one)
+            if new is not None:
+                swap[n] = new
     if "breakpoint" in names and "breakpoint" not in g and not keep_breakpoint:
         # compiled code cannot stop in pdb: breakpoint() is a no-op there (the simulator runs
         # the function as Python, where it stops)
         swap["breakpoint"] = compile_one(_no_breakpoint)
     cells = fn.__closure__
-    if cells and any(isinstance(c.cell_contents, pytypes.FunctionType) for c in cells):
-        cells = tuple(pytypes.CellType(compile_one(c.cell_contents))
-                      if isinstance(c.cell_contents, pytypes.FunctionType) else c
-                      for c in cells)
+    if cells:
+        new_cells = tuple(c if (new := _swapped(c.cell_contents, compile_one)) is None
+                          else pytypes.CellType(new) for c in cells)
+        if any(a is not b for a, b in zip(new_cells, cells)):
+            cells = new_cells
     if not swap and cells is fn.__closure__:
         return fn
     new_globals = dict(g)
@@ -203,8 +245,9 @@ def device_function(fn):
 
 def check_host_types(name, fn, arg_types, want):
     """Compile ``fn`` for the CPU with Numba types ``arg_types`` and check its return type is of
-    kind ``want`` (``"float"`` or ``"bool"``).  A function Numba cannot compile is a TypeError
-    carrying the function's name and Numba's message; the compiled CPU function is returned."""
+    kind ``want`` (``"float"``, ``"bool"`` or ``"none"``: returns nothing).  A function Numba
+    cannot compile is a TypeError carrying the function's name and Numba's message; the
+    compiled CPU function is returned."""
     from numba import types
     from numba.core.errors import NumbaError
 
@@ -217,11 +260,13 @@ def check_host_types(name, fn, arg_types, want):
                         f"{tuple(str(t) for t in arg_types)}:\n{e}") from None
     ret = next(s.return_type for s in host.nopython_signatures
                if tuple(s.args) == tuple(arg_types))
-    ok = (isinstance(ret, types.Float) if want == "float"
-          else isinstance(ret, types.Boolean) or ret == types.boolean)
-    if want == "float" and isinstance(ret, types.Integer):
-        ok = False
+    if want == "none":
+        ok = ret == types.none
+    elif want == "float":
+        ok = isinstance(ret, types.Float)
+    else:
+        ok = isinstance(ret, types.Boolean) or ret == types.boolean
     if not ok:
-        raise TypeError(f"{name}: expected {fn.__name__} to return a "
-                        f"{'float' if want == 'float' else 'bool'}, got {ret}")
+        what = {"float": "a float", "bool": "a bool", "none": "nothing (None)"}[want]
+        raise TypeError(f"{name}: expected {fn.__name__} to return {what}, got {ret}")
     return host

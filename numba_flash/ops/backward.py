@@ -18,6 +18,7 @@ from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_thre
 from ..kernels.common import acc_dtype, cdiv
 from ..flex.launch import prepare_variant
 from ..philox import dropout_params
+from .aux_grad import aux_gradients, prepare_aux_grad
 from .forward import user_arrays
 from .kernel_choice import check_backward_kernel, import_mma
 
@@ -124,8 +125,9 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
              dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
              kernel="auto", score_mod=None, mask_mod=None, score_mod_grad=None,
-             block_mask=None, aux_tensors=()):
-    """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do``.
+             block_mask=None, aux_tensors=(), aux_grad=None):
+    """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do`` (and, with
+    ``aux_grad``, the aux tensors' gradients after them).
 
     ``q``, ``o``, ``do`` are ``[B, H, Nq, d]``; ``k``, ``v`` are ``[B, Hkv, Nk, d]`` (GQA: ``H`` a
     multiple of ``Hkv``); ``lse`` ``[B, H, Nq]`` is the forward's log-sum-exp, float32 (float64
@@ -163,6 +165,15 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     (the dK/dV kernel's Q tiles of a K/V tile, the dQ kernel's K/V tiles of a Q tile), and FULL
     ones skip the per-element ``mask_mod``.
 
+    Gradients of the aux tensors (a learned bias table, learnable ALiBi slopes):
+    ``aux_grad(grad_score, score, b, h, q_idx, kv_idx, grads, *aux)`` adds ``grad_score * d
+    score_mod / d aux`` into ``grads`` (one zero-initialised array per aux tensor, its shape, the
+    compute type) with :func:`numba_flash.flex.atomic_add`; ``grad_score`` is the gradient of
+    the loss w.r.t. ``score_mod``'s output, ``score`` the score ``score_mod`` received.  The
+    call then returns ``(dq, dk, dv, *aux_grads)`` (each in its aux tensor's float dtype); one
+    more kernel (:mod:`numba_flash.ops.aux_grad`), no dropout.  The adds are atomic, so
+    ``deterministic=True`` does not make the aux gradients bitwise reproducible.
+
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
     b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
@@ -176,17 +187,23 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
                               score_mod_grad=score_mod_grad, needs_grad=True,
                               compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
+    aux = prepare_aux_grad(aux_grad, variant, dtype, dropout_p)
     kernel = check_backward_kernel(kernel, dtype)
     if kernel == "mma":  # validated above, once: straight to the launches
-        return import_mma("backward_mma").launch_backward_mma(
+        grads = import_mma("backward_mma").launch_backward_mma(
             do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
             deterministic=deterministic, dropout_p=dropout_p, seed=seed, left=left, right=right,
             softcap=softcap, alibi=alibi, variant=variant)
-
-    call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    ins = [call.input(x) for x in (do, q, k, v, o, lse)]
-    dq, dk, dv = launch_backward(
-        call, *ins, n_seq=b, max_nq=nq, max_nk=nk, cu_q=None, cu_k=None, varlen=False,
-        dtype=dtype, scale=scale, left=left, right=right, softcap=softcap, alibi=alibi,
-        deterministic=deterministic, dropout_p=dropout_p, seed=seed, user_variant=variant)
-    return call.result(dq), call.result(dk), call.result(dv)
+    else:
+        call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
+        ins = [call.input(x) for x in (do, q, k, v, o, lse)]
+        dq, dk, dv = launch_backward(
+            call, *ins, n_seq=b, max_nq=nq, max_nk=nk, cu_q=None, cu_k=None, varlen=False,
+            dtype=dtype, scale=scale, left=left, right=right, softcap=softcap, alibi=alibi,
+            deterministic=deterministic, dropout_p=dropout_p, seed=seed, user_variant=variant)
+        grads = (call.result(dq), call.result(dk), call.result(dv))
+    if aux is None:
+        return grads
+    return tuple(grads) + aux_gradients(aux, do, q, k, v, o, lse, max_nq=nq, max_nk=nk,
+                                        dtype=dtype, scale=scale, left=left, right=right,
+                                        softcap=softcap, alibi=alibi)

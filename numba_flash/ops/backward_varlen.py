@@ -11,6 +11,7 @@ from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, chec
 from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
 from ..kernels.common import acc_dtype
 from ..philox import dropout_params
+from .aux_grad import aux_gradients, prepare_aux_grad
 from .backward import launch_backward
 
 
@@ -32,7 +33,7 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
                     max_seqlen_k, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, softmax_scale=None, dropout_p=0.0, seed=0,
                     deterministic=False, score_mod=None, mask_mod=None, score_mod_grad=None,
-                    block_mask=None, aux_tensors=()):
+                    block_mask=None, aux_tensors=(), aux_grad=None):
     """Gradients ``(dq, dk, dv)`` of :func:`numba_flash.forward_varlen`, packed like the inputs.
 
     ``q``, ``o``, ``do`` are ``[total_q, H, d]``, ``k``, ``v`` ``[total_k, Hkv, d]`` (GQA: ``H`` a
@@ -58,7 +59,9 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     sequence's ``Nq``, ``Nk``) and, with a ``score_mod``, ``score_mod_grad(score, b, h, q_idx,
     kv_idx, *aux)``, d score_mod / d score (a ``score_mod`` without it is a ``ValueError``), as
     in :func:`numba_flash.backward`: the SIMT kernels apply the mask per element (a block
-    mask's EMPTY tiles are not skipped in the backward yet).
+    mask's EMPTY tiles are not skipped in the backward yet).  ``aux_grad`` as in
+    :func:`numba_flash.backward` (``b`` the sequence, positions within it): the call then
+    returns ``(dq, dk, dv, *aux_grads)``.
     """
     total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
     q_shape = (total_q, h, d)
@@ -87,13 +90,14 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
     variant = None
     if (score_mod is not None or mask_mod is not None or block_mask is not None or aux_tensors
-            or score_mod_grad is not None):
+            or score_mod_grad is not None or aux_grad is not None):
         from ..flex.launch import prepare_variant
         variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
                                   score_mod_grad=score_mod_grad, needs_grad=True,
                                   compute_dtype=lse_dtype,
                                   shape=(n_seq, h, int(len_q.max()), int(len_k.max())),
                                   max_seqlens=(int(max_seqlen_q), int(max_seqlen_k)))
+    aux = prepare_aux_grad(aux_grad, variant, dtype, dropout_p)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]
@@ -103,4 +107,10 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         cu_q=call.input(cu_q), cu_k=call.input(cu_k), varlen=True, dtype=dtype, scale=scale,
         left=left, right=right, softcap=softcap, alibi=alibi, deterministic=deterministic,
         dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k), user_variant=variant)
-    return tuple(_unpack(call.result(x)) for x in (dq, dk, dv))
+    grads = tuple(_unpack(call.result(x)) for x in (dq, dk, dv))
+    if aux is None:
+        return grads
+    return grads + aux_gradients(
+        aux, *(_as_batch(x) for x in (do, q, k, v, o)), lse[None], cu_seqlens=(cu_q, cu_k),
+        max_nq=int(len_q.max()), max_nk=int(len_k.max()), dtype=dtype, scale=scale, left=left,
+        right=right, softcap=softcap, alibi=alibi)

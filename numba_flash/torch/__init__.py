@@ -10,9 +10,16 @@ views, torch's current stream; needs CuPy).  Also flash-attn's ``bert_padding`` 
 (:func:`unpad_input`, :func:`pad_input`) and :func:`register_transformers`, which makes
 ``attn_implementation="numba_fa"`` work in Hugging Face transformers.
 
+Also :func:`flash_attn_with_kvcache` and ``flash_attn_varlen_func(..., block_table=...)``
+(:mod:`numba_flash.torch.kvcache`), FlashAttention-4's variant arguments on
+:func:`flash_attn_func` / :func:`flash_attn_varlen_func` and FlexAttention's
+:func:`flex_attention` / :func:`create_block_mask` with gradients for learnable aux tensors
+(:mod:`numba_flash.torch.variants`, :mod:`numba_flash.torch.flex`), and ring attention over a
+``torch.distributed`` process group (:func:`ring_flash_attn_func`,
+:mod:`numba_flash.torch.ring`).
+
 float16, bfloat16, float32 and float64 tensors (bfloat16 reaches the kernels as its 16-bit words:
-no copy).  Not yet: ``flash_attn_with_kvcache`` (``numba_flash.decode`` covers it on
-NumPy/CuPy arrays).
+no copy).
 Needs ``torch>=2.4`` (``pip install 'numba_flash[torch]'``).
 """
 
@@ -23,14 +30,28 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
                       "'numba_flash[torch]'") from exc
 
 from .bert_padding import pad_input, unpad_input
+from .flex import create_block_mask, flex_attention
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                         flash_attn_varlen_qkvpacked_func)
+from .kvcache import flash_attn_with_kvcache
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
-           "flash_attn_varlen_qkvpacked_func", "unpad_input", "pad_input",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache", "flex_attention",
+           "create_block_mask", "ring_flash_attn_func", "unpad_input", "pad_input",
            "register_transformers"]
+
+
+def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
+                         layout="zigzag", return_lse=False):
+    """Ring attention over a ``torch.distributed`` process group, with autograd; see
+    :func:`numba_flash.torch.ring.ring_flash_attn_func` (imports ``torch.distributed`` on
+    first use)."""
+    from .ring import ring_flash_attn_func as ring
+
+    return ring(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
+                layout=layout, return_lse=return_lse)
 
 
 def register_transformers(name="numba_fa"):

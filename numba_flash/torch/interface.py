@@ -20,9 +20,10 @@ layout (reproducible with ``torch.manual_seed``, not the same bits as flash-attn
 max_seqlen_k]``) where flash-attn pads both to a multiple of 128, computed on the host in
 float64 (testing only).
 
-Not here yet: ``flash_attn_with_kvcache`` (:func:`numba_flash.decode` does its work on
-NumPy/CuPy arrays), and ``block_table`` in :func:`flash_attn_varlen_func` (a
-``NotImplementedError`` unless None; :func:`numba_flash.forward_varlen` takes one).
+``flash_attn_with_kvcache`` and ``flash_attn_varlen_func(..., block_table=...)`` are in
+:mod:`numba_flash.torch.kvcache`; FlashAttention-4's variant arguments (``score_mod``,
+``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``block_sparse_tensors``) in
+:mod:`numba_flash.torch.variants`.
 """
 
 from __future__ import annotations
@@ -72,13 +73,8 @@ def _check_dense(q, k, v, q_name="q", k_name="k", v_name="v"):
     checks.check_kv_shapes(qs, ks, vs, k_name, v_name, q_name=q_name)
 
 
-def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            return_attn_probs, block_table=None):
-    if block_table is not None:
-        raise NotImplementedError("block_table: paged K/V in flash_attn_varlen_func is not "
-                                  "supported by numba_flash.torch; pass block_table=None "
-                                  "(numba_flash.decode takes a block table)")
+def _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The packed tensors, ``cu_seqlens`` and ``max_seqlen`` of a varlen call."""
     qs = checks.check_tensor(names[0], q, 3, checks.PACKED)
     ks = checks.check_tensor(names[1], k, 3, checks.PACKED)
     vs = checks.check_tensor(names[2], v, 3, checks.PACKED)
@@ -89,6 +85,12 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     for name, m in ((names[5], max_seqlen_q), (names[6], max_seqlen_k)):
         if isinstance(m, bool) or not isinstance(m, int):
             raise TypeError(f"{name}: expected an int, got {type(m).__name__}")
+
+
+def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+            return_attn_probs):
+    _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
@@ -99,6 +101,53 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     return FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, p, scale, causal, window, softcap,
                                      alibi_slopes, deterministic, probs, torch.is_grad_enabled())
+
+
+def _has_variant(*args):
+    """True when any of FlashAttention-4's variant arguments (or ours) is given."""
+    return any(a is not None for a in args)
+
+
+def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax_scale, causal,
+             window_size, softcap, alibi_slopes, deterministic, return_attn_probs, score_mod,
+             score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors, score_mod_grad,
+             aux_grad):
+    """Attention with a user's variant (:mod:`numba_flash.torch.variants`), FlashAttention-4's
+    arguments: ``score_mod(score, b, h, q_idx, kv_idx, *aux_tensors)``, its backward either as
+    FlashAttention-4's ``score_mod_bwd(grad, score, b, h, q_idx, kv_idx, *aux_tensors)`` (the
+    gradient w.r.t. the score) or as our ``score_mod_grad(score, b, h, q_idx, kv_idx,
+    *aux_tensors)`` (``d score_mod / d score``), ``mask_mod(b, h, q_idx, kv_idx,
+    *aux_tensors)`` and-ed with ``causal`` / ``window_size`` (FlashAttention-4 drops those with
+    a ``mask_mod``), ``block_sparse_tensors`` a :class:`numba_flash.flex.BlockMask`
+    (:func:`numba_flash.torch.create_block_mask`), and ``aux_grad`` for aux tensors that require
+    grad.  ``return_attn_probs``: ``S_dmask`` is empty (not taken with dropout)."""
+    from .variants import VariantSpec, check_variant, from_score_mod_bwd, run_variant
+
+    opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
+                                softcap, deterministic, return_attn_probs)
+    checks.check_alibi(alibi_slopes)
+    named = {names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes}
+    named.update(zip(names[3:5], cu_seqlens))
+    checks.check_device(named)
+    p, scale, causal, window, softcap, deterministic, probs = opts
+    if score_mod_bwd is not None and score_mod_grad is not None:
+        raise ValueError("score_mod_grad: expected None with score_mod_bwd (FlashAttention-4's "
+                         "form of the same derivative), got both")
+    if probs and p > 0.0:
+        raise ValueError("return_attn_probs: S_dmask with dropout is not taken with a user's "
+                         "variant; pass dropout_p=0 or return_attn_probs=False")
+    n_aux = len(aux_tensors) if isinstance(aux_tensors, (tuple, list)) else 0
+    score_mod_grad = score_mod_grad or from_score_mod_bwd(score_mod_bwd, n_aux, q.dtype)
+    aux = check_variant(q, k, v, names, aux_tensors, block_sparse_tensors, score_mod,
+                        score_mod_grad, aux_grad, p)
+    spec = VariantSpec(layout=layout, scale=scale, causal=causal, window=window,
+                       softcap=softcap, alibi=alibi_slopes, dropout_p=p,
+                       deterministic=deterministic, score_mod=score_mod, mask_mod=mask_mod,
+                       block_mask=block_sparse_tensors, score_mod_grad=score_mod_grad,
+                       aux_grad=aux_grad, cu_seqlens=tuple(cu_seqlens),
+                       max_seqlens=tuple(max_seqlens))
+    out, lse = run_variant(spec, q, k, v, aux)
+    return (out, lse, q.new_empty((0,))) if probs else out
 
 
 def _check_packed(name, x, ndim, axis, count, layout):
@@ -143,7 +192,9 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, score_mod=None, score_mod_bwd=None,
+                    mask_mod=None, aux_tensors=None, block_sparse_tensors=None,
+                    score_mod_grad=None, aux_grad=None):
     """Attention of ``q [batch_size, seqlen_q, nheads, headdim]`` over ``k``, ``v``
     ``[batch_size, seqlen_k, nheads_k, headdim]`` (GQA/MQA: ``nheads`` a multiple of
     ``nheads_k``; query head ``h`` reads kv head ``h // (nheads // nheads_k)``).
@@ -163,8 +214,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Returns ``out [batch_size, seqlen_q, nheads, headdim]`` in q's dtype, or ``(out,
     softmax_lse, S_dmask)``.  dtypes float16, bfloat16, float32, float64; CPU tensors
     run in the simulator, CUDA tensors on the GPU on torch's current stream.
+
+    FlashAttention-4's variant arguments (keyword only; :func:`_variant`): ``score_mod``,
+    ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``block_sparse_tensors``, and ours,
+    ``score_mod_grad`` and ``aux_grad``.
     """
     _check_dense(q, k, v)
+    if _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
+                    score_mod_grad, aux_grad):
+        return _variant("bnhd", q, k, v, ("q", "k", "v"), (), (), dropout_p, softmax_scale,
+                        causal, window_size, softcap, alibi_slopes, deterministic,
+                        return_attn_probs, score_mod, score_mod_bwd, mask_mod, aux_tensors,
+                        block_sparse_tensors, score_mod_grad, aux_grad)
     return _dense(q, k, v, ("q", "k", "v"), dropout_p, softmax_scale, causal, window_size,
                   softcap, alibi_slopes, deterministic, return_attn_probs)
 
@@ -208,7 +269,9 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
+                           block_sparse_tensors=None, score_mod_grad=None, aux_grad=None):
     """Attention over a packed batch: sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b +
     1]`` of ``q [total_q, nheads, headdim]`` against rows ``cu_seqlens_k[b]:cu_seqlens_k[b +
     1]`` of ``k``, ``v [total_k, nheads_k, headdim]``, each with its own bottom-right alignment.
@@ -216,12 +279,39 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 ``[batch_size + 1]`` (0 first, the packed length
     last, non-decreasing) on q's device; ``max_seqlen_q`` / ``max_seqlen_k``: ints, at least the
     longest sequence.  The other arguments as :func:`flash_attn_func`; sequence ``b`` draws its
-    dropout mask as batch entry ``b`` of a padded batch would.  ``block_table`` (paged K/V) is
-    not supported (``NotImplementedError`` unless None).
+    dropout mask as batch entry ``b`` of a padded batch would.
+
+    ``block_table`` (paged K/V, int32 ``[batch_size, max_num_blocks_per_seq]``): ``k``, ``v``
+    are caches ``[num_blocks, page_block_size, nheads_k, headdim]`` and sequence ``b`` reads
+    keys ``0 .. cu_seqlens_k[b + 1] - cu_seqlens_k[b] - 1`` of its table row, as flash-attn
+    (:func:`numba_flash.torch.kvcache.paged_varlen`); forward only (a backward raises).
+
+    FlashAttention-4's variant arguments as :func:`flash_attn_func` (``b`` the sequence,
+    positions within it; not with ``block_table``).
 
     Returns ``out [total_q, nheads, headdim]``, or ``(out, softmax_lse [nheads, total_q],
     S_dmask)`` with ``return_attn_probs=True``.
     """
+    variant = _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
+                           score_mod_grad, aux_grad)
+    if block_table is not None:
+        if variant:
+            raise ValueError("block_table: a user's variant (score_mod, mask_mod, aux_tensors, "
+                             "block_sparse_tensors) is not taken with a paged K/V cache here; "
+                             "pass block_table=None")
+        from .kvcache import paged_varlen
+
+        return paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            dropout_p, softmax_scale, causal, window_size, softcap,
+                            alibi_slopes, return_attn_probs, block_table)
+    if variant:
+        _check_varlen(q, k, v, _VARLEN_NAMES, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                      max_seqlen_k)
+        return _variant("varlen", q, k, v, _VARLEN_NAMES, (cu_seqlens_q, cu_seqlens_k),
+                        (max_seqlen_q, max_seqlen_k), dropout_p, softmax_scale, causal,
+                        window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                        score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
+                        score_mod_grad, aux_grad)
     return _varlen(q, k, v, _VARLEN_NAMES, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                   alibi_slopes, deterministic, return_attn_probs, block_table)
+                   alibi_slopes, deterministic, return_attn_probs)

@@ -97,8 +97,8 @@ def _varlen(**over):
     (dict(max_seqlen_k=3.0), TypeError, r"max_seqlen_k: expected an int"),
     (dict(cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32, device="meta")), ValueError,
      r"cu_seqlens_q: expected a tensor on cpu \(the device of q\)"),
-    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError,
-     r"block_table: paged K/V"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError,
+     r"k: expected a 4-D tensor \(num_blocks, page_block_size, nheads_k, headdim\)"),
 ])
 def test_varlen_bad_input(over, exc, match):
     with pytest.raises(exc, match=match):

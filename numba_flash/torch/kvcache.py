@@ -1,0 +1,260 @@
+"""flash-attn 2's ``flash_attn_with_kvcache`` and the paged form of ``flash_attn_varlen_func``
+(``block_table``) on numba_flash's kernels, for torch tensors.
+
+Layouts (flash-attn's): ``q [batch_size, seqlen_q, nheads, headdim]``; a contiguous cache
+``k_cache``, ``v_cache`` ``[batch_size_cache, seqlen_cache, nheads_k, headdim]``; a paged one
+``[num_blocks, page_block_size, nheads_k, headdim]`` with ``block_table`` int32 ``[batch_size,
+max_num_blocks_per_seq]`` (any ``page_block_size``: flash-attn asks for a multiple of 256);
+new tokens ``k``, ``v`` ``[batch_size, seqlen_new, nheads_k, headdim]``.  The kernels read the
+caches heads-first (``[blocks, nheads_k, slots, headdim]``): each tensor is handed over as that
+view of its own memory (:func:`numba_flash.torch.bridge.as_heads_first`), no copy.
+
+:func:`flash_attn_with_kvcache` is one :func:`numba_flash.decode` call (rotary on ``q`` and
+``k``, the append of ``k``, ``v`` into the caches, the split-KV decode), which validates every
+index and length on the host first.  The caches are written in place (the appended tokens and
+nothing else changes); no other tensor is written.  On a CPU the simulator's result is written
+back into the caches' own memory; a CUDA cache must be a transposed heads-first buffer
+(``k_cache.transpose(1, 2).is_contiguous()``) to be written where it lies, or it is copied to
+that layout and back (``O(cache)`` traffic per call: allocate the cache heads-first and pass
+``cache.transpose(1, 2)`` to avoid it).
+
+:func:`paged_varlen` is ``flash_attn_varlen_func(..., block_table=...)``: packed queries over a
+paged cache in the tiled forward kernel (:func:`numba_flash.forward_varlen`), forward only as
+flash-attn (a backward through it raises).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+import numba_flash
+
+from . import bridge, checks
+
+__all__ = ["flash_attn_with_kvcache", "paged_varlen"]
+
+_CACHE = "(batch_size_cache, seqlen_cache, nheads_k, headdim)"
+_PAGED = "(num_blocks, page_block_size, nheads_k, headdim)"
+_INTS = (torch.int32, torch.int64)
+
+
+def _int_tensor(name, x, ndim, layout):
+    """An integer tensor of rank ``ndim`` (int32 as flash-attn; int64 taken too) or None."""
+    if x is None:
+        return None
+    checks.check_tensor(name, x, ndim, layout, dtypes=_INTS)
+    return x
+
+
+def _seqlens(cache_seqlens, b, capacity, device):
+    """``cache_seqlens``: an int (every sequence), an integer tensor ``(batch_size,)``, or None
+    (every sequence fills its cache, as flash-attn)."""
+    if cache_seqlens is None:
+        return torch.full((b,), capacity, dtype=torch.int32, device=device)
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        return torch.full((b,), int(cache_seqlens), dtype=torch.int32, device=device)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens: expected an int or an int32 torch.Tensor (batch_size,), "
+                        f"got {type(cache_seqlens).__name__}")
+    return _int_tensor("cache_seqlens", cache_seqlens, 1, "(batch_size,)")
+
+
+def _num_splits(num_splits):
+    """flash-attn's ``num_splits``: 0 (a heuristic) -> None, else the count."""
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits: expected an int (0: automatic), got "
+                        f"{type(num_splits).__name__}")
+    if num_splits < 0:
+        raise ValueError(f"num_splits: expected an int >= 0 (0: automatic), got {num_splits}")
+    return None if num_splits == 0 else int(num_splits)
+
+
+def _writable_view(cache, device):
+    """``(array, copy)``: the heads-first array the kernels write, and the tensor to copy back
+    into ``cache`` afterwards (None when the array is ``cache``'s own memory)."""
+    if device.type == "cpu":  # NumPy: numba_flash writes the result back into this strided view
+        return bridge.as_heads_first(cache), None
+    heads_first = cache.transpose(1, 2)
+    if heads_first.is_contiguous():
+        return bridge.as_array(heads_first), None
+    tmp = heads_first.contiguous()
+    return bridge.as_array(tmp), tmp
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """flash-attn's ``flash_attn_with_kvcache``: attention of ``q`` against a KV cache, after
+    appending ``k``, ``v`` to it in place (rotated by ``rotary_cos``/``rotary_sin`` first).
+
+    * ``k_cache``, ``v_cache``: ``(batch_size_cache, seqlen_cache, nheads_k, headdim)``, or
+      paged ``(num_blocks, page_block_size, nheads_k, headdim)`` with ``block_table`` int32
+      ``(batch_size, max_num_blocks_per_seq)``;
+    * ``k``, ``v`` (optional): ``(batch_size, seqlen_new, nheads_k, headdim)``, written into
+      the caches at positions ``cache_seqlens[b], cache_seqlens[b] + 1, ...`` (in place) before
+      the attention, which then sees ``cache_seqlens + seqlen_new`` keys;
+    * ``rotary_cos``, ``rotary_sin``: ``(seqlen_ro, rotary_dim / 2)`` (with ``k``, ``v`` only):
+      ``k`` rotated at positions ``cache_seqlens[b] + i``; ``q`` at ``cache_seqlens[b] + i``
+      when ``causal`` or a window is set, else all at ``cache_seqlens[b]``;
+      ``rotary_interleaved``: GPT-J pairs (default True) or GPT-NeoX halves;
+    * ``cache_seqlens``: int or int32 ``(batch_size,)`` (None: the whole cache);
+      ``cache_batch_idx``: int32 ``(batch_size,)``, the cache row of each sequence (contiguous
+      caches); ``cache_leftpad``: int32 ``(batch_size,)``, where each sequence's keys start;
+    * ``softmax_scale``, ``causal`` (bottom-right), ``window_size``, ``softcap``,
+      ``alibi_slopes`` (float32 ``(nheads,)`` or ``(batch_size, nheads)``): as
+      :func:`numba_flash.torch.flash_attn_func`;
+    * ``num_splits``: 0 (automatic), 1 (no split) or the number of KV splits.
+
+    Returns ``out (batch_size, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse``
+    also ``softmax_lse (batch_size, nheads, seqlen_q)`` (float32; float64 for float64; ``-inf``
+    for a row that sees no key, where flash-attn stores +inf).  No gradient (as flash-attn).
+    Every index and length is checked on the host before anything is launched or written (a
+    ``ValueError`` naming the argument: flash-attn raises ``RuntimeError``).
+    """
+    qs = checks.check_tensor("q", q, 4, "(batch_size, seqlen_q, nheads, headdim)")
+    paged = block_table is not None
+    layout = _PAGED if paged else _CACHE
+    ks = checks.check_tensor("k_cache", k_cache, 4, layout)
+    vs = checks.check_tensor("v_cache", v_cache, 4, layout)
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    if ks != vs:
+        raise ValueError(f"v_cache: expected the shape of k_cache {ks}, got {vs}")
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if v is None else 'k'}: expected a tensor with "
+                         f"{'k' if v is None else 'v'} (both or neither), got None")
+    if k is not None:
+        new = "(batch_size, seqlen_new, nheads_k, headdim)"
+        kns = checks.check_tensor("k", k, 4, new)
+        if checks.check_tensor("v", v, 4, new) != kns:
+            raise ValueError(f"v: expected the shape of k {kns}, got {tuple(v.shape)}")
+        if (kns[0], kns[2], kns[3]) != (qs[0], ks[2], ks[3]):
+            raise ValueError(f"k: expected shape {new} = ({qs[0]}, seqlen_new, {ks[2]}, {ks[3]}) "
+                             f"(batch_size from q, nheads_k and headdim from k_cache), got {kns}")
+        named.update(k=k, v=v)
+    checks.check_same_dtype(named)
+    for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if x is not None:
+            checks.check_tensor(name, x, 2, "(seqlen_ro, rotary_dim / 2)")
+            named[name] = x
+    ints = {"block_table": _int_tensor("block_table", block_table, 2,
+                                       "(batch_size, max_num_blocks_per_seq)"),
+            "cache_batch_idx": _int_tensor("cache_batch_idx", cache_batch_idx, 1,
+                                           "(batch_size,)"),
+            "cache_leftpad": _int_tensor("cache_leftpad", cache_leftpad, 1, "(batch_size,)")}
+    checks.check_alibi(alibi_slopes)
+    capacity = ks[1] * (block_table.shape[1] if paged else 1)
+    seqlens = _seqlens(cache_seqlens, qs[0], capacity, q.device)
+    device = checks.check_device({**named, **ints, "cache_seqlens": seqlens,
+                                  "alibi_slopes": alibi_slopes})
+    splits = _num_splits(num_splits)
+    checks.check_options(qs[3], 0.0, softmax_scale, causal, window_size, softcap, False, False)
+
+    def arr(x):
+        return None if x is None else bridge.as_array(x)
+
+    kc, k_copy = (_writable_view(k_cache, device) if k is not None
+                  else (bridge.as_heads_first(k_cache), None))
+    vc, v_copy = (_writable_view(v_cache, device) if k is not None
+                  else (bridge.as_heads_first(v_cache), None))
+    with bridge.on_device(device):
+        o, lse = numba_flash.decode(
+            bridge.as_heads_first(q), kc, vc, cache_seqlens=arr(seqlens),
+            block_table=arr(block_table), causal=causal, softmax_scale=softmax_scale,
+            window_size=window_size, softcap=softcap, alibi_slopes=arr(alibi_slopes),
+            num_splits=splits, return_lse=True, validate=True,
+            k_new=None if k is None else bridge.as_heads_first(k),
+            v_new=None if v is None else bridge.as_heads_first(v),
+            rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
+            rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
+            cache_leftpad=arr(cache_leftpad))
+        out = bridge.seq_first(o, device)
+        lse = bridge.to_tensor(lse, device)
+    for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):
+        if copy is not None:  # CUDA, a cache not heads-first in memory: written back
+            cache.copy_(copy.transpose(1, 2))
+    return (out, lse) if return_softmax_lse else out
+
+
+class PagedVarlenFunc(torch.autograd.Function):
+    """``(out, lse)`` of the paged prefill (``run()``), with a backward that raises (flash-attn
+    has none)."""
+
+    @staticmethod
+    def forward(ctx, run, q, k, v):
+        out, lse = run()
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("flash_attn_varlen_func: there is no gradient with block_table "
+                                  "(paged K/V), as in flash-attn; pass packed k, v for training")
+
+
+def _gather(cache, block_table, cu_k):
+    """The keys of each sequence gathered from a paged cache into packed ``[total_k, nheads_k,
+    headdim]`` (host, for ``S_dmask``: testing only)."""
+    bs = cache.shape[1]
+    parts = []
+    cu = cu_k.tolist()
+    for b in range(len(cu) - 1):
+        t = torch.arange(cu[b + 1] - cu[b])
+        parts.append(cache[block_table[b].long().cpu()[t // bs], t % bs])
+    return torch.cat(parts)
+
+
+def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                 softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                 block_table):
+    """``flash_attn_varlen_func(..., block_table=...)``: ``q (total_q, nheads, headdim)``
+    against paged caches ``k``, ``v`` ``(num_blocks, page_block_size, nheads_k, headdim)``;
+    sequence ``b`` reads keys ``0 .. cu_seqlens_k[b + 1] - cu_seqlens_k[b] - 1`` of its table
+    row (flash-attn's meaning of ``cu_seqlens_k`` with a table).  Forward only."""
+    from .ops import _varlen_s_dmask
+
+    checks.check_tensor("q", q, 3, checks.PACKED)
+    ks = checks.check_tensor("k", k, 4, _PAGED)
+    if checks.check_tensor("v", v, 4, _PAGED) != ks:
+        raise ValueError(f"v: expected the shape of k {ks}, got {tuple(v.shape)}")
+    checks.check_same_dtype({"q": q, "k": k, "v": v})
+    _int_tensor("block_table", block_table, 2, "(batch_size, max_num_blocks_per_seq)")
+    checks.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    checks.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int):
+            raise TypeError(f"{name}: expected an int, got {type(m).__name__}")
+    opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
+                                softcap, False, return_attn_probs)
+    checks.check_alibi(alibi_slopes)
+    device = checks.check_device({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
+                                  "cu_seqlens_k": cu_seqlens_k, "block_table": block_table,
+                                  "alibi_slopes": alibi_slopes})
+    p, scale, causal, window, softcap, _det, probs = opts
+    seed = int(bridge.draw_seed(p)[0])
+
+    def run():
+        with bridge.on_device(device):
+            o, lse = numba_flash.forward_varlen(
+                bridge.as_array(q), bridge.as_heads_first(k), bridge.as_heads_first(v),
+                bridge.as_array(cu_seqlens_q), bridge.as_array(cu_seqlens_k),
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                window_size=window, softcap=softcap, softmax_scale=scale,
+                alibi_slopes=None if alibi_slopes is None else bridge.as_array(alibi_slopes),
+                dropout_p=p, seed=seed, return_lse=True, block_table=bridge.as_array(block_table))
+            return bridge.to_tensor(o, device), bridge.to_tensor(lse, device)
+
+    out, lse = PagedVarlenFunc.apply(run, q, k, v)
+    if not probs:
+        return out
+    if p > 0.0:
+        s_dmask = _varlen_s_dmask(q, _gather(k, block_table, cu_seqlens_k.cpu()), cu_seqlens_q,
+                                  cu_seqlens_k, max_seqlen_q, max_seqlen_k, seed, p, scale,
+                                  causal, window, softcap, alibi_slopes)
+    else:
+        s_dmask = q.new_empty((0,))
+    return out, lse, s_dmask
