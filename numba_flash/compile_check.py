@@ -43,8 +43,15 @@ import time
 from numba_flash import sass
 from numba_flash.kernels.common import SMEM_LIMIT  # 48 KiB of static shared memory per block
 
-#: the architecture whose machine code the SASS tier counts (the H200's)
+#: the architecture whose machine code the SASS tier counts (the H200's), and its variant with
+#: the architecture-specific instructions (``wgmma``: a configuration asks for it with ``"cc"``)
 SASS_CC = (9, 0)
+SASS_CCS = ((9, 0), (9, 0, "a"))
+
+
+def arch_name(cc):
+    """``sm_80``, ``sm_90``, ``sm_90a`` for a compute capability tuple."""
+    return f"sm_{cc[0]}{cc[1]}{cc[2] if len(cc) > 2 else ''}"
 
 _F64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z][a-z0-9_.]*\.f64\b", re.M)
 
@@ -211,7 +218,7 @@ def assemble(ptx, cc, ptxas, nvdisasm=None):
         src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as fh:
             fh.write(ptx)
-        proc = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", src, "-o", cubin],
+        proc = subprocess.run([ptxas, f"-arch={arch_name(cc)}", "-v", src, "-o", cubin],
                               capture_output=True, text=True)
         listing = None
         if nvdisasm and proc.returncode == 0:
@@ -221,9 +228,13 @@ def assemble(ptx, cc, ptxas, nvdisasm=None):
 
 def build(cfg, ccs, ptxas, nvdisasm=None):
     """Compile one configuration for each compute capability; return one row per cc (with the
-    SASS tier's counts in ``row["sass"]`` for sm_90 when ``nvdisasm`` is given)."""
+    SASS tier's counts in ``row["sass"]`` for sm_90 when ``nvdisasm`` is given).  A
+    configuration with a ``"cc"`` of its own (``(9, 0, "a")``: Hopper's ``wgmma``, which ptxas
+    refuses for any other target) is built for that one only."""
     t0 = time.perf_counter()
-    rows = [{"name": cfg["name"], "cc": f"sm_{cc[0]}{cc[1]}", "float64_ok": cfg["float64_ok"]}
+    if "cc" in cfg:
+        ccs = [tuple(cfg["cc"])]
+    rows = [{"name": cfg["name"], "cc": arch_name(cc), "float64_ok": cfg["float64_ok"]}
             for cc in ccs]
     try:
         ptxs = ptx_for_archs(cfg, ccs)
@@ -237,8 +248,9 @@ def build(cfg, ccs, ptxas, nvdisasm=None):
     for cc, row in zip(ccs, rows):
         ptx = ptxs[cc]
         row["f64"] = f64_lines(ptx)[:5]
-        row["mma_missing"] = bool(cfg.get("mma")) and "mma.sync" not in ptx  # tensor-core kernels
-        rc, text, listing = assemble(ptx, cc, ptxas, nvdisasm if cc == SASS_CC else None)
+        row["mma_missing"] = bool(cfg.get("mma")) and not any(  # tensor-core kernels
+            m in ptx for m in ("mma.sync", "wgmma.mma_async"))
+        rc, text, listing = assemble(ptx, cc, ptxas, nvdisasm if cc in SASS_CCS else None)
         row["ptxas_rc"] = rc
         row["ptxas_err"] = "" if rc == 0 else text[-2000:]
         row.update(parse_ptxas(text))

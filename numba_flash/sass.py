@@ -77,6 +77,20 @@ LDSM_BYTES = {"ldsm": 512, "ldsm_x2": 256, "ldsm_x1": 128}
 #: floating-point operations of one warp-level MMA instruction
 MMA_FLOP = {"HMMA.16816": 2 * 16 * 8 * 16, "HMMA.1688": 2 * 16 * 8 * 8}
 
+#: the dense float16 peak of an H200's tensor cores (wgmma): an issue-bound ceiling of an HGMMA
+#: kernel above it is reported as this bound
+WGMMA_TFLOPS = 989.0
+
+
+def mma_flop(op):
+    """Flops one warp's issue of a tensor-core instruction stands for: ``HMMA.16816`` 4096;
+    ``HGMMA.64xNx16`` is issued by each of the warpgroup's 4 warps for a 64 x N x 16 product, so
+    ``2 * 64 * N * 16 / 4`` per warp instruction."""
+    if op.startswith("HGMMA."):
+        m, n, k = (int(x) for x in op.split(".")[1].split("x"))
+        return 2 * m * n * k // 4
+    return MMA_FLOP[".".join(op.split(".")[:2])]
+
 _INS = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"`\((\.L_x_\d+)\)")
@@ -128,6 +142,8 @@ def parse(listing):
         pending = []
         body = _PRED.sub("", text)
         pred = text[:len(text) - len(body)].strip()
+        if pred == "@!PT":  # never executes (ptxas's padding, e.g. before LDGSTS): a no-op
+            body = "NOP"
         funcs[current].append(Ins(addr, body, body.split()[0] if body else "", body != text,
                                   pred=pred))
     for name, ins in funcs.items():
@@ -568,7 +584,10 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, s
         global_bytes=ldg_bytes,
         bytes_per_instruction=round(ldg_bytes / total, 2) if total else 0.0,
     )
-    flop = MMA_FLOP[mma_kind] * mma if mma else 64 * counts.get("ffma", 0)
+    ops = [i.op for i in ins[lp.start:lp.end + 1] if classify(i.op) == "mma"]
+    if ops:  # the loop's own tensor-core instruction (HMMA.16816, HGMMA.64xNx16, ...)
+        mma_kind = ops[0]
+    flop = mma_flop(mma_kind) * mma if mma else 64 * counts.get("ffma", 0)
     smem = shared_read_bytes(counts)
     row["shared_bytes"] = smem
     bound = smem_bound_tflops(flop, smem)
@@ -576,8 +595,10 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, s
     issue = WARP_IPS * flop / total / 1e12
     row["issue_tflops"] = round(issue, 1)
     if mma:
-        row["ceiling_tflops"] = round(min(issue, MMA_SYNC_TFLOPS), 1)
-        row["bound"] = "issue" if issue < MMA_SYNC_TFLOPS else "mma.sync"
+        cap = WGMMA_TFLOPS if mma_kind.startswith("HGMMA") else MMA_SYNC_TFLOPS
+        row["ceiling_tflops"] = round(min(issue, cap), 1)
+        row["bound"] = "issue" if issue < cap else ("wgmma" if cap == WGMMA_TFLOPS else
+                                                     "mma.sync")
     else:
         row["ceiling_tflops"] = round(issue, 1)
     row["ceiling_gbs"] = round(WARP_IPS * row["bytes_per_instruction"] / 1e9, 1)
