@@ -212,8 +212,10 @@ from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
 from .stages import lds16, make_exp_e
-from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_score,
-                         make_tile_kind, tile_key_range, tile_query_range)
+from .tile_scores import ScoreArgs, make_score_fn
+from .variant import variant_type
+from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_tile_kind,
+                         tile_key_range, tile_query_range)
 
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
@@ -431,26 +433,12 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                         out[i * A_TC + j] += t[e] * br[j, e]
             off = int32(off + VEC_BYTES)
     # [/docs:bwd-row-dot]
-    # the forward's own score (kernels/visibility.py), so that P = exp(s - lse) is the forward's
-    # P: times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
-    # ALiBi runs always and softcap is a runtime branch, as in the forward)
-    score_alibi = make_score(False, True, acc_t)
-    score_capped = make_score(True, True, acc_t)
-    user_score, user_mask, user_grad = USER[:3] if USER is not None else (None, None, None)
-    U_SCORE = user_score is not None
-    U_MASK = user_mask is not None
-    USER_FN = U_SCORE or U_MASK
-
-    @device_jit(own_module=True, inline="always")
-    def user_sees(b, h, row, key, nq, user, umask):
-        """A row inside the sequence that the user's mask_mod (asked only with ``umask``: not
-        on a tile the block mask calls FULL) lets see the key (True without one): the user's
-        code never sees a padding row."""
-        if row >= nq:
-            return False
-        if U_MASK and umask:
-            return user_mask(b, h, row, key, *user[1:])
-        return True
+    # the forward's own score (tile_scores.py), so that P = exp(s - lse) is the forward's P:
+    # times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
+    # ALiBi runs always and softcap is a runtime branch, as in the forward), then the user's
+    # score_mod, mask_mod and score_mod_grad
+    FNS = tuple(USER[:3]) if USER is not None else None
+    score_fn = make_score_fn(False, None, True, FNS, acc_t)
 
     def make_load_tile(FINITE):
         def load_tile(x, bb, h, start, end, ROWS, tile, tid):
@@ -513,8 +501,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
 
     @device_jit(own_module=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                 q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                 dropout, keep_tile, tid, b, h, user, umask):
+                 q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask):
         """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- dS``.
 
         ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as one ``A_TR x A_TC`` micro-tile per thread,
@@ -543,7 +530,6 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
             # [docs:bwd-p-ds]
             # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
-            offset = nk - nq  # bottom-right alignment
             for i in range(A_TR):
                 m = ar + i * A_ROW_T
                 row = q_start + m
@@ -553,20 +539,11 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     col = k_start + n
                     p = acc_t(0.0)
                     ds = acc_t(0.0)
-                    if (row < nq and lse_i != acc_t(NEG_INF)
-                            and is_visible(row, col, offset, nk, left, right)
-                            and (not USER_FN or user_sees(b, h, row, col, nq, user, umask))):
-                        # the forward's score; grad = 1 - tanh^2 with softcap, else 1
-                        if softcap > acc_t(0.0):  # runtime: one uniform branch per score
-                            x, grad = score_capped(s[i * A_TC + j], scale, row, col, offset,
-                                                   softcap, inv_softcap, slope)
-                        else:
-                            x, grad = score_alibi(s[i * A_TC + j], scale, row, col, offset,
-                                                  softcap, inv_softcap, slope)
-                        if U_SCORE:  # the user's score_mod, and its derivative at x (in
-                            # acc_t whatever the user's code returns: 1.0 is a float64)
-                            grad = grad * acc_t(user_grad(x, b, h, row, col, *user[1:]))
-                            x = acc_t(user_score(x, b, h, row, col, *user[1:]))
+                    ok = (row < sa.nq and lse_i != acc_t(NEG_INF)
+                          and is_visible(row, col, sa.offset, nk, left, right))
+                    if ok:  # the forward's score; grad = d s / d (scale qk) (1 - tanh^2, ...)
+                        ok, x, grad = score_fn(s[i * A_TC + j], row, col, sa, umask)
+                    if ok:
                         p = exp_e(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)
@@ -629,18 +606,18 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
 
 @functools.lru_cache(maxsize=None)
 def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
-    scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic, dropout, user)``.
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va, varlen,
+    tiles, dq_atomic)``.
 
     K/V tiles outer, one block per ``(K/V tile, b, query head h)`` on the folded grid
     (:func:`fold_grid`, ``tiles`` K/V tiles per sequence).  ``dk_out``/``dv_out`` are
     compute-type arrays with ``H`` heads: this query head's share of dK, dV (the op sums a GQA
-    group afterwards).  ``scale``, ``softcap`` (0 = off) and ``inv_softcap`` are of the compute
-    type; ``left``/``right`` the window (causal folded in, -1 unbounded); ``alibi`` float32
-    ``[B, H]`` (zeros without ALiBi); ``varlen`` (0/1) reads sequence ``b`` from ``cu_q``/``cu_k``;
-    ``dq_atomic`` (0/1) adds ``scale * dS K_j`` into the zeroed ``dq_accum``.  ``dropout`` is
-    ``()`` for the plain kernel, ``(seed_lo, seed_hi, threshold, keep_scale)`` with ``DROPOUT``;
-    ``user``: ``()``, or ``(kinds,) + aux`` with ``USER`` (:func:`tile_functions`).
+    group afterwards).  ``va``: the :class:`~numba_flash.kernels.variant.Variant` (``scale``,
+    ``softcap`` (0 = off) and ``inv_softcap`` in the compute type; the window, causal folded in;
+    ``alibi`` float32 ``[B, H]``, zeros without ALiBi; ``dropout`` filled with ``DROPOUT``;
+    ``user = (kinds,) + aux`` with ``USER``, :func:`tile_functions`); ``varlen`` (0/1) reads
+    sequence ``b`` from ``cu_q``/``cu_k``; ``dq_atomic`` (0/1) adds ``scale * dS K_j`` into the
+    zeroed ``dq_accum``.
     """
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
@@ -694,9 +671,8 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)),
                 cache=USER is None)  # a user's functions stay off the disk cache
-    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, alibi,
-                      scale, softcap, inv_softcap, left, right, varlen, tiles, dq_atomic,
-                      dropout, user):
+    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va,
+                      varlen, tiles, dq_atomic):
         tid = cuda.threadIdx.x
         tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
         hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
@@ -705,7 +681,12 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         if k_start >= nk:
             return  # varlen: past this sequence's keys (the whole block leaves together)
         d = q.shape[3]
-        slope = acc_t(alibi[b, h])
+        scale = va.scale
+        left, right = va.window
+        dropout = va.dropout
+        user = va.user
+        sa = ScoreArgs(scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq, nq, b,
+                       h, user[1:])
         k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
         v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
         q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
@@ -773,8 +754,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
             cuda.syncthreads()  # Q_i, dO_i, lse, D (keep bits) are in shared memory before P
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                     q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                     dropout, keep_tile, tid, b, h, user, umask)
+                     q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask)
             cuda.syncthreads()  # all of P and dS are written before other threads read them
 
             # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
@@ -836,8 +816,8 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
 @functools.lru_cache(maxsize=None)
 def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
-    inv_softcap, left, right, varlen, tiles, dropout, user)``: deterministic dQ, one block per
+    """Build ``kernel(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, va, varlen, tiles)``:
+    deterministic dQ, one block per
     ``(Q tile, b, h)`` on the folded grid; the arguments as in :func:`dkdv_kernel`."""
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
@@ -857,8 +837,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)),
                 cache=USER is None)  # a user's functions stay off the disk cache
-    def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, alibi, scale, softcap,
-                    inv_softcap, left, right, varlen, tiles, dropout, user):
+    def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, va, varlen, tiles):
         tid = cuda.threadIdx.x
         tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
         hk = h // (q.shape[1] // k.shape[1])
@@ -867,7 +846,12 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         if q_start >= nq:
             return  # varlen: past this sequence's queries (the whole block leaves together)
         d = q.shape[3]
-        slope = acc_t(alibi[b, h])
+        scale = va.scale
+        left, right = va.window
+        dropout = va.dropout
+        user = va.user
+        sa = ScoreArgs(scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq, nq, b,
+                       h, user[1:])
         k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
         v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
         q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
@@ -913,8 +897,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
             cuda.syncthreads()  # K_j, V_j, keep bits (first time: Q_i, dO_i, lse, D) complete
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                     q_start, k_start, nq, nk, scale, left, right, softcap, inv_softcap, slope,
-                     dropout, keep_tile, tid, b, h, user, umask)
+                     q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask)
             cuda.syncthreads()  # all of dS is written before other threads read it
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
@@ -1018,15 +1001,12 @@ def compile_configs():
     dropout_set = {(hd, np.dtype(dt)) for hd, dt in DROPOUT_CONFIGS}
     i64 = types.int64
     cu_t = numba_array_type(np.int32, 1)
-    alibi_t = numba_array_type(np.float32, 2)
     for dtype in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16):
         acc = acc_dtype(dtype)
         a4, a3 = numba_array_type(dtype, 4), numba_array_type(acc, 3)
         acc4 = numba_array_type(acc, 4)
         acc_nb = compute_type(dtype)
         f64_ok = dtype == np.float64
-        no_drop = types.Tuple(())
-        drop = types.Tuple((types.uint32, types.uint32, types.uint32, acc_nb))
         yield {"name": f"backward preprocess {dtype.name}",
                "kernel": preprocess_kernel(GPU_ELEM_THREADS, GPU_ROW_LANES, dtype),
                "args": (a4, a4, a3, acc4, i64), "float64_ok": f64_ok}
@@ -1040,16 +1020,15 @@ def compile_configs():
             bm, bn, _, threads = default_tiles(hd, dtype, simulator=False)
             for dropout in (False, True) if (hd, dtype) in dropout_set else (False,):
                 tag = f"M{bm} N{bn} D{hd} {dtype.name}{' dropout' if dropout else ''}"
-                drop_t = drop if dropout else no_drop
-                variant = (cu_t, cu_t, alibi_t, acc_nb, acc_nb, acc_nb, i64, i64, i64, i64)
+                va_t = variant_type(acc_nb, dropout)
                 yield {"name": f"backward dkdv {tag}",
                        "kernel": dkdv_kernel(bm, bn, hd, threads, dtype, dropout),
-                       "args": (a4, a4, a4, a4, lse3, a3, acc4, acc4, acc4, *variant, i64,
-                                drop_t, no_drop),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, acc4, acc4, cu_t, cu_t, va_t,
+                                i64, i64, i64),
                        "launch_bounds": (threads, min_blocks("dkdv", hd, dtype, dropout)),
                        "float64_ok": f64_ok}
                 yield {"name": f"backward dq {tag}",
                        "kernel": dq_kernel(bm, bn, hd, threads, dtype, dropout),
-                       "args": (a4, a4, a4, a4, lse3, a3, acc4, *variant, drop_t, no_drop),
+                       "args": (a4, a4, a4, a4, lse3, a3, acc4, cu_t, cu_t, va_t, i64, i64),
                        "launch_bounds": (threads, min_blocks("dq", hd, dtype, dropout)),
                        "float64_ok": f64_ok}

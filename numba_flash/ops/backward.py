@@ -19,7 +19,7 @@ from ..kernels.common import acc_dtype, cdiv
 from ..flex.launch import prepare_variant
 from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
-from .forward import user_arrays
+from .forward import kernel_variant
 from .kernel_choice import check_backward_kernel, import_mma
 
 
@@ -62,17 +62,14 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     dk_out = dk if direct else call.empty((ba, h, nk_rows, d), acc_t)
     dv_out = dv if direct else call.empty((ba, h, nk_rows, d), acc_t)
     delta = call.empty(lse_in.shape, acc_t)
-    alibi_in = call.zeros((n_seq, h), np.float32) if alibi is None else call.input(alibi)
     if cu_q is None:  # dense: never read, but the kernels take an int32 array there
         cu_q = cu_k = call.zeros((1,), np.int32)
-    scale_c = acc_t.type(scale)
-    softcap_c = acc_t.type(softcap)
-    inv_softcap = acc_t.type(1.0 / softcap if softcap > 0 else 0.0)
-    variant = (cu_q, cu_k, alibi_in, scale_c, softcap_c, inv_softcap, left, right, int(varlen))
-    # the kernels' last argument: () adds no parameter to the plain kernels
-    drop_args = (seed_lo, seed_hi, threshold, acc_t.type(keep_scale)) if dropout else ()
+    # the variant (kernels/variant.py): ALiBi slopes always (zeros when off), () for no dropout
+    # and no user variant (no kernel parameter)
+    va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (n_seq, h),
+                        (seed_lo, seed_hi, threshold, keep_scale) if dropout else None,
+                        user_variant)
     user = user_build(user_variant)
-    user_args = user_arrays(call, user_variant)  # (kinds,) + aux, or (): no parameter without one
 
     def launch(kernel, grid, block, *args, work=None):
         if grid[0] > 0:  # an empty problem (varlen: every sequence empty) launches nothing
@@ -93,8 +90,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     tiles_k = cdiv(max_nk, block_n)
     launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
            fold_grid(tiles_k, n_seq, h), (threads,),
-           q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk_out, dv_out, *variant, tiles_k,
-           0 if deterministic else 1, drop_args, user_args,
+           q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va,
+           int(varlen), tiles_k, 0 if deterministic else 1,
            work=tiled_work("backward_dkdv", lens, h, block_m, block_n, left, right, threads,
                            head_dim, kv_outer=True))
 
@@ -103,8 +100,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
         tiles_q = cdiv(max_nq, block_m)
         launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
                fold_grid(tiles_q, n_seq, h), (threads,),
-               q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, *variant, tiles_q, drop_args,
-               user_args,
+               q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, cu_q, cu_k, va, int(varlen),
+               tiles_q,
                work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,
                                head_dim))
 
