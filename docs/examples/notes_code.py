@@ -923,8 +923,9 @@ def demo_q6_nesting():
     o, L, m = notes_save_stats_as_printed(q, k, v, 4, 4)
     print("question 6 as printed (the K/V loop not nested in the Q loop), N = 12, Br = Bc = 4:")
     for rows in (slice(0, 4), slice(4, 8), slice(8, 12)):
-        print(f"  rows {rows.start:2d}..{rows.stop - 1:2d}: O all zero {bool((o[rows] == 0).all())!s:5s}"
-              f"  L all zero {bool((L[rows] == 0).all())!s:5s}  max |O - attention| "
+        zero_o, zero_l = bool((o[rows] == 0).all()), bool((L[rows] == 0).all())
+        print(f"  rows {rows.start:2d}..{rows.stop - 1:2d}: O all zero {zero_o!s:5s}"
+              f"  L all zero {zero_l!s:5s}  max |O - attention| "
               f"{err(np.abs(o[rows] - want[rows]).max())}")
     o2, _, _ = notes_save_stats(q, k, v, 4, 4)
     print(f"  nested (the transcription above): max |O - attention| "
