@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
-from numba_flash import reference as ref
 from numba_flash.kernels import tiled_forward_teach as teach
 from numba_flash.kernels.common import HEAD_DIMS, SMEM_LIMIT
 from numba_flash.ops.naive_forward import naive_forward
@@ -27,25 +26,13 @@ from numba_flash.ops.tiled_forward_teach import tiled_forward_teach
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from io_count import count_global_bytes, tiled_forward_bytes  # noqa: E402
-from row_forward_demo import bound  # noqa: E402
+import row_forward_demo  # noqa: E402
 
 BLOCK_M, BLOCK_N = teach.SIM_BLOCKS
 
 
 def errors():
-    rng = np.random.default_rng(0)
-    print(f"tiled_forward_teach against reference.attention, B=1 H=2 Hkv=1 Nq=9 Nk=13 d=6,\n"
-          f"simulator tiles of {BLOCK_M} rows x {BLOCK_N} keys:")
-    for dtype in (np.float16, np.float32, np.float64):
-        for causal in (False, True):
-            q = rng.standard_normal((1, 2, 9, 6)).astype(dtype)
-            k = rng.standard_normal((1, 1, 13, 6)).astype(dtype)
-            v = rng.standard_normal((1, 1, 13, 6)).astype(dtype)
-            o, lse = tiled_forward_teach(q, k, v, causal=causal)
-            o_ref, lse_ref = ref.attention(q, k, v, causal=causal)
-            print(f"  {np.dtype(dtype).name:8s} causal={causal!s:5s}  o {o.dtype.name:8s} "
-                  f"max |o - ref| {bound(np.abs(o - o_ref).max()):7s}  lse {lse.dtype.name:8s} "
-                  f"max |lse - ref| {bound(np.abs(lse - lse_ref).max())}")
+    row_forward_demo.errors(tiled_forward_teach, teach.SIM_BLOCKS, d=6)
 
 
 def traffic():

@@ -7,12 +7,8 @@ and changed in the exercises.
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..frontend import ArrayCall
-from ..frontend.validate import check_bool, check_qkv, check_scale
-from ..kernels.common import acc_dtype, cdiv, padded_head_dim
 from ..kernels.tiled_forward_teach import default_blocks, tiled_forward_teach_kernel
+from .row_forward import teaching_forward
 
 
 def tiled_forward_teach(q, k, v, *, causal=False, softmax_scale=None):
@@ -22,19 +18,9 @@ def tiled_forward_teach(q, k, v, *, causal=False, softmax_scale=None):
     ``softmax_scale=None`` meaning ``1/sqrt(d)``).  ``o`` has ``q``'s dtype; ``lse [B, H, Nq]`` is
     float32 for float16/bfloat16/float32 inputs and float64 for float64.
     """
-    b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
-    causal = check_bool("causal", causal)
-    scale = check_scale(softmax_scale, d)
-    acc_t = acc_dtype(dtype)
+    def build(head_dim, dtype, causal):
+        block_m, block_n = default_blocks(head_dim, dtype)
+        kernel = tiled_forward_teach_kernel(head_dim, block_m, block_n, causal, dtype)
+        return kernel, block_m, (block_n, block_m)
 
-    call = ArrayCall({"q": q, "k": k, "v": v}, op="tiled_forward_teach")
-    call.reserve({"o": ((b, h, nq, d), dtype), "lse": ((b, h, nq), acc_t)})
-    dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    o = call.empty((b, h, nq, d), dtype)
-    lse = call.empty((b, h, nq), acc_t)
-    head_dim = padded_head_dim(d)
-    block_m, block_n = default_blocks(head_dim, dtype)
-    kernel = tiled_forward_teach_kernel(head_dim, block_m, block_n, causal, np.dtype(dtype))
-    call.launch(kernel, (cdiv(nq, block_m), b * h), (block_n, block_m), dq, dk, dv, o, lse,
-                acc_t.type(scale))
-    return call.result(o), call.result(lse)
+    return teaching_forward("tiled_forward_teach", q, k, v, causal, softmax_scale, build)
