@@ -35,3 +35,19 @@ def test_bank_figures():
         bn = gpu_blocks(hd, np.float32)[1]
         assert ways([(t % bn) * hd for t in range(32)]) == want
         assert ways([hd * (t // bn) for t in range(32)]) == (1 if bn == 32 else 2)  # q_tile
+
+
+def test_the_page_leaves_the_causal_lines_to_the_exercise():
+    """docs/tiled-forward.md teaches the kernel but not its causal lines: writing them is
+    docs/exercises/tiled_causal.py, whose answer must not be on the page."""
+    from pathlib import Path
+
+    import snippets
+
+    page = (Path(snippets.DOCS) / "tiled-forward.md").read_text()
+    kernel = (Path(snippets.ROOT) / "numba_flash/kernels/tiled_forward_teach.py").read_text()
+    causal = kernel.split("# [/docs:teach-bounds]", 1)[1].split("# [docs:teach-load-q]", 1)[0]
+    lines = [ln.strip() for ln in causal.splitlines() if ln.strip()]
+    assert lines and lines[0].startswith("if CAUSAL")
+    for line in lines:
+        assert line not in page, f"the exercise's answer is on the page: {line}"
