@@ -48,3 +48,26 @@ def assert_scaled_close(got, want, tol, name="output"):
         err = np.abs(got.astype(np.float64) - want).max()
     bound = tol * max(1.0, np.abs(want).max())
     assert err <= bound, f"{name}: max abs error {err:.3e} > {bound:.1e}"
+
+
+#: the lse dtype of the teaching forwards per input dtype
+LSE_DTYPE = {np.float16: np.float32, np.float32: np.float32, np.float64: np.float64}
+
+
+def check_forward_against_reference(op, rng, dtype, causal, shape):
+    """``op(q, k, v, causal=...) -> (o, lse)`` on random inputs of ``shape = (B, H, Hkv, Nq,
+    Nk, d)`` against ``reference.attention``: dtypes, shapes, and ``atol(dtype)`` bounds (float16's
+    ``o`` relative to ``max(1, max |o|)``: its final rounding is relative)."""
+    from numba_flash import reference as ref
+
+    b, h, hkv, nq, nk, d = shape
+    q = randn(rng, (b, h, nq, d), dtype)
+    k = randn(rng, (b, hkv, nk, d), dtype)
+    v = randn(rng, (b, hkv, nk, d), dtype)
+    o, lse = op(q, k, v, causal=causal)
+    assert o.dtype == dtype and o.shape == q.shape
+    assert lse.dtype == LSE_DTYPE[dtype] and lse.shape == (b, h, nq)
+    o_ref, lse_ref = ref.attention(q, k, v, causal=causal)
+    o_scale = max(1.0, np.abs(o_ref).max()) if dtype == np.float16 else 1.0
+    assert_close(o, o_ref, dtype, scale=o_scale, name="o")
+    assert_close(lse, lse_ref, LSE_DTYPE[dtype], name="lse")

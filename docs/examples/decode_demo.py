@@ -54,6 +54,9 @@ def starvation():
         dec, splits, size = decode_blocks([length] * b, h, hkv)
         print(f"{b:3d} {h:3d} {hkv:4d} {length:7d} | {fwd:13d} {length:10d} {f'1/{block_m}':>9s} |"
               f" {dec:8d} {splits:6d} {size:10d}")
+    dec, splits, size = decode_blocks([32768], 32, 8)
+    print(f"so a 32K-token sequence alone fills the GPU with split-KV: {dec} blocks, "
+          f"{dec / SMS:.1f} per SM, of {size} keys each")
 
 
 # -- batch invariance ------------------------------------------------------------------------

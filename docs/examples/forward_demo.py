@@ -1,7 +1,7 @@
 """The tiled-forward page's numbers: the GPU tile budget, the kernel against the float64
 reference, and the notes' Triton kernel (question 8) run as written.
 
-``docs/tiled-forward.md`` quotes the output of::
+``docs/optimised-forward.md`` quotes the output of (``triton``: ``docs/tiled-forward.md``)::
 
     python docs/examples/forward_demo.py budget     # tiles, micro-tiles, registers, shared memory
     python docs/examples/forward_demo.py accuracy   # numba_flash.forward vs reference, 3 dtypes

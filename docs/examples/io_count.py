@@ -61,6 +61,20 @@ class CountingArray:
 # [/docs:counting-array]
 
 
+def counting_wrap():
+    """``(wrap, stats)`` for a kernel launched by hand: ``wrap(name, array)`` is ``array`` seen
+    through a :class:`CountingArray` whose byte counts land in ``stats[name]["read"]`` and
+    ``stats[name]["written"]`` (the exercises' checks count this way)."""
+    stats, lock = {}, threading.Lock()
+
+    def wrap(name, a):
+        stats[name] = {"read": 0, "written": 0, "touched_read": np.zeros(a.shape, bool),
+                       "touched_written": np.zeros(a.shape, bool)}
+        return CountingArray(a, stats[name], lock)
+
+    return wrap, stats
+
+
 @dataclass
 class LaunchCount:
     """Bytes one kernel launch read and wrote, per array argument (by kernel parameter name)."""

@@ -463,6 +463,50 @@ def notes_flash_attention_forward(Q, K, V, Br, Bc):
 # [/docs:notes-forward-q3]
 
 
+# -- question 3.1's comment: "Oi = O[q_start:q_end]  # a reference, modified directly" ----------
+def notes_q31_trusting_the_comment(Q, K, V, Br, Bc):
+    """Question 3.1's loop as its comment describes it: ``Oi``, ``mi``, ``li`` taken as views of
+    ``O``, ``m``, ``L`` ("a reference, modified directly") and the three write-back lines left
+    out.  Returns ``(O, shares)``: ``shares`` says whether ``Oi`` is still a view of ``O`` before
+    and after the first K/V tile."""
+    N, d = Q.shape
+    scale = 1.0 / math.sqrt(d)
+    O = np.zeros_like(Q)
+    L = np.zeros((N, 1))
+    m = np.full((N, 1), -np.inf)
+    shares = []
+    for q_start in range(0, N, Br):
+        Qi = Q[q_start:q_start + Br]
+        Oi, mi, li = O[q_start:q_start + Br], m[q_start:q_start + Br], L[q_start:q_start + Br]
+        shares.append(np.shares_memory(Oi, O))
+        for k_start in range(0, N, Bc):
+            Sij = Qi @ K[k_start:k_start + Bc].T * scale
+            mi_new = np.maximum(mi, Sij.max(axis=1, keepdims=True))
+            Oi = Oi * np.exp(mi - mi_new)  # a new array: Oi no longer refers to O
+            li = li * np.exp(mi - mi_new)
+            Pij = np.exp(Sij - mi_new)
+            li = li + Pij.sum(axis=1, keepdims=True)
+            Oi = Oi + Pij @ V[k_start:k_start + Bc]
+            mi = mi_new
+            shares.append(np.shares_memory(Oi, O))
+    return O, shares
+
+
+def demo_q31_views():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((8, 4)) for _ in range(3))
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    o, shares = notes_q31_trusting_the_comment(q, k, v, 4, 4)
+    print("question 3.1: `Oi = O[q_start:q_end]  # a reference, modified directly` (translated)")
+    print(f"  Oi is a view of O before the K/V loop: {shares[0]}; after the first K/V tile "
+          f"(`Oi = Oi * exp(mi - mi_new)`): {shares[1]}")
+    o_fixed = notes_flash_attention_forward(q, k, v, 4, 4)
+    print(f"  with the write-back `O[q_start:q_end] = Oi / li`: max |O - attention| "
+          f"{err(np.abs(o_fixed - want).max())}")
+    print(f"  without it, as the comment suggests: O all zero {bool((o == 0).all())}, "
+          f"max |O - attention| {err(np.abs(o - want).max())}")
+
+
 # [docs:notes-batch]
 def notes_flash_attention_batch(Q, K, V, Br, Bc):
     """The notes' question-9.2 ``flash_attention_batch`` (``view`` is NumPy's ``reshape``)."""
@@ -840,6 +884,81 @@ def notes_save_stats(Q, K, V, Br, Bc):
 # [/docs:notes-save-stats]
 
 
+# [docs:notes-save-stats-printed]
+def notes_save_stats_as_printed(Q, K, V, Br, Bc):
+    """Question 6 as the notes print it: ``for j in range(Tc):`` starts at the indentation of
+    ``for i in range(Tr):``, so it runs once, after the Q loop, on the last Q tile's slices."""
+    N, d = Q.shape
+    scale = 1.0 / math.sqrt(d)
+    O = np.zeros_like(Q)
+    L = np.zeros((N, 1))
+    m = np.full((N, 1), -np.inf)
+    Tr = (N + Br - 1) // Br
+    Tc = (N + Bc - 1) // Bc
+    for i in range(Tr):
+        q_start = i * Br
+        q_end = min(N, q_start + Br)
+        Qi = Q[q_start:q_end]
+        Oi, mi, li = O[q_start:q_end], m[q_start:q_end], L[q_start:q_end]
+    for j in range(Tc):  # not nested: Qi, Oi, mi, li are the last Q tile's
+        k_start = j * Bc
+        k_end = min(N, k_start + Bc)
+        Sij = Qi @ K[k_start:k_end].T * scale
+        mi_new = np.maximum(mi, Sij.max(axis=1, keepdims=True))
+        Oi = Oi * np.exp(mi - mi_new)
+        li = li * np.exp(mi - mi_new)
+        Pij = np.exp(Sij - mi_new)
+        li = li + Pij.sum(axis=1, keepdims=True)
+        Oi = Oi + Pij @ V[k_start:k_end]
+        mi = mi_new
+    O[q_start:q_end], L[q_start:q_end], m[q_start:q_end] = Oi / li, li, mi
+    return O, L, m
+# [/docs:notes-save-stats-printed]
+
+
+def demo_q6_nesting():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((12, 4)) for _ in range(3))
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    o, L, m = notes_save_stats_as_printed(q, k, v, 4, 4)
+    print("question 6 as printed (the K/V loop not nested in the Q loop), N = 12, Br = Bc = 4:")
+    for rows in (slice(0, 4), slice(4, 8), slice(8, 12)):
+        zero_o, zero_l = bool((o[rows] == 0).all()), bool((L[rows] == 0).all())
+        print(f"  rows {rows.start:2d}..{rows.stop - 1:2d}: O all zero {zero_o!s:5s}"
+              f"  L all zero {zero_l!s:5s}  max |O - attention| "
+              f"{err(np.abs(o[rows] - want[rows]).max())}")
+    o2, _, _ = notes_save_stats(q, k, v, 4, 4)
+    print(f"  nested (the transcription above): max |O - attention| "
+          f"{err(np.abs(o2 - want).max())}")
+
+
+# -- question 7.2: the comment over the dV line names dP ---------------------------------------
+def demo_q72_comment():
+    rng = np.random.default_rng(0)
+    print("question 7.2, over `dV_j += Pij.T @ dO_i`: \"# compute the dV contribution: "
+          "dP = dO_i @ V_j.T,")
+    print("then accumulate into dV_j\" (translated)")
+    for br, bc, d in ((4, 3, 5), (4, 4, 4)):
+        q, do = (rng.standard_normal((br, d)) for _ in range(2))
+        k, v = (rng.standard_normal((bc, d)) for _ in range(2))
+        want = ref.attention_backward(do[None, None], q[None, None], k[None, None],
+                                      v[None, None])[2][0, 0]
+        lse = ref.attention(q[None, None], k[None, None], v[None, None])[1][0, 0]
+        p = np.exp(q @ k.T / math.sqrt(d) - lse[:, None])
+        print(f"  Br = {br}, Bc = {bc}, d = {d}: dO_i @ V_j.T has shape "
+              f"{(do @ v.T).shape} (that is dP_ij), Pij.T @ dO_i {(p.T @ do).shape} "
+              f"(dV_j's shape)")
+        dv = np.zeros((bc, d))
+        try:
+            dv += do @ v.T  # the comment's formula in the dV line
+        except ValueError as exc:
+            print(f"    dV_j += dO_i @ V_j.T: ValueError: {str(exc).strip()}")
+            continue
+        print(f"    dV_j += dO_i @ V_j.T runs (all sizes equal) and is wrong: "
+              f"max |dV - reference| {err(np.abs(dv - want).max())}; "
+              f"Pij.T @ dO_i: {err(np.abs(p.T @ do - want).max())}")
+
+
 def demo_lse():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((8, 4)) for _ in range(3))
@@ -972,4 +1091,5 @@ if __name__ == "__main__":
      "triton": demo_triton, "batch": demo_batch, "loop-order": demo_loop_order,
      "triton-dot": demo_triton_dot, "stats-dtype": demo_stats_dtype, "lse": demo_lse,
      "merge-maxima": demo_merge_maxima, "decode-io": demo_decode_io,
-     "strides": demo_strides, "paged-init": demo_paged_init}[sys.argv[1]]()
+     "strides": demo_strides, "paged-init": demo_paged_init, "q31-views": demo_q31_views,
+     "q6-nesting": demo_q6_nesting, "q72-comment": demo_q72_comment}[sys.argv[1]]()

@@ -30,16 +30,17 @@ def bound(x):
     return f"{x:.1e}"
 
 
-def errors():
+def errors(op=row_forward, blocks=(SIM_BLOCK_M, SIM_BLOCK_N), d=8):
+    """``op`` (a teaching forward; the first tiled kernel by default) against the reference."""
     rng = np.random.default_rng(0)
-    print(f"row_forward against reference.attention, B=1 H=2 Hkv=1 Nq=9 Nk=13 d=8, simulator "
-          f"blocks of {SIM_BLOCK_M} rows x {SIM_BLOCK_N} keys:")
+    print(f"{op.__name__} against reference.attention, B=1 H=2 Hkv=1 Nq=9 Nk=13 d={d}, simulator "
+          f"blocks of {blocks[0]} rows x {blocks[1]} keys:")
     for dtype in (np.float16, np.float32, np.float64):
         for causal in (False, True):
-            q = rng.standard_normal((1, 2, 9, 8)).astype(dtype)
-            k = rng.standard_normal((1, 1, 13, 8)).astype(dtype)
-            v = rng.standard_normal((1, 1, 13, 8)).astype(dtype)
-            o, lse = row_forward(q, k, v, causal=causal)
+            q = rng.standard_normal((1, 2, 9, d)).astype(dtype)
+            k = rng.standard_normal((1, 1, 13, d)).astype(dtype)
+            v = rng.standard_normal((1, 1, 13, d)).astype(dtype)
+            o, lse = op(q, k, v, causal=causal)
             o_ref, lse_ref = ref.attention(q, k, v, causal=causal)
             print(f"  {np.dtype(dtype).name:8s} causal={causal!s:5s}  o {o.dtype.name:8s} "
                   f"max |o - ref| {bound(np.abs(o - o_ref).max()):7s}  lse {lse.dtype.name:8s} "

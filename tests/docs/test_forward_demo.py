@@ -1,4 +1,5 @@
-"""Every claim docs/tiled-forward.md prints from forward_demo.py."""
+"""Every claim docs/optimised-forward.md (and docs/tiled-forward.md: the notes' Triton kernel)
+prints from forward_demo.py."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_forward_matches_reference_in_every_dtype():
     """The page's table as recorded: test_snippets checks that it is what ``forward_demo.py
     accuracy`` prints now (a fresh run, under another machine's arithmetic), so the claims are
     read from it instead of running the six forward launches a second time."""
-    text = snippets.recorded_output("tiled-forward.md",
+    text = snippets.recorded_output("optimised-forward.md",
                                     "python docs/examples/forward_demo.py accuracy")
     rows = [snippets.printed_fields(line) for line in text.splitlines()[2:]]
     assert sorted(r[:2] for r in rows) == [[dt, c] for dt in ("float16", "float32", "float64")

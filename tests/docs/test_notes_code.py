@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from numba_flash import reference as ref
+import notes_code as nc
 from notes_code import (notes_correct_merge, notes_online_softmax, notes_online_softmax_fixed_l,
                         notes_wrong_merge, notes_wrong_merge_sliced, partial_states, to_lse_form)
 
@@ -297,3 +298,23 @@ def test_q12_c_initialiser_nan_rows_for_very_negative_scores():
                                     c_init=True)
         fine = notes_paged_attention(Q, table, kv, 12, 4, 1, 0.5, ceil_div, True, True)
     assert np.isfinite(got[0]).all() and np.isnan(got[1:]).all() and np.isfinite(fine).all()
+
+
+def test_q31_comment_a_reference_is_not_one():
+    """Question 3.1's ``Oi = O[...]  # a reference, modified directly``: the first update
+    rebinds ``Oi`` to a new array, so only the final write-back makes O right."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((10, 3)) for _ in range(3))
+    o, shares = nc.notes_q31_trusting_the_comment(q, k, v, 4, 3)
+    assert shares[0] and not any(shares[1:4]) and (o == 0).all()
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    np.testing.assert_allclose(nc.notes_flash_attention_forward(q, k, v, 4, 3), want, atol=1e-13)
+
+
+def test_q6_as_printed_computes_only_the_last_q_tile():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((10, 3)) for _ in range(3))
+    o, L, m = nc.notes_save_stats_as_printed(q, k, v, 4, 3)
+    want = ref.attention(q[None, None], k[None, None], v[None, None])[0][0, 0]
+    assert (o[:8] == 0).all() and (L[:8] == 0).all() and np.isneginf(m[:8]).all()
+    np.testing.assert_allclose(o[8:], want[8:], atol=1e-13)

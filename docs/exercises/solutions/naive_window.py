@@ -1,12 +1,14 @@
-"""Solution of the exercise docs/exercises/naive_causal.py (docs/naive-forward.md).
+"""Exercise (docs/naive-forward.md): a sliding window in the first kernel.
 
-This is the naive forward of ``numba_flash/kernels/naive_forward.py`` with the causal mask taken
-out: every row walks every key.  Give ``make_kernel`` its ``CAUSAL`` constant back: with
-``CAUSAL=True`` query row ``row`` must see only the keys ``j <= row + nk - nq`` (bottom-right
-alignment), and a row that sees no key must write ``o = 0`` and ``lse = -inf``.  Do it by
-shortening the key loop, not by adding ``-inf`` scores.
+This is the naive forward of ``numba_flash/kernels/naive_forward.py``, causal, written without
+``key_bounds``.  Give ``make_kernel`` a ``WINDOW`` constant: with ``WINDOW = W > 0`` query row
+``row`` sees only the ``W`` keys that end at its diagonal ``c = row + nk - nq``, that is the keys
+``c - W < j <= c`` that exist (flash-attn's ``window_size=(W - 1, 0)``).  ``WINDOW = 0`` keeps
+plain causal attention.  A row that sees no key writes ``o = 0`` and ``lse = -inf``.  Change
+where the key loop starts and stops: a key the row does not see must not be read at all.
 
-Check: ``python -m pytest -n 0 docs/exercises/test_naive_causal.py --exercises``.
+Check: ``python -m pytest -n 0 docs/exercises/test_naive_window.py --exercises`` (it counts the
+bytes read from k and v, element by element, in the simulator).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ HEAD_DIM = 16  # the exercise's compile-time head dim (d <= 16)
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernel(CAUSAL, dtype):
+def make_kernel(WINDOW, dtype):
     acc_t = float64 if np.dtype(dtype) == np.float64 else float32
     NEG_INF = -math.inf
 
@@ -44,10 +46,11 @@ def make_kernel(CAUSAL, dtype):
             acc[c] = acc_t(0.0)
         m_i = acc_t(NEG_INF)
         l_i = acc_t(0.0)
-        hi = nk
-        if CAUSAL:  # bottom-right: row sees keys j <= row + nk - nq (none if that is < 0)
-            hi = min(nk, max(0, row + nk - nq + 1))
-        for j in range(hi):
+        diag = row + nk - nq                    # the last key this row sees (causal)
+        lo = 0
+        if WINDOW > 0:
+            lo = max(0, diag - WINDOW + 1)      # the first of the WINDOW keys ending at diag
+        for j in range(lo, min(nk, diag + 1)):
             s = acc_t(0.0)
             for c in range(d):
                 s += q_row[c] * acc_t(k[b, h_kv, j, c])
@@ -71,11 +74,13 @@ def make_kernel(CAUSAL, dtype):
     return naive_forward
 
 
-def run(q, k, v, causal, block_m=4):
-    """Launch the kernel on NumPy arrays; return ``(o, lse)`` (NaN where nothing was written)."""
+def run(q, k, v, window, wrap=lambda name, a: a, block_m=4):
+    """Launch on NumPy arrays; ``wrap(name, array)`` may replace each array argument (the check
+    passes counting proxies).  Returns ``(o, lse)`` (NaN where nothing was written)."""
     b, h, nq, d = q.shape
     o = np.full(q.shape, np.nan, q.dtype)
     lse = np.full((b, h, nq), np.nan, q.dtype)
-    kernel = make_kernel(causal, q.dtype)
-    kernel[(-(-nq // block_m), b * h), block_m](q, k, v, o, lse, q.dtype.type(1 / math.sqrt(d)))
+    args = [wrap(n, a) for n, a in zip("q k v o lse".split(), (q, k, v, o, lse))]
+    make_kernel(window, q.dtype)[(-(-nq // block_m), b * h), block_m](
+        *args, q.dtype.type(1 / math.sqrt(d)))
     return o, lse

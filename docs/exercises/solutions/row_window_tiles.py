@@ -1,12 +1,14 @@
-"""Solution of the exercise docs/exercises/row_skip_tiles.py (docs/row-forward.md).
+"""Exercise (docs/row-forward.md): a sliding window in the first tiled kernel, with only the K/V
+tiles the block needs.
 
-This is the first tiled kernel of ``numba_flash/kernels/row_forward.py``, except that every block
-loads *every* K/V tile, causal or not: the rows' own key bounds keep the result right, but with
-``CAUSAL`` a block of early rows loads tiles no row of it sees.  Compute the tile count from the
-keys the block's *last* row sees (the same count in every thread: the loop holds the barriers),
-so that a causal launch reads each K/V tile only when some row of the block sees a key in it.
+This is the first tiled kernel of ``numba_flash/kernels/row_forward.py``, causal, with a sliding
+window: with ``WINDOW = W > 0`` row ``row`` sees the ``W`` keys ``c - W < j <= c`` ending at its
+diagonal ``c = row + nk - nq`` (the row bounds ``lo``, ``hi`` are given).  The block loads the
+tiles from tile 0 up to the last one its last row sees.  With a window the early tiles are
+needed by no row of a late block: start the tile loop at the first tile some row of the block
+sees (the same tile range in every thread: the loop holds the barriers).
 
-Check: ``python -m pytest -n 0 docs/exercises/test_row_skip_tiles.py --exercises`` (it counts
+Check: ``python -m pytest -n 0 docs/exercises/test_row_window_tiles.py --exercises`` (it counts
 the bytes read from k and v, element by element, in the simulator).
 """
 
@@ -22,13 +24,22 @@ from numba import cuda, float32, float64
 
 HEAD_DIM = 16
 BLOCK_M = 4   # rows (threads) per block
-BLOCK_N = 6   # keys per K/V tile
+BLOCK_N = 3   # keys per K/V tile
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernel(CAUSAL, dtype):
+def make_kernel(WINDOW, dtype):
     acc_t = float64 if np.dtype(dtype) == np.float64 else float32
     NEG_INF = -math.inf
+
+    @cuda.jit(device=True)
+    def bounds(row, nq, nk):
+        """``(lo, hi)``: the keys ``[lo, hi)`` row ``row`` sees (none for a spare row)."""
+        if row >= nq:
+            return 0, 0
+        diag = row + nk - nq
+        lo = max(0, diag - WINDOW + 1) if WINDOW > 0 else 0
+        return lo, min(nk, max(0, diag + 1))
 
     @cuda.jit
     def row_forward(q, k, v, o, lse, scale):
@@ -44,34 +55,33 @@ def make_kernel(CAUSAL, dtype):
         q_i = cuda.local.array(HEAD_DIM, acc_t)
         acc = cuda.local.array(HEAD_DIM, acc_t)
         s = cuda.local.array(BLOCK_N, acc_t)
-        hi = 0                                      # this row sees keys [0, hi)
+        lo, hi = bounds(row, nq, nk)
         if row < nq:
-            hi = nk
-            if CAUSAL:
-                hi = min(nk, max(0, row + nk - nq + 1))
             for c in range(d):
                 q_i[c] = acc_t(q[b, h, row, c])
         for c in range(d):
             acc[c] = acc_t(0.0)
         m_i = acc_t(NEG_INF)
         l_i = acc_t(0.0)
-        # the keys the block's last row sees: the same tile count in every thread
-        last = min(nq, cuda.blockIdx.x * BLOCK_M + BLOCK_M) - 1
-        hi_last = nk
-        if CAUSAL:
-            hi_last = min(nk, max(0, last + nk - nq + 1))
-        n_tiles = (hi_last + BLOCK_N - 1) // BLOCK_N
-        for t in range(n_tiles):
+        # the tiles some row of the block sees: from the first row's lo to the last row's hi
+        first = cuda.blockIdx.x * BLOCK_M
+        last = min(nq, first + BLOCK_M) - 1
+        kv_lo = bounds(first, nq, nk)[0]
+        kv_hi = bounds(last, nq, nk)[1]
+        t_first = kv_lo // BLOCK_N
+        t_end = (kv_hi + BLOCK_N - 1) // BLOCK_N
+        for t in range(t_first, t_end):
             k0 = t * BLOCK_N
             n_rows = min(BLOCK_N, nk - k0)
             for e in range(tid, n_rows * d, BLOCK_M):
                 K_j[e // d, e % d] = acc_t(k[b, h_kv, k0 + e // d, e % d])
                 V_j[e // d, e % d] = acc_t(v[b, h_kv, k0 + e // d, e % d])
             cuda.syncthreads()  # every thread reads rows of K_j, V_j that other threads wrote
+            j_lo = max(lo, k0) - k0
             j_hi = min(hi, k0 + BLOCK_N) - k0
-            if j_hi > 0:
+            if j_lo < j_hi:
                 m_tile = acc_t(NEG_INF)
-                for j in range(j_hi):
+                for j in range(j_lo, j_hi):
                     x = acc_t(0.0)
                     for c in range(d):
                         x += q_i[c] * K_j[j, c]
@@ -82,7 +92,7 @@ def make_kernel(CAUSAL, dtype):
                 l_i *= alpha
                 for c in range(d):
                     acc[c] *= alpha
-                for j in range(j_hi):
+                for j in range(j_lo, j_hi):
                     p = math.exp(s[j] - m_new)
                     l_i += p
                     for c in range(d):
@@ -97,13 +107,13 @@ def make_kernel(CAUSAL, dtype):
     return row_forward
 
 
-def run(q, k, v, causal, wrap=lambda name, a: a):
+def run(q, k, v, window, wrap=lambda name, a: a):
     """Launch on NumPy arrays; ``wrap(name, array)`` may replace each array argument (the check
     passes counting proxies).  Returns ``(o, lse)``."""
     b, h, nq, d = q.shape
     o = np.full(q.shape, np.nan, q.dtype)
     lse = np.full((b, h, nq), np.nan, q.dtype)
     args = [wrap(n, a) for n, a in zip("q k v o lse".split(), (q, k, v, o, lse))]
-    make_kernel(causal, q.dtype)[(-(-nq // BLOCK_M), b * h), BLOCK_M](
+    make_kernel(window, q.dtype)[(-(-nq // BLOCK_M), b * h), BLOCK_M](
         *args, q.dtype.type(1 / math.sqrt(d)))
     return o, lse
