@@ -115,15 +115,18 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, int64, types, uint32
+from numba import cuda, int32, int64, types, uint32
 
 from ..backend import on_simulator
 from .common import (FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type,
                      numba_array_type)
 from .elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
 from .jit import device_jit, kernel_jit
-from .merge import make_merge_functions
-from .stages import ex2, lds16, load16
+from .merge import make_merge_functions, make_state_merge
+from .stages import lds16, load16, shfl_xor
+from .online_softmax import make_online_softmax
+from .tile_scores import ScoreArgs, make_score_fn
+from .variant import variant_type
 from .visibility import key_bounds, make_score_mod, tile_key_range
 
 #: GPU block: 4 warps.  A key group is the ``HEAD_DIM / CHUNK`` lanes (at most 32) that hold one
@@ -376,24 +379,15 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     NAN = acc_t(math.nan)
     ZERO = acc_t(0.0)
     score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
-    user_score, user_mask = USER if USER is not None else (None, None)
-    U_SCORE = user_score is not None
-    U_MASK = user_mask is not None
-    USER_FN = U_SCORE or U_MASK
+    USER_FN = USER is not None and (USER[0] is not None or USER[1] is not None)
+    # the scores (tile_scores.py: q is pre-scaled, so steps 3-5 of the contract and the user's
+    # functions), the online softmax of a lane's own row (rescaled only when its max moved) and
+    # the merge of the key groups' states (merge.py)
+    score_fn = make_score_fn(False, SOFTCAP, ALIBI, USER, acc_t, True)
+    softmax_init, softmax_update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
     merge_stats, merge_element = make_merge_functions(acc_t)
-
-    if acc_t == float32:
-        LOG2E = float32(math.log2(math.e))
-
-        @functools.partial(device_jit, own_module=True, inline="always")
-        def exp_loop(x):
-            # exp in the K/V loop: ex2.approx (FMUL + MUFU.EX2; libdevice's expf is ~10
-            # instructions); relative error about |x| 6e-8 + 2**-22 for the x <= 0 it gets
-            return ex2(x * LOG2E)
-    else:
-        @functools.partial(device_jit, own_module=True, inline="always")
-        def exp_loop(x):
-            return math.exp(x)
+    merge_states_ml = make_state_merge(acc_t)
+    _stage = functools.partial(device_jit, own_module=True, inline="always")
 
     @functools.partial(device_jit, own_module=True, inline="always")
     def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
@@ -415,68 +409,18 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                     k_reg[u * DPL + i * CHUNK + e] = kc[e]
                     v_reg[u * DPL + i * CHUNK + e] = vc[e]
 
-    # a user's functions stay out of the on-disk kernel cache (their code does not key it)
-    @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
-    def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part,
-                     lse_part, counters, scale, paged, n_cache_blocks, n_kv_heads,
-                     cache_block_size, split_target, split_min, left, right, softcap,
-                     inv_softcap, aux):
-        # [docs:decode-block-coords]
-        tid = cuda.threadIdx.x
-        lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
-        grp = int32(tid // LANES)             # my key group
-        col0 = lane * CHUNK                   # my first element of a K/V row
+    @_stage
+    def load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen, left,
+                    right, scale, lane, grp, col0):
+        """The pre-scaled q rows into ``q_sh`` (group 0 writes every lane's pieces: ``QP`` pieces
+        of ``V4`` values per lane and row, lane-interleaved, read back 16 bytes at a time),
+        ``acc = 0``; returns ``full``: every row sees every key of ``[lo, hi)`` (no mask; never
+        with a user's function: its mask may hide any key, its score may be -inf, and either
+        makes p "not seen")."""
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
-        hkv = n_kv_heads
-        group = n_heads // hkv
-        n_rows = group * nq                   # query rows of this GQA group
-        chunks = (n_rows + ROWS - 1) // ROWS
-        bx = cuda.blockIdx.x
-        z = bx % chunks
-        b = bx // chunks // hkv
-        kvh = bx // chunks % hkv
-        split = cuda.blockIdx.y
-        n_splits = cuda.gridDim.y
-        row0 = z * ROWS                       # first row of this block's chunk
-        seqlen = seqlens[b]
-        pad = leftpad[b]                      # keys before it are not part of the sequence
-        block_size = cache_block_size
-        row_stride = int64(hkv) * block_size  # cache rows per physical block
-        capacity = block_size                 # contiguous: Nmax
-        if PAGED:
-            capacity = block_table.shape[1] * block_size
-        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
-        offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
-        # keys some query row sees, and this split's share of them (from L and the pad alone):
-        # the sequence is [pad, L), aligned at its end, so the rule's columns are unchanged
-        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
-        klo = max(klo, pad)
-        khi = max(khi, klo)
-        n_keys = khi - klo
-        size = max(split_min, (n_keys + split_target - 1) // split_target)
-        size = (size + STEP - 1) // STEP * STEP   # whole block steps
-        lo = klo + split * size
-        hi = min(lo + size, khi)              # lo >= hi: an empty split
-        if bad_len:
-            hi = lo                           # read nothing; the output is NaN
-        # [/docs:decode-block-coords]
-
-        acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
-        m_sh = cuda.shared.array((NG, ROWS), acc_t)
-        l_sh = cuda.shared.array((NG, ROWS), acc_t)
-        stat_sh = cuda.shared.array((3, ROWS), acc_t)
-        flag_sh = cuda.shared.array(2, int32)
-
-        # -- prologue: the pre-scaled q rows to shared memory (group 0 writes every lane's
-        # pieces: QP pieces of V4 values per lane and row, lane-interleaved, read back 16 bytes
-        # at a time), each row's visible keys
-        q_sh = cuda.shared.array(Q_WORDS, acc_t)
         q_val = cuda.local.array(DPL, acc_t)
-        acc = cuda.local.array(RD, acc_t)
-        # every row sees every key of [lo, hi): no mask (never with a user's function: its
-        # mask may hide any key, its score may be -inf, and either makes p "not seen")
         full = not USER_FN
         for r in range(ROWS):
             row = row0 + r
@@ -511,275 +455,221 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
             lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
             if live_row and (lo_r > lo or hi_r < hi):
                 full = False                  # some row does not see every key of the split
-        # my own row: after the reduce-scatter below, lane l holds the scores of row r_own,
-        # the row whose bits are the lane's top LOG_ROWS offset bits; it keeps that row's m, l
+        return full
+
+    @_stage
+    def own_row(upper_at, lane, row0, n_rows, nq, offset, seqlen, left, right, pad, khi):
+        """My own row: after the reduce-scatter, lane ``l`` holds the scores of row ``r_own``,
+        the row whose bits are the lane's top ``LOG_ROWS`` offset bits (``upper_at[i]``: my half
+        at butterfly step ``i``); returns ``(r_own, live_own, lo_own, hi_own)``, the keys
+        ``[lo_own, hi_own)`` it sees (int32 from here: key positions fit, the host checks the
+        lengths)."""
         r_own = 0
-        upper_at = cuda.local.array(N_UPPER, types.boolean)  # my half at butterfly step i
         for i in range(LOG_ROWS):
             upper_at[i] = (lane & (LANES >> (i + 1))) != 0
             if upper_at[i]:
                 r_own += ROWS >> (i + 1)
         row_own = row0 + r_own
-        tok_own = row_own % nq
         live_own = row_own < n_rows
-        lo_own, hi_own = key_bounds(tok_own, offset, seqlen, left, right)
-        # int32 from here (key positions fit: lengths are int32-checked on the host)
+        lo_own, hi_own = key_bounds(row_own % nq, offset, seqlen, left, right)
         lo_own = int32(max(lo_own, pad))      # (pad >= 0 when the length is good)
         hi_own = int32(min(hi_own, khi))
         if not live_own:                      # a padding row sees every key (never written)
             lo_own = int32(0)
             hi_own = int32(2**31 - 1)
-        # the user's coordinates of my row: sequence b, query head, the query's column
-        b_user = int32(b)
-        h_user = int32(kvh * group + row_own // nq)
-        q_user = int32(tok_own + offset)
-        slope_own = ZERO
-        if ALIBI and live_own:
-            slope_own = acc_t(alibi[b, kvh * group + row_own // nq])
-        m_own = NEG_INF
-        l_own = ZERO
-        warp_base = tid % 32 - lane           # lane 0 of my group, as a lane of the warp
-        if tid == 0:
-            flag_sh[0] = 0                    # a bad table entry was met
-        cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
+        return r_own, live_own, lo_own, hi_own
 
-        # [docs:decode-token-lookup]
-        # -- where my first key lives: table index j_blk, slot (two divisions per split); a
-        # block step moves them on by step_blk entries and step_slot slots (one carry at most).
-        # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
-        # the steps start at lo rounded down to a multiple of U (keys before lo are dead): with
-        # a block size that U divides, a group's U keys then always share one page
-        lo_step = int32(lo // U * U)
-        t_first = int32(lo_step + grp * U)
-        j_blk = int32(t_first // block_size)
-        slot = int32(t_first - j_blk * block_size)
-        step_blk = int32(STEP // block_size)
-        step_slot = int32(STEP - step_blk * block_size)
-        bad_entry = False
-        # [/docs:decode-token-lookup]
-        k_reg = cuda.local.array(UD, acc_t)
-        v_reg = cuda.local.array(UD, acc_t)
-        key_ok = cuda.local.array(U, int32)   # key u is live and readable (1) or not (0)
-        key_at = cuda.local.array(U, int64)   # key u: view element (VEC) or cache row
-        part = cuda.local.array(ROWS, acc_t)
-        dots = cuda.local.array(UR, acc_t)
-        a_row = cuda.local.array(ROWS, acc_t)
-        p_row = cuda.local.array(UR, acc_t)
-        q_byte = lane * 16                    # my 16 bytes of each q piece
-        s_own = cuda.local.array(U, acc_t)
-        # U_SCORE: key u is visible (a score_mod's -inf score still is: its p = 0 meets v)
-        vis_own = cuda.local.array(U, types.boolean)
-        hi32 = int32(hi)
-        last_entry = uint32(block_table.shape[1] - 1)   # (PAGED: the table has >= 1 column)
-        # p of a key a row does not see (or a dead / bad key of the step): -1, p v skipped (a
-        # NaN v, or a dead key's stale registers, must not reach it)
-        for j in range(UD):                   # (the stale registers of a dead key are finite)
-            k_reg[j] = ZERO
-            v_reg[j] = ZERO
-        kvh_rows = int32(kvh * block_size)    # rows of a physical block before my kv head's
-        blk_elems = int64(hkv) * block_size * (HEAD_DIM // EW)   # view elements per block
-        col0_v = lane * (CHUNK // EW)         # my first view element of a K/V row
-        lo32 = int32(lo)
-        base = lo_step
-        while base < hi32:                    # the same trip count on every lane (shuffles)
-            # [docs:decode-tile-load]
-            # -- 1. load my group's U keys: K and V rows, LANES lanes side by side along d
-            # Where they live: a group's U keys are consecutive from a multiple of U, so when U
-            # divides the block size (not SPLIT_PAGES) they share one page: one table entry and
-            # one base address serve them all (key u is u rows further: an immediate offset).
-            # SPLIT_PAGES (an odd block size): each key finds its own page (one carry at most).
-            # A dead or bad key reads nothing and keeps its stale registers: its p is "not
-            # seen" (step 4 skips it).
-            t0 = int32(base + grp * U)
-            step_ok = True                    # every key of my step is live and readable
-            if not SPLIT_PAGES:
-                blk = int32(b)
-                page_ok = True
-                if PAGED:
-                    some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
-                    # (no branch: an index clamped into the table is always safe to read, and
-                    # only a live key's entry is used)
-                    entry = block_table[uint32(b), min(uint32(j_blk), last_entry)]
-                    page_ok = 0 <= entry and entry < n_cache_blocks
-                    if some_live and not page_ok:
-                        bad_entry = True      # never dereferenced
-                    blk = int32(entry)
-                in_row = int32(kvh_rows + slot)   # key 0's row inside its physical block
-                if VEC:
-                    first = (int64(uint32(blk)) * blk_elems
-                             + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
-                else:
-                    first = int64(uint32(blk)) * row_stride + in_row
-                for u in range(U):
-                    t = int32(t0 + u)
-                    key_ok[u] = lo32 <= t and t < hi32 and page_ok
-                    key_at[u] = first + u * ((HEAD_DIM // EW) if VEC else 1)
+    # [docs:decode-tile-load]
+    @_stage
+    def locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
+                    block_size, kvh_rows, row_stride, blk_elems, col0_v, last_entry):
+        """Where my group's ``U`` keys ``t0 ..`` live: ``key_ok[u]`` (live and readable) and
+        ``key_at[u]`` (view element with ``VEC``, else cache row); returns ``(step_ok,
+        bad)``: every key of the step readable, and a live key met a bad table entry (never
+        dereferenced).  A group's ``U`` keys are consecutive from a multiple of ``U``, so when
+        ``U`` divides the block size (not ``SPLIT_PAGES``) they share one page: one table entry
+        and one base address serve them all (key ``u`` is ``u`` rows further: an immediate
+        offset); with ``SPLIT_PAGES`` (an odd block size) each key finds its own page (one
+        carry at most)."""
+        bad = False
+        if not SPLIT_PAGES:
+            blk = int32(b)
+            page_ok = True
+            if PAGED:
+                some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
+                # (no branch: an index clamped into the table is always safe to read, and
+                # only a live key's entry is used)
+                entry = block_table[uint32(b), min(uint32(j_blk), last_entry)]
+                page_ok = 0 <= entry and entry < n_cache_blocks
+                if some_live and not page_ok:
+                    bad = True                # never dereferenced
+                blk = int32(entry)
+            in_row = int32(kvh_rows + slot)   # key 0's row inside its physical block
+            if VEC:
+                first = (int64(uint32(blk)) * blk_elems
+                         + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
             else:
-                for u in range(U):
-                    t = int32(t0 + u)
-                    ss = int32(slot + u)
-                    jj = j_blk
-                    if ss >= block_size:      # u < U <= 2: one carry into the next entry
-                        ss = int32(ss - block_size)
-                        jj = int32(jj + 1)
-                    live = lo32 <= t and t < hi32
-                    ok = live
-                    blk = int32(b)
-                    if PAGED and live:
-                        entry = block_table[uint32(b), uint32(jj)]
-                        ok = 0 <= entry and entry < n_cache_blocks
-                        blk = int32(entry)
-                    if live and not ok:
-                        bad_entry = True
-                    key_ok[u] = ok
-                    in_row = int32(kvh_rows + ss)
-                    if VEC:
-                        key_at[u] = (int64(uint32(blk)) * blk_elems
-                                     + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
-                    else:
-                        key_at[u] = int64(uint32(blk)) * row_stride + in_row
-            for u in range(U):
-                step_ok = step_ok and key_ok[u] != 0
-            if VEC and step_ok:               # every key readable: one branch, no test per key
-                for u in range(U):
-                    load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
-            elif VEC:                         # each key on its own: a dead or bad one reads
-                for u in range(U):            # nothing
-                    if key_ok[u] != 0:
-                        load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
-            else:                             # padded head dim: element loads, zero past d
-                for u in range(U):
-                    ok = key_ok[u] != 0
-                    kv_row = key_at[u]
-                    for j in range(DPL):
-                        c = col0 + COL[j]
-                        kv = ZERO
-                        vv = ZERO
-                        if ok and c < d:
-                            kv = load(k_cache[kv_row, c])
-                            vv = load(v_cache[kv_row, c])
-                        k_reg[u * DPL + j] = kv
-                        v_reg[u * DPL + j] = vv
-            slot = int32(slot + step_slot)    # advance to my keys of the next step
-            j_blk = int32(j_blk + step_blk)
-            if slot >= block_size:
-                slot = int32(slot - block_size)
-                j_blk = int32(j_blk + 1)
-            # [/docs:decode-tile-load]
-
-            # [docs:decode-scores]
-            # -- 2. scores: partial dots over my elements, then a reduce-scatter over the group's
-            # lanes: each butterfly step halves the rows a lane carries (it sends the half its
-            # partner keeps), the last steps are plain sums; lane l ends with row r_own's score
-            for u in range(U):
-                for r in range(ROWS):
-                    dots[u * ROWS + r] = ZERO
-            for r in range(ROWS):             # q read 16 bytes at a time, shared by the U keys
-                for pc in range(QP):
-                    qv = lds16(q_sh, q_byte + (r * QP + pc) * (LANES * 16))
-                    for e in range(V4):
-                        if pc * V4 + e < DPL:
-                            for u in range(U):
-                                dots[u * ROWS + r] += qv[e] * k_reg[u * DPL + pc * V4 + e]
-            for u in range(U):
-                for r in range(ROWS):
-                    part[r] = dots[u * ROWS + r]
-                for i in range(LOG_ROWS):
-                    off = LANES >> (i + 1)
-                    half = ROWS >> (i + 1)
-                    upper = upper_at[i]
-                    for j in range(half):
-                        lo_v = part[j]
-                        hi_v = part[j + half]
-                        send = lo_v if upper else hi_v
-                        keep = hi_v if upper else lo_v
-                        part[j] = keep + cuda.shfl_xor_sync(FULL_MASK, send, int32(off))
-                sc = part[0]
-                for i in range(LOG_ROWS, LOG_LANES):
-                    sc += cuda.shfl_xor_sync(FULL_MASK, sc, int32(LANES >> (i + 1)))
-                s_own[u] = sc
-
-            # -- 3. online softmax of my row (one exp per key per lane, not per row)
-            # (the rule is two int32 compares per key: with `full` they hold for every live key)
-            m_new = m_own
+                first = int64(uint32(blk)) * row_stride + in_row
             for u in range(U):
                 t = int32(t0 + u)
-                vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
-                if U_MASK and vis and live_own:   # the user's mask (never on a padding row)
-                    vis = user_mask(b_user, h_user, q_user, t, *aux)
-                if vis:
-                    sc = score_mod(s_own[u], tok_own, t, offset, softcap, inv_softcap,
-                                   slope_own)
-                    if U_SCORE and live_own:  # after scale, softcap and ALiBi
-                        sc = acc_t(user_score(sc, b_user, h_user, q_user, t, *aux))
-                    s_own[u] = sc
-                    if not sc <= m_new:       # NaN-propagating max
-                        m_new = sc
-                else:
-                    s_own[u] = NEG_INF        # not seen: no p, no p * v
-                if U_SCORE:
-                    vis_own[u] = vis
-            alpha = ONE
-            if m_new != m_own:                # rescale only when the max moved (or NaN)
-                alpha = exp_loop(m_own - m_new)
-                l_own *= alpha
-                m_own = m_new
-            # no branch: an unseen key's exp(-inf - m) is 0 (m_sub: 0 while the row has seen
-            # nothing, so never -inf - -inf)
-            m_sub = m_new if m_new != NEG_INF else ZERO
+                key_ok[u] = lo32 <= t and t < hi32 and page_ok
+                key_at[u] = first + u * ((HEAD_DIM // EW) if VEC else 1)
+        else:
             for u in range(U):
-                p = exp_loop(s_own[u] - m_sub)
-                l_own += p
-                # a visible key (a NaN score included) keeps its p, an unseen one is skipped
-                if U_SCORE:                   # (a visible key's score_mod may give -inf)
-                    s_own[u] = p if vis_own[u] else NOT_SEEN
+                t = int32(t0 + u)
+                ss = int32(slot + u)
+                jj = j_blk
+                if ss >= block_size:          # u < U <= 2: one carry into the next entry
+                    ss = int32(ss - block_size)
+                    jj = int32(jj + 1)
+                live = lo32 <= t and t < hi32
+                ok = live
+                blk = int32(b)
+                if PAGED and live:
+                    entry = block_table[uint32(b), uint32(jj)]
+                    ok = 0 <= entry and entry < n_cache_blocks
+                    blk = int32(entry)
+                if live and not ok:
+                    bad = True
+                key_ok[u] = ok
+                in_row = int32(kvh_rows + ss)
+                if VEC:
+                    key_at[u] = (int64(uint32(blk)) * blk_elems
+                                 + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
                 else:
-                    s_own[u] = p if s_own[u] != NEG_INF else NOT_SEEN
+                    key_at[u] = int64(uint32(blk)) * row_stride + in_row
+        step_ok = True
+        for u in range(U):
+            step_ok = step_ok and key_ok[u] != 0
+        return step_ok, bad
 
-            # -- 4. acc = alpha acc + p v: each row's alpha and p from a lane that owns the row
-            # (alpha is exactly 1 when the max did not move: the product changes nothing)
-            moved = False
-            for r in range(ROWS):             # all shuffles first, in one straight run
-                src = warp_base + LANE_OF[r]
-                a_row[r] = cuda.shfl_sync(FULL_MASK, alpha, src)
-                moved = moved or a_row[r] != ONE
+    @_stage
+    def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d):
+        """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``: a
+        dead or bad key reads nothing and keeps its stale registers (its p is "not seen")."""
+        if VEC and step_ok:                   # every key readable: one branch, no test per key
+            for u in range(U):
+                load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        elif VEC:                             # each key on its own
+            for u in range(U):
+                if key_ok[u] != 0:
+                    load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        else:                                 # padded head dim: element loads, zero past d
+            for u in range(U):
+                ok = key_ok[u] != 0
+                kv_row = key_at[u]
+                for j in range(DPL):
+                    c = col0 + COL[j]
+                    kv = ZERO
+                    vv = ZERO
+                    if ok and c < d:
+                        kv = load(k_cache[kv_row, c])
+                        vv = load(v_cache[kv_row, c])
+                    k_reg[u * DPL + j] = kv
+                    v_reg[u * DPL + j] = vv
+    # [/docs:decode-tile-load]
+
+    # [docs:decode-scores]
+    @_stage
+    def own_scores(s_own, q_sh, k_reg, upper_at, q_byte):
+        """Partial dots over my elements, then a reduce-scatter over the group's lanes: each
+        butterfly step halves the rows a lane carries (it sends the half its partner keeps),
+        the last steps are plain sums; ``s_own[0, u]``: my row's score of key ``u``."""
+        dots = cuda.local.array(UR, acc_t)
+        part = cuda.local.array(ROWS, acc_t)
+        for u in range(U):
+            for r in range(ROWS):
+                dots[u * ROWS + r] = ZERO
+        for r in range(ROWS):                 # q read 16 bytes at a time, shared by the U keys
+            for pc in range(QP):
+                qv = lds16(q_sh, q_byte + (r * QP + pc) * (LANES * 16))
+                for e in range(V4):
+                    if pc * V4 + e < DPL:
+                        for u in range(U):
+                            dots[u * ROWS + r] += qv[e] * k_reg[u * DPL + pc * V4 + e]
+        for u in range(U):
+            for r in range(ROWS):
+                part[r] = dots[u * ROWS + r]
+            for i in range(LOG_ROWS):
+                half = ROWS >> (i + 1)
+                upper = upper_at[i]
+                for j in range(half):
+                    lo_v = part[j]
+                    hi_v = part[j + half]
+                    send = lo_v if upper else hi_v
+                    keep = hi_v if upper else lo_v
+                    part[j] = keep + shfl_xor(send, int32(LANES >> (i + 1)))
+            sc = part[0]
+            for i in range(LOG_ROWS, LOG_LANES):
+                sc += shfl_xor(sc, int32(LANES >> (i + 1)))
+            s_own[0, u] = sc
+
+    @_stage
+    def own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own):
+        """The online softmax of my row (:mod:`~numba_flash.kernels.online_softmax`, one row per
+        lane: one exp per key per lane, not per row): the rule (two int32 compares per key),
+        the score modifiers, then the update; ``s_own`` leaves holding ``p``, or ``NOT_SEEN``
+        (-1) for a key the row does not see (a visible key's NaN p stays NaN).  Returns
+        ``alpha``."""
+        live_own, lo_own, hi_own, q_own = own
+        vis_own = cuda.local.array(U, types.boolean)
+        for u in range(U):
+            t = int32(t0 + u)
+            vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
+            # the query's column q_own (sa.offset = 0): ALiBi's distance |q_own - t| and the
+            # user's q_idx; the user's functions never see a padding row
+            if vis and live_own:
+                vis, x, _g = score_fn(s_own[0, u], q_own, t, sa, USER_FN)
+                s_own[0, u] = x
+            elif vis:
+                s_own[0, u] = score_mod(s_own[0, u], q_own, t, sa.offset, sa.softcap,
+                                        sa.inv_softcap, sa.slope)
+            vis_own[u] = vis
+            if not vis:
+                s_own[0, u] = NEG_INF         # not seen: no p, no p * v
+        alpha = softmax_update(s_own, s_own, m_own, l_own, ZERO)
+        for u in range(U):
+            if not vis_own[u]:
+                s_own[0, u] = NOT_SEEN
+        return alpha
+
+    @_stage
+    def accumulate(acc, s_own, v_reg, alpha, warp_base, full):
+        """``acc = alpha acc + p v``: each row's alpha and p from a lane that owns the row
+        (alpha is exactly 1 when the max did not move: the product changes nothing)."""
+        a_row = cuda.local.array(ROWS, acc_t)
+        p_row = cuda.local.array(UR, acc_t)
+        moved = False
+        for r in range(ROWS):                 # all shuffles first, in one straight run
+            src = warp_base + LANE_OF[r]
+            a_row[r] = cuda.shfl_sync(FULL_MASK, alpha, src)
+            moved = moved or a_row[r] != ONE
+            for u in range(U):
+                p_row[r * U + u] = cuda.shfl_sync(FULL_MASK, s_own[0, u], src)
+        if moved:                             # rare once the max settles: one branch
+            for r in range(ROWS):
+                for j in range(DPL):
+                    acc[r * DPL + j] *= a_row[r]
+        if full:                              # every row sees every key of the step: no test
+            for r in range(ROWS):
                 for u in range(U):
-                    p_row[r * U + u] = cuda.shfl_sync(FULL_MASK, s_own[u], src)
-            if moved:                         # rare once the max settles: one branch
-                for r in range(ROWS):
                     for j in range(DPL):
-                        acc[r * DPL + j] *= a_row[r]
-            if full and step_ok:              # every row sees every key of the step: no test
-                for r in range(ROWS):
-                    for u in range(U):
+                        acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
+        else:
+            for r in range(ROWS):
+                for u in range(U):
+                    if not p_row[r * U + u] < ZERO:   # seen (p >= 0, or NaN)
                         for j in range(DPL):
                             acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
-            else:
-                for r in range(ROWS):
-                    for u in range(U):
-                        if not p_row[r * U + u] < ZERO:   # seen (p >= 0, or NaN)
-                            for j in range(DPL):
-                                acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
-            base = int32(base + STEP)
-            # [/docs:decode-scores]
+    # [/docs:decode-scores]
 
-        # -- 5. merge the NG group states of the block (fixed order: reproducible bits)
-        if bad_entry:
-            flag_sh[0] = 1
-        if (lane & (LANES // ROWS - 1)) == 0:
-            m_sh[grp, r_own] = m_own          # one lane per row writes (all hold the same)
-            l_sh[grp, r_own] = l_own
-        cuda.syncthreads()  # every group's (m, l) per row and the bad flag are in shared memory
+    @_stage
+    def merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0):
+        """Merge the ``NG`` group states of the block (fixed order: reproducible bits) by the
+        log-sum-exp rule of :mod:`~numba_flash.kernels.merge` (``merge_states_ml``): ``stat_sh``
+        gets each row's ``(m, W)``, ``acc_sh`` the rescaled sum of the groups' accumulators."""
         for r in range(ROWS):
-            big_m = NEG_INF
-            for g in range(NG):
-                if l_sh[g, r] != ZERO and not m_sh[g, r] <= big_m:
-                    big_m = m_sh[g, r]
-            big_l = ZERO
-            for g in range(NG):
-                l_g = l_sh[g, r]
-                if l_g != ZERO:
-                    big_l += l_g * math.exp(m_sh[g, r] - big_m)
+            big_m, big_l = merge_states_ml(m_sh, l_sh, r)
             f = ZERO
             if l_sh[grp, r] != ZERO:
                 f = math.exp(m_sh[grp, r] - big_m)
@@ -799,9 +689,14 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                             acc_sh[r, c] += acc[r * DPL + j]
             cuda.syncthreads()  # group g's share is added before group g + 1 adds its own
 
-        # -- 6. this split's (o, lse): NaN for a bad sequence, 0 / -inf for no visible key
-        bad = bad_len or flag_sh[0] != 0
-        empty_split = hi <= lo and not bad    # past the sequence's keys: lse = -inf only
+    @_stage
+    def write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, empty_split, rows, tid):
+        """This split's ``(o, lse)`` (one split: the output itself; else its partial): NaN for
+        a bad sequence, 0 / -inf for no visible key."""
+        b, kvh, group, row0, n_rows, split, n_splits = rows
+        n_heads = o.shape[1]
+        nq = o.shape[2]
+        d = o.shape[3]
         if tid < ROWS:
             big_l = stat_sh[1, tid]
             lse_r = NEG_INF
@@ -834,11 +729,16 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                 lse[b, h, row % nq] = stat_sh[2, tid]
             else:
                 lse_part[split, (b * n_heads + h) * nq + row % nq] = stat_sh[2, tid]
-        if n_splits == 1:
-            return
 
-        # [docs:decode-combine]
-        # -- 7. fused combine: the last block of (b, kvh, z) to finish merges every split
+    # [docs:decode-combine]
+    @_stage
+    def combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid):
+        """The fused combine: the last block of ``(b, kvh, z)`` to finish merges every split
+        (:func:`~numba_flash.kernels.merge.make_merge_functions`), then resets its counter."""
+        b, kvh, group, row0, n_rows, split, n_splits = rows
+        n_heads = o.shape[1]
+        nq = o.shape[2]
+        d = o.shape[3]
         cuda.threadfence()    # this block's partial is visible device-wide before its ticket
         cuda.syncthreads()  # every thread's partial writes are fenced before thread 0 takes it
         if tid == 0:
@@ -866,7 +766,138 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
                     o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r]))
         if tid == 0:
             counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
-        # [/docs:decode-combine]
+    # [/docs:decode-combine]
+
+    # a user's functions stay out of the on-disk kernel cache (their code does not key it)
+    @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
+    def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part,
+                     lse_part, counters, va, paged, n_cache_blocks, n_kv_heads,
+                     cache_block_size, split_target, split_min):
+        # [docs:decode-block-coords]
+        tid = cuda.threadIdx.x
+        lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
+        grp = int32(tid // LANES)             # my key group
+        col0 = lane * CHUNK                   # my first element of a K/V row
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        hkv = n_kv_heads
+        group = n_heads // hkv
+        n_rows = group * nq                   # query rows of this GQA group
+        chunks = (n_rows + ROWS - 1) // ROWS
+        bx = cuda.blockIdx.x
+        z = bx % chunks
+        b = bx // chunks // hkv
+        kvh = bx // chunks % hkv
+        split = cuda.blockIdx.y
+        n_splits = cuda.gridDim.y
+        row0 = z * ROWS                       # first row of this block's chunk
+        seqlen = seqlens[b]
+        pad = leftpad[b]                      # keys before it are not part of the sequence
+        block_size = cache_block_size
+        capacity = block_size                 # contiguous: Nmax
+        if PAGED:
+            capacity = block_table.shape[1] * block_size
+        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
+        offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
+        left, right = va.window
+        # keys some query row sees, and this split's share of them (from L and the pad alone):
+        # the sequence is [pad, L), aligned at its end, so the rule's columns are unchanged
+        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        klo = max(klo, pad)
+        khi = max(khi, klo)
+        size = max(split_min, (khi - klo + split_target - 1) // split_target)
+        size = (size + STEP - 1) // STEP * STEP   # whole block steps
+        lo = klo + split * size
+        hi = min(lo + size, khi)              # lo >= hi: an empty split
+        if bad_len:
+            hi = lo                           # read nothing; the output is NaN
+        # [/docs:decode-block-coords]
+
+        acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
+        m_sh = cuda.shared.array((NG, ROWS), acc_t)
+        l_sh = cuda.shared.array((NG, ROWS), acc_t)
+        stat_sh = cuda.shared.array((3, ROWS), acc_t)
+        flag_sh = cuda.shared.array(2, int32)
+        q_sh = cuda.shared.array(Q_WORDS, acc_t)
+        acc = cuda.local.array(RD, acc_t)
+        upper_at = cuda.local.array(N_UPPER, types.boolean)
+        full = load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen,
+                           left, right, va.scale, lane, grp, col0)
+        r_own, live_own, lo_own, hi_own = own_row(upper_at, lane, row0, n_rows, nq, offset,
+                                                  seqlen, left, right, pad, khi)
+        # the user's coordinates of my row: sequence b, query head, the query's column
+        h_own = int32(kvh * group + (row0 + r_own) // nq)
+        slope_own = ZERO
+        if ALIBI and live_own:
+            slope_own = acc_t(va.alibi[b, h_own])
+        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope_own, 0, nq, int32(b), h_own,
+                       va.user[1:])
+        own = (live_own, lo_own, hi_own, int32((row0 + r_own) % nq + offset))
+        m_own = cuda.local.array(1, acc_t)
+        l_own = cuda.local.array(1, acc_t)
+        softmax_init(m_own, l_own, acc_sh)
+        warp_base = tid % 32 - lane           # lane 0 of my group, as a lane of the warp
+        if tid == 0:
+            flag_sh[0] = 0                    # a bad table entry was met
+        cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
+
+        # [docs:decode-token-lookup]
+        # -- where my first key lives: table index j_blk, slot (two divisions per split); a
+        # block step moves them on by step_blk entries and step_slot slots (one carry at most).
+        # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
+        # the steps start at lo rounded down to a multiple of U (keys before lo are dead): with
+        # a block size that U divides, a group's U keys then always share one page
+        lo_step = int32(lo // U * U)
+        j_blk = int32((lo_step + grp * U) // block_size)
+        slot = int32(lo_step + grp * U - j_blk * block_size)
+        step_blk = int32(STEP // block_size)
+        step_slot = int32(STEP - step_blk * block_size)
+        bad_entry = False
+        # [/docs:decode-token-lookup]
+        k_reg = cuda.local.array(UD, acc_t)
+        v_reg = cuda.local.array(UD, acc_t)
+        key_ok = cuda.local.array(U, int32)   # key u is live and readable (1) or not (0)
+        key_at = cuda.local.array(U, int64)   # key u: view element (VEC) or cache row
+        s_own = cuda.local.array((1, U), acc_t)
+        for j in range(UD):                   # (the stale registers of a dead key are finite)
+            k_reg[j] = ZERO
+            v_reg[j] = ZERO
+        keys = (int32(kvh * block_size),                      # a block's rows before my head's
+                int64(hkv) * block_size,                      # cache rows per physical block
+                int64(hkv) * block_size * (HEAD_DIM // EW),   # view elements per block
+                lane * (CHUNK // EW),                         # my first view element of a row
+                uint32(block_table.shape[1] - 1))             # (PAGED: >= 1 column)
+        base = lo_step
+        while base < int32(hi):               # the same trip count on every lane (shuffles)
+            t0 = int32(base + grp * U)
+            step_ok, bad = locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
+                                       int32(lo), int32(hi), n_cache_blocks, block_size, *keys)
+            bad_entry = bad_entry or bad
+            load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
+                      q.shape[3])
+            slot = int32(slot + step_slot)    # advance to my keys of the next step
+            j_blk = int32(j_blk + step_blk)
+            if slot >= block_size:
+                slot = int32(slot - block_size)
+                j_blk = int32(j_blk + 1)
+            own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
+            alpha = own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own)
+            accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
+            base = int32(base + STEP)
+
+        if bad_entry:
+            flag_sh[0] = 1
+        if (lane & (LANES // ROWS - 1)) == 0:
+            m_sh[grp, r_own] = m_own[0]       # one lane per row writes (all hold the same)
+            l_sh[grp, r_own] = l_own[0]
+        cuda.syncthreads()  # every group's (m, l) per row and the bad flag are in shared memory
+        merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0)
+        bad = bad_len or flag_sh[0] != 0
+        rows = (b, kvh, group, row0, n_rows, split, n_splits)
+        write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad, rows,
+                    tid)
+        if n_splits > 1:
+            combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid)
 
     return decode_split
 
@@ -888,13 +919,13 @@ def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=()):
     i32 = types.int32
     cache_t = (numba_array_type(np.float32, 2) if VEC and is_bfloat16(dtype)
                else numba_array_type(dtype, 2))
+    user = (types.Array(types.int8, 4, "C"),) + tuple(aux) if aux else ()
     return (numba_array_type(dtype, 4), cache_t, cache_t,
             numba_array_type(np.int32, 2), numba_array_type(np.int32, 1),
-            numba_array_type(np.int32, 1), numba_array_type(np.float32, 2),
-            numba_array_type(dtype, 4),
+            numba_array_type(np.int32, 1), numba_array_type(dtype, 4),
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
-            acc_t, i32, i32, i32, i32, i32, i32, i32, i32, acc_t, acc_t, types.Tuple(tuple(aux)))
+            variant_type(acc_t, False, user), i32, i32, i32, i32, i32, i32)
 
 
 def compile_configs():

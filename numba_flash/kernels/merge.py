@@ -69,6 +69,32 @@ def merge_grid(rows):
 
 
 @functools.lru_cache(maxsize=None)
+def make_state_merge(acc_t):
+    """``merge_states_ml(m_parts, l_parts, col) -> (m, W)``: the same rule on unnormalised
+    partial states ``(m_p, l_p)`` (a running max and its sum of ``exp(s - m_p)``, the online
+    softmax's), parts ``m_parts[p, col]`` in order: ``m = max_p m_p`` over the parts with ``l_p
+    != 0`` (a part that saw no key is skipped; NaN wins), ``W = sum_p l_p exp(m_p - m)``; the
+    caller rescales part ``p``'s accumulator by ``exp(m_p - m)`` (0 for an empty part).  The
+    decode's merge of its key groups (:mod:`~numba_flash.kernels.decode`)."""
+    NEG_INF = acc_t(-math.inf)
+    ZERO = acc_t(0.0)
+
+    def merge_states_ml(m_parts, l_parts, col):
+        m = NEG_INF
+        for p in range(m_parts.shape[0]):
+            if l_parts[p, col] != ZERO and not m_parts[p, col] <= m:
+                m = m_parts[p, col]
+        total = ZERO
+        for p in range(m_parts.shape[0]):
+            l_p = l_parts[p, col]
+            if l_p != ZERO:
+                total += l_p * math.exp(m_parts[p, col] - m)
+        return m, total
+
+    return device_jit(inline=True)(merge_states_ml)
+
+
+@functools.lru_cache(maxsize=None)
 def make_merge_functions(acc_t, part_dtype=None):
     """``(merge_stats, merge_element)``, device functions in the compute type ``acc_t``;
     ``o_parts`` elements are read by ``part_dtype``'s load (:mod:`~.elements`; default: the

@@ -99,8 +99,13 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
     * ``finalize(m_i, l_i, r, lse_scale) -> (inv_l, lse)`` for row ``r`` (``lse_scale``: the
       scale of raw-unit ``m``, 1 in natural units); every lane of ``XOR`` must call it.
 
-    ``RESCALE`` (``"ex2"`` only; FA4's conditional rescaling): ``None`` moves ``m_i`` to every
-    new row max (``acc *= alpha`` every tile); a number ``T`` keeps ``m_i`` until some row of the
+    ``update`` returns the last row's ``alpha`` (a lane that holds one row of a decode rescales
+    the accumulator rows other lanes hold with it).
+
+    ``RESCALE``: ``None`` moves ``m_i`` to every new row max (``acc *= alpha`` every tile);
+    ``"moved"`` rescales a row only when its max moved (a branch per lane: decode, whose lane
+    holds whole rows); a number ``T`` (``"ex2"`` only; FA4's conditional rescaling) keeps
+    ``m_i`` until some row of the
     warp's max passes it by more than ``T`` in ``log2`` units (``(m_new - m_i) c > T``), so most
     tiles skip the rescale (a branch taken by the whole warp or none: :func:`~numba_flash.
     kernels.stages.warp_any`).  ``P`` is then ``exp(s - m_i) <= 2**T``, exact in float32 and in
@@ -111,8 +116,9 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
     assert EXP in EXP_MODES
     EX2 = EXP == "ex2"
     assert not EX2 or acc_t == float32
-    assert RESCALE is None or EX2
-    LAZY = RESCALE is not None
+    MOVED = RESCALE == "moved"
+    LAZY = RESCALE is not None and not MOVED
+    assert not LAZY or EX2
     T = float32(RESCALE if LAZY else 0.0)
     NEG_INF = acc_t(-math.inf)
     ZERO = acc_t(0.0)
@@ -154,14 +160,15 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
     def rescale_row(r, ctx):
         """``m_i = mx``, ``acc *= alpha`` (``alpha = exp(m_old - m_new)``, kept for ``l_i``)."""
         acc, m_i, mx, alpha, c = ctx
-        m_use = mx[r] if mx[r] != NEG_INF else ZERO  # no visible key yet: exp against 0
-        if EX2:
-            alpha[r] = ex2(fma(m_i[r], c, -(m_use * c)))
-        else:
-            alpha[r] = exp_e(m_i[r] - m_use)
-        m_i[r] = mx[r]
-        for j in range(ACC_COLS):
-            acc[r, j] *= alpha[r]
+        if not MOVED or mx[r] != m_i[r]:           # ("moved": only when the max moved, or NaN)
+            m_use = mx[r] if mx[r] != NEG_INF else ZERO  # no visible key yet: exp against 0
+            if EX2:
+                alpha[r] = ex2(fma(m_i[r], c, -(m_use * c)))
+            else:
+                alpha[r] = exp_e(m_i[r] - m_use)
+            m_i[r] = mx[r]
+            for j in range(ACC_COLS):
+                acc[r, j] *= alpha[r]
 
     @_device
     def p_row(r, ctx):
@@ -195,6 +202,7 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
         elif warp_any(need[0] != 0):              # the whole warp rescales, or none of it
             rescale_rows((acc, m_i, mx, alpha, c))
         p_rows((s, m_i, l_i, alpha, c))
+        return alpha[ROWS - 1]
 
     @_device
     def finalize(m_i, l_i, r, lse_scale):

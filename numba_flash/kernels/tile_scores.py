@@ -21,7 +21,7 @@ import functools
 import math
 
 from .jit import device_jit, static_for
-from .visibility import key_bounds, make_score
+from .visibility import key_bounds, make_mods, make_score
 
 _device = functools.partial(device_jit, inline=True)
 
@@ -60,7 +60,7 @@ def _user(USER):
 
 # [docs:score-fn]
 @functools.lru_cache(maxsize=None)
-def make_score_fn(RAW, SOFTCAP, ALIBI, USER, acc_t):
+def make_score_fn(RAW, SOFTCAP, ALIBI, USER, acc_t, PRESCALED=False):
     """``score_fn(x, row, key, sa, umask) -> (visible, s, grad)`` for a key inside the row's
     window bounds and a row ``< nq`` (the caller checks both):
 
@@ -74,15 +74,18 @@ def make_score_fn(RAW, SOFTCAP, ALIBI, USER, acc_t):
       the score ``score_mod`` received), for the backward's ``dS``; 1 without either.
 
     ``USER``: ``None`` or ``(score_mod, mask_mod[, score_mod_grad])`` CUDA device functions or
-    None, called with ``(.., b, h, row, key, *sa.aux)``."""
+    None, called with ``(.., b, h, row, key, *sa.aux)``.  ``PRESCALED``: ``x`` is already
+    ``scale q . k`` (decode pre-scales ``q``, and no backward recomputes its scores): steps 3-5
+    only (:func:`~numba_flash.kernels.visibility.make_score_mod`)."""
     user_score, user_mask, user_grad = _user(USER)
     U_SCORE = user_score is not None
     U_MASK = user_mask is not None
     U_GRAD = user_grad is not None
     assert not (RAW and (U_SCORE or SOFTCAP or ALIBI))
     RUNTIME_CAP = SOFTCAP is None
-    score = make_score(RUNTIME_CAP or bool(SOFTCAP), ALIBI, acc_t)
-    score_alibi = make_score(False, ALIBI, acc_t)  # SOFTCAP=None with softcap = 0
+    make = make_mods if PRESCALED else make_score   # (x, [scale,] row, key, ...) -> (s, grad)
+    score = make(RUNTIME_CAP or bool(SOFTCAP), ALIBI, acc_t)
+    score_alibi = make(False, ALIBI, acc_t)  # SOFTCAP=None with softcap = 0
     ONE = acc_t(1.0)
 
     @_device
@@ -91,7 +94,11 @@ def make_score_fn(RAW, SOFTCAP, ALIBI, USER, acc_t):
             return False, x, ONE
         if RAW:
             return True, x, ONE
-        if RUNTIME_CAP and not sa.softcap > acc_t(0.0):
+        if PRESCALED and RUNTIME_CAP and not sa.softcap > acc_t(0.0):
+            s, grad = score_alibi(x, row, key, sa.offset, sa.softcap, sa.inv_softcap, sa.slope)
+        elif PRESCALED:
+            s, grad = score(x, row, key, sa.offset, sa.softcap, sa.inv_softcap, sa.slope)
+        elif RUNTIME_CAP and not sa.softcap > acc_t(0.0):
             s, grad = score_alibi(x, sa.scale, row, key, sa.offset, sa.softcap, sa.inv_softcap,
                                   sa.slope)
         else:

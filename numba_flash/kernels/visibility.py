@@ -184,7 +184,7 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def _make_mods(SOFTCAP, ALIBI, acc_t):
+def make_mods(SOFTCAP, ALIBI, acc_t):
     """``mods(s, row, key, offset, softcap, inv_softcap, slope) -> (s, dcap)``: steps 3-5 of
     :func:`make_score` on a scaled score (the one copy of that code)."""
     mul = _MUL_F64 if acc_t == float64 else _MUL_F32
@@ -255,7 +255,7 @@ def make_score(SOFTCAP, ALIBI, acc_t):
     the contract exactly.
     """
     mul = _MUL_F64 if acc_t == float64 else _MUL_F32
-    mods = _make_mods(SOFTCAP, ALIBI, acc_t)
+    mods = make_mods(SOFTCAP, ALIBI, acc_t)
 
     def score(qk, scale, row, key, offset, softcap, inv_softcap, slope):
         return mods(mul(qk, scale), row, key, offset, softcap, inv_softcap, slope)
@@ -272,7 +272,7 @@ def make_score_mod(SOFTCAP, ALIBI, acc_t):
     kernel paired with a backward calls :func:`make_score` on the raw ``q . k``, so that the
     scale multiply follows the contract too.
     """
-    mods = _make_mods(SOFTCAP, ALIBI, acc_t)
+    mods = make_mods(SOFTCAP, ALIBI, acc_t)
 
     def score_mod(s, row, key, offset, softcap, inv_softcap, slope):
         return mods(s, row, key, offset, softcap, inv_softcap, slope)[0]

@@ -35,13 +35,14 @@ from ..frontend.validate import (
     check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
 from ..frontend.variants import check_alibi, check_softcap, check_window, clamp_window
-from ..kernels.common import acc_dtype, cdiv, compute_type
+from ..kernels.common import acc_dtype, cdiv
 from ..kernels.decode import (
     block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
     split_policy, vector_loads,
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
 from ..kernels.visibility import window_bounds
+from .forward import kernel_variant
 from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
                        launch_append, validate_append, write_back)
 from .rotary import check_positions, check_rotary_tables, launch_rotary
@@ -396,7 +397,6 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                               n_slots, b, hkv, nnew, d, dtype)
     d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
-    d_alibi = call.input(alibi) if alibi is not None else call.empty((1, 1), np.float32)
     o = call.empty((b, h, nq, d), dtype)
     lse = call.empty((b, h, nq), acc_t)
     if n_splits > 1:
@@ -411,20 +411,18 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
     user = {} if variant is None else {"USER": (variant.score_mod, variant.mask_mod)}
-    aux = () if variant is None else tuple(call.input(a) for a in variant.aux)
+    va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi,
+                        variant=variant)  # the user's arrays: (a stand-in for kinds,) + aux
     kernel = decode_kernel(threads, lanes, chunk, keys_per_step, rows, HEAD_DIM, dtype, vec,
                            paged_kernel, softcap > 0, alibi_slopes is not None, split_pages,
                            **user)
-    ct = compute_type(dtype)
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
     trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * chunks
     dk_read, dv_read = cache_views(dtype, vec, dk_, dv_)  # bfloat16 VEC: float32 word pairs
-    call.launch(kernel, grid, (threads,), dq, dk_read, dv_read, d_table, d_len, d_pad, d_alibi, o,
-                lse, o_part, lse_part, counters, ct(scale), np.int32(paged_kernel),
-                np.int32(n_cache), np.int32(hkv), np.int32(n_slots), np.int32(split_target),
-                np.int32(split_min), np.int32(left), np.int32(right), ct(softcap),
-                ct(1.0 / softcap if softcap > 0 else 0.0), aux,
+    call.launch(kernel, grid, (threads,), dq, dk_read, dv_read, d_table, d_len, d_pad, o, lse,
+                o_part, lse_part, counters, va, np.int32(paged_kernel), np.int32(n_cache),
+                np.int32(hkv), np.int32(n_slots), np.int32(split_target), np.int32(split_min),
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
