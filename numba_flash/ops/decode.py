@@ -304,7 +304,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     check_same_kind(arrays)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     window = check_window(window_size)
     softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)
