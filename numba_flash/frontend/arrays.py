@@ -194,6 +194,7 @@ class ArrayCall:
             )
         self._cupy = None
         self._bf16 = set()  # ids of the outputs allocated as bfloat16 words
+        self._guards = []  # (device copy, host guard) of NUMBA_FLASH_CHECK_AUX's aux guards
         self.device_id = None
         self.stream = 0
         if self.on_device:
@@ -249,6 +250,12 @@ class ArrayCall:
     # -- inputs ------------------------------------------------------------------------------
     def input(self, x):
         """The array as the kernel takes it: C-contiguous, on the backend's memory."""
+        dx = self._input(x)
+        if getattr(x, "aux_guard_sites", None) is not None:  # read back after each launch
+            self._guards.append((dx, x))
+        return dx
+
+    def _input(self, x):
         if not self.on_device:
             self._check("an input copy", x.shape, x.dtype)
             return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
@@ -344,7 +351,26 @@ class ArrayCall:
                 # numba warns on every grid under 128 blocks; a small problem is not a mistake
                 warnings.simplefilter("ignore", _performance_warning())
                 kernel[grid, block, self.stream](*args)
+            self._check_guards()
             return
         warn_if_slow(kernel, grid, block, work)
-        with simulator.fast_switching():  # see numba_flash.simulator
-            kernel[grid, block, self.stream](*args)
+        try:
+            with simulator.fast_switching():  # see numba_flash.simulator
+                kernel[grid, block, self.stream](*args)
+        except Exception as exc:  # raised in a user's score_mod / mask_mod: told in its terms
+            from ..flex.errors import user_error
+
+            mapped = user_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
+        self._check_guards()
+
+    def _check_guards(self):
+        """NUMBA_FLASH_CHECK_AUX=1: an aux read out of range in the launch is an IndexError
+        (:mod:`numba_flash.flex.aux_check`; one synchronisation per launch)."""
+        for dev, guard in self._guards:
+            with self.device():
+                found = dev.copy_to_host()
+            if found[0]:
+                raise guard.report(found)
