@@ -25,6 +25,7 @@ faults.  ``NUMBA_FLASH_CHECK_AUX=1`` compiles the functions with a check on ever
 from __future__ import annotations
 
 import ast
+import bdb
 import linecache
 import os
 import re
@@ -179,6 +180,8 @@ def user_error(exc, roles=None):
     """The exception to raise for ``exc`` when it came from inside a registered user function
     (the innermost one in its traceback), else ``None``."""
     roles = _ROLES if roles is None else roles
+    if isinstance(exc, bdb.BdbQuit):  # quitting pdb inside the function: not an error of it
+        return None
     frames = []
     tb = exc.__traceback__
     while tb is not None:

@@ -21,9 +21,10 @@ asked for.  :meth:`ArrayCall.reserve` does that for a whole call; :meth:`ArrayCa
 
 Launches (:meth:`ArrayCall.launch`) hide numba's "Grid size N will likely result in GPU
 under-utilization" ``NumbaPerformanceWarning`` (small problems are allowed to be small), and in
-the simulator warn (:class:`numba_flash.SlowSimulatorWarning`) before a launch
-estimated to run for a minute or more, from the work hint each op passes
-(:mod:`numba_flash.frontend.sim_time`).
+the simulator warn (:class:`numba_flash.SlowSimulatorWarning`) before a launch estimated at
+30 s of CPU time or more (a minute of wall time on a busy machine), from the work hint each op
+passes (:mod:`numba_flash.frontend.sim_time`); :func:`estimate_only` gives the estimates of a
+call without running it.
 
 bfloat16 (``ml_dtypes.bfloat16`` on the host; a CuPy >= 14 bfloat16 array on the GPU) reaches
 the kernels as its 16-bit words: :meth:`ArrayCall.input` hands on a ``uint16`` view (no copy),
@@ -51,10 +52,29 @@ from .sim_time import SimWork, simulator_seconds, warn_if_slow
 from .validate import BFLOAT16, is_device_array
 
 __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds",
-           "SimWork"]
+           "SimWork", "estimate_only"]
 
 _POISON = False
+_ESTIMATES = None  # the list estimate_only() records into, or None
 GIB = 2**30
+
+
+@contextlib.contextmanager
+def estimate_only():
+    """Within this block simulator launches do not run: each is estimated
+    (:func:`~numba_flash.frontend.sim_time.simulator_seconds`, CPU seconds) and recorded as
+    ``(kernel name, seconds)`` in the list this yields; outputs stay unwritten.  What a call
+    would cost before running it::
+
+        with estimate_only() as launches:
+            numba_flash.forward(q, k, v)
+    """
+    global _ESTIMATES
+    old, _ESTIMATES = _ESTIMATES, []
+    try:
+        yield _ESTIMATES
+    finally:
+        _ESTIMATES = old
 
 
 @contextlib.contextmanager
@@ -352,6 +372,10 @@ class ArrayCall:
                 warnings.simplefilter("ignore", _performance_warning())
                 kernel[grid, block, self.stream](*args)
             self._check_guards()
+            return
+        if _ESTIMATES is not None:  # inside estimate_only(): record, do not run
+            name = getattr(getattr(kernel, "py_func", None), "__name__", "kernel")
+            _ESTIMATES.append((name, simulator_seconds(grid, block, work)))
             return
         warn_if_slow(kernel, grid, block, work)
         try:
