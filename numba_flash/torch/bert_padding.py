@@ -10,6 +10,8 @@ or value (a mask entry other than 0/1, an index outside ``[0, batch * seqlen)`` 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -107,7 +109,8 @@ def pad_input(hidden_states, indices, batch, seqlen):
                          f"got {tuple(indices.shape)}")
     _same_device("indices", indices, "hidden_states", hidden_states)
     batch = check_int("batch", batch, 1, INT64_MAX, what="an int >= 1")
-    seqlen = check_int("seqlen", seqlen, 1, INT64_MAX, what="an int >= 1")
+    seqlen = check_int("seqlen", seqlen, 1, INT64_MAX // batch,
+                       what=f"an int >= 1 (batch * seqlen at most 2**63 - 1, batch = {batch})")
     if not torch.compiler.is_compiling() and n:
         bad = (indices < 0) | (indices >= batch * seqlen)
         if bool(bad.any()):
@@ -118,6 +121,13 @@ def pad_input(hidden_states, indices, batch, seqlen):
         if values.numel() != n:
             raise ValueError(f"indices: expected distinct entries (two tokens would land on one "
                              f"position), got {int(values[counts > 1][0])} twice or more")
-    out = hidden_states.new_zeros((batch * seqlen, *hidden_states.shape[1:]))
+    shape = (batch * seqlen, *hidden_states.shape[1:])
+    try:
+        out = hidden_states.new_zeros(shape)
+    except (RuntimeError, MemoryError) as exc:  # torch's allocator names no argument
+        gib = math.prod(shape) * hidden_states.element_size() / 2**30
+        raise MemoryError(f"pad_input: the output (batch, seqlen, ...) = {(batch, seqlen)} + "
+                          f"{tuple(hidden_states.shape[1:])} ({gib:.1f} GiB) cannot be "
+                          f"allocated ({str(exc).splitlines()[0]})") from None
     out = out.index_put((indices,), hidden_states)
     return out.reshape(batch, seqlen, *hidden_states.shape[1:])

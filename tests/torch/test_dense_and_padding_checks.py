@@ -64,6 +64,8 @@ PAD_CASES = {  # (indices, batch, seqlen) -> the error
     "negative batch": ((torch.arange(6), -2, 4), (ValueError, "^batch: expected an int >= 1")),
     "zero seqlen": ((torch.arange(6), 2, 0), (ValueError, "^seqlen: expected an int >= 1")),
     "float batch": ((torch.arange(6), 2.0, 4), (TypeError, "^batch: expected an int >= 1")),
+    "past int64": ((torch.arange(6), 2**62, 4),  # torch's OverflowError before
+                   (ValueError, r"^seqlen: expected an int >= 1 \(batch \* seqlen at most")),
 }
 
 
