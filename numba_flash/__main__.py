@@ -180,7 +180,11 @@ def _pictures(args):
 def main(argv=None):
     """Run the command line; return the exit status (errors: one line on stderr, status 1)."""
     try:
-        status = _main(argv)
+        try:
+            status = _main(argv)
+        except SystemExit:  # argparse's --help (or its usage error): flush its text here too
+            sys.stdout.flush()
+            raise
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return status
     except KeyboardInterrupt:
