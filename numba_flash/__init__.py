@@ -20,7 +20,7 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :func:`poisoned_outputs` - a context in which outputs start as NaN (for tests)
 * :class:`BackendError` - no backend can run kernels in this process
 * :class:`SimulatorWarning` - kernels run in the simulator (no GPU found)
-* :class:`SlowSimulatorWarning` - a simulator launch is estimated to take a minute or more
+* :class:`SlowSimulatorWarning` - a simulator launch is estimated to take 30 s of CPU or more
 """
 
 from .backend import (backend, BackendError, SimulatorWarning,  # noqa: F401  (must come first)

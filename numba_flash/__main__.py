@@ -17,6 +17,18 @@ import subprocess
 import sys
 
 
+#: the demo's cases (``numba_flash.demo.CASES``, listed here so that ``--help`` imports nothing)
+DEMO_OPS = ("softmax", "forward", "causal", "backward", "dropout", "variants", "varlen", "mma",
+            "bfloat16", "decode", "paged")
+#: the demo's ``--dtype`` choices
+DEMO_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def pip_extra(extra):
+    """The install line of an extra: the package is installed from its clone (not on PyPI)."""
+    return f"pip install '.[{extra}]' (in the numba_flash clone)"
+
+
 def _nonnegative_int(text):
     try:
         value = int(text)
@@ -132,8 +144,11 @@ def _missing_compile_tools():
     except ImportError:
         roots = []
     wheel = [p for r in roots for p in glob.glob(os.path.join(r, "cu*", "bin", "ptxas"))]
-    if not wheel and shutil.which("ptxas") is None:
-        missing.append("ptxas (nvidia-cuda-nvcc)")
+    if not wheel:  # a ptxas on PATH is another toolchain: the committed tables are the wheel's
+        system = shutil.which("ptxas")
+        missing.append("ptxas of the nvidia-cuda-nvcc wheel" +
+                       (f" (the one on PATH, {system}, is not the pinned toolchain)"
+                        if system else ""))
     return missing
 
 
@@ -142,8 +157,8 @@ def _compile_check(args):
         missing = _missing_compile_tools()
         if missing:
             raise MissingExtra(
-                f"compile-check needs the CUDA compiler wheels, and {', '.join(missing)} "
-                "cannot be found; install them with: pip install 'numba_flash[test]'")
+                f"compile-check needs the test extra's CUDA compiler wheels, and "
+                f"{', '.join(missing)} cannot be found; install them with: {pip_extra('test')}")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     cmd = [sys.executable, "-m", "numba_flash.compile_check", *args.rest]
     return subprocess.call(cmd, env=env)
@@ -154,7 +169,7 @@ def _pictures(args):
         import matplotlib  # noqa: F401
     except ImportError as exc:
         raise MissingExtra(f"pictures needs matplotlib ({exc}); install it with: "
-                           "pip install 'numba_flash[pictures]'") from exc
+                           f"{pip_extra('pictures')}") from exc
     from numba_flash import pictures
 
     for path in pictures.draw_all(args.out):
@@ -165,10 +180,21 @@ def _pictures(args):
 def main(argv=None):
     """Run the command line; return the exit status (errors: one line on stderr, status 1)."""
     try:
-        return _main(argv)
+        try:
+            status = _main(argv)
+        except SystemExit:  # argparse's --help (or its usage error): flush its text here too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
     except KeyboardInterrupt:
         print("numba-flash: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (numba-flash warmup --list | head -1): the
+        # output was wanted only so far, so this is no error; stdout goes to /dev/null so that
+        # the interpreter's last flush at exit does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except MissingExtra as exc:
         print(f"numba-flash: error: {exc}", file=sys.stderr)
         return 1
@@ -189,13 +215,13 @@ def _main(argv):
     p = sub.add_parser("demo", help="run each kernel on a small problem and check it against "
                                     "the float64 reference; exits 1 on any FAIL")
     p.add_argument("--ops", default="all",
-                   help="comma-separated subset of: softmax, forward, causal, backward, dropout, "
-                        "variants, varlen, mma, decode, paged (default: all)")
+                   help=f"comma-separated subset of: {', '.join(DEMO_OPS)} (default: all)")
     p.add_argument("--size", default=None, choices=["tiny", "small", "gpu"],
                    help="problem size: tiny (default in the simulator, seconds per op), small, "
                         "gpu (default on a GPU)")
-    p.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"],
-                   help="input dtype (float16 computes in float32; float64 in float64)")
+    p.add_argument("--dtype", default="float32", choices=DEMO_DTYPES,
+                   help="input dtype (float16 and bfloat16 compute in float32, float64 in "
+                        "float64; the mma and bfloat16 rows keep their own dtype)")
     p.add_argument("--seed", type=_nonnegative_int, default=0,
                    help="seed of the random inputs (an integer >= 0)")
     p.set_defaults(func=_demo)

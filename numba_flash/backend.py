@@ -41,7 +41,8 @@ class SimulatorWarning(UserWarning):
 
 
 class SlowSimulatorWarning(SimulatorWarning):
-    """A simulator launch is estimated to run for a minute or more (Ctrl-C stops it)."""
+    """A simulator launch is estimated at 30 s of CPU time or more, a minute of wall time on a
+    busy machine (Ctrl-C stops it)."""
 
 
 def _quiet_command_line() -> bool:

@@ -1,4 +1,4 @@
-"""Pictures for the docs, drawn with matplotlib (``pip install numba_flash[pictures]``).
+"""Pictures for the docs, drawn with matplotlib (``pip install '.[pictures]'`` in the clone).
 
 ``python -m numba_flash.pictures --out docs/img`` (or :func:`draw_all`) writes:
 

@@ -31,7 +31,7 @@ if __name__ == "__main__" and "--ranks" in sys.argv:  # launcher: mpiexec -n R t
     mpiexec = (shutil.which("mpiexec", path=str(Path(sys.executable).parent))
                or shutil.which("mpiexec"))
     if mpiexec is None:
-        sys.exit("no mpiexec found: pip install mpich (or numba_flash[mpi])")
+        sys.exit("no mpiexec found: pip install mpich (or '.[mpi]' in the clone)")
     proc = subprocess.run([mpiexec, "-n", ranks, sys.executable, "-m", "mpi4py", __file__],
                           timeout=600, capture_output=True, text=True)
     print(proc.stdout, end="")

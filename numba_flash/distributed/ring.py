@@ -127,7 +127,7 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
         for name, value in (flags or {}).items():  # per-rank options (return_lse)
             check_bool(name, value)
         check_layout(layout)
-        scale = check_scale(softmax_scale, d)
+        scale = check_scale(softmax_scale, d, dtype)
         per_rank = len(rank_chunks(0, 1, layout))
         if nq % per_rank:
             raise ValueError(f"q: the {layout} layout holds {per_rank} equal chunks per rank: "

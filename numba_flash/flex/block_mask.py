@@ -23,8 +23,10 @@ kernels' tiles (the default 128) lose nothing.  ``B`` or ``H`` of 1 broadcasts o
 or the heads, as FlexAttention's ``B=None`` / ``H=None``: the mask is evaluated with ``b = 0``
 (``h = 0``) and must not depend on it.
 
-Evaluation runs the ``mask_mod`` compiled for the CPU (``numba.njit``), one call per element:
-about a nanosecond each, so a 32k x 32k mask for one head takes about a second.  ``aux_tensors``
+Evaluation runs the ``mask_mod`` compiled for the CPU (``numba.njit``, bounds-checked: an aux
+index out of range is an ``IndexError`` naming ``mask_mod``, its arguments and the aux tensor),
+one call per element: about a nanosecond each, so a 32k x 32k mask for one head takes about a
+second.  ``aux_tensors``
 must be NumPy arrays here (copy device arrays to the host for this call).
 """
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import describe_aux, locate_host_error
 from .functions import check_aux_tensors, check_host_types, check_mod
 
 __all__ = ["BlockMask", "create_block_mask", "EMPTY", "PARTIAL", "FULL", "DEFAULT_BLOCK_SIZE"]
@@ -197,8 +200,18 @@ def create_block_mask(mask_mod, B, H, Nq, Nk, aux_tensors=(), BLOCK_SIZE=DEFAULT
 
     from numba import typeof, types
     arg_types = (types.int64,) * 4 + tuple(typeof(a) for a in aux)
-    host = check_host_types("mask_mod", mask_mod, arg_types, "bool")
+    host = check_host_types("mask_mod", mask_mod, arg_types, "bool", aux)
     kind = np.empty((B, H, -(-Nq // qb), -(-Nk // kb)), dtype=np.int8)
-    _classifier()(host, B, H, Nq, Nk, qb, kb, aux, kind)
+    try:
+        _classifier()(host, B, H, Nq, Nk, qb, kb, aux, kind)
+    except IndexError as exc:  # Numba's CPU bounds check: find the call again in Python
+        calls = ((b, h, i, j) for b in range(B) for h in range(H) for i in range(Nq)
+                 for j in range(Nk))
+        found = locate_host_error("mask_mod", mask_mod, calls, aux)
+        if found is not None:
+            raise found from None
+        raise IndexError(f"mask_mod {mask_mod.__name__}: an aux tensor index out of range "
+                         f"({exc}; aux tensors: {describe_aux(mask_mod, 'mask_mod', aux)})"
+                         ) from None
     return BlockMask(kind=kind, shape=(B, H, Nq, Nk), Q_BLOCK=qb, KV_BLOCK=kb, mask_mod=mask_mod,
                      aux_tensors=aux)

@@ -221,7 +221,9 @@ def _retarget(fn, compile_one, keep_breakpoint=False):
 @functools.lru_cache(maxsize=256)
 def _host_compiled(key, fn):
     from numba import njit
-    return njit(_retarget(fn, host_function))
+    # bounds-checked: create_block_mask's evaluation must not read past an aux tensor (an
+    # IndexError it reports, not garbage); about a compare per index
+    return njit(boundscheck=True)(_retarget(fn, host_function))
 
 
 @functools.lru_cache(maxsize=256)
@@ -233,7 +235,8 @@ def _device_compiled(key, fn):
 
 
 def host_function(fn):
-    """``fn`` compiled for the CPU (``numba.njit``), memoised on its fingerprint."""
+    """``fn`` compiled for the CPU (``numba.njit``, bounds-checked), memoised on its
+    fingerprint."""
     return _host_compiled(fingerprint(fn), fn)
 
 
@@ -243,21 +246,22 @@ def device_function(fn):
     return _device_compiled(fingerprint(fn), fn)
 
 
-def check_host_types(name, fn, arg_types, want):
+def check_host_types(name, fn, arg_types, want, aux=()):
     """Compile ``fn`` for the CPU with Numba types ``arg_types`` and check its return type is of
     kind ``want`` (``"float"``, ``"bool"`` or ``"none"``: returns nothing).  A function Numba
-    cannot compile is a TypeError carrying the function's name and Numba's message; the
-    compiled CPU function is returned."""
+    cannot compile is a TypeError naming the argument and the function, with the first
+    meaningful line of Numba's message and a hint (:func:`numba_flash.flex.errors.compile_error`;
+    ``aux``: the aux arrays, for their shapes); the compiled CPU function is returned."""
     from numba import types
     from numba.core.errors import NumbaError
+
+    from .errors import compile_error
 
     host = host_function(fn)
     try:
         host.compile(tuple(arg_types))
     except NumbaError as e:
-        raise TypeError(f"{name}: Numba could not compile {fn.__name__} "
-                        f"({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) for arguments "
-                        f"{tuple(str(t) for t in arg_types)}:\n{e}") from None
+        raise compile_error(name, fn, arg_types, e, aux) from None
     ret = next(s.return_type for s in host.nopython_signatures
                if tuple(s.args) == tuple(arg_types))
     if want == "none":

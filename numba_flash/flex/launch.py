@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .block_mask import BlockMask
+from .errors import register
 from .functions import check_aux_tensors, check_host_types, check_mod, device_function, fingerprint
 
 __all__ = ["UserVariant", "prepare_variant", "aux_numba_types"]
@@ -89,12 +90,13 @@ def prepare_variant(score_mod=None, mask_mod=None, aux_tensors=(), block_mask=No
     idx = (types.int32,) * 4
     aux_t = aux_numba_types(aux)
     acc = from_dtype(np.dtype(compute_dtype))
-    if score_mod is not None:
-        check_host_types("score_mod", score_mod, (acc,) + idx + aux_t, "float")
-    if score_mod_grad is not None:
-        check_host_types("score_mod_grad", score_mod_grad, (acc,) + idx + aux_t, "float")
-    if mask_mod is not None:
-        check_host_types("mask_mod", mask_mod, idx + aux_t, "bool")
+    for role, fn, types_, want in (("score_mod", score_mod, (acc,) + idx + aux_t, "float"),
+                                   ("score_mod_grad", score_mod_grad, (acc,) + idx + aux_t,
+                                    "float"),
+                                   ("mask_mod", mask_mod, idx + aux_t, "bool")):
+        if fn is not None:
+            check_host_types(role, fn, types_, want, aux)
+            register(role, fn)  # a simulator launch reports its exceptions by this name
 
     kinds = blk = None
     if block_mask is not None:
@@ -120,12 +122,19 @@ def prepare_variant(score_mod=None, mask_mod=None, aux_tensors=(), block_mask=No
         kinds = block_mask.kind
         blk = (block_mask.Q_BLOCK, block_mask.KV_BLOCK)
 
+    from . import aux_check
+
+    check = aux_check.enabled()
     key = (fingerprint(score_mod) if score_mod is not None else None,
            fingerprint(mask_mod) if mask_mod is not None else None,
            fingerprint(score_mod_grad) if score_mod_grad is not None else None,
-           tuple((np.dtype(a.dtype).str, a.ndim) for a in aux), block_mask is not None)
-    return UserVariant(
-        score_mod=device_function(score_mod) if score_mod is not None else None,
-        mask_mod=device_function(mask_mod) if mask_mod is not None else None,
-        score_mod_grad=device_function(score_mod_grad) if score_mod_grad is not None else None,
-        aux=aux, kinds=kinds, block=blk, key=key)
+           tuple((np.dtype(a.dtype).str, a.ndim) for a in aux), block_mask is not None
+           ) + (("aux checked",) if check else ())  # NUMBA_FLASH_CHECK_AUX=1: other code
+    functions = {"score_mod": score_mod, "mask_mod": mask_mod, "score_mod_grad": score_mod_grad}
+    if check:  # NUMBA_FLASH_CHECK_AUX=1: every aux read checked, the guard array last in aux
+        functions, aux = aux_check.checked_variant(functions, aux)
+    device = {role: device_function(fn) if fn is not None else None
+              for role, fn in functions.items()}
+    return UserVariant(score_mod=device["score_mod"], mask_mod=device["mask_mod"],
+                       score_mod_grad=device["score_mod_grad"], aux=aux, kinds=kinds, block=blk,
+                       key=key)

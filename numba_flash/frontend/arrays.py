@@ -21,9 +21,10 @@ asked for.  :meth:`ArrayCall.reserve` does that for a whole call; :meth:`ArrayCa
 
 Launches (:meth:`ArrayCall.launch`) hide numba's "Grid size N will likely result in GPU
 under-utilization" ``NumbaPerformanceWarning`` (small problems are allowed to be small), and in
-the simulator warn (:class:`numba_flash.SlowSimulatorWarning`) before a launch
-estimated to run for a minute or more, from the work hint each op passes
-(:mod:`numba_flash.frontend.sim_time`).
+the simulator warn (:class:`numba_flash.SlowSimulatorWarning`) before a launch estimated at
+30 s of CPU time or more (a minute of wall time on a busy machine), from the work hint each op
+passes (:mod:`numba_flash.frontend.sim_time`); :func:`estimate_only` gives the estimates of a
+call without running it.
 
 bfloat16 (``ml_dtypes.bfloat16`` on the host; a CuPy >= 14 bfloat16 array on the GPU) reaches
 the kernels as its 16-bit words: :meth:`ArrayCall.input` hands on a ``uint16`` view (no copy),
@@ -51,10 +52,29 @@ from .sim_time import SimWork, simulator_seconds, warn_if_slow
 from .validate import BFLOAT16, is_device_array
 
 __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds",
-           "SimWork"]
+           "SimWork", "estimate_only"]
 
 _POISON = False
+_ESTIMATES = None  # the list estimate_only() records into, or None
 GIB = 2**30
+
+
+@contextlib.contextmanager
+def estimate_only():
+    """Within this block simulator launches do not run: each is estimated
+    (:func:`~numba_flash.frontend.sim_time.simulator_seconds`, CPU seconds) and recorded as
+    ``(kernel name, seconds)`` in the list this yields; outputs stay unwritten.  What a call
+    would cost before running it::
+
+        with estimate_only() as launches:
+            numba_flash.forward(q, k, v)
+    """
+    global _ESTIMATES
+    old, _ESTIMATES = _ESTIMATES, []
+    try:
+        yield _ESTIMATES
+    finally:
+        _ESTIMATES = old
 
 
 @contextlib.contextmanager
@@ -194,6 +214,7 @@ class ArrayCall:
             )
         self._cupy = None
         self._bf16 = set()  # ids of the outputs allocated as bfloat16 words
+        self._guards = []  # (device copy, host guard) of NUMBA_FLASH_CHECK_AUX's aux guards
         self.device_id = None
         self.stream = 0
         if self.on_device:
@@ -249,6 +270,12 @@ class ArrayCall:
     # -- inputs ------------------------------------------------------------------------------
     def input(self, x):
         """The array as the kernel takes it: C-contiguous, on the backend's memory."""
+        dx = self._input(x)
+        if getattr(x, "aux_guard_sites", None) is not None:  # read back after each launch
+            self._guards.append((dx, x))
+        return dx
+
+    def _input(self, x):
         if not self.on_device:
             self._check("an input copy", x.shape, x.dtype)
             return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
@@ -344,7 +371,30 @@ class ArrayCall:
                 # numba warns on every grid under 128 blocks; a small problem is not a mistake
                 warnings.simplefilter("ignore", _performance_warning())
                 kernel[grid, block, self.stream](*args)
+            self._check_guards()
+            return
+        if _ESTIMATES is not None:  # inside estimate_only(): record, do not run
+            name = getattr(getattr(kernel, "py_func", None), "__name__", "kernel")
+            _ESTIMATES.append((name, simulator_seconds(grid, block, work)))
             return
         warn_if_slow(kernel, grid, block, work)
-        with simulator.fast_switching():  # see numba_flash.simulator
-            kernel[grid, block, self.stream](*args)
+        try:
+            with simulator.fast_switching():  # see numba_flash.simulator
+                kernel[grid, block, self.stream](*args)
+        except Exception as exc:  # raised in a user's score_mod / mask_mod: told in its terms
+            from ..flex.errors import user_error
+
+            mapped = user_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from None
+        self._check_guards()
+
+    def _check_guards(self):
+        """NUMBA_FLASH_CHECK_AUX=1: an aux read out of range in the launch is an IndexError
+        (:mod:`numba_flash.flex.aux_check`; one synchronisation per launch)."""
+        for dev, guard in self._guards:
+            with self.device():
+                found = dev.copy_to_host()
+            if found[0]:
+                raise guard.report(found)

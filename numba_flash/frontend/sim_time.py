@@ -28,11 +28,19 @@ import numpy as np
 
 from ..backend import SlowSimulatorWarning
 
-__all__ = ["SimWork", "SIM_COST", "SIM_WARN_SECONDS", "simulator_seconds", "warn_if_slow",
+__all__ = ["SimWork", "SIM_COST", "SIM_WARN_SECONDS", "BUSY_FACTOR", "simulator_seconds",
+           "warn_if_slow", "fmt_time",
            "kv_tiles_visited", "q_tiles_visited", "threads_of"]
 
-#: warn before a simulator launch estimated to take at least this long
-SIM_WARN_SECONDS = 60.0
+#: how much longer than the estimate (the CPU time) a launch takes in wall time on a busy 2-core
+#: machine: forwards of [1, 2, 128-256, 64] measured 2026-12-01 at a load of 16-20 on 2 cores
+#: (five agents' work): CPU 0.94-1.34x the estimate, wall 1.71-2.03x
+BUSY_FACTOR = 2.0
+
+#: warn before a simulator launch estimated at this much CPU time or more: a minute of wall time
+#: on a busy machine (:data:`BUSY_FACTOR`); [1, 2, 256, 64] (estimated 48 s, measured 52-64 s
+#: CPU and 87-97 s wall) warns, [1, 2, 256, 64] causal (27 s; 26 s CPU, 47 s wall) does not
+SIM_WARN_SECONDS = 60.0 / BUSY_FACTOR
 
 #: seconds per simulated CUDA thread for a launch that gives no :class:`SimWork` hint: the
 #: lightest kernels' cost (merge, backward preprocess) on a 2-core CPU, 2026-11-30; a lower bound.
@@ -163,7 +171,8 @@ def _user_stacklevel():
     return level
 
 
-def _fmt_time(seconds):
+def fmt_time(seconds):
+    """An estimate as the warning and the README print it: ``48 s``, ``12 min``, ``1.5 h``."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -178,12 +187,12 @@ def warn_if_slow(kernel, grid, block, work=None):
     if seconds < SIM_WARN_SECONDS:
         return seconds
     name = getattr(getattr(kernel, "py_func", None), "__name__", None) or "kernel"
-    how = ("from the work of its threads; longer on a busy machine"
-           if work is not None and work.family in SIM_COST
+    how = (f"of CPU time, from the work of its threads; up to {BUSY_FACTOR:g}x that in wall "
+           f"time on a busy machine" if work is not None and work.family in SIM_COST
            else "at least: counted from its threads alone")
     warnings.warn(
         f"this simulator launch of {name} (grid {grid}, block {block}, "
-        f"{threads_of(grid, block)} CUDA threads) is estimated to take {_fmt_time(seconds)} "
+        f"{threads_of(grid, block)} CUDA threads) is estimated to take {fmt_time(seconds)} "
         f"({how}). Use smaller shapes in the simulator, or run on a GPU; Ctrl-C stops it.",
         SlowSimulatorWarning,
         stacklevel=_user_stacklevel(),

@@ -121,16 +121,41 @@ def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYP
     return b, h, hkv, nq, nk, d, dtype
 
 
-def check_scale(softmax_scale, d):
-    """``None`` means ``1/sqrt(d)``; otherwise a finite positive real number."""
+def check_scale(softmax_scale, d, dtype=None):
+    """``None`` means ``1/sqrt(d)``; otherwise a finite positive real number, and with the
+    inputs' ``dtype`` one the kernels can use in the compute type (float32 for float16, bfloat16
+    and float32 inputs, float64 for float64): a normal number whose product with ``log2(e)``
+    (the tensor-core forward's exponent constant) is finite, so at most ``max / log2(e)``
+    (2.36e38 in float32).  ``1e39`` with float32 inputs would become ``inf`` on the way to the
+    kernel, ``1e-39`` a subnormal.
+
+    A scale within range can still make a score ``scale * q . k`` overflow (``2e38`` with a
+    dot product of 2): such a score is non-finite, and a row with one gets ``o`` and ``lse``
+    NaN (the SIMT kernels and decode: :func:`numba_flash.kernels.visibility.make_score`, the rule
+    for a NaN or inf input).  Nothing clamps the scores.  torch's ``softmax(scale * q @ k^T)``
+    also gives NaN for a ``+inf`` score or a row of ``-inf``, but weight 0 to a ``-inf`` score
+    beside a finite one."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError("softmax_scale: expected a real number or None, got "
                         f"{type(softmax_scale).__name__}")
-    s = float(softmax_scale)
+    try:
+        s = float(softmax_scale)
+    except OverflowError:  # an int beyond float64
+        s = math.inf
     if not math.isfinite(s) or s <= 0:
         raise ValueError(f"softmax_scale: expected a finite number > 0, got {softmax_scale!r}")
+    if dtype is not None:
+        from ..kernels.common import acc_dtype
+
+        ct = acc_dtype(dtype)
+        lo, hi = float(np.finfo(ct).tiny), float(np.finfo(ct).max) / math.log2(math.e)
+        if not lo <= s <= hi:
+            raise ValueError(
+                f"softmax_scale: expected a number in [{lo:.4g}, {hi:.4g}] ({np.dtype(dtype)} "
+                f"inputs compute in {ct}: a normal number whose product with log2(e) is "
+                f"finite), got {softmax_scale!r}")
     return s
 
 

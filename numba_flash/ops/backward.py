@@ -176,7 +176,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                          alibi_slopes, b, h, nq=nq, nk=nk)

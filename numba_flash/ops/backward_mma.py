@@ -50,7 +50,7 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
                         f"got {dtype}")
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                          alibi_slopes, b, h, nq=nq, nk=nk)

@@ -83,7 +83,7 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     n_seq = len(len_q)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
     window, left, right, softcap, alibi = check_variants(
         causal, window_size, softcap, alibi_slopes, n_seq, h, nq=int(len_q.max()),

@@ -173,7 +173,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, appended to the caches at ``cache_seqlens``
       before attending (:func:`numba_flash.append_kv`; the caches are written in place, and the
       attention sees ``cache_seqlens + Nnew`` keys).  ``cache_seqlens`` itself is not modified:
-      the caller adds ``Nnew``.  The cache must have room (checked under ``validate``).
+      the caller adds ``Nnew``.  The cache must have room, and a paged cache's table must give
+      each new token a slot no other token uses (blocks shared for reading are fine; both
+      checked under ``validate``).
     * ``rotary_cos``, ``rotary_sin``: ``[max_position, rotary_dim / 2]`` in ``q``'s dtype (with
       ``k_new`` only, as flash-attn): ``k_new`` token ``i`` is rotated at position
       ``cache_seqlens[b] + i``, and ``q`` token ``i`` at ``cache_seqlens[b] + i`` when ``causal``
@@ -303,7 +305,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     check_same_kind(arrays)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     window = check_window(window_size)
     softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)

@@ -49,7 +49,7 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
     b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     dropout = dropout_params(dropout_p, seed)
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                         alibi_slopes, b, h, nq=nq, nk=nk)

@@ -202,7 +202,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     validate = check_bool("validate", validate)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     window, left, right, softcap, alibi = check_variants(
         causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),

@@ -98,8 +98,9 @@ def first_bad(mask):
 def validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged):
     """Host value checks of an append, before anything is written: lengths >= 0, room for
     ``Nnew`` more tokens (contiguous: ``L + Nnew <= Nmax``; paged: the table has the blocks,
-    and the entries the new tokens go to are in ``[0, num_blocks)``), ``cache_batch_idx``
-    entries in ``[0, Bc)`` and distinct (two sequences must not write one cache row)."""
+    the entries the new tokens go to are in ``[0, num_blocks)`` and give each new token a slot
+    of its own, :func:`check_paged_writes`), ``cache_batch_idx`` entries in ``[0, Bc)`` and
+    distinct (two sequences must not write one cache row)."""
     seqlens = np.asarray(seqlens)
     i = first_bad(seqlens < 0)
     if i is not None:
@@ -144,6 +145,45 @@ def validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged):
                 f"the blocks the new tokens go to, got {int(table[b, j])} at [{b}, {j}]")
     if (seqlens.astype(np.int64) + nnew > INT32_MAX).any():
         raise ValueError("cache_seqlens: expected L + Nnew <= 2**31 - 1")
+    check_paged_writes(seqlens.astype(np.int64), table, nnew, n_cache, n_slots)
+
+
+def check_paged_writes(seqlens, table, nnew, n_cache, n_slots):
+    """Every physical slot an append writes has one owner: no two new tokens go to one slot (two
+    sequences, or one whose table lists a block twice), and no new token overwrites a token a
+    sequence already holds (a shared block that one sequence appends to).  Sharing blocks for
+    reading, as prefix caching does, is allowed: only the slots being written are checked.
+    ``seqlens`` int64 and ``table`` with the room and the entries the writes use checked."""
+    bs = n_slots
+    pos = seqlens[:, None] + np.arange(nnew, dtype=np.int64)          # [B, Nnew] tokens written
+    blk = np.take_along_axis(table, pos // bs, axis=1).astype(np.int64)
+    key = (blk * bs + pos % bs).ravel()                               # physical slot of each
+    order = np.argsort(key, kind="stable")
+    same = np.flatnonzero(key[order][1:] == key[order][:-1])
+    if same.size:
+        (b0, t0), (b1, t1) = (divmod(int(order[i]), nnew) for i in (same[0], same[0] + 1))
+        whose = f"sequence {b0}" if b0 == b1 else f"sequences {b0} and {b1}"
+        raise ValueError(
+            f"block_table: {whose} would write tokens {int(pos[b0, t0])} and {int(pos[b1, t1])} "
+            f"into one slot (physical block {int(blk[b0, t0])}, slot {int(pos[b0, t0]) % bs}); "
+            "blocks may be shared for reading (a common prefix), but each appended token needs "
+            "a slot of its own")
+    # the tokens each sequence holds: live[b, j] slots of its j-th block
+    j = np.arange(table.shape[1], dtype=np.int64)
+    live = np.clip(seqlens[:, None] - j * bs, 0, bs)
+    held = (live > 0) & (table >= 0) & (table < n_cache)
+    most = np.zeros(n_cache, np.int64)          # slots [0, most[p]) of block p hold a token
+    np.maximum.at(most, table[held].astype(np.int64), live[held])
+    hit = np.flatnonzero(pos.ravel() % bs < most[blk.ravel()])
+    if hit.size:
+        b, t = divmod(int(hit[0]), nnew)
+        p, s = int(blk[b, t]), int(pos[b, t]) % bs
+        owner, jj = (int(x[0]) for x in np.nonzero((table == p) & held & (live > s)))
+        raise ValueError(
+            f"block_table: sequence {b} would write its token {int(pos[b, t])} into physical "
+            f"block {p}, slot {s}, where sequence {owner} holds its token {jj * bs + s}; a "
+            "block shared for reading (a common prefix) must be copied before a sequence "
+            "appends to it")
 
 
 def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
@@ -193,10 +233,12 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
       only, as flash-attn; default ``arange(B)``, which needs ``Bc == B``).
     * ``validate``: check the values on the host first (default for NumPy inputs): a cache too
       small for the new tokens, a table without room or with a bad entry where they go, a
+      table that sends two new tokens to one physical slot or a new token onto a slot a
+      sequence already holds (blocks shared for reading, as a common prefix, are fine), a
       ``cache_batch_idx`` entry outside ``[0, Bc)`` or repeated, a negative length: a
       ``ValueError`` naming the argument, and nothing is written.  Without validation (the
       default for device arrays: no host copy, no synchronisation) a token that would land
-      outside the cache is skipped.
+      outside the cache is skipped, and of two tokens sent to one slot either may land.
 
     Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.

@@ -24,7 +24,7 @@ def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
     """
     b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     acc_t = acc_dtype(dtype)
 
     call = ArrayCall({"q": q, "k": k, "v": v}, op="naive_forward")

@@ -22,7 +22,7 @@ def teaching_forward(op, q, k, v, causal, softmax_scale, build):
     query rows per block (grid ``(ceil(Nq / block_m), B * H)``), ``block`` the threads."""
     b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
     causal = check_bool("causal", causal)
-    scale = check_scale(softmax_scale, d)
+    scale = check_scale(softmax_scale, d, dtype)
     acc_t = acc_dtype(dtype)
 
     call = ArrayCall({"q": q, "k": k, "v": v}, op=op)

@@ -26,12 +26,32 @@ def _dtype_text(dtypes):
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
+def check_dense(name, x):
+    """``x`` (a torch tensor) is dense: strided, with values.  A sparse, nested, quantized or
+    meta tensor is a ``TypeError`` naming the argument and the way back to a dense one, before
+    anything converts it (torch's own errors name no argument)."""
+    if x.is_nested:
+        got, fix = "a nested tensor", f"torch.nested.to_padded_tensor({name}, 0.0)"
+    elif x.layout != torch.strided:
+        got, fix = f"a {str(x.layout).replace('torch.', '')} tensor", f"{name}.to_dense()"
+    elif x.is_quantized:
+        got = f"a quantized tensor ({str(x.dtype).replace('torch.', '')})"
+        fix = f"{name}.dequantize()"
+    elif x.is_meta:
+        got, fix = "a meta tensor (a shape without values)", "a CPU or CUDA tensor"
+    else:
+        return
+    raise TypeError(f"{name}: expected a dense (strided) tensor with values, got {got}; "
+                    f"pass {fix}")
+
+
 def check_tensor(name, x, ndim, layout, dtypes=DTYPES):
-    """``x`` is a torch tensor of rank ``ndim`` (``layout`` names its axes), a dtype in
-    ``dtypes``, no empty dimension.  Returns its shape as a tuple."""
+    """``x`` is a dense torch tensor (:func:`check_dense`) of rank ``ndim`` (``layout`` names its
+    axes), a dtype in ``dtypes``, no empty dimension.  Returns its shape as a tuple."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor {layout}, got "
                         f"{type(x).__module__}.{type(x).__qualname__}")
+    check_dense(name, x)
     if x.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in ({_dtype_text(dtypes)}), got "
                         f"{str(x.dtype).replace('torch.', '')}")
@@ -101,6 +121,7 @@ def check_alibi(alibi_slopes):
     if not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError("alibi_slopes: expected None or a float32 torch.Tensor (nheads,) or "
                         f"(batch_size, nheads), got {type(alibi_slopes).__name__}")
+    check_dense("alibi_slopes", alibi_slopes)
     if alibi_slopes.requires_grad:
         raise ValueError("alibi_slopes: expected a tensor that does not require grad (there is "
                          "no backward for the ALiBi slopes), got requires_grad=True; pass "
@@ -112,6 +133,7 @@ def check_cu_seqlens(name, cu):
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name}: expected an int32 torch.Tensor (batch_size + 1,), got "
                         f"{type(cu).__module__}.{type(cu).__qualname__}")
+    check_dense(name, cu)
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name}: expected dtype int32, got {str(cu.dtype).replace('torch.', '')}")
     if cu.dim() != 1 or cu.shape[0] < 2:

@@ -36,7 +36,7 @@ def test_compile_check_without_the_compiler_wheels_names_the_extra(monkeypatch, 
     assert main(["compile-check", "-k", "softmax"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("numba-flash: error: compile-check needs"), err
-    assert "libnvrtc" in err[0] and "pip install 'numba_flash[test]'" in err[0]
+    assert "libnvrtc" in err[0] and "pip install '.[test]'" in err[0]
     assert started == []  # detected before starting the compile tier
 
 
@@ -47,7 +47,7 @@ def test_pictures_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_pa
     assert main(["pictures", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("numba-flash: error: pictures needs matplotlib")
-    assert "pip install 'numba_flash[pictures]'" in err[0]
+    assert "pip install '.[pictures]'" in err[0]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -27,4 +27,7 @@ def test_readme_blocks_run_on_a_cpu():
         ran += 1
     assert ran >= 3
     assert ns["lens"].tolist() == [8, 8]  # the generation loop appended 5 + 3 tokens
-    assert abs(ns["o"] - ns["o_ref"]).max() < 1e-5  # the last block: a user's variant
+    # the last block: a user's variant, whose comment states the bound the printed error obeys
+    bound = re.search(r"# float32: below (\S+) \((\S+) to (\S+) in (\d+) draws\)", _blocks()[-1])
+    assert bound, "the own-variant block states its error bound"
+    assert abs(ns["o"] - ns["o_ref"]).max() < float(bound.group(1))

@@ -43,8 +43,8 @@ def _call(**over):
     (dict(softmax_scale=0.0), ValueError, r"softmax_scale: expected a finite number > 0"),
     (dict(alibi_slopes=torch.ones(2, requires_grad=True)), ValueError,
      r"alibi_slopes: expected a tensor that does not require grad"),
-    (dict(alibi_slopes=torch.ones(2, device="meta")), ValueError,
-     r"alibi_slopes: expected a tensor on cpu \(the device of q\), got one on meta"),
+    (dict(alibi_slopes=torch.ones(2, device="meta")), TypeError,
+     r"alibi_slopes: expected a dense \(strided\) tensor with values, got a meta tensor"),
 ])
 def test_dense_bad_input(over, exc, match):
     with pytest.raises(exc, match=match):
@@ -52,12 +52,19 @@ def test_dense_bad_input(over, exc, match):
 
 
 def test_tensor_on_another_device():
+    """A meta tensor is a TypeError before the device check (issue 37: it has no values); the
+    device check itself, on the only other device a CPU machine has."""
+    from numba_flash.torch import checks
+
     q, k, v = _qkv()
+    with pytest.raises(TypeError, match=r"v: expected a dense \(strided\) tensor with values, "
+                                        r"got a meta tensor"):
+        nft.flash_attn_func(q, k, v.to("meta"))
     with pytest.raises(ValueError, match=r"v: expected a tensor on cpu \(the device of q\), got "
                                          r"one on meta"):
-        nft.flash_attn_func(q, k, v.to("meta"))
+        checks.check_device({"q": q, "k": k, "v": v.to("meta")})
     with pytest.raises(ValueError, match=r"q: expected a CPU or CUDA tensor, got one on meta"):
-        nft.flash_attn_func(*(x.to("meta") for x in (q, k, v)))
+        checks.check_device({n: x.to("meta") for n, x in zip("qkv", (q, k, v))})
 
 
 def test_cuda_tensor_in_the_simulator():
@@ -95,8 +102,8 @@ def _varlen(**over):
      r"cu_seqlens_k: expected the packed length 5 last, got 4"),
     (dict(max_seqlen_q=2), ValueError, r"max_seqlen_q: expected at least the longest sequence"),
     (dict(max_seqlen_k=3.0), TypeError, r"max_seqlen_k: expected an int"),
-    (dict(cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32, device="meta")), ValueError,
-     r"cu_seqlens_q: expected a tensor on cpu \(the device of q\)"),
+    (dict(cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32, device="meta")), TypeError,
+     r"cu_seqlens_q: expected a dense \(strided\) tensor with values, got a meta tensor"),
     (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError,
      r"k: expected a 4-D tensor \(num_blocks, page_block_size, nheads_k, headdim\)"),
 ])
