@@ -196,29 +196,51 @@ def device_jit(func=None, *, inline=True, own_module=False):
     return cuda.jit(device=True, inline=inline)(func)
 
 
+def _nvvm_inlined(fn):
+    """``fn`` (a Python function or a device function) compiled once as a device function that
+    NVVM inlines (``forceinline``: LLVM's ``alwaysinline``), not Numba: its callers stay small
+    to compile, and after NVVM inlines it the constant arguments fold.  The simulator takes the
+    function as it is."""
+    if on_simulator():
+        return fn
+    return cuda.jit(device=True, forceinline=True)(getattr(fn, "py_func", fn))
+
+
 @functools.lru_cache(maxsize=None)
-def static_for(N, body):
-    """``run(ctx)``: ``body(0, ctx); body(1, ctx); ...; body(N - 1, ctx)``, unrolled when Numba
-    compiles it (Triton's ``tl.static_range``, CUDA C's ``#pragma unroll``): each call is
-    inlined at the Numba IR level with its index a constant, so an array a body indexes by it
-    (a lane's rows of scores, of the accumulator) stays in registers however long the unrolled
-    code, where a ``range`` loop is left to the compiler's unrolling heuristics (a loop it keeps
-    puts the array on the stack).  ``body`` is a device function of ``(i, ctx)``; ``ctx`` a
-    tuple of what it needs (arrays are written in place)."""
+def static_for(N, body, FIRST=0):
+    """``run(ctx)``: ``body(FIRST, ctx); body(FIRST + 1, ctx); ...; body(FIRST + N - 1, ctx)``,
+    unrolled in the compiled code (Triton's ``tl.static_range``, CUDA C's ``#pragma unroll``):
+    every call passes its index as a constant, so once NVVM has inlined the calls an array a
+    body indexes by it (a lane's rows of scores, of the accumulator) stays in registers however
+    long the unrolled code, where a ``range`` loop is left to the compiler's unrolling
+    heuristics (a loop it keeps puts the array on the stack).  ``body`` is a function of ``(i,
+    ctx)``; ``ctx`` a tuple of what it needs (arrays are written in place).  Numba compiles
+    ``body`` once and ``O(N)`` small calls (a balanced tree: each half its own function); NVVM
+    inlines them (:func:`_nvvm_inlined`)."""
+    body = _nvvm_inlined(body)
+    return _static_tree(N, body, FIRST)
+
+
+@functools.lru_cache(maxsize=None)
+def _static_tree(N, body, FIRST):
     if N <= 0:
-        @device_jit
         def nothing(ctx):
             pass
-        return nothing
-    before = static_for(N - 1, body)
-    I = N - 1
+        return _nvvm_inlined(nothing)
+    if N == 1:
+        I = FIRST
 
-    @device_jit
+        def one(ctx):
+            body(I, ctx)
+        return _nvvm_inlined(one)
+    first = _static_tree(N // 2, body, FIRST)
+    second = _static_tree(N - N // 2, body, FIRST + N // 2)
+
     def run(ctx):
-        before(ctx)
-        body(I, ctx)
+        first(ctx)
+        second(ctx)
 
-    return run
+    return _nvvm_inlined(run)
 
 
 def cache_dir(dispatcher):

@@ -118,23 +118,37 @@ FORWARD_MMA_TILES = {
     256: (1, 1, 16, 2, False),
 }
 
+#: the tiles of the builds with per-element work (dropout, softcap, ALiBi, a user's variant)
+#: where they differ: with 32 rows per warp the unrolled per-element code (a tanh, a Philox draw
+#: per score) spills past 255 registers at d = 64 (a user's variant) and d = 128, so one
+#: 16-row tile per warp (Q's fragments in registers, 2 stages: 36 / 34 KiB)
+FORWARD_MMA_MODS_TILES = {
+    64: (4, 1, 64, 2, True),
+    128: (4, 1, 32, 2, True),
+}
+
 #: the simulator's tiles: one warp (32 Python threads), two row tiles, 16 keys, 2 stages
 FORWARD_MMA_SIM_TILES = (1, 2, 16, 2, True)
 
 
-def forward_mma_tiles(head_dim, simulator=None):
+def forward_mma_tiles(head_dim, simulator=None, mods=False):
     """``(NUM_WARPS, M_TILES, BLOCK_N, STAGES, Q_IN_REGS)`` of the tensor-core forward for head
-    dim ``d`` (1..256) on this backend (:data:`FORWARD_MMA_TILES`,
+    dim ``d`` (1..256) on this backend (:data:`FORWARD_MMA_TILES`, with ``mods`` (per-element
+    work) :data:`FORWARD_MMA_MODS_TILES` where it has the head dim,
     :data:`FORWARD_MMA_SIM_TILES`)."""
     if simulator is None:
         simulator = on_simulator()
-    return FORWARD_MMA_SIM_TILES if simulator else FORWARD_MMA_TILES[padded_head_dim(head_dim)]
+    if simulator:
+        return FORWARD_MMA_SIM_TILES
+    hd = padded_head_dim(head_dim)
+    return (FORWARD_MMA_MODS_TILES.get(hd) if mods else None) or FORWARD_MMA_TILES[hd]
 
 
 def forward_mma_config(head_dim, dtype="float16", simulator=None, **flags):
     """The :class:`ForwardMmaConfig` of a call (``flags``: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``,
     ``VEC``, ``USER``)."""
-    nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator)
+    mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
+    nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
     return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
                             **flags)
 
