@@ -211,7 +211,7 @@ from .jit import device_jit, kernel_jit
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
-from .stages import lds16, make_exp_e
+from .stages import lds16, make_exp_e, make_row_dot
 from .tile_scores import ScoreArgs, make_score_fn
 from .variant import variant_type
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_tile_kind,
@@ -331,7 +331,7 @@ def unfold_block_py(bx, tiles, heads):
 # [/docs:bwd-grid]
 
 
-unfold_block = device_jit(own_module=True, inline=True)(unfold_block_py)
+unfold_block = device_jit(inline=True)(unfold_block_py)
 
 
 def backward_grids(b, h, hkv, nq, nk, d, dtype, simulator=None):
@@ -380,7 +380,6 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
     INF = acc_t(math.inf)
     A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
-    A_TILE = A_TR * A_TC
     GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
     W = _word(dtype)                        # bytes of one compute element in the tiles
     VW = VEC_BYTES // W                     # elements of one 16-byte chunk
@@ -409,30 +408,8 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
 
         return device_jit(own_module=True, inline="always")(load_run)
 
-    # [docs:bwd-row-dot]
-    @device_jit(own_module=True, inline="always")
-    def row_dot(out, a_tile, b_tile, ar, ac):
-        """``out[i A_TC + j] += a_tile[ar + i A_ROW_T] . b_tile[ac + j A_COL_T]`` over the
-        (zero-padded) head dim, for the thread's ``A_TR`` rows and ``A_TC`` keys: per
-        16-byte chunk one ``ld.shared.v4`` per key and per row (``A_TC + A_TR`` loads) feed
-        ``A_TR A_TC VW`` FMAs, one per column in column order.  A ``while`` loop over a 32-bit
-        byte offset, not ``range()`` (which Numba lowers with a 64-bit count)."""
-        br = cuda.local.array((A_TC, VW), acc_t)
-        a_byte = int32(ar * ROW_BYTES)
-        b_byte = int32(ac * ROW_BYTES)
-        off = int32(0)
-        while off < HEAD_DIM * W:
-            for j in range(A_TC):
-                t = lds16(b_tile, b_byte + off + j * A_KEY_STEP)
-                for e in range(VW):
-                    br[j, e] = t[e]
-            for i in range(A_TR):
-                t = lds16(a_tile, a_byte + off + i * A_ROW_STEP)
-                for e in range(VW):
-                    for j in range(A_TC):
-                        out[i * A_TC + j] += t[e] * br[j, e]
-            off = int32(off + VEC_BYTES)
-    # [/docs:bwd-row-dot]
+    # S and dP: a thread's A_TR rows (of Q, dO) and A_TC keys (of K, V), 16 bytes at a time
+    row_dot = make_row_dot(A_TR, A_TC, A_ROW_STEP, A_KEY_STEP, HEAD_DIM * W, acc_t)
     # the forward's own score (tile_scores.py), so that P = exp(s - lse) is the forward's P:
     # times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
     # ALiBi runs always and softcap is a runtime branch, as in the forward), then the user's
@@ -518,15 +495,16 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
         ar = tid // A_COL_T
         ac = tid % A_COL_T
         if ar < BLOCK_M:
-            s = cuda.local.array(A_TILE, acc_t)
-            dp = cuda.local.array(A_TILE, acc_t)
-            for e in range(A_TILE):
-                s[e] = acc_t(0.0)
-                dp[e] = acc_t(0.0)
+            s = cuda.local.array((A_TR, A_TC), acc_t)
+            dp = cuda.local.array((A_TR, A_TC), acc_t)
+            for i in range(A_TR):
+                for j in range(A_TC):
+                    s[i, j] = acc_t(0.0)
+                    dp[i, j] = acc_t(0.0)
             # -- S = Q_i K_j^T and dP = dO_i V_j^T over the (zero-padded) head dim, one
             #    product after the other (half the chunk registers of both at once)
-            row_dot(s, q_tile, k_tile, ar, ac)
-            row_dot(dp, do_tile, v_tile, ar, ac)
+            row_dot(s, q_tile, k_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
+            row_dot(dp, do_tile, v_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
             # [docs:bwd-p-ds]
             # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
@@ -542,17 +520,17 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     ok = (row < sa.nq and lse_i != acc_t(NEG_INF)
                           and is_visible(row, col, sa.offset, nk, left, right))
                     if ok:  # the forward's score; grad = d s / d (scale qk) (1 - tanh^2, ...)
-                        ok, x, grad = score_fn(s[i * A_TC + j], row, col, sa, umask)
+                        ok, x, grad = score_fn(s[i, j], row, col, sa, umask)
                     if ok:
                         p = exp_e(x - lse_i)
                         if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
                             z = acc_t(0.0)
                             if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
                                 z = dropout[3]
-                            ds = p * (dp[i * A_TC + j] * z - delta_sh[m]) * grad
+                            ds = p * (dp[i, j] * z - delta_sh[m]) * grad
                             p = p * z  # DROPOUT: dV takes the dropped P * Z
                         else:
-                            ds = p * (dp[i * A_TC + j] - delta_sh[m]) * grad
+                            ds = p * (dp[i, j] - delta_sh[m]) * grad
                     p_tile[m, n] = p
                     ds_tile[m, n] = ds
             # [/docs:bwd-p-ds]
@@ -588,6 +566,42 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                             dq_acc[i * C_TC + j] += dsr[i * VW + e] * kc[j]
                 n0 = int32(n0 + VW)
 
+    ROW = HEAD_DIM + row_pad(dtype)
+    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
+
+    @device_jit(own_module=True, inline="always")
+    def shared_tiles():
+        """The shared tiles both kernels use: ``k_tile``, ``v_tile`` (``BLOCK_N`` rows),
+        ``q_tile``, ``do_tile`` (``BLOCK_M``), ``p_tile``, ``ds_tile`` (``BLOCK_M x BLOCK_N``),
+        ``lse_sh``, ``delta_sh`` and, with ``DROPOUT``, ``keep_tile`` (else ``lse_sh`` stands
+        in, never read)."""
+        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        lse_sh = cuda.shared.array(BLOCK_M, acc_t)
+        delta_sh = cuda.shared.array(BLOCK_M, acc_t)
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
+            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
+        else:
+            keep_tile = lse_sh
+        return k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh, keep_tile
+
+    @device_jit(own_module=True, inline="always")
+    def block_setup(q, k, cu_q, cu_k, va, varlen, tiles):
+        """``(tile, b, h, hk, bb, q0, nq, k0, nk, sa)`` of this block: its tile of the folded
+        grid, sequence and query head (``hk`` its kv head, GQA), the sequence's arrays and
+        lengths (:func:`sequence`) and its scores' :class:`~numba_flash.kernels.tile_scores.
+        ScoreArgs`."""
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
+        hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
+        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
+        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq,
+                       nq, b, h, va.user[1:])
+        return tile, b, h, hk, bb, q0, nq, k0, nk, sa
+
     @device_jit(own_module=True, inline="always")
     def sequence(q, k, cu_q, cu_k, varlen, b):
         """``(bb, q0, nq, k0, nk)``: the array batch index, first row and length of sequence
@@ -600,8 +614,8 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                     int64(cu_k[b + 1] - k0))
         return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
 
-    return (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence,
-            make_load_run)
+    return (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
+            shared_tiles, make_load_run)
 
 
 @functools.lru_cache(maxsize=None)
@@ -625,14 +639,13 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     INF = acc_t(math.inf)
     NAN = acc_t(math.nan)
     ROW = HEAD_DIM + row_pad(dtype)
-    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
     B_COL_T, B_ROW_T, B_TR, B_TC = layout(BLOCK_N, HEAD_DIM, THREADS)    # dK, dV
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
-    GROUPS = BLOCK_N // 4
-    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence,
-     make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
+     shared_tiles, make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype,
+                                                   DROPOUT, USER)
     W = _word(dtype)
     load_do_cols = make_load_run(B_TC, ROW * W)      # a dK/dV thread's columns of a dO row
     load_q_cols = load_do_cols                        # ... and of a Q row
@@ -673,32 +686,15 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
                 cache=USER is None)  # a user's functions stay off the disk cache
     def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va,
                       varlen, tiles, dq_atomic):
+        (k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
+         keep_tile) = shared_tiles()
         tid = cuda.threadIdx.x
-        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
-        hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
-        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
+        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
         k_start = tile * BLOCK_N
         if k_start >= nk:
             return  # varlen: past this sequence's keys (the whole block leaves together)
         d = q.shape[3]
-        scale = va.scale
-        left, right = va.window
-        dropout = va.dropout
-        user = va.user
-        sa = ScoreArgs(scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq, nq, b,
-                       h, user[1:])
-        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
-        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
-        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
-        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
-        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
-        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
-        lse_sh = cuda.shared.array(BLOCK_M, acc_t)
-        delta_sh = cuda.shared.array(BLOCK_M, acc_t)
-        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
-            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
-        else:
-            keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
+        scale, (left, right), dropout, user = va.scale, va.window, va.dropout, va.user
 
         do_bad = cuda.shared.array(1, int32)  # 1 once a row of a Q tile has a non-finite dO
         if tid == 0:
@@ -822,13 +818,11 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     dtype = np.dtype(dtype)
     assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
     acc_t = compute_type(dtype)
-    ROW = HEAD_DIM + row_pad(dtype)
-    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
-    GROUPS = BLOCK_N // 4
-    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, sequence,
-     make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER)
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
+     shared_tiles, make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype,
+                                                   DROPOUT, USER)
     U_MASK = USER is not None and USER[1] is not None
     BLOCKS = USER[3] if USER is not None else None
     # a block mask's verdict on (this Q tile, K/V tile) (visibility.py); built only with one
@@ -839,31 +833,14 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
                 cache=USER is None)  # a user's functions stay off the disk cache
     def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, va, varlen, tiles):
         tid = cuda.threadIdx.x
-        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
-        hk = h // (q.shape[1] // k.shape[1])
-        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
+        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
         q_start = tile * BLOCK_M
         if q_start >= nq:
             return  # varlen: past this sequence's queries (the whole block leaves together)
         d = q.shape[3]
-        scale = va.scale
-        left, right = va.window
-        dropout = va.dropout
-        user = va.user
-        sa = ScoreArgs(scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq, nq, b,
-                       h, user[1:])
-        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
-        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
-        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
-        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
-        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
-        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
-        lse_sh = cuda.shared.array(BLOCK_M, acc_t)
-        delta_sh = cuda.shared.array(BLOCK_M, acc_t)
-        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
-            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
-        else:
-            keep_tile = lse_sh  # a stand-in argument, never read without DROPOUT
+        scale, (left, right), dropout, user = va.scale, va.window, va.dropout, va.user
+        (k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
+         keep_tile) = shared_tiles()
 
         # -- this block's Q_i, dO_i, lse, D: loaded once (the first barrier below covers them)
         load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)

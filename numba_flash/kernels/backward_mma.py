@@ -67,17 +67,18 @@ from numba import cuda, float32, int32, types, uint32, uint64
 
 from ..backend import on_simulator
 from ..philox import philox_keep
+from .backward import unfold_block
 from .common import HEAD_DIMS, SMEM_LIMIT, log_tile
 from .jit import device_jit, kernel_jit, static_for
-from .stages import EXP_BITS, LOG2E, cp_async_commit, cp_async_wait_all, ex2, fma, \
-    load_u16, make_tile_copy, make_tile_scan
-from .tile_scores import ScoreArgs, make_score_fn
+from .stages import EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, \
+    load_u16, make_pair_load, make_tile_copy, make_tile_scan
+from .tile_scores import make_score_args, make_score_fn
 from .tiles import (BACKWARD_MMA_TILES, MMA_DTYPES, BackwardMmaConfig, backward_mma_config,
                     backward_mma_tiles)
 from .variant import variant_type
-from .visibility import (BLOCK_EMPTY, BLOCK_FULL, BLOCK_PARTIAL, is_visible, make_next_tile,
-                         make_tile_kind, tile_full_range, tile_key_range, tile_query_range)
-from .warp_gemm import KIND_A, KIND_B, lane_offset, make_gemm, make_load_a
+from .visibility import (BLOCK_EMPTY, is_visible, make_next_tile, make_tile_kind, make_tile_span,
+                         make_tile_verdict, tile_query_range)
+from .warp_gemm import KIND_A, KIND_B, lane_offset, make_gemm, make_load_a, make_nan_columns
 
 __all__ = ["MMA_DTYPES", "BackwardMmaConfig", "backward_mma_config", "backward_mma_tiles",
            "SPLIT_HEAD_DIMS", "dkdv_passes", "dq_passes", "full_query_rows",
@@ -130,6 +131,17 @@ def full_query_rows_py(k_start, k_end, offset, nq, nk, left, right):
 
 
 full_query_rows = device_jit(own_module=True, inline=True)(full_query_rows_py)
+
+
+@device_jit(inline=True)
+def block_coords(q, k, tiles):
+    """``(tile, b, h, bh, hk, nq, nk, d)`` of this block of the folded grid
+    (:func:`numba_flash.kernels.backward.fold_grid`): its tile, sequence and query head
+    (``bh = b H + h``), the kv head ``hk`` it reads (GQA) and the sizes."""
+    n_heads = q.shape[1]
+    tile, b, h = unfold_block(cuda.blockIdx.x, tiles, n_heads)
+    return (tile, b, h, b * n_heads + h, h // (n_heads // k.shape[1]), q.shape[2], k.shape[2],
+            q.shape[3])
 
 
 def _user_parts(USER):
@@ -249,18 +261,19 @@ def dkdv_mma_kernel(cfg):
     STAGE_BYTES = 2 * BLOCK_M * RB  # one stage: Q, then dO
     DO_OFF = BLOCK_M * RB
     COL0, ACC = cfg.COL0, cfg.ACC
+    SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES              # the lane's keys
     QCOLS = BLOCK_M // 4            # the lane's queries per step
     ACOLS = ACC // 4                # the lane's dK / dV columns
     K_STEPS = HEAD_DIM // 16
     Q_TILES = BLOCK_M // 16
+    DQ_ROWS = 2 * Q_TILES           # the lane's rows of a dQ column pair
     P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
     D_PAIRS = HEAD_DIM // 16
     PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
     EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
     NEED_DS = WANT_DK or DQ_ATOMIC
     ZERO = float32(0.0)
-    NAN = float32(math.nan)
     NEG_INF = float32(-math.inf)
     LOG2E_F = float32(LOG2E)
     RAW = not (cfg.SOFTCAP or cfg.ALIBI or (FNS is not None and FNS[0] is not None))
@@ -271,23 +284,20 @@ def dkdv_mma_kernel(cfg):
     load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
     store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
     copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE)
     score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
     # the block mask's verdict on (Q tile, this K/V tile), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
+    score_args = make_score_args(cfg.ALIBI, float32)
+
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF)
 
     @_stage
     def load_q(smem, stage, q, do, qo_base, qt, t_hi, nq, d, tid):
         """Q and dO of query tile ``qt`` into ``stage`` (one copy group; none past ``t_hi``)."""
-        if qt < t_hi:
-            rows = min(BLOCK_M, nq - qt * BLOCK_M)
-            base = qo_base + qt * BLOCK_M * d
-            byte = QS_BYTE + stage * STAGE_BYTES
-            copy_q(smem, byte, q, base, rows, d, tid)
-            copy_q(smem, byte + DO_OFF, do, base, rows, d, tid)
-        cp_async_commit()
+        load_pair(smem, QS_BYTE + stage * STAGE_BYTES, q, do, qo_base, qt, t_hi, nq, d, tid)
 
     @_stage
     def next_q(qt, user, b, h, kt, t_hi, nq, nk):
@@ -321,7 +331,7 @@ def dkdv_mma_kernel(cfg):
                     cols |= uint64(1) << uint64(c)
             if cols != uint64(0):
                 mark_keys((bad, cols, row, key0, sa, bounds, umask))
-        nan_keys((dv_acc, bad))
+        nan_columns(dv_acc, bad)
 
     @_stage
     def mark_key(r, ctx):
@@ -334,13 +344,7 @@ def dkdv_mma_kernel(cfg):
 
     mark_keys = static_for(ROWS, mark_key)
 
-    @_stage
-    def nan_key(r, ctx):
-        acc, bad = ctx
-        for c in range(ACOLS):
-            acc[r, c] = NAN if (bad[r] >> uint64(c)) & uint64(1) else acc[r, c]
-
-    nan_keys = static_for(ROWS, nan_key)
+    nan_columns = make_nan_columns(ROWS, ACOLS)
 
     @_stage
     def atomic_dq(dq_accum, c, tile_row, d, col, q_start, nq, g, scale, MASKED_ROWS):
@@ -433,28 +437,16 @@ def dkdv_mma_kernel(cfg):
         lane = tid & 31
         g = lane >> 2
         t = lane & 3
+        kt, b, h, bh, hk, nq, nk, d = block_coords(q, k, tiles)   # this block's K/V tile
         n_heads = q.shape[1]
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = q.shape[3]
-        bx = cuda.blockIdx.x
-        bh = bx // tiles
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // (n_heads // k.shape[1])
-        kt = bx % tiles                    # this block's K/V tile
         k_start = kt * BLOCK_N
         k_end = min(k_start + BLOCK_N, nk)
         offset = nk - nq
         left, right = va.window
-        slope = ZERO
-        if cfg.ALIBI:
-            slope = va.alibi[b, h]
-        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, offset, nq, b, h,
-                       va.user[1:])
+        sa = score_args(va, b, h, offset, nq)
         key0 = k_start + 16 * M_TILES * warp + g   # the lane's first key (rows of S^T)
 
-        smem = cuda.shared.array(cfg.SMEM_BYTES // 4, uint32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
         st = cuda.local.array((ROWS, QCOLS), float32)     # S^T, then P^T Z
         dpt = cuda.local.array((ROWS, QCOLS), float32)    # dP^T, then dS^T
         dk_acc = cuda.local.array((ROWS, ACOLS), float32)
@@ -462,7 +454,7 @@ def dkdv_mma_kernel(cfg):
         nlse2 = cuda.local.array(QCOLS, float32)          # -lse log2 e of the lane's queries
         dl = cuda.local.array(QCOLS, float32)             # D of the lane's queries
         da = cuda.local.array((Q_TILES, P_STEPS, 4), uint32)  # dQ's A fragments (dS)
-        dqc = cuda.local.array((2 * Q_TILES, 4), float32)      # dQ of one column pair
+        dqc = cuda.local.array((DQ_ROWS, 4), float32)          # dQ of one column pair
         for r in range(ROWS):
             for c in range(ACOLS):
                 dk_acc[r, c] = ZERO
@@ -502,15 +494,13 @@ def dkdv_mma_kernel(cfg):
             if LOG and tid == 0:
                 log_tile(b, h, qt * BLOCK_M, kt)
             qt_next = next_q(qt, va.user, b, h, kt, t_hi, nq, nk)
-            kind = BLOCK_PARTIAL if MASK_MOD else BLOCK_FULL
-            if BLOCKS is not None:
-                kind = tile_kind(va.user[0], b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq),
-                                 kt, nk)
-            if f_lo <= qt and qt < f_hi and kind == BLOCK_FULL:  # every row sees every key
+            unmasked, umask = verdict(va.user, b, h, qt * BLOCK_M,
+                                      min(qt * BLOCK_M + BLOCK_M, nq), kt, nk,
+                                      f_lo <= qt and qt < f_hi)
+            if unmasked:  # every row sees every key of the pair: no mask
                 step_full(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, False)
             else:
-                step_masked(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, va, sa,
-                            kind == BLOCK_PARTIAL)
+                step_masked(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, umask)
             qt = qt_next
             stage ^= 1
 
@@ -558,6 +548,7 @@ def dq_mma_kernel(cfg):
     KV_TILE = BLOCK_N * RB
     STAGE_BYTES = 2 * KV_TILE       # one stage: K, then V
     COL0, ACC = cfg.COL0, cfg.ACC
+    SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES
     KEYS = BLOCK_N // 4
     ACOLS = ACC // 4
@@ -569,21 +560,18 @@ def dq_mma_kernel(cfg):
     gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs", False, RB, RB, DTYPE)
     gemm_dq = make_gemm(M_TILES, ACC // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC)
-    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
-    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
+    tile_span = make_tile_span(BLOCK_N)
     next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    score_args = make_score_args(cfg.ALIBI, float32)
+
+    load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE)
 
     @_stage
     def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid):
         """K and V of tile ``kt`` into ``stage`` (one copy group; none past ``t_hi``)."""
-        if kt < t_hi:
-            rows = min(BLOCK_N, nk - kt * BLOCK_N)
-            base = kv_base + kt * BLOCK_N * d
-            byte = KV_BYTE + stage * STAGE_BYTES
-            copy_kv(smem, byte, k, base, rows, d, tid)
-            copy_kv(smem, byte + KV_TILE, v, base, rows, d, tid)
-        cp_async_commit()
+        load_pair(smem, KV_BYTE + stage * STAGE_BYTES, k, v, kv_base, kt, t_hi, nk, d, tid)
 
     @_stage
     def nxt(kt, user, b, h, q_start, q_end, t_hi, nk):
@@ -661,28 +649,17 @@ def dq_mma_kernel(cfg):
         warp = tid >> 5
         lane = tid & 31
         t = lane & 3
+        qt, b, h, bh, hk, nq, nk, d = block_coords(q, k, tiles)   # this block's Q tile
         n_heads = q.shape[1]
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = q.shape[3]
-        bx = cuda.blockIdx.x
-        bh = bx // tiles
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // (n_heads // k.shape[1])
-        q_start = (bx % tiles) * BLOCK_M
+        q_start = qt * BLOCK_M
         q_end = min(q_start + BLOCK_M, nq)
         offset = nk - nq
         left, right = va.window
-        slope = ZERO
-        if cfg.ALIBI:
-            slope = va.alibi[b, h]
-        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, offset, nq, b, h,
-                       va.user[1:])
+        sa = score_args(va, b, h, offset, nq)
         row0 = q_start + 16 * M_TILES * warp + (lane >> 2)   # the lane's first row
         row_base = uint64(uint32(bh)) * uint64(nq)
 
-        smem = cuda.shared.array(cfg.SMEM_BYTES // 4, uint32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
         qf = cuda.local.array((M_TILES, K_STEPS, 4), uint32)    # Q's A fragments
         dof = cuda.local.array((M_TILES, K_STEPS, 4), uint32)   # dO's
         s = cuda.local.array((ROWS, KEYS), float32)             # S, then P
@@ -695,12 +672,8 @@ def dq_mma_kernel(cfg):
                 acc[r, c] = ZERO
         load_stats((nlse2, dl, lse, delta, row_base, row0, nq))
 
-        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
-        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
-        t_lo = int32(kv_lo // BLOCK_N)
-        t_hi = int32((kv_hi + BLOCK_N - 1) // BLOCK_N)
-        f_lo = int32(min(max((full_lo + BLOCK_N - 1) // BLOCK_N, t_lo), t_hi))
-        f_hi = int32(min(max(full_hi // BLOCK_N, f_lo), t_hi))  # unmasked tiles: [f_lo, f_hi)
+        # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
+        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
         if q_start + BLOCK_M > nq:   # rows past Nq: every tile masked
             f_hi = f_lo
 
@@ -729,14 +702,12 @@ def dq_mma_kernel(cfg):
             if LOG and tid == 0:
                 log_tile(b, h, q_start, kt)
             kt_next = nxt(kt, va.user, b, h, q_start, q_end, t_hi, nk)
-            kind = BLOCK_PARTIAL if MASK_MOD else BLOCK_FULL
-            if BLOCKS is not None:
-                kind = tile_kind(va.user[0], b, h, q_start, q_end, kt, nk)
-            if f_lo <= kt and kt < f_hi and kind == BLOCK_FULL:  # every row sees it: no mask
+            unmasked, umask = verdict(va.user, b, h, q_start, q_end, kt, nk,
+                                      f_lo <= kt and kt < f_hi)
+            if unmasked:  # every row sees every key of the tile: no mask
                 step_full(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, False)
             else:
-                step_masked(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, va, sa,
-                            kind == BLOCK_PARTIAL)
+                step_masked(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, umask)
             kt = kt_next
             stage ^= 1
 

@@ -125,6 +125,7 @@ from .jit import device_jit, kernel_jit
 from .merge import make_merge_functions, make_state_merge
 from .stages import lds16, load16, shfl_xor
 from .online_softmax import make_online_softmax
+from .tiles import DEFAULT_SM_COUNT, DecodeConfig, sm_count
 from .tile_scores import ScoreArgs, make_score_fn
 from .variant import variant_type
 from .visibility import key_bounds, make_score_mod, tile_key_range
@@ -150,8 +151,9 @@ SIM_ROWS_MAX = 4
 SIM_BLOCK_M = SIM_ROWS_MAX
 #: row counts a kernel is compiled for (the smallest that holds ``G * Nq`` is used)
 ROW_CHOICES = (1, 2, 4, 8)
-#: streaming multiprocessors of the GPU the default split count fills (H100 SXM / H200: 132)
-SM_COUNT = 132
+#: streaming multiprocessors the docs' split counts assume (H100 SXM / H200: 132); a launch
+#: fills its own device's (:func:`~numba_flash.kernels.tiles.sm_count`)
+SM_COUNT = DEFAULT_SM_COUNT
 #: blocks per SM the default split count aims at when the batch alone does not fill the GPU
 TARGET_BLOCKS_PER_SM = 4
 #: smallest split by default: enough keys per block to amortise its partial state
@@ -224,16 +226,25 @@ def keys_per_step(rows, dpl):
     return 1 if rows * dpl > 32 else GPU_KEYS_PER_STEP
 
 
-def launch_shape(dtype, HEAD_DIM, n_rows):
-    """``(THREADS, LANES, CHUNK, U, ROWS)`` for a group of ``n_rows = G * Nq`` query rows."""
-    lanes, chunk = lane_layout(dtype, HEAD_DIM)
-    if on_simulator():
+def launch_shape(dtype, HEAD_DIM, n_rows, simulator=None, **flags):
+    """The tile choice: the :class:`~numba_flash.kernels.tiles.DecodeConfig` for a group of
+    ``n_rows = G * Nq`` query rows (``flags``: ``VEC``, ``PAGED``, ``SOFTCAP``, ``ALIBI``,
+    ``SPLIT_PAGES``, ``USER``): lanes and chunks of :func:`lane_layout`, the fewest of
+    :data:`ROW_CHOICES` rows that hold ``n_rows`` (at most :func:`gpu_rows_max`: registers),
+    :func:`keys_per_step` keys per step."""
+    if simulator is None:
+        simulator = on_simulator()
+    lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator)
+    name = np.dtype(dtype).name
+    if simulator:
         rows_max = min(SIM_ROWS_MAX, lanes)
         rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-        return SIM_THREADS, lanes, chunk, SIM_KEYS_PER_STEP, rows
+        return DecodeConfig(SIM_THREADS, lanes, chunk, SIM_KEYS_PER_STEP, rows, HEAD_DIM, name,
+                            **flags)
     rows_max = gpu_rows_max(dtype, HEAD_DIM)
     rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-    return GPU_THREADS, lanes, chunk, keys_per_step(rows, HEAD_DIM // lanes), rows
+    return DecodeConfig(GPU_THREADS, lanes, chunk, keys_per_step(rows, HEAD_DIM // lanes), rows,
+                        HEAD_DIM, name, **flags)
 
 
 def split_policy(num_splits, hkv, step):
@@ -241,7 +252,8 @@ def split_policy(num_splits, hkv, step):
     ``step`` is the kernel's ``STEP`` (keys per block step, :func:`block_step`).
 
     ``num_splits=None``: enough splits that one sequence fills the GPU,
-    ``cdiv(SM_COUNT * TARGET_BLOCKS_PER_SM, Hkv)``, of at least ``GPU_MIN_SPLIT_TOKENS`` keys
+    ``cdiv(SMs * TARGET_BLOCKS_PER_SM, Hkv)`` (``SMs``: the device's,
+    :func:`~numba_flash.kernels.tiles.sm_count`), of at least ``GPU_MIN_SPLIT_TOKENS`` keys
     (the simulator: splits of 16 keys).  The batch size is deliberately not an input: a split
     count from ``B`` would make one sequence's bits depend on what else is in the batch.
     ``num_splits=S``: ``S`` splits of equal size (a multiple of ``step``), so fewer when the
@@ -251,7 +263,7 @@ def split_policy(num_splits, hkv, step):
     if num_splits is None:
         if sim:
             return GRID_YZ_MAX, SIM_MIN_SPLIT_TOKENS
-        return -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
+        return -(-sm_count() * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
     return min(int(num_splits), GRID_YZ_MAX), step
 
 
@@ -307,9 +319,9 @@ def launch_bounds(THREADS, dtype, HEAD_DIM):
 
 
 @functools.lru_cache(maxsize=None)
-def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP=False,
-                  ALIBI=False, SPLIT_PAGES=False, USER=None):
-    """Build (once per configuration) the fused split-KV decode kernel
+def decode_kernel(cfg):
+    """Build (once per :class:`~numba_flash.kernels.tiles.DecodeConfig`) the fused split-KV
+    decode kernel
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part, lse_part,
     counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
@@ -340,9 +352,11 @@ def decode_kernel(THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, S
     query's column and ``t`` the key's position in the cache (all int32).  A build with
     ``USER`` keeps out of the on-disk kernel cache (the user's code does not key it).
     """
+    (THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP, ALIBI, SPLIT_PAGES,
+     USER) = cfg
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
-    dtype = np.dtype(dtype)
+    dtype = BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
     acc_t = compute_type(dtype)
     assert not VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
     load, store = element_ops(dtype)      # element <-> compute type (kernels/elements.py)
@@ -937,17 +951,16 @@ def compile_configs():
     (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
     def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None):
         dtype = np.dtype(dtype)
-        lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator=False)
-        rows = gpu_rows_max(dtype, HEAD_DIM)
-        u = keys_per_step(rows, HEAD_DIM // lanes)
+        fns, aux = (None, ()) if user is None else user
+        config = launch_shape(dtype, HEAD_DIM, gpu_rows_max(dtype, HEAD_DIM), False, VEC=vec,
+                              PAGED=paged, SOFTCAP=softcap, ALIBI=alibi, USER=fns)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
-        fns, aux = (None, ()) if user is None else user
         tag += "" if user is None else " score_mod mask_mod"
         return {
-            "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={rows} U={u}{tag}",
-            "kernel": decode_kernel(GPU_THREADS, lanes, chunk, u, rows, HEAD_DIM, dtype, vec,
-                                    paged, softcap, alibi, USER=fns),
+            "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={config.ROWS} U={config.U}{tag}",
+            "config": config,
+            "kernel": decode_kernel(config),
             "args": kernel_args_types(dtype, alibi, vec, aux),
             "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,

@@ -160,7 +160,7 @@ from ..philox import philox_keep_bits4
 from .common import (GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type,
                      log_tile, numba_array_type, padded_head_dim)
 from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16,
-                     load_at)
+                     load_at, make_row_dot)
 from .elements import BFLOAT16, element_ops
 from .jit import device_jit, kernel_jit
 from .online_softmax import make_epilogue, make_online_softmax
@@ -500,36 +500,17 @@ def forward_kernel(cfg):
     V_CHUNK_STEP = THREADS_N * VEC_BYTES    # a thread's V chunks tx, tx + THREADS_N, ...
 
     # [docs:fwd-qk]
+    row_dot = make_row_dot(TM, TN, Q_ROW_STEP, K_ROW_STEP, HEAD_DIM * W, acc_t)
+
     @_stage
     def qk_tile(s, q_tile, k_tile, ty, tx):
         """``s[i, j] = q . k`` of the thread's rows ``ty + i THREADS_M`` and keys ``tx + j
-        THREADS_N`` (raw, unscaled), one FMA per column in column order.  Per 16-byte chunk of
-        the head dim: one ``ld.shared.v4`` per row and per key (``TM + TN`` loads) feed ``TM TN
-        VW`` FMAs."""
-        qr = cuda.local.array((TM, VW), acc_t)
-        kr = cuda.local.array((TN, VW), acc_t)
-        q_byte = int32(ty * HEAD_DIM * W)       # row ty, chunk 0
-        k_byte = int32(tx * K_STRIDE * W)       # key tx, chunk 0
+        THREADS_N`` (raw, unscaled), one FMA per column in column order (the stage of
+        :func:`~numba_flash.kernels.stages.make_row_dot`, the backward's too)."""
         for i in range(TM):
             for j in range(TN):
                 s[i, j] = acc_t(0.0)
-        # a while loop, not range(): Numba lowers range() with a 64-bit count and a sign test
-        # per step (7 instructions of 84 per chunk in the SASS); this is one add and a compare
-        off = int32(0)
-        while off < CH * VEC_BYTES:
-            for i in range(TM):
-                t = lds16(q_tile, q_byte + off + i * Q_ROW_STEP)
-                for e in range(VW):
-                    qr[i, e] = t[e]
-            for j in range(TN):
-                t = lds16(k_tile, k_byte + off + j * K_ROW_STEP)
-                for e in range(VW):
-                    kr[j, e] = t[e]
-            for e in range(VW):
-                for i in range(TM):
-                    for j in range(TN):
-                        s[i, j] += qr[i, e] * kr[j, e]
-            off = int32(off + VEC_BYTES)
+        row_dot(s, q_tile, k_tile, int32(ty * HEAD_DIM * W), int32(tx * K_STRIDE * W))
     # [/docs:fwd-qk]
 
     # [docs:fwd-pv-stage]

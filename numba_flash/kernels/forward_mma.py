@@ -63,9 +63,8 @@ uint16 words).  ``[docs: tensor-cores.md]`` explains the fragments and the pipel
 from __future__ import annotations
 
 import functools
-import math
 
-from numba import cuda, float32, int32, types, uint32, uint64
+from numba import cuda, float32, types, uint32, uint64
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
@@ -74,14 +73,13 @@ from .elements import element_ops
 from .jit import device_jit, kernel_jit, static_for
 from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
 from .stages import EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan
-from .tile_scores import ScoreArgs, make_score_fn, make_tile_scores
+from .tile_scores import make_score_args, make_score_fn, make_tile_scores
 from .tiles import (FORWARD_MMA_TILES, MMA_DTYPES, ForwardMmaConfig, forward_mma_config,
                     forward_mma_tiles)
 from .variant import variant_type
-from .visibility import (BLOCK_FULL, BLOCK_PARTIAL, key_bounds, make_next_tile, make_tile_kind,
-                         tile_full_range, tile_key_range)
+from .visibility import key_bounds, make_next_tile, make_tile_span, make_tile_verdict
 from .warp_gemm import (ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm,
-                        make_load_a)
+                        make_load_a, make_nan_columns)
 
 __all__ = ["MMA_DTYPES", "ForwardMmaConfig", "forward_mma_config", "forward_mma_tiles",
            "forward_grid", "forward_mma_kernel", "vector_copies", "compile_configs"]
@@ -138,7 +136,6 @@ def forward_mma_kernel(cfg):
     MASK_MOD = user_mask is not None
     RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into the exponent
     EXP_MASK = EXP_BITS[DTYPE]      # exponent bits: all ones = inf or NaN
-    NAN = float32(math.nan)
     ZERO = float32(0.0)
     ONE = float32(1.0)
     LOG2E_F = float32(LOG2E)
@@ -170,8 +167,10 @@ def forward_mma_kernel(cfg):
     wait_k = cp_async_wait(max(0, 2 * STAGES - 3))
     wait_v = cp_async_wait(max(0, 2 * STAGES - 2))
     wait_q = cp_async_wait(max(1, 2 * STAGES - 2))
-    # the block mask's verdict per K/V tile and its walk (visibility.py), built only with one
-    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    # the block mask's walk and each tile's verdict (visibility.py)
+    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
+    tile_span = make_tile_span(BLOCK_N)
+    score_args = make_score_args(ALIBI, float32)
     next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
     @_stage
@@ -220,14 +219,7 @@ def forward_mma_kernel(cfg):
 
     mark_rows = static_for(ROWS, mark_row)
 
-    @_stage
-    def nan_row(r, ctx):
-        """``acc[r, c] = NaN`` for the columns ``c`` of ``row_bad[r]``."""
-        acc, row_bad = ctx
-        for c in range(COLS):
-            acc[r, c] = NAN if (row_bad[r] >> uint64(c)) & uint64(1) else acc[r, c]
-
-    nan_rows = static_for(ROWS, nan_row)
+    nan_columns = make_nan_columns(ROWS, COLS)
 
     @_stage
     def nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask):
@@ -249,7 +241,7 @@ def forward_mma_kernel(cfg):
                     cols |= uint64(1) << uint64(c)
             if cols != uint64(0):
                 mark_rows((row_bad, cols, key, row0, sa, bounds, umask))
-        nan_rows((acc, row_bad))
+        nan_columns(acc, row_bad)
 
     @_stage
     def nxt(kt, va, b, h, q_start, q_end, t_hi, nk):
@@ -332,11 +324,7 @@ def forward_mma_kernel(cfg):
         q_end = min(q_start + BLOCK_M, nq)
         offset = nk - nq                   # bottom-right alignment of queries against keys
         left, right = va.window
-        slope = ZERO
-        if ALIBI:
-            slope = va.alibi[b, h]
-        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, offset, nq, b, h,
-                       va.user[1:])
+        sa = score_args(va, b, h, offset, nq)
         row0 = q_start + 16 * M_TILES * warp + g   # the lane's first row
         # scores stay in raw q.k units without modifiers (scale folded into the exponent)
         exp_scale = va.scale * LOG2E_F if RAW else LOG2E_F
@@ -348,12 +336,8 @@ def forward_mma_kernel(cfg):
         m_i = cuda.local.array(ROWS, float32)
         l_i = cuda.local.array(ROWS, float32)
 
-        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
-        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
-        t_lo = int32(kv_lo // BLOCK_N)
-        t_hi = int32((kv_hi + BLOCK_N - 1) // BLOCK_N)
-        f_lo = int32(min(max((full_lo + BLOCK_N - 1) // BLOCK_N, t_lo), t_hi))
-        f_hi = int32(min(max(full_hi // BLOCK_N, f_lo), t_hi))  # unmasked tiles: [f_lo, f_hi)
+        # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
+        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
         kv_base = (b * k.shape[1] + hk) * nk * d
 
         # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
@@ -385,14 +369,12 @@ def forward_mma_kernel(cfg):
         while kt < t_hi:
             if LOG and tid == 0:
                 log_tile(b, h, q_start, kt)
-            kind = BLOCK_PARTIAL if MASK_MOD else BLOCK_FULL
-            if BLOCKS is not None:
-                kind = tile_kind(va.user[0], b, h, q_start, q_end, kt, nk)
-            if f_lo <= kt and kt < f_hi and kind == BLOCK_FULL:  # every row sees it: no mask
+            unmasked, umask = verdict(va.user, b, h, q_start, q_end, kt, nk,
+                                      f_lo <= kt and kt < f_hi)
+            if unmasked:  # every row sees every key of the tile: no mask
                 step_full(kt, ahead, stage, t_hi, smem, kv, frags, lanes, va, sa, False)
             else:
-                step_masked(kt, ahead, stage, t_hi, smem, kv, frags, lanes, va, sa,
-                            kind == BLOCK_PARTIAL)
+                step_masked(kt, ahead, stage, t_hi, smem, kv, frags, lanes, va, sa, umask)
             kt = nxt(kt, va, b, h, q_start, q_end, t_hi, nk)
             ahead = nxt(ahead, va, b, h, q_start, q_end, t_hi, nk)
             stage = stage + 1 if stage + 1 < STAGES else 0

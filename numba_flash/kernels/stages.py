@@ -97,7 +97,7 @@ from numba import cuda, types, uint32
 
 from ..backend import on_simulator
 from .jit import device_jit, kernel_jit
-from .mma import WARP, mma_m16n8k16
+from .mma import WARP
 
 #: the PTX instructions behind the intrinsics
 LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
@@ -603,9 +603,39 @@ def make_exp_e(word):
     return _device(exp_e)
 
 
+# [docs:row-dot]
+@functools.lru_cache(maxsize=None)
+def make_row_dot(TR, TC, A_STEP, B_STEP, ROW_BYTES, acc_t):
+    """``row_dot(out, a_tile, b_tile, a_byte, b_byte)``: ``out[i, j] += a . b`` of a thread's
+    ``TR`` rows of ``a_tile`` (from byte ``a_byte``, ``A_STEP`` bytes apart) and ``TC`` rows of
+    ``b_tile`` (``b_byte``, ``B_STEP`` apart) over ``ROW_BYTES`` of each (the SIMT kernels' ``Q
+    K^T`` and ``dO V^T``): per 16-byte chunk one ``ld.shared.v4`` per ``b`` row and per ``a``
+    row (``TC + TR`` loads) feed ``TR TC VW`` FMAs, one per column in column order (every
+    ``out[i, j]`` sums its products in the same order, whatever the tile).  A ``while`` loop
+    over a 32-bit byte offset, not ``range()`` (which Numba lowers with a 64-bit count and a
+    sign test per step)."""
+    VW = 16 // (8 if acc_t == types.float64 else 4)
+
+    def row_dot(out, a_tile, b_tile, a_byte, b_byte):
+        br = cuda.local.array((TC, VW), acc_t)
+        off = types.int32(0)
+        while off < ROW_BYTES:
+            for j in range(TC):
+                t = lds16(b_tile, b_byte + off + j * B_STEP)
+                for e in range(VW):
+                    br[j, e] = t[e]
+            for i in range(TR):
+                t = lds16(a_tile, a_byte + off + i * A_STEP)
+                for e in range(VW):
+                    for j in range(TC):
+                        out[i, j] += t[e] * br[j, e]
+            off = types.int32(off + 16)
+
+    return device_jit(inline=True)(row_dot)
+# [/docs:row-dot]
+
+
 _SHIFT16 = uint32(16)
-_EXP_LO = uint32(_EXP16)
-_EXP_HI = uint32(_EXP16 << 16)
 _LOW16 = uint32(0xFFFF)
 _HIGH16 = uint32(0xFFFF0000)
 
@@ -668,37 +698,49 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC):
     return copy_tile
 
 
-@_device
-def zero_nonfinite_word(x):
-    """A word of two float16 with each inf / NaN half replaced by +0."""
-    if (x & _EXP_LO) == _EXP_LO:
-        x = uint32(x & _HIGH16)
-    if (x & _EXP_HI) == _EXP_HI:
-        x = uint32(x & _LOW16)
-    return x
+@functools.lru_cache(maxsize=None)
+def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND):
+    """``load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid)``: rows ``t ROWS ..`` of
+    ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[.., n,
+    d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
+    that a pipeline commits the same number of groups every step)."""
+    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC)
+
+    @_device
+    def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid):
+        if t < t_hi:
+            rows = min(ROWS, n - t * ROWS)
+            base = elem_base + t * ROWS * d
+            copy(smem, byte, x, base, rows, d, tid)
+            copy(smem, byte + SECOND, y, base, rows, d, tid)
+        cp_async_commit()
+
+    return load_pair
 
 
 @functools.lru_cache(maxsize=None)
 def make_zero_nonfinite_word(DTYPE="float16"):
-    """:func:`zero_nonfinite_word` for the 16-bit element type ``DTYPE`` (``"float16"``: that
-    function; ``"bfloat16"``: the same test on bfloat16's exponent bits, ``0x7F80``)."""
-    if DTYPE == "float16":
-        return zero_nonfinite_word
+    """``zero_nonfinite_word(x)``: a word of two 16-bit elements of ``DTYPE`` (``"float16"`` or
+    ``"bfloat16"``) with each inf / NaN one (all exponent bits set, :data:`EXP_BITS`) replaced
+    by +0."""
     if DTYPE not in EXP_BITS:
         raise ValueError(f"DTYPE: expected one of {tuple(EXP_BITS)}, got {DTYPE!r}")
     EXP_LO = uint32(EXP_BITS[DTYPE])
     EXP_HI = uint32(EXP_BITS[DTYPE] << 16)
 
     @_device
-    def zero_nonfinite_word_16(x):
-        """A word of two 16-bit elements with each inf / NaN one replaced by +0."""
+    def zero_nonfinite_word(x):
         if (x & EXP_LO) == EXP_LO:
             x = uint32(x & _HIGH16)
         if (x & EXP_HI) == EXP_HI:
             x = uint32(x & _LOW16)
         return x
 
-    return zero_nonfinite_word_16
+    return zero_nonfinite_word
+
+
+#: the float16 build of :func:`make_zero_nonfinite_word`
+zero_nonfinite_word = make_zero_nonfinite_word("float16")
 
 
 @functools.lru_cache(maxsize=None)
@@ -754,73 +796,6 @@ def ldmatrix_kernel(TRANS):
         regs[lane, 3] = r3
 
     return ldmatrix_probe
-
-
-@functools.lru_cache(maxsize=None)
-def ldmatrix_gemm_kernel(K, N):
-    """``kernel(a, bt, v, s, o)``: one warp, float16 bits (uint16) ``a [16, K]``, ``bt [N, K]``
-    (a row per column of ``B``, as ``K`` rows are) and ``v [N, 16]``: ``s = a @ bt.T`` (float32
-    ``[16, N]``) with fragments from :func:`ldmatrix_x4`, and ``o = a[:, :N] @ v`` (float32
-    ``[16, 16]``) with ``B`` from a row-major ``v`` by :func:`ldmatrix_x4_trans`.  The tiles go
-    through :func:`make_tile_copy` (``cp.async``); ``K``, ``N`` multiples of 16."""
-    assert K % 16 == 0 and N % 16 == 0
-    RB_A = row_bytes(K)
-    RB_V = row_bytes(16)
-    A_BYTES = 16 * RB_A
-    BT_BYTES = N * RB_A
-    copy_a = make_tile_copy(16, K, RB_A, WARP, True)
-    copy_bt = make_tile_copy(N, K, RB_A, WARP, True)
-    copy_v = make_tile_copy(N, 16, RB_V, WARP, True)
-    WORDS = (A_BYTES + BT_BYTES + N * RB_V) // 4
-
-    @kernel_jit
-    def ldmatrix_gemm(a, bt, v, s, o):
-        lane = cuda.threadIdx.x
-        g = lane >> 2
-        t = lane & 3
-        smem = cuda.shared.array(WORDS, types.uint32)
-        copy_a(smem, 0, a, 0, 16, K, lane)
-        copy_bt(smem, A_BYTES, bt, 0, N, K, lane)
-        copy_v(smem, A_BYTES + BT_BYTES, v, 0, N, 16, lane)
-        cp_async_commit()
-        cp_async_wait_all()
-        cuda.syncthreads()  # every lane's copies have landed before any ldmatrix reads them
-        m = lane >> 3
-        r = lane & 7
-        a_off = (r + 8 * (m & 1)) * RB_A + 16 * (m >> 1)
-        b_off = A_BYTES + (r + 8 * (m >> 1)) * RB_A + 16 * (m & 1)
-        v_off = A_BYTES + BT_BYTES + (r + 8 * (m & 1)) * RB_V + 16 * (m >> 1)
-        for p in range(N // 16):
-            c = cuda.local.array((2, 4), types.float32)
-            for j in range(2):
-                for e in range(4):
-                    c[j, e] = types.float32(0.0)
-            for kc in range(K // 16):
-                a0, a1, a2, a3 = ldmatrix_x4(smem, a_off + 32 * kc)
-                b0, b1, b2, b3 = ldmatrix_x4(smem, b_off + 16 * p * RB_A + 32 * kc)
-                c[0, 0], c[0, 1], c[0, 2], c[0, 3] = mma_m16n8k16(
-                    a0, a1, a2, a3, b0, b1, c[0, 0], c[0, 1], c[0, 2], c[0, 3])
-                c[1, 0], c[1, 1], c[1, 2], c[1, 3] = mma_m16n8k16(
-                    a0, a1, a2, a3, b2, b3, c[1, 0], c[1, 1], c[1, 2], c[1, 3])
-            for j in range(2):
-                for e in range(4):
-                    s[g + 8 * (e >> 1), 16 * p + 8 * j + 2 * t + (e & 1)] = c[j, e]
-        acc = cuda.local.array((2, 4), types.float32)
-        for j in range(2):
-            for e in range(4):
-                acc[j, e] = types.float32(0.0)
-        for kk in range(N // 16):
-            a0, a1, a2, a3 = ldmatrix_x4(smem, a_off + 32 * kk)
-            b0, b1, b2, b3 = ldmatrix_x4_trans(smem, v_off + 16 * kk * RB_V)
-            acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3] = mma_m16n8k16(
-                a0, a1, a2, a3, b0, b1, acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3])
-            acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3] = mma_m16n8k16(
-                a0, a1, a2, a3, b2, b3, acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3])
-        for j in range(2):
-            for e in range(4):
-                o[g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)] = acc[j, e]
-
-    return ldmatrix_gemm
 
 
 @functools.lru_cache(maxsize=None)
@@ -898,7 +873,7 @@ def arith_kernel():
 def compile_configs():
     """The stage kernels for the compile tier (they must build ``ldmatrix``, ``cp.async``)."""
     u16_1 = types.Array(types.uint16, 1, "C")
-    u16_2 = types.Array(types.uint16, 2, "C")
+    types.Array(types.uint16, 2, "C")
     u16_3 = types.Array(types.uint16, 3, "C")
     u32_1 = types.Array(types.uint32, 1, "C")
     u32_2 = types.Array(types.uint32, 2, "C")
@@ -909,8 +884,6 @@ def compile_configs():
         yield {"name": f"stages ldmatrix{' trans' if trans else ''}",
                "kernel": ldmatrix_kernel(trans), "args": (u32_1, i32_1, u32_2),
                "float64_ok": False}
-    yield {"name": "stages ldmatrix_gemm K64 N32", "kernel": ldmatrix_gemm_kernel(64, 32),
-           "args": (u16_2, u16_2, u16_2, f32_2, f32_2), "float64_ok": False, "mma": True}
     for vec in (True, False):
         yield {"name": f"stages tile_copy R32 D64{' vec' if vec else ''}",
                "kernel": tile_copy_kernel(32, 64, 128, vec, 3),

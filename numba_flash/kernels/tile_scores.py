@@ -52,6 +52,24 @@ class ScoreArgs(collections.namedtuple(
     __slots__ = ()
 
 
+@functools.lru_cache(maxsize=None)
+def make_score_args(ALIBI, acc_t):
+    """``score_args(va, b, h, offset, nq) -> ScoreArgs`` of a block from its
+    :class:`~numba_flash.kernels.variant.Variant` (the ALiBi slope of ``(b, h)`` read only
+    with ``ALIBI``; 0 otherwise)."""
+    ZERO = acc_t(0.0)
+
+    @_device
+    def score_args(va, b, h, offset, nq):
+        slope = ZERO
+        if ALIBI:
+            slope = acc_t(va.alibi[b, h])
+        return ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, offset, nq, b, h,
+                         va.user[1:])
+
+    return score_args
+
+
 def _user(USER):
     """``(score_mod, mask_mod, score_mod_grad)`` of a user variant (``None``: none)."""
     fns = tuple(USER) if USER is not None else ()

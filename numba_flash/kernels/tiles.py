@@ -30,6 +30,22 @@ def mma_row_bytes(head_dim):
     return 2 * head_dim + 16
 
 
+#: properties of every tensor-core configuration: threads of a block (32 a warp) and the bytes
+#: of a padded shared row
+_THREADS = property(lambda cfg: 32 * cfg.NUM_WARPS, doc="Threads of a block: 32 a warp.")
+_ROW_BYTES = property(lambda cfg: mma_row_bytes(cfg.HEAD_DIM), doc="Bytes of a shared row.")
+_OWNED_ROWS = property(lambda cfg: 16 * cfg.M_TILES * cfg.NUM_WARPS,
+                       doc="Rows a block owns: 16 per row tile of each warp.")
+
+
+def _flags_name(cfg):
+    """The compile tier's words for a tensor-core configuration's flags."""
+    return "".join(f" {n}" for n, f in (("dropout", cfg.DROPOUT), ("softcap", cfg.SOFTCAP),
+                                         ("alibi", cfg.ALIBI), ("ld16", not cfg.VEC),
+                                         ("score_mod mask_mod block_mask",
+                                          cfg.USER is not None)) if f)
+
+
 # -- the tensor-core forward -----------------------------------------------------------------
 class ForwardMmaConfig(NamedTuple):
     """The tensor-core forward's kernel configuration (:mod:`numba_flash.kernels.forward_mma`).
@@ -54,18 +70,9 @@ class ForwardMmaConfig(NamedTuple):
     VEC: bool = True
     USER: object = None
 
-    @property
-    def BLOCK_M(self):
-        """Query rows of a block."""
-        return 16 * self.M_TILES * self.NUM_WARPS
-
-    @property
-    def THREADS(self):
-        return 32 * self.NUM_WARPS
-
-    @property
-    def ROW_BYTES(self):
-        return mma_row_bytes(self.HEAD_DIM)
+    THREADS = _THREADS
+    ROW_BYTES = _ROW_BYTES
+    BLOCK_M = _OWNED_ROWS  # query rows of a block
 
     @property
     def STAGE_BYTES(self):
@@ -92,12 +99,9 @@ class ForwardMmaConfig(NamedTuple):
     @property
     def name(self):
         """The compile tier's name: ``forward_mma W4 M128 N64 D64 S2 [flags] float16``."""
-        flags = "".join(f" {n}" for n, f in (("dropout", self.DROPOUT), ("softcap", self.SOFTCAP),
-                                              ("alibi", self.ALIBI), ("ld16", not self.VEC),
-                                              ("score_mod mask_mod block_mask",
-                                               self.USER is not None)) if f)
         return (f"forward_mma W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} D{self.HEAD_DIM}"
-                f" S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{flags} {self.DTYPE}")
+                f" S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{_flags_name(self)} "
+                f"{self.DTYPE}")
 
 
 #: the tensor-core forward's tiles per padded head dim on a GPU: ``(NUM_WARPS, M_TILES, BLOCK_N,
@@ -185,18 +189,9 @@ class BackwardMmaConfig(NamedTuple):
     COL0: int = 0
     ACC_DIM: int = 0
 
-    @property
-    def BLOCK(self):
-        """Rows a block owns: keys (dkdv) or queries (dq)."""
-        return 16 * self.M_TILES * self.NUM_WARPS
-
-    @property
-    def THREADS(self):
-        return 32 * self.NUM_WARPS
-
-    @property
-    def ROW_BYTES(self):
-        return mma_row_bytes(self.HEAD_DIM)
+    THREADS = _THREADS
+    ROW_BYTES = _ROW_BYTES
+    BLOCK = _OWNED_ROWS  # rows a block owns: keys (dkdv) or queries (dq)
 
     @property
     def ACC(self):
@@ -222,10 +217,7 @@ class BackwardMmaConfig(NamedTuple):
     def name(self):
         """The compile tier's name, e.g. ``backward_mma dkdv (dk dv dq) W2 N64 M16 D64 S2
         float16`` (dkdv: ``N`` keys of a block, ``M`` queries per step; dq the other way)."""
-        flags = "".join(f" {n}" for n, f in (("dropout", self.DROPOUT), ("softcap", self.SOFTCAP),
-                                              ("alibi", self.ALIBI), ("ld16", not self.VEC),
-                                              ("score_mod mask_mod block_mask",
-                                               self.USER is not None)) if f)
+        flags = _flags_name(self)
         if self.KIND == "dkdv":
             parts = " ".join(p for p, w in (("dk", self.WANT_DK), ("dv", self.WANT_DV),
                                             ("dq", self.DQ_ATOMIC)) if w)
@@ -343,3 +335,45 @@ def forward_tiles(head_dim, dtype, mods=False):
     word = 8 if np.dtype(dtype) == np.float64 else 4
     hd = padded_head_dim(head_dim)
     return (FORWARD_MODS_TILES.get(word, {}).get(hd) if mods else None) or FORWARD_TILES[word][hd]
+
+
+# -- decode ----------------------------------------------------------------------------------
+class DecodeConfig(NamedTuple):
+    """The split-KV decode kernel's configuration (:mod:`numba_flash.kernels.decode`): blocks
+    of ``THREADS`` threads in key groups of ``LANES`` lanes, each lane holding ``CHUNK``
+    contiguous elements of a K/V row per 16-byte load; ``U`` keys per group step; ``ROWS`` query
+    rows per block (its tile choice: :func:`numba_flash.kernels.decode.launch_shape`); the
+    compile-time head dim, element type and flags: ``VEC`` (16-byte loads), ``PAGED`` (a block
+    table), ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size ``U`` does not divide),
+    ``USER`` (a user's ``(score_mod, mask_mod)``)."""
+
+    THREADS: int
+    LANES: int
+    CHUNK: int
+    U: int
+    ROWS: int
+    HEAD_DIM: int
+    DTYPE: str
+    VEC: bool = True
+    PAGED: bool = True
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    SPLIT_PAGES: bool = False
+    USER: object = None
+
+
+#: the SM count of the GPU the docs' figures describe (an H200); a launch asks its own device
+DEFAULT_SM_COUNT = 132
+
+
+def sm_count():
+    """Streaming multiprocessors of the current GPU (the split-KV policy fills them); in the
+    simulator, and wherever the device cannot be asked, :data:`DEFAULT_SM_COUNT`."""
+    if on_simulator():
+        return DEFAULT_SM_COUNT
+    try:
+        from numba import cuda
+
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    except Exception:  # no driver (a CPU machine building PTX): the documented default
+        return DEFAULT_SM_COUNT

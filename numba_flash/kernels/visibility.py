@@ -60,7 +60,7 @@ from __future__ import annotations
 import functools
 import math
 
-from numba import float64
+from numba import float64, int32
 from numba.cuda import libdevice
 
 from ..backend import on_simulator
@@ -332,3 +332,43 @@ def make_next_tile(Q_BLOCK, KV_BLOCK, BLOCK_N):
         return kt
 
     return next_tile
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N):
+    """Build ``verdict(user, b, h, q_start, q_end, kt, nk, full) -> (unmasked, umask)`` for a
+    (Q rows ``[q_start, q_end)``, K/V tile ``kt``) pair a kernel's loop visits: ``unmasked``,
+    the step compiled without masks runs it (``full``: every row sees every key of the pair by
+    the window rule, and no user's ``mask_mod`` needs asking: none, or a block mask
+    (``BLOCKS``, :func:`make_tile_kind` on ``user[0]``) calls the pair FULL); ``umask``: the
+    masked step asks ``mask_mod`` (a PARTIAL pair; every pair without a block mask)."""
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+
+    @_device
+    def verdict(user, b, h, q_start, q_end, kt, nk, full):
+        kind = BLOCK_PARTIAL if MASK_MOD else BLOCK_FULL
+        if BLOCKS is not None:
+            kind = tile_kind(user[0], b, h, q_start, q_end, kt, nk)
+        return full and kind == BLOCK_FULL, kind == BLOCK_PARTIAL
+
+    return verdict
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_span(BLOCK_N):
+    """Build ``tile_span(q_start, q_end, offset, nk, left, right) -> (t_lo, t_hi, f_lo, f_hi)``:
+    the K/V tiles of ``BLOCK_N`` keys that rows ``[q_start, q_end)`` visit, ``[t_lo, t_hi)``
+    (:func:`tile_key_range`), and among them those every row sees whole, ``[f_lo, f_hi)``
+    (:func:`tile_full_range`: they run the unmasked step), as int32."""
+
+    @_device
+    def tile_span(q_start, q_end, offset, nk, left, right):
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, offset, nk, left, right)
+        full_lo, full_hi = tile_full_range(q_start, q_end, offset, nk, left, right)
+        t_lo = int32(kv_lo // BLOCK_N)
+        t_hi = int32((kv_hi + BLOCK_N - 1) // BLOCK_N)
+        f_lo = int32(min(max((full_lo + BLOCK_N - 1) // BLOCK_N, t_lo), t_hi))
+        f_hi = int32(min(max(full_hi // BLOCK_N, f_lo), t_hi))
+        return t_lo, t_hi, f_lo, f_hi
+
+    return tile_span

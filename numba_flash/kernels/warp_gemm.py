@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, int32, uint32
+import math
 
-from .jit import device_jit
-from .mma import mma_ops
+from numba import cuda, float32, int32, uint32, uint64
+
+from .jit import device_jit, kernel_jit, static_for
+from .mma import WARP, mma_ops
 from .stages import ldmatrix_x4, ldmatrix_x4_trans
 from .tile_scores import Layout
 
@@ -163,7 +165,96 @@ def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE):
 # [/docs:warp-gemm]
 
 
+@functools.lru_cache(maxsize=None)
+def make_nan_columns(ROWS, COLS):
+    """``nan_columns(acc, bits)``: ``acc[r, c] = NaN`` for every column ``c`` whose bit is set in
+    ``bits[r]`` (uint64, one word per accumulator row): the rare non-finite fix-ups mark columns
+    by bits in their run-time loops, so ``acc`` is indexed by compile-time indices alone (a
+    run-time index would put it on the stack)."""
+    NAN = float32(math.nan)
+
+    def nan_row(r, ctx):
+        acc, bits = ctx
+        for c in range(COLS):
+            acc[r, c] = NAN if (bits[r] >> uint64(c)) & uint64(1) else acc[r, c]
+
+    rows = static_for(ROWS, nan_row)
+
+    @_device
+    def nan_columns(acc, bits):
+        rows((acc, bits))
+
+    return nan_columns
+
+
+@functools.lru_cache(maxsize=None)
+def warp_gemm_kernel(M_TILES, K, N, DTYPE="float16", A_SRC="smem"):
+    """``kernel(a, bt, v, s, o)``: one warp, the stage end to end as the attention kernels use
+    it.  16-bit bits (uint16) ``a [16 M_TILES, K]``, ``bt [N, K]`` (a row per column of ``B``,
+    as K rows are) and ``v [N, 16]``: ``s = a @ bt.T`` (float32 ``[16 M_TILES, N]``) with ``A``
+    from shared memory (``A_SRC = "smem"``) or from registers (``"regs"``, read once by
+    :func:`make_load_a`), and ``o = P @ v`` with ``P = s`` rounded to ``DTYPE`` as the ``A``
+    of the next product (``"acc"``) and ``B`` from the row-major ``v`` (``.trans``).  The tiles
+    go through :func:`~numba_flash.kernels.stages.make_tile_copy` (``cp.async``); ``K``, ``N``
+    multiples of 16."""
+    from .stages import cp_async_commit, cp_async_wait_all, make_tile_copy, row_bytes
+
+    assert K % 16 == 0 and N % 16 == 0 and A_SRC in ("smem", "regs")
+    M = 16 * M_TILES
+    ROWS, N_COLS, K_STEPS = 2 * M_TILES, N // 4, K // 16   # the accumulator views' sizes
+    RB_A, RB_V = row_bytes(K), row_bytes(16)
+    BT_BYTE, V_BYTE = M * RB_A, (M + N) * RB_A
+    WORDS = (V_BYTE + N * RB_V) // 4
+    copy_a = make_tile_copy(M, K, RB_A, WARP, True)
+    copy_bt = make_tile_copy(N, K, RB_A, WARP, True)
+    copy_v = make_tile_copy(N, 16, RB_V, WARP, True)
+    load_a = make_load_a(M_TILES, K // 16, RB_A)
+    gemm_s = make_gemm(M_TILES, N // 16, K // 16, A_SRC, False, RB_A, RB_A, DTYPE)
+    gemm_o = make_gemm(M_TILES, 1, N // 16, "acc", True, RB_A, RB_V, DTYPE)
+
+    @kernel_jit
+    def warp_gemm_probe(a, bt, v, s, o):
+        lane = cuda.threadIdx.x
+        g = lane >> 2
+        t = lane & 3
+        smem = cuda.shared.array(WORDS, uint32)
+        copy_a(smem, 0, a, 0, M, K, lane)
+        copy_bt(smem, BT_BYTE, bt, 0, N, K, lane)
+        copy_v(smem, V_BYTE, v, 0, N, 16, lane)
+        cp_async_commit()
+        cp_async_wait_all()
+        cuda.syncthreads()  # every lane's copies have landed before any ldmatrix reads them
+        af = cuda.local.array((M_TILES, K_STEPS, 4), uint32)
+        acc_s = cuda.local.array((ROWS, N_COLS), float32)
+        acc_o = cuda.local.array((ROWS, 4), float32)
+        for r in range(2 * M_TILES):
+            for c in range(N // 4):
+                acc_s[r, c] = float32(0.0)
+            for c in range(4):
+                acc_o[r, c] = float32(0.0)
+        a_byte = lane_offset(lane, RB_A, KIND_A)
+        if A_SRC == "regs":
+            load_a(af, smem, a_byte)
+        gemm_s(acc_s, af, smem, a_byte, BT_BYTE + lane_offset(lane, RB_A, KIND_B))
+        gemm_o(acc_o, acc_s, smem, 0, V_BYTE + lane_offset(lane, RB_V, KIND_A))
+        for r in range(2 * M_TILES):      # the accumulator views (module docstring)
+            row = 16 * (r >> 1) + 8 * (r & 1) + g
+            for c in range(N // 4):
+                s[row, 8 * (c >> 1) + (c & 1) + 2 * t] = acc_s[r, c]
+            for c in range(4):
+                o[row, 8 * (c >> 1) + (c & 1) + 2 * t] = acc_o[r, c]
+
+    return warp_gemm_probe
+
+
 def compile_configs():
-    """The stage's own kernels for the compile tier: none yet (the tensor-core kernels build
-    it); :func:`warp_gemm_test_kernel` is added with its twin tests."""
-    return iter(())
+    """The stage's own kernel for the compile tier (:func:`warp_gemm_kernel`: it must build
+    ``ldmatrix``, ``cp.async`` and ``mma.sync``)."""
+    from numba import types
+
+    u16_2 = types.Array(types.uint16, 2, "C")
+    f32_2 = types.Array(types.float32, 2, "C")
+    for m_tiles, a_src in ((2, "smem"), (2, "regs")):
+        yield {"name": f"warp_gemm M{16 * m_tiles} K64 N32 A={a_src}",
+               "kernel": warp_gemm_kernel(m_tiles, 64, 32, "float16", a_src),
+               "args": (u16_2, u16_2, u16_2, f32_2, f32_2), "float64_ok": False, "mma": True}

@@ -356,7 +356,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # -- launch shape and split policy (each sequence's split size from its own length)
     HEAD_DIM = padded_head_dim(d)
     group = h // hkv
-    threads, lanes, chunk, keys_per_step, rows = launch_shape(dtype, HEAD_DIM, group * nq)
+    shape = launch_shape(dtype, HEAD_DIM, group * nq)   # the tile choice (a DecodeConfig)
+    threads, lanes, chunk, keys_per_step, rows = shape[:5]
     chunks = cdiv(group * nq, rows)
     # [docs:decode-split-policy]
     step = block_step(threads, lanes, keys_per_step)
@@ -412,12 +413,12 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
-    user = {} if variant is None else {"USER": (variant.score_mod, variant.mask_mod)}
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi,
                         variant=variant)  # the user's arrays: (a stand-in for kinds,) + aux
-    kernel = decode_kernel(threads, lanes, chunk, keys_per_step, rows, HEAD_DIM, dtype, vec,
-                           paged_kernel, softcap > 0, alibi_slopes is not None, split_pages,
-                           **user)
+    kernel = decode_kernel(shape._replace(
+        VEC=vec, PAGED=bool(paged_kernel), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None,
+        SPLIT_PAGES=split_pages,
+        USER=None if variant is None else (variant.score_mod, variant.mask_mod)))
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
     trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * chunks

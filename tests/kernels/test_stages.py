@@ -59,20 +59,28 @@ def test_ldmatrix_rows_cover_a_16x16_block_once():
         stages.ldmatrix_rows(0, "c")
 
 
-def test_ldmatrix_fragments_feed_the_mma(rng):
-    """Q K^T with A and B from ldmatrix, P V with B from a row-major V by ldmatrix.trans."""
-    K, N = 64, 32
-    a = rng.standard_normal((16, K)).astype(np.float16)
-    bt = rng.standard_normal((N, K)).astype(np.float16)
-    v = rng.standard_normal((N, 16)).astype(np.float16)
-    s = np.full((16, N), np.nan, np.float32)
-    o = np.full((16, 16), np.nan, np.float32)
-    launch(stages.ldmatrix_gemm_kernel(K, N), 32, a.view(np.uint16), bt.view(np.uint16),
-           v.view(np.uint16), s, o)
-    a64 = a.astype(np.float64)
-    s_ref = a64 @ bt.astype(np.float64).T
-    o_ref = a64[:, :N] @ v.astype(np.float64)
-    assert np.abs(s - s_ref).max() <= 1e-5 * np.abs(s_ref).max()
+@pytest.mark.parametrize("m_tiles, a_src, dtype", [(1, "smem", "float16"),
+                                                   (2, "regs", "float16"),
+                                                   (2, "smem", "bfloat16")])
+def test_warp_gemm_stage_end_to_end(rng, m_tiles, a_src, dtype):
+    """The warp-GEMM stage (kernels/warp_gemm.py) as the attention kernels use it: S = A B^T
+    with A from shared memory or registers, then P V with P = S rounded to the element type (A
+    from the accumulator) and B from a row-major V by ldmatrix.trans, 1 or 2 row tiles."""
+    from numba_flash.kernels.elements import BFLOAT16
+    from numba_flash.kernels.warp_gemm import warp_gemm_kernel
+    K, N, M = 64, 32, 16 * m_tiles
+    dt = np.float16 if dtype == "float16" else BFLOAT16
+    a = rng.standard_normal((M, K)).astype(dt)
+    bt = rng.standard_normal((N, K)).astype(dt)
+    v = rng.standard_normal((N, 16)).astype(dt)
+    s = np.full((M, N), np.nan, np.float32)
+    o = np.full((M, 16), np.nan, np.float32)
+    launch(warp_gemm_kernel(m_tiles, K, N, dtype, a_src), 32, a.view(np.uint16),
+           bt.view(np.uint16), v.view(np.uint16), s, o)
+    s_ref = a.astype(np.float64) @ bt.astype(np.float64).T
+    p = s.astype(dt).astype(np.float64)          # P rounded to the element type, as the stage
+    o_ref = p @ v.astype(np.float64)
+    assert np.abs(s - s_ref).max() <= 1e-5 * np.abs(s_ref).max()   # float32 accumulation
     assert np.abs(o - o_ref).max() <= 1e-5 * np.abs(o_ref).max()
 
 
