@@ -103,55 +103,70 @@ def all_configs(selector=None, suite=False):
     for mod_name in KERNEL_MODULES:
         mod = importlib.import_module(f"numba_flash.kernels.{mod_name}")
         for cfg in mod.compile_configs():
-            if (selector is None or selector in cfg["name"]) and (not suite
-                                                                   or in_suite(cfg["name"])):
+            if (selector is None or selector in cfg["name"]) and (not suite or in_suite(cfg)):
                 yield cfg
 
 
-#: the test suite's selection of the tensor-core and decode builds (the rest: the CLI and
-#: docs/resources.md): the goal configurations, every flag at once, bfloat16, a user variant
-_SUITE_MMA = (
-    "forward_mma W4 M64 N64 D64 float16", "forward_mma W4 M64 N32 D128 float16",
-    "forward_mma W4 M64 N32 D128 dropout softcap alibi float16",
-    "forward_mma W4 M64 N64 D64 bfloat16",
-    "forward_mma W4 M64 N64 D64 score_mod mask_mod block_mask float16",
-    "backward_mma dkdv (dk dv dq) W4 N64 D64 float16",
-    "backward_mma dkdv (dk dv dq) W2 N32 D128 float16",
-    "backward_mma dkdv (dk dv dq) W2 N32 D128 dropout softcap alibi float16",
-    "backward_mma dkdv (dk dv dq) W4 N64 D64 bfloat16",
-    "backward_mma dq W4 M64 D64 float16", "backward_mma dq W2 M32 D128 float16",
-    "decode float16 D=128 ROWS=4 U=2", "decode float16 D=128 ROWS=4 U=2 softcap alibi",
-    "decode float32 D=128 ROWS=8 U=2", "decode float64 D=128 ROWS=4 U=2",
-    "decode bfloat16 D=128 ROWS=4 U=2", "decode float16 D=128 ROWS=4 U=2 contiguous",
-    "decode float16 D=128 ROWS=4 U=2 score_mod mask_mod",
-    "backward_mma dkdv (dk dv dq) W4 N64 D64 score_mod mask_mod block_mask float16",
-)
+def _plain(c):
+    """A tensor-core configuration without variant flags, float16, 16-byte copies."""
+    return (c.DTYPE == "float16" and c.VEC and c.USER is None
+            and not (c.DROPOUT or c.SOFTCAP or c.ALIBI))
 
 
-def in_suite(name):
+def _every_flag(c):
+    """Every variant flag at once (float16, 16-byte copies)."""
+    return (c.DROPOUT and c.SOFTCAP and c.ALIBI and c.VEC and c.USER is None
+            and c.DTYPE == "float16")
+
+
+def goal_config(c):
+    """A configuration the static goals hold (tests/compile): the tensor-core forward and both
+    backward kernels, float16, no flags, at ``HEAD_DIM`` 64 and 128 (the whole dK/dV pass)."""
+    from numba_flash.kernels.tiles import BackwardMmaConfig, ForwardMmaConfig
+
+    if isinstance(c, (ForwardMmaConfig, BackwardMmaConfig)):
+        whole = not isinstance(c, BackwardMmaConfig) or c.ACC == c.HEAD_DIM
+        return _plain(c) and c.HEAD_DIM in (64, 128) and whole
+    return False
+
+
+def in_suite(cfg):
     """Whether the test suite's compile tier builds this configuration (``numba-flash
     compile-check`` and docs/resources.md build every one; the selection keeps the suite inside
-    CI's time: the full tier is about 25 CPU-minutes).  Out of the suite: the teaching kernels
-    other than d = 64; the tensor-core and decode builds not in :data:`_SUITE_MMA`; the SIMT
-    forward's flag builds (dropout, softcap/ALiBi, varlen) other than d = 64 (the same code at
-    every head dim) and its float16/bfloat16 plain builds other than d = 64 (the float32 kernel
-    with 16-bit element loads; a forward KNOWN_STACK build, were there one, would stay in so that
-    the list is checked); the SIMT backward's builds other than d = 64 and 128, and its float16 /
-    bfloat16 builds other than d = 64 (float16: the plain one) (cut on 2026-12-01: the suite ran
-    17.5 min on a clean clone, then 13.8 min)."""
-    if name.startswith(("naive_forward", "row_forward")):
+    CI's time: the full tier is about 25 CPU-minutes).  The kernel families with a configuration
+    named tuple (``cfg["config"]``: :mod:`numba_flash.kernels.tiles`) are selected by its
+    fields, never by name, so a retuned tile stays in: the static goals' configurations
+    (:func:`goal_config`), every flag at once at ``HEAD_DIM`` 128, bfloat16 at 64, a user's
+    variant (the dQ kernel: the goals alone); decode at 128 in every dtype and variant with
+    16-byte loads; the SIMT forward at 64 (but the float64
+    element-wise build), its float32 plain builds, a user's variant and the paged prefill.  By
+    name: the teaching kernels at d = 64; the SIMT backward at d = 64 and 128 (float16 /
+    bfloat16 at 64 only: the float32 kernel with 16-bit element loads, float16's without
+    dropout); the wgmma probes' chained products.  Out: the rest (cut on 2026-12-01: the suite ran 17.5 min on a clean clone, then
+    13.8 min)."""
+    from numba_flash.kernels.tiles import (BackwardMmaConfig, DecodeConfig, ForwardConfig,
+                                           ForwardMmaConfig)
+
+    name, c = cfg["name"], cfg.get("config")
+    if isinstance(c, (ForwardMmaConfig, BackwardMmaConfig)):
+        if isinstance(c, BackwardMmaConfig) and c.KIND == "dq":
+            return goal_config(c)
+        return (goal_config(c) or (_every_flag(c) and c.HEAD_DIM == 128) or c.USER is not None
+                or (c.DTYPE == "bfloat16" and c.HEAD_DIM == 64 and c.VEC and c.USER is None
+                    and not (c.DROPOUT or c.SOFTCAP or c.ALIBI)))
+    if isinstance(c, DecodeConfig):
+        return c.HEAD_DIM == 128 and c.VEC
+    if isinstance(c, ForwardConfig):
+        if c.USER is not None or c.PAGED:
+            return True
+        if c.HEAD_DIM == 64:
+            return c.VEC or c.DTYPE in ("float32", "float16", "bfloat16")
+        return (not (c.DROPOUT or c.SCORE_MOD or c.VARLEN) and c.DTYPE == "float32"
+                and c.VEC)
+    if name.startswith("wgmma"):  # the warpgroup stages' probes: the chained products
+        return "chain" in name
+    if name.startswith(("naive_forward", "row_forward", "tiled_forward_teach")):
         return "=64 " in name or " D64 " in name
-    if name.startswith(("forward_mma", "backward_mma", "decode ")):
-        return name in _SUITE_MMA
-    if name.startswith("forward ") and not name.startswith("forward varlen paged"):
-        if "score_mod" in name:
-            return True
-        if " D64 " in name:
-            return "elementwise" not in name or "float32" in name
-        if known_stack(name) is not None and "float16" in name:
-            return True
-        return (not any(f in name for f in (" dropout", " mods", "varlen", "elementwise"))
-                and "float32" in name)
     if name.startswith(("backward dkdv", "backward dq")):
         if "float16" in name:  # float16 and bfloat16: the float32 kernel, 16-bit element loads
             return " D64 " in name and ("bfloat16" in name or "dropout" not in name)
