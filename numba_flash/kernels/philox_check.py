@@ -51,12 +51,8 @@ def philox_fill_kernel(THREADS):
     def philox_fill(counter, key, out):
         n = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
         if n < out.shape[0]:
-            r0, r1, r2, r3 = philox4x32_10_device(counter[n, 0], counter[n, 1], counter[n, 2],
-                                                  counter[n, 3], key[n, 0], key[n, 1])
-            out[n, 0] = r0
-            out[n, 1] = r1
-            out[n, 2] = r2
-            out[n, 3] = r3
+            out[n, 0], out[n, 1], out[n, 2], out[n, 3] = philox4x32_10_device(
+                counter[n, 0], counter[n, 1], counter[n, 2], counter[n, 3], key[n, 0], key[n, 1])
 
     return philox_fill
 
