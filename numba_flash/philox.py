@@ -136,12 +136,8 @@ def philox4x32_10_device(c0, c1, c2, c3, k0, k1):
     Every argument must hold a value in ``[0, 2**32)`` (any integer type); the results are
     bit-identical to :func:`philox4x32_10` in the simulator and on the device.
     """
-    x0 = uint32(c0)
-    x1 = uint32(c1)
-    x2 = uint32(c2)
-    x3 = uint32(c3)
-    kk0 = uint32(k0)
-    kk1 = uint32(k1)
+    x0, x1, x2, x3 = uint32(c0), uint32(c1), uint32(c2), uint32(c3)  # the counter's words
+    kk0, kk1 = uint32(k0), uint32(k1)  # the round key
     x0, x1, x2, x3 = _philox_round(x0, x1, x2, x3, kk0, kk1)  # round 1
     for _ in range(ROUNDS - 1):  # rounds 2..10, each after a key bump (mod 2**32)
         kk0 = uint32((uint64(kk0) + _W0) & _MASK32)

@@ -69,6 +69,24 @@ def _plt():
     return plt
 
 
+def _save(fig, path, dpi=110, rect=None):
+    """Lay ``fig`` out (``rect``: the part of the figure its axes may fill, leaving room for a
+    suptitle or a legend), write it to ``path`` and close it."""
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+
+
+def _finish(fig, ax, path, xlim, ylim, title, fontsize=10, dpi=110):
+    """The end of a one-panel diagram: its ranges, no axes (a drawing, not a plot), its title;
+    then :func:`_save`."""
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+    ax.set_title(title, fontsize=fontsize)
+    _save(fig, path, dpi)
+
+
 def _tile_panel(ax, nq, nk, block_m, block_n):
     from matplotlib.patches import Patch, Rectangle
 
@@ -104,9 +122,7 @@ def draw_causal_tiles(path):
                loc="lower center", ncol=4, fontsize=9, frameon=False)
     fig.suptitle("Causal forward: each row of tiles is one thread block (grid x), walking its "
                  "K/V tiles left to right", fontsize=11)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, rect=(0, 0.07, 1, 0.95))
 
 
 def draw_paged_block_table(path):
@@ -190,14 +206,9 @@ def draw_paged_block_table(path):
     ax.text(0.0, -1.75, f"token t of sequence b lives in physical block block_table[b, t // "
             f"{block_size}] at slot t % {block_size}; white table cells (-1) are past the "
             "sequence's end and never read", fontsize=9)
-    ax.set_xlim(-0.2, px + block_size * cw + 2.6)
-    ax.set_ylim(-2.0, n_phys * 0.62 + 0.5)
-    ax.axis("off")
-    ax.set_title("Paged KV cache: logical tokens, the block table, and the physical slots that "
-                 "hold them (block_size = 4)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, path, (-0.2, px + block_size * cw + 2.6), (-2.0, n_phys * 0.62 + 0.5),
+            "Paged KV cache: logical tokens, the block table, and the physical slots that "
+            "hold them (block_size = 4)", fontsize=11, dpi=100)
 
 
 def draw_split_kv(path):
@@ -258,14 +269,10 @@ def draw_split_kv(path):
             "w_p = exp(lse_p - m)"
             "\no = sum_p w_p o_p / sum_p w_p,   lse = m + log sum_p w_p   (empty parts skipped)",
             ha="center", va="center", fontsize=9)
-    ax.set_xlim(-0.4, split_x[-1] + per * tw + 0.4)
-    ax.set_ylim(-0.5, 5.7)
-    ax.axis("off")
-    ax.set_title(f"Split-KV decode (FlashDecoding): {n_splits} splits of {per} keys over a "
-                 f"context of {context}; one thread block per split, then one merge", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, path, (-0.4, split_x[-1] + per * tw + 0.4), (-0.5, 5.7),
+            f"Split-KV decode (FlashDecoding): {n_splits} splits of {per} keys over a "
+            f"context of {context}; one thread block per split, then one merge", fontsize=11,
+            dpi=100)
 
 
 def draw_backward_loops(path):
@@ -326,14 +333,9 @@ def draw_backward_loops(path):
     ax.text(10.2, top - 0.4, "per (i, j) step:\nS = scale Q_i K_j^T\nP = exp(S - lse_i)\n"
             "dP = dO_i V_j^T\ndS = P (dP - D_i)\n\nD_i = rowsum(dO_i * O_i),\n"
             "from a preprocess kernel", fontsize=8.5, va="top", family="monospace")
-    ax.set_xlim(-0.2, 12.6)
-    ax.set_ylim(-0.95, top + 1.1)
-    ax.axis("off")
-    ax.set_title("Backward loop layout: K/V tiles outer (the grid), Q tiles inner; dK, dV on "
-                 "chip, dQ accumulated in HBM", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, path, (-0.2, 12.6), (-0.95, top + 1.1),
+            "Backward loop layout: K/V tiles outer (the grid), Q tiles inner; dK, dV on "
+            "chip, dQ accumulated in HBM", fontsize=11, dpi=100)
 
 
 def forward_barriers():
@@ -515,9 +517,7 @@ def draw_roofline(path, data=ROOFLINE):
     ax.legend(fontsize=7.5, loc="upper left", ncol=1, frameon=True)
     ax.set_title(f"Roofline, {data['gpu']}: filled = numba_flash, open triangles = peer in the "
                  "same run", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path, dpi=100)
 
 
 # -- the CUDA basics ---------------------------------------------------------------------------
@@ -572,14 +572,9 @@ def draw_grid_block_thread(path, n=20, threads=8):
     if len(cells) > n:
         ax.text((n + len(cells)) / 2, 0.35, "spare threads\n(i >= n: they return)",
                 fontsize=8.5, ha="center", va="center", color="#555555")
-    ax.set_xlim(-0.3, len(cells) + 0.3)
-    ax.set_ylim(-0.2, 2.7)
-    ax.axis("off")
-    ax.set_title(f"A grid of {-(-n // threads)} blocks of {threads} threads over an array of {n}:"
-                 " thread t of block b handles i = b * blockDim.x + t", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path, (-0.3, len(cells) + 0.3), (-0.2, 2.7),
+            f"A grid of {-(-n // threads)} blocks of {threads} threads over an array of {n}:"
+            " thread t of block b handles i = b * blockDim.x + t")
 
 
 def draw_warps_lanes(path, threads=96):
@@ -601,14 +596,8 @@ def draw_warps_lanes(path, threads=96):
                 ha="right", va="center", fontsize=8.5)
     ax.text(16, 3.05, "lane = threadIdx.x % 32 (small numbers), warp = threadIdx.x // 32; "
             "the 32 lanes of a warp issue each instruction together", ha="center", fontsize=9)
-    ax.set_xlim(-5.5, 32.3)
-    ax.set_ylim(-0.2, 3.4)
-    ax.axis("off")
-    ax.set_title(f"A block of {threads} threads is {threads // 32} warps of 32 lanes",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path, (-5.5, 32.3), (-0.2, 3.4),
+            f"A block of {threads} threads is {threads // 32} warps of 32 lanes")
 
 
 #: the memory levels of an H100/H200, as docs/cuda-basics.md gives them, and what the tiled
@@ -648,13 +637,8 @@ def draw_memory_hierarchy(path, levels=MEMORY_LEVELS):
             fontweight="bold")
     ax.text(0.1, -0.35, "smaller and faster towards the bottom; a load from HBM goes through L2; "
             "shared memory and registers are on the SM", fontsize=8.5, color="#555555")
-    ax.set_xlim(0, 13)
-    ax.set_ylim(-0.5, n + 0.35)
-    ax.axis("off")
-    ax.set_title("The memory hierarchy, and where a tile's data lives", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path, (0, 13), (-0.5, n + 0.35),
+            "The memory hierarchy, and where a tile's data lives", fontsize=11)
 
 
 def draw_tree_reduction(path, values=(3, 7, 1, 8, 2, 9, 4, 6)):
@@ -682,14 +666,9 @@ def draw_tree_reduction(path, values=(3, 7, 1, 8, 2, 9, 4, 6)):
             ax.plot([-0.2, 8.1], [y - 0.2, y - 0.2], color="#d62728", linestyle="--", lw=0.9)
             ax.text(-0.3, y - 0.2, "syncthreads", ha="right", va="center", fontsize=7.5,
                     color="#d62728")
-    ax.set_xlim(-1.6, 15)
-    ax.set_ylim(-0.3, len(levels) - 0.2)
-    ax.axis("off")
-    ax.set_title("Tree reduction in shared memory (row_max, 8 threads): log2(8) = 3 levels, a "
-                 "barrier before each level reads", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path, (-1.6, 15), (-0.3, len(levels) - 0.2),
+            "Tree reduction in shared memory (row_max, 8 threads): log2(8) = 3 levels, a "
+            "barrier before each level reads")
 
 
 def draw_smem_banks(path, rows=8):
@@ -722,9 +701,7 @@ def draw_smem_banks(path, rows=8):
     fig.suptitle("Shared-memory banks: word w is in bank w % 32 (numbers: the bank); a warp "
                  "reading a column of a 32-wide tile hits one bank 32 times, of a 33-wide tile "
                  "32 banks once", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, rect=(0, 0, 1, 0.93))
 
 
 # -- loop orders ------------------------------------------------------------------------------
@@ -768,9 +745,7 @@ def draw_loop_order(path, tr=3, tc=3):
         ax.set_title(title, fontsize=10)
     fig.suptitle("The forward's two loop orders over the score tiles S_ij (orange: the order of "
                  "the steps)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 PICTURES = {

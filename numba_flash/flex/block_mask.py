@@ -88,6 +88,14 @@ def _ordered(kind, value, axis):
     return num, idx.astype(np.int32)
 
 
+def _block_list(value, axis, part, what):
+    """A read-only property: part ``part`` of :func:`_ordered` of the mask's ``kind`` (0: the
+    number of blocks, int32 ``[B, H, rows]``; 1: their indices, int32 ``[B, H, rows, width]``,
+    -1 past the number)."""
+    name = ("the number of the ", "the indices of the ")[part] + what
+    return property(lambda self: _ordered(self.kind, value, axis)[part], doc=name)
+
+
 @dataclass(frozen=True)
 class BlockMask:
     """The classification of every block, and FlexAttention's index lists derived from it.
@@ -102,37 +110,15 @@ class BlockMask:
     mask_mod: object = field(repr=False)
     aux_tensors: tuple = field(repr=False, default=())
 
-    @property
-    def kv_num_blocks(self):
-        return _ordered(self.kind, PARTIAL, 3)[0]
-
-    @property
-    def kv_indices(self):
-        return _ordered(self.kind, PARTIAL, 3)[1]
-
-    @property
-    def full_kv_num_blocks(self):
-        return _ordered(self.kind, FULL, 3)[0]
-
-    @property
-    def full_kv_indices(self):
-        return _ordered(self.kind, FULL, 3)[1]
-
-    @property
-    def q_num_blocks(self):
-        return _ordered(self.kind, PARTIAL, 2)[0]
-
-    @property
-    def q_indices(self):
-        return _ordered(self.kind, PARTIAL, 2)[1]
-
-    @property
-    def full_q_num_blocks(self):
-        return _ordered(self.kind, FULL, 2)[0]
-
-    @property
-    def full_q_indices(self):
-        return _ordered(self.kind, FULL, 2)[1]
+    # FlexAttention's index lists (see the module docstring), derived from ``kind`` on access
+    kv_num_blocks = _block_list(PARTIAL, 3, 0, "partial key blocks of each query block")
+    kv_indices = _block_list(PARTIAL, 3, 1, "partial key blocks of each query block")
+    full_kv_num_blocks = _block_list(FULL, 3, 0, "full key blocks of each query block")
+    full_kv_indices = _block_list(FULL, 3, 1, "full key blocks of each query block")
+    q_num_blocks = _block_list(PARTIAL, 2, 0, "partial query blocks of each key block")
+    q_indices = _block_list(PARTIAL, 2, 1, "partial query blocks of each key block")
+    full_q_num_blocks = _block_list(FULL, 2, 0, "full query blocks of each key block")
+    full_q_indices = _block_list(FULL, 2, 1, "full query blocks of each key block")
 
     def sparsity(self):
         """The fraction of blocks a kernel skips (EMPTY), over all ``(b, h)``."""

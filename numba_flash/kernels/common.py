@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import float32, float64, types
+
+from ..backend import on_simulator
 
 _NUMBA_DTYPE = {
     np.dtype(np.float16): types.float16,
@@ -23,6 +27,37 @@ SMEM_LIMIT = 48 * 1024
 #: against these (a ValueError naming the shapes, before any launch).
 GRID_X_MAX = 2**31 - 1
 GRID_YZ_MAX = 65535
+
+
+def backend_threads(sim_threads, gpu_threads):
+    """The block size of a one-dimensional kernel on this process's backend: ``sim_threads`` in
+    the simulator (each thread a Python thread: few), ``gpu_threads`` on a GPU."""
+    return sim_threads if on_simulator() else gpu_threads
+
+
+#: threads per block of the row kernels (append_kv, rotary, merge: one block per row of ``d``
+#: elements, thread ``t`` on elements ``t, t + THREADS, ...``): one per element up to 128 on a
+#: GPU, 4 in the simulator
+GPU_ROW_THREADS = 128
+SIM_ROW_THREADS = 4
+
+
+def row_threads():
+    """The row kernels' threads per block on this process's backend."""
+    return backend_threads(SIM_ROW_THREADS, GPU_ROW_THREADS)
+
+
+def grid_x(name, product, *sizes):
+    """``(x,)``, ``x = prod(sizes)``: a one-dimensional grid of one block per row; a
+    ``ValueError`` naming the argument ``name`` and the ``product`` it counts (e.g. ``"B * H *
+    N"``) past CUDA's x limit."""
+    x = math.prod(int(s) for s in sizes)
+    if x > GRID_X_MAX:
+        got = " * ".join(str(s) for s in sizes)
+        raise ValueError(f"{name}: expected {product} <= {GRID_X_MAX} (the CUDA grid's x limit), "
+                         f"got {got} = {x}")
+    return (x,)
+
 
 #: all 32 lanes of a warp: the member mask of the ``*_sync`` warp intrinsics
 FULL_MASK = 0xFFFFFFFF

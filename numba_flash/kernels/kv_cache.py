@@ -41,29 +41,18 @@ import functools
 import numpy as np
 from numba import cuda, int64
 
-from ..backend import on_simulator
-from .common import GRID_X_MAX, numba_array_type
-from .elements import BFLOAT16
+from .common import GPU_ROW_THREADS, grid_x, numba_array_type, row_threads
+from .elements import ELEMENT_DTYPES
 from .jit import kernel_jit
 
-#: threads per block: one per head-dim element up to 128 (the simulator: few Python threads)
-GPU_THREADS = 128
-SIM_THREADS = 4
-#: (bfloat16 is copied as its uint16 words: the same kernel as float16 but for the cache key)
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
-
-
-def default_threads():
-    return SIM_THREADS if on_simulator() else GPU_THREADS
+#: threads per block: the row kernels' (one per head-dim element up to 128 on a GPU)
+GPU_THREADS = GPU_ROW_THREADS
+default_threads = row_threads
 
 
 def append_grid(b, hkv, nnew):
     """``(x,)``: one block per new token row; a ``ValueError`` past CUDA's x limit."""
-    x = int(b) * int(hkv) * int(nnew)
-    if x > GRID_X_MAX:
-        raise ValueError(f"k_new: expected B * Hkv * Nnew <= {GRID_X_MAX} (the CUDA grid's x "
-                         f"limit), got {b} * {hkv} * {nnew} = {x}")
-    return (x,)
+    return grid_x("k_new", "B * Hkv * Nnew", b, hkv, nnew)
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,10 +118,10 @@ def kernel_args_types(dtype, int_dtype=np.int32):
 
 def compile_configs():
     """The GPU configurations the compile tier builds (a selection: one source, so the others
-    differ only in the element type): float16 paged and contiguous, float32, float64 and
-    bfloat16 paged."""
-    for dtype, paged in ((DTYPES[0], True), (DTYPES[0], False), (DTYPES[1], True),
-                         (DTYPES[2], True), (DTYPES[3], True)):
+    differ only in the element type; bfloat16 is copied as its uint16 words, the float16 kernel
+    but for the cache key): float16 paged and contiguous, float32, float64 and bfloat16 paged."""
+    f16, bf16, f32, f64 = ELEMENT_DTYPES
+    for dtype, paged in ((f16, True), (f16, False), (f32, True), (f64, True), (bf16, True)):
         yield {
             "name": f"append_kv {dtype.name}{' paged' if paged else ' contiguous'}",
             "kernel": append_kernel(GPU_THREADS, dtype, paged),

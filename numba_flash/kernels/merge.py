@@ -46,17 +46,14 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from ..backend import on_simulator
-from .common import GRID_X_MAX, acc_dtype, compute_type, numba_array_type
+from .common import (GPU_ROW_THREADS, GRID_X_MAX, acc_dtype, compute_type, numba_array_type,
+                     row_threads)
 from .elements import BFLOAT16, element_ops
 from .jit import device_jit, kernel_jit
 
-SIM_THREADS = 4
-GPU_THREADS = 128
-
-
-def default_threads():
-    return SIM_THREADS if on_simulator() else GPU_THREADS
+#: threads per block: the row kernels' (one per head-dim element up to 128 on a GPU)
+GPU_THREADS = GPU_ROW_THREADS
+default_threads = row_threads
 
 
 def merge_grid(rows):

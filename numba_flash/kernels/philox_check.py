@@ -33,18 +33,14 @@ import functools
 import numpy as np
 from numba import cuda, int32, types
 
-from ..backend import on_simulator
 from ..philox import philox4x32_10_device, philox_keep, philox_keep_bits4
-from .common import numba_array_type
+from .common import backend_threads, numba_array_type
 from .jit import kernel_jit
 
 #: threads per block: small in the simulator (one Python thread each), a full block on the GPU.
 SIM_THREADS = 8
 GPU_THREADS = 128
-
-
-def default_threads():
-    return SIM_THREADS if on_simulator() else GPU_THREADS
+default_threads = functools.partial(backend_threads, SIM_THREADS, GPU_THREADS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,12 +51,8 @@ def philox_fill_kernel(THREADS):
     def philox_fill(counter, key, out):
         n = cuda.blockIdx.x * THREADS + cuda.threadIdx.x
         if n < out.shape[0]:
-            r0, r1, r2, r3 = philox4x32_10_device(counter[n, 0], counter[n, 1], counter[n, 2],
-                                                  counter[n, 3], key[n, 0], key[n, 1])
-            out[n, 0] = r0
-            out[n, 1] = r1
-            out[n, 2] = r2
-            out[n, 3] = r3
+            out[n, 0], out[n, 1], out[n, 2], out[n, 3] = philox4x32_10_device(
+                counter[n, 0], counter[n, 1], counter[n, 2], counter[n, 3], key[n, 0], key[n, 1])
 
     return philox_fill
 

@@ -38,27 +38,18 @@ import math
 import numpy as np
 from numba import cuda, int64
 
-from ..backend import on_simulator
-from .common import GRID_X_MAX, compute_type, numba_array_type
-from .elements import BFLOAT16, element_ops
+from .common import GPU_ROW_THREADS, compute_type, grid_x, numba_array_type, row_threads
+from .elements import ELEMENT_DTYPES, element_ops
 from .jit import kernel_jit
 
-GPU_THREADS = 128
-SIM_THREADS = 4
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
-
-
-def default_threads():
-    return SIM_THREADS if on_simulator() else GPU_THREADS
+#: threads per block: the row kernels' (one per head-dim element up to 128 on a GPU)
+GPU_THREADS = GPU_ROW_THREADS
+default_threads = row_threads
 
 
 def rotary_grid(b, h, n, name="x"):
     """``(x,)``: one block per row; a ``ValueError`` past CUDA's x limit."""
-    x = int(b) * int(h) * int(n)
-    if x > GRID_X_MAX:
-        raise ValueError(f"{name}: expected B * H * N <= {GRID_X_MAX} (the CUDA grid's x limit), "
-                         f"got {b} * {h} * {n} = {x}")
-    return (x,)
+    return grid_x(name, "B * H * N", b, h, n)
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,8 +117,9 @@ def kernel_args_types(dtype, int_dtype=np.int32):
 def compile_configs():
     """The GPU configurations the compile tier builds (a selection): float16 with both pair
     layouts, float32, float64 and bfloat16 with GPT-NeoX halves."""
-    for dtype, interleaved in ((DTYPES[0], False), (DTYPES[0], True), (DTYPES[1], False),
-                               (DTYPES[2], False), (DTYPES[3], False)):
+    f16, bf16, f32, f64 = ELEMENT_DTYPES
+    for dtype, interleaved in ((f16, False), (f16, True), (f32, False), (f64, False),
+                               (bf16, False)):
         yield {
             "name": f"rotary {dtype.name}{' interleaved' if interleaved else ''}",
             "kernel": rotary_kernel(GPU_THREADS, dtype, interleaved),

@@ -47,17 +47,13 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..backend import on_simulator
-from .common import compute_type, numba_array_type
+from .common import backend_threads, compute_type, numba_array_type
 from .elements import BFLOAT16, element_ops
 
 #: threads per block: small in the simulator (one Python thread each), a full block on the GPU.
 SIM_THREADS = 8
 GPU_THREADS = 256
-
-
-def default_threads():
-    return SIM_THREADS if on_simulator() else GPU_THREADS
+default_threads = functools.partial(backend_threads, SIM_THREADS, GPU_THREADS)
 
 
 @functools.lru_cache(maxsize=None)

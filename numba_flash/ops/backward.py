@@ -7,6 +7,8 @@ one batch and the ``cu_seqlens``).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..frontend import ArrayCall
@@ -21,6 +23,59 @@ from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
 from .forward import kernel_variant
 from .kernel_choice import check_backward_kernel, import_mma
+
+
+class BackwardArgs(NamedTuple):
+    """The dense backward's arguments, checked once (:func:`check_backward_args`)."""
+
+    b: int
+    h: int
+    hkv: int
+    nq: int
+    nk: int
+    d: int
+    dtype: np.dtype
+    causal: bool
+    deterministic: bool
+    scale: float
+    #: the kernels' window bounds (:func:`numba_flash.frontend.variants.check_variants`)
+    left: int
+    right: int
+    softcap: float
+    #: float32 ``[B, H]`` of the inputs' kind, or None
+    alibi: object
+    #: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`), or None
+    variant: object
+
+    @property
+    def shape(self):
+        """``(B, H, Hkv, Nq, Nk, d)``."""
+        return self.b, self.h, self.hkv, self.nq, self.nk, self.d
+
+
+def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
+                        seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
+                        score_mod_grad, block_mask, aux_tensors, check_dtype=None):
+    """Check every argument :func:`backward` and
+    :func:`~numba_flash.ops.backward_mma.backward_mma` share (raising before any launch), in
+    one order: the arrays, then ``check_dtype(dtype)`` when given, the flags, the scale,
+    ``dropout_p`` and ``seed``, the built-in variants, the user's variant; return them as a
+    :class:`BackwardArgs`."""
+    b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
+    if check_dtype is not None:
+        check_dtype(dtype)
+    causal = check_bool("causal", causal)
+    deterministic = check_bool("deterministic", deterministic)
+    scale = check_scale(softmax_scale, d, dtype)
+    dropout_params(dropout_p, seed)  # checks dropout_p and seed
+    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                         alibi_slopes, b, h, nq=nq, nk=nk)
+    # the one check of the user's arguments: None = no variant (and none of them given)
+    variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                              score_mod_grad=score_mod_grad, needs_grad=True,
+                              compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
+    return BackwardArgs(b, h, hkv, nq, nk, d, dtype, causal, deterministic, scale, left, right,
+                        softcap, alibi, variant)
 
 
 def user_build(variant):
@@ -173,34 +228,27 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
-    b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
-    causal = check_bool("causal", causal)
-    deterministic = check_bool("deterministic", deterministic)
-    scale = check_scale(softmax_scale, d, dtype)
-    dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                         alibi_slopes, b, h, nq=nq, nk=nk)
-    # the one check of the user's arguments: None = no variant (and none of them given)
-    variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
-                              score_mod_grad=score_mod_grad, needs_grad=True,
-                              compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
-    aux = prepare_aux_grad(aux_grad, variant, dtype, dropout_p)
-    kernel = check_backward_kernel(kernel, dtype)
+    a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
+                            seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
+                            score_mod_grad, block_mask, aux_tensors)
+    aux = prepare_aux_grad(aux_grad, a.variant, a.dtype, dropout_p)
+    kernel = check_backward_kernel(kernel, a.dtype)
     if kernel == "mma":  # validated above, once: straight to the launches
         grads = import_mma("backward_mma").launch_backward_mma(
-            do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
-            deterministic=deterministic, dropout_p=dropout_p, seed=seed, left=left, right=right,
-            softcap=softcap, alibi=alibi, variant=variant)
+            do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,
+            dropout_p=dropout_p, seed=seed, left=a.left, right=a.right, softcap=a.softcap,
+            alibi=a.alibi, variant=a.variant)
     else:
         call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
         ins = [call.input(x) for x in (do, q, k, v, o, lse)]
         dq, dk, dv = launch_backward(
-            call, *ins, n_seq=b, max_nq=nq, max_nk=nk, cu_q=None, cu_k=None, varlen=False,
-            dtype=dtype, scale=scale, left=left, right=right, softcap=softcap, alibi=alibi,
-            deterministic=deterministic, dropout_p=dropout_p, seed=seed, user_variant=variant)
+            call, *ins, n_seq=a.b, max_nq=a.nq, max_nk=a.nk, cu_q=None, cu_k=None, varlen=False,
+            dtype=a.dtype, scale=a.scale, left=a.left, right=a.right, softcap=a.softcap,
+            alibi=a.alibi, deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
+            user_variant=a.variant)
         grads = (call.result(dq), call.result(dk), call.result(dv))
     if aux is None:
         return grads
-    return tuple(grads) + aux_gradients(aux, do, q, k, v, o, lse, max_nq=nq, max_nk=nk,
-                                        dtype=dtype, scale=scale, left=left, right=right,
-                                        softcap=softcap, alibi=alibi)
+    return tuple(grads) + aux_gradients(aux, do, q, k, v, o, lse, max_nq=a.nq, max_nk=a.nk,
+                                        dtype=a.dtype, scale=a.scale, left=a.left,
+                                        right=a.right, softcap=a.softcap, alibi=a.alibi)

@@ -15,17 +15,15 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork, tiled_work
-from ..frontend.validate import check_backward_arrays, check_bool, check_scale
-from ..frontend.variants import check_variants
 from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
                                 row_lanes)
 from ..kernels.backward_mma import (MMA_DTYPES, backward_mma_config, dkdv_mma_kernel,
                                     dkdv_passes, dq_mma_kernel, dq_passes)
-from ..kernels.common import acc_dtype, cdiv
+from ..kernels.common import cdiv
 from ..kernels.forward_mma import vector_copies
 from ..kernels.variant import Variant
 from ..philox import dropout_params
-from .backward import user_build
+from .backward import check_backward_args, user_build
 from .forward import user_arrays
 
 
@@ -44,24 +42,20 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     reproducible).  ``score_mod``, ``mask_mod``, ``score_mod_grad``, ``block_mask``,
     ``aux_tensors``: a user's variant, as in :func:`numba_flash.backward`.
     """
-    b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
+    a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
+                            seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
+                            score_mod_grad, block_mask, aux_tensors, check_dtype=check_mma_dtype)
+    return launch_backward_mma(do, q, k, v, o, lse, shape=a.shape, scale=a.scale,
+                               deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
+                               left=a.left, right=a.right, softcap=a.softcap, alibi=a.alibi,
+                               variant=a.variant)
+
+
+def check_mma_dtype(dtype):
+    """A TypeError unless ``dtype`` is one the tensor-core backward takes (``MMA_DTYPES``)."""
     if np.dtype(dtype).name not in MMA_DTYPES:
         raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core backward, "
                         f"got {dtype}")
-    causal = check_bool("causal", causal)
-    deterministic = check_bool("deterministic", deterministic)
-    scale = check_scale(softmax_scale, d, dtype)
-    dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                         alibi_slopes, b, h, nq=nq, nk=nk)
-    from ..flex.launch import prepare_variant
-    variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
-                              score_mod_grad=score_mod_grad, needs_grad=True,
-                              compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
-    return launch_backward_mma(do, q, k, v, o, lse, shape=(b, h, hkv, nq, nk, d), scale=scale,
-                               deterministic=deterministic, dropout_p=dropout_p, seed=seed,
-                               left=left, right=right, softcap=softcap, alibi=alibi,
-                               variant=variant)
 
 
 def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
@@ -73,10 +67,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     validates once and calls this."""
     b, h, hkv, nq, nk, d = shape
     dtype = do.dtype
+    check_mma_dtype(dtype)
     name = np.dtype(dtype).name
-    if name not in MMA_DTYPES:
-        raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core backward, "
-                        f"got {dtype}")
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     use_dropout = float(dropout_p) > 0.0
     flags = dict(DROPOUT=use_dropout, SOFTCAP=softcap > 0.0, ALIBI=alibi is not None,

@@ -54,27 +54,38 @@ def _s_dmask(q, k, seed, dropout_p, scale, causal, window, softcap, alibi_slopes
     return torch.from_numpy(np.where(keep, p, -p)).to(q.dtype).to(q.device)
 
 
+def _forward_op(q, dropout_p, return_softmax, run, s_dmask):
+    """What both forward ops do around their call: draw the dropout seed from torch's generator
+    (``rng_state``), ``run(seed)`` on ``q``'s device for ``(out, lse)`` tensors, and S_dmask
+    (``s_dmask(seed)``, or an empty tensor without ``return_softmax``); return
+    ``(out, lse, S_dmask, rng_state)``."""
+    rng_state = bridge.draw_seed(dropout_p)
+    seed = int(rng_state[0])
+    with bridge.on_device(q.device):
+        out, lse = run(seed)
+    return out, lse, s_dmask(seed) if return_softmax else q.new_empty((0,)), rng_state
+
+
 @torch.library.custom_op("numba_flash::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
         window_size_left: int, window_size_right: int, softcap: float,
         alibi_slopes: Optional[Tensor], return_softmax: bool
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward`."""
-    rng_state = bridge.draw_seed(dropout_p)
-    seed = int(rng_state[0])
     window = (window_size_left, window_size_right)
-    with bridge.on_device(q.device):
+
+    def run(seed):
         o, lse = numba_flash.forward(
             *(bridge.as_heads_first(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
             window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes))
-        out, lse = bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
-    if return_softmax:
-        s_dmask = _s_dmask(q, k, seed, dropout_p, softmax_scale, causal, window, softcap,
-                           alibi_slopes)
-    else:
-        s_dmask = q.new_empty((0,))
-    return out, lse, s_dmask, rng_state
+        return bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
+
+    def s_dmask(seed):
+        return _s_dmask(q, k, seed, dropout_p, softmax_scale, causal, window, softcap,
+                        alibi_slopes)
+
+    return _forward_op(q, dropout_p, return_softmax, run, s_dmask)
 
 
 @fwd.register_fake
@@ -137,23 +148,22 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                alibi_slopes: Optional[Tensor], return_softmax: bool
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward_varlen`."""
-    rng_state = bridge.draw_seed(dropout_p)
-    seed = int(rng_state[0])
     window = (window_size_left, window_size_right)
-    with bridge.on_device(q.device):
+
+    def run(seed):
         o, lse = numba_flash.forward_varlen(
             *(bridge.as_array(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True)
-        out, lse = bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
-    if return_softmax:
-        s_dmask = _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  seed, dropout_p, softmax_scale, causal, window, softcap,
-                                  alibi_slopes)
-    else:
-        s_dmask = q.new_empty((0,))
-    return out, lse, s_dmask, rng_state
+        return bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
+
+    def s_dmask(seed):
+        return _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               seed, dropout_p, softmax_scale, causal, window, softcap,
+                               alibi_slopes)
+
+    return _forward_op(q, dropout_p, return_softmax, run, s_dmask)
 
 
 @varlen_fwd.register_fake
