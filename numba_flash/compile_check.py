@@ -138,12 +138,11 @@ def in_suite(cfg):
     fields, never by name, so a retuned tile stays in: the static goals' configurations
     (:func:`goal_config`), every flag at once at ``HEAD_DIM`` 128, bfloat16 at 64, a user's
     variant (the dQ kernel: the goals alone); decode at 128 in every dtype and variant with
-    16-byte loads; the SIMT forward at 64 (but the float64
-    element-wise build), its float32 plain builds, a user's variant and the paged prefill.  By
-    name: the teaching kernels at d = 64; the SIMT backward at d = 64 and 128 (float16 /
-    bfloat16 at 64 only: the float32 kernel with 16-bit element loads, float16's without
-    dropout); the wgmma probes' chained products.  Out: the rest (cut on 2026-12-01: the suite ran 17.5 min on a clean clone, then
-    13.8 min)."""
+    16-byte loads; the SIMT forward at 64 (but the float64 element-wise build), its float32
+    plain builds, a user's variant and the paged prefill.  By name: the teaching kernels at d =
+    64; the SIMT backward at d = 64 and 128 (float16 / bfloat16 at 64 only: the float32 kernel
+    with 16-bit element loads, float16's without dropout); the wgmma probes' chained products.
+    Out: the rest (cut on 2026-12-01: the suite ran 17.5 min on a clean clone, then 13.8 min)."""
     from numba_flash.kernels.tiles import (BackwardMmaConfig, DecodeConfig, ForwardConfig,
                                            ForwardMmaConfig)
 
@@ -316,6 +315,34 @@ def known_stack(name):
     return next((k for k in KNOWN_STACK if name.startswith(k)), None)
 
 
+#: configurations whose spills ptxas puts outside the steady-state loop, by name prefix, and
+#: why.  A spill there passes only where the SASS tier sees no local-memory instruction in the
+#: counted iteration (``LDL`` / ``STL``: the sm_90 build; the sm_80 one follows it); any other
+#: spill fails the compile tier, and an entry that no longer covers a spilling configuration
+#: fails the test that checks this list (so it only shrinks).
+KNOWN_SPILL = {
+    "backward_mma dkdv": "the tensor-core dK/dV kernels at 255 registers (dK and dV "
+                         "accumulators of 2 x 64 per lane): ptxas spills a few invariants the "
+                         "masked step alone uses (tile scan, bad-dO fix-up) and reloads them on "
+                         "masked tiles only; the unmasked loop has no local memory "
+                         "(2026-12-01, ptxas 13)",
+}
+
+
+def known_spill(name):
+    """The :data:`KNOWN_SPILL` entry covering a configuration, or None."""
+    return next((k for k in KNOWN_SPILL if name.startswith(k)), None)
+
+
+def loop_local_ops(row):
+    """``LDL`` / ``STL`` in the counted steady-state iteration of an sm_90 row (None without
+    the SASS tier's counts)."""
+    s = row.get("sass") or {}
+    if not s.get("loop"):
+        return None
+    return s["counts"].get("local", 0)
+
+
 def problems(row):
     out = []
     if row["ptxas_rc"] != 0:
@@ -325,10 +352,14 @@ def problems(row):
         out.append("float64 instruction in a float16/float32 kernel: " + row["f64"][0])
     if row.get("mma_missing"):
         out.append("no mma.sync in the PTX of a tensor-core kernel (configuration marks mma)")
-    if row["spill_stores"] or row["spill_loads"]:
+    spill = row["spill_stores"] or row["spill_loads"]
+    cold = known_spill(row["name"]) is not None and loop_local_ops(row) in (0, None)
+    if spill and not cold:
         out.append(f"spills: {row['spill_stores']} B stores, {row['spill_loads']} B loads")
-    if row["stack"] and known_stack(row["name"]) is None:
+    if row["stack"] and known_stack(row["name"]) is None and not (spill and cold):
         out.append(f"stack frame of {row['stack']} B (local memory)")
+    if loop_local_ops(row) and known_stack(row["name"]) is None:
+        out.append(f"{loop_local_ops(row)} local-memory instructions in the steady-state loop")
     if row["smem"] > SMEM_LIMIT:
         out.append(f"static shared memory {row['smem']} B > {SMEM_LIMIT} B")
     return out

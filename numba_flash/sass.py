@@ -23,7 +23,10 @@ How the loop is found
   configuration states how many MMAs one iteration must issue: a fix-up that runs one more MMA
   is off the path), then the most tile copies (``LDGSTS`` in a kernel that copies by cp.async,
   else global loads: a full tile loads every element, and the path that skips a bounds-checked
-  load is the boundary tile's), and among those the shortest.
+  load is the boundary tile's), then the most of the rest of a tile's work (``MUFU``
+  exponentials, global stores and atomics such as dQ's: a masked tile's step, in the same loop
+  as the unmasked one, may branch past the elements or rows it masks), and among those the
+  shortest.
   A slow path that ptxas places out of line (after the loop) is not in the interval at all.
 * An inner loop left inside the iteration (one the compiler did not unroll) is counted as
   ``trips`` x its body: the trip count the configuration gives (``trips``, inner loops in
@@ -505,8 +508,12 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     def work_of(w):
         return sum(v for c, v in w.items() if is_work(c, work))
 
-    # most work, then most loads, then fewest instructions: a path through the DAG, with states
-    # (block, mma so far) so that the cap on MMAs holds
+    def rest_of(w):  # the tile's other per-element work: exponentials, dQ atomics, stores
+        return w.get("mufu", 0) + w.get("stg_atom", 0)
+
+    # most work, then most loads, then most of the rest of a tile's work, then fewest
+    # instructions: a path through the DAG, with states (block, mma so far) so that the cap on
+    # MMAs holds
     cap = expect_mma
     best = {}  # (block, mma) -> (work, loads, -instructions, counts)
     w0 = weight(blocks[0])
@@ -514,9 +521,10 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     def inner_of(n):
         return (n,) if blocks[n][2] is not None else ()
 
-    best[(0, start_m)] = (work_of(w0), loads(w0), -sum(w0.values()), w0, inner_of(0))
+    best[(0, start_m)] = (work_of(w0), loads(w0), rest_of(w0), -sum(w0.values()), w0,
+                          inner_of(0))
     for n in range(len(blocks)):
-        for (bn, m), (wk, ld, neg, counts, used) in sorted(
+        for (bn, m), (wk, ld, rest, neg, counts, used) in sorted(
                 ((k, v) for k, v in best.items() if k[0] == n), key=lambda kv: kv[0]):
             for s in successors(bn):
                 ws = weight(blocks[s])
@@ -526,18 +534,18 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
                 merged = dict(counts)
                 for c, v in ws.items():
                     merged[c] = merged.get(c, 0) + v
-                cand = (wk + work_of(ws), ld + loads(ws), neg - sum(ws.values()), merged,
-                        used + inner_of(s))
+                cand = (wk + work_of(ws), ld + loads(ws), rest + rest_of(ws),
+                        neg - sum(ws.values()), merged, used + inner_of(s))
                 key = (s, m2)
-                if key not in best or cand[:3] > best[key][:3]:
+                if key not in best or cand[:4] > best[key][:4]:
                     best[key] = cand
     last = len(blocks) - 1
     ends = [v for (bn, _), v in best.items() if bn == last]
     if not ends:
         ends = list(best.values())
-    chosen = max(ends, key=lambda v: v[:3])
-    on_path = [inner_nodes.index(blocks[n][2]) for n in chosen[4]]
-    return chosen[3], len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
+    chosen = max(ends, key=lambda v: v[:4])
+    on_path = [inner_nodes.index(blocks[n][2]) for n in chosen[5]]
+    return chosen[4], len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
 
 
 def shared_read_bytes(counts):

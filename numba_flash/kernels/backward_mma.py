@@ -76,7 +76,8 @@ from .tile_scores import make_score_args, make_score_fn
 from .tiles import (BACKWARD_MMA_TILES, MMA_DTYPES, BackwardMmaConfig, backward_mma_config,
                     backward_mma_tiles)
 from .variant import variant_type
-from .visibility import (BLOCK_EMPTY, is_visible, make_next_tile, make_tile_kind, make_tile_span,
+from .tile_walk import make_kv_walk, make_tile_walk
+from .visibility import (BLOCK_EMPTY, is_visible, make_tile_kind, make_tile_span,
                          make_tile_verdict, tile_query_range)
 from .warp_gemm import KIND_A, KIND_B, lane_offset, make_gemm, make_load_a, make_nan_columns
 
@@ -300,9 +301,10 @@ def dkdv_mma_kernel(cfg):
         load_pair(smem, QS_BYTE + stage * STAGE_BYTES, q, do, qo_base, qt, t_hi, nq, d, tid)
 
     @_stage
-    def next_q(qt, user, b, h, kt, t_hi, nq, nk):
+    def next_q(qt, w):
         """The query tile after ``qt`` (``t_hi`` past the last): the next, or the next one the
         block mask does not call EMPTY for this K/V tile."""
+        user, b, h, kt, nq, nk, t_hi, f_lo, f_hi, tid = w
         qt += 1
         if BLOCKS is not None:
             while qt < t_hi and tile_kind(user[0], b, h, qt * BLOCK_M,
@@ -365,7 +367,8 @@ def dkdv_mma_kernel(cfg):
 
         # [docs:mma-dkdv-step]
         @_stage
-        def step(qt, qt_next, stage, t_hi, smem, ins, frags, lane, va, sa, umask):
+        def step(qt, qt_next, stage, t_hi, ctx, umask):
+            smem, ins, frags, lane, va, sa = ctx
             q, do, lse, delta, dq_accum, qo_base, row_base, d, bounds = ins
             st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc = frags
             tid, warp, g, t, key0, k_a, q_b, do_t, k_t, ds_a = lane
@@ -382,9 +385,9 @@ def dkdv_mma_kernel(cfg):
             cp_async_wait_all()
             do_bad = 0
             if MASKED:  # 0 * inf = NaN on the tensor cores: zero this thread's Q, dO chunks
-                scan_q(smem, qb, tid)
+                scan_q(smem, qb, sa.nq - q_start, tid)
                 do_bad = cuda.syncthreads_or(  # Q/dO landed and zeroed; any non-finite dO?
-                    1 if scan_q(smem, qb + DO_OFF, tid) else 0)
+                    1 if scan_q(smem, qb + DO_OFF, sa.nq - q_start, tid) else 0)
             else:
                 cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
             if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
@@ -427,6 +430,17 @@ def dkdv_mma_kernel(cfg):
 
     step_masked = make_step(True)
     step_full = make_step(False)
+
+    @_stage
+    def visit(qt, w):
+        """The verdict on (query tile ``qt``, this K/V tile) (and the simulator's tile log)."""
+        user, b, h, kt, nq, nk, t_hi, f_lo, f_hi, tid = w
+        if LOG and tid == 0:
+            log_tile(b, h, qt * BLOCK_M, kt)
+        return verdict(user, b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq), kt, nk,
+                       f_lo <= qt and qt < f_hi)
+
+    walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES)
 
     # a user's functions stay out of the on-disk kernel cache (their code is not in this
     # package's sources, which key it): such a build is compiled in each process
@@ -473,13 +487,12 @@ def dkdv_mma_kernel(cfg):
         qo_base = (b * n_heads + h) * nq * d
         copy_kv(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
         copy_kv(smem, V_BYTE, v, kv_base, k_end - k_start, d, tid)
-        qt = t_lo
-        if BLOCKS is not None:
-            qt = next_q(t_lo - 1, va.user, b, h, kt, t_hi, nq, nk)
+        w = (va.user, b, h, kt, nq, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+        qt = next_q(t_lo - 1, w)   # the first query tile (the block mask's first non-EMPTY one)
         load_q(smem, 0, q, do, qo_base, qt, t_hi, nq, d, tid)
         cp_async_wait_all()
         if DQ_ATOMIC:
-            scan_k(smem, K_BYTE, tid)   # this thread's own chunks: no barrier before
+            scan_k(smem, K_BYTE, k_end - k_start, tid)   # own chunks: no barrier before
 
         # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
         ins = (q, do, lse, delta, dq_accum, qo_base, uint64(uint32(bh)) * uint64(nq), d,
@@ -489,20 +502,7 @@ def dkdv_mma_kernel(cfg):
                  K_BYTE + 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A),
                  lane_offset(lane, RB, KIND_B), lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16),
                  K_BYTE + lane_offset(lane, RB, KIND_A), DS_BYTE + lane_offset(lane, DS_RB, KIND_B))
-        stage = 0
-        while qt < t_hi:
-            if LOG and tid == 0:
-                log_tile(b, h, qt * BLOCK_M, kt)
-            qt_next = next_q(qt, va.user, b, h, kt, t_hi, nq, nk)
-            unmasked, umask = verdict(va.user, b, h, qt * BLOCK_M,
-                                      min(qt * BLOCK_M + BLOCK_M, nq), kt, nk,
-                                      f_lo <= qt and qt < f_hi)
-            if unmasked:  # every row sees every key of the pair: no mask
-                step_full(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, False)
-            else:
-                step_masked(qt, qt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, umask)
-            qt = qt_next
-            stage ^= 1
+        walk(qt, next_q(qt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
 
         # -- this query head's dK (times scale) and dV, in float32
         store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(bh)) * uint64(nk), key0, nk, d,
@@ -556,14 +556,14 @@ def dq_mma_kernel(cfg):
     ZERO = float32(0.0)
     NEG_INF = float32(-math.inf)
     LOG2E_F = float32(LOG2E)
+    Q_REGS = cfg.Q_IN_REGS          # Q, dO fragments in registers, else from shared memory
     load_a = make_load_a(M_TILES, K_STEPS, RB)
-    gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs", False, RB, RB, DTYPE)
+    gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs" if Q_REGS else "smem", False,
+                       RB, RB, DTYPE)
     gemm_dq = make_gemm(M_TILES, ACC // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
-    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
     tile_span = make_tile_span(BLOCK_N)
-    next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     score_args = make_score_args(cfg.ALIBI, float32)
 
     load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE)
@@ -573,29 +573,22 @@ def dq_mma_kernel(cfg):
         """K and V of tile ``kt`` into ``stage`` (one copy group; none past ``t_hi``)."""
         load_pair(smem, KV_BYTE + stage * STAGE_BYTES, k, v, kv_base, kt, t_hi, nk, d, tid)
 
-    @_stage
-    def nxt(kt, user, b, h, q_start, q_end, t_hi, nk):
-        if kt >= t_hi:
-            return t_hi
-        if BLOCKS is None:
-            return kt + 1
-        return next_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
-
     def make_step(MASKED):
         tile_p_ds = make_tile_p_ds(ROWS, KEYS, False, MASKED, cfg.DROPOUT, cfg.SOFTCAP,
                                    cfg.ALIBI, FNS)
 
         # [docs:mma-dq-step]
         @_stage
-        def step(kt, kt_next, stage, t_hi, smem, ins, frags, lane, va, sa, umask):
+        def step(kt, kt_next, stage, t_hi, ctx, umask):
+            smem, ins, frags, lane, va, sa = ctx
             k, v, kv_base, nk, d, bounds = ins
             qf, dof, s, dp, acc, nlse2, dl = frags
-            tid, t, row0, k_b, k_t = lane
+            tid, t, row0, q_a, k_b, k_t = lane
             k_start = kt * BLOCK_N
             kb = KV_BYTE + (stage * STAGE_BYTES if KV_STAGES > 1 else 0)
             cp_async_wait_all()
             if MASKED:
-                scan_k(smem, kb, tid)  # K's inf / NaN -> 0: it multiplies dS = 0 in dQ
+                scan_k(smem, kb, nk - k_start, tid)  # K inf / NaN -> 0: it multiplies dS = 0
             cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
             if KV_STAGES > 1:  # the next tile's copy runs under this tile's math
                 load_kv(smem, stage ^ 1, k, v, kv_base, kt_next, t_hi, nk, d, tid)
@@ -603,8 +596,8 @@ def dq_mma_kernel(cfg):
                 for c in range(KEYS):
                     s[r, c] = ZERO
                     dp[r, c] = ZERO
-            gemm_s(s, qf, smem, 0, kb + k_b)                              # S = Q K^T
-            gemm_s(dp, dof, smem, 0, kb + KV_TILE + k_b)                  # dP = dO V^T
+            gemm_s(s, qf, smem, Q_BYTE + q_a, kb + k_b)                   # S = Q K^T
+            gemm_s(dp, dof, smem, DO_BYTE + q_a, kb + KV_TILE + k_b)      # dP = dO V^T
             tile_p_ds(s, dp, nlse2, dl, row0, k_start + 2 * t, sa, bounds, va, umask,
                       va.scale * LOG2E_F)                                 # dS (in dp)
             gemm_dq(acc, dp, smem, 0, kb + k_t)                           # dQ += dS K
@@ -617,6 +610,7 @@ def dq_mma_kernel(cfg):
 
     step_masked = make_step(True)
     step_full = make_step(False)
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, KV_STAGES, LOG)
 
     @_stage
     def row_stats(r, ctx):
@@ -660,8 +654,9 @@ def dq_mma_kernel(cfg):
         row_base = uint64(uint32(bh)) * uint64(nq)
 
         smem = cuda.shared.array(SMEM_WORDS, uint32)
-        qf = cuda.local.array((M_TILES, K_STEPS, 4), uint32)    # Q's A fragments
-        dof = cuda.local.array((M_TILES, K_STEPS, 4), uint32)   # dO's
+        FRAGS = (M_TILES, K_STEPS, 4) if Q_REGS else (1, 1, 4)
+        qf = cuda.local.array(FRAGS, uint32)    # Q's A fragments (with Q_REGS)
+        dof = cuda.local.array(FRAGS, uint32)   # dO's
         s = cuda.local.array((ROWS, KEYS), float32)             # S, then P
         dp = cuda.local.array((ROWS, KEYS), float32)            # dP, then dS
         acc = cuda.local.array((ROWS, ACOLS), float32)
@@ -676,6 +671,7 @@ def dq_mma_kernel(cfg):
         t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
         if q_start + BLOCK_M > nq:   # rows past Nq: every tile masked
             f_hi = f_lo
+        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
 
         # -- prologue: Q and dO of the block's rows (their fragments into registers), the
         # first K/V tile
@@ -683,33 +679,20 @@ def dq_mma_kernel(cfg):
         qo_base = ((b * n_heads + h) * nq + q_start) * d
         copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
         copy_q(smem, DO_BYTE, do, qo_base, q_end - q_start, d, tid)
-        kt = t_lo
-        if BLOCKS is not None:  # a block mask: EMPTY K/V tiles are never loaded
-            kt = next_tile(va.user[0], b, h, q_start, q_end, t_lo, t_hi, nk)
+        kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
         load_kv(smem, 0, k, v, kv_base, kt, t_hi, nk, d, tid)   # commits Q, dO with it
         cp_async_wait_all()
         cuda.syncthreads()  # Q and dO landed for all before any warp reads its fragments
         a_off = 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
-        load_a(qf, smem, Q_BYTE + a_off)
-        load_a(dof, smem, DO_BYTE + a_off)
+        if Q_REGS:
+            load_a(qf, smem, Q_BYTE + a_off)
+            load_a(dof, smem, DO_BYTE + a_off)
 
         ins = (k, v, kv_base, nk, d, (nk, left, right))
         frags = (qf, dof, s, dp, acc, nlse2, dl)
-        lanes = (tid, t, row0, lane_offset(lane, RB, KIND_B),
+        lanes = (tid, t, row0, a_off, lane_offset(lane, RB, KIND_B),
                  lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16))
-        stage = 0
-        while kt < t_hi:
-            if LOG and tid == 0:
-                log_tile(b, h, q_start, kt)
-            kt_next = nxt(kt, va.user, b, h, q_start, q_end, t_hi, nk)
-            unmasked, umask = verdict(va.user, b, h, q_start, q_end, kt, nk,
-                                      f_lo <= kt and kt < f_hi)
-            if unmasked:  # every row sees every key of the tile: no mask
-                step_full(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, False)
-            else:
-                step_masked(kt, kt_next, stage, t_hi, smem, ins, frags, lanes, va, sa, umask)
-            kt = kt_next
-            stage ^= 1
+        walk(kt, nxt(kt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
 
         # -- dQ (times scale), in float32
         store_rows((dq_accum, acc, row_base, row0, nq, d, t, va.scale))

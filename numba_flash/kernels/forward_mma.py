@@ -68,16 +68,17 @@ from numba import cuda, float32, types, uint32, uint64
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .common import GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, log_tile
+from .common import GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT
 from .elements import element_ops
 from .jit import device_jit, kernel_jit, static_for
 from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
 from .stages import EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan
 from .tile_scores import make_score_args, make_score_fn, make_tile_scores
+from .tile_walk import make_kv_walk
 from .tiles import (FORWARD_MMA_TILES, MMA_DTYPES, ForwardMmaConfig, forward_mma_config,
                     forward_mma_tiles)
 from .variant import variant_type
-from .visibility import key_bounds, make_next_tile, make_tile_span, make_tile_verdict
+from .visibility import key_bounds, make_tile_span
 from .warp_gemm import (ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm,
                         make_load_a, make_nan_columns)
 
@@ -167,11 +168,8 @@ def forward_mma_kernel(cfg):
     wait_k = cp_async_wait(max(0, 2 * STAGES - 3))
     wait_v = cp_async_wait(max(0, 2 * STAGES - 2))
     wait_q = cp_async_wait(max(1, 2 * STAGES - 2))
-    # the block mask's walk and each tile's verdict (visibility.py)
-    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
     tile_span = make_tile_span(BLOCK_N)
     score_args = make_score_args(ALIBI, float32)
-    next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
 
     @_stage
     def load_tile(smem, smem_byte, x, kv_base, kt, t_hi, nk, d, tid):
@@ -243,16 +241,6 @@ def forward_mma_kernel(cfg):
                 mark_rows((row_bad, cols, key, row0, sa, bounds, umask))
         nan_columns(acc, row_bad)
 
-    @_stage
-    def nxt(kt, va, b, h, q_start, q_end, t_hi, nk):
-        """The K/V tile after ``kt`` (``t_hi`` once past the last): the next one, or the next
-        one the block mask does not call EMPTY."""
-        if kt >= t_hi:
-            return t_hi
-        if BLOCKS is None:
-            return kt + 1
-        return next_tile(va.user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
-
     def make_step(MASKED):
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
         of the Q tile sees (or a user's mask_mod asks), so its scores are masked per element
@@ -261,7 +249,8 @@ def forward_mma_kernel(cfg):
 
         # [docs:mma-step]
         @_stage
-        def step(kt, kt_ahead, stage, t_hi, smem, kv, frags, lane, va, sa, umask):
+        def step(kt, kt_ahead, stage, t_hi, ctx, umask):
+            smem, kv, frags, lane, va, sa = ctx
             k, v, kv_base, nk, d, hk, bounds = kv
             qf, s, acc, m_i, l_i = frags
             tid, t, row0, q_a, k_b, v_b, exp_scale = lane
@@ -286,7 +275,7 @@ def forward_mma_kernel(cfg):
             v_bad = 0
             if MASKED:  # zero V's inf / NaN halves this thread copied (0 * NaN = NaN)
                 v_bad = cuda.syncthreads_or(  # V landed and zeroed for all; any non-finite?
-                    1 if zero_nonfinite_v(smem, kb + KV_BYTES, tid) else 0)
+                    1 if zero_nonfinite_v(smem, kb + KV_BYTES, nk - k_start, tid) else 0)
             else:
                 cuda.syncthreads()  # V of tile kt landed for all threads
             if STAGES == 1:    # every warp is done with K_kt: K of the next tile under P V
@@ -300,6 +289,8 @@ def forward_mma_kernel(cfg):
 
     step_masked = make_step(True)
     step_full = make_step(False)
+
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, LOG)
 
     # a user's functions stay out of the on-disk kernel cache (their code is not in this
     # package's sources, which key it): such a build is compiled in each process
@@ -339,20 +330,19 @@ def forward_mma_kernel(cfg):
         # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
         t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
         kv_base = (b * k.shape[1] + hk) * nk * d
+        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
 
         # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
         copy_q(smem, Q_BYTE, q, ((b * n_heads + h) * nq + q_start) * d, q_end - q_start, d, tid)
         cp_async_commit()
-        kt = t_lo
-        if BLOCKS is not None:  # a block mask: EMPTY tiles are never loaded
-            kt = next_tile(va.user[0], b, h, q_start, q_end, t_lo, t_hi, nk)
+        kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
         ahead = kt
         if STAGES == 1:  # K of the first tile (V follows in the loop)
             load_tile(smem, 0, k, kv_base, ahead, t_hi, nk, d, tid)
-            ahead = nxt(ahead, va, b, h, q_start, q_end, t_hi, nk)
+            ahead = nxt(ahead, w)
         for i in range(STAGES - 1):
             load_kv(smem, i, k, v, kv_base, ahead, t_hi, nk, d, tid)
-            ahead = nxt(ahead, va, b, h, q_start, q_end, t_hi, nk)
+            ahead = nxt(ahead, w)
         wait_q()
         cuda.syncthreads()  # Q's tile is complete before any warp reads its fragments
         q_a = Q_BYTE + 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
@@ -365,19 +355,7 @@ def forward_mma_kernel(cfg):
         frags = (qf, s, acc, m_i, l_i)
         lanes = (tid, t, row0, q_a, lane_offset(lane, RB, KIND_B),
                  lane_offset(lane, RB, KIND_A), exp_scale)
-        stage = 0
-        while kt < t_hi:
-            if LOG and tid == 0:
-                log_tile(b, h, q_start, kt)
-            unmasked, umask = verdict(va.user, b, h, q_start, q_end, kt, nk,
-                                      f_lo <= kt and kt < f_hi)
-            if unmasked:  # every row sees every key of the tile: no mask
-                step_full(kt, ahead, stage, t_hi, smem, kv, frags, lanes, va, sa, False)
-            else:
-                step_masked(kt, ahead, stage, t_hi, smem, kv, frags, lanes, va, sa, umask)
-            kt = nxt(kt, va, b, h, q_start, q_end, t_hi, nk)
-            ahead = nxt(ahead, va, b, h, q_start, q_end, t_hi, nk)
-            stage = stage + 1 if stage + 1 < STAGES else 0
+        walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         row_base = (b * n_heads + h) * nq

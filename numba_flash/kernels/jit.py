@@ -45,7 +45,7 @@ from numba import cuda
 
 from ..backend import on_simulator
 
-__all__ = ["kernel_jit", "device_jit", "static_for", "caching_enabled", "cache_dir",
+__all__ = ["kernel_jit", "device_jit", "static_for", "range_for", "caching_enabled", "cache_dir",
            "source_fingerprint", "warm_up", "warmup_configs"]
 
 #: environment variable: "0" turns the on-disk kernel cache off
@@ -219,6 +219,19 @@ def static_for(N, body, FIRST=0):
     inlines them (:func:`_nvvm_inlined`)."""
     body = _nvvm_inlined(body)
     return _static_tree(N, body, FIRST)
+
+
+@functools.lru_cache(maxsize=None)
+def range_for(N, body, FIRST=0):
+    """``run(ctx)``: the same calls as :func:`static_for` as a ``range`` loop, left to the
+    compiler's unrolling heuristics (which unroll a short loop and may schedule it better)."""
+    body = _nvvm_inlined(body)
+
+    def run(ctx):
+        for i in range(FIRST, FIRST + N):
+            body(i, ctx)
+
+    return _nvvm_inlined(run)
 
 
 @functools.lru_cache(maxsize=None)

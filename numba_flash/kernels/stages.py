@@ -34,7 +34,7 @@ Copies (global -> shared, 16 bytes per instruction)
   (``rows_valid == ROWS``) issues the copies with no per-row test; a boundary tile predicates
   each row (``src_bytes = 0``: zero fill).  With ``VEC=False`` (``d < HEAD_DIM``, or an input
   not 16-byte aligned) the same chunks are filled by 16-bit loads with per-element bounds,
-  zero outside.  :func:`make_tile_scan` gives ``zero_nonfinite(smem, smem_byte, tid)``: the
+  zero outside.  :func:`make_tile_scan` gives ``zero_nonfinite(smem, smem_byte, rows, tid)``: the
   thread's own chunks with every inf / NaN half set to 0, True if there was one (``DTYPE``
   ``"float16"`` or ``"bfloat16"``: which exponent bits, :data:`EXP_BITS`;
   :func:`make_zero_nonfinite_word` gives the one-register test).
@@ -93,7 +93,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, types, uint32
+from numba import cuda, int32, types, uint32
 
 from ..backend import on_simulator
 from .jit import device_jit, kernel_jit
@@ -709,7 +709,7 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND):
     @_device
     def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid):
         if t < t_hi:
-            rows = min(ROWS, n - t * ROWS)
+            rows = int32(min(ROWS, n - t * ROWS))   # in 1 .. ROWS: 32-bit row tests
             base = elem_base + t * ROWS * d
             copy(smem, byte, x, base, rows, d, tid)
             copy(smem, byte + SECOND, y, base, rows, d, tid)
@@ -745,26 +745,32 @@ zero_nonfinite_word = make_zero_nonfinite_word("float16")
 
 @functools.lru_cache(maxsize=None)
 def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16"):
-    """``zero_nonfinite(smem, smem_byte, tid)``: the chunks :func:`make_tile_copy` gave thread
-    ``tid`` (readable by it after its own wait, no barrier), every inf / NaN element (of the
-    16-bit type ``DTYPE``, ``"float16"`` or ``"bfloat16"``) set to +0; True if there was one.
-    Other threads see the result after a barrier."""
+    """``zero_nonfinite(smem, smem_byte, rows, tid)``: the chunks :func:`make_tile_copy` gave
+    thread ``tid`` in the tile's first ``rows`` rows (readable by it after its own wait, no
+    barrier; the copy zero-filled the others), every inf / NaN element (of the 16-bit type
+    ``DTYPE``, ``"float16"`` or ``"bfloat16"``) set to +0; True if there was one.  Other
+    threads see the result after a barrier.  A loop over run-time rows, one chunk at a time:
+    unrolled, the loads of every chunk would be in flight together (a d = 128 tile of 32 rows
+    on 64 threads: 32 registers)."""
     CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
     zero_word = make_zero_nonfinite_word(DTYPE)
+    STEP_WORDS = STEP * ROW_BYTES // 4
 
     @_device
-    def zero_nonfinite(smem, smem_byte, tid):
+    def zero_nonfinite(smem, smem_byte, rows, tid):
         bad = False
-        w0 = (smem_byte + (tid // CHUNKS) * ROW_BYTES + 16 * (tid % CHUNKS)) >> 2
-        for i in range(COPIES):
-            if EXACT or tid // CHUNKS + i * STEP < ROWS:
-                for w in range(4):
-                    idx = w0 + i * (STEP * ROW_BYTES // 4) + w
-                    x = smem[idx]
-                    y = zero_word(x)
-                    if y != x:
-                        smem[idx] = y
-                        bad = True
+        row = int32(tid // CHUNKS)
+        idx = int32((smem_byte + row * ROW_BYTES + 16 * (tid % CHUNKS)) >> 2)
+        end = int32(min(rows, ROWS))   # 32-bit: the loop's count and addresses in one register
+        while row < end:
+            for w in range(4):
+                x = smem[idx + w]
+                y = zero_word(x)
+                if y != x:
+                    smem[idx + w] = y
+                    bad = True
+            row = int32(row + STEP)
+            idx = int32(idx + STEP_WORDS)
         return bad
 
     return zero_nonfinite
@@ -825,7 +831,8 @@ def tile_copy_kernel(ROWS, HEAD_DIM, THREADS, VEC, TILES, DTYPE="float16"):
                 nxt = (j + 1) * ROWS
                 copy(smem, ((j + 1) & 1) * BUF, src, nxt * d, min(ROWS, n_rows - nxt), d, tid)
                 cp_async_commit()
-            bad = cuda.syncthreads_or(1 if scan(smem, (j & 1) * BUF, tid) else 0)  # + barrier
+            bad = cuda.syncthreads_or(  # + barrier
+                1 if scan(smem, (j & 1) * BUF, min(ROWS, n_rows - j * ROWS), tid) else 0)
             if tid == 0:
                 flags[j] = 1 if bad else 0
             base = (j & 1) * BUF // 4

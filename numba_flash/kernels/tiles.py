@@ -199,6 +199,13 @@ class BackwardMmaConfig(NamedTuple):
         return self.ACC_DIM or self.HEAD_DIM
 
     @property
+    def Q_IN_REGS(self):
+        """dq: Q's and dO's ``A`` fragments stay in registers for the whole block (``8 M_TILES
+        HEAD_DIM / 16`` registers: 64 at d = 128), else every step reads them from shared memory
+        (d = 256: 128 registers of fragments beside the 64 of the dQ half spilled 220 B)."""
+        return self.M_TILES * self.HEAD_DIM <= 128
+
+    @property
     def DS_ROW_BYTES(self):
         """A dS^T row (dkdv with ``DQ_ATOMIC``): ``STEP`` queries of 16 bits, + 16 bytes."""
         return 2 * self.STEP + 16

@@ -396,8 +396,8 @@ def _kvcache(**over):
     (dict(cache_seqlens=torch.tensor([1.0, 2.0])), TypeError, r"cache_seqlens: expected dtype in"),
     (dict(cache_seqlens=torch.tensor([9, 1], dtype=torch.int32)), ValueError,
      r"cache_seqlens: expected every entry <= Nmax = 8"),
-    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32, device="meta")), ValueError,
-     r"block_table: expected a tensor on cpu \(the device of q\), got one on meta"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32, device="meta")), TypeError,
+     r"block_table: expected a dense \(strided\) tensor with values, got a meta tensor"),
     (dict(num_splits=-1), ValueError, r"num_splits: expected an int >= 0 \(0: automatic\)"),
 ])
 def test_flash_attn_with_kvcache_bad_input(monkeypatch, over, exc, match):

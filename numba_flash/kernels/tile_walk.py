@@ -1,0 +1,88 @@
+"""The mainloop's walk over tiles, shared by the tensor-core kernels (forward, dK/dV, dQ).
+
+Contract: :func:`make_tile_walk` builds ``walk(t, ahead, t_hi, wctx, sctx)``, which runs each
+tile the kernel visits once, in order, from ``t`` to ``t_hi`` (exclusive), through one of two
+per-tile steps: the kernel's unmasked step where the tile's verdict says every row sees every
+key of it, else its masked step.  ``ahead`` is the tile the step's copy prefetches (the
+prologue loaded the ones before it); ``stage`` cycles ``0 .. STAGES - 1`` with the tiles.
+
+Layout of the loop: one loop, each tile's verdict choosing the step.  (A run of unmasked
+tiles as a loop of its own, FA2's layout, was tried on 2026-12-02: ptxas then spilled in the
+d = 128 forward and the dK/dV kernels at 255 registers, where the one loop does not.)  The SASS
+tier counts the unmasked step's path through it (:func:`numba_flash.sass.count_iteration`: a
+masked step skips work an unmasked tile does).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .common import log_tile
+from .jit import device_jit
+from .visibility import make_next_tile, make_tile_verdict
+
+__all__ = ["make_tile_walk", "make_kv_walk"]
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES):
+    """``walk(t, ahead, t_hi, wctx, sctx)`` (see the module docstring) from the kernel's device
+    functions:
+
+    * ``visit(t, wctx) -> (unmasked, umask)``: the verdict on tile ``t``
+      (:func:`~numba_flash.kernels.visibility.make_tile_verdict`; the simulator's tile log
+      goes here too);
+    * ``next_tile(t, wctx)``: the tile after ``t`` (``t_hi`` past the last; a block mask skips
+      its EMPTY tiles);
+    * ``step_full`` / ``step_masked(t, ahead, stage, t_hi, sctx, umask)``: one tile.
+
+    ``wctx`` and ``sctx`` are the kernel's tuples for the first two and for the steps."""
+
+    @device_jit(own_module=True, inline=True)
+    def advance(t, ahead, stage, wctx):
+        return (next_tile(t, wctx), next_tile(ahead, wctx),
+                stage + 1 if stage + 1 < STAGES else 0)
+
+    @device_jit(own_module=True, inline=True)
+    def walk(t, ahead, t_hi, wctx, sctx):
+        stage = 0
+        while t < t_hi:
+            unmasked, umask = visit(t, wctx)
+            if unmasked:   # every row sees every key of the tile: no mask
+                step_full(t, ahead, stage, t_hi, sctx, False)
+            else:
+                step_masked(t, ahead, stage, t_hi, sctx, umask)
+            t, ahead, stage = advance(t, ahead, stage, wctx)
+
+    return walk
+
+
+@functools.lru_cache(maxsize=None)
+def make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, LOG=False):
+    """``(walk, next_kv)`` for a kernel whose block owns a Q tile and walks its K/V tiles of
+    ``BLOCK_N`` keys (the forward, the deterministic dQ): :func:`make_tile_walk` with the
+    verdict of :func:`~numba_flash.kernels.visibility.make_tile_verdict` and, with a block mask
+    (``BLOCKS``), its EMPTY tiles skipped.  ``wctx = (user, b, h, q_start, q_end, nk, t_hi, f_lo,
+    f_hi, tid)`` (``[f_lo, f_hi)``: the tiles every row sees whole); ``next_kv(kt, wctx)`` is the
+    tile after ``kt`` (``next_kv(t_lo - 1, wctx)`` the first); ``LOG``: the simulator's tile log
+    (:data:`~numba_flash.kernels.common.TILE_LOG`)."""
+    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
+    next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+
+    @device_jit(own_module=True, inline=True)
+    def next_kv(kt, w):
+        user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid = w
+        if kt >= t_hi:
+            return t_hi
+        if BLOCKS is None:
+            return kt + 1
+        return next_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
+
+    @device_jit(own_module=True, inline=True)
+    def visit(kt, w):
+        user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid = w
+        if LOG and tid == 0:
+            log_tile(b, h, q_start, kt)
+        return verdict(user, b, h, q_start, q_end, kt, nk, f_lo <= kt and kt < f_hi)
+
+    return make_tile_walk(step_full, step_masked, visit, next_kv, STAGES), next_kv
