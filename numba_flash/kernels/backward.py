@@ -549,10 +549,12 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 for j in range(A_TC):
                     s[i, j] = acc_t(0.0)
                     dp[i, j] = acc_t(0.0)
+            # [docs:bwd-s-dp]
             # -- S = Q_i K_j^T and dP = dO_i V_j^T over the (zero-padded) head dim, one
             #    product after the other (half the chunk registers of both at once)
             row_dot(s, q_tile, k_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
             row_dot(dp, do_tile, v_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
+            # [/docs:bwd-s-dp]
             # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
             p_ds_rows((s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa,

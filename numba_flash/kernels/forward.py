@@ -553,6 +553,7 @@ def forward_kernel(cfg):
             return False
         return not U_MASK or score_fn(acc_t(0.0), row, key, sa, umask)[0]
 
+    # [docs:fwd-store-p]
     @_stage
     def store_p(s, p_tile, keep_tile, ty, tx, va):
         """``P`` (``s``, after the softmax update) into ``p_tile`` for ``P V``; with dropout
@@ -569,6 +570,7 @@ def forward_kernel(cfg):
                         acc_t(0.0)
                     # [/docs:fwd-dropout-apply]
                 p_tile[r, col] = p
+    # [/docs:fwd-store-p]
 
     @_stage
     def draw_keep(keep_tile, va, sa, q_start, k_start, bounds, tid):
@@ -590,6 +592,7 @@ def forward_kernel(cfg):
             keep_tile[r, g] = bits
         # [/docs:fwd-dropout-draw]
 
+    # [docs:fwd-pv-masked]
     @_stage
     def pv_masked(acc, p_tile, v_tile, vr, sa, q_start, k_start, bounds, ty, tx, umask):
         """``acc += P V`` where a key the row does not see adds nothing, not even ``0 * NaN``
@@ -605,6 +608,7 @@ def forward_kernel(cfg):
                     pv = p_tile[ty + i * THREADS_M, n]
                     for c in range(TD):
                         acc[i, c] += pv * vr[c]
+    # [/docs:fwd-pv-masked]
 
     # [docs:fwd-step]
     @_stage

@@ -101,7 +101,7 @@ def test_cost_grows_with_the_documents_not_n_squared():
 
 
 def test_step_into_score_mod():
-    cmds = "p q_idx, kv_idx, float(score); n; p float(s); up; p tid, row, key, float(x)"
+    cmds = "p q_idx, kv_idx, float(score); n; p float(s); up; p row, key, float(s)"
     stopper, o_err = flex_step.run_stopped(cmds, {"q_idx": 3, "kv_idx": 1})
     out = stopper.out.getvalue()
     blk, tid = stopper.stopped_in
@@ -112,8 +112,8 @@ def test_step_into_score_mod():
     _, _, _, bias = flex_step.inputs()
     s_after = float(out.split("-> return s\n(Pdb) ")[1].split()[0])
     assert s_after == pytest.approx(score + float(bias[0, 3 - 1 + flex_step.N - 1]), abs=1e-6)
-    assert eval(lines[1][6:]) == (12, 3, 1, score)  # the kernel's frame: its thread, row, key
-    assert "flash_forward_mma" not in out and "step()" in out
+    assert eval(lines[1][6:]) == (3, 1, score)  # the score stage's frame: row, key, its score
+    assert "flash_forward_mma" not in out and "tile_scores.py(" in out and "score_fn()" in out
     calls = stopper.calls  # 16 x 16 scores, 8 per lane: the stop did not end the counting
     assert sum(calls.values()) == 256 and len(calls) == 32 and set(calls.values()) == {8}
     assert o_err < O_BOUND
@@ -121,15 +121,15 @@ def test_step_into_score_mod():
 
 def test_breakpoint_inside_a_score_mod_stops_in_pdb():
     """breakpoint() written inside the score_mod stops in pdb in the simulator, in the thread that
-    computes (q_idx, kv_idx) = (3, 1), inside the kernel's step (the page's claims); the host
+    computes (q_idx, kv_idx) = (3, 1), called by the score stage (the page's claims); the host
     check no longer refuses it (it compiles to nothing there)."""
     text, o_err = flex_step.try_breakpoint("p q_idx, kv_idx, float(score); up; "
-                                           "p tid, row, key, float(x)")
+                                           "p row, key, float(s)")
     assert o_err is not None, text                # not refused before launch
     lines = [ln for ln in text.splitlines() if ln.startswith("(Pdb) (")]
     assert len(lines) == 2, text
     q_idx, kv_idx, score = eval(lines[0][6:])
     assert (q_idx, kv_idx) == (3, 1)
-    assert eval(lines[1][6:]) == (12, 3, 1, score)  # the kernel's frame: thread 12, row, key
-    assert text.startswith("> docs/examples/flex_step.py(") and "step()" in text
+    assert eval(lines[1][6:]) == (3, 1, score)  # the score stage's frame: row, key, its score
+    assert text.startswith("> docs/examples/flex_step.py(") and "score_fn()" in text
     assert o_err < O_BOUND
