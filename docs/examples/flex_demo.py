@@ -26,7 +26,7 @@ import numba_flash
 from numba_flash import reference as ref
 from numba_flash.flex import EMPTY, create_block_mask
 
-#: the demo's tensors: float16, d = 16, the simulator's one-warp 16 x 16 tiles
+#: the demo's tensors: float16, d = 16 (the simulator's kernels: one warp, 16 keys a K/V tile)
 D = 16
 
 
@@ -191,10 +191,20 @@ def documents_of(lengths):
     return np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)[None]
 
 
+def kernel_tile():
+    """``(query rows, keys)`` of the simulator's tensor-core forward tile (32 x 16: one warp's
+    two 16-row tiles, 16 keys): the tiles demo's block size, so that each tile the kernel
+    visits is one block of the mask."""
+    from numba_flash.kernels.tiles import forward_mma_config
+
+    cfg = forward_mma_config(D, simulator=True)
+    return cfg.BLOCK_M, cfg.BLOCK_N
+
+
 def visited_tiles(lengths, seed=5):
-    """Run the kernel on one head with a block mask of the documents ``lengths`` and count the
-    (Q tile, K/V tile) pairs it computes (the simulator's tile log), against the block mask's
-    non-EMPTY blocks."""
+    """Run the kernel on one head with a block mask of the documents ``lengths`` in blocks of the
+    kernel's tile (:func:`kernel_tile`) and count the (Q tile, K/V tile) pairs it computes (the
+    simulator's tile log), against the block mask's non-EMPTY blocks."""
     from numba_flash.kernels import common, forward_mma
 
     # the log's home: kernels/common.py (shared by the kernels), formerly kernels/forward_mma.py
@@ -202,7 +212,8 @@ def visited_tiles(lengths, seed=5):
     n = sum(lengths)
     q, k, v = qkv(seed, h=1, hkv=1, n=n)
     doc = documents_of(lengths)
-    bm = create_block_mask(same_document, 1, 1, n, n, aux_tensors=(doc,), BLOCK_SIZE=16)
+    bm = create_block_mask(same_document, 1, 1, n, n, aux_tensors=(doc,),
+                           BLOCK_SIZE=kernel_tile())
     home.TILE_LOG = log = []
     try:
         o = numba_flash.forward(q, k, v, block_mask=bm, aux_tensors=(doc,), kernel="mma")
@@ -216,12 +227,12 @@ def visited_tiles(lengths, seed=5):
 
 
 #: document layouts run in the kernel: the same 64 tokens cut into more, shorter documents
-LAYOUTS = [(64,), (16, 16, 16, 16), (8,) * 8, (5, 27, 12, 20)]
+LAYOUTS = [(64,), (16, 16, 16, 16), (8,) * 8, (5, 19, 12, 28)]
 
 
 def scaling_rows(doc_len=256, block=128, sizes=(1024, 2048, 4096, 8192)):
-    """Host only (create_block_mask, no kernel run): documents of ``doc_len`` tokens, the GPU's
-    128 x 128 blocks; non-EMPTY blocks against all blocks as N grows."""
+    """Host only (create_block_mask, no kernel run): documents of ``doc_len`` tokens,
+    FlexAttention's default 128 x 128 blocks; non-EMPTY blocks against all blocks as N grows."""
     rows = []
     for n in sizes:
         doc = documents_of([doc_len] * (n // doc_len))
@@ -232,7 +243,9 @@ def scaling_rows(doc_len=256, block=128, sizes=(1024, 2048, 4096, 8192)):
 
 
 def tiles():
-    print("64 tokens, one head, 16 x 16 tiles (4 x 4 = 16 per head); the kernel's tile log")
+    qb, kb = kernel_tile()
+    print(f"64 tokens, one head, blocks of the kernel's {qb} x {kb} tiles "
+          f"({64 // qb} x {64 // kb} = {(64 // qb) * (64 // kb)} per head); the kernel's tile log")
     print(f"  {'documents':22s}{'visited':>8s}{'non-EMPTY':>10s}{'sparsity':>9s}"
           f"{'o error':>10s}")
     runs = [visited_tiles(lengths) for lengths in LAYOUTS]
@@ -245,7 +258,7 @@ def tiles():
     print("tiles the kernel computed (q tile start, k tile):",
           ", ".join(f"({qs}, {kt})" for _, _, qs, kt in r["tiles"]))
     print()
-    print("documents of 256 tokens, 128 x 128 blocks (the GPU's), block mask only")
+    print("documents of 256 tokens, 128 x 128 blocks (FlexAttention's default), block mask only")
     print(f"  {'N':>6s}{'non-EMPTY':>11s}{'all blocks':>12s}{'sparsity':>10s}")
     for r in scaling_rows():
         print(f"  {r['n']:6d}{r['non_empty']:11d}{r['all']:12d}{r['sparsity']:10.1%}")

@@ -81,15 +81,25 @@ def test_prefix_lm():
 
 
 def test_tiles_visited_are_the_non_empty_blocks():
+    qb, kb = flex_demo.kernel_tile()
+    assert (qb, kb) == (32, 16)  # the page's prose: the simulator's tensor-core forward tile
     runs = {r["lengths"]: r for r in map(flex_demo.visited_tiles, flex_demo.LAYOUTS)}
     for r in runs.values():
+        assert (r["bm"].Q_BLOCK, r["bm"].KV_BLOCK) == (qb, kb)  # one block per kernel tile
         assert r["visited"] == r["non_empty"] == len(r["tiles"]), r  # each tile computed once
         assert r["o_err"] < O_BOUND
         kind = r["bm"].kind[0, 0]
-        assert {(qs // 16, kt) for _, _, qs, kt in r["tiles"]} == set(zip(*np.nonzero(kind)))
-    assert [runs[lens]["visited"] for lens in flex_demo.LAYOUTS] == [16, 4, 4, 8]
-    # shorter documents, fewer tiles, down to one tile per document that fills one
-    assert runs[(8,) * 8]["visited"] == runs[(16,) * 4]["visited"] == 64 // 16
+        assert {(qs // qb, kt) for _, _, qs, kt in r["tiles"]} == set(zip(*np.nonzero(kind)))
+    assert [runs[lens]["visited"] for lens in flex_demo.LAYOUTS] == [8, 4, 4, 6]
+    # one document: every tile, all FULL; documents on tile edges: each Q tile's own keys only
+    assert (runs[(64,)]["bm"].kind == FULL).all()
+    assert runs[(8,) * 8]["visited"] == runs[(16,) * 4]["visited"] == 64 // kb
+    # documents shorter than a tile: their tiles are PARTIAL (masked per element)
+    for lens in ((16,) * 4, (8,) * 8):
+        kind = runs[lens]["bm"].kind
+        assert set(kind[kind != EMPTY].tolist()) == {PARTIAL}
+    # the documents crossing tile edges cost more tiles than those on the edges
+    assert runs[(5, 19, 12, 28)]["visited"] > runs[(16,) * 4]["visited"]
 
 
 def test_cost_grows_with_the_documents_not_n_squared():
