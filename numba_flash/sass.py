@@ -23,10 +23,10 @@ How the loop is found
   configuration states how many MMAs one iteration must issue: a fix-up that runs one more MMA
   is off the path), then the most tile copies (``LDGSTS`` in a kernel that copies by cp.async,
   else global loads: a full tile loads every element, and the path that skips a bounds-checked
-  load is the boundary tile's), then the most of the rest of a tile's work (``MUFU``
-  exponentials, global stores and atomics such as dQ's: a masked tile's step, in the same loop
-  as the unmasked one, may branch past the elements or rows it masks), and among those the
-  shortest.
+  load is the boundary tile's), then the most atomics (dK/dV's dQ: a masked tile's step, in
+  the same loop as the unmasked one, branches past the rows it masks), and among those the
+  shortest (the forward's rescale of ``acc`` when a row's maximum grew, rare after the first
+  tiles, is off the path).
   A slow path that ptxas places out of line (after the loop) is not in the interval at all.
 * An inner loop left inside the iteration (one the compiler did not unroll) is counted as
   ``trips`` x its body: the trip count the configuration gives (``trips``, inner loops in
@@ -508,10 +508,10 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     def work_of(w):
         return sum(v for c, v in w.items() if is_work(c, work))
 
-    def rest_of(w):  # the tile's other per-element work: exponentials, dQ atomics, stores
-        return w.get("mufu", 0) + w.get("stg_atom", 0)
+    def rest_of(w):  # the tile's atomics (dQ's): a masked step may branch past masked rows'
+        return w.get("stg_atom", 0)
 
-    # most work, then most loads, then most of the rest of a tile's work, then fewest
+    # most work, then most loads, then most atomics, then fewest
     # instructions: a path through the DAG, with states (block, mma so far) so that the cap on
     # MMAs holds
     cap = expect_mma

@@ -71,7 +71,7 @@ from .backward import unfold_block
 from .common import HEAD_DIMS, SMEM_LIMIT, log_tile
 from .jit import device_jit, kernel_jit, static_for
 from .stages import EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, \
-    load_u16, make_pair_load, make_tile_copy, make_tile_scan
+    load_u16, make_pair_load, make_tile_copy, make_tile_scan, red_add
 from .tile_scores import make_score_args, make_score_fn
 from .tiles import (BACKWARD_MMA_TILES, MMA_DTYPES, BackwardMmaConfig, backward_mma_config,
                     backward_mma_tiles)
@@ -359,7 +359,7 @@ def dkdv_mma_kernel(cfg):
                 for e in range(4):
                     off = 8 * (e >> 1) + (e & 1)
                     if VEC or col + off < d:
-                        cuda.atomic.add(dq_accum, base + uint64(off), c[r, e] * scale)
+                        red_add(dq_accum, base + uint64(off), c[r, e] * scale)
 
     def make_step(MASKED):
         tile_p_ds = make_tile_p_ds(ROWS, QCOLS, True, MASKED, cfg.DROPOUT, cfg.SOFTCAP,

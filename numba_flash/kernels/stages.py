@@ -78,6 +78,12 @@ Arithmetic
   returned as a tuple in the compute type (float16 widened to float32: 8 values, float32 4,
   float64 2).  For kernels that only read the array (``.nc``: the read-only data path).  The
   twin also checks that ``elem`` is a multiple of ``16 / itemsize`` inside the array.
+* :func:`red_add` ``(dst, elem, val)``: ``dst[elem] += val`` on a float32 array (any shape,
+  flat element ``elem``) as one ``red.global.add.f32``: the atomic add whose old value nobody
+  reads (dQ's accumulation).  ``cuda.atomic.add`` casts its index to a signed ``intp`` and adds
+  the wraparound of negative indices, four integer instructions per atomic (64 per dK/dV tile
+  at d = 128); this one takes the element offset as given.  Twin: a float32 add into the
+  flat view under a lock.
 * :func:`lds16` ``(smem, smem_byte)``: one 16-byte shared load (``ld.shared.v4.f32`` /
   ``ld.shared.v2.f64``) of a float32 / float64 shared array at a 16-byte aligned byte offset,
   as a tuple (4 float32 or 2 float64).  Ordered with the surrounding shared-memory accesses (a
@@ -91,6 +97,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 from numba import cuda, int32, types, uint32
@@ -104,6 +111,7 @@ LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
 LDMATRIX_T_PTX = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
 CP_ASYNC_PTX = "cp.async.cg.shared.global"
 LOAD16_PTX = "ld.global.nc.v4.u32"
+RED_ADD_PTX = "red.global.add.f32"
 #: the most cp.async groups a kernel leaves in flight (:func:`cp_async_wait`)
 CP_ASYNC_MAX_PENDING = 6
 #: element types :func:`load16` reads
@@ -222,6 +230,25 @@ def _gpu_stages():
             asm = ir.InlineAsm(fnty, CP_ASYNC_PTX + " [$0], [$1], 16, $2;", "r,l,r,~{memory}",
                                side_effect=True)
             builder.call(asm, [dst, gsrc, nbytes])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def red_add(typingctx, dst, elem, val):
+        """``dst[elem] += val`` (float32, flat element ``elem``): one ``red.global.add.f32``."""
+        check_array("red_add", "dst", dst, types.float32)
+        check_int("red_add", "elem", elem)
+        if val != types.float32:
+            raise NumbaTypeError(f"red_add: expected val as a float32, got {val}")
+        sig = types.none(dst, elem, val)
+
+        def codegen(context, builder, sig, args):
+            addr = global_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            fnty = ir.FunctionType(ir.VoidType(), [i64, f32])
+            asm = ir.InlineAsm(fnty, RED_ADD_PTX + " [$0], $1;", "l,f,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [addr, args[2]])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -372,6 +399,7 @@ def _gpu_stages():
         fma=fma,
         load_u16=load_u16,
         load_at=load_at,
+        red_add=red_add,
     )
 
 
@@ -413,6 +441,19 @@ def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
     dst = smem.reshape(-1)
     size = dst.itemsize
     dst[b // size:(b + 16) // size] = data.view(dst.dtype)
+
+
+_RED_LOCK = threading.Lock()
+
+
+def _sim_red_add(dst, elem, val):
+    """Twin of :func:`red_add`: a float32 add into ``dst``'s flat view under a lock (the
+    simulator's threads are Python threads)."""
+    if np.dtype(dst.dtype) != np.float32:
+        raise TypeError(f"red_add: expected dst as a float32 array, got {dst.dtype}")
+    flat = _host_flat(dst)
+    with _RED_LOCK:
+        flat[int(elem)] = np.float32(flat[int(elem)] + np.float32(val))
 
 
 def _sim_nothing():
@@ -545,6 +586,7 @@ if on_simulator():
     load_at = _sim_load_at
     load16 = _sim_load16
     lds16 = _sim_lds16
+    red_add = _sim_red_add
 else:
     _g = _gpu_stages()
     _WAIT_GROUP = _g["cp_async_wait_group"]
@@ -553,7 +595,7 @@ else:
                                                       _g["cp_async_wait_all"])
     cp_async_wait_one = _g["cp_async_wait_one"]
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
-    load16, lds16, load_at = _g["load16"], _g["lds16"], _g["load_at"]
+    load16, lds16, load_at, red_add = _g["load16"], _g["lds16"], _g["load_at"], _g["red_add"]
     del _g
 
 
@@ -863,6 +905,20 @@ def load16_kernel(N):
 
 
 @functools.lru_cache(maxsize=None)
+def red_add_kernel():
+    """``kernel(dst, elems, vals)``: thread ``i`` does :func:`red_add` ``(dst, elems[i],
+    vals[i])`` (many threads on one element: the adds must all land)."""
+
+    @kernel_jit
+    def red_add_probe(dst, elems, vals):
+        i = cuda.grid(1)
+        if i < elems.shape[0]:
+            red_add(dst, elems[i], vals[i])
+
+    return red_add_probe
+
+
+@functools.lru_cache(maxsize=None)
 def arith_kernel():
     """``kernel(x, y, out)``: ``out[i] = (ex2(x), fmax(x, y), fma(x, y, x))`` per element."""
 
@@ -899,6 +955,8 @@ def compile_configs():
            "kernel": tile_copy_kernel(32, 64, 128, True, 3, "bfloat16"),
            "args": (u16_1, u16_3, types.int32, types.int32, i32_1), "float64_ok": False}
     yield {"name": "stages arith", "kernel": arith_kernel(), "args": (f32_1, f32_1, f32_2),
+           "float64_ok": False}
+    yield {"name": "stages red_add", "kernel": red_add_kernel(), "args": (f32_2, i32_1, f32_1),
            "float64_ok": False}
     f16_2 = types.Array(types.float16, 2, "C")
     yield {"name": "stages load16 float16", "kernel": load16_kernel(8),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 
+from numba import int32
+
 from .common import log_tile
 from .jit import device_jit
 from .visibility import make_next_tile, make_tile_verdict
@@ -40,12 +42,14 @@ def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES):
 
     @device_jit(own_module=True, inline=True)
     def advance(t, ahead, stage, wctx):
-        return (next_tile(t, wctx), next_tile(ahead, wctx),
-                stage + 1 if stage + 1 < STAGES else 0)
+        return (int32(next_tile(t, wctx)), int32(next_tile(ahead, wctx)),
+                int32(stage + 1 if stage + 1 < STAGES else 0))
 
     @device_jit(own_module=True, inline=True)
     def walk(t, ahead, t_hi, wctx, sctx):
-        stage = 0
+        # 32-bit tile indices: one register each (Python ints are 64-bit in Numba), and the
+        # tile comparisons one instruction
+        t, ahead, t_hi, stage = int32(t), int32(ahead), int32(t_hi), int32(0)
         while t < t_hi:
             unmasked, umask = visit(t, wctx)
             if unmasked:   # every row sees every key of the tile: no mask

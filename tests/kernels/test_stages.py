@@ -124,6 +124,16 @@ def test_arithmetic_twins():
     np.testing.assert_array_equal(out[:, 2], want_fma)
 
 
+def test_red_add_lands_every_add_at_its_flat_element(rng):
+    """red_add (dQ's atomic): 96 threads add into 6 elements of a 2-D float32 array at flat
+    offsets, 16 threads per element; every add lands (exact: the values are small integers)."""
+    dst = np.zeros((2, 3), np.float32)
+    elems = np.repeat(np.arange(6, dtype=np.int32), 16)[rng.permutation(96)]
+    vals = rng.integers(-8, 9, 96).astype(np.float32)
+    launch(stages.red_add_kernel(), 96, dst, elems, vals)
+    np.testing.assert_array_equal(dst.reshape(-1), np.bincount(elems, vals, minlength=6))
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_load16_reads_16_bytes_in_the_compute_type(rng, dtype):
     """load16 at flat offsets of a 2-D array: the 16 bytes from there, widened (float16 ->
