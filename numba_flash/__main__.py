@@ -16,17 +16,14 @@ import os
 import subprocess
 import sys
 
+from numba_flash.install_hints import pip_extra
+
 
 #: the demo's cases (``numba_flash.demo.CASES``, listed here so that ``--help`` imports nothing)
 DEMO_OPS = ("softmax", "forward", "causal", "backward", "dropout", "variants", "varlen", "mma",
             "bfloat16", "decode", "paged")
 #: the demo's ``--dtype`` choices
 DEMO_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-def pip_extra(extra):
-    """The install line of an extra: the package is installed from its clone (not on PyPI)."""
-    return f"pip install '.[{extra}]' (in the numba_flash clone)"
 
 
 def _nonnegative_int(text):
@@ -121,9 +118,11 @@ class MissingExtra(Exception):
     """A command needs packages of an extra that is not installed (one line, naming it)."""
 
 
-def _missing_compile_tools():
+def _missing_compile_tools(rest=()):
     """What the compile tier needs and cannot find: NVRTC and NVVM (the numba-cuda[cu13]
-    wheels) and ptxas (the nvidia-cuda-nvcc wheel, or one on PATH); [] when all are there."""
+    wheels), ptxas (the nvidia-cuda-nvcc wheel: one on PATH is another toolchain, and the
+    committed tables are the wheel's) and, for ``--sass`` / ``--dump``, nvdisasm (the
+    nvidia-cuda-nvdisasm wheel); [] when all are there."""
     missing = []
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
@@ -134,27 +133,23 @@ def _missing_compile_tools():
             load_nvidia_dynamic_lib(lib)
         except Exception as exc:  # DynamicLibNotFoundError and kin
             missing.append(f"lib{lib} ({type(exc).__name__})")
-    import glob
     import shutil
 
-    try:
-        import nvidia
+    from numba_flash.compile_check import TOOL_WHEELS, wheel_tool
 
-        roots = list(getattr(nvidia, "__path__", []))
-    except ImportError:
-        roots = []
-    wheel = [p for r in roots for p in glob.glob(os.path.join(r, "cu*", "bin", "ptxas"))]
-    if not wheel:  # a ptxas on PATH is another toolchain: the committed tables are the wheel's
-        system = shutil.which("ptxas")
-        missing.append("ptxas of the nvidia-cuda-nvcc wheel" +
-                       (f" (the one on PATH, {system}, is not the pinned toolchain)"
-                        if system else ""))
+    sass = any(a in ("--sass", "--dump") or a.startswith("--dump=") for a in rest)
+    for tool in ("ptxas", "nvdisasm") if sass else ("ptxas",):
+        if not wheel_tool(tool):
+            system = shutil.which(tool)
+            missing.append(f"{tool} of the {TOOL_WHEELS[tool]} wheel" +
+                           (f" (the one on PATH, {system}, is not the pinned toolchain)"
+                            if system else ""))
     return missing
 
 
 def _compile_check(args):
     if not any(a in ("-h", "--help") for a in args.rest):
-        missing = _missing_compile_tools()
+        missing = _missing_compile_tools(args.rest)
         if missing:
             raise MissingExtra(
                 f"compile-check needs the test extra's CUDA compiler wheels, and "

@@ -56,24 +56,47 @@ def arch_name(cc):
 _F64 = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z][a-z0-9_.]*\.f64\b", re.M)
 
 
-def find_nvidia_tool(name):
+#: the compile tier's tools and the wheels of the test extra that bring them (pinned in setup.cfg)
+TOOL_WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
+
+
+def wheel_tool(name):
     """A CUDA tool (``ptxas``, ``nvdisasm``) from NVIDIA's wheels (the newest ``cu*/bin``: new
-    enough for NVVM's PTX), else from PATH; None when neither has it."""
+    enough for NVVM's PTX); None when no wheel has it (a tool on PATH is not looked at)."""
     try:
         import nvidia
-
-        for root in nvidia.__path__:
-            for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", name)), reverse=True):
-                if os.access(cand, os.X_OK):
-                    return cand
     except ImportError:
-        pass
-    return shutil.which(name)
+        return None
+    for root in getattr(nvidia, "__path__", []):
+        for cand in sorted(glob.glob(os.path.join(root, "cu*", "bin", name)), reverse=True):
+            if os.access(cand, os.X_OK):
+                return cand
+    return None
+
+
+def find_nvidia_tool(name):
+    """A CUDA tool from NVIDIA's wheels (:func:`wheel_tool`), else from PATH; None when neither
+    has it.  The tests' builds take either; ``compile-check`` (whose tables are the pinned
+    toolchain's) takes the wheel's only."""
+    return wheel_tool(name) or shutil.which(name)
 
 
 def find_ptxas():
     """ptxas from the nvidia-cuda-nvcc wheel, else from PATH."""
     return find_nvidia_tool("ptxas")
+
+
+def missing_wheel_tool(name):
+    """What to say when the test extra's ``name`` is not installed (one line, naming the wheel,
+    the tool on PATH that is not used, and the install command); None when the wheel has it."""
+    if wheel_tool(name):
+        return None
+    from numba_flash.install_hints import pip_extra
+
+    system = shutil.which(name)
+    return (f"{name} of the {TOOL_WHEELS[name]} wheel (the test extra's pinned toolchain) "
+            f"cannot be found" + (f"; the one on PATH, {system}, is not it" if system else "")
+            + f"; install the test extra with: {pip_extra('test')}")
 
 
 def parse_ptxas(text):
@@ -286,16 +309,58 @@ def _build_job(args):
     return build(_CONFIGS[index], ccs, ptxas, nvdisasm)
 
 
-def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None):
-    """Build every configuration for every cc, in ``jobs`` forked processes; rows in order."""
+@contextlib.contextmanager
+def progress_bar(total, stream=None):
+    """A rich progress bar on ``stream`` (default: stderr) for ``total`` configurations; yields
+    ``step(i, name)``, called as configuration ``i`` (from 1) of ``total`` starts or is
+    awaited.  Drawn only when the stream is a terminal: a log, a pipe or the test suite's
+    captured output gets nothing (stdout, the table, is never touched)."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if not (isatty and isatty()):
+        yield lambda i, name: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(file=stream, force_terminal=True)
+    with Progress(TextColumn(f"configuration {{task.fields[current]:>{len(str(total))}}} of "
+                             f"{total}"),
+                  BarColumn(), TimeElapsedColumn(), TextColumn("{task.description}", markup=False),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("", total=total, current=0)
+
+        def step(i, name):  # the bar counts the configurations done before this one
+            progress.update(task, completed=i - 1, current=i, description=name)
+            progress.refresh()
+
+        yield step
+
+
+def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None, progress=None):
+    """Build every configuration for every cc, in ``jobs`` forked processes; rows in order.
+    ``progress``: a context manager factory like :func:`progress_bar` (called with the number
+    of configurations, after the workers are forked, so they inherit no drawing thread)."""
     global _CONFIGS
     _CONFIGS = list(configs)
     tasks = [(i, ccs, ptxas, nvdisasm) for i in range(len(_CONFIGS))]
+    progress = progress or (lambda total: contextlib.nullcontext(lambda i, name: None))
+
+    def collect(results, step):
+        out = []
+        for i, cfg in enumerate(_CONFIGS):
+            step(i + 1, cfg["name"])
+            out.append(next(results))
+        return out
+
     if jobs <= 1 or len(tasks) < 2 or "fork" not in mp.get_all_start_methods():
-        results = [_build_job(t) for t in tasks]
+        with progress(len(tasks)) as step:
+            results = collect(map(_build_job, tasks), step)
     else:
         with mp.get_context("fork").Pool(jobs) as pool:
-            results = pool.map(_build_job, tasks, chunksize=1)
+            ordered = pool.imap(_build_job, tasks, chunksize=1)
+            with progress(len(tasks)) as step:
+                results = collect(ordered, step)
     return [row for rows in results for row in rows]
 
 
@@ -509,23 +574,21 @@ def main(argv=None):
         print("set NUMBA_ENABLE_CUDASIM=0: the compile tier needs the real CUDA target",
               file=sys.stderr)
         return 2
-    ptxas = find_ptxas()
-    if ptxas is None:
-        print("ptxas not found: pip install nvidia-cuda-nvcc", file=sys.stderr)
+    tools = ["ptxas", "nvdisasm"] if args.sass or args.dump else ["ptxas"]
+    missing = [m for m in map(missing_wheel_tool, tools) if m]
+    if missing:  # one line, before any work: a ptxas on PATH is another toolchain
+        print(f"numba-flash compile-check: error: {missing[0]}", file=sys.stderr)
         return 2
+    ptxas = wheel_tool("ptxas")
     ccs = [(int(c[0]), int(c[1:])) for c in args.cc.split(",")]
     nvdisasm = None
     if args.sass or args.dump:
-        nvdisasm = find_nvidia_tool("nvdisasm")
-        if nvdisasm is None:
-            print("nvdisasm not found: pip install nvidia-cuda-nvdisasm (in the test extra)",
-                  file=sys.stderr)
-            return 2
+        nvdisasm = wheel_tool("nvdisasm")
         if SASS_CC not in ccs:
             ccs.append(SASS_CC)
     _DUMP = args.dump
     rows = build_all(list(all_configs(args.selector, args.suite)), ccs, ptxas, args.jobs,
-                     nvdisasm)
+                     nvdisasm, progress=progress_bar)
     for r in rows:
         if "sass_listing" in r:
             print(f"== {r['name']} (sm_90), counted loop {r['sass'].get('loop')}")
@@ -543,5 +606,17 @@ def main(argv=None):
     return 1 if any(r["problems"] for r in rows) else 0
 
 
+def run(argv=None):
+    """:func:`main` as a command: a closed pipe (``compile-check | head -1``) ends quietly with
+    status 0, as the other commands do."""
+    try:
+        status = main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
+    except BrokenPipeError:  # the reader went away: stdout to /dev/null for the last flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -53,9 +53,17 @@ class Row:
 def _console():
     from rich.console import Console
 
-    console = Console()
+    class PipeConsole(Console):
+        def on_broken_pipe(self):
+            """A closed pipe (``demo | head -1``) reaches the command line as the
+            BrokenPipeError it is, which ends quietly with status 0 (rich's own answer is
+            ``SystemExit(1)``)."""
+            self.quiet = True
+            raise BrokenPipeError(32, "Broken pipe")
+
+    console = PipeConsole()
     if not console.is_terminal:  # a log or a pipe: wide enough for one line per row
-        console = Console(width=150)
+        console = PipeConsole(width=150)
     return console
 
 

@@ -20,14 +20,18 @@ Also :func:`flash_attn_with_kvcache` and ``flash_attn_varlen_func(..., block_tab
 
 float16, bfloat16, float32 and float64 tensors (bfloat16 reaches the kernels as its 16-bit words:
 no copy).
-Needs ``torch>=2.4`` (``pip install 'numba_flash[torch]'``).
+Needs ``torch>=2.4``: torch first (its CPU build on a machine without a GPU, ``pip install
+'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu``), then ``pip install
+'.[torch]'`` in the numba_flash clone (it is not on PyPI; the README's "PyTorch" section).
 """
 
 try:
     import torch  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without torch
-    raise ImportError("numba_flash.torch needs PyTorch (>= 2.4): pip install "
-                      "'numba_flash[torch]'") from exc
+except ImportError as exc:  # exercised only without torch (tests/cli/test_cli_issue37.py)
+    from numba_flash.install_hints import torch_first
+
+    raise ImportError(f"numba_flash.torch needs PyTorch (>= 2.4): {torch_first('torch')}"
+                      ) from exc
 
 from .bert_padding import pad_input, unpad_input
 from .flex import create_block_mask, flex_attention

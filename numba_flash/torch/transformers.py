@@ -105,8 +105,10 @@ def register_transformers(name="numba_fa"):
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
     except ImportError as exc:
-        raise ImportError("register_transformers needs transformers: pip install "
-                          "'numba_flash[transformers]'") from exc
+        from numba_flash.install_hints import pip_extra
+
+        raise ImportError(f"register_transformers needs transformers: "
+                          f"{pip_extra('transformers')}") from exc
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, flash_attention_mask)
     return name

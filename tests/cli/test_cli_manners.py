@@ -36,7 +36,7 @@ def test_compile_check_without_the_compiler_wheels_names_the_extra(monkeypatch, 
     assert main(["compile-check", "-k", "softmax"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("numba-flash: error: compile-check needs"), err
-    assert "libnvrtc" in err[0] and "pip install '.[test]'" in err[0]
+    assert "libnvrtc" in err[0] and "pip install -e '.[test]'" in err[0]
     assert started == []  # detected before starting the compile tier
 
 
