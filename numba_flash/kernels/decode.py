@@ -496,7 +496,7 @@ def decode_kernel(cfg):
     # [docs:decode-tile-load]
     @_stage
     def locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
-                    block_size, kvh_rows, row_stride, blk_elems, col0_v, last_entry):
+                    block_size, keys):
         """Where my group's ``U`` keys ``t0 ..`` live: ``key_ok[u]`` (live and readable) and
         ``key_at[u]`` (view element with ``VEC``, else cache row); returns ``(step_ok,
         bad)``: every key of the step readable, and a live key met a bad table entry (never
@@ -504,7 +504,9 @@ def decode_kernel(cfg):
         ``U`` divides the block size (not ``SPLIT_PAGES``) they share one page: one table entry
         and one base address serve them all (key ``u`` is ``u`` rows further: an immediate
         offset); with ``SPLIT_PAGES`` (an odd block size) each key finds its own page (one
-        carry at most)."""
+        carry at most).  ``keys``: ``(kvh_rows, row_stride, blk_elems, col0_v, last_entry)``,
+        the kernel's per-lane constants of the cache layout."""
+        kvh_rows, row_stride, blk_elems, col0_v, last_entry = keys
         bad = False
         if not SPLIT_PAGES:
             blk = int32(b)
@@ -885,7 +887,7 @@ def decode_kernel(cfg):
         while base < int32(hi):               # the same trip count on every lane (shuffles)
             t0 = int32(base + grp * U)
             step_ok, bad = locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
-                                       int32(lo), int32(hi), n_cache_blocks, block_size, *keys)
+                                       int32(lo), int32(hi), n_cache_blocks, block_size, keys)
             bad_entry = bad_entry or bad
             load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
                       q.shape[3])

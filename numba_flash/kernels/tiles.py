@@ -318,19 +318,19 @@ class ForwardConfig(NamedTuple):
 #: chunks 4 x 4: FFMA dominates the loop, docs/resources.md) while everything stays under 48
 #: KiB of shared memory and ``THREADS_N`` 16-byte chunks fit in a head row (``THREADS_N * 16 /
 #: word <= HEAD_DIM``).  float32 at HEAD_DIM = 16 takes 64 x 16 tiles: 4 keys per thread (8 kept
-#: S on the stack in the softcap/ALiBi build, 128 B).  float64 at 16 / 32 takes 32 x 16 (2 keys
-#: per thread: 4 kept the softcap/ALiBi build's S, 128 B, on the stack).
+#: S on the stack in the softcap/ALiBi build, 128 B); at HEAD_DIM = 32 64 x 32 tiles, 4 keys per
+#: thread (with 64 x 64, 8 keys, the stage-built kernel keeps S, 128 B, on the stack: the
+#: score stage's loop over a thread's keys stays rolled; 2026-12-02).  float64 at 16 / 32 takes
+#: 32 x 16 (2 keys per thread: 4 kept the softcap/ALiBi build's S, 128 B, on the stack).
 FORWARD_TILES = {
-    4: {16: (64, 16, 16, 4), 32: (64, 64, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
+    4: {16: (64, 16, 16, 4), 32: (64, 32, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
         256: (16, 8, 8, 8)},
     8: {16: (32, 16, 8, 8), 32: (32, 16, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
         256: (4, 8, 4, 8)},
 }
 #: the score-modifier build's tiles where they differ (softcap / ALiBi, a user's variant, every
-#: varlen build): float32 at HEAD_DIM = 32 takes 64 x 32 tiles, 4 keys per thread, because with
-#: 8 the score stage's loop over a thread's keys (a libdevice ``tanhf`` per element) stays
-#: rolled and ptxas keeps S (128 B) on the stack
-FORWARD_MODS_TILES = {4: {32: (64, 32, 16, 8)}}
+#: varlen build): none today (the plain build's d = 32 tiles are the ones this table held)
+FORWARD_MODS_TILES = {}
 
 
 def forward_tiles(head_dim, dtype, mods=False):
