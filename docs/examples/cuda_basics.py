@@ -332,10 +332,13 @@ RESOURCES = Path(__file__).resolve().parents[1] / "resources.md"
 def resources(config):
     """``(sm_90 registers per thread, static shared bytes per block)`` of one configuration, as
     the compile tier measured it with ptxas (a row of ``docs/resources.md``)."""
+    head = None
     for line in RESOURCES.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[0] == config:
-            return int(cells[2]), int(cells[3])
+        if cells[0] == "configuration" and head is None:   # the columns, by name
+            head = cells
+        if head and cells[0] == config:
+            return int(cells[head.index("sm_90 regs")]), int(cells[head.index("smem B")])
     raise LookupError(f"no row {config!r} in {RESOURCES}")
 
 
@@ -344,16 +347,18 @@ def occupancy_cases():
     import numpy as np
 
     from numba_flash.kernels import forward, naive_forward
+    from numba_flash.kernels.tiles import forward_mma_config
 
     f32 = np.dtype(np.float32)
     bm, bn, hd = forward.gpu_tiles(64, f32)
     tm, tn = forward.thread_layout(bm, bn, hd)
     tiled = forward.config_name(bm, bn, hd, tm, tn, f32)      # "forward M64 N32 D64 T16x8 ..."
+    mma = forward_mma_config(64, "float16", simulator=False)  # the GPU's tensor-core tiles
     return [
         # Nsight Compute on an H200, 2026-11-30 (commit 38a7cb7), before the 128-thread layout
         ("tiled forward fp32 d=64, old (ncu)", 64, 167, 44032),  # ncu's "44.03 KB" = 43.0 KiB
         ("tiled forward fp32 d=64 (ptxas)", tm * tn, *resources(tiled)),
-        ("mma forward fp16 d=64 (ptxas)", 128, *resources("forward_mma W4 M64 N64 D64 float16")),
+        ("mma forward fp16 d=64 (ptxas)", mma.THREADS, *resources(mma.name)),
         ("naive forward fp32 d=64 (ptxas)", naive_forward.GPU_BLOCK_M,
          *resources("naive_forward HEAD_DIM=64 CAUSAL=1 float32")),
         ("a 256-thread block, 32 KiB", 256, 64, 32 * 1024),
