@@ -207,7 +207,7 @@ from numba import cuda, int32, int64, types
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
-from .jit import device_jit, kernel_jit
+from .jit import device_jit, kernel_jit, range_for, static_for
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
@@ -260,12 +260,24 @@ SIM_ROW_LANES = 8
 #: unrolled 16-byte steps keep more loads in flight and need more registers than the scalar
 #: ones did (the dK/dV kernels went from 3-5 blocks to 2-3, the dQ kernels from 5 to 2-5):
 #: fewer warps per SM for more work per instruction, which a GPU must weigh (unmeasured).
-DKDV_MIN_BLOCKS = {4: {16: 2, 32: 3, 64: 2, 128: 2, 256: 3},
-                   8: {16: 2, 32: 3, 64: 2, 128: 3, 256: 3}}
-DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 4}}
-DQ_MIN_BLOCKS = {4: {16: 3, 32: 4, 64: 3, 128: 3, 256: 4},
-                 8: {16: 4, 32: 5, 64: 3, 128: 5, 256: 5}}
+#: The shared score stage (:data:`STATIC_TILE`, 2026-12-01) moved float32 d = 16 dQ and d = 32
+#: dK/dV and float64 d = 32 dK/dV from 3 blocks to 2, float64 d = 64 dropout dK/dV from 4 to 2
+#: (3 spills 16 B) and float64 d = 16 dQ from 4 to 3 (sm_80 spilled).
+DKDV_MIN_BLOCKS = {4: {16: 2, 32: 2, 64: 2, 128: 2, 256: 3},
+                   8: {16: 2, 32: 2, 64: 2, 128: 3, 256: 3}}
+DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 2}}
+DQ_MIN_BLOCKS = {4: {16: 2, 32: 4, 64: 3, 128: 3, 256: 4},
+                 8: {16: 3, 32: 5, 64: 3, 128: 5, 256: 5}}
 DQ_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 3}, 8: {64: 3}}
+
+
+#: the smallest ``A_TR x A_TC`` micro-tile of S and dP whose row loop :func:`tile_functions`
+#: unrolls with :func:`~numba_flash.kernels.jit.static_for`; smaller ones take a ``range`` loop
+#: the compiler unrolls by itself.  Measured with ptxas 13 for sm_90, 2026-12-01: with the range
+#: loop the 4 x 4 tiles (d = 16, 32 at BLOCK_N = 64) put s and dp on the stack (128 B) and the
+#: 4 x 2 tiles (float32 d = 64) spill 16 B in dQ; unrolled both fit.  The 2 x 1 tile of float64
+#: d = 64 takes 242 registers with the range loop, 255 and a 40 B spill unrolled.
+STATIC_TILE = 8
 
 
 def _word(dtype):
@@ -476,6 +488,42 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
                 bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
             keep_tile[m, g] = bits
 
+    # [docs:bwd-p-ds]
+    @device_jit(own_module=True, inline="always")
+    def p_ds(s, dp, lse_i, delta_i, row, col, m, n, sa, nk, left, right, dropout, keep_tile,
+             umask):
+        """One element's ``(P, dS)`` (with DROPOUT ``(P Z, dS)``) from its ``S`` and ``dP``."""
+        if not (row < sa.nq and lse_i != acc_t(NEG_INF)
+                and is_visible(row, col, sa.offset, nk, left, right)):
+            return acc_t(0.0), acc_t(0.0)
+        ok, x, grad = score_fn(s, row, col, sa, umask)  # the forward's score; grad: d s / d (qk)
+        if not ok:
+            return acc_t(0.0), acc_t(0.0)   # the user's mask_mod
+        p = exp_e(x - lse_i)
+        if DROPOUT:  # compile-time; Z = keep / (1 - p_drop)
+            z = acc_t(0.0)
+            if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
+                z = dropout[3]
+            return p * z, p * (dp * z - delta_i) * grad  # dV takes the dropped P * Z
+        return p, p * (dp - delta_i) * grad
+    # [/docs:bwd-p-ds]
+
+    def row_p_ds(i, ctx):
+        """Row ``i`` of the thread's micro-tile into ``p_tile`` and ``ds_tile``."""
+        (s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa, nk, left,
+         right, dropout, keep_tile, umask) = ctx
+        m = ar + i * A_ROW_T
+        for j in range(A_TC):
+            n = ac + j * A_COL_T
+            p_tile[m, n], ds_tile[m, n] = p_ds(
+                s[i, j], dp[i, j], lse_sh[m], delta_sh[m], q_start + m, k_start + n, m, n,
+                sa, nk, left, right, dropout, keep_tile, umask)
+
+    # the rows' loop: static (unrolled by us) for micro-tiles of STATIC_TILE elements or more,
+    # where the compiler keeps a range loop and puts s and dp on the stack; smaller ones it
+    # unrolls itself and schedules better than the static calls (see STATIC_TILE)
+    p_ds_rows = (static_for if A_TR * A_TC >= STATIC_TILE else range_for)(A_TR, row_p_ds)
+
     @device_jit(own_module=True, inline="always")
     def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
                  q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask):
@@ -507,35 +555,10 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
             row_dot(s, q_tile, k_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
             row_dot(dp, do_tile, v_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
             # [/docs:bwd-s-dp]
-            # [docs:bwd-p-ds]
             # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
-            for i in range(A_TR):
-                m = ar + i * A_ROW_T
-                row = q_start + m
-                lse_i = lse_sh[m]
-                for j in range(A_TC):
-                    n = ac + j * A_COL_T
-                    col = k_start + n
-                    p = acc_t(0.0)
-                    ds = acc_t(0.0)
-                    ok = (row < sa.nq and lse_i != acc_t(NEG_INF)
-                          and is_visible(row, col, sa.offset, nk, left, right))
-                    if ok:  # the forward's score; grad = d s / d (scale qk) (1 - tanh^2, ...)
-                        ok, x, grad = score_fn(s[i, j], row, col, sa, umask)
-                    if ok:
-                        p = exp_e(x - lse_i)
-                        if DROPOUT:  # compile-time; DROPOUT: Z = keep / (1 - p_drop)
-                            z = acc_t(0.0)
-                            if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
-                                z = dropout[3]
-                            ds = p * (dp[i, j] * z - delta_sh[m]) * grad
-                            p = p * z  # DROPOUT: dV takes the dropped P * Z
-                        else:
-                            ds = p * (dp[i, j] - delta_sh[m]) * grad
-                    p_tile[m, n] = p
-                    ds_tile[m, n] = ds
-            # [/docs:bwd-p-ds]
+            p_ds_rows((s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa,
+                       nk, left, right, dropout, keep_tile, umask))
 
     load_k_cols = make_load_run(C_TC, ROW_BYTES)       # a dQ thread's columns of a K row
     load_ds_keys = make_load_run(VW, BLOCK_N * W)      # one chunk of keys of a dS row
