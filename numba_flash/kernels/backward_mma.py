@@ -71,7 +71,7 @@ from .backward import unfold_block
 from .common import HEAD_DIMS, SMEM_LIMIT, log_tile
 from .jit import device_jit, kernel_jit, static_for
 from .stages import EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, \
-    load_u16, make_pair_load, make_tile_copy, make_tile_scan, red_add
+    in_loop, load_u16, make_pair_load, make_tile_copy, make_tile_scan, red_add
 from .tile_scores import make_score_args, make_score_fn
 from .tiles import (BACKWARD_MMA_TILES, MMA_DTYPES, BackwardMmaConfig, backward_mma_config,
                     backward_mma_tiles)
@@ -261,6 +261,11 @@ def dkdv_mma_kernel(cfg):
     QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
     STAGE_BYTES = 2 * BLOCK_M * RB  # one stage: Q, then dO
     DO_OFF = BLOCK_M * RB
+    WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
+    # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
+    # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
+    # with them
+    PER_TILE = cfg.USER is None
     COL0, ACC = cfg.COL0, cfg.ACC
     SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES              # the lane's keys
@@ -286,14 +291,14 @@ def dkdv_mma_kernel(cfg):
     store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
     copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
-    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE)
+    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
     score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
     # the block mask's verdict on (Q tile, this K/V tile), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
     score_args = make_score_args(cfg.ALIBI, float32)
 
-    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF)
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE)
 
     @_stage
     def load_q(smem, stage, q, do, qo_base, qt, t_hi, nq, d, tid):
@@ -304,7 +309,7 @@ def dkdv_mma_kernel(cfg):
     def next_q(qt, w):
         """The query tile after ``qt`` (``t_hi`` past the last): the next, or the next one the
         block mask does not call EMPTY for this K/V tile."""
-        user, b, h, kt, nq, nk, t_hi, f_lo, f_hi, tid = w
+        user, b, h, kt, nq, nk, t_hi, span, tid = w
         qt += 1
         if BLOCKS is not None:
             while qt < t_hi and tile_kind(user[0], b, h, qt * BLOCK_M,
@@ -371,7 +376,15 @@ def dkdv_mma_kernel(cfg):
             smem, ins, frags, lane, va, sa = ctx
             q, do, lse, delta, dq_accum, qo_base, row_base, d, bounds = ins
             st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc = frags
-            tid, warp, g, t, key0, k_a, q_b, do_t, k_t, ds_a = lane
+            tid, warp, g, t, key0, a_lane, q_b, ds_lane = lane
+            # the lane offsets, per tile (in_loop: each derived address is not held across the
+            # loop in a register of its own)
+            a_lane = in_loop(a_lane)
+            k_t = K_BYTE + a_lane                     # K's rows for dQ (all warps)
+            k_a = k_t + WARP_KEYS_BYTES * warp        # this warp's K rows
+            do_t = a_lane + 32 * (COL0 // 16)         # Q^T / dO^T for dK / dV
+            ds_a = DS_BYTE + in_loop(ds_lane)
+            q_b = in_loop(q_b)
             q_start = qt * BLOCK_M
             qb = QS_BYTE + (stage * STAGE_BYTES if Q_STAGES > 1 else 0)
             tile_row = row_base + uint64(q_start)
@@ -434,13 +447,14 @@ def dkdv_mma_kernel(cfg):
     @_stage
     def visit(qt, w):
         """The verdict on (query tile ``qt``, this K/V tile) (and the simulator's tile log)."""
-        user, b, h, kt, nq, nk, t_hi, f_lo, f_hi, tid = w
+        user, b, h, kt, nq, nk, t_hi, span, tid = w
         if LOG and tid == 0:
             log_tile(b, h, qt * BLOCK_M, kt)
         return verdict(user, b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq), kt, nk,
-                       f_lo <= qt and qt < f_hi)
+                       span[0] <= qt and qt < span[1])
 
-    walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES)
+    walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES,
+                          1 if BLOCKS is None else 0)
 
     # a user's functions stay out of the on-disk kernel cache (their code is not in this
     # package's sources, which key it): such a build is compiled in each process
@@ -487,21 +501,26 @@ def dkdv_mma_kernel(cfg):
         qo_base = (b * n_heads + h) * nq * d
         copy_kv(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
         copy_kv(smem, V_BYTE, v, kv_base, k_end - k_start, d, tid)
-        w = (va.user, b, h, kt, nq, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+        # the unmasked Q tiles' bounds live in shared memory: read once per tile, they cost
+        # no register across the loop (at 255, ptxas spilled them to local memory)
+        span = cuda.shared.array(2, int32)
+        if tid == 0:
+            span[0] = f_lo
+            span[1] = f_hi
+        w = (va.user, b, h, kt, nq, nk, t_hi, span, tid)   # the walk's context
         qt = next_q(t_lo - 1, w)   # the first query tile (the block mask's first non-EMPTY one)
         load_q(smem, 0, q, do, qo_base, qt, t_hi, nq, d, tid)
         cp_async_wait_all()
         if DQ_ATOMIC:
             scan_k(smem, K_BYTE, k_end - k_start, tid)   # own chunks: no barrier before
+        cuda.syncthreads()  # the tile span is written before any thread's first verdict
 
         # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
         ins = (q, do, lse, delta, dq_accum, qo_base, uint64(uint32(bh)) * uint64(nq), d,
                (nk, left, right))
         frags = (st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc)
-        lanes = (tid, warp, g, t, key0,
-                 K_BYTE + 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A),
-                 lane_offset(lane, RB, KIND_B), lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16),
-                 K_BYTE + lane_offset(lane, RB, KIND_A), DS_BYTE + lane_offset(lane, DS_RB, KIND_B))
+        lanes = (tid, warp, g, t, key0, lane_offset(lane, RB, KIND_A),
+                 lane_offset(lane, RB, KIND_B), lane_offset(lane, DS_RB, KIND_B))
         walk(qt, next_q(qt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
 
         # -- this query head's dK (times scale) and dV, in float32
@@ -610,7 +629,8 @@ def dq_mma_kernel(cfg):
 
     step_masked = make_step(True)
     step_full = make_step(False)
-    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, KV_STAGES, LOG)
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, KV_STAGES,
+                             1, LOG)
 
     @_stage
     def row_stats(r, ctx):

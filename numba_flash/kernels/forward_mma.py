@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, float32, types, uint32, uint64
+from numba import cuda, float32, int64, types, uint32, uint64
 
 from ..backend import on_simulator
 from ..philox import philox_keep_bits4
@@ -290,7 +290,8 @@ def forward_mma_kernel(cfg):
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, LOG)
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES,
+                             max(STAGES - 1, 1), LOG)
 
     # a user's functions stay out of the on-disk kernel cache (their code is not in this
     # package's sources, which key it): such a build is compiled in each process
@@ -358,7 +359,8 @@ def forward_mma_kernel(cfg):
         walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
-        row_base = (b * n_heads + h) * nq
+        # (b, h) as a uint32 (the grid has < 2**31 blocks): one register across the loop
+        row_base = int64(uint32(bh)) * nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
                  (row0, nq, row_base * d, d, row_base, t == 0), (2 * t, d))
 

@@ -84,6 +84,10 @@ Arithmetic
   the wraparound of negative indices, four integer instructions per atomic (64 per dK/dV tile
   at d = 128); this one takes the element offset as given.  Twin: a float32 add into the
   flat view under a lock.
+* :func:`in_loop` ``(x)``: the int32 ``x``, through a volatile ``mov``: LLVM cannot hoist it
+  (or what is computed from it) out of the loop it is called in, so a kernel at 255 registers
+  recomputes a few lane offsets per tile from one register instead of holding each across the
+  loop (ptxas spills them rather than recompute).  Twin: ``x``.
 * :func:`lds16` ``(smem, smem_byte)``: one 16-byte shared load (``ld.shared.v4.f32`` /
   ``ld.shared.v2.f64``) of a float32 / float64 shared array at a 16-byte aligned byte offset,
   as a tuple (4 float32 or 2 float64).  Ordered with the surrounding shared-memory accesses (a
@@ -253,6 +257,19 @@ def _gpu_stages():
 
         return sig, codegen
 
+    @intrinsic
+    def in_loop(typingctx, x):
+        if x != types.int32:
+            raise NumbaTypeError(f"in_loop: expected x as an int32, got {x}")
+        sig = types.int32(x)
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32]), "mov.b32 $0, $1;", "=r,r",
+                               side_effect=True)
+            return builder.call(asm, [args[0]])
+
+        return sig, codegen
+
     def make_bare(ptx):
         @intrinsic
         def bare(typingctx):
@@ -400,6 +417,7 @@ def _gpu_stages():
         load_u16=load_u16,
         load_at=load_at,
         red_add=red_add,
+        in_loop=in_loop,
     )
 
 
@@ -444,6 +462,11 @@ def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
 
 
 _RED_LOCK = threading.Lock()
+
+
+def _sim_in_loop(x):
+    """Twin of :func:`in_loop`: the value itself (hoisting is a compiler's matter)."""
+    return x
 
 
 def _sim_red_add(dst, elem, val):
@@ -587,6 +610,7 @@ if on_simulator():
     load16 = _sim_load16
     lds16 = _sim_lds16
     red_add = _sim_red_add
+    in_loop = _sim_in_loop
 else:
     _g = _gpu_stages()
     _WAIT_GROUP = _g["cp_async_wait_group"]
@@ -596,6 +620,7 @@ else:
     cp_async_wait_one = _g["cp_async_wait_one"]
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
     load16, lds16, load_at, red_add = _g["load16"], _g["lds16"], _g["load_at"], _g["red_add"]
+    in_loop = _g["in_loop"]
     del _g
 
 
@@ -741,11 +766,14 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC):
 
 
 @functools.lru_cache(maxsize=None)
-def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND):
+def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=False):
     """``load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid)``: rows ``t ROWS ..`` of
     ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[.., n,
     d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
-    that a pipeline commits the same number of groups every step)."""
+    that a pipeline commits the same number of groups every step).  ``PER_TILE``: the thread's
+    chunk offsets are computed per call (:func:`in_loop`), not held in registers across the
+    caller's loop (the dK/dV kernel at 255 registers; elsewhere they cost 10% more
+    instructions for nothing)."""
     copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC)
 
     @_device
@@ -753,6 +781,8 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND):
         if t < t_hi:
             rows = int32(min(ROWS, n - t * ROWS))   # in 1 .. ROWS: 32-bit row tests
             base = elem_base + t * ROWS * d
+            if PER_TILE:
+                tid = in_loop(int32(tid))
             copy(smem, byte, x, base, rows, d, tid)
             copy(smem, byte + SECOND, y, base, rows, d, tid)
         cp_async_commit()
@@ -786,14 +816,15 @@ zero_nonfinite_word = make_zero_nonfinite_word("float16")
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16"):
+def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE=False):
     """``zero_nonfinite(smem, smem_byte, rows, tid)``: the chunks :func:`make_tile_copy` gave
     thread ``tid`` in the tile's first ``rows`` rows (readable by it after its own wait, no
     barrier; the copy zero-filled the others), every inf / NaN element (of the 16-bit type
     ``DTYPE``, ``"float16"`` or ``"bfloat16"``) set to +0; True if there was one.  Other
     threads see the result after a barrier.  A loop over run-time rows, one chunk at a time:
     unrolled, the loads of every chunk would be in flight together (a d = 128 tile of 32 rows
-    on 64 threads: 32 registers)."""
+    on 64 threads: 32 registers).  ``PER_TILE``: the thread's offsets computed per call
+    (:func:`in_loop`), not held across the caller's loop (as :func:`make_pair_load`)."""
     CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
     zero_word = make_zero_nonfinite_word(DTYPE)
     STEP_WORDS = STEP * ROW_BYTES // 4
@@ -801,6 +832,8 @@ def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16"):
     @_device
     def zero_nonfinite(smem, smem_byte, rows, tid):
         bad = False
+        if PER_TILE:
+            tid = in_loop(int32(tid))
         row = int32(tid // CHUNKS)
         idx = int32((smem_byte + row * ROW_BYTES + 16 * (tid % CHUNKS)) >> 2)
         end = int32(min(rows, ROWS))   # 32-bit: the loop's count and addresses in one register

@@ -6,6 +6,11 @@ per-tile steps: the kernel's unmasked step where the tile's verdict says every r
 key of it, else its masked step.  ``ahead`` is the tile the step's copy prefetches (the
 prologue loaded the ones before it); ``stage`` cycles ``0 .. STAGES - 1`` with the tiles.
 
+A dense walk (no block mask: every tile from ``t`` to ``t_hi`` in turn) derives ``ahead`` (``t
++ AHEAD``) from ``t`` instead of carrying it: one register fewer in kernels at ptxas's 255 (the
+d = 64 forward's tile bounds stopped being reloaded from local memory each tile).  Deriving the
+stage too (``t % STAGES``) was tried: ptxas then spilled more, not less.
+
 Layout of the loop: one loop, each tile's verdict choosing the step.  (A run of unmasked
 tiles as a loop of its own, FA2's layout, was tried on 2026-12-02: ptxas then spilled in the
 d = 128 forward and the dK/dV kernels at 255 registers, where the one loop does not.)  The SASS
@@ -27,7 +32,7 @@ __all__ = ["make_tile_walk", "make_kv_walk"]
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES):
+def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES, AHEAD=0):
     """``walk(t, ahead, t_hi, wctx, sctx)`` (see the module docstring) from the kernel's device
     functions:
 
@@ -38,10 +43,14 @@ def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES):
       its EMPTY tiles);
     * ``step_full`` / ``step_masked(t, ahead, stage, t_hi, sctx, umask)``: one tile.
 
-    ``wctx`` and ``sctx`` are the kernel's tuples for the first two and for the steps."""
+    ``wctx`` and ``sctx`` are the kernel's tuples for the first two and for the steps.
+    ``AHEAD`` > 0: a dense walk (``next_tile(t) == t + 1``), the step's prefetch tile ``t +
+    AHEAD`` (see the module docstring)."""
 
     @device_jit(own_module=True, inline=True)
     def advance(t, ahead, stage, wctx):
+        if AHEAD:   # dense: the next tile, and the loop's own test stops it at t_hi
+            return int32(t + 1), ahead, int32(stage + 1 if stage + 1 < STAGES else 0)
         return (int32(next_tile(t, wctx)), int32(next_tile(ahead, wctx)),
                 int32(stage + 1 if stage + 1 < STAGES else 0))
 
@@ -51,6 +60,8 @@ def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES):
         # tile comparisons one instruction
         t, ahead, t_hi, stage = int32(t), int32(ahead), int32(t_hi), int32(0)
         while t < t_hi:
+            if AHEAD:   # dense: the prefetch tile follows from t
+                ahead = int32(t + AHEAD)
             unmasked, umask = visit(t, wctx)
             if unmasked:   # every row sees every key of the tile: no mask
                 step_full(t, ahead, stage, t_hi, sctx, False)
@@ -62,13 +73,14 @@ def make_tile_walk(step_full, step_masked, visit, next_tile, STAGES):
 
 
 @functools.lru_cache(maxsize=None)
-def make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, LOG=False):
+def make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, AHEAD, LOG=False):
     """``(walk, next_kv)`` for a kernel whose block owns a Q tile and walks its K/V tiles of
     ``BLOCK_N`` keys (the forward, the deterministic dQ): :func:`make_tile_walk` with the
     verdict of :func:`~numba_flash.kernels.visibility.make_tile_verdict` and, with a block mask
     (``BLOCKS``), its EMPTY tiles skipped.  ``wctx = (user, b, h, q_start, q_end, nk, t_hi, f_lo,
     f_hi, tid)`` (``[f_lo, f_hi)``: the tiles every row sees whole); ``next_kv(kt, wctx)`` is the
-    tile after ``kt`` (``next_kv(t_lo - 1, wctx)`` the first); ``LOG``: the simulator's tile log
+    tile after ``kt`` (``next_kv(t_lo - 1, wctx)`` the first); ``AHEAD``: how many tiles
+    ahead the step prefetches; ``LOG``: the simulator's tile log
     (:data:`~numba_flash.kernels.common.TILE_LOG`)."""
     verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
     next_tile = make_next_tile(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
@@ -89,4 +101,6 @@ def make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, LOG=
             log_tile(b, h, q_start, kt)
         return verdict(user, b, h, q_start, q_end, kt, nk, f_lo <= kt and kt < f_hi)
 
-    return make_tile_walk(step_full, step_masked, visit, next_kv, STAGES), next_kv
+    dense = BLOCKS is None
+    return (make_tile_walk(step_full, step_masked, visit, next_kv, STAGES, AHEAD if dense else 0),
+            next_kv)

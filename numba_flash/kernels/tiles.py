@@ -244,10 +244,11 @@ class BackwardMmaConfig(NamedTuple):
 BACKWARD_MMA_TILES = {
     16: ((4, 1, 16, 2), (4, 1, 64, 2)),
     32: ((4, 1, 16, 2), (4, 1, 64, 2)),
-    # dkdv: 2 warps x 32 keys (K, V 18 KiB, dS^T 3 KiB, 2 stages of Q and dO 9 KiB: 30 KiB);
-    # dK, dV accumulators 2 x 64 registers per lane
+    # dkdv: 2 warps x 32 keys (K, V 18 KiB, dS^T 3 KiB, one stage of Q and dO 4.5 KiB: 26
+    # KiB); dK, dV accumulators 2 x 64 registers per lane: at 255 registers a second stage of
+    # Q and dO spilled (28 B, ptxas 13), one stage does not
     # dq: 4 warps x 16 rows, 32 keys per tile, 2 stages (Q, dO 18 KiB + 18 KiB)
-    64: ((2, 2, 16, 2), (4, 1, 32, 2)),
+    64: ((2, 2, 16, 1), (4, 1, 32, 2)),
     # dkdv: 16 keys per warp (dK, dV: 128 registers); 32 queries per step so each K and V
     # fragment feeds two query tiles; one stage of Q and dO (17 KiB: two would pass 48 KiB)
     # dq: 2 warps x 16 rows, 16 keys per tile, 2 stages
@@ -261,19 +262,31 @@ BACKWARD_MMA_TILES = {
 BACKWARD_MMA_SIM_TILES = ((1, 2, 16, 2), (1, 2, 16, 2))
 
 
-def backward_mma_tiles(head_dim, kind, simulator=None):
+#: the dK/dV kernel of a user's variant (its functions and aux arrays hold registers of their
+#: own) keeps two stages of Q and dO at d = 64: with the table's one, ptxas spilled 92 B at 255
+#: registers (19 local loads per tile), with two 28 B (6)
+BACKWARD_MMA_USER_DKDV_STAGES = {64: 2}
+
+
+def backward_mma_tiles(head_dim, kind, simulator=None, user=False):
     """``(NUM_WARPS, M_TILES, STEP, STAGES)`` of the tensor-core backward's ``kind`` (``"dkdv"``
-    or ``"dq"``) kernel for head dim ``d`` on this backend."""
+    or ``"dq"``) kernel for head dim ``d`` on this backend (``user``: a user's variant)."""
     if simulator is None:
         simulator = on_simulator()
-    table = BACKWARD_MMA_SIM_TILES if simulator else BACKWARD_MMA_TILES[padded_head_dim(head_dim)]
-    return table[0 if kind == "dkdv" else 1]
+    if simulator:
+        return BACKWARD_MMA_SIM_TILES[0 if kind == "dkdv" else 1]
+    row = BACKWARD_MMA_TILES[padded_head_dim(head_dim)]
+    nw, mt, step, stages = row[0 if kind == "dkdv" else 1]
+    if user and kind == "dkdv":
+        stages = BACKWARD_MMA_USER_DKDV_STAGES.get(padded_head_dim(head_dim), stages)
+    return nw, mt, step, stages
 
 
 def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, **flags):
     """The :class:`BackwardMmaConfig` of a launch (``flags``: the variant flags and, for dkdv,
     the pass of :func:`numba_flash.kernels.backward_mma.dkdv_passes`)."""
-    nw, mt, step, stages = backward_mma_tiles(head_dim, kind, simulator)
+    nw, mt, step, stages = backward_mma_tiles(head_dim, kind, simulator,
+                                              flags.get("USER") is not None)
     return BackwardMmaConfig(kind, nw, mt, step, padded_head_dim(head_dim), stages, dtype,
                              **flags)
 
