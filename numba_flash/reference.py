@@ -249,9 +249,17 @@ def _scores(q, k, scale, causal, window_size, softcap, alibi, user=None):
 # [/docs:reference-scores]
 
 
-def _softmax_rows(s):
+def _softmax_rows(s, sink=None):
     """``(p, lse)`` of masked scores: a row with no visible key has ``P = 0``, ``lse = -inf``; a
-    row with a NaN score has ``lse`` NaN and ``P`` NaN at the keys it sees (0 elsewhere)."""
+    row with a NaN score has ``lse`` NaN and ``P`` NaN at the keys it sees (0 elsewhere).
+    ``sink``: a learnable sink, one logit per head (``[H]``, scores ``[B, H, Nq, Nk]``): a key
+    with no value that every row sees, so it joins each row's denominator (``lse`` includes it:
+    a row that sees no key has ``P = 0``, ``lse = sink``)."""
+    if sink is not None:
+        col = np.broadcast_to(np.asarray(sink, np.float64)[None, :, None, None],
+                              s.shape[:-1] + (1,))
+        p, lse = _softmax_rows(np.concatenate([s, col], axis=-1))
+        return p[..., :-1], lse
     if s.shape[-1] == 0:  # no keys at all
         return np.zeros(s.shape), np.full(s.shape[:-1], -np.inf)
     with np.errstate(invalid="ignore"):
@@ -295,7 +303,7 @@ def _keep_scale(dropout_mask, dropout_p, shape):
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,
               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None,
-              mask_mod=None, aux_tensors=()):
+              mask_mod=None, aux_tensors=(), learnable_sink=None):
     r"""Exact attention in float64, returning ``(o, lse)``.
 
     .. math::
@@ -312,6 +320,11 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
     in plain Python: ``mask_mod(b, h, q_idx, kv_idx, *aux_tensors) -> bool`` is and-ed with
     ``causal`` / ``window_size``; ``score_mod(score, b, h, q_idx, kv_idx, *aux_tensors) ->
     float`` takes the score after scale, softcap and ALiBi and returns the one the softmax uses.
+
+    ``learnable_sink`` (``[H]``, gpt-oss's attention sinks): one logit per query head that joins
+    every row's denominator as a key with no value, ``o_i = sum_j e^{S_ij} v_j / (e^{sink_h} +
+    sum_j e^{S_ij})`` and ``lse_i = log(e^{sink_h} + sum_j e^{S_ij})``; a row that sees no key
+    has ``o = 0``, ``lse = sink_h``.  Dropout acts on the keys' probabilities as without it.
     """
     q = np.asarray(q, dtype=np.float64)
     h = q.shape[1]
@@ -320,7 +333,7 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
     user = _user_tuple(score_mod, mask_mod, aux_tensors)
     s, vis, _ = _scores(q, k, _scale(q.shape[-1], softmax_scale), causal, window_size, softcap,
                         alibi_slopes, user)
-    p, lse = _softmax_rows(s)
+    p, lse = _softmax_rows(s, learnable_sink)
     p_drop = p * _keep_scale(dropout_mask, dropout_p, p.shape)
     return _pv(p_drop, v, vis), lse
 
@@ -328,9 +341,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
 def attention_backward(
     do, q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,
     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None, mask_mod=None,
-    score_mod_grad=None, aux_tensors=(),
+    score_mod_grad=None, aux_tensors=(), learnable_sink=None,
 ):
-    r"""Gradients ``(dq, dk, dv)`` of :func:`attention`'s ``o`` for an upstream gradient ``do``.
+    r"""Gradients ``(dq, dk, dv)`` of :func:`attention`'s ``o`` for an upstream gradient ``do``
+    (``(dq, dk, dv, dsink)`` with a ``learnable_sink``).
 
     With :math:`Z = \text{keep}/(1-p)` (1 without dropout) and :math:`\tilde P = P \odot Z`:
 
@@ -350,6 +364,10 @@ def attention_backward(
     With a ``score_mod``, ``score_mod_grad(score, b, h, q_idx, kv_idx, *aux_tensors)`` is its
     derivative with respect to ``score`` (at the score it received): ``dS`` is multiplied by it
     before the softcap factor.  A ``score_mod`` without ``score_mod_grad`` is a ``ValueError``.
+
+    A sink changes ``P`` (its denominator) and nothing else of the formulas (it has no value:
+    its ``dP`` is 0); its own gradient is :math:`dsink_h = -\sum_{b,i} e^{sink_h -
+    lse_{bhi}} D_{bhi}`, ``[H]``.
     """
     if score_mod is not None and score_mod_grad is None:
         raise ValueError("score_mod_grad: the backward of a score_mod needs its derivative "
@@ -366,7 +384,7 @@ def attention_backward(
     s_pre = None
     if user is not None:
         t, s_pre = t
-    p, _ = _softmax_rows(s)
+    p, lse = _softmax_rows(s, learnable_sink)
     z = _keep_scale(dropout_mask, dropout_p, p.shape)
     p_drop = p * z
     o = np.einsum("bhij,bhjd->bhid", p_drop, v)
@@ -394,7 +412,12 @@ def attention_backward(
     # a non-finite k (q) reaches dq (dk) only through the NaN dS of the rows that see it
     dq = scale * np.einsum("bhij,bhjd->bhid", ds, np.where(np.isfinite(k), k, 0.0))
     dk = scale * np.einsum("bhij,bhid->bhjd", ds, np.where(np.isfinite(q), q, 0.0))
-    return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv)
+    if learnable_sink is None:
+        return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv)
+    sink = np.asarray(learnable_sink, np.float64)
+    with np.errstate(invalid="ignore"):
+        dsink = -(np.exp(sink[None, :, None] - lse) * d_row[..., 0]).sum(axis=(0, 2))
+    return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv), dsink
 
 
 def _sequences(cu_seqlens_q, cu_seqlens_k):
@@ -414,18 +437,22 @@ def _alibi_row(alibi_slopes, b):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softmax_scale=None,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_masks=None,
-                     dropout_p=0.0):
+                     dropout_p=0.0, learnable_sink=None):
     """Attention over a packed batch, returning ``(o [total_q, H, d], lse [H, total_q])``.
 
     ``q`` is ``[total_q, H, d]`` and ``k``, ``v`` are ``[total_k, Hkv, d]``; sequence ``b`` is
     rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` against rows
     ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of ``k`` and ``v``, each plain :func:`attention` with
     its own bottom-right alignment.  ``alibi_slopes`` is ``[H]`` or ``[B, H]``;
-    ``dropout_masks`` is ``None`` or a list of per-sequence keep masks ``[H, nq_b, nk_b]``.
+    ``dropout_masks`` is ``None`` or a list of per-sequence keep masks ``[H, nq_b, nk_b]``;
+    ``learnable_sink`` ``[H]`` as :func:`attention` (a sequence's rows that see no key: ``lse =
+    sink``).
     """
     q = np.asarray(q, dtype=np.float64)
     o = np.zeros(q.shape)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    if learnable_sink is not None:   # a row of an empty sequence sees no key: lse = sink
+        lse[:] = np.asarray(learnable_sink, np.float64)[:, None]
     for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
         if q1 == q0:
             continue
@@ -436,7 +463,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softm
         ob, lb = attention(qb, kb, vb, causal=causal, softmax_scale=softmax_scale,
                            window_size=window_size, softcap=softcap,
                            alibi_slopes=_alibi_row(alibi_slopes, b), dropout_mask=mask,
-                           dropout_p=dropout_p)
+                           dropout_p=dropout_p, learnable_sink=learnable_sink)
         o[q0:q1] = ob[0].transpose(1, 0, 2)
         lse[:, q0:q1] = lb[0]
     return o, lse
@@ -444,15 +471,18 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softm
 
 def attention_backward_varlen(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
                               softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                              alibi_slopes=None, dropout_masks=None, dropout_p=0.0):
-    """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen`, packed like ``q``, ``k``, ``v``."""
+                              alibi_slopes=None, dropout_masks=None, dropout_p=0.0,
+                              learnable_sink=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`attention_varlen`, packed like ``q``, ``k``, ``v``
+    (``(dq, dk, dv, dsink)`` with a ``learnable_sink``)."""
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     do = np.asarray(do, dtype=np.float64)
     dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    dsink = np.zeros(q.shape[1])
     for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
-        if q1 == q0 or k1 == k0:
+        if q1 == q0 or k1 == k0:   # no key: o = 0, so D = 0 and nothing reaches dsink either
             continue
         def pack(x, a, z):
             return x[a:z].transpose(1, 0, 2)[None]
@@ -461,10 +491,14 @@ def attention_backward_varlen(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal
                                pack(v, k0, k1), causal=causal, softmax_scale=softmax_scale,
                                window_size=window_size, softcap=softcap,
                                alibi_slopes=_alibi_row(alibi_slopes, b), dropout_mask=mask,
-                               dropout_p=dropout_p)
+                               dropout_p=dropout_p, learnable_sink=learnable_sink)
         dq[q0:q1] = g[0][0].transpose(1, 0, 2)
         dk[k0:k1] = g[1][0].transpose(1, 0, 2)
         dv[k0:k1] = g[2][0].transpose(1, 0, 2)
+        if learnable_sink is not None:
+            dsink += g[3]
+    if learnable_sink is not None:
+        return dq, dk, dv, dsink
     return dq, dk, dv
 
 

@@ -112,6 +112,43 @@ def check_alibi(alibi_slopes, b, h):
     return xp.ascontiguousarray(xp.broadcast_to(a, (b, h)), dtype=xp.float32)
 
 
+def check_sink(learnable_sink, h):
+    """``learnable_sink``: ``None``, or one logit per query head, float32 ``[H]``, finite or
+    ``-inf`` (a head without a sink).  Returns ``None`` or a new C-contiguous float32 ``[H]``
+    array of the same kind (NumPy or CuPy)."""
+    if learnable_sink is None:
+        return None
+    shape, dtype = array_info("learnable_sink", learnable_sink)
+    if dtype != np.float32:
+        raise TypeError(f"learnable_sink: expected dtype float32 (one logit per head, as "
+                        f"flash-attn), got {dtype}")
+    if shape != (h,):
+        raise ValueError(f"learnable_sink: expected shape ({h},) (one per query head), got "
+                         f"{shape}")
+    xp = _xp(learnable_sink)
+    s = xp.asarray(learnable_sink)
+    if bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
+        raise ValueError("learnable_sink: expected finite logits (or -inf: no sink), got a NaN "
+                         "or +inf")
+    return xp.ascontiguousarray(s, dtype=xp.float32)
+
+
+def sink_gradient(do, o, lse, sink):
+    """``dsink [H]`` (float32, the sink's kind): ``-sum_{b,i} exp(sink_h - lse_bhi) D_bhi`` with
+    ``D = rowsum(dO * O)``, in float64 over ``[B, H, N, d]`` (or packed ``[T, H, d]`` with
+    ``lse [H, T]``) arrays."""
+    xp = _xp(sink)
+    f64 = xp.float64
+    d_row = (xp.asarray(do).astype(f64) * xp.asarray(o).astype(f64)).sum(axis=-1)
+    lse = xp.asarray(lse).astype(f64)
+    if d_row.ndim == 2:        # packed: D [T, H] against lse [H, T]
+        d_row = d_row.T[None]
+        lse = lse[None]
+    with np.errstate(invalid="ignore"):
+        w = xp.exp(xp.asarray(sink).astype(f64)[None, :, None] - lse)
+    return (-(w * d_row).sum(axis=(0, 2))).astype(xp.float32)
+
+
 def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
     """``cu_seqlens`` of a packed batch: an integer 1-D array ``[B + 1]`` of entries in
     ``[0, 2**31 - 1]`` (int32 offsets), 0 first, ``total`` (the packed length of the matching

@@ -163,7 +163,7 @@ from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wa
                      load_at, make_row_dot)
 from .elements import BFLOAT16, element_ops
 from .jit import device_jit, kernel_jit
-from .online_softmax import make_epilogue, make_online_softmax
+from .online_softmax import make_epilogue, make_online_softmax, sink_of
 from .tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores
 from .tiles import FORWARD_MODS_TILES, FORWARD_TILES, ForwardConfig, forward_tiles
 from .variant import variant_type
@@ -792,7 +792,7 @@ def forward_kernel(cfg):
                     np.int64(h) * seqs[0][n_batch] + q0, tx == 0)
         else:       # o [B, H, Nq, d], lse [B, H, Nq]
             rows = (q_start + ty, nq, np.int64(bh) * nq * d, d, np.int64(bh) * nq, tx == 0)
-        epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d))
+        epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d), sink_of(va.sink, h))
         # [/docs:fwd-epilogue]
 
     return flash_forward
@@ -907,6 +907,10 @@ def compile_config(cfg, name_suffix="", user=()):
                                        np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16"
                                                 else cfg.DTYPE)),
         "float64_ok": cfg.DTYPE == "float64",
+        # the SASS tier's loop: the K/V loop holds >= 75% of the kernel's static FFMAs, but at
+        # d <= 32 the epilogue's per-row log, reciprocal and sink term (straight-line, run once)
+        # are more than a quarter of them (d = 32 float32: 196 of 263, 2026-12-02)
+        "sass": {"share": 0.65} if cfg.HEAD_DIM <= 32 else {},
     }
 
 

@@ -71,7 +71,7 @@ from ..philox import philox_keep_bits4
 from .common import GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT
 from .elements import element_ops
 from .jit import device_jit, kernel_jit, static_for
-from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
+from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax, sink_of
 from .stages import EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan
 from .tile_scores import make_score_args, make_score_fn, make_tile_scores
 from .tile_walk import make_kv_walk
@@ -362,7 +362,8 @@ def forward_mma_kernel(cfg):
         # (b, h) as a uint32 (the grid has < 2**31 blocks): one register across the loop
         row_base = int64(uint32(bh)) * nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 (row0, nq, row_base * d, d, row_base, t == 0), (2 * t, d))
+                 (row0, nq, row_base * d, d, row_base, t == 0), (2 * t, d),
+                 sink_of(va.sink, uint32(bh) % uint32(n_heads)))   # (h from bh: no register)
 
     return flash_forward_mma
 

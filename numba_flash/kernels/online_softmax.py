@@ -96,8 +96,10 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
     * ``init(m_i, l_i, acc)``: ``m_i = -inf``, ``l_i = 0``, ``acc = 0``;
     * ``update(s, acc, m_i, l_i, c)``: one tile (``c``: the exponent scale of ``EXP = "ex2"``,
       unused with ``"exp"``); ``s`` becomes ``P``;
-    * ``finalize(m_i, l_i, r, lse_scale) -> (inv_l, lse)`` for row ``r`` (``lse_scale``: the
-      scale of raw-unit ``m``, 1 in natural units); every lane of ``XOR`` must call it.
+    * ``finalize(m_i, l_i, r, lse_scale, sink) -> (inv_l, lse)`` for row ``r`` (``lse_scale``:
+      the scale of raw-unit ``m``, 1 in natural units; ``sink``: a learnable sink's logit in
+      natural units, a key with no value in the denominator, ``-inf`` for none); every lane of
+      ``XOR`` must call it.
 
     ``update`` returns the last row's ``alpha`` (a lane that holds one row of a decode rescales
     the accumulator rows other lanes hold with it).
@@ -205,26 +207,43 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
         return alpha[ROWS - 1]
 
     @_device
-    def finalize(m_i, l_i, r, lse_scale):
+    def finalize(m_i, l_i, r, lse_scale, sink):
         l_row = row_sum(l_i[r])
-        if l_row == ZERO:                          # no visible key: o = 0, lse = -inf
+        m = m_i[r] * lse_scale
+        a = ONE
+        if sink != NEG_INF:   # l = l_row e^(m - m_f) + e^(sink - m_f) against m_f = max(m, sink)
+            sink = acc_t(sink)                     # (float32 in Variant: float64 kernels widen)
+            m_f = m if m > sink else sink          # a NaN row stays NaN through l_row
+            a = exp_e(m - m_f)                     # 0 for a row that saw no key (m = -inf)
+            l_row = l_row * a + exp_e(sink - m_f)
+            m = m_f
+        elif l_row == ZERO:                        # no visible key: o = 0, lse = -inf
             return ZERO, NEG_INF
-        # l > 0, or NaN (a NaN score): then o and lse are NaN too
-        return ONE / l_row, m_i[r] * lse_scale + math.log(l_row)
+        # l > 0, or NaN (a NaN score): then o and lse are NaN too.  One log and one reciprocal
+        # for both paths (a / l would be a second, longer division; a = 1: the same bits)
+        return a * (ONE / l_row), m + math.log(l_row)
 
     return init, update, finalize
 # [/docs:online-softmax-stage]
 
 
+@_device
+def sink_of(sinks, h):
+    """Query head ``h``'s learnable sink logit from :class:`~numba_flash.kernels.variant.Variant`'s
+    ``sink`` (``[H]``; a one-element ``[-inf]``: no sink)."""
+    return sinks[int32(h) if sinks.shape[0] > 1 else int32(0)]   # (one index type)
+
+
 @functools.lru_cache(maxsize=None)
 def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t):
-    """``epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols)``: ``o = acc / l`` and ``lse``
+    """``epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink)``: ``o = acc / l`` and ``lse``
     of the lane's rows (:func:`make_online_softmax`'s ``finalize``), written through flat
     views.  ``rows = (row0, nq, o_elem0, o_row, lse_elem0, write_lse)``: row ``r`` of the lane is
     ``row0 + offset(ROW_LAYOUT, r)`` (written if ``< nq``), its ``o`` elements start at ``o_elem0
     + row o_row`` and its ``lse`` is ``lse[lse_elem0 + row]`` (written by the lanes with
     ``write_lse``); ``cols = (col0, d)``: accumulator column ``c`` is ``col0 + offset(COL_LAYOUT,
-    c)`` (written if ``< d``).  ``store``: the element type's store (``elements.element_ops``).
+    c)`` (written if ``< d``); ``sink``: the rows' learnable sink logit (``-inf``: none; see
+    ``finalize``).  ``store``: the element type's store (``elements.element_ops``).
     Layouts: :class:`~numba_flash.kernels.tile_scores.Layout`."""
     _init, _update, finalize = make_online_softmax(ROWS, 0, ACC_COLS, XOR, "exp", acc_t)
     R_IN, R_OUT, R_STEP = ROW_LAYOUT
@@ -232,10 +251,10 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t):
 
     @_device
     def store_row(r, ctx):
-        o, lse, acc, m_i, l_i, lse_scale, rows, cols = ctx
+        o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink = ctx
         row0, nq, o_elem0, o_row, lse_elem0, write_lse = rows
         col0, d = cols
-        inv_l, row_lse = finalize(m_i, l_i, r, lse_scale)
+        inv_l, row_lse = finalize(m_i, l_i, r, lse_scale, sink)
         row = row0 + (r // R_IN) * R_OUT + (r % R_IN) * R_STEP
         if row < nq:
             base = o_elem0 + row * o_row
@@ -250,7 +269,7 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t):
     store_rows = static_for(ROWS, store_row)
 
     @_device
-    def epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols):
-        store_rows((o, lse, acc, m_i, l_i, lse_scale, rows, cols))
+    def epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink):
+        store_rows((o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink))
 
     return epilogue

@@ -14,7 +14,10 @@ configuration; the values are here:
 * ``dropout``: ``()``, or ``(seed_lo, seed_hi, threshold, keep_scale)`` (three uint32 of
   :func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type);
 * ``user``: ``()``, or ``(kinds,) + aux`` of a user's variant (:mod:`numba_flash.flex`):
-  the block mask's int8 classification (read only with one) and the aux arrays.
+  the block mask's int8 classification (read only with one) and the aux arrays;
+* ``sink``: float32 ``[H]``, the learnable sink logits (natural units) the forward's epilogue
+  adds to each row's denominator (:func:`~numba_flash.kernels.online_softmax.make_epilogue`),
+  or a zero-length array: no sink.
 
 An empty tuple field costs the kernel no parameter and no instruction.
 """
@@ -27,7 +30,8 @@ from numba import types
 
 
 class Variant(collections.namedtuple(
-        "Variant", ["scale", "window", "softcap", "inv_softcap", "alibi", "dropout", "user"])):
+        "Variant", ["scale", "window", "softcap", "inv_softcap", "alibi", "dropout", "user",
+                    "sink"])):
     """A kernel's variant data (the fields of the module docstring)."""
 
     __slots__ = ()
@@ -41,4 +45,5 @@ def variant_type(acc_t, dropout=False, user=()):
             else types.Tuple(()))
     return types.NamedTuple((acc_t, types.UniTuple(types.int32, 2), acc_t, acc_t,
                              types.Array(types.float32, 2, "C"), drop,
-                             types.Tuple(tuple(user))), Variant)
+                             types.Tuple(tuple(user)), types.Array(types.float32, 1, "C")),
+                            Variant)

@@ -14,7 +14,7 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork, tiled_work
 from ..frontend.validate import check_backward_arrays, check_bool, check_scale
-from ..frontend.variants import check_variants
+from ..frontend.variants import check_sink, check_variants, sink_gradient
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
                                 preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
@@ -177,9 +177,10 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
              dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
              kernel="auto", score_mod=None, mask_mod=None, score_mod_grad=None,
-             block_mask=None, aux_tensors=(), aux_grad=None):
-    """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do`` (and, with
-    ``aux_grad``, the aux tensors' gradients after them).
+             block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None):
+    """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do`` (with a
+    ``learnable_sink``, ``(dq, dk, dv, dsink)``; with ``aux_grad``, the aux tensors' gradients
+    after them).
 
     ``q``, ``o``, ``do`` are ``[B, H, Nq, d]``; ``k``, ``v`` are ``[B, Hkv, Nk, d]`` (GQA: ``H`` a
     multiple of ``Hkv``); ``lse`` ``[B, H, Nq]`` is the forward's log-sum-exp, float32 (float64
@@ -226,12 +227,18 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     more kernel (:mod:`numba_flash.ops.aux_grad`), no dropout.  The adds are atomic, so
     ``deterministic=True`` does not make the aux gradients bitwise reproducible.
 
+    ``learnable_sink``: the forward's sink logits (float32 ``[H]``, :func:`numba_flash.forward`);
+    ``lse`` holds the sink, so ``P`` and the kernels are unchanged, and ``dsink_h = -sum_{b,i}
+    exp(sink_h - lse_bhi) D_bhi`` (``D = rowsum(dO * O)``) is summed on the host in float64
+    (float32 ``[H]``, the sink's kind).
+
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                             seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
                             score_mod_grad, block_mask, aux_tensors)
     aux = prepare_aux_grad(aux_grad, a.variant, a.dtype, dropout_p)
+    sink = check_sink(learnable_sink, a.h)
     kernel = check_backward_kernel(kernel, a.dtype)
     if kernel == "mma":  # validated above, once: straight to the launches
         grads = import_mma("backward_mma").launch_backward_mma(
@@ -247,6 +254,8 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
             alibi=a.alibi, deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
             user_variant=a.variant)
         grads = (call.result(dq), call.result(dk), call.result(dv))
+    if sink is not None:
+        grads = tuple(grads) + (sink_gradient(do, o, lse, sink),)
     if aux is None:
         return grads
     return tuple(grads) + aux_gradients(aux, do, q, k, v, o, lse, max_nq=a.nq, max_nk=a.nk,

@@ -24,7 +24,7 @@ from ..kernels.forward_mma import vector_copies
 from ..kernels.variant import Variant
 from ..philox import dropout_params
 from .backward import check_backward_args, user_build
-from .forward import user_arrays
+from .forward import no_sink, user_arrays
 
 
 def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
@@ -93,7 +93,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
                  f32(1.0 / softcap if softcap > 0.0 else 0.0),
                  call.input(alibi) if alibi is not None else call.zeros((1, 1), f32),
                  (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else (),
-                 user_arrays(call, variant))  # (kinds,) + aux, or (): no parameter without one
+                 user_arrays(call, variant),  # (kinds,) + aux, or (): no parameter without one
+                 no_sink(call))  # P comes from lse, which holds the sink: the kernels need none
 
     # 1. D = rowsum(dO * O), dq_accum = 0 (the SIMT preprocess kernel)
     t = elem_threads()

@@ -8,7 +8,8 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_same_dtype,
                                  check_same_kind, check_scale)
-from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
+from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
+                                 check_variants, sink_gradient)
 from ..kernels.common import acc_dtype
 from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
@@ -33,8 +34,10 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
                     max_seqlen_k, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, softmax_scale=None, dropout_p=0.0, seed=0,
                     deterministic=False, score_mod=None, mask_mod=None, score_mod_grad=None,
-                    block_mask=None, aux_tensors=(), aux_grad=None):
-    """Gradients ``(dq, dk, dv)`` of :func:`numba_flash.forward_varlen`, packed like the inputs.
+                    block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`numba_flash.forward_varlen`, packed like the inputs
+    (with the forward's ``learnable_sink``, ``(dq, dk, dv, dsink)``: see
+    :func:`numba_flash.backward`).
 
     ``q``, ``o``, ``do`` are ``[total_q, H, d]``, ``k``, ``v`` ``[total_k, Hkv, d]`` (GQA: ``H`` a
     multiple of ``Hkv``), ``lse`` ``[H, total_q]`` (float32; float64 for float64 inputs); sequence
@@ -98,6 +101,7 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
                                   shape=(n_seq, h, int(len_q.max()), int(len_k.max())),
                                   max_seqlens=(int(max_seqlen_q), int(max_seqlen_k)))
     aux = prepare_aux_grad(aux_grad, variant, dtype, dropout_p)
+    sink = check_sink(learnable_sink, h)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]
@@ -108,6 +112,8 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         left=left, right=right, softcap=softcap, alibi=alibi, deterministic=deterministic,
         dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k), user_variant=variant)
     grads = tuple(_unpack(call.result(x)) for x in (dq, dk, dv))
+    if sink is not None:
+        grads += (sink_gradient(do, o, lse, sink),)
     if aux is None:
         return grads
     return grads + aux_gradients(

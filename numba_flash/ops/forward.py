@@ -10,7 +10,7 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
-from ..frontend.variants import check_variants
+from ..frontend.variants import check_sink, check_variants
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import (choose_tiles, explicit_tiles, forward_config, forward_grid,
                                forward_kernel, vector_tiles)
@@ -40,10 +40,12 @@ class ForwardArgs(NamedTuple):
     softcap: float
     #: float32 ``[B, H]`` of the inputs' kind, or None
     alibi: object
+    #: float32 ``[H]`` learnable sink logits of the inputs' kind, or None
+    sink: object = None
 
 
 def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
-                       softcap, alibi_slopes):
+                       softcap, alibi_slopes, learnable_sink=None):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
     share (raising before any launch) and return them as a :class:`ForwardArgs`."""
     b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
@@ -54,7 +56,8 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
     window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
                                                         alibi_slopes, b, h, nq=nq, nk=nk)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
-                       float(dropout_p), dropout, window, left, right, softcap, alibi)
+                       float(dropout_p), dropout, window, left, right, softcap, alibi,
+                       check_sink(learnable_sink, h))
 
 
 def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
@@ -85,27 +88,33 @@ def user_arrays(call, variant):
 
 
 def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=(1, 1),
-                   dropout=None, variant=None):
+                   dropout=None, variant=None, sink=None):
     """The kernels' :class:`~numba_flash.kernels.variant.Variant` of a validated call, on the
     inputs' device, scalars in the compute type ``acc_t``: ``alibi`` float32 ``[B, H]`` or None
     (then zeros of shape ``bh``: ``(B, H)`` for a build that reads slopes, the score-modifier
     SIMT build); ``dropout``: the ``(seed_lo, seed_hi, threshold, keep_scale)`` of
     :func:`numba_flash.philox.dropout_params` when dropout is on, else None; ``variant``: a
-    user's (:func:`check_forward_variant`) or None."""
+    user's (:func:`check_forward_variant`) or None; ``sink``: float32 ``[H]`` learnable sink
+    logits or None (then ``[-inf]``: none)."""
     acc_t = np.dtype(acc_t).type
     softcap = float(softcap)
     slopes = call.input(alibi) if alibi is not None else call.zeros(bh, np.float32)
     drop = () if dropout is None else (*dropout[:3], acc_t(dropout[3]))
     return Variant(acc_t(scale), (np.int32(left), np.int32(right)), acc_t(softcap),
                    acc_t(1.0 / softcap if softcap > 0.0 else 0.0), slopes, drop,
-                   user_arrays(call, variant))
+                   user_arrays(call, variant), no_sink(call) if sink is None else call.input(sink))
+
+
+def no_sink(call):
+    """:class:`~numba_flash.kernels.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
+    return call.input(np.full(1, -np.inf, np.float32))
 
 
 def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
     """:func:`kernel_variant` of a :class:`ForwardArgs`."""
     return kernel_variant(call, acc_t, args.scale, args.left, args.right, args.softcap,
                           args.alibi, bh, args.dropout if args.dropout_p > 0.0 else None,
-                          variant)
+                          variant, args.sink)
 
 
 def _forward_mma():
@@ -117,7 +126,7 @@ def _forward_mma():
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
-            aux_tensors=()):
+            aux_tensors=(), learnable_sink=None):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -172,9 +181,15 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
 
     The functions are plain Python, compiled by Numba for the device (run as Python, thread by
     thread, in the simulator); :func:`numba_flash.reference.attention` takes the same ones.
+
+    ``learnable_sink`` (float32 ``[H]``, gpt-oss's attention sinks, flash-attn 4's
+    ``learnable_sink``): one logit per query head that joins every row's softmax denominator as
+    a key with no value: ``o_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij})``, ``lse_i =
+    log(e^{sink_h} + sum_j e^{s_ij})``; a row that sees no key gets ``o = 0``, ``lse =
+    sink_h``.  Both kernel families, every variant (the sink is added once, in the epilogue).
     """
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
-                              window_size, softcap, alibi_slopes)
+                              window_size, softcap, alibi_slopes, learnable_sink)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)

@@ -18,7 +18,7 @@ from .forward import check_forward_args, check_forward_variant, forward_variant,
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
                 seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, score_mod=None,
-                mask_mod=None, block_mask=None, aux_tensors=()):
+                mask_mod=None, block_mask=None, aux_tensors=(), learnable_sink=None):
     """Attention forward on tensor cores: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` float16 or bfloat16 (``ml_dtypes.bfloat16``) ``[B, H, Nq, d]``, ``k`` and ``v`` of
@@ -35,10 +35,11 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     input dtype, ``lse`` is float32 ``[B, H, Nq]``.  bfloat16 needs compute capability >= 8.0
     (``mma...bf16`` and ``cvt.rn.bf16x2.f32`` are sm_80 instructions).  NumPy in, NumPy out;
     CuPy in, CuPy out (GPU backend).  ``score_mod``, ``mask_mod``, ``block_mask``,
-    ``aux_tensors``: a user's variant, as in :func:`numba_flash.forward`.
+    ``aux_tensors``: a user's variant, ``learnable_sink`` a sink per head, as in
+    :func:`numba_flash.forward`.
     """
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
-                              window_size, softcap, alibi_slopes)
+                              window_size, softcap, alibi_slopes, learnable_sink)
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     return launch_forward_mma(q, k, v, args, variant)
 

@@ -13,7 +13,8 @@ from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale, is_device_array)
-from ..frontend.variants import check_cu_seqlens_pair, check_packed_qkv, check_variants
+from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
+                                 check_variants)
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import (default_tiles, forward_config, forward_grid, forward_kernel,
                                vector_tiles)
@@ -121,7 +122,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                    softmax_scale=None, dropout_p=0.0, seed=0, return_lse=False,
                    block_table=None, validate=None, score_mod=None, mask_mod=None,
-                   block_mask=None, aux_tensors=()):
+                   block_mask=None, aux_tensors=(), learnable_sink=None):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -208,6 +209,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
         causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
     use_dropout = float(dropout_p) > 0.0
+    sink = check_sink(learnable_sink, h)
     variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
                              len_q, len_k, max_seqlen_q, max_seqlen_k, paged)
     if paged and validate:  # after every other check, before any launch
@@ -230,7 +232,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                  np.int32(n_blocks))
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (b, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
-                        variant)
+                        variant, sink)
     o = call.empty((total_q, h, d), dtype)
     lse = call.empty((h, total_q), acc_t)
     n_q_tiles = cdiv(max(1, int(len_q.max())), cfg.BLOCK_M)  # the longest sequence's Q tiles
