@@ -570,7 +570,7 @@ def blocked_attention(
 # ----------------------------------------------------------------------------------------------
 # merging partial softmax states, paged decode
 # ----------------------------------------------------------------------------------------------
-def merge_states(o_parts, lse_parts):
+def merge_states(o_parts, lse_parts, learnable_sink=None):
     r"""Merge partial attention states computed over disjoint key sets (stacked on axis 0).
 
     Each part ``p`` holds its own normalised output ``o_p`` and log-sum-exp ``lse_p``.  Then
@@ -583,6 +583,10 @@ def merge_states(o_parts, lse_parts):
     holds; if every part is ``-inf`` the result is ``o = 0``, ``lse = -inf``.  A part with
     ``lse_p = NaN`` makes ``o`` and ``lse`` NaN; a part with ``lse_p = +inf`` gives
     ``lse = +inf`` and ``o = NaN`` (as :mod:`numba_flash.kernels.merge` does).
+
+    ``learnable_sink`` (broadcastable to ``lse_parts.shape[1:]``; ``-inf``: none): the rows'
+    attention-sink logits, one more part with ``lse_p = sink`` and ``o_p = 0`` (a key with no
+    value), added once: the merge of split partials with it is the unsplit attention with it.
     """
     o_parts = np.asarray(o_parts, dtype=np.float64)
     lse_parts = np.asarray(lse_parts, dtype=np.float64)
@@ -591,6 +595,10 @@ def merge_states(o_parts, lse_parts):
             f"o_parts {o_parts.shape} and lse_parts {lse_parts.shape} disagree: expected "
             "o_parts.shape[:-1] == lse_parts.shape"
         )
+    if learnable_sink is not None:   # the sink: a part of its own, o_p = 0
+        sink = np.broadcast_to(np.asarray(learnable_sink, np.float64), lse_parts.shape[1:])
+        o_parts = np.concatenate([o_parts, np.zeros((1,) + o_parts.shape[1:])])
+        lse_parts = np.concatenate([lse_parts, sink[None]])
     # [docs:merge-states]
     m = lse_parts.max(axis=0)
     m_safe = np.where(np.isfinite(m), m, 0.0)
@@ -623,15 +631,16 @@ def gather_paged(cache, block_table, seqlen, b):
 
 
 def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal=False,
-                 softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                 softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                 learnable_sink=None):
     """Decode attention against a KV cache, contiguous or paged, returning ``(o, lse)``.
 
     ``q`` is ``[B, H, d]`` (one token) or ``[B, H, Nq, d]``.  With ``block_table=None`` the cache
     is contiguous ``[B, Hkv, Nmax, d]`` and sequence ``b`` uses its first ``cache_seqlens[b]``
     positions; otherwise the cache is paged ``[num_blocks, Hkv, block_size, d]`` (see
     :func:`gather_paged`).  Each sequence is then plain :func:`attention` (bottom-right
-    alignment, window, softcap, ALiBi ``[H]`` or ``[B, H]``) against its ``cache_seqlens[b]``
-    keys.
+    alignment, window, softcap, ALiBi ``[H]`` or ``[B, H]``, ``learnable_sink``) against its
+    ``cache_seqlens[b]`` keys.
     """
     q = np.asarray(q, dtype=np.float64)
     single = q.ndim == 3
@@ -647,7 +656,8 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
             vb = gather_paged(v_cache, block_table, n, b)
         o, lse = attention(q4[b : b + 1], kb[None], vb[None], causal=causal,
                            softmax_scale=softmax_scale, window_size=window_size,
-                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, b))
+                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, b),
+                           learnable_sink=learnable_sink)
         outs.append(o[0])
         lses.append(lse[0])
     o = np.stack(outs)
@@ -722,7 +732,7 @@ def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None
                    rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                    cache_batch_idx=None, cache_leftpad=None, block_table=None, causal=False,
                    softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                   score_mod=None, mask_mod=None, aux_tensors=()):
+                   score_mod=None, mask_mod=None, aux_tensors=(), learnable_sink=None):
     """flash-attn's ``flash_attn_with_kvcache`` in float64: ``(o, lse, k_cache', v_cache')``.
 
     ``q`` ``[B, H, Nq, d]`` or ``[B, H, d]``; caches and ``block_table`` as :func:`paged_decode`.
@@ -786,7 +796,7 @@ def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None
         o, lse = attention(q4[s:s + 1], kb[None], vb[None], causal=causal,
                            softmax_scale=softmax_scale, window_size=window_size,
                            softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, s),
-                           aux_tensors=aux_tensors,
+                           aux_tensors=aux_tensors, learnable_sink=learnable_sink,
                            **at_positions(s, n - nq, lp))
         outs.append(o[0])
         lses.append(lse[0])

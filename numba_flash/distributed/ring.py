@@ -20,18 +20,27 @@ step calls :func:`numba_flash.backward` with the *global* ``o`` and ``lse`` of t
 (``P = exp(S - lse)`` is then the slice of the global softmax, and ``D = rowsum(dO * O)``
 the global one), adds dQ locally, and adds dK/dV to the accumulator of the shard's owner,
 which travels on; after ``R`` steps one last hop brings each accumulator home.
+
+A learnable sink (gpt-oss's attention sinks) is added once per row, after the ring: the merged
+partials are the plain softmax over all keys, and one more :func:`numba_flash.merge_states`
+with the sink as a part of its own (``o_p = 0``) gives the rows their sink.  The backward
+needs nothing new from the ring (``lse`` holds the sink, so ``P`` is right); ``dsink`` is each
+rank's sum over its rows, summed over the ranks by one allgather (in rank order: every rank
+gets the same bits).
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import zlib
 
 import ml_dtypes
 import numpy as np
 
 from .comm import as_ring_comm
-from .sharding import _xp, check_layout, rank_chunks
+from ..frontend.validate import array_module
+from .sharding import check_layout, rank_chunks
 
 __all__ = ["ring_forward", "ring_backward"]
 
@@ -110,8 +119,11 @@ def _agree(ring, arrays, scalars, local_check):
     return info
 
 
-def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flags=None):
-    """Local checks (types, GQA shapes, self-attention shard lengths) and the cross-rank one."""
+def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flags=None,
+                  learnable_sink=None):
+    """Local checks (types, GQA shapes, self-attention shard lengths, the sink) and the
+    cross-rank one (the sink's bytes too: every rank must pass the same logits)."""
+    from ..frontend.variants import check_sink
     from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_qkv,
                                      check_same_dtype, check_same_kind, check_scale)
     from ..kernels.common import acc_dtype
@@ -147,7 +159,10 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
                 raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, N_local] of q), "
                                  f"got {shape}")
             check_same_kind({"q": q, **named})
-        return b, h, hkv, nq, d, dtype, scale
+        sink = check_sink(learnable_sink, h)
+        if sink is not None:
+            check_same_kind({"q": q, "learnable_sink": sink})
+        return b, h, hkv, nq, d, dtype, scale, sink
 
     arrays = {"q": q, "k": k, "v": v, **(dict(extra) if extra else {})}
     d = getattr(q, "shape", (0,))[-1] if getattr(q, "ndim", 0) else 0
@@ -157,8 +172,32 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
     except (TypeError, ValueError):
         scale_bits = -1
     scalars = {"causal": int(bool(causal)) if isinstance(causal, (bool, np.bool_)) else -1,
-               "layout": _LAYOUT_CODE.get(layout_ok, -1), "softmax_scale": scale_bits}
+               "layout": _LAYOUT_CODE.get(layout_ok, -1), "softmax_scale": scale_bits,
+               "learnable_sink": _bytes_code(learnable_sink)}
     return _agree(ring, arrays, scalars, local)
+
+
+def _bytes_code(x):
+    """A 32-bit code of an array's bytes (``-1``: None or not an array), for the agreement."""
+    if x is None:
+        return -1
+    try:
+        return zlib.crc32(np.ascontiguousarray(_host(x)).tobytes())
+    except (TypeError, ValueError):
+        return -2
+
+
+def _host(x):
+    """NumPy copy of a NumPy or CuPy array."""
+    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _sum_over_ranks(ring, x):
+    """``sum_r x_r`` of a small float64 vector on every rank, identical bits everywhere: one
+    allgather of the bits, summed in rank order."""
+    bits = np.ascontiguousarray(x, np.float64).view(np.int64)
+    table = ring.allgather_ints(bits)
+    return np.ascontiguousarray(table).view(np.float64).sum(axis=0)
 
 
 # -- which (query rows, key columns) pairs each step computes ---------------------------------
@@ -214,7 +253,7 @@ def _op(name):
 
 # -- forward ----------------------------------------------------------------------------------
 def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=False,
-                 layout="zigzag"):
+                 layout="zigzag", learnable_sink=None):
     """Attention over a sequence sharded across the ranks of ``comm``: this rank's shard of ``o``.
 
     ``q`` ``[B, H, N_local, d]``, ``k``/``v`` ``[B, Hkv, N_local, d]`` are this rank's shards
@@ -226,17 +265,20 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
     float64, and are rounded to the input dtype once, at the end), and of ``lse``
     ``[B, H, N_local]`` (float32; float64 for float64) with ``return_lse=True``: equal to
     :func:`numba_flash.forward` of the whole sequence, sharded the same way.
+    ``learnable_sink``: float32 ``[H]``, the same on every rank (as :func:`numba_flash.forward`;
+    added once per row, after the ring).
 
     ``comm``: an mpi4py communicator or :class:`~numba_flash.distributed.NcclComm`.  Every rank
     must call with the same shapes, dtypes and options; one allgather checks that first and
     every rank raises the same ValueError (naming the rank and the argument) if not.
     """
     ring = as_ring_comm(comm)
-    b, h, hkv, n, d, dtype, scale = _check_shards(ring, q, k, v, causal, softmax_scale, layout,
-                                                  flags={"return_lse": return_lse})
+    b, h, hkv, n, d, dtype, scale, sink = _check_shards(
+        ring, q, k, v, causal, softmax_scale, layout, flags={"return_lse": return_lse},
+        learnable_sink=learnable_sink)
     causal = bool(causal)
     forward, merge_states = _op("forward"), _op("merge_states")
-    xp = _xp(q)
+    xp = array_module(q)
     acc_t = np.float64 if dtype == np.float64 else np.float32
     size, rank = ring.size, ring.rank
     mine = rank_chunks(rank, size, layout)
@@ -271,14 +313,18 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
             kv, kv_next = kv_next, kv
     # [/docs:ring-forward-loop]
 
+    if sink is not None:  # once per row, as one more part with o = 0 (not per step or rank)
+        o_acc, lse_acc = merge_states(o_acc[None], lse_acc[None], learnable_sink=sink[:, None])
     o = o_acc.astype(dtype, copy=False)
     return (o, lse_acc) if return_lse else o
 
 
 # -- backward ---------------------------------------------------------------------------------
 def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None,
-                  layout="zigzag"):
-    """Gradients ``(dq, dk, dv)`` of :func:`ring_forward`, each this rank's shard.
+                  layout="zigzag", learnable_sink=None):
+    """Gradients ``(dq, dk, dv)`` of :func:`ring_forward`, each this rank's shard (and with a
+    ``learnable_sink``, ``dsink`` float32 ``[H]``: the whole sequence's, the same on every
+    rank).
 
     ``o`` and ``lse`` are this rank's shards of the forward's *global* output and log-sum-exp
     (``ring_forward(..., return_lse=True)``); ``do`` the upstream gradient of this rank's
@@ -287,11 +333,12 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
     ring and reach their owner one hop after the last step.
     """
     ring = as_ring_comm(comm)
-    b, h, hkv, n, d, dtype, scale = _check_shards(
-        ring, q, k, v, causal, softmax_scale, layout, extra=(("do", do), ("o", o), ("lse", lse)))
+    b, h, hkv, n, d, dtype, scale, sink = _check_shards(
+        ring, q, k, v, causal, softmax_scale, layout, extra=(("do", do), ("o", o), ("lse", lse)),
+        learnable_sink=learnable_sink)
     causal = bool(causal)
     backward = _op("backward")
-    xp = _xp(q)
+    xp = array_module(q)
     acc_t = np.float64 if dtype == np.float64 else np.float32
     size, rank = ring.size, ring.rank
     mine = rank_chunks(rank, size, layout)
@@ -331,5 +378,11 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
         dkv_pending.wait()
         dkv = dkv_in
     # [/docs:ring-backward-loop]
-    return (dq.astype(dtype, copy=False), dkv[0].astype(dtype, copy=False),
-            dkv[1].astype(dtype, copy=False))
+    grads = (dq.astype(dtype, copy=False), dkv[0].astype(dtype, copy=False),
+             dkv[1].astype(dtype, copy=False))
+    if sink is None:
+        return grads
+    from ..frontend.variants import sink_gradient   # this rank's rows, then every rank's
+    mine = sink_gradient(do, o, lse, sink, accumulate=True)
+    dsink = _sum_over_ranks(ring, _host(mine)).astype(np.float32)
+    return (*grads, xp.asarray(dsink))

@@ -20,19 +20,12 @@ import numbers
 
 import numpy as np
 
+from ..frontend.validate import array_module
+
 __all__ = ["LAYOUTS", "rank_chunks", "shard_positions", "zigzag_shard", "zigzag_unshard",
            "contiguous_shard", "contiguous_unshard"]
 
 LAYOUTS = ("zigzag", "contiguous")
-
-
-def _xp(x):
-    """NumPy or CuPy, whichever owns ``x``."""
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy
-    return np
 
 
 def check_layout(layout):
@@ -98,7 +91,7 @@ def _shard(x, rank, world, axis, layout):
     if n % chunks:
         raise ValueError(f"x: expected a length on axis {axis} that is a multiple of {chunks} "
                          f"({layout} over {world} ranks), got {n} (shape {tuple(x.shape)})")
-    xp = _xp(x)
+    xp = array_module(x)
     c = n // chunks
     parts = [xp.take(x, xp.arange(i * c, (i + 1) * c), axis=axis)
              for i in rank_chunks(rank, world, layout)]
@@ -122,7 +115,7 @@ def _unshard(shards, axis, layout):
         raise ValueError(f"shards: expected a shard length on axis {axis} that is a multiple of "
                          f"{per_rank} ({layout}), got {n_local}")
     c = n_local // per_rank
-    xp = _xp(first)
+    xp = array_module(first)
     pieces = [None] * n_chunks(world, layout)
     for r, s in enumerate(shards):
         for j, i in enumerate(rank_chunks(r, world, layout)):

@@ -29,6 +29,16 @@ def is_device_array(x) -> bool:
     return hasattr(x, "__cuda_array_interface__")
 
 
+def array_module(x):
+    """The array module of ``x``: numpy, or cupy for a device array (on the GPU backend CuPy is
+    the array library)."""
+    if is_device_array(x):
+        import cupy
+
+        return cupy
+    return np
+
+
 def array_info(name, x):
     """Return ``(shape, dtype)`` of a NumPy or device array, or raise ``TypeError``."""
     if isinstance(x, np.ndarray):

@@ -14,9 +14,8 @@ import numbers
 
 import numpy as np
 
-from .validate import (ATTENTION_DTYPES, INT32_MAX, INT64_MAX, array_info, check_array,
-                       check_int, check_int_array, check_same_dtype, check_same_kind,
-                       is_device_array)
+from .validate import (ATTENTION_DTYPES, INT32_MAX, INT64_MAX, array_info, array_module,
+                       check_array, check_int, check_int_array, check_same_dtype, check_same_kind)
 
 
 #: The bound past which a window edge is clamped to unbounded when the caller does not pass its
@@ -82,15 +81,6 @@ def check_softcap(softcap):
     return s
 
 
-def _xp(x):
-    """The array module of ``x``: numpy, or cupy for a device array."""
-    if is_device_array(x):
-        import cupy  # a device array here means the GPU backend, where CuPy is the array library
-
-        return cupy
-    return np
-
-
 def check_alibi(alibi_slopes, b, h):
     """``alibi_slopes``: ``None``, or float32 ``[H]`` or ``[B, H]``, finite.
 
@@ -105,17 +95,18 @@ def check_alibi(alibi_slopes, b, h):
     if shape not in ((h,), (b, h)):
         raise ValueError(f"alibi_slopes: expected shape ({h},) or ({b}, {h}) (H or B x H), got "
                          f"{shape}")
-    xp = _xp(alibi_slopes)
+    xp = array_module(alibi_slopes)
     a = xp.asarray(alibi_slopes)
     if not bool(xp.isfinite(a).all()):
         raise ValueError("alibi_slopes: expected finite values, got a NaN or inf")
     return xp.ascontiguousarray(xp.broadcast_to(a, (b, h)), dtype=xp.float32)
 
 
-def check_sink(learnable_sink, h):
+def check_sink(learnable_sink, h, check_values=True):
     """``learnable_sink``: ``None``, or one logit per query head, float32 ``[H]``, finite or
     ``-inf`` (a head without a sink).  Returns ``None`` or a new C-contiguous float32 ``[H]``
-    array of the same kind (NumPy or CuPy)."""
+    array of the same kind (NumPy or CuPy).  ``check_values=False`` (a device array in a call
+    that never waits for the GPU) checks the dtype and shape only: a NaN logit gives NaN rows."""
     if learnable_sink is None:
         return None
     shape, dtype = array_info("learnable_sink", learnable_sink)
@@ -125,19 +116,19 @@ def check_sink(learnable_sink, h):
     if shape != (h,):
         raise ValueError(f"learnable_sink: expected shape ({h},) (one per query head), got "
                          f"{shape}")
-    xp = _xp(learnable_sink)
+    xp = array_module(learnable_sink)
     s = xp.asarray(learnable_sink)
-    if bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
+    if check_values and bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
         raise ValueError("learnable_sink: expected finite logits (or -inf: no sink), got a NaN "
                          "or +inf")
     return xp.ascontiguousarray(s, dtype=xp.float32)
 
 
-def sink_gradient(do, o, lse, sink):
-    """``dsink [H]`` (float32, the sink's kind): ``-sum_{b,i} exp(sink_h - lse_bhi) D_bhi`` with
-    ``D = rowsum(dO * O)``, in float64 over ``[B, H, N, d]`` (or packed ``[T, H, d]`` with
-    ``lse [H, T]``) arrays."""
-    xp = _xp(sink)
+def sink_gradient(do, o, lse, sink, accumulate=False):
+    """``dsink [H]`` (float32, the sink's kind; float64 with ``accumulate``, a partial sum to add
+    to): ``-sum_{b,i} exp(sink_h - lse_bhi) D_bhi`` with ``D = rowsum(dO * O)``, in float64 over
+    ``[B, H, N, d]`` (or packed ``[T, H, d]`` with ``lse [H, T]``) arrays."""
+    xp = array_module(sink)
     f64 = xp.float64
     d_row = (xp.asarray(do).astype(f64) * xp.asarray(o).astype(f64)).sum(axis=-1)
     lse = xp.asarray(lse).astype(f64)
@@ -146,7 +137,8 @@ def sink_gradient(do, o, lse, sink):
         lse = lse[None]
     with np.errstate(invalid="ignore"):
         w = xp.exp(xp.asarray(sink).astype(f64)[None, :, None] - lse)
-    return (-(w * d_row).sum(axis=(0, 2))).astype(xp.float32)
+    total = -(w * d_row).sum(axis=(0, 2))
+    return total if accumulate else total.astype(xp.float32)
 
 
 def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
@@ -181,7 +173,7 @@ def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
     if max_seqlen < int(lengths.max()):
         raise ValueError(f"{max_name}: expected at least the longest sequence of {name} "
                          f"({int(lengths.max())}), got {max_seqlen}")
-    xp = _xp(cu_seqlens)
+    xp = array_module(cu_seqlens)
     return xp.ascontiguousarray(xp.asarray(cu_seqlens), dtype=xp.int32), lengths
 
 

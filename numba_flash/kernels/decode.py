@@ -124,7 +124,7 @@ from .elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is
 from .jit import device_jit, kernel_jit
 from .merge import make_merge_functions, make_state_merge
 from .stages import lds16, load16, shfl_xor
-from .online_softmax import make_online_softmax
+from .online_softmax import make_online_softmax, sink_of
 from .tiles import DEFAULT_SM_COUNT, DecodeConfig, sm_count
 from .tile_scores import ScoreArgs, make_score_fn
 from .variant import variant_type
@@ -706,20 +706,34 @@ def decode_kernel(cfg):
             cuda.syncthreads()  # group g's share is added before group g + 1 adds its own
 
     @_stage
-    def write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, empty_split, rows, tid):
+    def write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, empty_split, rows, tid,
+                    sinks):
         """This split's ``(o, lse)`` (one split: the output itself; else its partial): NaN for
-        a bad sequence, 0 / -inf for no visible key."""
+        a bad sequence, 0 / -inf for no visible key.  One split adds the rows' learnable sink
+        here (``sinks``, :func:`~numba_flash.kernels.online_softmax.sink_of`); with several,
+        the combine adds it once, never a split."""
         b, kvh, group, row0, n_rows, split, n_splits = rows
         n_heads = o.shape[1]
         nq = o.shape[2]
         d = o.shape[3]
         if tid < ROWS:
+            big_m = stat_sh[0, tid]
             big_l = stat_sh[1, tid]
             lse_r = NEG_INF
             if bad:
                 lse_r = NAN
             elif big_l != ZERO:               # > 0, or NaN (a NaN score)
-                lse_r = stat_sh[0, tid] + math.log(big_l)
+                lse_r = big_m + math.log(big_l)
+            sink = NEG_INF
+            if n_splits == 1 and not bad and row0 + tid < n_rows:
+                sink = acc_t(sink_of(sinks, kvh * group + (row0 + tid) // nq))
+            if sink != NEG_INF:               # a key with no value: in lse, and in o's divisor
+                if big_l == ZERO:             # no key: o = 0, lse = sink
+                    lse_r = sink
+                else:                         # l' = l e^(m - m_f) + e^(sink - m_f), m_f = max
+                    m_f = big_m if big_m > sink else sink
+                    lse_r = m_f + math.log(big_l * math.exp(big_m - m_f) + math.exp(sink - m_f))
+                    stat_sh[1, tid] = big_l + math.exp(sink - big_m)   # o = acc / l' e^(m_f - m)
             stat_sh[2, tid] = lse_r
         cuda.syncthreads()  # stat_sh holds each row's W and lse before the writes read them
         for e in range(tid, ROWS * HEAD_DIM, THREADS):
@@ -748,9 +762,10 @@ def decode_kernel(cfg):
 
     # [docs:decode-combine]
     @_stage
-    def combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid):
+    def combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid, sinks):
         """The fused combine: the last block of ``(b, kvh, z)`` to finish merges every split
-        (:func:`~numba_flash.kernels.merge.make_merge_functions`), then resets its counter."""
+        and the rows' learnable sink, once (:func:`~.merge.make_merge_functions`), then resets
+        its counter."""
         b, kvh, group, row0, n_rows, split, n_splits = rows
         n_heads = o.shape[1]
         nq = o.shape[2]
@@ -767,7 +782,8 @@ def decode_kernel(cfg):
         if tid < ROWS and row0 + tid < n_rows:
             row = row0 + tid
             grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
-            mm, tot, lse_row = merge_stats(lse_part, grow)
+            mm, tot, lse_row = merge_stats(lse_part, grow,
+                                           sink_of(sinks, kvh * group + row // nq))
             stat_sh[0, tid] = mm
             stat_sh[1, tid] = tot
             lse[b, kvh * group + row // nq, row % nq] = lse_row
@@ -911,9 +927,9 @@ def decode_kernel(cfg):
         bad = bad_len or flag_sh[0] != 0
         rows = (b, kvh, group, row0, n_rows, split, n_splits)
         write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad, rows,
-                    tid)
+                    tid, va.sink)
         if n_splits > 1:
-            combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid)
+            combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid, va.sink)
 
     return decode_split
 
@@ -967,8 +983,10 @@ def compile_configs():
             "launch_bounds": launch_bounds(GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
             # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
-            # holding 30% of the kernel's FFMAs (by global loads it would be a combine loop)
-            "sass": {"work": "ldg" if dtype == np.float64 else "ffma", "share": 0.3,
+            # holding 25% of the kernel's FFMAs (by global loads it would be a combine loop;
+            # a user's build at float16 d=128 has 29% in it since the sink's exps joined the
+            # epilogue and the combine)
+            "sass": {"work": "ldg" if dtype == np.float64 else "ffma", "share": 0.25,
                      "streaming": True},
         }
 

@@ -14,6 +14,11 @@ a row whose parts are all ``-inf`` gets ``o = 0, lse = -inf``.  Skipping, rather
 ``w_p = 0``, also keeps the result bitwise independent of how many empty parts a launch has,
 which the split-KV decode needs for batch invariance.
 
+A learnable sink (gpt-oss's attention sinks, :mod:`numba_flash.kernels.online_softmax`) is one
+more part: a key with no value, ``lse_p = sink`` and ``o_p = 0``.  It joins ``m`` and ``W`` once,
+here, never inside a split (each split's partial is the plain softmax of its own keys): a row
+that saw no key then gets ``o = 0``, ``lse = sink``.  ``sink = -inf`` is no sink.
+
 Non-finite parts (the same rule as :func:`numba_flash.reference.merge_states`): a part
 with ``lse_p = NaN`` (it saw a NaN/inf score) makes the row's ``o`` and ``lse`` NaN; a part with
 ``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN`` (the weights are inf/inf); a NaN in ``o_p``
@@ -97,8 +102,9 @@ def make_merge_functions(acc_t, part_dtype=None):
     ``o_parts`` elements are read by ``part_dtype``'s load (:mod:`~.elements`; default: the
     compute type itself, the decode's float32 / float64 workspace).
 
-    ``merge_stats(lse_parts, row) -> (m, total, lse)`` over the parts ``lse_parts[:, row]`` in
-    order ``p = 0, 1, ...``; ``merge_element(o_parts, lse_parts, row, c, m, total)`` is
+    ``merge_stats(lse_parts, row, sink) -> (m, total, lse)`` over the parts ``lse_parts[:, row]``
+    in order ``p = 0, 1, ...`` and the row's learnable sink logit (``-inf``: none), a part with
+    ``o_p = 0`` added last; ``merge_element(o_parts, lse_parts, row, c, m, total)`` is
     ``o[row, c]``.  ``total`` is 0 for a row with no key (then ``o = 0``) and NaN for a row whose
     ``o`` is NaN.
     """
@@ -110,9 +116,10 @@ def make_merge_functions(acc_t, part_dtype=None):
     ZERO = acc_t(0.0)
 
     # [docs:merge-skip-empty]
-    def merge_stats(lse_parts, row):
-        # -- m = max_p lse_p over the non-empty parts; a NaN part poisons the row
-        m = NEG_INF
+    def merge_stats(lse_parts, row, sink):
+        # -- m = max_p lse_p over the non-empty parts and the sink; a NaN part poisons the row
+        sink = acc_t(sink)
+        m = sink
         nan = False
         for p in range(lse_parts.shape[0]):
             x = acc_t(lse_parts[p, row])
@@ -126,12 +133,14 @@ def make_merge_functions(acc_t, part_dtype=None):
             return m, NAN, INF
         if m == NEG_INF:        # no part saw a key
             return m, ZERO, NEG_INF
-        # -- W = sum_p exp(lse_p - m), skipping empty parts (exactly, not as + 0)
+        # -- W = sum_p exp(lse_p - m), skipping empty parts (exactly, not as + 0), then the sink
         total = ZERO
         for p in range(lse_parts.shape[0]):
             x = acc_t(lse_parts[p, row])
             if x != NEG_INF:
                 total += math.exp(x - m)
+        if sink != NEG_INF:
+            total += math.exp(sink - m)
         return m, total, m + math.log(total)
 
     def merge_element(o_parts, lse_parts, row, c, m, total):
@@ -153,20 +162,21 @@ def make_merge_functions(acc_t, part_dtype=None):
 
 @functools.lru_cache(maxsize=None)
 def merge_kernel(THREADS, part_dtype, out_dtype):
-    """Build (once per configuration) ``kernel(o_parts, lse_parts, o, lse)``.
+    """Build (once per configuration) ``kernel(o_parts, lse_parts, sink, o, lse)``.
 
     ``o_parts`` ``[P, rows, d]`` in ``part_dtype``; ``lse_parts`` ``[P, rows]`` and ``lse``
-    ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``.
+    ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``;
+    ``sink`` float32 ``[rows]`` (each row's learnable sink logit) or ``[1]`` (``[-inf]``: none).
     """
     merge_stats, merge_element = make_merge_functions(compute_type(part_dtype),
                                                       np.dtype(part_dtype))
     _, store = element_ops(out_dtype)
 
     @kernel_jit
-    def merge_states(o_parts, lse_parts, o, lse):
+    def merge_states(o_parts, lse_parts, sink, o, lse):
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
-        m, total, lse_row = merge_stats(lse_parts, row)
+        m, total, lse_row = merge_stats(lse_parts, row, sink[row if sink.shape[0] > 1 else 0])
         # -- o = sum_p w_p o_p / W for this thread's head-dim elements (coalesced along d)
         for c in range(tid, o_parts.shape[2], THREADS):
             o[row, c] = store(merge_element(o_parts, lse_parts, row, c, m, total))
@@ -193,6 +203,7 @@ def compile_configs():
             "name": f"merge THREADS={GPU_THREADS} {part_dtype.name}->{out_dtype.name}",
             "kernel": merge_kernel(GPU_THREADS, part_dtype, out_dtype),
             "args": (numba_array_type(part_dtype, 3), numba_array_type(acc_np, 2),
-                     numba_array_type(out_dtype, 2), numba_array_type(acc_np, 1)),
+                     numba_array_type(np.dtype(np.float32), 1), numba_array_type(out_dtype, 2),
+                     numba_array_type(acc_np, 1)),
             "float64_ok": part_dtype == np.float64,
         }

@@ -31,10 +31,11 @@ from numba import cuda
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
-    ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool,
-    check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
+    ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, array_module, check_array,
+    check_bool, check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
-from ..frontend.variants import check_alibi, check_softcap, check_window, clamp_window
+from ..frontend.variants import (check_alibi, check_sink, check_softcap, check_window,
+                                 clamp_window)
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.decode import (
     block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
@@ -156,7 +157,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
            num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
-           cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=()):
+           cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
+           learnable_sink=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -195,6 +197,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       sits at key column ``i + L - Nq`` (``causal`` is ``right = 0``; see
       :mod:`numba_flash.kernels.visibility`).  GQA/MQA: query head ``h`` reads kv head
       ``h // (H // Hkv)``.
+    * ``learnable_sink``: float32 ``[H]`` (gpt-oss's attention sinks, as
+      :func:`numba_flash.forward`): a key with no value in every row's denominator, ``lse``
+      included; a row that sees no key gets ``o = 0``, ``lse = sink_h``.  With several splits
+      the combine adds it once (a split's partial is the softmax of its own keys alone).
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
@@ -317,6 +323,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     alibi = None
     if alibi_slopes is not None:
         alibi = _alibi(alibi_slopes, b, h, check_values=validate or not on_device)
+    sink = check_sink(learnable_sink, h, check_values=validate or not on_device)
     capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
     # flash-attn rotates the queries at their own positions when the mask depends on them
     q_step = int(causal or 0 <= window[0] < capacity or 0 <= window[1] < capacity)
@@ -413,8 +420,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
-    va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi,
-                        variant=variant)  # the user's arrays: (a stand-in for kinds,) + aux
+    # the user's arrays: (a stand-in for kinds,) + aux
+    va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, variant=variant,
+                        sink=sink)
     kernel = decode_kernel(shape._replace(
         VEC=vec, PAGED=bool(paged_kernel), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None,
         SPLIT_PAGES=split_pages,
@@ -441,7 +449,7 @@ def block_table_shape(block_table):
     return array_info("block_table", block_table)[0]
 
 
-def merge_states(o_parts, lse_parts):
+def merge_states(o_parts, lse_parts, learnable_sink=None):
     """Merge partial attention states over disjoint key sets, stacked on axis 0.
 
     ``o_parts`` ``[P, ..., d]`` (float16/32/64 or ``ml_dtypes.bfloat16``), ``lse_parts``
@@ -452,6 +460,12 @@ def merge_states(o_parts, lse_parts):
     ``lse_p = NaN`` makes the row's ``o`` and ``lse`` NaN; ``lse_p = +inf`` gives ``lse =
     +inf`` and ``o = NaN``; a NaN in ``o_p`` of a non-empty part reaches ``o``.  Used by
     cascade / ring attention.
+
+    ``learnable_sink`` (float32, broadcastable to ``lse_parts.shape[1:]``: e.g. ``sink[:, None]``
+    for ``[P, B, H, N]`` parts; ``-inf``: none): the rows' attention-sink logits, added once
+    as one more part with ``lse_p = sink`` and ``o_p = 0`` (the parts being the plain softmax
+    of their own keys): the merge of split partials with the sink is the unsplit attention with
+    it (a row whose parts are all empty gets ``o = 0``, ``lse = sink``).
     """
     shape, _ = array_info("o_parts", o_parts)
     if not 2 <= len(shape) <= 9:
@@ -465,17 +479,47 @@ def merge_states(o_parts, lse_parts):
                         f"got {ldt}")
     if ls_ != os_[:-1]:
         raise ValueError(f"lse_parts: expected shape {os_[:-1]} (o_parts.shape[:-1]), got {ls_}")
-    check_same_kind({"o_parts": o_parts, "lse_parts": lse_parts})
+    arrays = {"o_parts": o_parts, "lse_parts": lse_parts}
+    if learnable_sink is not None:
+        arrays["learnable_sink"] = learnable_sink
+    check_same_kind(arrays)
     n_parts, d = os_[0], os_[-1]
     rows = int(np.prod(os_[1:-1], dtype=np.int64))
     grid = merge_grid(rows)
+    sink = _row_sinks(learnable_sink, ls_[1:])
 
-    call = ArrayCall({"o_parts": o_parts, "lse_parts": lse_parts})
+    call = ArrayCall(arrays)
     d_o = call.input(o_parts).reshape(n_parts, rows, d)
     d_l = call.input(lse_parts).reshape(n_parts, rows)
+    d_s = call.input(np.full(1, -np.inf, np.float32) if sink is None else sink)
     o = call.empty((rows, d), dtype)
     lse = call.empty((rows,), acc_t)
     threads = merge_threads()
-    call.launch(merge_kernel(threads, dtype, dtype), grid, (threads,), d_o, d_l, o, lse,
+    call.launch(merge_kernel(threads, dtype, dtype), grid, (threads,), d_o, d_l, d_s, o, lse,
                 work=SimWork("merge", n_parts * rows * d))
     return call.result(o).reshape(os_[1:]), call.result(lse).reshape(ls_[1:])
+
+
+def _row_sinks(learnable_sink, row_shape):
+    """``learnable_sink`` of :func:`merge_states` as one float32 logit per row (C order of
+    ``row_shape``), NumPy or CuPy as given; None without one.  Checked: float32, broadcastable
+    to ``row_shape``, no NaN or +inf."""
+    if learnable_sink is None:
+        return None
+    shape, dtype = array_info("learnable_sink", learnable_sink)
+    if dtype != np.float32:
+        raise TypeError(f"learnable_sink: expected dtype float32 (one logit per row, as the "
+                        f"attention ops take it), got {dtype}")
+    try:
+        ok = np.broadcast_shapes(shape, tuple(row_shape)) == tuple(row_shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"learnable_sink: expected a shape broadcastable to {tuple(row_shape)} "
+                         f"(lse_parts.shape[1:]), got {shape}")
+    xp = array_module(learnable_sink)
+    s = xp.asarray(learnable_sink)
+    if bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
+        raise ValueError("learnable_sink: expected finite logits (or -inf: no sink), got a NaN "
+                         "or +inf")
+    return xp.ascontiguousarray(xp.broadcast_to(s, tuple(row_shape))).reshape(-1)

@@ -48,14 +48,14 @@ __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_
 
 
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
-                         layout="zigzag", return_lse=False):
+                         layout="zigzag", return_lse=False, *, learnable_sink=None):
     """Ring attention over a ``torch.distributed`` process group, with autograd; see
     :func:`numba_flash.torch.ring.ring_flash_attn_func` (imports ``torch.distributed`` on
     first use)."""
     from .ring import ring_flash_attn_func as ring
 
     return ring(q, k, v, group=group, causal=causal, softmax_scale=softmax_scale,
-                layout=layout, return_lse=return_lse)
+                layout=layout, return_lse=return_lse, learnable_sink=learnable_sink)
 
 
 def register_transformers(name="numba_fa"):

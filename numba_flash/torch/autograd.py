@@ -1,5 +1,6 @@
 """The ``torch.autograd.Function`` pair behind :mod:`numba_flash.torch.interface`: the forward
-op saves ``q, k, v, out, softmax_lse`` and the dropout seed (``rng_state``); the backward runs
+op saves ``q, k, v, out, softmax_lse``, the dropout seed (``rng_state``) and the learnable sink
+(None without one; its gradient ``dsink`` comes from the backward op); the backward runs
 numba_flash's backward from them (``P`` recomputed from ``lse``, the dropout mask redrawn from
 the seed).  The packed forms (qkv, kv) call these on views of the packed tensor, so autograd
 assembles ``dqkv`` / ``dkv`` from ``dq, dk, dv``.
@@ -24,17 +25,27 @@ def _finish(ctx, out, lse, s_dmask, return_softmax):
     return out, lse, s_dmask
 
 
+def _wants_grad(q, k, v, learnable_sink):
+    return any(x is not None and x.requires_grad for x in (q, k, v, learnable_sink))
+
+
+def _sink_grad(ctx, index, dsink):
+    """``dsink`` for the sink input at ``index`` when it wants one (else None)."""
+    return dsink if ctx.needs_input_grad[index] else None
+
+
 class FlashAttnFunc(torch.autograd.Function):
     """Dense ``[B, N, H, d]`` attention (``flash_attn_func`` and its packed forms)."""
 
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+                alibi_slopes, deterministic, return_softmax, is_grad_enabled,
+                learnable_sink=None):
         out, lse, s_dmask, rng_state = torch.ops.numba_flash.fwd(
             q, k, v, dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap,
-            alibi_slopes, return_softmax and dropout_p > 0)
-        if is_grad_enabled and any(x.requires_grad for x in (q, k, v)):
-            ctx.save_for_backward(q, k, v, out, lse, rng_state)
+            alibi_slopes, return_softmax and dropout_p > 0, learnable_sink)
+        if is_grad_enabled and _wants_grad(q, k, v, learnable_sink):
+            ctx.save_for_backward(q, k, v, out, lse, rng_state, learnable_sink)
             ctx.args = (dropout_p, softmax_scale, causal, window_size[0], window_size[1],
                         softcap, alibi_slopes, deterministic)
         return _finish(ctx, out, lse, s_dmask, return_softmax)
@@ -42,13 +53,13 @@ class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, *_unused):
-        q, k, v, out, lse, rng_state = ctx.saved_tensors
+        q, k, v, out, lse, rng_state, sink = ctx.saved_tensors
         (dropout_p, scale, causal, left, right, softcap, alibi_slopes,
          deterministic) = ctx.args
-        dq, dk, dv = torch.ops.numba_flash.bwd(
+        dq, dk, dv, dsink = torch.ops.numba_flash.bwd(
             dout, q, k, v, out, lse, dropout_p, scale, causal, left, right, softcap,
-            alibi_slopes, deterministic, rng_state)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+            alibi_slopes, deterministic, rng_state, sink)
+        return (dq, dk, dv) + (None,) * 9 + (_sink_grad(ctx, -1, dsink),)
 
 
 class FlashAttnVarlenFunc(torch.autograd.Function):
@@ -58,13 +69,14 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                return_softmax, is_grad_enabled):
+                return_softmax, is_grad_enabled, learnable_sink=None):
         out, lse, s_dmask, rng_state = torch.ops.numba_flash.varlen_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size[0], window_size[1], softcap, alibi_slopes,
-            return_softmax and dropout_p > 0)
-        if is_grad_enabled and any(x.requires_grad for x in (q, k, v)):
-            ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state)
+            return_softmax and dropout_p > 0, learnable_sink)
+        if is_grad_enabled and _wants_grad(q, k, v, learnable_sink):
+            ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state,
+                                  learnable_sink)
             ctx.args = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                         window_size[0], window_size[1], softcap, alibi_slopes, deterministic)
         return _finish(ctx, out, lse, s_dmask, return_softmax)
@@ -72,10 +84,10 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, *_unused):
-        q, k, v, out, lse, cu_q, cu_k, rng_state = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, rng_state, sink = ctx.saved_tensors
         (max_q, max_k, dropout_p, scale, causal, left, right, softcap, alibi_slopes,
          deterministic) = ctx.args
-        dq, dk, dv = torch.ops.numba_flash.varlen_bwd(
+        dq, dk, dv, dsink = torch.ops.numba_flash.varlen_bwd(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal, left,
-            right, softcap, alibi_slopes, deterministic, rng_state)
-        return (dq, dk, dv) + (None,) * 13
+            right, softcap, alibi_slopes, deterministic, rng_state, sink)
+        return (dq, dk, dv) + (None,) * 13 + (_sink_grad(ctx, -1, dsink),)

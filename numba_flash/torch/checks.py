@@ -128,6 +128,23 @@ def check_alibi(alibi_slopes):
                          "alibi_slopes.detach()")
 
 
+def check_sink(learnable_sink, h):
+    """``learnable_sink``: None or a float32 tensor ``(nheads,)`` (it may require grad: the
+    backward gives ``dsink``); its values (no NaN or +inf) are checked by the NumPy front end."""
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"learnable_sink: expected None or a float32 torch.Tensor ({h},), got "
+                        f"{type(learnable_sink).__name__}")
+    check_dense("learnable_sink", learnable_sink)
+    if learnable_sink.dtype != torch.float32:
+        raise TypeError(f"learnable_sink: expected dtype float32 (one logit per head, as "
+                        f"flash-attn), got {str(learnable_sink.dtype).replace('torch.', '')}")
+    if tuple(learnable_sink.shape) != (h,):
+        raise ValueError(f"learnable_sink: expected shape ({h},) (one per query head), got "
+                         f"{tuple(learnable_sink.shape)}")
+
+
 def check_cu_seqlens(name, cu):
     """``cu_seqlens``: a 1-D integer tensor; its values are checked by the NumPy front end."""
     if not isinstance(cu, torch.Tensor):

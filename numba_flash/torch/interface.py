@@ -53,16 +53,18 @@ def _distinct(*tensors):
 
 
 def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs):
+           deterministic, return_attn_probs, learnable_sink=None):
     """Check and run dense attention; ``names`` are the user's names for q, k, v."""
     opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
-    checks.check_device({names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes})
+    checks.check_sink(learnable_sink, q.shape[2])
+    checks.check_device({names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes,
+                         "learnable_sink": learnable_sink})
     p, scale, causal, window, softcap, deterministic, probs = opts
     q, k, v = _distinct(q, k, v)
     return FlashAttnFunc.apply(q, k, v, p, scale, causal, window, softcap, alibi_slopes,
-                               deterministic, probs, torch.is_grad_enabled())
+                               deterministic, probs, torch.is_grad_enabled(), learnable_sink)
 
 
 def _check_dense(q, k, v, q_name="q", k_name="k", v_name="v"):
@@ -89,18 +91,21 @@ def _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            return_attn_probs):
+            return_attn_probs, learnable_sink=None):
     _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
+    checks.check_sink(learnable_sink, q.shape[1])
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, names[3]: cu_seqlens_q,
-                         names[4]: cu_seqlens_k, "alibi_slopes": alibi_slopes})
+                         names[4]: cu_seqlens_k, "alibi_slopes": alibi_slopes,
+                         "learnable_sink": learnable_sink})
     p, scale, causal, window, softcap, deterministic, probs = opts
     q, k, v, cu_seqlens_q, cu_seqlens_k = _distinct(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                      max_seqlen_k, p, scale, causal, window, softcap,
-                                     alibi_slopes, deterministic, probs, torch.is_grad_enabled())
+                                     alibi_slopes, deterministic, probs, torch.is_grad_enabled(),
+                                     learnable_sink)
 
 
 def _has_variant(*args):
@@ -111,7 +116,7 @@ def _has_variant(*args):
 def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax_scale, causal,
              window_size, softcap, alibi_slopes, deterministic, return_attn_probs, score_mod,
              score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors, score_mod_grad,
-             aux_grad):
+             aux_grad, learnable_sink=None):
     """Attention with a user's variant (:mod:`numba_flash.torch.variants`), FlashAttention-4's
     arguments: ``score_mod(score, b, h, q_idx, kv_idx, *aux_tensors)``, its backward either as
     FlashAttention-4's ``score_mod_bwd(grad, score, b, h, q_idx, kv_idx, *aux_tensors)`` (the
@@ -126,7 +131,9 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
     opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
-    named = {names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes}
+    checks.check_sink(learnable_sink, q.shape[-2])
+    named = {names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes,
+             "learnable_sink": learnable_sink}
     named.update(zip(names[3:5], cu_seqlens))
     checks.check_device(named)
     p, scale, causal, window, softcap, deterministic, probs = opts
@@ -146,7 +153,7 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
                        block_mask=block_sparse_tensors, score_mod_grad=score_mod_grad,
                        aux_grad=aux_grad, cu_seqlens=tuple(cu_seqlens),
                        max_seqlens=tuple(max_seqlens))
-    out, lse = run_variant(spec, q, k, v, aux)
+    out, lse = run_variant(spec, q, k, v, aux, learnable_sink)
     return (out, lse, q.new_empty((0,))) if probs else out
 
 
@@ -194,7 +201,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, score_mod=None, score_mod_bwd=None,
                     mask_mod=None, aux_tensors=None, block_sparse_tensors=None,
-                    score_mod_grad=None, aux_grad=None):
+                    score_mod_grad=None, aux_grad=None, learnable_sink=None):
     """Attention of ``q [batch_size, seqlen_q, nheads, headdim]`` over ``k``, ``v``
     ``[batch_size, seqlen_k, nheads_k, headdim]`` (GQA/MQA: ``nheads`` a multiple of
     ``nheads_k``; query head ``h`` reads kv head ``h // (nheads // nheads_k)``).
@@ -217,7 +224,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     FlashAttention-4's variant arguments (keyword only; :func:`_variant`): ``score_mod``,
     ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``block_sparse_tensors``, and ours,
-    ``score_mod_grad`` and ``aux_grad``.
+    ``score_mod_grad`` and ``aux_grad``.  FlashAttention-4's ``learnable_sink``: float32
+    ``(nheads,)`` attention-sink logits (gpt-oss; :func:`numba_flash.forward`), with a gradient
+    when it requires grad (``softmax_lse`` then includes the sink).
     """
     _check_dense(q, k, v)
     if _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
@@ -225,9 +234,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         return _variant("bnhd", q, k, v, ("q", "k", "v"), (), (), dropout_p, softmax_scale,
                         causal, window_size, softcap, alibi_slopes, deterministic,
                         return_attn_probs, score_mod, score_mod_bwd, mask_mod, aux_tensors,
-                        block_sparse_tensors, score_mod_grad, aux_grad)
+                        block_sparse_tensors, score_mod_grad, aux_grad, learnable_sink)
     return _dense(q, k, v, ("q", "k", "v"), dropout_p, softmax_scale, causal, window_size,
-                  softcap, alibi_slopes, deterministic, return_attn_probs)
+                  softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -271,7 +280,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
-                           block_sparse_tensors=None, score_mod_grad=None, aux_grad=None):
+                           block_sparse_tensors=None, score_mod_grad=None, aux_grad=None,
+                           learnable_sink=None):
     """Attention over a packed batch: sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b +
     1]`` of ``q [total_q, nheads, headdim]`` against rows ``cu_seqlens_k[b]:cu_seqlens_k[b +
     1]`` of ``k``, ``v [total_k, nheads_k, headdim]``, each with its own bottom-right alignment.
@@ -286,8 +296,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     keys ``0 .. cu_seqlens_k[b + 1] - cu_seqlens_k[b] - 1`` of its table row, as flash-attn
     (:func:`numba_flash.torch.kvcache.paged_varlen`); forward only (a backward raises).
 
-    FlashAttention-4's variant arguments as :func:`flash_attn_func` (``b`` the sequence,
-    positions within it; not with ``block_table``).
+    FlashAttention-4's variant arguments and ``learnable_sink`` as :func:`flash_attn_func`
+    (``b`` the sequence, positions within it; not with ``block_table``).
 
     Returns ``out [total_q, nheads, headdim]``, or ``(out, softmax_lse [nheads, total_q],
     S_dmask)`` with ``return_attn_probs=True``.
@@ -295,6 +305,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     variant = _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
                            score_mod_grad, aux_grad)
     if block_table is not None:
+        if learnable_sink is not None:
+            raise ValueError("learnable_sink: expected None with block_table (the paged varlen "
+                             "path here is forward-only flash-attn 2; use "
+                             "flash_attn_with_kvcache(..., learnable_sink=...)), got a tensor")
         if variant:
             raise ValueError("block_table: a user's variant (score_mod, mask_mod, aux_tensors, "
                              "block_sparse_tensors) is not taken with a paged K/V cache here; "
@@ -311,7 +325,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         (max_seqlen_q, max_seqlen_k), dropout_p, softmax_scale, causal,
                         window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                         score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
-                        score_mod_grad, aux_grad)
+                        score_mod_grad, aux_grad, learnable_sink)
     return _varlen(q, k, v, _VARLEN_NAMES, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                   alibi_slopes, deterministic, return_attn_probs)
+                   alibi_slopes, deterministic, return_attn_probs, learnable_sink)

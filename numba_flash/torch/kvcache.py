@@ -88,7 +88,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, learnable_sink=None):
     """flash-attn's ``flash_attn_with_kvcache``: attention of ``q`` against a KV cache, after
     appending ``k``, ``v`` to it in place (rotated by ``rotary_cos``/``rotary_sin`` first).
 
@@ -108,7 +108,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     * ``softmax_scale``, ``causal`` (bottom-right), ``window_size``, ``softcap``,
       ``alibi_slopes`` (float32 ``(nheads,)`` or ``(batch_size, nheads)``): as
       :func:`numba_flash.torch.flash_attn_func`;
-    * ``num_splits``: 0 (automatic), 1 (no split) or the number of KV splits.
+    * ``num_splits``: 0 (automatic), 1 (no split) or the number of KV splits;
+    * ``learnable_sink`` (keyword): float32 ``(nheads,)`` attention-sink logits (gpt-oss), added
+      once per row (in the split-KV merge, not per split); no gradient here.
 
     Returns ``out (batch_size, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse``
     also ``softmax_lse (batch_size, nheads, seqlen_q)`` (float32; float64 for float64; ``-inf``
@@ -147,10 +149,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                            "(batch_size,)"),
             "cache_leftpad": _int_tensor("cache_leftpad", cache_leftpad, 1, "(batch_size,)")}
     checks.check_alibi(alibi_slopes)
+    checks.check_sink(learnable_sink, qs[2])
     capacity = ks[1] * (block_table.shape[1] if paged else 1)
     seqlens = _seqlens(cache_seqlens, qs[0], capacity, q.device)
     device = checks.check_device({**named, **ints, "cache_seqlens": seqlens,
-                                  "alibi_slopes": alibi_slopes})
+                                  "alibi_slopes": alibi_slopes, "learnable_sink": learnable_sink})
     splits = _num_splits(num_splits)
     checks.check_options(qs[3], 0.0, softmax_scale, causal, window_size, softcap, False, False)
 
@@ -171,7 +174,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             v_new=None if v is None else bridge.as_heads_first(v),
             rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
-            cache_leftpad=arr(cache_leftpad))
+            cache_leftpad=arr(cache_leftpad),
+            learnable_sink=None if learnable_sink is None else arr(learnable_sink.detach()))
         out = bridge.seq_first(o, device)
         lse = bridge.to_tensor(lse, device)
     for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):

@@ -5,9 +5,11 @@ implementations so ``torch.compile`` can trace through them (shapes only, nothin
 Layouts are flash-attn's: dense ``[B, N, H, d]``, packed ``[total, H, d]``; ``lse`` is
 ``[B, H, Nq]`` (dense) or ``[H, total_q]`` (packed), float32 (float64 for float64 inputs).
 ``rng_state`` is an int64 ``[1]`` CPU tensor holding the dropout seed (drawn by the forward
-from torch's generator, read back by the backward).  The ops take checked arguments
-(:mod:`numba_flash.torch.checks`); the front end checks the rest (values of ``cu_seqlens``,
-``alibi_slopes``' dtype and shape) before any launch.
+from torch's generator, read back by the backward).  ``learnable_sink`` (float32 ``[H]`` or
+None, attention sinks) is every op's last argument; the backward ops return ``dsink`` fourth
+(empty without a sink).  The ops take checked arguments (:mod:`numba_flash.torch.checks`); the
+front end checks the rest (values of ``cu_seqlens``, ``alibi_slopes``' and
+``learnable_sink``'s dtype and shape) before any launch.
 """
 
 from typing import Optional
@@ -29,6 +31,24 @@ def _acc_dtype(dtype):
 
 def _alibi(alibi_slopes):
     return None if alibi_slopes is None else bridge.as_array(alibi_slopes)
+
+
+def _sink(learnable_sink):
+    """The sink logits as the front end's array (a detached view), or None."""
+    return None if learnable_sink is None else bridge.as_array(learnable_sink.detach())
+
+
+def _dsink(grads, learnable_sink, q):
+    """The backward's ``dsink`` as a tensor on ``q``'s device (empty without a sink: a custom
+    op returns a fixed number of tensors)."""
+    if learnable_sink is None:
+        return q.new_empty((0,), dtype=torch.float32)
+    return bridge.to_tensor(grads[3], q.device)
+
+
+def _fake_dsink(learnable_sink, q):
+    return q.new_empty((0 if learnable_sink is None else learnable_sink.shape[0],),
+                       dtype=torch.float32)
 
 
 def _probs(q, k, scale, causal, window, softcap, alibi):
@@ -69,8 +89,8 @@ def _forward_op(q, dropout_p, return_softmax, run, s_dmask):
 @torch.library.custom_op("numba_flash::fwd", mutates_args=())
 def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
         window_size_left: int, window_size_right: int, softcap: float,
-        alibi_slopes: Optional[Tensor], return_softmax: bool
-        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        alibi_slopes: Optional[Tensor], return_softmax: bool,
+        learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward`."""
     window = (window_size_left, window_size_right)
 
@@ -78,7 +98,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
         o, lse = numba_flash.forward(
             *(bridge.as_heads_first(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
-            window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes))
+            window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes),
+            learnable_sink=_sink(learnable_sink))
         return bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
@@ -90,7 +111,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
 
 @fwd.register_fake
 def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-      alibi_slopes, return_softmax):
+      alibi_slopes, return_softmax, learnable_sink=None):
     b, nq, h, d = q.shape
     lse = q.new_empty((b, h, nq), dtype=_acc_dtype(q.dtype))
     s_dmask = q.new_empty((b, h, nq, k.shape[1]) if return_softmax else (0,))
@@ -101,22 +122,26 @@ def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_r
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
         dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
         window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        deterministic: bool, rng_state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`numba_flash.backward`, in the inputs' layouts."""
+        deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
+    (``dsink``: float32 ``[H]``, empty without a sink)."""
     with bridge.on_device(q.device):
         grads = numba_flash.backward(
             *(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
             bridge.as_array(softmax_lse), causal=causal, softmax_scale=softmax_scale,
             deterministic=deterministic, dropout_p=dropout_p, seed=int(rng_state[0]),
             window_size=(window_size_left, window_size_right), softcap=softcap,
-            alibi_slopes=_alibi(alibi_slopes))
-        return tuple(bridge.seq_first(g, q.device) for g in grads)
+            alibi_slopes=_alibi(alibi_slopes), learnable_sink=_sink(learnable_sink))
+        return (*(bridge.seq_first(g, q.device) for g in grads[:3]),
+                _dsink(grads, learnable_sink, q))
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal, window_size_left,
-      window_size_right, softcap, alibi_slopes, deterministic, rng_state):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      window_size_right, softcap, alibi_slopes, deterministic, rng_state, learnable_sink=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_dsink(
+        learnable_sink, q)
 
 
 def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, seed, dropout_p, scale, causal, window,
@@ -145,8 +170,8 @@ def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, seed, dropout_p, scale, caus
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float,
                causal: bool, window_size_left: int, window_size_right: int, softcap: float,
-               alibi_slopes: Optional[Tensor], return_softmax: bool
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+               alibi_slopes: Optional[Tensor], return_softmax: bool,
+               learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward_varlen`."""
     window = (window_size_left, window_size_right)
 
@@ -155,7 +180,8 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
             *(bridge.as_array(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes),
-            softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True)
+            softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,
+            learnable_sink=_sink(learnable_sink))
         return bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
@@ -168,7 +194,8 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-      causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax):
+      causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax,
+      learnable_sink=None):
     total_q, h, _d = q.shape
     lse = q.new_empty((h, total_q), dtype=_acc_dtype(q.dtype))
     shape = ((cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_softmax
@@ -181,8 +208,10 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
                window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-               deterministic: bool, rng_state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
+               deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs
+    (``dsink``: float32 ``[H]``, empty without a sink)."""
     with bridge.on_device(q.device):
         grads = numba_flash.backward_varlen(
             *(bridge.as_array(x) for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q,
@@ -190,12 +219,15 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=(window_size_left, window_size_right), softcap=softcap,
             alibi_slopes=_alibi(alibi_slopes), softmax_scale=softmax_scale, dropout_p=dropout_p,
-            seed=int(rng_state[0]), deterministic=deterministic)
-        return tuple(bridge.to_tensor(g, q.device) for g in grads)
+            seed=int(rng_state[0]), deterministic=deterministic,
+            learnable_sink=_sink(learnable_sink))
+        return (*(bridge.to_tensor(g, q.device) for g in grads[:3]),
+                _dsink(grads, learnable_sink, q))
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-      alibi_slopes, deterministic, rng_state):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      alibi_slopes, deterministic, rng_state, learnable_sink=None):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_dsink(
+        learnable_sink, q)

@@ -84,17 +84,18 @@ class TorchRingComm:
 
 
 class RingFunc(torch.autograd.Function):
-    """``(out, lse)`` of the ring on ``[B, N_local, H, d]`` shards; gradients of ``q, k, v``."""
+    """``(out, lse)`` of the ring on ``[B, N_local, H, d]`` shards; gradients of ``q, k, v`` and
+    the learnable sink (``sink``: float32 ``[H]`` or None; its gradient summed over the ranks)."""
 
     @staticmethod
-    def forward(ctx, comm, opts, q, k, v):
+    def forward(ctx, comm, opts, q, k, v, sink=None):
         from numba_flash.distributed import ring_forward
 
         with bridge.on_device(q.device):
             o, lse = ring_forward(*(bridge.as_heads_first(x) for x in (q, k, v)), comm=comm,
-                                  return_lse=True, **opts)
+                                  return_lse=True, learnable_sink=_sink_array(sink), **opts)
             out, lse = bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.comm, ctx.opts = comm, opts
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -104,26 +105,36 @@ class RingFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         from numba_flash.distributed import ring_backward
 
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sink = ctx.saved_tensors
         with bridge.on_device(q.device):
             grads = ring_backward(*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
-                                  bridge.as_array(lse), comm=ctx.comm, **ctx.opts)
-            return (None, None) + tuple(bridge.seq_first(g, q.device) for g in grads)
+                                  bridge.as_array(lse), comm=ctx.comm,
+                                  learnable_sink=_sink_array(sink), **ctx.opts)
+            dsink = None
+            if sink is not None and ctx.needs_input_grad[5]:
+                dsink = bridge.to_tensor(grads[3], q.device)
+            return ((None, None) + tuple(bridge.seq_first(g, q.device) for g in grads[:3])
+                    + (dsink,))
 
 
-def _local_checks(q, k, v, return_lse):
+def _sink_array(sink):
+    return None if sink is None else bridge.as_array(sink.detach())
+
+
+def _local_checks(q, k, v, return_lse, learnable_sink):
     """This rank's torch checks (raised after the ring's agreement check, so no rank is left
     waiting in the collective)."""
     check_bool("return_lse", return_lse)
     for name, x in (("q", q), ("k", k), ("v", v)):
         checks.check_tensor(name, x, 4, "(batch_size, seqlen_local, nheads, headdim)")
     checks.check_same_dtype({"q": q, "k": k, "v": v})
-    checks.check_device({"q": q, "k": k, "v": v})
+    checks.check_sink(learnable_sink, q.shape[2])
+    checks.check_device({"q": q, "k": k, "v": v, "learnable_sink": learnable_sink})
 
 
 @torch.compiler.disable
 def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
-                         layout="zigzag", return_lse=False):
+                         layout="zigzag", return_lse=False, *, learnable_sink=None):
     """Attention of one sequence sharded over the ranks of ``group`` (``None``: the default
     process group): this rank's shard of ``out``, with autograd.
 
@@ -136,6 +147,8 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
     sees tokens ``j <= i`` of the whole sequence; ``softmax_scale``: default ``headdim **
     -0.5``.  Returns ``out`` of q's shape and dtype, and with ``return_lse`` also ``lse
     [batch_size, nheads, seqlen_local]`` (float32; float64 for float64; not differentiable).
+    ``learnable_sink``: float32 ``(nheads,)`` attention-sink logits, the same on every rank,
+    added once per row; its gradient is the whole sequence's (summed over the ranks).
 
     Every rank must call it (and ``backward``) together; shards of one shape, dtype and options
     (checked with one ``all_gather``).  float16, bfloat16, float32, float64; CPU tensors (gloo;
@@ -144,7 +157,7 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
     comm = TorchRingComm(group)
     err = None
     try:
-        _local_checks(q, k, v, return_lse)
+        _local_checks(q, k, v, return_lse, learnable_sink)
     except (TypeError, ValueError) as e:  # raised after the collective check, on this rank
         err = e
     opts = dict(causal=causal, softmax_scale=softmax_scale, layout=layout)
@@ -156,5 +169,5 @@ def ring_flash_attn_func(q, k, v, group=None, causal=False, softmax_scale=None,
         except (TypeError, ValueError):
             pass
         raise err
-    out, lse = RingFunc.apply(comm, opts, q, k, v)
+    out, lse = RingFunc.apply(comm, opts, q, k, v, learnable_sink)
     return (out, lse) if return_lse else out

@@ -59,12 +59,13 @@ def _out(a, layout, device):
     return bridge.seq_first(a, device) if layout == "bnhd" else bridge.to_tensor(a, device)
 
 
-def _kw(spec, aux_arrays):
+def _kw(spec, aux_arrays, sink=None):
     """The keyword arguments the NumPy front end's forward and backward share."""
     kw = dict(causal=spec.causal, softmax_scale=spec.scale, window_size=spec.window,
               softcap=spec.softcap, score_mod=spec.score_mod, mask_mod=spec.mask_mod,
               block_mask=spec.block_mask, aux_tensors=aux_arrays,
-              alibi_slopes=None if spec.alibi is None else bridge.as_array(spec.alibi))
+              alibi_slopes=None if spec.alibi is None else bridge.as_array(spec.alibi),
+              learnable_sink=None if sink is None else bridge.as_array(sink.detach()))
     if spec.layout == "varlen":
         kw.update(max_seqlen_q=spec.max_seqlens[0], max_seqlen_k=spec.max_seqlens[1])
     return kw
@@ -75,15 +76,16 @@ def _cu(spec):
 
 
 class VariantFunc(torch.autograd.Function):
-    """``(out, lse)`` of attention with a user's variant; gradients for ``q``, ``k``, ``v`` and
-    every aux tensor that requires grad (``lse`` is not differentiable)."""
+    """``(out, lse)`` of attention with a user's variant; gradients for ``q``, ``k``, ``v``, the
+    learnable sink (``sink``: float32 ``[H]`` or None) and every aux tensor that requires grad
+    (``lse`` is not differentiable)."""
 
     @staticmethod
-    def forward(ctx, spec, q, k, v, *aux):
+    def forward(ctx, spec, q, k, v, sink, *aux):
         rng_state = bridge.draw_seed(spec.dropout_p)
         aux_arrays = tuple(bridge.as_array(a) for a in aux)
         args = tuple(_heads_first(x, spec.layout) for x in (q, k, v))
-        kw = _kw(spec, aux_arrays)
+        kw = _kw(spec, aux_arrays, sink)
         with bridge.on_device(q.device):
             if spec.layout == "varlen":
                 o, lse = numba_flash.forward_varlen(*args, *_cu(spec), return_lse=True,
@@ -93,7 +95,7 @@ class VariantFunc(torch.autograd.Function):
                 o, lse = numba_flash.forward(*args, return_lse=True, dropout_p=spec.dropout_p,
                                              seed=int(rng_state[0]), **kw)
             out, lse = _out(o, spec.layout, q.device), bridge.to_tensor(lse, q.device)
-        ctx.save_for_backward(q, k, v, out, lse, rng_state, *aux)
+        ctx.save_for_backward(q, k, v, out, lse, rng_state, sink, *aux)
         ctx.spec = spec
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -101,12 +103,12 @@ class VariantFunc(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, rng_state, *aux = ctx.saved_tensors
+        q, k, v, out, lse, rng_state, sink, *aux = ctx.saved_tensors
         spec = ctx.spec
-        want_aux = [ctx.needs_input_grad[4 + i] for i in range(len(aux))]
+        want_aux = [ctx.needs_input_grad[5 + i] for i in range(len(aux))]
         aux_arrays = tuple(bridge.as_array(a) for a in aux)
         args = tuple(_heads_first(x, spec.layout) for x in (dout.contiguous(), q, k, v, out))
-        kw = _kw(spec, aux_arrays)
+        kw = _kw(spec, aux_arrays, sink)
         kw.update(score_mod_grad=spec.score_mod_grad, deterministic=spec.deterministic,
                   dropout_p=spec.dropout_p, seed=int(rng_state[0]),
                   aux_grad=spec.aux_grad if any(want_aux) else None)
@@ -117,11 +119,15 @@ class VariantFunc(torch.autograd.Function):
             else:
                 grads = numba_flash.backward(*args, bridge.as_array(lse), **kw)
             dq, dk, dv = (_out(g, spec.layout, q.device) for g in grads[:3])
+            dsink = None
+            if sink is not None:    # (dq, dk, dv, dsink, *aux grads)
+                dsink = bridge.to_tensor(grads[3], q.device) if ctx.needs_input_grad[4] else None
+                grads = grads[:3] + grads[4:]
             aux_grads = [None] * len(aux)
             for i, g in enumerate(grads[3:]):
                 if want_aux[i]:
                     aux_grads[i] = bridge.to_tensor(g, q.device).to(aux[i].dtype)
-        return (None, dq, dk, dv, *aux_grads)
+        return (None, dq, dk, dv, dsink, *aux_grads)
 
 
 def from_score_mod_bwd(score_mod_bwd, n_aux, dtype):
@@ -201,6 +207,6 @@ def check_variant(q, k, v, names, aux_tensors, block_mask, score_mod, score_mod_
 
 
 @torch.compiler.disable
-def run_variant(spec, q, k, v, aux):
+def run_variant(spec, q, k, v, aux, learnable_sink=None):
     """``(out, lse)`` through :class:`VariantFunc` (eager: Python callables)."""
-    return VariantFunc.apply(spec, q, k, v, *aux)
+    return VariantFunc.apply(spec, q, k, v, learnable_sink, *aux)

@@ -60,17 +60,19 @@ def _inputs(rng, world, dtype, b=1, h=2, hkv=1, n_local=4, d=8):
             ((b, h, n, d), (b, hkv, n, d), (b, hkv, n, d), (b, h, n, d))]
 
 
-def _run_ring(world, layout, causal, q, k, v, do):
+def _run_ring(world, layout, causal, q, k, v, do, sink=None):
     shard, unshard = HELPERS[layout]
     fw = FakeWorld(world)
+    kw = {} if sink is None else {"learnable_sink": sink}
 
     def rank_fn(comm):
         r = comm.rank
         sq, sk, sv, sdo = (shard(x, r, world) for x in (q, k, v, do))
         before = [x.copy() for x in (sq, sk, sv, sdo)]
         o, lse = ring_forward(sq, sk, sv, comm=comm, causal=causal, return_lse=True,
-                              layout=layout)
-        grads = ring_backward(sdo, sq, sk, sv, o, lse, comm=comm, causal=causal, layout=layout)
+                              layout=layout, **kw)
+        grads = ring_backward(sdo, sq, sk, sv, o, lse, comm=comm, causal=causal, layout=layout,
+                              **kw)
         for x, x0 in zip((sq, sk, sv, sdo), before):
             np.testing.assert_array_equal(x, x0)  # inputs never modified
         return (o, lse, *grads)
@@ -79,7 +81,40 @@ def _run_ring(world, layout, causal, q, k, v, do):
     for e in errors:
         if e is not None:
             raise e
-    return [unshard([res[i] for res in results]) for i in range(5)], fw
+    out = [unshard([res[i] for res in results]) for i in range(5)]
+    if sink is not None:   # dsink: the whole sequence's, the same bits on every rank
+        for res in results[1:]:
+            np.testing.assert_array_equal(res[5], results[0][5])
+        out.append(results[0][5])
+    return out, fw
+
+
+@pytest.mark.parametrize("world,layout,causal", [(3, "zigzag", True), (2, "contiguous", False)])
+def test_fake_ring_with_a_sink(world, layout, causal, rng):
+    """The sink joins once per row (after the ring's merges), dsink is summed over the ranks:
+    o, lse, dq, dk, dv and dsink equal the whole sequence's reference at the float32 bound."""
+    q, k, v, do = _inputs(rng, world, np.float32)
+    sink = (rng.standard_normal(q.shape[1]) + 2.0).astype(np.float32)
+    got, _ = _run_ring(world, layout, causal, q, k, v, do, sink=sink)
+    o_ref, lse_ref = reference.attention(q, k, v, causal=causal, learnable_sink=sink)
+    refs = (o_ref, lse_ref, *reference.attention_backward(do, q, k, v, causal=causal,
+                                                          learnable_sink=sink))
+    for name, g, want in zip(("o", "lse", "dq", "dk", "dv", "dsink"), got, refs):
+        assert g.dtype == np.float32 and g.shape == want.shape, name
+        err = np.abs(g.astype(np.float64) - want).max() / max(1.0, np.abs(want).max())
+        assert err <= TOL[np.float32], f"{name}: scaled error {err:.2e} > {TOL[np.float32]}"
+
+
+def test_ranks_with_different_sinks_all_raise(rng):
+    q, k, v, _ = _inputs(rng, 2, np.float32)
+
+    def fn(comm):
+        sink = np.full(2, float(comm.rank), np.float32)
+        sq, sk, sv = (zigzag_shard(x, comm.rank, 2) for x in (q, k, v))
+        ring_forward(sq, sk, sv, comm=comm, learnable_sink=sink)
+
+    for e in _errors(2, fn):
+        assert isinstance(e, ValueError) and "learnable_sink" in str(e)
 
 
 # tolerance relative to max(1, max|reference|).  float32: measured 1.0e-6 at most over 20 seeds

@@ -87,3 +87,38 @@ def _bad_rank(rank, world):
 
 def test_ring_ranks_that_disagree_all_raise():
     _run(2, _bad_rank)
+
+
+def _check_sink_shards(rank, world, full, sink, want):
+    """The ring with a learnable sink: this rank's out / dq / dk / dv shards and the whole
+    sequence's dsink (every rank the same)."""
+    def shard(x):
+        return torch.from_numpy(zigzag_shard(x.detach().numpy(), rank, world, axis=1))
+
+    q, k, v, dout = (shard(x) for x in full)
+    for x in (q, k, v):
+        x.requires_grad_()
+    s = sink.detach().clone().requires_grad_()
+    out = nft.ring_flash_attn_func(q, k, v, causal=True, learnable_sink=s)
+    out.backward(dout)
+    for got, w, name in zip((out, q.grad, k.grad, v.grad), want, ("out", "dq", "dk", "dv")):
+        err = (got.detach().double() - shard(w).double()).abs().max().item()
+        assert err < 4e-6, (rank, name, err)   # float32 (test_sinks.py's bound)
+    err = (s.grad.double() - want[4].double()).abs().max().item()
+    assert err < 4e-6 * max(1.0, want[4].abs().max().item()), (rank, "dsink", err)
+
+
+def test_ring_with_a_learnable_sink(gen):
+    """Two gloo ranks, float32, causal zigzag, a sink that requires grad: against the gpt-oss
+    formulation in torch float64 (a sink column in the softmax) of the gathered sequence."""
+    world, n_local, h = 2, 4, 2
+    q = randn(gen, 1, world * n_local, h, 8, requires_grad=True)
+    k = randn(gen, 1, world * n_local, 1, 8, requires_grad=True)
+    v = randn(gen, 1, world * n_local, 1, 8, requires_grad=True)
+    sink = (torch.randn(h, generator=gen) + 2.0).requires_grad_()
+    dout = randn(gen, 1, world * n_local, h, 8)
+    from test_sinks_torch import gpt_oss
+
+    out, _ = gpt_oss(q, k, v, sink, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout.double())
+    _run(world, _check_sink_shards, (q, k, v, dout), sink, (out, *grads))
