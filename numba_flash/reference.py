@@ -7,8 +7,9 @@ Conventions shared with the kernels
 -----------------------------------
 * ``q`` is ``[B, H, Nq, d]``; ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
   ``Hkv`` (grouped-query attention; ``Hkv == 1`` is multi-query attention).  Query head ``h`` reads
-  kv head ``h // (H // Hkv)``.
-* ``scale`` defaults to ``1 / sqrt(d)``; the scores are ``S = scale * Q K^T``.
+  kv head ``h // (H // Hkv)``.  ``v`` may have a head dim of its own, ``[B, Hkv, Nk, d_v]``
+  (MLA-style prefill: ``o`` then has ``d_v`` columns; every function here takes it).
+* ``scale`` defaults to ``1 / sqrt(d)`` (``d`` of q and k); the scores are ``S = scale * Q K^T``.
 * Causal masking is aligned bottom-right, as in flash-attn >= 2.1: query ``i`` sees key ``j`` iff
   ``j <= i + Nk - Nq``.  When ``Nq > Nk`` the first ``Nq - Nk`` rows see no key at all; such a
   row has ``o = 0`` and ``lse = -inf`` (never NaN).
@@ -449,7 +450,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softm
     sink``).
     """
     q = np.asarray(q, dtype=np.float64)
-    o = np.zeros(q.shape)
+    o = np.zeros(q.shape[:2] + np.shape(v)[-1:])     # v's head dim (its own, or d)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
     if learnable_sink is not None:   # a row of an empty sequence sees no key: lse = sink
         lse[:] = np.asarray(learnable_sink, np.float64)[:, None]

@@ -101,12 +101,15 @@ def check_same_kind(named):
         raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
 
 
-def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYPES):
+def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYPES,
+              value_dim=False):
     """Check the ``[B, H, Nq, d]`` / ``[B, Hkv, Nk, d]`` attention contract (``dtypes``: the
     element dtypes allowed, one for all three; mixing bfloat16 with another is a ``TypeError``
-    naming the odd argument).
+    naming the odd argument).  ``value_dim``: ``v`` may have a head dim of its own,
+    ``[B, Hkv, Nk, d_v]`` with ``d_v`` in 1..256.
 
-    Returns ``(B, H, Hkv, Nq, Nk, d, dtype)``.
+    Returns ``(B, H, Hkv, Nq, Nk, d, dtype)`` (``value_dim``: ``(B, H, Hkv, Nq, Nk, d, d_v,
+    dtype)``).
     """
     (qs, qd) = check_array(q_name, q, 4, dtypes)
     (ks, kd) = check_array(k_name, k, 4, dtypes)
@@ -114,8 +117,11 @@ def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYP
     dtype = check_same_dtype({q_name: qd, k_name: kd, v_name: vd})
     check_same_kind({q_name: q, k_name: k, v_name: v})
     b, h, nq, d = qs
-    if ks != vs:
-        raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
+    if d > 256:
+        raise ValueError(f"{q_name}: expected head dim 1..256, got {d}")
+    from .variants import check_value_shape
+    check_value_shape(ks, vs, value_dim, k_name, v_name)
+    d_v = vs[3]
     bk, hkv, nk, dk = ks
     if bk != b:
         raise ValueError(f"{k_name}: expected batch size {b} (from {q_name}), got {bk}")
@@ -128,6 +134,8 @@ def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYP
         )
     if d > 256:
         raise ValueError(f"{q_name}: expected head dim 1..256, got {d}")
+    if value_dim:
+        return b, h, hkv, nq, nk, d, d_v, dtype
     return b, h, hkv, nq, nk, d, dtype
 
 

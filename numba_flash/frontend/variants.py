@@ -193,17 +193,17 @@ def check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=None, nk
     return window, left, right, check_softcap(softcap), check_alibi(alibi_slopes, b, h)
 
 
-def check_packed_qkv(q, k, v):
+def check_packed_qkv(q, k, v, value_dim=False):
     """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns ``(total_q, H, Hkv,
-    total_k, d, dtype)``."""
+    total_k, d, dtype)``.  ``value_dim``: ``v [total_k, Hkv, d_v]`` may have a head dim of its
+    own (1..256), and the return is ``(total_q, H, Hkv, total_k, d, d_v, dtype)``."""
     (qs, qd) = check_array("q", q, 3, ATTENTION_DTYPES)
     (ks, kd) = check_array("k", k, 3, ATTENTION_DTYPES)
     (vs, vd) = check_array("v", v, 3, ATTENTION_DTYPES)
     dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
     check_same_kind({"q": q, "k": k, "v": v})
     total_q, h, d = qs
-    if ks != vs:
-        raise ValueError(f"v: expected the shape of k {ks}, got {vs}")
+    check_value_shape(ks, vs, value_dim)
     total_k, hkv, dk = ks
     if dk != d:
         raise ValueError(f"k: expected head dim {d} (from q), got {dk}")
@@ -212,7 +212,28 @@ def check_packed_qkv(q, k, v):
                          f"q (GQA), got {hkv}")
     if d > 256:
         raise ValueError(f"q: expected head dim 1..256, got {d}")
+    if value_dim:
+        return total_q, h, hkv, total_k, d, vs[-1], dtype
     return total_q, h, hkv, total_k, d, dtype
+
+
+def check_value_shape(ks, vs, value_dim, k_name="k", v_name="v", d_v_max=256):
+    """``v``'s shape against ``k``'s: equal, or (``value_dim``) equal but for the last dim, a
+    value head dim ``d_v`` in 1..``d_v_max``."""
+    if not value_dim:
+        if ks != vs and ks[:-1] == vs[:-1]:
+            raise ValueError(f"{v_name}: expected the shape of {k_name} {ks} (a value head dim "
+                             f"of its own, {vs[-1]}, is taken by forward, forward_varlen and "
+                             f"decode; not by this op yet), got {vs}")
+        if ks != vs:
+            raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
+        return
+    if vs[:-1] != ks[:-1]:
+        raise ValueError(f"{v_name}: expected shape {ks[:-1] + ('d_v',)} (the dims of {k_name} "
+                         f"but the last: a value head dim of its own), got {vs}")
+    if vs[-1] > d_v_max:
+        raise ValueError(f"{v_name}: expected a value head dim d_v in 1..{d_v_max}, got "
+                         f"{vs[-1]}")
 
 
 def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,

@@ -222,8 +222,10 @@ def gpu_min_blocks(dtype, HEAD_DIM):
 
 def keys_per_step(rows, dpl):
     """``U``: 2 keys per group step (two K/V rows of each group in flight); 1 when the
-    accumulator registers (``rows * dpl``) are over 32, where 2 would not fit the registers."""
-    return 1 if rows * dpl > 32 else GPU_KEYS_PER_STEP
+    accumulator registers (``rows * dpl``) are over 32, or a lane holds more than 16 elements
+    of a row (the 1024-wide MLA build: two keys' K and V, 128 registers, went to a 544 B
+    stack), where 2 would not fit the registers."""
+    return 1 if rows * dpl > 32 or dpl > 16 else GPU_KEYS_PER_STEP
 
 
 def launch_shape(dtype, HEAD_DIM, n_rows, simulator=None, **flags):
@@ -353,7 +355,7 @@ def decode_kernel(cfg):
     ``USER`` keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     (THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP, ALIBI, SPLIT_PAGES,
-     USER) = cfg
+     USER, OWN_V) = cfg
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
     dtype = BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -560,9 +562,12 @@ def decode_kernel(cfg):
         return step_ok, bad
 
     @_stage
-    def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d):
-        """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``: a
-        dead or bad key reads nothing and keeps its stale registers (its p is "not seen")."""
+    def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d, d_v):
+        """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``
+        (V: ``d_v``, its own head dim or ``d``; ``VEC`` builds have ``d == d_v == HEAD_DIM``,
+        or an MLA cache read twice, where V's columns past ``d_v`` are loaded and never
+        written out): a dead or bad key reads nothing and keeps its stale registers (its p is
+        "not seen")."""
         if VEC and step_ok:                   # every key readable: one branch, no test per key
             for u in range(U):
                 load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
@@ -580,6 +585,9 @@ def decode_kernel(cfg):
                     vv = ZERO
                     if ok and c < d:
                         kv = load(k_cache[kv_row, c])
+                        if not OWN_V:
+                            vv = load(v_cache[kv_row, c])
+                    if OWN_V and ok and c < d_v:
                         vv = load(v_cache[kv_row, c])
                     k_reg[u * DPL + j] = kv
                     v_reg[u * DPL + j] = vv
@@ -906,7 +914,7 @@ def decode_kernel(cfg):
                                        int32(lo), int32(hi), n_cache_blocks, block_size, keys)
             bad_entry = bad_entry or bad
             load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
-                      q.shape[3])
+                      q.shape[3], o.shape[3])
             slot = int32(slot + step_slot)    # advance to my keys of the next step
             j_blk = int32(j_blk + step_blk)
             if slot >= block_size:
@@ -967,14 +975,17 @@ def compile_configs():
     (``VEC``), and float16 at 128 with element loads (a padded head dim).  Other combinations
     are the same source with other constants and compile on first use.  A user's variant
     (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
-    def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None):
+    def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None,
+            own_v=None):
         dtype = np.dtype(dtype)
         fns, aux = (None, ()) if user is None else user
         config = launch_shape(dtype, HEAD_DIM, gpu_rows_max(dtype, HEAD_DIM), False, VEC=vec,
-                              PAGED=paged, SOFTCAP=softcap, ALIBI=alibi, USER=fns)
+                              PAGED=paged, SOFTCAP=softcap, ALIBI=alibi, USER=fns,
+                              OWN_V=own_v is not None)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
         tag += "" if user is None else " score_mod mask_mod"
+        tag += "" if own_v is None else f" {own_v}"
         return {
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={config.ROWS} U={config.U}{tag}",
             "config": config,
@@ -1002,6 +1013,9 @@ def compile_configs():
     yield cfg(BFLOAT16, 128)
     yield cfg(BFLOAT16, 64, paged=False)
     yield cfg(np.float16, 128, user=_user_config())
+    # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
+    # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
+    yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
 
 
 def _user_config():

@@ -375,7 +375,7 @@ def forward_kernel(cfg):
     An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
     """
     (BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT, SCORE_MOD, VARLEN, PAGED,
-     USER, VEC) = cfg
+     USER, VEC, OWN_V) = cfg
     dtype = np.dtype(BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
@@ -616,7 +616,8 @@ def forward_kernel(cfg):
         """One K/V tile: load K and V, ``S = Q K^T``, scores, the softmax update, ``acc += P
         V``; ``masked``: the tile crosses the band's edges (or asks the user's mask_mod)."""
         q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh = tiles
-        k, v, kv_elem0, kv_row, d, bounds, paged, kt_end = kv
+        k, v, kv_elem0, kv_row, d, bounds, paged, kt_end, v_at = kv
+        v_elem0, v_row, d_v = v_at
         tid, ty, tx, q_start = lane
         s, acc, vr, m_i, l_i = frags
         k_start = kt * BLOCK_N
@@ -628,7 +629,8 @@ def forward_kernel(cfg):
         copy_k(k_tile, k, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(NAN), tid)
         if VEC:
             cp_async_commit()
-        copy_v(v_tile, v, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(0.0), tid)
+        copy_v(v_tile, v, v_elem0 + k_start * v_row, v_row, nk - k_start, d_v, page_sh,
+               acc_t(0.0), tid)
         if VEC:
             cp_async_commit()
             cp_async_wait_one()  # this thread's K chunks have landed (V may not have)
@@ -698,6 +700,9 @@ def forward_kernel(cfg):
             nq = q.shape[2]
             nk = k.shape[2]
             d = q.shape[3]
+        d_v = d
+        if OWN_V:
+            d_v = v.shape[v.ndim - 1]         # the value head dim (o's), its own
         q_start = cuda.blockIdx.x * BLOCK_M
         if q_start >= nq:
             return  # varlen: a sequence shorter than the longest has fewer Q tiles
@@ -737,6 +742,12 @@ def forward_kernel(cfg):
         q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
         kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
                     else np.int64(b * n_kv_heads + hk) * nk * d)
+        v_row = kv_row                        # V at K's addresses, unless it has its own width
+        v_elem0 = kv_elem0
+        if OWN_V:
+            v_row = n_kv_heads * d_v if VARLEN else d_v
+            v_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d_v if VARLEN
+                       else np.int64(b * n_kv_heads + hk) * nk * d_v)
 
         # [docs:fwd-load-q]
         # -- load q_tile = Q_i (unscaled: the score contract scales q . k), zero past Nq and
@@ -767,7 +778,8 @@ def forward_kernel(cfg):
 
         # [docs:fwd-load-kv]
         tiles = (q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh)
-        kv = (k, v, kv_elem0, kv_row, d, (nk, left, right), paged, kt_end)
+        kv = (k, v, kv_elem0, kv_row, d, (nk, left, right), paged, kt_end,
+              (v_elem0, v_row, d_v))
         lane = (tid, ty, tx, q_start)
         frags = (s, acc, vr, m_i, l_i)
         for kt in range(kt_first, kt_end):
@@ -787,12 +799,12 @@ def forward_kernel(cfg):
         # [docs:fwd-epilogue]
         # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
         # lane gets the same bits); O = acc / l, lse = m + log(l)
-        if VARLEN:  # o [total_q, H, d], lse [H, total_q]
-            rows = (q_start + ty, nq, (np.int64(q0) * n_heads + h) * d, n_heads * d,
+        if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
+            rows = (q_start + ty, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
                     np.int64(h) * seqs[0][n_batch] + q0, tx == 0)
-        else:       # o [B, H, Nq, d], lse [B, H, Nq]
-            rows = (q_start + ty, nq, np.int64(bh) * nq * d, d, np.int64(bh) * nq, tx == 0)
-        epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d), sink_of(va.sink, h))
+        else:       # o [B, H, Nq, d_v], lse [B, H, Nq]
+            rows = (q_start + ty, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq, tx == 0)
+        epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d_v), sink_of(va.sink, h))
         # [/docs:fwd-epilogue]
 
     return flash_forward
@@ -829,7 +841,7 @@ def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout
 
 
 def forward_config(head_dim, dtype, dropout=False, score_mod=False, varlen=False, paged=False,
-                   vec=False, user=None, tiles=None, simulator=None):
+                   vec=False, user=None, tiles=None, simulator=None, own_v=False):
     """The :class:`~numba_flash.kernels.tiles.ForwardConfig` of a launch: the backend's
     default tiles (``score_mod``: the score-modifier build's, :data:`GPU_MODS_TILES`) or
     ``tiles = (BLOCK_M, BLOCK_N, HEAD_DIM)`` (:func:`choose_tiles`), their threads
@@ -842,7 +854,7 @@ def forward_config(head_dim, dtype, dropout=False, score_mod=False, varlen=False
     bm, bn, hd = tiles
     tm_, tn_ = thread_layout(bm, bn, hd, simulator)
     return ForwardConfig(bm, bn, hd, np.dtype(dtype).name, tm_, tn_, dropout,
-                         score_mod or user is not None, varlen, paged, user, vec)
+                         score_mod or user is not None, varlen, paged, user, vec, own_v)
 
 
 def kernel_arg_types(cfg, user=()):
@@ -937,6 +949,12 @@ def compile_configs():
         for varlen in (False, True):
             yield compile_config(forward_config(64, dt, False, varlen, varlen, simulator=False),
                                  " elementwise")
+    for dt, varlen in ((np.dtype(np.float32), False), (np.dtype(np.float16), True)):
+        # a value head dim of its own (OWN_V: V and o at d_v, e.g. 128 beside 192 in HEAD_DIM
+        # 256): the float32 batched build and the float16 varlen one
+        yield compile_config(forward_config(256, dt, False, varlen, varlen,
+                                            vec=dt in VEC_DTYPES, simulator=False, own_v=True),
+                             " own d_v")
     yield from _user_configs()
 
 

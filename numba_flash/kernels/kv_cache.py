@@ -101,6 +101,7 @@ def append_kernel(THREADS, dtype, PAGED):
             row = (blk * hkv + kvh) * block_size + slot
             for c in range(tid, d, THREADS):
                 k_cache[row, c] = k_new[b, kvh, i, c]
+            for c in range(tid, v_new.shape[3], THREADS):   # d_v: v's own head dim (or d)
                 v_cache[row, c] = v_new[b, kvh, i, c]
 
     return append_kv

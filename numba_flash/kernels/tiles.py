@@ -300,7 +300,8 @@ class ForwardConfig(NamedTuple):
     compile-time flags: ``DROPOUT``, ``SCORE_MOD`` (softcap and ALiBi, switched at run time),
     ``VARLEN`` (packed sequences), ``PAGED`` (K/V through a block table, varlen only),
     ``USER`` (a user's ``(score_mod, mask_mod, BLOCKS)``), ``VEC`` (16-byte ``cp.async`` tile
-    copies)."""
+    copies), ``OWN_V`` (``v`` has a head dim of its own, ``d_v``: V and ``o`` addressed at
+    their width; off, V shares K's addresses, the build of every ``d_v == d`` call)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -314,6 +315,7 @@ class ForwardConfig(NamedTuple):
     PAGED: bool = False
     USER: object = None
     VEC: bool = False
+    OWN_V: bool = False
 
     @property
     def THREADS(self):
@@ -365,7 +367,9 @@ class DecodeConfig(NamedTuple):
     rows per block (its tile choice: :func:`numba_flash.kernels.decode.launch_shape`); the
     compile-time head dim, element type and flags: ``VEC`` (16-byte loads), ``PAGED`` (a block
     table), ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size ``U`` does not divide),
-    ``USER`` (a user's ``(score_mod, mask_mod)``)."""
+    ``USER`` (a user's ``(score_mod, mask_mod)``), ``OWN_V`` (V read at a width of its own,
+    ``d_v = o.shape[3]``: a ``v_cache [.., d_v]`` or MLA's latent cache read twice; off, the
+    element loads test one bound for K and V)."""
 
     THREADS: int
     LANES: int
@@ -380,6 +384,7 @@ class DecodeConfig(NamedTuple):
     ALIBI: bool = False
     SPLIT_PAGES: bool = False
     USER: object = None
+    OWN_V: bool = False
 
 
 #: the SM count of the GPU the docs' figures describe (an H200); a launch asks its own device

@@ -34,8 +34,8 @@ from ..frontend.validate import (
     ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, array_module, check_array,
     check_bool, check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
-from ..frontend.variants import (check_alibi, check_sink, check_softcap, check_window,
-                                 clamp_window)
+from ..frontend.variants import (check_alibi, check_sink, check_softcap, check_value_shape,
+                                 check_window, clamp_window)
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.decode import (
     block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
@@ -158,7 +158,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
-           learnable_sink=None):
+           learnable_sink=None, head_dim_v=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -197,6 +197,11 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       sits at key column ``i + L - Nq`` (``causal`` is ``right = 0``; see
       :mod:`numba_flash.kernels.visibility`).  GQA/MQA: query head ``h`` reads kv head
       ``h // (H // Hkv)``.
+    * a value head dim of its own: ``v_cache`` (and ``v_new``) ``[..., d_v]`` with ``d_v`` in
+      1..256 (``o`` has ``d_v`` columns; the default scale stays ``1/sqrt(d)``).  MLA's
+      absorbed decode: ``v_cache=None`` and ``head_dim_v=d_v``: the value is the first
+      ``d_v`` columns of ``k_cache`` itself (one latent cache ``[.., d]``, ``d`` up to 576 as
+      DeepSeek's ``512 + 64``, read twice, never copied); not with ``k_new``.
     * ``learnable_sink``: float32 ``[H]`` (gpt-oss's attention sinks, as
       :func:`numba_flash.forward`): a key with no value in every row's denominator, ``lse``
       included; a row that sees no key gets ``o = 0``, ``lse = sink_h``.  With several splits
@@ -252,19 +257,39 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     """
     qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
     ks, kd = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
-    vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
+    latent = v_cache is None                  # MLA: the value is k_cache's first head_dim_v
+    if latent:
+        vd = kd
+        if head_dim_v is None:
+            raise ValueError("head_dim_v: expected the value head dim (an int: the first "
+                             "head_dim_v columns of k_cache are the value, MLA's absorbed "
+                             "decode) with v_cache=None, got None")
+        d_v = check_int("head_dim_v", head_dim_v, 1, min(ks[3], 512),
+                        what=f"an int in 1..{min(ks[3], 512)} (at most k_cache's head dim)")
+        if k_new is not None or v_new is not None:
+            raise ValueError("k_new: expected None with v_cache=None (appending to a latent "
+                             "cache: numba_flash.append_kv first), got an array")
+        vs = ks[:3] + (d_v,)
+    else:
+        vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
+        if head_dim_v is not None:
+            raise ValueError(f"head_dim_v: expected None with a v_cache (its head dim, "
+                             f"{vs[3]}, is the value's), got {head_dim_v!r}")
     dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None
-    arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens}
+    arrays = {"q": q, "k_cache": k_cache, "cache_seqlens": cache_seqlens}
+    if not latent:
+        arrays["v_cache"] = v_cache
     single = len(qs) == 3
     b, h, nq, d = (qs[0], qs[1], 1, qs[2]) if single else qs
-    if vs != ks:
-        raise ValueError(f"v_cache: expected the shape of k_cache {ks}, got {vs}")
+    check_value_shape(ks, vs, True, "k_cache", "v_cache", 512 if latent else 256)
+    d_v = vs[3]
     n_cache, hkv, n_slots, dk = ks
     if dk != d:
         raise ValueError(f"k_cache: expected head dim {d} (from q), got {dk}")
-    if d > 256:
-        raise ValueError(f"q: expected head dim 1..256, got {d}")
+    if d > (576 if latent else 256):
+        raise ValueError(f"q: expected head dim 1..256 (1..576 with an MLA latent cache, "
+                         f"v_cache=None), got {d}")
     if h % hkv:
         raise ValueError(f"k_cache: expected a number of kv heads that divides the {h} query "
                          f"heads of q (GQA), got {hkv}")
@@ -288,7 +313,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         raise ValueError(f"{miss}: expected an array with {have} (both or neither), got None")
     nnew = 0
     if k_new is not None:
-        nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype)
+        nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype, d_v=d_v)
         check_writable_cache("k_cache", k_cache)
         check_writable_cache("v_cache", v_cache)
     rotary = rotary_cos is not None or rotary_sin is not None
@@ -361,7 +386,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                                  f"(length {int(seqlens[i])})")
 
     # -- launch shape and split policy (each sequence's split size from its own length)
-    HEAD_DIM = padded_head_dim(d)
+    HEAD_DIM = padded_head_dim(max(d, d_v))   # one lane layout holds both widths
     group = h // hkv
     shape = launch_shape(dtype, HEAD_DIM, group * nq)   # the tile choice (a DecodeConfig)
     threads, lanes, chunk, keys_per_step, rows = shape[:5]
@@ -378,8 +403,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # [/docs:decode-grid]
     acc_t = acc_dtype(dtype)
     rows_total = b * h * nq
-    call.reserve({"o": ((rows_total, d), dtype),
-                  "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d), acc_t),
+    call.reserve({"o": ((rows_total, d_v), dtype),
+                  "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d_v), acc_t),
                   "rotated q and k_new": ((rows_total + b * hkv * nnew if rotary else 0, d),
                                           dtype)})
 
@@ -387,7 +412,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
     # * block_size + slot): one index per key row, fewer registers than four
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
-    dv_ = call.input(v_cache).reshape(n_cache * hkv * n_slots, d)
+    # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
+    dv_ = dk_ if latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
     d_len = _kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
     # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax;
@@ -407,17 +433,18 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                               n_slots, b, hkv, nnew, d, dtype)
     d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
-    o = call.empty((b, h, nq, d), dtype)
+    o = call.empty((b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)
     if n_splits > 1:
-        o_part = call.empty((n_splits, rows_total, d), acc_t)
+        o_part = call.empty((n_splits, rows_total, d_v), acc_t)
         lse_part = call.empty((n_splits, rows_total), acc_t)
         counters = call.zeros((grid[0],), np.int32)
     else:  # one split writes o and lse directly
         o_part = call.empty((1, 1, 1), acc_t)
         lse_part = call.empty((1, 1), acc_t)
         counters = call.zeros((1,), np.int32)
-    vec = vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)  # 16-byte loads of q, K, V
+    # 16-byte loads of q, K, V: d == HEAD_DIM, and V as wide (or the K rows themselves)
+    vec = (d_v == d or latent) and vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
     # the user's arrays: (a stand-in for kinds,) + aux
@@ -425,7 +452,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                         sink=sink)
     kernel = decode_kernel(shape._replace(
         VEC=vec, PAGED=bool(paged_kernel), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None,
-        SPLIT_PAGES=split_pages,
+        SPLIT_PAGES=split_pages, OWN_V=d_v != d or latent,
         USER=None if variant is None else (variant.score_mod, variant.mask_mod)))
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b
@@ -439,7 +466,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, k_cache, dk_)
         write_back(call, v_cache, dv_)
-    out = call.result(o).reshape(qs)
+    out = call.result(o).reshape(qs[:-1] + (d_v,))
     if not return_lse:
         return out
     return out, call.result(lse).reshape(qs[:-1])

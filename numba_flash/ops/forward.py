@@ -42,13 +42,15 @@ class ForwardArgs(NamedTuple):
     alibi: object
     #: float32 ``[H]`` learnable sink logits of the inputs' kind, or None
     sink: object = None
+    #: the value head dim (``v``'s and ``o``'s last dim): ``d`` unless ``v`` has its own
+    d_v: int = 0
 
 
 def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
                        softcap, alibi_slopes, learnable_sink=None):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
     share (raising before any launch) and return them as a :class:`ForwardArgs`."""
-    b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+    b, h, _hkv, nq, nk, d, d_v, dtype = check_qkv(q, k, v, value_dim=True)
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d, dtype)
@@ -57,7 +59,7 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
                                                         alibi_slopes, b, h, nq=nq, nk=nk)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
                        float(dropout_p), dropout, window, left, right, softcap, alibi,
-                       check_sink(learnable_sink, h))
+                       check_sink(learnable_sink, h), d_v)
 
 
 def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
@@ -103,6 +105,20 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
     return Variant(acc_t(scale), (np.int32(left), np.int32(right)), acc_t(softcap),
                    acc_t(1.0 / softcap if softcap > 0.0 else 0.0), slopes, drop,
                    user_arrays(call, variant), no_sink(call) if sink is None else call.input(sink))
+
+
+def value_dim_kernel(kernel, which, d, d_v):
+    """The kernel family for a value head dim ``d_v`` of its own (``!= d``): the SIMT kernels
+    (one ``HEAD_DIM`` tile width holding both, each array read at its own width); the
+    tensor-core kernels take ``d_v == d`` only so far, so ``kernel="mma"`` is a ValueError
+    naming ``v`` and ``"auto"`` takes SIMT."""
+    if d_v == d or which != "mma":
+        return which
+    if kernel == "mma":
+        raise ValueError(f"v: kernel='mma' (tensor cores) takes the head dim of q and k ({d}) "
+                         f"for v so far, got a value head dim of {d_v}; pass kernel='simt' or "
+                         f"'auto'")
+    return "simt"
 
 
 def no_sink(call):
@@ -194,24 +210,28 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
+    d_v = args.d_v
+    which = value_dim_kernel(kernel, which, d, d_v)
     if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
         return _forward_mma()(q, k, v, args, variant)
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     # a user's variant rides on the score-modifier build (softcap / ALiBi switched at run time)
     use_mods = softcap > 0.0 or alibi is not None or variant is not None
-    allowed = explicit_tiles(d, dtype, mods=use_mods)
+    d_tile = max(d, d_v)  # one HEAD_DIM holds both (each array read at its own width)
+    allowed = explicit_tiles(d_tile, dtype, mods=use_mods)
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
-    tiles = choose_tiles(d, dtype, block_m, block_n, mods=use_mods)
+    tiles = choose_tiles(d_tile, dtype, block_m, block_n, mods=use_mods)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
 
     call = ArrayCall({"q": q, "k": k, "v": v})
-    call.reserve({"o": ((b, h, nq, d), dtype), "lse": ((b, h, nq), acc_t)})
+    call.reserve({"o": ((b, h, nq, d_v), dtype), "lse": ((b, h, nq), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    cfg = forward_config(d, dtype, use_dropout, use_mods, tiles=tiles,
-                         vec=vector_tiles(dtype, d, tiles[2], dq, dk, dv),  # cp.async copies
-                         user=user_build(variant))
-    o = call.empty((b, h, nq, d), dtype)
+    vec = (vector_tiles(dtype, d, tiles[2], dq, dk, dv)       # cp.async copies
+           and vector_tiles(dtype, d_v, tiles[2]))
+    cfg = forward_config(d_tile, dtype, use_dropout, use_mods, tiles=tiles, vec=vec,
+                         user=user_build(variant), own_v=d_v != d)
+    o = call.empty((b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)
     block = (cfg.THREADS_N, cfg.THREADS_M)
     work = tiled_work("forward", [(nq, args.nk)] * b, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,

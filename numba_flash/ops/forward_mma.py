@@ -13,7 +13,8 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..kernels.forward_mma import (MMA_DTYPES, forward_grid, forward_mma_config,
                                    forward_mma_kernel, vector_copies)
-from .forward import check_forward_args, check_forward_variant, forward_variant, user_build
+from .forward import (check_forward_args, check_forward_variant, forward_variant, user_build,
+                      value_dim_kernel)
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -40,6 +41,7 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     """
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
                               window_size, softcap, alibi_slopes, learnable_sink)
+    value_dim_kernel("mma", "mma", args.d, args.d_v)   # d_v == d only (a ValueError naming v)
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     return launch_forward_mma(q, k, v, args, variant)
 

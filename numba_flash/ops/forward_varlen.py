@@ -14,7 +14,7 @@ from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_
                                  check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale, is_device_array)
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
-                                 check_variants)
+                                 check_value_shape, check_variants)
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.forward import (default_tiles, forward_config, forward_grid, forward_kernel,
                                vector_tiles)
@@ -24,16 +24,15 @@ from .kv_cache import host_ints
 
 
 def _check_paged_qkv(q, k, v):
-    """``q [total_q, H, d]``, ``k`` and ``v`` paged caches ``[num_blocks, Hkv, block_size, d]``;
-    returns ``(total_q, H, Hkv, num_blocks, block_size, d, dtype)``."""
+    """``q [total_q, H, d]``, ``k`` and ``v`` paged caches ``[num_blocks, Hkv, block_size, d]``
+    (``v``: ``d_v``); returns ``(total_q, H, Hkv, num_blocks, block_size, d, d_v, dtype)``."""
     qs, qd = check_array("q", q, 3, ATTENTION_DTYPES)
     ks, kd = check_array("k", k, 4, ATTENTION_DTYPES)
     vs, vd = check_array("v", v, 4, ATTENTION_DTYPES)
     dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
     check_same_kind({"q": q, "k": k, "v": v})
     total_q, h, d = qs
-    if vs != ks:
-        raise ValueError(f"v: expected the shape of k {ks}, got {vs}")
+    check_value_shape(ks, vs, True)
     n_blocks, hkv, block_size, dk = ks
     if dk != d:
         raise ValueError(f"k: expected head dim {d} (from q) in dim 3 of the paged cache "
@@ -47,7 +46,7 @@ def _check_paged_qkv(q, k, v):
     if rows > INT32_MAX:  # the kernel addresses cache rows with 32-bit indices
         raise ValueError(f"k: expected num_blocks * Hkv * block_size <= 2**31 - 1 (32-bit cache "
                          f"rows), got {n_blocks} * {hkv} * {block_size} = {rows}")
-    return total_q, h, hkv, n_blocks, block_size, d, dtype
+    return total_q, h, hkv, n_blocks, block_size, d, vs[3], dtype
 
 
 def _cumulative_total(name, cu_seqlens):
@@ -185,10 +184,10 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     """
     paged = block_table is not None
     if paged:
-        total_q, h, hkv, n_blocks, block_size, d, dtype = _check_paged_qkv(q, k, v)
+        total_q, h, hkv, n_blocks, block_size, d, d_v, dtype = _check_paged_qkv(q, k, v)
         total_k = _cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
     else:
-        total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
+        total_q, h, _hkv, total_k, d, d_v, dtype = check_packed_qkv(q, k, v, value_dim=True)
     cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
                                                      max_seqlen_q, max_seqlen_k)
     kinds = {"q": q, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
@@ -217,23 +216,24 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
-    call.reserve({"o": ((total_q, h, d), dtype), "lse": ((h, total_q), acc_t)})
+    call.reserve({"o": ((total_q, h, d_v), dtype), "lse": ((h, total_q), acc_t)})
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
-    # user's variant rides on it
-    head_dim = default_tiles(d, dtype, mods=True)[2]
-    cfg = forward_config(d, dtype, use_dropout, True, True, paged, user=user_build(variant),
-                         vec=vector_tiles(dtype, d, head_dim, dq, dk, dv))  # cp.async copies
+    # user's variant rides on it; one HEAD_DIM holds d and d_v
+    head_dim = default_tiles(max(d, d_v), dtype, mods=True)[2]
+    vec = vector_tiles(dtype, d, head_dim, dq, dk, dv) and vector_tiles(dtype, d_v, head_dim)
+    cfg = forward_config(max(d, d_v), dtype, use_dropout, True, True, paged,
+                         user=user_build(variant), vec=vec, own_v=d_v != d)  # cp.async copies
     seqs = (call.input(cu_q), call.input(cu_k))
     if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
         rows = n_blocks * hkv * block_size
-        dk, dv = dk.reshape(rows, d), dv.reshape(rows, d)
+        dk, dv = dk.reshape(rows, d), dv.reshape(rows, d_v)
         seqs += (_table_int32(call, block_table), np.int32(block_size), np.int32(hkv),
                  np.int32(n_blocks))
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (b, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
                         variant, sink)
-    o = call.empty((total_q, h, d), dtype)
+    o = call.empty((total_q, h, d_v), dtype)
     lse = call.empty((h, total_q), acc_t)
     n_q_tiles = cdiv(max(1, int(len_q.max())), cfg.BLOCK_M)  # the longest sequence's Q tiles
     call.launch(forward_kernel(cfg), forward_grid(n_q_tiles, b * h),

@@ -17,6 +17,7 @@ from ..frontend.validate import (
     ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
     check_same_kind, is_device_array,
 )
+from ..frontend.variants import check_value_shape
 from ..kernels.kv_cache import append_grid, append_kernel, default_threads
 
 #: integer dtypes the kernels read directly; others are converted
@@ -65,16 +66,19 @@ def check_writable_cache(name, x):
                                  f"in place), got strides {tuple(strides)}")
 
 
-def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new"):
-    """``k_new``, ``v_new`` ``[B, Hkv, Nnew, d]`` in the caches' dtype; returns ``Nnew``."""
+def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new", d_v=None):
+    """``k_new`` ``[B, Hkv, Nnew, d]``, ``v_new`` ``[B, Hkv, Nnew, d_v]`` (``d_v``: the value
+    cache's head dim, default ``d``) in the caches' dtype; returns ``Nnew``."""
+    d_v = d if d_v is None else d_v
     ks, kd = check_array(k_name, k_new, 4, ATTENTION_DTYPES)
     vs, vd = check_array(v_name, v_new, 4, ATTENTION_DTYPES)
     check_same_dtype({"k_cache": dtype, k_name: kd, v_name: vd})
-    if vs != ks:
-        raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
     if ks[0] != b or ks[1] != hkv or ks[3] != d:
         raise ValueError(f"{k_name}: expected shape [B, Hkv, Nnew, d] = [{b}, {hkv}, Nnew, {d}] "
                          f"(B from cache_seqlens, Hkv and d from k_cache), got {ks}")
+    if vs != ks[:3] + (d_v,):
+        raise ValueError(f"{v_name}: expected shape {ks[:3] + (d_v,)} ({k_name}'s, with the "
+                         f"head dim of v_cache), got {vs}")
     return ks[2]
 
 
@@ -226,7 +230,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
       ``[num_blocks, Hkv, block_size, d]`` with ``block_table`` ``[B, max_blocks]`` (the layouts
       of :func:`numba_flash.decode`).  Written in place.
     * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, the caches' dtype (float16/32/64 or
-      ``ml_dtypes.bfloat16``: copied as their 16-bit words).
+      ``ml_dtypes.bfloat16``: copied as their 16-bit words).  ``v_cache`` and ``v_new`` may
+      have a head dim of their own, ``d_v`` (MLA-style caches).
     * ``cache_seqlens``: integer ``[B]``, the tokens each sequence holds; token ``i`` of
       sequence ``b`` goes to position ``cache_seqlens[b] + i``.
     * ``cache_batch_idx``: integer ``[B]``, the cache row of each sequence (contiguous caches
@@ -246,11 +251,11 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     ks, dtype = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
     vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
     check_same_dtype({"k_cache": dtype, "v_cache": vd})
-    if vs != ks:
-        raise ValueError(f"v_cache: expected the shape of k_cache {ks}, got {vs}")
+    check_value_shape(ks, vs, True, "k_cache", "v_cache")   # v_cache: d_v of its own or d
     n_cache, hkv, n_slots, d = ks
+    d_v = vs[3]
     (b,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
-    nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype)
+    nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype, d_v=d_v)
     paged = block_table is not None
     arrays = {"k_cache": k_cache, "v_cache": v_cache, "k_new": k_new, "v_new": v_new,
               "cache_seqlens": cache_seqlens}
@@ -278,7 +283,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
                         host_ints(cache_batch_idx) if cache_batch_idx is not None else None,
                         nnew, n_cache, n_slots, paged)
     dk = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
-    dv = call.input(v_cache).reshape(n_cache * hkv * n_slots, d)
+    dv = call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     new_lens = launch_append(call, dk, dv, call.input(k_new), call.input(v_new), d_len, d_table,

@@ -96,9 +96,13 @@ def check_same_dtype(named):
 def check_kv_shapes(q_shape, k_shape, v_shape, k_name="k", v_name="v", dense=True, q_name="q"):
     """Shapes of ``q`` and ``k``/``v`` (``[B, N, H, d]`` dense, ``[total, H, d]`` packed): ``k``
     and ``v`` alike, same batch (dense) and head dim, query heads a multiple of kv heads (GQA),
-    head dim at most 256."""
-    if k_shape != v_shape:
+    head dim at most 256; ``v`` may have a head dim of its own (``headdim_v`` 1..256, FA3's
+    ``hdim_v``) when ``k_name != v_name`` (not a packed kv / qkv)."""
+    own_v = k_name != v_name and tuple(k_shape[:-1]) == tuple(v_shape[:-1])
+    if k_shape != v_shape and not own_v:
         raise ValueError(f"{v_name}: expected the shape of {k_name} {k_shape}, got {v_shape}")
+    if own_v and v_shape[-1] > 256:
+        raise ValueError(f"{v_name}: expected headdim_v 1..256, got {v_shape[-1]}")
     if dense and k_shape[0] != q_shape[0]:
         raise ValueError(f"{k_name}: expected batch_size {q_shape[0]} (from {q_name}), got "
                          f"{k_shape[0]}")
@@ -143,6 +147,16 @@ def check_sink(learnable_sink, h):
     if tuple(learnable_sink.shape) != (h,):
         raise ValueError(f"learnable_sink: expected shape ({h},) (one per query head), got "
                          f"{tuple(learnable_sink.shape)}")
+
+
+def check_value_grad(q, k, v, names=("q", "k", "v")):
+    """A ``v`` with a head dim of its own has no backward yet: a ValueError naming it when a
+    gradient would be asked for (grad mode on and an input that requires grad)."""
+    if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(
+            x.requires_grad for x in (q, k, v)):
+        raise ValueError(f"{names[2]}: a value head dim of its own ({v.shape[-1]}, not "
+                         f"{q.shape[-1]}) is forward-only so far (no backward); call under "
+                         f"torch.no_grad() or pass tensors that do not require grad")
 
 
 def check_cu_seqlens(name, cu):

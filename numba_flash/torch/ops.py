@@ -115,7 +115,8 @@ def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_r
     b, nq, h, d = q.shape
     lse = q.new_empty((b, h, nq), dtype=_acc_dtype(q.dtype))
     s_dmask = q.new_empty((b, h, nq, k.shape[1]) if return_softmax else (0,))
-    return q.new_empty(q.shape), lse, s_dmask, torch.empty((1,), dtype=torch.int64)
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])      # v's head dim (its own, or d)
+    return out, lse, s_dmask, torch.empty((1,), dtype=torch.int64)
 
 
 @torch.library.custom_op("numba_flash::bwd", mutates_args=())
@@ -200,7 +201,8 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p
     lse = q.new_empty((h, total_q), dtype=_acc_dtype(q.dtype))
     shape = ((cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_softmax
              else (0,))
-    return q.new_empty(q.shape), lse, q.new_empty(shape), torch.empty((1,), dtype=torch.int64)
+    return (q.new_empty(q.shape[:-1] + v.shape[-1:]), lse, q.new_empty(shape),
+            torch.empty((1,), dtype=torch.int64))
 
 
 @torch.library.custom_op("numba_flash::varlen_bwd", mutates_args=())

@@ -186,7 +186,7 @@ def _with_entry(table, b, j, value):
     (lambda a: dict(block_table=a[5][:3]), ValueError,
      r"^block_table: expected 4 rows \(B, from cu_seqlens_q\), got shape \(3, 5\)"),
     (lambda a: dict(block_table=a[5][0]), ValueError, r"^block_table: expected a 2-D array"),
-    (lambda a: dict(k=a[1][:, :, :, :3]), ValueError, r"^v: expected the shape of k"),
+    (lambda a: dict(k=a[1][:, :, :, :3]), ValueError, r"^k: expected head dim"),
     (lambda a: dict(k=a[1][0], v=a[2][0]), ValueError, r"^k: expected a 4-D array"),
     (lambda a: dict(k=a[1][..., :3], v=a[2][..., :3]), ValueError,
      r"^k: expected head dim 4 \(from q\) in dim 3"),

@@ -1,0 +1,175 @@
+"""A value head dim of its own (issue 35): ``v [.., d_v]`` beside ``q``, ``k [.., d]``, and MLA's
+absorbed decode (one latent cache, the value its first ``head_dim_v`` columns).
+
+Forward, varlen (packed and paged) and decode run the SIMT / decode kernels with one compiled
+``HEAD_DIM`` that holds both widths, each array read at its own (``o`` has ``d_v`` columns, the
+default scale stays ``1/sqrt(d)``).  Against the float64 reference at the bounds of the
+kernels' own tests (helpers.atol: the padded columns are zeros, so they add nothing).  The
+tensor-core kernels and the backward take ``d_v == d`` only so far: a ValueError naming ``v``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash import reference as ref
+from helpers import LSE_DTYPE, assert_close, randn
+from test_decode_kernel import contiguous_cache, paged_cache
+
+
+@pytest.mark.parametrize("d, d_v", [(24, 8), (8, 20), (12, 40)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_forward_with_a_value_head_dim(rng, d, d_v, dtype):
+    q = randn(rng, (2, 4, 9, d), dtype)
+    k, v = randn(rng, (2, 2, 13, d), dtype), randn(rng, (2, 2, 13, d_v), dtype)
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True)
+    want_o, want_lse = ref.attention(q, k, v, causal=True)
+    assert o.shape == (2, 4, 9, d_v) and o.dtype == dtype
+    scale = max(1.0, np.abs(want_o).max()) if dtype == np.float16 else 1.0
+    assert_close(o, want_o, dtype, scale=scale, name="o")
+    assert_close(lse, want_lse, LSE_DTYPE[dtype], name="lse")
+
+
+def test_forward_value_head_dim_with_variants(rng):
+    """Window, softcap, ALiBi, a sink, dropout and a user's score_mod on the same path."""
+    q = randn(rng, (1, 2, 11, 16))
+    k, v = randn(rng, (1, 1, 14, 16)), randn(rng, (1, 1, 14, 8))
+    sink = np.array([1.5, 0.5], np.float32)
+    kw = dict(window_size=(5, 2), softcap=3.0, alibi_slopes=np.array([0.5, 0.25], np.float32),
+              learnable_sink=sink)
+    o = numba_flash.forward(q, k, v, **kw)
+    assert_close(o, ref.attention(q, k, v, **kw)[0], np.float32, name="o variants")
+    mask = numba_flash.dropout_mask(3, 1, 2, 11, 14, 0.2)
+    o = numba_flash.forward(q, k, v, dropout_p=0.2, seed=3)
+    want = ref.attention(q, k, v, dropout_mask=mask, dropout_p=0.2)[0]
+    assert_close(o, want, np.float32, name="o dropout")
+
+    def bias(score, b, h, qi, ki):
+        return score + 0.1 * (qi - ki)
+
+    o = numba_flash.forward(q, k, v, score_mod=bias)
+    assert_close(o, ref.attention(q, k, v, score_mod=bias)[0], np.float32, name="o score_mod")
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_varlen_with_a_value_head_dim(rng, paged):
+    cu_q = np.array([0, 5, 5, 12], np.int32)
+    cu_k = np.array([0, 7, 9, 15], np.int32)
+    q = randn(rng, (12, 2, 24))
+    k, v = randn(rng, (15, 1, 24)), randn(rng, (15, 1, 8))
+    want_o, want_lse = ref.attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+    kw = dict(max_seqlen_q=7, max_seqlen_k=7, causal=True, return_lse=True)
+    if not paged:
+        o, lse = numba_flash.forward_varlen(q, k, v, cu_q, cu_k, **kw)
+    else:   # the same keys in pages of 4 slots, in a shuffled table
+        lens = np.diff(cu_k)
+        k_c, _, table = paged_cache(rng, 3, 1, 24, lens, 4, np.float32)
+        v_c = np.full(k_c.shape[:3] + (8,), np.nan, np.float32)
+        for s in range(3):
+            t = np.arange(lens[s])
+            k_c[table[s, t // 4], :, t % 4] = k[cu_k[s]:cu_k[s + 1]]
+            v_c[table[s, t // 4], :, t % 4] = v[cu_k[s]:cu_k[s + 1]]
+        o, lse = numba_flash.forward_varlen(q, k_c, v_c, cu_q, cu_k, block_table=table, **kw)
+    assert o.shape == (12, 2, 8)
+    assert_close(o, want_o, np.float32, name="o")
+    np.testing.assert_allclose(lse, want_lse, atol=2e-5)
+
+
+@pytest.mark.parametrize("d, d_v, paged, num_splits", [(16, 8, True, 3), (8, 24, False, 1),
+                                                       (12, 20, True, None)])
+def test_decode_with_a_value_head_dim(rng, d, d_v, paged, num_splits):
+    b, h, hkv = 2, 4, 2
+    lens = np.array([29, 7])
+    if paged:
+        k, _, table = paged_cache(rng, b, hkv, d, lens, 5, np.float32)
+    else:
+        k, _ = contiguous_cache(rng, b, hkv, 32, d, lens, np.float32)
+        table = None
+    v = randn(rng, k.shape[:3] + (d_v,))
+    q = randn(rng, (b, h, 2, d))
+    o, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                num_splits=num_splits, causal=True, return_lse=True)
+    want_o, want_lse, _, _ = ref.kvcache_decode(q, k, v, lens, block_table=table, causal=True)
+    assert o.shape == (b, h, 2, d_v)
+    assert_close(o, want_o, np.float32, name="o")
+    assert_close(lse, want_lse, np.float32, name="lse")
+
+
+def test_decode_appends_a_value_of_its_own_width(rng):
+    """k_new [.., d] and v_new [.., d_v] appended (append_kv's kernel: each cache at its own
+    width), then attended; append_kv alone does the same."""
+    b, hkv, d, d_v = 2, 1, 16, 8
+    lens = np.array([5, 9])
+    k, v = randn(rng, (b, hkv, 16, d)), randn(rng, (b, hkv, 16, d_v))
+    kn, vn = randn(rng, (b, hkv, 2, d)), randn(rng, (b, hkv, 2, d_v))
+    q = randn(rng, (b, 2, d))
+    want = ref.kvcache_decode(q, k, v, lens, k_new=kn, v_new=vn)
+    k2, v2 = k.copy(), v.copy()
+    o, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, k_new=kn, v_new=vn,
+                                return_lse=True)
+    assert_close(o, want[0], np.float32, name="o")
+    np.testing.assert_array_equal(k, want[2].astype(np.float32))
+    np.testing.assert_array_equal(v, want[3].astype(np.float32))
+    new = numba_flash.append_kv(k2, v2, kn, vn, lens)
+    np.testing.assert_array_equal(new, lens + 2)
+    np.testing.assert_array_equal(v2, v)
+
+
+@pytest.mark.parametrize("paged, num_splits", [(True, 3), (False, 1), (True, None)])
+def test_mla_absorbed_decode(rng, paged, num_splits):
+    """DeepSeek's shapes: one latent KV head of 576 (512 latent + 64 rope), 8 query heads, the
+    value the first 512 columns of the same cache (FlashMLA's page size 64), a sink: against
+    the reference on the cache and its first 512 columns."""
+    b, h, d, d_v = 2, 8, 576, 512
+    lens = np.array([70, 9])
+    if paged:
+        k, _, table = paged_cache(rng, b, 1, d, lens, 64, np.float16)
+    else:
+        k, _ = contiguous_cache(rng, b, 1, 72, d, lens, np.float16)
+        table = None
+    q = randn(rng, (b, h, d), np.float16, scale=0.2)
+    sink = (rng.standard_normal(h) + 2.0).astype(np.float32)
+    before = k.copy()
+    o, lse = numba_flash.decode(q, k, None, head_dim_v=d_v, cache_seqlens=lens,
+                                block_table=table, num_splits=num_splits, return_lse=True,
+                                learnable_sink=sink)
+    want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table, learnable_sink=sink)
+    assert o.shape == (b, h, d_v) and o.dtype == np.float16
+    assert_close(o, want_o, np.float16, name="o")
+    assert_close(lse, want_lse, np.float32, name="lse")
+    np.testing.assert_array_equal(k, before)     # read twice, never written
+
+
+@pytest.mark.parametrize("call, err, words", [
+    (lambda q, k, v: numba_flash.forward(q, k, np.zeros((1, 1, 5, 300), np.float32)),
+     ValueError, "1..256"),
+    (lambda q, k, v: numba_flash.forward(q, k, np.zeros((1, 1, 4, 8), np.float32)),
+     ValueError, "d_v"),
+    (lambda q, k, v: numba_flash.backward(q, q, k, v, q, np.zeros((1, 2, 3), np.float32)),
+     ValueError, "not by this op yet"),
+    (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, None, cache_seqlens=np.array([5])),
+     ValueError, "head_dim_v"),
+    (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, None, cache_seqlens=np.array([5]),
+                                        head_dim_v=17), ValueError, "head_dim_v"),
+    (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, v, cache_seqlens=np.array([5]),
+                                        head_dim_v=8), ValueError, "head_dim_v"),
+    (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, None, cache_seqlens=np.array([5]),
+                                        head_dim_v=8, k_new=k[:, :, :1], v_new=k[:, :, :1]),
+     ValueError, "k_new"),
+])
+def test_value_head_dim_bad_input_is_named(rng, call, err, words):
+    q, k, v = randn(rng, (1, 2, 3, 16)), randn(rng, (1, 1, 5, 16)), randn(rng, (1, 1, 5, 8))
+    with pytest.raises(err) as info:
+        call(q, k, v)
+    assert words in str(info.value), str(info.value)
+
+
+def test_the_tensor_core_forward_names_v(rng):
+    from numba_flash.ops.forward_mma import forward_mma
+    q, k = randn(rng, (1, 2, 3, 16), np.float16), randn(rng, (1, 1, 5, 16), np.float16)
+    v = randn(rng, (1, 1, 5, 8), np.float16)
+    for call in (lambda: numba_flash.forward(q, k, v, kernel="mma"), lambda: forward_mma(q, k, v)):
+        with pytest.raises(ValueError, match="^v: kernel='mma'"):
+            call()

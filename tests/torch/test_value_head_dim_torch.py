@@ -1,0 +1,41 @@
+"""A value head dim of its own through ``numba_flash.torch`` (issue 35; FA3's ``hdim_v``):
+``flash_attn_func`` / ``flash_attn_varlen_func`` forward with ``v [.., headdim_v]`` against
+torch's float64 attention; a gradient is not there yet (a ValueError naming ``v``)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import numba_flash.torch as nft  # noqa: E402
+from test_sinks_torch import gpt_oss  # noqa: E402
+from torch_helpers import randn  # noqa: E402
+
+
+def test_flash_attn_func_with_a_value_head_dim(gen):
+    q, k = randn(gen, 2, 7, 4, 24), randn(gen, 2, 9, 2, 24)
+    v = randn(gen, 2, 9, 2, 8)
+    with torch.no_grad():
+        out, lse, _ = nft.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    want, want_lse = gpt_oss(q, k, v, torch.full((4,), -float("inf")), causal=True)
+    assert out.shape == (2, 7, 4, 8)
+    assert (out.double() - want).abs().max().item() < 4e-6
+    assert (lse.double() - want_lse).abs().max().item() < 4e-6
+
+
+def test_varlen_with_a_value_head_dim(gen):
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q, k, v = randn(gen, 8, 2, 16), randn(gen, 8, 1, 16), randn(gen, 8, 1, 4)
+    out = nft.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, causal=True)
+    for s in (slice(0, 3), slice(3, 8)):
+        want, _ = gpt_oss(q[None, s], k[None, s], v[None, s], torch.full((2,), -float("inf")),
+                          causal=True)
+        assert (out[s].double() - want[0]).abs().max().item() < 4e-6
+
+
+def test_no_gradient_yet_names_v(gen):
+    q, k = randn(gen, 1, 4, 2, 16, requires_grad=True), randn(gen, 1, 4, 2, 16)
+    v = randn(gen, 1, 4, 2, 8)
+    with pytest.raises(ValueError, match="^v: a value head dim of its own"):
+        nft.flash_attn_func(q, k, v)
