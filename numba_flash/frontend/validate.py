@@ -270,21 +270,27 @@ def int_values(name, values):
     return values.astype(np.int64)
 
 
-def check_backward_arrays(do, q, k, v, o, lse):
+def check_backward_arrays(do, q, k, v, o, lse, value_dim=False):
     """The backward's arrays: :func:`check_qkv` for ``q, k, v``; ``do`` and ``o`` of ``q``'s
-    shape and dtype; ``lse [B, H, Nq]`` in the compute dtype (float32, float64 for float64); all on
-    one side (host or GPU).  Returns what :func:`check_qkv` returns."""
-    b, h, hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+    shape and dtype (``value_dim``: ``v`` may have a head dim of its own, ``d_v``, and so do
+    ``do`` and ``o``); ``lse [B, H, Nq]`` in the compute dtype (float32, float64 for float64);
+    all on one side (host or GPU).  Returns what :func:`check_qkv` returns."""
+    checked = check_qkv(q, k, v, value_dim=value_dim)
+    b, h, hkv, nq, nk, d = checked[:6]
+    dtype = checked[-1]
+    d_v = checked[6] if value_dim else d
     do_shape, do_dtype = check_array("do", do, 4, ATTENTION_DTYPES)
     o_shape, o_dtype = check_array("o", o, 4, ATTENTION_DTYPES)
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
-        if shape != (b, h, nq, d):
-            raise ValueError(f"{name}: expected the shape of q {(b, h, nq, d)}, got {shape}")
+        if shape != (b, h, nq, d_v):
+            what = "q" if d_v == d else "q with v's head dim"
+            raise ValueError(f"{name}: expected the shape of {what} {(b, h, nq, d_v)}, got "
+                             f"{shape}")
     from ..kernels.common import acc_dtype  # the compute dtype, which lse is stored in
 
     lse_shape, _ = check_array("lse", lse, 3, dtypes=(acc_dtype(dtype),))
     if lse_shape != (b, h, nq):
         raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
     check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    return b, h, hkv, nq, nk, d, dtype
+    return checked

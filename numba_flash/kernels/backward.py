@@ -826,6 +826,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
                     c = bc * B_TC + j
                     if key < nk and c < d:
                         dk_out[bb, h, k0 + key, c] = dk_acc[i * B_TC + j] * scale
+                    if key < nk and c < dv_out.shape[3]:   # d_v: v's own head dim, or d
                         dv_out[bb, h, k0 + key, c] = dv_acc[i * B_TC + j]
             if do_bad[0]:  # rare: a non-finite dO reaches the dV of the keys its row sees alone
                 mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left,
@@ -943,6 +944,7 @@ def preprocess_kernel(THREADS, LANES, dtype):
             # the row's LANES threads read consecutive columns: one coalesced access per step
             for c in range(lane, d, LANES):
                 acc += load(do[b, h, i, c]) * load(o[b, h, i, c])
+            for c in range(lane, dq_accum.shape[3], LANES):   # q's head dim (d, or not o's)
                 dq_accum[b, h, i, c] = acc_t(0.0)
         # butterfly sum over the row's lanes (every lane of the warp takes part, converged)
         for s in range(STEPS):

@@ -21,7 +21,7 @@ from ..kernels.common import acc_dtype, cdiv
 from ..flex.launch import prepare_variant
 from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
-from .forward import kernel_variant
+from .forward import kernel_variant, value_dim_kernel
 from .kernel_choice import check_backward_kernel, import_mma
 
 
@@ -46,6 +46,8 @@ class BackwardArgs(NamedTuple):
     alibi: object
     #: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`), or None
     variant: object
+    #: the value head dim (``v``, ``o``, ``do``, ``dv``): ``d`` unless ``v`` has its own
+    d_v: int = 0
 
     @property
     def shape(self):
@@ -61,7 +63,8 @@ def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministi
     one order: the arrays, then ``check_dtype(dtype)`` when given, the flags, the scale,
     ``dropout_p`` and ``seed``, the built-in variants, the user's variant; return them as a
     :class:`BackwardArgs`."""
-    b, h, hkv, nq, nk, d, dtype = check_backward_arrays(do, q, k, v, o, lse)
+    b, h, hkv, nq, nk, d, d_v, dtype = check_backward_arrays(do, q, k, v, o, lse,
+                                                             value_dim=True)
     if check_dtype is not None:
         check_dtype(dtype)
     causal = check_bool("causal", causal)
@@ -75,7 +78,7 @@ def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministi
                               score_mod_grad=score_mod_grad, needs_grad=True,
                               compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
     return BackwardArgs(b, h, hkv, nq, nk, d, dtype, causal, deterministic, scale, left, right,
-                        softcap, alibi, variant)
+                        softcap, alibi, variant, d_v)
 
 
 def user_build(variant):
@@ -106,6 +109,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     dropout = float(dropout_p) > 0.0  # compile-time: p = 0 runs the plain kernels, bit for bit
 
+    d_v = v_in.shape[3]  # dv, do, o: the value head dim (d, or v's own)
     dk = call.empty(k_in.shape, dtype)
     dv = call.empty(v_in.shape, dtype)
     dq = call.empty(q_in.shape, dtype)
@@ -115,7 +119,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     # cast; otherwise a compute-type buffer with H heads that reduce_kernel sums per group
     direct = dtype == acc_t and h == hkv
     dk_out = dk if direct else call.empty((ba, h, nk_rows, d), acc_t)
-    dv_out = dv if direct else call.empty((ba, h, nk_rows, d), acc_t)
+    dv_out = dv if direct else call.empty((ba, h, nk_rows, d_v), acc_t)
     delta = call.empty(lse_in.shape, acc_t)
     if cu_q is None:  # dense: never read, but the kernels take an int32 array there
         cu_q = cu_k = call.zeros((1,), np.int32)
@@ -141,7 +145,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
            work=SimWork("backward_preprocess", ba * h * nq_rows * d))
 
     # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, head)
-    block_m, block_n, head_dim, threads = default_tiles(d, dtype)
+    block_m, block_n, head_dim, threads = default_tiles(max(d, d_v), dtype)
     tiles_k = cdiv(max_nk, block_n)
     launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
            fold_grid(tiles_k, n_seq, h), (threads,),
@@ -167,10 +171,10 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
         launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, h), (t,), dq_accum, dq,
                tiles, work=SimWork("backward_reduce", ba * h * nq_rows * d))
     if not direct:
-        tiles = cdiv(nk_rows * d, t)
-        for src, dst in ((dk_out, dk), (dv_out, dv)):
+        for src, dst, width in ((dk_out, dk, d), (dv_out, dv, d_v)):
+            tiles = cdiv(nk_rows * width, t)
             launch(reduce_kernel(t, acc_t, dtype), fold_grid(tiles, ba, hkv), (t,), src, dst,
-                   tiles, work=SimWork("backward_reduce", ba * h * nk_rows * d))
+                   tiles, work=SimWork("backward_reduce", ba * h * nk_rows * width))
     return dq, dk, dv
 
 
@@ -239,7 +243,10 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
                             score_mod_grad, block_mask, aux_tensors)
     aux = prepare_aux_grad(aux_grad, a.variant, a.dtype, dropout_p)
     sink = check_sink(learnable_sink, a.h)
-    kernel = check_backward_kernel(kernel, a.dtype)
+    if a.d_v != a.d and aux is not None:
+        raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
+                         f"not {a.d}): the aux gradients take d_v == d only so far")
+    kernel = value_dim_kernel(kernel, check_backward_kernel(kernel, a.dtype), a.d, a.d_v)
     if kernel == "mma":  # validated above, once: straight to the launches
         grads = import_mma("backward_mma").launch_backward_mma(
             do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,

@@ -24,7 +24,7 @@ from ..kernels.forward_mma import vector_copies
 from ..kernels.variant import Variant
 from ..philox import dropout_params
 from .backward import check_backward_args, user_build
-from .forward import no_sink, user_arrays
+from .forward import no_sink, user_arrays, value_dim_kernel
 
 
 def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
@@ -45,6 +45,7 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                             seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
                             score_mod_grad, block_mask, aux_tensors, check_dtype=check_mma_dtype)
+    value_dim_kernel("mma", "mma", a.d, a.d_v)   # d_v == d only (a ValueError naming v)
     return launch_backward_mma(do, q, k, v, o, lse, shape=a.shape, scale=a.scale,
                                deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
                                left=a.left, right=a.right, softcap=a.softcap, alibi=a.alibi,

@@ -149,16 +149,6 @@ def check_sink(learnable_sink, h):
                          f"{tuple(learnable_sink.shape)}")
 
 
-def check_value_grad(q, k, v, names=("q", "k", "v")):
-    """A ``v`` with a head dim of its own has no backward yet: a ValueError naming it when a
-    gradient would be asked for (grad mode on and an input that requires grad)."""
-    if v.shape[-1] != q.shape[-1] and torch.is_grad_enabled() and any(
-            x.requires_grad for x in (q, k, v)):
-        raise ValueError(f"{names[2]}: a value head dim of its own ({v.shape[-1]}, not "
-                         f"{q.shape[-1]}) is forward-only so far (no backward); call under "
-                         f"torch.no_grad() or pass tensors that do not require grad")
-
-
 def check_cu_seqlens(name, cu):
     """``cu_seqlens``: a 1-D integer tensor; its values are checked by the NumPy front end."""
     if not isinstance(cu, torch.Tensor):

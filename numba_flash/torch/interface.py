@@ -59,7 +59,6 @@ def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softca
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, q.shape[2])
-    checks.check_value_grad(q, k, v, names)
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes,
                          "learnable_sink": learnable_sink})
     p, scale, causal, window, softcap, deterministic, probs = opts
@@ -98,7 +97,6 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, q.shape[1])
-    checks.check_value_grad(q, k, v, names)
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, names[3]: cu_seqlens_q,
                          names[4]: cu_seqlens_k, "alibi_slopes": alibi_slopes,
                          "learnable_sink": learnable_sink})
@@ -134,7 +132,6 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, q.shape[-2])
-    checks.check_value_grad(q, k, v, names)
     named = {names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes,
              "learnable_sink": learnable_sink}
     named.update(zip(names[3:5], cu_seqlens))

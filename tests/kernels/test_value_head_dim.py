@@ -1,11 +1,12 @@
 """A value head dim of its own (issue 35): ``v [.., d_v]`` beside ``q``, ``k [.., d]``, and MLA's
 absorbed decode (one latent cache, the value its first ``head_dim_v`` columns).
 
-Forward, varlen (packed and paged) and decode run the SIMT / decode kernels with one compiled
-``HEAD_DIM`` that holds both widths, each array read at its own (``o`` has ``d_v`` columns, the
-default scale stays ``1/sqrt(d)``).  Against the float64 reference at the bounds of the
-kernels' own tests (helpers.atol: the padded columns are zeros, so they add nothing).  The
-tensor-core kernels and the backward take ``d_v == d`` only so far: a ValueError naming ``v``.
+Forward, backward, varlen (packed and paged) and decode run the SIMT / decode kernels with one
+compiled ``HEAD_DIM`` that holds both widths, each array read at its own (``o``, ``do``, ``dv``
+have ``d_v`` columns, the default scale stays ``1/sqrt(d)``).  Against the float64 reference at
+the bounds of the kernels' own tests (helpers.atol: the padded columns are zeros, so they add
+nothing).  The tensor-core kernels and ``backward_varlen`` take ``d_v == d`` only so far: a
+ValueError naming ``v``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,26 @@ def test_forward_value_head_dim_with_variants(rng):
 
     o = numba_flash.forward(q, k, v, score_mod=bias)
     assert_close(o, ref.attention(q, k, v, score_mod=bias)[0], np.float32, name="o score_mod")
+
+
+@pytest.mark.parametrize("d, d_v, dtype, deterministic", [
+    (24, 8, np.float32, False), (8, 20, np.float32, True), (16, 8, np.float16, False),
+    (12, 40, np.float64, False)])
+def test_backward_with_a_value_head_dim(rng, d, d_v, dtype, deterministic):
+    """(dq, dk [.., d], dv [.., d_v]) from the SIMT backward, GQA, causal, a sink (dsink)."""
+    q, do = randn(rng, (1, 4, 9, d), dtype), randn(rng, (1, 4, 9, d_v), dtype)
+    k, v = randn(rng, (1, 2, 13, d), dtype), randn(rng, (1, 2, 13, d_v), dtype)
+    sink = np.array([1.0, -np.inf, 0.5, 2.0], np.float32)
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, learnable_sink=sink)
+    got = numba_flash.backward(do, q, k, v, o, lse, causal=True, deterministic=deterministic,
+                               learnable_sink=sink)
+    want = ref.attention_backward(do, q, k, v, causal=True, learnable_sink=sink)
+    for name, g, w, x in zip(("dq", "dk", "dv", "dsink"), got, want, (q, k, v, sink)):
+        assert g.shape == x.shape, name
+        scale = max(1.0, np.abs(w).max()) if dtype == np.float16 else 1.0
+        # dsink: float32, but from o and dO in the inputs' dtype (float16: their rounding)
+        assert_close(g, w, dtype if dtype != np.float64 else np.float32 if name == "dsink"
+                     else dtype, scale=scale, name=name)
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -148,6 +169,11 @@ def test_mla_absorbed_decode(rng, paged, num_splits):
     (lambda q, k, v: numba_flash.forward(q, k, np.zeros((1, 1, 4, 8), np.float32)),
      ValueError, "d_v"),
     (lambda q, k, v: numba_flash.backward(q, q, k, v, q, np.zeros((1, 2, 3), np.float32)),
+     ValueError, "do: expected the shape of q with v's head dim (1, 2, 3, 8)"),
+    (lambda q, k, v: numba_flash.backward_varlen(
+        q[0, 0][:, None], q[0, 0][:, None], k[0, 0][:, None], v[0, 0][:, None],
+        q[0, 0][:, None], np.zeros((1, 3), np.float32), np.array([0, 3], np.int32),
+        np.array([0, 5], np.int32), max_seqlen_q=3, max_seqlen_k=5),
      ValueError, "not by this op yet"),
     (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, None, cache_seqlens=np.array([5])),
      ValueError, "head_dim_v"),

@@ -1,6 +1,6 @@
 """A value head dim of its own through ``numba_flash.torch`` (issue 35; FA3's ``hdim_v``):
 ``flash_attn_func`` / ``flash_attn_varlen_func`` forward with ``v [.., headdim_v]`` against
-torch's float64 attention; a gradient is not there yet (a ValueError naming ``v``)."""
+torch's float64 attention, and the gradients (the SIMT backward) against its autograd."""
 
 from __future__ import annotations
 
@@ -34,8 +34,14 @@ def test_varlen_with_a_value_head_dim(gen):
         assert (out[s].double() - want[0]).abs().max().item() < 4e-6
 
 
-def test_no_gradient_yet_names_v(gen):
-    q, k = randn(gen, 1, 4, 2, 16, requires_grad=True), randn(gen, 1, 4, 2, 16)
-    v = randn(gen, 1, 4, 2, 8)
-    with pytest.raises(ValueError, match="^v: a value head dim of its own"):
-        nft.flash_attn_func(q, k, v)
+def test_gradients_with_a_value_head_dim(gen):
+    """dq, dk (headdim 16) and dv (headdim_v 8) against torch's float64 autograd."""
+    q = randn(gen, 1, 5, 4, 16, requires_grad=True)
+    k = randn(gen, 1, 6, 2, 16, requires_grad=True)
+    v = randn(gen, 1, 6, 2, 8, requires_grad=True)
+    out = nft.flash_attn_func(q, k, v, causal=True)
+    want, _ = gpt_oss(q, k, v, torch.full((4,), -float("inf")), causal=True)
+    dout = randn(gen, *out.shape)
+    for g, w in zip(torch.autograd.grad(out, (q, k, v), dout),
+                    torch.autograd.grad(want, (q, k, v), dout.double())):
+        assert g.shape == w.shape and (g.double() - w).abs().max().item() < 4e-6
