@@ -186,6 +186,8 @@ def in_suite(cfg):
         return c.USER is None or c.DTYPE == "float16"
     if isinstance(c, ForwardConfig):
         flags = c.DROPOUT or c.SCORE_MOD
+        if c.OWN_V:   # a value head dim of its own: docs/resources.md only
+            return False
         if c.USER is not None:   # a user's variant: once, without paging
             return not (c.PAGED or c.VARLEN)
         if c.PAGED:

@@ -121,7 +121,8 @@ def forward_mma_kernel(cfg):
     and keys ``< Nk``; EMPTY tiles are never loaded.
     """
     (NUM_WARPS, M_TILES, BLOCK_N, HEAD_DIM, STAGES, Q_IN_REGS, DTYPE, DROPOUT, SOFTCAP, ALIBI,
-     VEC, USER) = cfg
+     VEC, USER, OWN_V) = cfg
+    assert not (OWN_V and VEC), "a value head dim of its own is zero-padded: 16-bit loads"
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES and STAGES >= 1
     BLOCK_M, THREADS, RB = cfg.BLOCK_M, cfg.THREADS, cfg.ROW_BYTES
     KV_BYTES = BLOCK_N * RB         # one K (or V) tile
@@ -181,10 +182,11 @@ def forward_mma_kernel(cfg):
         cp_async_commit()
 
     @_stage
-    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid):
-        """K, then V, of tile ``kt`` into ``stage``: two copy groups."""
+    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
+        """K, then V, of tile ``kt`` into ``stage``: two copy groups (``v_at``: V's base and
+        head dim, K's unless ``OWN_V``)."""
         load_tile(smem, stage * STAGE_BYTES, k, kv_base, kt, t_hi, nk, d, tid)
-        load_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, kv_base, kt, t_hi, nk, d, tid)
+        load_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
 
     @_stage
     def dropout_row(r, ctx):
@@ -251,7 +253,7 @@ def forward_mma_kernel(cfg):
         @_stage
         def step(kt, kt_ahead, stage, t_hi, ctx, umask):
             smem, kv, frags, lane, va, sa = ctx
-            k, v, kv_base, nk, d, hk, bounds = kv
+            k, v, kv_base, nk, d, hk, bounds, v_at = kv
             qf, s, acc, m_i, l_i = frags
             tid, t, row0, q_a, k_b, v_b, exp_scale = lane
             k_start = kt * BLOCK_N
@@ -259,10 +261,10 @@ def forward_mma_kernel(cfg):
             wait_k()
             cuda.syncthreads()  # K of tile kt landed for all; all warps are done with kt - 1
             if STAGES == 1:    # V's one buffer is free: V_kt lands under Q K^T
-                load_tile(smem, KV_BYTES, v, kv_base, kt, t_hi, nk, d, tid)
+                load_tile(smem, KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
             else:              # the stage tile kt - 1 used takes tile kt + STAGES - 1
                 load_kv(smem, (stage + STAGES - 1) % STAGES, k, v, kv_base, kt_ahead, t_hi, nk,
-                        d, tid)
+                        d, tid, v_at)
             for r in range(ROWS):
                 for c in range(KEYS):
                     s[r, c] = ZERO
@@ -331,6 +333,11 @@ def forward_mma_kernel(cfg):
         # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
         t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
         kv_base = (b * k.shape[1] + hk) * nk * d
+        v_at = (kv_base, d)            # V's base and head dim: K's, or (OWN_V) its own
+        d_v = d
+        if OWN_V:
+            d_v = v.shape[3]
+            v_at = ((b * k.shape[1] + hk) * nk * d_v, d_v)
         w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
 
         # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
@@ -342,7 +349,7 @@ def forward_mma_kernel(cfg):
             load_tile(smem, 0, k, kv_base, ahead, t_hi, nk, d, tid)
             ahead = nxt(ahead, w)
         for i in range(STAGES - 1):
-            load_kv(smem, i, k, v, kv_base, ahead, t_hi, nk, d, tid)
+            load_kv(smem, i, k, v, kv_base, ahead, t_hi, nk, d, tid, v_at)
             ahead = nxt(ahead, w)
         wait_q()
         cuda.syncthreads()  # Q's tile is complete before any warp reads its fragments
@@ -352,7 +359,7 @@ def forward_mma_kernel(cfg):
         softmax_init(m_i, l_i, acc)
 
         # -- the K/V tiles in key order (and, with a block mask, those it does not call EMPTY)
-        kv = (k, v, kv_base, nk, d, hk, (nk, left, right))
+        kv = (k, v, kv_base, nk, d, hk, (nk, left, right), v_at)
         frags = (qf, s, acc, m_i, l_i)
         lanes = (tid, t, row0, q_a, lane_offset(lane, RB, KIND_B),
                  lane_offset(lane, RB, KIND_A), exp_scale)
@@ -362,7 +369,7 @@ def forward_mma_kernel(cfg):
         # (b, h) as a uint32 (the grid has < 2**31 blocks): one register across the loop
         row_base = int64(uint32(bh)) * nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 (row0, nq, row_base * d, d, row_base, t == 0), (2 * t, d),
+                 (row0, nq, row_base * d_v, d_v, row_base, t == 0), (2 * t, d_v),
                  sink_of(va.sink, uint32(bh) % uint32(n_heads)))   # (h from bh: no register)
 
     return flash_forward_mma
@@ -374,7 +381,8 @@ def compile_configs():
     :data:`~numba_flash.kernels.tiles.FORWARD_MMA_TILES`: every head dim plain, every flag at
     once at 128 and 256 (the largest register and shared-memory footprints), the 16-bit-load
     build (``VEC`` off: ``d < HEAD_DIM`` or unaligned inputs) at 64 and, with every flag, 128;
-    bfloat16 at 64 plain and 128 with every flag; a user's variant at 64.  Causal and windows
+    bfloat16 at 64 plain and 128 with every flag; a user's variant at 64; a value head dim of
+    its own, (192, 128) in the 256-wide build (``OWN_V``).  Causal and windows
     are run-time arguments: every configuration covers them."""
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
     plan = [forward_mma_config(hd, simulator=False) for hd in HEAD_DIMS]
@@ -383,6 +391,8 @@ def compile_configs():
              forward_mma_config(128, simulator=False, VEC=False, **every)]
     plan += [forward_mma_config(64, "bfloat16", simulator=False),
              forward_mma_config(128, "bfloat16", simulator=False, **every)]
+    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: both zero-padded to HEAD_DIM 256
+    plan += [forward_mma_config(256, simulator=False, VEC=False, OWN_V=True)]
     plan += [forward_mma_config(64, simulator=False, USER=_user_build())]
     for cfg in plan:
         yield compile_config(cfg)

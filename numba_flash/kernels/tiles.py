@@ -43,7 +43,8 @@ def _flags_name(cfg):
     return "".join(f" {n}" for n, f in (("dropout", cfg.DROPOUT), ("softcap", cfg.SOFTCAP),
                                          ("alibi", cfg.ALIBI), ("ld16", not cfg.VEC),
                                          ("score_mod mask_mod block_mask",
-                                          cfg.USER is not None)) if f)
+                                          cfg.USER is not None),
+                                         ("own d_v", getattr(cfg, "OWN_V", False))) if f)
 
 
 # -- the tensor-core forward -----------------------------------------------------------------
@@ -55,7 +56,9 @@ class ForwardMmaConfig(NamedTuple):
     and K_{j+1} under ``P V_j``, as FA2); ``Q_IN_REGS``: Q's ``A`` fragments stay in registers
     (else Q keeps a shared region and is read at every k-step); ``HEAD_DIM`` compile-time (``d``
     zero-padded to it unless ``VEC``); the element type and the compile-time variant flags;
-    ``USER``: a user's ``(score_mod, mask_mod, BLOCKS)`` or None."""
+    ``USER``: a user's ``(score_mod, mask_mod, BLOCKS)`` or None; ``OWN_V``: ``v`` (and ``o``)
+    have a head dim of their own, ``d_v`` (zero-padded to ``HEAD_DIM`` too; off, V shares K's
+    addresses)."""
 
     NUM_WARPS: int
     M_TILES: int
@@ -69,6 +72,7 @@ class ForwardMmaConfig(NamedTuple):
     ALIBI: bool = False
     VEC: bool = True
     USER: object = None
+    OWN_V: bool = False
 
     THREADS = _THREADS
     ROW_BYTES = _ROW_BYTES

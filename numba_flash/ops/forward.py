@@ -108,16 +108,17 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
 
 
 def value_dim_kernel(kernel, which, d, d_v):
-    """The kernel family for a value head dim ``d_v`` of its own (``!= d``): the SIMT kernels
-    (one ``HEAD_DIM`` tile width holding both, each array read at its own width); the
-    tensor-core kernels take ``d_v == d`` only so far, so ``kernel="mma"`` is a ValueError
-    naming ``v`` and ``"auto"`` takes SIMT."""
+    """The backward's kernel family for a value head dim ``d_v`` of its own (``!= d``): the
+    SIMT kernels (one ``HEAD_DIM`` tile width holding both, each array read at its own width);
+    the tensor-core backward takes ``d_v == d`` only so far, so ``kernel="mma"`` is a
+    ValueError naming ``v`` and ``"auto"`` takes SIMT.  (The forward takes ``d_v`` in both
+    families.)"""
     if d_v == d or which != "mma":
         return which
     if kernel == "mma":
-        raise ValueError(f"v: kernel='mma' (tensor cores) takes the head dim of q and k ({d}) "
-                         f"for v so far, got a value head dim of {d_v}; pass kernel='simt' or "
-                         f"'auto'")
+        raise ValueError(f"v: kernel='mma' (the tensor-core backward) takes the head dim of q "
+                         f"and k ({d}) for v so far, got a value head dim of {d_v}; pass "
+                         f"kernel='simt' or 'auto'")
     return "simt"
 
 
@@ -211,7 +212,6 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
     d_v = args.d_v
-    which = value_dim_kernel(kernel, which, d, d_v)
     if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
         return _forward_mma()(q, k, v, args, variant)
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn

@@ -13,8 +13,7 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..kernels.forward_mma import (MMA_DTYPES, forward_grid, forward_mma_config,
                                    forward_mma_kernel, vector_copies)
-from .forward import (check_forward_args, check_forward_variant, forward_variant, user_build,
-                      value_dim_kernel)
+from .forward import (check_forward_args, check_forward_variant, forward_variant, user_build)
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -41,7 +40,6 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
     """
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
                               window_size, softcap, alibi_slopes, learnable_sink)
-    value_dim_kernel("mma", "mma", args.d, args.d_v)   # d_v == d only (a ValueError naming v)
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     return launch_forward_mma(q, k, v, args, variant)
 
@@ -55,13 +53,15 @@ def launch_forward_mma(q, k, v, args, variant=None):
         raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core forward, "
                         f"got {args.dtype}")
     b, h, nq, d = args.b, args.h, args.nq, args.d
+    d_v = args.d_v or d
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_mma")
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    cfg = forward_mma_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
+    # one HEAD_DIM holds d and d_v (OWN_V: each zero-padded to it, 16-bit loads)
+    cfg = forward_mma_config(max(d, d_v), args.dtype.name, DROPOUT=args.dropout_p > 0.0,
                              SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
-                             USER=user_build(variant))
-    cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv))
-    o = call.empty((b, h, nq, d), args.dtype)  # bfloat16: uint16 words, viewed back
+                             USER=user_build(variant), OWN_V=d_v != d)
+    cfg = cfg._replace(VEC=d_v == d and vector_copies(d, cfg.HEAD_DIM, dq, dk, dv))
+    o = call.empty((b, h, nq, d_v), args.dtype)  # bfloat16: uint16 words, viewed back
     lse = call.empty((b, h, nq), np.float32)
     call.launch(forward_mma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),
                 dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o.reshape(-1),

@@ -5,8 +5,8 @@ Forward, backward, varlen (packed and paged) and decode run the SIMT / decode ke
 compiled ``HEAD_DIM`` that holds both widths, each array read at its own (``o``, ``do``, ``dv``
 have ``d_v`` columns, the default scale stays ``1/sqrt(d)``).  Against the float64 reference at
 the bounds of the kernels' own tests (helpers.atol: the padded columns are zeros, so they add
-nothing).  The tensor-core kernels and ``backward_varlen`` take ``d_v == d`` only so far: a
-ValueError naming ``v``.
+nothing); the tensor-core forward too (``OWN_V``: 16-bit loads).  The tensor-core backward and
+``backward_varlen`` take ``d_v == d`` only so far: a ValueError naming ``v``.
 """
 
 from __future__ import annotations
@@ -192,10 +192,31 @@ def test_value_head_dim_bad_input_is_named(rng, call, err, words):
     assert words in str(info.value), str(info.value)
 
 
-def test_the_tensor_core_forward_names_v(rng):
-    from numba_flash.ops.forward_mma import forward_mma
+@pytest.mark.parametrize("d, d_v, dtype", [(24, 8, "float16"), (8, 20, "float16"),
+                                            (40, 24, "bfloat16")])
+def test_the_tensor_core_forward_with_a_value_head_dim(rng, d, d_v, dtype):
+    """OWN_V: both widths zero-padded to one HEAD_DIM, 16-bit loads; test_mma_forward.py's
+    bounds (float16 2e-3 of max(1, |o|); bfloat16 1.6e-2)."""
+    from ml_dtypes import bfloat16
+    from helpers import assert_scaled_close
+    np_dtype = np.float16 if dtype == "float16" else bfloat16
+    q = rng.standard_normal((1, 2, 19, d)).astype(np_dtype)
+    k = rng.standard_normal((1, 1, 23, d)).astype(np_dtype)
+    v = rng.standard_normal((1, 1, 23, d_v)).astype(np_dtype)
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, kernel="mma")
+    want_o, want_lse = ref.attention(q, k, v, causal=True)
+    assert o.shape == (1, 2, 19, d_v)
+    assert_scaled_close(np.asarray(o, np.float64), want_o,
+                        2e-3 if dtype == "float16" else 1.6e-2, name="o")
+    assert_scaled_close(lse, want_lse, 2e-6, name="lse")
+
+
+def test_the_tensor_core_backward_names_v(rng):
+    from numba_flash.ops.backward_mma import backward_mma
     q, k = randn(rng, (1, 2, 3, 16), np.float16), randn(rng, (1, 1, 5, 16), np.float16)
-    v = randn(rng, (1, 1, 5, 8), np.float16)
-    for call in (lambda: numba_flash.forward(q, k, v, kernel="mma"), lambda: forward_mma(q, k, v)):
+    v, do = randn(rng, (1, 1, 5, 8), np.float16), randn(rng, (1, 2, 3, 8), np.float16)
+    lse = np.zeros((1, 2, 3), np.float32)
+    for call in (lambda: numba_flash.backward(do, q, k, v, do, lse, kernel="mma"),
+                 lambda: backward_mma(do, q, k, v, do, lse)):
         with pytest.raises(ValueError, match="^v: kernel='mma'"):
             call()
