@@ -223,8 +223,8 @@ def check_value_shape(ks, vs, value_dim, k_name="k", v_name="v", d_v_max=256):
     if not value_dim:
         if ks != vs and ks[:-1] == vs[:-1]:
             raise ValueError(f"{v_name}: expected the shape of {k_name} {ks} (a value head dim "
-                             f"of its own, {vs[-1]}, is taken by forward, backward, "
-                             f"forward_varlen and decode; not by this op yet), got {vs}")
+                             f"of its own, {vs[-1]}, is taken by the attention ops and "
+                             f"decode; not by this op yet), got {vs}")
         if ks != vs:
             raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
         return

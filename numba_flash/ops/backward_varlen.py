@@ -66,14 +66,15 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     :func:`numba_flash.backward` (``b`` the sequence, positions within it): the call then
     returns ``(dq, dk, dv, *aux_grads)``.
     """
-    total_q, h, _hkv, total_k, d, dtype = check_packed_qkv(q, k, v)
-    q_shape = (total_q, h, d)
+    total_q, h, _hkv, total_k, d, d_v, dtype = check_packed_qkv(q, k, v, value_dim=True)
+    q_shape = (total_q, h, d_v)       # do and o: v's head dim (d, or its own)
     do_shape, do_dtype = check_array("do", do, 3, ATTENTION_DTYPES)
     o_shape, o_dtype = check_array("o", o, 3, ATTENTION_DTYPES)
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != q_shape:
-            raise ValueError(f"{name}: expected the shape of q {q_shape}, got {shape}")
+            what = "q" if d_v == d else "q with v's head dim"
+            raise ValueError(f"{name}: expected the shape of {what} {q_shape}, got {shape}")
     lse_dtype = acc_dtype(dtype)
     lse_shape, _ = check_array("lse", lse, 2, dtypes=(lse_dtype,))
     if lse_shape != (h, total_q):
@@ -101,6 +102,9 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
                                   shape=(n_seq, h, int(len_q.max()), int(len_k.max())),
                                   max_seqlens=(int(max_seqlen_q), int(max_seqlen_k)))
     aux = prepare_aux_grad(aux_grad, variant, dtype, dropout_p)
+    if d_v != d and aux is not None:
+        raise ValueError(f"aux_grad: expected None with a value head dim of its own ({d_v}, "
+                         f"not {d}): the aux gradients take d_v == d only so far")
     sink = check_sink(learnable_sink, h)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})

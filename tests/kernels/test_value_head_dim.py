@@ -5,8 +5,8 @@ Forward, backward, varlen (packed and paged) and decode run the SIMT / decode ke
 compiled ``HEAD_DIM`` that holds both widths, each array read at its own (``o``, ``do``, ``dv``
 have ``d_v`` columns, the default scale stays ``1/sqrt(d)``).  Against the float64 reference at
 the bounds of the kernels' own tests (helpers.atol: the padded columns are zeros, so they add
-nothing); the tensor-core forward too (``OWN_V``: 16-bit loads).  The tensor-core backward and
-``backward_varlen`` take ``d_v == d`` only so far: a ValueError naming ``v``.
+nothing); the tensor-core forward too (``OWN_V``: 16-bit loads), and backward_varlen.  The
+tensor-core backward takes ``d_v == d`` only so far: a ValueError naming ``v``.
 """
 
 from __future__ import annotations
@@ -72,6 +72,21 @@ def test_backward_with_a_value_head_dim(rng, d, d_v, dtype, deterministic):
         # dsink: float32, but from o and dO in the inputs' dtype (float16: their rounding)
         assert_close(g, w, dtype if dtype != np.float64 else np.float32 if name == "dsink"
                      else dtype, scale=scale, name=name)
+
+
+def test_backward_varlen_with_a_value_head_dim(rng):
+    """Packed sequences (one without queries), GQA, causal: dq, dk [.., 24], dv [.., 8]."""
+    cu_q = np.array([0, 5, 5, 12], np.int32)
+    cu_k = np.array([0, 7, 9, 15], np.int32)
+    q, do = randn(rng, (12, 4, 24)), randn(rng, (12, 4, 8))
+    k, v = randn(rng, (15, 2, 24)), randn(rng, (15, 2, 8))
+    kw = dict(max_seqlen_q=7, max_seqlen_k=7, causal=True)
+    o, lse = numba_flash.forward_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+    got = numba_flash.backward_varlen(do, q, k, v, o, lse, cu_q, cu_k, **kw)
+    want = ref.attention_backward_varlen(do, q, k, v, cu_q, cu_k, causal=True)
+    for name, g, w, x in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
+        assert g.shape == x.shape, name
+        assert_close(g, w, np.float32, name=name)
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -174,7 +189,7 @@ def test_mla_absorbed_decode(rng, paged, num_splits):
         q[0, 0][:, None], q[0, 0][:, None], k[0, 0][:, None], v[0, 0][:, None],
         q[0, 0][:, None], np.zeros((1, 3), np.float32), np.array([0, 3], np.int32),
         np.array([0, 5], np.int32), max_seqlen_q=3, max_seqlen_k=5),
-     ValueError, "not by this op yet"),
+     ValueError, "do: expected the shape of q with v's head dim (3, 1, 8)"),
     (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, None, cache_seqlens=np.array([5])),
      ValueError, "head_dim_v"),
     (lambda q, k, v: numba_flash.decode(q[:, :, 0], k, None, cache_seqlens=np.array([5]),
