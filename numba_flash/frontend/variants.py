@@ -124,23 +124,6 @@ def check_sink(learnable_sink, h, check_values=True):
     return xp.ascontiguousarray(s, dtype=xp.float32)
 
 
-def sink_gradient(do, o, lse, sink, accumulate=False):
-    """``dsink [H]`` (float32, the sink's kind; float64 with ``accumulate``, a partial sum to add
-    to): ``-sum_{b,i} exp(sink_h - lse_bhi) D_bhi`` with ``D = rowsum(dO * O)``, in float64 over
-    ``[B, H, N, d]`` (or packed ``[T, H, d]`` with ``lse [H, T]``) arrays."""
-    xp = array_module(sink)
-    f64 = xp.float64
-    d_row = (xp.asarray(do).astype(f64) * xp.asarray(o).astype(f64)).sum(axis=-1)
-    lse = xp.asarray(lse).astype(f64)
-    if d_row.ndim == 2:        # packed: D [T, H] against lse [H, T]
-        d_row = d_row.T[None]
-        lse = lse[None]
-    with np.errstate(invalid="ignore"):
-        w = xp.exp(xp.asarray(sink).astype(f64)[None, :, None] - lse)
-    total = -(w * d_row).sum(axis=(0, 2))
-    return total if accumulate else total.astype(xp.float32)
-
-
 def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
     """``cu_seqlens`` of a packed batch: an integer 1-D array ``[B + 1]`` of entries in
     ``[0, 2**31 - 1]`` (int32 offsets), 0 first, ``total`` (the packed length of the matching

@@ -13,8 +13,8 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork, tiled_work
-from ..frontend.validate import check_backward_arrays, check_bool, check_scale
-from ..frontend.variants import check_sink, check_variants, sink_gradient
+from ..frontend.validate import array_module, check_backward_arrays, check_bool, check_scale
+from ..frontend.variants import check_sink, check_variants
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
                                 preprocess_kernel, reduce_kernel, row_lanes)
 from ..kernels.common import acc_dtype, cdiv
@@ -87,6 +87,23 @@ def user_build(variant):
     if variant is None:
         return None
     return (variant.score_mod, variant.mask_mod, variant.score_mod_grad, variant.block)
+
+
+def sink_gradient(do, o, lse, sink, accumulate=False):
+    """``dsink [H]`` (float32, the sink's kind; float64 with ``accumulate``, a partial sum to add
+    to): ``-sum_{b,i} exp(sink_h - lse_bhi) D_bhi`` with ``D = rowsum(dO * O)``, in float64 over
+    ``[B, H, N, d]`` (or packed ``[T, H, d]`` with ``lse [H, T]``) arrays."""
+    xp = array_module(sink)
+    f64 = xp.float64
+    d_row = (xp.asarray(do).astype(f64) * xp.asarray(o).astype(f64)).sum(axis=-1)
+    lse = xp.asarray(lse).astype(f64)
+    if d_row.ndim == 2:        # packed: D [T, H] against lse [H, T]
+        d_row = d_row.T[None]
+        lse = lse[None]
+    with np.errstate(invalid="ignore"):
+        w = xp.exp(xp.asarray(sink).astype(f64)[None, :, None] - lse)
+    total = -(w * d_row).sum(axis=(0, 2))
+    return total if accumulate else total.astype(xp.float32)
 
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
