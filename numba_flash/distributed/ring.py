@@ -40,6 +40,7 @@ import numpy as np
 
 from .comm import as_ring_comm
 from ..frontend.validate import array_module
+from ..ops.kv_cache import host_ints   # (any small array's host copy)
 from .sharding import check_layout, rank_chunks
 
 __all__ = ["ring_forward", "ring_backward"]
@@ -182,14 +183,9 @@ def _bytes_code(x):
     if x is None:
         return -1
     try:
-        return zlib.crc32(np.ascontiguousarray(_host(x)).tobytes())
+        return zlib.crc32(np.ascontiguousarray(host_ints(x)).tobytes())
     except (TypeError, ValueError):
         return -2
-
-
-def _host(x):
-    """NumPy copy of a NumPy or CuPy array."""
-    return x.get() if hasattr(x, "get") and not isinstance(x, np.ndarray) else np.asarray(x)
 
 
 def _sum_over_ranks(ring, x):
@@ -384,5 +380,5 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
         return grads
     from ..ops.backward import sink_gradient   # this rank's rows, then every rank's
     mine = sink_gradient(do, o, lse, sink, accumulate=True)
-    dsink = _sum_over_ranks(ring, _host(mine)).astype(np.float32)
+    dsink = _sum_over_ranks(ring, host_ints(mine)).astype(np.float32)
     return (*grads, xp.asarray(dsink))

@@ -118,10 +118,18 @@ def check_sink(learnable_sink, h, check_values=True):
                          f"{shape}")
     xp = array_module(learnable_sink)
     s = xp.asarray(learnable_sink)
-    if check_values and bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
+    if check_values:
+        check_sink_values(s)
+    return xp.ascontiguousarray(s, dtype=xp.float32)
+
+
+def check_sink_values(s):
+    """Sink logits (NumPy or CuPy) are finite or ``-inf`` (no sink): a NaN or ``+inf`` is a
+    ValueError naming ``learnable_sink`` (a device array is read on the host)."""
+    xp = array_module(s)
+    if bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
         raise ValueError("learnable_sink: expected finite logits (or -inf: no sink), got a NaN "
                          "or +inf")
-    return xp.ascontiguousarray(s, dtype=xp.float32)
 
 
 def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):

@@ -34,8 +34,8 @@ from ..frontend.validate import (
     ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, array_module, check_array,
     check_bool, check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
-from ..frontend.variants import (check_alibi, check_sink, check_softcap, check_value_shape,
-                                 check_window, clamp_window)
+from ..frontend.variants import (check_alibi, check_sink, check_sink_values, check_softcap,
+                                 check_value_shape, check_window, clamp_window)
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.decode import (
     block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
@@ -43,7 +43,7 @@ from ..kernels.decode import (
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
 from ..kernels.visibility import window_bounds
-from .forward import kernel_variant
+from .forward import kernel_variant, no_sink
 from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
                        launch_append, validate_append, write_back)
 from .rotary import check_positions, check_rotary_tables, launch_rotary
@@ -518,7 +518,7 @@ def merge_states(o_parts, lse_parts, learnable_sink=None):
     call = ArrayCall(arrays)
     d_o = call.input(o_parts).reshape(n_parts, rows, d)
     d_l = call.input(lse_parts).reshape(n_parts, rows)
-    d_s = call.input(np.full(1, -np.inf, np.float32) if sink is None else sink)
+    d_s = no_sink(call) if sink is None else call.input(sink)
     o = call.empty((rows, d), dtype)
     lse = call.empty((rows,), acc_t)
     threads = merge_threads()
@@ -546,7 +546,5 @@ def _row_sinks(learnable_sink, row_shape):
                          f"(lse_parts.shape[1:]), got {shape}")
     xp = array_module(learnable_sink)
     s = xp.asarray(learnable_sink)
-    if bool(xp.isnan(s).any()) or bool((s == xp.inf).any()):
-        raise ValueError("learnable_sink: expected finite logits (or -inf: no sink), got a NaN "
-                         "or +inf")
+    check_sink_values(s)
     return xp.ascontiguousarray(xp.broadcast_to(s, tuple(row_shape))).reshape(-1)

@@ -42,6 +42,12 @@ def as_array(t):
     return a.view(BFLOAT16) if bf16 else a
 
 
+def optional_array(t):
+    """:func:`as_array` of an optional tensor (``alibi_slopes``, ``learnable_sink``): None
+    stays None."""
+    return None if t is None else as_array(t)
+
+
 def as_heads_first(t):
     """A ``[B, N, H, d]`` tensor as the ``[B, H, N, d]`` array view the NumPy ops take."""
     return as_array(t).transpose(0, 2, 1, 3)

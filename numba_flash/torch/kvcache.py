@@ -175,7 +175,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
             cache_leftpad=arr(cache_leftpad),
-            learnable_sink=None if learnable_sink is None else arr(learnable_sink.detach()))
+            learnable_sink=arr(learnable_sink))
         out = bridge.seq_first(o, device)
         lse = bridge.to_tensor(lse, device)
     for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):

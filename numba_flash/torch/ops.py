@@ -29,15 +29,6 @@ def _acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _alibi(alibi_slopes):
-    return None if alibi_slopes is None else bridge.as_array(alibi_slopes)
-
-
-def _sink(learnable_sink):
-    """The sink logits as the front end's array (a detached view), or None."""
-    return None if learnable_sink is None else bridge.as_array(learnable_sink.detach())
-
-
 def _dsink(grads, learnable_sink, q):
     """The backward's ``dsink`` as a tensor on ``q``'s device (empty without a sink: a custom
     op returns a fixed number of tensors)."""
@@ -98,8 +89,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
         o, lse = numba_flash.forward(
             *(bridge.as_heads_first(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
-            window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes),
-            learnable_sink=_sink(learnable_sink))
+            window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
+            learnable_sink=bridge.optional_array(learnable_sink))
         return bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
@@ -133,7 +124,8 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
             bridge.as_array(softmax_lse), causal=causal, softmax_scale=softmax_scale,
             deterministic=deterministic, dropout_p=dropout_p, seed=int(rng_state[0]),
             window_size=(window_size_left, window_size_right), softcap=softcap,
-            alibi_slopes=_alibi(alibi_slopes), learnable_sink=_sink(learnable_sink))
+            alibi_slopes=bridge.optional_array(alibi_slopes),
+            learnable_sink=bridge.optional_array(learnable_sink))
         return (*(bridge.seq_first(g, q.device) for g in grads[:3]),
                 _dsink(grads, learnable_sink, q))
 
@@ -180,9 +172,9 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
         o, lse = numba_flash.forward_varlen(
             *(bridge.as_array(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-            window_size=window, softcap=softcap, alibi_slopes=_alibi(alibi_slopes),
+            window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,
-            learnable_sink=_sink(learnable_sink))
+            learnable_sink=bridge.optional_array(learnable_sink))
         return bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
@@ -220,9 +212,9 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                                            cu_seqlens_k)),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=(window_size_left, window_size_right), softcap=softcap,
-            alibi_slopes=_alibi(alibi_slopes), softmax_scale=softmax_scale, dropout_p=dropout_p,
-            seed=int(rng_state[0]), deterministic=deterministic,
-            learnable_sink=_sink(learnable_sink))
+            alibi_slopes=bridge.optional_array(alibi_slopes), softmax_scale=softmax_scale,
+            dropout_p=dropout_p, seed=int(rng_state[0]), deterministic=deterministic,
+            learnable_sink=bridge.optional_array(learnable_sink))
         return (*(bridge.to_tensor(g, q.device) for g in grads[:3]),
                 _dsink(grads, learnable_sink, q))
 

@@ -93,7 +93,8 @@ class RingFunc(torch.autograd.Function):
 
         with bridge.on_device(q.device):
             o, lse = ring_forward(*(bridge.as_heads_first(x) for x in (q, k, v)), comm=comm,
-                                  return_lse=True, learnable_sink=_sink_array(sink), **opts)
+                                  return_lse=True, learnable_sink=bridge.optional_array(sink),
+                                  **opts)
             out, lse = bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
         ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.comm, ctx.opts = comm, opts
@@ -109,16 +110,13 @@ class RingFunc(torch.autograd.Function):
         with bridge.on_device(q.device):
             grads = ring_backward(*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
                                   bridge.as_array(lse), comm=ctx.comm,
-                                  learnable_sink=_sink_array(sink), **ctx.opts)
+                                  learnable_sink=bridge.optional_array(sink), **ctx.opts)
             dsink = None
             if sink is not None and ctx.needs_input_grad[5]:
                 dsink = bridge.to_tensor(grads[3], q.device)
             return ((None, None) + tuple(bridge.seq_first(g, q.device) for g in grads[:3])
                     + (dsink,))
 
-
-def _sink_array(sink):
-    return None if sink is None else bridge.as_array(sink.detach())
 
 
 def _local_checks(q, k, v, return_lse, learnable_sink):

@@ -64,8 +64,8 @@ def _kw(spec, aux_arrays, sink=None):
     kw = dict(causal=spec.causal, softmax_scale=spec.scale, window_size=spec.window,
               softcap=spec.softcap, score_mod=spec.score_mod, mask_mod=spec.mask_mod,
               block_mask=spec.block_mask, aux_tensors=aux_arrays,
-              alibi_slopes=None if spec.alibi is None else bridge.as_array(spec.alibi),
-              learnable_sink=None if sink is None else bridge.as_array(sink.detach()))
+              alibi_slopes=bridge.optional_array(spec.alibi),
+              learnable_sink=bridge.optional_array(sink))
     if spec.layout == "varlen":
         kw.update(max_seqlen_q=spec.max_seqlens[0], max_seqlen_k=spec.max_seqlens[1])
     return kw

@@ -54,6 +54,16 @@ def _grads(out, leaves, dout):
     return torch.autograd.grad(out, leaves, dout)
 
 
+def _close_grads(gen, out, want, leaves):
+    """Every leaf's gradient through ``out`` against its float64 one through ``want``, for one
+    random upstream gradient."""
+    dout = randn(gen, *out.shape)
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), _grads(out, leaves, dout),
+                          _grads(want, leaves, dout.double())):
+        assert g.dtype == torch.float32 and g.shape == w.shape, name
+        _close(g, w, name)
+
+
 @pytest.mark.parametrize("causal, window", [(True, (-1, -1)), (False, (4, 2))])
 def test_flash_attn_func_with_a_learnable_sink(gen, causal, window):
     q, k, v, sink = _leaves(gen, 2, 7, 9, 4, 2, 16)
@@ -62,11 +72,7 @@ def test_flash_attn_func_with_a_learnable_sink(gen, causal, window):
     want, want_lse = gpt_oss(q, k, v, sink, causal, window)
     _close(out, want, "out")
     _close(lse, want_lse, "lse")
-    dout = randn(gen, *out.shape)
-    for name, g, w in zip(("dq", "dk", "dv", "dsink"), _grads(out, (q, k, v, sink), dout),
-                          _grads(want, (q, k, v, sink), dout.double())):
-        assert g.dtype == torch.float32 and g.shape == w.shape, name
-        _close(g, w, name)
+    _close_grads(gen, out, want, (q, k, v, sink))
 
 
 def test_a_sink_without_grad_and_inputs_that_want_none(gen):
@@ -97,10 +103,7 @@ def test_varlen_with_a_learnable_sink(gen):
         outs.append(gpt_oss(q[None, qs], k[None, ks], v[None, ks], sink, causal=True)[0][0])
     want = torch.cat(outs)
     _close(out, want, "out")
-    dout = randn(gen, *out.shape)
-    for name, g, w in zip(("dq", "dk", "dv", "dsink"), _grads(out, (q, k, v, sink), dout),
-                          _grads(want, (q, k, v, sink), dout.double())):
-        _close(g, w, name)
+    _close_grads(gen, out, want, (q, k, v, sink))
 
 
 def test_a_users_score_mod_with_a_learnable_sink(gen):
@@ -119,10 +122,7 @@ def test_a_users_score_mod_with_a_learnable_sink(gen):
     want, _ = gpt_oss(q, k, v, sink, causal=True,
                       score_mod=lambda s: s + 0.125 * (idx[:, None] - idx[None, :]))
     _close(out, want, "out")
-    dout = randn(gen, *out.shape)
-    for name, g, w in zip(("dq", "dk", "dv", "dsink"), _grads(out, (q, k, v, sink), dout),
-                          _grads(want, (q, k, v, sink), dout.double())):
-        _close(g, w, name)
+    _close_grads(gen, out, want, (q, k, v, sink))
 
 
 def test_kvcache_decode_with_a_learnable_sink(gen):
