@@ -53,6 +53,12 @@ variant (``USER``, :mod:`numba_flash.flex`): ``mask_mod`` on the tiles a block m
 PARTIAL (every tile without one), ``score_mod`` / ``score_mod_grad`` on every seen pair; EMPTY
 tiles are never loaded.  ``[docs: backward.md]``.
 
+A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): every tile
+is ``HEAD_DIM = padded(max(d, d_v))`` wide, each array copied at its own width with zeros past
+it (16-bit loads), so the padded columns add nothing to any product; each output is written at
+its own width, and a pass whose columns lie past it is not launched
+(:func:`numba_flash.ops.backward_mma.useful_passes`).
+
 Shared memory: one static ``uint32`` arena, rows of ``RB = 2 HEAD_DIM + 16`` bytes (the pad:
 conflict-free ``ldmatrix``), sized by ``BackwardMmaConfig.SMEM_BYTES`` (48 KiB at most).
 ``lse``, ``D``, ``dq_accum`` and the dK / dV outputs are flat float32 views.
@@ -246,7 +252,8 @@ def dkdv_mma_kernel(cfg):
     ``q, k, v, do``: uint16 views of the ``DTYPE`` ``[B, H(kv), N, d]`` (C-contiguous);
     ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``; ``dq_accum``: the flat float32 view
     of ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``); ``dk_out``, ``dv_out``: flat float32
-    views of ``[B, H, Nk, d]`` (this query head's share, dK times ``scale``); ``va``: the
+    views of ``[B, H, Nk, d]`` (this query head's share, dK times ``scale``; with ``OWN_V``,
+    ``v``, ``do`` and ``dv_out`` have ``d_v = v.shape[3]`` columns); ``va``: the
     :class:`~numba_flash.kernels.variant.Variant`; ``tiles = ceil(Nk / BLOCK)``."""
     assert cfg.KIND == "dkdv" and cfg.DTYPE in MMA_DTYPES and cfg.HEAD_DIM % 16 == 0
     FNS, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
@@ -254,6 +261,8 @@ def dkdv_mma_kernel(cfg):
                                                        cfg.HEAD_DIM, cfg.STAGES)
     WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
         cfg.DTYPE
+    OWN_V = cfg.OWN_V
+    assert not (OWN_V and VEC), "a value head dim of its own is zero-padded: 16-bit loads"
     LOG = on_simulator() and cfg.USER is not None  # the simulator's tile log (common.TILE_LOG)
     EXP_MASK = EXP_BITS[DTYPE]
     BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
@@ -298,12 +307,14 @@ def dkdv_mma_kernel(cfg):
     verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
     score_args = make_score_args(cfg.ALIBI, float32)
 
-    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE)
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V)
 
     @_stage
-    def load_q(smem, stage, q, do, qo_base, qt, t_hi, nq, d, tid):
-        """Q and dO of query tile ``qt`` into ``stage`` (one copy group; none past ``t_hi``)."""
-        load_pair(smem, QS_BYTE + stage * STAGE_BYTES, q, do, qo_base, qt, t_hi, nq, d, tid)
+    def load_q(smem, stage, q, do, qo_base, qt, t_hi, nq, d, tid, do_at):
+        """Q and dO of query tile ``qt`` into ``stage`` (one copy group; none past ``t_hi``;
+        ``do_at``: dO's base and head dim, Q's unless ``OWN_V``)."""
+        load_pair(smem, QS_BYTE + stage * STAGE_BYTES, q, do, qo_base, qt, t_hi, nq, d, tid,
+                  do_at)
 
     @_stage
     def next_q(qt, w):
@@ -318,7 +329,7 @@ def dkdv_mma_kernel(cfg):
         return min(qt, t_hi)
 
     @_stage
-    def bad_do_fixup(dv_acc, do, qo_base, q_start, key0, g, t, sa, bounds, umask):
+    def bad_do_fixup(dv_acc, do, do_base, q_start, key0, g, t, sa, bounds, umask):
         """Rare: a non-finite ``dO[i, c]`` (zeroed in the tile) makes ``dV[j, c]`` NaN for every
         key ``j`` row ``i`` sees (the reference's ``P * NaN``); read from global memory.  Bit
         ``c`` of ``bad[r]``: the lane's column ``c`` for its key ``r`` (bits, not array
@@ -333,7 +344,7 @@ def dkdv_mma_kernel(cfg):
             cols = uint64(0)
             for c in range(ACOLS):
                 col = COL0 + 2 * t + 8 * (c >> 1) + (c & 1)
-                x = uint32(load_u16(do, qo_base + row * d + col)) if col < d else uint32(0)
+                x = uint32(load_u16(do, do_base + row * d + col)) if col < d else uint32(0)
                 if (x & EXP_MASK) == EXP_MASK:
                     cols |= uint64(1) << uint64(c)
             if cols != uint64(0):
@@ -374,7 +385,7 @@ def dkdv_mma_kernel(cfg):
         @_stage
         def step(qt, qt_next, stage, t_hi, ctx, umask):
             smem, ins, frags, lane, va, sa = ctx
-            q, do, lse, delta, dq_accum, qo_base, row_base, d, bounds = ins
+            q, do, lse, delta, dq_accum, qo_base, row_base, d, bounds, do_at = ins
             st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc = frags
             tid, warp, g, t, key0, a_lane, q_b, ds_lane = lane
             # the lane offsets, per tile (in_loop: each derived address is not held across the
@@ -404,7 +415,7 @@ def dkdv_mma_kernel(cfg):
             else:
                 cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
             if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
-                load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid)
+                load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
             for r in range(ROWS):
                 for c in range(QCOLS):
                     st[r, c] = ZERO
@@ -417,7 +428,7 @@ def dkdv_mma_kernel(cfg):
             if WANT_DV:
                 gemm_acc(dv_acc, st, smem, 0, qb + DO_OFF + do_t)         # dV += (P Z)^T dO
                 if MASKED and do_bad:
-                    bad_do_fixup(dv_acc, do, qo_base, q_start, key0, g, t, sa, bounds, umask)
+                    bad_do_fixup(dv_acc, do, do_at[0], q_start, key0, g, t, sa, bounds, umask)
             if WANT_DK:
                 gemm_acc(dk_acc, dpt, smem, 0, qb + do_t)                  # dK += dS^T Q
             if DQ_ATOMIC:
@@ -425,7 +436,7 @@ def dkdv_mma_kernel(cfg):
             if DQ_ATOMIC or Q_STAGES == 1:
                 cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
             if Q_STAGES == 1:
-                load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid)
+                load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
             if DQ_ATOMIC:  # dQ += scale dS K: the warps split dQ's column pairs
                 load_ds(da, smem, ds_a)
                 for i in range(PAIRS_PER_WARP):
@@ -499,8 +510,15 @@ def dkdv_mma_kernel(cfg):
         # query tile (the block mask's first non-EMPTY one) into stage 0
         kv_base = ((b * k.shape[1] + hk) * nk + k_start) * d
         qo_base = (b * n_heads + h) * nq * d
+        d_v = d                   # V's and dO's head dim and bases: K's and Q's, or their own
+        v_base = kv_base
+        do_at = (qo_base, d)
+        if OWN_V:
+            d_v = v.shape[3]
+            v_base = ((b * k.shape[1] + hk) * nk + k_start) * d_v
+            do_at = ((b * n_heads + h) * nq * d_v, d_v)
         copy_kv(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
-        copy_kv(smem, V_BYTE, v, kv_base, k_end - k_start, d, tid)
+        copy_kv(smem, V_BYTE, v, v_base, k_end - k_start, d_v, tid)
         # the unmasked Q tiles' bounds live in shared memory: read once per tile, they cost
         # no register across the loop (at 255, ptxas spilled them to local memory)
         span = cuda.shared.array(2, int32)
@@ -509,7 +527,7 @@ def dkdv_mma_kernel(cfg):
             span[1] = f_hi
         w = (va.user, b, h, kt, nq, nk, t_hi, span, tid)   # the walk's context
         qt = next_q(t_lo - 1, w)   # the first query tile (the block mask's first non-EMPTY one)
-        load_q(smem, 0, q, do, qo_base, qt, t_hi, nq, d, tid)
+        load_q(smem, 0, q, do, qo_base, qt, t_hi, nq, d, tid, do_at)
         cp_async_wait_all()
         if DQ_ATOMIC:
             scan_k(smem, K_BYTE, k_end - k_start, tid)   # own chunks: no barrier before
@@ -517,35 +535,38 @@ def dkdv_mma_kernel(cfg):
 
         # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
         ins = (q, do, lse, delta, dq_accum, qo_base, uint64(uint32(bh)) * uint64(nq), d,
-               (nk, left, right))
+               (nk, left, right), do_at)
         frags = (st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc)
         lanes = (tid, warp, g, t, key0, lane_offset(lane, RB, KIND_A),
                  lane_offset(lane, RB, KIND_B), lane_offset(lane, DS_RB, KIND_B))
         walk(qt, next_q(qt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
 
         # -- this query head's dK (times scale) and dV, in float32
-        store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(bh)) * uint64(nk), key0, nk, d,
-                   t, va.scale)
+        store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(bh)) * uint64(nk), key0, nk,
+                   (d, d_v), t, va.scale)
 
     @_stage
     def store_row(r, ctx):
-        dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, d, t, scale = ctx
+        dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale = ctx
+        d, d_v = dims
         key = key0 + 16 * (r >> 1) + 8 * (r & 1)
         if key < nk:
             base = (row_base + uint64(key)) * uint64(d) + uint64(COL0 + 2 * t)
+            base_v = base
+            if OWN_V:
+                base_v = (row_base + uint64(key)) * uint64(d_v) + uint64(COL0 + 2 * t)
             for c in range(ACOLS):
                 off = 8 * (c >> 1) + (c & 1)
-                if VEC or COL0 + 2 * t + off < d:
-                    if WANT_DK:
-                        dk_out[base + uint64(off)] = dk_acc[r, c] * scale
-                    if WANT_DV:
-                        dv_out[base + uint64(off)] = dv_acc[r, c]
+                if WANT_DK and (VEC or COL0 + 2 * t + off < d):
+                    dk_out[base + uint64(off)] = dk_acc[r, c] * scale
+                if WANT_DV and (VEC or COL0 + 2 * t + off < d_v):
+                    dv_out[base_v + uint64(off)] = dv_acc[r, c]
 
     store_rows = static_for(ROWS, store_row)
 
     @_stage
-    def store_dkdv(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, d, t, scale):
-        store_rows((dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, d, t, scale))
+    def store_dkdv(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale):
+        store_rows((dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale))
 
     return backward_dkdv_mma
 
@@ -562,6 +583,8 @@ def dq_mma_kernel(cfg):
     LOG = on_simulator() and cfg.USER is not None
     M_TILES, BLOCK_N, HEAD_DIM, KV_STAGES, DTYPE = (cfg.M_TILES, cfg.STEP, cfg.HEAD_DIM,
                                                     cfg.STAGES, cfg.DTYPE)
+    OWN_V = cfg.OWN_V
+    assert not (OWN_V and cfg.VEC), "a value head dim of its own is zero-padded: 16-bit loads"
     BLOCK_M, THREADS, RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES
     Q_BYTE, DO_BYTE, KV_BYTE = 0, BLOCK_M * RB, 2 * BLOCK_M * RB
     KV_TILE = BLOCK_N * RB
@@ -585,12 +608,14 @@ def dq_mma_kernel(cfg):
     tile_span = make_tile_span(BLOCK_N)
     score_args = make_score_args(cfg.ALIBI, float32)
 
-    load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE)
+    load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V)
 
     @_stage
-    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid):
-        """K and V of tile ``kt`` into ``stage`` (one copy group; none past ``t_hi``)."""
-        load_pair(smem, KV_BYTE + stage * STAGE_BYTES, k, v, kv_base, kt, t_hi, nk, d, tid)
+    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
+        """K and V of tile ``kt`` into ``stage`` (one copy group; none past ``t_hi``;
+        ``v_at``: V's base and head dim, K's unless ``OWN_V``)."""
+        load_pair(smem, KV_BYTE + stage * STAGE_BYTES, k, v, kv_base, kt, t_hi, nk, d, tid,
+                  v_at)
 
     def make_step(MASKED):
         tile_p_ds = make_tile_p_ds(ROWS, KEYS, False, MASKED, cfg.DROPOUT, cfg.SOFTCAP,
@@ -600,7 +625,7 @@ def dq_mma_kernel(cfg):
         @_stage
         def step(kt, kt_next, stage, t_hi, ctx, umask):
             smem, ins, frags, lane, va, sa = ctx
-            k, v, kv_base, nk, d, bounds = ins
+            k, v, kv_base, nk, d, bounds, v_at = ins
             qf, dof, s, dp, acc, nlse2, dl = frags
             tid, t, row0, q_a, k_b, k_t = lane
             k_start = kt * BLOCK_N
@@ -610,7 +635,7 @@ def dq_mma_kernel(cfg):
                 scan_k(smem, kb, nk - k_start, tid)  # K inf / NaN -> 0: it multiplies dS = 0
             cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
             if KV_STAGES > 1:  # the next tile's copy runs under this tile's math
-                load_kv(smem, stage ^ 1, k, v, kv_base, kt_next, t_hi, nk, d, tid)
+                load_kv(smem, stage ^ 1, k, v, kv_base, kt_next, t_hi, nk, d, tid, v_at)
             for r in range(ROWS):
                 for c in range(KEYS):
                     s[r, c] = ZERO
@@ -622,7 +647,7 @@ def dq_mma_kernel(cfg):
             gemm_dq(acc, dp, smem, 0, kb + k_t)                           # dQ += dS K
             if KV_STAGES == 1:
                 cuda.syncthreads()  # every warp is done with this K/V tile: the next one
-                load_kv(smem, 0, k, v, kv_base, kt_next, t_hi, nk, d, tid)
+                load_kv(smem, 0, k, v, kv_base, kt_next, t_hi, nk, d, tid, v_at)
         # [/docs:mma-dq-step]
 
         return step
@@ -697,10 +722,16 @@ def dq_mma_kernel(cfg):
         # first K/V tile
         kv_base = (b * k.shape[1] + hk) * nk * d
         qo_base = ((b * n_heads + h) * nq + q_start) * d
+        v_at = (kv_base, d)      # V's and dO's bases and head dim: K's and Q's, or their own
+        do_base, d_v = qo_base, d
+        if OWN_V:
+            d_v = v.shape[3]
+            v_at = ((b * k.shape[1] + hk) * nk * d_v, d_v)
+            do_base = ((b * n_heads + h) * nq + q_start) * d_v
         copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
-        copy_q(smem, DO_BYTE, do, qo_base, q_end - q_start, d, tid)
+        copy_q(smem, DO_BYTE, do, do_base, q_end - q_start, d_v, tid)
         kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
-        load_kv(smem, 0, k, v, kv_base, kt, t_hi, nk, d, tid)   # commits Q, dO with it
+        load_kv(smem, 0, k, v, kv_base, kt, t_hi, nk, d, tid, v_at)   # commits Q, dO with it
         cp_async_wait_all()
         cuda.syncthreads()  # Q and dO landed for all before any warp reads its fragments
         a_off = 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
@@ -708,7 +739,7 @@ def dq_mma_kernel(cfg):
             load_a(qf, smem, Q_BYTE + a_off)
             load_a(dof, smem, DO_BYTE + a_off)
 
-        ins = (k, v, kv_base, nk, d, (nk, left, right))
+        ins = (k, v, kv_base, nk, d, (nk, left, right), v_at)
         frags = (qf, dof, s, dp, acc, nlse2, dl)
         lanes = (tid, t, row0, a_off, lane_offset(lane, RB, KIND_B),
                  lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16))
@@ -725,8 +756,9 @@ def compile_configs():
     :data:`~numba_flash.kernels.tiles.BACKWARD_MMA_TILES`: the dK/dV kernel (with atomic dQ) at
     every head dim (256: two of its four passes, the dV half and the dK half with dQ), the
     deterministic dQ kernel at 64, 128 and 256 (one half), every flag (dropout, softcap,
-    ALiBi) at 128 in both, the 16-bit-load build (``VEC`` off) and bfloat16 at 64, and a user's
-    variant at 64.  Causal and windows are run-time arguments."""
+    ALiBi) at 128 in both, the 16-bit-load build (``VEC`` off) and bfloat16 at 64, a user's
+    variant at 64, and a value head dim of its own, (192, 128) (``OWN_V``; three builds).
+    Causal and windows are run-time arguments."""
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
 
     def dkdv(hd, dtype="float16", **flags):
@@ -740,6 +772,11 @@ def compile_configs():
     plan += [dkdv(128, **every), dkdv(64, VEC=False), dkdv(64, "bfloat16"),
              dkdv(64, USER=_user_build())]
     plan += [dq(64), dq(128), dq(128, **every), dq(256, **dq_passes(256)[0]), dq(64, "bfloat16")]
+    # (d, d_v) = (192, 128), MLA prefill, in the 256-wide builds (OWN_V: 16-bit loads): the dV
+    # pass of columns 0..127, the dK pass with dQ, the deterministic dQ's first half
+    own = dict(VEC=False, OWN_V=True)
+    plan += [dkdv(256, **own, **dkdv_passes(256, False)[0]),
+             dkdv(256, **own, **dkdv_passes(256, False)[2]), dq(256, **own, **dq_passes(256)[0])]
     for cfg in plan:
         yield compile_config(cfg)
 

@@ -186,12 +186,16 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
     return merge_states
 
 
-#: (part dtype, output dtype) pairs the package launches: merge_states keeps the parts' dtype.
+#: (part dtype, output dtype) pairs the package launches: merge_states keeps the parts' dtype;
+#: MLA's decode merges float32 partials.
 PAIRS = (
     (np.dtype(np.float16), np.dtype(np.float16)),
     (np.dtype(np.float32), np.dtype(np.float32)),
     (np.dtype(np.float64), np.dtype(np.float64)),
     (BFLOAT16, BFLOAT16),
+    # MLA's tensor-core decode (kernels/mla_decode.py): float32 partials into its output
+    (np.dtype(np.float32), np.dtype(np.float16)),
+    (np.dtype(np.float32), BFLOAT16),
 )
 
 

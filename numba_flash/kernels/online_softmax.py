@@ -235,16 +235,18 @@ def sink_of(sinks, h):
 
 
 @functools.lru_cache(maxsize=None)
-def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t):
+def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
+                  LSE_STRIDE=False):
     """``epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink)``: ``o = acc / l`` and ``lse``
-    of the lane's rows (:func:`make_online_softmax`'s ``finalize``), written through flat
-    views.  ``rows = (row0, nq, o_elem0, o_row, lse_elem0, write_lse)``: row ``r`` of the lane is
-    ``row0 + offset(ROW_LAYOUT, r)`` (written if ``< nq``), its ``o`` elements start at ``o_elem0
-    + row o_row`` and its ``lse`` is ``lse[lse_elem0 + row]`` (written by the lanes with
-    ``write_lse``); ``cols = (col0, d)``: accumulator column ``c`` is ``col0 + offset(COL_LAYOUT,
-    c)`` (written if ``< d``); ``sink``: the rows' learnable sink logit (``-inf``: none; see
-    ``finalize``).  ``store``: the element type's store (``elements.element_ops``).
-    Layouts: :class:`~numba_flash.kernels.tile_scores.Layout`."""
+    of the lane's rows (:func:`make_online_softmax`'s ``finalize``), written through flat views.
+    ``rows = (row0, nq, o_elem0, o_row, lse_elem0, write_lse)`` (``LSE_STRIDE``: and ``lse_row``):
+    row ``r`` of the lane is ``row0 + offset(ROW_LAYOUT, r)`` (written if ``< nq``), its ``o``
+    elements start at ``o_elem0 + row o_row`` and its ``lse`` is ``lse[lse_elem0 + row lse_row]``
+    (``lse_row = 1`` without ``LSE_STRIDE``; written by the lanes with ``write_lse``); ``cols =
+    (col0, d)``: accumulator column ``c`` is ``col0 + offset(COL_LAYOUT, c)`` (written if ``< d``);
+    ``sink``: the rows' learnable sink logit (``-inf``: none; see ``finalize``).  ``store``: the
+    element type's store (``elements.element_ops``). Layouts:
+    :class:`~numba_flash.kernels.tile_scores.Layout`."""
     _init, _update, finalize = make_online_softmax(ROWS, 0, ACC_COLS, XOR, "exp", acc_t)
     R_IN, R_OUT, R_STEP = ROW_LAYOUT
     C_IN, C_OUT, C_STEP = COL_LAYOUT
@@ -252,7 +254,7 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t):
     @_device
     def store_row(r, ctx):
         o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink = ctx
-        row0, nq, o_elem0, o_row, lse_elem0, write_lse = rows
+        row0, nq, o_elem0, o_row, lse_elem0, write_lse = rows[:6]
         col0, d = cols
         inv_l, row_lse = finalize(m_i, l_i, r, lse_scale, sink)
         row = row0 + (r // R_IN) * R_OUT + (r % R_IN) * R_STEP
@@ -264,7 +266,10 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t):
                     if col < d:
                         o[base + col] = store(acc[r, ci * C_IN + ce] * inv_l)
             if write_lse:
-                lse[lse_elem0 + row] = row_lse
+                if LSE_STRIDE:
+                    lse[lse_elem0 + row * rows[6]] = row_lse
+                else:
+                    lse[lse_elem0 + row] = row_lse
 
     store_rows = static_for(ROWS, store_row)
 

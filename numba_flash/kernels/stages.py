@@ -766,25 +766,30 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC):
 
 
 @functools.lru_cache(maxsize=None)
-def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=False):
-    """``load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid)``: rows ``t ROWS ..`` of
-    ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[.., n,
-    d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
-    that a pipeline commits the same number of groups every step).  ``PER_TILE``: the thread's
-    chunk offsets are computed per call (:func:`in_loop`), not held in registers across the
-    caller's loop (the dK/dV kernel at 255 registers; elsewhere they cost 10% more
-    instructions for nothing)."""
+def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=False,
+                   OWN_Y=False):
+    """``load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at)``: rows ``t ROWS ..``
+    of ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[..,
+    n, d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
+    that a pipeline commits the same number of groups every step).  ``OWN_Y``: ``y`` is ``[..,
+    n, d_y]`` from its own element ``y_base``, ``y_at = (y_base, d_y)`` (ignored without).
+    ``PER_TILE``: the thread's chunk offsets are computed per call (:func:`in_loop`), not held
+    in registers across the caller's loop (the dK/dV kernel at 255 registers; elsewhere they
+    cost 10% more instructions for nothing)."""
     copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC)
 
     @_device
-    def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid):
+    def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at):
         if t < t_hi:
             rows = int32(min(ROWS, n - t * ROWS))   # in 1 .. ROWS: 32-bit row tests
             base = elem_base + t * ROWS * d
             if PER_TILE:
                 tid = in_loop(int32(tid))
             copy(smem, byte, x, base, rows, d, tid)
-            copy(smem, byte + SECOND, y, base, rows, d, tid)
+            if OWN_Y:
+                copy(smem, byte + SECOND, y, y_at[0] + t * ROWS * y_at[1], rows, y_at[1], tid)
+            else:
+                copy(smem, byte + SECOND, y, base, rows, d, tid)
         cp_async_commit()
 
     return load_pair

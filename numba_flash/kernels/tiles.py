@@ -173,7 +173,10 @@ class BackwardMmaConfig(NamedTuple):
     * ``"dq"``: a block owns ``BLOCK`` query rows and walks the K/V tiles of ``STEP`` keys (the
       deterministic dQ, columns ``COL0 ..``).
 
-    Both keep their own operands' fragments where the table says (:data:`BACKWARD_MMA_TILES`)."""
+    Both keep their own operands' fragments where the table says (:data:`BACKWARD_MMA_TILES`).
+    ``OWN_V``: ``v`` and ``do`` (so ``dv``) have a head dim of their own, ``d_v``, zero-padded to
+    the one ``HEAD_DIM`` with ``q`` and ``k`` (16-bit loads; off, they share Q's and K's
+    addresses)."""
 
     KIND: str
     NUM_WARPS: int
@@ -192,6 +195,7 @@ class BackwardMmaConfig(NamedTuple):
     DQ_ATOMIC: bool = True
     COL0: int = 0
     ACC_DIM: int = 0
+    OWN_V: bool = False
 
     THREADS = _THREADS
     ROW_BYTES = _ROW_BYTES
@@ -293,6 +297,69 @@ def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, **flags
                                               flags.get("USER") is not None)
     return BackwardMmaConfig(kind, nw, mt, step, padded_head_dim(head_dim), stages, dtype,
                              **flags)
+
+
+# -- MLA's absorbed decode on tensor cores ---------------------------------------------------
+class MlaDecodeConfig(NamedTuple):
+    """The tensor-core decode of one latent cache read as keys (``D_QK`` columns) and values
+    (its first ``D_V``) (:mod:`numba_flash.kernels.mla_decode`): ``NUM_WARPS`` warps hold the
+    same 16 query heads; warp ``w`` computes ``S``'s share of k-steps ``w K_STEPS_W ..`` and
+    accumulates ``o``'s columns ``w D_V / NUM_WARPS ..``; key tiles of ``BLOCK_N`` rows,
+    ``STAGES`` of them in flight."""
+
+    D_QK: int = 576
+    D_V: int = 512
+    BLOCK_N: int = 16
+    STAGES: int = 2
+    DTYPE: str = "float16"
+
+    #: four warps: ``o``'s 16 x 512 float32 accumulator is 64 registers a lane split four
+    #: ways (one warp: 256, past the 255-register file), and S's 36 k-steps of Q fragments
+    #: are 36 registers a lane split four ways (all in one warp: 144)
+    NUM_WARPS = 4
+    M_TILES = 1
+    THREADS = _THREADS
+
+    @property
+    def ROW_BYTES(self):
+        """Bytes of a shared key row (:func:`mma_row_bytes` of ``D_QK``)."""
+        return mma_row_bytes(self.D_QK)
+
+    @property
+    def K_STEPS_W(self):
+        """A warp's k-steps of ``S = Q K^T`` (16 columns each)."""
+        return self.D_QK // 16 // self.NUM_WARPS
+
+    @property
+    def V_COLS_W(self):
+        """A warp's columns of ``o``."""
+        return self.D_V // self.NUM_WARPS
+
+    @property
+    def SP_ROW(self):
+        """Words of a row of a warp's partial ``S`` in shared memory: ``BLOCK_N + 8`` (a lane
+        pair's 8-byte accesses of 4 rows of a half-warp fall in distinct banks)."""
+        return self.BLOCK_N + 8
+
+    @property
+    def SMEM_BYTES(self):
+        """``STAGES`` key tiles (Q is staged through the first before the loop), then the
+        warps' partial ``S`` (float32, 16 rows each)."""
+        return self.STAGES * self.BLOCK_N * self.ROW_BYTES + self.NUM_WARPS * 16 * self.SP_ROW * 4
+
+    @property
+    def name(self):
+        return (f"mla_decode W{self.NUM_WARPS} N{self.BLOCK_N} D{self.D_QK}/{self.D_V} "
+                f"S{self.STAGES} {self.DTYPE}")
+
+
+def mla_decode_config(d_qk, d_v, dtype="float16"):
+    """The :class:`MlaDecodeConfig` of a call: 16-key tiles, two in flight (2 x 16 x 1168 B of
+    keys + 6 KiB of partial scores = 42.5 KiB at 576 / 512: 32-key tiles in two stages would
+    pass the 48 KiB static limit, and one stage leaves the copy unoverlapped).  ``d_qk`` a
+    multiple of 64 (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column
+    ``B`` pairs split four ways), ``d_v <= d_qk``."""
+    return MlaDecodeConfig(d_qk, d_v, 16, 2, dtype)
 
 
 # -- the SIMT forward ------------------------------------------------------------------------

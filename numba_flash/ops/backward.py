@@ -21,7 +21,7 @@ from ..kernels.common import acc_dtype, cdiv
 from ..flex.launch import prepare_variant
 from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
-from .forward import kernel_variant, value_dim_kernel
+from .forward import kernel_variant
 from .kernel_choice import check_backward_kernel, import_mma
 
 
@@ -263,7 +263,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     if a.d_v != a.d and aux is not None:
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
                          f"not {a.d}): the aux gradients take d_v == d only so far")
-    kernel = value_dim_kernel(kernel, check_backward_kernel(kernel, a.dtype), a.d, a.d_v)
+    kernel = check_backward_kernel(kernel, a.dtype)
     if kernel == "mma":  # validated above, once: straight to the launches
         grads = import_mma("backward_mma").launch_backward_mma(
             do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,

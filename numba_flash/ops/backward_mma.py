@@ -24,7 +24,7 @@ from ..kernels.forward_mma import vector_copies
 from ..kernels.variant import Variant
 from ..philox import dropout_params
 from .backward import check_backward_args, user_build
-from .forward import no_sink, user_arrays, value_dim_kernel
+from .forward import no_sink, user_arrays
 
 
 def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
@@ -33,19 +33,19 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
                  block_mask=None, aux_tensors=()):
     """Gradients ``(dq, dk, dv)`` on tensor cores; the contract of :func:`numba_flash.backward`.
 
-    float16 or bfloat16 (``ml_dtypes.bfloat16``) ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and
-    ``k``, ``v`` ``[B, Hkv, Nk, d]`` (GQA), float32 ``lse [B, H, Nq]`` from the forward, and the
-    forward's ``causal``, ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``,
-    ``dropout_p`` and ``seed``.  Each gradient comes in its input's shape and dtype; ``dk``,
-    ``dv`` are summed over each GQA group.  dQ is summed over K/V tiles with float32 atomic
-    adds, or, with ``deterministic=True``, by a second kernel without atomics (bitwise
-    reproducible).  ``score_mod``, ``mask_mod``, ``score_mod_grad``, ``block_mask``,
-    ``aux_tensors``: a user's variant, as in :func:`numba_flash.backward`.
+    float16 or bfloat16 (``ml_dtypes.bfloat16``) ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and ``k``
+    ``[B, Hkv, Nk, d]``, ``v`` ``[B, Hkv, Nk, d_v]`` (GQA; ``o``, ``do`` ``[.., d_v]``: a value head
+    dim of its own, any ``d_v`` the forward takes), float32 ``lse [B, H, Nq]`` from the forward, and
+    the forward's ``causal``, ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``,
+    ``dropout_p`` and ``seed``.  Each gradient comes in its input's shape and dtype; ``dk``, ``dv``
+    are summed over each GQA group.  dQ is summed over K/V tiles with float32 atomic adds, or, with
+    ``deterministic=True``, by a second kernel without atomics (bitwise reproducible).
+    ``score_mod``, ``mask_mod``, ``score_mod_grad``, ``block_mask``, ``aux_tensors``: a user's
+    variant, as in :func:`numba_flash.backward`.
     """
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                             seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
                             score_mod_grad, block_mask, aux_tensors, check_dtype=check_mma_dtype)
-    value_dim_kernel("mma", "mma", a.d, a.d_v)   # d_v == d only (a ValueError naming v)
     return launch_backward_mma(do, q, k, v, o, lse, shape=a.shape, scale=a.scale,
                                deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
                                left=a.left, right=a.right, softcap=a.softcap, alibi=a.alibi,
@@ -59,6 +59,19 @@ def check_mma_dtype(dtype):
                         f"got {dtype}")
 
 
+def useful_passes(passes, d, d_v):
+    """The launches of ``passes`` (:func:`~numba_flash.kernels.backward_mma.dkdv_passes` or
+    ``dq_passes``) that write something: with a value head dim of its own the padded
+    ``HEAD_DIM`` is ``max(d, d_v)``'s, and a pass of the columns from ``COL0`` past the
+    narrower output's width (dK / dQ: ``d``, dV: ``d_v``) would only add zeros; one that also
+    adds dQ (``DQ_ATOMIC``) always runs."""
+    def useful(p):
+        col0 = p.get("COL0", 0)
+        return (p.get("DQ_ATOMIC", False) or p.get("WANT_DK", True) and col0 < d
+                or p.get("WANT_DV", True) and col0 < d_v)
+    return [p for p in passes if useful(p)]
+
+
 def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
                         left, right, softcap, alibi, variant=None):
     """The launches of :func:`backward_mma` on arguments already checked (``shape`` =
@@ -67,13 +80,15 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     :func:`~numba_flash.flex.launch.prepare_variant`, or None): :func:`numba_flash.backward`
     validates once and calls this."""
     b, h, hkv, nq, nk, d = shape
+    d_v = v.shape[3]   # v, o, do, dv: d, or a value head dim of its own (OWN_V)
     dtype = do.dtype
     check_mma_dtype(dtype)
     name = np.dtype(dtype).name
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     use_dropout = float(dropout_p) > 0.0
     flags = dict(DROPOUT=use_dropout, SOFTCAP=softcap > 0.0, ALIBI=alibi is not None,
-                 USER=user_build(variant))
+                 USER=user_build(variant), OWN_V=d_v != d)
+    width = max(d, d_v)  # one compiled HEAD_DIM holds both widths, zero-padded
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
@@ -83,10 +98,11 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     dv = call.empty(v_in.shape, dtype)
     dq_accum = call.empty(q_in.shape, f32)        # zeroed by the preprocess kernel
     dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
-    dv_heads = call.empty((b, h, nk, d), f32)
+    dv_heads = call.empty((b, h, nk, d_v), f32)
     delta = call.empty((b, h, nq), f32)
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
-    flags["VEC"] = vector_copies(d, backward_mma_config(d, "dq").HEAD_DIM, *u16)
+    head_dim = backward_mma_config(width, "dq").HEAD_DIM
+    flags["VEC"] = d_v == d and vector_copies(d, head_dim, *u16)  # OWN_V: 16-bit loads
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
         x.reshape(-1) for x in (lse_in, delta, dq_accum, dk_heads, dv_heads))
@@ -106,8 +122,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
 
     # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); at d = 256 four passes
     # of half the columns each (dkdv_passes)
-    for dkdv_pass in dkdv_passes(backward_mma_config(d, "dkdv").HEAD_DIM, deterministic):
-        cfg = backward_mma_config(d, "dkdv", name, **flags, **dkdv_pass)
+    for dkdv_pass in useful_passes(dkdv_passes(head_dim, deterministic), d, d_v):
+        cfg = backward_mma_config(width, "dkdv", name, **flags, **dkdv_pass)
         tiles_k = cdiv(nk, cfg.BLOCK)
         call.launch(dkdv_mma_kernel(cfg), fold_grid(tiles_k, b, h), (cfg.THREADS,), *u16,
                     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat, va, tiles_k,
@@ -117,8 +133,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics (d = 256: two halves)
     if deterministic:
-        for dq_pass in dq_passes(backward_mma_config(d, "dq").HEAD_DIM):
-            cfg = backward_mma_config(d, "dq", name, **flags, **dq_pass)
+        for dq_pass in useful_passes(dq_passes(head_dim), d, d):
+            cfg = backward_mma_config(width, "dq", name, **flags, **dq_pass)
             tiles_q = cdiv(nq, cfg.BLOCK)
             call.launch(dq_mma_kernel(cfg), fold_grid(tiles_q, b, h), (cfg.THREADS,), *u16,
                         lse_flat, delta_flat, dq_flat, va, tiles_q,
@@ -127,9 +143,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
                                         mma=True))
 
     # 4. sum each GQA group's dK, dV in a fixed order; cast everything to the input dtype
-    for src, dst, heads, n in ((dq_accum, dq, h, nq), (dk_heads, dk, hkv, nk),
-                               (dv_heads, dv, hkv, nk)):
-        tiles = cdiv(n * d, t)
+    for src, dst, heads, n, cols in ((dq_accum, dq, h, nq, d), (dk_heads, dk, hkv, nk, d),
+                                     (dv_heads, dv, hkv, nk, d_v)):
+        tiles = cdiv(n * cols, t)
         call.launch(reduce_kernel(t, np.dtype(f32), dtype), fold_grid(tiles, b, heads), (t,),
-                    src, dst, tiles, work=SimWork("backward_reduce", b * h * n * d))
+                    src, dst, tiles, work=SimWork("backward_reduce", b * h * n * cols))
     return call.result(dq), call.result(dk), call.result(dv)

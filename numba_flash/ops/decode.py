@@ -42,6 +42,9 @@ from ..kernels.decode import (
     split_policy, vector_loads,
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
+from ..kernels.mla_decode import mla_decode_config, mla_decode_grid, mla_decode_kernel
+from ..kernels.tiles import MMA_DTYPES
+from ..backend import on_simulator
 from ..kernels.visibility import window_bounds
 from .forward import kernel_variant, no_sink
 from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
@@ -158,7 +161,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
-           learnable_sink=None, head_dim_v=None):
+           learnable_sink=None, head_dim_v=None, kernel="auto"):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -202,6 +205,12 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       absorbed decode: ``v_cache=None`` and ``head_dim_v=d_v``: the value is the first
       ``d_v`` columns of ``k_cache`` itself (one latent cache ``[.., d]``, ``d`` up to 576 as
       DeepSeek's ``512 + 64``, read twice, never copied); not with ``k_new``.
+    * ``kernel``: ``"auto"`` (default), ``"mma"`` or ``"simt"``.  MLA's absorbed decode in
+      float16 / bfloat16 with ``d`` and ``head_dim_v`` multiples of 64 and no softcap, ALiBi or
+      user functions runs on tensor cores (:mod:`numba_flash.kernels.mla_decode`: 16 heads of
+      one query token per block share each read of the latent cache); ``"auto"`` takes it
+      wherever it applies, ``"mma"`` asks for it (a ``ValueError`` naming ``kernel`` says why
+      it cannot), ``"simt"`` keeps the split-KV SIMT kernel every other call runs.
     * ``learnable_sink``: float32 ``[H]`` (gpt-oss's attention sinks, as
       :func:`numba_flash.forward`): a key with no value in every row's denominator, ``lse``
       included; a row that sees no key gets ``o = 0``, ``lse = sink_h``.  With several splits
@@ -349,6 +358,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     if alibi_slopes is not None:
         alibi = _alibi(alibi_slopes, b, h, check_values=validate or not on_device)
     sink = check_sink(learnable_sink, h, check_values=validate or not on_device)
+    mla_mma = _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant,
+                          (q, k_cache))
     capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
     # flash-attn rotates the queries at their own positions when the mask depends on them
     q_step = int(causal or 0 <= window[0] < capacity or 0 <= window[1] < capacity)
@@ -433,6 +444,15 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                               n_slots, b, hkv, nnew, d, dtype)
     d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
+    if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/mla_decode.py)
+        left, right = window_bounds(causal, clamp_window(*window, nq, capacity))
+        o, lse = _mla_decode_mma(
+            call, dq, dk_, d_table, paged_kernel, d_len, d_pad, shape=(b, h, hkv, nq, d, d_v),
+            dtype=dtype, scale=scale, window=(left, right), sink=sink, num_splits=num_splits,
+            capacity=capacity, n_cache=n_cache, n_slots=n_slots,
+            lengths=seqlens if validate else [capacity] * b)
+        out = call.result(o).reshape(qs[:-1] + (d_v,))
+        return (out, call.result(lse).reshape(qs[:-1])) if return_lse else out
     o = call.empty((b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)
     if n_splits > 1:
@@ -470,6 +490,78 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     if not return_lse:
         return out
     return out, call.result(lse).reshape(qs[:-1])
+
+
+#: the kernel choices of :func:`decode`
+DECODE_KERNELS = ("auto", "simt", "mma")
+
+
+def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, arrays):
+    """Whether :func:`decode` runs MLA's tensor-core kernel (:mod:`numba_flash.kernels.
+    mla_decode`): ``kernel="auto"`` takes it for every call it serves (a latent cache,
+    ``v_cache=None``; float16 or bfloat16; ``d`` and ``head_dim_v`` multiples of 64; no
+    softcap, ALiBi or user functions; 16-byte aligned ``q`` and cache on a GPU), ``"mma"``
+    asks for it (a ValueError naming ``kernel`` with the reason where it cannot), ``"simt"``
+    keeps the split-KV SIMT kernel."""
+    if not isinstance(kernel, str) or kernel not in DECODE_KERNELS:
+        raise ValueError(f"kernel: expected one of {DECODE_KERNELS}, got {kernel!r}")
+    if kernel == "simt":
+        return False
+    why = None
+    if not latent:
+        why = "a latent cache (v_cache=None, head_dim_v=)"
+    elif np.dtype(dtype).name not in MMA_DTYPES:
+        why = f"float16 or bfloat16 (got {np.dtype(dtype).name})"
+    elif d % 64 or d_v % 64:
+        why = f"head dims that are multiples of 64 (got {d} and head_dim_v={d_v})"
+    elif softcap > 0 or alibi_slopes is not None or variant is not None:
+        why = "no softcap, ALiBi, score_mod or mask_mod"
+    elif not on_simulator() and any(
+            x.__cuda_array_interface__["data"][0] % 16 for x in arrays
+            if hasattr(x, "__cuda_array_interface__")):
+        why = "16-byte aligned q and k_cache"
+    if why is not None and kernel == "mma":
+        raise ValueError(f"kernel: 'mma' (MLA's tensor-core decode) takes {why}; pass "
+                         f"kernel='auto' or 'simt'")
+    return why is None
+
+
+def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, *, shape, dtype, scale,
+                    window, sink, num_splits, capacity, n_cache, n_slots, lengths):
+    """The launches of MLA's tensor-core decode on validated device arrays (``cache``: the
+    rows ``[n_cache * Hkv * n_slots, d]``): the kernel, then, with several splits or a
+    learnable sink, the merge of its float32 partials (which adds the sink once).  Returns
+    device ``(o, lse)``."""
+    b, h, hkv, nq, d, d_v = shape
+    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name)
+    split_target, split_min = split_policy(num_splits, hkv, cfg.BLOCK_N)
+    n_splits = split_grid(split_target, split_min, capacity)
+    grid = mla_decode_grid(b, hkv, nq, h // hkv, n_splits)
+    rows = b * h * nq
+    partial = n_splits > 1 or sink is not None
+    f32 = np.float32
+    o = call.empty((b, h, nq, d_v), dtype)
+    lse = call.empty((b, h, nq), f32)
+    o_part = call.empty((n_splits * rows * d_v,) if partial else (1,), f32)
+    lse_part = call.empty((n_splits * rows,) if partial else (1,), f32)
+    va = kernel_variant(call, f32, scale, *window)   # the sink joins in the merge, once
+    trips = sum(-(-int(n) // cfg.BLOCK_N) + n_splits for n in lengths) * hkv * nq * \
+        -(-(h // hkv) // 16)
+    call.launch(mla_decode_kernel(cfg), grid, (cfg.THREADS,), dq.view(np.uint16),
+                cache.view(np.uint16), table, seqlens, leftpad, o.reshape(-1), lse.reshape(-1),
+                o_part, lse_part, va, np.int32(paged), np.int32(n_cache), np.int32(hkv),
+                np.int32(n_slots), np.int32(split_target), np.int32(split_min),
+                np.int32(partial), work=SimWork("forward_mma", trips * cfg.THREADS))
+    if partial:
+        xp = array_module(sink) if sink is not None else np
+        row_sinks = (no_sink(call) if sink is None else call.input(xp.ascontiguousarray(
+            xp.broadcast_to(xp.asarray(sink)[None, :, None], (b, h, nq))).reshape(-1)))
+        threads = merge_threads()
+        call.launch(merge_kernel(threads, np.dtype(f32), dtype), merge_grid(rows), (threads,),
+                    o_part.reshape(n_splits, rows, d_v), lse_part.reshape(n_splits, rows),
+                    row_sinks, o.reshape(rows, d_v), lse.reshape(rows),
+                    work=SimWork("merge", n_splits * rows * d_v))
+    return o, lse
 
 
 def block_table_shape(block_table):

@@ -107,21 +107,6 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
                    user_arrays(call, variant), no_sink(call) if sink is None else call.input(sink))
 
 
-def value_dim_kernel(kernel, which, d, d_v):
-    """The backward's kernel family for a value head dim ``d_v`` of its own (``!= d``): the
-    SIMT kernels (one ``HEAD_DIM`` tile width holding both, each array read at its own width);
-    the tensor-core backward takes ``d_v == d`` only so far, so ``kernel="mma"`` is a
-    ValueError naming ``v`` and ``"auto"`` takes SIMT.  (The forward takes ``d_v`` in both
-    families.)"""
-    if d_v == d or which != "mma":
-        return which
-    if kernel == "mma":
-        raise ValueError(f"v: kernel='mma' (the tensor-core backward) takes the head dim of q "
-                         f"and k ({d}) for v so far, got a value head dim of {d_v}; pass "
-                         f"kernel='simt' or 'auto'")
-    return "simt"
-
-
 def no_sink(call):
     """:class:`~numba_flash.kernels.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
     return call.input(np.full(1, -np.inf, np.float32))

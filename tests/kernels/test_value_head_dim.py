@@ -5,8 +5,8 @@ Forward, backward, varlen (packed and paged) and decode run the SIMT / decode ke
 compiled ``HEAD_DIM`` that holds both widths, each array read at its own (``o``, ``do``, ``dv``
 have ``d_v`` columns, the default scale stays ``1/sqrt(d)``).  Against the float64 reference at
 the bounds of the kernels' own tests (helpers.atol: the padded columns are zeros, so they add
-nothing); the tensor-core forward too (``OWN_V``: 16-bit loads), and backward_varlen.  The
-tensor-core backward takes ``d_v == d`` only so far: a ValueError naming ``v``.
+nothing); the tensor-core forward and backward too (``OWN_V``: 16-bit loads), and
+backward_varlen; MLA prefill's (192, 128) on both kernel families.
 """
 
 from __future__ import annotations
@@ -153,13 +153,15 @@ def test_decode_appends_a_value_of_its_own_width(rng):
     np.testing.assert_array_equal(v2, v)
 
 
-@pytest.mark.parametrize("paged, num_splits", [(True, 3), (False, 1)])
-def test_mla_absorbed_decode(rng, paged, num_splits):
+@pytest.mark.parametrize("paged, num_splits, kernel", [(True, 3, "mma"), (False, 1, "mma"),
+                                                      (True, 3, "simt")])
+def test_mla_absorbed_decode(rng, paged, num_splits, kernel):
     """DeepSeek's shapes: one latent KV head of 576 (512 latent + 64 rope), 8 query heads, the
     value the first 512 columns of the same cache (FlashMLA's page size 64), a sink: against
-    the reference on the cache and its first 512 columns."""
+    the reference on the cache and its first 512 columns, on the tensor-core kernel
+    (kernels/mla_decode.py, what kernel="auto" takes) and the SIMT decode."""
     b, h, d, d_v = 2, 8, 576, 512
-    lens = np.array([70, 9])
+    lens = np.array([40, 9])
     if paged:
         k, _, table = paged_cache(rng, b, 1, d, lens, 64, np.float16)
     else:
@@ -170,7 +172,7 @@ def test_mla_absorbed_decode(rng, paged, num_splits):
     before = k.copy()
     o, lse = numba_flash.decode(q, k, None, head_dim_v=d_v, cache_seqlens=lens,
                                 block_table=table, num_splits=num_splits, return_lse=True,
-                                learnable_sink=sink)
+                                learnable_sink=sink, kernel=kernel)
     want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table, learnable_sink=sink)
     assert o.shape == (b, h, d_v) and o.dtype == np.float16
     assert_close(o, want_o, np.float16, name="o")
@@ -226,12 +228,48 @@ def test_the_tensor_core_forward_with_a_value_head_dim(rng, d, d_v, dtype):
     assert_scaled_close(lse, want_lse, 2e-6, name="lse")
 
 
-def test_the_tensor_core_backward_names_v(rng):
-    from numba_flash.ops.backward_mma import backward_mma
-    q, k = randn(rng, (1, 2, 3, 16), np.float16), randn(rng, (1, 1, 5, 16), np.float16)
-    v, do = randn(rng, (1, 1, 5, 8), np.float16), randn(rng, (1, 2, 3, 8), np.float16)
-    lse = np.zeros((1, 2, 3), np.float32)
-    for call in (lambda: numba_flash.backward(do, q, k, v, do, lse, kernel="mma"),
-                 lambda: backward_mma(do, q, k, v, do, lse)):
-        with pytest.raises(ValueError, match="^v: kernel='mma'"):
-            call()
+@pytest.mark.parametrize("d, d_v, dtype, deterministic", [(24, 8, "float16", False),
+                                                           (8, 20, "bfloat16", True)])
+def test_the_tensor_core_backward_with_a_value_head_dim(rng, d, d_v, dtype, deterministic):
+    """OWN_V in both tensor-core backward kernels (atomic dQ, and the deterministic dQ
+    kernel): dq, dk [.., d], dv [.., d_v] at test_mma_backward.py's bounds (float16 2.5e-3 of
+    max(1, |grad|), bfloat16 2e-2), GQA, causal, ragged."""
+    from ml_dtypes import bfloat16
+    from helpers import assert_scaled_close
+    np_dtype = np.float16 if dtype == "float16" else bfloat16
+    q, do = (rng.standard_normal((1, 2, 19, w)).astype(np_dtype) for w in (d, d_v))
+    k, v = (rng.standard_normal((1, 1, 23, w)).astype(np_dtype) for w in (d, d_v))
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, kernel="mma")
+    got = numba_flash.backward(do, q, k, v, o, lse, causal=True, kernel="mma",
+                               deterministic=deterministic)
+    want = ref.attention_backward(do, q, k, v, causal=True)
+    for name, g, w, x in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == np_dtype, name
+        assert_scaled_close(np.asarray(g, np.float64), w,
+                            2.5e-3 if dtype == "float16" else 2e-2, name=name)
+
+
+def test_mla_prefill_head_dims_on_both_kernel_families(rng):
+    """DeepSeek's MLA prefill shape, (d, d_v) = (192, 128): forward and backward on tensor
+    cores (float16; the 256-wide builds: three of the four dK/dV passes, the dV pass of columns
+    128.. would write nothing) and SIMT (float32), GQA, causal, against the float64
+    reference."""
+    from helpers import assert_scaled_close
+    from numba_flash.kernels.backward_mma import dkdv_passes
+    from numba_flash.ops.backward_mma import useful_passes
+    assert len(useful_passes(dkdv_passes(256, False), 192, 128)) == 3
+    for kernel, dtype, tol in (("mma", np.float16, (2e-3, 2.5e-3)),
+                               ("simt", np.float32, (None, None))):
+        q, do = (rng.standard_normal((1, 2, 5, w)).astype(dtype) for w in (192, 128))
+        k, v = (rng.standard_normal((1, 1, 7, w)).astype(dtype) for w in (192, 128))
+        o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, kernel=kernel)
+        grads = numba_flash.backward(do, q, k, v, o, lse, causal=True, kernel=kernel)
+        want_o, want_lse = ref.attention(q, k, v, causal=True)
+        want = ref.attention_backward(do, q, k, v, causal=True)
+        for name, g, w, t in zip(("o", "dq", "dk", "dv"), (o, *grads), (want_o, *want),
+                                 (tol[0], tol[1], tol[1], tol[1])):
+            if t is None:
+                assert_close(g, w, dtype, name=f"{kernel} {name}")
+            else:
+                assert_scaled_close(np.asarray(g, np.float64), w, t, name=f"{kernel} {name}")
+        assert_scaled_close(lse, want_lse, 2e-6, name=f"{kernel} lse")

@@ -1,0 +1,103 @@
+"""MLA's absorbed decode on tensor cores (numba_flash/kernels/mla_decode.py): what
+``decode(q, latent, None, head_dim_v=...)`` runs for float16 / bfloat16 latent caches whose head
+dims are multiples of 64.  Against the float64 reference on the cache and its first ``d_v``
+columns, outputs NaN-poisoned (conftest), at the decode tests' bounds (helpers.atol).
+
+DeepSeek's 576 / 512 runs in test_value_head_dim.py; here smaller head dims (128 / 64: the same
+code, fewer k-steps) keep the simulator quick: several query tokens (causal), GQA groups past 16
+heads (two blocks of heads, the second half empty), a left pad, non-finite values where no row
+looks and where one does, bad table entries, and the kernel choice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+import numba_flash
+from numba_flash import reference as ref
+from helpers import assert_close, randn
+from test_decode_kernel import contiguous_cache, paged_cache
+
+
+def latent_decode(q, cache, d_v, lens, table, **kw):
+    return numba_flash.decode(q, cache, None, head_dim_v=d_v, cache_seqlens=lens,
+                              block_table=table, return_lse=True, kernel="mma", **kw)
+
+
+@pytest.mark.parametrize("dtype, b, h, hkv, nq, num_splits", [
+    (np.float16, 1, 18, 1, 2, 2),      # two blocks of heads (16 + 2), two causal tokens
+    (bfloat16, 2, 4, 2, 1, None)])     # GQA, the simulator's many 16-key splits
+def test_tokens_heads_and_splits(rng, dtype, b, h, hkv, nq, num_splits):
+    """Page size 16 with pages crossed, stale slots NaN, causal."""
+    from helpers import assert_scaled_close
+    d, d_v = 128, 64
+    lens = np.array([37, 5][:b])
+    k, _, table = paged_cache(rng, b, hkv, d, lens, 16, np.float16)
+    k = k.astype(dtype)
+    q = randn(rng, (b, h, nq, d), np.float16, scale=0.3).astype(dtype)
+    o, lse = latent_decode(q, k, d_v, lens, table, causal=True, num_splits=num_splits)
+    want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table, causal=True)
+    assert o.shape == (b, h, nq, d_v) and o.dtype == dtype
+    if dtype == np.float16:
+        assert_close(o, want_o, np.float16, name="o")
+    else:   # test_mma_forward.py's bfloat16 bound
+        assert_scaled_close(np.asarray(o, np.float64), want_o, 1.6e-2, name="o")
+    assert_close(lse, want_lse, np.float32, name="lse")
+
+
+def test_left_pad_window_and_non_finite_keys(rng):
+    """cache_leftpad (keys before it are not the sequence's: NaN there never leaks), a window,
+    a NaN in a key that the second token sees but the first does not (causal): only the second
+    token's rows are NaN; against the reference on the keys [pad, L)."""
+    b, h, d, d_v = 1, 4, 64, 64
+    lens, pad = np.array([40]), np.array([6])
+    k, _ = contiguous_cache(rng, b, 1, 48, d, lens, np.float16)
+    k[0, 0, :6] = np.nan                        # before the pad: never read
+    k[0, 0, 39, 3] = np.nan                     # the last key: only token 1 sees it
+    q = randn(rng, (b, h, 2, d), np.float16, scale=0.3)
+    o, lse = latent_decode(q, k, d_v, lens, None, causal=True, window_size=(20, 0),
+                           cache_leftpad=pad, num_splits=1)
+    want_o, want_lse = ref.paged_decode(q, k[:, :, 6:], k[:, :, 6:, :d_v],
+                                        lens - pad, None, causal=True, window_size=(20, 0))
+    assert np.isnan(want_o[:, :, 1]).all() and np.isfinite(want_o[:, :, 0]).all()
+    assert np.isnan(o[:, :, 1]).all() and np.isnan(lse[:, :, 1]).all()
+    assert_close(o[:, :, 0], want_o[:, :, 0], np.float16, name="o")
+    assert_close(lse[:, :, 0], want_lse[:, :, 0], np.float32, name="lse")
+
+
+def test_bad_table_entry_is_nan_and_reads_nothing(rng):
+    """validate=False with a table entry past the cache: that sequence's o and lse are NaN, the
+    other is right (the kernel checks every entry before it reads)."""
+    b, h, d, d_v = 2, 4, 64, 64
+    lens = np.array([20, 30])
+    k, _, table = paged_cache(rng, b, 1, d, lens, 16, np.float16)
+    bad = table.copy()
+    bad[0, 1] = 10_000
+    q = randn(rng, (b, h, d), np.float16, scale=0.3)
+    o, lse = latent_decode(q, k, d_v, lens, bad, validate=False, num_splits=2)
+    want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table)
+    assert np.isnan(o[0]).all() and np.isnan(lse[0]).all()
+    assert_close(o[1], want_o[1], np.float16, name="o")
+    assert_close(lse[1], want_lse[1], np.float32, name="lse")
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(kernel="mma", dtype=np.float32), "float16 or bfloat16"),
+    (dict(kernel="mma", d=72), "multiples of 64"),
+    (dict(kernel="mma", softcap=5.0), "no softcap"),
+    (dict(kernel="warp"), "one of ('auto', 'simt', 'mma')"),
+])
+def test_kernel_choice_is_named(rng, kw, words):
+    d = kw.pop("d", 64)
+    dtype = kw.pop("dtype", np.float16)
+    k = np.zeros((1, 1, 8, d), dtype)
+    q = np.zeros((1, 2, d), dtype)
+    with pytest.raises(ValueError, match="^kernel: ") as info:
+        numba_flash.decode(q, k, None, head_dim_v=64, cache_seqlens=np.array([3]), **kw)
+    assert words in str(info.value)
+    with pytest.raises(ValueError, match="^kernel: 'mma'.*latent cache"):
+        numba_flash.decode(np.zeros((1, 2, 64), np.float16), np.zeros((1, 1, 8, 64), np.float16),
+                           np.zeros((1, 1, 8, 64), np.float16), cache_seqlens=np.array([3]),
+                           kernel="mma")
