@@ -201,6 +201,8 @@ def in_suite(cfg):
         return not flags and (c.VEC or c.DTYPE != "float64")
     if name.startswith("wgmma"):  # the warpgroup stages' probes: the chained products
         return "chain" in name
+    if name.startswith("mla_decode"):  # MLA's tensor-core decode: float16 (bfloat16: the same)
+        return "float16" in name
     if name.startswith(("naive_forward", "row_forward", "tiled_forward_teach")):
         return "=64 " in name or " D64 " in name
     if name.startswith(("backward dkdv", "backward dq")):

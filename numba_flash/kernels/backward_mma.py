@@ -55,7 +55,7 @@ tiles are never loaded.  ``[docs: backward.md]``.
 
 A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): every tile
 is ``HEAD_DIM = padded(max(d, d_v))`` wide, each array copied at its own width with zeros past
-it (16-bit loads), so the padded columns add nothing to any product; each output is written at
+it (16-byte copies when both widths are multiples of 8, else 16-bit loads), so the padded columns add nothing to any product; each output is written at
 its own width, and a pass whose columns lie past it is not launched
 (:func:`numba_flash.ops.backward_mma.useful_passes`).
 
@@ -262,7 +262,7 @@ def dkdv_mma_kernel(cfg):
     WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
         cfg.DTYPE
     OWN_V = cfg.OWN_V
-    assert not (OWN_V and VEC), "a value head dim of its own is zero-padded: 16-bit loads"
+    FULL_WIDTH = VEC and not OWN_V   # every column of HEAD_DIM is an input's (no test)
     LOG = on_simulator() and cfg.USER is not None  # the simulator's tile log (common.TILE_LOG)
     EXP_MASK = EXP_BITS[DTYPE]
     BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
@@ -298,7 +298,7 @@ def dkdv_mma_kernel(cfg):
     gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
     load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
     store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
-    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
     score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
@@ -374,7 +374,7 @@ def dkdv_mma_kernel(cfg):
                 base = (tile_row + uint64(m)) * uint64(d) + uint64(col)
                 for e in range(4):
                     off = 8 * (e >> 1) + (e & 1)
-                    if VEC or col + off < d:
+                    if FULL_WIDTH or col + off < d:
                         red_add(dq_accum, base + uint64(off), c[r, e] * scale)
 
     def make_step(MASKED):
@@ -557,9 +557,9 @@ def dkdv_mma_kernel(cfg):
                 base_v = (row_base + uint64(key)) * uint64(d_v) + uint64(COL0 + 2 * t)
             for c in range(ACOLS):
                 off = 8 * (c >> 1) + (c & 1)
-                if WANT_DK and (VEC or COL0 + 2 * t + off < d):
+                if WANT_DK and (FULL_WIDTH or COL0 + 2 * t + off < d):
                     dk_out[base + uint64(off)] = dk_acc[r, c] * scale
-                if WANT_DV and (VEC or COL0 + 2 * t + off < d_v):
+                if WANT_DV and (FULL_WIDTH or COL0 + 2 * t + off < d_v):
                     dv_out[base_v + uint64(off)] = dv_acc[r, c]
 
     store_rows = static_for(ROWS, store_row)
@@ -584,7 +584,6 @@ def dq_mma_kernel(cfg):
     M_TILES, BLOCK_N, HEAD_DIM, KV_STAGES, DTYPE = (cfg.M_TILES, cfg.STEP, cfg.HEAD_DIM,
                                                     cfg.STAGES, cfg.DTYPE)
     OWN_V = cfg.OWN_V
-    assert not (OWN_V and cfg.VEC), "a value head dim of its own is zero-padded: 16-bit loads"
     BLOCK_M, THREADS, RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES
     Q_BYTE, DO_BYTE, KV_BYTE = 0, BLOCK_M * RB, 2 * BLOCK_M * RB
     KV_TILE = BLOCK_N * RB
@@ -603,7 +602,7 @@ def dq_mma_kernel(cfg):
     gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs" if Q_REGS else "smem", False,
                        RB, RB, DTYPE)
     gemm_dq = make_gemm(M_TILES, ACC // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, OWN_V)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     tile_span = make_tile_span(BLOCK_N)
     score_args = make_score_args(cfg.ALIBI, float32)
@@ -772,9 +771,9 @@ def compile_configs():
     plan += [dkdv(128, **every), dkdv(64, VEC=False), dkdv(64, "bfloat16"),
              dkdv(64, USER=_user_build())]
     plan += [dq(64), dq(128), dq(128, **every), dq(256, **dq_passes(256)[0]), dq(64, "bfloat16")]
-    # (d, d_v) = (192, 128), MLA prefill, in the 256-wide builds (OWN_V: 16-bit loads): the dV
+    # (d, d_v) = (192, 128), MLA prefill, in the 256-wide builds (OWN_V: 16-byte copies): the dV
     # pass of columns 0..127, the dK pass with dQ, the deterministic dQ's first half
-    own = dict(VEC=False, OWN_V=True)
+    own = dict(OWN_V=True)
     plan += [dkdv(256, **own, **dkdv_passes(256, False)[0]),
              dkdv(256, **own, **dkdv_passes(256, False)[2]), dq(256, **own, **dq_passes(256)[0])]
     for cfg in plan:

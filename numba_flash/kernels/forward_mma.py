@@ -88,10 +88,15 @@ __all__ = ["MMA_DTYPES", "ForwardMmaConfig", "forward_mma_config", "forward_mma_
 _stage = functools.partial(device_jit, own_module=True, inline=True)
 
 
-def vector_copies(d, head_dim, *arrays):
+def vector_copies(d, head_dim, *arrays, d_v=None):
     """The ``VEC`` build: ``d == head_dim`` and every array's data 16-byte aligned (the
-    ``cp.async`` path; on the simulator alignment does not matter)."""
-    if d != head_dim:
+    ``cp.async`` path; on the simulator alignment does not matter).  With a value head dim of
+    its own (``d_v``, ``OWN_V``): ``d`` and ``d_v`` multiples of 8 (16-byte chunks, the rest of
+    ``head_dim`` zero-filled: :func:`~numba_flash.kernels.stages.make_tile_copy`'s ``PAD``)."""
+    if d_v is not None and d_v != d:
+        if d % 8 or d_v % 8:
+            return False
+    elif d != head_dim:
         return False
     if on_simulator():
         return True
@@ -122,7 +127,6 @@ def forward_mma_kernel(cfg):
     """
     (NUM_WARPS, M_TILES, BLOCK_N, HEAD_DIM, STAGES, Q_IN_REGS, DTYPE, DROPOUT, SOFTCAP, ALIBI,
      VEC, USER, OWN_V) = cfg
-    assert not (OWN_V and VEC), "a value head dim of its own is zero-padded: 16-bit loads"
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES and STAGES >= 1
     BLOCK_M, THREADS, RB = cfg.BLOCK_M, cfg.THREADS, cfg.ROW_BYTES
     KV_BYTES = BLOCK_N * RB         # one K (or V) tile
@@ -160,8 +164,8 @@ def forward_mma_kernel(cfg):
     softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                                   float32, RESCALE)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
-    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)   # (OWN_V: two widths)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V)
     zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     # the groups a thread may leave in flight (module docstring): at K_j, V_j and the K/V of the
     # STAGES - 2 tiles after it; at V_j, those tiles; in the prologue, Q's followers.  One
@@ -391,8 +395,9 @@ def compile_configs():
              forward_mma_config(128, simulator=False, VEC=False, **every)]
     plan += [forward_mma_config(64, "bfloat16", simulator=False),
              forward_mma_config(128, "bfloat16", simulator=False, **every)]
-    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: both zero-padded to HEAD_DIM 256
-    plan += [forward_mma_config(256, simulator=False, VEC=False, OWN_V=True)]
+    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: both zero-padded to HEAD_DIM 256 by the
+    # 16-byte copies (chunks past each width zero-filled)
+    plan += [forward_mma_config(256, simulator=False, OWN_V=True)]
     plan += [forward_mma_config(64, simulator=False, USER=_user_build())]
     for cfg in plan:
         yield compile_config(cfg)

@@ -716,12 +716,16 @@ def _chunk_plan(ROWS, HEAD_DIM, THREADS):
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC):
+def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
     """``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``: rows
     ``0 .. ROWS-1`` of the tile whose row 0 is element ``elem_base`` of ``src`` (row stride
     ``d``) into shared rows ``smem_byte + row * ROW_BYTES``; rows ``>= rows_valid`` (and, with
     ``VEC=False``, columns ``>= d``) as zeros.  ``VEC`` (``d == HEAD_DIM``, 16-byte aligned
-    rows): ``cp.async``, the caller commits and waits; else 16-bit loads and shared stores."""
+    rows): ``cp.async``, the caller commits and waits; else 16-bit loads and shared stores.
+    ``PAD`` (with ``VEC``): ``d`` is any multiple of 8 up to ``HEAD_DIM`` (16-byte aligned
+    rows of ``d``): the 16-byte chunks past ``d`` are zero-filled without a read (a thread's
+    chunk column is fixed, so one test a tile), the stride is ``d``: two widths of one tile
+    (a value head dim of its own) at ``cp.async`` speed."""
     CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
     assert ROW_BYTES % 16 == 0 and ROW_BYTES >= 2 * HEAD_DIM
 
@@ -731,19 +735,26 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC):
         col = tid % CHUNKS
         dst0 = smem_byte + row0 * ROW_BYTES + 16 * col
         if VEC:
-            src0 = elem_base + row0 * HEAD_DIM + 8 * col
+            stride = d if PAD else HEAD_DIM
+            src0 = elem_base + row0 * stride + 8 * col
+            live = 8 * col < d if PAD else True   # (PAD) this thread's chunks hold data
             if rows_valid >= ROWS:          # full tile: no per-row test
                 for i in range(COPIES):
                     if EXACT or row0 + i * STEP < ROWS:
-                        cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
-                                   src0 + i * STEP * HEAD_DIM, 16)
+                        if PAD:
+                            cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
+                                       src0 + i * STEP * stride if live else elem_base,
+                                       16 if live else 0)
+                        else:
+                            cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
+                                       src0 + i * STEP * HEAD_DIM, 16)
             else:                           # boundary tile: rows past the end read nothing
                 for i in range(COPIES):
                     row = row0 + i * STEP
                     if EXACT or row < ROWS:
-                        ok = row < rows_valid
+                        ok = row < rows_valid and live
                         cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
-                                   src0 + i * STEP * HEAD_DIM if ok else elem_base,
+                                   src0 + i * STEP * stride if ok else elem_base,
                                    16 if ok else 0)
         else:
             for i in range(COPIES):
@@ -772,11 +783,12 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=Fal
     of ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[..,
     n, d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
     that a pipeline commits the same number of groups every step).  ``OWN_Y``: ``y`` is ``[..,
-    n, d_y]`` from its own element ``y_base``, ``y_at = (y_base, d_y)`` (ignored without).
+    n, d_y]`` from its own element ``y_base``, ``y_at = (y_base, d_y)`` (ignored without;
+    with ``VEC`` both widths are chunk-granular, :func:`make_tile_copy`'s ``PAD``).
     ``PER_TILE``: the thread's chunk offsets are computed per call (:func:`in_loop`), not held
     in registers across the caller's loop (the dK/dV kernel at 255 registers; elsewhere they
     cost 10% more instructions for nothing)."""
-    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC)
+    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, OWN_Y)
 
     @_device
     def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at):

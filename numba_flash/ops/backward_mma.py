@@ -102,7 +102,7 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     delta = call.empty((b, h, nq), f32)
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
     head_dim = backward_mma_config(width, "dq").HEAD_DIM
-    flags["VEC"] = d_v == d and vector_copies(d, head_dim, *u16)  # OWN_V: 16-bit loads
+    flags["VEC"] = vector_copies(d, head_dim, *u16, d_v=d_v)
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
         x.reshape(-1) for x in (lse_in, delta, dq_accum, dk_heads, dv_heads))

@@ -60,7 +60,7 @@ def launch_forward_mma(q, k, v, args, variant=None):
     cfg = forward_mma_config(max(d, d_v), args.dtype.name, DROPOUT=args.dropout_p > 0.0,
                              SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
                              USER=user_build(variant), OWN_V=d_v != d)
-    cfg = cfg._replace(VEC=d_v == d and vector_copies(d, cfg.HEAD_DIM, dq, dk, dv))
+    cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v))
     o = call.empty((b, h, nq, d_v), args.dtype)  # bfloat16: uint16 words, viewed back
     lse = call.empty((b, h, nq), np.float32)
     call.launch(forward_mma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),

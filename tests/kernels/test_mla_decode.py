@@ -28,9 +28,9 @@ def latent_decode(q, cache, d_v, lens, table, **kw):
 
 @pytest.mark.parametrize("dtype, b, h, hkv, nq, num_splits", [
     (np.float16, 1, 18, 1, 2, 2),      # two blocks of heads (16 + 2), two causal tokens
-    (bfloat16, 2, 4, 2, 1, None)])     # GQA, the simulator's many 16-key splits
+    (bfloat16, 2, 4, 2, 1, 3)])        # GQA, three splits
 def test_tokens_heads_and_splits(rng, dtype, b, h, hkv, nq, num_splits):
-    """Page size 16 with pages crossed, stale slots NaN, causal."""
+    """Page size 16 with pages crossed, stale slots NaN, causal, merged splits."""
     from helpers import assert_scaled_close
     d, d_v = 128, 64
     lens = np.array([37, 5][:b])
