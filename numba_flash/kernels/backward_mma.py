@@ -53,11 +53,11 @@ variant (``USER``, :mod:`numba_flash.flex`): ``mask_mod`` on the tiles a block m
 PARTIAL (every tile without one), ``score_mod`` / ``score_mod_grad`` on every seen pair; EMPTY
 tiles are never loaded.  ``[docs: backward.md]``.
 
-A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): every tile
-is ``HEAD_DIM = padded(max(d, d_v))`` wide, each array copied at its own width with zeros past
-it (16-byte copies when both widths are multiples of 8, else 16-bit loads), so the padded columns add nothing to any product; each output is written at
-its own width, and a pass whose columns lie past it is not launched
-(:func:`numba_flash.ops.backward_mma.useful_passes`).
+A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): every tile is
+``HEAD_DIM = padded(max(d, d_v))`` wide, each array copied at its own width with zeros past it
+(16-byte copies when both widths are multiples of 8, else 16-bit loads), so the padded columns add
+nothing to any product; each output is written at its own width, and a pass whose columns lie past
+it is not launched (:func:`numba_flash.ops.backward_mma.useful_passes`).
 
 Shared memory: one static ``uint32`` arena, rows of ``RB = 2 HEAD_DIM + 16`` bytes (the pad:
 conflict-free ``ldmatrix``), sized by ``BackwardMmaConfig.SMEM_BYTES`` (48 KiB at most).
