@@ -36,7 +36,8 @@ keys / columns ``8 n + 2 t (+1)`` (the accumulator views of :mod:`~numba_flash.k
 The K/V pipeline (``cp.async``, :mod:`~numba_flash.kernels.stages`)
 -------------------------------------------------------------------
 ``STAGES`` buffers, each a K tile then a V tile of ``BLOCK_N`` rows of ``RB = 2 HEAD_DIM + 16``
-bytes (the pad: conflict-free ``ldmatrix``); K and V are separate copy groups.  The prologue
+bytes (the pad: conflict-free ``ldmatrix``; V's rows ``2 HEAD_DIM_V + 16`` with a value head
+dim of its own); K and V are separate copy groups.  The prologue
 copies Q (into the last stage, or a region of its own at ``HEAD_DIM`` 256) and tiles ``0 ..
 STAGES - 2``; at tile ``j`` a thread waits for K_j (``cp.async.wait_group 2 STAGES - 3``), the
 block passes a barrier (K_j visible; every warp done with tile ``j - 1``, whose stage is
@@ -126,16 +127,17 @@ def forward_mma_kernel(cfg):
     and keys ``< Nk``; EMPTY tiles are never loaded.
     """
     (NUM_WARPS, M_TILES, BLOCK_N, HEAD_DIM, STAGES, Q_IN_REGS, DTYPE, DROPOUT, SOFTCAP, ALIBI,
-     VEC, USER, OWN_V) = cfg
+     VEC, USER, OWN_V, _) = cfg
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V and o: HEAD_DIM unless OWN_V
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES and STAGES >= 1
     BLOCK_M, THREADS, RB = cfg.BLOCK_M, cfg.THREADS, cfg.ROW_BYTES
-    KV_BYTES = BLOCK_N * RB         # one K (or V) tile
+    KV_BYTES = BLOCK_N * RB         # one K tile (V's follows it)
     STAGE_BYTES = cfg.STAGE_BYTES
     Q_BYTE = cfg.Q_BYTE
     SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES              # a lane's rows (two per 16-row tile)
     KEYS = BLOCK_N // 4             # a lane's scores per row (two per 8-key fragment)
-    COLS = HEAD_DIM // 4            # a lane's output columns per row
+    COLS = HEAD_DIM_V // 4          # a lane's output columns per row
     K_STEPS = HEAD_DIM // 16
     user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
     FNS = (user_score, user_mask) if USER is not None else None
@@ -155,7 +157,7 @@ def forward_mma_kernel(cfg):
     load_q = make_load_a(M_TILES, K_STEPS, RB)
     gemm_qk = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs" if Q_IN_REGS else "smem",
                         False, RB, RB, DTYPE)
-    gemm_pv = make_gemm(M_TILES, HEAD_DIM // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
+    gemm_pv = make_gemm(M_TILES, HEAD_DIM_V // 16, BLOCK_N // 16, "acc", True, RB, RB_V, DTYPE)
     scores_masked = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, True, RAW, SOFTCAP, ALIBI,
                                      FNS, float32)
     scores_full = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, False, RAW, SOFTCAP, ALIBI,
@@ -165,8 +167,9 @@ def forward_mma_kernel(cfg):
                                                                   float32, RESCALE)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
     copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)   # (OWN_V: two widths)
+    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V)
-    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, DTYPE)
     # the groups a thread may leave in flight (module docstring): at K_j, V_j and the K/V of the
     # STAGES - 2 tiles after it; at V_j, those tiles; in the prologue, Q's followers.  One
     # stage: K_j and V_j are the only groups in flight, each waited for alone
@@ -186,11 +189,19 @@ def forward_mma_kernel(cfg):
         cp_async_commit()
 
     @_stage
+    def load_v_tile(smem, smem_byte, v, v_base, kt, t_hi, nk, d_v, tid):
+        """:func:`load_tile` of a V tile (its own width with ``OWN_V``)."""
+        if kt < t_hi:
+            copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * d_v,
+                   min(BLOCK_N, nk - kt * BLOCK_N), d_v, tid)
+        cp_async_commit()
+
+    @_stage
     def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
         """K, then V, of tile ``kt`` into ``stage``: two copy groups (``v_at``: V's base and
         head dim, K's unless ``OWN_V``)."""
         load_tile(smem, stage * STAGE_BYTES, k, kv_base, kt, t_hi, nk, d, tid)
-        load_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
+        load_v_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
 
     @_stage
     def dropout_row(r, ctx):
@@ -265,7 +276,7 @@ def forward_mma_kernel(cfg):
             wait_k()
             cuda.syncthreads()  # K of tile kt landed for all; all warps are done with kt - 1
             if STAGES == 1:    # V's one buffer is free: V_kt lands under Q K^T
-                load_tile(smem, KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
+                load_v_tile(smem, KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
             else:              # the stage tile kt - 1 used takes tile kt + STAGES - 1
                 load_kv(smem, (stage + STAGES - 1) % STAGES, k, v, kv_base, kt_ahead, t_hi, nk,
                         d, tid, v_at)
@@ -366,7 +377,7 @@ def forward_mma_kernel(cfg):
         kv = (k, v, kv_base, nk, d, hk, (nk, left, right), v_at)
         frags = (qf, s, acc, m_i, l_i)
         lanes = (tid, t, row0, q_a, lane_offset(lane, RB, KIND_B),
-                 lane_offset(lane, RB, KIND_A), exp_scale)
+                 lane_offset(lane, RB_V, KIND_A), exp_scale)
         walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
@@ -395,9 +406,9 @@ def compile_configs():
              forward_mma_config(128, simulator=False, VEC=False, **every)]
     plan += [forward_mma_config(64, "bfloat16", simulator=False),
              forward_mma_config(128, "bfloat16", simulator=False, **every)]
-    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: both zero-padded to HEAD_DIM 256 by the
-    # 16-byte copies (chunks past each width zero-filled)
-    plan += [forward_mma_config(256, simulator=False, OWN_V=True)]
+    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: K and Q tiles 256 wide (the copies' chunk
+    # columns), V tiles 128
+    plan += [forward_mma_config(192, simulator=False, head_dim_v=128)]
     plan += [forward_mma_config(64, simulator=False, USER=_user_build())]
     for cfg in plan:
         yield compile_config(cfg)

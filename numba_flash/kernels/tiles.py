@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..backend import on_simulator
-from .common import padded_head_dim
+from .common import SMEM_LIMIT, padded_head_dim
 
 #: the 16-bit element types of the tensor-core kernels
 MMA_DTYPES = ("float16", "bfloat16")
@@ -57,8 +57,8 @@ class ForwardMmaConfig(NamedTuple):
     (else Q keeps a shared region and is read at every k-step); ``HEAD_DIM`` compile-time (``d``
     zero-padded to it unless ``VEC``); the element type and the compile-time variant flags;
     ``USER``: a user's ``(score_mod, mask_mod, BLOCKS)`` or None; ``OWN_V``: ``v`` (and ``o``)
-    have a head dim of their own, ``d_v`` (zero-padded to ``HEAD_DIM`` too; off, V shares K's
-    addresses)."""
+    have a head dim of their own, ``d_v``, in V tiles ``HEAD_DIM_V`` wide (0: ``HEAD_DIM``;
+    off, V shares K's addresses and width)."""
 
     NUM_WARPS: int
     M_TILES: int
@@ -73,15 +73,26 @@ class ForwardMmaConfig(NamedTuple):
     VEC: bool = True
     USER: object = None
     OWN_V: bool = False
+    HEAD_DIM_V: int = 0
 
     THREADS = _THREADS
     ROW_BYTES = _ROW_BYTES
     BLOCK_M = _OWNED_ROWS  # query rows of a block
 
     @property
+    def V_DIM(self):
+        """The V tile's (and ``o``'s) compile-time width: ``HEAD_DIM_V``, or ``HEAD_DIM``."""
+        return self.HEAD_DIM_V or self.HEAD_DIM
+
+    @property
+    def V_ROW_BYTES(self):
+        """Bytes of a shared V row."""
+        return mma_row_bytes(self.V_DIM)
+
+    @property
     def STAGE_BYTES(self):
         """One pipeline stage: a K tile, then a V tile."""
-        return 2 * self.BLOCK_N * self.ROW_BYTES
+        return self.BLOCK_N * (self.ROW_BYTES + self.V_ROW_BYTES)
 
     @property
     def Q_BYTE(self):
@@ -103,8 +114,9 @@ class ForwardMmaConfig(NamedTuple):
     @property
     def name(self):
         """The compile tier's name: ``forward_mma W4 M128 N64 D64 S2 [flags] float16``."""
+        dv = f" Dv{self.HEAD_DIM_V}" if self.HEAD_DIM_V else ""
         return (f"forward_mma W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} D{self.HEAD_DIM}"
-                f" S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{_flags_name(self)} "
+                f"{dv} S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{_flags_name(self)} "
                 f"{self.DTYPE}")
 
 
@@ -152,13 +164,28 @@ def forward_mma_tiles(head_dim, simulator=None, mods=False):
     return (FORWARD_MMA_MODS_TILES.get(hd) if mods else None) or FORWARD_MMA_TILES[hd]
 
 
-def forward_mma_config(head_dim, dtype="float16", simulator=None, **flags):
+def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=None, **flags):
     """The :class:`ForwardMmaConfig` of a call (``flags``: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``,
-    ``VEC``, ``USER``)."""
+    ``VEC``, ``USER``).  ``head_dim_v``: a value head dim of its own (``OWN_V``): K and Q tiles
+    ``HEAD_DIM`` = ``head_dim``'s padded head dim wide, V tiles and ``o``'s accumulator
+    ``HEAD_DIM_V`` = ``head_dim_v``'s (each shared budget its own width; padded widths, a
+    power of two, keep a thread's 16-byte chunk column fixed in the copies), with the tiles of
+    ``head_dim_v``'s padded head dim (the accumulator's registers decide them) where they fit in
+    48 KiB and Q's fragments stay within 128 registers, else those of the larger of the two
+    (DeepSeek's (192, 128): K 256 wide, V 128, the d = 128 tiles, 46.5 KiB)."""
     mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
-    nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
-    return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
-                            **flags)
+    if head_dim_v is None:
+        nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
+        return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
+                                **flags)
+    flags.update(OWN_V=True, HEAD_DIM_V=padded_head_dim(head_dim_v))
+    hd = padded_head_dim(head_dim)
+    for width in (head_dim_v, max(head_dim, head_dim_v)):
+        nw, mt, bn, stages, q_regs = forward_mma_tiles(width, simulator, mods)
+        cfg = ForwardMmaConfig(nw, mt, bn, hd, stages, q_regs, dtype, **flags)
+        if cfg.SMEM_BYTES <= SMEM_LIMIT and (q_regs is False or mt * hd <= 128):
+            return cfg
+    return cfg
 
 
 # -- the tensor-core backward ----------------------------------------------------------------

@@ -56,10 +56,10 @@ def launch_forward_mma(q, k, v, args, variant=None):
     d_v = args.d_v or d
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_mma")
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    # one HEAD_DIM holds d and d_v (OWN_V: each zero-padded to it, 16-bit loads)
-    cfg = forward_mma_config(max(d, d_v), args.dtype.name, DROPOUT=args.dropout_p > 0.0,
-                             SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
-                             USER=user_build(variant), OWN_V=d_v != d)
+    # a value head dim of its own: K / Q tiles and V tiles each of their own width (OWN_V)
+    cfg = forward_mma_config(d, args.dtype.name, head_dim_v=d_v if d_v != d else None,
+                             DROPOUT=args.dropout_p > 0.0, SOFTCAP=args.softcap > 0.0,
+                             ALIBI=args.alibi is not None, USER=user_build(variant))
     cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v))
     o = call.empty((b, h, nq, d_v), args.dtype)  # bfloat16: uint16 words, viewed back
     lse = call.empty((b, h, nq), np.float32)
