@@ -88,7 +88,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, learnable_sink=None):
+                            return_softmax_lse=False, *, learnable_sink=None, head_dim_v=None):
     """flash-attn's ``flash_attn_with_kvcache``: attention of ``q`` against a KV cache, after
     appending ``k``, ``v`` to it in place (rotated by ``rotary_cos``/``rotary_sin`` first).
 
@@ -111,6 +111,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     * ``num_splits``: 0 (automatic), 1 (no split) or the number of KV splits;
     * ``learnable_sink`` (keyword): float32 ``(nheads,)`` attention-sink logits (gpt-oss), added
       once per row (in the split-KV merge, not per split); no gradient here.
+    * a value head dim of its own: ``v_cache`` (and ``v``) with a last dim ``headdim_v`` of its
+      own; MLA's absorbed decode: ``v_cache=None`` and ``head_dim_v`` (keyword): the value is
+      the first ``head_dim_v`` columns of ``k_cache`` (one latent cache, ``headdim`` up to 576;
+      no ``k``, ``v``; :func:`numba_flash.decode`, whose tensor-core kernel it runs for
+      float16 / bfloat16 head dims that are multiples of 64).
 
     Returns ``out (batch_size, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse``
     also ``softmax_lse (batch_size, nheads, seqlen_q)`` (float32; float64 for float64; ``-inf``
@@ -122,18 +127,29 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     paged = block_table is not None
     layout = _PAGED if paged else _CACHE
     ks = checks.check_tensor("k_cache", k_cache, 4, layout)
-    vs = checks.check_tensor("v_cache", v_cache, 4, layout)
-    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
-    if ks != vs:
-        raise ValueError(f"v_cache: expected the shape of k_cache {ks}, got {vs}")
+    named = {"q": q, "k_cache": k_cache}
+    vs = ks
+    if v_cache is not None:
+        vs = checks.check_tensor("v_cache", v_cache, 4, layout)
+        named["v_cache"] = v_cache
+        if vs[:3] != ks[:3]:
+            raise ValueError(f"v_cache: expected the shape of k_cache {ks} but for the last "
+                             f"dim (headdim_v), got {vs}")
+    elif head_dim_v is None:
+        raise ValueError("head_dim_v: expected the value head dim with v_cache=None (MLA's "
+                         "absorbed decode: the first head_dim_v columns of k_cache), got None")
+    elif k is not None or v is not None:
+        raise ValueError("k: expected None with v_cache=None (a latent cache is appended to "
+                         "with numba_flash.append_kv first), got a tensor")
     if (k is None) != (v is None):
         raise ValueError(f"{'v' if v is None else 'k'}: expected a tensor with "
                          f"{'k' if v is None else 'v'} (both or neither), got None")
     if k is not None:
         new = "(batch_size, seqlen_new, nheads_k, headdim)"
         kns = checks.check_tensor("k", k, 4, new)
-        if checks.check_tensor("v", v, 4, new) != kns:
-            raise ValueError(f"v: expected the shape of k {kns}, got {tuple(v.shape)}")
+        if checks.check_tensor("v", v, 4, new) != kns[:3] + (vs[3],):
+            raise ValueError(f"v: expected shape {kns[:3] + (vs[3],)} (k's, with v_cache's "
+                             f"headdim), got {tuple(v.shape)}")
         if (kns[0], kns[2], kns[3]) != (qs[0], ks[2], ks[3]):
             raise ValueError(f"k: expected shape {new} = ({qs[0]}, seqlen_new, {ks[2]}, {ks[3]}) "
                              f"(batch_size from q, nheads_k and headdim from k_cache), got {kns}")
@@ -162,8 +178,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     kc, k_copy = (_writable_view(k_cache, device) if k is not None
                   else (bridge.as_heads_first(k_cache), None))
-    vc, v_copy = (_writable_view(v_cache, device) if k is not None
-                  else (bridge.as_heads_first(v_cache), None))
+    vc, v_copy = (None, None) if v_cache is None else (
+        _writable_view(v_cache, device) if k is not None
+        else (bridge.as_heads_first(v_cache), None))
     with bridge.on_device(device):
         o, lse = numba_flash.decode(
             bridge.as_heads_first(q), kc, vc, cache_seqlens=arr(seqlens),
@@ -175,7 +192,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
             cache_leftpad=arr(cache_leftpad),
-            learnable_sink=arr(learnable_sink))
+            learnable_sink=arr(learnable_sink), head_dim_v=head_dim_v)
         out = bridge.seq_first(o, device)
         lse = bridge.to_tensor(lse, device)
     for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):

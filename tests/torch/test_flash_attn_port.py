@@ -386,8 +386,9 @@ def _kvcache(**over):
 @pytest.mark.parametrize("over, exc, match", [
     (dict(k=torch.randn(2, 1, 2, 32, dtype=F16)), ValueError,
      r"v: expected a tensor with k \(both or neither\), got None"),
-    (dict(v_cache=torch.randn(2, 8, 2, 16, dtype=F16)), ValueError,
-     r"v_cache: expected the shape of k_cache \(2, 8, 2, 32\), got \(2, 8, 2, 16\)"),
+    (dict(v_cache=torch.randn(2, 8, 1, 16, dtype=F16)), ValueError,
+     r"v_cache: expected the shape of k_cache \(2, 8, 2, 32\) but for the last dim "
+     r"\(headdim_v\), got \(2, 8, 1, 16\)"),
     (dict(k=torch.randn(2, 1, 4, 32, dtype=F16), v=torch.randn(2, 1, 4, 32, dtype=F16)),
      ValueError, r"k: expected shape \(batch_size, seqlen_new, nheads_k, headdim\) = \(2, "
                  r"seqlen_new, 2, 32\)"),

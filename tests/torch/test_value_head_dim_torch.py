@@ -1,6 +1,7 @@
 """A value head dim of its own through ``numba_flash.torch`` (issue 35; FA3's ``hdim_v``):
 ``flash_attn_func`` / ``flash_attn_varlen_func`` forward with ``v [.., headdim_v]`` against
-torch's float64 attention, and the gradients (the SIMT backward) against its autograd."""
+torch's float64 attention, the gradients (the SIMT backward) against its autograd, and MLA's
+absorbed decode through ``flash_attn_with_kvcache(q, latent, None, head_dim_v=)``."""
 
 from __future__ import annotations
 
@@ -45,3 +46,24 @@ def test_gradients_with_a_value_head_dim(gen):
     for g, w in zip(torch.autograd.grad(out, (q, k, v), dout),
                     torch.autograd.grad(want, (q, k, v), dout.double())):
         assert g.shape == w.shape and (g.double() - w).abs().max().item() < 4e-6
+
+
+def test_kvcache_mla_absorbed_decode(gen):
+    """One latent cache (headdim 128, the value its first 64 columns), 4 query heads, float16:
+    the tensor-core decode against torch's float64 attention on the cache and its columns;
+    a v_cache of its own headdim; bad latent calls named."""
+    q = randn(gen, 1, 1, 4, 128, dtype=torch.float16) * 0.3
+    latent = randn(gen, 1, 24, 1, 128, dtype=torch.float16)
+    lens = torch.tensor([20], dtype=torch.int32)
+    out = nft.flash_attn_with_kvcache(q, latent, None, cache_seqlens=lens, head_dim_v=64)
+    want, _ = gpt_oss(q, latent[:, :20], latent[:, :20, :, :64], torch.full((4,), -float("inf")))
+    assert out.shape == (1, 1, 4, 64) and out.dtype == torch.float16
+    assert (out.double() - want).abs().max().item() < 2e-3
+    v_own = latent[..., :64].contiguous()
+    out2 = nft.flash_attn_with_kvcache(q, latent, v_own, cache_seqlens=lens)
+    assert (out2.double() - want).abs().max().item() < 2e-3
+    with pytest.raises(ValueError, match="^head_dim_v: "):
+        nft.flash_attn_with_kvcache(q, latent, None, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="^k: expected None with v_cache=None"):
+        nft.flash_attn_with_kvcache(q, latent, None, k=latent[:, :1], v=latent[:, :1],
+                                    cache_seqlens=lens, head_dim_v=64)
