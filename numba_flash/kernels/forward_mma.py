@@ -406,8 +406,7 @@ def compile_configs():
              forward_mma_config(128, simulator=False, VEC=False, **every)]
     plan += [forward_mma_config(64, "bfloat16", simulator=False),
              forward_mma_config(128, "bfloat16", simulator=False, **every)]
-    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: K and Q tiles 256 wide (the copies' chunk
-    # columns), V tiles 128
+    # (d, d_v) = (192, 128), DeepSeek's MLA prefill: K and Q tiles 192 wide, V tiles 128
     plan += [forward_mma_config(192, simulator=False, head_dim_v=128)]
     plan += [forward_mma_config(64, simulator=False, USER=_user_build())]
     for cfg in plan:

@@ -46,6 +46,7 @@ import math
 
 from numba import cuda, float32, int32, int64, types, uint32
 
+from .common import GRID_X_MAX
 from .elements import element_ops
 from .jit import device_jit, kernel_jit
 from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
@@ -65,8 +66,14 @@ SAME_ROW = Layout(2, 0, 0)
 
 
 def mla_decode_grid(b, hkv, nq, group, splits):
-    """``(B * Hkv * Nq * chunks, splits)``: ``chunks = ceil(group / 16)`` blocks of 16 heads."""
-    return (max(1, b * hkv * nq * -(-group // 16)), splits)
+    """``(B * Hkv * Nq * chunks, splits)``: ``chunks = ceil(group / 16)`` blocks of 16 heads
+    (a ValueError naming ``q`` past CUDA's x limit)."""
+    chunks = -(-group // 16)
+    x = int(b) * int(hkv) * int(nq) * chunks
+    if x > GRID_X_MAX:
+        raise ValueError(f"q: expected B * Hkv * Nq * ceil(group / 16) <= {GRID_X_MAX} (the "
+                         f"CUDA grid's x limit), got {b} * {hkv} * {nq} * {chunks} = {x}")
+    return (max(1, x), splits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,7 +116,7 @@ def mla_decode_kernel(cfg):
     D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
     NUM_WARPS, THREADS, RB = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES
     K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
-    assert STAGES in (1, 2) and THREADS % BLOCK_N == 0
+    assert STAGES == 2 and THREADS % BLOCK_N == 0   # tile n + 1 copied under tile n
     TILE_BYTES = BLOCK_N * RB
     SMEM_WORDS = STAGES * TILE_BYTES // 4    # the key tiles (16-bit pairs)
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
@@ -199,7 +206,7 @@ def mla_decode_kernel(cfg):
             kb = (n % STAGES) * TILE_BYTES
             cp_async_wait_all()
             cuda.syncthreads()  # tile n landed for all; every warp is done with tile n - 1
-            if STAGES == 2 and k_start + BLOCK_N < r_hi:   # tile n + 1 lands under this one
+            if k_start + BLOCK_N < r_hi:   # tile n + 1 lands under this one
                 if load_tile(smem, (n + 1) % STAGES, cache, k_start + BLOCK_N, r_hi, kc, tid):
                     bad_sh[0] = 1
             for r in range(ROWS):
@@ -210,10 +217,6 @@ def mla_decode_kernel(cfg):
             tile_scores(s, sa, token, k_start + 2 * t, bounds, False)    # mask the tile's end
             softmax_update(s, acc, m_i, l_i, exp_scale)                  # m_i, l_i, P, acc *= a
             gemm_pv(acc, s, smem, 0, kb + v_b)                           # acc_w += P V_w
-            if STAGES == 1 and k_start + BLOCK_N < r_hi:
-                cuda.syncthreads()  # every warp is done with the tile: the next one in its place
-                if load_tile(smem, 0, cache, k_start + BLOCK_N, r_hi, kc, tid):
-                    bad_sh[0] = 1
         # [/docs:mla-step]
 
         return step
@@ -288,6 +291,14 @@ def mla_decode_kernel(cfg):
         kc = (table, b, kvh, hkv, block_size, paged, n_cache_blocks)
         if r_lo < r_hi and load_tile(smem, 0, cache, r_lo, r_hi, kc, tid):
             bad_sh[0] = 1
+        if paged and not bad_len:   # every page of the split's keys (all tokens): a bad entry
+            s_hi = min(lo + size, khi)   # any token reads makes the whole sequence NaN
+            if lo < s_hi:
+                j = lo // block_size + tid
+                while j <= (s_hi - 1) // block_size:
+                    if table[b, j] < 0 or table[b, j] >= n_cache_blocks:
+                        bad_sh[0] = 1
+                    j += THREADS
         softmax_init(m_i, l_i, acc)
         sa = score_args(va, b, offset, nq)
         frags = (qf, s, acc, m_i, l_i, bad_sh)

@@ -708,11 +708,19 @@ _HIGH16 = uint32(0xFFFF0000)
 
 
 def _chunk_plan(ROWS, HEAD_DIM, THREADS):
+    """``(CT, STEP, COPIES, EXACT, PER_ROW)``: the 16-byte chunks of a ``ROWS x HEAD_DIM`` tile
+    a thread copies.  ``CT`` consecutive threads share a row (the chunk count's largest common
+    divisor with ``THREADS``, all of them when it divides ``THREADS``); thread ``tid`` takes
+    chunk columns ``tid % CT + CT j`` (``j < PER_ROW``: one unless the chunk count does not
+    divide ``THREADS``, e.g. 24 chunks of a 192-wide row on 32 threads: 8 a row, 3 columns each)
+    of rows ``tid // CT + STEP i`` (``i < COPIES``; ``EXACT``: every such row is inside the
+    tile).  Fixed columns: the copy's and the scan's per-thread offsets are computed once."""
     CHUNKS = HEAD_DIM // 8                 # 16-byte chunks per row
-    assert HEAD_DIM % 8 == 0 and THREADS % CHUNKS == 0, (HEAD_DIM, THREADS)
-    STEP = THREADS // CHUNKS               # rows between a thread's consecutive chunks
-    COPIES = -(-ROWS // STEP)              # chunks per thread (the last may lie past ROWS)
-    return CHUNKS, STEP, COPIES, ROWS % STEP == 0
+    assert HEAD_DIM % 8 == 0, HEAD_DIM
+    CT = math.gcd(CHUNKS, THREADS)         # threads per row
+    STEP = THREADS // CT                   # rows between a thread's consecutive rows
+    COPIES = -(-ROWS // STEP)              # rows per thread (the last may lie past ROWS)
+    return CT, STEP, COPIES, ROWS % STEP == 0, CHUNKS // CT
 
 
 @functools.lru_cache(maxsize=None)
@@ -726,18 +734,17 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
     rows of ``d``): the 16-byte chunks past ``d`` are zero-filled without a read (a thread's
     chunk column is fixed, so one test a tile), the stride is ``d``: two widths of one tile
     (a value head dim of its own) at ``cp.async`` speed."""
-    CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    CT, STEP, COPIES, EXACT, PER_ROW = _chunk_plan(ROWS, HEAD_DIM, THREADS)
     assert ROW_BYTES % 16 == 0 and ROW_BYTES >= 2 * HEAD_DIM
 
     @_device
-    def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
-        row0 = tid // CHUNKS
-        col = tid % CHUNKS
+    def copy_column(smem, smem_byte, src, elem_base, rows_valid, d, row0, col):
+        """Chunk column ``col`` of this thread's rows ``row0 + STEP i``."""
         dst0 = smem_byte + row0 * ROW_BYTES + 16 * col
         if VEC:
             stride = d if PAD else HEAD_DIM
             src0 = elem_base + row0 * stride + 8 * col
-            live = 8 * col < d if PAD else True   # (PAD) this thread's chunks hold data
+            live = 8 * col < d if PAD else True   # (PAD) this thread's chunk holds data
             if rows_valid >= ROWS:          # full tile: no per-row test
                 for i in range(COPIES):
                     if EXACT or row0 + i * STEP < ROWS:
@@ -772,6 +779,17 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
                             if c + 1 < d:
                                 hi = uint32(load_u16(src, base + c + 1))
                         smem[w0 + w] = uint32(lo | uint32(hi << _SHIFT16))
+
+    if PER_ROW == 1:   # a thread's one chunk column (every power-of-two width)
+        @_device
+        def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
+            copy_column(smem, smem_byte, src, elem_base, rows_valid, d, tid // CT, tid % CT)
+    else:              # its PER_ROW columns, CT chunks apart
+        @_device
+        def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
+            for j in range(PER_ROW):
+                copy_column(smem, smem_byte, src, elem_base, rows_valid, d, tid // CT,
+                            tid % CT + CT * j)
 
     return copy_tile
 
@@ -842,7 +860,7 @@ def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE
     unrolled, the loads of every chunk would be in flight together (a d = 128 tile of 32 rows
     on 64 threads: 32 registers).  ``PER_TILE``: the thread's offsets computed per call
     (:func:`in_loop`), not held across the caller's loop (as :func:`make_pair_load`)."""
-    CHUNKS, STEP, COPIES, EXACT = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    CT, STEP, COPIES, EXACT, PER_ROW = _chunk_plan(ROWS, HEAD_DIM, THREADS)
     zero_word = make_zero_nonfinite_word(DTYPE)
     STEP_WORDS = STEP * ROW_BYTES // 4
 
@@ -851,15 +869,16 @@ def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE
         bad = False
         if PER_TILE:
             tid = in_loop(int32(tid))
-        row = int32(tid // CHUNKS)
-        idx = int32((smem_byte + row * ROW_BYTES + 16 * (tid % CHUNKS)) >> 2)
+        row = int32(tid // CT)
+        idx = int32((smem_byte + row * ROW_BYTES + 16 * (tid % CT)) >> 2)
         end = int32(min(rows, ROWS))   # 32-bit: the loop's count and addresses in one register
         while row < end:
-            for w in range(4):
-                x = smem[idx + w]
+            for e in range(4 * PER_ROW):   # the thread's chunk columns, CT chunks apart
+                at = idx + 4 * CT * (e // 4) + e % 4
+                x = smem[at]
                 y = zero_word(x)
                 if y != x:
-                    smem[idx + w] = y
+                    smem[at] = y
                     bad = True
             row = int32(row + STEP)
             idx = int32(idx + STEP_WORDS)

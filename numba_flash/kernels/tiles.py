@@ -167,19 +167,19 @@ def forward_mma_tiles(head_dim, simulator=None, mods=False):
 def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=None, **flags):
     """The :class:`ForwardMmaConfig` of a call (``flags``: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``,
     ``VEC``, ``USER``).  ``head_dim_v``: a value head dim of its own (``OWN_V``): K and Q tiles
-    ``HEAD_DIM`` = ``head_dim``'s padded head dim wide, V tiles and ``o``'s accumulator
-    ``HEAD_DIM_V`` = ``head_dim_v``'s (each shared budget its own width; padded widths, a
-    power of two, keep a thread's 16-byte chunk column fixed in the copies), with the tiles of
-    ``head_dim_v``'s padded head dim (the accumulator's registers decide them) where they fit in
-    48 KiB and Q's fragments stay within 128 registers, else those of the larger of the two
-    (DeepSeek's (192, 128): K 256 wide, V 128, the d = 128 tiles, 46.5 KiB)."""
+    ``HEAD_DIM`` = ``head_dim`` rounded up to 16 wide, V tiles and ``o``'s accumulator
+    ``HEAD_DIM_V`` = ``head_dim_v`` rounded up to 16 (each shared budget its own width), with
+    the tiles of ``head_dim_v``'s padded head dim (the accumulator's registers decide them)
+    where they fit in 48 KiB and Q's fragments (``M_TILES HEAD_DIM / 4`` registers) stay within
+    the d = 64 build's 32, else those of the
+    larger of the two (DeepSeek's (192, 128): K 192 wide, V 128, the d = 128 tiles, 46 KiB)."""
     mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
     if head_dim_v is None:
         nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
         return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
                                 **flags)
-    flags.update(OWN_V=True, HEAD_DIM_V=padded_head_dim(head_dim_v))
-    hd = padded_head_dim(head_dim)
+    flags.update(OWN_V=True, HEAD_DIM_V=-(-head_dim_v // 16) * 16)
+    hd = -(-head_dim // 16) * 16
     for width in (head_dim_v, max(head_dim, head_dim_v)):
         nw, mt, bn, stages, q_regs = forward_mma_tiles(width, simulator, mods)
         cfg = ForwardMmaConfig(nw, mt, bn, hd, stages, q_regs, dtype, **flags)

@@ -25,6 +25,8 @@ is bitwise the same alone or beside any other sequences (flash-attn issue #1897)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import cuda
 
@@ -409,13 +411,18 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # [/docs:decode-split-policy]
     # window edges at or past the capacity (keys) or Nq (queries) are unbounded: int32-safe
     left, right = window_bounds(causal, clamp_window(*window, nq, capacity))
-    # [docs:decode-grid]
-    grid = decode_grid(b, hkv, chunks, n_splits)
-    # [/docs:decode-grid]
     acc_t = acc_dtype(dtype)
     rows_total = b * h * nq
+    if mla_mma:   # MLA's tensor-core kernel: its own grid, splits and partials
+        mla = _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink)
+        n_parts = mla.n_splits if mla.partial else 0
+    else:
+        # [docs:decode-grid]
+        grid = decode_grid(b, hkv, chunks, n_splits)
+        # [/docs:decode-grid]
+        n_parts = n_splits if n_splits > 1 else 0
     call.reserve({"o": ((rows_total, d_v), dtype),
-                  "o_part": ((n_splits if n_splits > 1 else 0, rows_total, d_v), acc_t),
+                  "o_part": ((n_parts, rows_total, d_v), acc_t),
                   "rotated q and k_new": ((rows_total + b * hkv * nnew if rotary else 0, d),
                                           dtype)})
 
@@ -445,12 +452,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
     if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/mla_decode.py)
-        left, right = window_bounds(causal, clamp_window(*window, nq, capacity))
         o, lse = _mla_decode_mma(
-            call, dq, dk_, d_table, paged_kernel, d_len, d_pad, shape=(b, h, hkv, nq, d, d_v),
-            dtype=dtype, scale=scale, window=(left, right), sink=sink, num_splits=num_splits,
-            capacity=capacity, n_cache=n_cache, n_slots=n_slots,
-            lengths=seqlens if validate else [capacity] * b)
+            call, dq, dk_, d_table, paged_kernel, d_len, d_pad, mla, shape=(b, h, hkv, nq, d, d_v),
+            dtype=dtype, scale=scale, window=(left, right), sink=sink, n_cache=n_cache,
+            n_slots=n_slots, lengths=seqlens if validate else [capacity] * b)
         out = call.result(o).reshape(qs[:-1] + (d_v,))
         return (out, call.result(lse).reshape(qs[:-1])) if return_lse else out
     o = call.empty((b, h, nq, d_v), dtype)
@@ -526,19 +531,36 @@ def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, a
     return why is None
 
 
-def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, *, shape, dtype, scale,
-                    window, sink, num_splits, capacity, n_cache, n_slots, lengths):
-    """The launches of MLA's tensor-core decode on validated device arrays (``cache``: the
-    rows ``[n_cache * Hkv * n_slots, d]``): the kernel, then, with several splits or a
-    learnable sink, the merge of its float32 partials (which adds the sink once).  Returns
-    device ``(o, lse)``."""
-    b, h, hkv, nq, d, d_v = shape
+class MlaPlan(NamedTuple):
+    """MLA's tensor-core decode of one call: its configuration, split policy (the decode's,
+    with ``STEP = BLOCK_N``), grid, and whether it writes float32 partials for the merge."""
+
+    cfg: object
+    split_target: int
+    split_min: int
+    n_splits: int
+    grid: tuple
+    partial: bool
+
+
+def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink):
+    """The :class:`MlaPlan` of a call (a ValueError past CUDA's grid limits)."""
     cfg = mla_decode_config(d, d_v, np.dtype(dtype).name)
     split_target, split_min = split_policy(num_splits, hkv, cfg.BLOCK_N)
     n_splits = split_grid(split_target, split_min, capacity)
     grid = mla_decode_grid(b, hkv, nq, h // hkv, n_splits)
+    return MlaPlan(cfg, split_target, split_min, n_splits, grid, n_splits > 1 or sink is not None)
+
+
+def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
+                    window, sink, n_cache, n_slots, lengths):
+    """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``) on validated device
+    arrays (``cache``: the rows ``[n_cache * Hkv * n_slots, d]``): the kernel, then, with
+    several splits or a learnable sink, the merge of its float32 partials (which adds the sink
+    once).  Returns device ``(o, lse)``."""
+    b, h, hkv, nq, d, d_v = shape
+    cfg, split_target, split_min, n_splits, grid, partial = plan
     rows = b * h * nq
-    partial = n_splits > 1 or sink is not None
     f32 = np.float32
     o = call.empty((b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), f32)

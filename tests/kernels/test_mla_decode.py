@@ -67,20 +67,32 @@ def test_left_pad_window_and_non_finite_keys(rng):
     assert_close(lse[:, :, 0], want_lse[:, :, 0], np.float32, name="lse")
 
 
-def test_bad_table_entry_is_nan_and_reads_nothing(rng):
-    """validate=False with a table entry past the cache: that sequence's o and lse are NaN, the
-    other is right (the kernel checks every entry before it reads)."""
-    b, h, d, d_v = 2, 4, 64, 64
-    lens = np.array([20, 30])
+def test_bad_entries_and_lengths_are_nan_and_read_nothing(rng):
+    """validate=False: a table entry past the cache that only the second of two causal tokens
+    reads makes the whole sequence NaN (both tokens, as the SIMT decode), a length past the
+    capacity too; a sequence of length 0 gets o = 0 and lse = its sink; the fourth is right
+    (the kernel checks every entry and length before it reads)."""
+    b, h, d, d_v = 4, 4, 64, 64
+    lens = np.array([17, 30, 0, 20])
     k, _, table = paged_cache(rng, b, 1, d, lens, 16, np.float16)
     bad = table.copy()
-    bad[0, 1] = 10_000
-    q = randn(rng, (b, h, d), np.float16, scale=0.3)
-    o, lse = latent_decode(q, k, d_v, lens, bad, validate=False, num_splits=2)
-    want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table)
-    assert np.isnan(o[0]).all() and np.isnan(lse[0]).all()
-    assert_close(o[1], want_o[1], np.float16, name="o")
-    assert_close(lse[1], want_lse[1], np.float32, name="lse")
+    bad[0, 1] = 10_000                          # key 16: token 1 sees it, token 0 does not
+    bad_lens = lens.copy()
+    bad_lens[1] = 10_000
+    q = randn(rng, (b, h, 2, d), np.float16, scale=0.3)
+    sink = np.array([0.5, 1.0, -1.0, 2.0], np.float32)
+    for splits in (1, 2):
+        o, lse = latent_decode(q, k, d_v, bad_lens, bad, causal=True, validate=False,
+                               num_splits=splits, learnable_sink=sink if splits == 2 else None)
+        assert np.isnan(o[:2]).all() and np.isnan(lse[:2]).all(), splits
+        np.testing.assert_array_equal(o[2], 0)
+        np.testing.assert_array_equal(lse[2], np.broadcast_to(
+            sink[:, None] if splits == 2 else -np.inf, (h, 2)))
+        want_o, want_lse = ref.paged_decode(q[3:], k, k[..., :d_v], lens[3:], table[3:],
+                                            causal=True,
+                                            learnable_sink=sink if splits == 2 else None)
+        assert_close(o[3:], want_o, np.float16, name="o")
+        assert_close(lse[3:], want_lse, np.float32, name="lse")
 
 
 @pytest.mark.parametrize("kw, words", [
