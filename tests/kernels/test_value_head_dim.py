@@ -251,16 +251,16 @@ def test_the_tensor_core_backward_with_a_value_head_dim(rng, d, d_v, dtype, dete
 
 def test_mla_prefill_head_dims_on_both_kernel_families(rng):
     """DeepSeek's MLA prefill shape, (d, d_v) = (192, 128): forward and backward on tensor
-    cores (float16; the 256-wide builds: three of the four dK/dV passes, the dV pass of columns
-    128.. would write nothing) and SIMT (float32), GQA, causal, against the float64
-    reference."""
+    cores (float16; the forward's K tiles 192 wide and V tiles 128, the backward's 256-wide
+    builds: three of the four dK/dV passes, the dV pass of columns 128.. would write nothing) and SIMT (float32), causal, against the float64 reference (GQA
+    with d_v: the tests above)."""
     from helpers import assert_scaled_close
     from numba_flash.kernels.backward_mma import dkdv_passes
     from numba_flash.ops.backward_mma import useful_passes
     assert len(useful_passes(dkdv_passes(256, False), 192, 128)) == 3
     for kernel, dtype, tol in (("mma", np.float16, (2e-3, 2.5e-3)),
                                ("simt", np.float32, (None, None))):
-        q, do = (rng.standard_normal((1, 2, 5, w)).astype(dtype) for w in (192, 128))
+        q, do = (rng.standard_normal((1, 1, 5, w)).astype(dtype) for w in (192, 128))
         k, v = (rng.standard_normal((1, 1, 7, w)).astype(dtype) for w in (192, 128))
         o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, kernel=kernel)
         grads = numba_flash.backward(do, q, k, v, o, lse, causal=True, kernel=kernel)
