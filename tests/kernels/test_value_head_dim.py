@@ -250,10 +250,10 @@ def test_the_tensor_core_backward_with_a_value_head_dim(rng, d, d_v, dtype, dete
 
 
 def test_mla_prefill_head_dims_on_both_kernel_families(rng):
-    """DeepSeek's MLA prefill shape, (d, d_v) = (192, 128): forward and backward on tensor
-    cores (float16; the forward's K tiles 192 wide and V tiles 128, the backward's 256-wide
-    builds: three of the four dK/dV passes, the dV pass of columns 128.. would write nothing) and SIMT (float32), causal, against the float64 reference (GQA
-    with d_v: the tests above)."""
+    """DeepSeek's MLA prefill shape, (d, d_v) = (192, 128): forward and backward on tensor cores
+    (float16; the forward's K tiles 192 wide and V tiles 128, the backward's 256-wide builds: three
+    of the four dK/dV passes, the dV pass of columns 128.. would write nothing) and SIMT (float32),
+    causal, against the float64 reference (GQA with d_v: the tests above)."""
     from helpers import assert_scaled_close
     from numba_flash.kernels.backward_mma import dkdv_passes
     from numba_flash.ops.backward_mma import useful_passes
