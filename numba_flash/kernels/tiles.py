@@ -202,8 +202,8 @@ class BackwardMmaConfig(NamedTuple):
 
     Both keep their own operands' fragments where the table says (:data:`BACKWARD_MMA_TILES`).
     ``OWN_V``: ``v`` and ``do`` (so ``dv``) have a head dim of their own, ``d_v``, zero-padded to
-    the one ``HEAD_DIM`` with ``q`` and ``k`` (16-bit loads; off, they share Q's and K's
-    addresses)."""
+    the one ``HEAD_DIM`` with ``q`` and ``k`` (16-byte copies with the chunks past each width
+    zero-filled when ``VEC``, else 16-bit loads; off, they share Q's and K's addresses)."""
 
     KIND: str
     NUM_WARPS: int
@@ -337,9 +337,11 @@ class MlaDecodeConfig(NamedTuple):
     D_QK: int = 576
     D_V: int = 512
     BLOCK_N: int = 16
-    STAGES: int = 2
     DTYPE: str = "float16"
 
+    #: tile n + 1 is copied under tile n's math (one stage would leave the copy unoverlapped;
+    #: a third 16-key tile of 576 passes 48 KiB with the partial scores)
+    STAGES = 2
     #: four warps: ``o``'s 16 x 512 float32 accumulator is 64 registers a lane split four
     #: ways (one warp: 256, past the 255-register file), and S's 36 k-steps of Q fragments
     #: are 36 registers a lane split four ways (all in one warp: 144)
@@ -386,7 +388,7 @@ def mla_decode_config(d_qk, d_v, dtype="float16"):
     pass the 48 KiB static limit, and one stage leaves the copy unoverlapped).  ``d_qk`` a
     multiple of 64 (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column
     ``B`` pairs split four ways), ``d_v <= d_qk``."""
-    return MlaDecodeConfig(d_qk, d_v, 16, 2, dtype)
+    return MlaDecodeConfig(d_qk, d_v, 16, dtype)
 
 
 # -- the SIMT forward ------------------------------------------------------------------------

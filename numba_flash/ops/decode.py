@@ -45,8 +45,8 @@ from ..kernels.decode import (
 )
 from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
 from ..kernels.mla_decode import mla_decode_config, mla_decode_grid, mla_decode_kernel
+from ..kernels.forward_mma import vector_copies
 from ..kernels.tiles import MMA_DTYPES
-from ..backend import on_simulator
 from ..kernels.visibility import window_bounds
 from .forward import kernel_variant, no_sink
 from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
@@ -521,9 +521,7 @@ def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, a
         why = f"head dims that are multiples of 64 (got {d} and head_dim_v={d_v})"
     elif softcap > 0 or alibi_slopes is not None or variant is not None:
         why = "no softcap, ALiBi, score_mod or mask_mod"
-    elif not on_simulator() and any(
-            x.__cuda_array_interface__["data"][0] % 16 for x in arrays
-            if hasattr(x, "__cuda_array_interface__")):
+    elif not vector_copies(d, d, *(x for x in arrays if hasattr(x, "__cuda_array_interface__"))):
         why = "16-byte aligned q and k_cache"
     if why is not None and kernel == "mma":
         raise ValueError(f"kernel: 'mma' (MLA's tensor-core decode) takes {why}; pass "

@@ -57,6 +57,14 @@ def contiguous_cache(rng, b, hkv, nmax, d, lens, dtype, poison=True):
     return k, v
 
 
+def some_cache(rng, paged, b, hkv, d, lens, dtype, block_size, nmax):
+    """``(k, v, table)``: :func:`paged_cache` of ``block_size``-slot blocks, or (``paged``
+    False) :func:`contiguous_cache` of ``nmax`` slots with ``table = None``."""
+    if paged:
+        return paged_cache(rng, b, hkv, d, lens, block_size, dtype)
+    return (*contiguous_cache(rng, b, hkv, nmax, d, lens, dtype), None)
+
+
 def check(o, lse, want_o, want_lse, dtype):
     assert_close(o, want_o, dtype, name="o")
     assert lse.dtype == LSE_DTYPE[np.dtype(dtype).type]
@@ -144,11 +152,7 @@ def test_multi_token_queries(rng, causal, paged):
     short sequence, whose first rows see no key (o = 0, lse = -inf)."""
     b, h, hkv, nq, d = 2, 4, 2, 3, 8
     lens = np.array([2, 26])
-    if paged:
-        k, v, table = paged_cache(rng, b, hkv, d, lens, 5, np.float32)
-    else:
-        k, v = contiguous_cache(rng, b, hkv, 26, d, lens, np.float32)
-        table = None
+    k, v, table = some_cache(rng, paged, b, hkv, d, lens, np.float32, 5, 26)
     q = randn(rng, (b, h, nq, d), np.float32)
     o, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table, causal=causal,
                                 num_splits=None, return_lse=True)
@@ -275,11 +279,7 @@ def test_empty_cache_is_accepted(rng, paged, num_splits):
     (they match the reference).  Before: ValueError "expected every entry >= 1"."""
     b, h, hkv, d = 3, 4, 2, 8
     lens = np.array([0, 13, 0])
-    if paged:
-        k, v, table = paged_cache(rng, b, hkv, d, lens, 4, np.float32)
-    else:
-        k, v = contiguous_cache(rng, b, hkv, 16, d, lens, np.float32)
-        table = None
+    k, v, table = some_cache(rng, paged, b, hkv, d, lens, np.float32, 4, 16)
     q = randn(rng, (b, h, 2, d), np.float32)
     o, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table, causal=True,
                                 num_splits=num_splits, return_lse=True)

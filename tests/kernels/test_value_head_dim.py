@@ -17,7 +17,7 @@ import pytest
 import numba_flash
 from numba_flash import reference as ref
 from helpers import LSE_DTYPE, assert_close, randn
-from test_decode_kernel import contiguous_cache, paged_cache
+from test_decode_kernel import paged_cache, some_cache
 
 
 @pytest.mark.parametrize("d, d_v, dtype", [(24, 8, np.float32), (8, 20, np.float16),
@@ -118,11 +118,7 @@ def test_varlen_with_a_value_head_dim(rng, paged):
 def test_decode_with_a_value_head_dim(rng, d, d_v, paged, num_splits):
     b, h, hkv = 2, 4, 2
     lens = np.array([29, 7])
-    if paged:
-        k, _, table = paged_cache(rng, b, hkv, d, lens, 5, np.float32)
-    else:
-        k, _ = contiguous_cache(rng, b, hkv, 32, d, lens, np.float32)
-        table = None
+    k, _, table = some_cache(rng, paged, b, hkv, d, lens, np.float32, 5, 32)
     v = randn(rng, k.shape[:3] + (d_v,))
     q = randn(rng, (b, h, 2, d))
     o, lse = numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table,
@@ -162,11 +158,7 @@ def test_mla_absorbed_decode(rng, paged, num_splits, kernel):
     contiguous cache) and the SIMT decode."""
     b, h, d, d_v = 2, 8, 576, 512
     lens = np.array([40, 9])
-    if paged:
-        k, _, table = paged_cache(rng, b, 1, d, lens, 64, np.float16)
-    else:
-        k, _ = contiguous_cache(rng, b, 1, 72, d, lens, np.float16)
-        table = None
+    k, _, table = some_cache(rng, paged, b, 1, d, lens, np.float16, 64, 72)
     q = randn(rng, (b, h, d), np.float16, scale=0.2)
     sink = (rng.standard_normal(h) + 2.0).astype(np.float32)
     before = k.copy()
