@@ -195,6 +195,27 @@ def _performance_warning():
     return NumbaPerformanceWarning
 
 
+#: shared memory a block may use without opting in (a static array's limit)
+_SHARED_DEFAULT = 48 * 1024
+
+
+def opt_in_shared(kernel, args, nbytes):
+    """Let ``kernel`` (a dispatcher, compiled here for ``args`` if it is not yet) launch with
+    ``nbytes`` of dynamic shared memory past 48 KiB: the driver attribute
+    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, which numba-cuda has no public way to
+    set (its issue 94), set as its own ``shared_memory_carveout`` sets another attribute.  The
+    attribute is per kernel and device; setting it again is one driver call.  Nothing to do
+    under 48 KiB or in the simulator (whose dynamic array is as large as asked)."""
+    if nbytes <= _SHARED_DEFAULT or on_simulator():
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    cufunc = compiled._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+
+
 class ArrayCall:
     """Array handling for one public call; ``inputs`` are the user's arrays, by name.
 
@@ -360,17 +381,19 @@ class ArrayCall:
                 return arr.view(BFLOAT16) if bf16 else arr
         return x  # a Numba device array of bfloat16 words (Numba has no bfloat16 dtype)
 
-    def launch(self, kernel, grid, block, *args, work=None):
-        """Launch ``kernel[grid, block, stream](*args)`` (on the inputs' device).
+    def launch(self, kernel, grid, block, *args, work=None, shared=0):
+        """Launch ``kernel[grid, block, stream, shared](*args)`` (on the inputs' device).
 
         ``work`` (a :class:`~numba_flash.frontend.sim_time.SimWork`) describes what the threads
         do, for the simulator's time estimate and its warning before a long launch; it changes
-        nothing on the GPU."""
+        nothing on the GPU.  ``shared``: bytes of dynamic shared memory (past 48 KiB opted into
+        first: :func:`opt_in_shared`)."""
         if not on_simulator():
             with self.device(), warnings.catch_warnings():
                 # numba warns on every grid under 128 blocks; a small problem is not a mistake
                 warnings.simplefilter("ignore", _performance_warning())
-                kernel[grid, block, self.stream](*args)
+                opt_in_shared(kernel, args, shared)
+                kernel[grid, block, self.stream, shared](*args)
             self._check_guards()
             return
         if _ESTIMATES is not None:  # inside estimate_only(): record, do not run
@@ -380,7 +403,7 @@ class ArrayCall:
         warn_if_slow(kernel, grid, block, work)
         try:
             with simulator.fast_switching():  # see numba_flash.simulator
-                kernel[grid, block, self.stream](*args)
+                kernel[grid, block, self.stream, shared](*args)
         except Exception as exc:  # raised in a user's score_mod / mask_mod: told in its terms
             from ..flex.errors import user_error
 

@@ -114,6 +114,76 @@ def forward_grid(nq, b, h, block_m):
 
 
 @functools.lru_cache(maxsize=None)
+def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
+    """``(dropout_rows, nonfinite_v_fixup)``: the per-row stages of a forward whose lanes hold
+    the :mod:`~numba_flash.kernels.warp_gemm` fragment view (``ROWS`` rows ``row0 + 16 (r >> 1)
+    + 8 (r & 1)``, ``KEYS`` scores and ``COLS`` output columns a row): this kernel's and the
+    warpgroup forward's (:mod:`~numba_flash.kernels.forward_wgmma`), whose warps hold one
+    16-row tile of the same view.
+
+    * ``dropout_rows((s, va, sa, row0, key0, nk))``: ``P * keep / (1 - p)`` for ``P V``;
+    * ``nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask)``: rare, a
+      non-finite ``v[j, c]`` of a key ``j`` the row sees makes ``o[i, c]`` NaN."""
+    MASK_MOD = FNS is not None and FNS[1] is not None
+    EXP_MASK = EXP_BITS[DTYPE]
+    score_fn = make_score_fn(RAW, SOFTCAP, ALIBI, FNS, float32)
+    ZERO = float32(0.0)
+
+    @device_jit
+    def dropout_row(r, ctx):
+        """``P * keep / (1 - p)`` in the lane's row ``r``: one Philox call per 8-key fragment
+        covers the lane's 2 keys (``8 n + 2 t`` is even: both in a group of 4)."""
+        s, va, sa, row0, key0, nk = ctx
+        seed_lo, seed_hi, threshold, keep_scale = va.dropout
+        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
+        for n in range(KEYS // 2):
+            key = key0 + 8 * n
+            bits = 0
+            if row < sa.nq and key < nk:
+                bits = philox_keep_bits4(seed_lo, seed_hi, sa.b, sa.h, row, key >> 2,
+                                         threshold) >> (key & 3)
+            for e in range(2):
+                s[r, 2 * n + e] = s[r, 2 * n + e] * keep_scale if (bits >> e) & 1 else ZERO
+
+    @device_jit
+    def mark_row(r, ctx):
+        """Row ``r`` of the lane sees key ``key``: its columns in ``cols`` join ``row_bad[r]``."""
+        row_bad, cols, key, row0, sa, bounds, umask = ctx
+        nk, left, right = bounds
+        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
+        lo, hi = key_bounds(row, sa.offset, nk, left, right)
+        if lo <= key and key < hi and (not MASK_MOD or (
+                row < sa.nq and score_fn(ZERO, row, key, sa, umask)[0])):
+            row_bad[r] |= cols
+
+    mark_rows = static_for(ROWS, mark_row)
+    nan_columns = make_nan_columns(ROWS, COLS)
+
+    @device_jit
+    def nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask):
+        """Read from global memory, where ``v`` is still inf / NaN (the shared copy was
+        zeroed); the columns go through bit masks (bit ``c``: the lane's column ``c``), so
+        ``acc`` is only indexed by compile-time indices and stays in registers."""
+        nk = bounds[0]
+        d = v.shape[3]
+        row_bad = cuda.local.array(ROWS, uint64)
+        for r in range(ROWS):
+            row_bad[r] = uint64(0)
+        for j in range(min(BLOCK_N, nk - k_start)):
+            key = k_start + j
+            cols = uint64(0)
+            for c in range(COLS):
+                col = 2 * t + 8 * (c >> 1) + (c & 1)
+                if col < d and (v[sa.b, hk, key, col] & EXP_MASK) == EXP_MASK:
+                    cols |= uint64(1) << uint64(c)
+            if cols != uint64(0):
+                mark_rows((row_bad, cols, key, row0, sa, bounds, umask))
+        nan_columns(acc, row_bad)
+
+    return static_for(ROWS, dropout_row), nonfinite_v_fixup
+
+
+@functools.lru_cache(maxsize=None)
 def forward_mma_kernel(cfg):
     """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.tiles.
     ForwardMmaConfig` ``cfg``.
@@ -143,7 +213,6 @@ def forward_mma_kernel(cfg):
     FNS = (user_score, user_mask) if USER is not None else None
     MASK_MOD = user_mask is not None
     RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into the exponent
-    EXP_MASK = EXP_BITS[DTYPE]      # exponent bits: all ones = inf or NaN
     ZERO = float32(0.0)
     ONE = float32(1.0)
     LOG2E_F = float32(LOG2E)
@@ -162,7 +231,6 @@ def forward_mma_kernel(cfg):
                                      FNS, float32)
     scores_full = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, False, RAW, SOFTCAP, ALIBI,
                                    FNS, float32)
-    score_fn = make_score_fn(RAW, SOFTCAP, ALIBI, FNS, float32)
     softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                                   float32, RESCALE)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
@@ -203,60 +271,8 @@ def forward_mma_kernel(cfg):
         load_tile(smem, stage * STAGE_BYTES, k, kv_base, kt, t_hi, nk, d, tid)
         load_v_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
 
-    @_stage
-    def dropout_row(r, ctx):
-        """``P * keep / (1 - p)`` for ``P V`` in the lane's row ``r``: one Philox call per
-        8-key fragment covers the lane's 2 keys (``8 n + 2 t`` is even: both in a group of 4)."""
-        s, va, sa, row0, key0, nk = ctx
-        seed_lo, seed_hi, threshold, keep_scale = va.dropout
-        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
-        for n in range(KEYS // 2):
-            key = key0 + 8 * n
-            bits = 0
-            if row < sa.nq and key < nk:
-                bits = philox_keep_bits4(seed_lo, seed_hi, sa.b, sa.h, row, key >> 2,
-                                         threshold) >> (key & 3)
-            for e in range(2):
-                s[r, 2 * n + e] = s[r, 2 * n + e] * keep_scale if (bits >> e) & 1 else ZERO
-
-    dropout_rows = static_for(ROWS, dropout_row)
-
-    @_stage
-    def mark_row(r, ctx):
-        """Row ``r`` of the lane sees key ``key``: its columns in ``cols`` join ``row_bad[r]``."""
-        row_bad, cols, key, row0, sa, bounds, umask = ctx
-        nk, left, right = bounds
-        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
-        lo, hi = key_bounds(row, sa.offset, nk, left, right)
-        if lo <= key and key < hi and (not MASK_MOD or (
-                row < sa.nq and score_fn(ZERO, row, key, sa, umask)[0])):
-            row_bad[r] |= cols
-
-    mark_rows = static_for(ROWS, mark_row)
-
-    nan_columns = make_nan_columns(ROWS, COLS)
-
-    @_stage
-    def nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask):
-        """Rare: a non-finite ``v[j, c]`` of a key ``j`` the row sees makes ``o[i, c]`` NaN
-        (the reference's rule); read from global memory, where it is still inf / NaN.  The
-        columns go through bit masks (bit ``c``: the lane's column ``c``), so ``acc`` is only
-        indexed by compile-time indices and stays in registers."""
-        nk = bounds[0]
-        d = v.shape[3]
-        row_bad = cuda.local.array(ROWS, uint64)
-        for r in range(ROWS):
-            row_bad[r] = uint64(0)
-        for j in range(min(BLOCK_N, nk - k_start)):
-            key = k_start + j
-            cols = uint64(0)
-            for c in range(COLS):
-                col = 2 * t + 8 * (c >> 1) + (c & 1)
-                if col < d and (v[sa.b, hk, key, col] & EXP_MASK) == EXP_MASK:
-                    cols |= uint64(1) << uint64(c)
-            if cols != uint64(0):
-                mark_rows((row_bad, cols, key, row0, sa, bounds, umask))
-        nan_columns(acc, row_bad)
+    dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
+                                                      SOFTCAP, ALIBI, FNS)
 
     def make_step(MASKED):
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row

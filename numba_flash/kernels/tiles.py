@@ -188,6 +188,119 @@ def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=Non
     return cfg
 
 
+# -- the warpgroup (wgmma) forward, sm_90a ---------------------------------------------------
+#: shared memory of one Hopper block past the 48 KiB of a static array: dynamic, opted into at
+#: launch (227 KiB on sm_90; the driver attribute ``MAX_DYNAMIC_SHARED_SIZE_BYTES``)
+SMEM_LIMIT_SM90 = 227 * 1024
+
+#: bytes of alignment slack: the swizzled tiles start on a 1024-byte shared address
+#: (:func:`~numba_flash.kernels.wgmma.align_pad`), and dynamic shared memory promises 16
+ARENA_SLACK = 1024
+
+
+class WgmmaForwardConfig(NamedTuple):
+    """The warpgroup forward's kernel configuration (:mod:`numba_flash.kernels.forward_wgmma`).
+
+    ``WARPGROUPS`` warpgroups of 128 threads, each owning 64 query rows (a warp 16 of them:
+    the ``mma.sync`` fragment view with one row tile); ``BLOCK_N`` keys per K/V tile (the ``N``
+    of ``S = Q K^T``'s ``wgmma``); ``STAGES`` K/V buffers; ``HEAD_DIM`` 64 or 128 (``d``
+    zero-padded to it unless ``VEC``), every tile in the 128-byte swizzle; the element type and
+    the variant flags as :class:`ForwardMmaConfig`.  Shared memory is dynamic (Q for the whole
+    loop, then the stages), past 48 KiB opted into at launch."""
+
+    WARPGROUPS: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    STAGES: int = 2
+    DTYPE: str = "float16"
+    DROPOUT: bool = False
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    VEC: bool = True
+    USER: object = None
+
+    SWIZZLE = 128
+
+    @property
+    def NUM_WARPS(self):
+        """Warps of a block: 4 a warpgroup."""
+        return 4 * self.WARPGROUPS
+
+    @property
+    def THREADS(self):
+        """Threads of a block: 128 a warpgroup."""
+        return 128 * self.WARPGROUPS
+
+    @property
+    def BLOCK_M(self):
+        """Query rows of a block: 64 a warpgroup."""
+        return 64 * self.WARPGROUPS
+
+    @property
+    def Q_BYTES(self):
+        """Q's tile (read by every ``S = Q K^T``: it keeps its region)."""
+        return 2 * self.BLOCK_M * self.HEAD_DIM
+
+    @property
+    def TILE_BYTES(self):
+        """One K (or V) tile."""
+        return 2 * self.BLOCK_N * self.HEAD_DIM
+
+    @property
+    def SMEM_BYTES(self):
+        """Dynamic shared memory of one block: Q, ``STAGES`` x (K, V), the alignment slack."""
+        return self.Q_BYTES + 2 * self.STAGES * self.TILE_BYTES + ARENA_SLACK
+
+    @property
+    def name(self):
+        """The compile tier's name: ``forward_wgmma WG2 M128 N128 D64 S2 [flags] float16``."""
+        return (f"forward_wgmma WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
+                f"D{self.HEAD_DIM} S{self.STAGES}{_flags_name(self)} {self.DTYPE}")
+
+
+#: the warpgroup forward's head dims (the 128-byte swizzle takes rows of 64 elements; past 128
+#: the output accumulator (``d / 2`` registers) and S's crowd 255 registers)
+WGMMA_HEAD_DIMS = (64, 128)
+
+#: its tiles on a GPU: ``(WARPGROUPS, BLOCK_N, STAGES)``.  Two warpgroups (128 rows) share each
+#: K / V tile (half the copies per row); 128 keys: ``S`` is 64 registers a thread and ``P V`` 8
+#: ``wgmma`` k-steps per tile.  d = 64: 16 + 2 x 32 KiB = 80 KiB (2 blocks an SM); d = 128:
+#: 32 + 2 x 64 = 160 KiB (1 block: 8 warps, as FA3's 128 x 128)
+WGMMA_FORWARD_TILES = {
+    64: (2, 128, 2),
+    128: (2, 128, 2),
+}
+
+#: the builds with per-element work (dropout, softcap, ALiBi, a user's variant): 64 keys a
+#: tile, half the unrolled per-score code of 128
+WGMMA_FORWARD_MODS_TILES = {
+    64: (2, 64, 2),
+    128: (2, 64, 2),
+}
+
+#: the simulator's tiles: one warpgroup (128 Python threads), 16 keys, 2 stages
+WGMMA_FORWARD_SIM_TILES = (1, 16, 2)
+
+
+def wgmma_head_dim(head_dim):
+    """The compile-time ``HEAD_DIM`` of the warpgroup forward for ``d`` (1..128)."""
+    return next(h for h in WGMMA_HEAD_DIMS if h >= head_dim)
+
+
+def wgmma_forward_config(head_dim, dtype="float16", simulator=None, **flags):
+    """The :class:`WgmmaForwardConfig` of a call (``head_dim`` 1..128; ``flags``: ``DROPOUT``,
+    ``SOFTCAP``, ``ALIBI``, ``VEC``, ``USER``)."""
+    if simulator is None:
+        simulator = on_simulator()
+    hd = wgmma_head_dim(head_dim)
+    mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
+    if simulator:
+        wg, bn, stages = WGMMA_FORWARD_SIM_TILES
+    else:
+        wg, bn, stages = (WGMMA_FORWARD_MODS_TILES if mods else WGMMA_FORWARD_TILES)[hd]
+    return WgmmaForwardConfig(wg, bn, hd, stages, dtype, **flags)
+
+
 # -- the tensor-core backward ----------------------------------------------------------------
 class BackwardMmaConfig(NamedTuple):
     """The tensor-core backward's kernel configuration (:mod:`numba_flash.kernels.backward_mma`),

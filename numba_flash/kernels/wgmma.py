@@ -134,7 +134,8 @@ from numba import cuda, types, uint32, uint64
 from ..backend import on_simulator
 from .jit import device_jit, kernel_jit
 from .mma import dtype_name, half2_bits, halves_to_float64, mma_ops
-from .stages import cp_async16, cp_async_commit, cp_async_wait_all, load_u16
+from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, load_u16,
+                     make_zero_nonfinite_word)
 
 #: threads of a warpgroup
 WARPGROUP = 128
@@ -834,6 +835,120 @@ def make_tile_copy(LAYOUT, THREADS, VEC=True):
 
 
 # ------------------------------------------------------------------------------------------
+# the warpgroup GEMM stage: the mma.sync fragment view in and out (the kernels' stages)
+# ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def make_fragment_view(N):
+    """``(to_tuple, from_tuple)`` between a thread's ``m64nNk16`` accumulator (a
+    ``UniTuple(float32, N / 2)``) and the :mod:`~numba_flash.kernels.warp_gemm` fragment view
+    ``v`` (float32 ``[2, N / 4]``, one 16-row tile): ``d_i`` is ``v[(i >> 1) & 1, 2 (i >> 2) +
+    (i & 1)]``, the same row and column (:func:`acc_coords` against ``ACC_ROWS`` /
+    ``ACC_COLS``), so the ``mma.sync`` kernels' score, softmax and epilogue stages run on it.
+    Straight-line code (generated: a tuple is built and read by constant indices only), so both
+    sides stay in registers."""
+    cells = [f"v[{(i >> 1) & 1}, {2 * (i >> 2) + (i & 1)}]" for i in range(N // 2)]
+    src = ("def to_tuple(v):\n    return (" + ", ".join(cells) + ",)\n\n\n"
+           "def from_tuple(d, v):\n"
+           + "".join(f"    {c} = d[{i}]\n" for i, c in enumerate(cells)))
+    ns = {}
+    exec(compile(src, f"<wgmma fragment view N={N}>", "exec"), ns)
+    return _device(ns["to_tuple"]), _device(ns["from_tuple"])
+
+
+@functools.lru_cache(maxsize=None)
+def make_a_from_view(DTYPE="float16"):
+    """``a_from_view(v, j)``: the four ``A`` registers of k-block ``j`` from columns ``16 j ..
+    16 j + 15`` of the fragment view ``v`` (:func:`make_fragment_view`), rounded to ``DTYPE``:
+    :func:`make_a_from_acc` on the view (``warp_gemm``'s ``"acc"`` packing)."""
+    _mma, pack2 = mma_ops(DTYPE)
+
+    @_device
+    def a_from_view(v, j):
+        c = 4 * j
+        return (pack2(v[0, c], v[0, c + 1]), pack2(v[1, c], v[1, c + 1]),
+                pack2(v[0, c + 2], v[0, c + 3]), pack2(v[1, c + 2], v[1, c + 3]))
+
+    return a_from_view
+
+
+# [docs:warpgroup-gemm]
+@functools.lru_cache(maxsize=None)
+def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, ACCUMULATE=True):
+    """``gemm(acc, a, smem, a_addr, b_addr)``: the warpgroup's ``acc (+)= A B`` on ``wgmma``,
+    ``acc`` the thread's fragment view float32 ``[2, N / 4]`` (:func:`make_fragment_view`; the
+    warp's 16 rows of the warpgroup's 64).  ``B`` (``K x N``) in the :class:`TileLayout`
+    ``B_LAYOUT`` at shared address ``b_addr``, read ``B_MAJOR`` (``"K"``: ``N`` rows of ``K``, a
+    K tile; ``"MN"``: ``K`` rows of ``N``, a V tile); ``A`` (``64 x K``) from the ``A_LAYOUT``
+    tile at shared address ``a_addr`` (SS; ``a`` unused), or with ``A_LAYOUT`` None from the
+    fragment view ``a`` (float32 ``[2, K / 4]``, packed to ``DTYPE`` per k-block: RS, ``P`` for
+    ``P V``).  ``ACCUMULATE`` False: ``acc = A B`` (``acc`` not read).  Issues the ``K / 16``
+    ``wgmma``, commits them and waits: ``acc`` holds the product on return."""
+    SS = A_LAYOUT is not None
+    TRANS_B = 1 if B_MAJOR == "MN" else 0
+    K_STEPS = (B_LAYOUT.COLS if B_MAJOR == "K" else B_LAYOUT.ROWS) // 16
+    mma = make_wgmma(N, DTYPE, "smem" if SS else "regs", 0, TRANS_B)
+    to_tuple, from_tuple = make_fragment_view(N)
+    zeros = make_acc_zeros(N)
+    a_from_view = make_a_from_view(DTYPE)
+    B_START = tuple(B_LAYOUT.descriptor(B_MAJOR, kk).start for kk in range(K_STEPS))
+    B_HI = B_LAYOUT.desc_hi(B_MAJOR)
+    A_START = tuple(A_LAYOUT.descriptor("K", kk).start for kk in range(K_STEPS)) if SS \
+        else B_START
+    A_HI = A_LAYOUT.desc_hi("K") if SS else B_HI
+
+    @_device
+    def gemm(acc, a, smem, a_addr, b_addr):
+        d = fence_operand(to_tuple(acc) if ACCUMULATE else zeros())
+        wgmma_fence()  # the accumulator's registers (just written) before the first mma
+        for kk in range(K_STEPS):
+            db = make_desc(b_addr + B_START[kk], B_HI)
+            if SS:  # scale_d = kk without ACCUMULATE: the first k-step writes D = A B
+                d = mma(smem, make_desc(a_addr + A_START[kk], A_HI), db, d,
+                        1 if ACCUMULATE else kk)
+            else:   # A's registers of k-block kk, packed, then the fence that orders them
+                ra = fence_operand(a_from_view(a, kk))
+                wgmma_fence()
+                d = mma(smem, ra, db, d, 1 if ACCUMULATE else kk)
+        wgmma_commit_group()
+        wgmma_wait_group(0)
+        from_tuple(fence_operand(d), acc)  # complete: back into the fragment view
+
+    return gemm
+# [/docs:warpgroup-gemm]
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_scan(LAYOUT, THREADS, DTYPE="float16"):
+    """``zero_nonfinite(smem, tile_byte, rows, tid)``: the chunks :func:`make_tile_copy` gave
+    thread ``tid`` in the tile's first ``rows`` rows, every inf / NaN element set to +0; True
+    if there was one (:func:`numba_flash.kernels.stages.make_tile_scan` in the swizzled
+    layout).  The thread then fences its stores for ``wgmma`` (:func:`fence_proxy_async`)
+    before the barrier."""
+    ROWS, CHUNKS, W = LAYOUT.check().ROWS, LAYOUT.COLS // 8, LAYOUT.W
+    TOTAL = ROWS * CHUNKS
+    COPIES = -(-TOTAL // THREADS)
+    EXACT = TOTAL % THREADS == 0
+    zero_word = make_zero_nonfinite_word(DTYPE)
+
+    @_device
+    def zero_nonfinite(smem, tile_byte, rows, tid):
+        bad = False
+        for i in range(COPIES):
+            idx = tid + i * THREADS
+            if (EXACT or idx < TOTAL) and idx // CHUNKS < rows:
+                at = (tile_byte + chunk_offset_device(idx // CHUNKS, idx % CHUNKS, ROWS, W)) >> 2
+                for e in range(4):
+                    x = smem[at + e]
+                    y = zero_word(x)
+                    if y != x:
+                        smem[at + e] = y
+                        bad = True
+        return bad
+
+    return zero_nonfinite
+
+
+# ------------------------------------------------------------------------------------------
 # probe kernels: one warpgroup end to end (tests, compile tier, docs)
 # ------------------------------------------------------------------------------------------
 def _round_up(x, m):
@@ -1033,6 +1148,7 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "a_fragments", "desc_bits", "encode_descriptor", "decode_descriptor",
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
+           "make_fragment_view", "make_a_from_view", "make_warpgroup_gemm", "make_tile_scan",
            "tiles_ready",
            "align_pad", "wgmma_fence", "wgmma_commit_group", "wgmma_wait_group",
            "fence_operand", "fence_proxy_async", "smem_address", "wgmma_gemm_kernel",

@@ -167,7 +167,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``"mma"`` (tensor cores, float16 and bfloat16: :func:`numba_flash.ops.forward_mma.forward_mma`)
     or ``"auto"``: ``"mma"`` for float16 / bfloat16 on a GPU of compute capability >= 8.0
     without explicit
-    ``block_m`` / ``block_n``, ``"simt"`` otherwise.
+    ``block_m`` / ``block_n``, ``"simt"`` otherwise.  ``"wgmma"``: Hopper's warpgroup forward
+    (:mod:`numba_flash.ops.forward_wgmma`; float16 / bfloat16, ``d`` <= 128, compute
+    capability 9.0 or the simulator; ``"auto"`` does not take it while its GPU speed is
+    unmeasured).
 
     Your own variant (FlexAttention's functions, :mod:`numba_flash.flex`; both kernel
     families, every dtype):
@@ -199,6 +202,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     d_v = args.d_v
     if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
         return _forward_mma()(q, k, v, args, variant)
+    if which == "wgmma":
+        return import_mma("forward_wgmma").launch_forward_wgmma(q, k, v, args, variant)
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     # a user's variant rides on the score-modifier build (softcap / ALiBi switched at run time)
     use_mods = softcap > 0.0 or alibi is not None or variant is not None

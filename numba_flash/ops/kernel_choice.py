@@ -10,6 +10,10 @@ module's ``MMA_DTYPES`` (float16 alone for a module without one), so a dtype rea
 cores only once that op has it.  ``kernel="mma"`` on a GPU older than sm_80 is a ``ValueError``
 naming its compute capability (before any compile), never a ptxas failure.
 
+``kernel="wgmma"`` (the forward only) asks for Hopper's warpgroup forward
+(:mod:`numba_flash.ops.forward_wgmma`): float16 / bfloat16, the simulator or compute capability
+9.0 (a ``ValueError`` naming the GPU's elsewhere); ``"auto"`` does not take it.
+
 The tensor-core ops (:mod:`numba_flash.ops.forward_mma`, :mod:`numba_flash.ops.backward_mma`)
 are imported only when a call would use them; one that is installed but fails to import is an
 :class:`ImportError` naming the failure, never a quiet fall-back to SIMT (only a module that is
@@ -27,10 +31,11 @@ from ..backend import on_simulator
 __all__ = ["KERNELS", "check_forward_kernel", "check_backward_kernel", "mma_available",
            "mma_dtypes", "import_mma", "cuda_cc"]
 
-#: the values of ``kernel=``
-KERNELS = ("auto", "simt", "mma")
+#: the values of ``kernel=`` (``"wgmma"``: the forward only, compute capability 9.0)
+KERNELS = ("auto", "simt", "mma", "wgmma")
 
-_WHAT = {"forward_mma": "the tensor-core forward", "backward_mma": "the tensor-core backward"}
+_WHAT = {"forward_mma": "the tensor-core forward", "backward_mma": "the tensor-core backward",
+         "forward_wgmma": "the warpgroup (wgmma) forward"}
 
 
 def _module_name(name):
@@ -102,6 +107,8 @@ def _check_name(kernel, dtype, name):
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     dt = np.dtype(dtype)
+    if kernel == "wgmma":
+        return _check_wgmma(dt, name)
     if kernel == "mma" and dt.name not in ("float16", "bfloat16"):
         raise ValueError(f"kernel: 'mma' (tensor cores) takes float16 or bfloat16 inputs, got "
                          f"{dt.name}; use kernel='simt' or 'auto'")
@@ -113,6 +120,22 @@ def _check_name(kernel, dtype, name):
         raise ValueError(f"kernel: 'mma' needs a GPU of compute capability >= 8.0 "
                          f"(mma.sync.m16n8k16), this one has {cc[0]}.{cc[1]}; use kernel='simt' "
                          "or 'auto' (which runs SIMT there)")
+
+
+def _check_wgmma(dt, name):
+    """``kernel="wgmma"``: the forward only, float16 / bfloat16, the simulator or a GPU of
+    compute capability 9.0 (``wgmma`` is an sm_90a instruction: not on 8.x, nor on 10.x)."""
+    if name != "forward_mma":
+        raise ValueError("kernel: 'wgmma' is the forward's (numba_flash.forward); the "
+                         "backward runs on kernel='mma', 'simt' or 'auto'")
+    if dt.name not in ("float16", "bfloat16"):
+        raise ValueError(f"kernel: 'wgmma' (tensor cores) takes float16 or bfloat16 inputs, "
+                         f"got {dt.name}; use kernel='simt' or 'auto'")
+    cc = cuda_cc()
+    if cc is not None and cc[:2] != (9, 0):
+        raise ValueError(f"kernel: 'wgmma' needs a GPU of compute capability 9.0 (Hopper: "
+                         f"wgmma.mma_async is sm_90a), this one has {cc[0]}.{cc[1]}; use "
+                         "kernel='mma' or 'auto'")
 
 
 def _auto_mma(dtype, name):
@@ -129,14 +152,16 @@ def check_forward_kernel(kernel, dtype, explicit_tiles_given):
     """``"simt"`` or ``"mma"`` for the forward's ``kernel=`` (validated) and input dtype.
 
     ``"auto"`` takes tensor cores (see the module docstring) unless ``block_m`` / ``block_n``
-    ask for SIMT tiles; with ``"mma"`` explicit tiles are a ``ValueError``.
+    ask for SIMT tiles; with ``"mma"`` or ``"wgmma"`` explicit tiles are a ``ValueError``.
+    ``"auto"`` never takes ``"wgmma"``: it keeps ``mma.sync`` until a GPU record shows the
+    warpgroup forward correct and faster (docs/performance.md).
     """
     _check_name(kernel, dtype, "forward_mma")
-    if kernel == "mma":
+    if kernel in ("mma", "wgmma"):
         if explicit_tiles_given:
-            raise ValueError("block_m: the tile choice applies to kernel='simt' only, got "
-                             "block_m/block_n with kernel='mma'")
-        return "mma"
+            raise ValueError(f"block_m: the tile choice applies to kernel='simt' only, got "
+                             f"block_m/block_n with kernel={kernel!r}")
+        return kernel
     if kernel == "simt" or explicit_tiles_given:
         return "simt"
     return "mma" if _auto_mma(dtype, "forward_mma") else "simt"

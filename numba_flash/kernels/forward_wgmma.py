@@ -1,0 +1,300 @@
+"""FlashAttention forward on Hopper's warpgroup tensor-core instruction (``wgmma.mma_async``,
+sm_90a), composed of the mainloop stages.
+
+Contract: the tensor-core forward's (:mod:`numba_flash.kernels.forward_mma`, whose docstring
+states it: ``o``, ``lse``, the visibility rules, the variants, the non-finite rules, dropout's
+Philox mask); ``Q K^T`` and ``P V`` take 16-bit operands with float32 accumulation, ``P``
+rounded to the input type, the softmax in float32.
+
+The per-tile step reads as the ``mma.sync`` forward's, with the warpgroup's GEMM
+-----------------------------------------------------------------------------------
+:func:`~numba_flash.kernels.wgmma.make_warpgroup_gemm` ``S = Q K^T`` (SS: Q and K from shared
+memory through descriptors), :func:`~numba_flash.kernels.tile_scores.make_tile_scores`,
+:func:`~numba_flash.kernels.online_softmax.make_online_softmax`, dropout, ``acc += P V`` (RS:
+``P`` from the ``S`` registers, V read MN-major), the same epilogue.  The ``wgmma`` accumulator
+of a warp's 16 rows *is* the ``mma.sync`` fragment of one 16-row tile (:mod:`~numba_flash.
+kernels.wgmma`'s fragment table), so every stage after the GEMM is the ``mma.sync`` forward's
+with ``M_TILES = 1``: a lane holds rows ``g`` and ``g + 8`` of its warp's 16, ``BLOCK_N / 4``
+scores and ``HEAD_DIM / 4`` output columns of each (the fragment view of
+:func:`~numba_flash.kernels.wgmma.make_fragment_view`).
+
+Blocks, warpgroups, shared memory
+---------------------------------
+The configuration is a :class:`~numba_flash.kernels.tiles.WgmmaForwardConfig`.  grid = ``(ceil(Nq
+/ BLOCK_M) B H,)`` (Q tiles fastest), block = ``128 WARPGROUPS`` threads; warpgroup ``wg`` owns
+rows ``64 wg ..`` of the Q tile and warp ``w`` of the block rows ``16 w ..``.  Shared memory is
+dynamic (``SMEM_BYTES``; past 48 KiB opted into at launch): from the first 1024-byte boundary
+(the 128-byte swizzle's pattern), Q (``BLOCK_M x HEAD_DIM``), then ``STAGES`` x (K, V) of
+``BLOCK_N x HEAD_DIM``, every tile a :class:`~numba_flash.kernels.wgmma.TileLayout` in the
+128-byte swizzle, written by 16-byte ``cp.async`` (16-bit loads without ``VEC``); K and V read
+by the ``wgmma`` as K-major and MN-major operands of the same storage.
+
+The pipeline (as the ``mma.sync`` forward's: K and V separate copy groups, tile ``j + STAGES -
+1`` issued at tile ``j``'s first barrier).  What ``wgmma`` adds: a thread's copies (generic
+proxy) reach the tensor cores (async proxy) only after ``fence.proxy.async``, so each barrier
+that publishes a tile follows the thread's wait and that fence; and a stage is refilled only
+after the ``wgmma`` that read it completed (each GEMM stage waits for its own group, so at the
+next barrier every warp is done with the stage).  ``wait_group 0`` after each GEMM: the
+softmax of tile ``j`` does not overlap a ``wgmma`` (FA3's intra-warpgroup overlap is not built
+yet; another warpgroup's or block's warps fill the tensor cores meanwhile).
+
+K/V tiles outside the keys some row of the Q tile sees are never loaded; a masked tile zeroes
+the non-finite halves of the V chunks each thread copied (0 * NaN = NaN on a tensor core) and
+marks ``acc`` NaN where a key a row sees has a non-finite ``v[j, c]`` (read from global memory),
+as the ``mma.sync`` forward.  ``[docs: wgmma.md]`` explains the warpgroup and the layouts.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, float32, int64, types, uint32
+
+from ..backend import on_simulator
+from .elements import element_ops
+from .forward_mma import forward_grid, make_row_stages
+from .jit import device_jit, kernel_jit
+from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax, sink_of
+from .stages import LOG2E, cp_async_commit, cp_async_wait
+from .tile_scores import make_score_args, make_tile_scores
+from .tile_walk import make_kv_walk
+from .tiles import (MMA_DTYPES, SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, WgmmaForwardConfig,
+                    wgmma_forward_config)
+from .variant import variant_type
+from .visibility import make_tile_span
+from .warp_gemm import ACC_COLS, ACC_ROWS
+from .wgmma import (ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async, flop,
+                    make_tile_copy, make_tile_scan, make_warpgroup_gemm, smem_address)
+
+__all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "WgmmaForwardConfig", "wgmma_forward_config",
+           "forward_grid", "forward_wgmma_kernel", "compile_configs"]
+
+_stage = functools.partial(device_jit, own_module=True, inline=True)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_wgmma_kernel(cfg):
+    """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.tiles.
+    WgmmaForwardConfig` ``cfg``: the arguments of :func:`~numba_flash.kernels.forward_mma.
+    forward_mma_kernel` (uint16 views of ``q``, ``k``, ``v`` ``[B, H(kv), N, d]``; the flat
+    ``o`` and ``lse``; the :class:`~numba_flash.kernels.variant.Variant`), launched with
+    ``cfg.SMEM_BYTES`` of dynamic shared memory."""
+    (WARPGROUPS, BLOCK_N, HEAD_DIM, STAGES, DTYPE, DROPOUT, SOFTCAP, ALIBI, VEC, USER) = cfg
+    assert HEAD_DIM in WGMMA_HEAD_DIMS and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES
+    assert STAGES >= 2  # the stage tile j - 1 used takes tile j + STAGES - 1
+    BLOCK_M, THREADS = cfg.BLOCK_M, cfg.THREADS
+    ROWS = 2                        # a lane's rows: g and g + 8 of its warp's 16
+    KEYS = BLOCK_N // 4             # a lane's scores per row
+    COLS = HEAD_DIM // 4            # a lane's output columns per row
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    FNS = (user_score, user_mask) if USER is not None else None
+    MASK_MOD = user_mask is not None
+    RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into the exponent
+    ONE = float32(1.0)
+    LOG2E_F = float32(LOG2E)
+    LOG = on_simulator()            # compile time: the tile log exists only in the simulator
+    XOR = (1, 2)                    # a row's 4 lanes (its quad)
+
+    # -- shared memory (module docstring): Q, then STAGES x (K, V), 1024-byte aligned tiles
+    Q_LAY = TileLayout(BLOCK_M, HEAD_DIM, cfg.SWIZZLE).check()
+    KV_LAY = TileLayout(BLOCK_N, HEAD_DIM, cfg.SWIZZLE).check()
+    assert cfg.Q_BYTES % ARENA_ALIGN == 0 and cfg.TILE_BYTES % ARENA_ALIGN == 0
+    KV_BYTE = cfg.Q_BYTES                   # stage s: K at KV_BYTE + 2 s TILE, V after it
+    TILE = cfg.TILE_BYTES
+    Q_WG = Q_LAY.descriptor("K", 0, mn0=64).start if WARPGROUPS > 1 else 0  # a warpgroup's rows
+
+    # -- the stages (module docstring)
+    gemm_qk = make_warpgroup_gemm(BLOCK_N, KV_LAY, "K", DTYPE, A_LAYOUT=Q_LAY, ACCUMULATE=False)
+    gemm_pv = make_warpgroup_gemm(HEAD_DIM, KV_LAY, "MN", DTYPE)
+    scores_masked = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, True, RAW, SOFTCAP, ALIBI,
+                                     FNS, float32)
+    scores_full = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, False, RAW, SOFTCAP, ALIBI,
+                                   FNS, float32)
+    softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
+                                                                  float32, RESCALE_LOG2)
+    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
+    dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
+                                                      SOFTCAP, ALIBI, FNS)
+    copy_q = make_tile_copy(Q_LAY, THREADS, VEC)
+    copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
+    zero_nonfinite_v = make_tile_scan(KV_LAY, THREADS, DTYPE)
+    # the groups a thread may leave in flight, as the mma.sync forward's (K_j: K_j's own and
+    # the 2 (STAGES - 2) of the tiles after it pending... see its module docstring)
+    wait_k = cp_async_wait(max(0, 2 * STAGES - 3))
+    wait_v = cp_async_wait(max(0, 2 * STAGES - 2))
+    wait_q = cp_async_wait(max(1, 2 * STAGES - 2))
+    score_args = make_score_args(ALIBI, float32)
+    tile_span = make_tile_span(BLOCK_N)
+
+    @_stage
+    def load_tile(smem, tile_byte, x, kv_base, kt, t_hi, nk, d, tid):
+        """Issue the copy of K (or V) tile ``kt`` as one copy group (an empty one past
+        ``t_hi``: every step commits as many, so the waits count constants)."""
+        if kt < t_hi:
+            copy_kv(smem, tile_byte, x, kv_base + kt * BLOCK_N * d, d,
+                    min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
+        cp_async_commit()
+
+    @_stage
+    def load_kv(smem, pad, stage, k, v, kv_base, kt, t_hi, nk, d, tid):
+        """K, then V, of tile ``kt`` into ``stage`` (arena bytes from ``pad``): two copy
+        groups."""
+        k_byte = pad + KV_BYTE + 2 * TILE * stage
+        load_tile(smem, k_byte, k, kv_base, kt, t_hi, nk, d, tid)
+        load_tile(smem, k_byte + TILE, v, kv_base, kt, t_hi, nk, d, tid)
+
+    def make_step(MASKED):
+        """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
+        of the Q tile sees (or a user's mask_mod asks), as the ``mma.sync`` forward's."""
+        tile_scores = scores_masked if MASKED else scores_full
+
+        # [docs:wgmma-step]
+        @_stage
+        def step(kt, kt_ahead, stage, t_hi, ctx, umask):
+            smem, kv, frags, lane, va, sa = ctx
+            k, v, kv_base, nk, d, hk, bounds, pad = kv
+            s, acc, m_i, l_i = frags
+            tid, t, row0, q_addr, base, exp_scale = lane
+            k_start = kt * BLOCK_N
+            k_byte = pad + KV_BYTE + 2 * TILE * stage   # this tile's stage: K, then V
+            wait_k()
+            fence_proxy_async()  # this thread's K copies, seen by the wgmma (async proxy)
+            cuda.syncthreads()  # K of tile kt landed for all; all wgmma of tile kt - 1 done
+            load_kv(smem, pad, (stage + STAGES - 1) % STAGES, k, v, kv_base, kt_ahead, t_hi, nk,
+                    d, tid)
+            gemm_qk(s, s, smem, q_addr, base + k_byte)                 # S = Q K^T
+            tile_scores(s, sa, row0, k_start + 2 * t, bounds, umask)   # mask, score mods
+            softmax_update(s, acc, m_i, l_i, exp_scale)                # m_i, l_i, P, acc *= a
+            if DROPOUT:
+                dropout_rows((s, va, sa, row0, k_start + 2 * t, nk))
+            wait_v()
+            v_bad = 0
+            if MASKED:  # zero V's inf / NaN halves this thread copied (0 * NaN = NaN)
+                bad = zero_nonfinite_v(smem, k_byte + TILE, nk - k_start, tid)
+                fence_proxy_async()  # the copies and the zeroing, seen by the wgmma
+                v_bad = cuda.syncthreads_or(1 if bad else 0)  # V landed for all; non-finite?
+            else:
+                fence_proxy_async()  # this thread's V copies, seen by the wgmma
+                cuda.syncthreads()  # V of tile kt landed for all threads
+            gemm_pv(acc, s, smem, 0, base + k_byte + TILE)             # acc += P V
+            if MASKED and v_bad:
+                nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask)
+        # [/docs:wgmma-step]
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
+
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES,
+                             max(STAGES - 1, 1), LOG)
+
+    # a user's functions stay out of the on-disk kernel cache (as the mma.sync forward)
+    @kernel_jit(cache=USER is None)
+    def flash_forward_wgmma(q, k, v, o, lse, va):
+        # -- which block, warpgroup, warp and lane
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2                 # the lane's rows g, g + 8 of its warp's 16
+        t = lane & 3                  # the lane's key / column pair 2t, 2t + 1 of a fragment
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        nk = k.shape[2]
+        d = q.shape[3]
+        n_qt = (nq + BLOCK_M - 1) // BLOCK_M
+        bh = cuda.blockIdx.x // n_qt
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // (n_heads // k.shape[1])  # GQA: query head h reads kv head h // group
+        q_start = (cuda.blockIdx.x % n_qt) * BLOCK_M
+        q_end = min(q_start + BLOCK_M, nq)
+        offset = nk - nq                   # bottom-right alignment of queries against keys
+        left, right = va.window
+        sa = score_args(va, b, h, offset, nq)
+        row0 = q_start + 16 * warp + g     # the lane's first row
+        exp_scale = va.scale * LOG2E_F if RAW else LOG2E_F
+
+        smem = cuda.shared.array(0, uint32)   # dynamic: cfg.SMEM_BYTES
+        pad = align_pad(smem)                 # the tiles from a 1024-byte boundary
+        base = smem_address(smem)             # arena byte x is shared address base + x
+        s = cuda.local.array((ROWS, KEYS), float32)
+        acc = cuda.local.array((ROWS, COLS), float32)
+        m_i = cuda.local.array(ROWS, float32)
+        l_i = cuda.local.array(ROWS, float32)
+
+        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
+        kv_base = (b * k.shape[1] + hk) * nk * d
+        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+
+        # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
+        copy_q(smem, pad, q, ((b * n_heads + h) * nq + q_start) * d, d, q_end - q_start, d,
+               tid)
+        cp_async_commit()
+        kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
+        ahead = kt
+        for i in range(STAGES - 1):
+            load_kv(smem, pad, i, k, v, kv_base, ahead, t_hi, nk, d, tid)
+            ahead = nxt(ahead, w)
+        wait_q()
+        fence_proxy_async()  # this thread's Q copies, seen by the wgmma (the first step's
+        # barrier publishes them: no wgmma reads Q before it)
+        softmax_init(m_i, l_i, acc)
+
+        kv = (k, v, kv_base, nk, d, hk, (nk, left, right), pad)
+        frags = (s, acc, m_i, l_i)
+        lanes = (tid, t, row0, base + pad + (tid >> 7) * Q_WG, base, exp_scale)
+        walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
+
+        # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
+        row_base = int64(uint32(bh)) * nq
+        epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
+                 (row0, nq, row_base * d, d, row_base, t == 0), (2 * t, d),
+                 sink_of(va.sink, uint32(bh) % uint32(n_heads)))
+
+    return flash_forward_wgmma
+
+
+def compile_configs():
+    """The compile tier's builds, for sm_90a: d = 64 and 128 plain, float16 and bfloat16; every
+    flag at once at 128; the 16-bit-load build at 64; a user's variant at 64."""
+    from .forward_mma import _user_build
+
+    every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
+    plan = [wgmma_forward_config(hd, simulator=False) for hd in WGMMA_HEAD_DIMS]
+    plan += [wgmma_forward_config(64, "bfloat16", simulator=False),
+             wgmma_forward_config(128, simulator=False, **every),
+             wgmma_forward_config(64, simulator=False, VEC=False),
+             wgmma_forward_config(64, simulator=False, USER=_user_build())]
+    for cfg in plan:
+        yield compile_config(cfg)
+
+
+def compile_config(cfg):
+    """The compile tier's entry of one configuration (its Numba argument types)."""
+    u16 = types.Array(types.uint16, 4, "C")
+    o_t = types.Array(types.float16 if cfg.DTYPE == "float16" else types.uint16, 1, "C")
+    user_t = ()
+    if cfg.USER is not None:  # kinds and the two aux arrays of forward_mma._user_build
+        user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
+                  types.Array(types.int32, 2, "C"))
+    return {
+        "name": cfg.name,
+        "config": cfg,
+        "kernel": forward_wgmma_kernel(cfg),
+        "args": (u16, u16, u16, o_t, types.Array(types.float32, 1, "C"),
+                 variant_type(types.float32, cfg.DROPOUT, user_t)),
+        "float64_ok": False,
+        "cc": CC,
+        "launch_bounds": cfg.THREADS,
+        "dynamic_smem": cfg.SMEM_BYTES,
+        # per warpgroup and K/V tile: Q K^T in HEAD_DIM / 16 m64n{BLOCK_N}k16, P V in
+        # BLOCK_N / 16 m64n{HEAD_DIM}k16
+        "hgmma": ((cfg.BLOCK_N, cfg.HEAD_DIM // 16), (cfg.HEAD_DIM, cfg.BLOCK_N // 16)),
+        "flop_per_tile": (cfg.HEAD_DIM // 16) * flop(cfg.BLOCK_N)
+        + (cfg.BLOCK_N // 16) * flop(cfg.HEAD_DIM),
+    }
+
+
+assert all(wgmma_forward_config(hd, simulator=False).SMEM_BYTES <= SMEM_LIMIT_SM90
+           for hd in WGMMA_HEAD_DIMS)

@@ -1,0 +1,54 @@
+"""``forward(..., kernel="wgmma")``: the attention forward on Hopper's warpgroup tensor-core
+instruction (float16 or bfloat16, ``wgmma.mma_async``, sm_90a).
+
+It takes what the ``mma.sync`` forward takes (:func:`numba_flash.ops.forward_mma.forward_mma`),
+for head dims up to 128 with ``v`` as wide as ``q``; it runs in the simulator everywhere and on a
+GPU of compute capability 9.0.  ``kernel="auto"`` does not choose it: its speed on a GPU is
+unmeasured.  See :mod:`numba_flash.kernels.forward_wgmma` for the kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.sim_time import tiled_work
+from ..kernels.forward_wgmma import (MMA_DTYPES, WGMMA_HEAD_DIMS, forward_grid,
+                                     forward_wgmma_kernel, wgmma_forward_config)
+from ..kernels.forward_mma import vector_copies
+from .forward import forward_variant, user_build
+
+
+def launch_forward_wgmma(q, k, v, args, variant=None):
+    """Run the warpgroup forward on ``q``, ``k``, ``v`` with ``args`` validated by
+    :func:`~numba_flash.ops.forward.check_forward_args` (``forward(kernel="wgmma")`` calls
+    this); ``variant``: the user's variant or None.  Head dims past 128 and a value head dim of
+    its own are a ``ValueError`` (use ``kernel="mma"``)."""
+    if args.dtype.name not in MMA_DTYPES:
+        raise TypeError(f"q: expected dtype float16 or bfloat16 for the warpgroup forward, "
+                        f"got {args.dtype}")
+    b, h, nq, d = args.b, args.h, args.nq, args.d
+    if d > WGMMA_HEAD_DIMS[-1]:
+        raise ValueError(f"q: kernel='wgmma' takes head dims up to {WGMMA_HEAD_DIMS[-1]}, got "
+                         f"{d}; use kernel='mma'")
+    if args.d_v and args.d_v != d:
+        raise ValueError(f"v: kernel='wgmma' takes v with q's head dim {d}, got {args.d_v}; "
+                         "use kernel='mma' for a value head dim of its own")
+    call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_wgmma")
+    dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    cfg = wgmma_forward_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
+                               SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
+                               USER=user_build(variant))
+    cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv))
+    o = call.empty((b, h, nq, d), args.dtype)  # bfloat16: uint16 words, viewed back
+    lse = call.empty((b, h, nq), np.float32)
+    call.launch(forward_wgmma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),
+                dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o.reshape(-1),
+                lse.reshape(-1), forward_variant(call, args, variant, np.float32),
+                shared=cfg.SMEM_BYTES,
+                work=tiled_work("forward_wgmma", [(nq, args.nk)] * b, h, cfg.BLOCK_M,
+                                cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,
+                                mma=True))
+    if args.return_lse:
+        return call.result(o), call.result(lse)
+    return call.result(o)
