@@ -595,7 +595,10 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, s
     ops = [i.op for i in ins[lp.start:lp.end + 1] if classify(i.op) == "mma"]
     if ops:  # the loop's own tensor-core instruction (HMMA.16816, HGMMA.64xNx16, ...)
         mma_kind = ops[0]
-    flop = mma_flop(mma_kind) * mma if mma else 64 * counts.get("ffma", 0)
+    # flop of a loop of mixed shapes (the wgmma forward's m64n128k16 and m64n64k16): the mean
+    # of the loop body's own tensor-core instructions
+    per_mma = sum(map(mma_flop, ops)) / len(ops) if ops else mma_flop(mma_kind)
+    flop = per_mma * mma if mma else 64 * counts.get("ffma", 0)
     smem = shared_read_bytes(counts)
     row["shared_bytes"] = smem
     bound = smem_bound_tflops(flop, smem)

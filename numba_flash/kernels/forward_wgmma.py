@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, float32, int64, types, uint32
+from numba import cuda, float32, int32, int64, types, uint32
 
 from ..backend import on_simulator
 from .elements import element_ops
@@ -63,8 +63,9 @@ from .tiles import (MMA_DTYPES, SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, WgmmaForwardCo
 from .variant import variant_type
 from .visibility import make_tile_span
 from .warp_gemm import ACC_COLS, ACC_ROWS
-from .wgmma import (ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async, flop,
-                    make_tile_copy, make_tile_scan, make_warpgroup_gemm, smem_address)
+from .wgmma import (ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async,
+                    make_tile_copy, make_tile_scan, make_warpgroup_gemm, smem_address,
+                    warp_uniform)
 
 __all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "WgmmaForwardConfig", "wgmma_forward_config",
            "forward_grid", "forward_wgmma_kernel", "compile_configs"]
@@ -127,21 +128,23 @@ def forward_wgmma_kernel(cfg):
     tile_span = make_tile_span(BLOCK_N)
 
     @_stage
-    def load_tile(smem, tile_byte, x, kv_base, kt, t_hi, nk, d, tid):
-        """Issue the copy of K (or V) tile ``kt`` as one copy group (an empty one past
-        ``t_hi``: every step commits as many, so the waits count constants)."""
-        if kt < t_hi:
-            copy_kv(smem, tile_byte, x, kv_base + kt * BLOCK_N * d, d,
-                    min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
-        cp_async_commit()
-
-    @_stage
     def load_kv(smem, pad, stage, k, v, kv_base, kt, t_hi, nk, d, tid):
         """K, then V, of tile ``kt`` into ``stage`` (arena bytes from ``pad``): two copy
-        groups."""
+        groups (empty past ``t_hi``: every step commits as many, so the waits count constants).
+        32-bit row counts and, with ``VEC`` (``d == HEAD_DIM``), the compile-time row stride:
+        a thread's offsets in the tiles are constants of the loop."""
         k_byte = pad + KV_BYTE + 2 * TILE * stage
-        load_tile(smem, k_byte, k, kv_base, kt, t_hi, nk, d, tid)
-        load_tile(smem, k_byte + TILE, v, kv_base, kt, t_hi, nk, d, tid)
+        if kt < t_hi:
+            rows = int32(min(BLOCK_N, nk - kt * BLOCK_N))   # in 1 .. BLOCK_N
+            base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
+            stride = HEAD_DIM if VEC else d
+            copy_kv(smem, k_byte, k, base, stride, rows, d, tid)
+            cp_async_commit()
+            copy_kv(smem, k_byte + TILE, v, base, stride, rows, d, tid)
+            cp_async_commit()
+        else:
+            cp_async_commit()
+            cp_async_commit()
 
     def make_step(MASKED):
         """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
@@ -160,8 +163,10 @@ def forward_wgmma_kernel(cfg):
             wait_k()
             fence_proxy_async()  # this thread's K copies, seen by the wgmma (async proxy)
             cuda.syncthreads()  # K of tile kt landed for all; all wgmma of tile kt - 1 done
-            load_kv(smem, pad, (stage + STAGES - 1) % STAGES, k, v, kv_base, kt_ahead, t_hi, nk,
-                    d, tid)
+            refill = stage + (STAGES - 1)       # the stage tile kt - 1 used
+            if refill >= STAGES:
+                refill -= STAGES
+            load_kv(smem, pad, refill, k, v, kv_base, kt_ahead, t_hi, nk, d, tid)
             gemm_qk(s, s, smem, q_addr, base + k_byte)                 # S = Q K^T
             tile_scores(s, sa, row0, k_start + 2 * t, bounds, umask)   # mask, score mods
             softmax_update(s, acc, m_i, l_i, exp_scale)                # m_i, l_i, P, acc *= a
@@ -193,7 +198,7 @@ def forward_wgmma_kernel(cfg):
     @kernel_jit(cache=USER is None)
     def flash_forward_wgmma(q, k, v, o, lse, va):
         # -- which block, warpgroup, warp and lane
-        tid = cuda.threadIdx.x
+        tid = int32(cuda.threadIdx.x)
         warp = tid >> 5
         lane = tid & 31
         g = lane >> 2                 # the lane's rows g, g + 8 of its warp's 16
@@ -243,7 +248,8 @@ def forward_wgmma_kernel(cfg):
 
         kv = (k, v, kv_base, nk, d, hk, (nk, left, right), pad)
         frags = (s, acc, m_i, l_i)
-        lanes = (tid, t, row0, base + pad + (tid >> 7) * Q_WG, base, exp_scale)
+        q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
+        lanes = (tid, t, row0, q_addr, base, exp_scale)
         walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
@@ -291,8 +297,8 @@ def compile_config(cfg):
         # per warpgroup and K/V tile: Q K^T in HEAD_DIM / 16 m64n{BLOCK_N}k16, P V in
         # BLOCK_N / 16 m64n{HEAD_DIM}k16
         "hgmma": ((cfg.BLOCK_N, cfg.HEAD_DIM // 16), (cfg.HEAD_DIM, cfg.BLOCK_N // 16)),
-        "flop_per_tile": (cfg.HEAD_DIM // 16) * flop(cfg.BLOCK_N)
-        + (cfg.BLOCK_N // 16) * flop(cfg.HEAD_DIM),
+        # one K/V tile: each warp issues every HGMMA of its warpgroup
+        "sass": {"expect_mma": cfg.HEAD_DIM // 16 + cfg.BLOCK_N // 16},
     }
 
 

@@ -129,7 +129,7 @@ import weakref
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, types, uint32, uint64
+from numba import cuda, int32, types, uint32, uint64
 
 from ..backend import on_simulator
 from .jit import device_jit, kernel_jit
@@ -538,11 +538,26 @@ def _gpu_primitives():
 
         return zeros
 
+    @intrinsic
+    def desc_pack(typingctx, lo, hi):
+        """The ``uint64`` of two ``uint32`` halves (``mov.b64 {lo, hi}``): a descriptor whose
+        high word is a constant stays one register pair with no 64-bit arithmetic."""
+        if lo != types.uint32 or hi != types.uint32:
+            raise NumbaTypeError(f"desc_pack: expected two uint32, got {lo} and {hi}")
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), [i32, i32]),
+                               "mov.b64 $0, {$1, $2};", "=l,r,r")
+            return builder.call(asm, list(args))
+
+        return types.uint64(lo, hi), codegen
+
     return dict(wgmma_fence=bare("wgmma.fence.sync.aligned;"),
                 wgmma_commit_group=bare("wgmma.commit_group.sync.aligned;"),
                 fence_proxy_async=bare("fence.proxy.async.shared::cta;"),
                 wgmma_wait_group=wgmma_wait_group, fence_operand=fence_operand,
-                smem_address=smem_address, make_mma=make_mma, make_zeros=make_zeros)
+                smem_address=smem_address, make_mma=make_mma, make_zeros=make_zeros,
+                desc_pack=desc_pack)
 
 
 # ------------------------------------------------------------------------------------------
@@ -708,6 +723,18 @@ def _sim_smem_address(smem):
     return uint32(SIM_SMEM_BASE)
 
 
+def _sim_desc_pack(lo, hi):
+    return uint64((int(hi) << 32) | int(lo))
+
+
+def _sim_warp_uniform(x):
+    return x
+
+
+def _gpu_warp_uniform(x):
+    return cuda.shfl_sync(0xFFFFFFFF, x, 0)
+
+
 if on_simulator():
     wgmma_fence = _sim_wgmma_fence
     wgmma_commit_group = _sim_wgmma_commit_group
@@ -715,12 +742,17 @@ if on_simulator():
     fence_operand = _sim_fence_operand
     fence_proxy_async = _sim_fence_proxy_async
     smem_address = _sim_smem_address
+    desc_pack, warp_uniform = _sim_desc_pack, _sim_warp_uniform
     _GPU = None
 else:
     _GPU = _gpu_primitives()
     wgmma_fence, wgmma_commit_group = _GPU["wgmma_fence"], _GPU["wgmma_commit_group"]
     wgmma_wait_group, fence_operand = _GPU["wgmma_wait_group"], _GPU["fence_operand"]
     fence_proxy_async, smem_address = _GPU["fence_proxy_async"], _GPU["smem_address"]
+    desc_pack = _GPU["desc_pack"]
+    # lane 0's value: the same in every lane, and the compiler knows it (a uniform register):
+    # a warpgroup's descriptors stay in the uniform datapath (CUTLASS's canonical_warp_group_idx)
+    warp_uniform = device_jit(inline=True)(_gpu_warp_uniform)
 
 
 @functools.lru_cache(maxsize=None)
@@ -769,6 +801,22 @@ def make_desc(addr, hi):
     return uint64(hi | uint64((uint32(addr) & _ADDR) >> uint32(4)))
 
 
+_LOW32 = uint64(0xFFFFFFFF)
+
+
+@_device
+def desc_lo(addr, hi):
+    """The low word of :func:`make_desc` ``(addr, hi)`` (start field and LBO)."""
+    return uint32(make_desc(addr, hi) & _LOW32)
+
+
+@_device
+def desc_at(lo, step, hi):
+    """The descriptor whose low word is ``lo + step`` (a start ``step`` 16-byte units on) and
+    whose high word is ``hi``'s: one 32-bit add, the high word a constant."""
+    return desc_pack(uint32(lo + step), uint32(hi >> _U32))
+
+
 @_device
 def align_pad(smem):
     """Bytes from ``smem[0]`` to the next 1024-byte aligned shared address (0..1008)."""
@@ -800,13 +848,36 @@ def make_tile_copy(LAYOUT, THREADS, VEC=True):
     ``>= rows_valid`` as zeros.  ``VEC``: one ``cp.async`` of 16 bytes per chunk (the rows
     16-byte aligned and whole: the caller commits and waits); else 16-bit loads with columns
     ``>= cols_valid`` zero, stored as words.  Thread ``tid`` of ``THREADS`` takes chunks
-    ``tid, tid + THREADS, ...`` in row-major order."""
+    ``tid, tid + THREADS, ...`` in row-major order.
+
+    When the chunks of a row divide ``THREADS`` and a thread's rows lie a multiple of 8 apart
+    (``STEP``; or the tile is unswizzled), its chunk column and its rows' swizzle are the same
+    for all its chunks: the offsets are the first chunk's plus constants, and a full tile
+    (``rows_valid >= ROWS``) copies without a row test (the kernels' K / V tiles)."""
     ROWS, COLS = LAYOUT.check().ROWS, LAYOUT.COLS
     W = LAYOUT.W
     CHUNKS = COLS // 8
     TOTAL = ROWS * CHUNKS
     COPIES = -(-TOTAL // THREADS)
     EXACT = TOTAL % THREADS == 0
+    STEP = THREADS // CHUNKS if THREADS % CHUNKS == 0 else 0   # rows between a thread's chunks
+    FIXED = (VEC and STEP > 0 and ROWS % STEP == 0
+             and (STEP % 8 == 0 or LAYOUT.SWIZZLE == 0 or COPIES == 1))
+
+    @_device
+    def copy_fixed(smem, tile_byte, src, elem_base, row_stride, rows_valid, cols_valid, tid):
+        row0 = int32(tid) // int32(CHUNKS)     # 32-bit: the row tests one instruction each
+        ch = int32(tid) % int32(CHUNKS)
+        dst0 = tile_byte + chunk_offset_device(row0, ch, ROWS, W)
+        src0 = elem_base + row0 * row_stride + 8 * ch
+        if rows_valid >= ROWS:      # full tile: no per-row test
+            for i in range(ROWS // STEP):
+                cp_async16(smem, dst0 + i * STEP * W, src, src0 + i * STEP * row_stride, 16)
+        else:                       # boundary tile: rows past the end read nothing
+            for i in range(ROWS // STEP):
+                ok = row0 + i * STEP < rows_valid
+                cp_async16(smem, dst0 + i * STEP * W, src,
+                           src0 + i * STEP * row_stride if ok else elem_base, 16 if ok else 0)
 
     @_device
     def copy_tile(smem, tile_byte, src, elem_base, row_stride, rows_valid, cols_valid, tid):
@@ -831,7 +902,7 @@ def make_tile_copy(LAYOUT, THREADS, VEC=True):
                             hi = uint32(load_u16(src, base + 2 * w + 1))
                         smem[(dst >> 2) + w] = half2_bits(lo, hi)
 
-    return copy_tile
+    return copy_fixed if FIXED else copy_tile
 
 
 # ------------------------------------------------------------------------------------------
@@ -890,21 +961,26 @@ def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, AC
     to_tuple, from_tuple = make_fragment_view(N)
     zeros = make_acc_zeros(N)
     a_from_view = make_a_from_view(DTYPE)
-    B_START = tuple(B_LAYOUT.descriptor(B_MAJOR, kk).start for kk in range(K_STEPS))
+    # k-block kk's descriptor: the tile's low word plus its start >> 4 (the start field, bits
+    # 0-13: a shared address and its tile offsets stay below 2**18, so the 32-bit add never
+    # carries out of it), the high word a constant
+    B_STEP = tuple(np.uint32(B_LAYOUT.descriptor(B_MAJOR, kk).start >> 4)
+                   for kk in range(K_STEPS))
     B_HI = B_LAYOUT.desc_hi(B_MAJOR)
-    A_START = tuple(A_LAYOUT.descriptor("K", kk).start for kk in range(K_STEPS)) if SS \
-        else B_START
+    A_STEP = tuple(np.uint32(A_LAYOUT.descriptor("K", kk).start >> 4)
+                   for kk in range(K_STEPS)) if SS else B_STEP
     A_HI = A_LAYOUT.desc_hi("K") if SS else B_HI
 
     @_device
     def gemm(acc, a, smem, a_addr, b_addr):
         d = fence_operand(to_tuple(acc) if ACCUMULATE else zeros())
+        b_lo = desc_lo(b_addr, B_HI)
+        a_lo = desc_lo(a_addr, A_HI)
         wgmma_fence()  # the accumulator's registers (just written) before the first mma
         for kk in range(K_STEPS):
-            db = make_desc(b_addr + B_START[kk], B_HI)
+            db = desc_at(b_lo, B_STEP[kk], B_HI)
             if SS:  # scale_d = kk without ACCUMULATE: the first k-step writes D = A B
-                d = mma(smem, make_desc(a_addr + A_START[kk], A_HI), db, d,
-                        1 if ACCUMULATE else kk)
+                d = mma(smem, desc_at(a_lo, A_STEP[kk], A_HI), db, d, 1 if ACCUMULATE else kk)
             else:   # A's registers of k-block kk, packed, then the fence that orders them
                 ra = fence_operand(a_from_view(a, kk))
                 wgmma_fence()
@@ -1149,7 +1225,7 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
            "make_fragment_view", "make_a_from_view", "make_warpgroup_gemm", "make_tile_scan",
-           "tiles_ready",
-           "align_pad", "wgmma_fence", "wgmma_commit_group", "wgmma_wait_group",
+           "tiles_ready", "align_pad", "desc_pack", "warp_uniform", "wgmma_fence",
+           "wgmma_commit_group", "wgmma_wait_group",
            "fence_operand", "fence_proxy_async", "smem_address", "wgmma_gemm_kernel",
            "wgmma_chain_kernel", "compile_configs", "flop"]
