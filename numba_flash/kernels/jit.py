@@ -256,6 +256,37 @@ def _static_tree(N, body, FIRST):
     return _nvvm_inlined(run)
 
 
+@functools.lru_cache(maxsize=None)
+def static_fold(N, body, FIRST=0):
+    """``run(ctx, x)``: ``x = body(FIRST, ctx, x); x = body(FIRST + 1, ctx, x); ...`` and the
+    last ``x``, unrolled as :func:`static_for` (the same balanced tree of inlined calls) for a
+    loop that carries an immutable value, such as a ``wgmma`` accumulator tuple: each step's
+    index a constant once inlined, so a tuple it indexes by it is read by constant indices."""
+    body = _nvvm_inlined(body)
+    return _fold_tree(N, body, FIRST)
+
+
+@functools.lru_cache(maxsize=None)
+def _fold_tree(N, body, FIRST):
+    if N <= 0:
+        def nothing(ctx, x):
+            return x
+        return _nvvm_inlined(nothing)
+    if N == 1:
+        I = FIRST
+
+        def one(ctx, x):
+            return body(I, ctx, x)
+        return _nvvm_inlined(one)
+    first = _fold_tree(N // 2, body, FIRST)
+    second = _fold_tree(N - N // 2, body, FIRST + N // 2)
+
+    def run(ctx, x):
+        return second(ctx, first(ctx, x))
+
+    return _nvvm_inlined(run)
+
+
 def cache_dir(dispatcher):
     """Where ``dispatcher`` (a ``kernel_jit`` kernel) keeps its compiled code; None if uncached."""
     return getattr(getattr(dispatcher, "_cache", None), "cache_path", None)

@@ -132,7 +132,7 @@ import numpy as np
 from numba import cuda, int32, types, uint32, uint64
 
 from ..backend import on_simulator
-from .jit import device_jit, kernel_jit
+from .jit import device_jit, kernel_jit, static_fold
 from .mma import dtype_name, half2_bits, halves_to_float64, mma_ops
 from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, load_u16,
                      make_zero_nonfinite_word)
@@ -927,6 +927,25 @@ def make_fragment_view(N):
 
 
 @functools.lru_cache(maxsize=None)
+def make_a_regs(K_STEPS, DTYPE="float16"):
+    """``a_regs(v)``: the ``A`` registers of all ``K_STEPS`` k-blocks of the fragment view
+    ``v`` (float32 ``[2, 4 K_STEPS]``) as one ``UniTuple(uint32, 4 K_STEPS)`` (k-block ``j``:
+    items ``4 j .. 4 j + 3``, :func:`make_a_from_view`'s), so that one :func:`fence_operand`
+    and one :func:`wgmma_fence` order them all before the first ``mma`` (generated
+    straight-line code, as :func:`make_fragment_view`)."""
+    _mma, pack2 = mma_ops(DTYPE)
+    regs = []
+    for j in range(K_STEPS):
+        c = 4 * j
+        regs += [f"pack2(v[0, {c}], v[0, {c + 1}])", f"pack2(v[1, {c}], v[1, {c + 1}])",
+                 f"pack2(v[0, {c + 2}], v[0, {c + 3}])", f"pack2(v[1, {c + 2}], v[1, {c + 3}])"]
+    ns = {"pack2": pack2}
+    exec(compile("def a_regs(v):\n    return (" + ", ".join(regs) + ",)\n",
+                 f"<wgmma A registers K_STEPS={K_STEPS}>", "exec"), ns)
+    return _device(ns["a_regs"])
+
+
+@functools.lru_cache(maxsize=None)
 def make_a_from_view(DTYPE="float16"):
     """``a_from_view(v, j)``: the four ``A`` registers of k-block ``j`` from columns ``16 j ..
     16 j + 15`` of the fragment view ``v`` (:func:`make_fragment_view`), rounded to ``DTYPE``:
@@ -960,7 +979,7 @@ def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, AC
     mma = make_wgmma(N, DTYPE, "smem" if SS else "regs", 0, TRANS_B)
     to_tuple, from_tuple = make_fragment_view(N)
     zeros = make_acc_zeros(N)
-    a_from_view = make_a_from_view(DTYPE)
+    a_regs = make_a_regs(K_STEPS, DTYPE)
     # k-block kk's descriptor: the tile's low word plus its start >> 4 (the start field, bits
     # 0-13: a shared address and its tile offsets stay below 2**18, so the 32-bit add never
     # carries out of it), the high word a constant
@@ -971,20 +990,26 @@ def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, AC
                    for kk in range(K_STEPS)) if SS else B_STEP
     A_HI = A_LAYOUT.desc_hi("K") if SS else B_HI
 
+    def k_step(kk, ctx, d):
+        """k-block ``kk``: one ``mma`` (``scale_d = kk`` without ``ACCUMULATE``: the first
+        k-step writes ``D = A B``)."""
+        smem, ra, a_lo, b_lo = ctx
+        db = desc_at(b_lo, B_STEP[kk], B_HI)
+        if SS:
+            return mma(smem, desc_at(a_lo, A_STEP[kk], A_HI), db, d, 1 if ACCUMULATE else kk)
+        return mma(smem, (ra[4 * kk], ra[4 * kk + 1], ra[4 * kk + 2], ra[4 * kk + 3]), db, d,
+                   1 if ACCUMULATE else kk)
+
+    k_steps = static_fold(K_STEPS, k_step)   # unrolled: the tuples read by constant indices
+
     @_device
     def gemm(acc, a, smem, a_addr, b_addr):
         d = fence_operand(to_tuple(acc) if ACCUMULATE else zeros())
+        ra = fence_operand(a_regs(a)) if not SS else None   # RS: every k-block's A, packed
         b_lo = desc_lo(b_addr, B_HI)
         a_lo = desc_lo(a_addr, A_HI)
-        wgmma_fence()  # the accumulator's registers (just written) before the first mma
-        for kk in range(K_STEPS):
-            db = desc_at(b_lo, B_STEP[kk], B_HI)
-            if SS:  # scale_d = kk without ACCUMULATE: the first k-step writes D = A B
-                d = mma(smem, desc_at(a_lo, A_STEP[kk], A_HI), db, d, 1 if ACCUMULATE else kk)
-            else:   # A's registers of k-block kk, packed, then the fence that orders them
-                ra = fence_operand(a_from_view(a, kk))
-                wgmma_fence()
-                d = mma(smem, ra, db, d, 1 if ACCUMULATE else kk)
+        wgmma_fence()  # the accumulator's and A's registers (just written) before any mma
+        d = k_steps((smem, ra, a_lo, b_lo), d)
         wgmma_commit_group()
         wgmma_wait_group(0)
         from_tuple(fence_operand(d), acc)  # complete: back into the fragment view
@@ -1224,7 +1249,8 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "a_fragments", "desc_bits", "encode_descriptor", "decode_descriptor",
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
-           "make_fragment_view", "make_a_from_view", "make_warpgroup_gemm", "make_tile_scan",
+           "make_fragment_view", "make_a_from_view", "make_a_regs", "make_warpgroup_gemm",
+           "make_tile_scan",
            "tiles_ready", "align_pad", "desc_pack", "warp_uniform", "wgmma_fence",
            "wgmma_commit_group", "wgmma_wait_group",
            "fence_operand", "fence_proxy_async", "smem_address", "wgmma_gemm_kernel",
