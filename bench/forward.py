@@ -8,9 +8,9 @@ and a naive CuPy attention (``matmul + softmax + matmul``, skipped where its N x
 fit the memory budget) when they are installed.  Each row also gives ``max|o - ref|`` against
 torch SDPA (or CuPy) as a spot check of the result.
 
-``--kernel simt|mma|auto`` picks the kernel (``numba_flash.forward(kernel=...)``; ``auto``, the
-default, runs float16 on tensor cores on compute capability >= 8.0); each row names the kernel
-that ran.
+``--kernel simt|mma|wgmma|auto`` picks the kernel (``numba_flash.forward(kernel=...)``;
+``auto``, the default, runs float16 on tensor cores on compute capability >= 8.0; ``wgmma`` the
+warpgroup forward, compute capability 9.0); each row names the kernel that ran.
 
 ``--windowed`` runs the sliding-window rows instead: causal local attention ``window_size = (W
 - 1, 0)`` for W in {128, 512, 2048} and N in {2048, 8192, 32768} (d = 64), beside causal full
@@ -58,8 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="float32,float16", help="comma-separated dtypes")
     ap.add_argument("--causal", choices=("both", "on", "off"), default="both")
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per measurement")
-    ap.add_argument("--kernel", choices=("auto", "simt", "mma"), default="auto",
-                    help="numba_flash.forward(kernel=...)")
+    ap.add_argument("--kernel", choices=("auto", "simt", "mma", "wgmma"), default="auto",
+                    help="numba_flash.forward(kernel=...) (wgmma: float16 / bfloat16 on "
+                         "compute capability 9.0)")
     ap.add_argument("--windowed", action="store_true",
                     help="sliding-window rows: time grows with the window, not with N")
     ap.add_argument("--json", help="also write the rows as JSON to this file")

@@ -258,7 +258,7 @@ def part_tests(dry, budget_s):
 
 
 def part_bench(name, dry, outdir, budget_s):
-    script = ROOT / "bench" / f"{'forward' if name == 'windowed' else name}.py"
+    script = ROOT / "bench" / f"{'forward' if name in ('windowed', 'wgmma') else name}.py"
     if not script.exists():
         return {"error": f"{script} missing"}
     js = Path(outdir) / f"{name}.json"
@@ -266,6 +266,10 @@ def part_bench(name, dry, outdir, budget_s):
     if name == "forward" and not dry:  # the goal shapes: N = 4096, d = 64 and 128 (issue 13)
         args += ["--n", "4096", "--d", "64,128",
                  "--max-seconds", str(max(10, budget_s - 30))]  # stop sweeping, keep the rows
+    if name == "wgmma":  # issue 33: the warpgroup forward beside torch SDPA, float16 (sm_90a)
+        args += ["--kernel", "wgmma", "--dtype", "float16"]
+        if not dry:
+            args += ["--n", "4096", "--d", "64,128", "--max-seconds", str(max(10, budget_s - 20))]
     if name == "windowed":  # issue 14: time grows with the window, not with N (float16)
         args = [sys.executable, str(script), "--windowed", "--dtype", "float16", "--json",
                 str(js)] + ([] if dry else ["--max-seconds", str(max(10, budget_s - 15))])
@@ -673,8 +677,9 @@ def main(argv=None):
     run_part(report, "ceilings", part_ceilings, dry)
     if not args.skip_tests:
         run_part(report, "tests", part_tests, dry, 150 if not dry else 300)
-    budgets = {"forward": 110, "backward": 90, "decode": 90, "windowed": 40} if not dry else \
-        {"forward": 300, "backward": 300, "decode": 300, "windowed": 300}
+    budgets = {"forward": 110, "wgmma": 60, "backward": 90, "decode": 90, "windowed": 40} \
+        if not dry else {"forward": 300, "wgmma": 300, "backward": 300, "decode": 300,
+                         "windowed": 300}
     for name, budget in budgets.items():
         run_part(report, f"bench_{name}", part_bench, name, dry, outdir, budget)
     if args.ncu:

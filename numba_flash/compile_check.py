@@ -153,6 +153,14 @@ def goal_config(c):
     return False
 
 
+def wgmma_goal_config(c):
+    """A configuration of the warpgroup forward's static goal (tests/compile): float16, no
+    flags, 16-byte copies, ``HEAD_DIM`` 64 and 128."""
+    from numba_flash.kernels.tiles import WgmmaForwardConfig
+
+    return isinstance(c, WgmmaForwardConfig) and _plain(c) and c.HEAD_DIM in (64, 128)
+
+
 def in_suite(cfg):
     """Whether the test suite's compile tier builds this configuration (``numba-flash
     compile-check`` and docs/resources.md build every one; the selection keeps the suite inside
@@ -171,11 +179,14 @@ def in_suite(cfg):
     clone, then 13.8 min; on 2026-12-02 the backward's flag, bfloat16 and user builds, the
     forward's bfloat16 and user builds: 18 min, then 15.6 min; then the SIMT forward's and
     backward's flag and dtype combinations and two decode builds, half the selection's build
-    time: 137 builds, 1863 s of build time on two busy cores, to 101)."""
+    time: 137 builds, 1863 s of build time on two busy cores, to 101).  The warpgroup forward
+    (sm_90a): its two goal builds (:func:`wgmma_goal_config`), about 25 s each."""
     from numba_flash.kernels.tiles import (BackwardMmaConfig, DecodeConfig, ForwardConfig,
-                                           ForwardMmaConfig)
+                                           ForwardMmaConfig, WgmmaForwardConfig)
 
     name, c = cfg["name"], cfg.get("config")
+    if isinstance(c, WgmmaForwardConfig):   # the warpgroup forward: its goal builds (sm_90a)
+        return wgmma_goal_config(c)
     if isinstance(c, (ForwardMmaConfig, BackwardMmaConfig)):
         if isinstance(c, BackwardMmaConfig):   # the goals alone (a dK/dV build is minutes)
             return goal_config(c)
@@ -289,8 +300,8 @@ def build(cfg, ccs, ptxas, nvdisasm=None):
     t0 = time.perf_counter()
     if "cc" in cfg:
         ccs = [tuple(cfg["cc"])]
-    rows = [{"name": cfg["name"], "cc": arch_name(cc), "float64_ok": cfg["float64_ok"]}
-            for cc in ccs]
+    rows = [{"name": cfg["name"], "cc": arch_name(cc), "float64_ok": cfg["float64_ok"],
+             "dynamic_smem": cfg.get("dynamic_smem", 0)} for cc in ccs]
     try:
         ptxs = ptx_for_archs(cfg, ccs)
     except Exception as exc:  # one broken configuration must not hide the others
@@ -497,12 +508,15 @@ def markdown_table(rows, ptxas):
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, per_cc in by_name.items():
         any_row = next(iter(per_cc.values()))
-        smem = max(r["smem"] for r in per_cc.values())
+        smem = str(max(r["smem"] for r in per_cc.values()))
+        dynamic = max(r.get("dynamic_smem", 0) for r in per_cc.values())
+        if dynamic:   # launched with dynamic shared memory (past 48 KiB: opted into)
+            smem += f" + {dynamic} dynamic"
         spill = max(r["spill_stores"] + r["spill_loads"] for r in per_cc.values())
         f64 = "yes" if any(r["f64"] for r in per_cc.values()) else "no"
         bad = [p for r in per_cc.values() for p in r["problems"]]
         regs = [str(per_cc[cc]["registers"]) if cc in per_cc else "-" for cc in ccs]
-        lines.append("| " + " | ".join([name, *regs, str(smem), str(spill),
+        lines.append("| " + " | ".join([name, *regs, smem, str(spill),
                                          f64 + (" (float64 kernel)" if any_row["float64_ok"] and
                                                 f64 == "yes" else ""),
                                          "ok" if not bad else "FAIL: " + "; ".join(bad)]) + " |")
