@@ -11,11 +11,11 @@ The per-tile step reads as the ``mma.sync`` forward's, with the warpgroup's GEMM
 :func:`~numba_flash.kernels.wgmma.make_warpgroup_gemm` ``S = Q K^T`` (SS: Q and K from shared
 memory through descriptors), :func:`~numba_flash.kernels.tile_scores.make_tile_scores`,
 :func:`~numba_flash.kernels.online_softmax.make_online_softmax`, dropout, ``acc += P V`` (RS:
-``P`` from the ``S`` registers, V read MN-major), the same epilogue.  The ``wgmma`` accumulator
-of a warp's 16 rows *is* the ``mma.sync`` fragment of one 16-row tile (:mod:`~numba_flash.
-kernels.wgmma`'s fragment table), so every stage after the GEMM is the ``mma.sync`` forward's
-with ``M_TILES = 1``: a lane holds rows ``g`` and ``g + 8`` of its warp's 16, ``BLOCK_N / 4``
-scores and ``HEAD_DIM / 4`` output columns of each (the fragment view of
+``P`` packed from the ``S`` registers, V read MN-major), the same epilogue.  The ``wgmma``
+accumulator of a warp's 16 rows *is* the ``mma.sync`` fragment of one 16-row tile
+(:mod:`~numba_flash.kernels.wgmma`'s fragment table), so every stage after the GEMM is the
+``mma.sync`` forward's with ``M_TILES = 1``: a lane holds rows ``g`` and ``g + 8`` of its warp's
+16, ``BLOCK_N / 4`` scores and ``HEAD_DIM / 4`` output columns of each (the fragment view of
 :func:`~numba_flash.kernels.wgmma.make_fragment_view`).
 
 Blocks, warpgroups, shared memory
@@ -24,19 +24,28 @@ The configuration is a :class:`~numba_flash.kernels.tiles.WgmmaForwardConfig`.  
 / BLOCK_M) B H,)`` (Q tiles fastest), block = ``128 WARPGROUPS`` threads; warpgroup ``wg`` owns
 rows ``64 wg ..`` of the Q tile and warp ``w`` of the block rows ``16 w ..``.  Shared memory is
 dynamic (``SMEM_BYTES``; past 48 KiB opted into at launch): from the first 1024-byte boundary
-(the 128-byte swizzle's pattern), Q (``BLOCK_M x HEAD_DIM``), then ``STAGES`` x (K, V) of
+(the 128-byte swizzle's pattern), Q (``BLOCK_M x HEAD_DIM``), then two stages of (K, V), each
 ``BLOCK_N x HEAD_DIM``, every tile a :class:`~numba_flash.kernels.wgmma.TileLayout` in the
 128-byte swizzle, written by 16-byte ``cp.async`` (16-bit loads without ``VEC``); K and V read
 by the ``wgmma`` as K-major and MN-major operands of the same storage.
 
-The pipeline (as the ``mma.sync`` forward's: K and V separate copy groups, tile ``j + STAGES -
-1`` issued at tile ``j``'s first barrier).  What ``wgmma`` adds: a thread's copies (generic
-proxy) reach the tensor cores (async proxy) only after ``fence.proxy.async``, so each barrier
-that publishes a tile follows the thread's wait and that fence; and a stage is refilled only
-after the ``wgmma`` that read it completed (each GEMM stage waits for its own group, so at the
-next barrier every warp is done with the stage).  ``wait_group 0`` after each GEMM: the
-softmax of tile ``j`` does not overlap a ``wgmma`` (FA3's intra-warpgroup overlap is not built
-yet; another warpgroup's or block's warps fill the tensor cores meanwhile).
+The pipeline (FA3's intra-warpgroup overlap)
+--------------------------------------------
+Tile ``j`` sits in stage ``j mod 2``.  Its step: wait for this thread's copies (K_j and
+V_{j-1}, issued a whole step ago), fence them for the async proxy (``cp.async`` writes through
+the generic proxy, ``wgmma`` reads through the async one), one barrier; copy K_{j+1} into the
+other stage (its K was tile ``j - 1``'s, whose ``S`` completed last step) and V_j into this
+one (its V was tile ``j - 2``'s, whose ``P V`` completed last step); issue ``S_j = Q K_j^T``
+and ``acc += P_{j-1} V_{j-1}`` back to back (their registers prepared before either: ptxas
+serializes every ``wgmma`` of a stage in which ordinary instructions write an input of one);
+``wait_group 1`` (``S_j`` complete, ``P V`` in flight); the scores and the softmax of tile
+``j`` (``m_i``, ``l_i``, its ``alpha``) under the ``P V`` of tile ``j - 1``; ``wait_group 0``;
+``acc *= alpha`` (deferred: ``acc`` was the product's until then); ``P_j`` packed to 16 bits
+for the next step.  The first step's ``P V`` is "tile -1": ``P = 0`` against a zeroed V
+buffer (shared memory starts as anything, and ``0 * NaN = NaN``); the last tile's ``P V``
+follows the walk.  ``OVERLAP`` off: ``wait_group 0`` before the softmax (both products
+complete; the other warpgroup's softmax fills the tensor cores), fewer registers held through
+the softmax (the tile table says where each is chosen).
 
 K/V tiles outside the keys some row of the Q tile sees are never loaded; a masked tile zeroes
 the non-finite halves of the V chunks each thread copied (0 * NaN = NaN on a tensor core) and
@@ -54,8 +63,9 @@ from ..backend import on_simulator
 from .elements import element_ops
 from .forward_mma import forward_grid, make_row_stages
 from .jit import device_jit, kernel_jit
-from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax, sink_of
-from .stages import LOG2E, cp_async_commit, cp_async_wait
+from .online_softmax import (RESCALE_LOG2, make_epilogue, make_online_softmax, make_rescale,
+                             sink_of)
+from .stages import LOG2E, cp_async_commit, cp_async_wait_all
 from .tile_scores import make_score_args, make_tile_scores
 from .tile_walk import make_kv_walk
 from .tiles import (MMA_DTYPES, SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, WgmmaForwardConfig,
@@ -63,9 +73,9 @@ from .tiles import (MMA_DTYPES, SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, WgmmaForwardCo
 from .variant import variant_type
 from .visibility import make_tile_span
 from .warp_gemm import ACC_COLS, ACC_ROWS
-from .wgmma import (ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async,
-                    make_tile_copy, make_tile_scan, make_warpgroup_gemm, smem_address,
-                    warp_uniform)
+from .wgmma import (ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async, make_a_pack,
+                    make_tile_copy, make_tile_scan, make_warpgroup_gemm,
+                    smem_address, warp_uniform, wgmma_wait_group)
 
 __all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "WgmmaForwardConfig", "wgmma_forward_config",
            "forward_grid", "forward_wgmma_kernel", "compile_configs"]
@@ -80,9 +90,9 @@ def forward_wgmma_kernel(cfg):
     forward_mma_kernel` (uint16 views of ``q``, ``k``, ``v`` ``[B, H(kv), N, d]``; the flat
     ``o`` and ``lse``; the :class:`~numba_flash.kernels.variant.Variant`), launched with
     ``cfg.SMEM_BYTES`` of dynamic shared memory."""
-    (WARPGROUPS, BLOCK_N, HEAD_DIM, STAGES, DTYPE, DROPOUT, SOFTCAP, ALIBI, VEC, USER) = cfg
+    (WARPGROUPS, BLOCK_N, HEAD_DIM, OVERLAP, DTYPE, DROPOUT, SOFTCAP, ALIBI, VEC, USER) = cfg
     assert HEAD_DIM in WGMMA_HEAD_DIMS and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES
-    assert STAGES >= 2  # the stage tile j - 1 used takes tile j + STAGES - 1
+    assert cfg.STAGES == 2   # K and V buffers alternate by tile parity (module docstring)
     BLOCK_M, THREADS = cfg.BLOCK_M, cfg.THREADS
     ROWS = 2                        # a lane's rows: g and g + 8 of its warp's 16
     KEYS = BLOCK_N // 4             # a lane's scores per row
@@ -101,54 +111,86 @@ def forward_wgmma_kernel(cfg):
     KV_LAY = TileLayout(BLOCK_N, HEAD_DIM, cfg.SWIZZLE).check()
     assert cfg.Q_BYTES % ARENA_ALIGN == 0 and cfg.TILE_BYTES % ARENA_ALIGN == 0
     KV_BYTE = cfg.Q_BYTES                   # stage s: K at KV_BYTE + 2 s TILE, V after it
+    P_WORDS = BLOCK_N // 4                  # a lane's P, packed to 16 bits: P V's A registers
     TILE = cfg.TILE_BYTES
     Q_WG = Q_LAY.descriptor("K", 0, mn0=64).start if WARPGROUPS > 1 else 0  # a warpgroup's rows
 
     # -- the stages (module docstring)
-    gemm_qk = make_warpgroup_gemm(BLOCK_N, KV_LAY, "K", DTYPE, A_LAYOUT=Q_LAY, ACCUMULATE=False)
-    gemm_pv = make_warpgroup_gemm(HEAD_DIM, KV_LAY, "MN", DTYPE)
+    operands_qk, issue_qk, complete_qk = make_warpgroup_gemm(BLOCK_N, KV_LAY, "K", DTYPE,
+                                                             A_LAYOUT=Q_LAY, ACCUMULATE=False)
+    operands_pv, issue_pv, complete_pv = make_warpgroup_gemm(HEAD_DIM, KV_LAY, "MN", DTYPE)
+    p_pack, _p_words = make_a_pack(BLOCK_N // 16, DTYPE)
     scores_masked = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, True, RAW, SOFTCAP, ALIBI,
                                      FNS, float32)
     scores_full = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, False, RAW, SOFTCAP, ALIBI,
                                    FNS, float32)
-    softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
-                                                                  float32, RESCALE_LOG2)
+    # the O rescale waits until the P V in flight has landed: the update hands alpha out
+    softmax_init, softmax_update, _finalize = make_online_softmax(
+        ROWS, KEYS, COLS, XOR, "ex2", float32, RESCALE_LOG2, ALPHA_OUT=True)
+    rescale = make_rescale(ROWS, COLS)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
     dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
                                                       SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, VEC)
     copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
     zero_nonfinite_v = make_tile_scan(KV_LAY, THREADS, DTYPE)
-    # the groups a thread may leave in flight, as the mma.sync forward's (K_j: K_j's own and
-    # the 2 (STAGES - 2) of the tiles after it pending... see its module docstring)
-    wait_k = cp_async_wait(max(0, 2 * STAGES - 3))
-    wait_v = cp_async_wait(max(0, 2 * STAGES - 2))
-    wait_q = cp_async_wait(max(1, 2 * STAGES - 2))
     score_args = make_score_args(ALIBI, float32)
     tile_span = make_tile_span(BLOCK_N)
 
     @_stage
-    def load_kv(smem, pad, stage, k, v, kv_base, kt, t_hi, nk, d, tid):
-        """K, then V, of tile ``kt`` into ``stage`` (arena bytes from ``pad``): two copy
-        groups (empty past ``t_hi``: every step commits as many, so the waits count constants).
-        32-bit row counts and, with ``VEC`` (``d == HEAD_DIM``), the compile-time row stride:
-        a thread's offsets in the tiles are constants of the loop."""
-        k_byte = pad + KV_BYTE + 2 * TILE * stage
-        if kt < t_hi:
-            rows = int32(min(BLOCK_N, nk - kt * BLOCK_N))   # in 1 .. BLOCK_N
-            base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
-            stride = HEAD_DIM if VEC else d
-            copy_kv(smem, k_byte, k, base, stride, rows, d, tid)
-            cp_async_commit()
-            copy_kv(smem, k_byte + TILE, v, base, stride, rows, d, tid)
-            cp_async_commit()
-        else:
-            cp_async_commit()
-            cp_async_commit()
+    def load_tile(smem, tile_byte, x, kv_base, kt, nk, d, tid):
+        """Issue the copy of K (or V) tile ``kt``: 32-bit row counts and, with ``VEC`` (``d ==
+        HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants)."""
+        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
+        base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
+        copy_kv(smem, tile_byte, x, base, HEAD_DIM if VEC else d, rows, d, tid)
+
+    @_stage
+    def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid):
+        """At tile ``kt`` (in ``stage``): K of the next tile ``kt_ahead`` into the other stage
+        (its K was tile ``kt - 1``'s, whose ``S`` is complete), V of tile ``kt`` into this
+        stage (its V was tile ``kt - 2``'s, whose ``P V`` is complete): one copy group, which
+        the next step waits for whole."""
+        if kt_ahead < t_hi:
+            load_tile(smem, pad + KV_BYTE + 2 * TILE * (1 - stage), k, kv_base, kt_ahead, nk, d,
+                      tid)
+        load_tile(smem, pad + KV_BYTE + 2 * TILE * stage + TILE, v, kv_base, kt, nk, d, tid)
+        cp_async_commit()
+
+    @_stage
+    def publish(smem, v_byte, prev, nk, tid):
+        """The step's one barrier: this thread's copies (K_j and V_{j-1}, issued a step ago)
+        landed, V_{j-1}'s inf / NaN halves zeroed when tile ``j - 1`` was masked (0 * NaN = NaN
+        on a tensor core), fenced for the async proxy; returns whether any thread zeroed one."""
+        cp_async_wait_all()
+        if prev[1]:
+            bad = zero_nonfinite_v(smem, v_byte, nk - prev[0] * BLOCK_N, tid)
+            fence_proxy_async()  # the copies and the zeroing, seen by the wgmma
+            return cuda.syncthreads_or(1 if bad else 0)  # landed for all; any non-finite v?
+        fence_proxy_async()  # this thread's copies, seen by the wgmma
+        cuda.syncthreads()  # K_j, V_{j-1} landed for all; every wgmma of tile j - 1's S done
+        return 0
+
+    @_stage
+    def finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev):
+        """Wait for the ``P V`` of tile ``prev[0]`` and take its accumulator; rarely, the
+        non-finite ``v`` rule of that tile (its mask_mod verdict ``prev[2]``)."""
+        wgmma_wait_group(0)
+        complete_pv(d_o, acc)
+        if v_bad:
+            nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, prev[0] * BLOCK_N, t, prev[2] != 0)
+
+    @_stage
+    def zero_tile(smem, tile_byte, tid):
+        """Zeros in a tile (this thread's words, ordinary stores: the first step's fence and
+        barrier publish them): the "V of tile -1" the first step's ``P V`` reads, with ``P``
+        zero (0 * NaN would be NaN; shared memory starts as anything)."""
+        for i in range(TILE // (4 * THREADS)):
+            smem[(tile_byte >> 2) + tid + i * THREADS] = uint32(0)
 
     def make_step(MASKED):
-        """One K/V tile; ``MASKED`` (compile time): the tile is not inside the keys every row
-        of the Q tile sees (or a user's mask_mod asks), as the ``mma.sync`` forward's."""
+        """One K/V tile ``j``; ``MASKED`` (compile time): its scores are masked per element
+        (it is not inside the keys every row of the Q tile sees, or a user's mask_mod asks)."""
         tile_scores = scores_masked if MASKED else scores_full
 
         # [docs:wgmma-step]
@@ -156,34 +198,31 @@ def forward_wgmma_kernel(cfg):
         def step(kt, kt_ahead, stage, t_hi, ctx, umask):
             smem, kv, frags, lane, va, sa = ctx
             k, v, kv_base, nk, d, hk, bounds, pad = kv
-            s, acc, m_i, l_i = frags
+            s, acc, m_i, l_i, pa, alpha, prev = frags
             tid, t, row0, q_addr, base, exp_scale = lane
-            k_start = kt * BLOCK_N
-            k_byte = pad + KV_BYTE + 2 * TILE * stage   # this tile's stage: K, then V
-            wait_k()
-            fence_proxy_async()  # this thread's K copies, seen by the wgmma (async proxy)
-            cuda.syncthreads()  # K of tile kt landed for all; all wgmma of tile kt - 1 done
-            refill = stage + (STAGES - 1)       # the stage tile kt - 1 used
-            if refill >= STAGES:
-                refill -= STAGES
-            load_kv(smem, pad, refill, k, v, kv_base, kt_ahead, t_hi, nk, d, tid)
-            gemm_qk(s, s, smem, q_addr, base + k_byte)                 # S = Q K^T
-            tile_scores(s, sa, row0, k_start + 2 * t, bounds, umask)   # mask, score mods
-            softmax_update(s, acc, m_i, l_i, exp_scale)                # m_i, l_i, P, acc *= a
-            if DROPOUT:
-                dropout_rows((s, va, sa, row0, k_start + 2 * t, nk))
-            wait_v()
-            v_bad = 0
-            if MASKED:  # zero V's inf / NaN halves this thread copied (0 * NaN = NaN)
-                bad = zero_nonfinite_v(smem, k_byte + TILE, nk - k_start, tid)
-                fence_proxy_async()  # the copies and the zeroing, seen by the wgmma
-                v_bad = cuda.syncthreads_or(1 if bad else 0)  # V landed for all; non-finite?
+            k_byte = pad + KV_BYTE + 2 * TILE * stage           # K_j (V_j lands after it)
+            v_prev = pad + KV_BYTE + 2 * TILE * (1 - stage) + TILE  # V_{j-1}
+            v_bad = publish(smem, v_prev, prev, nk, tid)
+            load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid)
+            d_o, p_regs = operands_pv(acc, pa)    # P V's registers, before any mma is issued
+            d_s, _ = operands_qk(s, s)
+            d_s = issue_qk(d_s, None, smem, q_addr, base + k_byte)    # S_j = Q K_j^T
+            d_o = issue_pv(d_o, p_regs, smem, 0, base + v_prev)       # acc += P_{j-1} V_{j-1}
+            if OVERLAP:
+                wgmma_wait_group(1)  # S_j complete; P V stays in flight under the softmax
             else:
-                fence_proxy_async()  # this thread's V copies, seen by the wgmma
-                cuda.syncthreads()  # V of tile kt landed for all threads
-            gemm_pv(acc, s, smem, 0, base + k_byte + TILE)             # acc += P V
-            if MASKED and v_bad:
-                nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask)
+                finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev)  # both complete
+            complete_qk(d_s, s)
+            tile_scores(s, sa, row0, kt * BLOCK_N + 2 * t, bounds, umask)  # mask, score mods
+            moved = softmax_update(s, alpha, m_i, l_i, exp_scale)     # m_i, l_i, P; alpha
+            if DROPOUT:
+                dropout_rows((s, va, sa, row0, kt * BLOCK_N + 2 * t, nk))
+            if OVERLAP:
+                finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev)  # P V landed
+            if moved:
+                rescale(acc, alpha)                                   # acc *= alpha
+            p_pack(s, pa)                                             # P_j for the next step
+            prev[0], prev[1], prev[2], prev[3] = kt, int32(MASKED), int32(umask), stage
         # [/docs:wgmma-step]
 
         return step
@@ -191,8 +230,8 @@ def forward_wgmma_kernel(cfg):
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES,
-                             max(STAGES - 1, 1), LOG)
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, cfg.STAGES, 1,
+                             LOG)
 
     # a user's functions stay out of the on-disk kernel cache (as the mma.sync forward)
     @kernel_jit(cache=USER is None)
@@ -227,30 +266,38 @@ def forward_wgmma_kernel(cfg):
         acc = cuda.local.array((ROWS, COLS), float32)
         m_i = cuda.local.array(ROWS, float32)
         l_i = cuda.local.array(ROWS, float32)
+        pa = cuda.local.array(P_WORDS, uint32)     # P of the previous tile, packed
+        alpha = cuda.local.array(ROWS, float32)    # this tile's rescale of acc
+        prev = cuda.local.array(4, int32)          # the previous tile: kt, masked, umask, stage
+        for i in range(P_WORDS):                   # "tile -1": P = 0 against V = 0
+            pa[i] = uint32(0)
+        prev[0], prev[1], prev[2], prev[3] = -1, 0, 0, 1
 
         t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
         kv_base = (b * k.shape[1] + hk) * nk * d
         w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
 
-        # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
+        # -- prologue: Q, and K of the first tile (a block mask's EMPTY tiles are never loaded)
         copy_q(smem, pad, q, ((b * n_heads + h) * nq + q_start) * d, d, q_end - q_start, d,
                tid)
-        cp_async_commit()
-        kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
-        ahead = kt
-        for i in range(STAGES - 1):
-            load_kv(smem, pad, i, k, v, kv_base, ahead, t_hi, nk, d, tid)
-            ahead = nxt(ahead, w)
-        wait_q()
-        fence_proxy_async()  # this thread's Q copies, seen by the wgmma (the first step's
-        # barrier publishes them: no wgmma reads Q before it)
+        kt = nxt(t_lo - 1, w)
+        if kt < t_hi:
+            load_tile(smem, pad + KV_BYTE, k, kv_base, kt, nk, d, tid)
+        cp_async_commit()   # the first step's barrier publishes Q and K_0 with its wait
+        zero_tile(smem, pad + KV_BYTE + 3 * TILE, tid)   # stage 1's V: the first P V's
         softmax_init(m_i, l_i, acc)
 
         kv = (k, v, kv_base, nk, d, hk, (nk, left, right), pad)
-        frags = (s, acc, m_i, l_i)
+        frags = (s, acc, m_i, l_i, pa, alpha, prev)
         q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
         lanes = (tid, t, row0, q_addr, base, exp_scale)
-        walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
+        walk(kt, nxt(kt, w), t_hi, w, (smem, kv, frags, lanes, va, sa))
+        if prev[0] >= 0:   # the last tile's P V
+            v_last = pad + KV_BYTE + 2 * TILE * prev[3] + TILE
+            v_bad = publish(smem, v_last, prev, nk, tid)
+            d_o, p_regs = operands_pv(acc, pa)
+            finish_pv(issue_pv(d_o, p_regs, smem, 0, base + v_last), acc, v_bad, v, hk, sa,
+                      row0, (nk, left, right), t, prev)
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         row_base = int64(uint32(bh)) * nq
@@ -262,12 +309,15 @@ def forward_wgmma_kernel(cfg):
 
 
 def compile_configs():
-    """The compile tier's builds, for sm_90a: d = 64 and 128 plain, float16 and bfloat16; every
-    flag at once at 128; the 16-bit-load build at 64; a user's variant at 64."""
+    """The compile tier's builds, for sm_90a: d = 64 and 128 plain, each also with the other
+    choice of ``OVERLAP``; bfloat16 at 64; every flag at once at 128; the 16-bit-load build at
+    64; a user's variant at 64."""
     from .forward_mma import _user_build
 
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
     plan = [wgmma_forward_config(hd, simulator=False) for hd in WGMMA_HEAD_DIMS]
+    # the tile table's alternatives (kernels/tiles.py says why it chose as it did)
+    plan += [c._replace(OVERLAP=not c.OVERLAP) for c in plan]
     plan += [wgmma_forward_config(64, "bfloat16", simulator=False),
              wgmma_forward_config(128, simulator=False, **every),
              wgmma_forward_config(64, simulator=False, VEC=False),

@@ -89,7 +89,7 @@ def _vmax(acc_t):
 
 # [docs:online-softmax-stage]
 @functools.lru_cache(maxsize=None)
-def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
+def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None, ALPHA_OUT=False):
     """``(init, update, finalize)`` for a lane's ``ROWS`` rows of ``COLS`` scores and
     ``ACC_COLS`` accumulator columns, reduced over the lanes of ``XOR`` (module docstring):
 
@@ -102,7 +102,10 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
       ``XOR`` must call it.
 
     ``update`` returns the last row's ``alpha`` (a lane that holds one row of a decode rescales
-    the accumulator rows other lanes hold with it).
+    the accumulator rows other lanes hold with it).  ``ALPHA_OUT``: the accumulator is not
+    touched (it may be in flight in an asynchronous product): ``update(s, alpha, m_i, l_i, c)``
+    writes each row's ``alpha`` into ``alpha[ROWS]`` and returns whether any is not 1 (the
+    caller applies them with :func:`make_rescale` once the accumulator is its own).
 
     ``RESCALE``: ``None`` moves ``m_i`` to every new row max (``acc *= alpha`` every tile);
     ``"moved"`` rescales a row only when its max moved (a branch per lane: decode, whose lane
@@ -119,6 +122,7 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
     EX2 = EXP == "ex2"
     assert not EX2 or acc_t == float32
     MOVED = RESCALE == "moved"
+    KEEP_ACC = not ALPHA_OUT
     LAZY = RESCALE is not None and not MOVED
     assert not LAZY or EX2
     T = float32(RESCALE if LAZY else 0.0)
@@ -169,8 +173,9 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
             else:
                 alpha[r] = exp_e(m_i[r] - m_use)
             m_i[r] = mx[r]
-            for j in range(ACC_COLS):
-                acc[r, j] *= alpha[r]
+            if KEEP_ACC:   # (ALPHA_OUT: the caller rescales later)
+                for j in range(ACC_COLS):
+                    acc[r, j] *= alpha[r]
 
     @_device
     def p_row(r, ctx):
@@ -199,11 +204,18 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
         need = cuda.local.array(1, int32)
         need[0] = 0
         max_rows((s, m_i, mx, alpha, need, c))
+        moved = True
         if not LAZY:
             rescale_rows((acc, m_i, mx, alpha, c))
         elif warp_any(need[0] != 0):              # the whole warp rescales, or none of it
             rescale_rows((acc, m_i, mx, alpha, c))
+        else:
+            moved = False
         p_rows((s, m_i, l_i, alpha, c))
+        if ALPHA_OUT:
+            for r in range(ROWS):
+                acc[r] = alpha[r]
+            return moved
         return alpha[ROWS - 1]
 
     @_device
@@ -225,6 +237,20 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None):
 
     return init, update, finalize
 # [/docs:online-softmax-stage]
+
+
+@functools.lru_cache(maxsize=None)
+def make_rescale(ROWS, ACC_COLS):
+    """``rescale(acc, alpha)``: ``acc[r, :] *= alpha[r]``, the deferred half of an ``ALPHA_OUT``
+    update (:func:`make_online_softmax`)."""
+
+    @_device
+    def rescale(acc, alpha):
+        for r in range(ROWS):
+            for j in range(ACC_COLS):
+                acc[r, j] *= alpha[r]
+
+    return rescale
 
 
 @_device

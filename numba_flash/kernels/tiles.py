@@ -203,15 +203,16 @@ class WgmmaForwardConfig(NamedTuple):
 
     ``WARPGROUPS`` warpgroups of 128 threads, each owning 64 query rows (a warp 16 of them:
     the ``mma.sync`` fragment view with one row tile); ``BLOCK_N`` keys per K/V tile (the ``N``
-    of ``S = Q K^T``'s ``wgmma``); ``STAGES`` K/V buffers; ``HEAD_DIM`` 64 or 128 (``d``
-    zero-padded to it unless ``VEC``), every tile in the 128-byte swizzle; the element type and
-    the variant flags as :class:`ForwardMmaConfig`.  Shared memory is dynamic (Q for the whole
-    loop, then the stages), past 48 KiB opted into at launch."""
+    of ``S = Q K^T``'s ``wgmma``); ``HEAD_DIM`` 64 or 128 (``d`` zero-padded to it unless
+    ``VEC``), every tile in the 128-byte swizzle; the element type and the variant flags as
+    :class:`ForwardMmaConfig`.  Shared memory is dynamic (Q for the whole loop, then two
+    stages of K and V: the pipeline's K and V buffers alternate by tile parity), past 48 KiB
+    opted into at launch."""
 
     WARPGROUPS: int
     BLOCK_N: int
     HEAD_DIM: int
-    STAGES: int = 2
+    OVERLAP: bool = True
     DTYPE: str = "float16"
     DROPOUT: bool = False
     SOFTCAP: bool = False
@@ -220,6 +221,7 @@ class WgmmaForwardConfig(NamedTuple):
     USER: object = None
 
     SWIZZLE = 128
+    STAGES = 2   # K_j and K_{j+1}, V_{j-1} and V_j (kernels/forward_wgmma.py's pipeline)
 
     @property
     def NUM_WARPS(self):
@@ -255,31 +257,38 @@ class WgmmaForwardConfig(NamedTuple):
     def name(self):
         """The compile tier's name: ``forward_wgmma WG2 M128 N128 D64 S2 [flags] float16``."""
         return (f"forward_wgmma WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
-                f"D{self.HEAD_DIM} S{self.STAGES}{_flags_name(self)} {self.DTYPE}")
+                f"D{self.HEAD_DIM}{'' if self.OVERLAP else ' serial'}{_flags_name(self)} "
+                f"{self.DTYPE}")
 
 
 #: the warpgroup forward's head dims (the 128-byte swizzle takes rows of 64 elements; past 128
 #: the output accumulator (``d / 2`` registers) and S's crowd 255 registers)
 WGMMA_HEAD_DIMS = (64, 128)
 
-#: its tiles on a GPU: ``(WARPGROUPS, BLOCK_N, STAGES)``.  Two warpgroups (128 rows) share each
-#: K / V tile (half the copies per row); 128 keys: ``S`` is 64 registers a thread and ``P V`` 8
-#: ``wgmma`` k-steps per tile.  d = 64: 16 + 2 x 32 KiB = 80 KiB (2 blocks an SM); d = 128:
-#: 32 + 2 x 64 = 160 KiB (1 block: 8 warps, as FA3's 128 x 128)
+#: its tiles on a GPU: ``(WARPGROUPS, BLOCK_N, OVERLAP)``.  Two warpgroups (128 rows) share each
+#: K / V tile (half the copies per row).  ``OVERLAP``: FA3's intra-warpgroup overlap, tile
+#: ``j``'s softmax under tile ``j - 1``'s ``P V`` (else both products are waited for before the
+#: softmax; the other warpgroup's softmax fills the tensor cores).  255 registers a thread, one
+#: block (8 warps) an SM.
+#: d = 64: 192 keys (the fixed per-tile work over more flop: 785 instructions per 192 x 4096
+#: flop, 4.09; 128 keys issued 577, 4.51), without the overlap (with it: 807, 4.20, the P of
+#: the product in flight held through the softmax); 16 + 2 x 48 KiB = 112 KiB.  d = 128: 128
+#: keys with the overlap (613 per 256 x 4096 flop, 2.39; without: 614); 32 + 2 x 64 = 160 KiB
 WGMMA_FORWARD_TILES = {
-    64: (2, 128, 2),
-    128: (2, 128, 2),
+    64: (2, 192, False),
+    128: (2, 128, True),
 }
 
-#: the builds with per-element work (dropout, softcap, ALiBi, a user's variant): 64 keys a
-#: tile, half the unrolled per-score code of 128
+#: the builds with per-element work (dropout, softcap, ALiBi, a user's variant) and the 16-bit
+#: loads (no 16-byte copies): 64 keys a tile, a third of the unrolled per-score code of 192
+#: (the 16-bit loads at 192 keys spilled 16 B)
 WGMMA_FORWARD_MODS_TILES = {
-    64: (2, 64, 2),
-    128: (2, 64, 2),
+    64: (2, 64, True),
+    128: (2, 64, True),
 }
 
-#: the simulator's tiles: one warpgroup (128 Python threads), 16 keys, 2 stages
-WGMMA_FORWARD_SIM_TILES = (1, 16, 2)
+#: the simulator's tiles: one warpgroup (128 Python threads), 16 keys, the overlap
+WGMMA_FORWARD_SIM_TILES = (1, 16, True)
 
 
 def wgmma_head_dim(head_dim):
@@ -289,16 +298,18 @@ def wgmma_head_dim(head_dim):
 
 def wgmma_forward_config(head_dim, dtype="float16", simulator=None, **flags):
     """The :class:`WgmmaForwardConfig` of a call (``head_dim`` 1..128; ``flags``: ``DROPOUT``,
-    ``SOFTCAP``, ``ALIBI``, ``VEC``, ``USER``)."""
+    ``SOFTCAP``, ``ALIBI``, ``VEC``, ``USER``; per-element work or ``VEC=False`` take
+    :data:`WGMMA_FORWARD_MODS_TILES`)."""
     if simulator is None:
         simulator = on_simulator()
     hd = wgmma_head_dim(head_dim)
-    mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
+    mods = (any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
+            or flags.get("VEC") is False)
     if simulator:
-        wg, bn, stages = WGMMA_FORWARD_SIM_TILES
+        wg, bn, overlap = WGMMA_FORWARD_SIM_TILES
     else:
-        wg, bn, stages = (WGMMA_FORWARD_MODS_TILES if mods else WGMMA_FORWARD_TILES)[hd]
-    return WgmmaForwardConfig(wg, bn, hd, stages, dtype, **flags)
+        wg, bn, overlap = (WGMMA_FORWARD_MODS_TILES if mods else WGMMA_FORWARD_TILES)[hd]
+    return WgmmaForwardConfig(wg, bn, hd, overlap, dtype, **flags)
 
 
 # -- the tensor-core backward ----------------------------------------------------------------

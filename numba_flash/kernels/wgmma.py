@@ -140,7 +140,7 @@ from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, load_u16,
 #: threads of a warpgroup
 WARPGROUP = 128
 #: the N of ``m64nNk16`` this module builds and tests (the ISA allows every multiple of 8)
-WGMMA_N = (8, 16, 32, 64, 128, 256)
+WGMMA_N = (8, 16, 32, 64, 128, 192, 256)
 #: swizzle modes, as the bytes of one swizzled row (0: none, the ISA's "interleave")
 SWIZZLES = (0, 32, 64, 128)
 #: the descriptor's mode field (bits 62-63) of each swizzle
@@ -927,22 +927,26 @@ def make_fragment_view(N):
 
 
 @functools.lru_cache(maxsize=None)
-def make_a_regs(K_STEPS, DTYPE="float16"):
-    """``a_regs(v)``: the ``A`` registers of all ``K_STEPS`` k-blocks of the fragment view
-    ``v`` (float32 ``[2, 4 K_STEPS]``) as one ``UniTuple(uint32, 4 K_STEPS)`` (k-block ``j``:
-    items ``4 j .. 4 j + 3``, :func:`make_a_from_view`'s), so that one :func:`fence_operand`
-    and one :func:`wgmma_fence` order them all before the first ``mma`` (generated
-    straight-line code, as :func:`make_fragment_view`)."""
+def make_a_pack(K_STEPS, DTYPE="float16"):
+    """``(a_pack, a_words)``: ``a_pack(v, pa)`` packs the ``A`` registers of all ``K_STEPS``
+    k-blocks of the fragment view ``v`` (float32 ``[2, 4 K_STEPS]``, rounded to ``DTYPE``)
+    into ``pa`` (uint32 ``[4 K_STEPS]``; k-block ``j``: ``pa[4 j .. 4 j + 3]``,
+    :func:`make_a_from_view`'s order); ``a_words(pa)`` is ``pa`` as one ``UniTuple(uint32, 4
+    K_STEPS)``, so that one :func:`fence_operand` and one :func:`wgmma_fence` order them all
+    before the first ``mma``.
+    Generated straight-line code, as :func:`make_fragment_view`: constant indices only."""
     _mma, pack2 = mma_ops(DTYPE)
-    regs = []
+    lines = []
     for j in range(K_STEPS):
         c = 4 * j
-        regs += [f"pack2(v[0, {c}], v[0, {c + 1}])", f"pack2(v[1, {c}], v[1, {c + 1}])",
-                 f"pack2(v[0, {c + 2}], v[0, {c + 3}])", f"pack2(v[1, {c + 2}], v[1, {c + 3}])"]
+        for q, (r, cc) in enumerate(((0, c), (1, c), (0, c + 2), (1, c + 2))):
+            lines.append(f"    pa[{4 * j + q}] = pack2(v[{r}, {cc}], v[{r}, {cc + 1}])\n")
+    src = ("def a_pack(v, pa):\n" + "".join(lines) + "\n\n"
+           "def a_words(pa):\n    return (" + ", ".join(f"pa[{i}]" for i in range(4 * K_STEPS))
+           + ",)\n")
     ns = {"pack2": pack2}
-    exec(compile("def a_regs(v):\n    return (" + ", ".join(regs) + ",)\n",
-                 f"<wgmma A registers K_STEPS={K_STEPS}>", "exec"), ns)
-    return _device(ns["a_regs"])
+    exec(compile(src, f"<wgmma A registers K_STEPS={K_STEPS}>", "exec"), ns)
+    return _device(ns["a_pack"]), _device(ns["a_words"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -964,22 +968,32 @@ def make_a_from_view(DTYPE="float16"):
 # [docs:warpgroup-gemm]
 @functools.lru_cache(maxsize=None)
 def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, ACCUMULATE=True):
-    """``gemm(acc, a, smem, a_addr, b_addr)``: the warpgroup's ``acc (+)= A B`` on ``wgmma``,
-    ``acc`` the thread's fragment view float32 ``[2, N / 4]`` (:func:`make_fragment_view`; the
-    warp's 16 rows of the warpgroup's 64).  ``B`` (``K x N``) in the :class:`TileLayout`
-    ``B_LAYOUT`` at shared address ``b_addr``, read ``B_MAJOR`` (``"K"``: ``N`` rows of ``K``, a
-    K tile; ``"MN"``: ``K`` rows of ``N``, a V tile); ``A`` (``64 x K``) from the ``A_LAYOUT``
-    tile at shared address ``a_addr`` (SS; ``a`` unused), or with ``A_LAYOUT`` None from the
-    fragment view ``a`` (float32 ``[2, K / 4]``, packed to ``DTYPE`` per k-block: RS, ``P`` for
-    ``P V``).  ``ACCUMULATE`` False: ``acc = A B`` (``acc`` not read).  Issues the ``K / 16``
-    ``wgmma``, commits them and waits: ``acc`` holds the product on return."""
+    """``(operands, issue, complete)``: the warpgroup's ``acc (+)= A B`` on ``wgmma``,
+    asynchronously, in three calls:
+
+    * ``operands(acc, a) -> (d, ra)``: the accumulator tuple (from ``acc``, the thread's
+      fragment view float32 ``[2, N / 4]`` of :func:`make_fragment_view`: the warp's 16 rows
+      of the warpgroup's 64; zeros without ``ACCUMULATE``) and, RS, ``A``'s registers from the
+      packed ``a`` (uint32 ``[K / 4]``, :func:`make_a_pack`), fenced.  Call it before any
+      ``wgmma`` that is in flight when this one issues: ptxas serializes every ``wgmma`` of a
+      pipeline stage in which ordinary instructions write a ``wgmma``'s input registers;
+    * ``issue(d, ra, smem, a_addr, b_addr) -> d``: the ``K / 16`` ``wgmma`` as one commit group;
+      the returned tuple is in flight;
+    * ``complete(d, acc)``: after a :func:`wgmma_wait_group` that covers the group, the product
+      into ``acc``.  Until then neither ``acc``'s tuple nor ``A``'s registers may change.
+
+    ``B`` (``K x N``) in the :class:`TileLayout` ``B_LAYOUT`` at shared address ``b_addr``, read
+    ``B_MAJOR`` (``"K"``: ``N`` rows of ``K``, a K tile; ``"MN"``: ``K`` rows of ``N``, a V
+    tile); ``A`` (``64 x K``) from the ``A_LAYOUT`` tile at shared address ``a_addr`` (SS;
+    ``a`` unused), or with ``A_LAYOUT`` None from registers (RS, ``P`` for ``P V``).
+    ``ACCUMULATE`` False: ``acc = A B``."""
     SS = A_LAYOUT is not None
     TRANS_B = 1 if B_MAJOR == "MN" else 0
     K_STEPS = (B_LAYOUT.COLS if B_MAJOR == "K" else B_LAYOUT.ROWS) // 16
     mma = make_wgmma(N, DTYPE, "smem" if SS else "regs", 0, TRANS_B)
     to_tuple, from_tuple = make_fragment_view(N)
     zeros = make_acc_zeros(N)
-    a_regs = make_a_regs(K_STEPS, DTYPE)
+    _a_pack, a_words = make_a_pack(K_STEPS, DTYPE)
     # k-block kk's descriptor: the tile's low word plus its start >> 4 (the start field, bits
     # 0-13: a shared address and its tile offsets stay below 2**18, so the 32-bit add never
     # carries out of it), the high word a constant
@@ -1003,18 +1017,24 @@ def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, AC
     k_steps = static_fold(K_STEPS, k_step)   # unrolled: the tuples read by constant indices
 
     @_device
-    def gemm(acc, a, smem, a_addr, b_addr):
+    def operands(acc, a):
         d = fence_operand(to_tuple(acc) if ACCUMULATE else zeros())
-        ra = fence_operand(a_regs(a)) if not SS else None   # RS: every k-block's A, packed
+        return d, (fence_operand(a_words(a)) if not SS else None)
+
+    @_device
+    def issue(d, ra, smem, a_addr, b_addr):
         b_lo = desc_lo(b_addr, B_HI)
         a_lo = desc_lo(a_addr, A_HI)
-        wgmma_fence()  # the accumulator's and A's registers (just written) before any mma
+        wgmma_fence()  # the accumulator's and A's registers (written before) before any mma
         d = k_steps((smem, ra, a_lo, b_lo), d)
         wgmma_commit_group()
-        wgmma_wait_group(0)
-        from_tuple(fence_operand(d), acc)  # complete: back into the fragment view
+        return d
 
-    return gemm
+    @_device
+    def complete(d, acc):
+        from_tuple(fence_operand(d), acc)  # after the wait: back into the fragment view
+
+    return operands, issue, complete
 # [/docs:warpgroup-gemm]
 
 
@@ -1249,7 +1269,7 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "a_fragments", "desc_bits", "encode_descriptor", "decode_descriptor",
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
-           "make_fragment_view", "make_a_from_view", "make_a_regs", "make_warpgroup_gemm",
+           "make_fragment_view", "make_a_from_view", "make_a_pack", "make_warpgroup_gemm",
            "make_tile_scan",
            "tiles_ready", "align_pad", "desc_pack", "warp_uniform", "wgmma_fence",
            "wgmma_commit_group", "wgmma_wait_group",

@@ -15,6 +15,7 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..kernels.forward_wgmma import (MMA_DTYPES, WGMMA_HEAD_DIMS, forward_grid,
                                      forward_wgmma_kernel, wgmma_forward_config)
+from ..kernels.tiles import wgmma_head_dim
 from ..kernels.forward_mma import vector_copies
 from .forward import forward_variant, user_build
 
@@ -38,8 +39,8 @@ def launch_forward_wgmma(q, k, v, args, variant=None):
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     cfg = wgmma_forward_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
                                SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
-                               USER=user_build(variant))
-    cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv))
+                               USER=user_build(variant),
+                               VEC=vector_copies(d, wgmma_head_dim(d), dq, dk, dv))
     o = call.empty((b, h, nq, d), args.dtype)  # bfloat16: uint16 words, viewed back
     lse = call.empty((b, h, nq), np.float32)
     call.launch(forward_wgmma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),

@@ -136,10 +136,11 @@ def test_non_finite_inputs_follow_the_reference(rng):
     assert 0 < np.isnan(o_ref).sum() < o_ref.size  # the case is not vacuous
 
 
-@pytest.mark.parametrize("sim_tiles", [(2, 32, 2), (1, 16, 3)])
-def test_two_warpgroups_and_three_stages(rng, monkeypatch, sim_tiles):
+@pytest.mark.parametrize("sim_tiles", [(2, 32, True), (1, 16, False)])
+def test_two_warpgroups_and_the_serial_pipeline(rng, monkeypatch, sim_tiles):
     """The GPU's two warpgroups (128 rows, Q's second 64 rows through the descriptor's row
-    offset; 256 Python threads) with 32-key tiles; a 3-stage pipeline (K/V two tiles ahead)."""
+    offset; 256 Python threads) with 32-key tiles; the pipeline without the overlap (both
+    products waited for before the softmax: the d = 64 GPU build's)."""
     monkeypatch.setattr(tiles, "WGMMA_FORWARD_SIM_TILES", sim_tiles)
     q, k, v = make_qkv(rng, 1, 1, 1, 80, 70, 64)
     check(q, k, v, window_size=(20, 3))
@@ -169,9 +170,10 @@ def test_backward_and_auto_never_take_wgmma():
 
 def test_gpu_tiles_fit_hopper_shared_memory():
     """The GPU tiles: dynamic shared memory past 48 KiB (opted into at launch), within the 227
-    KiB of an sm_90 block; the per-element builds take 64-key tiles."""
+    KiB of an sm_90 block; the per-element builds and the 16-bit loads take 64-key tiles."""
     for hd in tiles.WGMMA_HEAD_DIMS:
         cfg = tiles.wgmma_forward_config(hd, simulator=False)
         assert 48 * 1024 < cfg.SMEM_BYTES <= tiles.SMEM_LIMIT_SM90
         assert cfg.BLOCK_M == 128 and cfg.THREADS == 256
-        assert tiles.wgmma_forward_config(hd, simulator=False, SOFTCAP=True).BLOCK_N == 64
+        for flags in (dict(SOFTCAP=True), dict(VEC=False)):
+            assert tiles.wgmma_forward_config(hd, simulator=False, **flags).BLOCK_N == 64
