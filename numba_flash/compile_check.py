@@ -154,11 +154,12 @@ def goal_config(c):
 
 
 def wgmma_goal_config(c):
-    """A configuration of the warpgroup forward's static goal (tests/compile): float16, no
-    flags, 16-byte copies, ``HEAD_DIM`` 64 and 128."""
-    from numba_flash.kernels.tiles import WgmmaForwardConfig
+    """A configuration of the warpgroup forward's static goal (tests/compile): the tile
+    table's build, float16, no flags, 16-byte copies, at ``HEAD_DIM`` 64 and 128."""
+    from numba_flash.kernels.tiles import WgmmaForwardConfig, wgmma_forward_config
 
-    return isinstance(c, WgmmaForwardConfig) and _plain(c) and c.HEAD_DIM in (64, 128)
+    return (isinstance(c, WgmmaForwardConfig) and _plain(c) and c.HEAD_DIM in (64, 128)
+            and c == wgmma_forward_config(c.HEAD_DIM, simulator=False))
 
 
 def in_suite(cfg):

@@ -169,9 +169,10 @@ def test_mainloop_goals_issue_and_shared_read_bounds(table, name):
 #: issue 33's static goal: the warpgroup forward (sm_90a, float16, no flags) issues at most
 #: as many instructions per 4096 flop as the Triton tutorial's sm_90 kernel (TMA + wgmma): 4.2
 #: at d = 64, 2.6 at d = 128, i.e. an issue bound of at least 1000 TFLOP/s past the 989 of the
-#: tensor cores.  Measured 2026-12-02: 535 instructions per 128 x 4096 flop (4.18) and 579 per
-#: 256 x 4096 (2.26), 214 / 255 registers, no spill; the first cut issued 705 (5.5) at d = 64
-#: (64-bit copy offsets, descriptors rebuilt per k-step), on which this fails.
+#: tensor cores.  Measured 2026-12-02: d = 64 (192-key tiles, serial) 785 instructions per 192 x
+#: 4096 flop (4.09), d = 128 (128 keys, with the intra-warpgroup overlap) 613 per 256 x 4096
+#: (2.39), 254 / 255 registers, no spill; the first cut issued 705 per 128 x 4096 (5.5) at d =
+#: 64 (64-bit copy offsets, descriptors rebuilt per k-step), on which this fails.
 WGMMA_GOAL = {64: 4.2, 128: 2.6}
 
 

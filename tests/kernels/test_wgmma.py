@@ -86,6 +86,84 @@ def test_a_and_accumulator_layouts_are_mma_sync_ones_per_warp():
     np.testing.assert_array_equal(wgmma.matrix_from_acc(wgmma.acc_fragments(d)), d)
 
 
+def _py(fn):
+    return getattr(fn, "py_func", fn)
+
+
+@pytest.mark.parametrize("N", [16, 64, 192])
+def test_fragment_view_is_the_accumulator_cell_for_cell(N):
+    """make_fragment_view: d_i of a thread is view cell (r, c) with r the row bit of
+    acc_coords (row g or g + 8 of its warp) and c its column pair: the mma.sync view of one
+    16-row tile (warp_gemm.ACC_ROWS / ACC_COLS), so the forward's softmax stages read it."""
+    from numba_flash.kernels.warp_gemm import ACC_COLS, ACC_ROWS
+
+    to_tuple, from_tuple = (_py(f) for f in wgmma.make_fragment_view(N))
+    for t in (0, 5, 37, 127):
+        w, g, tt = t >> 5, (t & 31) >> 2, t & 3
+        v = np.zeros((2, N // 4), np.float32)
+        for r in range(2):
+            for c in range(N // 4):   # the view's (row, col) as the mma.sync layouts give them
+                v[r, c] = 1000 * (16 * w + g + ACC_ROWS.offset(r)) + 2 * tt + ACC_COLS.offset(c)
+        d = to_tuple(v)
+        assert len(d) == N // 2
+        for i in range(N // 2):
+            row, col = wgmma.acc_coords(t, i)
+            assert d[i] == 1000 * row + col, (t, i)
+        back = np.zeros_like(v)
+        from_tuple(d, back)
+        np.testing.assert_array_equal(back, v)
+
+
+def test_a_pack_is_the_a_fragment_of_each_k_block(rng):
+    """make_a_pack: pa[4 j + q] packs k-block j's A registers from the view (a_coords' cells
+    shifted 16 j columns), rounded to float16; a_words is the same words as a tuple."""
+    K_STEPS = 3
+    a_pack, a_words = (_py(f) for f in wgmma.make_a_pack(K_STEPS, "float16"))
+    s = rng.standard_normal((64, 16 * K_STEPS)).astype(np.float32)
+    for t in (0, 9, 100):
+        w, g, tt = t >> 5, (t & 31) >> 2, t & 3
+        v = np.zeros((2, 4 * K_STEPS), np.float32)   # the thread's view of S (its 2 rows)
+        for r in range(2):
+            for c in range(4 * K_STEPS):
+                v[r, c] = s[16 * w + g + 8 * r, 8 * (c >> 1) + 2 * tt + (c & 1)]
+        pa = np.zeros(4 * K_STEPS, np.uint32)
+        a_pack(v, pa)
+        halves = pa.view(np.uint16).view(np.float16)
+        for j in range(K_STEPS):
+            for i in range(8):
+                row, col = wgmma.a_coords(t, i)
+                assert halves[8 * j + i] == np.float16(s[row, 16 * j + col]), (t, j, i)
+        assert tuple(int(x) for x in a_words(pa)) == tuple(int(x) for x in pa)
+
+
+def test_descriptor_plus_a_step_is_the_descriptor_of_the_k_block():
+    """desc_at(desc_lo(addr, hi), start >> 4, hi) (one 32-bit add, the high word a constant:
+    desc_pack) equals encode_descriptor of the k-block's own start, for every k-block of the
+    forward's tiles."""
+    for lay, major in ((TileLayout(128, 64), "K"), (TileLayout(192, 128), "MN"),
+                       (TileLayout(64, 128), "K")):
+        hi = lay.desc_hi(major)
+        for addr in (0x400, 0x12C00, 0x37C00):
+            lo = _py(wgmma.desc_lo)(addr, hi)
+            for kk in range((lay.COLS if major == "K" else lay.ROWS) // 16):
+                d = lay.descriptor(major, kk)
+                got = _py(wgmma.desc_at)(lo, np.uint32(d.start >> 4), hi)
+                assert int(got) == wgmma.encode_descriptor(addr + d.start, d.lbo, d.sbo,
+                                                           d.swizzle)
+    assert int(_py(wgmma.desc_pack)(np.uint32(0x10240), np.uint32(0x40000040))) == \
+        0x4000004000010240
+
+
+def test_static_fold_carries_a_value_through_unrolled_steps():
+    from numba_flash.kernels.jit import static_fold
+
+    def step(i, ctx, x):
+        return x * ctx + i
+
+    assert _py(static_fold(5, step))(10, 0) == 1234   # ((((0 + 0) 10 + 1) 10 + 2) 10 + 3) 10 + 4
+    assert _py(static_fold(0, step))(10, 7) == 7
+
+
 # -- descriptors -----------------------------------------------------------------------------
 def test_descriptor_bits_by_hand():
     """start 0x2400, LBO 16 (encoded 1: unused by swizzled K-major), SBO 1024, 128-byte swizzle
