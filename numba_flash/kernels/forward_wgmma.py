@@ -233,8 +233,9 @@ def forward_wgmma_kernel(cfg):
     walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, cfg.STAGES, 1,
                              LOG)
 
-    # a user's functions stay out of the on-disk kernel cache (as the mma.sync forward)
-    @kernel_jit(cache=USER is None)
+    # a user's functions stay out of the on-disk kernel cache (as the mma.sync forward); the
+    # launch bounds the compile tier counts with (255 registers for 256 threads)
+    @kernel_jit(cache=USER is None, launch_bounds=THREADS)
     def flash_forward_wgmma(q, k, v, o, lse, va):
         # -- which block, warpgroup, warp and lane
         tid = int32(cuda.threadIdx.x)
