@@ -299,6 +299,8 @@ def forward_wgmma_kernel(cfg):
             d_o, p_regs = operands_pv(acc, pa)
             finish_pv(issue_pv(d_o, p_regs, smem, 0, base + v_last), acc, v_bad, v, hk, sa,
                       row0, (nk, left, right), t, prev)
+        else:   # no tile to visit: Q's copies still land before the block exits
+            cp_async_wait_all()
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         row_base = int64(uint32(bh)) * nq

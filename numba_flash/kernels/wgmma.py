@@ -106,6 +106,20 @@ Stages (the kernels call these names; the backend picks the implementation at im
   full encoding as a device function (the same source as :func:`encode_descriptor`).
 * :func:`make_acc_zeros` ``(N)`` -> ``zeros()``: a zero accumulator tuple.
 
+The kernels' GEMM stage, on the ``mma.sync`` fragment view (the forward,
+:mod:`numba_flash.kernels.forward_wgmma`):
+
+* :func:`make_fragment_view` ``(N)`` -> ``(to_tuple, from_tuple)``: the accumulator tuple and a
+  warp's ``[2, N / 4]`` view of one 16-row tile (the same cells: the ``mma.sync`` stages run on
+  it); :func:`make_a_pack` ``(K_STEPS)`` -> ``(a_pack, a_words)``: ``P``'s ``A`` registers;
+* :func:`make_warpgroup_gemm` -> ``(operands, issue, complete)``: ``acc (+)= A B`` issued
+  asynchronously (SS or RS), each k-step's descriptor :func:`desc_at` (a 32-bit add on
+  :func:`desc_lo`, the high word a constant through :func:`desc_pack`), unrolled by
+  :func:`~numba_flash.kernels.jit.static_fold`;
+* :func:`warp_uniform` ``(x)``: lane 0's value (the compiler then keeps a warpgroup's
+  descriptors in uniform registers); :func:`make_tile_scan`: the non-finite rule's zeroing in a
+  swizzled tile.
+
 The simulator twins compute what the ISA defines for the warpgroup: an ``mma`` exchanges the
 four warps' inputs (:func:`numba_flash.simulator_warp.exchange` over 128 threads), checks that the
 descriptors agree, decodes them (:func:`operand_addresses`) and reads ``A`` and ``B`` from the
