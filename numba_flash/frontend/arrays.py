@@ -205,7 +205,10 @@ def opt_in_shared(kernel, args, nbytes):
     ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, which numba-cuda has no public way to
     set (its issue 94), set as its own ``shared_memory_carveout`` sets another attribute.  The
     attribute is per kernel and device; setting it again is one driver call.  Nothing to do
-    under 48 KiB or in the simulator (whose dynamic array is as large as asked)."""
+    under 48 KiB or in the simulator (whose dynamic array is as large as asked).  The build it
+    sets is the one ``typeof_pyval`` of ``args`` selects, which is the one the launch then uses
+    (numba-cuda 0.30 types launch arguments the same way); were they ever to differ, the launch
+    would fail for its shared-memory size, loudly.  Unmeasured: no GPU has run it yet."""
     if nbytes <= _SHARED_DEFAULT or on_simulator():
         return
     from numba.cuda.cudadrv.driver import binding, driver
