@@ -944,11 +944,11 @@ def make_fragment_view(N):
 def make_a_pack(K_STEPS, DTYPE="float16"):
     """``(a_pack, a_words)``: ``a_pack(v, pa)`` packs the ``A`` registers of all ``K_STEPS``
     k-blocks of the fragment view ``v`` (float32 ``[2, 4 K_STEPS]``, rounded to ``DTYPE``)
-    into ``pa`` (uint32 ``[4 K_STEPS]``; k-block ``j``: ``pa[4 j .. 4 j + 3]``,
-    :func:`make_a_from_view`'s order); ``a_words(pa)`` is ``pa`` as one ``UniTuple(uint32, 4
-    K_STEPS)``, so that one :func:`fence_operand` and one :func:`wgmma_fence` order them all
-    before the first ``mma``.
-    Generated straight-line code, as :func:`make_fragment_view`: constant indices only."""
+    into ``pa`` (uint32 ``[4 K_STEPS]``; k-block ``j``: ``pa[4 j .. 4 j + 3]``, the order of
+    :func:`make_a_from_acc` and ``warp_gemm``'s ``"acc"`` packing); ``a_words(pa)`` is ``pa``
+    as one ``UniTuple(uint32, 4 K_STEPS)``, so that one :func:`fence_operand` and one
+    :func:`wgmma_fence` order them all before the first ``mma``.  Generated straight-line
+    code, as :func:`make_fragment_view`: constant indices only."""
     _mma, pack2 = mma_ops(DTYPE)
     lines = []
     for j in range(K_STEPS):
@@ -961,22 +961,6 @@ def make_a_pack(K_STEPS, DTYPE="float16"):
     ns = {"pack2": pack2}
     exec(compile(src, f"<wgmma A registers K_STEPS={K_STEPS}>", "exec"), ns)
     return _device(ns["a_pack"]), _device(ns["a_words"])
-
-
-@functools.lru_cache(maxsize=None)
-def make_a_from_view(DTYPE="float16"):
-    """``a_from_view(v, j)``: the four ``A`` registers of k-block ``j`` from columns ``16 j ..
-    16 j + 15`` of the fragment view ``v`` (:func:`make_fragment_view`), rounded to ``DTYPE``:
-    :func:`make_a_from_acc` on the view (``warp_gemm``'s ``"acc"`` packing)."""
-    _mma, pack2 = mma_ops(DTYPE)
-
-    @_device
-    def a_from_view(v, j):
-        c = 4 * j
-        return (pack2(v[0, c], v[0, c + 1]), pack2(v[1, c], v[1, c + 1]),
-                pack2(v[0, c + 2], v[0, c + 3]), pack2(v[1, c + 2], v[1, c + 3]))
-
-    return a_from_view
 
 
 # [docs:warpgroup-gemm]
@@ -1283,7 +1267,7 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "a_fragments", "desc_bits", "encode_descriptor", "decode_descriptor",
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
-           "make_fragment_view", "make_a_from_view", "make_a_pack", "make_warpgroup_gemm",
+           "make_fragment_view", "make_a_pack", "make_warpgroup_gemm",
            "make_tile_scan",
            "tiles_ready", "align_pad", "desc_pack", "warp_uniform", "wgmma_fence",
            "wgmma_commit_group", "wgmma_wait_group",
