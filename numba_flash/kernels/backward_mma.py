@@ -53,14 +53,17 @@ variant (``USER``, :mod:`numba_flash.flex`): ``mask_mod`` on the tiles a block m
 PARTIAL (every tile without one), ``score_mod`` / ``score_mod_grad`` on every seen pair; EMPTY
 tiles are never loaded.  ``[docs: backward.md]``.
 
-A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): every tile is
-``HEAD_DIM = padded(max(d, d_v))`` wide, each array copied at its own width with zeros past it
-(16-byte copies when both widths are multiples of 8, else 16-bit loads), so the padded columns add
-nothing to any product; each output is written at its own width, and a pass whose columns lie past
-it is not launched (:func:`numba_flash.ops.backward_mma.useful_passes`).
+A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): Q and K tiles
+are ``HEAD_DIM`` (``d`` rounded up to 16) wide, V and dO tiles ``HEAD_DIM_V`` (``d_v``'s), each
+array copied at its own width with zeros past it (16-byte copies when both widths are multiples of
+8, else 16-bit loads), so the padded columns add nothing to any product: ``S`` and ``dQ``, ``dK``
+run over ``HEAD_DIM``, ``dP`` and ``dV`` over ``HEAD_DIM_V``.  The dK/dV kernel holds both
+accumulators while the widths sum to at most :data:`ONE_PASS_COLUMNS` (DeepSeek's (192, 128)),
+else runs a pass per share of dV's columns and of dK's (:func:`dkdv_passes`).
 
-Shared memory: one static ``uint32`` arena, rows of ``RB = 2 HEAD_DIM + 16`` bytes (the pad:
-conflict-free ``ldmatrix``), sized by ``BackwardMmaConfig.SMEM_BYTES`` (48 KiB at most).
+Shared memory: one static ``uint32`` arena, rows of ``RB = 2 HEAD_DIM + 16`` bytes (Q, K; V and
+dO ``2 HEAD_DIM_V + 16``; the pad: conflict-free ``ldmatrix``), sized by
+``BackwardMmaConfig.SMEM_BYTES`` (48 KiB at most).
 ``lse``, ``D``, ``dq_accum`` and the dK / dV outputs are flat float32 views.
 """
 
@@ -80,7 +83,7 @@ from .stages import EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, \
     in_loop, load_u16, make_pair_load, make_tile_copy, make_tile_scan, red_add
 from .tile_scores import make_score_args, make_score_fn
 from .tiles import (BACKWARD_MMA_TILES, MMA_DTYPES, BackwardMmaConfig, backward_mma_config,
-                    backward_mma_tiles)
+                    backward_mma_tiles, round16)
 from .variant import variant_type
 from .tile_walk import make_kv_walk, make_tile_walk
 from .visibility import (BLOCK_EMPTY, is_visible, make_tile_kind, make_tile_span,
@@ -88,37 +91,52 @@ from .visibility import (BLOCK_EMPTY, is_visible, make_tile_kind, make_tile_span
 from .warp_gemm import KIND_A, KIND_B, lane_offset, make_gemm, make_load_a, make_nan_columns
 
 __all__ = ["MMA_DTYPES", "BackwardMmaConfig", "backward_mma_config", "backward_mma_tiles",
-           "SPLIT_HEAD_DIMS", "dkdv_passes", "dq_passes", "full_query_rows",
+           "ONE_PASS_COLUMNS", "column_shares", "dkdv_passes", "dq_passes", "full_query_rows",
            "dkdv_mma_kernel", "dq_mma_kernel", "compile_configs"]
 
 _stage = functools.partial(device_jit, own_module=True, inline=True)
 
-#: head dims whose dK and dV accumulators do not fit in registers together: dkdv passes of
-#: half the columns (:func:`dkdv_passes`)
-SPLIT_HEAD_DIMS = (256,)
+#: one dK/dV pass holds both accumulators (``M_TILES (HEAD_DIM + V_DIM) / 2`` registers a lane)
+#: while the two widths sum to at most this: (192, 128)'s 160 registers measured without a spill;
+#: at 256 + 256 they would be the whole register file
+ONE_PASS_COLUMNS = 320
+#: the deterministic dQ kernel's accumulator fits in one pass up to this width (at 256, 128
+#: accumulators beside the fragments spilled)
+DQ_ONE_PASS_COLUMNS = 192
+#: the widest share of columns a pass accumulates where one pass does not hold them all
+PASS_COLUMNS = 128
 
 
-def dkdv_passes(head_dim, deterministic):
+def column_shares(width):
+    """``[(COL0, ACC_DIM)]``: ``width`` columns in shares of at most :data:`PASS_COLUMNS`, each
+    a multiple of 16 but the last (256: ``(0, 128), (128, 128)``)."""
+    n = -(-width // PASS_COLUMNS)
+    size = round16(-(-width // n))
+    return [(c, min(size, width - c)) for c in range(0, width, size)]
+
+
+def dkdv_passes(head_dim, deterministic, head_dim_v=None):
     """The dK/dV launches of one backward as :class:`~numba_flash.kernels.tiles.
-    BackwardMmaConfig` fields: one pass (every output, atomic dQ unless ``deterministic``), or at
-    a head dim of :data:`SPLIT_HEAD_DIMS` four, each accumulating half the columns of dV or of dK
-    (64 registers per lane; the first dK pass also adds dQ)."""
-    if head_dim not in SPLIT_HEAD_DIMS:
+    BackwardMmaConfig` fields, for ``HEAD_DIM`` and ``HEAD_DIM_V`` (``head_dim_v``, None: the
+    same): one pass (every output, atomic dQ unless ``deterministic``) while the two widths sum
+    to at most :data:`ONE_PASS_COLUMNS`, else a pass per share of dV's columns, then per share
+    of dK's (:func:`column_shares`: at 256 four passes of 128 columns, 64 registers a lane; the
+    first dK pass also adds dQ)."""
+    width_v = head_dim_v or head_dim
+    if head_dim + width_v <= ONE_PASS_COLUMNS:
         return [dict(WANT_DV=True, WANT_DK=True, DQ_ATOMIC=not deterministic)]
-    half = head_dim // 2
-    return [dict(WANT_DV=True, WANT_DK=False, DQ_ATOMIC=False, COL0=0, ACC_DIM=half),
-            dict(WANT_DV=True, WANT_DK=False, DQ_ATOMIC=False, COL0=half, ACC_DIM=half),
-            dict(WANT_DV=False, WANT_DK=True, DQ_ATOMIC=not deterministic, COL0=0,
-                 ACC_DIM=half),
-            dict(WANT_DV=False, WANT_DK=True, DQ_ATOMIC=False, COL0=half, ACC_DIM=half)]
+    return ([dict(WANT_DV=True, WANT_DK=False, DQ_ATOMIC=False, COL0=c, ACC_DIM=n)
+             for c, n in column_shares(width_v)]
+            + [dict(WANT_DV=False, WANT_DK=True, DQ_ATOMIC=not deterministic and c == 0,
+                    COL0=c, ACC_DIM=n) for c, n in column_shares(head_dim)])
 
 
 def dq_passes(head_dim):
-    """The deterministic dQ kernel's launches (``COL0``, ``ACC_DIM`` fields): one, or two halves
-    at a head dim of :data:`SPLIT_HEAD_DIMS` (where 128 accumulators spill)."""
-    if head_dim not in SPLIT_HEAD_DIMS:
+    """The deterministic dQ kernel's launches (``COL0``, ``ACC_DIM`` fields): one up to
+    :data:`DQ_ONE_PASS_COLUMNS`, else one per share of the columns (:func:`column_shares`)."""
+    if head_dim <= DQ_ONE_PASS_COLUMNS:
         return [dict()]
-    return [dict(COL0=0, ACC_DIM=head_dim // 2), dict(COL0=head_dim // 2, ACC_DIM=head_dim // 2)]
+    return [dict(COL0=c, ACC_DIM=n) for c, n in column_shares(head_dim)]
 
 
 def full_query_rows_py(k_start, k_end, offset, nq, nk, left, right):
@@ -262,25 +280,30 @@ def dkdv_mma_kernel(cfg):
     WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
         cfg.DTYPE
     OWN_V = cfg.OWN_V
-    FULL_WIDTH = VEC and not OWN_V   # every column of HEAD_DIM is an input's (no test)
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO, dV: HEAD_DIM's unless OWN_V
+    FULL_WIDTH = VEC and not cfg.PAD_COLS   # every column of each tile is its input's: no test
     LOG = on_simulator() and cfg.USER is not None  # the simulator's tile log (common.TILE_LOG)
     EXP_MASK = EXP_BITS[DTYPE]
     BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
-    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, 2 * BLOCK_N * RB
+    SAME_RB = RB_V == RB            # V and dO rows as K's and Q's: the same lane offsets
+    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, BLOCK_N * (RB + RB_V)
     QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
-    STAGE_BYTES = 2 * BLOCK_M * RB  # one stage: Q, then dO
+    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
     DO_OFF = BLOCK_M * RB
     WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
+    WARP_V_BYTES = 16 * M_TILES * RB_V    # and in V's
     # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
     # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
     # with them
     PER_TILE = cfg.USER is None
-    COL0, ACC = cfg.COL0, cfg.ACC
+    COL0, ACC, ACC_V = cfg.COL0, cfg.ACC, cfg.ACC_V
     SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES              # the lane's keys
     QCOLS = BLOCK_M // 4            # the lane's queries per step
-    ACOLS = ACC // 4                # the lane's dK / dV columns
+    ACOLS = ACC // 4                # the lane's dK columns
+    ACOLS_V = ACC_V // 4            # the lane's dV columns
     K_STEPS = HEAD_DIM // 16
+    K_STEPS_V = HEAD_DIM_V // 16
     Q_TILES = BLOCK_M // 16
     DQ_ROWS = 2 * Q_TILES           # the lane's rows of a dQ column pair
     P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
@@ -294,20 +317,25 @@ def dkdv_mma_kernel(cfg):
     RAW = not (cfg.SOFTCAP or cfg.ALIBI or (FNS is not None and FNS[0] is not None))
     # -- the stages
     gemm_st = make_gemm(M_TILES, Q_TILES, K_STEPS, "smem", False, RB, RB, DTYPE)  # K Q^T
-    gemm_acc = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # P^T dO
+    gemm_dpt = make_gemm(M_TILES, Q_TILES, K_STEPS_V, "smem", False, RB_V, RB_V, DTYPE)  # V dO^T
+    gemm_dk = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # dS^T Q
+    gemm_dv = make_gemm(M_TILES, ACC_V // 16, Q_TILES, "acc", True, RB, RB_V, DTYPE)  # P^T dO
     gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
     load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
     store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
-    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)
+    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, cfg.PAD_COLS)
+    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, cfg.PAD_COLS)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
+    scan_do = make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE)
     score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
     # the block mask's verdict on (Q tile, this K/V tile), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
     score_args = make_score_args(cfg.ALIBI, float32)
 
-    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V)
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
+                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
 
     @_stage
     def load_q(smem, stage, q, do, qo_base, qt, t_hi, nq, d, tid, do_at):
@@ -342,7 +370,7 @@ def dkdv_mma_kernel(cfg):
         for i in range(min(BLOCK_M, sa.nq - q_start)):
             row = q_start + i
             cols = uint64(0)
-            for c in range(ACOLS):
+            for c in range(ACOLS_V):
                 col = COL0 + 2 * t + 8 * (c >> 1) + (c & 1)
                 x = uint32(load_u16(do, do_base + row * d + col)) if col < d else uint32(0)
                 if (x & EXP_MASK) == EXP_MASK:
@@ -362,7 +390,7 @@ def dkdv_mma_kernel(cfg):
 
     mark_keys = static_for(ROWS, mark_key)
 
-    nan_columns = make_nan_columns(ROWS, ACOLS)
+    nan_columns = make_nan_columns(ROWS, ACOLS_V)
 
     @_stage
     def atomic_dq(dq_accum, c, tile_row, d, col, q_start, nq, g, scale, MASKED_ROWS):
@@ -393,9 +421,16 @@ def dkdv_mma_kernel(cfg):
             a_lane = in_loop(a_lane)
             k_t = K_BYTE + a_lane                     # K's rows for dQ (all warps)
             k_a = k_t + WARP_KEYS_BYTES * warp        # this warp's K rows
-            do_t = a_lane + 32 * (COL0 // 16)         # Q^T / dO^T for dK / dV
+            q_t = a_lane + 32 * (COL0 // 16)          # Q^T for dK
             ds_a = DS_BYTE + in_loop(ds_lane)
             q_b = in_loop(q_b)
+            if SAME_RB:   # V's and dO's rows are K's and Q's width
+                v_a, do_t, do_b = k_a + (V_BYTE - K_BYTE), q_t, q_b
+            else:         # their own width: their own lane offsets
+                ln = in_loop(tid) & 31
+                v_a = V_BYTE + lane_offset(ln, RB_V, KIND_A) + WARP_V_BYTES * warp
+                do_t = lane_offset(ln, RB_V, KIND_A) + 32 * (COL0 // 16)   # dO^T for dV
+                do_b = lane_offset(ln, RB_V, KIND_B)
             q_start = qt * BLOCK_M
             qb = QS_BYTE + (stage * STAGE_BYTES if Q_STAGES > 1 else 0)
             tile_row = row_base + uint64(q_start)
@@ -411,7 +446,7 @@ def dkdv_mma_kernel(cfg):
             if MASKED:  # 0 * inf = NaN on the tensor cores: zero this thread's Q, dO chunks
                 scan_q(smem, qb, sa.nq - q_start, tid)
                 do_bad = cuda.syncthreads_or(  # Q/dO landed and zeroed; any non-finite dO?
-                    1 if scan_q(smem, qb + DO_OFF, sa.nq - q_start, tid) else 0)
+                    1 if scan_do(smem, qb + DO_OFF, sa.nq - q_start, tid) else 0)
             else:
                 cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
             if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
@@ -422,15 +457,15 @@ def dkdv_mma_kernel(cfg):
                     dpt[r, c] = ZERO
             gemm_st(st, st, smem, k_a, qb + q_b)                          # S^T = K Q^T
             if NEED_DS:
-                gemm_st(dpt, dpt, smem, k_a + (V_BYTE - K_BYTE), qb + DO_OFF + q_b)  # V dO^T
+                gemm_dpt(dpt, dpt, smem, v_a, qb + DO_OFF + do_b)          # dP^T = V dO^T
             tile_p_ds(st, dpt, nlse2, dl, key0, q_start + 2 * t, sa, bounds, va, umask,
                       va.scale * LOG2E_F)                                 # P^T Z, dS^T
             if WANT_DV:
-                gemm_acc(dv_acc, st, smem, 0, qb + DO_OFF + do_t)         # dV += (P Z)^T dO
+                gemm_dv(dv_acc, st, smem, 0, qb + DO_OFF + do_t)          # dV += (P Z)^T dO
                 if MASKED and do_bad:
                     bad_do_fixup(dv_acc, do, do_at[0], q_start, key0, g, t, sa, bounds, umask)
             if WANT_DK:
-                gemm_acc(dk_acc, dpt, smem, 0, qb + do_t)                  # dK += dS^T Q
+                gemm_dk(dk_acc, dpt, smem, 0, qb + q_t)                    # dK += dS^T Q
             if DQ_ATOMIC:
                 store_ds(smem, DS_BYTE + 16 * M_TILES * DS_RB * warp, dpt, g, t)
             if DQ_ATOMIC or Q_STAGES == 1:
@@ -489,7 +524,7 @@ def dkdv_mma_kernel(cfg):
         st = cuda.local.array((ROWS, QCOLS), float32)     # S^T, then P^T Z
         dpt = cuda.local.array((ROWS, QCOLS), float32)    # dP^T, then dS^T
         dk_acc = cuda.local.array((ROWS, ACOLS), float32)
-        dv_acc = cuda.local.array((ROWS, ACOLS), float32)
+        dv_acc = cuda.local.array((ROWS, ACOLS_V), float32)
         nlse2 = cuda.local.array(QCOLS, float32)          # -lse log2 e of the lane's queries
         dl = cuda.local.array(QCOLS, float32)             # D of the lane's queries
         da = cuda.local.array((Q_TILES, P_STEPS, 4), uint32)  # dQ's A fragments (dS)
@@ -497,6 +532,7 @@ def dkdv_mma_kernel(cfg):
         for r in range(ROWS):
             for c in range(ACOLS):
                 dk_acc[r, c] = ZERO
+            for c in range(ACOLS_V):
                 dv_acc[r, c] = ZERO
 
         q_lo, q_hi = tile_query_range(k_start, k_end, offset, nq, left, right)
@@ -517,8 +553,8 @@ def dkdv_mma_kernel(cfg):
             d_v = v.shape[3]
             v_base = ((b * k.shape[1] + hk) * nk + k_start) * d_v
             do_at = ((b * n_heads + h) * nq * d_v, d_v)
-        copy_kv(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
-        copy_kv(smem, V_BYTE, v, v_base, k_end - k_start, d_v, tid)
+        copy_k(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
+        copy_v(smem, V_BYTE, v, v_base, k_end - k_start, d_v, tid)
         # the unmasked Q tiles' bounds live in shared memory: read once per tile, they cost
         # no register across the loop (at 255, ptxas spilled them to local memory)
         span = cuda.shared.array(2, int32)
@@ -555,11 +591,13 @@ def dkdv_mma_kernel(cfg):
             base_v = base
             if OWN_V:
                 base_v = (row_base + uint64(key)) * uint64(d_v) + uint64(COL0 + 2 * t)
-            for c in range(ACOLS):
+            for c in range(ACOLS if WANT_DK else 0):
                 off = 8 * (c >> 1) + (c & 1)
-                if WANT_DK and (FULL_WIDTH or COL0 + 2 * t + off < d):
+                if FULL_WIDTH or COL0 + 2 * t + off < d:
                     dk_out[base + uint64(off)] = dk_acc[r, c] * scale
-                if WANT_DV and (FULL_WIDTH or COL0 + 2 * t + off < d_v):
+            for c in range(ACOLS_V if WANT_DV else 0):
+                off = 8 * (c >> 1) + (c & 1)
+                if FULL_WIDTH or COL0 + 2 * t + off < d_v:
                     dv_out[base_v + uint64(off)] = dv_acc[r, c]
 
     store_rows = static_for(ROWS, store_row)
@@ -585,29 +623,35 @@ def dq_mma_kernel(cfg):
                                                     cfg.STAGES, cfg.DTYPE)
     OWN_V = cfg.OWN_V
     BLOCK_M, THREADS, RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES
-    Q_BYTE, DO_BYTE, KV_BYTE = 0, BLOCK_M * RB, 2 * BLOCK_M * RB
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO: HEAD_DIM's unless OWN_V
+    Q_BYTE, DO_BYTE, KV_BYTE = 0, BLOCK_M * RB, BLOCK_M * (RB + RB_V)
     KV_TILE = BLOCK_N * RB
-    STAGE_BYTES = 2 * KV_TILE       # one stage: K, then V
+    STAGE_BYTES = BLOCK_N * (RB + RB_V)   # one stage: K, then V
     COL0, ACC = cfg.COL0, cfg.ACC
     SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES
     KEYS = BLOCK_N // 4
     ACOLS = ACC // 4
     K_STEPS = HEAD_DIM // 16
+    K_STEPS_V = HEAD_DIM_V // 16
     ZERO = float32(0.0)
     NEG_INF = float32(-math.inf)
     LOG2E_F = float32(LOG2E)
     Q_REGS = cfg.Q_IN_REGS          # Q, dO fragments in registers, else from shared memory
+    A_SRC = "regs" if Q_REGS else "smem"
     load_a = make_load_a(M_TILES, K_STEPS, RB)
-    gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs" if Q_REGS else "smem", False,
-                       RB, RB, DTYPE)
+    load_a_v = make_load_a(M_TILES, K_STEPS_V, RB_V)
+    gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, A_SRC, False, RB, RB, DTYPE)      # Q K^T
+    gemm_dp = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS_V, A_SRC, False, RB_V, RB_V, DTYPE)
     gemm_dq = make_gemm(M_TILES, ACC // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, OWN_V)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, cfg.PAD_COLS)
+    copy_do = make_tile_copy(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, cfg.VEC, cfg.PAD_COLS)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     tile_span = make_tile_span(BLOCK_N)
     score_args = make_score_args(cfg.ALIBI, float32)
 
-    load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V)
+    load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V,
+                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
 
     @_stage
     def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
@@ -626,7 +670,7 @@ def dq_mma_kernel(cfg):
             smem, ins, frags, lane, va, sa = ctx
             k, v, kv_base, nk, d, bounds, v_at = ins
             qf, dof, s, dp, acc, nlse2, dl = frags
-            tid, t, row0, q_a, k_b, k_t = lane
+            tid, t, row0, q_a, k_b, k_t, do_a, v_b = lane
             k_start = kt * BLOCK_N
             kb = KV_BYTE + (stage * STAGE_BYTES if KV_STAGES > 1 else 0)
             cp_async_wait_all()
@@ -640,7 +684,7 @@ def dq_mma_kernel(cfg):
                     s[r, c] = ZERO
                     dp[r, c] = ZERO
             gemm_s(s, qf, smem, Q_BYTE + q_a, kb + k_b)                   # S = Q K^T
-            gemm_s(dp, dof, smem, DO_BYTE + q_a, kb + KV_TILE + k_b)      # dP = dO V^T
+            gemm_dp(dp, dof, smem, DO_BYTE + do_a, kb + KV_TILE + v_b)    # dP = dO V^T
             tile_p_ds(s, dp, nlse2, dl, row0, k_start + 2 * t, sa, bounds, va, umask,
                       va.scale * LOG2E_F)                                 # dS (in dp)
             gemm_dq(acc, dp, smem, 0, kb + k_t)                           # dQ += dS K
@@ -698,9 +742,10 @@ def dq_mma_kernel(cfg):
         row_base = uint64(uint32(bh)) * uint64(nq)
 
         smem = cuda.shared.array(SMEM_WORDS, uint32)
-        FRAGS = (M_TILES, K_STEPS, 4) if Q_REGS else (1, 1, 4)
-        qf = cuda.local.array(FRAGS, uint32)    # Q's A fragments (with Q_REGS)
-        dof = cuda.local.array(FRAGS, uint32)   # dO's
+        qf = cuda.local.array((M_TILES, K_STEPS, 4) if Q_REGS else (1, 1, 4),
+                              uint32)   # Q's A fragments (with Q_REGS)
+        dof = cuda.local.array((M_TILES, K_STEPS_V, 4) if Q_REGS else (1, 1, 4),
+                               uint32)  # dO's
         s = cuda.local.array((ROWS, KEYS), float32)             # S, then P
         dp = cuda.local.array((ROWS, KEYS), float32)            # dP, then dS
         acc = cuda.local.array((ROWS, ACOLS), float32)
@@ -728,20 +773,22 @@ def dq_mma_kernel(cfg):
             v_at = ((b * k.shape[1] + hk) * nk * d_v, d_v)
             do_base = ((b * n_heads + h) * nq + q_start) * d_v
         copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
-        copy_q(smem, DO_BYTE, do, do_base, q_end - q_start, d_v, tid)
+        copy_do(smem, DO_BYTE, do, do_base, q_end - q_start, d_v, tid)
         kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
         load_kv(smem, 0, k, v, kv_base, kt, t_hi, nk, d, tid, v_at)   # commits Q, dO with it
         cp_async_wait_all()
         cuda.syncthreads()  # Q and dO landed for all before any warp reads its fragments
         a_off = 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
+        do_off = 16 * M_TILES * RB_V * warp + lane_offset(lane, RB_V, KIND_A)
         if Q_REGS:
             load_a(qf, smem, Q_BYTE + a_off)
-            load_a(dof, smem, DO_BYTE + a_off)
+            load_a_v(dof, smem, DO_BYTE + do_off)
 
         ins = (k, v, kv_base, nk, d, (nk, left, right), v_at)
         frags = (qf, dof, s, dp, acc, nlse2, dl)
         lanes = (tid, t, row0, a_off, lane_offset(lane, RB, KIND_B),
-                 lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16))
+                 lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16), do_off,
+                 lane_offset(lane, RB_V, KIND_B))
         walk(kt, nxt(kt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
 
         # -- dQ (times scale), in float32
@@ -756,7 +803,7 @@ def compile_configs():
     every head dim (256: two of its four passes, the dV half and the dK half with dQ), the
     deterministic dQ kernel at 64, 128 and 256 (one half), every flag (dropout, softcap,
     ALiBi) at 128 in both, the 16-bit-load build (``VEC`` off) and bfloat16 at 64, a user's
-    variant at 64, and a value head dim of its own, (192, 128) (``OWN_V``; three builds).
+    variant at 64, and a value head dim of its own, (192, 128) (``OWN_V``; both kernels).
     Causal and windows are run-time arguments."""
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
 
@@ -766,16 +813,15 @@ def compile_configs():
     def dq(hd, dtype="float16", **flags):
         return backward_mma_config(hd, "dq", dtype, simulator=False, **flags)
 
-    plan = [dkdv(hd) for hd in HEAD_DIMS if hd not in SPLIT_HEAD_DIMS]
+    plan = [dkdv(hd) for hd in HEAD_DIMS if 2 * hd <= ONE_PASS_COLUMNS]
     plan += [dkdv(256, **dkdv_passes(256, False)[0]), dkdv(256, **dkdv_passes(256, False)[2])]
     plan += [dkdv(128, **every), dkdv(64, VEC=False), dkdv(64, "bfloat16"),
              dkdv(64, USER=_user_build())]
     plan += [dq(64), dq(128), dq(128, **every), dq(256, **dq_passes(256)[0]), dq(64, "bfloat16")]
-    # (d, d_v) = (192, 128), MLA prefill, in the 256-wide builds (OWN_V: 16-byte copies): the dV
-    # pass of columns 0..127, the dK pass with dQ, the deterministic dQ's first half
-    own = dict(OWN_V=True)
-    plan += [dkdv(256, **own, **dkdv_passes(256, False)[0]),
-             dkdv(256, **own, **dkdv_passes(256, False)[2]), dq(256, **own, **dq_passes(256)[0])]
+    # (d, d_v) = (192, 128), MLA prefill (OWN_V: K and Q tiles 192 wide, V and dO 128): the
+    # dK/dV kernel (one pass, atomic dQ) and the deterministic dQ
+    plan += [dkdv(192, head_dim_v=128, **dkdv_passes(192, False, 128)[0]),
+             dq(192, head_dim_v=128)]
     for cfg in plan:
         yield compile_config(cfg)
 

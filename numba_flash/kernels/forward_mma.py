@@ -413,7 +413,7 @@ def compile_configs():
     once at 128 and 256 (the largest register and shared-memory footprints), the 16-bit-load
     build (``VEC`` off: ``d < HEAD_DIM`` or unaligned inputs) at 64 and, with every flag, 128;
     bfloat16 at 64 plain and 128 with every flag; a user's variant at 64; a value head dim of
-    its own, (192, 128) in the 256-wide build (``OWN_V``).  Causal and windows
+    its own, (192, 128): K tiles 192 wide, V tiles 128 (``OWN_V``).  Causal and windows
     are run-time arguments: every configuration covers them."""
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
     plan = [forward_mma_config(hd, simulator=False) for hd in HEAD_DIMS]

@@ -109,6 +109,7 @@ from numba import cuda, int32, types, uint32
 from ..backend import on_simulator
 from .jit import device_jit, kernel_jit
 from .mma import WARP
+from .tiles import mma_row_bytes
 
 #: the PTX instructions behind the intrinsics
 LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
@@ -796,17 +797,22 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
 
 @functools.lru_cache(maxsize=None)
 def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=False,
-                   OWN_Y=False):
+                   OWN_Y=False, Y_DIM=0, PAD=None):
     """``load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at)``: rows ``t ROWS ..``
     of ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[..,
     n, d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
     that a pipeline commits the same number of groups every step).  ``OWN_Y``: ``y`` is ``[..,
-    n, d_y]`` from its own element ``y_base``, ``y_at = (y_base, d_y)`` (ignored without;
-    with ``VEC`` both widths are chunk-granular, :func:`make_tile_copy`'s ``PAD``).
-    ``PER_TILE``: the thread's chunk offsets are computed per call (:func:`in_loop`), not held
-    in registers across the caller's loop (the dK/dV kernel at 255 registers; elsewhere they
-    cost 10% more instructions for nothing)."""
-    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, OWN_Y)
+    n, d_y]`` from its own element ``y_base``, ``y_at = (y_base, d_y)`` (ignored without), in a
+    tile ``Y_DIM`` wide (0: ``HEAD_DIM``; its rows :func:`~numba_flash.kernels.tiles.
+    mma_row_bytes` of it); ``PAD`` (default ``OWN_Y``): a width may lie below its tile's, the
+    copies' chunk-granular zero fill (:func:`make_tile_copy`'s ``PAD``).  ``PER_TILE``: the
+    thread's chunk offsets are computed per call (:func:`in_loop`), not held in registers
+    across the caller's loop (the dK/dV kernel at 255 registers; elsewhere they cost 10% more
+    instructions for nothing)."""
+    PAD = OWN_Y if PAD is None else PAD
+    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD)
+    copy_y = copy if not Y_DIM else make_tile_copy(ROWS, Y_DIM, mma_row_bytes(Y_DIM), THREADS,
+                                                   VEC, PAD)
 
     @_device
     def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at):
@@ -817,7 +823,7 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=Fal
                 tid = in_loop(int32(tid))
             copy(smem, byte, x, base, rows, d, tid)
             if OWN_Y:
-                copy(smem, byte + SECOND, y, y_at[0] + t * ROWS * y_at[1], rows, y_at[1], tid)
+                copy_y(smem, byte + SECOND, y, y_at[0] + t * ROWS * y_at[1], rows, y_at[1], tid)
             else:
                 copy(smem, byte + SECOND, y, base, rows, d, tid)
         cp_async_commit()

@@ -30,6 +30,11 @@ def mma_row_bytes(head_dim):
     return 2 * head_dim + 16
 
 
+def round16(head_dim):
+    """``head_dim`` rounded up to a multiple of 16 (an ``mma`` k-step)."""
+    return -(-head_dim // 16) * 16
+
+
 #: properties of every tensor-core configuration: threads of a block (32 a warp) and the bytes
 #: of a padded shared row
 _THREADS = property(lambda cfg: 32 * cfg.NUM_WARPS, doc="Threads of a block: 32 a warp.")
@@ -178,8 +183,8 @@ def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=Non
         nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
         return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
                                 **flags)
-    flags.update(OWN_V=True, HEAD_DIM_V=-(-head_dim_v // 16) * 16)
-    hd = -(-head_dim // 16) * 16
+    flags.update(OWN_V=True, HEAD_DIM_V=round16(head_dim_v))
+    hd = round16(head_dim)
     for width in (head_dim_v, max(head_dim, head_dim_v)):
         nw, mt, bn, stages, q_regs = forward_mma_tiles(width, simulator, mods)
         cfg = ForwardMmaConfig(nw, mt, bn, hd, stages, q_regs, dtype, **flags)
@@ -325,9 +330,13 @@ class BackwardMmaConfig(NamedTuple):
       deterministic dQ, columns ``COL0 ..``).
 
     Both keep their own operands' fragments where the table says (:data:`BACKWARD_MMA_TILES`).
-    ``OWN_V``: ``v`` and ``do`` (so ``dv``) have a head dim of their own, ``d_v``, zero-padded to
-    the one ``HEAD_DIM`` with ``q`` and ``k`` (16-byte copies with the chunks past each width
-    zero-filled when ``VEC``, else 16-bit loads; off, they share Q's and K's addresses)."""
+    ``OWN_V``: ``v`` and ``do`` (so ``dv``) have a head dim of their own, ``d_v``, in V and dO
+    tiles ``HEAD_DIM_V`` wide (``d_v`` rounded up to 16; Q and K tiles ``HEAD_DIM``, ``d``'s),
+    each shared budget its own (16-byte copies with the chunks past each width zero-filled when
+    ``VEC``, else 16-bit loads; off, V and dO share K's and Q's width and addresses).
+    ``PAD_COLS`` (``OWN_V``): ``d`` or ``d_v`` is not a multiple of 16, so a tile has columns
+    past its array's width (zero-filled chunks, every output column tested); without it
+    (DeepSeek's (192, 128)) every tile column is its array's, as in a ``d_v = d`` build."""
 
     KIND: str
     NUM_WARPS: int
@@ -347,22 +356,40 @@ class BackwardMmaConfig(NamedTuple):
     COL0: int = 0
     ACC_DIM: int = 0
     OWN_V: bool = False
+    HEAD_DIM_V: int = 0
+    PAD_COLS: bool = False
 
     THREADS = _THREADS
     ROW_BYTES = _ROW_BYTES
     BLOCK = _OWNED_ROWS  # rows a block owns: keys (dkdv) or queries (dq)
 
     @property
+    def V_DIM(self):
+        """The V and dO tiles' (and dV's) compile-time width: ``HEAD_DIM_V``, or ``HEAD_DIM``."""
+        return self.HEAD_DIM_V or self.HEAD_DIM
+
+    @property
+    def V_ROW_BYTES(self):
+        """Bytes of a shared V or dO row."""
+        return mma_row_bytes(self.V_DIM)
+
+    @property
     def ACC(self):
-        """Accumulated columns (``ACC_DIM``, all of ``HEAD_DIM`` when 0)."""
+        """dK's (and dQ's) accumulated columns (``ACC_DIM``, all of ``HEAD_DIM`` when 0)."""
         return self.ACC_DIM or self.HEAD_DIM
 
     @property
+    def ACC_V(self):
+        """dV's accumulated columns (``ACC_DIM``, all of ``V_DIM`` when 0)."""
+        return self.ACC_DIM or self.V_DIM
+
+    @property
     def Q_IN_REGS(self):
-        """dq: Q's and dO's ``A`` fragments stay in registers for the whole block (``8 M_TILES
-        HEAD_DIM / 16`` registers: 64 at d = 128), else every step reads them from shared memory
-        (d = 256: 128 registers of fragments beside the 64 of the dQ half spilled 220 B)."""
-        return self.M_TILES * self.HEAD_DIM <= 128
+        """dq: Q's and dO's ``A`` fragments stay in registers for the whole block (``4 M_TILES
+        (HEAD_DIM + V_DIM) / 16`` registers: 64 at d = 128), else every step reads them from
+        shared memory (d = 256: 128 registers of fragments beside the 64 of the dQ half spilled
+        220 B)."""
+        return self.M_TILES * (self.HEAD_DIM + self.V_DIM) <= 256
 
     @property
     def DS_ROW_BYTES(self):
@@ -373,11 +400,10 @@ class BackwardMmaConfig(NamedTuple):
     def SMEM_BYTES(self):
         """Static shared memory: dkdv: K, V (``BLOCK`` rows each), dS^T, ``STAGES`` x (Q, dO)
         of ``STEP`` rows; dq: Q, dO (``BLOCK`` rows each), ``STAGES`` x (K, V) of ``STEP``."""
-        rb = self.ROW_BYTES
+        rb = self.ROW_BYTES + self.V_ROW_BYTES   # a row of each operand pair: K + V, Q + dO
         if self.KIND == "dkdv":
-            return (2 * self.BLOCK * rb + self.BLOCK * self.DS_ROW_BYTES
-                    + self.STAGES * 2 * self.STEP * rb)
-        return 2 * self.BLOCK * rb + self.STAGES * 2 * self.STEP * rb
+            return self.BLOCK * rb + self.BLOCK * self.DS_ROW_BYTES + self.STAGES * self.STEP * rb
+        return self.BLOCK * rb + self.STAGES * self.STEP * rb
 
     @property
     def name(self):
@@ -390,9 +416,12 @@ class BackwardMmaConfig(NamedTuple):
             shape = f"N{self.BLOCK} M{self.STEP}"
         else:
             parts, shape = "dq", f"M{self.BLOCK} N{self.STEP}"
-        cols = (f" c{self.COL0}-{self.COL0 + self.ACC - 1}" if self.ACC < self.HEAD_DIM else "")
+        acc, width = ((self.ACC_V, self.V_DIM) if self.KIND == "dkdv" and not self.WANT_DK
+                      else (self.ACC, self.HEAD_DIM))   # a dV pass: dV's columns
+        cols = f" c{self.COL0}-{self.COL0 + acc - 1}" if acc < width else ""
+        dv = f" Dv{self.HEAD_DIM_V}" if self.HEAD_DIM_V else ""
         return (f"backward_mma {self.KIND} ({parts}{cols}) W{self.NUM_WARPS} {shape} "
-                f"D{self.HEAD_DIM} S{self.STAGES}{flags} {self.DTYPE}")
+                f"D{self.HEAD_DIM}{dv} S{self.STAGES}{flags} {self.DTYPE}")
 
 
 #: the tensor-core backward's tiles per padded head dim on a GPU: ``{head dim: (dkdv, dq)}``,
@@ -427,27 +456,52 @@ BACKWARD_MMA_SIM_TILES = ((1, 2, 16, 2), (1, 2, 16, 2))
 BACKWARD_MMA_USER_DKDV_STAGES = {64: 2}
 
 
-def backward_mma_tiles(head_dim, kind, simulator=None, user=False):
+#: the tiles of a value head dim of its own, ``{(HEAD_DIM, HEAD_DIM_V): (dkdv, dq)}``, where
+#: the row of the wider width (the default) does not suit.  DeepSeek's (192, 128) (MLA prefill;
+#: the 256 row is one warp): dkdv: 2 warps x 16 keys in one pass, dK's accumulator (96
+#: registers a lane) beside dV's (64): 255 registers, no spill at 16 queries a step (32 spilled
+#: 84 B), so two stages of Q and dO (K + V 21 KiB, dS^T 1.5, 2 x 10.5: 44 KiB): 731
+#: instructions per 104 HMMA on sm_90, bound by the shared reads (374 TFLOP/s); dq: 2 warps x 16
+#: rows, 16 keys a tile, 2 stages (Q and dO read from shared memory: their fragments would be 80
+#: registers; 42 KiB): 326 per 64 HMMA, mma-bound
+BACKWARD_MMA_OWN_V_TILES = {
+    (192, 128): ((2, 1, 16, 2), (2, 1, 16, 2)),
+}
+
+
+def backward_mma_tiles(head_dim, kind, simulator=None, user=False, head_dim_v=None):
     """``(NUM_WARPS, M_TILES, STEP, STAGES)`` of the tensor-core backward's ``kind`` (``"dkdv"``
-    or ``"dq"``) kernel for head dim ``d`` on this backend (``user``: a user's variant)."""
+    or ``"dq"``) kernel for head dim ``d`` on this backend (``user``: a user's variant;
+    ``head_dim_v``: a value head dim of its own: :data:`BACKWARD_MMA_OWN_V_TILES`, else the
+    row of the wider of the two)."""
     if simulator is None:
         simulator = on_simulator()
     if simulator:
         return BACKWARD_MMA_SIM_TILES[0 if kind == "dkdv" else 1]
-    row = BACKWARD_MMA_TILES[padded_head_dim(head_dim)]
+    width = padded_head_dim(max(head_dim, head_dim_v or 0))
+    row = BACKWARD_MMA_TILES[width]
+    if head_dim_v is not None:
+        row = BACKWARD_MMA_OWN_V_TILES.get((round16(head_dim), round16(head_dim_v)), row)
     nw, mt, step, stages = row[0 if kind == "dkdv" else 1]
     if user and kind == "dkdv":
-        stages = BACKWARD_MMA_USER_DKDV_STAGES.get(padded_head_dim(head_dim), stages)
+        stages = BACKWARD_MMA_USER_DKDV_STAGES.get(width, stages)
     return nw, mt, step, stages
 
 
-def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, **flags):
+def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, head_dim_v=None,
+                        **flags):
     """The :class:`BackwardMmaConfig` of a launch (``flags``: the variant flags and, for dkdv,
-    the pass of :func:`numba_flash.kernels.backward_mma.dkdv_passes`)."""
+    the pass of :func:`numba_flash.kernels.backward_mma.dkdv_passes`).  ``head_dim_v``: a value
+    head dim of its own (``OWN_V``): Q and K tiles ``d`` rounded up to 16 wide, V and dO tiles
+    ``d_v`` rounded up to 16 (``HEAD_DIM_V``), on the tiles of :func:`backward_mma_tiles`."""
     nw, mt, step, stages = backward_mma_tiles(head_dim, kind, simulator,
-                                              flags.get("USER") is not None)
-    return BackwardMmaConfig(kind, nw, mt, step, padded_head_dim(head_dim), stages, dtype,
-                             **flags)
+                                              flags.get("USER") is not None, head_dim_v)
+    if head_dim_v is None:
+        return BackwardMmaConfig(kind, nw, mt, step, padded_head_dim(head_dim), stages, dtype,
+                                 **flags)
+    return BackwardMmaConfig(kind, nw, mt, step, round16(head_dim), stages, dtype, OWN_V=True,
+                             HEAD_DIM_V=round16(head_dim_v),
+                             PAD_COLS=bool(head_dim % 16 or head_dim_v % 16), **flags)
 
 
 # -- MLA's absorbed decode on tensor cores ---------------------------------------------------

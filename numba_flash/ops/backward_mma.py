@@ -59,19 +59,6 @@ def check_mma_dtype(dtype):
                         f"got {dtype}")
 
 
-def useful_passes(passes, d, d_v):
-    """The launches of ``passes`` (:func:`~numba_flash.kernels.backward_mma.dkdv_passes` or
-    ``dq_passes``) that write something: with a value head dim of its own the padded
-    ``HEAD_DIM`` is ``max(d, d_v)``'s, and a pass of the columns from ``COL0`` past the
-    narrower output's width (dK / dQ: ``d``, dV: ``d_v``) would only add zeros; one that also
-    adds dQ (``DQ_ATOMIC``) always runs."""
-    def useful(p):
-        col0 = p.get("COL0", 0)
-        return (p.get("DQ_ATOMIC", False) or p.get("WANT_DK", True) and col0 < d
-                or p.get("WANT_DV", True) and col0 < d_v)
-    return [p for p in passes if useful(p)]
-
-
 def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
                         left, right, softcap, alibi, variant=None):
     """The launches of :func:`backward_mma` on arguments already checked (``shape`` =
@@ -87,8 +74,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     use_dropout = float(dropout_p) > 0.0
     flags = dict(DROPOUT=use_dropout, SOFTCAP=softcap > 0.0, ALIBI=alibi is not None,
-                 USER=user_build(variant), OWN_V=d_v != d)
-    width = max(d, d_v)  # one compiled HEAD_DIM holds both widths, zero-padded
+                 USER=user_build(variant))
+    if d_v != d:   # V and dO tiles of their own width (OWN_V)
+        flags["head_dim_v"] = d_v
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
@@ -101,7 +89,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     dv_heads = call.empty((b, h, nk, d_v), f32)
     delta = call.empty((b, h, nq), f32)
     u16 = [x.view(np.uint16) for x in (q_in, k_in, v_in, do_in)]
-    head_dim = backward_mma_config(width, "dq").HEAD_DIM
+    shape_cfg = backward_mma_config(d, "dq", **flags)   # the compiled widths
+    head_dim, head_dim_v = shape_cfg.HEAD_DIM, shape_cfg.HEAD_DIM_V or None
     flags["VEC"] = vector_copies(d, head_dim, *u16, d_v=d_v)
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
@@ -122,8 +111,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
 
     # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); at d = 256 four passes
     # of half the columns each (dkdv_passes)
-    for dkdv_pass in useful_passes(dkdv_passes(head_dim, deterministic), d, d_v):
-        cfg = backward_mma_config(width, "dkdv", name, **flags, **dkdv_pass)
+    for dkdv_pass in dkdv_passes(head_dim, deterministic, head_dim_v):
+        cfg = backward_mma_config(d, "dkdv", name, **flags, **dkdv_pass)
         tiles_k = cdiv(nk, cfg.BLOCK)
         call.launch(dkdv_mma_kernel(cfg), fold_grid(tiles_k, b, h), (cfg.THREADS,), *u16,
                     lse_flat, delta_flat, dq_flat, dk_flat, dv_flat, va, tiles_k,
@@ -133,8 +122,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
 
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics (d = 256: two halves)
     if deterministic:
-        for dq_pass in useful_passes(dq_passes(head_dim), d, d):
-            cfg = backward_mma_config(width, "dq", name, **flags, **dq_pass)
+        for dq_pass in dq_passes(head_dim):
+            cfg = backward_mma_config(d, "dq", name, **flags, **dq_pass)
             tiles_q = cdiv(nq, cfg.BLOCK)
             call.launch(dq_mma_kernel(cfg), fold_grid(tiles_q, b, h), (cfg.THREADS,), *u16,
                         lse_flat, delta_flat, dq_flat, va, tiles_q,

@@ -21,6 +21,7 @@ import numba_flash
 from numba_flash import reference
 from numba_flash.kernels import backward_mma as bm
 from numba_flash.kernels import tiles
+from numba_flash.kernels.common import SMEM_LIMIT
 from numba_flash.ops.backward_mma import backward_mma
 from numba_flash.ops.forward_mma import forward_mma
 from tests.helpers import assert_scaled_close
@@ -216,16 +217,22 @@ def test_full_query_rows_are_the_rows_that_see_every_key():
                 assert list(range(lo, hi)) == want, (nq, nk, left, right, k_start)
 
 
-def test_dkdv_passes_cover_every_output_column_once():
-    for hd in tiles.BACKWARD_MMA_TILES:
-        for det in (False, True):
-            passes = [tiles.backward_mma_config(hd, "dkdv", simulator=False, **p)
-                      for p in bm.dkdv_passes(hd, det)]
-            for want in ("WANT_DV", "WANT_DK"):
-                cols = [c for p in passes if getattr(p, want)
-                        for c in range(p.COL0, p.COL0 + p.ACC)]
-                assert sorted(cols) == list(range(hd)), (hd, want)
-            assert sum(p.DQ_ATOMIC for p in passes) == (0 if det else 1)
-        cols = [c for p in bm.dq_passes(hd)
-                for c in range(p.get("COL0", 0), p.get("COL0", 0) + (p.get("ACC_DIM") or hd))]
-        assert cols == list(range(hd)), hd
+@pytest.mark.parametrize("d, d_v", [(hd, None) for hd in tiles.BACKWARD_MMA_TILES]
+                         + [(192, 128), (256, 64), (256, 96), (256, 192), (128, 256), (200, 232)])
+def test_dkdv_passes_cover_every_output_column_once(d, d_v):
+    """Every column of dK (``HEAD_DIM``) and of dV (``V_DIM``) in exactly one pass, each pass's
+    columns a multiple of 16 wide, dQ added once (atomic) or by the dQ passes' columns."""
+    for det in (False, True):
+        passes = [tiles.backward_mma_config(d, "dkdv", simulator=False, head_dim_v=d_v, **p)
+                  for p in bm.dkdv_passes(tiles.round16(d), det, d_v and tiles.round16(d_v))]
+        hd, hv = passes[0].HEAD_DIM, passes[0].V_DIM
+        for want, acc, width in (("WANT_DV", "ACC_V", hv), ("WANT_DK", "ACC", hd)):
+            cols = [c for p in passes if getattr(p, want)
+                    for c in range(p.COL0, p.COL0 + getattr(p, acc))]
+            assert sorted(cols) == list(range(width)), (d, d_v, want)
+        assert all(getattr(p, a) % 16 == 0 for p in passes for a in ("ACC", "ACC_V"))
+        assert sum(p.DQ_ATOMIC for p in passes) == (0 if det else 1)
+        assert all(p.SMEM_BYTES <= SMEM_LIMIT for p in passes), (d, d_v)
+    cols = [c for p in bm.dq_passes(hd)
+            for c in range(p.get("COL0", 0), p.get("COL0", 0) + (p.get("ACC_DIM") or hd))]
+    assert cols == list(range(hd)), hd

@@ -5,8 +5,9 @@ Forward, backward, varlen (packed and paged) and decode run the SIMT / decode ke
 compiled ``HEAD_DIM`` that holds both widths, each array read at its own (``o``, ``do``, ``dv``
 have ``d_v`` columns, the default scale stays ``1/sqrt(d)``).  Against the float64 reference at
 the bounds of the kernels' own tests (helpers.atol: the padded columns are zeros, so they add
-nothing); the tensor-core forward and backward too (``OWN_V``: 16-bit loads), and
-backward_varlen; MLA prefill's (192, 128) on both kernel families.
+nothing); the tensor-core forward and backward too (``OWN_V``: Q and K tiles ``d`` rounded up
+to 16 wide, V and dO tiles ``d_v``'s; 16-byte copies when both widths are multiples of 8, else
+16-bit loads), and backward_varlen; MLA prefill's (192, 128) on both kernel families.
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ def test_value_head_dim_bad_input_is_named(rng, call, err, words):
 @pytest.mark.parametrize("d, d_v, dtype", [(24, 8, "float16"), (8, 20, "float16"),
                                             (40, 24, "bfloat16")])
 def test_the_tensor_core_forward_with_a_value_head_dim(rng, d, d_v, dtype):
-    """OWN_V: both widths zero-padded to one HEAD_DIM, 16-bit loads; test_mma_forward.py's
-    bounds (float16 2e-3 of max(1, |o|); bfloat16 1.6e-2)."""
+    """OWN_V: K tiles of ``d`` rounded up to 16, V tiles of ``d_v``'s (16-bit loads for these
+    widths); test_mma_forward.py's bounds (float16 2e-3 of max(1, |o|); bfloat16 1.6e-2)."""
     from ml_dtypes import bfloat16
     from helpers import assert_scaled_close
     np_dtype = np.float16 if dtype == "float16" else bfloat16
@@ -243,13 +244,15 @@ def test_the_tensor_core_backward_with_a_value_head_dim(rng, d, d_v, dtype, dete
 
 def test_mla_prefill_head_dims_on_both_kernel_families(rng):
     """DeepSeek's MLA prefill shape, (d, d_v) = (192, 128): forward and backward on tensor cores
-    (float16; the forward's K tiles 192 wide and V tiles 128, the backward's 256-wide builds: three
-    of the four dK/dV passes, the dV pass of columns 128.. would write nothing) and SIMT (float32),
-    causal, against the float64 reference (GQA with d_v: the tests above)."""
+    (float16; K and Q tiles 192 wide, V and dO tiles 128 in both tensor-core directions, the
+    backward's dK and dV in one pass) and SIMT (float32), causal, against the float64 reference
+    (GQA with d_v: the tests above)."""
     from helpers import assert_scaled_close
     from numba_flash.kernels.backward_mma import dkdv_passes
-    from numba_flash.ops.backward_mma import useful_passes
-    assert len(useful_passes(dkdv_passes(256, False), 192, 128)) == 3
+    from numba_flash.kernels.tiles import backward_mma_config
+    assert dkdv_passes(192, False, 128) == [dict(WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True)]
+    gpu = backward_mma_config(192, "dkdv", simulator=False, head_dim_v=128)
+    assert (gpu.HEAD_DIM, gpu.HEAD_DIM_V, gpu.V_ROW_BYTES) == (192, 128, 272)
     for kernel, dtype, tol in (("mma", np.float16, (2e-3, 2.5e-3)),
                                ("simt", np.float32, (None, None))):
         q, do = (rng.standard_normal((1, 1, 5, w)).astype(dtype) for w in (192, 128))
