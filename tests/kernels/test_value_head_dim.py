@@ -221,17 +221,21 @@ def test_the_tensor_core_forward_with_a_value_head_dim(rng, d, d_v, dtype):
     assert_scaled_close(lse, want_lse, 2e-6, name="lse")
 
 
-@pytest.mark.parametrize("d, d_v, dtype, deterministic", [(24, 8, "float16", False),
-                                                           (8, 20, "bfloat16", True)])
-def test_the_tensor_core_backward_with_a_value_head_dim(rng, d, d_v, dtype, deterministic):
+@pytest.mark.parametrize("d, d_v, dtype, deterministic, nq, nk", [
+    (24, 8, "float16", False, 19, 23), (8, 20, "bfloat16", True, 19, 23),
+    (200, 136, "float16", True, 5, 7)])
+def test_the_tensor_core_backward_with_a_value_head_dim(rng, d, d_v, dtype, deterministic, nq,
+                                                        nk):
     """OWN_V in both tensor-core backward kernels (atomic dQ, and the deterministic dQ
     kernel): dq, dk [.., d], dv [.., d_v] at test_mma_backward.py's bounds (float16 2.5e-3 of
-    max(1, |grad|), bfloat16 2e-2), GQA, causal, ragged."""
+    max(1, |grad|), bfloat16 2e-2), GQA, causal, ragged.  (200, 136): tiles 208 and 144 wide,
+    past ``ONE_PASS_COLUMNS``: dV in two passes of 80 and 64 columns, dK in 112 and 96, the
+    deterministic dQ in two (16-byte copies, the chunks past each width zero-filled)."""
     from ml_dtypes import bfloat16
     from helpers import assert_scaled_close
     np_dtype = np.float16 if dtype == "float16" else bfloat16
-    q, do = (rng.standard_normal((1, 2, 19, w)).astype(np_dtype) for w in (d, d_v))
-    k, v = (rng.standard_normal((1, 1, 23, w)).astype(np_dtype) for w in (d, d_v))
+    q, do = (rng.standard_normal((1, 2, nq, w)).astype(np_dtype) for w in (d, d_v))
+    k, v = (rng.standard_normal((1, 1, nk, w)).astype(np_dtype) for w in (d, d_v))
     o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, kernel="mma")
     got = numba_flash.backward(do, q, k, v, o, lse, causal=True, kernel="mma",
                                deterministic=deterministic)
