@@ -17,9 +17,9 @@ l_i))``, the one number ``lse_i = m_i + log l_i`` recovers the probabilities exa
 times the softcap's slope ``d(c tanh(s / c))/ds = 1 - t^2`` with ``t = tanh(s / c)`` (1
 without softcap).  ``S`` is recomputed by the forward's own score function
 (:func:`~numba_flash.kernels.visibility.make_score`: the raw ``q . k`` over the head dim in
-order, times ``scale``, then the modifiers), so ``P`` is the forward's bit for bit and sums to 1
-as the forward's ``lse`` says; with scores near 150 a score one ulp off would already be a
-1e-5 relative error in ``P``.  ALiBi adds a
+order, times ``scale``, then the modifiers), so ``S`` is the forward's bit for bit and ``P``
+sums to 1 up to the rounding of the stored ``lse`` (float32: see "The stored lse" below); with
+scores near 150 a score one ulp off would already be a 1e-5 relative error in ``P``.  ALiBi adds a
 constant ``-slope |i + Nk - Nq - j|`` to the score: it has no gradient.  The row term ``D_i``
 needs a whole row of ``dP``, which no K/V tile has, but it equals a row of ``dO * O`` summed (the
 *preprocess* kernel, :func:`preprocess_kernel`)::
@@ -30,6 +30,27 @@ needs a whole row of ``dP``, which no K/V tile has, but it equals a row of ``dO 
 ``d`` multiplies per row instead of ``Nk``, and it reads only ``O`` and ``dO``.  A row that sees no
 key (causal with ``Nq > Nk``, a window that misses every key) has ``lse = -inf``: its ``P`` is
 forced to 0 (never ``exp(S + inf)``), so it adds nothing and its ``dQ`` stays 0, never NaN.
+
+The stored lse (float32)
+------------------------
+``lse`` is stored in float32 (the public ``forward``'s result, as flash-attn's), so it is off by
+up to half an ulp of ``|lse|`` (1.9e-6 at ``|lse|`` = 50), and ``exp(S - lse)`` carries that as
+a factor common to the row, which neither the forward's ``P = exp(S - m) / l`` nor plain
+attention's ``e / sum(e)`` has.  With large float32 scores it was about half of ``dV``'s error
+(issue 37; the figures are in tests/kernels/test_large_scores.py).  So the float32 backward
+first runs :func:`row_mass_kernel`: per row ``c_i = sum_j exp(S_ij - lse_i)`` (``p_and_ds``'s
+``P``, bit for bit, plus a learnable sink's ``exp(sink_h - lse_i)``) and, where ``|c_i - 1| <=
+|lse_i| 2^-23 + 2^-20`` (``lse_i`` is within an ulp or two of the log-sum-exp of exactly the keys
+given), every later kernel reads ``dO_i / c_i`` in place of ``dO_i``.  That is dividing the row
+of ``P``: ``dV = P^T (dO / c)``, ``dP / c = (dO / c) V^T`` and ``D / c = rowsum((dO / c) * O)``
+(the preprocess's), so ``dS = (P / c)(dP - D)`` and the kernels below run unchanged.  Outside
+the window ``lse`` is used as given: a ring or split-K step passes the *global* ``lse`` of more
+keys than it holds (:mod:`numba_flash.distributed.ring`: ``c_i`` is then their share, below 1),
+and a row with ``lse = -inf`` or NaN keeps its rule.  Inside it, keys the call does not hold
+can only weigh what the window allows, the size of the error removed.  The price: one more pass
+over ``Q K^T`` with its ``exp`` and a float32 copy of dO.  float16 and bfloat16 (rounding
+2^-11 and 2^-8, far above 2e-6) and float64 (a float64 ``lse``) skip it, as does the
+tensor-core backward (float16, bfloat16).
 
 Which keys a row sees (causal, sliding window ``(left, right)``, bottom-right aligned) is
 :func:`~numba_flash.kernels.visibility.is_visible`; the kernels take the window as two runtime
@@ -50,6 +71,8 @@ select per loaded ``dO`` element.
 
 Kernels (every grid is 1-D, :func:`fold_grid`)
 ----------------------------------------------
+0. float32 only, :func:`row_mass_kernel`: ``dO`` with each row divided by ``c_i`` ("The stored
+   lse" above), into a float32 copy that the kernels below read in place of ``dO``.
 1. :func:`preprocess_kernel` ``(o, do, delta, dq_accum, tiles)``: ``delta = rowsum(dO * O)`` and
    zeroes the dQ accumulator.  ``LANES`` threads per row (a warp on the GPU) read consecutive
    columns, so each step is one coalesced access, and combine their partial sums with
@@ -211,6 +234,7 @@ from .jit import device_jit, kernel_jit, range_for, static_for
 from .common import (FULL_MASK, GRID_X_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype,
                      compute_type, log_tile, numba_array_type, padded_head_dim)
 from .elements import BFLOAT16, element_ops
+from .online_softmax import sink_of
 from .stages import lds16, make_exp_e, make_row_dot
 from .tile_scores import ScoreArgs, make_score_fn
 from .variant import variant_type
@@ -560,6 +584,34 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
             p_ds_rows((s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa,
                        nk, left, right, dropout, keep_tile, umask))
 
+    # [docs:bwd-row-mass]
+    @device_jit(own_module=True, inline="always")
+    def p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, nk, left, right, sa, tid,
+                   umask):
+        """``sums[i] += P`` over this thread's keys of the K/V tile, for its ``A_TR`` rows
+        (:func:`row_mass_kernel`): ``S`` by the same ``row_dot`` and score as ``p_and_ds``,
+        ``P = exp(s - lse)`` the same bits as there."""
+        ar = tid // A_COL_T
+        ac = tid % A_COL_T
+        if ar < BLOCK_M:
+            s = cuda.local.array((A_TR, A_TC), acc_t)
+            for i in range(A_TR):
+                for j in range(A_TC):
+                    s[i, j] = acc_t(0.0)
+            row_dot(s, q_tile, k_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
+            for i in range(A_TR):
+                m = ar + i * A_ROW_T
+                row = q_start + m
+                lse_i = lse_sh[m]
+                for j in range(A_TC):
+                    col = k_start + ac + j * A_COL_T
+                    if (row < sa.nq and lse_i != acc_t(NEG_INF)
+                            and is_visible(row, col, sa.offset, nk, left, right)):
+                        ok, x, _grad = score_fn(s[i, j], row, col, sa, umask)
+                        if ok:
+                            sums[i] += exp_e(x - lse_i)
+    # [/docs:bwd-row-mass]
+
     load_k_cols = make_load_run(C_TC, ROW_BYTES)       # a dQ thread's columns of a K row
     load_ds_keys = make_load_run(VW, BLOCK_N * W)      # one chunk of keys of a dS row
     assert BLOCK_N % VW == 0, (BLOCK_N, VW)
@@ -640,7 +692,7 @@ def tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=Non
         return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
 
     return (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
-            shared_tiles, make_load_run)
+            shared_tiles, make_load_run, p_row_sums)
 
 
 @functools.lru_cache(maxsize=None)
@@ -669,8 +721,8 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
     (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
-     shared_tiles, make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype,
-                                                   DROPOUT, USER)
+     shared_tiles, make_load_run, _p_row_sums) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                                THREADS, dtype, DROPOUT, USER)
     W = _word(dtype)
     load_do_cols = make_load_run(B_TC, ROW * W)      # a dK/dV thread's columns of a dO row
     load_q_cols = load_do_cols                        # ... and of a Q row
@@ -847,8 +899,8 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
     (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
-     shared_tiles, make_load_run) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype,
-                                                   DROPOUT, USER)
+     shared_tiles, make_load_run, _p_row_sums) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                                THREADS, dtype, DROPOUT, USER)
     U_MASK = USER is not None and USER[1] is not None
     BLOCKS = USER[3] if USER is not None else None
     # a block mask's verdict on (this Q tile, K/V tile) (visibility.py); built only with one
@@ -919,6 +971,107 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
                         dq_out[bb, h, q0 + row, c] = dq_acc[i * C_TC + j] * scale
 
     return backward_dq
+
+
+#: :func:`row_mass_kernel`'s window: row ``i``'s ``dO`` is divided by ``c_i`` when ``|c_i - 1|
+#: <= |lse_i| 2^-23 + 2^-20``, i.e. when ``lse_i`` is within one or two ulps (``|lse_i| 2^-23``
+#: is one to two float32 ulps of it) of the log-sum-exp of exactly the keys given, allowing
+#: 2^-20 (8 ulps of 1) for the rounding of ``c_i``'s own sum.
+MASS_LSE_ULPS = 2.0 ** -23
+MASS_SLACK = 2.0 ** -20
+
+
+@functools.lru_cache(maxsize=None)
+def row_mass_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, USER=None):
+    """Build ``kernel(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles)``: the float32
+    backward's first kernel (see "The stored lse" in the module docstring).  One block per ``(Q
+    tile, b, h)`` on the folded grid, the K/V tiles of :func:`dq_kernel`'s loop (window, block
+    mask): ``c_i = sum_j P_ij`` (``P = exp(s - lse)`` of ``p_and_ds``, bit for bit) plus the
+    sink's ``exp(sink_h - lse_i)``, summed per thread and then per row in a fixed order; then
+    ``do_out[i] = dO[i] / c_i`` (times the compute-type ``1 / c_i``) where ``|c_i - 1|`` is
+    inside the window (:data:`MASS_LSE_ULPS`, :data:`MASS_SLACK`), else ``dO[i]`` as it is."""
+    dtype = np.dtype(dtype)
+    acc_t = compute_type(dtype)
+    A_COL_T, A_ROW_T, A_TR, _A_TC = layout(BLOCK_M, BLOCK_N, THREADS)
+    (load_tile, _lf, _lrs, _dk, _pds, _dsk, block_setup, shared_tiles, _mlr,
+     p_row_sums) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, False, USER)
+    load = element_ops(dtype)[0]
+    exp_e = make_exp_e(_word(dtype))
+    NEG_INF = -math.inf
+    LSE_ULPS = acc_t(MASS_LSE_ULPS)
+    SLACK = acc_t(MASS_SLACK)
+    BLOCKS = USER[3] if USER is not None else None
+    U_MASK = USER is not None and USER[1] is not None
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+
+    @kernel_jit(cache=USER is None)  # a user's functions stay off the disk cache
+    def backward_row_mass(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles):
+        tid = cuda.threadIdx.x
+        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        q_start = tile * BLOCK_M
+        if q_start >= nq:
+            return  # varlen: past this sequence's queries (the whole block leaves together)
+        left, right = va.window
+        user = va.user
+        (k_tile, _v, q_tile, _do, p_tile, _ds, lse_sh, inv_sh, _keep) = shared_tiles()
+        load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
+        for m in range(tid, BLOCK_M, THREADS):
+            lse_sh[m] = acc_t(NEG_INF)
+            if q_start + m < nq:
+                lse_sh[m] = acc_t(lse[bb, h, q0 + q_start + m])
+
+        q_end = min(q_start + BLOCK_M, nq)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, nk - nq, nk, left, right)
+        first_tile = kv_lo // BLOCK_N
+        last_tile = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else first_tile
+        sums = cuda.local.array(A_TR, acc_t)
+        for i in range(A_TR):
+            sums[i] = acc_t(0.0)
+        for kj in range(first_tile, last_tile):
+            k_start = kj * BLOCK_N
+            umask = U_MASK
+            if BLOCKS is not None:
+                kind = tile_kind(user[0], b, h, q_start, q_end, kj, nk)
+                if kind == BLOCK_EMPTY:
+                    continue
+                umask = kind == BLOCK_PARTIAL
+            load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+            cuda.syncthreads()  # K_j (first time: Q_i, lse) complete
+            p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, nk, left, right, sa, tid,
+                       umask)
+            cuda.syncthreads()  # done reading k_tile before the next K/V tile lands
+
+        # each thread's partial sums into p_tile[row, its column thread], then one thread per
+        # row adds them in order (deterministic: no atomics)
+        ar = tid // A_COL_T
+        ac = tid % A_COL_T
+        if ar < BLOCK_M:
+            for i in range(A_TR):
+                p_tile[ar + i * A_ROW_T, ac] = sums[i]
+        cuda.syncthreads()
+        sink = sink_of(va.sink, h)
+        for m in range(tid, BLOCK_M, THREADS):
+            lse_m = lse_sh[m]
+            c = acc_t(0.0)
+            for t in range(A_COL_T):
+                c += p_tile[m, t]
+            if sink != acc_t(NEG_INF) and lse_m != acc_t(NEG_INF):
+                c += exp_e(acc_t(sink) - lse_m)
+            inv = acc_t(1.0)
+            # c = 0 (a row that sees no key, lse = +inf), NaN (a NaN lse or score): as given
+            if c > acc_t(0.0) and abs(c - acc_t(1.0)) <= abs(lse_m) * LSE_ULPS + SLACK:
+                inv = acc_t(1.0) / c
+            inv_sh[m] = inv
+        cuda.syncthreads()
+        d_v = do.shape[3]
+        for idx in range(tid, BLOCK_M * d_v, THREADS):
+            r = idx // d_v
+            col = idx % d_v  # consecutive threads, consecutive columns: coalesced
+            if q_start + r < nq:
+                row = q0 + q_start + r
+                do_out[bb, h, row, col] = load(do[bb, h, row, col]) * inv_sh[r]
+
+    return backward_row_mass
 
 
 @functools.lru_cache(maxsize=None)
@@ -994,13 +1147,18 @@ DROPOUT_CONFIGS = ((64, np.float16), (128, np.float16), (64, np.float32), (128, 
 #: tiles); preprocess and reduce are built for bfloat16 as for every dtype.
 BF16_HEAD_DIMS = (64, 128)
 
+#: the padded head dims the compile tier builds :func:`row_mass_kernel` (float32 only) for: the
+#: others compile the same device code with other tile constants.
+ROW_MASS_HEAD_DIMS = (64, 128)
+
 
 def compile_configs():
     """Every backward configuration the package can launch on a GPU, for the compile tier: the
     plain kernels at the default tiles of every padded head dim and dtype, and the ``DROPOUT``
     kernels for :data:`DROPOUT_CONFIGS` only (float16/float32 at HEAD_DIM 64 and 128, float64
     and bfloat16 at 64; the rest share their code and differ only in tile constants); bfloat16's
-    dK/dV and dQ kernels at :data:`BF16_HEAD_DIMS` only.  Window, softcap, ALiBi, GQA and varlen
+    dK/dV and dQ kernels at :data:`BF16_HEAD_DIMS` only; float32's :func:`row_mass_kernel` at
+    :data:`ROW_MASS_HEAD_DIMS`.  Window, softcap, ALiBi, GQA and varlen
     are runtime arguments of the same kernels."""
     dropout_set = {(hd, np.dtype(dt)) for hd, dt in DROPOUT_CONFIGS}
     i64 = types.int64
@@ -1022,6 +1180,12 @@ def compile_configs():
             if dtype == BFLOAT16 and hd not in BF16_HEAD_DIMS:
                 continue
             bm, bn, _, threads = default_tiles(hd, dtype, simulator=False)
+            if dtype == np.float32 and hd in ROW_MASS_HEAD_DIMS:
+                yield {"name": f"backward row_mass M{bm} N{bn} D{hd} {dtype.name}",
+                       "kernel": row_mass_kernel(bm, bn, hd, threads, dtype),
+                       "args": (a4, a4, a4, lse3, acc4, cu_t, cu_t, variant_type(acc_nb, False),
+                                i64, i64),
+                       "float64_ok": f64_ok}
             for dropout in (False, True) if (hd, dtype) in dropout_set else (False,):
                 tag = f"M{bm} N{bn} D{hd} {dtype.name}{' dropout' if dropout else ''}"
                 va_t = variant_type(acc_nb, dropout)

@@ -16,7 +16,7 @@ from ..frontend.sim_time import SimWork, tiled_work
 from ..frontend.validate import array_module, check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_sink, check_variants
 from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
-                                preprocess_kernel, reduce_kernel, row_lanes)
+                                preprocess_kernel, reduce_kernel, row_lanes, row_mass_kernel)
 from ..kernels.common import acc_dtype, cdiv
 from ..flex.launch import prepare_variant
 from ..philox import dropout_params
@@ -108,7 +108,7 @@ def sink_gradient(do, o, lse, sink, accumulate=False):
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
                     cu_q, cu_k, varlen, dtype, scale, left, right, softcap, alibi,
-                    deterministic, dropout_p, seed, lens=None, user_variant=None):
+                    deterministic, dropout_p, seed, lens=None, user_variant=None, sink=None):
     """Run preprocess, dK/dV (+ atomic dQ), deterministic dQ and the reductions on 4-D device
     arrays ``[Ba, H, N, d]`` (``Ba = B``, or 1 for a packed batch); return device ``(dq, dk, dv)``
     of the inputs' shapes and dtype.
@@ -118,7 +118,12 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     default ``n_seq`` times the longest); ``alibi`` a validated ``[n_seq, H]`` float32 array or
     None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward`);
     ``user_variant``: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`) or
-    None.
+    None; ``sink``: the learnable sink logits (float32 ``[H]`` device array) or None.
+
+    float32 runs :func:`~numba_flash.kernels.backward.row_mass_kernel` first: every later
+    kernel reads its ``dO`` with each row divided by that row's ``c_i = sum_j exp(S_ij -
+    lse_i)`` where ``lse_i`` is the rounded log-sum-exp of exactly these keys (the module
+    docstring of :mod:`numba_flash.kernels.backward`, "The stored lse").
     """
     ba, h, nq_rows, d = q_in.shape
     hkv, nk_rows = k_in.shape[1], k_in.shape[2]
@@ -141,10 +146,10 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     if cu_q is None:  # dense: never read, but the kernels take an int32 array there
         cu_q = cu_k = call.zeros((1,), np.int32)
     # the variant (kernels/variant.py): ALiBi slopes always (zeros when off), () for no dropout
-    # and no user variant (no kernel parameter)
+    # and no user variant (no kernel parameter); the sink, read by row_mass_kernel alone
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (n_seq, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if dropout else None,
-                        user_variant)
+                        user_variant, sink)
     user = user_build(user_variant)
 
     def launch(kernel, grid, block, *args, work=None):
@@ -152,6 +157,20 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
             call.launch(kernel, grid, block, *args, work=work)
 
     lens = [(max_nq, max_nk)] * n_seq if lens is None else list(lens)
+    block_m, block_n, head_dim, threads = default_tiles(max(d, d_v), dtype)
+
+    # 0. float32: dO with row i divided by c_i = sum_j exp(S_ij - lse_i) where lse_i is the
+    # rounded log-sum-exp of these very keys (kernels/backward.py, "The stored lse"); the same
+    # as dividing row i of P (and D_i with it), never the inputs' own dO
+    if dtype == np.float32:
+        do_p = call.empty(do_in.shape, acc_t)
+        tiles_q = cdiv(max_nq, block_m)
+        launch(row_mass_kernel(block_m, block_n, head_dim, threads, dtype, user),
+               fold_grid(tiles_q, n_seq, h), (threads,),
+               q_in, k_in, do_in, lse_in, do_p, cu_q, cu_k, va, int(varlen), tiles_q,
+               work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,
+                               head_dim))
+        do_in = do_p
 
     # 1. D = rowsum(dO * O); dq_accum = 0 (row by row: no sequence boundaries needed)
     t = elem_threads()
@@ -162,7 +181,6 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
            work=SimWork("backward_preprocess", ba * h * nq_rows * d))
 
     # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, head)
-    block_m, block_n, head_dim, threads = default_tiles(max(d, d_v), dtype)
     tiles_k = cdiv(max_nk, block_n)
     launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
            fold_grid(tiles_k, n_seq, h), (threads,),
@@ -276,7 +294,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
             call, *ins, n_seq=a.b, max_nq=a.nq, max_nk=a.nk, cu_q=None, cu_k=None, varlen=False,
             dtype=a.dtype, scale=a.scale, left=a.left, right=a.right, softcap=a.softcap,
             alibi=a.alibi, deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
-            user_variant=a.variant)
+            user_variant=a.variant, sink=None if sink is None else call.input(sink))
         grads = (call.result(dq), call.result(dk), call.result(dv))
     if sink is not None:
         grads = tuple(grads) + (sink_gradient(do, o, lse, sink),)

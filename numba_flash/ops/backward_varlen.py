@@ -114,7 +114,8 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         call, *ins, lse_in, n_seq=n_seq, max_nq=int(len_q.max()), max_nk=int(len_k.max()),
         cu_q=call.input(cu_q), cu_k=call.input(cu_k), varlen=True, dtype=dtype, scale=scale,
         left=left, right=right, softcap=softcap, alibi=alibi, deterministic=deterministic,
-        dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k), user_variant=variant)
+        dropout_p=dropout_p, seed=seed, lens=zip(len_q, len_k), user_variant=variant,
+        sink=None if sink is None else call.input(sink))
     grads = tuple(_unpack(call.result(x)) for x in (dq, dk, dv))
     if sink is not None:
         grads += (sink_gradient(do, o, lse, sink),)
