@@ -1048,7 +1048,7 @@ def row_mass_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, USER=None):
         if ar < BLOCK_M:
             for i in range(A_TR):
                 p_tile[ar + i * A_ROW_T, ac] = sums[i]
-        cuda.syncthreads()
+        cuda.syncthreads()  # every thread's partial sums are in p_tile before a row adds them
         sink = sink_of(va.sink, h)
         for m in range(tid, BLOCK_M, THREADS):
             lse_m = lse_sh[m]
@@ -1062,7 +1062,7 @@ def row_mass_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, USER=None):
             if c > acc_t(0.0) and abs(c - acc_t(1.0)) <= abs(lse_m) * LSE_ULPS + SLACK:
                 inv = acc_t(1.0) / c
             inv_sh[m] = inv
-        cuda.syncthreads()
+        cuda.syncthreads()  # every row's 1 / c_i is in inv_sh before any thread scales dO
         d_v = do.shape[3]
         for idx in range(tid, BLOCK_M * d_v, THREADS):
             r = idx // d_v
