@@ -96,7 +96,8 @@ def _install_barriers():
                 blk.live -= 1
                 if self.exception is not None and blk.failed is None:
                     blk.failed = self
-                    for warp in getattr(self._manager, "_numba_flash_warps", {}).values():
+                    # a copy: another lane may be adding its warp to the dict meanwhile
+                    for warp in list(getattr(self._manager, "_numba_flash_warps", {}).values()):
                         warp.barrier.abort()  # lanes waiting at a shuffle fail, not hang
                 blk.open_if_all_wait()  # the waiting threads may now be all that is left
                 blk.cond.notify_all()

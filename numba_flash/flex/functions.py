@@ -230,8 +230,21 @@ def _host_compiled(key, fn):
 def _device_compiled(key, fn):
     from ..backend import on_simulator
     from ..kernels.jit import device_jit
-    return device_jit(inline="never")(_retarget(fn, device_function,
-                                                keep_breakpoint=on_simulator()))
+    target = _retarget(fn, device_function, keep_breakpoint=on_simulator())
+    if on_simulator():
+        target = _python_ints(target)
+    return device_jit(inline="never")(target)
+
+
+def _python_ints(fn):
+    """``fn`` called with its NumPy integer arguments (the simulator's indices) as Python ints:
+    an integer division by zero then raises ``ZeroDivisionError`` on every kernel path (a NumPy
+    integer gives 0 and a warning), which the launch reports in the user's terms
+    (:func:`numba_flash.flex.errors.user_error`).  On a GPU it is undefined, as in CUDA C."""
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*(int(a) if isinstance(a, np.integer) else a for a in args))
+    return call
 
 
 def host_function(fn):
@@ -253,14 +266,14 @@ def check_host_types(name, fn, arg_types, want, aux=()):
     meaningful line of Numba's message and a hint (:func:`numba_flash.flex.errors.compile_error`;
     ``aux``: the aux arrays, for their shapes); the compiled CPU function is returned."""
     from numba import types
-    from numba.core.errors import NumbaError
+    from numba.core.errors import NumbaError, UnsupportedBytecodeError
 
     from .errors import compile_error
 
     host = host_function(fn)
     try:
         host.compile(tuple(arg_types))
-    except NumbaError as e:
+    except (NumbaError, UnsupportedBytecodeError) as e:  # the latter: an import, a global store
         raise compile_error(name, fn, arg_types, e, aux) from None
     ret = next(s.return_type for s in host.nopython_signatures
                if tuple(s.args) == tuple(arg_types))

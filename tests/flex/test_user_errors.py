@@ -195,3 +195,41 @@ def test_check_aux_compiles_for_the_cuda_target(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "True"
+
+
+# -- found by the repeat of the bad-input sweep (2026-12-02) --------------------------------------
+
+def _imports(s, b, h, q_idx, kv_idx):
+    import math  # noqa: F401 - an import: bytecode Numba does not take
+    return s
+
+
+def test_unsupported_bytecode_is_the_named_compile_error(qkv):
+    """Numba's ``UnsupportedBytecodeError`` (an import, ``global``, ``a, *r = ...``) derives
+    from ``Exception`` alone: it used to escape raw, naming no argument."""
+    q, k, v = qkv
+    with pytest.raises(TypeError, match=r"^score_mod: Numba could not compile _imports "
+                                        r"\(.*IMPORT_NAME(?s:.*)\nhint: "):
+        numba_flash.forward(q, k, v, score_mod=_imports)
+
+
+@pytest.mark.parametrize("path, index", [("forward mma", "kv_idx"), ("forward wgmma", "q_idx"),
+                                         ("decode", "b"), ("backward simt", "b"),
+                                         ("backward mma", "q_idx")])
+def test_an_integer_division_by_zero_raises_on_every_path(qkv, path, index):
+    """``1 // (i - i)`` in a user function: the simulator's indices reach it as Python ints on
+    every kernel path, so it raises ``ZeroDivisionError`` naming the function (these paths
+    passed NumPy integers, which gave 0 and a warning: a result the function does not mean)."""
+    f = eval(f"lambda s, b, h, q_idx, kv_idx: s + 1 // ({index} - {index})")  # noqa: S307
+    q, k, v = (x.astype(np.float16) if "simt" not in path else x for x in qkv)
+    with pytest.raises(ZeroDivisionError, match=r"^score_mod <lambda> \("):
+        if path.startswith("forward"):
+            numba_flash.forward(q, k, v, score_mod=f, kernel=path.split()[1])
+        elif path == "decode":
+            numba_flash.decode(q[:, :, :1], k, v, cache_seqlens=np.array([8], np.int32),
+                               score_mod=f)
+        else:
+            o, lse = numba_flash.forward(q, k, v, return_lse=True)
+            numba_flash.backward(q, q, k, v, o, lse, score_mod=f,
+                                 score_mod_grad=lambda s, b, h, q_idx, kv_idx: s * 0 + 1,
+                                 kernel=path.split()[1])
