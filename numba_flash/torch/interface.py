@@ -168,33 +168,36 @@ def _check_packed(name, x, ndim, axis, count, layout):
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *,
+                              learnable_sink=None):
     """Attention of ``qkv [batch_size, seqlen, 3, nheads, headdim]`` (q, k, v stacked on dim 2).
 
     Returns ``out [batch_size, seqlen, nheads, headdim]``, or ``(out, softmax_lse, S_dmask)``
-    with ``return_attn_probs=True``; arguments as :func:`flash_attn_func`.  The gradient is
-    ``dqkv`` of qkv's shape.
+    with ``return_attn_probs=True``; arguments as :func:`flash_attn_func` (``learnable_sink``
+    too).  The gradient is ``dqkv`` of qkv's shape.
     """
     _check_packed("qkv", qkv, 5, 2, 3, "(batch_size, seqlen, 3, nheads, headdim)")
     q, k, v = qkv.unbind(2)
     _check_dense(q, k, v, "qkv", "qkv", "qkv")
     return _dense(q, k, v, ("qkv", "qkv", "qkv"), dropout_p, softmax_scale, causal, window_size,
-                  softcap, alibi_slopes, deterministic, return_attn_probs)
+                  softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *,
+                             learnable_sink=None):
     """Attention of ``q [batch_size, seqlen_q, nheads, headdim]`` over ``kv [batch_size,
     seqlen_k, 2, nheads_k, headdim]`` (k, v stacked on dim 2; GQA when ``nheads_k < nheads``).
 
-    Returns as :func:`flash_attn_func`; the gradients are ``dq`` and ``dkv`` of kv's shape.
+    Returns as :func:`flash_attn_func` (``learnable_sink`` too); the gradients are ``dq`` and
+    ``dkv`` of kv's shape.
     """
     _check_packed("kv", kv, 5, 2, 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(2)
     _check_dense(q, k, v, "q", "kv", "kv")
     return _dense(q, k, v, ("q", "kv", "kv"), dropout_p, softmax_scale, causal, window_size,
-                  softcap, alibi_slopes, deterministic, return_attn_probs)
+                  softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -242,19 +245,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, learnable_sink=None):
     """Packed-batch attention of ``qkv [total, 3, nheads, headdim]`` with ``cu_seqlens`` int32
     ``[batch_size + 1]`` and ``max_seqlen`` (at least the longest sequence).
 
     Returns ``out [total, nheads, headdim]``, or ``(out, softmax_lse [nheads, total],
-    S_dmask)``; arguments as :func:`flash_attn_varlen_func`.
+    S_dmask)``; arguments as :func:`flash_attn_varlen_func` (``learnable_sink`` too).
     """
     _check_packed("qkv", qkv, 4, 1, 3, "(total, 3, nheads, headdim)")
     q, k, v = qkv.unbind(1)
     names = ("qkv", "qkv", "qkv", "cu_seqlens", "cu_seqlens", "max_seqlen", "max_seqlen")
     return _varlen(q, k, v, names, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                    softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                   return_attn_probs)
+                   return_attn_probs, learnable_sink)
 
 
 _VARLEN_NAMES = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
@@ -264,15 +267,16 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False,
-                                    return_attn_probs=False):
+                                    return_attn_probs=False, *, learnable_sink=None):
     """Packed-batch attention of ``q [total_q, nheads, headdim]`` over ``kv [total_k, 2,
-    nheads_k, headdim]``; arguments and returns as :func:`flash_attn_varlen_func`."""
+    nheads_k, headdim]``; arguments (``learnable_sink`` too) and returns as
+    :func:`flash_attn_varlen_func`."""
     _check_packed("kv", kv, 4, 1, 2, "(total_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(1)
     names = ("q", "kv", "kv") + _VARLEN_NAMES[3:]
     return _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                   deterministic, return_attn_probs)
+                   deterministic, return_attn_probs, learnable_sink)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -106,6 +106,28 @@ def test_varlen_with_a_learnable_sink(gen):
     _close_grads(gen, out, want, (q, k, v, sink))
 
 
+def test_the_packed_forms_take_a_learnable_sink(gen):
+    """flash_attn_qkvpacked_func / kvpacked / their varlen twins take ``learnable_sink`` as
+    flash_attn_func does (the sweep's repeat: it was an unexpected keyword): out and the sink's
+    gradient against the gpt-oss formulation."""
+    q, k, v, sink = _leaves(gen, 1, 6, 6, 2, 2, 8)
+    want, _ = gpt_oss(q, k, v, sink, causal=True)
+    qkv = torch.stack((q, k, v), dim=2).detach().requires_grad_(True)
+    kv = torch.stack((k, v), dim=2)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    outs = {"qkvpacked": nft.flash_attn_qkvpacked_func(qkv, causal=True, learnable_sink=sink),
+            "kvpacked": nft.flash_attn_kvpacked_func(q, kv, causal=True, learnable_sink=sink),
+            "varlen qkvpacked": nft.flash_attn_varlen_qkvpacked_func(
+                qkv[0], cu, 6, causal=True, learnable_sink=sink)[None],
+            "varlen kvpacked": nft.flash_attn_varlen_kvpacked_func(
+                q[0], kv[0], cu, cu, 6, 6, causal=True, learnable_sink=sink)[None]}
+    (dsink_want,) = torch.autograd.grad(want.sum(), (sink,))
+    for name, out in outs.items():
+        _close(out, want, name)
+        (dsink,) = torch.autograd.grad(out.sum(), (sink,))
+        _close(dsink, dsink_want, f"{name} dsink")
+
+
 def test_a_users_score_mod_with_a_learnable_sink(gen):
     """FlashAttention-4's variant path (VariantFunc) carries the sink and its gradient."""
     q, k, v, sink = _leaves(gen, 1, 6, 6, 2, 2, 8)
