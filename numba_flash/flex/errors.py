@@ -193,6 +193,11 @@ def user_error(exc, roles=None):
     i = hits[-1]
     frame = frames[i]
     site = next((f for f in reversed(frames[i:]) if not _library(f.f_code.co_filename)), frame)
+    if isinstance(exc, RuntimeWarning) and "divide by zero" in str(exc):
+        # NumPy's integer division by zero, made an error in a simulator launch
+        # (frontend.arrays.INT_DIVIDE_BY_ZERO): what a Python int raises
+        what = re.sub(r"^tid=\[[^\]]*\] ctaid=\[[^\]]*\]:? ?", "", str(exc))
+        exc = ZeroDivisionError(f"integer division or modulo by zero ({what})")
     return _rebuild(exc, _message(exc, roles[frame.f_code], frame, site))
 
 

@@ -230,21 +230,8 @@ def _host_compiled(key, fn):
 def _device_compiled(key, fn):
     from ..backend import on_simulator
     from ..kernels.jit import device_jit
-    target = _retarget(fn, device_function, keep_breakpoint=on_simulator())
-    if on_simulator():
-        target = _python_ints(target)
-    return device_jit(inline="never")(target)
-
-
-def _python_ints(fn):
-    """``fn`` called with its NumPy integer arguments (the simulator's indices) as Python ints:
-    an integer division by zero then raises ``ZeroDivisionError`` on every kernel path (a NumPy
-    integer gives 0 and a warning), which the launch reports in the user's terms
-    (:func:`numba_flash.flex.errors.user_error`).  On a GPU it is undefined, as in CUDA C."""
-    @functools.wraps(fn)
-    def call(*args):
-        return fn(*(int(a) if isinstance(a, np.integer) else a for a in args))
-    return call
+    return device_jit(inline="never")(_retarget(fn, device_function,
+                                                keep_breakpoint=on_simulator()))
 
 
 def host_function(fn):

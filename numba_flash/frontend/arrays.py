@@ -55,6 +55,11 @@ __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator
            "SimWork", "estimate_only"]
 
 _POISON = False
+
+#: NumPy's warning for an integer ``//`` or ``%`` by zero (the simulator's indices are NumPy
+#: integers), made an error inside a simulator launch; on a GPU the result is undefined
+INT_DIVIDE_BY_ZERO = r"divide by zero encountered in scalar (floor_divide|remainder)"
+
 _ESTIMATES = None  # the list estimate_only() records into, or None
 GIB = 2**30
 
@@ -405,7 +410,10 @@ class ArrayCall:
             return
         warn_if_slow(kernel, grid, block, work)
         try:
-            with simulator.fast_switching():  # see numba_flash.simulator
+            with simulator.fast_switching(), warnings.catch_warnings():  # see numba_flash.simulator
+                # an integer division by zero (a NumPy integer: 0 and a warning; a Python int
+                # raises) is an error wherever it happens, a user's function or a kernel
+                warnings.filterwarnings("error", INT_DIVIDE_BY_ZERO, RuntimeWarning)
                 kernel[grid, block, self.stream, shared](*args)
         except Exception as exc:  # raised in a user's score_mod / mask_mod: told in its terms
             from ..flex.errors import user_error

@@ -217,9 +217,10 @@ def test_unsupported_bytecode_is_the_named_compile_error(qkv):
                                          ("decode", "b"), ("backward simt", "b"),
                                          ("backward mma", "q_idx")])
 def test_an_integer_division_by_zero_raises_on_every_path(qkv, path, index):
-    """``1 // (i - i)`` in a user function: the simulator's indices reach it as Python ints on
-    every kernel path, so it raises ``ZeroDivisionError`` naming the function (these paths
-    passed NumPy integers, which gave 0 and a warning: a result the function does not mean)."""
+    """``1 // (i - i)`` in a user function raises ``ZeroDivisionError`` naming the function on
+    every kernel path: these paths pass some indices as NumPy integers, whose division by zero
+    gave 0 and a warning (a result the function does not mean); a simulator launch now makes
+    that warning an error (frontend.arrays.INT_DIVIDE_BY_ZERO)."""
     f = eval(f"lambda s, b, h, q_idx, kv_idx: s + 1 // ({index} - {index})")  # noqa: S307
     q, k, v = (x.astype(np.float16) if "simt" not in path else x for x in qkv)
     with pytest.raises(ZeroDivisionError, match=r"^score_mod <lambda> \("):
