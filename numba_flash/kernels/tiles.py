@@ -36,11 +36,15 @@ def round16(head_dim):
 
 
 #: properties of every tensor-core configuration: threads of a block (32 a warp) and the bytes
-#: of a padded shared row
+#: of a padded shared row; a V tile's width and row bytes (a value head dim of its own)
 _THREADS = property(lambda cfg: 32 * cfg.NUM_WARPS, doc="Threads of a block: 32 a warp.")
 _ROW_BYTES = property(lambda cfg: mma_row_bytes(cfg.HEAD_DIM), doc="Bytes of a shared row.")
 _OWNED_ROWS = property(lambda cfg: 16 * cfg.M_TILES * cfg.NUM_WARPS,
                        doc="Rows a block owns: 16 per row tile of each warp.")
+_V_DIM = property(lambda cfg: cfg.HEAD_DIM_V or cfg.HEAD_DIM,
+                  doc="The V tile's (and dO's, o's, dV's) compile-time width: HEAD_DIM_V, or "
+                      "HEAD_DIM.")
+_V_ROW_BYTES = property(lambda cfg: mma_row_bytes(cfg.V_DIM), doc="Bytes of a shared V row.")
 
 
 def _flags_name(cfg):
@@ -83,16 +87,8 @@ class ForwardMmaConfig(NamedTuple):
     THREADS = _THREADS
     ROW_BYTES = _ROW_BYTES
     BLOCK_M = _OWNED_ROWS  # query rows of a block
-
-    @property
-    def V_DIM(self):
-        """The V tile's (and ``o``'s) compile-time width: ``HEAD_DIM_V``, or ``HEAD_DIM``."""
-        return self.HEAD_DIM_V or self.HEAD_DIM
-
-    @property
-    def V_ROW_BYTES(self):
-        """Bytes of a shared V row."""
-        return mma_row_bytes(self.V_DIM)
+    V_DIM = _V_DIM
+    V_ROW_BYTES = _V_ROW_BYTES
 
     @property
     def STAGE_BYTES(self):
@@ -362,16 +358,8 @@ class BackwardMmaConfig(NamedTuple):
     THREADS = _THREADS
     ROW_BYTES = _ROW_BYTES
     BLOCK = _OWNED_ROWS  # rows a block owns: keys (dkdv) or queries (dq)
-
-    @property
-    def V_DIM(self):
-        """The V and dO tiles' (and dV's) compile-time width: ``HEAD_DIM_V``, or ``HEAD_DIM``."""
-        return self.HEAD_DIM_V or self.HEAD_DIM
-
-    @property
-    def V_ROW_BYTES(self):
-        """Bytes of a shared V or dO row."""
-        return mma_row_bytes(self.V_DIM)
+    V_DIM = _V_DIM
+    V_ROW_BYTES = _V_ROW_BYTES
 
     @property
     def ACC(self):

@@ -109,8 +109,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
                 o_in, do_in, delta, dq_accum, rows,
                 work=SimWork("backward_preprocess", b * h * nq * d))
 
-    # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); at d = 256 four passes
-    # of half the columns each (dkdv_passes)
+    # 2. dK, dV (+ atomic dQ): one block per (K/V tile, b, query head); past 320 columns of
+    # the two widths (d = 256: four) passes of at most 128 columns each (dkdv_passes)
     for dkdv_pass in dkdv_passes(head_dim, deterministic, head_dim_v):
         cfg = backward_mma_config(d, "dkdv", name, **flags, **dkdv_pass)
         tiles_k = cdiv(nk, cfg.BLOCK)
