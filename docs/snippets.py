@@ -176,17 +176,18 @@ class Runner:
             [sys.executable, str(Path(__file__).resolve()), "--serve",
              "numba_flash" if self.preload else "-"], env=self.env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True)  # its own process group: a timeout kills it and its child
+            start_new_session=True)  # its own process group: killed whole if it dies
 
     def close(self):
         if self.proc is not None:
             self.proc.stdin.close()  # the server's loop ends at end of input
-            self.proc.wait(timeout=60)
+            self.proc.wait()
             self.proc = None
 
-    def run(self, argv, cwd, timeout=600):
+    def run(self, argv, cwd, timeout=None):
         """``(returncode, stdout, stderr)`` of ``argv`` (``["python", script, ...]``) run in
-        ``cwd``; raises :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
+        ``cwd``; with a ``timeout`` (seconds; none by default: the suite has no wall-clock
+        limits) raises :class:`subprocess.TimeoutExpired` after it."""
         if hasattr(os, "fork") and len(argv) >= 2 and not argv[1].startswith("-"):
             rc, out, err = self._forked(argv, cwd, timeout)
             if rc != FRESH:
@@ -208,8 +209,10 @@ class Runner:
             line = self.proc.stdout.readline() if ready else ""
             if not line:  # timed out, or the server died: kill it (and a running command)
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                died = self.proc.wait()
                 self.proc = None
+                if ready:  # end of output: the server is gone, run the command afresh
+                    return FRESH, "", f"the snippet server exited ({died})"
                 raise subprocess.TimeoutExpired(argv, timeout)
             return json.loads(line)["rc"], out.read_text(), err.read_text()
 

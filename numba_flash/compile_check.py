@@ -336,11 +336,114 @@ def build(cfg, ccs, ptxas, nvdisasm=None):
 _CONFIGS = []  # inherited by forked workers (kernel objects do not pickle)
 _DUMP = None   # --dump NAME: keep the SASS listing of these configurations
 
+#: what the distributions that write and read a build are called on PyPI: a new version of any
+#: of them is a new cache key (BuildCache)
+TOOLCHAIN = ("numba", "numba-cuda", "llvmlite", "numpy", "nvidia-nvvm", "nvidia-cuda-nvcc",
+             "nvidia-cuda-nvdisasm")
+
+
+def source_key():
+    """The key of every build this checkout makes: a digest of the package's Python sources
+    (the kernels, and this module and :mod:`numba_flash.sass`, which read the builds), the
+    toolchain's versions (:data:`TOOLCHAIN`), Python's and the ``NUMBA_*`` settings."""
+    import hashlib
+    import importlib.metadata as metadata
+    import pathlib
+    import platform
+
+    h = hashlib.sha256(b"compile-tier rows 1\0")
+    pkg = pathlib.Path(__file__).resolve().parent
+    for path in sorted(pkg.rglob("*.py")):
+        h.update(path.relative_to(pkg).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for dist in TOOLCHAIN:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            version = "-"
+        h.update(f"{dist}={version}\0".encode())
+    h.update(platform.python_version().encode())
+    for name in sorted(os.environ):
+        if name.startswith("NUMBA_") and name not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CACHE_DIR"):
+            h.update(f"{name}={os.environ[name]}\0".encode())
+    return h.hexdigest()[:20]
+
+
+class BuildCache:
+    """Rows of finished builds on disk, one JSON file per (configuration, architectures, SASS or
+    not) under ``root/<source_key()>/``: a second run of the same sources and toolchain builds
+    nothing, and processes that build the same selection at once (the test suite's workers)
+    share the work: a build in progress is locked (``flock``), and the others take another
+    configuration first and read this one when it is done.  Old keys' folders are left for the
+    user to delete (the test suite keeps its cache in ``.pytest_cache``: ``pytest
+    --cache-clear``)."""
+
+    def __init__(self, root):
+        self.dir = os.path.join(os.fspath(root), source_key())
+        os.makedirs(self.dir, exist_ok=True)
+
+    def path(self, cfg, ccs, sass_too):
+        import hashlib
+
+        ccs = [tuple(cfg["cc"])] if "cc" in cfg else list(ccs)
+        what = json.dumps([cfg["name"], [list(c) for c in ccs], bool(sass_too)])
+        return os.path.join(self.dir, hashlib.sha1(what.encode()).hexdigest() + ".json")
+
+    @staticmethod
+    def load(path):
+        try:
+            with open(path) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def store(path, rows):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(rows, fh)
+        os.replace(tmp, path)  # readers see the whole file or none
+
+    @staticmethod
+    @contextlib.contextmanager
+    def lock(path, wait):
+        """Hold the build lock of ``path``; yields False (without waiting) if another process
+        holds it and ``wait`` is false.  Without ``fcntl`` (Windows) there is no lock."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - no flock: every process builds what it lacks
+            yield True
+            return
+        with open(path + ".lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
 
 def _build_job(args):
-    index, ccs, ptxas, nvdisasm = args
+    index, ccs, ptxas, nvdisasm, cache, wait = args
+    cfg = _CONFIGS[index]
+    if cache is None:
+        return _timed_build(cfg, ccs, ptxas, nvdisasm)
+    path = cache.path(cfg, ccs, nvdisasm is not None)
+    with cache.lock(path, wait) as held:
+        if not held:
+            return None  # another process builds it: come back when the others are done
+        rows = cache.load(path)
+        if rows is None:
+            rows = _timed_build(cfg, ccs, ptxas, nvdisasm)
+            cache.store(path, rows)
+        return rows
+
+
+def _timed_build(cfg, ccs, ptxas, nvdisasm):
     start = time.perf_counter()
-    rows = build(_CONFIGS[index], ccs, ptxas, nvdisasm)
+    rows = build(cfg, ccs, ptxas, nvdisasm)
     for row in rows:   # the whole configuration's build time (all its ccs), for the suite's cuts
         row["seconds"] = round(time.perf_counter() - start, 1)
     return rows
@@ -374,30 +477,40 @@ def progress_bar(total, stream=None):
         yield step
 
 
-def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None, progress=None):
+def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None, progress=None, cache=None):
     """Build every configuration for every cc, in ``jobs`` forked processes; rows in order.
     ``progress``: a context manager factory like :func:`progress_bar` (called with the number
-    of configurations, after the workers are forked, so they inherit no drawing thread)."""
+    of configurations, after the workers are forked, so they inherit no drawing thread).
+    ``cache``: a :class:`BuildCache` whose rows are taken instead of a build, and which keeps
+    every new build; a configuration another process is building is taken after the others."""
     global _CONFIGS
     _CONFIGS = list(configs)
-    tasks = [(i, ccs, ptxas, nvdisasm) for i in range(len(_CONFIGS))]
     progress = progress or (lambda total: contextlib.nullcontext(lambda i, name: None))
 
-    def collect(results, step):
-        out = []
-        for i, cfg in enumerate(_CONFIGS):
-            step(i + 1, cfg["name"])
-            out.append(next(results))
-        return out
+    def tasks(indices, wait):
+        return [(i, ccs, ptxas, nvdisasm, cache, wait) for i in indices]
 
-    if jobs <= 1 or len(tasks) < 2 or "fork" not in mp.get_all_start_methods():
-        with progress(len(tasks)) as step:
-            results = collect(map(_build_job, tasks), step)
+    def collect(indices, results, step, done):
+        for i in indices:
+            step(len(done) + 1, _CONFIGS[i]["name"])
+            rows = next(results)
+            if rows is not None:
+                done[i] = rows
+
+    def run_all(mapper):
+        done = {}
+        with progress(len(_CONFIGS)) as step:
+            first = range(len(_CONFIGS))
+            collect(first, mapper(_build_job, tasks(first, False)), step, done)
+            later = [i for i in first if i not in done]   # locked by another process
+            collect(later, mapper(_build_job, tasks(later, True)), step, done)
+        return [done[i] for i in range(len(_CONFIGS))]
+
+    if jobs <= 1 or len(_CONFIGS) < 2 or "fork" not in mp.get_all_start_methods():
+        results = run_all(map)
     else:
         with mp.get_context("fork").Pool(jobs) as pool:
-            ordered = pool.imap(_build_job, tasks, chunksize=1)
-            with progress(len(tasks)) as step:
-                results = collect(ordered, step)
+            results = run_all(lambda fn, args: pool.imap(fn, args, chunksize=1))
     return [row for rows in results for row in rows]
 
 
@@ -611,6 +724,9 @@ def main(argv=None):
                     help="parallel build processes (default: all cores)")
     ap.add_argument("--sass", action="store_true",
                     help="also count one steady-state loop iteration of each sm_90 build")
+    ap.add_argument("--cache", metavar="DIR",
+                    help="keep each build's rows under DIR, keyed by the package's sources and "
+                         "the toolchain's versions, and take them from there next time")
     ap.add_argument("--dump", metavar="NAME",
                     help="print the sm_90 SASS of configurations whose name contains NAME, "
                          "the counted loop marked '>' (implies --sass)")
@@ -632,8 +748,9 @@ def main(argv=None):
         if SASS_CC not in ccs:
             ccs.append(SASS_CC)
     _DUMP = args.dump
+    cache = BuildCache(args.cache) if args.cache and not args.dump else None  # dump: listings
     rows = build_all(list(all_configs(args.selector, args.suite)), ccs, ptxas, args.jobs,
-                     nvdisasm, progress=progress_bar)
+                     nvdisasm, progress=progress_bar, cache=cache)
     for r in rows:
         if "sass_listing" in r:
             print(f"== {r['name']} (sm_90), counted loop {r['sass'].get('loop')}")

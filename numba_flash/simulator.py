@@ -72,6 +72,8 @@ class _BlockBarrier:
 def _install_barriers():
     from numba.cuda.simulator import kernel
 
+    from . import simulator_warp
+
     thread_run = kernel.BlockThread.run  # records the thread's exception, as before
 
     def syncthreads(self):
@@ -91,6 +93,7 @@ def _install_barriers():
         try:
             thread_run(self)
         finally:
+            simulator_warp.lane_returned(self)  # its warp's lanes no longer wait for it
             blk = self._manager._numba_flash_barrier
             with blk.cond:
                 blk.live -= 1

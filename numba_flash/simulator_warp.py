@@ -30,18 +30,83 @@ import threading
 from .kernels.common import FULL_MASK
 
 WARP = 32
-_TIMEOUT = 120.0  # seconds: a lane that never arrives (divergent call) fails instead of hanging
 
 _state_lock = threading.Lock()
 
 
+class DivergentWarpError(RuntimeError):
+    """A lane of a warp (or warpgroup) returned while another waits for it at a warp-wide
+    primitive: on the device a full-mask ``*_sync`` from divergent code is undefined."""
+
+
+class _LaneBarrier:
+    """A barrier of one warp's lanes with no wall-clock limit: it opens when every lane waits,
+    fails when a lane raised (:meth:`abort`) or when a lane of the warp has returned from the
+    kernel (:meth:`lane_returned`: it can never arrive, the call was divergent)."""
+
+    def __init__(self, lanes, returned=0):
+        self.cond = threading.Condition(threading.Lock())
+        self.lanes, self.count, self.generation = lanes, 0, 0
+        self.returned, self.aborted = returned, False
+
+    def wait(self):
+        with self.cond:
+            generation = self.generation
+            self.count += 1
+            if self.count == self.lanes:
+                self.count, self.generation = 0, generation + 1
+                self.cond.notify_all()
+                return
+            while generation == self.generation and not (self.aborted or self.returned):
+                self.cond.wait()
+            if generation != self.generation:
+                return
+            if self.aborted:
+                raise threading.BrokenBarrierError
+            raise DivergentWarpError(
+                "a lane of this warp returned from the kernel while another waits at a "
+                "warp-wide primitive (shuffle, syncwarp or an mma twin): call it from "
+                "converged code")
+
+    def abort(self):
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+    def lane_returned(self):
+        with self.cond:
+            self.returned += 1
+            self.cond.notify_all()
+
+
 class _WarpState:
-    def __init__(self, lanes):
+    def __init__(self, lanes, returned=0):
         self.lanes = lanes
         self.slots = [None] * lanes
-        self.barrier = threading.Barrier(lanes, timeout=_TIMEOUT)
+        self.barrier = _LaneBarrier(lanes, returned)
         self.shared = {}  # what a twin keeps for the whole group (group_shared)
         self.lock = threading.Lock()
+
+
+def _group_keys(thread_id):
+    """The keys of the calling thread's warp and warpgroup in the block's state dict."""
+    return thread_id // WARP, (128, thread_id // 128)  # as _warp_state's keys
+
+
+def lane_returned(thread):
+    """Record that ``thread`` returned from the kernel: its warp's and warpgroup's lanes that
+    wait for it, now or later, fail with :class:`DivergentWarpError` instead of hanging
+    (called by :mod:`numba_flash.simulator` as each simulated thread ends)."""
+    manager = thread._manager
+    with _state_lock:
+        returned = getattr(manager, "_numba_flash_returned", None)
+        if returned is None:
+            returned = manager._numba_flash_returned = set()
+        returned.add(thread.thread_id)
+        states = getattr(manager, "_numba_flash_warps", {})
+        waiting = [states[k] for k in _group_keys(thread.thread_id) if k in states]
+    for st in waiting:
+        st.barrier.lane_returned()
 
 
 def _warp_state(thread, size=WARP):
@@ -58,7 +123,10 @@ def _warp_state(thread, size=WARP):
         if st is None:
             bx, by, bz = manager._block_dim
             nthreads = bx * by * bz
-            st = states[key] = _WarpState(min(size, nthreads - group * size))
+            done = getattr(manager, "_numba_flash_returned", ())
+            first = group * size
+            st = states[key] = _WarpState(min(size, nthreads - first),
+                                          sum(first <= t < first + size for t in done))
     return st
 
 

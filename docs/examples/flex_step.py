@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import pdb
 import re
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 from report import err
 
-import numba_flash
+import numba_flash  # first: it chooses the simulator before numba.cuda is imported
+import numba
+import numba.cuda
 from numba_flash import reference as ref
 from numba_flash.backend import on_simulator
 
@@ -109,10 +113,19 @@ class ScoreModStopper:
         return dbg.trace_dispatch(frame, event, arg)
 
 
+#: the folders pdb's paths are written from: the repository (docs/...), the one that holds the
+#: numba_flash package (numba_flash/...) and those that hold numba and numba.cuda (numba/...)
+_ROOTS = sorted({str(Path(m.__file__).resolve().parents[n]) + os.sep
+                 for m, n in ((numba_flash, 1), (numba, 1), (numba.cuda, 2))}
+                | {str(Path(__file__).resolve().parents[2]) + os.sep}, key=len, reverse=True)
+
+
 def readable(text):
-    """pdb's transcript with machine-independent locations: paths from the package (or docs/)
-    down, no line numbers inside numba_flash or numba (they move with every edit)."""
-    text = re.sub(r"/\S*?/(numba_flash|docs|numba)/", r"\1/", text)
+    """pdb's transcript with machine-independent locations: paths from the repository, the
+    package or numba down (whatever the folder the clone is in is called), no line numbers
+    inside numba_flash or numba (they move with every edit)."""
+    for root in _ROOTS:
+        text = text.replace(root, "")
     return re.sub(r"((?:numba_flash|numba)/[\w/]+\.py)\(\d+\)", r"\1(...)", text)
 
 

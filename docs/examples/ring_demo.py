@@ -33,7 +33,7 @@ if __name__ == "__main__" and "--ranks" in sys.argv:  # launcher: mpiexec -n R t
     if mpiexec is None:
         sys.exit("no mpiexec found: pip install mpich (or '.[mpi]' in the clone)")
     proc = subprocess.run([mpiexec, "-n", ranks, sys.executable, "-m", "mpi4py", __file__],
-                          timeout=600, capture_output=True, text=True)
+                          capture_output=True, text=True)
     print(proc.stdout, end="")
     if proc.returncode:
         sys.exit(proc.stderr)

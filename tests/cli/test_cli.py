@@ -21,7 +21,7 @@ def cli(*args, env=None, script=None):
     full = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     full.update(env or {})
     cmd = [sys.executable, *(script or ["-m", "numba_flash"]), *args]
-    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, cwd=ROOT)
 
 
 @no_gpu

@@ -26,9 +26,17 @@ pytestmark = pytest.mark.compile
 
 #: run with NUMBA_ENABLE_CUDASIM=0: one JSON row per probe on stdout's last line
 BUILD = r"""
-import json
+import json, os, sys
 from numba_flash import compile_check as cc, sass
 from numba_flash.kernels import wgmma
+
+cache = cc.BuildCache(sys.argv[1])   # the compile tier's cache: one file for all the probes
+kept = os.path.join(cache.dir, "wgmma-probes.json")
+with cache.lock(kept, True):
+    rows = cache.load(kept)
+    if rows is not None:
+        print(json.dumps(rows))
+        sys.exit(0)
 
 ptxas, nvdisasm = cc.find_ptxas(), cc.find_nvidia_tool("nvdisasm")
 
@@ -51,18 +59,19 @@ for cfg in wgmma.compile_configs():
     if len(rows) == 1:  # the negative control: the same kernel for plain sm_90
         rc90, text90, _ = assemble(ptxs[(9, 0)], "0")
         rows.append(dict(name="sm_90 control", rc=rc90, text=text90[-2000:]))
+cache.store(kept, rows)
 print(json.dumps(rows))
 """
 
 
 @pytest.fixture(scope="module")
-def rows():
+def rows(compile_cache):
     if find_ptxas() is None or find_nvidia_tool("nvdisasm") is None:
         pytest.fail("ptxas / nvdisasm not found: the test extra installs nvidia-cuda-nvcc and "
                     "nvidia-cuda-nvdisasm")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", BUILD, str(compile_cache)], env=env,
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.fail(f"the sm_90a build failed:\n{proc.stderr[-4000:]}")
     return {r["name"]: r for r in json.loads(proc.stdout.splitlines()[-1])}

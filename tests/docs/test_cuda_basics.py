@@ -37,7 +37,7 @@ def run_alone(blocks, tmp_path, preload=True):
     done = []
     for n, code in enumerate(blocks):
         (tmp_path / f"block{n}.py").write_text(code)
-        rc, _, err = runner.run(["python", f"block{n}.py"], cwd=tmp_path, timeout=300)
+        rc, _, err = runner.run(["python", f"block{n}.py"], cwd=tmp_path)
         done.append((code, rc, err))
     return done
 

@@ -181,5 +181,5 @@ def test_first_block_runs_as_shown_or_is_labelled(page):
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "first_block.py"
         script.write_text(code + "\n")
-        rc, out, err = _runner().run(["python", str(script)], cwd=tmp, timeout=300)
+        rc, out, err = _runner().run(["python", str(script)], cwd=tmp)
     assert rc == 0, f"{page.name}: the first block fails in a fresh interpreter:\n{err[-2000:]}"

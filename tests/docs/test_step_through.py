@@ -25,7 +25,7 @@ _spec.loader.exec_module(stk)
 def run(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -65,5 +65,5 @@ def test_unknown_thread_never_stops():
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--kernel", "softmax", "--block", "9",
                            "--non-interactive"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True)
     assert proc.returncode == 1 and "never stopped" in proc.stdout

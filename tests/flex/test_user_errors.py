@@ -192,7 +192,7 @@ def test_check_aux_compiles_for_the_cuda_target(tmp_path):
     script.write_text(CUDA_SCRIPT)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     proc = subprocess.run([sys.executable, "-W", "error::UserWarning", str(script)], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "True"
 

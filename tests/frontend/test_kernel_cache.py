@@ -85,7 +85,7 @@ def _probe(tmp_path, *args, **env):
     full.update(NUMBA_ENABLE_CUDASIM="0", NUMBA_CACHE_DIR=str(tmp_path / "cache"),
                 PYTHONPATH=str(tmp_path), **env)
     r = subprocess.run([sys.executable, str(tmp_path / "probe.py"), *args], env=full,
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                       capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -194,7 +194,7 @@ def test_second_process_loads_the_kernel_from_disk(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path))
     env.pop(jit.CACHE_ENV, None)
     outs = [subprocess.run([sys.executable, str(tmp_path / "run.py")], env=env, text=True,
-                           capture_output=True, timeout=300, cwd=tmp_path) for _ in range(2)]
+                           capture_output=True, cwd=tmp_path) for _ in range(2)]
     for r in outs:
         assert r.returncode == 0, r.stderr[-3000:]
     assert outs[0].stdout.split("]")[1].split() == ["0", "1"]  # compiled, saved

@@ -33,6 +33,5 @@ def test_launch_path_and_cli_pass_ruff():
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     if not Path(ruff).exists():
         pytest.skip("ruff not installed (pip install -e '.[test]')")
-    r = subprocess.run([ruff, "check", *OWN], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([ruff, "check", *OWN], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:]

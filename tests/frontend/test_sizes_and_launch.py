@@ -100,7 +100,7 @@ def _run_py(code, **env):
     full = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     full.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True)
 
 
 def test_low_occupancy_warning_hidden_in_launches():

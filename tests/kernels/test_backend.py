@@ -17,7 +17,7 @@ def run_py(code, **env):
     full = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     full.update(env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True)
 
 
 def test_backend_matches_what_numba_cuda_runs():

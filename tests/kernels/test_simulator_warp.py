@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
+import numba_flash
+
 FULL = 0xFFFFFFFF
 
 
@@ -60,3 +62,23 @@ def test_partial_last_warp(rng):
     partial_warp[1, 40](x, out)
     idx = np.arange(40)
     np.testing.assert_array_equal(out, x[(idx - idx % 32) + ((idx % 32) ^ 2)])
+
+
+@cuda.jit
+def divergent(x, out):
+    t = cuda.threadIdx.x
+    if t == 5:
+        return                      # lane 5 never reaches the shuffle
+    out[t] = cuda.shfl_xor_sync(FULL, x[t], 1)
+
+
+@pytest.mark.skipif(numba_flash.backend() != "simulator", reason="simulator only")
+def test_a_divergent_shuffle_fails_without_a_wall_clock_limit():
+    """A lane that returns before a shuffle its warp's other lanes call: the simulator raises
+    DivergentWarpError as soon as the lane returns (no timeout to wait out, whatever the
+    machine's speed); on the device the call is undefined, so the simulator alone checks it."""
+    from numba_flash.simulator_warp import DivergentWarpError
+
+    x = np.zeros(32, np.float32)
+    with pytest.raises(DivergentWarpError, match="converged code"):
+        divergent[1, 32](x, np.zeros(32, np.float32))
