@@ -164,25 +164,23 @@ def wgmma_goal_config(c):
 
 def in_suite(cfg):
     """Whether the test suite's compile tier builds this configuration (``numba-flash
-    compile-check`` and docs/resources.md build every one; the selection keeps the suite inside
-    CI's time: the full tier is about 25 CPU-minutes, the selection about a third of it).  The
-    kernel families with a configuration named tuple (``cfg["config"]``:
+    compile-check`` and docs/resources.md build every one).  The selection keeps every static
+    goal and one build of each kernel family's code paths, so the suite stays fast on two
+    cores: the families with a configuration named tuple (``cfg["config"]``:
     :mod:`numba_flash.kernels.tiles`) are selected by its fields, never by name, so a retuned
-    tile stays in: the static goals' configurations (:func:`goal_config`); for the tensor-core
-    forward also every flag at once at ``HEAD_DIM`` 128 in float16 (the backward: the goals
-    alone: a dK/dV build is 1.5 minutes); decode at 128, paged, with 16-byte loads in every
-    dtype and a user's variant (float16); the SIMT forward at every head dim in float32, at
-    64 in every dtype (plain; float32 also with element-wise loads), bfloat16 with every flag, a
-    user's variant, varlen and the paged prefill once each.  By name: the teaching kernels at d
-    = 64; the SIMT backward at d = 64 in float32 (plain and dropout), float16 (the float32
-    kernel with 16-bit element loads) and float64, and at 128 in float32; the wgmma probes'
-    chained products.  Out: the rest (cut on 2026-12-01: the suite ran 17.5 min on a clean
-    clone, then 13.8 min; on 2026-12-02 the backward's flag, bfloat16 and user builds, the
-    forward's bfloat16 and user builds: 18 min, then 15.6 min; then the SIMT forward's and
-    backward's flag and dtype combinations and two decode builds, half the selection's build
-    time: 137 builds, 1863 s of build time on two busy cores, to 101).  The float32 backward's
-    row-mass kernel at d = 64.  The warpgroup forward
-    (sm_90a): its two goal builds (:func:`wgmma_goal_config`), about 25 s each."""
+    tile stays in.  In: the static goals (:func:`goal_config`, :func:`wgmma_goal_config`);
+    the tensor-core forward's every-flag float16 build at ``HEAD_DIM`` 128; decode at 128,
+    paged, 16-byte loads, in float16 (plain and a user's variant) and float32; the SIMT
+    forward in float32 at 64 (also element-wise loads), 128 and 256, in float64 at 64,
+    bfloat16 with every flag, a user's variant and the varlen paged prefill once each; MLA's
+    decode in float16; by name, the teaching kernels at d = 64, the SIMT backward at d = 64
+    in float32 (plain and dropout), float16 (the float32 kernel with 16-bit element loads)
+    and float64 and at 128 in float32, its row-mass kernel at 64, the wgmma probes' chained
+    products; every small kernel (softmax, merge, rotary, the KV cache, the stage probes).
+    Out: the rest (2026-12-03: 101 of 298 builds, about 560 s of build time on two quiet
+    cores; the last cut dropped the SIMT forward at head dims 16 and 32, its plain float16
+    and non-paged varlen builds, decode in bfloat16 and float64 and MLA's decode in bfloat16,
+    whose code the kept builds compile, 91 s)."""
     from numba_flash.kernels.tiles import (BackwardMmaConfig, DecodeConfig, ForwardConfig,
                                            ForwardMmaConfig, WgmmaForwardConfig)
 
@@ -193,29 +191,29 @@ def in_suite(cfg):
         if isinstance(c, BackwardMmaConfig):   # the goals alone (a dK/dV build is minutes)
             return goal_config(c)
         return goal_config(c) or (_every_flag(c) and c.HEAD_DIM == 128 and c.DTYPE == "float16")
-    if isinstance(c, DecodeConfig):
+    if isinstance(c, DecodeConfig):   # float16 (the goal) and a user's variant; float32
         if not (c.HEAD_DIM == 128 and c.VEC and c.PAGED and not (c.SOFTCAP or c.ALIBI)):
             return False
-        return c.USER is None or c.DTYPE == "float16"
+        return c.DTYPE == "float16" or (c.USER is None and c.DTYPE == "float32")
     if isinstance(c, ForwardConfig):
         flags = c.DROPOUT or c.SCORE_MOD
         if c.OWN_V:   # a value head dim of its own: docs/resources.md only
             return False
         if c.USER is not None:   # a user's variant: once, without paging
             return not (c.PAGED or c.VARLEN)
-        if c.PAGED:
+        if c.PAGED:   # varlen and the paged prefill at once
             return c.HEAD_DIM == 64 and c.DTYPE == "float32"
-        if c.VARLEN:
-            return c.HEAD_DIM == 64 and c.DTYPE == "float16" and c.DROPOUT
-        if c.HEAD_DIM != 64:
-            return c.DTYPE == "float32" and c.VEC and not flags
-        if c.DTYPE == "bfloat16":
+        if c.VARLEN:  # the paged build has it
+            return False
+        if c.HEAD_DIM != 64:   # the goal at 128 and the widest, 256
+            return c.HEAD_DIM in (128, 256) and c.DTYPE == "float32" and c.VEC and not flags
+        if c.DTYPE == "bfloat16":   # 16-bit element loads and every flag
             return c.DROPOUT and c.SCORE_MOD
-        return not flags and (c.VEC or c.DTYPE != "float64")
+        return not flags and c.DTYPE in ("float32", "float64") and (c.VEC or c.DTYPE != "float64")
     if name.startswith("wgmma"):  # the warpgroup stages' probes: the chained products
         return "chain" in name
     if name.startswith("mla_decode"):  # MLA's tensor-core decode: float16 (bfloat16: the same)
-        return "float16" in name
+        return name.endswith(" float16")
     if name.startswith(("naive_forward", "row_forward", "tiled_forward_teach")):
         return "=64 " in name or " D64 " in name
     if name.startswith("backward row_mass"):   # the float32 backward's first kernel: at 64

@@ -102,6 +102,16 @@ def check_alibi(alibi_slopes, b, h):
     return xp.ascontiguousarray(xp.broadcast_to(a, (b, h)), dtype=xp.float32)
 
 
+def sink_logits(learnable_sink, why):
+    """``(shape, xp, array)`` of a given ``learnable_sink`` (NumPy or CuPy: ``xp``), whose dtype
+    must be float32 (a TypeError saying ``why`` otherwise); shape and values unchecked."""
+    shape, dtype = array_info("learnable_sink", learnable_sink)
+    if dtype != np.float32:
+        raise TypeError(f"learnable_sink: expected dtype float32 ({why}), got {dtype}")
+    xp = array_module(learnable_sink)
+    return shape, xp, xp.asarray(learnable_sink)
+
+
 def check_sink(learnable_sink, h, check_values=True):
     """``learnable_sink``: ``None``, or one logit per query head, float32 ``[H]``, finite or
     ``-inf`` (a head without a sink).  Returns ``None`` or a new C-contiguous float32 ``[H]``
@@ -109,15 +119,10 @@ def check_sink(learnable_sink, h, check_values=True):
     that never waits for the GPU) checks the dtype and shape only: a NaN logit gives NaN rows."""
     if learnable_sink is None:
         return None
-    shape, dtype = array_info("learnable_sink", learnable_sink)
-    if dtype != np.float32:
-        raise TypeError(f"learnable_sink: expected dtype float32 (one logit per head, as "
-                        f"flash-attn), got {dtype}")
+    shape, xp, s = sink_logits(learnable_sink, "one logit per head, as flash-attn")
     if shape != (h,):
         raise ValueError(f"learnable_sink: expected shape ({h},) (one per query head), got "
                          f"{shape}")
-    xp = array_module(learnable_sink)
-    s = xp.asarray(learnable_sink)
     if check_values:
         check_sink_values(s)
     return xp.ascontiguousarray(s, dtype=xp.float32)

@@ -238,8 +238,8 @@ from .online_softmax import sink_of
 from .stages import lds16, make_exp_e, make_row_dot
 from .tile_scores import ScoreArgs, make_score_fn
 from .variant import variant_type
-from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, is_visible, key_bounds, make_tile_kind,
-                         tile_key_range, tile_query_range)
+from .visibility import (is_visible, key_bounds, make_pair_mask, tile_key_range,
+                         tile_query_range)
 
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
@@ -397,6 +397,23 @@ def layout(ROWS, COLS, THREADS):
     row_t = THREADS // col_t
     assert COLS % col_t == 0 and (ROWS % row_t == 0 or row_t > ROWS), (ROWS, COLS, THREADS)
     return col_t, row_t, max(1, ROWS // row_t), COLS // col_t
+
+
+@functools.lru_cache(maxsize=None)
+def make_key_tiles(BLOCK_M, BLOCK_N):
+    """``key_tiles(q_start, nq, nk, left, right) -> (q_end, first, last)``: the end of the Q
+    tile from ``q_start`` and the K/V tiles ``[first, last)`` holding a key some of its rows
+    see (:func:`~numba_flash.kernels.visibility.tile_key_range`; none if no row sees a key)."""
+
+    @device_jit(own_module=True, inline="always")
+    def key_tiles(q_start, nq, nk, left, right):
+        q_end = min(q_start + BLOCK_M, nq)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, nk - nq, nk, left, right)
+        first_tile = kv_lo // BLOCK_N
+        last_tile = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else first_tile
+        return q_end, first_tile, last_tile
+
+    return key_tiles
 
 
 @functools.lru_cache(maxsize=None)
@@ -732,7 +749,7 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
     U_MASK = user_mask is not None
     BLOCKS = USER[3] if USER is not None else None
     # a block mask's verdict on (Q tile, this K/V tile) (visibility.py); built only with one
-    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    pair_mask = make_pair_mask(BLOCKS, U_MASK, BLOCK_N)
     LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
 
     @device_jit(own_module=True, inline="always")
@@ -806,12 +823,10 @@ def dkdv_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
 
         for qi in range(first_tile, last_tile):
             q_start = qi * BLOCK_M
-            umask = U_MASK  # mask_mod runs on this pair of tiles (a block mask may say no)
-            if BLOCKS is not None:
-                kind = tile_kind(user[0], b, h, q_start, min(q_start + BLOCK_M, nq), tile, nk)
-                if kind == BLOCK_EMPTY:
-                    continue  # no row of Q tile qi sees a key of this tile: never loaded
-                umask = kind == BLOCK_PARTIAL
+            # mask_mod runs on this pair of tiles (a block mask may say no, or EMPTY)
+            empty, umask = pair_mask(user, b, h, q_start, min(q_start + BLOCK_M, nq), tile, nk)
+            if empty:
+                continue  # no row of Q tile qi sees a key of this tile: never loaded
             if LOG and tid == 0:
                 log_tile(b, h, q_start, tile)
             load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
@@ -903,8 +918,9 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
                                                                 THREADS, dtype, DROPOUT, USER)
     U_MASK = USER is not None and USER[1] is not None
     BLOCKS = USER[3] if USER is not None else None
+    key_tiles = make_key_tiles(BLOCK_M, BLOCK_N)
     # a block mask's verdict on (this Q tile, K/V tile) (visibility.py); built only with one
-    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    pair_mask = make_pair_mask(BLOCKS, U_MASK, BLOCK_N)
     LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
 
     @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)),
@@ -926,10 +942,7 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh, tid)
 
         # only the K/V tiles holding a key some row of this tile sees (causal, window)
-        q_end = min(q_start + BLOCK_M, nq)
-        kv_lo, kv_hi = tile_key_range(q_start, q_end, nk - nq, nk, left, right)
-        first_tile = kv_lo // BLOCK_N
-        last_tile = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else first_tile
+        q_end, first_tile, last_tile = key_tiles(q_start, nq, nk, left, right)
 
         dq_acc = cuda.local.array(C_TILE, acc_t)
         for e in range(C_TILE):
@@ -937,12 +950,10 @@ def dq_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, DROPOUT, USER=None):
         # [docs:bwd-dq-loop]
         for kj in range(first_tile, last_tile):
             k_start = kj * BLOCK_N
-            umask = U_MASK  # mask_mod runs on this pair of tiles (a block mask may say no)
-            if BLOCKS is not None:
-                kind = tile_kind(user[0], b, h, q_start, q_end, kj, nk)
-                if kind == BLOCK_EMPTY:
-                    continue  # no row of this Q tile sees a key of tile kj: never loaded
-                umask = kind == BLOCK_PARTIAL
+            # mask_mod runs on this pair of tiles (a block mask may say no, or EMPTY)
+            empty, umask = pair_mask(user, b, h, q_start, q_end, kj, nk)
+            if empty:
+                continue  # no row of this Q tile sees a key of tile kj: never loaded
             if LOG and tid == 0:
                 log_tile(b, h, q_start, kj)
             load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
@@ -995,6 +1006,7 @@ def row_mass_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, USER=None):
     A_COL_T, A_ROW_T, A_TR, _A_TC = layout(BLOCK_M, BLOCK_N, THREADS)
     (load_tile, _lf, _lrs, _dk, _pds, _dsk, block_setup, shared_tiles, _mlr,
      p_row_sums) = tile_functions(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, False, USER)
+    key_tiles = make_key_tiles(BLOCK_M, BLOCK_N)
     load = element_ops(dtype)[0]
     exp_e = make_exp_e(_word(dtype))
     NEG_INF = -math.inf
@@ -1002,7 +1014,7 @@ def row_mass_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, USER=None):
     SLACK = acc_t(MASS_SLACK)
     BLOCKS = USER[3] if USER is not None else None
     U_MASK = USER is not None and USER[1] is not None
-    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    pair_mask = make_pair_mask(BLOCKS, U_MASK, BLOCK_N)
 
     @kernel_jit(cache=USER is None)  # a user's functions stay off the disk cache
     def backward_row_mass(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles):
@@ -1020,21 +1032,15 @@ def row_mass_kernel(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS, dtype, USER=None):
             if q_start + m < nq:
                 lse_sh[m] = acc_t(lse[bb, h, q0 + q_start + m])
 
-        q_end = min(q_start + BLOCK_M, nq)
-        kv_lo, kv_hi = tile_key_range(q_start, q_end, nk - nq, nk, left, right)
-        first_tile = kv_lo // BLOCK_N
-        last_tile = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else first_tile
+        q_end, first_tile, last_tile = key_tiles(q_start, nq, nk, left, right)
         sums = cuda.local.array(A_TR, acc_t)
         for i in range(A_TR):
             sums[i] = acc_t(0.0)
         for kj in range(first_tile, last_tile):
             k_start = kj * BLOCK_N
-            umask = U_MASK
-            if BLOCKS is not None:
-                kind = tile_kind(user[0], b, h, q_start, q_end, kj, nk)
-                if kind == BLOCK_EMPTY:
-                    continue
-                umask = kind == BLOCK_PARTIAL
+            empty, umask = pair_mask(user, b, h, q_start, q_end, kj, nk)
+            if empty:
+                continue
             load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
             cuda.syncthreads()  # K_j (first time: Q_i, lse) complete
             p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, nk, left, right, sa, tid,

@@ -96,6 +96,20 @@ __all__ = ["MMA_DTYPES", "BackwardMmaConfig", "backward_mma_config", "backward_m
 
 _stage = functools.partial(device_jit, own_module=True, inline=True)
 
+
+def make_stage_load(load_pair, FIRST_BYTE, STAGE_BYTES):
+    """``load(smem, stage, x, y, base, t, t_hi, n, d, tid, y_at)``: tile ``t`` of the pair
+    ``x``, ``y`` (Q and dO, or K and V) into pipeline stage ``stage`` of the arena from byte
+    ``FIRST_BYTE`` (one copy group; none past ``t_hi``; ``y_at``: ``y``'s base and head dim,
+    ``x``'s unless ``OWN_V``), by ``load_pair`` (:func:`~numba_flash.kernels.stages.
+    make_pair_load`)."""
+
+    @_stage
+    def load(smem, stage, x, y, base, t, t_hi, n, d, tid, y_at):
+        load_pair(smem, FIRST_BYTE + stage * STAGE_BYTES, x, y, base, t, t_hi, n, d, tid, y_at)
+
+    return load
+
 #: one dK/dV pass holds both accumulators (``M_TILES (HEAD_DIM + V_DIM) / 2`` registers a lane)
 #: while the two widths sum to at most this: (192, 128)'s 160 registers measured without a spill;
 #: at 256 + 256 they would be the whole register file
@@ -337,12 +351,7 @@ def dkdv_mma_kernel(cfg):
     load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
                                cfg.HEAD_DIM_V, cfg.PAD_COLS)
 
-    @_stage
-    def load_q(smem, stage, q, do, qo_base, qt, t_hi, nq, d, tid, do_at):
-        """Q and dO of query tile ``qt`` into ``stage`` (one copy group; none past ``t_hi``;
-        ``do_at``: dO's base and head dim, Q's unless ``OWN_V``)."""
-        load_pair(smem, QS_BYTE + stage * STAGE_BYTES, q, do, qo_base, qt, t_hi, nq, d, tid,
-                  do_at)
+    load_q = make_stage_load(load_pair, QS_BYTE, STAGE_BYTES)   # Q and dO of a query tile
 
     @_stage
     def next_q(qt, w):
@@ -653,12 +662,7 @@ def dq_mma_kernel(cfg):
     load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V,
                                cfg.HEAD_DIM_V, cfg.PAD_COLS)
 
-    @_stage
-    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
-        """K and V of tile ``kt`` into ``stage`` (one copy group; none past ``t_hi``;
-        ``v_at``: V's base and head dim, K's unless ``OWN_V``)."""
-        load_pair(smem, KV_BYTE + stage * STAGE_BYTES, k, v, kv_base, kt, t_hi, nk, d, tid,
-                  v_at)
+    load_kv = make_stage_load(load_pair, KV_BYTE, STAGE_BYTES)   # K and V of a key tile
 
     def make_step(MASKED):
         tile_p_ds = make_tile_p_ds(ROWS, KEYS, False, MASKED, cfg.DROPOUT, cfg.SOFTCAP,

@@ -164,7 +164,7 @@ from .stages import (cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wa
 from .elements import BFLOAT16, element_ops
 from .jit import device_jit, kernel_jit
 from .online_softmax import make_epilogue, make_online_softmax, sink_of
-from .tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores
+from .tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores_pair
 from .tiles import FORWARD_MODS_TILES, FORWARD_TILES, ForwardConfig, forward_tiles
 from .variant import variant_type
 from .visibility import (BLOCK_EMPTY, BLOCK_PARTIAL, key_bounds, make_tile_kind, tile_full_range,
@@ -418,10 +418,8 @@ def forward_kernel(cfg):
     # in the SCORE_MOD build, softcap switched at run time by softcap > 0), the online softmax
     # and its epilogue (online_softmax.py)
     SOFTCAP = None if SCORE_MOD else False
-    scores_masked = make_tile_scores(TM, TN, ROWS, Layout(1, THREADS_N, 0), True, False,
-                                     SOFTCAP, SCORE_MOD, FNS, acc_t)
-    scores_full = make_tile_scores(TM, TN, ROWS, Layout(1, THREADS_N, 0), False, False,
-                                   SOFTCAP, SCORE_MOD, FNS, acc_t)
+    scores_masked, scores_full = make_tile_scores_pair(TM, TN, ROWS, Layout(1, THREADS_N, 0),
+                                                       False, SOFTCAP, SCORE_MOD, FNS, acc_t)
     score_fn = make_score_fn(False, SOFTCAP, SCORE_MOD, FNS, acc_t)
     softmax_init, softmax_update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
     epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)

@@ -74,7 +74,7 @@ from .elements import element_ops
 from .jit import device_jit, kernel_jit, static_for
 from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax, sink_of
 from .stages import EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan
-from .tile_scores import make_score_args, make_score_fn, make_tile_scores
+from .tile_scores import make_score_args, make_score_fn, make_tile_scores_pair
 from .tile_walk import make_kv_walk
 from .tiles import (FORWARD_MMA_TILES, MMA_DTYPES, ForwardMmaConfig, forward_mma_config,
                     forward_mma_tiles)
@@ -227,10 +227,8 @@ def forward_mma_kernel(cfg):
     gemm_qk = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, "regs" if Q_IN_REGS else "smem",
                         False, RB, RB, DTYPE)
     gemm_pv = make_gemm(M_TILES, HEAD_DIM_V // 16, BLOCK_N // 16, "acc", True, RB, RB_V, DTYPE)
-    scores_masked = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, True, RAW, SOFTCAP, ALIBI,
-                                     FNS, float32)
-    scores_full = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, False, RAW, SOFTCAP, ALIBI,
-                                   FNS, float32)
+    scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
+                                                       SOFTCAP, ALIBI, FNS, float32)
     softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                                   float32, RESCALE)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)

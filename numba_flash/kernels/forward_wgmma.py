@@ -66,7 +66,7 @@ from .jit import device_jit, kernel_jit
 from .online_softmax import (RESCALE_LOG2, make_epilogue, make_online_softmax, make_rescale,
                              sink_of)
 from .stages import LOG2E, cp_async_commit, cp_async_wait_all
-from .tile_scores import make_score_args, make_tile_scores
+from .tile_scores import make_score_args, make_tile_scores_pair
 from .tile_walk import make_kv_walk
 from .tiles import (MMA_DTYPES, SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, WgmmaForwardConfig,
                     wgmma_forward_config)
@@ -120,10 +120,8 @@ def forward_wgmma_kernel(cfg):
                                                              A_LAYOUT=Q_LAY, ACCUMULATE=False)
     operands_pv, issue_pv, complete_pv = make_warpgroup_gemm(HEAD_DIM, KV_LAY, "MN", DTYPE)
     p_pack, _p_words = make_a_pack(BLOCK_N // 16, DTYPE)
-    scores_masked = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, True, RAW, SOFTCAP, ALIBI,
-                                     FNS, float32)
-    scores_full = make_tile_scores(ROWS, KEYS, ACC_ROWS, ACC_COLS, False, RAW, SOFTCAP, ALIBI,
-                                   FNS, float32)
+    scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
+                                                       SOFTCAP, ALIBI, FNS, float32)
     # the O rescale waits until the P V in flight has landed: the update hands alpha out
     softmax_init, softmax_update, _finalize = make_online_softmax(
         ROWS, KEYS, COLS, XOR, "ex2", float32, RESCALE_LOG2, ALPHA_OUT=True)

@@ -51,7 +51,7 @@ from .elements import element_ops
 from .jit import device_jit, kernel_jit
 from .online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
 from .stages import LOG2E, cp_async16, cp_async_commit, cp_async_wait_all
-from .tile_scores import Layout, ScoreArgs, make_tile_scores
+from .tile_scores import Layout, ScoreArgs, make_tile_scores_pair
 from .tiles import MMA_DTYPES, MlaDecodeConfig, mla_decode_config
 from .visibility import key_bounds, tile_key_range
 from .warp_gemm import ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm, make_load_a
@@ -135,10 +135,8 @@ def mla_decode_kernel(cfg):
     load_q = make_load_a(1, K_STEPS_W, RB)
     gemm_s = make_gemm(1, BLOCK_N // 16, K_STEPS_W, "regs", False, RB, RB, DTYPE)  # Q K^T
     gemm_pv = make_gemm(1, V_COLS_W // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)  # P V
-    scores_masked = make_tile_scores(ROWS, KEYS, SAME_ROW, ACC_COLS, True, True, False, False,
-                                     None, float32)
-    scores_full = make_tile_scores(ROWS, KEYS, SAME_ROW, ACC_COLS, False, True, False, False,
-                                   None, float32)
+    scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, SAME_ROW, ACC_COLS, True,
+                                                       False, False, None, float32)
     softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                              float32, RESCALE_LOG2)
     # o and lse rows are heads: lse's row stride is Nq

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from typing import NamedTuple
 import math
 
 from .jit import device_jit, static_for
@@ -206,3 +207,17 @@ def make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, MASKED, RAW, SOFTCAP, A
 
     return tile_scores
 # [/docs:tile-scores]
+
+
+class TileScores(NamedTuple):
+    """The two builds of :func:`make_tile_scores` a mainloop uses: ``masked`` for a tile some
+    row sees only in part (each key checked against its row's bounds), ``full`` for a tile
+    every row sees whole."""
+    masked: object
+    full: object
+
+
+def make_tile_scores_pair(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, RAW, SOFTCAP, ALIBI, USER, acc_t):
+    """Both builds (:class:`TileScores`) of :func:`make_tile_scores` for one layout."""
+    return TileScores(*(make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, masked, RAW,
+                                         SOFTCAP, ALIBI, USER, acc_t) for masked in (True, False)))

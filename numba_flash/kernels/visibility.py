@@ -335,6 +335,29 @@ def make_next_tile(Q_BLOCK, KV_BLOCK, BLOCK_N):
 
 
 @functools.lru_cache(maxsize=None)
+def make_pair_mask(BLOCKS, MASK_MOD, BLOCK_N):
+    """Build ``pair_mask(user, b, h, q_start, q_end, kt, nk) -> (empty, umask)`` for the SIMT
+    backward's loops: ``empty``, a block mask (``BLOCKS``, :func:`make_tile_kind` on
+    ``user[0]``) calls the pair of Q rows ``[q_start, q_end)`` and K/V tile ``kt`` EMPTY (never
+    loaded); ``umask``, ``mask_mod`` runs on the pair (PARTIAL; every pair without a block
+    mask, when there is a ``mask_mod``)."""
+    if BLOCKS is None:
+        @_device
+        def pair_mask(user, b, h, q_start, q_end, kt, nk):
+            return False, MASK_MOD
+
+        return pair_mask
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N)
+
+    @_device
+    def pair_mask(user, b, h, q_start, q_end, kt, nk):
+        kind = tile_kind(user[0], b, h, q_start, q_end, kt, nk)
+        return kind == BLOCK_EMPTY, kind == BLOCK_PARTIAL
+
+    return pair_mask
+
+
+@functools.lru_cache(maxsize=None)
 def make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N):
     """Build ``verdict(user, b, h, q_start, q_end, kt, nk, full) -> (unmasked, umask)`` for a
     (Q rows ``[q_start, q_end)``, K/V tile ``kt``) pair a kernel's loop visits: ``unmasked``,

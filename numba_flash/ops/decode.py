@@ -37,7 +37,7 @@ from ..frontend.validate import (
     check_bool, check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
 )
 from ..frontend.variants import (check_alibi, check_sink, check_sink_values, check_softcap,
-                                 check_value_shape, check_window, clamp_window)
+                                 check_value_shape, check_window, clamp_window, sink_logits)
 from ..kernels.common import acc_dtype, cdiv
 from ..kernels.decode import (
     block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
@@ -645,10 +645,7 @@ def _row_sinks(learnable_sink, row_shape):
     to ``row_shape``, no NaN or +inf."""
     if learnable_sink is None:
         return None
-    shape, dtype = array_info("learnable_sink", learnable_sink)
-    if dtype != np.float32:
-        raise TypeError(f"learnable_sink: expected dtype float32 (one logit per row, as the "
-                        f"attention ops take it), got {dtype}")
+    shape, xp, s = sink_logits(learnable_sink, "one logit per row, as the attention ops take it")
     try:
         ok = np.broadcast_shapes(shape, tuple(row_shape)) == tuple(row_shape)
     except ValueError:
@@ -656,7 +653,5 @@ def _row_sinks(learnable_sink, row_shape):
     if not ok:
         raise ValueError(f"learnable_sink: expected a shape broadcastable to {tuple(row_shape)} "
                          f"(lse_parts.shape[1:]), got {shape}")
-    xp = array_module(learnable_sink)
-    s = xp.asarray(learnable_sink)
     check_sink_values(s)
     return xp.ascontiguousarray(xp.broadcast_to(s, tuple(row_shape))).reshape(-1)

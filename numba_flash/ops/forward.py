@@ -119,6 +119,21 @@ def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
                           variant, args.sink)
 
 
+def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, shared=0):
+    """Launch a tensor-core forward build (``mma.sync`` or warpgroup) on ``words`` (q, k, v as
+    uint16 words) and return ``o`` ``[B, H, Nq, d_v]`` (and ``lse``, with ``return_lse``)."""
+    o = call.empty((args.b, args.h, args.nq, d_v), args.dtype)  # bfloat16: uint16, viewed back
+    lse = call.empty((args.b, args.h, args.nq), np.float32)
+    call.launch(kernel, grid, (cfg.THREADS,), *words, o.reshape(-1), lse.reshape(-1),
+                forward_variant(call, args, variant, np.float32), shared=shared,
+                work=tiled_work(call.op, [(args.nq, args.nk)] * args.b, args.h, cfg.BLOCK_M,
+                                cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,
+                                mma=True))
+    if args.return_lse:
+        return call.result(o), call.result(lse)
+    return call.result(o)
+
+
 def _forward_mma():
     """The tensor-core forward's launch (:func:`~numba_flash.ops.forward_mma.launch_forward_mma`,
     which takes already validated :class:`ForwardArgs`)."""

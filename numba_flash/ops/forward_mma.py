@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..frontend.sim_time import tiled_work
 from ..kernels.forward_mma import (MMA_DTYPES, forward_grid, forward_mma_config,
                                    forward_mma_kernel, vector_copies)
-from .forward import (check_forward_args, check_forward_variant, forward_variant, user_build)
+from .forward import check_forward_args, check_forward_variant, launch_tensor_core, user_build
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -61,14 +60,6 @@ def launch_forward_mma(q, k, v, args, variant=None):
                              DROPOUT=args.dropout_p > 0.0, SOFTCAP=args.softcap > 0.0,
                              ALIBI=args.alibi is not None, USER=user_build(variant))
     cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v))
-    o = call.empty((b, h, nq, d_v), args.dtype)  # bfloat16: uint16 words, viewed back
-    lse = call.empty((b, h, nq), np.float32)
-    call.launch(forward_mma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),
-                dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o.reshape(-1),
-                lse.reshape(-1), forward_variant(call, args, variant, np.float32),
-                work=tiled_work("forward_mma", [(nq, args.nk)] * b, h, cfg.BLOCK_M,
-                                cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,
-                                mma=True))
-    if args.return_lse:
-        return call.result(o), call.result(lse)
-    return call.result(o)
+    return launch_tensor_core(call, args, variant, forward_mma_kernel(cfg),
+                              forward_grid(nq, b, h, cfg.BLOCK_M), cfg,
+                              [x.view(np.uint16) for x in (dq, dk, dv)], d_v)

@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..frontend.sim_time import tiled_work
 from ..kernels.forward_wgmma import (MMA_DTYPES, WGMMA_HEAD_DIMS, forward_grid,
                                      forward_wgmma_kernel, wgmma_forward_config)
 from ..kernels.tiles import wgmma_head_dim
 from ..kernels.forward_mma import vector_copies
-from .forward import forward_variant, user_build
+from .forward import launch_tensor_core, user_build
 
 
 def launch_forward_wgmma(q, k, v, args, variant=None):
@@ -41,15 +40,7 @@ def launch_forward_wgmma(q, k, v, args, variant=None):
                                SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
                                USER=user_build(variant),
                                VEC=vector_copies(d, wgmma_head_dim(d), dq, dk, dv))
-    o = call.empty((b, h, nq, d), args.dtype)  # bfloat16: uint16 words, viewed back
-    lse = call.empty((b, h, nq), np.float32)
-    call.launch(forward_wgmma_kernel(cfg), forward_grid(nq, b, h, cfg.BLOCK_M), (cfg.THREADS,),
-                dq.view(np.uint16), dk.view(np.uint16), dv.view(np.uint16), o.reshape(-1),
-                lse.reshape(-1), forward_variant(call, args, variant, np.float32),
-                shared=cfg.SMEM_BYTES,
-                work=tiled_work("forward_wgmma", [(nq, args.nk)] * b, h, cfg.BLOCK_M,
-                                cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,
-                                mma=True))
-    if args.return_lse:
-        return call.result(o), call.result(lse)
-    return call.result(o)
+    return launch_tensor_core(call, args, variant, forward_wgmma_kernel(cfg),
+                              forward_grid(nq, b, h, cfg.BLOCK_M), cfg,
+                              [x.view(np.uint16) for x in (dq, dk, dv)], d,
+                              shared=cfg.SMEM_BYTES)

@@ -37,6 +37,16 @@ def _dsink(grads, learnable_sink, q):
     return bridge.to_tensor(grads[3], q.device)
 
 
+def _backward_options(dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+                      softcap, alibi_slopes, deterministic, rng_state, learnable_sink):
+    """The front end's keyword arguments for both backward ops' shared op arguments."""
+    return dict(causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+                dropout_p=dropout_p, seed=int(rng_state[0]), softcap=softcap,
+                window_size=(window_size_left, window_size_right),
+                alibi_slopes=bridge.optional_array(alibi_slopes),
+                learnable_sink=bridge.optional_array(learnable_sink))
+
+
 def _fake_dsink(learnable_sink, q):
     return q.new_empty((0 if learnable_sink is None else learnable_sink.shape[0],),
                        dtype=torch.float32)
@@ -118,14 +128,12 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
+    kw = _backward_options(dropout_p, softmax_scale, causal, window_size_left,
+                           window_size_right, softcap, alibi_slopes, deterministic, rng_state,
+                           learnable_sink)
     with bridge.on_device(q.device):
-        grads = numba_flash.backward(
-            *(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
-            bridge.as_array(softmax_lse), causal=causal, softmax_scale=softmax_scale,
-            deterministic=deterministic, dropout_p=dropout_p, seed=int(rng_state[0]),
-            window_size=(window_size_left, window_size_right), softcap=softcap,
-            alibi_slopes=bridge.optional_array(alibi_slopes),
-            learnable_sink=bridge.optional_array(learnable_sink))
+        grads = numba_flash.backward(*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
+                                     bridge.as_array(softmax_lse), **kw)
         return (*(bridge.seq_first(g, q.device) for g in grads[:3]),
                 _dsink(grads, learnable_sink, q))
 
@@ -206,15 +214,14 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs
     (``dsink``: float32 ``[H]``, empty without a sink)."""
+    kw = _backward_options(dropout_p, softmax_scale, causal, window_size_left,
+                           window_size_right, softcap, alibi_slopes, deterministic, rng_state,
+                           learnable_sink)
     with bridge.on_device(q.device):
         grads = numba_flash.backward_varlen(
             *(bridge.as_array(x) for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q,
                                            cu_seqlens_k)),
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-            window_size=(window_size_left, window_size_right), softcap=softcap,
-            alibi_slopes=bridge.optional_array(alibi_slopes), softmax_scale=softmax_scale,
-            dropout_p=dropout_p, seed=int(rng_state[0]), deterministic=deterministic,
-            learnable_sink=bridge.optional_array(learnable_sink))
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
         return (*(bridge.to_tensor(g, q.device) for g in grads[:3]),
                 _dsink(grads, learnable_sink, q))
 
