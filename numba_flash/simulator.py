@@ -93,7 +93,6 @@ def _install_barriers():
         try:
             thread_run(self)
         finally:
-            simulator_warp.lane_returned(self)  # its warp's lanes no longer wait for it
             blk = self._manager._numba_flash_barrier
             with blk.cond:
                 blk.live -= 1
@@ -104,6 +103,8 @@ def _install_barriers():
                         warp.barrier.abort()  # lanes waiting at a shuffle fail, not hang
                 blk.open_if_all_wait()  # the waiting threads may now be all that is left
                 blk.cond.notify_all()
+            # after the first error is recorded: its warp's lanes no longer wait for this one
+            simulator_warp.lane_returned(self)
 
     def run_block(self, grid_point, *args):
         threads = []

@@ -20,7 +20,9 @@ Contract (the same as a full-mask ``*_sync`` on the device): every lane of the w
 primitive, the same number of times, from converged code.  A warp is 32 consecutive linear
 thread ids (``x`` fastest); the last warp of a block whose size is not a multiple of 32 has
 fewer lanes, and its barrier counts only those.  The ``mask`` argument is accepted and not
-checked.
+checked.  A lane that returns from the kernel while others of its warp wait for it at a
+primitive (a divergent call) makes them raise :class:`DivergentWarpError` at once: there is no
+wall-clock limit to wait out, whatever the machine's speed.
 """
 
 from __future__ import annotations
