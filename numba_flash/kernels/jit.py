@@ -43,6 +43,7 @@ import time
 
 from numba import cuda
 
+from .. import numba_inline
 from ..backend import on_simulator
 
 __all__ = ["kernel_jit", "device_jit", "static_for", "range_for", "caching_enabled", "cache_dir",
@@ -50,6 +51,8 @@ __all__ = ["kernel_jit", "device_jit", "static_for", "range_for", "caching_enabl
 
 #: environment variable: "0" turns the on-disk kernel cache off
 CACHE_ENV = "NUMBA_FLASH_CACHE"
+
+numba_inline.install()   # inline="always" without numba-cuda's copies of a fresh IR
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
