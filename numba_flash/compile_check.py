@@ -177,10 +177,11 @@ def in_suite(cfg):
     in float32 (plain and dropout), float16 (the float32 kernel with 16-bit element loads)
     and float64 and at 128 in float32, its row-mass kernel at 64, the wgmma probes' chained
     products; every small kernel (softmax, merge, rotary, the KV cache, the stage probes).
-    Out: the rest (2026-12-03: 101 of 298 builds, 560 to 750 s of build time on one 2-core
-    machine over that day, the machine's speed varying; the last cut dropped the SIMT forward
-    at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode in bfloat16
-    and float64 and MLA's decode in bfloat16, whose code the kept builds compile, 91 s)."""
+    Out: the rest (2026-12-03: 101 of 298 builds, 355 s of build time on one quiet 2-core
+    machine with :mod:`numba_flash.numba_inline`, 558 s without it; the last cut dropped the
+    SIMT forward at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode
+    in bfloat16 and float64 and MLA's decode in bfloat16, whose code the kept builds compile,
+    91 s)."""
     from numba_flash.kernels.tiles import (BackwardMmaConfig, DecodeConfig, ForwardConfig,
                                            ForwardMmaConfig, WgmmaForwardConfig)
 

@@ -64,6 +64,7 @@ uint16 words).  ``[docs: tensor-cores.md]`` explains the fragments and the pipel
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from numba import cuda, float32, int64, types, uint32, uint64
 
@@ -84,7 +85,8 @@ from .warp_gemm import (ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_ge
                         make_load_a, make_nan_columns)
 
 __all__ = ["MMA_DTYPES", "ForwardMmaConfig", "forward_mma_config", "forward_mma_tiles",
-           "forward_grid", "forward_mma_kernel", "vector_copies", "compile_configs"]
+           "forward_grid", "ForwardBlock", "make_forward_block", "forward_mma_kernel",
+           "vector_copies", "compile_configs"]
 
 _stage = functools.partial(device_jit, own_module=True, inline=True)
 
@@ -111,6 +113,75 @@ def forward_grid(nq, b, h, block_m):
         raise ValueError(f"q: {n} blocks of {block_m} query rows exceed the grid limit "
                          f"{GRID_X_MAX} (B * H * ceil(Nq / {block_m}))")
     return (max(1, n),)
+
+
+class ForwardBlock(NamedTuple):
+    """What one lane of a tensor-core forward block works on (:func:`make_forward_block`): its
+    ``warp``, ``lane`` and fragment coordinates ``g = lane >> 2`` (rows ``g``, ``g + 8`` of each
+    16-row tile) and ``t = lane & 3`` (key / column pair ``2t, 2t + 1``); the block's ``bh = b
+    H + h`` (batch ``b``, head ``h``), the kv head ``hk`` it reads (GQA), its query rows
+    ``[q_start, q_end)`` of ``nq``, ``nk`` keys of head dim ``d``, ``offset = nk - nq``
+    (queries aligned bottom-right against the keys), the window ``(left, right)``; the score
+    stage's ``sa``, the lane's first row ``row0`` and ``exp_scale``, the exponent's factor (the
+    softmax scale folded in where scores stay raw q.k)."""
+
+    warp: int
+    lane: int
+    g: int
+    t: int
+    bh: int
+    b: int
+    h: int
+    hk: int
+    q_start: int
+    q_end: int
+    nq: int
+    nk: int
+    d: int
+    offset: int
+    left: int
+    right: int
+    sa: object
+    row0: int
+    exp_scale: float
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_block(BLOCK_M, WARP_ROWS, RAW, ALIBI):
+    """``forward_block(q, k, va, tid, block) -> ForwardBlock`` of thread ``tid`` in grid block
+    ``block`` (:func:`forward_grid`: ``bh * ceil(Nq / BLOCK_M)`` + the query tile); a warp
+    owns ``WARP_ROWS`` rows of the tile; ``RAW``: the scale is folded into the exponent."""
+    score_args = make_score_args(ALIBI, float32)
+    LOG2E_F = float32(LOG2E)
+
+    @device_jit(inline=True)
+    def forward_block(q, k, va, tid, block):
+        # in the order the kernels computed these before this function (a register allocation
+        # at ptxas's 255 depends on it: the d = 128 goal build spilled with another order)
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        nk = k.shape[2]
+        d = q.shape[3]
+        n_qt = (nq + BLOCK_M - 1) // BLOCK_M
+        bh = block // n_qt
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // (n_heads // k.shape[1])  # GQA: query head h reads kv head h // group
+        q_start = (block % n_qt) * BLOCK_M
+        q_end = min(q_start + BLOCK_M, nq)
+        offset = nk - nq
+        left, right = va.window
+        sa = score_args(va, b, h, offset, nq)
+        row0 = q_start + WARP_ROWS * warp + g
+        exp_scale = va.scale * LOG2E_F if RAW else LOG2E_F
+        return ForwardBlock(warp, lane, g, t, bh, b, h, hk, q_start, q_end, nq, nk, d, offset,
+                            left, right, sa, row0, exp_scale)
+
+    return forward_block
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,7 +286,6 @@ def forward_mma_kernel(cfg):
     RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into the exponent
     ZERO = float32(0.0)
     ONE = float32(1.0)
-    LOG2E_F = float32(LOG2E)
     LOG = on_simulator()            # compile time: the tile log exists only in the simulator
     XOR = (1, 2)                    # a row's 4 lanes (its quad)
     # m_i moves only when a row's max passes it by 2**8 (FA4): P <= 256, exact in float16 and
@@ -243,7 +313,7 @@ def forward_mma_kernel(cfg):
     wait_v = cp_async_wait(max(0, 2 * STAGES - 2))
     wait_q = cp_async_wait(max(1, 2 * STAGES - 2))
     tile_span = make_tile_span(BLOCK_N)
-    score_args = make_score_args(ALIBI, float32)
+    forward_block = make_forward_block(BLOCK_M, 16 * M_TILES, RAW, ALIBI)
 
     @_stage
     def load_tile(smem, smem_byte, x, kv_base, kt, t_hi, nk, d, tid):
@@ -328,29 +398,8 @@ def forward_mma_kernel(cfg):
     # package's sources, which key it): such a build is compiled in each process
     @kernel_jit(cache=USER is None)
     def flash_forward_mma(q, k, v, o, lse, va):
-        # -- which block, warp and lane
         tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2                 # the lane's rows g (+ 8, + 16 ...) of the warp's tiles
-        t = lane & 3                  # the lane's key / column pair 2t, 2t + 1 of a fragment
-        n_heads = q.shape[1]
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = q.shape[3]
-        n_qt = (nq + BLOCK_M - 1) // BLOCK_M
-        bh = cuda.blockIdx.x // n_qt
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // (n_heads // k.shape[1])  # GQA: query head h reads kv head h // group
-        q_start = (cuda.blockIdx.x % n_qt) * BLOCK_M
-        q_end = min(q_start + BLOCK_M, nq)
-        offset = nk - nq                   # bottom-right alignment of queries against keys
-        left, right = va.window
-        sa = score_args(va, b, h, offset, nq)
-        row0 = q_start + 16 * M_TILES * warp + g   # the lane's first row
-        # scores stay in raw q.k units without modifiers (scale folded into the exponent)
-        exp_scale = va.scale * LOG2E_F if RAW else LOG2E_F
+        fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
 
         smem = cuda.shared.array(SMEM_WORDS, uint32)
         qf = cuda.local.array((M_TILES, K_STEPS, 4), uint32)
@@ -360,46 +409,49 @@ def forward_mma_kernel(cfg):
         l_i = cuda.local.array(ROWS, float32)
 
         # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
-        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
-        kv_base = (b * k.shape[1] + hk) * nk * d
-        v_at = (kv_base, d)            # V's base and head dim: K's, or (OWN_V) its own
-        d_v = d
+        t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, fb.nk, fb.left,
+                                           fb.right)
+        kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
+        v_at = (kv_base, fb.d)         # V's base and head dim: K's, or (OWN_V) its own
+        d_v = fb.d
         if OWN_V:
             d_v = v.shape[3]
-            v_at = ((b * k.shape[1] + hk) * nk * d_v, d_v)
-        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+            v_at = ((fb.b * k.shape[1] + fb.hk) * fb.nk * d_v, d_v)
+        # the walk's context
+        w = (va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
-        copy_q(smem, Q_BYTE, q, ((b * n_heads + h) * nq + q_start) * d, q_end - q_start, d, tid)
+        copy_q(smem, Q_BYTE, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d,
+               fb.q_end - fb.q_start, fb.d, tid)
         cp_async_commit()
         kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
         ahead = kt
         if STAGES == 1:  # K of the first tile (V follows in the loop)
-            load_tile(smem, 0, k, kv_base, ahead, t_hi, nk, d, tid)
+            load_tile(smem, 0, k, kv_base, ahead, t_hi, fb.nk, fb.d, tid)
             ahead = nxt(ahead, w)
         for i in range(STAGES - 1):
-            load_kv(smem, i, k, v, kv_base, ahead, t_hi, nk, d, tid, v_at)
+            load_kv(smem, i, k, v, kv_base, ahead, t_hi, fb.nk, fb.d, tid, v_at)
             ahead = nxt(ahead, w)
         wait_q()
         cuda.syncthreads()  # Q's tile is complete before any warp reads its fragments
-        q_a = Q_BYTE + 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
+        q_a = Q_BYTE + 16 * M_TILES * RB * fb.warp + lane_offset(fb.lane, RB, KIND_A)
         if Q_IN_REGS:
             load_q(qf, smem, q_a)
         softmax_init(m_i, l_i, acc)
 
         # -- the K/V tiles in key order (and, with a block mask, those it does not call EMPTY)
-        kv = (k, v, kv_base, nk, d, hk, (nk, left, right), v_at)
+        kv = (k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), v_at)
         frags = (qf, s, acc, m_i, l_i)
-        lanes = (tid, t, row0, q_a, lane_offset(lane, RB, KIND_B),
-                 lane_offset(lane, RB_V, KIND_A), exp_scale)
-        walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, sa))
+        lanes = (tid, fb.t, fb.row0, q_a, lane_offset(fb.lane, RB, KIND_B),
+                 lane_offset(fb.lane, RB_V, KIND_A), fb.exp_scale)
+        walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, fb.sa))
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         # (b, h) as a uint32 (the grid has < 2**31 blocks): one register across the loop
-        row_base = int64(uint32(bh)) * nq
+        row_base = int64(uint32(fb.bh)) * fb.nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 (row0, nq, row_base * d_v, d_v, row_base, t == 0), (2 * t, d_v),
-                 sink_of(va.sink, uint32(bh) % uint32(n_heads)))   # (h from bh: no register)
+                 (fb.row0, fb.nq, row_base * d_v, d_v, row_base, fb.t == 0), (2 * fb.t, d_v),
+                 sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))   # (h from bh: no reg)
 
     return flash_forward_mma
 
@@ -427,20 +479,28 @@ def compile_configs():
         yield compile_config(cfg)
 
 
-def compile_config(cfg):
-    """The compile tier's entry of one configuration (its Numba argument types)."""
+def compile_args(cfg):
+    """The Numba argument types ``(q, k, v, o, lse, va)`` of a tensor-core forward (this
+    kernel's and the warpgroup forward's): 16-bit inputs as uint16, ``o`` float16 (bfloat16 as
+    uint16), float32 ``lse``; a user's variant gets :func:`_user_build`'s kinds and aux
+    arrays."""
     u16 = types.Array(types.uint16, 4, "C")
     o_t = types.Array(types.float16 if cfg.DTYPE == "float16" else types.uint16, 1, "C")
     user_t = ()
-    if cfg.USER is not None:  # kinds and the two aux arrays of _user_build
+    if cfg.USER is not None:
         user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
                   types.Array(types.int32, 2, "C"))
+    return (u16, u16, u16, o_t, types.Array(types.float32, 1, "C"),
+            variant_type(types.float32, cfg.DROPOUT, user_t))
+
+
+def compile_config(cfg):
+    """The compile tier's entry of one configuration (its Numba argument types)."""
     return {
         "name": cfg.name,
         "config": cfg,
         "kernel": forward_mma_kernel(cfg),
-        "args": (u16, u16, u16, o_t, types.Array(types.float32, 1, "C"),
-                 variant_type(types.float32, cfg.DROPOUT, user_t)),
+        "args": compile_args(cfg),
         "float64_ok": False,
         "mma": True,
         # one K/V tile per warp: Q K^T and P V, M_TILES (BLOCK_N / 8) (HEAD_DIM / 16) mma each

@@ -57,20 +57,19 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, float32, int32, int64, types, uint32
+from numba import cuda, float32, int32, int64, uint32
 
 from ..backend import on_simulator
 from .elements import element_ops
-from .forward_mma import forward_grid, make_row_stages
+from .forward_mma import compile_args, forward_grid, make_forward_block, make_row_stages
 from .jit import device_jit, kernel_jit
 from .online_softmax import (RESCALE_LOG2, make_epilogue, make_online_softmax, make_rescale,
                              sink_of)
-from .stages import LOG2E, cp_async_commit, cp_async_wait_all
-from .tile_scores import make_score_args, make_tile_scores_pair
+from .stages import cp_async_commit, cp_async_wait_all
+from .tile_scores import make_tile_scores_pair
 from .tile_walk import make_kv_walk
 from .tiles import (MMA_DTYPES, SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, WgmmaForwardConfig,
                     wgmma_forward_config)
-from .variant import variant_type
 from .visibility import make_tile_span
 from .warp_gemm import ACC_COLS, ACC_ROWS
 from .wgmma import (ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async, make_a_pack,
@@ -102,7 +101,6 @@ def forward_wgmma_kernel(cfg):
     MASK_MOD = user_mask is not None
     RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into the exponent
     ONE = float32(1.0)
-    LOG2E_F = float32(LOG2E)
     LOG = on_simulator()            # compile time: the tile log exists only in the simulator
     XOR = (1, 2)                    # a row's 4 lanes (its quad)
 
@@ -132,8 +130,8 @@ def forward_wgmma_kernel(cfg):
     copy_q = make_tile_copy(Q_LAY, THREADS, VEC)
     copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
     zero_nonfinite_v = make_tile_scan(KV_LAY, THREADS, DTYPE)
-    score_args = make_score_args(ALIBI, float32)
     tile_span = make_tile_span(BLOCK_N)
+    forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)   # a warp: 16 rows
 
     @_stage
     def load_tile(smem, tile_byte, x, kv_base, kt, nk, d, tid):
@@ -235,28 +233,8 @@ def forward_wgmma_kernel(cfg):
     # launch bounds the compile tier counts with (255 registers for 256 threads)
     @kernel_jit(cache=USER is None, launch_bounds=THREADS)
     def flash_forward_wgmma(q, k, v, o, lse, va):
-        # -- which block, warpgroup, warp and lane
         tid = int32(cuda.threadIdx.x)
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2                 # the lane's rows g, g + 8 of its warp's 16
-        t = lane & 3                  # the lane's key / column pair 2t, 2t + 1 of a fragment
-        n_heads = q.shape[1]
-        nq = q.shape[2]
-        nk = k.shape[2]
-        d = q.shape[3]
-        n_qt = (nq + BLOCK_M - 1) // BLOCK_M
-        bh = cuda.blockIdx.x // n_qt
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // (n_heads // k.shape[1])  # GQA: query head h reads kv head h // group
-        q_start = (cuda.blockIdx.x % n_qt) * BLOCK_M
-        q_end = min(q_start + BLOCK_M, nq)
-        offset = nk - nq                   # bottom-right alignment of queries against keys
-        left, right = va.window
-        sa = score_args(va, b, h, offset, nq)
-        row0 = q_start + 16 * warp + g     # the lane's first row
-        exp_scale = va.scale * LOG2E_F if RAW else LOG2E_F
+        fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
 
         smem = cuda.shared.array(0, uint32)   # dynamic: cfg.SMEM_BYTES
         pad = align_pad(smem)                 # the tiles from a 1024-byte boundary
@@ -272,39 +250,41 @@ def forward_wgmma_kernel(cfg):
             pa[i] = uint32(0)
         prev[0], prev[1], prev[2], prev[3] = -1, 0, 0, 1
 
-        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
-        kv_base = (b * k.shape[1] + hk) * nk * d
-        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+        t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, fb.nk, fb.left,
+                                           fb.right)
+        kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
+        # the walk's context
+        w = (va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, and K of the first tile (a block mask's EMPTY tiles are never loaded)
-        copy_q(smem, pad, q, ((b * n_heads + h) * nq + q_start) * d, d, q_end - q_start, d,
-               tid)
+        copy_q(smem, pad, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d, fb.d,
+               fb.q_end - fb.q_start, fb.d, tid)
         kt = nxt(t_lo - 1, w)
         if kt < t_hi:
-            load_tile(smem, pad + KV_BYTE, k, kv_base, kt, nk, d, tid)
+            load_tile(smem, pad + KV_BYTE, k, kv_base, kt, fb.nk, fb.d, tid)
         cp_async_commit()   # the first step's barrier publishes Q and K_0 with its wait
         zero_tile(smem, pad + KV_BYTE + 3 * TILE, tid)   # stage 1's V: the first P V's
         softmax_init(m_i, l_i, acc)
 
-        kv = (k, v, kv_base, nk, d, hk, (nk, left, right), pad)
+        kv = (k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), pad)
         frags = (s, acc, m_i, l_i, pa, alpha, prev)
         q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
-        lanes = (tid, t, row0, q_addr, base, exp_scale)
-        walk(kt, nxt(kt, w), t_hi, w, (smem, kv, frags, lanes, va, sa))
+        lanes = (tid, fb.t, fb.row0, q_addr, base, fb.exp_scale)
+        walk(kt, nxt(kt, w), t_hi, w, (smem, kv, frags, lanes, va, fb.sa))
         if prev[0] >= 0:   # the last tile's P V
             v_last = pad + KV_BYTE + 2 * TILE * prev[3] + TILE
-            v_bad = publish(smem, v_last, prev, nk, tid)
+            v_bad = publish(smem, v_last, prev, fb.nk, tid)
             d_o, p_regs = operands_pv(acc, pa)
-            finish_pv(issue_pv(d_o, p_regs, smem, 0, base + v_last), acc, v_bad, v, hk, sa,
-                      row0, (nk, left, right), t, prev)
+            finish_pv(issue_pv(d_o, p_regs, smem, 0, base + v_last), acc, v_bad, v, fb.hk, fb.sa,
+                      fb.row0, (fb.nk, fb.left, fb.right), fb.t, prev)
         else:   # no tile to visit: Q's copies still land before the block exits
             cp_async_wait_all()
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
-        row_base = int64(uint32(bh)) * nq
+        row_base = int64(uint32(fb.bh)) * fb.nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 (row0, nq, row_base * d, d, row_base, t == 0), (2 * t, d),
-                 sink_of(va.sink, uint32(bh) % uint32(n_heads)))
+                 (fb.row0, fb.nq, row_base * fb.d, fb.d, row_base, fb.t == 0), (2 * fb.t, fb.d),
+                 sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))
 
     return flash_forward_wgmma
 
@@ -328,19 +308,12 @@ def compile_configs():
 
 
 def compile_config(cfg):
-    """The compile tier's entry of one configuration (its Numba argument types)."""
-    u16 = types.Array(types.uint16, 4, "C")
-    o_t = types.Array(types.float16 if cfg.DTYPE == "float16" else types.uint16, 1, "C")
-    user_t = ()
-    if cfg.USER is not None:  # kinds and the two aux arrays of forward_mma._user_build
-        user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
-                  types.Array(types.int32, 2, "C"))
+    """The compile tier's entry of one configuration (the mma.sync forward's argument types)."""
     return {
         "name": cfg.name,
         "config": cfg,
         "kernel": forward_wgmma_kernel(cfg),
-        "args": (u16, u16, u16, o_t, types.Array(types.float32, 1, "C"),
-                 variant_type(types.float32, cfg.DROPOUT, user_t)),
+        "args": compile_args(cfg),
         "float64_ok": False,
         "cc": CC,
         "launch_bounds": cfg.THREADS,

@@ -47,6 +47,16 @@ def _backward_options(dropout_p, softmax_scale, causal, window_size_left, window
                 learnable_sink=bridge.optional_array(learnable_sink))
 
 
+def _run_backward(backward, arrays, to_tensor, q, learnable_sink, options, **sizes):
+    """``(dq, dk, dv, dsink)`` of a backward op: ``backward(*arrays, **sizes)`` with the op's
+    shared ``options`` (:func:`_backward_options`'s arguments but the sink) on ``q``'s device,
+    the three gradients through ``to_tensor(g, device)``."""
+    kw = _backward_options(*options, learnable_sink)
+    with bridge.on_device(q.device):
+        grads = backward(*arrays, **sizes, **kw)
+        return (*(to_tensor(g, q.device) for g in grads[:3]), _dsink(grads, learnable_sink, q))
+
+
 def _fake_dsink(learnable_sink, q):
     return q.new_empty((0 if learnable_sink is None else learnable_sink.shape[0],),
                        dtype=torch.float32)
@@ -128,14 +138,11 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
-    kw = _backward_options(dropout_p, softmax_scale, causal, window_size_left,
-                           window_size_right, softcap, alibi_slopes, deterministic, rng_state,
-                           learnable_sink)
-    with bridge.on_device(q.device):
-        grads = numba_flash.backward(*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
-                                     bridge.as_array(softmax_lse), **kw)
-        return (*(bridge.seq_first(g, q.device) for g in grads[:3]),
-                _dsink(grads, learnable_sink, q))
+    arrays = [*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
+              bridge.as_array(softmax_lse)]
+    return _run_backward(numba_flash.backward, arrays, bridge.seq_first, q, learnable_sink,
+                         (dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+                          softcap, alibi_slopes, deterministic, rng_state))
 
 
 @bwd.register_fake
@@ -212,18 +219,14 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs
-    (``dsink``: float32 ``[H]``, empty without a sink)."""
-    kw = _backward_options(dropout_p, softmax_scale, causal, window_size_left,
-                           window_size_right, softcap, alibi_slopes, deterministic, rng_state,
-                           learnable_sink)
-    with bridge.on_device(q.device):
-        grads = numba_flash.backward_varlen(
-            *(bridge.as_array(x) for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q,
-                                           cu_seqlens_k)),
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **kw)
-        return (*(bridge.to_tensor(g, q.device) for g in grads[:3]),
-                _dsink(grads, learnable_sink, q))
+    """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
+    arrays = [bridge.as_array(x)
+              for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
+    return _run_backward(numba_flash.backward_varlen, arrays, bridge.to_tensor, q,
+                         learnable_sink, (dropout_p, softmax_scale, causal, window_size_left,
+                                          window_size_right, softcap, alibi_slopes,
+                                          deterministic, rng_state),
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 @varlen_bwd.register_fake
