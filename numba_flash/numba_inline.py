@@ -14,9 +14,10 @@ This is numba-cuda's open issue NVIDIA/numba-cuda#688 (fix proposed in #689).
 without copying it; ``inline_ir`` itself, and every other caller of it (overload inlining,
 which passes a cached IR), keep numba-cuda's copies.  It installs only when numba-cuda's
 module is the one this was written against (one ``copy.deepcopy`` in it, in ``inline_ir``'s
-copy), and never in the simulator, which has no inliner.  ``NUMBA_FLASH_INLINE_COPY=1``
-keeps numba-cuda's behaviour (tests/compile/test_numba_inline.py builds a kernel both ways and
-compares the PTX).
+copy), and never in the simulator, which has no inliner.  The module global it swaps for
+one call is read only by that call: numba compiles under its global compiler lock.
+``NUMBA_FLASH_INLINE_COPY=1`` keeps numba-cuda's behaviour (tests/compile/test_numba_inline.py
+builds a kernel both ways and compares the PTX).
 """
 
 from __future__ import annotations

@@ -48,12 +48,13 @@ def _backward_options(dropout_p, softmax_scale, causal, window_size_left, window
 
 
 def _run_backward(backward, arrays, to_tensor, q, learnable_sink, options, **sizes):
-    """``(dq, dk, dv, dsink)`` of a backward op: ``backward(*arrays, **sizes)`` with the op's
-    shared ``options`` (:func:`_backward_options`'s arguments but the sink) on ``q``'s device,
-    the three gradients through ``to_tensor(g, device)``."""
+    """``(dq, dk, dv, dsink)`` of a backward op: ``backward(*arrays(), **sizes)`` with the op's
+    shared ``options`` (:func:`_backward_options`'s arguments but the sink), the inputs
+    converted and the backward run on ``q``'s device, the three gradients through
+    ``to_tensor(g, device)`` (``dsink``: float32 ``[H]``, empty without a sink)."""
     kw = _backward_options(*options, learnable_sink)
     with bridge.on_device(q.device):
-        grads = backward(*arrays, **sizes, **kw)
+        grads = backward(*arrays(), **sizes, **kw)
         return (*(to_tensor(g, q.device) for g in grads[:3]), _dsink(grads, learnable_sink, q))
 
 
@@ -138,8 +139,10 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
-    arrays = [*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
-              bridge.as_array(softmax_lse)]
+    def arrays():
+        return [*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
+                bridge.as_array(softmax_lse)]
+
     return _run_backward(numba_flash.backward, arrays, bridge.seq_first, q, learnable_sink,
                          (dropout_p, softmax_scale, causal, window_size_left, window_size_right,
                           softcap, alibi_slopes, deterministic, rng_state))
@@ -220,8 +223,10 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
-    arrays = [bridge.as_array(x)
-              for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
+    def arrays():
+        return [bridge.as_array(x)
+                for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
+
     return _run_backward(numba_flash.backward_varlen, arrays, bridge.to_tensor, q,
                          learnable_sink, (dropout_p, softmax_scale, causal, window_size_left,
                                           window_size_right, softcap, alibi_slopes,
