@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py OUTDIR            # on a machine with an NVIDIA GPU (~6 minutes)
     python bench/gpu_check.py OUTDIR --ncu      # also an Nsight Compute summary per kernel
+    python bench/gpu_check.py OUTDIR --budget forward=80 --budget windowed=0   # a part's limit
     python bench/gpu_check.py OUTDIR --dry-run  # anywhere: the same script in the simulator
     python bench/gpu_check.py --render bench/results/latest.json   # the record as Markdown
 
@@ -19,7 +20,8 @@ Parts, each run and reported even if an earlier one failed:
 5. with ``--ncu``: ``ncu`` on one launch of each kernel at benchmark size (registers, shared
    memory, occupancy, DRAM throughput, issue slots busy), the target being this script's
    ``--ncu-target`` mode;
-6. OUTDIR/gpu_check.json (everything) and OUTDIR/gpu_check.md (the tables); on a GPU also the
+6. OUTDIR/gpu_check.json (everything; rewritten after each part, so a lease that ends mid-run
+   keeps the parts done) and OUTDIR/gpu_check.md (the tables); on a GPU also the
    record ``bench/results/<date>-<gpu>.json``, copied to ``bench/results/latest.json``, which
    docs/performance.md renders (``--render``) with its date, GPU and commit. Commit both files.
 
@@ -246,11 +248,23 @@ def part_ceilings(dry):
 WGMMA_TESTS = "tests/kernels/test_forward_wgmma.py"
 
 
+def run_within(args, budget_s):
+    """``subprocess.run`` with a time limit that keeps what the process printed before it was
+    stopped: ``(returncode, stdout, stderr)``, returncode ``"timeout"`` when it ran out."""
+    try:
+        proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
+        return proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        def text(x):
+            return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+        return "timeout", text(exc.stdout), text(exc.stderr) + f"\n(stopped after {budget_s} s)"
+
+
 def _pytest(args, budget_s):
     t0 = time.time()
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-    return {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
+    rc, out, err = run_within(args, budget_s)
+    tail = (out + err).strip().splitlines()[-15:]
+    return {"returncode": rc, "seconds": round(time.time() - t0, 1),
             "summary": tail[-1] if tail else "", "tail": tail}
 
 
@@ -266,7 +280,7 @@ def part_tests(dry, budget_s, wgmma_budget_s=120):
             xdist = ["-n", "8"]
         args += ["--ignore", WGMMA_TESTS] + xdist
     res = _pytest(args, budget_s)
-    if not dry:   # the warpgroup forward (compute capability 9.0 only) in a run of its own
+    if not dry and wgmma_budget_s:   # the warpgroup forward (cc 9.0 only) in a run of its own
         res["wgmma"] = _pytest([sys.executable, "-m", "pytest", "-q", WGMMA_TESTS, "-p",
                                 "no:cacheprovider"] + xdist, wgmma_budget_s)
     return res
@@ -289,10 +303,10 @@ def part_bench(name, dry, outdir, budget_s):
         args = [sys.executable, str(script), "--windowed", "--dtype", "float16", "--json",
                 str(js)] + ([] if dry else ["--max-seconds", str(max(10, budget_s - 15))])
     t0 = time.time()
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
-    res = {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
-           "stdout_tail": proc.stdout.strip().splitlines()[-40:],
-           "stderr_tail": proc.stderr.strip().splitlines()[-10:]}
+    rc, out, err = run_within(args, budget_s)
+    res = {"returncode": rc, "seconds": round(time.time() - t0, 1),
+           "stdout_tail": out.strip().splitlines()[-40:],
+           "stderr_tail": err.strip().splitlines()[-10:]}
     if js.exists():
         data = json.loads(js.read_text())
         rows = data["rows"] if isinstance(data, dict) else data  # {"rows": [...]} or [...]
@@ -443,12 +457,12 @@ def part_ncu(dry, budget_s):
         cmd += ["--section", sec]
     cmd += [sys.executable, str(Path(__file__).resolve()), "--ncu-target"]
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget_s)
-    kernels = parse_ncu_csv(proc.stdout)
-    return {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1),
+    rc, out, err = run_within(cmd, budget_s)
+    kernels = parse_ncu_csv(out)
+    return {"returncode": rc, "seconds": round(time.time() - t0, 1),
             "command": " ".join(cmd[:-3] + ["python", "bench/gpu_check.py", "--ncu-target"]),
             "cases": [c[0] for c in NCU_CASES], "kernels": kernels,
-            "stderr_tail": proc.stderr.strip().splitlines()[-12:]}
+            "stderr_tail": err.strip().splitlines()[-12:]}
 
 
 # -- the record: bench/results/<date>-<gpu>.json and latest.json ----------------------------
@@ -639,7 +653,7 @@ def render_main(path):
     return 1 if problems else 0
 
 
-def run_part(report, name, fn, *args):
+def run_part(report, name, fn, *args, outdir=None):
     t0 = time.time()
     print(f"== {name}", flush=True)
     try:
@@ -649,6 +663,29 @@ def run_part(report, name, fn, *args):
                         "traceback": traceback.format_exc().splitlines()[-8:]}
     print(json.dumps(report[name], default=str)[:2000], flush=True)
     print(f"   ({time.time() - t0:.1f} s)", flush=True)
+    if outdir is not None:  # the report so far: a lease that ends mid-run keeps the parts done
+        (Path(outdir) / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+
+
+#: seconds per part on a GPU (the lease's budget; each is a subprocess timeout there); a dry run
+#: (the test suite's) has no time limit. ``--budget NAME=S`` overrides one, ``NAME=0`` skips it.
+GPU_BUDGETS = {"tests": 150, "wgmma_tests": 120, "forward": 110, "wgmma": 60, "backward": 90,
+               "decode": 90, "windowed": 40, "ncu": 240}
+
+
+def parse_budgets(items):
+    """``["forward=80", "windowed=0"]`` -> GPU_BUDGETS with those entries replaced."""
+    budgets = dict(GPU_BUDGETS)
+    for item in items or ():
+        name, sep, sec = item.partition("=")
+        if not sep or name not in budgets:
+            raise SystemExit(f"--budget: expected NAME=SECONDS with NAME one of "
+                             f"{', '.join(budgets)}, got {item!r}")
+        try:
+            budgets[name] = int(sec)
+        except ValueError:
+            raise SystemExit(f"--budget: {name}'s seconds must be an integer, got {sec!r}")
+    return budgets
 
 
 def main(argv=None):
@@ -664,6 +701,11 @@ def main(argv=None):
                          "writes one only when given)")
     ap.add_argument("--render", metavar="RECORD", help="print RECORD (a results JSON) as the "
                     "Markdown tables of docs/performance.md and exit")
+    ap.add_argument("--budget", action="append", metavar="NAME=S",
+                    help="a GPU part's time limit in seconds (0 skips it); NAME one of "
+                         + ", ".join(GPU_BUDGETS))
+    ap.add_argument("--commit", help="the commit to record (default: git rev-parse HEAD; a "
+                    "copy of the tree without .git, as on a lent machine, needs it)")
     ap.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.render:
@@ -682,24 +724,27 @@ def main(argv=None):
     report = {"record_format": RECORD_FORMAT,
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "dry_run": dry}
     try:
-        report["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                          capture_output=True, text=True).stdout.strip() or "?"
+        report["commit"] = args.commit or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+            text=True).stdout.strip() or "?"
     except Exception:  # noqa: BLE001
         report["commit"] = "?"
-    run_part(report, "versions", part_versions, dry)
+    gpu_budgets = parse_budgets(args.budget)
+    run_part(report, "versions", part_versions, dry, outdir=outdir)
     report["gpu"] = report["versions"].get("device", "?") if isinstance(
         report.get("versions"), dict) else "?"
-    run_part(report, "ceilings", part_ceilings, dry)
-    if not args.skip_tests:
-        run_part(report, "tests", part_tests, dry, 150 if not dry else None)
-    # seconds per part: the GPU lease's budget; a dry run (the test suite's) has no time limit
-    budgets = {"forward": 110, "wgmma": 60, "backward": 90, "decode": 90, "windowed": 40}
-    if dry:
-        budgets = dict.fromkeys(budgets)
+    run_part(report, "ceilings", part_ceilings, dry, outdir=outdir)
+    if not args.skip_tests and (dry or gpu_budgets["tests"]):
+        run_part(report, "tests", part_tests, dry, None if dry else gpu_budgets["tests"],
+                 None if dry else gpu_budgets["wgmma_tests"], outdir=outdir)
+    names = ("forward", "wgmma", "backward", "decode", "windowed")
+    budgets = {name: None if dry else gpu_budgets[name] for name in names}
     for name, budget in budgets.items():
-        run_part(report, f"bench_{name}", part_bench, name, dry, outdir, budget)
-    if args.ncu:
-        run_part(report, "ncu", part_ncu, dry, 240)
+        if dry or budget:
+            run_part(report, f"bench_{name}", part_bench, name, dry, outdir, budget,
+                     outdir=outdir)
+    if args.ncu and (dry or gpu_budgets["ncu"]):
+        run_part(report, "ncu", part_ncu, dry, gpu_budgets["ncu"], outdir=outdir)
 
     ceilings = report.get("ceilings", {})
     md = [f"# GPU check {report['date']} (commit {report['commit']})\n"]
@@ -731,7 +776,7 @@ def main(argv=None):
     for pr in problems:
         print(f"record problem: {pr}")
     failed = [k for k, val in report.items() if isinstance(val, dict) and
-              (val.get("error") or val.get("returncode", 0) != 0)]
+              (val.get("error") or val.get("returncode", 0) not in (0, None))]
     if failed:
         print("parts with problems:", ", ".join(failed))
     return 1 if failed or problems else 0
