@@ -305,9 +305,12 @@ class ArrayCall:
         return dx
 
     def _input(self, x):
-        if not self.on_device:
+        if not self.on_device or isinstance(x, np.ndarray):
+            # a host array: the user's NumPy input, or one the op made on the host beside device
+            # inputs (the [-inf] of no sink, integers checked on the host): copied to the device
             self._check("an input copy", x.shape, x.dtype)
-            return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
+            with self.device():
+                return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
         with self.device():
             if self._cupy is not None:
                 if not x.flags.c_contiguous:
