@@ -39,8 +39,8 @@ def test_measured_record_is_valid_and_renders():
     md = gc.render_record(rec)
     assert "**NVIDIA H200**, 2026-11-30 12:00:00 UTC, commit `38a7cb7`" in md
     # fractions of the data-sheet fp32 peak (66.9), not of the (too low) measured 30.8
-    assert "| float32 | 64 | no | 4x16 | 4096 | 13 | 34.9 | 0.37 | 19% |" in md
-    assert "| float16 | 64 | no | 2x8 | 4096 | 10.4 | 220 | 0.047 | 16% |" in md
+    assert "| float32 | 64 | no | 4x16 | 4096 | 13 | 34.9 | 0.37 | 19% fp32 |" in md
+    assert "| float16 | 64 | no | 2x8 | 4096 | 10.4 | 220 | 0.047 | 1% tensor |" in md
     assert "| float16 | paged/16 | 32768 | 7.51 | 143 | 3.4 | torch gather + SDPA | 479 |" in md
     assert "| float32 FMA (SIMT), TFLOP/s | 30.8 | 66.9 |" in md
 
@@ -177,3 +177,19 @@ def test_normalize_rows_keeps_the_record_keys():
     assert "Decode latency" in md and "| float16 | paged/16 | 1 | 1024 | 40 | 20 |" in md
     back = gc.normalize_rows("bench_backward", [{"torch SDPA TFLOP/s": 220.0}])
     assert back[0]["torch TFLOP/s"] == 220.0
+
+
+def test_a_benchmark_stopped_at_its_limit_keeps_the_rows_it_printed():
+    """bench/backward.py prints each row as JSON, bench/forward.py as a dict: a part stopped at
+    its time limit (no JSON file) keeps those rows, marked as read from its output."""
+    part = {"returncode": "timeout", "stdout_tail": [
+        "GPU: NVIDIA H200; peers: ['torch']",
+        '{"dtype": "float16", "d": 64, "causal": false, "N": 4096, "TFLOP/s": 43.4, '
+        '"torch SDPA TFLOP/s": 343.3}',
+        "  {'dtype': 'float32', 'd': 64, 'causal': True, 'N': 4096, 'TFLOP/s': 5.8, "
+        "'torch SDPA TFLOP/s': 26.5}",
+        "{not a row}", "| dtype | d |"]}
+    gc.recover_rows(part, "bench_backward")
+    assert part["rows_from"] == "stdout" and len(part["rows"]) == 2
+    assert [r["torch TFLOP/s"] for r in part["rows"]] == [343.3, 26.5]   # the record's peer key
+    assert gc.recover_rows({"stdout_tail": ["no rows"]}, "bench_forward").get("rows") is None
