@@ -443,10 +443,10 @@ def ncu_target(dry):
 
 
 def short_kernel_name(name):
-    """``cudapy::numba_flash::kernels::forward::...::flash_forward[abi:..](Array<...>)`` ->
-    ``flash_forward``."""
+    """``cudapy::numba_flash::kernels::forward::...::flash_forward[abi:..](Array<...>)`` or ncu's
+    ``flash_forward[v1,cw51c...]`` -> ``flash_forward``."""
     base = name.split("(")[0]
-    base = re.sub(r"\[abi:[^\]]*\]", "", base)
+    base = re.sub(r"\[[^\]]*\]", "", base)
     base = re.sub(r"_\d+$", "", base.split("::")[-1])
     return base or name
 
@@ -670,12 +670,17 @@ def render_record(rec):
                          [[r.get("dtype"), r.get("cache"), r.get("B"), r.get("context"),
                            "" if sim else _fmt(r.get("us per call"))]
                           + ["" if sim else _fmt(r.get(k)) for k in us] for r in lat]))
+    tests = rec.get("tests")
+    if isinstance(tests, dict) and tests:
+        md.append("\nTests on the device:\n\n" + "".join(
+            f"* {key}: {val}\n" for key, val in tests.items() if not isinstance(val, (dict, list))))
     kernels = (rec.get("ncu") or {}).get("kernels") or []
     if kernels:
         cols = ["kernel", "block", "grid", "registers", "static smem", "theoretical occupancy",
                 "achieved occupancy", "DRAM throughput", "issue slots busy", "duration"]
         md.append("\nNsight Compute, one launch per kernel at benchmark size:\n\n")
-        md.append(_table(cols, [[k.get(col, "") for col in cols] for k in kernels]))
+        md.append(_table(cols, [[short_kernel_name(k.get(col, "")) if col == "kernel"
+                                 else k.get(col, "") for col in cols] for k in kernels]))
     return "".join(md)
 
 
