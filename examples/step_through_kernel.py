@@ -61,7 +61,7 @@ def make_inputs(kernel, seed=0):
 def launch(kernel, inputs):
     """Run the public op (which launches the kernel in the simulator); return the op's result.
     Outputs start as NaN, so an element not yet written shows as nan at the stop."""
-    from numba_flash.ops.naive_forward import naive_forward
+    from numba_flash.teach.ops.naive_forward import naive_forward
 
     with numba_flash.poisoned_outputs():
         if kernel == "softmax":
@@ -72,11 +72,11 @@ def launch(kernel, inputs):
 def kernel_function(kernel, inputs):
     """The Python function the simulator runs for ``kernel`` (to match frames by code object)."""
     if kernel == "softmax":
-        from numba_flash.kernels.softmax import default_threads, softmax_kernel
+        from numba_flash.teach.kernels.softmax import default_threads, softmax_kernel
 
         return softmax_kernel(default_threads(), inputs["x"].dtype).py_func
-    from numba_flash.kernels.common import padded_head_dim
-    from numba_flash.kernels.naive_forward import naive_forward_kernel
+    from numba_flash.kernels.core.common import padded_head_dim
+    from numba_flash.teach.kernels.naive_forward import naive_forward_kernel
 
     q = inputs["q"]
     return naive_forward_kernel(padded_head_dim(q.shape[-1]), True, q.dtype).py_func

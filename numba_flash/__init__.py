@@ -36,7 +36,7 @@ from .frontend import poisoned_outputs  # noqa: F401
 __version__ = "0.1.0"
 
 _LAZY = {
-    "softmax": "numba_flash.ops.softmax",
+    "softmax": "numba_flash.teach.ops.softmax",
     "forward": "numba_flash.ops.forward",
     "forward_varlen": "numba_flash.ops.forward_varlen",
     "backward": "numba_flash.ops.backward",

@@ -65,7 +65,7 @@ def _info(_args):
     except Exception:  # pragma: no cover
         pass
     print(f"numpy       {numpy.__version__}")
-    from numba_flash.kernels import jit
+    from numba_flash.kernels.core import jit
 
     state = "on" if jit.caching_enabled() else "off (simulator or NUMBA_FLASH_CACHE=0)"
     print(f"kernel cache {state}")
@@ -73,11 +73,12 @@ def _info(_args):
 
 
 def _warmup(args):
+    from numba_flash.tools import warmup
     import numba_flash
-    from numba_flash.kernels import jit
+    from numba_flash.kernels.core import jit
 
     if args.list:
-        for cfg in jit.warmup_configs(args.k, args.all):
+        for cfg in warmup.warmup_configs(args.k, args.all):
             print(cfg["name"])
         return 0
     if numba_flash.backend() == "simulator":
@@ -93,7 +94,7 @@ def _warmup(args):
     if not jit.caching_enabled():
         print(f"warmup: {jit.CACHE_ENV}=0, so nothing is kept after this process",
               file=sys.stderr)
-    configs = list(jit.warmup_configs(args.k, args.all))
+    configs = list(warmup.warmup_configs(args.k, args.all))
     width = len(str(len(configs)))
 
     def report(i, n, name, seconds, source):
@@ -105,7 +106,7 @@ def _warmup(args):
     import time
 
     t0 = time.perf_counter()
-    done = jit.warm_up(configs, report)
+    done = warmup.warm_up(configs, report)
     compiled = sum(1 for _, _, src in done if src == "compiled")
     uncached = sum(1 for _, _, src in done if src.endswith("(no disk cache)"))
     print(f"warmup: {compiled} compiled, {len(done) - compiled - uncached} already cached, "
@@ -135,7 +136,7 @@ def _missing_compile_tools(rest=()):
             missing.append(f"lib{lib} ({type(exc).__name__})")
     import shutil
 
-    from numba_flash.compile_check import TOOL_WHEELS, wheel_tool
+    from numba_flash.tools.compile_check import TOOL_WHEELS, wheel_tool
 
     sass = any(a in ("--sass", "--dump") or a.startswith("--dump=") for a in rest)
     for tool in ("ptxas", "nvdisasm") if sass else ("ptxas",):
@@ -155,7 +156,7 @@ def _compile_check(args):
                 f"compile-check needs the test extra's CUDA compiler wheels, and "
                 f"{', '.join(missing)} cannot be found; install them with: {pip_extra('test')}")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    cmd = [sys.executable, "-m", "numba_flash.compile_check", *args.rest]
+    cmd = [sys.executable, "-m", "numba_flash.tools.compile_check", *args.rest]
     return subprocess.call(cmd, env=env)
 
 
@@ -165,7 +166,7 @@ def _pictures(args):
     except ImportError as exc:
         raise MissingExtra(f"pictures needs matplotlib ({exc}); install it with: "
                            f"{pip_extra('pictures')}") from exc
-    from numba_flash import pictures
+    from numba_flash.tools import pictures
 
     for path in pictures.draw_all(args.out):
         print(path)
@@ -237,8 +238,8 @@ def _main(argv):
     p = sub.add_parser("compile-check", help="build every kernel configuration to PTX for "
                                              "sm_80/sm_90 and check it with ptxas")
     p.add_argument("rest", nargs=argparse.REMAINDER,
-                   help="passed to numba_flash.compile_check (-k TEXT, -j N, --json, --markdown, "
-                        "--cc)")
+                   help="passed to numba_flash.tools.compile_check (-k TEXT, -j N, --json, "
+                        "--markdown, --cc)")
     p.set_defaults(func=_compile_check)
 
     p = sub.add_parser("pictures", help="draw the docs' figures as PNG (needs matplotlib)")
@@ -246,7 +247,7 @@ def _main(argv):
     p.set_defaults(func=_pictures)
 
     args, extra = parser.parse_known_args(argv)
-    if args.command == "compile-check":  # its options belong to numba_flash.compile_check
+    if args.command == "compile-check":  # its options belong to numba_flash.tools.compile_check
         args.rest = extra + args.rest
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -91,7 +91,7 @@ import numbers
 import numpy as np
 from numba import int32, uint32, uint64
 
-from .kernels.jit import device_jit
+from .kernels.core.jit import device_jit
 
 __all__ = [
     "philox4x32", "philox4x32_10", "philox4x32_10_device", "philox_keep", "philox_keep_bits4",

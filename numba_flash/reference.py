@@ -15,7 +15,7 @@ Conventions shared with the kernels
   row has ``o = 0`` and ``lse = -inf`` (never NaN).
 * Sliding window ``window_size = (left, right)`` (``-1`` = unbounded; ``causal`` means
   ``right = 0``): query ``i`` sees key ``j`` iff ``i + Nk - Nq - left <= j <= i + Nk - Nq + right``
-  (:func:`visible_mask`, the rule of :mod:`numba_flash.kernels.visibility`).
+  (:func:`visible_mask`, the rule of :mod:`numba_flash.kernels.mainloop.visibility`).
 * Score modifiers, applied to a visible key's scaled score ``s`` in this order: ``softcap > 0``
   gives ``softcap * tanh(s / softcap)``; ``alibi_slopes`` (``[H]`` or ``[B, H]``) subtract
   ``slope * |i + Nk - Nq - j|``.
@@ -583,7 +583,7 @@ def merge_states(o_parts, lse_parts, learnable_sink=None):
     A part with ``lse_p = -inf`` (it saw no key) contributes nothing, whatever its ``o_p``
     holds; if every part is ``-inf`` the result is ``o = 0``, ``lse = -inf``.  A part with
     ``lse_p = NaN`` makes ``o`` and ``lse`` NaN; a part with ``lse_p = +inf`` gives
-    ``lse = +inf`` and ``o = NaN`` (as :mod:`numba_flash.kernels.merge` does).
+    ``lse = +inf`` and ``o = NaN`` (as :mod:`numba_flash.kernels.decode.merge` does).
 
     ``learnable_sink`` (broadcastable to ``lse_parts.shape[1:]``; ``-inf``: none): the rows'
     attention-sink logits, one more part with ``lse_p = sink`` and ``o_p = 0`` (a key with no

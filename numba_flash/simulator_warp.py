@@ -13,7 +13,7 @@ they would on the GPU.  :func:`exchange` gives a simulator twin of a warp-wide p
 tensor-core ``mma`` emulation, for example) every lane's value at once; ``exchange(value, 128)``
 does the same over a *warpgroup* (four consecutive warps whose first warp's rank is a multiple
 of 4: linear thread ids ``128 w .. 128 w + 127``), for the ``wgmma`` twins
-(:mod:`numba_flash.kernels.wgmma`), and :func:`group_shared` gives such a group one dict its
+(:mod:`numba_flash.kernels.ptx.wgmma`), and :func:`group_shared` gives such a group one dict its
 threads share (under :func:`group_lock`).
 
 Contract (the same as a full-mask ``*_sync`` on the device): every lane of the warp calls the
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 
-from .kernels.common import FULL_MASK
+from .kernels.core.common import FULL_MASK
 
 WARP = 32
 

@@ -222,7 +222,7 @@ def kernel():
 # -- window, softcap, ALiBi, packed batches -----------------------------------------------------
 def skip_case(n=128, block=16, window=(8, 0)):
     """Q tiles each K/V tile's block visits (tile_query_range), causal vs a causal window."""
-    from numba_flash.kernels.visibility import tile_query_range_py
+    from numba_flash.kernels.mainloop.visibility import tile_query_range_py
 
     out = {}
     for name, (left, right) in (("full", (-1, -1)), ("causal", (-1, 0)), ("window", window)):

@@ -21,7 +21,7 @@ import numpy as np
 import numba_flash as nf
 from numba_flash import reference as ref
 from report import err
-from numba_flash.pictures import DIAGONAL, FULL, SKIPPED, tile_kinds
+from numba_flash.tools.pictures import DIAGONAL, FULL, SKIPPED, tile_kinds
 
 
 # [docs:notes-causal]

@@ -232,7 +232,7 @@ def demo_naive():
     import numpy as np
 
     import numba_flash  # first: on a machine with no GPU this turns on the Numba CUDA simulator
-    from numba_flash.kernels.naive_forward import naive_forward_kernel
+    from numba_flash.teach.kernels.naive_forward import naive_forward_kernel
 
     rng = np.random.default_rng(0)
     B, H, Hkv, nq, nk, d = 1, 2, 1, 6, 6, 16          # GQA: two query heads share one kv head
@@ -346,8 +346,9 @@ def occupancy_cases():
     """``[(label, threads, registers, shared bytes)]``: the kernels of the occupancy table."""
     import numpy as np
 
-    from numba_flash.kernels import forward, naive_forward
-    from numba_flash.kernels.tiles import forward_mma_config
+    from numba_flash.kernels.forward import simt as forward
+    from numba_flash.teach.kernels import naive_forward
+    from numba_flash.kernels.forward.config import forward_mma_config
 
     f32 = np.dtype(np.float32)
     bm, bn, hd = forward.gpu_tiles(64, f32)

@@ -195,7 +195,7 @@ def kernel_tile():
     """``(query rows, keys)`` of the simulator's tensor-core forward tile (32 x 16: one warp's
     two 16-row tiles, 16 keys): the tiles demo's block size, so that each tile the kernel
     visits is one block of the mask."""
-    from numba_flash.kernels.tiles import forward_mma_config
+    from numba_flash.kernels.forward.config import forward_mma_config
 
     cfg = forward_mma_config(D, simulator=True)
     return cfg.BLOCK_M, cfg.BLOCK_N
@@ -205,9 +205,11 @@ def visited_tiles(lengths, seed=5):
     """Run the kernel on one head with a block mask of the documents ``lengths`` in blocks of the
     kernel's tile (:func:`kernel_tile`) and count the (Q tile, K/V tile) pairs it computes (the
     simulator's tile log), against the block mask's non-EMPTY blocks."""
-    from numba_flash.kernels import common, forward_mma
+    from numba_flash.kernels.core import common
+    from numba_flash.kernels.forward import mma as forward_mma
 
-    # the log's home: kernels/common.py (shared by the kernels), formerly kernels/forward_mma.py
+    # the log's home: kernels/core/common.py (shared by the kernels), formerly
+    # kernels/forward/mma.py
     home = common if hasattr(common, "TILE_LOG") else forward_mma
     n = sum(lengths)
     q, k, v = qkv(seed, h=1, hkv=1, n=n)

@@ -20,7 +20,7 @@ import numpy as np
 import numba_flash as nf
 from numba_flash import reference as ref
 from report import err
-from numba_flash.kernels import forward as kf
+from numba_flash.kernels.forward import simt as kf
 
 
 # -- the GPU tile budget ---------------------------------------------------------------------

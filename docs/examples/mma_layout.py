@@ -4,7 +4,7 @@
     python docs/examples/mma_layout.py --png FILE # draw docs/img/mma_fragments.png (matplotlib)
 
 Both come from the layout functions the simulator twin and the tests use
-(``numba_flash.kernels.mma.a_coords`` / ``b_coords`` / ``c_coords``, the PTX ISA's "Matrix
+(``numba_flash.kernels.ptx.mma.a_coords`` / ``b_coords`` / ``c_coords``, the PTX ISA's "Matrix
 Fragments for mma.m16n8k16" formulas).
 """
 
@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # no GPU needed: host functions only
 
-from numba_flash.kernels.mma import a_coords, b_coords, c_coords  # noqa: E402
+from numba_flash.kernels.ptx.mma import a_coords, b_coords, c_coords  # noqa: E402
 
 
 def table(lanes=(0, 1, 4, 5, 31)):

@@ -1,4 +1,4 @@
-"""The first tiled kernel (``numba_flash.ops.row_forward``) run for docs/row-forward.md.
+"""The first tiled kernel (``numba_flash.teach.ops.row_forward``) run for docs/row-forward.md.
 
 ``python docs/examples/row_forward_demo.py errors``   its error against the float64 reference
 ``python docs/examples/row_forward_demo.py traffic``  global bytes read, measured in the simulator,
@@ -14,9 +14,9 @@ import numpy as np
 
 import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
 from numba_flash import reference as ref
-from numba_flash.kernels.row_forward import SIM_BLOCK_M, SIM_BLOCK_N
-from numba_flash.ops.naive_forward import naive_forward
-from numba_flash.ops.row_forward import row_forward
+from numba_flash.teach.kernels.row_forward import SIM_BLOCK_M, SIM_BLOCK_N
+from numba_flash.teach.ops.naive_forward import naive_forward
+from numba_flash.teach.ops.row_forward import row_forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from io_count import count_global_bytes, naive_forward_bytes, tiled_forward_bytes  # noqa: E402

@@ -1,4 +1,4 @@
-"""The teaching tiled forward (``numba_flash.ops.tiled_forward_teach``) run for
+"""The teaching tiled forward (``numba_flash.teach.ops.tiled_forward``) run for
 docs/tiled-forward.md.
 
 ``python docs/examples/tiled_teach_demo.py errors``   its error against the float64 reference
@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 
 import numba_flash  # noqa: F401  (chooses the backend before numba.cuda is imported)
-from numba_flash.kernels import tiled_forward_teach as teach
-from numba_flash.kernels.common import HEAD_DIMS, SMEM_LIMIT
-from numba_flash.ops.naive_forward import naive_forward
-from numba_flash.ops.row_forward import row_forward
-from numba_flash.ops.tiled_forward_teach import tiled_forward_teach
+from numba_flash.teach.kernels import tiled_forward as teach
+from numba_flash.kernels.core.common import HEAD_DIMS, SMEM_LIMIT
+from numba_flash.teach.ops.naive_forward import naive_forward
+from numba_flash.teach.ops.row_forward import row_forward
+from numba_flash.teach.ops.tiled_forward import tiled_forward_teach
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from io_count import count_global_bytes, tiled_forward_bytes  # noqa: E402

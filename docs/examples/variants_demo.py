@@ -21,8 +21,9 @@ import numpy as np
 
 import numba_flash as nf
 from numba_flash import reference as ref
-from numba_flash.kernels.visibility import (tile_full_range_py, tile_key_range_py,
-                                            tile_needs_mask_py, window_bounds)
+from numba_flash.kernels.mainloop.visibility import (
+    tile_full_range_py, tile_key_range_py, tile_needs_mask_py, window_bounds,
+)
 
 SKIPPED, FULL, MASKED = ".", "F", "M"
 
@@ -36,7 +37,7 @@ BANDS = [("causal", True, (-1, -1)),
 # [docs:variants-tile-kinds]
 def tile_kinds(nq, nk, block_m, block_n, causal=False, window_size=(-1, -1)):
     """The forward kernel's classification of every (Q tile, K/V tile): the loop of
-    ``kernels/forward.py`` run on the host with the visibility module's twins."""
+    ``kernels/forward/simt.py`` run on the host with the visibility module's twins."""
     left, right = window_bounds(causal, window_size)
     offset = nk - nq
     n_qt, n_kt = -(-nq // block_m), -(-nk // block_n)

@@ -4,7 +4,7 @@
     python docs/examples/wgmma_layout.py swizzle    # where each 16-byte chunk of 8 rows lands
 
 Both come from the functions the simulator twin and the tests use
-(``numba_flash.kernels.wgmma.acc_coords``, ``swizzle_address``; the PTX ISA's "Matrix Fragments
+(``numba_flash.kernels.ptx.wgmma.acc_coords``, ``swizzle_address``; the PTX ISA's "Matrix Fragments
 for wgmma.mma_async.m64nNk16" and "Shared Memory Matrix Layout"), beside the mma.sync table.
 """
 
@@ -16,8 +16,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # no GPU needed: host functions only
 
-from numba_flash.kernels.mma import c_coords  # noqa: E402
-from numba_flash.kernels.wgmma import acc_coords, swizzle_address  # noqa: E402
+from numba_flash.kernels.ptx.mma import c_coords  # noqa: E402
+from numba_flash.kernels.ptx.wgmma import acc_coords, swizzle_address  # noqa: E402
 
 
 def accumulators(threads=(0, 1, 4, 31, 32, 127)):

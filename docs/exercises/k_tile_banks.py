@@ -1,6 +1,6 @@
 """Exercise (docs/tiled-forward.md): the teaching kernel's bank conflict, counted and fixed.
 
-In ``numba_flash/kernels/tiled_forward_teach.py`` thread ``(tx, ty)`` computes the score of row
+In ``numba_flash/teach/kernels/tiled_forward.py`` thread ``(tx, ty)`` computes the score of row
 ``ty`` and key ``tx``: in step ``c`` of its dot product it reads ``k_tile[tx, c]``.  ``k_tile`` is
 a float32 ``[BLOCK_N, HEAD_DIM]`` array, row-major, so that element is word ``tx * HEAD_DIM + c``
 and sits in bank ``(tx * HEAD_DIM + c) % 32``.  One warp is 32 consecutive threads (``tx``

@@ -1,6 +1,6 @@
 """Exercise (docs/naive-forward.md): a sliding window in the first kernel.
 
-This is the naive forward of ``numba_flash/kernels/naive_forward.py``, causal, written without
+This is the naive forward of ``numba_flash/teach/kernels/naive_forward.py``, causal, written without
 ``key_bounds``.  Give ``make_kernel`` a ``WINDOW`` constant: with ``WINDOW = W > 0`` query row
 ``row`` sees only the ``W`` keys that end at its diagonal ``c = row + nk - nq``, that is the keys
 ``c - W < j <= c`` that exist (flash-attn's ``window_size=(W - 1, 0)``).  ``WINDOW = 0`` keeps

@@ -1,7 +1,7 @@
 """Exercise (docs/tiled-forward.md): derive the ``p_tile`` row pad of the tiled forward.
 
-The tiled forward (``numba_flash/kernels/forward.py``) at float32 ``HEAD_DIM = 64`` runs blocks of
-``THREADS_N x THREADS_M = 8 x 16`` threads (``threadIdx.x = tx`` fastest) and each thread stores
+The tiled forward (``numba_flash/kernels/forward/simt.py``) at float32 ``HEAD_DIM = 64`` runs blocks
+of ``THREADS_N x THREADS_M = 8 x 16`` threads (``threadIdx.x = tx`` fastest) and each thread stores
 its scores one word at a time with ``p_tile[ty + i * THREADS_M, tx + j * THREADS_N] = s[i, j]``;
 ``p_tile`` is a float32 ``[BLOCK_M, P_STRIDE]`` array.  One warp is 32 consecutive threads:
 ``tx = 0..7`` for four consecutive ``ty``.  Before the 16-byte rebuild (issue 22) the row length

@@ -1,6 +1,6 @@
 """Exercise (docs/row-forward.md): predict what breaks, then let the check run it.
 
-The check runs the first tiled kernel (``numba_flash/kernels/row_forward.py``: ``BLOCK_M = 4``
+The check runs the first tiled kernel (``numba_flash/teach/kernels/row_forward.py``: ``BLOCK_M = 4``
 threads, tiles of ``BLOCK_N = 6`` keys, plain attention, ``d = 4``) in the simulator, broken in
 one way at a time, and compares every output row with the reference.  Before you run it, write
 down what you expect, and why.

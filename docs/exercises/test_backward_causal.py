@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from numba_flash.pictures import SKIPPED, tile_kinds
+from numba_flash.tools.pictures import SKIPPED, tile_kinds
 
 
 @pytest.mark.parametrize("n, br, bc", [(12, 4, 4), (13, 4, 3), (10, 5, 2)])

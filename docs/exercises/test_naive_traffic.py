@@ -23,7 +23,7 @@ def test_naive_traffic(exercise, case):
 def check(mod, cases=CASES):
     from io_count import count_global_bytes
 
-    from numba_flash.ops.naive_forward import naive_forward
+    from numba_flash.teach.ops.naive_forward import naive_forward
 
     rng = np.random.default_rng(5)
     for b, h, hkv, nq, nk, d, dtype, causal in cases:

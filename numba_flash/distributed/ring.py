@@ -127,7 +127,7 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
     from ..frontend.variants import check_sink
     from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_qkv,
                                      check_same_dtype, check_same_kind, check_scale)
-    from ..kernels.common import acc_dtype
+    from ..kernels.core.common import acc_dtype
 
     layout_ok = layout if isinstance(layout, str) and layout in _LAYOUT_CODE else None
 

@@ -73,7 +73,7 @@ def _atomic_add_host(array, index, value):
 if on_simulator():
     atomic_add = _atomic_add_simulator
 else:
-    from ..kernels.jit import device_jit
+    from ..kernels.core.jit import device_jit
 
     atomic_add = device_jit(_atomic_add_gpu)
 

@@ -106,7 +106,7 @@ def _record(guard, site, axis, index, size, b, h, q, k):
 @functools.lru_cache(maxsize=None)
 def _getter(n):
     """The checked read of an ``n``-D aux array: ``get(a, i0, .., site, guard, b, h, q, k)``."""
-    from ..kernels.jit import device_jit
+    from ..kernels.core.jit import device_jit
 
     idx = [f"i{d}" for d in range(n)]
     lines = [f"def get{n}(a, {', '.join(idx)}, site, guard, b, h, q, k):"]

@@ -18,7 +18,7 @@ key blocks outside, query blocks inside).
 
 Any block size works with any kernel tile: a kernel tile takes the verdict of every block it
 overlaps (EMPTY only if all are, FULL only if all are;
-:func:`numba_flash.kernels.visibility.make_tile_kind`), so blocks that are multiples of the
+:func:`numba_flash.kernels.mainloop.visibility.make_tile_kind`), so blocks that are multiples of the
 kernels' tiles (the default 128) lose nothing.  ``B`` or ``H`` of 1 broadcasts over the batch
 or the heads, as FlexAttention's ``B=None`` / ``H=None``: the mask is evaluated with ``b = 0``
 (``h = 0``) and must not depend on it.

@@ -229,7 +229,7 @@ def _host_compiled(key, fn):
 @functools.lru_cache(maxsize=256)
 def _device_compiled(key, fn):
     from ..backend import on_simulator
-    from ..kernels.jit import device_jit
+    from ..kernels.core.jit import device_jit
     return device_jit(inline="never")(_retarget(fn, device_function,
                                                 keep_breakpoint=on_simulator()))
 

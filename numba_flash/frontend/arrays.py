@@ -29,7 +29,7 @@ call without running it.
 bfloat16 (``ml_dtypes.bfloat16`` on the host; a CuPy >= 14 bfloat16 array on the GPU) reaches
 the kernels as its 16-bit words: :meth:`ArrayCall.input` hands on a ``uint16`` view (no copy),
 :meth:`ArrayCall.empty` allocates a bfloat16 output as ``uint16`` and :meth:`ArrayCall.result`
-gives it back viewed as bfloat16 (see :mod:`numba_flash.kernels.elements`).
+gives it back viewed as bfloat16 (see :mod:`numba_flash.kernels.core.elements`).
 
 For tests, :func:`poisoned_outputs` fills every output with NaN (or a sentinel for integer
 arrays) before launch, so that an element a kernel forgot to write fails the comparison.

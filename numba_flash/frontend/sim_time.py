@@ -106,7 +106,7 @@ def _tile_edges(n, block):
 
 def kv_tiles_visited(nq, nk, block_m, block_n, left, right):
     """(Q tile, K/V tile) pairs the forward-style loop visits for one head: for each Q tile, the
-    K/V tiles that hold a key some row sees (:func:`~numba_flash.kernels.visibility.
+    K/V tiles that hold a key some row sees (:func:`~numba_flash.kernels.mainloop.visibility.
     tile_key_range_py`, vectorised)."""
     q_start, q_end = _tile_edges(nq, block_m)
     offset = int(nk) - int(nq)
@@ -119,7 +119,7 @@ def kv_tiles_visited(nq, nk, block_m, block_n, left, right):
 
 def q_tiles_visited(nq, nk, block_m, block_n, left, right):
     """(K/V tile, Q tile) pairs the backward's K/V-outer loop visits for one head
-    (:func:`~numba_flash.kernels.visibility.tile_query_range_py`, vectorised)."""
+    (:func:`~numba_flash.kernels.mainloop.visibility.tile_query_range_py`, vectorised)."""
     k_start, k_end = _tile_edges(nk, block_n)
     offset = int(nk) - int(nq)
     lo = np.zeros_like(k_start) if right < 0 else np.maximum(0, k_start - right - offset)

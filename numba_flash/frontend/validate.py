@@ -119,7 +119,6 @@ def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYP
     b, h, nq, d = qs
     if d > 256:
         raise ValueError(f"{q_name}: expected head dim 1..256, got {d}")
-    from .variants import check_value_shape
     check_value_shape(ks, vs, value_dim, k_name, v_name)
     d_v = vs[3]
     bk, hkv, nk, dk = ks
@@ -149,10 +148,10 @@ def check_scale(softmax_scale, d, dtype=None):
 
     A scale within range can still make a score ``scale * q . k`` overflow (``2e38`` with a
     dot product of 2): such a score is non-finite, and a row with one gets ``o`` and ``lse``
-    NaN (the SIMT kernels and decode: :func:`numba_flash.kernels.visibility.make_score`, the rule
-    for a NaN or inf input).  Nothing clamps the scores.  torch's ``softmax(scale * q @ k^T)``
-    also gives NaN for a ``+inf`` score or a row of ``-inf``, but weight 0 to a ``-inf`` score
-    beside a finite one."""
+    NaN (the SIMT kernels and decode: :func:`numba_flash.kernels.mainloop.visibility.make_score`,
+    the rule for a NaN or inf input).  Nothing clamps the scores.  torch's ``softmax(scale * q @
+    k^T)`` also gives NaN for a ``+inf`` score or a row of ``-inf``, but weight 0 to a ``-inf``
+    score beside a finite one."""
     if softmax_scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
@@ -165,7 +164,7 @@ def check_scale(softmax_scale, d, dtype=None):
     if not math.isfinite(s) or s <= 0:
         raise ValueError(f"softmax_scale: expected a finite number > 0, got {softmax_scale!r}")
     if dtype is not None:
-        from ..kernels.common import acc_dtype
+        from ..kernels.core.common import acc_dtype
 
         ct = acc_dtype(dtype)
         lo, hi = float(np.finfo(ct).tiny), float(np.finfo(ct).max) / math.log2(math.e)
@@ -287,10 +286,29 @@ def check_backward_arrays(do, q, k, v, o, lse, value_dim=False):
             what = "q" if d_v == d else "q with v's head dim"
             raise ValueError(f"{name}: expected the shape of {what} {(b, h, nq, d_v)}, got "
                              f"{shape}")
-    from ..kernels.common import acc_dtype  # the compute dtype, which lse is stored in
+    from ..kernels.core.common import acc_dtype  # the compute dtype, which lse is stored in
 
     lse_shape, _ = check_array("lse", lse, 3, dtypes=(acc_dtype(dtype),))
     if lse_shape != (b, h, nq):
         raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
     check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     return checked
+
+
+def check_value_shape(ks, vs, value_dim, k_name="k", v_name="v", d_v_max=256):
+    """``v``'s shape against ``k``'s: equal, or (``value_dim``) equal but for the last dim, a
+    value head dim ``d_v`` in 1..``d_v_max``."""
+    if not value_dim:
+        if ks != vs and ks[:-1] == vs[:-1]:
+            raise ValueError(f"{v_name}: expected the shape of {k_name} {ks} (a value head dim "
+                             f"of its own, {vs[-1]}, is taken by the attention ops and "
+                             f"decode; not by this op yet), got {vs}")
+        if ks != vs:
+            raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
+        return
+    if vs[:-1] != ks[:-1]:
+        raise ValueError(f"{v_name}: expected shape {ks[:-1] + ('d_v',)} (the dims of {k_name} "
+                         f"but the last: a value head dim of its own), got {vs}")
+    if vs[-1] > d_v_max:
+        raise ValueError(f"{v_name}: expected a value head dim d_v in 1..{d_v_max}, got "
+                         f"{vs[-1]}")

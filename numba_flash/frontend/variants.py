@@ -15,7 +15,8 @@ import numbers
 import numpy as np
 
 from .validate import (ATTENTION_DTYPES, INT32_MAX, INT64_MAX, array_info, array_module,
-                       check_array, check_int, check_int_array, check_same_dtype, check_same_kind)
+                       check_array, check_int, check_int_array, check_same_dtype, check_same_kind,
+                       check_value_shape)
 
 
 #: The bound past which a window edge is clamped to unbounded when the caller does not pass its
@@ -58,8 +59,8 @@ def clamp_window(left, right, nq=None, nk=None):
     for sequences up to that length.
 
     Why this cannot overflow: afterwards every edge is -1 or below ``max(Nq, Nk)`` (or 2**30),
-    so every value :mod:`numba_flash.kernels.visibility` computes from the edges (``c - left``,
-    ``c + right + 1``, ``k_end - 1 + left - offset + 1``, ...: at most one edge plus indices
+    so every value :mod:`numba_flash.kernels.mainloop.visibility` computes from the edges (``c -
+    left``, ``c + right + 1``, ``k_end - 1 + left - offset + 1``, ...: at most one edge plus indices
     below ``Nq + Nk``) lies within ``(-2**31, 2**31)`` whenever ``Nq + Nk <= 2**30``, in the
     simulator's int32 arithmetic (the edges reach it as ``np.int32``) as well as in the GPU's
     int64 (the sizes are int64 there).  Before the clamp, ``right = 2**31 - 1`` wrapped
@@ -179,10 +180,11 @@ def check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=None, nk
     Returns ``(window, left, right, softcap, alibi)``: the validated ``window_size`` with edges
     at or past the sequence clamped to -1 (:func:`clamp_window`; ``nq`` / ``nk`` are the longest
     query / key sequence, ``None``: the 2**30 bound), the kernels' window bounds from it with
-    ``causal`` folded in (:func:`~numba_flash.kernels.visibility.window_bounds`), ``softcap`` as
-    a float and the ALiBi slopes as float32 ``[B, H]`` or ``None``.  The bounds fit an int32.
+    ``causal`` folded in (:func:`~numba_flash.kernels.mainloop.visibility.window_bounds`),
+    ``softcap`` as a float and the ALiBi slopes as float32 ``[B, H]`` or ``None``.  The bounds fit
+    an int32.
     """
-    from ..kernels.visibility import window_bounds  # the kernels import frontend, not back
+    from ..kernels.mainloop.visibility import window_bounds  # the kernels import frontend, not back
 
     window = clamp_window(*check_window(window_size), nq, nk)
     left, right = window_bounds(causal, window)
@@ -211,25 +213,6 @@ def check_packed_qkv(q, k, v, value_dim=False):
     if value_dim:
         return total_q, h, hkv, total_k, d, vs[-1], dtype
     return total_q, h, hkv, total_k, d, dtype
-
-
-def check_value_shape(ks, vs, value_dim, k_name="k", v_name="v", d_v_max=256):
-    """``v``'s shape against ``k``'s: equal, or (``value_dim``) equal but for the last dim, a
-    value head dim ``d_v`` in 1..``d_v_max``."""
-    if not value_dim:
-        if ks != vs and ks[:-1] == vs[:-1]:
-            raise ValueError(f"{v_name}: expected the shape of {k_name} {ks} (a value head dim "
-                             f"of its own, {vs[-1]}, is taken by the attention ops and "
-                             f"decode; not by this op yet), got {vs}")
-        if ks != vs:
-            raise ValueError(f"{v_name}: expected the shape of {k_name} {ks}, got {vs}")
-        return
-    if vs[:-1] != ks[:-1]:
-        raise ValueError(f"{v_name}: expected shape {ks[:-1] + ('d_v',)} (the dims of {k_name} "
-                         f"but the last: a value head dim of its own), got {vs}")
-    if vs[-1] > d_v_max:
-        raise ValueError(f"{v_name}: expected a value head dim d_v in 1..{d_v_max}, got "
-                         f"{vs[-1]}")
 
 
 def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,

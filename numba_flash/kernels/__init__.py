@@ -1,19 +1,16 @@
-"""One module per kernel family.
+"""The kernels, by kind (each subpackage's files are one kind):
 
-Each module holds a cached kernel factory (tile sizes and head dim as compile-time constants) and
-``compile_configs()``: the configurations the package can launch on a GPU, which the compile tier
-(:mod:`numba_flash.compile_check`) builds to PTX and assembles with ptxas.  Modules are found by
-name: every module here except the shared helpers of :data:`HELPERS` is a kernel family.
+* ``core/``: what every kernel is written with: the ``kernel_jit`` decorator and its disk cache
+  (``jit``), element types (``elements``), shared types and head-dim rules (``common``), the
+  variant-argument convention (``variant``) and the tile configurations (``tiles``);
+* ``ptx/``: inline-PTX primitives, each with its simulator twin and probe kernels: ``mma.sync``
+  (``mma``), ``wgmma``, and copies / ``ldmatrix`` / ``cp.async`` / ``ex2`` (``stages``);
+* ``mainloop/``: the stages of one K/V tile step: the masking rule (``visibility``), scores
+  (``tile_scores``), the online softmax, the tile walk, the warp GEMM;
+* ``forward/``, ``backward/``, ``decode/``, ``cache/``: the kernel families (``simt``, ``mma``,
+  ``wgmma``; the backward's ``aux_grad``; decode's ``split_kv``, ``mla`` and ``merge``; the KV
+  cache's ``append`` and ``rotary``).
+
+The teaching kernels live in :mod:`numba_flash.teach`, the compile tier's list of the modules
+with launchable configurations in :mod:`numba_flash.tools.catalog`.
 """
-
-import pkgutil as _pkgutil
-
-#: modules that hold no kernel of their own: ``common`` (types, head dims), ``jit`` (the kernel
-#: decorator and its disk cache), ``visibility`` (the masking rule), ``tiles`` (the kernel
-#: configurations and tile choices), ``variant`` (the variant-argument convention) and the
-#: mainloop stages ``online_softmax``, ``tile_scores``, ``tile_walk`` (their kernels are the
-#: families')
-HELPERS = ("common", "jit", "visibility", "tiles", "variant", "online_softmax", "tile_scores",
-           "tile_walk")
-
-KERNEL_MODULES = sorted(m.name for m in _pkgutil.iter_modules(__path__) if m.name not in HELPERS)

@@ -1,6 +1,6 @@
 """Gradients of a user's aux tensors, for :func:`numba_flash.backward` and
 :func:`numba_flash.backward_varlen` (``aux_grad=``): the checks before any launch
-(:func:`prepare_aux_grad`) and the launch of :mod:`numba_flash.kernels.aux_grad`
+(:func:`prepare_aux_grad`) and the launch of :mod:`numba_flash.kernels.backward.aux_grad`
 (:func:`aux_gradients`).
 
 The user's function::
@@ -25,8 +25,8 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork
-from ..kernels.aux_grad import aux_grad_grid, aux_grad_kernel, default_shape
-from ..kernels.common import acc_dtype, cdiv
+from ..kernels.backward.aux_grad import aux_grad_grid, aux_grad_kernel, default_shape
+from ..kernels.core.common import acc_dtype, cdiv
 
 __all__ = ["AuxGrad", "prepare_aux_grad", "check_aux_grad", "aux_gradients"]
 

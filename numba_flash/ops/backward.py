@@ -15,9 +15,12 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork, tiled_work
 from ..frontend.validate import array_module, check_backward_arrays, check_bool, check_scale
 from ..frontend.variants import check_sink, check_variants
-from ..kernels.backward import (default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid,
-                                preprocess_kernel, reduce_kernel, row_lanes, row_mass_kernel)
-from ..kernels.common import acc_dtype, cdiv
+from ..kernels.backward.config import backward_simt_config
+from ..kernels.backward.simt import (
+    default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid, preprocess_kernel,
+    reduce_kernel, row_lanes, row_mass_kernel,
+)
+from ..kernels.core.common import acc_dtype, cdiv
 from ..flex.launch import prepare_variant
 from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
@@ -116,14 +119,14 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     ``n_seq`` sequences (``B``, or the ``cu_seqlens`` entries - 1), the longest ``max_nq`` /
     ``max_nk`` (``lens``: each sequence's ``(nq, nk)``, for the simulator's time estimate;
     default ``n_seq`` times the longest); ``alibi`` a validated ``[n_seq, H]`` float32 array or
-    None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward`);
+    None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward.simt`);
     ``user_variant``: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`) or
     None; ``sink``: the learnable sink logits (float32 ``[H]`` device array) or None.
 
-    float32 runs :func:`~numba_flash.kernels.backward.row_mass_kernel` first: every later
+    float32 runs :func:`~numba_flash.kernels.backward.simt.row_mass_kernel` first: every later
     kernel reads its ``dO`` with each row divided by that row's ``c_i = sum_j exp(S_ij -
     lse_i)`` where ``lse_i`` is the rounded log-sum-exp of exactly these keys (the module
-    docstring of :mod:`numba_flash.kernels.backward`, "The stored lse").
+    docstring of :mod:`numba_flash.kernels.backward.simt`, "The stored lse").
     """
     ba, h, nq_rows, d = q_in.shape
     hkv, nk_rows = k_in.shape[1], k_in.shape[2]
@@ -145,7 +148,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     delta = call.empty(lse_in.shape, acc_t)
     if cu_q is None:  # dense: never read, but the kernels take an int32 array there
         cu_q = cu_k = call.zeros((1,), np.int32)
-    # the variant (kernels/variant.py): ALiBi slopes always (zeros when off), () for no dropout
+    # the variant (kernels/core/variant.py): ALiBi slopes always (zeros when off), () for no dropout
     # and no user variant (no kernel parameter); the sink, read by row_mass_kernel alone
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (n_seq, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if dropout else None,
@@ -157,15 +160,17 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
             call.launch(kernel, grid, block, *args, work=work)
 
     lens = [(max_nq, max_nk)] * n_seq if lens is None else list(lens)
-    block_m, block_n, head_dim, threads = default_tiles(max(d, d_v), dtype)
+    tiles = default_tiles(max(d, d_v), dtype)
+    block_m, block_n, head_dim, threads = tiles
+    cfg = backward_simt_config(tiles, dtype, dropout, user)
 
     # 0. float32: dO with row i divided by c_i = sum_j exp(S_ij - lse_i) where lse_i is the
-    # rounded log-sum-exp of these very keys (kernels/backward.py, "The stored lse"); the same
+    # rounded log-sum-exp of these very keys (kernels/backward/simt.py, "The stored lse"); the same
     # as dividing row i of P (and D_i with it), never the inputs' own dO
     if dtype == np.float32:
         do_p = call.empty(do_in.shape, acc_t)
         tiles_q = cdiv(max_nq, block_m)
-        launch(row_mass_kernel(block_m, block_n, head_dim, threads, dtype, user),
+        launch(row_mass_kernel(cfg._replace(DROPOUT=False)),
                fold_grid(tiles_q, n_seq, h), (threads,),
                q_in, k_in, do_in, lse_in, do_p, cu_q, cu_k, va, int(varlen), tiles_q,
                work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,
@@ -182,7 +187,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
 
     # 2. dK, dV (and dQ by atomics unless deterministic): one block per (K/V tile, b, head)
     tiles_k = cdiv(max_nk, block_n)
-    launch(dkdv_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
+    launch(dkdv_kernel(cfg),
            fold_grid(tiles_k, n_seq, h), (threads,),
            q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va,
            int(varlen), tiles_k, 0 if deterministic else 1,
@@ -192,7 +197,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     # 3. deterministic dQ: one block per (Q tile, b, head), no atomics
     if deterministic:
         tiles_q = cdiv(max_nq, block_m)
-        launch(dq_kernel(block_m, block_n, head_dim, threads, dtype, dropout, user),
+        launch(dq_kernel(cfg),
                fold_grid(tiles_q, n_seq, h), (threads,),
                q_in, k_in, v_in, do_in, lse_in, delta, dq_accum, cu_q, cu_k, va, int(varlen),
                tiles_q,
@@ -231,9 +236,9 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     ``softmax_scale`` defaults to ``1/sqrt(d)``.  Each gradient comes in its input's shape and
     dtype; ``dk`` and ``dv`` are summed over each GQA group.
 
-    ``P`` is recomputed from ``lse`` (see :mod:`numba_flash.kernels.backward`).  dQ is summed over
-    K/V blocks with atomic adds by default; ``deterministic=True`` computes it in a second kernel
-    without atomics, so two runs give bitwise identical gradients (a little slower).
+    ``P`` is recomputed from ``lse`` (see :mod:`numba_flash.kernels.backward.simt`).  dQ is summed
+    over K/V blocks with atomic adds by default; ``deterministic=True`` computes it in a second
+    kernel without atomics, so two runs give bitwise identical gradients (a little slower).
 
     Dropout: pass the forward's ``dropout_p`` (a real in ``[0, 1)``) and ``seed`` (an integer in
     ``[0, 2**64)``), and its dropped ``o``; the kernels redraw the forward's keep-mask

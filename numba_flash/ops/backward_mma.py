@@ -4,7 +4,7 @@
 (``D = rowsum(dO * O)``, ``dq_accum = 0``), the tensor-core dK/dV kernel (with atomic dQ, or the
 deterministic tensor-core dQ kernel after it), then the SIMT reduce kernel sums each GQA group's
 dK/dV in a fixed order and casts dQ, dK, dV to the input dtype (see
-:mod:`numba_flash.kernels.backward_mma`).  A user's variant (``score_mod`` with its
+:mod:`numba_flash.kernels.backward.mma`).  A user's variant (``score_mod`` with its
 ``score_mod_grad``, ``mask_mod``, ``block_mask``, ``aux_tensors``) is compiled into the
 tensor-core kernels (``USER``).
 """
@@ -15,13 +15,15 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork, tiled_work
-from ..kernels.backward import (elem_threads, fold_grid, preprocess_kernel, reduce_kernel,
-                                row_lanes)
-from ..kernels.backward_mma import (MMA_DTYPES, backward_mma_config, dkdv_mma_kernel,
-                                    dkdv_passes, dq_mma_kernel, dq_passes)
-from ..kernels.common import cdiv
-from ..kernels.forward_mma import vector_copies
-from ..kernels.variant import Variant
+from ..kernels.backward.simt import (
+    elem_threads, fold_grid, preprocess_kernel, reduce_kernel, row_lanes,
+)
+from ..kernels.backward.mma import (
+    MMA_DTYPES, backward_mma_config, dkdv_mma_kernel, dkdv_passes, dq_mma_kernel, dq_passes,
+)
+from ..kernels.core.common import cdiv
+from ..kernels.forward.mma import vector_copies
+from ..kernels.core.variant import Variant
 from ..philox import dropout_params
 from .backward import check_backward_args, user_build
 from .forward import no_sink, user_arrays

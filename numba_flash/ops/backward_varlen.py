@@ -10,7 +10,7 @@ from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, chec
                                  check_same_kind, check_scale)
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
                                  check_variants)
-from ..kernels.common import acc_dtype
+from ..kernels.core.common import acc_dtype
 from ..philox import dropout_params
 from .aux_grad import aux_gradients, prepare_aux_grad
 from .backward import launch_backward, sink_gradient

@@ -1,8 +1,8 @@
 """``numba_flash.decode`` (FlashDecoding over a contiguous or paged KV cache) and
 ``numba_flash.merge_states`` (the log-sum-exp merge of partial attention states).
 
-The decode is one launch (:mod:`numba_flash.kernels.decode`): split-KV blocks, and the last block
-of each (sequence, kv head) to finish merges the splits.  With CuPy inputs and the default
+The decode is one launch (:mod:`numba_flash.kernels.decode.split_kv`): split-KV blocks, and the last
+block of each (sequence, kv head) to finish merges the splits.  With CuPy inputs and the default
 ``validate=False`` a call only enqueues work on the current stream (no host copy of
 ``cache_seqlens`` or ``block_table``, no synchronisation), so a serving loop can capture it in a
 CUDA graph; the kernel itself checks every table entry and length it uses.  With
@@ -15,8 +15,8 @@ one-column block table.
 Split policy (batch invariance)
 -------------------------------
 Each sequence's split boundaries come from its own length only (computed in the kernel, see
-:func:`numba_flash.kernels.decode.split_policy`): with ``num_splits=None`` enough splits that one
-sequence fills the GPU (the SM count is a constant, 132), of at least 256 keys (16 in the
+:func:`numba_flash.kernels.decode.split_kv.split_policy`): with ``num_splits=None`` enough splits
+that one sequence fills the GPU (the SM count is a constant, 132), of at least 256 keys (16 in the
 simulator); with ``num_splits=S`` a split covers ``cdiv(L, S)`` keys rounded up to a whole block
 step.  The grid spans the most splits any sequence the cache can hold may have; splits past a
 sequence's end are empty (``lse = -inf``) and the combine skips them.  So one sequence's result
@@ -38,16 +38,16 @@ from ..frontend.validate import (
 )
 from ..frontend.variants import (check_alibi, check_sink, check_sink_values, check_softcap,
                                  check_value_shape, check_window, clamp_window, sink_logits)
-from ..kernels.common import acc_dtype, cdiv
-from ..kernels.decode import (
-    block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim, split_grid,
-    split_policy, vector_loads,
+from ..kernels.core.common import acc_dtype, cdiv
+from ..kernels.decode.split_kv import (
+    block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim,
+    split_grid, split_policy, vector_loads,
 )
-from ..kernels.merge import default_threads as merge_threads, merge_grid, merge_kernel
-from ..kernels.mla_decode import mla_decode_config, mla_decode_grid, mla_decode_kernel
-from ..kernels.forward_mma import vector_copies
-from ..kernels.tiles import MMA_DTYPES
-from ..kernels.visibility import window_bounds
+from ..kernels.decode.merge import default_threads as merge_threads, merge_grid, merge_kernel
+from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_kernel
+from ..kernels.forward.mma import vector_copies
+from ..kernels.core.config import MMA_DTYPES
+from ..kernels.mainloop.visibility import window_bounds
 from .forward import kernel_variant, no_sink
 from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
                        launch_append, validate_append, write_back)
@@ -200,7 +200,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     * ``causal``, ``window_size=(left, right)``, ``softcap``, ``alibi_slopes`` (float32 ``[H]``
       or ``[B, H]``): flash-attn's variants, bottom-right aligned: query token ``i`` of ``Nq``
       sits at key column ``i + L - Nq`` (``causal`` is ``right = 0``; see
-      :mod:`numba_flash.kernels.visibility`).  GQA/MQA: query head ``h`` reads kv head
+      :mod:`numba_flash.kernels.mainloop.visibility`).  GQA/MQA: query head ``h`` reads kv head
       ``h // (H // Hkv)``.
     * a value head dim of its own: ``v_cache`` (and ``v_new``) ``[..., d_v]`` with ``d_v`` in
       1..256 (``o`` has ``d_v`` columns; the default scale stays ``1/sqrt(d)``).  MLA's
@@ -209,7 +209,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       DeepSeek's ``512 + 64``, read twice, never copied); not with ``k_new``.
     * ``kernel``: ``"auto"`` (default), ``"mma"`` or ``"simt"``.  MLA's absorbed decode in
       float16 / bfloat16 with ``d`` and ``head_dim_v`` multiples of 64 and no softcap, ALiBi or
-      user functions runs on tensor cores (:mod:`numba_flash.kernels.mla_decode`: 16 heads of
+      user functions runs on tensor cores (:mod:`numba_flash.kernels.decode.mla`: 16 heads of
       one query token per block share each read of the latent cache); ``"auto"`` takes it
       wherever it applies, ``"mma"`` asks for it (a ``ValueError`` naming ``kernel`` says why
       it cannot), ``"simt"`` keeps the split-KV SIMT kernel every other call runs.
@@ -451,7 +451,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                               n_slots, b, hkv, nnew, d, dtype)
     d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
-    if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/mla_decode.py)
+    if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(
             call, dq, dk_, d_table, paged_kernel, d_len, d_pad, mla, shape=(b, h, hkv, nq, d, d_v),
             dtype=dtype, scale=scale, window=(left, right), sink=sink, n_cache=n_cache,

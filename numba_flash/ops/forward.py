@@ -11,10 +11,11 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import check_bool, check_qkv, check_scale, check_tile
 from ..frontend.variants import check_sink, check_variants
-from ..kernels.common import acc_dtype, cdiv
-from ..kernels.forward import (choose_tiles, explicit_tiles, forward_config, forward_grid,
-                               forward_kernel, vector_tiles)
-from ..kernels.variant import Variant
+from ..kernels.core.common import acc_dtype, cdiv
+from ..kernels.forward.simt import (
+    choose_tiles, explicit_tiles, forward_simt_config, forward_grid, forward_kernel, vector_tiles,
+)
+from ..kernels.core.variant import Variant
 from ..philox import dropout_params
 from .kernel_choice import KERNELS, check_forward_kernel, import_mma  # noqa: F401  (KERNELS)
 
@@ -91,7 +92,7 @@ def user_arrays(call, variant):
 
 def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=(1, 1),
                    dropout=None, variant=None, sink=None):
-    """The kernels' :class:`~numba_flash.kernels.variant.Variant` of a validated call, on the
+    """The kernels' :class:`~numba_flash.kernels.core.variant.Variant` of a validated call, on the
     inputs' device, scalars in the compute type ``acc_t``: ``alibi`` float32 ``[B, H]`` or None
     (then zeros of shape ``bh``: ``(B, H)`` for a build that reads slopes, the score-modifier
     SIMT build); ``dropout``: the ``(seed_lo, seed_hi, threshold, keep_scale)`` of
@@ -108,7 +109,7 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
 
 
 def no_sink(call):
-    """:class:`~numba_flash.kernels.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
+    """:class:`~numba_flash.kernels.core.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
     return call.input(np.full(1, -np.inf, np.float32))
 
 
@@ -151,12 +152,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     Same contract as :func:`numba_flash.reference.attention`: ``S = softmax_scale * Q K^T``
     (default ``1/sqrt(d)``).
 
-    Which keys a query sees (flash-attn's conventions, :mod:`numba_flash.kernels.visibility`):
-    query ``i`` sits at key column ``c = i + Nk - Nq`` (bottom-right alignment) and sees key
-    ``j`` iff ``c - left <= j <= c + right`` for ``window_size = (left, right)`` (``-1``:
-    unbounded on that side); ``causal=True`` means ``right = 0``.  A row that sees no key gets
-    ``o = 0``, ``lse = -inf``.  ``softcap > 0`` replaces each scaled score ``s`` by ``softcap *
-    tanh(s / softcap)``; ``alibi_slopes`` (float32 ``[H]`` or ``[B, H]``) then subtracts ``slope
+    Which keys a query sees (flash-attn's conventions,
+    :mod:`numba_flash.kernels.mainloop.visibility`): query ``i`` sits at key column ``c = i + Nk -
+    Nq`` (bottom-right alignment) and sees key ``j`` iff ``c - left <= j <= c + right`` for
+    ``window_size = (left, right)`` (``-1``: unbounded on that side); ``causal=True`` means ``right
+    = 0``.  A row that sees no key gets ``o = 0``, ``lse = -inf``.  ``softcap > 0`` replaces each
+    scaled score ``s`` by ``softcap * tanh(s / softcap)``; ``alibi_slopes`` (float32 ``[H]`` or
+    ``[B, H]``) then subtracts ``slope
     * |c - j|``.  K/V tiles wholly outside the visible band are never read, so windowed
     attention costs ``O(Nq * window)``.
 
@@ -168,7 +170,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     float64 inputs.  float16 and bfloat16 (``ml_dtypes.bfloat16``) compute in float32, float64
     in float64.  ``block_m`` / ``block_n``
     pick other compiled SIMT tile shapes (see
-    :func:`numba_flash.kernels.forward.explicit_tiles`); ``None`` takes the backend's default.
+    :func:`numba_flash.kernels.forward.simt.explicit_tiles`); ``None`` takes the backend's default.
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend); bfloat16 in, bfloat16 out.
 
     ``dropout_p`` in ``[0, 1)`` drops each attention probability with that probability and
@@ -178,7 +180,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     dropout_p)`` (``h`` the query head), whatever the tiles; the same seed gives the same
     output.  ``dropout_p = 0`` runs the plain kernel (no random numbers drawn).
 
-    ``kernel``: ``"simt"`` (the FMA kernel of :mod:`numba_flash.kernels.forward`, every dtype),
+    ``kernel``: ``"simt"`` (the FMA kernel of :mod:`numba_flash.kernels.forward.simt`, every dtype),
     ``"mma"`` (tensor cores, float16 and bfloat16: :func:`numba_flash.ops.forward_mma.forward_mma`)
     or ``"auto"``: ``"mma"`` for float16 / bfloat16 on a GPU of compute capability >= 8.0
     without explicit
@@ -234,7 +236,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
     vec = (vector_tiles(dtype, d, tiles[2], dq, dk, dv)       # cp.async copies
            and vector_tiles(dtype, d_v, tiles[2]))
-    cfg = forward_config(d_tile, dtype, use_dropout, use_mods, tiles=tiles, vec=vec,
+    cfg = forward_simt_config(d_tile, dtype, use_dropout, use_mods, tiles=tiles, vec=vec,
                          user=user_build(variant), own_v=d_v != d)
     o = call.empty((b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)

@@ -2,7 +2,7 @@
 ``mma.sync.m16n8k16``).
 
 ``numba_flash.forward(..., kernel="mma")`` calls it; it takes the same arguments as the SIMT
-forward except the tile choice.  See :mod:`numba_flash.kernels.forward_mma` for the kernel.
+forward except the tile choice.  See :mod:`numba_flash.kernels.forward.mma` for the kernel.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..kernels.forward_mma import (MMA_DTYPES, forward_grid, forward_mma_config,
-                                   forward_mma_kernel, vector_copies)
+from ..kernels.forward.mma import (
+    MMA_DTYPES, forward_grid, forward_mma_config, forward_mma_kernel, vector_copies,
+)
 from .forward import check_forward_args, check_forward_variant, launch_tensor_core, user_build
 
 

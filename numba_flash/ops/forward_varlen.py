@@ -15,9 +15,10 @@ from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_
                                  check_scale, is_device_array)
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
                                  check_value_shape, check_variants)
-from ..kernels.common import acc_dtype, cdiv
-from ..kernels.forward import (default_tiles, forward_config, forward_grid, forward_kernel,
-                               vector_tiles)
+from ..kernels.core.common import acc_dtype, cdiv
+from ..kernels.forward.simt import (
+    default_tiles, forward_simt_config, forward_grid, forward_kernel, vector_tiles,
+)
 from ..philox import dropout_params
 from .forward import kernel_variant, user_build
 from .kv_cache import host_ints
@@ -222,7 +223,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     # user's variant rides on it; one HEAD_DIM holds d and d_v
     head_dim = default_tiles(max(d, d_v), dtype, mods=True)[2]
     vec = vector_tiles(dtype, d, head_dim, dq, dk, dv) and vector_tiles(dtype, d_v, head_dim)
-    cfg = forward_config(max(d, d_v), dtype, use_dropout, True, True, paged,
+    cfg = forward_simt_config(max(d, d_v), dtype, use_dropout, True, True, paged,
                          user=user_build(variant), vec=vec, own_v=d_v != d)  # cp.async copies
     seqs = (call.input(cu_q), call.input(cu_k))
     if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)

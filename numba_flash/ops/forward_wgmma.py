@@ -4,7 +4,7 @@ instruction (float16 or bfloat16, ``wgmma.mma_async``, sm_90a).
 It takes what the ``mma.sync`` forward takes (:func:`numba_flash.ops.forward_mma.forward_mma`),
 for head dims up to 128 with ``v`` as wide as ``q``; it runs in the simulator everywhere and on a
 GPU of compute capability 9.0.  ``kernel="auto"`` does not choose it: its speed on a GPU is
-unmeasured.  See :mod:`numba_flash.kernels.forward_wgmma` for the kernel.
+unmeasured.  See :mod:`numba_flash.kernels.forward.wgmma` for the kernel.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..kernels.forward_wgmma import (MMA_DTYPES, WGMMA_HEAD_DIMS, forward_grid,
-                                     forward_wgmma_kernel, wgmma_forward_config)
-from ..kernels.tiles import wgmma_head_dim
-from ..kernels.forward_mma import vector_copies
+from ..kernels.forward.wgmma import (
+    MMA_DTYPES, WGMMA_HEAD_DIMS, forward_grid, forward_wgmma_kernel, forward_wgmma_config,
+)
+from ..kernels.forward.config import wgmma_head_dim
+from ..kernels.forward.mma import vector_copies
 from .forward import launch_tensor_core, user_build
 
 
@@ -36,7 +37,7 @@ def launch_forward_wgmma(q, k, v, args, variant=None):
                          "use kernel='mma' for a value head dim of its own")
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_wgmma")
     dq, dk, dv = call.input(q), call.input(k), call.input(v)
-    cfg = wgmma_forward_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
+    cfg = forward_wgmma_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
                                SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
                                USER=user_build(variant),
                                VEC=vector_copies(d, wgmma_head_dim(d), dq, dk, dv))

@@ -1,6 +1,6 @@
 """``numba_flash.append_kv``: write new tokens' K/V into a contiguous or paged KV cache.
 
-One launch (:mod:`numba_flash.kernels.kv_cache`) copies the new rows and writes the new lengths.
+One launch (:mod:`numba_flash.kernels.cache.append`) copies the new rows and writes the new lengths.
 The caches are written in place (NumPy caches: the device copy is written back into them; a
 CuPy cache must be C-contiguous, it is written where it lies); every other input is left as it
 came.  The shape checks and the host value checks live here so that
@@ -17,8 +17,8 @@ from ..frontend.validate import (
     ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
     check_same_kind, is_device_array,
 )
-from ..frontend.variants import check_value_shape
-from ..kernels.kv_cache import append_grid, append_kernel, default_threads
+from ..frontend.validate import check_value_shape
+from ..kernels.cache.append import append_grid, append_kernel, default_threads
 
 #: integer dtypes the kernels read directly; others are converted
 _KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))

@@ -1,5 +1,5 @@
 """``numba_flash.apply_rotary``: rotary position embedding as flash-attn's ``apply_rotary_emb``
-(:mod:`numba_flash.kernels.rotary`), and the checks :func:`numba_flash.decode` shares for its
+(:mod:`numba_flash.kernels.cache.rotary`), and the checks :func:`numba_flash.decode` shares for its
 ``rotary_cos``/``rotary_sin``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..frontend.validate import (
     ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_dtype,
     check_same_kind, is_device_array,
 )
-from ..kernels.rotary import default_threads, rotary_grid, rotary_kernel
+from ..kernels.cache.rotary import default_threads, rotary_grid, rotary_kernel
 from .kv_cache import host_ints, kernel_ints
 
 

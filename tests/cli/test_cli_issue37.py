@@ -126,9 +126,10 @@ def test_compile_check_sass_without_the_nvdisasm_wheel_names_it(monkeypatch, cap
 ])
 def test_compile_check_module_takes_no_system_tool(monkeypatch, capsys, tmp_path, argv, tool,
                                                    wheel):
-    """``python -m numba_flash.compile_check`` (what the subcommand runs) uses the wheel's tools
-    only: a ptxas on PATH is another toolchain.  One line naming the wheel, status 2, no table."""
-    from numba_flash import compile_check as cc
+    """``python -m numba_flash.tools.compile_check`` (what the subcommand runs) uses the wheel's
+    tools only: a ptxas on PATH is another toolchain.  One line naming the wheel, status 2, no
+    table."""
+    from numba_flash.tools import compile_check as cc
 
     _only_a_system_tool(monkeypatch, tmp_path, tool)
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")
@@ -153,7 +154,7 @@ def _plain_terminal(monkeypatch):
 
 
 def test_compile_check_progress_bar_draws_on_a_terminal_only(monkeypatch):
-    from numba_flash.compile_check import progress_bar
+    from numba_flash.tools.compile_check import progress_bar
 
     _plain_terminal(monkeypatch)
     tty, log = _Terminal(), io.StringIO()
@@ -170,7 +171,7 @@ def test_compile_check_progress_bar_draws_on_a_terminal_only(monkeypatch):
 def test_compile_check_shows_progress_on_stderr_and_keeps_its_table(monkeypatch, capsys):
     """main with a tiny selection (the builds faked: no compile): on a terminal stderr shows
     "configuration i of n" and the name; stdout, the table, is the same with or without it."""
-    from numba_flash import compile_check as cc
+    from numba_flash.tools import compile_check as cc
 
     _plain_terminal(monkeypatch)
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")

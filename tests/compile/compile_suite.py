@@ -1,9 +1,9 @@
 """The compile tier's selection and its one build (shared by tests/compile's modules).
 
-``table()`` runs ``python -m numba_flash.compile_check --sass --suite --json`` once per test
+``table()`` runs ``python -m numba_flash.tools.compile_check --sass --suite --json`` once per test
 process, in a process where ``numba.cuda`` is the real CUDA target (the simulator cannot
 compile), with no wall-clock limit: a slow or busy machine makes the tier slower, never red.
-Its builds are kept in a :class:`numba_flash.compile_check.BuildCache` under pytest's cache
+Its builds are kept in a :class:`numba_flash.tools.compile_check.BuildCache` under pytest's cache
 directory (``.pytest_cache/d/compile-tier``, keyed by the package's sources and the
 toolchain's versions): a second run on the same checkout rebuilds nothing, and the xdist
 workers that need the table at once build disjoint configurations (a build in progress is
@@ -19,8 +19,9 @@ import sys
 
 import pytest
 
-from numba_flash.compile_check import (all_configs, arch_name, find_ptxas, goal_config,
-                                       wgmma_goal_config)
+from numba_flash.tools.compile_check import (
+    all_configs, arch_name, find_ptxas, goal_config, wgmma_goal_config,
+)
 
 #: the suite's selection (compile_check.in_suite); `numba-flash compile-check` builds them all
 SUITE = list(all_configs(suite=True))
@@ -48,7 +49,7 @@ def build_table(cache_dir, out):
     if find_ptxas() is None:
         pytest.fail("ptxas not found: the test extra installs nvidia-cuda-nvcc")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-m", "numba_flash.compile_check", "--sass",
+    proc = subprocess.run([sys.executable, "-m", "numba_flash.tools.compile_check", "--sass",
                            "--suite", "--json", str(out), "--cache", str(cache_dir),
                            "--jobs", str(build_jobs())],
                           env=env, capture_output=True, text=True)

@@ -26,7 +26,8 @@ NAME = "backward row_mass M32 N32 D64 float32"
 #: run with NUMBA_ENABLE_CUDASIM=0: prints {"installed": bool, "ptx": sha256 of the PTX}
 BUILD = r"""
 import hashlib, json, sys
-from numba_flash import compile_check as cc, numba_inline
+from numba_flash import numba_inline
+from numba_flash.tools import compile_check as cc
 
 cfg = next(c for c in cc.all_configs(suite=True) if c["name"] == sys.argv[1])
 ptx = cc.ptx_for_archs(cfg, [(9, 0)])[(9, 0)]

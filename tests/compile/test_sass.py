@@ -1,11 +1,11 @@
-"""numba_flash.sass on hand-written listings: the loop it finds, the path it counts and the
+"""numba_flash.tools.sass on hand-written listings: the loop it finds, the path it counts and the
 figures it derives (no toolchain needed; the compile tier runs it on every real kernel)."""
 
 from __future__ import annotations
 
 import pytest
 
-from numba_flash import sass
+from numba_flash.tools import sass
 
 HEAD = ".text.kern:\n"
 

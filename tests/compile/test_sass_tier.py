@@ -1,7 +1,7 @@
 """SASS tier: one steady-state loop iteration of every sm_90 (sm_90a) build of the compile tier
-counted (``numba_flash.sass``), failing when a kernel's count grows more than 10% over the table
-committed in docs/resources.md, and the static goals' issue and shared-read bounds.  The builds
-are the compile tier's (the ``table`` fixture of conftest.py).
+counted (``numba_flash.tools.sass``), failing when a kernel's count grows more than 10% over the
+table committed in docs/resources.md, and the static goals' issue and shared-read bounds.  The
+builds are the compile tier's (the ``table`` fixture of conftest.py).
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def test_sass_finds_the_mma_loop_of_every_tensor_core_kernel(table):
 def test_the_goal_configurations_are_selected_by_their_fields():
     """The suite builds exactly one configuration of each static goal (the tensor-core forward,
     the dK/dV and the dQ kernel, float16 without flags, at d = 64 and 128), found by the
-    configurations' fields (kernels/tiles.py), whatever their tiles: a new tile shape in a
+    configurations' fields (kernels/core/config.py), whatever their tiles: a new tile shape in a
     tile-choice table cannot drop one from the suite without this failing."""
-    from numba_flash.kernels.tiles import BackwardMmaConfig
+    from numba_flash.kernels.backward.config import BackwardMmaConfig
 
     kinds = sorted((getattr(c["config"], "KIND", "forward"), c["config"].HEAD_DIM)
                    for c in GOALS.values())

@@ -1,5 +1,5 @@
-"""Compile tier for the wgmma stages: the probe kernels of ``numba_flash.kernels.wgmma`` built to
-PTX for ``cc=(9, 0, "a")`` (``.target sm_90a``), assembled by ``ptxas -arch=sm_90a`` and read
+"""Compile tier for the wgmma stages: the probe kernels of ``numba_flash.kernels.ptx.wgmma`` built
+to PTX for ``cc=(9, 0, "a")`` (``.target sm_90a``), assembled by ``ptxas -arch=sm_90a`` and read
 back by nvdisasm, in a separate process where ``numba.cuda`` is the real CUDA target.
 
 Each probe must assemble with no spill, no stack frame and at most 48 KiB of static shared
@@ -19,16 +19,16 @@ from collections import Counter
 
 import pytest
 
-from numba_flash.compile_check import find_nvidia_tool, find_ptxas
-from numba_flash.kernels.common import SMEM_LIMIT
+from numba_flash.tools.compile_check import find_nvidia_tool, find_ptxas
+from numba_flash.kernels.core.common import SMEM_LIMIT
 
 pytestmark = pytest.mark.compile
 
 #: run with NUMBA_ENABLE_CUDASIM=0: one JSON row per probe on stdout's last line
 BUILD = r"""
 import json, os, sys
-from numba_flash import compile_check as cc, sass
-from numba_flash.kernels import wgmma
+from numba_flash.tools import compile_check as cc, sass
+from numba_flash.tools.catalog import ptx
 
 cache = cc.BuildCache(sys.argv[1])   # the compile tier's cache: one file for all the probes
 kept = os.path.join(cache.dir, "wgmma-probes.json")
@@ -47,7 +47,7 @@ def assemble(ptx, arch):
     return rc, text, ops
 
 rows = []
-for cfg in wgmma.compile_configs():
+for cfg in ptx.wgmma_configs():
     ccs = [cfg["cc"]] + ([(9, 0)] if not rows else [])  # the first also for plain sm_90
     ptxs = cc.ptx_for_archs(cfg, ccs)
     ptx = ptxs[cfg["cc"]]
@@ -78,9 +78,9 @@ def rows(compile_cache):
 
 
 def probe_names():
-    from numba_flash.kernels import wgmma
+    from numba_flash.tools.catalog import ptx
 
-    return [cfg["name"] for cfg in wgmma.compile_configs()]
+    return [cfg["name"] for cfg in ptx.wgmma_configs()]
 
 
 @pytest.mark.parametrize("name", probe_names())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from numba_flash import reference
-from numba_flash.kernels.elements import BFLOAT16
+from numba_flash.kernels.core.elements import BFLOAT16
 from numba_flash.distributed import (contiguous_shard, contiguous_unshard, rank_chunks,
                                      ring_backward, ring_forward, shard_positions, zigzag_shard,
                                      zigzag_unshard)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from numba_flash import reference as ref
-from numba_flash.pictures import SKIPPED, tile_kinds
+from numba_flash.tools.pictures import SKIPPED, tile_kinds
 from causal_demo import alignment_case, empty_rows_case, nan_tile_rows
 
 
@@ -48,7 +48,7 @@ def test_kernel_tile_ranges_give_the_pictured_kinds():
     """The forward kernel's per-block ranges (visibility.py, run on the host by variants_demo)
     classify causal tiles as the page's map does: skipped, full, masked (diagonal), except that
     the kernel also masks a ragged last K/V tile (its padded keys score 0, not -inf)."""
-    from numba_flash.pictures import DIAGONAL, FULL
+    from numba_flash.tools.pictures import DIAGONAL, FULL
     from variants_demo import FULL as K_FULL, MASKED, SKIPPED as K_SKIPPED
     from variants_demo import tile_kinds as kernel_kinds
 

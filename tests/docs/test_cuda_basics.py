@@ -46,7 +46,7 @@ def test_every_python_block_of_the_page_runs_alone(tmp_path):
     blocks = page_blocks(PAGE.read_text())
     # the one excerpt: the inside of the naive kernel factory (the page says so); it runs
     # through the launch block that follows it
-    excerpts = [c for d, c in blocks if "include: numba_flash/kernels/naive_forward.py" in d]
+    excerpts = [c for d, c in blocks if "include: numba_flash/teach/kernels/naive_forward.py" in d]
     runnable = [c for d, c in blocks if "include: numba_flash/" not in d]
     assert len(excerpts) == 1 and len(runnable) == len(blocks) - 1 >= 7
     for code, rc, err in run_alone(runnable, tmp_path):

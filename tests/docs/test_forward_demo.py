@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from numba_flash.kernels import forward as kf
+from numba_flash.kernels.forward import simt as kf
 import snippets
 from forward_demo import budget_rows, notes_triton_forward, triton_case
 

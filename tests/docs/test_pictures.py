@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from numba_flash.pictures import DIAGONAL, FULL, PICTURES, SKIPPED, draw_all, tile_kinds
+from numba_flash.tools.pictures import DIAGONAL, FULL, PICTURES, SKIPPED, draw_all, tile_kinds
 
 
 def test_draw_all_writes_every_png(tmp_path):
@@ -37,7 +37,7 @@ def test_roofline_tiled_intensity_matches_counted_traffic():
     the counted Q-outer loop of docs/loop-order.md moves (statistics aside)."""
     from notes_code import q_outer_forward
 
-    from numba_flash.pictures import ROOFLINE, tiled_intensity
+    from numba_flash.tools.pictures import ROOFLINE, tiled_intensity
 
     n, d, bm = 256, 16, 64
     rng = np.random.default_rng(0)
@@ -53,8 +53,8 @@ def test_tile_ownership_picture_reads_the_kernel():
     """The barrier timeline is every commented syncthreads of the forward kernel, in order."""
     import inspect
 
-    from numba_flash.kernels import forward
-    from numba_flash.pictures import forward_barriers
+    from numba_flash.kernels.forward import simt as forward
+    from numba_flash.tools.pictures import forward_barriers
 
     src = inspect.getsource(forward.forward_kernel)
     assert len(forward_barriers()) == src.count("cuda.syncthreads()") >= 2
@@ -73,7 +73,7 @@ def test_every_picture_is_committed_and_embedded_in_a_page():
 def test_grid_picture_mapping_is_the_kernels():
     """thread_index is scale_add's i = blockIdx.x * blockDim.x + threadIdx.x, spare threads
     included: the last block has threads * blocks - n of them."""
-    from numba_flash.pictures import thread_index
+    from numba_flash.tools.pictures import thread_index
 
     cells = thread_index(20, 8)
     assert len(cells) == 24 and [i for _, _, i in cells] == list(range(24))
@@ -82,7 +82,7 @@ def test_grid_picture_mapping_is_the_kernels():
 
 
 def test_tree_picture_levels_are_row_max():
-    from numba_flash.pictures import tree_levels
+    from numba_flash.tools.pictures import tree_levels
 
     rng = np.random.default_rng(0)
     x = list(rng.integers(0, 100, 16))
@@ -93,7 +93,7 @@ def test_tree_picture_levels_are_row_max():
 def test_bank_picture_agrees_with_the_bank_conflict_counter():
     from cuda_basics import bank_conflict
 
-    from numba_flash.pictures import bank_of
+    from numba_flash.tools.pictures import bank_of
 
     for width, ways in ((32, 32), (33, 1)):
         column = [r * width for r in range(32)]  # word indices of tile[lane][0]
@@ -105,8 +105,8 @@ def test_bank_picture_agrees_with_the_bank_conflict_counter():
 def test_memory_picture_names_the_forwards_tiles():
     import inspect
 
-    from numba_flash.kernels import forward
-    from numba_flash.pictures import MEMORY_LEVELS
+    from numba_flash.kernels.forward import simt as forward
+    from numba_flash.tools.pictures import MEMORY_LEVELS
 
     src = inspect.getsource(forward)
     for name in ("q_tile", "k_tile", "v_tile", "p_tile", "m_i", "l_i", "acc"):

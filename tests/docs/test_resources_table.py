@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from numba_flash.compile_check import all_configs
+from numba_flash.tools.compile_check import all_configs
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "resources.md"
 
@@ -30,9 +30,9 @@ def test_resource_table_lists_every_configuration():
 
 BUILD = """
 import json, sys
-from numba_flash import compile_check as cc
-from numba_flash.kernels import softmax
-rows = cc.build_all(list(softmax.compile_configs()), [(8, 0), (9, 0)], cc.find_ptxas())
+from numba_flash.tools import compile_check as cc
+from numba_flash.tools.catalog import teach
+rows = cc.build_all(list(teach.softmax_configs()), [(8, 0), (9, 0)], cc.find_ptxas())
 print(json.dumps(cc.markdown_table(rows, cc.find_ptxas())))
 """
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numba_flash.kernels.row_forward import SIM_BLOCK_M, SIM_BLOCK_N
-from numba_flash.ops.row_forward import row_forward
+from numba_flash.teach.kernels.row_forward import SIM_BLOCK_M, SIM_BLOCK_N
+from numba_flash.teach.ops.row_forward import row_forward
 from helpers import randn
 from io_count import count_global_bytes, tiled_forward_bytes
 

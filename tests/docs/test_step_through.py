@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from numba_flash import reference as ref
-from numba_flash.kernels.softmax import SIM_THREADS
+from numba_flash.teach.kernels.softmax import SIM_THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "step_through_kernel.py"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numba_flash.kernels.tiled_forward_teach import SIM_BLOCKS
-from numba_flash.ops.tiled_forward_teach import tiled_forward_teach
+from numba_flash.teach.kernels.tiled_forward import SIM_BLOCKS
+from numba_flash.teach.ops.tiled_forward import tiled_forward_teach
 from helpers import randn
 from io_count import count_global_bytes, tiled_forward_bytes
 
@@ -45,7 +45,7 @@ def test_the_page_leaves_the_causal_lines_to_the_exercise():
     import snippets
 
     page = (Path(snippets.DOCS) / "tiled-forward.md").read_text()
-    kernel = (Path(snippets.ROOT) / "numba_flash/kernels/tiled_forward_teach.py").read_text()
+    kernel = (Path(snippets.ROOT) / "numba_flash/teach/kernels/tiled_forward.py").read_text()
     causal = kernel.split("# [/docs:teach-bounds]", 1)[1].split("# [docs:teach-load-q]", 1)[0]
     lines = [ln.strip() for ln in causal.splitlines() if ln.strip()]
     assert lines and lines[0].startswith("if CAUSAL")

@@ -91,7 +91,7 @@ def test_mma_backward_prefix_lm_mask_and_gqa(rng, dtype):
 
 @pytest.fixture
 def tile_log(monkeypatch):
-    from numba_flash.kernels import common
+    from numba_flash.kernels.core import common
     log = []
     monkeypatch.setattr(common, "TILE_LOG", log)
     return log
@@ -104,10 +104,10 @@ def _same_document(b, h, q_idx, kv_idx, doc):
 def _tiles(kernel):
     """``(dkdv (Q rows, keys), dq (Q rows, keys))`` per tile of each backward kernel here."""
     if kernel == "mma":
-        from numba_flash.kernels.tiles import backward_mma_config
+        from numba_flash.kernels.backward.config import backward_mma_config
         dkdv, dq = (backward_mma_config(16, kind) for kind in ("dkdv", "dq"))
         return (dkdv.STEP, dkdv.BLOCK), (dq.BLOCK, dq.STEP)
-    from numba_flash.kernels.backward import default_tiles
+    from numba_flash.kernels.backward.simt import default_tiles
     bm, bn, _, _ = default_tiles(16, np.float16)
     return (bm, bn), (bm, bn)
 

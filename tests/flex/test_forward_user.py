@@ -65,7 +65,7 @@ def test_mask_mod_documents_with_and_without_a_block_mask(rng, dtype):
 
 @pytest.fixture
 def tile_log(monkeypatch):
-    from numba_flash.kernels import common
+    from numba_flash.kernels.core import common
     log = []
     monkeypatch.setattr(common, "TILE_LOG", log)
     return log
@@ -88,11 +88,11 @@ def test_block_mask_skips_empty_tiles(rng, tile_log, kernel):
     o = numba_flash.forward(q, k, v, block_mask=bm, aux_tensors=(doc,), kernel=kernel)
     np.testing.assert_allclose(o.astype(np.float64), want, atol=O_TOL, rtol=0)
     if kernel == "mma":
-        from numba_flash.kernels.tiles import forward_mma_config
+        from numba_flash.kernels.forward.config import forward_mma_config
         cfg = forward_mma_config(16)
         bm_, bn_ = cfg.BLOCK_M, cfg.BLOCK_N
     else:
-        from numba_flash.kernels.forward import default_tiles
+        from numba_flash.kernels.forward.simt import default_tiles
         bm_, bn_, _ = default_tiles(16, np.float16)
     # a kernel tile is computed iff some 16 x 16 block it overlaps is not EMPTY
     nonempty = np.repeat(np.repeat(kinds != 0, 16, axis=0), 16, axis=1)

@@ -164,7 +164,7 @@ import os
 os.environ["NUMBA_FLASH_CHECK_AUX"] = "1"
 import numpy as np
 from numba import cuda, float32, int32, types
-from numba_flash.compile_check import _device_functions_for
+from numba_flash.tools.compile_check import _device_functions_for
 from numba_flash.flex.launch import prepare_variant
 
 def bias_sum(score, b, h, q_idx, kv_idx, bias):

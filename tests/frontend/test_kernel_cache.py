@@ -1,6 +1,6 @@
-"""The on-disk kernel cache (numba_flash.kernels.jit): what can be checked without a GPU (the cache
-attached on the CUDA target, its key stable across processes and sensitive to the closure and the
-package's device code, data files named per key), and the round trip on a GPU."""
+"""The on-disk kernel cache (numba_flash.kernels.core.jit): what can be checked without a GPU (the
+cache attached on the CUDA target, its key stable across processes and sensitive to the closure and
+the package's device code, data files named per key), and the round trip on a GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 from numba import cuda
 
 import numba_flash
-from numba_flash.kernels import jit
+from numba_flash.kernels.core import jit
+from numba_flash.tools import warmup
 
 # A kernel factory in a real file (numba's cache needs a source file), as the kernel modules
 # build theirs: a closure over constants and a device function.
@@ -23,7 +24,7 @@ import json, sys
 import numpy as np
 import numba_flash
 from numba import cuda, types
-from numba_flash.kernels.jit import kernel_jit, cache_dir
+from numba_flash.kernels.core.jit import kernel_jit, cache_dir
 
 
 @cuda.jit(device=True)
@@ -54,7 +55,7 @@ SIG = (types.Array(types.float32, 1, "C"),)
 '''
 
 PROBE = '''
-import numba_flash.kernels.jit as J
+import numba_flash.kernels.core.jit as J
 J.source_fingerprint = lambda: "pinned"  # tested on its own below; the tree may change meanwhile
 from factory_mod import *
 out = {}
@@ -161,19 +162,19 @@ def test_warm_up_reports_each_configuration():
     configs = [{"name": "a", "kernel": k, "args": ("f4",)}, {"name": "b", "kernel": k,
                                                              "args": ("f4",)}]
     seen = []
-    done = jit.warm_up(configs, lambda *row: seen.append(row))
+    done = warmup.warm_up(configs, lambda *row: seen.append(row))
     assert [r[:3] for r in seen] == [(1, 2, "a"), (2, 2, "b")]
     assert [d[2] for d in done] == ["compiled (no disk cache)", "in memory"]
     assert k.compiled == [("f4",)] * 2
 
 
 def test_warmup_selection():
-    names = [c["name"] for c in jit.warmup_configs()]
+    names = [c["name"] for c in warmup.warmup_configs()]
     assert names and not any("float64" in n for n in names)
     assert not any(n.startswith(("naive_forward", "philox")) for n in names)
     assert any(n.startswith("forward") for n in names) and any("softmax" in n for n in names)
-    assert [c["name"] for c in jit.warmup_configs("softmax", everything=True)] == [
-        n for n in (c["name"] for c in jit.warmup_configs(everything=True)) if "softmax" in n]
+    assert [c["name"] for c in warmup.warmup_configs("softmax", everything=True)] == [
+        n for n in (c["name"] for c in warmup.warmup_configs(everything=True)) if "softmax" in n]
 
 
 GPU_RUN = '''

@@ -36,7 +36,7 @@ class _Broken:
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == self.fullname:
-            raise ImportError("cannot import name 'mma_sync' from 'numba_flash.kernels.mma' "
+            raise ImportError("cannot import name 'mma_sync' from 'numba_flash.kernels.ptx.mma' "
                               "(boom-7391)")
         return None
 
@@ -182,7 +182,7 @@ def test_backward_on_tensor_cores_validates_once(monkeypatch, launches):
 def test_auto_takes_tensor_cores_for_bfloat16_on_sm80_and_simt_below(monkeypatch):
     """"auto": bfloat16 runs on the tensor cores from compute capability 8.0 (the bf16 mma and
     cvt.rn.bf16x2 are sm_80 instructions), on the SIMT kernels on an older GPU."""
-    from numba_flash.kernels.elements import BFLOAT16
+    from numba_flash.kernels.core.elements import BFLOAT16
     from numba_flash.ops import kernel_choice as kc
 
     monkeypatch.setattr(kc, "cuda_cc", lambda: (8, 0))
@@ -204,7 +204,7 @@ def test_bfloat16_backward_reaches_the_tensor_cores_only_once_they_take_it(monke
     """backward_mma's MMA_DTYPES says which dtypes it takes: without bfloat16 there, "auto" takes
     SIMT and "mma" is a ValueError naming the dtype; with it, both take the tensor cores."""
     import numba_flash.ops.backward_mma as bmma
-    from numba_flash.kernels.elements import BFLOAT16
+    from numba_flash.kernels.core.elements import BFLOAT16
     from numba_flash.ops import kernel_choice as kc
 
     monkeypatch.setattr(kc, "cuda_cc", lambda: (9, 0))

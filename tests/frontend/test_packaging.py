@@ -22,10 +22,10 @@ def test_ruff_is_configured_and_run_before_the_tests():
 
 
 # the files of the launch path, the command line and packaging (the rest is linted by .ci/run)
-OWN = ["numba_flash/frontend", "numba_flash/kernels/jit.py", "numba_flash/backend.py",
+OWN = ["numba_flash/frontend", "numba_flash/kernels/core/jit.py", "numba_flash/backend.py",
        "numba_flash/__main__.py", "numba_flash/__init__.py", "numba_flash/demo.py",
-       "numba_flash/ops/dropout.py", "numba_flash/ops/softmax.py",
-       "numba_flash/ops/naive_forward.py", "examples", "tests/frontend", "tests/cli",
+       "numba_flash/ops/dropout.py", "numba_flash/teach/ops/softmax.py",
+       "numba_flash/teach/ops/naive_forward.py", "examples", "tests/frontend", "tests/cli",
        "tests/helpers.py", "tests/conftest.py"]
 
 

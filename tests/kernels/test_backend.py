@@ -79,10 +79,11 @@ def test_package_works_without_scipy():
         sys.modules["scipy"] = None  # any "import scipy" now raises ImportError
         import numpy as np
         import numba_flash
-        from numba_flash import demo, reference, philox, pictures  # noqa: F401
+        from numba_flash import demo, reference, philox  # noqa: F401
+        from numba_flash.tools import pictures  # noqa: F401
         from numba_flash import ops
         import numba_flash.ops.forward, numba_flash.ops.backward, numba_flash.ops.decode
-        import numba_flash.ops.softmax, numba_flash.ops.dropout, numba_flash.__main__
+        import numba_flash.teach.ops.softmax, numba_flash.ops.dropout, numba_flash.__main__
         print(numba_flash.softmax(np.zeros((1, 2), np.float32)).tolist())
     """, NUMBA_ENABLE_CUDASIM="1")
     assert r.returncode == 0, r.stderr

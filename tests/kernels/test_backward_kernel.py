@@ -178,7 +178,7 @@ def test_preprocess_warp_rows_and_group_reduce(rng):
     zeroed; and the GQA reduce (sum of each group's heads, cast to float16)."""
     from numba import cuda
 
-    from numba_flash.kernels import backward as kb
+    from numba_flash.kernels.backward import simt as kb
 
     b, h, n, d = 2, 3, 7, 19
     o, do = randn(rng, (b, h, n, d)), randn(rng, (b, h, n, d))

@@ -13,7 +13,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels import backward as kb
+from numba_flash.kernels.backward import simt as kb
 from helpers import randn, assert_scaled_close
 
 #: gradient error bound relative to max(1, max |reference gradient|), as in

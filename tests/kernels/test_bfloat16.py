@@ -18,7 +18,7 @@ from numba_flash import reference as ref
 from numba_flash.frontend.arrays import ArrayCall
 from numba_flash.ops.backward_varlen import backward_varlen
 from numba_flash.ops.forward_varlen import forward_varlen
-from numba_flash.ops.naive_forward import naive_forward
+from numba_flash.teach.ops.naive_forward import naive_forward
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -1,6 +1,6 @@
 """Kernel tier: decode's 16-byte path (issue 22 item 1).  When the head dim fills the compiled
 tile (``d == HEAD_DIM``) every lane reads its chunk of a q / K / V row with one 16-byte load
-(:func:`numba_flash.kernels.stages.load16`); the simulator takes that path when a lane's chunk
+(:func:`numba_flash.kernels.ptx.stages.load16`); the simulator takes that path when a lane's chunk
 is 16 bytes: float16 d = 32, float32 d = 16, float64 d = 8 (4 lanes per key group).
 
 Each test counts the 16-byte loads the kernel issues (a wrapper around the twin) so that it
@@ -17,7 +17,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels import decode as kdecode
+from numba_flash.kernels.decode import split_kv as kdecode
 from helpers import assert_close, randn
 from test_decode_kernel import contiguous_cache, paged_cache
 from test_decode_variants import check

@@ -14,7 +14,8 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels import forward as fk
+from numba_flash.kernels.forward import simt as fk
+from numba_flash.tools.catalog import forward as catalog_forward
 from numba_flash.ops import forward as forward_op
 from helpers import randn
 
@@ -164,7 +165,7 @@ def test_dropout_gpu_kernels_are_compiled_and_fit(dtype):
     """The GPU default tiles of every head dim have a dropout variant in the compile tier (plain,
     with score modifiers, varlen), and every GPU tile pair still fits shared memory with
     keep_tile added."""
-    names = {c["name"] for c in fk.compile_configs()}
+    names = {c["name"] for c in catalog_forward.simt_configs()}
     dt = np.dtype(dtype)
     for d in fk.HEAD_DIMS:
         for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):

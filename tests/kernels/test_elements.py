@@ -1,4 +1,4 @@
-"""The element-type stage (numba_flash.kernels.elements): loads exact, stores round to nearest
+"""The element-type stage (numba_flash.kernels.core.elements): loads exact, stores round to nearest
 even, for every class of bfloat16 bit pattern, checked against ml_dtypes and the integer rule."""
 
 import ml_dtypes
@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from numba_flash.kernels import elements
-from numba_flash.kernels.elements import BFLOAT16, bf16_bits_host, element_ops, round_trip_kernel
+from numba_flash.kernels.core import elements
+from numba_flash.kernels.core.elements import (
+    BFLOAT16, bf16_bits_host, element_ops, round_trip_kernel,
+)
 
 
 def run_round_trip(dtype, x):

@@ -13,7 +13,8 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels import forward as fk
+from numba_flash.kernels.forward import simt as fk
+from numba_flash.tools.catalog import forward as catalog_forward
 from helpers import randn
 
 # Tolerances: about 4x the largest error measured in the simulator over 25 random problems per
@@ -225,7 +226,7 @@ def test_gpu_tiles_are_compiled_and_fit(dtype):
     """Every head dim 1..256 maps to GPU tiles that compile_configs lists (plain, with score
     modifiers, varlen; causal and windows are run-time arguments of each), and
     every tile a GPU caller can ask for (defaults and explicit) fits shared memory and registers."""
-    names = {c["name"] for c in fk.compile_configs()}
+    names = {c["name"] for c in catalog_forward.simt_configs()}
     dt = np.dtype(dtype)
     for d in range(1, 257):
         for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):

@@ -15,7 +15,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels import forward as fk
+from numba_flash.kernels.forward import simt as fk
 from numba_flash.ops import forward as forward_op
 from helpers import randn
 

@@ -1,6 +1,6 @@
-"""The warpgroup forward (``forward(kernel="wgmma")``, numba_flash.kernels.forward_wgmma) against
+"""The warpgroup forward (``forward(kernel="wgmma")``, numba_flash.kernels.forward.wgmma) against
 the float64 reference, in the simulator: every ``wgmma`` runs as its twin over the warpgroup's
-128 Python threads (numba_flash.kernels.wgmma), the other stages as in the ``mma.sync``
+128 Python threads (numba_flash.kernels.ptx.wgmma), the other stages as in the ``mma.sync``
 forward.  Outputs are NaN-poisoned before every launch (autouse), so an unwritten element fails.
 
 Tolerances: the ``mma.sync`` forward's (tests/kernels/test_mma_forward.py: o 2e-3 scaled, lse
@@ -22,7 +22,7 @@ import pytest
 import numba_flash
 from numba_flash import reference
 from numba_flash.flex import create_block_mask
-from numba_flash.kernels import tiles
+from numba_flash.kernels.forward import config as fconfig
 from tests.helpers import assert_scaled_close
 from tests.kernels.test_bfloat16 import TOL as BF16_TOL
 from tests.kernels.test_mma_forward import LSE_TOL, O_TOL
@@ -143,7 +143,7 @@ def test_two_warpgroups_and_the_serial_pipeline(rng, monkeypatch, sim_tiles):
     """The GPU's two warpgroups (128 rows, Q's second 64 rows through the descriptor's row
     offset; 256 Python threads) with 32-key tiles; the pipeline without the overlap (both
     products waited for before the softmax: the d = 64 GPU build's)."""
-    monkeypatch.setattr(tiles, "WGMMA_FORWARD_SIM_TILES", sim_tiles)
+    monkeypatch.setattr(fconfig, "FORWARD_WGMMA_SIM_TILES", sim_tiles)
     q, k, v = make_qkv(rng, 1, 1, 1, 80, 70, 64)
     check(q, k, v, window_size=(20, 3))
 
@@ -173,9 +173,9 @@ def test_backward_and_auto_never_take_wgmma():
 def test_gpu_tiles_fit_hopper_shared_memory():
     """The GPU tiles: dynamic shared memory past 48 KiB (opted into at launch), within the 227
     KiB of an sm_90 block; the per-element builds and the 16-bit loads take 64-key tiles."""
-    for hd in tiles.WGMMA_HEAD_DIMS:
-        cfg = tiles.wgmma_forward_config(hd, simulator=False)
-        assert 48 * 1024 < cfg.SMEM_BYTES <= tiles.SMEM_LIMIT_SM90
+    for hd in fconfig.WGMMA_HEAD_DIMS:
+        cfg = fconfig.forward_wgmma_config(hd, simulator=False)
+        assert 48 * 1024 < cfg.SMEM_BYTES <= fconfig.SMEM_LIMIT_SM90
         assert cfg.BLOCK_M == 128 and cfg.THREADS == 256
         for flags in (dict(SOFTCAP=True), dict(VEC=False)):
-            assert tiles.wgmma_forward_config(hd, simulator=False, **flags).BLOCK_N == 64
+            assert fconfig.forward_wgmma_config(hd, simulator=False, **flags).BLOCK_N == 64

@@ -9,7 +9,7 @@ import pytest
 import numba_flash
 from numba_flash import reference as ref
 from helpers import assert_close, randn
-from numba_flash.kernels.common import cdiv
+from numba_flash.kernels.core.common import cdiv
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@ forward's bit for bit.  Until 2026-12-01 the SIMT forward computed ``(q * scale)
 backward ``(q . k) * scale``; with scores near 150 the two differ by a few ulps (1.5e-5 each), the
 recomputed ``P`` no longer summed to 1, and a port of flash-attn's ``test_flash_attn_output``
 (q scaled by 50, softcap 50) failed its rule on float32 ``dv`` (ratios 6.4, 6.0, 12.3).  Both
-passes now call :func:`numba_flash.kernels.visibility.make_score`.
+passes now call :func:`numba_flash.kernels.mainloop.visibility.make_score`.
 
 The tests:
 
@@ -35,7 +35,7 @@ exp(s - lse)`` took ``lse`` *stored in float32*: half an ulp of ``|lse|`` = 50 (
 factor common to the row, absent from the forward's ``exp(s - m) / l`` and from plain
 attention's ``e / sum(e)``).  The float32 backward now divides each row of ``dO`` (so of ``P``)
 by ``c_i = sum_j exp(s_ij - lse_i)`` where ``lse_i`` is within an ulp or two of the
-log-sum-exp of the keys given (:func:`numba_flash.kernels.backward.row_mass_kernel`; a ring
+log-sum-exp of the keys given (:func:`numba_flash.kernels.backward.simt.row_mass_kernel`; a ring
 step's global ``lse`` is used as given).  ``dv`` ratio per draw (one head, ``d = 32``, softcap
 50, min / median / max and the share above 2), measured 2026-12-02:
 

@@ -1,4 +1,4 @@
-"""MLA's absorbed decode on tensor cores (numba_flash/kernels/mla_decode.py): what
+"""MLA's absorbed decode on tensor cores (numba_flash/kernels/decode/mla.py): what
 ``decode(q, latent, None, head_dim_v=...)`` runs for float16 / bfloat16 latent caches whose head
 dims are multiples of 64.  Against the float64 reference on the cache and its first ``d_v``
 columns, outputs NaN-poisoned (conftest), at the decode tests' bounds (helpers.atol).

@@ -19,9 +19,10 @@ import pytest
 
 import numba_flash
 from numba_flash import reference
-from numba_flash.kernels import backward_mma as bm
-from numba_flash.kernels import tiles
-from numba_flash.kernels.common import SMEM_LIMIT
+from numba_flash.kernels.backward import mma as bm
+from numba_flash.kernels.backward import config as bconfig
+from numba_flash.kernels.core.config import round16
+from numba_flash.kernels.core.common import SMEM_LIMIT
 from numba_flash.ops.backward_mma import backward_mma
 from numba_flash.ops.forward_mma import forward_mma
 from tests.helpers import assert_scaled_close
@@ -90,7 +91,7 @@ def test_other_tiles(rng, monkeypatch, sim_tiles):
     """The GPU's other tile choices in the simulator (whose default is one warp of two 16-row
     tiles per kernel): multi-warp blocks (split dQ columns, dS^T across warps), 32 query rows
     per dK/dV step, one stage of Q / dO and of K / V."""
-    monkeypatch.setattr(tiles, "BACKWARD_MMA_SIM_TILES", sim_tiles)
+    monkeypatch.setattr(bconfig, "BACKWARD_MMA_SIM_TILES", sim_tiles)
     do, q, k, v = make_inputs(rng, 1, 1, 1, 20, 40, 16)
     check(do, q, k, v, causal=True)
     check(do, q, k, v, causal=True, deterministic=True)
@@ -128,10 +129,10 @@ def test_float32_inputs_are_refused():
 
 
 def test_shared_memory_budget():
-    for hd in tiles.BACKWARD_MMA_TILES:
+    for hd in bconfig.BACKWARD_MMA_TILES:
         for kind, passes in (("dkdv", bm.dkdv_passes(hd, False)), ("dq", bm.dq_passes(hd))):
             for p in passes:
-                cfg = tiles.backward_mma_config(hd, kind, simulator=False, **p)
+                cfg = bconfig.backward_mma_config(hd, kind, simulator=False, **p)
                 assert cfg.SMEM_BYTES <= 48 * 1024, cfg
 
 
@@ -203,7 +204,7 @@ def test_non_finite_do_never_reaches_a_key_the_row_does_not_see(rng):
 def test_full_query_rows_are_the_rows_that_see_every_key():
     """The dK/dV loop's unmasked Q tiles come from full_query_rows: exactly the rows that see
     every key of the K/V tile (none when the tile runs past Nk), by brute force over windows."""
-    from numba_flash.kernels.visibility import is_visible_py
+    from numba_flash.kernels.mainloop.visibility import is_visible_py
 
     for nq, nk in ((20, 37), (37, 20), (16, 16)):
         for left, right in ((-1, -1), (-1, 0), (5, 0), (3, 7), (0, -1), (12, 2)):
@@ -216,14 +217,14 @@ def test_full_query_rows_are_the_rows_that_see_every_key():
                 assert list(range(lo, hi)) == want, (nq, nk, left, right, k_start)
 
 
-@pytest.mark.parametrize("d, d_v", [(hd, None) for hd in tiles.BACKWARD_MMA_TILES]
+@pytest.mark.parametrize("d, d_v", [(hd, None) for hd in bconfig.BACKWARD_MMA_TILES]
                          + [(192, 128), (256, 64), (256, 96), (256, 192), (128, 256), (200, 232)])
 def test_dkdv_passes_cover_every_output_column_once(d, d_v):
     """Every column of dK (``HEAD_DIM``) and of dV (``V_DIM``) in exactly one pass, each pass's
     columns a multiple of 16 wide, dQ added once (atomic) or by the dQ passes' columns."""
     for det in (False, True):
-        passes = [tiles.backward_mma_config(d, "dkdv", simulator=False, head_dim_v=d_v, **p)
-                  for p in bm.dkdv_passes(tiles.round16(d), det, d_v and tiles.round16(d_v))]
+        passes = [bconfig.backward_mma_config(d, "dkdv", simulator=False, head_dim_v=d_v, **p)
+                  for p in bm.dkdv_passes(round16(d), det, d_v and round16(d_v))]
         hd, hv = passes[0].HEAD_DIM, passes[0].V_DIM
         for want, acc, width in (("WANT_DV", "ACC_V", hv), ("WANT_DK", "ACC", hd)):
             cols = [c for p in passes if getattr(p, want)

@@ -12,15 +12,15 @@ import sys
 
 import pytest
 
-from numba_flash.compile_check import find_ptxas
+from numba_flash.tools.compile_check import find_ptxas
 
 pytestmark = pytest.mark.compile
 
 SCRIPT = r"""
 import json, sys
 from numba import cuda, types
-from numba_flash.compile_check import build, find_ptxas
-from numba_flash.kernels import mma
+from numba_flash.tools.compile_check import build, find_ptxas
+from numba_flash.tools.catalog import ptx as catalog_ptx
 
 @cuda.jit
 def simt_only(x):
@@ -28,7 +28,7 @@ def simt_only(x):
 
 fake = {"name": "not tensor cores", "kernel": simt_only,
         "args": (types.Array(types.float32, 1, "C"),), "float64_ok": False, "mma": True}
-real = next(c for c in mma.compile_configs() if c["name"] == "mma fragment")
+real = next(c for c in catalog_ptx.mma_configs() if c["name"] == "mma fragment")
 rows = [build(cfg, [(8, 0)], find_ptxas())[0] for cfg in (fake, real)]
 json.dump(rows, sys.stdout)
 """
@@ -48,12 +48,12 @@ def test_checker_requires_mma_sync_in_tensor_core_kernels():
 
 BF16_SCRIPT = r"""
 import json, sys
-from numba_flash.compile_check import build, find_ptxas, ptx_for_archs
-from numba_flash.kernels import mma
+from numba_flash.tools.compile_check import build, find_ptxas, ptx_for_archs
+from numba_flash.tools.catalog import ptx as catalog_ptx
 
 out = []
 for name in ("mma fragment bfloat16", "mma warp_gemm K64 bfloat16"):
-    cfg = next(c for c in mma.compile_configs() if c["name"] == name)
+    cfg = next(c for c in catalog_ptx.mma_configs() if c["name"] == name)
     ptx = ptx_for_archs(cfg, [(8, 0)])[(8, 0)]
     row = build(cfg, [(8, 0), (9, 0)], find_ptxas())
     out.append({"name": name, "ptx": ptx, "problems": [r["problems"] for r in row],
@@ -67,7 +67,7 @@ def test_bfloat16_intrinsics_assemble():
     PTX of their kernels, assembled by ptxas for sm_80 and sm_90 with no problem."""
     if find_ptxas() is None:
         pytest.fail("ptxas not found: the test extra installs nvidia-cuda-nvcc")
-    from numba_flash.kernels.mma import MMA_BF16_PTX, PACK_BF16_PTX
+    from numba_flash.kernels.ptx.mma import MMA_BF16_PTX, PACK_BF16_PTX
 
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     proc = subprocess.run([sys.executable, "-c", BF16_SCRIPT], env=env, capture_output=True,

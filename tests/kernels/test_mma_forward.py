@@ -1,6 +1,6 @@
 """The tensor-core forward (numba_flash.ops.forward_mma) against the float64 reference.
 
-In the simulator the mma runs as its twin (numba_flash.kernels.mma), one warp of 32 Python
+In the simulator the mma runs as its twin (numba_flash.kernels.ptx.mma), one warp of 32 Python
 threads per block, so the shapes are tiny.  Outputs are NaN-poisoned before every launch.
 
 Measured errors (simulator, 12 random cases, d in {16, 64, 128}, ragged Nq/Nk in 1..40, causal,
@@ -20,8 +20,8 @@ import pytest
 
 import numba_flash
 from numba_flash import reference
-from numba_flash.kernels import forward_mma as fm
-from numba_flash.kernels import tiles
+from numba_flash.kernels.forward import mma as fm
+from numba_flash.kernels.forward import config as fconfig
 from numba_flash.ops.forward_mma import forward_mma
 from tests.helpers import assert_scaled_close
 
@@ -88,7 +88,7 @@ def test_other_tiles_and_pipelines(rng, monkeypatch, sim_tiles):
     tiles, 16 keys, 2 K/V stages, Q in registers): 2 warps of one row tile, 32 keys, one K and
     one V buffer (V copied under Q K^T, K under P V) and Q read from shared memory; and a
     3-stage pipeline (K/V two tiles ahead)."""
-    monkeypatch.setattr(tiles, "FORWARD_MMA_SIM_TILES", sim_tiles)
+    monkeypatch.setattr(fconfig, "FORWARD_MMA_SIM_TILES", sim_tiles)
     q, k, v = make_qkv(rng, 1, 1, 1, 40, 45, 16)
     check(q, k, v, causal=True)
     check(q, k, v, window_size=(7, 7))
@@ -143,8 +143,8 @@ def test_grid_and_shared_memory_budgets():
     assert fm.forward_grid(4096, 700, 100, 64) == (64 * 70000,)  # B * H = 70000 > 65535
     with pytest.raises(ValueError, match="grid limit"):
         fm.forward_grid(2**20, 2**12, 2**8, 16)
-    for hd in tiles.FORWARD_MMA_TILES:
-        cfg = tiles.forward_mma_config(hd, simulator=False)
+    for hd in fconfig.FORWARD_MMA_TILES:
+        cfg = fconfig.forward_mma_config(hd, simulator=False)
         assert cfg.SMEM_BYTES <= 48 * 1024, cfg
         assert cfg.BLOCK_M * cfg.ROW_BYTES <= cfg.STAGE_BYTES or not cfg.Q_IN_REGS, cfg
 

@@ -1,4 +1,4 @@
-"""Tensor-core primitives (numba_flash.kernels.mma): the m16n8k16 mma, half2 packing, fragment
+"""Tensor-core primitives (numba_flash.kernels.ptx.mma): the m16n8k16 mma, half2 packing, fragment
 loads and quad reductions, in the simulator (the twin) and on a GPU (the PTX instruction).
 
 The fragments are laid out here by the PTX ISA's own formulas ("Matrix Fragments for
@@ -19,7 +19,7 @@ from numba import cuda
 
 import numba_flash
 from numba_flash import simulator
-from numba_flash.kernels import mma
+from numba_flash.kernels.ptx import mma
 
 
 def ptx_registers(a, b):

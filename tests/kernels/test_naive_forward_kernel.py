@@ -1,4 +1,4 @@
-"""Kernel tier: the one-thread-per-row forward (``numba_flash.ops.naive_forward``) against the
+"""Kernel tier: the one-thread-per-row forward (``numba_flash.teach.ops.naive_forward``) against the
 float64 reference.  Outputs are NaN-poisoned before launch (conftest), so an unwritten element
 fails."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from numba_flash.kernels.common import HEAD_DIMS, padded_head_dim
-from numba_flash.ops.naive_forward import naive_forward
+from numba_flash.kernels.core.common import HEAD_DIMS, padded_head_dim
+from numba_flash.teach.ops.naive_forward import naive_forward
 from helpers import check_forward_against_reference
 
 # Max errors measured over 200 random cases per dtype (shapes and causal as below, unit-normal

@@ -1,6 +1,6 @@
 """Kernel tier: the Philox device functions against their NumPy twin, bit for bit.
 
-The check kernels of :mod:`numba_flash.kernels.philox_check` call ``philox4x32_10_device``,
+The check kernels of :mod:`numba_flash.tools.philox_check` call ``philox4x32_10_device``,
 ``philox_keep`` and ``philox_keep_bits4`` exactly as the attention kernels do; in the simulator
 and on a GPU their outputs must equal :func:`numba_flash.philox.philox4x32_10` and
 :func:`numba_flash.dropout_mask` exactly.  The last test (compile tier) reads the PTX.
@@ -18,8 +18,8 @@ import pytest
 from numba import cuda
 
 import numba_flash
-from numba_flash.kernels.common import cdiv
-from numba_flash.kernels.philox_check import default_threads, keep_fill_kernel, philox_fill_kernel
+from numba_flash.kernels.core.common import cdiv
+from numba_flash.tools.philox_check import default_threads, keep_fill_kernel, philox_fill_kernel
 from numba_flash.philox import dropout_params, philox4x32_10
 
 SENTINEL = 0xDEADBEEF  # written before launch: an element the kernel forgot stays visible
@@ -100,8 +100,8 @@ def test_ptx_uses_32x32_products_and_no_float64():
     script = textwrap.dedent("""
         import re
         from numba import cuda, types
-        from numba_flash.compile_check import _device_functions_for, f64_lines
-        from numba_flash.kernels import philox_check
+        from numba_flash.tools.compile_check import _device_functions_for, f64_lines
+        from numba_flash.tools import philox_check
         consts = "3528531795|3449720151|-766435501|-845247145"  # M0, M1 as u64 / s32 immediates
         for cfg in philox_check.compile_configs():
             for cc in ((8, 0), (9, 0)):

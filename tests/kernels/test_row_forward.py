@@ -1,7 +1,7 @@
 """Kernel tier: the one-thread-per-row forward with K/V tiles in shared memory
-(``numba_flash.ops.row_forward``) against the float64 reference.  Outputs are NaN-poisoned before
-launch (conftest), so an unwritten element fails.  In the simulator the blocks are 4 rows by 6
-keys (``SIM_BLOCK_M``, ``SIM_BLOCK_N``): the tile load's stride loop, a partial last tile and a
+(``numba_flash.teach.ops.row_forward``) against the float64 reference.  Outputs are NaN-poisoned
+before launch (conftest), so an unwritten element fails.  In the simulator the blocks are 4 rows by
+6 keys (``SIM_BLOCK_M``, ``SIM_BLOCK_N``): the tile load's stride loop, a partial last tile and a
 block with spare threads all occur in the shapes below."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from numba_flash.kernels.row_forward import SMEM_BUDGET, gpu_blocks
-from numba_flash.kernels.common import HEAD_DIMS
-from numba_flash.ops.row_forward import row_forward
+from numba_flash.teach.kernels.row_forward import SMEM_BUDGET, gpu_blocks
+from numba_flash.kernels.core.common import HEAD_DIMS
+from numba_flash.teach.ops.row_forward import row_forward
 from helpers import check_forward_against_reference
 
 # Max errors measured over 40 random cases per dtype (the shapes below, causal and not,
@@ -41,7 +41,7 @@ def test_row_forward_matches_reference(rng, dtype, causal, shape):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES[1:4])
 def test_row_forward_bfloat16(rng, causal, shape):
-    """bfloat16 in and out (uint16 words in the kernel, kernels/elements.py), float32 inside.
+    """bfloat16 in and out (uint16 words in the kernel, kernels/core/elements.py), float32 inside.
     Measured over 40 random cases (the shapes above): max |o error| / max(1, max|o|) 3.5e-3 (the
     final rounding: half a bfloat16 ulp is 2**-9 of |o|), lse 3.5e-7; bounds 1.6e-2 and 2e-5."""
     bf16 = ml_dtypes.bfloat16

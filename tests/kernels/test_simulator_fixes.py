@@ -107,7 +107,7 @@ def test_device_jit_is_plain_python_unless_it_reads_cuda():
     ``cuda`` from another module stays a simulated device function; ``own_module`` opts out."""
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
-    from numba_flash.kernels.jit import device_jit
+    from numba_flash.kernels.core.jit import device_jit
 
     def plain(x):
         return x + 1

@@ -9,7 +9,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels.softmax import default_threads
+from numba_flash.teach.kernels.softmax import default_threads
 from helpers import assert_close, randn
 
 NEG_INF = -np.inf

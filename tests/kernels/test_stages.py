@@ -1,4 +1,4 @@
-"""Tile stages (numba_flash.kernels.stages): ldmatrix, cp.async tile copies and the double
+"""Tile stages (numba_flash.kernels.ptx.stages): ldmatrix, cp.async tile copies and the double
 buffer, ex2 / fmax / fma, in the simulator (the twins) and on a GPU (the PTX instructions).
 
 The expected ldmatrix registers are built here from the PTX ISA's own statement ("lane 8m + r
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from numba_flash import simulator
-from numba_flash.kernels import stages
+from numba_flash.kernels.ptx import stages
 
 
 def launch(kernel, threads, *args):
@@ -63,11 +63,11 @@ def test_ldmatrix_rows_cover_a_16x16_block_once():
                                                    (2, "regs", "float16"),
                                                    (2, "smem", "bfloat16")])
 def test_warp_gemm_stage_end_to_end(rng, m_tiles, a_src, dtype):
-    """The warp-GEMM stage (kernels/warp_gemm.py) as the attention kernels use it: S = A B^T
-    with A from shared memory or registers, then P V with P = S rounded to the element type (A
+    """The warp-GEMM stage (kernels/mainloop/warp_gemm.py) as the attention kernels use it: S = A
+    B^T with A from shared memory or registers, then P V with P = S rounded to the element type (A
     from the accumulator) and B from a row-major V by ldmatrix.trans, 1 or 2 row tiles."""
-    from numba_flash.kernels.elements import BFLOAT16
-    from numba_flash.kernels.warp_gemm import warp_gemm_kernel
+    from numba_flash.kernels.core.elements import BFLOAT16
+    from numba_flash.kernels.mainloop.warp_gemm import warp_gemm_kernel
     K, N, M = 64, 32, 16 * m_tiles
     dt = np.float16 if dtype == "float16" else BFLOAT16
     a = rng.standard_normal((M, K)).astype(dt)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from numba_flash.ops.naive_forward import naive_forward
-from numba_flash.ops.row_forward import row_forward
-from numba_flash.ops.tiled_forward_teach import tiled_forward_teach
+from numba_flash.teach.ops.naive_forward import naive_forward
+from numba_flash.teach.ops.row_forward import row_forward
+from numba_flash.teach.ops.tiled_forward import tiled_forward_teach
 from helpers import assert_close, randn
 
 OPS = {"naive_forward": naive_forward, "row_forward": row_forward,

@@ -1,4 +1,4 @@
-"""Kernel tier: the teaching tiled forward (``numba_flash.ops.tiled_forward_teach``) against the
+"""Kernel tier: the teaching tiled forward (``numba_flash.teach.ops.tiled_forward``) against the
 float64 reference.  Outputs are NaN-poisoned before launch (conftest), so an unwritten element
 fails.  In the simulator the tiles are 4 rows by 4 keys (``SIM_BLOCKS``): several K/V tiles, a
 ragged last tile, a block with spare rows and head dims that are not a multiple of ``BLOCK_N``
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from numba_flash import reference as ref
-from numba_flash.kernels.common import HEAD_DIMS, SMEM_LIMIT
-from numba_flash.kernels.tiled_forward_teach import GPU_BLOCKS, default_blocks, shared_bytes
-from numba_flash.ops.tiled_forward_teach import tiled_forward_teach
+from numba_flash.kernels.core.common import HEAD_DIMS, SMEM_LIMIT
+from numba_flash.teach.kernels.tiled_forward import GPU_BLOCKS, default_blocks, shared_bytes
+from numba_flash.teach.ops.tiled_forward import tiled_forward_teach
 from helpers import assert_close, check_forward_against_reference
 
 # Max errors measured over 80 random cases per dtype (the shapes below, causal and not,
@@ -57,7 +57,7 @@ def test_bfloat16(rng, causal):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_gpu_tiles_fit_static_shared_memory(dtype, head_dim, monkeypatch):
-    monkeypatch.setattr("numba_flash.kernels.tiled_forward_teach.on_simulator", lambda: False)
+    monkeypatch.setattr("numba_flash.teach.kernels.tiled_forward.on_simulator", lambda: False)
     block_m, block_n = default_blocks(head_dim, dtype)
     assert (block_m, block_n) in GPU_BLOCKS
     assert shared_bytes(head_dim, block_m, block_n, dtype) <= SMEM_LIMIT

@@ -155,7 +155,7 @@ def test_mla_absorbed_decode(rng, paged, num_splits, kernel):
     """DeepSeek's shapes: one latent KV head of 576 (512 latent + 64 rope), 8 query heads, the
     value the first 512 columns of the same cache (FlashMLA's page size 64), a sink: against
     the reference on the cache and its first 512 columns, on the tensor-core kernel
-    (kernels/mla_decode.py, what kernel="auto" takes; test_mla_decode.py runs it on a
+    (kernels/decode/mla.py, what kernel="auto" takes; test_mla_decode.py runs it on a
     contiguous cache) and the SIMT decode."""
     b, h, d, d_v = 2, 8, 576, 512
     lens = np.array([40, 9])
@@ -252,8 +252,8 @@ def test_mla_prefill_head_dims_on_both_kernel_families(rng):
     backward's dK and dV in one pass) and SIMT (float32), causal, against the float64 reference
     (GQA with d_v: the tests above)."""
     from helpers import assert_scaled_close
-    from numba_flash.kernels.backward_mma import dkdv_passes
-    from numba_flash.kernels.tiles import backward_mma_config
+    from numba_flash.kernels.backward.mma import dkdv_passes
+    from numba_flash.kernels.backward.config import backward_mma_config
     assert dkdv_passes(192, False, 128) == [dict(WANT_DV=True, WANT_DK=True, DQ_ATOMIC=True)]
     gpu = backward_mma_config(192, "dkdv", simulator=False, head_dim_v=128)
     assert (gpu.HEAD_DIM, gpu.HEAD_DIM_V, gpu.V_ROW_BYTES) == (192, 128, 272)

@@ -1,8 +1,8 @@
 """Kernel tier: the visibility rule's device functions as a kernel sees them.
 
-:mod:`numba_flash.kernels.visibility` compiles the same source as its ``_py`` twins (checked
-against the reference in tests/reference/test_variants.py); this runs the device versions in a
-probe kernel, on the simulator or the GPU, for every (row, key) of windowed problems.
+:mod:`numba_flash.kernels.mainloop.visibility` compiles the same source as its ``_py`` twins
+(checked against the reference in tests/reference/test_variants.py); this runs the device versions
+in a probe kernel, on the simulator or the GPU, for every (row, key) of windowed problems.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from numba import cuda
 
 from numba_flash import reference as ref
-from numba_flash.kernels import visibility as vis
+from numba_flash.kernels.mainloop import visibility as vis
 
 
 @cuda.jit

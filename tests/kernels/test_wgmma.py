@@ -1,4 +1,4 @@
-"""Warpgroup tensor-core stages (numba_flash.kernels.wgmma): the m64nNk16 fragment layout, the
+"""Warpgroup tensor-core stages (numba_flash.kernels.ptx.wgmma): the m64nNk16 fragment layout, the
 matrix descriptor, the swizzled shared-memory layouts and the twin, against NumPy and against
 the PTX ISA's own worked examples; then one-warpgroup GEMMs end to end in the simulator (the
 twin) or on an sm_90a GPU (the instruction).
@@ -24,8 +24,8 @@ from numba import cuda, types
 
 import numba_flash
 from numba_flash import simulator
-from numba_flash.kernels import mma, wgmma
-from numba_flash.kernels.wgmma import TileLayout
+from numba_flash.kernels.ptx import mma, wgmma
+from numba_flash.kernels.ptx.wgmma import TileLayout
 
 on_sim = pytest.mark.skipif(numba_flash.backend() == "cuda",
                             reason="the twin's checks (a GPU does not raise)")
@@ -95,7 +95,7 @@ def test_fragment_view_is_the_accumulator_cell_for_cell(N):
     """make_fragment_view: d_i of a thread is view cell (r, c) with r the row bit of
     acc_coords (row g or g + 8 of its warp) and c its column pair: the mma.sync view of one
     16-row tile (warp_gemm.ACC_ROWS / ACC_COLS), so the forward's softmax stages read it."""
-    from numba_flash.kernels.warp_gemm import ACC_COLS, ACC_ROWS
+    from numba_flash.kernels.mainloop.warp_gemm import ACC_COLS, ACC_ROWS
 
     to_tuple, from_tuple = (_py(f) for f in wgmma.make_fragment_view(N))
     for t in (0, 5, 37, 127):
@@ -155,7 +155,7 @@ def test_descriptor_plus_a_step_is_the_descriptor_of_the_k_block():
 
 
 def test_static_fold_carries_a_value_through_unrolled_steps():
-    from numba_flash.kernels.jit import static_fold
+    from numba_flash.kernels.core.jit import static_fold
 
     def step(i, ctx, x):
         return x * ctx + i

@@ -1,8 +1,9 @@
 """Reference tier: the visibility rule, window, softcap, ALiBi, varlen and non-finite inputs.
 
-The rule's one home is :mod:`numba_flash.kernels.visibility` (device functions with plain-Python
-twins); :func:`numba_flash.reference.visible_mask` mirrors it.  Both are checked here against
-the rule written out element by element, and the reference's variants against direct formulas.
+The rule's one home is :mod:`numba_flash.kernels.mainloop.visibility` (device functions with
+plain-Python twins); :func:`numba_flash.reference.visible_mask` mirrors it.  Both are checked here
+against the rule written out element by element, and the reference's variants against direct
+formulas.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from numba_flash import reference as ref
 from numba_flash.frontend.variants import check_alibi, check_cu_seqlens, check_softcap, check_window
-from numba_flash.kernels import visibility as vis
+from numba_flash.kernels.mainloop import visibility as vis
 
 WINDOWS = [(-1, -1), (-1, 0), (2, 0), (0, 0), (3, 1), (-1, 2), (1, -1), (5, 5)]
 

@@ -1,9 +1,9 @@
 """Exercise (docs/row-forward.md): a sliding window in the first tiled kernel, with only the K/V
 tiles the block needs.
 
-This is the first tiled kernel of ``numba_flash/kernels/row_forward.py``, causal, with a sliding
-window: with ``WINDOW = W > 0`` row ``row`` sees the ``W`` keys ``c - W < j <= c`` ending at its
-diagonal ``c = row + nk - nq`` (the row bounds ``lo``, ``hi`` are given).  The block loads the
+This is the first tiled kernel of ``numba_flash/teach/kernels/row_forward.py``, causal, with a
+sliding window: with ``WINDOW = W > 0`` row ``row`` sees the ``W`` keys ``c - W < j <= c`` ending at
+its diagonal ``c = row + nk - nq`` (the row bounds ``lo``, ``hi`` are given).  The block loads the
 tiles from tile 0 up to the last one its last row sees.  With a window the early tiles are
 needed by no row of a late block: start the tile loop at the first tile some row of the block
 sees (the same tile range in every thread: the loop holds the barriers).

@@ -1,6 +1,6 @@
 """Exercise (docs/tiled-forward.md): make the teaching tiled kernel causal.
 
-This is ``numba_flash/kernels/tiled_forward_teach.py`` for float32/float64 inputs, without its
+This is ``numba_flash/teach/kernels/tiled_forward.py`` for float32/float64 inputs, without its
 causal lines: every row sees every key, and every block walks every K/V tile.  Give
 ``make_kernel`` its ``CAUSAL`` constant back.  With ``CAUSAL=True`` row ``i`` sees the keys
 ``j <= i + nk - nq`` (bottom-right alignment); a row that sees no key writes ``o = 0``,

@@ -1,0 +1,839 @@
+"""FlashAttention backward on tensor cores: the five products on ``mma.sync.m16n8k16``, composed
+of the mainloop stages.
+
+Math (as :mod:`numba_flash.kernels.backward.simt`, the SIMT kernels)
+---------------------------------------------------------------
+With ``P = exp(s - lse)`` recomputed from the forward's ``lse`` through the forward's own score
+function (:func:`~numba_flash.kernels.mainloop.tile_scores.make_score_fn`: raw ``q . k`` with the
+scale folded into ``ex2`` without modifiers, else the scaled, softcapped, ALiBi'd, user-modified
+score), ``D = rowsum(dO * O)`` (the SIMT preprocess kernel) and ``Z = keep / (1 - p)`` (1
+without dropout)::
+
+    dV = (P Z)^T dO      dP = (dO V^T) Z      dS = P (dP - D) grad
+    dK = scale dS^T Q    dQ = scale dS K
+
+``grad = d s / d (scale qk)``: the softcap's ``1 - t^2`` times a user's ``score_mod_grad`` (1
+without either; ALiBi has no gradient).  A key a row does not see, a row past ``Nq`` and a row
+with ``lse = -inf`` give exactly ``P = dS = 0``.  Operands are the 16-bit inputs (``DTYPE``:
+float16 or bfloat16); ``P Z`` and ``dS`` are rounded from float32 (as flash-attn); accumulation
+is float32.
+
+Kernels (:class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`, tile choices in
+:data:`~numba_flash.kernels.backward.config.BACKWARD_MMA_TILES`; 1-D grids,
+:func:`numba_flash.kernels.backward.simt.fold_grid`)
+------------------------------------------------------------------------------------------
+1. :func:`dkdv_mma_kernel`: one block per ``(K/V tile of BLOCK keys, b, query head h)``; warp
+   ``w`` owns ``M_TILES`` 16-key tiles.  K and V are copied once; the block walks the query
+   tiles of ``STEP`` rows that see some key of its tile
+   (:func:`~numba_flash.kernels.mainloop.visibility. tile_query_range`), ``STAGES`` of them in
+   flight.  Per query tile each warp computes the transposed products, keys as rows
+   (:mod:`~numba_flash.kernels.mainloop.warp_gemm`): ``S^T = K Q^T``, ``dP^T = V dO^T``, ``P^T`` and
+   ``dS^T`` element by element, ``dV += (P Z)^T dO`` and ``dK += dS^T Q`` with ``A`` straight from
+   the registers.  ``dK``, ``dV`` stay in registers and are written once, in float32, per query head
+   (the op sums each GQA group).  With ``DQ_ATOMIC`` each warp stores its ``dS^T`` (16-bit pairs) in
+   shared memory and, after a barrier, the warps split dQ's column pairs: ``dQ += scale dS K`` with
+   ``dS`` by ``ldmatrix.trans`` of ``dS^T`` (read once into registers) and float32 atomics into
+   ``dq_accum``.  ``WANT_DV`` / ``WANT_DK``, ``COL0`` / ``ACC_DIM``: the outputs and columns of this
+   launch (:func:`dkdv_passes`: at ``HEAD_DIM`` 256 four passes of half the columns).
+2. :func:`dq_mma_kernel` (``deterministic=True``): one block per ``(query tile of BLOCK rows, b,
+   h)``; Q's and dO's fragments are read into registers once, then per K/V tile of ``STEP`` keys
+   ``S = Q K^T``, ``dP = dO V^T``, ``dS``, ``dQ += dS K``: no atomics, bitwise reproducible.
+
+Full and masked tiles: a (query tile, K/V tile) pair every row of which sees every key, all
+rows below ``Nq`` and keys below ``Nk``, runs the step compiled without masks and without the
+non-finite handling (exact: a non-finite ``q`` or ``k`` of a seen pair has made the row's
+``lse`` NaN, and a non-finite ``v`` or ``dO`` reaches only seen pairs).  The other pairs run the
+masked step, where ``P = dS = 0`` outside the mask and, since a tensor core computes ``0 * inf =
+NaN``, each thread zeroes the inf / NaN elements of the chunks it copied of the operands that
+multiply such a zero (``Q``, ``dO`` and, with dQ, ``K``); a zeroed ``dO[i, c]`` (rare) then
+makes ``dV[j, c]`` NaN for every key ``j`` row ``i`` sees in a fix-up (the reference's
+``P * NaN``).  Dropout: the keep bit of element ``(b, h, i, j)`` is
+:func:`numba_flash.philox.philox_keep` (the mask of :func:`numba_flash.dropout_mask`).  A user's
+variant (``USER``, :mod:`numba_flash.flex`): ``mask_mod`` on the tiles a block mask calls
+PARTIAL (every tile without one), ``score_mod`` / ``score_mod_grad`` on every seen pair; EMPTY
+tiles are never loaded.  ``[docs: backward.md]``.
+
+A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): Q and K tiles
+are ``HEAD_DIM`` (``d`` rounded up to 16) wide, V and dO tiles ``HEAD_DIM_V`` (``d_v``'s), each
+array copied at its own width with zeros past it (16-byte copies when both widths are multiples of
+8, else 16-bit loads), so the padded columns add nothing to any product: ``S`` and ``dQ``, ``dK``
+run over ``HEAD_DIM``, ``dP`` and ``dV`` over ``HEAD_DIM_V``.  The dK/dV kernel holds both
+accumulators while the widths sum to at most :data:`ONE_PASS_COLUMNS` (DeepSeek's (192, 128)),
+else runs a pass per share of dV's columns and of dK's (:func:`dkdv_passes`).
+
+Shared memory: one static ``uint32`` arena, rows of ``RB = 2 HEAD_DIM + 16`` bytes (Q, K; V and
+dO ``2 HEAD_DIM_V + 16``; the pad: conflict-free ``ldmatrix``), sized by
+``BackwardMmaConfig.SMEM_BYTES`` (48 KiB at most).
+``lse``, ``D``, ``dq_accum`` and the dK / dV outputs are flat float32 views.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, int32, types, uint32, uint64
+
+from ...backend import on_simulator
+from ...philox import philox_keep
+from .simt import unfold_block
+from ..core.common import SMEM_LIMIT, log_tile
+from ..core.jit import device_jit, kernel_jit, static_for
+from ..ptx.stages import (
+    EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, in_loop, load_u16, make_pair_load,
+    make_tile_copy, make_tile_scan, red_add,
+)
+from ..mainloop.tile_scores import make_score_args, make_score_fn
+from .config import BACKWARD_MMA_TILES, BackwardMmaConfig, backward_mma_config, backward_mma_tiles
+from ..core.config import MMA_DTYPES, round16
+from ..core.variant import variant_type
+from ..mainloop.tile_walk import make_kv_walk, make_tile_walk
+from ..mainloop.visibility import (
+    BLOCK_EMPTY, is_visible, make_tile_kind, make_tile_span, make_tile_verdict, tile_query_range,
+)
+from ..mainloop.warp_gemm import (
+    KIND_A, KIND_B, lane_offset, make_gemm, make_load_a, make_nan_columns,
+)
+
+__all__ = ["MMA_DTYPES", "BackwardMmaConfig", "backward_mma_config", "backward_mma_tiles",
+           "ONE_PASS_COLUMNS", "column_shares", "dkdv_passes", "dq_passes", "full_query_rows",
+           "dkdv_mma_kernel", "dq_mma_kernel"]
+
+_stage = functools.partial(device_jit, own_module=True, inline=True)
+
+
+def make_stage_load(load_pair, FIRST_BYTE, STAGE_BYTES):
+    """``load(smem, stage, x, y, base, t, t_hi, n, d, tid, y_at)``: tile ``t`` of the pair
+    ``x``, ``y`` (Q and dO, or K and V) into pipeline stage ``stage`` of the arena from byte
+    ``FIRST_BYTE`` (one copy group; none past ``t_hi``; ``y_at``: ``y``'s base and head dim,
+    ``x``'s unless ``OWN_V``), by ``load_pair`` (:func:`~numba_flash.kernels.ptx.stages.
+    make_pair_load`)."""
+
+    @_stage
+    def load(smem, stage, x, y, base, t, t_hi, n, d, tid, y_at):
+        load_pair(smem, FIRST_BYTE + stage * STAGE_BYTES, x, y, base, t, t_hi, n, d, tid, y_at)
+
+    return load
+
+#: one dK/dV pass holds both accumulators (``M_TILES (HEAD_DIM + V_DIM) / 2`` registers a lane)
+#: while the two widths sum to at most this: (192, 128)'s 160 registers measured without a spill;
+#: at 256 + 256 they would be the whole register file
+ONE_PASS_COLUMNS = 320
+#: the deterministic dQ kernel's accumulator fits in one pass up to this width (at 256, 128
+#: accumulators beside the fragments spilled)
+DQ_ONE_PASS_COLUMNS = 192
+#: the widest share of columns a pass accumulates where one pass does not hold them all
+PASS_COLUMNS = 128
+
+
+def column_shares(width):
+    """``[(COL0, ACC_DIM)]``: ``width`` columns in shares of at most :data:`PASS_COLUMNS`, each
+    a multiple of 16 but the last (256: ``(0, 128), (128, 128)``)."""
+    n = -(-width // PASS_COLUMNS)
+    size = round16(-(-width // n))
+    return [(c, min(size, width - c)) for c in range(0, width, size)]
+
+
+def dkdv_passes(head_dim, deterministic, head_dim_v=None):
+    """The dK/dV launches of one backward as :class:`~numba_flash.kernels.core.config.
+    BackwardMmaConfig` fields, for ``HEAD_DIM`` and ``HEAD_DIM_V`` (``head_dim_v``, None: the
+    same): one pass (every output, atomic dQ unless ``deterministic``) while the two widths sum
+    to at most :data:`ONE_PASS_COLUMNS`, else a pass per share of dV's columns, then per share
+    of dK's (:func:`column_shares`: at 256 four passes of 128 columns, 64 registers a lane; the
+    first dK pass also adds dQ)."""
+    width_v = head_dim_v or head_dim
+    if head_dim + width_v <= ONE_PASS_COLUMNS:
+        return [dict(WANT_DV=True, WANT_DK=True, DQ_ATOMIC=not deterministic)]
+    return ([dict(WANT_DV=True, WANT_DK=False, DQ_ATOMIC=False, COL0=c, ACC_DIM=n)
+             for c, n in column_shares(width_v)]
+            + [dict(WANT_DV=False, WANT_DK=True, DQ_ATOMIC=not deterministic and c == 0,
+                    COL0=c, ACC_DIM=n) for c, n in column_shares(head_dim)])
+
+
+def dq_passes(head_dim):
+    """The deterministic dQ kernel's launches (``COL0``, ``ACC_DIM`` fields): one up to
+    :data:`DQ_ONE_PASS_COLUMNS`, else one per share of the columns (:func:`column_shares`)."""
+    if head_dim <= DQ_ONE_PASS_COLUMNS:
+        return [dict()]
+    return [dict(COL0=c, ACC_DIM=n) for c, n in column_shares(head_dim)]
+
+
+def full_query_rows_py(k_start, k_end, offset, nq, nk, left, right):
+    """``(r_lo, r_hi)``: the query rows that see every key of ``[k_start, k_end)`` (none unless
+    ``k_end <= Nk``): ``lo(i) <= k_start`` and ``hi(i) >= k_end`` in the terms of
+    :func:`~numba_flash.kernels.mainloop.visibility.key_bounds`, i.e. ``k_end - 1 - right <= i +
+    offset <= k_start + left`` (an unbounded side: no limit), within ``[0, Nq)``."""
+    r_lo = 0
+    if right >= 0:
+        r_lo = max(0, k_end - 1 - right - offset)
+    r_hi = nq
+    if left >= 0:
+        r_hi = min(nq, k_start + left - offset + 1)
+    if k_end > nk:
+        r_hi = r_lo
+    return r_lo, max(r_lo, r_hi)
+
+
+full_query_rows = device_jit(own_module=True, inline=True)(full_query_rows_py)
+
+
+@device_jit(inline=True)
+def block_coords(q, k, tiles):
+    """``(tile, b, h, bh, hk, nq, nk, d)`` of this block of the folded grid
+    (:func:`numba_flash.kernels.backward.simt.fold_grid`): its tile, sequence and query head
+    (``bh = b H + h``), the kv head ``hk`` it reads (GQA) and the sizes."""
+    n_heads = q.shape[1]
+    tile, b, h = unfold_block(cuda.blockIdx.x, tiles, n_heads)
+    return (tile, b, h, b * n_heads + h, h // (n_heads // k.shape[1]), q.shape[2], k.shape[2],
+            q.shape[3])
+
+
+def _user_parts(USER):
+    """``(FNS, MASK_MOD, BLOCKS)`` of a backward ``USER = (score_mod, mask_mod,
+    score_mod_grad, BLOCKS)`` (None: ``(None, False, None)``)."""
+    if USER is None:
+        return None, False, None
+    return tuple(USER[:3]), USER[1] is not None, USER[3]
+
+
+# [docs:mma-p-ds]
+@functools.lru_cache(maxsize=None)
+def make_tile_p_ds(ROWS, COLS, KEY_ROWS, MASKED, DROPOUT, SOFTCAP, ALIBI, FNS):
+    """``tile_p_ds(s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale)``: the
+    element-wise step of both kernels over a lane's ``ROWS x COLS`` accumulator view
+    (:mod:`~numba_flash.kernels.mainloop.warp_gemm`): ``s`` (raw ``q . k``) becomes ``P Z`` and
+    ``dp`` (``dO . v``) becomes ``dS``.  ``KEY_ROWS``: the view's rows are keys (``row0 + 16 (r >>
+    1) + 8 (r & 1)``) and its columns queries (``col0 + 8 (c >> 1) + (c & 1)``), as in the dK/dV
+    kernel; else the other way (dQ).  ``nlse2[i]`` (``-lse log2 e``) and ``dl[i]`` (``D``) are
+    indexed by the lane's query slot.  ``MASKED``: ``(0, 0)`` where the row does not see the key
+    (the window ``bounds = (nk, left, right)``), lies past ``Nq`` or has ``lse = -inf`` (and where
+    the user's ``mask_mod`` says no)."""
+    user_score = FNS[0] if FNS is not None else None
+    RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into ex2
+    GRAD = SOFTCAP or user_score is not None
+    score_fn = make_score_fn(RAW, SOFTCAP, ALIBI, FNS, float32)
+    ZERO = float32(0.0)
+    INF = float32(math.inf)   # nlse2 of a row with lse = -inf (it sees no key)
+    LOG2E_F = float32(LOG2E)
+
+    @_stage
+    def p_ds(s, dp, nlse2, delta, row, key, sa, bounds, va, umask, exp_scale):
+        if MASKED:
+            nk, left, right = bounds
+            if not (row < sa.nq and nlse2 != INF
+                    and is_visible(row, key, sa.offset, nk, left, right)):
+                return ZERO, ZERO
+        ok, x, grad = score_fn(s, row, key, sa, umask)  # the forward's score, so its P
+        if not ok:
+            return ZERO, ZERO   # the user's mask_mod (a PARTIAL tile, or no block mask)
+        p = ex2(fma(x, exp_scale if RAW else LOG2E_F, nlse2))  # exp(s - lse): FFMA + MUFU.EX2
+        if DROPOUT:
+            seed_lo, seed_hi, threshold, keep_scale = va.dropout
+            z = keep_scale if philox_keep(seed_lo, seed_hi, sa.b, sa.h, row, key,
+                                          threshold) else ZERO
+            pz = p * z
+            ds = p * (dp * z - delta)
+        else:
+            pz = p
+            ds = p * (dp - delta)
+        if GRAD:
+            ds = ds * grad
+        return pz, ds
+
+    @_stage
+    def row_p_ds(r, ctx):
+        s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale = ctx
+        first = row0 + 16 * (r >> 1) + 8 * (r & 1)
+        for c in range(COLS):
+            second = col0 + 8 * (c >> 1) + (c & 1)
+            i = c if KEY_ROWS else r      # the lane's query slot
+            row = second if KEY_ROWS else first
+            key = first if KEY_ROWS else second
+            s[r, c], dp[r, c] = p_ds(s[r, c], dp[r, c], nlse2[i], dl[i], row, key, sa, bounds,
+                                     va, umask, exp_scale)
+
+    rows = static_for(ROWS, row_p_ds)
+
+    @_stage
+    def tile_p_ds(s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale):
+        rows((s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale))
+
+    return tile_p_ds
+# [/docs:mma-p-ds]
+
+
+@functools.lru_cache(maxsize=None)
+def make_store_t(M_TILES, N_FRAGS, DTYPE, RB):
+    """``store_t(smem, byte, c)``: a lane's float32 accumulator view ``c`` (``[2 M_TILES, 2
+    N_FRAGS]``) as 16-bit pairs into the row-major shared tile at ``byte`` (``RB``-byte rows):
+    accumulator row ``r`` is tile row ``16 (r >> 1) + 8 (r & 1) + g``, the pair of columns
+    ``2 n, 2 n + 1`` tile columns ``8 n + 2 t, + 1`` (one 32-bit word)."""
+    from ..ptx.mma import mma_ops
+    _mma, pack2 = mma_ops(DTYPE)
+
+    @_stage
+    def store_t(smem, byte, c, g, t):
+        for r in range(2 * M_TILES):
+            w = (byte + (16 * (r >> 1) + 8 * (r & 1) + g) * RB) // 4 + t
+            for n in range(N_FRAGS):
+                smem[w + 4 * n] = pack2(c[r, 2 * n], c[r, 2 * n + 1])
+
+    return store_t
+
+
+@functools.lru_cache(maxsize=None)
+def dkdv_mma_kernel(cfg):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles)`` for a
+    ``"dkdv"`` :class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`.
+
+    ``q, k, v, do``: uint16 views of the ``DTYPE`` ``[B, H(kv), N, d]`` (C-contiguous);
+    ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``; ``dq_accum``: the flat float32 view
+    of ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``); ``dk_out``, ``dv_out``: flat float32
+    views of ``[B, H, Nk, d]`` (this query head's share, dK times ``scale``; with ``OWN_V``,
+    ``v``, ``do`` and ``dv_out`` have ``d_v = v.shape[3]`` columns); ``va``: the
+    :class:`~numba_flash.kernels.core.variant.Variant`; ``tiles = ceil(Nk / BLOCK)``."""
+    assert cfg.KIND == "dkdv" and cfg.DTYPE in MMA_DTYPES and cfg.HEAD_DIM % 16 == 0
+    FNS, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
+    NUM_WARPS, M_TILES, BLOCK_M, HEAD_DIM, Q_STAGES = (cfg.NUM_WARPS, cfg.M_TILES, cfg.STEP,
+                                                       cfg.HEAD_DIM, cfg.STAGES)
+    WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
+        cfg.DTYPE
+    OWN_V = cfg.OWN_V
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO, dV: HEAD_DIM's unless OWN_V
+    FULL_WIDTH = VEC and not cfg.PAD_COLS   # every column of each tile is its input's: no test
+    LOG = on_simulator() and cfg.USER is not None  # the simulator's tile log (common.TILE_LOG)
+    EXP_MASK = EXP_BITS[DTYPE]
+    BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
+    SAME_RB = RB_V == RB            # V and dO rows as K's and Q's: the same lane offsets
+    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, BLOCK_N * (RB + RB_V)
+    QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
+    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
+    DO_OFF = BLOCK_M * RB
+    WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
+    WARP_V_BYTES = 16 * M_TILES * RB_V    # and in V's
+    # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
+    # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
+    # with them
+    PER_TILE = cfg.USER is None
+    COL0, ACC, ACC_V = cfg.COL0, cfg.ACC, cfg.ACC_V
+    SMEM_WORDS = cfg.SMEM_BYTES // 4
+    ROWS = 2 * M_TILES              # the lane's keys
+    QCOLS = BLOCK_M // 4            # the lane's queries per step
+    ACOLS = ACC // 4                # the lane's dK columns
+    ACOLS_V = ACC_V // 4            # the lane's dV columns
+    K_STEPS = HEAD_DIM // 16
+    K_STEPS_V = HEAD_DIM_V // 16
+    Q_TILES = BLOCK_M // 16
+    DQ_ROWS = 2 * Q_TILES           # the lane's rows of a dQ column pair
+    P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
+    D_PAIRS = HEAD_DIM // 16
+    PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
+    EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
+    NEED_DS = WANT_DK or DQ_ATOMIC
+    ZERO = float32(0.0)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    RAW = not (cfg.SOFTCAP or cfg.ALIBI or (FNS is not None and FNS[0] is not None))
+    # -- the stages
+    gemm_st = make_gemm(M_TILES, Q_TILES, K_STEPS, "smem", False, RB, RB, DTYPE)  # K Q^T
+    gemm_dpt = make_gemm(M_TILES, Q_TILES, K_STEPS_V, "smem", False, RB_V, RB_V, DTYPE)  # V dO^T
+    gemm_dk = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # dS^T Q
+    gemm_dv = make_gemm(M_TILES, ACC_V // 16, Q_TILES, "acc", True, RB, RB_V, DTYPE)  # P^T dO
+    gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
+    load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
+    store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
+    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, cfg.PAD_COLS)
+    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, cfg.PAD_COLS)
+    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
+    scan_do = make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE)
+    score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
+    # the block mask's verdict on (Q tile, this K/V tile), visibility.py
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
+    score_args = make_score_args(cfg.ALIBI, float32)
+
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
+                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
+
+    load_q = make_stage_load(load_pair, QS_BYTE, STAGE_BYTES)   # Q and dO of a query tile
+
+    @_stage
+    def next_q(qt, w):
+        """The query tile after ``qt`` (``t_hi`` past the last): the next, or the next one the
+        block mask does not call EMPTY for this K/V tile."""
+        user, b, h, kt, nq, nk, t_hi, span, tid = w
+        qt += 1
+        if BLOCKS is not None:
+            while qt < t_hi and tile_kind(user[0], b, h, qt * BLOCK_M,
+                                          min(qt * BLOCK_M + BLOCK_M, nq), kt, nk) == BLOCK_EMPTY:
+                qt += 1
+        return min(qt, t_hi)
+
+    @_stage
+    def bad_do_fixup(dv_acc, do, do_base, q_start, key0, g, t, sa, bounds, umask):
+        """Rare: a non-finite ``dO[i, c]`` (zeroed in the tile) makes ``dV[j, c]`` NaN for every
+        key ``j`` row ``i`` sees (the reference's ``P * NaN``); read from global memory.  Bit
+        ``c`` of ``bad[r]``: the lane's column ``c`` for its key ``r`` (bits, not array
+        indices, in the run-time loop: ``dv_acc`` stays in registers)."""
+        nk, left, right = bounds
+        d = do.shape[3]
+        bad = cuda.local.array(ROWS, uint64)
+        for r in range(ROWS):
+            bad[r] = uint64(0)
+        for i in range(min(BLOCK_M, sa.nq - q_start)):
+            row = q_start + i
+            cols = uint64(0)
+            for c in range(ACOLS_V):
+                col = COL0 + 2 * t + 8 * (c >> 1) + (c & 1)
+                x = uint32(load_u16(do, do_base + row * d + col)) if col < d else uint32(0)
+                if (x & EXP_MASK) == EXP_MASK:
+                    cols |= uint64(1) << uint64(c)
+            if cols != uint64(0):
+                mark_keys((bad, cols, row, key0, sa, bounds, umask))
+        nan_columns(dv_acc, bad)
+
+    @_stage
+    def mark_key(r, ctx):
+        bad, cols, row, key0, sa, bounds, umask = ctx
+        nk, left, right = bounds
+        key = key0 + 16 * (r >> 1) + 8 * (r & 1)
+        if is_visible(row, key, sa.offset, nk, left, right) and (
+                not MASK_MOD or score_fn(ZERO, row, key, sa, umask)[0]):
+            bad[r] |= cols
+
+    mark_keys = static_for(ROWS, mark_key)
+
+    nan_columns = make_nan_columns(ROWS, ACOLS_V)
+
+    @_stage
+    def atomic_dq(dq_accum, c, tile_row, d, col, q_start, nq, g, scale, MASKED_ROWS):
+        """``dq_accum += scale c`` for the lane's ``2 Q_TILES`` query rows and its columns
+        ``col, col + 1, col + 8, col + 9`` of one column pair."""
+        for r in range(2 * Q_TILES):
+            m = 16 * (r >> 1) + 8 * (r & 1) + g
+            if not MASKED_ROWS or q_start + m < nq:
+                base = (tile_row + uint64(m)) * uint64(d) + uint64(col)
+                for e in range(4):
+                    off = 8 * (e >> 1) + (e & 1)
+                    if FULL_WIDTH or col + off < d:
+                        red_add(dq_accum, base + uint64(off), c[r, e] * scale)
+
+    def make_step(MASKED):
+        tile_p_ds = make_tile_p_ds(ROWS, QCOLS, True, MASKED, cfg.DROPOUT, cfg.SOFTCAP,
+                                   cfg.ALIBI, FNS)
+
+        # [docs:mma-dkdv-step]
+        @_stage
+        def step(qt, qt_next, stage, t_hi, ctx, umask):
+            smem, ins, frags, lane, va, sa = ctx
+            q, do, lse, delta, dq_accum, qo_base, row_base, d, bounds, do_at = ins
+            st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc = frags
+            tid, warp, g, t, key0, a_lane, q_b, ds_lane = lane
+            # the lane offsets, per tile (in_loop: each derived address is not held across the
+            # loop in a register of its own)
+            a_lane = in_loop(a_lane)
+            k_t = K_BYTE + a_lane                     # K's rows for dQ (all warps)
+            k_a = k_t + WARP_KEYS_BYTES * warp        # this warp's K rows
+            q_t = a_lane + 32 * (COL0 // 16)          # Q^T for dK
+            ds_a = DS_BYTE + in_loop(ds_lane)
+            q_b = in_loop(q_b)
+            if SAME_RB:   # V's and dO's rows are K's and Q's width
+                v_a, do_t, do_b = k_a + (V_BYTE - K_BYTE), q_t, q_b
+            else:         # their own width: their own lane offsets
+                ln = in_loop(tid) & 31
+                v_a = V_BYTE + lane_offset(ln, RB_V, KIND_A) + WARP_V_BYTES * warp
+                do_t = lane_offset(ln, RB_V, KIND_A) + 32 * (COL0 // 16)   # dO^T for dV
+                do_b = lane_offset(ln, RB_V, KIND_B)
+            q_start = qt * BLOCK_M
+            qb = QS_BYTE + (stage * STAGE_BYTES if Q_STAGES > 1 else 0)
+            tile_row = row_base + uint64(q_start)
+            for c in range(QCOLS):   # -lse log2 e and D of the lane's queries
+                m = 8 * (c >> 1) + 2 * t + (c & 1)
+                nlse2[c] = -NEG_INF
+                dl[c] = ZERO
+                if not MASKED or q_start + m < sa.nq:
+                    nlse2[c] = -(lse[tile_row + uint64(m)] * LOG2E_F)
+                    dl[c] = delta[tile_row + uint64(m)]
+            cp_async_wait_all()
+            do_bad = 0
+            if MASKED:  # 0 * inf = NaN on the tensor cores: zero this thread's Q, dO chunks
+                scan_q(smem, qb, sa.nq - q_start, tid)
+                do_bad = cuda.syncthreads_or(  # Q/dO landed and zeroed; any non-finite dO?
+                    1 if scan_do(smem, qb + DO_OFF, sa.nq - q_start, tid) else 0)
+            else:
+                cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
+            if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
+                load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
+            for r in range(ROWS):
+                for c in range(QCOLS):
+                    st[r, c] = ZERO
+                    dpt[r, c] = ZERO
+            gemm_st(st, st, smem, k_a, qb + q_b)                          # S^T = K Q^T
+            if NEED_DS:
+                gemm_dpt(dpt, dpt, smem, v_a, qb + DO_OFF + do_b)          # dP^T = V dO^T
+            tile_p_ds(st, dpt, nlse2, dl, key0, q_start + 2 * t, sa, bounds, va, umask,
+                      va.scale * LOG2E_F)                                 # P^T Z, dS^T
+            if WANT_DV:
+                gemm_dv(dv_acc, st, smem, 0, qb + DO_OFF + do_t)          # dV += (P Z)^T dO
+                if MASKED and do_bad:
+                    bad_do_fixup(dv_acc, do, do_at[0], q_start, key0, g, t, sa, bounds, umask)
+            if WANT_DK:
+                gemm_dk(dk_acc, dpt, smem, 0, qb + q_t)                    # dK += dS^T Q
+            if DQ_ATOMIC:
+                store_ds(smem, DS_BYTE + 16 * M_TILES * DS_RB * warp, dpt, g, t)
+            if DQ_ATOMIC or Q_STAGES == 1:
+                cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
+            if Q_STAGES == 1:
+                load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
+            if DQ_ATOMIC:  # dQ += scale dS K: the warps split dQ's column pairs
+                load_ds(da, smem, ds_a)
+                for i in range(PAIRS_PER_WARP):
+                    p = warp + i * NUM_WARPS
+                    if EXACT_PAIRS or p < D_PAIRS:
+                        for r in range(2 * Q_TILES):
+                            for e in range(4):
+                                dqc[r, e] = ZERO
+                        gemm_dq(dqc, da, smem, 0, k_t + 32 * p)
+                        atomic_dq(dq_accum, dqc, tile_row, d, 16 * p + 2 * t, q_start, sa.nq,
+                                  g, va.scale, MASKED)
+        # [/docs:mma-dkdv-step]
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
+
+    @_stage
+    def visit(qt, w):
+        """The verdict on (query tile ``qt``, this K/V tile) (and the simulator's tile log)."""
+        user, b, h, kt, nq, nk, t_hi, span, tid = w
+        if LOG and tid == 0:
+            log_tile(b, h, qt * BLOCK_M, kt)
+        return verdict(user, b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq), kt, nk,
+                       span[0] <= qt and qt < span[1])
+
+    walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES,
+                          1 if BLOCKS is None else 0)
+
+    # a user's functions stay out of the on-disk kernel cache (their code is not in this
+    # package's sources, which key it): such a build is compiled in each process
+    @kernel_jit(cache=cfg.USER is None)
+    def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles):
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        kt, b, h, bh, hk, nq, nk, d = block_coords(q, k, tiles)   # this block's K/V tile
+        n_heads = q.shape[1]
+        k_start = kt * BLOCK_N
+        k_end = min(k_start + BLOCK_N, nk)
+        offset = nk - nq
+        left, right = va.window
+        sa = score_args(va, b, h, offset, nq)
+        key0 = k_start + 16 * M_TILES * warp + g   # the lane's first key (rows of S^T)
+
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        st = cuda.local.array((ROWS, QCOLS), float32)     # S^T, then P^T Z
+        dpt = cuda.local.array((ROWS, QCOLS), float32)    # dP^T, then dS^T
+        dk_acc = cuda.local.array((ROWS, ACOLS), float32)
+        dv_acc = cuda.local.array((ROWS, ACOLS_V), float32)
+        nlse2 = cuda.local.array(QCOLS, float32)          # -lse log2 e of the lane's queries
+        dl = cuda.local.array(QCOLS, float32)             # D of the lane's queries
+        da = cuda.local.array((Q_TILES, P_STEPS, 4), uint32)  # dQ's A fragments (dS)
+        dqc = cuda.local.array((DQ_ROWS, 4), float32)          # dQ of one column pair
+        for r in range(ROWS):
+            for c in range(ACOLS):
+                dk_acc[r, c] = ZERO
+            for c in range(ACOLS_V):
+                dv_acc[r, c] = ZERO
+
+        q_lo, q_hi = tile_query_range(k_start, k_end, offset, nq, left, right)
+        r_lo, r_hi = full_query_rows(k_start, k_start + BLOCK_N, offset, nq, nk, left, right)
+        t_lo = int32(q_lo // BLOCK_M)
+        t_hi = int32((q_hi + BLOCK_M - 1) // BLOCK_M)
+        f_lo = int32(min(max((r_lo + BLOCK_M - 1) // BLOCK_M, t_lo), t_hi))
+        f_hi = int32(min(max(r_hi // BLOCK_M, f_lo), t_hi))  # unmasked Q tiles: [f_lo, f_hi)
+
+        # -- prologue: K and V (K's inf / NaN zeroed: it multiplies dS = 0 in dQ), the first
+        # query tile (the block mask's first non-EMPTY one) into stage 0
+        kv_base = ((b * k.shape[1] + hk) * nk + k_start) * d
+        qo_base = (b * n_heads + h) * nq * d
+        d_v = d                   # V's and dO's head dim and bases: K's and Q's, or their own
+        v_base = kv_base
+        do_at = (qo_base, d)
+        if OWN_V:
+            d_v = v.shape[3]
+            v_base = ((b * k.shape[1] + hk) * nk + k_start) * d_v
+            do_at = ((b * n_heads + h) * nq * d_v, d_v)
+        copy_k(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
+        copy_v(smem, V_BYTE, v, v_base, k_end - k_start, d_v, tid)
+        # the unmasked Q tiles' bounds live in shared memory: read once per tile, they cost
+        # no register across the loop (at 255, ptxas spilled them to local memory)
+        span = cuda.shared.array(2, int32)
+        if tid == 0:
+            span[0] = f_lo
+            span[1] = f_hi
+        w = (va.user, b, h, kt, nq, nk, t_hi, span, tid)   # the walk's context
+        qt = next_q(t_lo - 1, w)   # the first query tile (the block mask's first non-EMPTY one)
+        load_q(smem, 0, q, do, qo_base, qt, t_hi, nq, d, tid, do_at)
+        cp_async_wait_all()
+        if DQ_ATOMIC:
+            scan_k(smem, K_BYTE, k_end - k_start, tid)   # own chunks: no barrier before
+        cuda.syncthreads()  # the tile span is written before any thread's first verdict
+
+        # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
+        ins = (q, do, lse, delta, dq_accum, qo_base, uint64(uint32(bh)) * uint64(nq), d,
+               (nk, left, right), do_at)
+        frags = (st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc)
+        lanes = (tid, warp, g, t, key0, lane_offset(lane, RB, KIND_A),
+                 lane_offset(lane, RB, KIND_B), lane_offset(lane, DS_RB, KIND_B))
+        walk(qt, next_q(qt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
+
+        # -- this query head's dK (times scale) and dV, in float32
+        store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(bh)) * uint64(nk), key0, nk,
+                   (d, d_v), t, va.scale)
+
+    @_stage
+    def store_row(r, ctx):
+        dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale = ctx
+        d, d_v = dims
+        key = key0 + 16 * (r >> 1) + 8 * (r & 1)
+        if key < nk:
+            base = (row_base + uint64(key)) * uint64(d) + uint64(COL0 + 2 * t)
+            base_v = base
+            if OWN_V:
+                base_v = (row_base + uint64(key)) * uint64(d_v) + uint64(COL0 + 2 * t)
+            for c in range(ACOLS if WANT_DK else 0):
+                off = 8 * (c >> 1) + (c & 1)
+                if FULL_WIDTH or COL0 + 2 * t + off < d:
+                    dk_out[base + uint64(off)] = dk_acc[r, c] * scale
+            for c in range(ACOLS_V if WANT_DV else 0):
+                off = 8 * (c >> 1) + (c & 1)
+                if FULL_WIDTH or COL0 + 2 * t + off < d_v:
+                    dv_out[base_v + uint64(off)] = dv_acc[r, c]
+
+    store_rows = static_for(ROWS, store_row)
+
+    @_stage
+    def store_dkdv(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale):
+        store_rows((dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale))
+
+    return backward_dkdv_mma
+
+
+@functools.lru_cache(maxsize=None)
+def dq_mma_kernel(cfg):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, va, tiles)`` for a ``"dq"``
+    :class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`: ``dq_accum = scale * dS K``
+    (float32, its flat view) without atomics (``deterministic=True``); arguments as
+    :func:`dkdv_mma_kernel`, ``tiles = ceil(Nq / BLOCK)``.  ``COL0``, ``ACC_DIM``: only dQ's
+    columns ``COL0 .. COL0 + ACC - 1`` (:func:`dq_passes`)."""
+    assert cfg.KIND == "dq" and cfg.DTYPE in MMA_DTYPES and cfg.HEAD_DIM % 16 == 0
+    FNS, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
+    LOG = on_simulator() and cfg.USER is not None
+    M_TILES, BLOCK_N, HEAD_DIM, KV_STAGES, DTYPE = (cfg.M_TILES, cfg.STEP, cfg.HEAD_DIM,
+                                                    cfg.STAGES, cfg.DTYPE)
+    OWN_V = cfg.OWN_V
+    BLOCK_M, THREADS, RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO: HEAD_DIM's unless OWN_V
+    Q_BYTE, DO_BYTE, KV_BYTE = 0, BLOCK_M * RB, BLOCK_M * (RB + RB_V)
+    KV_TILE = BLOCK_N * RB
+    STAGE_BYTES = BLOCK_N * (RB + RB_V)   # one stage: K, then V
+    COL0, ACC = cfg.COL0, cfg.ACC
+    SMEM_WORDS = cfg.SMEM_BYTES // 4
+    ROWS = 2 * M_TILES
+    KEYS = BLOCK_N // 4
+    ACOLS = ACC // 4
+    K_STEPS = HEAD_DIM // 16
+    K_STEPS_V = HEAD_DIM_V // 16
+    ZERO = float32(0.0)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    Q_REGS = cfg.Q_IN_REGS          # Q, dO fragments in registers, else from shared memory
+    A_SRC = "regs" if Q_REGS else "smem"
+    load_a = make_load_a(M_TILES, K_STEPS, RB)
+    load_a_v = make_load_a(M_TILES, K_STEPS_V, RB_V)
+    gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, A_SRC, False, RB, RB, DTYPE)      # Q K^T
+    gemm_dp = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS_V, A_SRC, False, RB_V, RB_V, DTYPE)
+    gemm_dq = make_gemm(M_TILES, ACC // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, cfg.PAD_COLS)
+    copy_do = make_tile_copy(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, cfg.VEC, cfg.PAD_COLS)
+    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+    tile_span = make_tile_span(BLOCK_N)
+    score_args = make_score_args(cfg.ALIBI, float32)
+
+    load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V,
+                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
+
+    load_kv = make_stage_load(load_pair, KV_BYTE, STAGE_BYTES)   # K and V of a key tile
+
+    def make_step(MASKED):
+        tile_p_ds = make_tile_p_ds(ROWS, KEYS, False, MASKED, cfg.DROPOUT, cfg.SOFTCAP,
+                                   cfg.ALIBI, FNS)
+
+        # [docs:mma-dq-step]
+        @_stage
+        def step(kt, kt_next, stage, t_hi, ctx, umask):
+            smem, ins, frags, lane, va, sa = ctx
+            k, v, kv_base, nk, d, bounds, v_at = ins
+            qf, dof, s, dp, acc, nlse2, dl = frags
+            tid, t, row0, q_a, k_b, k_t, do_a, v_b = lane
+            k_start = kt * BLOCK_N
+            kb = KV_BYTE + (stage * STAGE_BYTES if KV_STAGES > 1 else 0)
+            cp_async_wait_all()
+            if MASKED:
+                scan_k(smem, kb, nk - k_start, tid)  # K inf / NaN -> 0: it multiplies dS = 0
+            cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
+            if KV_STAGES > 1:  # the next tile's copy runs under this tile's math
+                load_kv(smem, stage ^ 1, k, v, kv_base, kt_next, t_hi, nk, d, tid, v_at)
+            for r in range(ROWS):
+                for c in range(KEYS):
+                    s[r, c] = ZERO
+                    dp[r, c] = ZERO
+            gemm_s(s, qf, smem, Q_BYTE + q_a, kb + k_b)                   # S = Q K^T
+            gemm_dp(dp, dof, smem, DO_BYTE + do_a, kb + KV_TILE + v_b)    # dP = dO V^T
+            tile_p_ds(s, dp, nlse2, dl, row0, k_start + 2 * t, sa, bounds, va, umask,
+                      va.scale * LOG2E_F)                                 # dS (in dp)
+            gemm_dq(acc, dp, smem, 0, kb + k_t)                           # dQ += dS K
+            if KV_STAGES == 1:
+                cuda.syncthreads()  # every warp is done with this K/V tile: the next one
+                load_kv(smem, 0, k, v, kv_base, kt_next, t_hi, nk, d, tid, v_at)
+        # [/docs:mma-dq-step]
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, KV_STAGES,
+                             1, LOG)
+
+    @_stage
+    def row_stats(r, ctx):
+        nlse2, dl, lse, delta, row_base, row0, nq = ctx
+        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
+        nlse2[r] = -NEG_INF                # rows past Nq: lse = -inf (P = 0 on masked tiles)
+        dl[r] = ZERO
+        if row < nq:
+            nlse2[r] = -(lse[row_base + uint64(row)] * LOG2E_F)
+            dl[r] = delta[row_base + uint64(row)]
+
+    load_stats = static_for(ROWS, row_stats)
+
+    @_stage
+    def store_row(r, ctx):
+        dq_accum, acc, row_base, row0, nq, d, t, scale = ctx
+        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
+        if row < nq:
+            base = (row_base + uint64(row)) * uint64(d)
+            for c in range(ACOLS):
+                col = COL0 + 2 * t + 8 * (c >> 1) + (c & 1)
+                if col < d:
+                    dq_accum[base + uint64(col)] = acc[r, c] * scale
+
+    store_rows = static_for(ROWS, store_row)
+
+    @kernel_jit(cache=cfg.USER is None)  # a user's functions stay off the on-disk kernel cache
+    def backward_dq_mma(q, k, v, do, lse, delta, dq_accum, va, tiles):
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        t = lane & 3
+        qt, b, h, bh, hk, nq, nk, d = block_coords(q, k, tiles)   # this block's Q tile
+        n_heads = q.shape[1]
+        q_start = qt * BLOCK_M
+        q_end = min(q_start + BLOCK_M, nq)
+        offset = nk - nq
+        left, right = va.window
+        sa = score_args(va, b, h, offset, nq)
+        row0 = q_start + 16 * M_TILES * warp + (lane >> 2)   # the lane's first row
+        row_base = uint64(uint32(bh)) * uint64(nq)
+
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        qf = cuda.local.array((M_TILES, K_STEPS, 4) if Q_REGS else (1, 1, 4),
+                              uint32)   # Q's A fragments (with Q_REGS)
+        dof = cuda.local.array((M_TILES, K_STEPS_V, 4) if Q_REGS else (1, 1, 4),
+                               uint32)  # dO's
+        s = cuda.local.array((ROWS, KEYS), float32)             # S, then P
+        dp = cuda.local.array((ROWS, KEYS), float32)            # dP, then dS
+        acc = cuda.local.array((ROWS, ACOLS), float32)
+        nlse2 = cuda.local.array(ROWS, float32)
+        dl = cuda.local.array(ROWS, float32)
+        for r in range(ROWS):
+            for c in range(ACOLS):
+                acc[r, c] = ZERO
+        load_stats((nlse2, dl, lse, delta, row_base, row0, nq))
+
+        # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
+        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
+        if q_start + BLOCK_M > nq:   # rows past Nq: every tile masked
+            f_hi = f_lo
+        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+
+        # -- prologue: Q and dO of the block's rows (their fragments into registers), the
+        # first K/V tile
+        kv_base = (b * k.shape[1] + hk) * nk * d
+        qo_base = ((b * n_heads + h) * nq + q_start) * d
+        v_at = (kv_base, d)      # V's and dO's bases and head dim: K's and Q's, or their own
+        do_base, d_v = qo_base, d
+        if OWN_V:
+            d_v = v.shape[3]
+            v_at = ((b * k.shape[1] + hk) * nk * d_v, d_v)
+            do_base = ((b * n_heads + h) * nq + q_start) * d_v
+        copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
+        copy_do(smem, DO_BYTE, do, do_base, q_end - q_start, d_v, tid)
+        kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
+        load_kv(smem, 0, k, v, kv_base, kt, t_hi, nk, d, tid, v_at)   # commits Q, dO with it
+        cp_async_wait_all()
+        cuda.syncthreads()  # Q and dO landed for all before any warp reads its fragments
+        a_off = 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
+        do_off = 16 * M_TILES * RB_V * warp + lane_offset(lane, RB_V, KIND_A)
+        if Q_REGS:
+            load_a(qf, smem, Q_BYTE + a_off)
+            load_a_v(dof, smem, DO_BYTE + do_off)
+
+        ins = (k, v, kv_base, nk, d, (nk, left, right), v_at)
+        frags = (qf, dof, s, dp, acc, nlse2, dl)
+        lanes = (tid, t, row0, a_off, lane_offset(lane, RB, KIND_B),
+                 lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16), do_off,
+                 lane_offset(lane, RB_V, KIND_B))
+        walk(kt, nxt(kt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
+
+        # -- dQ (times scale), in float32
+        store_rows((dq_accum, acc, row_base, row0, nq, d, t, va.scale))
+
+    return backward_dq_mma
+
+
+def compile_config(cfg):
+    """The compile tier's entry of one configuration (its Numba argument types)."""
+    u16 = types.Array(types.uint16, 4, "C")
+    f32_1 = types.Array(types.float32, 1, "C")
+    user_t = ()
+    if cfg.USER is not None:  # kinds and the two aux arrays of _user_build
+        user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
+                  types.Array(types.int32, 2, "C"))
+    va_t = variant_type(types.float32, cfg.DROPOUT, user_t)
+    m_tiles, hd, acc, step = cfg.M_TILES, cfg.HEAD_DIM, cfg.ACC, cfg.STEP
+    if cfg.KIND == "dkdv":
+        args = (u16, u16, u16, u16, f32_1, f32_1, f32_1, f32_1, f32_1, va_t, types.int64)
+        pairs = hd // 16
+        # one query tile per warp on the common path: S^T, dP^T, dV, dK and the warp's dQ pairs
+        mma = (m_tiles * (step // 8) * (hd // 16) * (1 + int(cfg.WANT_DK or cfg.DQ_ATOMIC))
+               + m_tiles * (acc // 8) * (step // 16) * (int(cfg.WANT_DV) + int(cfg.WANT_DK))
+               + ((step // 16) * 2 * (cfg.BLOCK // 16) * -(-pairs // cfg.NUM_WARPS)
+                  if cfg.DQ_ATOMIC else 0))
+        kernel = dkdv_mma_kernel(cfg)
+    else:
+        args = (u16, u16, u16, u16, f32_1, f32_1, f32_1, va_t, types.int64)
+        # one K/V tile per warp: S, dP (M_TILES (STEP / 8) (HEAD_DIM / 16) each), dQ
+        mma = 2 * m_tiles * (step // 8) * (hd // 16) + m_tiles * (step // 16) * (acc // 8)
+        kernel = dq_mma_kernel(cfg)
+    return {"name": cfg.name, "config": cfg, "kernel": kernel, "args": args,
+            "float64_ok": False, "mma": True, "sass": {"expect_mma": mma}}
+
+
+assert all(backward_mma_config(hd, kind, simulator=False, **p).SMEM_BYTES <= SMEM_LIMIT
+           for hd in BACKWARD_MMA_TILES for kind in ("dkdv", "dq") for p in
+           (dkdv_passes(hd, False) if kind == "dkdv" else dq_passes(hd)))

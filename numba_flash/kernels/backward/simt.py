@@ -1,0 +1,1168 @@
+"""FlashAttention backward: recompute P from ``lse``, K/V tiles outer, dQ by atomics.
+
+Math
+----
+For one ``(batch, query head)`` with ``S = mod(scale * Q K^T)`` (``mod``: the score modifiers of
+:mod:`numba_flash.kernels.mainloop.visibility`, softcap then ALiBi; keys a row does not see get
+``-inf``), the forward saved only ``O`` and one float per query row, ``lse_i = log sum_j
+exp(S_ij)``, not the running ``m_i`` and ``l_i``: since ``P_ij = exp(S_ij - m_i) / l_i = exp(S_ij -
+(m_i + log l_i))``, the one number ``lse_i = m_i + log l_i`` recovers the probabilities exactly::
+
+    P  = exp(S - lse)                     (recomputed tile by tile, never stored in HBM)
+    dV = P^T dO                           dP = dO V^T
+    dS = P * (dP - D) * (1 - t^2),   D_i = rowsum(dP_i * P_i)
+    dQ = scale * dS K                     dK = scale * dS^T Q
+
+``dS`` is the softmax Jacobian applied to ``dP``: ``dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)``,
+times the softcap's slope ``d(c tanh(s / c))/ds = 1 - t^2`` with ``t = tanh(s / c)`` (1
+without softcap).  ``S`` is recomputed by the forward's own score function
+(:func:`~numba_flash.kernels.mainloop.visibility.make_score`: the raw ``q . k`` over the head dim in
+order, times ``scale``, then the modifiers), so ``S`` is the forward's bit for bit and ``P``
+sums to 1 up to the rounding of the stored ``lse`` (float32: see "The stored lse" below); with
+scores near 150 a score one ulp off would already be a 1e-5 relative error in ``P``.  ALiBi adds a
+constant ``-slope |i + Nk - Nq - j|`` to the score: it has no gradient.  The row term ``D_i``
+needs a whole row of ``dP``, which no K/V tile has, but it equals a row of ``dO * O`` summed (the
+*preprocess* kernel, :func:`preprocess_kernel`)::
+
+    sum_j dP_ij P_ij = sum_j P_ij sum_c dO_ic V_jc
+                     = sum_c dO_ic (sum_j P_ij V_jc) = sum_c dO_ic O_ic
+
+``d`` multiplies per row instead of ``Nk``, and it reads only ``O`` and ``dO``.  A row that sees no
+key (causal with ``Nq > Nk``, a window that misses every key) has ``lse = -inf``: its ``P`` is
+forced to 0 (never ``exp(S + inf)``), so it adds nothing and its ``dQ`` stays 0, never NaN.
+
+The stored lse (float32)
+------------------------
+``lse`` is stored in float32 (the public ``forward``'s result, as flash-attn's), so it is off by
+up to half an ulp of ``|lse|`` (1.9e-6 at ``|lse|`` = 50), and ``exp(S - lse)`` carries that as
+a factor common to the row, which neither the forward's ``P = exp(S - m) / l`` nor plain
+attention's ``e / sum(e)`` has.  With large float32 scores it was about half of ``dV``'s error
+(issue 37; the figures are in tests/kernels/test_large_scores.py).  So the float32 backward
+first runs :func:`row_mass_kernel`: per row ``c_i = sum_j exp(S_ij - lse_i)`` (``p_and_ds``'s
+``P``, bit for bit, plus a learnable sink's ``exp(sink_h - lse_i)``) and, where ``|c_i - 1| <=
+|lse_i| 2^-23 + 2^-20`` (``lse_i`` is within an ulp or two of the log-sum-exp of exactly the keys
+given), every later kernel reads ``dO_i / c_i`` in place of ``dO_i``.  That is dividing the row
+of ``P``: ``dV = P^T (dO / c)``, ``dP / c = (dO / c) V^T`` and ``D / c = rowsum((dO / c) * O)``
+(the preprocess's), so ``dS = (P / c)(dP - D)`` and the kernels below run unchanged.  Outside
+the window ``lse`` is used as given: a ring or split-K step passes the *global* ``lse`` of more
+keys than it holds (:mod:`numba_flash.distributed.ring`: ``c_i`` is then their share, below 1),
+and a row with ``lse = -inf`` or NaN keeps its rule.  Inside it, keys the call does not hold
+can only weigh what the window allows, the size of the error removed.  The price: one more pass
+over ``Q K^T`` with its ``exp`` and a float32 copy of dO.  float16 and bfloat16 (rounding
+2^-11 and 2^-8, far above 2e-6) and float64 (a float64 ``lse``) skip it, as does the
+tensor-core backward (float16, bfloat16).
+
+Which keys a row sees (causal, sliding window ``(left, right)``, bottom-right aligned) is
+:func:`~numba_flash.kernels.mainloop.visibility.is_visible`; the kernels take the window as two
+runtime ints with causal folded in (``right = 0``;
+:func:`~numba_flash.kernels.mainloop.visibility.window_bounds`).
+
+Non-finite inputs never reach a row (key) that does not see them.  A NaN or inf in ``q`` or in a
+visible ``k`` makes the score, hence ``P`` and ``dS`` of the pairs that see it, NaN; the ``dS K``
+and ``dS^T Q`` operands store a non-finite ``k`` / ``q`` as 0, so a pair with ``dS = 0`` stays 0.
+A NaN or inf in ``dO_i`` makes ``D_i`` non-finite (the preprocess sums ``dO_i * O_i``), hence
+``dS`` NaN at the pairs row ``i`` sees (whatever ``dP`` holds).  For ``dV = P^T dO`` the dK/dV
+kernel stores a non-finite ``dO`` as 0 in ``do_tile`` (``P = 0`` at a pair the row does not see,
+but ``0 * NaN`` is NaN), learns from ``D`` that a Q tile held such a row (a
+shared ``do_bad`` flag raised while ``D`` is loaded) and then, once after its Q-tile loop,
+makes ``dV[j, c]`` NaN where a row that sees key ``j`` has a non-finite ``dO[row, c]``
+(:func:`dkdv_kernel`'s ``mark_non_finite_do``, in global memory once ``dV`` is written, reading
+``D`` and ``dO`` again).  Finite inputs run the plain step; the fast path pays one compare and
+select per loaded ``dO`` element.
+
+Kernels (every grid is 1-D, :func:`fold_grid`)
+----------------------------------------------
+0. float32 only, :func:`row_mass_kernel`: ``dO`` with each row divided by ``c_i`` ("The stored
+   lse" above), into a float32 copy that the kernels below read in place of ``dO``.
+1. :func:`preprocess_kernel` ``(o, do, delta, dq_accum, tiles)``: ``delta = rowsum(dO * O)`` and
+   zeroes the dQ accumulator.  ``LANES`` threads per row (a warp on the GPU) read consecutive
+   columns, so each step is one coalesced access, and combine their partial sums with
+   ``cuda.shfl_xor_sync`` (a butterfly: after ``log2 LANES`` steps every lane holds the sum).
+2. :func:`dkdv_kernel`: one block per ``(K/V tile j, batch b, query head h)``.  ``k_tile`` and
+   ``v_tile`` (of kv head ``h // (H / Hkv)``) are loaded once; the block loops over the Q tiles
+   that hold a row seeing some key of the tile
+   (:func:`~numba_flash.kernels.mainloop.visibility.tile_query_range`: causal and the window skip
+   the others), recomputing ``P`` and ``dS`` for each ``(Q_i, K_j)``; this head's share of ``dK_j``
+   and ``dV_j`` is accumulated in registers and written once.  GQA groups are spread over blocks
+   (one block per query head, not a loop over the group in one block): each block writes into a
+   compute-type ``[B, H, Nk, d]`` buffer and :func:`reduce_kernel` sums each group's heads in a
+   fixed order (with ``H == Hkv`` in float32/float64 the block writes ``dk``/``dv`` directly).
+   With ``dq_atomic`` it also adds ``scale * dS K_j`` into the float32 (float64) ``dq_accum``
+   with ``cuda.atomic.add``.
+3. :func:`dq_kernel`, for ``deterministic=True``: one block per ``(Q tile, b, h)``; it loops over
+   the K/V tiles its rows see (:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range`),
+   recomputes ``P`` and ``dS`` and accumulates ``dQ_i`` in registers in a fixed order, then
+   stores it: bitwise identical run to run.  (Atomic float adds land in whatever order the blocks
+   reach them; flash-attn users ask for a deterministic backward, flash-attn issues #414 and
+   #988.)  ``dK``/``dV`` then come from :func:`dkdv_kernel` with ``dq_atomic = 0``; they never
+   used atomics.
+4. :func:`reduce_kernel` ``(src, dst, tiles)``: a GQA group's dK/dV partials summed, or the
+   float32 dQ accumulator cast to float16; one thread per output element.
+
+Grid
+----
+``gridDim.y`` and ``gridDim.z`` stop at 65535 on CUDA, which ``B * H`` can pass, so
+every kernel here runs on a 1-D grid of ``tiles * B * heads`` blocks (:func:`fold_grid`, limit
+``2**31 - 1``) and each block unfolds its ``(tile, b, h)`` (:func:`unfold_block`), tile fastest
+so that the blocks of one head run side by side.  :func:`backward_grids` lists every grid the op
+launches, for a CPU test.
+
+Variable-length batches (``varlen = 1``)
+----------------------------------------
+The same kernels serve :func:`numba_flash.backward_varlen`: the op hands them the packed arrays
+as one batch ``[1, H, total, d]`` and the int32 ``cu_seqlens_q``/``cu_seqlens_k``; block
+``(tile, b, h)`` then works on sequence ``b`` (rows ``cu[b]:cu[b + 1]``), with indices inside
+the sequence for the visibility rule, ALiBi and dropout (so sequence ``b``'s keep-mask is
+``dropout_mask(seed, B, H, ...)[b]`` restricted to its lengths), and leaves at once when its tile
+starts past the sequence (``tiles`` is computed from ``max_seqlen``).  The preprocess and reduce
+kernels need no sequence boundaries at all: they work row by row on the packed arrays.
+
+Thread mapping
+--------------
+Every tile product gives each thread a register micro-tile (:func:`layout`): for a ``ROWS x COLS``
+tile, ``COL_T`` threads across columns, ``ROW_T = THREADS / COL_T`` down rows, ``TR x TC``
+elements each.  Per step of the reduction a thread loads its ``TR`` row values and ``TC`` column
+values from shared memory and does ``TR * TC`` FMAs.  Which elements it owns follows the loads:
+
+* ``S`` / ``dP`` (``BLOCK_M x BLOCK_N``): rows ``r, r + ROW_T, ...`` and keys ``c, c + COL_T,
+  ...`` (strided): the reduction runs over the head dim, along the rows of Q, dO, K and V, so
+  every operand is a 16-byte chunk of a row whoever owns it, and neighbouring threads read
+  neighbouring keys' rows (distinct bank groups) or the same row (a broadcast).
+* ``dK`` / ``dV`` (``BLOCK_N x HEAD_DIM``): keys ``r TR ... r TR + TR - 1`` and columns ``c TC
+  ... c TC + TC - 1`` (contiguous): per query row a thread reads its ``TC`` columns of dO and
+  Q and its ``TR`` keys of P and dS, each a contiguous run, 16 bytes at a time where the run
+  is whole chunks (:func:`tile_functions`' ``make_load_run``).
+* ``dQ`` (``BLOCK_M x HEAD_DIM``): rows ``r, r + ROW_T, ...``, columns ``c TC ...`` (contiguous):
+  per chunk of ``VW`` keys one 16-byte load of each of its dS rows and ``TC / VW`` of each K row.
+  The S / dP step (:func:`tile_functions`' ``row_dot``) reads Q, dO, K and V rows 16
+bytes at a time (one ``ld.shared.v4`` per row and per key feeds ``VW`` FMAs of each of the
+thread's ``TR x TC`` products, ``VW = 16 / w``), so their rows are padded by one 16-byte chunk
+(:func:`row_pad`): every row starts 16-byte aligned and 8 consecutive rows start in distinct
+bank groups.  float32 ``exp`` is ``ex2.approx(x log2 e)``, as in the forward.  Three
+micro-tiles: ``S``/``dP`` (``BLOCK_M x BLOCK_N``),
+``dK``/``dV`` (``BLOCK_N x HEAD_DIM``, live across the whole K/V-outer loop) and ``dQ``
+(``BLOCK_M x HEAD_DIM``).  ``P`` and ``dS`` go through shared memory between them.
+
+Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
+------------------------------------------------------------------
+``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + VW]``, ``q_tile``, ``do_tile [BLOCK_M, HEAD_DIM +
+VW]``, ``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse`` and ``delta [BLOCK_M]``::
+
+    w * (2 (BLOCK_M + BLOCK_N)(HEAD_DIM + VW) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)  bytes
+
+plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` and 4 for the dK/dV kernel's
+``do_bad`` flag (:func:`shared_bytes`), at most 48
+KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 43.3 KiB for float32 at HEAD_DIM = 128
+with 8 x 32 tiles, 43.6 KiB with dropout).  Tiles hold the compute type: float16 and bfloat16
+inputs are computed in float32, float64 in float64; every element is read (q, k, v, dO, O)
+and written (the reduction's dQ, dK, dV) through the element-type stage of
+:mod:`numba_flash.kernels.core.elements` (bfloat16 arrays are their uint16 words).
+
+Compile-time constants, and why the variants are runtime arguments
+------------------------------------------------------------------
+``BLOCK_M``, ``BLOCK_N``, ``HEAD_DIM`` (padded to 16/32/64/128/256), ``THREADS``, the dtype and
+``DROPOUT`` are arguments of the memoised factories.  On the GPU the dK/dV and dQ kernels are
+compiled with ``launch_bounds = (THREADS, MIN_BLOCKS)`` (:data:`DKDV_MIN_BLOCKS`,
+:data:`DQ_MIN_BLOCKS`: 3 to 5 resident blocks of 128 threads per SM, the most that assemble
+without spills), which caps their registers at 168, 128 or 96 instead of the up to 237 ptxas
+takes unasked.  The window (``left``, ``right``; causal is
+``right = 0``), ``softcap``, the ALiBi slopes, ``varlen`` and ``dq_atomic`` are runtime
+arguments of the same kernels.  The mask costs one or two integer compares per score next to
+``2 HEAD_DIM`` FMAs, and the tile skipping it buys is a runtime loop bound in any case (tiles
+outside the band are never loaded); softcap is one uniform branch per score; ALiBi always runs
+with a slope of 0 when off (``s - 0 * distance == s`` exactly).  Each of them compile-time would
+multiply the compile tier (already 2 kernels x 20 tile/dtype/dropout configurations): a
+compile-time causal flag alone doubled it (measured on a 2-core CPU: 126 builds, ~260 s of CPU
+with it; 68 builds, ~145 s without), and causal x window x softcap x ALiBi x varlen would be 32x.
+
+Dropout (the ``DROPOUT`` specialisation; the plain kernels have none of it)
+------------------------------------------------------------------------------
+The forward applied ``Z = keep / (1 - p)`` to ``P`` (``keep`` the Philox mask of
+:mod:`numba_flash.philox`: element ``(b, h, i, j)``, ``h`` the query head, ``i``/``j`` indices
+within the sequence, so it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)``) and
+returned ``O = (P * Z) V``.  The backward redraws the same bits from ``(seed, b, h, i, j)`` (no
+mask is stored) and applies the chain rule through ``Z``::
+
+    dV = (P * Z)^T dO                    dP = (dO V^T) * Z
+    dS = P * (dP - D) * (1 - t^2),   D_i = rowsum(dO_i * O_i)          (dQ, dK from dS as before)
+
+``D`` is still the preprocess kernel's ``rowsum(dO * O)`` with the *dropped* ``O``, because::
+
+    sum_c dO_ic O_ic = sum_c dO_ic sum_j P_ij Z_ij V_jc = sum_j P_ij Z_ij (dO V^T)_ij
+                     = sum_j P_ij dP_ij
+
+``lse`` is unaffected (the forward's ``l_i`` sums the undropped ``P``), so ``P = exp(S - lse)``
+is recomputed exactly as without dropout.  Each block draws the keep bits of its current
+``(Q_i, K_j)`` tile pair into ``keep_tile [BLOCK_M, BLOCK_N / 4]`` (int32; bit ``w`` of
+``keep_tile[m, g]`` keeps key ``k_start + 4 g + w`` of row ``q_start + m``) with
+:func:`~numba_flash.philox.philox_keep_bits4`, one Philox call per 4 keys spread over all
+threads, in the same phase as the tile loads (so behind the barrier that already precedes
+``p_and_ds``; no extra barrier).  A group no row can see (past the sequence, outside the row's
+:func:`~numba_flash.kernels.mainloop.visibility.key_bounds`) is not drawn.  The ``S``/``dP``
+micro-tile gives each thread columns strided by ``COL_T``, not 4 consecutive ones, hence the shared
+``keep_tile`` rather than per-thread draws (which would cost 4x the Philox calls).  ``p_tile``
+then holds ``P * Z`` (for ``dV``) and ``ds_tile`` ``P * (dP * Z - D) * (1 - t^2)``.
+``dropout_p = 0`` never reaches these kernels: the op runs the plain ones.
+
+The dropout kernels take one more argument, the tuple ``dropout = (seed_lo, seed_hi,
+threshold, keep_scale)`` (the ``numpy.uint32`` values of
+:func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type); the plain
+kernels get ``()``, an empty tuple that adds no kernel parameter.
+
+A user's variant (``USER``, :mod:`numba_flash.flex`, compile time)
+------------------------------------------------------------------
+``score_mod`` runs on the modified score and ``dS`` is multiplied by ``score_mod_grad`` at the
+score it received; ``mask_mod`` is and-ed into the visibility rule (:func:`tile_functions`).
+With a block mask each loop reads the classification
+(:func:`~numba_flash.kernels.mainloop.visibility.make_tile_kind`) before loading a tile: a tile pair
+it calls EMPTY is skipped (the dK/dV kernel's Q tiles of its K/V tile, the dQ kernel's K/V tiles
+of its Q tile; every thread takes the same branch, so the barriers stay uniform), a FULL one
+runs without ``mask_mod``.  In the simulator thread 0 logs each tile pair it computes
+(:func:`~numba_flash.kernels.core.common.log_tile`, ``(b, h, q_start, key tile)``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, int32, int64
+
+from ...backend import on_simulator
+from ...philox import philox_keep_bits4
+from ..core.jit import device_jit, kernel_jit, range_for, static_for
+from ..core.common import (
+    FULL_MASK, GRID_X_MAX, SMEM_LIMIT, acc_dtype, compute_type, log_tile,
+    padded_head_dim,
+)
+from ..core.elements import BFLOAT16, element_ops
+from ..mainloop.online_softmax import sink_of
+from ..ptx.stages import lds16, make_exp_e, make_row_dot
+from ..mainloop.tile_scores import ScoreArgs, make_score_fn
+from ..mainloop.visibility import (
+    is_visible, key_bounds, make_pair_mask, tile_key_range, tile_query_range,
+)
+
+
+#: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
+#: is the larger one: each K/V block streams all of Q, dO and the dQ atomics once, so that
+#: traffic scales with Nk / BLOCK_N; BLOCK_M only sets the work between barriers.
+GPU_TILES = {
+    4: {16: (32, 64), 32: (32, 64), 64: (32, 32), 128: (8, 32), 256: (4, 16)},
+    8: {16: (32, 32), 32: (16, 32), 64: (16, 16), 128: (4, 16), 256: (4, 4)},
+}
+GPU_THREADS = 128
+
+#: bytes of one vector shared-memory load (``ld.shared.v4``): 4 float32 or 2 float64
+VEC_BYTES = 16
+
+
+def row_pad(dtype):
+    """Padding of a Q/dO/K/V shared row, in elements: one 16-byte chunk (4 float32, 2 float64),
+    so every row starts 16-byte aligned (the S / dP step reads 16 bytes of a row at a time) and
+    8 consecutive rows start in 8 distinct groups of 4 banks (no conflict when 8 threads read
+    one chunk of 8 rows)."""
+    return VEC_BYTES // _word(dtype)
+
+#: simulator: small tiles, few threads (each CUDA thread is a Python thread).
+SIM_BLOCK = 8
+SIM_THREADS = 16
+
+#: one-thread-per-element kernels (reduce/cast) and the preprocess block.
+GPU_ELEM_THREADS = 128
+#: preprocess: lanes that share one row of dO * O (a warp on the GPU; the simulator's 16-thread
+#: blocks use 8 lanes per row, so a simulated warp holds two rows).
+GPU_ROW_LANES = 32
+SIM_ROW_LANES = 8
+
+
+#: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
+#: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread
+#: (5: 96, 4: 128, 3: 168, 2: 255).  Each value is the largest that assembles without spills
+#: or a stack frame for sm_80 and sm_90 (ptxas 13, swept from the previous value + 1 down on
+#: 2026-12-01 after the 16-byte inner steps) and, at most 5, that the block's shared memory
+#: allows on an H100/H200 (228 KiB per SM: 5 blocks of ~43 KiB); the compile tier fails on any
+#: spill.  Keyed by word size, then HEAD_DIM; the dropout builds where they differ.  The
+#: unrolled 16-byte steps keep more loads in flight and need more registers than the scalar
+#: ones did (the dK/dV kernels went from 3-5 blocks to 2-3, the dQ kernels from 5 to 2-5):
+#: fewer warps per SM for more work per instruction, which a GPU must weigh (unmeasured).
+#: The shared score stage (:data:`STATIC_TILE`, 2026-12-01) moved float32 d = 16 dQ and d = 32
+#: dK/dV and float64 d = 32 dK/dV from 3 blocks to 2, float64 d = 64 dropout dK/dV from 4 to 2
+#: (3 spills 16 B) and float64 d = 16 dQ from 4 to 3 (sm_80 spilled).
+DKDV_MIN_BLOCKS = {4: {16: 2, 32: 2, 64: 2, 128: 2, 256: 3},
+                   8: {16: 2, 32: 2, 64: 2, 128: 3, 256: 3}}
+DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 2}}
+DQ_MIN_BLOCKS = {4: {16: 2, 32: 4, 64: 3, 128: 3, 256: 4},
+                 8: {16: 3, 32: 5, 64: 3, 128: 5, 256: 5}}
+DQ_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 3}, 8: {64: 3}}
+
+
+#: the smallest ``A_TR x A_TC`` micro-tile of S and dP whose row loop :func:`tile_functions`
+#: unrolls with :func:`~numba_flash.kernels.core.jit.static_for`; smaller ones take a ``range`` loop
+#: the compiler unrolls by itself.  Measured with ptxas 13 for sm_90, 2026-12-01: with the range
+#: loop the 4 x 4 tiles (d = 16, 32 at BLOCK_N = 64) put s and dp on the stack (128 B) and the
+#: 4 x 2 tiles (float32 d = 64) spill 16 B in dQ; unrolled both fit.  The 2 x 1 tile of float64
+#: d = 64 takes 242 registers with the range loop, 255 and a 40 B spill unrolled.
+STATIC_TILE = 8
+
+
+def _word(dtype):
+    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
+    return acc_dtype(dtype).itemsize
+
+
+def default_tiles(head_dim, dtype, simulator=None):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS)`` for this backend: small in the simulator."""
+    hd = padded_head_dim(head_dim)
+    if on_simulator() if simulator is None else simulator:
+        return SIM_BLOCK, SIM_BLOCK, hd, SIM_THREADS
+    block_m, block_n = GPU_TILES[_word(dtype)][hd]
+    return block_m, block_n, hd, GPU_THREADS
+
+
+def min_blocks(kind, HEAD_DIM, dtype, DROPOUT):
+    """``MIN_BLOCKS`` of the ``"dkdv"`` or ``"dq"`` kernel (see :data:`DKDV_MIN_BLOCKS`)."""
+    plain, dropout = ((DQ_MIN_BLOCKS, DQ_MIN_BLOCKS_DROPOUT) if kind == "dq"
+                      else (DKDV_MIN_BLOCKS, DKDV_MIN_BLOCKS_DROPOUT))
+    word = _word(dtype)
+    if DROPOUT and HEAD_DIM in dropout[word]:
+        return dropout[word][HEAD_DIM]
+    return plain[word][HEAD_DIM]
+
+
+def elem_threads():
+    return SIM_THREADS if on_simulator() else GPU_ELEM_THREADS
+
+
+def row_lanes():
+    return SIM_ROW_LANES if on_simulator() else GPU_ROW_LANES
+
+
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):
+    """Static shared memory of one dK/dV or dQ block (the budget in the module docstring)."""
+    row = HEAD_DIM + row_pad(dtype)
+    words = 2 * (BLOCK_M + BLOCK_N) * row + 2 * BLOCK_M * BLOCK_N + 2 * BLOCK_M
+    keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4) if dropout else 0  # int32 keep_tile
+    return _word(dtype) * words + keep_bytes + 4  # + the dK/dV kernel's int32 do_bad flag
+
+
+# [docs:bwd-grid]
+def fold_grid(tiles, batch, heads):
+    """The 1-D grid ``(tiles * batch * heads,)`` of a backward kernel; block ``x`` is tile
+    ``x % tiles`` of ``(b, h) = divmod(x // tiles, heads)`` (:func:`unfold_block`).
+
+    Everything goes into ``gridDim.x`` (limit 2**31 - 1) because ``gridDim.y`` and ``.z`` stop
+    at 65535, which ``B * H`` passes easily (70000 heads of a batch, say).
+    """
+    n = int(tiles) * int(batch) * int(heads)
+    if n > GRID_X_MAX:
+        raise ValueError(f"backward: {tiles} tiles x {batch} batch x {heads} heads = {n} blocks "
+                         f"exceed CUDA's grid limit {GRID_X_MAX}")
+    return (n,)
+
+
+def unfold_block_py(bx, tiles, heads):
+    """``(tile, b, h)`` of block ``bx`` of :func:`fold_grid`."""
+    tile = bx % tiles
+    bh = bx // tiles
+    return tile, bh // heads, bh % heads
+# [/docs:bwd-grid]
+
+
+unfold_block = device_jit(inline=True)(unfold_block_py)
+
+
+def backward_grids(b, h, hkv, nq, nk, d, dtype, simulator=None):
+    """Every grid the backward op launches for these sizes, by kernel name: a CPU test checks
+    that each stays inside CUDA's limits (``x`` < 2**31, ``y``, ``z`` <= 65535)."""
+    block_m, block_n, _, _ = default_tiles(d, dtype, simulator)
+    sim = on_simulator() if simulator is None else simulator
+    t = SIM_THREADS if sim else GPU_ELEM_THREADS
+    rows = t // (SIM_ROW_LANES if sim else GPU_ROW_LANES)
+    return {
+        "preprocess": fold_grid(-(-nq // rows), b, h),
+        "dkdv": fold_grid(-(-nk // block_n), b, h),
+        "dq": fold_grid(-(-nq // block_m), b, h),
+        "reduce dq": fold_grid(-(-(nq * d) // t), b, h),
+        "reduce dkdv": fold_grid(-(-(nk * d) // t), b, hkv),
+    }
+
+
+def layout(ROWS, COLS, THREADS):
+    """Split ``THREADS`` over a ``ROWS x COLS`` tile: ``(COL_T, ROW_T, TR, TC)``.
+
+    ``COL_T`` threads across columns (16 wide, wider when the tile is short), ``ROW_T`` down the
+    rows; each thread owns ``TR x TC`` elements strided by ``ROW_T`` and ``COL_T``.  When the tile
+    has fewer rows than ``ROW_T`` the threads with row index >= ROWS sit that phase out.
+    """
+    col_t = min(COLS, THREADS, max(16, THREADS // ROWS))
+    row_t = THREADS // col_t
+    assert COLS % col_t == 0 and (ROWS % row_t == 0 or row_t > ROWS), (ROWS, COLS, THREADS)
+    return col_t, row_t, max(1, ROWS // row_t), COLS // col_t
+
+
+@functools.lru_cache(maxsize=None)
+def make_key_tiles(BLOCK_M, BLOCK_N):
+    """``key_tiles(q_start, nq, nk, left, right) -> (q_end, first, last)``: the end of the Q
+    tile from ``q_start`` and the K/V tiles ``[first, last)`` holding a key some of its rows
+    see (:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range`; none if no row sees a
+    key)."""
+
+    @device_jit(own_module=True, inline="always")
+    def key_tiles(q_start, nq, nk, left, right):
+        q_end = min(q_start + BLOCK_M, nq)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, nk - nq, nk, left, right)
+        first_tile = kv_lo // BLOCK_N
+        last_tile = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else first_tile
+        return q_end, first_tile, last_tile
+
+    return key_tiles
+
+
+@functools.lru_cache(maxsize=None)
+def tile_functions(cfg):
+    """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined).
+
+    ``USER``: ``None`` or a user's variant ``(score_mod, mask_mod, score_mod_grad, BLOCKS)``
+    (CUDA device functions or None, :mod:`numba_flash.flex`; ``BLOCKS``: ``(Q_BLOCK,
+    KV_BLOCK)`` of a block mask or None); its arrays arrive as the kernels' last argument
+    ``user = (kinds,) + aux`` (``kinds``, the block mask's classification, read by the kernels'
+    tile loops with ``BLOCKS``: EMPTY tiles are skipped, and ``p_and_ds`` applies ``mask_mod``
+    only with ``umask``, i.e. off on a FULL tile)."""
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    dtype, DROPOUT, USER = cfg.DTYPE, cfg.DROPOUT, cfg.USER
+    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
+    acc_t = compute_type(dtype)
+    load = element_ops(dtype)[0]  # the element-type stage: q, k, v, dO elements in
+    NEG_INF = -math.inf
+    INF = acc_t(math.inf)
+    A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
+    C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
+    GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
+    W = _word(dtype)                        # bytes of one compute element in the tiles
+    VW = VEC_BYTES // W                     # elements of one 16-byte chunk
+    ROW_BYTES = (HEAD_DIM + VW) * W         # one padded Q/dO/K/V row (row_pad)
+    A_ROW_STEP = A_ROW_T * ROW_BYTES        # a thread's rows ar, ar + A_ROW_T, ... of Q, dO
+    A_KEY_STEP = A_COL_T * ROW_BYTES        # its keys ac, ac + A_COL_T, ... of K, V
+
+    exp_e = make_exp_e(W)  # float32: ex2.approx(x log2 e), as the forward's; float64: exp
+
+    def make_load_run(COUNT, TILE_ROW_BYTES):
+        """``load_run(dst, at, tile, row, col0)``: ``dst[at:at + COUNT] = tile[row, col0:col0 +
+        COUNT]`` (a thread's contiguous run of a shared row): ``COUNT / VW`` 16-byte loads where
+        the run is whole chunks of a 16-byte aligned row, else element by element."""
+        VEC = COUNT % VW == 0 and TILE_ROW_BYTES % VEC_BYTES == 0
+
+        def load_run(dst, at, tile, row, col0):
+            if VEC:
+                byte0 = int32(row * TILE_ROW_BYTES + col0 * W)
+                for g in range(COUNT // VW):
+                    t = lds16(tile, byte0 + g * VEC_BYTES)
+                    for e in range(VW):
+                        dst[at + g * VW + e] = t[e]
+            else:
+                for e in range(COUNT):
+                    dst[at + e] = tile[row, col0 + e]
+
+        return device_jit(own_module=True, inline="always")(load_run)
+
+    # S and dP: a thread's A_TR rows (of Q, dO) and A_TC keys (of K, V), 16 bytes at a time
+    row_dot = make_row_dot(A_TR, A_TC, A_ROW_STEP, A_KEY_STEP, HEAD_DIM * W, acc_t)
+    # the forward's own score (tile_scores.py), so that P = exp(s - lse) is the forward's P:
+    # times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
+    # ALiBi runs always and softcap is a runtime branch, as in the forward), then the user's
+    # score_mod, mask_mod and score_mod_grad
+    FNS = tuple(USER[:3]) if USER is not None else None
+    score_fn = make_score_fn(False, None, True, FNS, acc_t)
+
+    def make_load_tile(FINITE):
+        def load_tile(x, bb, h, start, end, ROWS, tile, tid):
+            """``tile[:ROWS, :HEAD_DIM] <- x[bb, h, start:start + ROWS, :]``, zero at rows >= end
+            and columns >= d; with ``FINITE`` (dO in the dK/dV kernel) every inf / NaN stored
+            as 0."""
+            d = x.shape[3]
+            for idx in range(tid, ROWS * HEAD_DIM, THREADS):
+                r = idx // HEAD_DIM
+                c = idx % HEAD_DIM  # consecutive threads read consecutive columns: coalesced
+                if start + r < end and c < d:
+                    v = load(x[bb, h, start + r, c])
+                    if FINITE and not abs(v) < INF:
+                        v = acc_t(0.0)
+                    tile[r, c] = v
+                else:
+                    tile[r, c] = acc_t(0.0)
+
+        return device_jit(own_module=True, inline="always")(load_tile)
+
+    load_tile = make_load_tile(False)
+    load_tile_finite = make_load_tile(True)
+
+    @device_jit(own_module=True, inline="always")
+    def load_row_stats(lse, delta, bb, h, start, end, lse_sh, delta_sh, tid):
+        """``lse`` and ``D`` of the Q tile's rows; rows past the end get ``lse = -inf`` (P = 0).
+        Returns 1 if a row this thread loaded has a non-finite ``D = rowsum(dO * O)``, which is
+        the case whenever that row's ``dO`` holds an inf or NaN (``inf * x`` and ``NaN * x`` are
+        never finite, nor is any sum with them), else 0."""
+        bad = int32(0)
+        for m in range(tid, BLOCK_M, THREADS):
+            if start + m < end:
+                lse_sh[m] = acc_t(lse[bb, h, start + m])
+                dm = delta[bb, h, start + m]
+                delta_sh[m] = dm
+                if not abs(dm) < INF:
+                    bad = int32(1)
+            else:
+                lse_sh[m] = acc_t(NEG_INF)
+                delta_sh[m] = acc_t(0.0)
+        return bad
+
+    @device_jit(own_module=True, inline="always")
+    def draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid):
+        """DROPOUT: ``keep_tile[m, g]`` <- keep bits of keys ``k_start + 4g .. + 3`` of row
+        ``q_start + m`` (indices within the sequence: the mask of
+        :func:`numba_flash.dropout_mask`, batch index ``b``)."""
+        seed_lo, seed_hi, threshold, _keep_scale = dropout
+        offset = nk - nq  # bottom-right alignment
+        for idx in range(tid, BLOCK_M * GROUPS, THREADS):
+            m = idx // GROUPS
+            g = idx % GROUPS
+            row = q_start + m
+            key = k_start + 4 * g
+            bits = int32(0)  # a group no row sees is not drawn: its P is 0 anyway
+            lo, hi = key_bounds(row, offset, nk, left, right)
+            if row < nq and key < hi and key + 4 > lo:
+                bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
+            keep_tile[m, g] = bits
+
+    # [docs:bwd-p-ds]
+    @device_jit(own_module=True, inline="always")
+    def p_ds(s, dp, lse_i, delta_i, row, col, m, n, sa, nk, left, right, dropout, keep_tile,
+             umask):
+        """One element's ``(P, dS)`` (with DROPOUT ``(P Z, dS)``) from its ``S`` and ``dP``."""
+        if not (row < sa.nq and lse_i != acc_t(NEG_INF)
+                and is_visible(row, col, sa.offset, nk, left, right)):
+            return acc_t(0.0), acc_t(0.0)
+        ok, x, grad = score_fn(s, row, col, sa, umask)  # the forward's score; grad: d s / d (qk)
+        if not ok:
+            return acc_t(0.0), acc_t(0.0)   # the user's mask_mod
+        p = exp_e(x - lse_i)
+        if DROPOUT:  # compile-time; Z = keep / (1 - p_drop)
+            z = acc_t(0.0)
+            if (keep_tile[m, n >> 2] >> (n & 3)) & 1:  # k_start % 4 == 0
+                z = dropout[3]
+            return p * z, p * (dp * z - delta_i) * grad  # dV takes the dropped P * Z
+        return p, p * (dp - delta_i) * grad
+    # [/docs:bwd-p-ds]
+
+    def row_p_ds(i, ctx):
+        """Row ``i`` of the thread's micro-tile into ``p_tile`` and ``ds_tile``."""
+        (s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa, nk, left,
+         right, dropout, keep_tile, umask) = ctx
+        m = ar + i * A_ROW_T
+        for j in range(A_TC):
+            n = ac + j * A_COL_T
+            p_tile[m, n], ds_tile[m, n] = p_ds(
+                s[i, j], dp[i, j], lse_sh[m], delta_sh[m], q_start + m, k_start + n, m, n,
+                sa, nk, left, right, dropout, keep_tile, umask)
+
+    # the rows' loop: static (unrolled by us) for micro-tiles of STATIC_TILE elements or more,
+    # where the compiler keeps a range loop and puts s and dp on the stack; smaller ones it
+    # unrolls itself and schedules better than the static calls (see STATIC_TILE)
+    p_ds_rows = (static_for if A_TR * A_TC >= STATIC_TILE else range_for)(A_TR, row_p_ds)
+
+    @device_jit(own_module=True, inline="always")
+    def p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
+                 q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask):
+        """THE place P and dS are made: ``p_tile <- P``, ``ds_tile <- dS``.
+
+        ``S = Q_i K_j^T`` and ``dP = dO_i V_j^T`` as one ``A_TR x A_TC`` micro-tile per thread,
+        then per element the visibility rule
+        (:func:`~numba_flash.kernels.mainloop.visibility.is_visible`) and the score modifiers (NaN
+        check, softcap, ALiBi), ``P = exp(s - lse)`` (0 where not visible, past the arrays, or in a
+        row with ``lse = -inf``) and ``dS = P * (dP - D) * (1 - tanh^2)`` (the factor only with
+        softcap).  DROPOUT: with ``Z = keep / (1 - p)`` from ``keep_tile``, ``p_tile <- P * Z`` and
+        ``ds_tile <- P * (dP * Z - D) * (1 - tanh^2)``.  A user's variant: ``mask_mod`` and-ed
+        into the visibility (with ``umask``: the tile is not FULL in a block mask), ``score_mod``
+        on the modified score and its ``score_mod_grad`` (at the score it received) multiplied
+        into the factor.
+        """
+        ar = tid // A_COL_T
+        ac = tid % A_COL_T
+        if ar < BLOCK_M:
+            s = cuda.local.array((A_TR, A_TC), acc_t)
+            dp = cuda.local.array((A_TR, A_TC), acc_t)
+            for i in range(A_TR):
+                for j in range(A_TC):
+                    s[i, j] = acc_t(0.0)
+                    dp[i, j] = acc_t(0.0)
+            # [docs:bwd-s-dp]
+            # -- S = Q_i K_j^T and dP = dO_i V_j^T over the (zero-padded) head dim, one
+            #    product after the other (half the chunk registers of both at once)
+            row_dot(s, q_tile, k_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
+            row_dot(dp, do_tile, v_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
+            # [/docs:bwd-s-dp]
+            # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
+            #    empty rows give exactly 0
+            p_ds_rows((s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa,
+                       nk, left, right, dropout, keep_tile, umask))
+
+    # [docs:bwd-row-mass]
+    @device_jit(own_module=True, inline="always")
+    def p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, nk, left, right, sa, tid,
+                   umask):
+        """``sums[i] += P`` over this thread's keys of the K/V tile, for its ``A_TR`` rows
+        (:func:`row_mass_kernel`): ``S`` by the same ``row_dot`` and score as ``p_and_ds``,
+        ``P = exp(s - lse)`` the same bits as there."""
+        ar = tid // A_COL_T
+        ac = tid % A_COL_T
+        if ar < BLOCK_M:
+            s = cuda.local.array((A_TR, A_TC), acc_t)
+            for i in range(A_TR):
+                for j in range(A_TC):
+                    s[i, j] = acc_t(0.0)
+            row_dot(s, q_tile, k_tile, int32(ar * ROW_BYTES), int32(ac * ROW_BYTES))
+            for i in range(A_TR):
+                m = ar + i * A_ROW_T
+                row = q_start + m
+                lse_i = lse_sh[m]
+                for j in range(A_TC):
+                    col = k_start + ac + j * A_COL_T
+                    if (row < sa.nq and lse_i != acc_t(NEG_INF)
+                            and is_visible(row, col, sa.offset, nk, left, right)):
+                        ok, x, _grad = score_fn(s[i, j], row, col, sa, umask)
+                        if ok:
+                            sums[i] += exp_e(x - lse_i)
+    # [/docs:bwd-row-mass]
+
+    load_k_cols = make_load_run(C_TC, ROW_BYTES)       # a dQ thread's columns of a K row
+    load_ds_keys = make_load_run(VW, BLOCK_N * W)      # one chunk of keys of a dS row
+    assert BLOCK_N % VW == 0, (BLOCK_N, VW)
+    DS_RUN = C_TR * VW                                 # a dQ thread's dS values of one chunk
+
+    @device_jit(own_module=True, inline="always")
+    def ds_k(ds_tile, k_tile, dq_acc, tid):
+        """``dq_acc += dS K_j`` on this thread's ``C_TR x C_TC`` micro-tile of dQ_i: rows
+        ``cr + i C_ROW_T``, the contiguous columns ``cc C_TC ...``.  Per chunk of ``VW`` keys
+        (in key order) one 16-byte load of dS per row and ``C_TC / VW`` of each K row."""
+        cr = tid // C_COL_T
+        cc = tid % C_COL_T
+        if cr < BLOCK_M:
+            kc = cuda.local.array(C_TC, acc_t)
+            dsr = cuda.local.array(DS_RUN, acc_t)
+            n0 = int32(0)
+            while n0 < BLOCK_N:
+                for i in range(C_TR):
+                    load_ds_keys(dsr, i * VW, ds_tile, cr + i * C_ROW_T, n0)
+                for e in range(VW):
+                    load_k_cols(kc, 0, k_tile, n0 + e, cc * C_TC)
+                    for j in range(C_TC):
+                        # a non-finite K reaches dQ only through the NaN dS of the rows that
+                        # see it; a row that does not see it gets 0, not 0 * inf
+                        if not abs(kc[j]) < INF:
+                            kc[j] = acc_t(0.0)
+                    for i in range(C_TR):
+                        for j in range(C_TC):
+                            dq_acc[i * C_TC + j] += dsr[i * VW + e] * kc[j]
+                n0 = int32(n0 + VW)
+
+    ROW = HEAD_DIM + row_pad(dtype)
+    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
+
+    @device_jit(own_module=True, inline="always")
+    def shared_tiles():
+        """The shared tiles both kernels use: ``k_tile``, ``v_tile`` (``BLOCK_N`` rows),
+        ``q_tile``, ``do_tile`` (``BLOCK_M``), ``p_tile``, ``ds_tile`` (``BLOCK_M x BLOCK_N``),
+        ``lse_sh``, ``delta_sh`` and, with ``DROPOUT``, ``keep_tile`` (else ``lse_sh`` stands
+        in, never read)."""
+        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        lse_sh = cuda.shared.array(BLOCK_M, acc_t)
+        delta_sh = cuda.shared.array(BLOCK_M, acc_t)
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
+            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
+        else:
+            keep_tile = lse_sh
+        return k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh, keep_tile
+
+    @device_jit(own_module=True, inline="always")
+    def block_setup(q, k, cu_q, cu_k, va, varlen, tiles):
+        """``(tile, b, h, hk, bb, q0, nq, k0, nk, sa)`` of this block: its tile of the folded
+        grid, sequence and query head (``hk`` its kv head, GQA), the sequence's arrays and
+        lengths (:func:`sequence`) and its scores'
+        :class:`~numba_flash.kernels.mainloop.tile_scores. ScoreArgs`."""
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
+        hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
+        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
+        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq,
+                       nq, b, h, va.user[1:])
+        return tile, b, h, hk, bb, q0, nq, k0, nk, sa
+
+    @device_jit(own_module=True, inline="always")
+    def sequence(q, k, cu_q, cu_k, varlen, b):
+        """``(bb, q0, nq, k0, nk)``: the array batch index, first row and length of sequence
+        ``b``'s queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one
+        batch ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
+        if varlen:
+            q0 = cu_q[b]
+            k0 = cu_k[b]
+            return (int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
+                    int64(cu_k[b + 1] - k0))
+        return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
+
+    return (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
+            shared_tiles, make_load_run, p_row_sums)
+
+
+@functools.lru_cache(maxsize=None)
+def dkdv_kernel(cfg):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va, varlen,
+    tiles, dq_atomic)``.
+
+    K/V tiles outer, one block per ``(K/V tile, b, query head h)`` on the folded grid
+    (:func:`fold_grid`, ``tiles`` K/V tiles per sequence).  ``dk_out``/``dv_out`` are
+    compute-type arrays with ``H`` heads: this query head's share of dK, dV (the op sums a GQA
+    group afterwards).  ``va``: the :class:`~numba_flash.kernels.core.variant.Variant` (``scale``,
+    ``softcap`` (0 = off) and ``inv_softcap`` in the compute type; the window, causal folded in;
+    ``alibi`` float32 ``[B, H]``, zeros without ALiBi; ``dropout`` filled with ``DROPOUT``;
+    ``user = (kinds,) + aux`` with ``USER``, :func:`tile_functions`); ``varlen`` (0/1) reads
+    sequence ``b`` from ``cu_q``/``cu_k``; ``dq_atomic`` (0/1) adds ``scale * dS K_j`` into the
+    zeroed ``dq_accum``.
+    """
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    dtype, DROPOUT, USER = cfg.DTYPE, cfg.DROPOUT, cfg.USER
+    dtype = np.dtype(dtype)
+    assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
+    acc_t = compute_type(dtype)
+    INF = acc_t(math.inf)
+    NAN = acc_t(math.nan)
+    ROW = HEAD_DIM + row_pad(dtype)
+    B_COL_T, B_ROW_T, B_TR, B_TC = layout(BLOCK_N, HEAD_DIM, THREADS)    # dK, dV
+    C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
+    B_TILE = B_TR * B_TC
+    C_TILE = C_TR * C_TC
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
+     shared_tiles, make_load_run, _p_row_sums) = tile_functions(cfg)
+    W = _word(dtype)
+    load_do_cols = make_load_run(B_TC, ROW * W)      # a dK/dV thread's columns of a dO row
+    load_q_cols = load_do_cols                        # ... and of a Q row
+    load_p_keys = make_load_run(B_TR, BLOCK_N * W)   # its keys of a P (dS) row
+    load = element_ops(dtype)[0]  # the element-type stage: a dO element in
+    user_mask = USER[1] if USER is not None else None
+    U_MASK = user_mask is not None
+    BLOCKS = USER[3] if USER is not None else None
+    # a block mask's verdict on (Q tile, this K/V tile) (visibility.py); built only with one
+    pair_mask = make_pair_mask(BLOCKS, U_MASK, BLOCK_N)
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
+
+    @device_jit(own_module=True, inline="always")
+    def mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left, right, br,
+                           bc, b, user):
+        """Rare, once this thread's ``dV`` is written: some query row has a non-finite dO,
+        which ``do_tile`` stored as 0.  ``dV[key, c]`` (this thread's elements of
+        ``dv_out``) becomes NaN where a row that sees the key has an inf or NaN ``dO[row, c]``
+        (the reference's ``P * inf`` or ``P * NaN``: not finite either way); a key the row does
+        not see keeps its finite ``dV``.  From global memory and over all rows (a row that
+        does not see the keys is skipped by the rule), so that no register of the loop stays
+        live for it."""
+        d = do.shape[3]
+        offset = nk - nq
+        for row in range(nq):
+            if not abs(delta[bb, h, q0 + row]) < INF:  # this row's dO holds an inf or NaN
+                for i in range(B_TR):
+                    key = k_start + br * B_TR + i
+                    if key < nk and is_visible(row, key, offset, nk, left, right) and (
+                            not U_MASK or user_mask(b, h, row, key, *user[1:])):
+                        for j in range(B_TC):
+                            c = bc * B_TC + j
+                            if c < d:
+                                if not abs(load(do[bb, h, q0 + row, c])) < INF:
+                                    dv_out[bb, h, k0 + key, c] = NAN
+
+    @kernel_jit(launch_bounds=(THREADS, min_blocks("dkdv", HEAD_DIM, dtype, DROPOUT)),
+                cache=USER is None)  # a user's functions stay off the disk cache
+    def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va,
+                      varlen, tiles, dq_atomic):
+        (k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
+         keep_tile) = shared_tiles()
+        tid = cuda.threadIdx.x
+        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        k_start = tile * BLOCK_N
+        if k_start >= nk:
+            return  # varlen: past this sequence's keys (the whole block leaves together)
+        d = q.shape[3]
+        scale, (left, right), dropout, user = va.scale, va.window, va.dropout, va.user
+
+        do_bad = cuda.shared.array(1, int32)  # 1 once a row of a Q tile has a non-finite dO
+        if tid == 0:
+            do_bad[0] = int32(0)
+
+        # -- this block's K_j, V_j: loaded once, used for every Q tile that sees them
+        load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+        load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
+        # k_tile and v_tile are complete before any thread reads them (and do_bad = 0 before
+        # any thread may raise it)
+        cuda.syncthreads()
+
+        br = tid // B_COL_T
+        bc = tid % B_COL_T
+        dk_acc = cuda.local.array(B_TILE, acc_t)
+        dv_acc = cuda.local.array(B_TILE, acc_t)
+        doc = cuda.local.array(B_TC, acc_t)
+        qc = cuda.local.array(B_TC, acc_t)
+        pr = cuda.local.array(B_TR, acc_t)
+        dsr = cuda.local.array(B_TR, acc_t)
+        dq_acc = cuda.local.array(C_TILE, acc_t)
+        for e in range(B_TILE):
+            dk_acc[e] = acc_t(0.0)
+            dv_acc[e] = acc_t(0.0)
+
+        # [docs:bwd-dkdv-loop]
+        # only the Q tiles holding a row that sees a key of this tile (causal, window) are loaded
+        k_end = min(k_start + BLOCK_N, nk)
+        q_lo, q_hi = tile_query_range(k_start, k_end, nk - nq, nq, left, right)
+        first_tile = q_lo // BLOCK_M
+        last_tile = (q_hi + BLOCK_M - 1) // BLOCK_M if q_hi > q_lo else first_tile
+
+        for qi in range(first_tile, last_tile):
+            q_start = qi * BLOCK_M
+            # mask_mod runs on this pair of tiles (a block mask may say no, or EMPTY)
+            empty, umask = pair_mask(user, b, h, q_start, min(q_start + BLOCK_M, nq), tile, nk)
+            if empty:
+                continue  # no row of Q tile qi sees a key of this tile: never loaded
+            if LOG and tid == 0:
+                log_tile(b, h, q_start, tile)
+            load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
+            # dO with inf / NaN as 0: a non-finite dO still makes dS NaN where its row sees a
+            # key (through D), and mark_non_finite_do puts it into dV there alone
+            load_tile_finite(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
+            bad = load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh,
+                                 tid)
+            if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
+                draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid)
+            if bad:  # a row with a non-finite D: its dO holds an inf or NaN (or its o does)
+                do_bad[0] = int32(1)
+            cuda.syncthreads()  # Q_i, dO_i, lse, D (keep bits) are in shared memory before P
+
+            p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
+                     q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask)
+            cuda.syncthreads()  # all of P and dS are written before other threads read them
+
+            # -- dV_j += P^T dO_i (DROPOUT: (P Z)^T dO_i) and dK_j += dS^T Q_i (scale
+            #    applied once, at the end)
+            #    the thread's keys br B_TR ... and columns bc B_TC ... are contiguous: per
+            #    query row one load_run each of dO, Q (16-byte loads where B_TC is whole
+            #    chunks) and of P, dS (where B_TR is) feed 2 B_TR B_TC FMAs
+            if br < BLOCK_N:
+                m = int32(0)  # a while loop, not range(): 32-bit, as in row_dot
+                while m < BLOCK_M:
+                    load_do_cols(doc, 0, do_tile, m, bc * B_TC)
+                    load_q_cols(qc, 0, q_tile, m, bc * B_TC)
+                    for j in range(B_TC):
+                        if not abs(qc[j]) < INF:  # non-finite Q: as K in ds_k
+                            qc[j] = acc_t(0.0)
+                    load_p_keys(pr, 0, p_tile, m, br * B_TR)
+                    load_p_keys(dsr, 0, ds_tile, m, br * B_TR)
+                    for i in range(B_TR):
+                        for j in range(B_TC):
+                            dv_acc[i * B_TC + j] += pr[i] * doc[j]
+                            dk_acc[i * B_TC + j] += dsr[i] * qc[j]
+                    m = int32(m + 1)
+
+            # [docs:bwd-dq-atomic]
+            # -- dQ_i += scale * dS K_j, added atomically (other K/V blocks add to it too)
+            if dq_atomic:
+                for e in range(C_TILE):
+                    dq_acc[e] = acc_t(0.0)
+                ds_k(ds_tile, k_tile, dq_acc, tid)
+                cr = tid // C_COL_T
+                cc = tid % C_COL_T
+                if cr < BLOCK_M:
+                    for i in range(C_TR):
+                        row = q_start + cr + i * C_ROW_T
+                        for j in range(C_TC):
+                            c = cc * C_TC + j
+                            if row < nq and c < d:
+                                cuda.atomic.add(dq_accum, (bb, h, q0 + row, c),
+                                                dq_acc[i * C_TC + j] * scale)
+            # [/docs:bwd-dq-atomic]
+            cuda.syncthreads()  # done reading q/do/p/ds tiles before the next Q tile lands
+
+        # -- write this query head's dK_j, dV_j once (zeros if no row sees the tile)
+        if br < BLOCK_N:
+            for i in range(B_TR):
+                key = k_start + br * B_TR + i
+                for j in range(B_TC):
+                    c = bc * B_TC + j
+                    if key < nk and c < d:
+                        dk_out[bb, h, k0 + key, c] = dk_acc[i * B_TC + j] * scale
+                    if key < nk and c < dv_out.shape[3]:   # d_v: v's own head dim, or d
+                        dv_out[bb, h, k0 + key, c] = dv_acc[i * B_TC + j]
+            if do_bad[0]:  # rare: a non-finite dO reaches the dV of the keys its row sees alone
+                mark_non_finite_do(do, delta, dv_out, bb, h, q0, k0, k_start, nq, nk, left,
+                                   right, br, bc, b, user)
+        # [/docs:bwd-dkdv-loop]
+
+    return backward_dkdv
+
+
+@functools.lru_cache(maxsize=None)
+def dq_kernel(cfg):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, va, varlen, tiles)``:
+    deterministic dQ, one block per
+    ``(Q tile, b, h)`` on the folded grid; the arguments as in :func:`dkdv_kernel`."""
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    dtype, DROPOUT, USER = cfg.DTYPE, cfg.DROPOUT, cfg.USER
+    dtype = np.dtype(dtype)
+    assert shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, DROPOUT) <= SMEM_LIMIT or on_simulator()
+    acc_t = compute_type(dtype)
+    C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
+    C_TILE = C_TR * C_TC
+    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
+     shared_tiles, make_load_run, _p_row_sums) = tile_functions(cfg)
+    U_MASK = USER is not None and USER[1] is not None
+    BLOCKS = USER[3] if USER is not None else None
+    key_tiles = make_key_tiles(BLOCK_M, BLOCK_N)
+    # a block mask's verdict on (this Q tile, K/V tile) (visibility.py); built only with one
+    pair_mask = make_pair_mask(BLOCKS, U_MASK, BLOCK_N)
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
+
+    @kernel_jit(launch_bounds=(THREADS, min_blocks("dq", HEAD_DIM, dtype, DROPOUT)),
+                cache=USER is None)  # a user's functions stay off the disk cache
+    def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, va, varlen, tiles):
+        tid = cuda.threadIdx.x
+        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        q_start = tile * BLOCK_M
+        if q_start >= nq:
+            return  # varlen: past this sequence's queries (the whole block leaves together)
+        d = q.shape[3]
+        scale, (left, right), dropout, user = va.scale, va.window, va.dropout, va.user
+        (k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
+         keep_tile) = shared_tiles()
+
+        # -- this block's Q_i, dO_i, lse, D: loaded once (the first barrier below covers them)
+        load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
+        load_tile(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
+        load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh, tid)
+
+        # only the K/V tiles holding a key some row of this tile sees (causal, window)
+        q_end, first_tile, last_tile = key_tiles(q_start, nq, nk, left, right)
+
+        dq_acc = cuda.local.array(C_TILE, acc_t)
+        for e in range(C_TILE):
+            dq_acc[e] = acc_t(0.0)
+        # [docs:bwd-dq-loop]
+        for kj in range(first_tile, last_tile):
+            k_start = kj * BLOCK_N
+            # mask_mod runs on this pair of tiles (a block mask may say no, or EMPTY)
+            empty, umask = pair_mask(user, b, h, q_start, q_end, kj, nk)
+            if empty:
+                continue  # no row of this Q tile sees a key of tile kj: never loaded
+            if LOG and tid == 0:
+                log_tile(b, h, q_start, kj)
+            load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+            load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
+            if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
+                draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid)
+            cuda.syncthreads()  # K_j, V_j, keep bits (first time: Q_i, dO_i, lse, D) complete
+
+            p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
+                     q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask)
+            cuda.syncthreads()  # all of dS is written before other threads read it
+
+            ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
+            cuda.syncthreads()  # done reading k_tile / ds_tile before the next K/V tile lands
+        # [/docs:bwd-dq-loop]
+
+        # -- every element of dQ_i written exactly once (0 for rows that see no key)
+        cr = tid // C_COL_T
+        cc = tid % C_COL_T
+        if cr < BLOCK_M:
+            for i in range(C_TR):
+                row = q_start + cr + i * C_ROW_T
+                for j in range(C_TC):
+                    c = cc * C_TC + j
+                    if row < nq and c < d:
+                        dq_out[bb, h, q0 + row, c] = dq_acc[i * C_TC + j] * scale
+
+    return backward_dq
+
+
+#: :func:`row_mass_kernel`'s window: row ``i``'s ``dO`` is divided by ``c_i`` when ``|c_i - 1|
+#: <= |lse_i| 2^-23 + 2^-20``, i.e. when ``lse_i`` is within one or two ulps (``|lse_i| 2^-23``
+#: is one to two float32 ulps of it) of the log-sum-exp of exactly the keys given, allowing
+#: 2^-20 (8 ulps of 1) for the rounding of ``c_i``'s own sum.
+MASS_LSE_ULPS = 2.0 ** -23
+MASS_SLACK = 2.0 ** -20
+
+
+@functools.lru_cache(maxsize=None)
+def row_mass_kernel(cfg):
+    """Build ``kernel(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles)``: the float32
+    backward's first kernel (see "The stored lse" in the module docstring).  One block per ``(Q
+    tile, b, h)`` on the folded grid, the K/V tiles of :func:`dq_kernel`'s loop (window, block
+    mask): ``c_i = sum_j P_ij`` (``P = exp(s - lse)`` of ``p_and_ds``, bit for bit) plus the
+    sink's ``exp(sink_h - lse_i)``, summed per thread and then per row in a fixed order; then
+    ``do_out[i] = dO[i] / c_i`` (times the compute-type ``1 / c_i``) where ``|c_i - 1|`` is
+    inside the window (:data:`MASS_LSE_ULPS`, :data:`MASS_SLACK`), else ``dO[i]`` as it is."""
+    BLOCK_M, BLOCK_N, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.THREADS
+    dtype, USER = cfg.DTYPE, cfg.USER
+    dtype = np.dtype(dtype)
+    acc_t = compute_type(dtype)
+    A_COL_T, A_ROW_T, A_TR, _A_TC = layout(BLOCK_M, BLOCK_N, THREADS)
+    (load_tile, _lf, _lrs, _dk, _pds, _dsk, block_setup, shared_tiles, _mlr,
+     p_row_sums) = tile_functions(cfg)
+    key_tiles = make_key_tiles(BLOCK_M, BLOCK_N)
+    load = element_ops(dtype)[0]
+    exp_e = make_exp_e(_word(dtype))
+    NEG_INF = -math.inf
+    LSE_ULPS = acc_t(MASS_LSE_ULPS)
+    SLACK = acc_t(MASS_SLACK)
+    BLOCKS = USER[3] if USER is not None else None
+    U_MASK = USER is not None and USER[1] is not None
+    pair_mask = make_pair_mask(BLOCKS, U_MASK, BLOCK_N)
+
+    @kernel_jit(cache=USER is None)  # a user's functions stay off the disk cache
+    def backward_row_mass(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles):
+        tid = cuda.threadIdx.x
+        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        q_start = tile * BLOCK_M
+        if q_start >= nq:
+            return  # varlen: past this sequence's queries (the whole block leaves together)
+        left, right = va.window
+        user = va.user
+        (k_tile, _v, q_tile, _do, p_tile, _ds, lse_sh, inv_sh, _keep) = shared_tiles()
+        load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
+        for m in range(tid, BLOCK_M, THREADS):
+            lse_sh[m] = acc_t(NEG_INF)
+            if q_start + m < nq:
+                lse_sh[m] = acc_t(lse[bb, h, q0 + q_start + m])
+
+        q_end, first_tile, last_tile = key_tiles(q_start, nq, nk, left, right)
+        sums = cuda.local.array(A_TR, acc_t)
+        for i in range(A_TR):
+            sums[i] = acc_t(0.0)
+        for kj in range(first_tile, last_tile):
+            k_start = kj * BLOCK_N
+            empty, umask = pair_mask(user, b, h, q_start, q_end, kj, nk)
+            if empty:
+                continue
+            load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+            cuda.syncthreads()  # K_j (first time: Q_i, lse) complete
+            p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, nk, left, right, sa, tid,
+                       umask)
+            cuda.syncthreads()  # done reading k_tile before the next K/V tile lands
+
+        # each thread's partial sums into p_tile[row, its column thread], then one thread per
+        # row adds them in order (deterministic: no atomics)
+        ar = tid // A_COL_T
+        ac = tid % A_COL_T
+        if ar < BLOCK_M:
+            for i in range(A_TR):
+                p_tile[ar + i * A_ROW_T, ac] = sums[i]
+        cuda.syncthreads()  # every thread's partial sums are in p_tile before a row adds them
+        sink = sink_of(va.sink, h)
+        for m in range(tid, BLOCK_M, THREADS):
+            lse_m = lse_sh[m]
+            c = acc_t(0.0)
+            for t in range(A_COL_T):
+                c += p_tile[m, t]
+            if sink != acc_t(NEG_INF) and lse_m != acc_t(NEG_INF):
+                c += exp_e(acc_t(sink) - lse_m)
+            inv = acc_t(1.0)
+            # c = 0 (a row that sees no key, lse = +inf), NaN (a NaN lse or score): as given
+            if c > acc_t(0.0) and abs(c - acc_t(1.0)) <= abs(lse_m) * LSE_ULPS + SLACK:
+                inv = acc_t(1.0) / c
+            inv_sh[m] = inv
+        cuda.syncthreads()  # every row's 1 / c_i is in inv_sh before any thread scales dO
+        d_v = do.shape[3]
+        for idx in range(tid, BLOCK_M * d_v, THREADS):
+            r = idx // d_v
+            col = idx % d_v  # consecutive threads, consecutive columns: coalesced
+            if q_start + r < nq:
+                row = q0 + q_start + r
+                do_out[bb, h, row, col] = load(do[bb, h, row, col]) * inv_sh[r]
+
+    return backward_row_mass
+
+
+@functools.lru_cache(maxsize=None)
+def preprocess_kernel(THREADS, LANES, dtype):
+    """Build ``kernel(o, do, delta, dq_accum, tiles)``: ``delta = rowsum(dO * O)`` and
+    ``dq_accum = 0``; ``LANES`` consecutive threads per row, ``THREADS // LANES`` rows per block,
+    grid :func:`fold_grid` with ``tiles = ceil(N / (THREADS // LANES))``."""
+    assert THREADS % LANES == 0 and 32 % LANES == 0
+    acc_t = compute_type(dtype)
+    load = element_ops(dtype)[0]
+    ROWS = THREADS // LANES
+    STEPS = LANES.bit_length() - 1  # log2(LANES) butterfly steps
+
+    @kernel_jit
+    def backward_preprocess(o, do, delta, dq_accum, tiles):
+        # [docs:bwd-preprocess]
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, o.shape[1])
+        lane = cuda.threadIdx.x % LANES
+        i = tile * ROWS + cuda.threadIdx.x // LANES  # this thread's row
+        d = o.shape[3]
+        acc = acc_t(0.0)
+        if i < o.shape[2]:
+            # the row's LANES threads read consecutive columns: one coalesced access per step
+            for c in range(lane, d, LANES):
+                acc += load(do[b, h, i, c]) * load(o[b, h, i, c])
+            for c in range(lane, dq_accum.shape[3], LANES):   # q's head dim (d, or not o's)
+                dq_accum[b, h, i, c] = acc_t(0.0)
+        # butterfly sum over the row's lanes (every lane of the warp takes part, converged)
+        for s in range(STEPS):
+            acc += cuda.shfl_xor_sync(FULL_MASK, acc, LANES >> (s + 1))
+        if i < o.shape[2] and lane == 0:
+            delta[b, h, i] = acc
+        # [/docs:bwd-preprocess]
+
+    return backward_preprocess
+
+
+@functools.lru_cache(maxsize=None)
+def reduce_kernel(THREADS, src_dtype, dst_dtype):
+    """Build ``kernel(src, dst, tiles)``: ``dst[b, g] = sum of src[b, g * G : (g + 1) * G]``
+    over the heads (``G = src.shape[1] // dst.shape[1]``: a GQA group's dK or dV, or ``G = 1``,
+    a plain cast of the float32 dQ accumulator), converted to ``dst``'s dtype.  One thread per
+    element of ``dst [B, Hd, N, d]``; grid :func:`fold_grid` with ``tiles = ceil(N d / THREADS)``.
+    """
+    acc_t = compute_type(src_dtype)
+    store = element_ops(dst_dtype)[1]  # the element-type stage: dQ, dK, dV elements out
+
+    @kernel_jit
+    def backward_reduce(src, dst, tiles):
+        tile, b, g = unfold_block(int64(cuda.blockIdx.x), tiles, dst.shape[1])
+        idx = tile * THREADS + cuda.threadIdx.x
+        d = dst.shape[3]
+        group = src.shape[1] // dst.shape[1]
+        if idx < dst.shape[2] * d:
+            n = idx // d
+            c = idx % d
+            acc = acc_t(0.0)
+            for j in range(group):  # fixed order: deterministic
+                acc += src[b, g * group + j, n, c]
+            dst[b, g, n, c] = store(acc)
+
+    return backward_reduce
+
+
+#: the dropout specialisations the compile tier builds (padded head dim, dtype): a subset, to keep
+#: the family's compile time in check (each dropout build carries Philox; ~1-4 s per arch).
+#: Other head dims compile the same device code with other tile constants.
+DROPOUT_CONFIGS = ((64, np.float16), (128, np.float16), (64, np.float32), (128, np.float32),
+                   (64, np.float64), (64, BFLOAT16))
+
+#: the padded head dims the compile tier builds the bfloat16 dK/dV and dQ kernels for: a
+#: representative selection (the bfloat16 kernels are the float16 ones with other loads, same
+#: tiles); preprocess and reduce are built for bfloat16 as for every dtype.
+BF16_HEAD_DIMS = (64, 128)
+
+#: the padded head dims the compile tier builds :func:`row_mass_kernel` (float32 only) for: the
+#: others compile the same device code with other tile constants.
+ROW_MASS_HEAD_DIMS = (64, 128)

@@ -1,0 +1,1 @@
+"""KV-cache kernels: appending new tokens (append) and rotary embeddings (rotary)."""

@@ -1,0 +1,200 @@
+"""Merging partial attention states with the log-sum-exp rule (FlashDecoding stage 2).
+
+Math
+----
+Part ``p`` of a row holds a normalised output ``o_p`` over its own key set and that set's
+log-sum-exp ``lse_p``.  Over the union of the (disjoint) key sets::
+
+    m   = max_p lse_p
+    w_p = exp(lse_p - m)                  (the part's share of the softmax mass, up to 1/W)
+    W   = sum_p w_p,   lse = m + log W,   o = (sum_p w_p o_p) / W
+
+A part with ``lse_p = -inf`` saw no key: it is skipped (so a garbage ``o_p`` cannot leak in), and
+a row whose parts are all ``-inf`` gets ``o = 0, lse = -inf``.  Skipping, rather than adding
+``w_p = 0``, also keeps the result bitwise independent of how many empty parts a launch has,
+which the split-KV decode needs for batch invariance.
+
+A learnable sink (gpt-oss's attention sinks, :mod:`numba_flash.kernels.mainloop.online_softmax`) is
+one more part: a key with no value, ``lse_p = sink`` and ``o_p = 0``.  It joins ``m`` and ``W``
+once, here, never inside a split (each split's partial is the plain softmax of its own keys): a row
+that saw no key then gets ``o = 0``, ``lse = sink``.  ``sink = -inf`` is no sink.
+
+Non-finite parts (the same rule as :func:`numba_flash.reference.merge_states`): a part
+with ``lse_p = NaN`` (it saw a NaN/inf score) makes the row's ``o`` and ``lse`` NaN; a part with
+``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN`` (the weights are inf/inf); a NaN in ``o_p``
+of a part that is not empty reaches ``o`` (``w_p * NaN``).  Nothing is silently discarded.
+
+The two device functions of :func:`make_merge_functions` are the whole rule; this file's kernel
+and the decode's fused combine (:mod:`numba_flash.kernels.decode.split_kv`) both call them.
+
+Grid / block
+------------
+grid = ``(rows,)``, block = ``(THREADS,)``.  Every thread of block ``row`` computes the row's
+``m`` and ``W`` (the ``P`` lse values are the same few words for all threads: broadcast loads),
+then thread ``t`` merges the head-dim elements ``t, t + THREADS, ...`` (consecutive threads on
+consecutive elements: coalesced); thread 0 writes ``lse``.  ``rows`` is the grid's x dimension
+(limit 2**31 - 1), never y or z (limit 65535).
+
+Shared memory
+-------------
+None.
+
+Parts are read in their dtype and merged in float32 (float64 for float64 parts); ``o`` is written
+in the output dtype (bfloat16: the loads and stores of :mod:`~numba_flash.kernels.core.elements`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float64
+
+from ..core.common import (
+    GPU_ROW_THREADS, GRID_X_MAX, compute_type, row_threads,
+)
+from ..core.elements import BFLOAT16, element_ops
+from ..core.jit import device_jit, kernel_jit
+
+#: threads per block: the row kernels' (one per head-dim element up to 128 on a GPU)
+GPU_THREADS = GPU_ROW_THREADS
+default_threads = row_threads
+
+
+def merge_grid(rows):
+    """``(grid, why)``: the merge grid for ``rows`` rows (x only); raises ValueError past the
+    CUDA limit.  A function of its own so that a CPU test checks it."""
+    if rows > GRID_X_MAX:
+        raise ValueError(f"o_parts: expected at most {GRID_X_MAX} rows (the CUDA grid's x limit),"
+                         f" got {rows}")
+    return (int(rows),)
+
+
+@functools.lru_cache(maxsize=None)
+def make_state_merge(acc_t):
+    """``merge_states_ml(m_parts, l_parts, col) -> (m, W)``: the same rule on unnormalised
+    partial states ``(m_p, l_p)`` (a running max and its sum of ``exp(s - m_p)``, the online
+    softmax's), parts ``m_parts[p, col]`` in order: ``m = max_p m_p`` over the parts with ``l_p
+    != 0`` (a part that saw no key is skipped; NaN wins), ``W = sum_p l_p exp(m_p - m)``; the
+    caller rescales part ``p``'s accumulator by ``exp(m_p - m)`` (0 for an empty part).  The
+    decode's merge of its key groups (:mod:`~numba_flash.kernels.decode.split_kv`)."""
+    NEG_INF = acc_t(-math.inf)
+    ZERO = acc_t(0.0)
+
+    def merge_states_ml(m_parts, l_parts, col):
+        m = NEG_INF
+        for p in range(m_parts.shape[0]):
+            if l_parts[p, col] != ZERO and not m_parts[p, col] <= m:
+                m = m_parts[p, col]
+        total = ZERO
+        for p in range(m_parts.shape[0]):
+            l_p = l_parts[p, col]
+            if l_p != ZERO:
+                total += l_p * math.exp(m_parts[p, col] - m)
+        return m, total
+
+    return device_jit(inline=True)(merge_states_ml)
+
+
+@functools.lru_cache(maxsize=None)
+def make_merge_functions(acc_t, part_dtype=None):
+    """``(merge_stats, merge_element)``, device functions in the compute type ``acc_t``;
+    ``o_parts`` elements are read by ``part_dtype``'s load (:mod:`~.elements`; default: the
+    compute type itself, the decode's float32 / float64 workspace).
+
+    ``merge_stats(lse_parts, row, sink) -> (m, total, lse)`` over the parts ``lse_parts[:, row]``
+    in order ``p = 0, 1, ...`` and the row's learnable sink logit (``-inf``: none), a part with
+    ``o_p = 0`` added last; ``merge_element(o_parts, lse_parts, row, c, m, total)`` is
+    ``o[row, c]``.  ``total`` is 0 for a row with no key (then ``o = 0``) and NaN for a row whose
+    ``o`` is NaN.
+    """
+    load, _ = element_ops(part_dtype if part_dtype is not None
+                          else (np.float64 if acc_t == float64 else np.float32))
+    NEG_INF = acc_t(-math.inf)
+    INF = acc_t(math.inf)
+    NAN = acc_t(math.nan)
+    ZERO = acc_t(0.0)
+
+    # [docs:merge-skip-empty]
+    def merge_stats(lse_parts, row, sink):
+        # -- m = max_p lse_p over the non-empty parts and the sink; a NaN part poisons the row
+        sink = acc_t(sink)
+        m = sink
+        nan = False
+        for p in range(lse_parts.shape[0]):
+            x = acc_t(lse_parts[p, row])
+            if x != x:
+                nan = True
+            elif x > m:
+                m = x
+        if nan:
+            return NAN, NAN, NAN
+        if m == INF:            # infinite mass: lse = +inf, the weights inf/inf are undefined
+            return m, NAN, INF
+        if m == NEG_INF:        # no part saw a key
+            return m, ZERO, NEG_INF
+        # -- W = sum_p exp(lse_p - m), skipping empty parts (exactly, not as + 0), then the sink
+        total = ZERO
+        for p in range(lse_parts.shape[0]):
+            x = acc_t(lse_parts[p, row])
+            if x != NEG_INF:
+                total += math.exp(x - m)
+        if sink != NEG_INF:
+            total += math.exp(sink - m)
+        return m, total, m + math.log(total)
+
+    def merge_element(o_parts, lse_parts, row, c, m, total):
+        if total != total:
+            return NAN
+        if total == ZERO:
+            return ZERO
+        out = ZERO
+        for p in range(lse_parts.shape[0]):
+            x = acc_t(lse_parts[p, row])
+            if x != NEG_INF:
+                out += math.exp(x - m) * load(o_parts[p, row, c])
+        return out / total
+    # [/docs:merge-skip-empty]
+
+    device = functools.partial(device_jit, inline=True)
+    return device(merge_stats), device(merge_element)
+
+
+@functools.lru_cache(maxsize=None)
+def merge_kernel(THREADS, part_dtype, out_dtype):
+    """Build (once per configuration) ``kernel(o_parts, lse_parts, sink, o, lse)``.
+
+    ``o_parts`` ``[P, rows, d]`` in ``part_dtype``; ``lse_parts`` ``[P, rows]`` and ``lse``
+    ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``;
+    ``sink`` float32 ``[rows]`` (each row's learnable sink logit) or ``[1]`` (``[-inf]``: none).
+    """
+    merge_stats, merge_element = make_merge_functions(compute_type(part_dtype),
+                                                      np.dtype(part_dtype))
+    _, store = element_ops(out_dtype)
+
+    @kernel_jit
+    def merge_states(o_parts, lse_parts, sink, o, lse):
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        m, total, lse_row = merge_stats(lse_parts, row, sink[row if sink.shape[0] > 1 else 0])
+        # -- o = sum_p w_p o_p / W for this thread's head-dim elements (coalesced along d)
+        for c in range(tid, o_parts.shape[2], THREADS):
+            o[row, c] = store(merge_element(o_parts, lse_parts, row, c, m, total))
+        if tid == 0:
+            lse[row] = lse_row
+
+    return merge_states
+
+
+#: (part dtype, output dtype) pairs the package launches: merge_states keeps the parts' dtype;
+#: MLA's decode merges float32 partials.
+PAIRS = (
+    (np.dtype(np.float16), np.dtype(np.float16)),
+    (np.dtype(np.float32), np.dtype(np.float32)),
+    (np.dtype(np.float64), np.dtype(np.float64)),
+    (BFLOAT16, BFLOAT16),
+    # MLA's tensor-core decode (kernels/decode/mla.py): float32 partials into its output
+    (np.dtype(np.float32), np.dtype(np.float16)),
+    (np.dtype(np.float32), BFLOAT16),
+)

@@ -1,0 +1,349 @@
+"""MLA's absorbed decode on tensor cores: one latent cache read as keys and again as values.
+
+Contract (as :func:`numba_flash.decode` with ``v_cache=None, head_dim_v=D_V``, for the calls
+:mod:`numba_flash.ops.decode` sends here): per sequence ``b``, query token ``i`` and head ``h``,
+``o = softmax(scale q K^T) V`` and ``lse`` over the keys ``[lo, hi)`` the row sees (causal and
+window aligned bottom-right at ``L = cache_seqlens[b]``, no key before ``cache_leftpad[b]``),
+``K`` the ``D_QK``-wide cache rows and ``V`` their first ``D_V`` columns.  A row that sees no key:
+``o = 0``, ``lse = -inf``; a NaN / inf in ``q`` or in a key row it sees: NaN (the forward's
+rule).  A sequence with a bad length or table entry: ``o = lse = NaN``, nothing outside the
+cache read.  16-bit operands, float32 accumulation and softmax; ``P`` rounded to the input type
+(as the tensor-core forward).
+
+Grid / block (:class:`~numba_flash.kernels.decode.config.MlaDecodeConfig`)
+-----------------------------------------------------------------
+grid = ``(B * Hkv * Nq * chunks, splits)``, block = ``32 NUM_WARPS`` threads.  Block ``(x, s)``
+serves 16 query heads (chunk ``z`` of kv head ``kvh``'s group; heads past the group are zero
+rows, never written) of one query token ``i``, over split ``s`` of the sequence's keys (the
+decode's split rule, :mod:`numba_flash.kernels.decode.split_kv`, with ``STEP = BLOCK_N``).  All 16
+rows of a block see the same keys, so a key is seen by every row or by none: the copy zero-fills the
+rows of keys outside the block's range, and a tensor core never multiplies a ``P = 0`` by a
+stale or non-finite ``V``.
+
+Warps: all four hold the same 16 rows.  ``S = Q K^T`` is split by columns: warp ``w`` computes
+the partial product over its ``K_STEPS_W`` k-steps (its Q fragments stay in registers, 36 a
+lane at 576), writes it to shared memory, and after a barrier every warp sums the four partials
+in one fixed order, so every warp holds the same ``S``, runs the same online softmax (the same
+``m_i``, ``l_i``) and accumulates its own ``D_V / 4`` columns of ``o`` from ``P`` in registers
+(:func:`~numba_flash.kernels.mainloop.warp_gemm.make_gemm`, ``A`` from the accumulator, ``V`` read
+with ``ldmatrix.trans`` from the key tile's first ``D_V`` columns).  The per-tile step reads as its
+stages: copy, GEMM, partial-sum exchange, tile scores, softmax update, GEMM.
+
+Output: one split and no sink: the epilogue writes ``o`` and ``lse``; else float32 partials
+``(o_part, lse_part)`` that :func:`~numba_flash.kernels.decode.merge.merge_kernel` combines, adding
+a learnable sink once.  ``[docs: flash-decoding.md]`` (MLA) and ``[docs: tensor-cores.md]``
+(the fragments).
+
+Shared memory: ``STAGES`` key tiles of ``BLOCK_N`` rows of ``2 D_QK + 16`` bytes (Q is staged
+through the first before the loop), then the warps' float32 partial ``S`` (16 rows of ``SP_ROW``
+words each): 42.5 KiB at 576 / 512.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, int32, int64, uint32
+
+from ..core.common import GRID_X_MAX
+from ..core.elements import element_ops
+from ..core.jit import device_jit, kernel_jit
+from ..mainloop.online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
+from ..ptx.stages import LOG2E, cp_async16, cp_async_commit, cp_async_wait_all
+from ..mainloop.tile_scores import Layout, ScoreArgs, make_tile_scores_pair
+from ..core.config import MMA_DTYPES
+from .config import MlaDecodeConfig, mla_decode_config
+from ..mainloop.visibility import key_bounds, tile_key_range
+from ..mainloop.warp_gemm import (
+    ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm, make_load_a,
+)
+
+__all__ = ["MlaDecodeConfig", "mla_decode_config", "mla_decode_kernel", "mla_decode_grid"]
+
+_stage = functools.partial(device_jit, own_module=True, inline=True)
+
+#: every row of a block is the same query token: the tile-scores stage's row offsets are 0
+SAME_ROW = Layout(2, 0, 0)
+
+
+def mla_decode_grid(b, hkv, nq, group, splits):
+    """``(B * Hkv * Nq * chunks, splits)``: ``chunks = ceil(group / 16)`` blocks of 16 heads
+    (a ValueError naming ``q`` past CUDA's x limit)."""
+    chunks = -(-group // 16)
+    x = int(b) * int(hkv) * int(nq) * chunks
+    if x > GRID_X_MAX:
+        raise ValueError(f"q: expected B * Hkv * Nq * ceil(group / 16) <= {GRID_X_MAX} (the "
+                         f"CUDA grid's x limit), got {b} * {hkv} * {nq} * {chunks} = {x}")
+    return (max(1, x), splits)
+
+
+@functools.lru_cache(maxsize=None)
+def make_row_copy(THREADS_PER_ROW, ROW_CHUNKS):
+    """``copy_row(smem, dst_byte, src, src_elem, ok, part)``: this thread's 16-byte chunks
+    ``part, part + THREADS_PER_ROW, ...`` of one ``ROW_CHUNKS``-chunk row (consecutive threads
+    on consecutive chunks: coalesced) from element ``src_elem`` of ``src`` to ``dst_byte``, by
+    ``cp.async``; zeros when not ``ok`` (nothing read)."""
+    assert ROW_CHUNKS % THREADS_PER_ROW == 0
+    PER_THREAD = ROW_CHUNKS // THREADS_PER_ROW
+
+    @_stage
+    def copy_row(smem, dst_byte, src, src_elem, ok, part):
+        elem0 = src_elem + 8 * part if ok else src_elem * 0   # one address; chunks at offsets
+        n_bytes = 16 if ok else 0
+        dst0 = dst_byte + 16 * part
+        for c in range(PER_THREAD):
+            cp_async16(smem, dst0 + 16 * THREADS_PER_ROW * c, src, elem0 + 8 * THREADS_PER_ROW * c,
+                       n_bytes)
+
+    return copy_row
+
+
+@functools.lru_cache(maxsize=None)
+def mla_decode_kernel(cfg):
+    """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
+    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial)`` for the
+    :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
+
+    ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache as
+    rows ``[num_blocks * Hkv * block_size, D_QK]`` (row ``(blk * Hkv + kvh) * block_size +
+    slot``); ``table``: int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block
+    ``b`` of ``block_size = Nmax`` slots); ``seqlens``, ``leftpad``: int32 ``[B]``; ``o``: the
+    flat view of ``[B, H, Nq, D_V]`` (float16, or bfloat16's uint16 words), ``lse`` float32
+    ``[B H Nq]``; with ``partial`` = 1, ``o_part`` float32 ``[splits B H Nq D_V]`` and
+    ``lse_part`` ``[splits B H Nq]`` (flat) instead; ``va``: the
+    :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``)."""
+    assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
+    assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and cfg.D_V <= cfg.D_QK
+    D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
+    NUM_WARPS, THREADS, RB = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES
+    K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
+    assert THREADS % BLOCK_N == 0
+    TILE_BYTES = BLOCK_N * RB
+    SMEM_WORDS = STAGES * TILE_BYTES // 4    # the key tiles (16-bit pairs)
+    SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
+    SP_WORDS = NUM_WARPS * SP_WARP           # the warps' partial S (float32)
+    ROWS = 2                                 # a lane's rows: g and g + 8
+    KEYS = BLOCK_N // 4                      # a lane's scores per row
+    COLS = V_COLS_W // 4                     # a lane's output columns per row
+    ROW_CHUNKS = D_QK // 8                   # 16-byte chunks of a cache row
+    ZERO = float32(0.0)
+    NAN = float32(math.nan)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    XOR = (1, 2)                             # a row's 4 lanes (its quad)
+
+    # -- the stages
+    load_q = make_load_a(1, K_STEPS_W, RB)
+    gemm_s = make_gemm(1, BLOCK_N // 16, K_STEPS_W, "regs", False, RB, RB, DTYPE)  # Q K^T
+    gemm_pv = make_gemm(1, V_COLS_W // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)  # P V
+    scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, SAME_ROW, ACC_COLS, True,
+                                                       False, False, None, float32)
+    softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
+                                                             float32, RESCALE_LOG2)
+    # o and lse rows are heads: lse's row stride is Nq
+    epilogue_o = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1],
+                               float32, True)
+    epilogue_part = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops("float32")[1],
+                                  float32, True)
+    copy_key = make_row_copy(THREADS // BLOCK_N, ROW_CHUNKS)
+    copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
+
+    @_stage
+    def load_tile(smem, stage, cache, k_start, k_end, kc, tid):
+        """The key rows ``k_start ..`` (those below ``k_end``; the rest zeros) into ``stage``:
+        thread ``tid`` copies its chunks of row ``tid // (THREADS / BLOCK_N)``, looking up the
+        row's page; a table entry outside the cache is not read (zeros) and returned as bad.
+        One copy group (empty past the last tile)."""
+        table, b, kvh, hkv, block_size, paged, n_blocks = kc
+        row = tid // (THREADS // BLOCK_N)
+        key = k_start + row
+        ok = key < k_end
+        bad = False
+        elem = int64(0)
+        if ok:
+            j = key // block_size
+            blk = int64(b)
+            if paged:
+                blk = int64(table[b, j])
+            if blk < 0 or blk >= n_blocks:
+                ok = False
+                bad = True
+            elem = ((blk * hkv + kvh) * block_size + (key - j * block_size)) * D_QK
+        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
+        cp_async_commit()
+        return bad
+
+    @_stage
+    def exchange_s(sp, s, warp, g, t):
+        """Write this warp's partial ``S`` to shared memory (``sp``), then (after the barrier)
+        sum the ``NUM_WARPS`` partials in one order: every warp gets the same ``S``."""
+        for r in range(ROWS):
+            for c in range(KEYS):
+                sp[warp * SP_WARP + (g + 8 * r) * SP_ROW + 8 * (c >> 1) + 2 * t + (c & 1)] = \
+                    s[r, c]
+        cuda.syncthreads()  # every warp's partial S is in shared memory before any sums them
+        for r in range(ROWS):
+            for c in range(KEYS):
+                off = (g + 8 * r) * SP_ROW + 8 * (c >> 1) + 2 * t + (c & 1)
+                total = sp[off]
+                for w in range(1, NUM_WARPS):
+                    total += sp[off + w * SP_WARP]
+                s[r, c] = total
+
+    def make_step(MASKED):
+        """One key tile; ``MASKED`` (compile time): the tile reaches past the block's last key
+        (the split's end or the row's), so its scores are masked per key."""
+        tile_scores = scores_masked if MASKED else scores_full
+
+        # [docs:mla-step]
+        @_stage
+        def step(n, k_start, ctx):
+            smem, sp, cache, kc, frags, lanes, sa, token, bounds, exp_scale = ctx
+            qf, s, acc, m_i, l_i, bad_sh = frags
+            tid, warp, g, t, k_b, v_b = lanes
+            r_hi = bounds[0]
+            kb = (n % STAGES) * TILE_BYTES
+            cp_async_wait_all()
+            cuda.syncthreads()  # tile n landed for all; every warp is done with tile n - 1
+            if k_start + BLOCK_N < r_hi:   # tile n + 1 lands under this one
+                if load_tile(smem, (n + 1) % STAGES, cache, k_start + BLOCK_N, r_hi, kc, tid):
+                    bad_sh[0] = 1
+            for r in range(ROWS):
+                for c in range(KEYS):
+                    s[r, c] = ZERO
+            gemm_s(s, qf, smem, 0, kb + k_b)                             # S_w = Q_w K_w^T
+            exchange_s(sp, s, warp, g, t)                                # S = sum_w S_w
+            tile_scores(s, sa, token, k_start + 2 * t, bounds, False)    # mask the tile's end
+            softmax_update(s, acc, m_i, l_i, exp_scale)                  # m_i, l_i, P, acc *= a
+            gemm_pv(acc, s, smem, 0, kb + v_b)                           # acc_w += P V_w
+        # [/docs:mla-step]
+
+        return step
+
+    step_full = make_step(False)
+    step_masked = make_step(True)
+
+    @kernel_jit
+    def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
+                   n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial):
+        # -- which rows, keys and split
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2                 # the lane's rows g, g + 8 (heads h0 + g, h0 + g + 8)
+        t = lane & 3                  # the lane's key / column pair 2t, 2t + 1 of a fragment
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        hkv = n_kv_heads
+        group = n_heads // hkv
+        chunks = (group + 15) // 16
+        bx = cuda.blockIdx.x
+        z = bx % chunks
+        token = int32(bx // chunks % nq)          # every row of the block is query token i
+        kvh = bx // chunks // nq % hkv
+        b = bx // chunks // nq // hkv
+        split = cuda.blockIdx.y
+        n_splits = cuda.gridDim.y
+        h0 = kvh * group + z * 16                 # the block's first head
+        h_end = kvh * group + group               # heads at or past it are zero rows
+        seqlen = seqlens[b]
+        pad = leftpad[b]
+        capacity = block_size * (table.shape[1] if paged else 1)
+        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
+        offset = seqlen - nq                      # bottom-right: token i at key column i + offset
+        left, right = va.window
+        # the split's keys (decode's rule, from L and the pad alone), then this row's share
+        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        klo = max(klo, pad)
+        khi = max(khi, klo)
+        size = max(split_min, (khi - klo + split_target - 1) // split_target)
+        size = (size + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo = klo + split * size
+        row_lo, row_hi = key_bounds(token, offset, seqlen, left, right)
+        r_lo = int32(max(lo, row_lo, pad))
+        r_hi = int32(min(lo + size, khi, row_hi))
+        if bad_len:
+            r_hi = r_lo                           # read nothing; the output is NaN
+
+        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        sp = cuda.shared.array(SP_WORDS, float32)
+        bad_sh = cuda.shared.array(1, int32)
+        qf = cuda.local.array((1, K_STEPS_W, 4), uint32)
+        s = cuda.local.array((ROWS, KEYS), float32)
+        acc = cuda.local.array((ROWS, COLS), float32)
+        m_i = cuda.local.array(ROWS, float32)
+        l_i = cuda.local.array(ROWS, float32)
+
+        # -- prologue: the 16 heads' q rows (zeros past the group) through stage 0, each warp's
+        # fragments of its k-steps into registers, then the first key tile
+        if tid == 0:
+            bad_sh[0] = 0
+        q_row = tid // (THREADS // 16)
+        h = h0 + q_row
+        copy_q_row(smem, q_row * RB, q, ((b * n_heads + h) * nq + token) * D_QK, h < h_end,
+                   tid % (THREADS // 16))
+        cp_async_commit()
+        cp_async_wait_all()
+        cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
+        load_q(qf, smem, lane_offset(lane, RB, KIND_A) + 32 * K_STEPS_W * warp)
+        cuda.syncthreads()  # every warp holds its fragments: stage 0 takes the first key tile
+        kc = (table, b, kvh, hkv, block_size, paged, n_cache_blocks)
+        if r_lo < r_hi and load_tile(smem, 0, cache, r_lo, r_hi, kc, tid):
+            bad_sh[0] = 1
+        if paged and not bad_len:   # every page of the split's keys (all tokens): a bad entry
+            s_hi = min(lo + size, khi)   # any token reads makes the whole sequence NaN
+            if lo < s_hi:
+                j = lo // block_size + tid
+                while j <= (s_hi - 1) // block_size:
+                    if table[b, j] < 0 or table[b, j] >= n_cache_blocks:
+                        bad_sh[0] = 1
+                    j += THREADS
+        softmax_init(m_i, l_i, acc)
+        sa = score_args(va, b, offset, nq)
+        frags = (qf, s, acc, m_i, l_i, bad_sh)
+        lanes = (tid, warp, g, t,
+                 lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's cols
+                 lane_offset(lane, RB, KIND_A) + 2 * V_COLS_W * warp)    # V: the warp's cols
+        ctx = (smem, sp, cache, kc, frags, lanes, sa, token, (r_hi, left, right),
+               va.scale * LOG2E_F)
+
+        # -- the key tiles: whole ones unmasked, the last (past r_hi) masked
+        n = 0
+        k_start = r_lo
+        while k_start + BLOCK_N <= r_hi:
+            step_full(n, k_start, ctx)
+            n += 1
+            k_start += BLOCK_N
+        if k_start < r_hi:
+            step_masked(n, k_start, ctx)
+        cuda.syncthreads()  # every thread's bad-entry flag is in shared memory
+        if bad_len or bad_sh[0] != 0:
+            for r in range(ROWS):
+                m_i[r] = NAN                      # o = lse = NaN (finalize's NaN path)
+                l_i[r] = NAN
+
+        # -- epilogue: o = acc / l and lse, or float32 partials for the merge
+        cols = (2 * t + V_COLS_W * warp, D_V)
+        row0 = h0 + g
+        elem0 = b * n_heads * nq + token          # (b, h, i) is element elem0 + h nq
+        if partial:
+            part0 = split * (o_part.shape[0] // (n_splits * D_V))
+            epilogue_part(o_part, lse_part, acc, m_i, l_i, va.scale,
+                          (row0, h_end, (part0 + elem0) * D_V, nq * D_V, part0 + elem0,
+                           t == 0 and warp == 0, nq), cols, NEG_INF)
+        else:
+            epilogue_o(o, lse, acc, m_i, l_i, va.scale,
+                       (row0, h_end, elem0 * D_V, nq * D_V, elem0, t == 0 and warp == 0, nq),
+                       cols, NEG_INF)
+
+    return mla_decode
+
+
+@device_jit(inline=True)
+def score_args(va, b, offset, nq):
+    """The tile-scores stage's :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs` of a
+    block (no softcap, ALiBi or user functions on this path: only ``offset`` and ``nq`` are
+    read)."""
+    zero = float32(0.0)
+    return ScoreArgs(va.scale, zero, zero, zero, offset, nq, int32(b), int32(0), ())

@@ -1,0 +1,970 @@
+"""FlashDecoding: split-KV attention of a few query rows against a (paged) KV cache, with the
+combine fused into the same launch.
+
+Math
+----
+Sequence ``b`` has ``L = cache_seqlens[b]`` cached keys and ``Nq`` new query tokens, aligned
+bottom-right (query token ``i`` sits at key column ``i + L - Nq``); with ``leftpad[b] = P`` its
+keys are ``[P, L)`` only (flash-attn's ``cache_leftpad``: the sequence is aligned at its end, so
+the columns above, the window and ALiBi's distances are unchanged, and no key before ``P`` is
+read).  The keys some query row sees are ``[klo, khi)``
+(:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range` over all ``Nq`` rows: the window,
+causal, ``L`` and ``P`` folded in).  That range is cut into splits of ``size`` keys, from
+the sequence's own ``L`` only (batch invariance)::
+
+    size = round_up(max(split_min, cdiv(khi - klo, split_target)), STEP)
+
+(``STEP`` keys are one step of a block, below).
+
+For every query row ``r`` and split ``s`` with keys ``J_s`` a block computes the partial state
+``lse_rs = log sum_{j in J_s, visible} exp(S_rj)``, ``o_rs = sum_j exp(S_rj - lse_rs) v_j``
+(``S_rj = scale q_r . k_j`` through the score modifier of
+:mod:`~numba_flash.kernels.mainloop.visibility`: non-finite -> NaN, softcap, ALiBi), with the online
+softmax.  The last block of a ``(sequence, kv head, row chunk)`` to finish merges the splits with
+the log-sum-exp rule (:func:`~numba_flash.kernels.decode.merge.make_merge_functions`); with a single
+split the block writes the output directly.
+
+Grid / block
+------------
+grid = ``(B * Hkv * chunks, splits)``, block = ``(THREADS,)``: x is ``(b * Hkv + kvh) * chunks +
+z`` (x allows 2**31 - 1 blocks, so any ``B * Hkv`` fits), y the split (at most 65535).  Block
+``(x, s)`` serves every query row of kv head ``kvh``'s GQA group (``G = H // Hkv`` heads times
+``Nq`` tokens, row ``r = g * Nq + i``) in chunk ``z`` of ``ROWS`` rows: ``ROWS`` is compile-time,
+the smallest of 1, 2, 4, 8 that holds ``G * Nq`` (within a register budget), so with
+``G * Nq <= ROWS`` each live K/V row is read from global memory exactly once, for all the heads
+and new tokens of its group, and no row is padded when ``G * Nq`` is a power of two.
+
+Inside a block, ``LANES`` consecutive lanes of a warp form a *key group*; a block has ``NG =
+THREADS // LANES`` of them.  A key group reads one K row and one V row at a time in *chunks* of
+``CHUNK`` contiguous elements, 16 bytes on the GPU (8 float16, 4 float32, 2 float64:
+:func:`lane_layout`): lane ``l`` holds the ``DPL = HEAD_DIM // LANES`` elements ``l * CHUNK +
+LANES * CHUNK * i + e`` (chunk ``i``, ``e < CHUNK``), so when ``d == HEAD_DIM`` (``VEC``) each is
+one 16-byte load (:func:`~numba_flash.kernels.ptx.stages.load16`, ``LDG.E.128``) from one base
+address per key, with no per-element test, and a warp's load covers ``32 * 16`` contiguous bytes
+(a float16 ``d = 128`` row is 16 lanes: two keys per warp instruction).  A padded head dim
+(``d < HEAD_DIM``) reads the same elements one at a time, zero past ``d``.  Each lane keeps the
+``ROWS x DPL`` output accumulator in registers; the pre-scaled ``q`` rows sit in shared memory
+(``q_sh``, lane-interleaved 16-byte pieces: one ``LDS.128`` gives a lane 4 of its values, shared
+by the ``U`` keys of a step), which leaves the registers to the keys in flight.  Per step a
+group takes ``U`` consecutive keys:
+
+1. partial dot products of the ``ROWS`` rows over the lane's ``DPL`` elements;
+2. a *reduce-scatter* over the group's lanes with ``shfl_xor_sync``: at butterfly step ``i``
+   (offset ``LANES >> (i + 1)``) a lane keeps half of the rows it carries and sends the other
+   half to its partner, which keeps that half, so after ``log2(ROWS)`` steps each lane carries
+   one row (the row whose bits are the lane's top offset bits, ``r_own``) and the remaining
+   steps are plain sums: ``ROWS - 1 + log2(LANES / ROWS)`` shuffles per key instead of
+   ``ROWS * log2(LANES)``, and no shared memory, no barrier;
+3. each lane runs the online softmax of its own row (``m, l``: one ``exp`` per key per lane,
+   shared by the ``LANES / ROWS`` lanes of the row instead of ``ROWS`` per lane; float32 builds
+   take it as ``ex2(x log2 e)``, :func:`~numba_flash.kernels.ptx.stages.ex2`: an FMUL and a
+   MUFU.EX2 against libdevice ``expf``'s ten instructions, relative error about 1e-6 at most
+   for the ``x <= 0`` it sees);
+4. ``acc = alpha acc + p v``: each row's ``alpha`` and ``p`` come from a lane that owns the row
+   (``shfl_sync``), ``ROWS * (1 + U)`` shuffles per step; the rescale runs only in a step where
+   some row's max moved (one branch), and in a step whose keys are all live and readable where
+   every row sees every key of the split (``full``) ``p v`` is added with no test; else a key
+   a row does not see (or a dead key, whose registers are stale) has ``p = -1`` and is
+   skipped.
+
+A block step covers ``NG * U`` consecutive keys.
+
+Where a key lives: a group walks its tokens with a running ``(table index, slot)`` pair that it
+advances by ``NG * U`` slots per step (two divisions when the split starts, none per key or
+element, 32-bit).  Steps start at the split's first key rounded down to a multiple of ``U``
+(keys before it are dead), so when ``U`` divides the block size a group's ``U`` keys share one
+page: one table entry (read at an index clamped into the table, no branch) and one base
+address per step, key ``u`` an immediate offset from it; with an odd block size
+(``SPLIT_PAGES``, compile-time) each key finds its own page.  Any block size works, a
+contiguous cache is one block of ``Nmax`` slots per sequence, and ``PAGED`` is a compile-time
+flag so that neither build carries the other's code.
+Every table entry is checked against ``[0, num_blocks)`` before it is dereferenced, and ``L``
+against the cache capacity (``Nmax``, or ``max_blocks * block_size``) and ``P`` against ``[0,
+L]``: a sequence with a bad entry for a key some query row sees, or a bad ``L`` or ``P``, gets
+``o = NaN, lse = NaN`` and nothing
+outside the cache is ever read.  Slots past ``L`` are never read either (stale NaN cannot leak).
+
+At the end of a split the ``NG`` group states merge in shared memory (a fixed order, so the bits
+do not depend on timing), then either the output is written (one split) or the partial
+``(o, lse)`` goes to a float32 workspace and the block takes a ticket from an atomic counter;
+the block that draws the last ticket merges all the splits of its rows (reading them in split
+order) and resets the counter to 0.
+
+Shared memory
+-------------
+``q_sh`` and ``acc_sh[ROWS, HEAD_DIM]`` (compute type) for q and the group merge,
+``m_sh``/``l_sh[NG, ROWS]``, per-row ``M, W, lse`` and two flags: ``2 * ROWS * HEAD_DIM``
+values and a little more, 2.6-8.4 KiB for the GPU configurations, so shared memory never limits
+how many blocks an SM holds; registers do (``launch_bounds``: 3 blocks of 128 threads per SM, at
+most 168 registers, for float16/float32 up to ``HEAD_DIM = 128``; 2 above).
+
+Empty splits (past a sequence's keys: the grid spans the cache's capacity, the host does not
+know the lengths) write only ``lse = -inf`` and take their ticket.
+
+float16 caches are read as float16 and computed in float32; float64 computes in float64.
+bfloat16 (:mod:`~numba_flash.kernels.core.elements`: the kernel sees the 16-bit words) computes in
+float32 too: element loads are ``bits << 16``, and the 16-byte loads read the caches as
+``float32`` views (:func:`cache_views`), each float32 of a chunk split into its two words
+(``bits << 16`` and ``bits & 0xFFFF0000``, exact, 2 integer instructions per pair, no
+conversion); ``o`` is stored rounded to nearest even, ``lse`` stays float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, int32, int64, types, uint32
+
+from ...backend import on_simulator
+from ..core.common import (
+    FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type, numba_array_type,
+)
+from ..core.elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
+from ..core.jit import device_jit, kernel_jit
+from .merge import make_merge_functions, make_state_merge
+from ..ptx.stages import lds16, load16, shfl_xor
+from ..mainloop.online_softmax import make_online_softmax, sink_of
+from .config import DEFAULT_SM_COUNT, DecodeConfig, sm_count
+from ..mainloop.tile_scores import ScoreArgs, make_score_fn
+from ..core.variant import variant_type
+from ..mainloop.visibility import key_bounds, make_score_mod, tile_key_range
+
+#: GPU block: 4 warps.  A key group is the ``HEAD_DIM / CHUNK`` lanes (at most 32) that hold one
+#: K/V row: 16 at float16 ``HEAD_DIM = 128``, so a warp reads two keys per load instruction.
+GPU_THREADS = 128
+#: keys a key group takes per step (loads of several keys in flight per warp)
+GPU_KEYS_PER_STEP = 2
+#: bytes one lane loads per chunk: one ``ld.global.nc.v4.u32`` (:func:`~.stages.load16`)
+CHUNK_BYTES = 16
+#: per-lane registers for q and for the accumulator (``ROWS * DPL`` values each) the GPU row
+#: cap keeps (float64: values of two registers, half as many); see :func:`gpu_rows_max`
+GPU_ROW_REGS = 32
+#: simulator block: every CUDA thread is a Python thread, keep them few; 4 lanes per key group
+#: so that shuffles, several elements per lane and several key groups are all exercised.
+SIM_THREADS = 8
+SIM_LANES = 4
+SIM_KEYS_PER_STEP = 2
+#: rows per block in the simulator (the GPU's come from :func:`gpu_rows_max`); kept as
+#: ``SIM_BLOCK_M`` for the I/O model of docs/io-complexity.md.
+SIM_ROWS_MAX = 4
+SIM_BLOCK_M = SIM_ROWS_MAX
+#: row counts a kernel is compiled for (the smallest that holds ``G * Nq`` is used)
+ROW_CHOICES = (1, 2, 4, 8)
+#: streaming multiprocessors the docs' split counts assume (H100 SXM / H200: 132); a launch
+#: fills its own device's (:func:`~numba_flash.kernels.decode.config.sm_count`)
+SM_COUNT = DEFAULT_SM_COUNT
+#: blocks per SM the default split count aims at when the batch alone does not fill the GPU
+TARGET_BLOCKS_PER_SM = 4
+#: smallest split by default: enough keys per block to amortise its partial state
+GPU_MIN_SPLIT_TOKENS = 256
+SIM_MIN_SPLIT_TOKENS = 16
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
+#: bfloat16 bits: the upper word of a float32 (the lower one is ``bits << 16``)
+_HI_WORD = uint32(0xFFFF0000)
+_SHIFT16 = uint32(16)
+
+
+def padded_head_dim(d):
+    """The compiled head dim for ``d``: the next power of two, at least 16 on the GPU (one of
+    ``kernels.common.HEAD_DIMS``) and at least 2 in the simulator (where every padded lane
+    costs time)."""
+    return max(2 if on_simulator() else 16, 1 << (int(d) - 1).bit_length())
+
+
+def lane_layout(dtype, HEAD_DIM, simulator=None):
+    """``(LANES, CHUNK)``: lanes per key group and contiguous elements per lane chunk.  On the
+    GPU a chunk is 16 bytes (8 float16, 4 float32, 2 float64) and a group has ``HEAD_DIM /
+    CHUNK`` lanes, at most 32 (then each lane holds several chunks, ``LANES * CHUNK`` columns
+    apart).  The simulator keeps ``SIM_LANES`` lanes and a chunk of at most 16 bytes
+    (``HEAD_DIM / SIM_LANES`` elements when that is fewer: element loads, not 16-byte ones)."""
+    if simulator is None:
+        simulator = on_simulator()
+    full = CHUNK_BYTES // np.dtype(dtype).itemsize
+    if simulator:
+        lanes = min(SIM_LANES, HEAD_DIM)
+        return lanes, min(full, HEAD_DIM // lanes)
+    chunk = min(full, HEAD_DIM)
+    return min(32, HEAD_DIM // chunk), chunk
+
+
+def vector_loads(dtype, d, HEAD_DIM, CHUNK, *arrays):
+    """The ``VEC`` build (16-byte loads, no per-element test): ``d == HEAD_DIM``, a chunk of 16
+    bytes and, on the GPU, every cache's data 16-byte aligned (rows then are too)."""
+    if d != HEAD_DIM or CHUNK * np.dtype(dtype).itemsize != CHUNK_BYTES:
+        return False
+    if on_simulator():
+        return True
+    return all(x.__cuda_array_interface__["data"][0] % CHUNK_BYTES == 0 for x in arrays)
+
+
+def gpu_rows_max(dtype, HEAD_DIM):
+    """Most query rows per GPU block: at most ``LANES`` (the reduce-scatter gives each row a
+    lane), 8, and ``GPU_ROW_REGS // DPL`` (half for float64) so that the per-lane q and
+    accumulator (``ROWS * DPL`` values each) stay in registers: float16 4 rows from ``HEAD_DIM
+    = 32`` to 256 (2 at 16), float32 8 up to 128 and 4 at 256, float64 4.  Checked with ptxas
+    (docs/resources.md): past these, LLVM stops unrolling the row loops or ptxas spills."""
+    lanes, _ = lane_layout(dtype, HEAD_DIM, simulator=False)
+    dpl = HEAD_DIM // lanes
+    regs = GPU_ROW_REGS // (2 if np.dtype(dtype) == np.float64 else 1)
+    return max(1, min(8, lanes, regs // dpl))
+
+
+def gpu_min_blocks(dtype, HEAD_DIM):
+    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``): 3 (at most
+    168 registers per thread: two keys of 8 elements per lane in flight, K and V, beside 4
+    rows of accumulators) for float16/float32 up to ``HEAD_DIM = 128``, softcap / ALiBi
+    included; else 2 (up to 255: ``HEAD_DIM = 256`` and float64 need more)."""
+    if np.dtype(dtype) == np.float64 or HEAD_DIM > 128:
+        return 2
+    return 3
+
+
+def keys_per_step(rows, dpl):
+    """``U``: 2 keys per group step (two K/V rows of each group in flight); 1 when the
+    accumulator registers (``rows * dpl``) are over 32, or a lane holds more than 16 elements
+    of a row (the 1024-wide MLA build: two keys' K and V, 128 registers, went to a 544 B
+    stack), where 2 would not fit the registers."""
+    return 1 if rows * dpl > 32 or dpl > 16 else GPU_KEYS_PER_STEP
+
+
+def launch_shape(dtype, HEAD_DIM, n_rows, simulator=None, **flags):
+    """The tile choice: the :class:`~numba_flash.kernels.decode.config.DecodeConfig` for a group of
+    ``n_rows = G * Nq`` query rows (``flags``: ``VEC``, ``PAGED``, ``SOFTCAP``, ``ALIBI``,
+    ``SPLIT_PAGES``, ``USER``): lanes and chunks of :func:`lane_layout`, the fewest of
+    :data:`ROW_CHOICES` rows that hold ``n_rows`` (at most :func:`gpu_rows_max`: registers),
+    :func:`keys_per_step` keys per step."""
+    if simulator is None:
+        simulator = on_simulator()
+    lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator)
+    name = np.dtype(dtype).name
+    if simulator:
+        rows_max = min(SIM_ROWS_MAX, lanes)
+        rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
+        return DecodeConfig(SIM_THREADS, lanes, chunk, SIM_KEYS_PER_STEP, rows, HEAD_DIM, name,
+                            **flags)
+    rows_max = gpu_rows_max(dtype, HEAD_DIM)
+    rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
+    return DecodeConfig(GPU_THREADS, lanes, chunk, keys_per_step(rows, HEAD_DIM // lanes), rows,
+                        HEAD_DIM, name, **flags)
+
+
+def split_policy(num_splits, hkv, step):
+    """``(split_target, split_min)`` (runtime ints of the kernel; see the module docstring);
+    ``step`` is the kernel's ``STEP`` (keys per block step, :func:`block_step`).
+
+    ``num_splits=None``: enough splits that one sequence fills the GPU,
+    ``cdiv(SMs * TARGET_BLOCKS_PER_SM, Hkv)`` (``SMs``: the device's,
+    :func:`~numba_flash.kernels.decode.config.sm_count`), of at least ``GPU_MIN_SPLIT_TOKENS`` keys
+    (the simulator: splits of 16 keys).  The batch size is deliberately not an input: a split
+    count from ``B`` would make one sequence's bits depend on what else is in the batch.
+    ``num_splits=S``: ``S`` splits of equal size (a multiple of ``step``), so fewer when the
+    sequence has fewer key tiles of ``step`` keys than ``S``.
+    """
+    sim = on_simulator()
+    if num_splits is None:
+        if sim:
+            return GRID_YZ_MAX, SIM_MIN_SPLIT_TOKENS
+        return -(-sm_count() * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
+    return min(int(num_splits), GRID_YZ_MAX), step
+
+
+def split_size(n_keys, split_target, split_min, step):
+    """Keys per split for a sequence whose query rows see ``n_keys`` keys: the kernel's formula
+    (module docstring), on the host."""
+    size = max(split_min, -(-n_keys // split_target))
+    return -(-size // step) * step
+
+
+def gpu_splits(n_keys, hkv, num_splits=None, dtype=np.float16, HEAD_DIM=128, n_rows=1):
+    """``(splits, size)`` a GPU launch uses for one sequence of ``n_keys`` visible keys (the
+    docs' and the benchmark's tables; the same constants as a launch on the GPU)."""
+    lanes, _ = lane_layout(dtype, HEAD_DIM, simulator=False)
+    rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= gpu_rows_max(dtype, HEAD_DIM)),
+                gpu_rows_max(dtype, HEAD_DIM))
+    step = block_step(GPU_THREADS, lanes, keys_per_step(rows, HEAD_DIM // lanes))
+    if num_splits is None:
+        target, smin = -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
+    else:
+        target, smin = min(int(num_splits), GRID_YZ_MAX), step
+    size = split_size(n_keys, target, smin, step)
+    return -(-n_keys // size), size
+
+
+def block_step(THREADS, LANES, U):
+    """``STEP``: keys a block covers per step (``NG * U``)."""
+    return THREADS // LANES * U
+
+
+def split_grid(split_target, split_min, capacity):
+    """Splits in the grid: at most ``split_target`` and no more than the capacity has
+    ``split_min``-key pieces (so a huge ``num_splits`` is clamped to the key tiles that exist)."""
+    return max(1, min(split_target, -(-int(capacity) // split_min), GRID_YZ_MAX))
+
+
+def decode_grid(b, hkv, chunks, splits):
+    """``(x, y)`` grid of the decode kernel; checked against CUDA's limits (a CPU test runs it
+    with ``B * Hkv`` past 65535)."""
+    x = int(b) * int(hkv) * int(chunks)
+    if x > GRID_X_MAX:
+        raise ValueError(f"q: expected B * Hkv * row chunks <= {GRID_X_MAX} (the CUDA grid's x "
+                         f"limit), got {b} * {hkv} * {chunks} = {x}")
+    if not 1 <= splits <= GRID_YZ_MAX:
+        raise ValueError(f"num_splits: expected 1..{GRID_YZ_MAX} splits in the grid, got {splits}")
+    return (x, int(splits))
+
+
+def launch_bounds(THREADS, dtype, HEAD_DIM):
+    """``(max threads per block, min resident blocks per SM)`` of the kernel (``kernel_jit``
+    drops it in the simulator)."""
+    return (THREADS, gpu_min_blocks(dtype, HEAD_DIM))
+
+
+@functools.lru_cache(maxsize=None)
+def decode_kernel(cfg):
+    """Build (once per :class:`~numba_flash.kernels.decode.config.DecodeConfig`) the fused split-KV
+    decode kernel
+
+    ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part, lse_part,
+    counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
+    split_min, left, right, softcap, inv_softcap, aux)``
+
+    ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and
+    ``CHUNK`` of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table
+    (``paged`` must agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not
+    divide (a step's keys may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse``
+    ``[B, H, Nq]`` (compute type); caches
+    ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size, d]``
+    views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
+    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
+    ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each sequence's keys) and
+    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence);
+    ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``); ``o_part`` ``[splits, B * H * Nq,
+    d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused with one split) and
+    ``counters`` int32 ``[grid x]``, zero; the rest scalars (``scale``, ``softcap``,
+    ``inv_softcap`` in the compute type).  ``left``/``right``: the window (``-1`` unbounded,
+    causal folded into ``right = 0``).
+
+    ``USER``: a user's variant (:mod:`numba_flash.flex`), ``(score_mod, mask_mod)`` CUDA device
+    functions (either may be None), compile-time: ``aux`` is the tuple of the user's aux arrays
+    (``()`` without ``USER``: no kernel parameter).  For a key ``t`` the built-in rules let a
+    live row see, ``mask_mod(b, h, q_idx, t, *aux)`` decides whether it stays visible and
+    ``score_mod(s, b, h, q_idx, t, *aux)`` replaces its score after scale, softcap and ALiBi;
+    ``b`` is the sequence (the row of ``q``), ``h`` the query head, ``q_idx = L - Nq + i`` the
+    query's column and ``t`` the key's position in the cache (all int32).  A build with
+    ``USER`` keeps out of the on-disk kernel cache (the user's code does not key it).
+    """
+    (THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP, ALIBI, SPLIT_PAGES,
+     USER, OWN_V) = cfg
+    assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
+    assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
+    dtype = BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
+    acc_t = compute_type(dtype)
+    assert not VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
+    load, store = element_ops(dtype)      # element <-> compute type (kernels/core/elements.py)
+    #: bfloat16 with 16-byte loads: the caches come as float32 views (two bfloat16 words per
+    #: float32 element, :func:`cache_views`), so ``load16`` reads 8 of them as 4 float32 whose
+    #: bits are split: low word ``bits << 16``, high word ``bits & 0xFFFF0000`` (both exact)
+    BF16_PAIRS = VEC and is_bfloat16(dtype)
+    EW = 2 if BF16_PAIRS else 1           # cache elements per element of the kernel's view
+    Q_VEC = VEC and not BF16_PAIRS        # q by load16 (bfloat16 q: element loads, prologue only)
+    DPL = HEAD_DIM // LANES               # elements of a K/V row per lane
+    NCH = DPL // CHUNK                    # chunks of CHUNK contiguous elements per lane
+    #: element j of a lane is column lane * CHUNK + COL[j]: chunk i = j // CHUNK of the lane
+    #: starts LANES * CHUNK * i columns further (the group's lanes cover a row side by side)
+    COL = tuple((j // CHUNK) * LANES * CHUNK + j % CHUNK for j in range(DPL))
+    V4 = 16 // np.dtype(acc_dtype(dtype)).itemsize   # q values per 16-byte shared load
+    QP = -(-DPL // V4)                    # 16-byte pieces of q per lane and row
+    Q_WORDS = ROWS * QP * LANES * V4
+    UR = U * ROWS                         # scores of one step: U keys x ROWS rows
+    assert U <= 2, "a key's slot carries into the next table entry at most once"
+    NG = THREADS // LANES                 # key groups per block
+    STEP = NG * U                         # keys per block step
+    LOG_LANES = LANES.bit_length() - 1
+    RD = ROWS * DPL                       # per-lane q / accumulator registers
+    UD = U * DPL                          # per-lane K (and V) registers of one step
+    LOG_ROWS = ROWS.bit_length() - 1
+    N_UPPER = max(1, LOG_ROWS)
+    assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
+    #: a lane that owns row r after the reduce-scatter (the row's bits as offset bits)
+    LANE_OF = tuple(sum(LANES >> (i + 1) for i in range(LOG_ROWS) if r & (ROWS >> (i + 1)))
+                    for r in range(ROWS))
+    ONE = acc_t(1.0)
+    NOT_SEEN = acc_t(-1.0)                # p of a key the row does not see
+    NEG_INF = acc_t(-math.inf)
+    NAN = acc_t(math.nan)
+    ZERO = acc_t(0.0)
+    score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
+    USER_FN = USER is not None and (USER[0] is not None or USER[1] is not None)
+    # the scores (tile_scores.py: q is pre-scaled, so steps 3-5 of the contract and the user's
+    # functions), the online softmax of a lane's own row (rescaled only when its max moved) and
+    # the merge of the key groups' states (merge.py)
+    score_fn = make_score_fn(False, SOFTCAP, ALIBI, USER, acc_t, True)
+    softmax_init, softmax_update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
+    merge_stats, merge_element = make_merge_functions(acc_t)
+    merge_states_ml = make_state_merge(acc_t)
+    _stage = functools.partial(device_jit, own_module=True, inline="always")
+
+    @functools.partial(device_jit, own_module=True, inline="always")
+    def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
+        # key u's K and V chunks from view element e0 (16-byte loads) into the registers
+        for i in range(NCH):
+            kc = load16(k_cache, e0 + i * (LANES * CHUNK // EW))
+            vc = load16(v_cache, e0 + i * (LANES * CHUNK // EW))
+            if BF16_PAIRS:                    # 4 float32 = 8 bfloat16 words (low word first)
+                for e in range(CHUNK // 2):
+                    kb = float32_bits(kc[e])
+                    vb = float32_bits(vc[e])
+                    j0 = u * DPL + i * CHUNK + 2 * e
+                    k_reg[j0] = float32_from_bits(uint32(kb << _SHIFT16))
+                    v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
+                    k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
+                    v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
+            else:
+                for e in range(CHUNK):
+                    k_reg[u * DPL + i * CHUNK + e] = kc[e]
+                    v_reg[u * DPL + i * CHUNK + e] = vc[e]
+
+    @_stage
+    def load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen, left,
+                    right, scale, lane, grp, col0):
+        """The pre-scaled q rows into ``q_sh`` (group 0 writes every lane's pieces: ``QP`` pieces
+        of ``V4`` values per lane and row, lane-interleaved, read back 16 bytes at a time),
+        ``acc = 0``; returns ``full``: every row sees every key of ``[lo, hi)`` (no mask; never
+        with a user's function: its mask may hide any key, its score may be -inf, and either
+        makes p "not seen")."""
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        d = q.shape[3]
+        q_val = cuda.local.array(DPL, acc_t)
+        full = not USER_FN
+        for r in range(ROWS):
+            row = row0 + r
+            tok = row % nq
+            h = kvh * group + row // nq
+            live_row = row < n_rows
+            if grp == 0:
+                if Q_VEC:
+                    for j in range(DPL):
+                        q_val[j] = ZERO
+                    if live_row:
+                        e0 = ((b * n_heads + h) * nq + tok) * HEAD_DIM + col0
+                        for i in range(NCH):
+                            qc = load16(q, e0 + i * (LANES * CHUNK))
+                            for e in range(CHUNK):
+                                q_val[i * CHUNK + e] = qc[e] * scale
+                else:
+                    for j in range(DPL):
+                        c = col0 + COL[j]
+                        val = ZERO
+                        if live_row and c < d:
+                            val = load(q[b, h, tok, c]) * scale
+                        q_val[j] = val
+                for pc in range(QP):
+                    for e in range(V4):
+                        val = ZERO
+                        if pc * V4 + e < DPL:
+                            val = q_val[pc * V4 + e]
+                        q_sh[((r * QP + pc) * LANES + lane) * V4 + e] = val
+            for j in range(DPL):
+                acc[r * DPL + j] = ZERO
+            lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
+            if live_row and (lo_r > lo or hi_r < hi):
+                full = False                  # some row does not see every key of the split
+        return full
+
+    @_stage
+    def own_row(upper_at, lane, row0, n_rows, nq, offset, seqlen, left, right, pad, khi):
+        """My own row: after the reduce-scatter, lane ``l`` holds the scores of row ``r_own``,
+        the row whose bits are the lane's top ``LOG_ROWS`` offset bits (``upper_at[i]``: my half
+        at butterfly step ``i``); returns ``(r_own, live_own, lo_own, hi_own)``, the keys
+        ``[lo_own, hi_own)`` it sees (int32 from here: key positions fit, the host checks the
+        lengths)."""
+        r_own = 0
+        for i in range(LOG_ROWS):
+            upper_at[i] = (lane & (LANES >> (i + 1))) != 0
+            if upper_at[i]:
+                r_own += ROWS >> (i + 1)
+        row_own = row0 + r_own
+        live_own = row_own < n_rows
+        lo_own, hi_own = key_bounds(row_own % nq, offset, seqlen, left, right)
+        lo_own = int32(max(lo_own, pad))      # (pad >= 0 when the length is good)
+        hi_own = int32(min(hi_own, khi))
+        if not live_own:                      # a padding row sees every key (never written)
+            lo_own = int32(0)
+            hi_own = int32(2**31 - 1)
+        return r_own, live_own, lo_own, hi_own
+
+    # [docs:decode-tile-load]
+    @_stage
+    def locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
+                    block_size, keys):
+        """Where my group's ``U`` keys ``t0 ..`` live: ``key_ok[u]`` (live and readable) and
+        ``key_at[u]`` (view element with ``VEC``, else cache row); returns ``(step_ok,
+        bad)``: every key of the step readable, and a live key met a bad table entry (never
+        dereferenced).  A group's ``U`` keys are consecutive from a multiple of ``U``, so when
+        ``U`` divides the block size (not ``SPLIT_PAGES``) they share one page: one table entry
+        and one base address serve them all (key ``u`` is ``u`` rows further: an immediate
+        offset); with ``SPLIT_PAGES`` (an odd block size) each key finds its own page (one
+        carry at most).  ``keys``: ``(kvh_rows, row_stride, blk_elems, col0_v, last_entry)``,
+        the kernel's per-lane constants of the cache layout."""
+        kvh_rows, row_stride, blk_elems, col0_v, last_entry = keys
+        bad = False
+        if not SPLIT_PAGES:
+            blk = int32(b)
+            page_ok = True
+            if PAGED:
+                some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
+                # (no branch: an index clamped into the table is always safe to read, and
+                # only a live key's entry is used)
+                entry = block_table[uint32(b), min(uint32(j_blk), last_entry)]
+                page_ok = 0 <= entry and entry < n_cache_blocks
+                if some_live and not page_ok:
+                    bad = True                # never dereferenced
+                blk = int32(entry)
+            in_row = int32(kvh_rows + slot)   # key 0's row inside its physical block
+            if VEC:
+                first = (int64(uint32(blk)) * blk_elems
+                         + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
+            else:
+                first = int64(uint32(blk)) * row_stride + in_row
+            for u in range(U):
+                t = int32(t0 + u)
+                key_ok[u] = lo32 <= t and t < hi32 and page_ok
+                key_at[u] = first + u * ((HEAD_DIM // EW) if VEC else 1)
+        else:
+            for u in range(U):
+                t = int32(t0 + u)
+                ss = int32(slot + u)
+                jj = j_blk
+                if ss >= block_size:          # u < U <= 2: one carry into the next entry
+                    ss = int32(ss - block_size)
+                    jj = int32(jj + 1)
+                live = lo32 <= t and t < hi32
+                ok = live
+                blk = int32(b)
+                if PAGED and live:
+                    entry = block_table[uint32(b), uint32(jj)]
+                    ok = 0 <= entry and entry < n_cache_blocks
+                    blk = int32(entry)
+                if live and not ok:
+                    bad = True
+                key_ok[u] = ok
+                in_row = int32(kvh_rows + ss)
+                if VEC:
+                    key_at[u] = (int64(uint32(blk)) * blk_elems
+                                 + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
+                else:
+                    key_at[u] = int64(uint32(blk)) * row_stride + in_row
+        step_ok = True
+        for u in range(U):
+            step_ok = step_ok and key_ok[u] != 0
+        return step_ok, bad
+
+    @_stage
+    def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d, d_v):
+        """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``
+        (V: ``d_v``, its own head dim or ``d``; ``VEC`` builds have ``d == d_v == HEAD_DIM``,
+        or an MLA cache read twice, where V's columns past ``d_v`` are loaded and never
+        written out): a dead or bad key reads nothing and keeps its stale registers (its p is
+        "not seen")."""
+        if VEC and step_ok:                   # every key readable: one branch, no test per key
+            for u in range(U):
+                load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        elif VEC:                             # each key on its own
+            for u in range(U):
+                if key_ok[u] != 0:
+                    load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        else:                                 # padded head dim: element loads, zero past d
+            for u in range(U):
+                ok = key_ok[u] != 0
+                kv_row = key_at[u]
+                for j in range(DPL):
+                    c = col0 + COL[j]
+                    kv = ZERO
+                    vv = ZERO
+                    if ok and c < d:
+                        kv = load(k_cache[kv_row, c])
+                        if not OWN_V:
+                            vv = load(v_cache[kv_row, c])
+                    if OWN_V and ok and c < d_v:
+                        vv = load(v_cache[kv_row, c])
+                    k_reg[u * DPL + j] = kv
+                    v_reg[u * DPL + j] = vv
+    # [/docs:decode-tile-load]
+
+    # [docs:decode-scores]
+    @_stage
+    def own_scores(s_own, q_sh, k_reg, upper_at, q_byte):
+        """Partial dots over my elements, then a reduce-scatter over the group's lanes: each
+        butterfly step halves the rows a lane carries (it sends the half its partner keeps),
+        the last steps are plain sums; ``s_own[0, u]``: my row's score of key ``u``."""
+        dots = cuda.local.array(UR, acc_t)
+        part = cuda.local.array(ROWS, acc_t)
+        for u in range(U):
+            for r in range(ROWS):
+                dots[u * ROWS + r] = ZERO
+        for r in range(ROWS):                 # q read 16 bytes at a time, shared by the U keys
+            for pc in range(QP):
+                qv = lds16(q_sh, q_byte + (r * QP + pc) * (LANES * 16))
+                for e in range(V4):
+                    if pc * V4 + e < DPL:
+                        for u in range(U):
+                            dots[u * ROWS + r] += qv[e] * k_reg[u * DPL + pc * V4 + e]
+        for u in range(U):
+            for r in range(ROWS):
+                part[r] = dots[u * ROWS + r]
+            for i in range(LOG_ROWS):
+                half = ROWS >> (i + 1)
+                upper = upper_at[i]
+                for j in range(half):
+                    lo_v = part[j]
+                    hi_v = part[j + half]
+                    send = lo_v if upper else hi_v
+                    keep = hi_v if upper else lo_v
+                    part[j] = keep + shfl_xor(send, int32(LANES >> (i + 1)))
+            sc = part[0]
+            for i in range(LOG_ROWS, LOG_LANES):
+                sc += shfl_xor(sc, int32(LANES >> (i + 1)))
+            s_own[0, u] = sc
+
+    @_stage
+    def own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own):
+        """The online softmax of my row (:mod:`~numba_flash.kernels.mainloop.online_softmax`, one
+        row per lane: one exp per key per lane, not per row): the rule (two int32 compares per key),
+        the score modifiers, then the update; ``s_own`` leaves holding ``p``, or ``NOT_SEEN``
+        (-1) for a key the row does not see (a visible key's NaN p stays NaN).  Returns
+        ``alpha``."""
+        live_own, lo_own, hi_own, q_own = own
+        vis_own = cuda.local.array(U, types.boolean)
+        for u in range(U):
+            t = int32(t0 + u)
+            vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
+            # the query's column q_own (sa.offset = 0): ALiBi's distance |q_own - t| and the
+            # user's q_idx; the user's functions never see a padding row
+            if vis and live_own:
+                vis, x, _g = score_fn(s_own[0, u], q_own, t, sa, USER_FN)
+                s_own[0, u] = x
+            elif vis:
+                s_own[0, u] = score_mod(s_own[0, u], q_own, t, sa.offset, sa.softcap,
+                                        sa.inv_softcap, sa.slope)
+            vis_own[u] = vis
+            if not vis:
+                s_own[0, u] = NEG_INF         # not seen: no p, no p * v
+        alpha = softmax_update(s_own, s_own, m_own, l_own, ZERO)
+        for u in range(U):
+            if not vis_own[u]:
+                s_own[0, u] = NOT_SEEN
+        return alpha
+
+    @_stage
+    def accumulate(acc, s_own, v_reg, alpha, warp_base, full):
+        """``acc = alpha acc + p v``: each row's alpha and p from a lane that owns the row
+        (alpha is exactly 1 when the max did not move: the product changes nothing)."""
+        a_row = cuda.local.array(ROWS, acc_t)
+        p_row = cuda.local.array(UR, acc_t)
+        moved = False
+        for r in range(ROWS):                 # all shuffles first, in one straight run
+            src = warp_base + LANE_OF[r]
+            a_row[r] = cuda.shfl_sync(FULL_MASK, alpha, src)
+            moved = moved or a_row[r] != ONE
+            for u in range(U):
+                p_row[r * U + u] = cuda.shfl_sync(FULL_MASK, s_own[0, u], src)
+        if moved:                             # rare once the max settles: one branch
+            for r in range(ROWS):
+                for j in range(DPL):
+                    acc[r * DPL + j] *= a_row[r]
+        if full:                              # every row sees every key of the step: no test
+            for r in range(ROWS):
+                for u in range(U):
+                    for j in range(DPL):
+                        acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
+        else:
+            for r in range(ROWS):
+                for u in range(U):
+                    if not p_row[r * U + u] < ZERO:   # seen (p >= 0, or NaN)
+                        for j in range(DPL):
+                            acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
+    # [/docs:decode-scores]
+
+    @_stage
+    def merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0):
+        """Merge the ``NG`` group states of the block (fixed order: reproducible bits) by the
+        log-sum-exp rule of :mod:`~numba_flash.kernels.decode.merge` (``merge_states_ml``):
+        ``stat_sh`` gets each row's ``(m, W)``, ``acc_sh`` the rescaled sum of the groups'
+        accumulators."""
+        for r in range(ROWS):
+            big_m, big_l = merge_states_ml(m_sh, l_sh, r)
+            f = ZERO
+            if l_sh[grp, r] != ZERO:
+                f = math.exp(m_sh[grp, r] - big_m)
+            for j in range(DPL):
+                acc[r * DPL + j] *= f
+            if tid == r:
+                stat_sh[0, r] = big_m
+                stat_sh[1, r] = big_l
+        for g in range(NG):
+            if grp == g:
+                for r in range(ROWS):
+                    for j in range(DPL):
+                        c = col0 + COL[j]
+                        if g == 0:
+                            acc_sh[r, c] = acc[r * DPL + j]
+                        else:
+                            acc_sh[r, c] += acc[r * DPL + j]
+            cuda.syncthreads()  # group g's share is added before group g + 1 adds its own
+
+    @_stage
+    def write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, empty_split, rows, tid,
+                    sinks):
+        """This split's ``(o, lse)`` (one split: the output itself; else its partial): NaN for
+        a bad sequence, 0 / -inf for no visible key.  One split adds the rows' learnable sink
+        here (``sinks``, :func:`~numba_flash.kernels.mainloop.online_softmax.sink_of`); with
+        several, the combine adds it once, never a split."""
+        b, kvh, group, row0, n_rows, split, n_splits = rows
+        n_heads = o.shape[1]
+        nq = o.shape[2]
+        d = o.shape[3]
+        if tid < ROWS:
+            big_m = stat_sh[0, tid]
+            big_l = stat_sh[1, tid]
+            lse_r = NEG_INF
+            if bad:
+                lse_r = NAN
+            elif big_l != ZERO:               # > 0, or NaN (a NaN score)
+                lse_r = big_m + math.log(big_l)
+            sink = NEG_INF
+            if n_splits == 1 and not bad and row0 + tid < n_rows:
+                sink = acc_t(sink_of(sinks, kvh * group + (row0 + tid) // nq))
+            if sink != NEG_INF:               # a key with no value: in lse, and in o's divisor
+                if big_l == ZERO:             # no key: o = 0, lse = sink
+                    lse_r = sink
+                else:                         # l' = l e^(m - m_f) + e^(sink - m_f), m_f = max
+                    m_f = big_m if big_m > sink else sink
+                    lse_r = m_f + math.log(big_l * math.exp(big_m - m_f) + math.exp(sink - m_f))
+                    stat_sh[1, tid] = big_l + math.exp(sink - big_m)   # o = acc / l' e^(m_f - m)
+            stat_sh[2, tid] = lse_r
+        cuda.syncthreads()  # stat_sh holds each row's W and lse before the writes read them
+        for e in range(tid, ROWS * HEAD_DIM, THREADS):
+            r = e // HEAD_DIM
+            c = e % HEAD_DIM
+            row = row0 + r
+            if row < n_rows and c < d:
+                big_l = stat_sh[1, r]
+                out = ZERO
+                if bad:
+                    out = NAN
+                elif big_l != ZERO:
+                    out = acc_sh[r, c] / big_l
+                h = kvh * group + row // nq
+                if n_splits == 1:
+                    o[b, h, row % nq, c] = store(out)
+                elif not empty_split:         # the merge never reads o of a -inf part
+                    o_part[split, (b * n_heads + h) * nq + row % nq, c] = out
+        if tid < ROWS and row0 + tid < n_rows:
+            row = row0 + tid
+            h = kvh * group + row // nq
+            if n_splits == 1:
+                lse[b, h, row % nq] = stat_sh[2, tid]
+            else:
+                lse_part[split, (b * n_heads + h) * nq + row % nq] = stat_sh[2, tid]
+
+    # [docs:decode-combine]
+    @_stage
+    def combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid, sinks):
+        """The fused combine: the last block of ``(b, kvh, z)`` to finish merges every split
+        and the rows' learnable sink, once (:func:`~.merge.make_merge_functions`), then resets
+        its counter."""
+        b, kvh, group, row0, n_rows, split, n_splits = rows
+        n_heads = o.shape[1]
+        nq = o.shape[2]
+        d = o.shape[3]
+        cuda.threadfence()    # this block's partial is visible device-wide before its ticket
+        cuda.syncthreads()  # every thread's partial writes are fenced before thread 0 takes it
+        if tid == 0:
+            ticket = cuda.atomic.add(counters, bx, 1)
+            flag_sh[1] = 1 if ticket == n_splits - 1 else 0
+        cuda.syncthreads()  # flag_sh[1] (am I last?) is known to every thread
+        if flag_sh[1] == 0:
+            return
+        cuda.threadfence()    # the other blocks' partials are read after their tickets
+        if tid < ROWS and row0 + tid < n_rows:
+            row = row0 + tid
+            grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
+            mm, tot, lse_row = merge_stats(lse_part, grow,
+                                           sink_of(sinks, kvh * group + row // nq))
+            stat_sh[0, tid] = mm
+            stat_sh[1, tid] = tot
+            lse[b, kvh * group + row // nq, row % nq] = lse_row
+        cuda.syncthreads()  # each row's merge weights are in stat_sh before the elements use them
+        for e in range(tid, ROWS * HEAD_DIM, THREADS):
+            r = e // HEAD_DIM
+            c = e % HEAD_DIM
+            row = row0 + r
+            if row < n_rows and c < d:
+                grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
+                o[b, kvh * group + row // nq, row % nq, c] = store(merge_element(
+                    o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r]))
+        if tid == 0:
+            counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
+    # [/docs:decode-combine]
+
+    # a user's functions stay out of the on-disk kernel cache (their code does not key it)
+    @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
+    def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part,
+                     lse_part, counters, va, paged, n_cache_blocks, n_kv_heads,
+                     cache_block_size, split_target, split_min):
+        # [docs:decode-block-coords]
+        tid = cuda.threadIdx.x
+        lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
+        grp = int32(tid // LANES)             # my key group
+        col0 = lane * CHUNK                   # my first element of a K/V row
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        hkv = n_kv_heads
+        group = n_heads // hkv
+        n_rows = group * nq                   # query rows of this GQA group
+        chunks = (n_rows + ROWS - 1) // ROWS
+        bx = cuda.blockIdx.x
+        z = bx % chunks
+        b = bx // chunks // hkv
+        kvh = bx // chunks % hkv
+        split = cuda.blockIdx.y
+        n_splits = cuda.gridDim.y
+        row0 = z * ROWS                       # first row of this block's chunk
+        seqlen = seqlens[b]
+        pad = leftpad[b]                      # keys before it are not part of the sequence
+        block_size = cache_block_size
+        capacity = block_size                 # contiguous: Nmax
+        if PAGED:
+            capacity = block_table.shape[1] * block_size
+        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
+        offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
+        left, right = va.window
+        # keys some query row sees, and this split's share of them (from L and the pad alone):
+        # the sequence is [pad, L), aligned at its end, so the rule's columns are unchanged
+        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        klo = max(klo, pad)
+        khi = max(khi, klo)
+        size = max(split_min, (khi - klo + split_target - 1) // split_target)
+        size = (size + STEP - 1) // STEP * STEP   # whole block steps
+        lo = klo + split * size
+        hi = min(lo + size, khi)              # lo >= hi: an empty split
+        if bad_len:
+            hi = lo                           # read nothing; the output is NaN
+        # [/docs:decode-block-coords]
+
+        acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
+        m_sh = cuda.shared.array((NG, ROWS), acc_t)
+        l_sh = cuda.shared.array((NG, ROWS), acc_t)
+        stat_sh = cuda.shared.array((3, ROWS), acc_t)
+        flag_sh = cuda.shared.array(2, int32)
+        q_sh = cuda.shared.array(Q_WORDS, acc_t)
+        acc = cuda.local.array(RD, acc_t)
+        upper_at = cuda.local.array(N_UPPER, types.boolean)
+        full = load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen,
+                           left, right, va.scale, lane, grp, col0)
+        r_own, live_own, lo_own, hi_own = own_row(upper_at, lane, row0, n_rows, nq, offset,
+                                                  seqlen, left, right, pad, khi)
+        # the user's coordinates of my row: sequence b, query head, the query's column
+        h_own = int32(kvh * group + (row0 + r_own) // nq)
+        slope_own = ZERO
+        if ALIBI and live_own:
+            slope_own = acc_t(va.alibi[b, h_own])
+        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope_own, 0, nq, int32(b), h_own,
+                       va.user[1:])
+        own = (live_own, lo_own, hi_own, int32((row0 + r_own) % nq + offset))
+        m_own = cuda.local.array(1, acc_t)
+        l_own = cuda.local.array(1, acc_t)
+        softmax_init(m_own, l_own, acc_sh)
+        warp_base = tid % 32 - lane           # lane 0 of my group, as a lane of the warp
+        if tid == 0:
+            flag_sh[0] = 0                    # a bad table entry was met
+        cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
+
+        # [docs:decode-token-lookup]
+        # -- where my first key lives: table index j_blk, slot (two divisions per split); a
+        # block step moves them on by step_blk entries and step_slot slots (one carry at most).
+        # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
+        # the steps start at lo rounded down to a multiple of U (keys before lo are dead): with
+        # a block size that U divides, a group's U keys then always share one page
+        lo_step = int32(lo // U * U)
+        j_blk = int32((lo_step + grp * U) // block_size)
+        slot = int32(lo_step + grp * U - j_blk * block_size)
+        step_blk = int32(STEP // block_size)
+        step_slot = int32(STEP - step_blk * block_size)
+        bad_entry = False
+        # [/docs:decode-token-lookup]
+        k_reg = cuda.local.array(UD, acc_t)
+        v_reg = cuda.local.array(UD, acc_t)
+        key_ok = cuda.local.array(U, int32)   # key u is live and readable (1) or not (0)
+        key_at = cuda.local.array(U, int64)   # key u: view element (VEC) or cache row
+        s_own = cuda.local.array((1, U), acc_t)
+        for j in range(UD):                   # (the stale registers of a dead key are finite)
+            k_reg[j] = ZERO
+            v_reg[j] = ZERO
+        keys = (int32(kvh * block_size),                      # a block's rows before my head's
+                int64(hkv) * block_size,                      # cache rows per physical block
+                int64(hkv) * block_size * (HEAD_DIM // EW),   # view elements per block
+                lane * (CHUNK // EW),                         # my first view element of a row
+                uint32(block_table.shape[1] - 1))             # (PAGED: >= 1 column)
+        base = lo_step
+        while base < int32(hi):               # the same trip count on every lane (shuffles)
+            t0 = int32(base + grp * U)
+            step_ok, bad = locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
+                                       int32(lo), int32(hi), n_cache_blocks, block_size, keys)
+            bad_entry = bad_entry or bad
+            load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
+                      q.shape[3], o.shape[3])
+            slot = int32(slot + step_slot)    # advance to my keys of the next step
+            j_blk = int32(j_blk + step_blk)
+            if slot >= block_size:
+                slot = int32(slot - block_size)
+                j_blk = int32(j_blk + 1)
+            own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
+            alpha = own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own)
+            accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
+            base = int32(base + STEP)
+
+        if bad_entry:
+            flag_sh[0] = 1
+        if (lane & (LANES // ROWS - 1)) == 0:
+            m_sh[grp, r_own] = m_own[0]       # one lane per row writes (all hold the same)
+            l_sh[grp, r_own] = l_own[0]
+        cuda.syncthreads()  # every group's (m, l) per row and the bad flag are in shared memory
+        merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0)
+        bad = bad_len or flag_sh[0] != 0
+        rows = (b, kvh, group, row0, n_rows, split, n_splits)
+        write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad, rows,
+                    tid, va.sink)
+        if n_splits > 1:
+            combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid, va.sink)
+
+    return decode_split
+
+
+def cache_views(dtype, VEC, k_rows, v_rows):
+    """The K/V cache arrays as the kernel reads them, from their ``[rows, d]`` device views:
+    as they are, except bfloat16 with 16-byte loads (``VEC``): ``float32`` ``[rows, d / 2]``
+    views of the words (no copy; the kernel splits each float32's bits into its two bfloat16)."""
+    if VEC and is_bfloat16(dtype):
+        return k_rows.view(np.float32), v_rows.view(np.float32)
+    return k_rows, v_rows
+
+
+def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=()):
+    """Numba argument types of :func:`decode_kernel` for int32 tables and lengths; ``aux``: the
+    Numba types of a user build's aux arrays (``()``: no kernel parameter)."""
+    acc_np = acc_dtype(dtype)
+    acc_t = compute_type(dtype)
+    i32 = types.int32
+    cache_t = (numba_array_type(np.float32, 2) if VEC and is_bfloat16(dtype)
+               else numba_array_type(dtype, 2))
+    user = (types.Array(types.int8, 4, "C"),) + tuple(aux) if aux else ()
+    return (numba_array_type(dtype, 4), cache_t, cache_t,
+            numba_array_type(np.int32, 2), numba_array_type(np.int32, 1),
+            numba_array_type(np.int32, 1), numba_array_type(dtype, 4),
+            numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
+            numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
+            variant_type(acc_t, False, user), i32, i32, i32, i32, i32, i32)

@@ -1,0 +1,1 @@
+"""The attention forward: the SIMT kernel (simt), mma.sync (mma) and Hopper wgmma (wgmma)."""

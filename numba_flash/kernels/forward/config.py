@@ -1,0 +1,342 @@
+"""The forward's kernel configurations and tile choices (FA3's ``tile_size.h``): the SIMT forward
+(:class:`ForwardSimtConfig`), the ``mma.sync`` forward (:class:`ForwardMmaConfig`) and the warpgroup
+forward (:class:`ForwardWgmmaConfig`), each tile choice commented with the limit it hits.
+Shared limits and helpers: :mod:`numba_flash.kernels.core.config`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ...backend import on_simulator
+from ..core.common import SMEM_LIMIT, padded_head_dim
+from ..core.config import (
+    _OWNED_ROWS, _ROW_BYTES, _THREADS, _V_DIM, _V_ROW_BYTES, _flags_name, round16,
+)
+
+
+# -- the SIMT forward ------------------------------------------------------------------------
+class ForwardSimtConfig(NamedTuple):
+    """The SIMT forward's kernel configuration (:mod:`numba_flash.kernels.forward.simt`):
+    ``BLOCK_M x BLOCK_N`` tiles of ``THREADS_M x THREADS_N`` threads (thread ``(tx, ty)`` owns
+    rows ``ty + i THREADS_M`` and keys ``tx + j THREADS_N``), ``HEAD_DIM`` compile-time, the
+    input ``DTYPE`` (a NumPy dtype name; float16 / bfloat16 compute in float32) and the
+    compile-time flags: ``DROPOUT``, ``SCORE_MOD`` (softcap and ALiBi, switched at run time),
+    ``VARLEN`` (packed sequences), ``PAGED`` (K/V through a block table, varlen only),
+    ``USER`` (a user's ``(score_mod, mask_mod, BLOCKS)``), ``VEC`` (16-byte ``cp.async`` tile
+    copies), ``OWN_V`` (``v`` has a head dim of its own, ``d_v``: V and ``o`` addressed at
+    their width; off, V shares K's addresses, the build of every ``d_v == d`` call)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    DTYPE: str
+    THREADS_M: int
+    THREADS_N: int
+    DROPOUT: bool = False
+    SCORE_MOD: bool = False
+    VARLEN: bool = False
+    PAGED: bool = False
+    USER: object = None
+    VEC: bool = False
+    OWN_V: bool = False
+
+    @property
+    def THREADS(self):
+        return self.THREADS_M * self.THREADS_N
+
+    @property
+    def WORD(self):
+        """Bytes of a compute element in the tiles: 8 for float64, else 4 (float32)."""
+        return 8 if self.DTYPE == "float64" else 4
+
+
+#: the SIMT forward's GPU tiles ``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` per compute word
+#: (4: float16 / bfloat16 / float32, 8: float64) and padded head dim.  Every thread owns 4 rows
+#: of S where the tile allows (a 16-byte load of a K row then feeds 4 x 4 FMAs, one of acc's V
+#: chunks 4 x 4: FFMA dominates the loop, docs/resources.md) while everything stays under 48
+#: KiB of shared memory and ``THREADS_N`` 16-byte chunks fit in a head row (``THREADS_N * 16 /
+#: word <= HEAD_DIM``).  float32 at HEAD_DIM = 16 takes 64 x 16 tiles: 4 keys per thread (8 kept
+#: S on the stack in the softcap/ALiBi build, 128 B); at HEAD_DIM = 32 64 x 32 tiles, 4 keys per
+#: thread (with 64 x 64, 8 keys, the stage-built kernel keeps S, 128 B, on the stack: the
+#: score stage's loop over a thread's keys stays rolled; 2026-12-02).  float64 at 16 / 32 takes
+#: 32 x 16 (2 keys per thread: 4 kept the softcap/ALiBi build's S, 128 B, on the stack).
+FORWARD_SIMT_TILES = {
+    4: {16: (64, 16, 16, 4), 32: (64, 32, 16, 8), 64: (64, 32, 16, 8), 128: (32, 16, 8, 8),
+        256: (16, 8, 8, 8)},
+    8: {16: (32, 16, 8, 8), 32: (32, 16, 8, 8), 64: (32, 16, 8, 8), 128: (16, 8, 8, 8),
+        256: (4, 8, 4, 8)},
+}
+#: the score-modifier build's tiles where they differ (softcap / ALiBi, a user's variant, every
+#: varlen build): none today (the plain build's d = 32 tiles are the ones this table held)
+FORWARD_SIMT_MODS_TILES = {}
+
+
+def forward_simt_tiles(head_dim, dtype, mods=False):
+    """``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` of the SIMT forward's GPU build for head dim
+    ``d`` and input ``dtype`` (``mods``: the score-modifier build), from
+    :data:`FORWARD_SIMT_TILES` / :data:`FORWARD_SIMT_MODS_TILES`."""
+    import numpy as np
+
+    word = 8 if np.dtype(dtype) == np.float64 else 4
+    hd = padded_head_dim(head_dim)
+    return ((FORWARD_SIMT_MODS_TILES.get(word, {}).get(hd) if mods else None)
+            or FORWARD_SIMT_TILES[word][hd])
+
+
+
+# -- the tensor-core forward -----------------------------------------------------------------
+class ForwardMmaConfig(NamedTuple):
+    """The tensor-core forward's kernel configuration (:mod:`numba_flash.kernels.forward.mma`).
+
+    ``NUM_WARPS`` warps, each owning ``M_TILES`` tiles of 16 query rows; ``BLOCK_N`` keys per
+    K/V tile; ``STAGES`` K/V buffers (1: one K and one V buffer, V_j copied under ``Q K_j^T``
+    and K_{j+1} under ``P V_j``, as FA2); ``Q_IN_REGS``: Q's ``A`` fragments stay in registers
+    (else Q keeps a shared region and is read at every k-step); ``HEAD_DIM`` compile-time (``d``
+    zero-padded to it unless ``VEC``); the element type and the compile-time variant flags;
+    ``USER``: a user's ``(score_mod, mask_mod, BLOCKS)`` or None; ``OWN_V``: ``v`` (and ``o``)
+    have a head dim of their own, ``d_v``, in V tiles ``HEAD_DIM_V`` wide (0: ``HEAD_DIM``;
+    off, V shares K's addresses and width)."""
+
+    NUM_WARPS: int
+    M_TILES: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    STAGES: int = 2
+    Q_IN_REGS: bool = True
+    DTYPE: str = "float16"
+    DROPOUT: bool = False
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    VEC: bool = True
+    USER: object = None
+    OWN_V: bool = False
+    HEAD_DIM_V: int = 0
+
+    THREADS = _THREADS
+    ROW_BYTES = _ROW_BYTES
+    BLOCK_M = _OWNED_ROWS  # query rows of a block
+    V_DIM = _V_DIM
+    V_ROW_BYTES = _V_ROW_BYTES
+
+    @property
+    def STAGE_BYTES(self):
+        """One pipeline stage: a K tile, then a V tile."""
+        return self.BLOCK_N * (self.ROW_BYTES + self.V_ROW_BYTES)
+
+    @property
+    def Q_BYTE(self):
+        """Where Q's tile sits: with ``Q_IN_REGS``, in a buffer the loop fills only after its
+        first barrier (when every warp holds its fragments): the last stage, or with one stage
+        V's buffer; else in a region of its own after the stages."""
+        if not self.Q_IN_REGS:
+            return self.STAGES * self.STAGE_BYTES
+        if self.STAGES == 1:
+            return self.BLOCK_N * self.ROW_BYTES
+        return (self.STAGES - 1) * self.STAGE_BYTES
+
+    @property
+    def SMEM_BYTES(self):
+        """Static shared memory of one block."""
+        q = self.BLOCK_M * self.ROW_BYTES
+        return max(self.STAGES * self.STAGE_BYTES, self.Q_BYTE + q)
+
+    @property
+    def name(self):
+        """The compile tier's name: ``forward_mma W4 M128 N64 D64 S2 [flags] float16``."""
+        dv = f" Dv{self.HEAD_DIM_V}" if self.HEAD_DIM_V else ""
+        return (f"forward_mma W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} D{self.HEAD_DIM}"
+                f"{dv} S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{_flags_name(self)} "
+                f"{self.DTYPE}")
+
+
+#: the tensor-core forward's tiles per padded head dim on a GPU: ``(NUM_WARPS, M_TILES, BLOCK_N,
+#: STAGES, Q_IN_REGS)``.  Two 16-row tiles per warp (32 rows) share every K and V fragment read
+#: from shared memory: 32 flop per shared byte, twice the bound of 16 rows (docs/resources.md).
+FORWARD_MMA_TILES = {
+    # 3 stages of K + V (6 / 10 KiB each; Q's 128 rows fit in one): K/V two tiles ahead
+    16: (4, 2, 64, 3, True),
+    32: (4, 2, 64, 3, True),
+    # a stage is 18 KiB: 3 would pass 48 KiB, so 2 (36 KiB, Q in the second until the loop)
+    64: (4, 2, 64, 2, True),
+    # acc (128 registers per lane) + Q's fragments (64) + S spill past 255 registers: Q stays in
+    # shared memory (17 KiB for 2 warps x 32 rows), read at every k-step (24 KiB per warp and
+    # tile with K and V: 21 flop per shared byte); beside it one K and one V buffer of 32 keys
+    # (2 x 8.5 KiB; a second stage would pass 48 KiB)
+    128: (2, 2, 32, 1, False),
+    # acc alone is 128 registers per lane: one row tile, Q read from shared memory per k-step
+    256: (1, 1, 16, 2, False),
+}
+
+#: the tiles of the builds with per-element work (dropout, softcap, ALiBi, a user's variant)
+#: where they differ: with 32 rows per warp the unrolled per-element code (a tanh, a Philox draw
+#: per score) spills past 255 registers at d = 64 (a user's variant) and d = 128, so one
+#: 16-row tile per warp (Q's fragments in registers, 2 stages: 36 / 34 KiB)
+FORWARD_MMA_MODS_TILES = {
+    64: (4, 1, 64, 2, True),
+    128: (4, 1, 32, 2, True),
+}
+
+#: the simulator's tiles: one warp (32 Python threads), two row tiles, 16 keys, 2 stages
+FORWARD_MMA_SIM_TILES = (1, 2, 16, 2, True)
+
+
+def forward_mma_tiles(head_dim, simulator=None, mods=False):
+    """``(NUM_WARPS, M_TILES, BLOCK_N, STAGES, Q_IN_REGS)`` of the tensor-core forward for head
+    dim ``d`` (1..256) on this backend (:data:`FORWARD_MMA_TILES`, with ``mods`` (per-element
+    work) :data:`FORWARD_MMA_MODS_TILES` where it has the head dim,
+    :data:`FORWARD_MMA_SIM_TILES`)."""
+    if simulator is None:
+        simulator = on_simulator()
+    if simulator:
+        return FORWARD_MMA_SIM_TILES
+    hd = padded_head_dim(head_dim)
+    return (FORWARD_MMA_MODS_TILES.get(hd) if mods else None) or FORWARD_MMA_TILES[hd]
+
+
+def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=None, **flags):
+    """The :class:`ForwardMmaConfig` of a call (``flags``: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``,
+    ``VEC``, ``USER``).  ``head_dim_v``: a value head dim of its own (``OWN_V``): K and Q tiles
+    ``HEAD_DIM`` = ``head_dim`` rounded up to 16 wide, V tiles and ``o``'s accumulator
+    ``HEAD_DIM_V`` = ``head_dim_v`` rounded up to 16 (each shared budget its own width), with
+    the tiles of ``head_dim_v``'s padded head dim (the accumulator's registers decide them)
+    where they fit in 48 KiB and Q's fragments (``M_TILES HEAD_DIM / 4`` registers) stay within
+    the d = 64 build's 32, else those of the
+    larger of the two (DeepSeek's (192, 128): K 192 wide, V 128, the d = 128 tiles, 46 KiB)."""
+    mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
+    if head_dim_v is None:
+        nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
+        return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
+                                **flags)
+    flags.update(OWN_V=True, HEAD_DIM_V=round16(head_dim_v))
+    hd = round16(head_dim)
+    for width in (head_dim_v, max(head_dim, head_dim_v)):
+        nw, mt, bn, stages, q_regs = forward_mma_tiles(width, simulator, mods)
+        cfg = ForwardMmaConfig(nw, mt, bn, hd, stages, q_regs, dtype, **flags)
+        if cfg.SMEM_BYTES <= SMEM_LIMIT and (q_regs is False or mt * hd <= 128):
+            return cfg
+    return cfg
+
+
+# -- the warpgroup (wgmma) forward, sm_90a ---------------------------------------------------
+#: shared memory of one Hopper block past the 48 KiB of a static array: dynamic, opted into at
+#: launch (227 KiB on sm_90; the driver attribute ``MAX_DYNAMIC_SHARED_SIZE_BYTES``)
+SMEM_LIMIT_SM90 = 227 * 1024
+
+#: bytes of alignment slack: the swizzled tiles start on a 1024-byte shared address
+#: (:func:`~numba_flash.kernels.ptx.wgmma.align_pad`), and dynamic shared memory promises 16
+ARENA_SLACK = 1024
+
+
+class ForwardWgmmaConfig(NamedTuple):
+    """The warpgroup forward's kernel configuration (:mod:`numba_flash.kernels.forward.wgmma`).
+
+    ``WARPGROUPS`` warpgroups of 128 threads, each owning 64 query rows (a warp 16 of them:
+    the ``mma.sync`` fragment view with one row tile); ``BLOCK_N`` keys per K/V tile (the ``N``
+    of ``S = Q K^T``'s ``wgmma``); ``HEAD_DIM`` 64 or 128 (``d`` zero-padded to it unless
+    ``VEC``), every tile in the 128-byte swizzle; the element type and the variant flags as
+    :class:`ForwardMmaConfig`.  Shared memory is dynamic (Q for the whole loop, then two
+    stages of K and V: the pipeline's K and V buffers alternate by tile parity), past 48 KiB
+    opted into at launch."""
+
+    WARPGROUPS: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    OVERLAP: bool = True
+    DTYPE: str = "float16"
+    DROPOUT: bool = False
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    VEC: bool = True
+    USER: object = None
+
+    SWIZZLE = 128
+    STAGES = 2   # K_j and K_{j+1}, V_{j-1} and V_j (kernels/forward/wgmma.py's pipeline)
+
+    @property
+    def NUM_WARPS(self):
+        """Warps of a block: 4 a warpgroup."""
+        return 4 * self.WARPGROUPS
+
+    @property
+    def THREADS(self):
+        """Threads of a block: 128 a warpgroup."""
+        return 128 * self.WARPGROUPS
+
+    @property
+    def BLOCK_M(self):
+        """Query rows of a block: 64 a warpgroup."""
+        return 64 * self.WARPGROUPS
+
+    @property
+    def Q_BYTES(self):
+        """Q's tile (read by every ``S = Q K^T``: it keeps its region)."""
+        return 2 * self.BLOCK_M * self.HEAD_DIM
+
+    @property
+    def TILE_BYTES(self):
+        """One K (or V) tile."""
+        return 2 * self.BLOCK_N * self.HEAD_DIM
+
+    @property
+    def SMEM_BYTES(self):
+        """Dynamic shared memory of one block: Q, ``STAGES`` x (K, V), the alignment slack."""
+        return self.Q_BYTES + 2 * self.STAGES * self.TILE_BYTES + ARENA_SLACK
+
+    @property
+    def name(self):
+        """The compile tier's name: ``forward_wgmma WG2 M128 N128 D64 S2 [flags] float16``."""
+        return (f"forward_wgmma WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
+                f"D{self.HEAD_DIM}{'' if self.OVERLAP else ' serial'}{_flags_name(self)} "
+                f"{self.DTYPE}")
+
+
+#: the warpgroup forward's head dims (the 128-byte swizzle takes rows of 64 elements; past 128
+#: the output accumulator (``d / 2`` registers) and S's crowd 255 registers)
+WGMMA_HEAD_DIMS = (64, 128)
+
+#: its tiles on a GPU: ``(WARPGROUPS, BLOCK_N, OVERLAP)``.  Two warpgroups (128 rows) share each
+#: K / V tile (half the copies per row).  ``OVERLAP``: FA3's intra-warpgroup overlap, tile
+#: ``j``'s softmax under tile ``j - 1``'s ``P V`` (else both products are waited for before the
+#: softmax; the other warpgroup's softmax fills the tensor cores).  255 registers a thread, one
+#: block (8 warps) an SM.
+#: d = 64: 192 keys (the fixed per-tile work over more flop: 785 instructions per 192 x 4096
+#: flop, 4.09; 128 keys issued 577, 4.51), without the overlap (with it: 807, 4.20, the P of
+#: the product in flight held through the softmax); 16 + 2 x 48 KiB = 112 KiB.  d = 128: 128
+#: keys with the overlap (613 per 256 x 4096 flop, 2.39; without: 614); 32 + 2 x 64 = 160 KiB
+FORWARD_WGMMA_TILES = {
+    64: (2, 192, False),
+    128: (2, 128, True),
+}
+
+#: the builds with per-element work (dropout, softcap, ALiBi, a user's variant) and the 16-bit
+#: loads (no 16-byte copies): 64 keys a tile, a third of the unrolled per-score code of 192
+#: (the 16-bit loads at 192 keys spilled 16 B)
+FORWARD_WGMMA_MODS_TILES = {
+    64: (2, 64, True),
+    128: (2, 64, True),
+}
+
+#: the simulator's tiles: one warpgroup (128 Python threads), 16 keys, the overlap
+FORWARD_WGMMA_SIM_TILES = (1, 16, True)
+
+
+def wgmma_head_dim(head_dim):
+    """The compile-time ``HEAD_DIM`` of the warpgroup forward for ``d`` (1..128)."""
+    return next(h for h in WGMMA_HEAD_DIMS if h >= head_dim)
+
+
+def forward_wgmma_config(head_dim, dtype="float16", simulator=None, **flags):
+    """The :class:`ForwardWgmmaConfig` of a call (``head_dim`` 1..128; ``flags``: ``DROPOUT``,
+    ``SOFTCAP``, ``ALIBI``, ``VEC``, ``USER``; per-element work or ``VEC=False`` take
+    :data:`FORWARD_WGMMA_MODS_TILES`)."""
+    if simulator is None:
+        simulator = on_simulator()
+    hd = wgmma_head_dim(head_dim)
+    mods = (any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
+            or flags.get("VEC") is False)
+    if simulator:
+        wg, bn, overlap = FORWARD_WGMMA_SIM_TILES
+    else:
+        wg, bn, overlap = (FORWARD_WGMMA_MODS_TILES if mods else FORWARD_WGMMA_TILES)[hd]
+    return ForwardWgmmaConfig(wg, bn, hd, overlap, dtype, **flags)

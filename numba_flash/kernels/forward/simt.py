@@ -1,0 +1,933 @@
+"""FlashAttention forward: one thread block per Q tile, K/V tiles streamed through shared memory.
+
+Math
+----
+For one ``(batch, head)`` and one Q tile ``Q_i`` (``BLOCK_M`` rows), keep per row the running
+max ``m_i``, the running sum ``l_i`` and the unnormalised output ``acc`` (``BLOCK_M x HEAD_DIM``).
+For each K/V tile ``j`` (``BLOCK_N`` keys)::
+
+    S     = scale * Q_i K_j^T                      (-inf where a key is masked)
+    m_new = max(m_i, rowmax(S))
+    alpha = exp(m_i - m_new)
+    P     = exp(S - m_new)
+    l_i   = alpha * l_i + rowsum(P)
+    acc   = alpha * acc + P V_j
+    m_i   = m_new
+
+and at the end ``O_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.
+
+Which keys a row sees, and the score of a visible key, follow the one rule of
+:mod:`numba_flash.kernels.mainloop.visibility` (flash-attn's conventions): query row ``i`` sits at
+key column ``i + Nk - Nq`` (bottom-right alignment) and sees the keys inside the window ``(left,
+right)`` around it (``causal`` is ``right = 0``; ``-1`` unbounded).  The window is a run-time
+argument, so one kernel serves full, causal and sliding-window attention.  Per Q tile
+(``tile_key_range`` / ``tile_full_range``): K/V tiles wholly outside the band no row of the tile
+sees are never loaded (the loop runs over ``[kv_lo, kv_hi)`` only: windowed attention costs
+``O(Nq * window)``); tiles every row sees whole run the unmasked step; only the tiles crossing
+the band's edges, and the ragged last tile, check each key with ``is_visible``, scoring the keys
+a row does not see ``-inf`` and leaving them out of ``P V`` (so a NaN in a masked key's ``v``
+cannot leak in as ``0 * NaN``).
+
+A visible key's score is the one score function of the backward too (``make_score``, whose
+docstring holds the contract): the raw ``q . k`` (unscaled ``q``, one FMA per column in order)
+times ``scale``, rounded; a non-finite score (a NaN or inf in ``q`` or in that key) becomes
+NaN; with the compile-time ``SCORE_MOD``, softcap (``softcap * tanh(s / softcap)``, switched on
+at run time by ``softcap > 0``) and ALiBi (minus ``slope[b, h] * |i + Nk - Nq - j|``; zero
+slopes switch it off) follow.  So the backward's ``P = exp(S - lse)`` is made of these very
+scores.  A NaN score makes the
+row's ``l_i`` NaN, and the epilogue then writes ``o`` and ``lse`` NaN (it only treats ``l = 0``,
+a row that saw no key, specially: ``o = 0``, ``lse = -inf``; ``exp`` is taken against 0 while
+``m_i = -inf`` so no ``-inf - -inf`` NaN ever appears).
+
+Variable-length batches (the compile-time ``VARLEN``): ``q [total_q, H, d]`` and ``k``/``v
+[total_k, Hkv, d]`` packed, sequence ``b`` being rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``
+(and likewise for keys); the block reads its sequence's offsets and lengths and runs the same
+steps with ``Nq``, ``Nk`` that sequence's, its own bottom-right alignment, and ``lse [H,
+total_q]``.  Blocks past a short sequence's last Q tile return at once.
+
+Paged K/V (the compile-time ``PAGED``, a varlen build; the prefill of a paged KV cache):
+``k``/``v`` are caches ``[num_blocks, Hkv, block_size, d]`` (read as their ``[num_blocks * Hkv *
+block_size, d]`` views) and key ``t`` of sequence ``b`` is in physical block ``block_table[b, t
+// block_size]`` at slot ``t % block_size`` (any block size: a K/V tile may span several blocks
+and a block several tiles).  Only the address of a K/V tile row changes: before a tile's
+loads, ``page_sh[r]`` holds the cache row ``(entry * Hkv + hk) * block_size + slot`` of its key
+``r``, one table lookup and one 32-bit division per key row (``page_rows``), and the loads
+read ``k[row, c]``.  The first tile's rows are looked up behind a barrier of their own; each
+later tile's are looked up while the previous tile is computed, after its loads (the only
+readers of ``page_sh``) and before its ``p_tile`` barrier, so a tile needs no extra barrier.
+Every entry is checked before it is used: one outside ``[0, num_blocks)`` or a column past
+the table gives the row -1, and that key's ``k`` is taken as NaN (``v`` as 0) without any read,
+so exactly the query rows that see the key get ``o = lse = NaN`` (a NaN key score, the
+non-finite rule above) and keys no row sees never matter.  Otherwise the arithmetic is the
+varlen build's, bit for bit.  The unpaged builds carry none of this code.
+
+Dropout (the ``DROPOUT`` specialisation; the plain kernel has none of it) replaces the
+``acc`` update by ``acc = alpha * acc + (P * Z) V_j`` with ``Z = keep / (1 - p)``, while ``m_i``,
+``l_i`` and so ``lse`` still come from the undropped ``P`` (as in
+:func:`numba_flash.reference.attention`).  ``keep`` for element ``(b, h, i, j)`` (query head
+``h``, query row ``i`` and key column ``j``; varlen: ``b`` the sequence, ``i`` and ``j`` within
+it) is the Philox4x32-10 draw of :mod:`numba_flash.philox`, drawn in the kernel tile by tile and
+never stored in global memory: it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk,
+p)[b, h, i, j]`` (varlen: ``dropout_mask(seed, B, H, nq_b, nk_b, p)[b]`` for sequence ``b``).
+
+Grid / block
+------------
+grid = (ceil(Nq / BLOCK_M), y, z) from :func:`forward_grid`: ``blockIdx.x`` is the Q tile (varlen:
+of the longest sequence) and ``bh = blockIdx.z * gridDim.y + blockIdx.y`` the flattened ``(b,
+h)`` (``gridDim.y`` may not exceed 65535, so ``B * H`` beyond it spills into ``z``; spare blocks
+return at once); the kv head is ``h // (H // Hkv)`` (GQA / MQA).
+
+block = (THREADS_N, THREADS_M) from :data:`GPU_TILES` (e.g. 16 x 8 = 128 threads for float32 at
+HEAD_DIM = 64, 8 x 8 at 128): thread ``(tx, ty)`` owns the ``TM = BLOCK_M / THREADS_M`` tile rows
+``ty, ty + THREADS_M, ...`` and, in those rows, the ``TN = BLOCK_N / THREADS_N`` score columns
+``tx, tx + THREADS_N, ...`` of S and ``TD = HEAD_DIM / THREADS_N`` output columns of ``acc`` in
+16-byte chunks: chunks ``tx, tx + THREADS_N, ...`` of ``VW`` columns (4 float32, 2 float64).
+Its S and ``acc`` micro-tiles, ``m_i`` and its partial ``l_i`` live in registers
+(``cuda.local.array`` with compile-time sizes, fully unrolled).
+
+The two products read shared memory 16 bytes at a time (``ld.shared.v4``, :func:`stages.lds16`):
+``qk_tile`` takes, per 16-byte chunk of the head dim, one load per owned Q row and one per owned
+key (``TM + TN`` loads for ``TM TN VW`` FMAs, 16 x 4 FMAs for 8 loads at HEAD_DIM = 64);
+``pv_tile``, per chunk of ``VW`` keys, one load of ``P`` per row and ``TD / VW`` of ``V`` per
+key.  The loops are ``while`` loops over a 32-bit byte offset (one add and a compare per step;
+Numba's ``range`` costs 7 instructions there) whose bodies have only compile-time trip counts,
+so every address is one base register plus an immediate.  The threads of a warp reading at once
+(8 per 16-byte phase) read one Q row (a broadcast), 8 keys whose rows the +16-byte pad of
+``k_tile`` puts in 8 distinct bank groups, or 128 consecutive bytes of a V row: no bank conflicts.
+A row's ``THREADS_N`` threads are
+consecutive lanes of one warp (``THREADS_N`` divides 32), so each row's max is combined across
+them every tile by a butterfly of ``cuda.shfl_xor_sync`` (no shared memory, no barrier); the
+partial sums ``l_i`` are combined the same way once, at the end (they all share the row's
+``m_i``, so partial sums add up).  ``exp`` is ``ex2.approx`` of ``x log2 e`` in float32 (two
+instructions; libdevice ``expf`` is about ten), libdevice ``exp`` in float64.
+
+The tile copies (``make_copy_rows``) move 16-byte chunks: thread ``tid`` takes chunks ``tid, tid +
+THREADS, ...`` of the tile (a compile-time count).  The ``VEC`` build (float32 / float64 inputs
+whose rows are whole chunks, 16-byte aligned: :func:`vector_tiles`) issues them as ``cp.async``
+(``stages.cp_async16``: rows past the end and chunks past ``d`` are zero-filled by the copy
+itself), K and V as two groups so that V may still land while S is computed
+(``cp.async.wait_group 1`` before the first barrier of a tile, ``0`` before the second); the
+other builds (float16 / bfloat16 inputs widened to float32, odd head dims) load element by
+element through the element-type stage.  Barriers: one after the Q load, then three per K/V
+tile (K landed, ``p_tile`` written and V landed, everything read before the next copies);
+paged, one more before the first tile (its ``page_sh``).  On the GPU the kernel
+is compiled with ``launch_bounds`` only where ptxas showed it pays (:data:`GPU_MIN_BLOCKS`;
+ptxas figures before and after in docs/tiled-forward.md).
+
+With dropout, one Philox call serves the 4 consecutive keys ``4g .. 4g+3`` of a row
+(``philox_keep_bits4``), but a thread's S columns are strided (``tx, tx + THREADS_N, ...``), not 4
+consecutive ones.  So each K/V tile the block first draws the ``BLOCK_M x BLOCK_N / 4`` keep
+nibbles cooperatively (thread ``tid`` takes groups ``tid, tid + THREADS, ...``; a group of keys
+its row does not see at all is not drawn) into ``keep_tile`` in shared memory, next to the K/V
+loads and covered by their barrier, and each thread reads its columns' bits back after the softmax
+update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no extra barrier.
+
+Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
+------------------------------------------------------------------
+Every tile is row-major and 16-byte aligned (``alignment=16`` on the GPU), rows whole chunks:
+
+* ``q_tile [BLOCK_M, HEAD_DIM]``: ``Q_i`` (unscaled), loaded once;
+* ``k_tile [BLOCK_N, HEAD_DIM + VW]``: ``K_j``, rows padded by one chunk (bank groups, above);
+* ``v_tile [BLOCK_N, HEAD_DIM]``;
+* ``p_tile [BLOCK_M, BLOCK_N + P_PAD]``: the probabilities ``P`` for ``P V`` (``P_PAD = 8``:
+  a warp's scalar stores of ``P`` hit distinct banks);
+* dropout only: ``keep_tile [BLOCK_M, BLOCK_N / 4 + 1]`` (int32, 4 bytes): the keep bits of the
+  tile, 4 columns per word;
+* paged only: ``page_sh [BLOCK_N]`` (int32): the cache row of each key of the tile.
+
+In total ``w * (BLOCK_M HEAD_DIM + BLOCK_N (HEAD_DIM + VW) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N
++ 8))`` bytes, plus ``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout and ``4 BLOCK_N`` paged, at most
+48 KiB for every configuration the compile tier's catalog lists (``tools/catalog/forward.py``) (see
+:func:`shared_bytes`; e.g. 42.5 KiB for the float32 default at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8
+threads; 44.8 KiB with dropout).
+
+float16 and bfloat16 inputs are computed in float32 (the tiles hold float32), float64 inputs
+in float64: each element is read and written through the element-type stage of
+:mod:`numba_flash.kernels.core.elements` (bfloat16 arrays are their uint16 words).  ``lse`` is
+stored in the compute type.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, int32, types, uint32
+
+from ...backend import on_simulator
+from ...philox import philox_keep_bits4
+from ..core.common import (
+    GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, log_tile, numba_array_type,
+    padded_head_dim,
+)
+from ..ptx.stages import (
+    cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16, load_at,
+    make_row_dot,
+)
+from ..core.elements import BFLOAT16, element_ops
+from ..core.jit import device_jit, kernel_jit
+from ..mainloop.online_softmax import make_epilogue, make_online_softmax, sink_of
+from ..mainloop.tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores_pair
+from .config import (
+    FORWARD_SIMT_MODS_TILES, FORWARD_SIMT_TILES, ForwardSimtConfig, forward_simt_tiles,
+)
+from ..core.variant import variant_type
+from ..mainloop.visibility import (
+    BLOCK_EMPTY, BLOCK_PARTIAL, key_bounds, make_tile_kind, tile_full_range, tile_key_range,
+    tile_needs_mask,
+)
+
+
+_device = functools.partial(device_jit, inline=True)
+
+
+#: a stage of the kernel, called only from this module's kernels: in the simulator the Python
+#: function itself even where it reads ``cuda`` (``cuda.local.array``), see ``device_jit``
+_stage = functools.partial(device_jit, own_module=True)
+
+#: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
+MAX_TILE_REGS = 64
+
+#: the GPU tile choices (:data:`~numba_flash.kernels.forward.config.FORWARD_SIMT_TILES`, and those
+#: of the score-modifier build,
+#: :data:`~numba_flash.kernels.forward.config.FORWARD_SIMT_MODS_TILES`); each ``(BLOCK_M, BLOCK_N,
+#: HEAD_DIM)`` appears once, so a tile names its threads (:func:`thread_layout`)
+GPU_TILES = FORWARD_SIMT_TILES
+GPU_MODS_TILES = FORWARD_SIMT_MODS_TILES
+_GPU_THREADS = {(bm, bn, hd): (tm_, tn_) for tables in (GPU_TILES, GPU_MODS_TILES)
+                for table in tables.values() for hd, (bm, bn, tm_, tn_) in table.items()}
+
+#: simulator defaults: small tiles and few threads (each CUDA thread is a Python thread).
+SIM_BLOCK = 8
+SIM_THREADS = 4
+SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
+#: padding of a ``p_tile`` row, in elements: with 8 threads per row (4 thread rows per warp) the
+#: scalar stores of ``P`` then hit 32 distinct banks, and rows stay 16-byte aligned
+P_PAD = 8
+#: bytes of one vector access (``cp.async``, ``ld.shared.v4``): 4 float32 or 2 float64
+VEC_BYTES = 16
+
+
+def _word(dtype):
+    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
+    return acc_dtype(dtype).itemsize
+
+
+def gpu_tiles(head_dim, dtype, mods=False):
+    """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype
+    (``mods``: of the score-modifier build, :data:`GPU_MODS_TILES`)."""
+    block_m, block_n = forward_simt_tiles(head_dim, dtype, mods)[:2]
+    return block_m, block_n, padded_head_dim(head_dim)
+
+
+def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
+    """``(THREADS_M, THREADS_N)``: thread rows and columns of a block for these tiles (the GPU
+    tiles of :data:`GPU_TILES` name theirs; the simulator's run 4 x 4 threads)."""
+    if simulator:
+        return min(SIM_THREADS, BLOCK_M), min(SIM_THREADS, BLOCK_N, HEAD_DIM // 4)
+    if (BLOCK_M, BLOCK_N, HEAD_DIM) in _GPU_THREADS:
+        return _GPU_THREADS[BLOCK_M, BLOCK_N, HEAD_DIM]
+    return min(16, BLOCK_M), min(8, BLOCK_N, HEAD_DIM // 4)
+
+
+def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False, paged=False):
+    """Static shared memory of one block (the budget in the module docstring)."""
+    vw = VEC_BYTES // _word(dtype)  # elements of a 16-byte chunk: the k_tile row pad
+    words = (BLOCK_M * HEAD_DIM + BLOCK_N * (HEAD_DIM + vw) + BLOCK_N * HEAD_DIM
+             + BLOCK_M * (BLOCK_N + P_PAD))
+    keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4 + 1) if dropout else 0  # int32 keep_tile
+    page_bytes = 4 * BLOCK_N if paged else 0  # int32 page_sh
+    return _word(dtype) * words + keep_bytes + page_bytes
+
+
+def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=False):
+    """Why these tiles cannot run on a GPU (shared memory, registers), or ``None`` if they can."""
+    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
+    if dropout and BLOCK_N % 4:
+        return f"BLOCK_N = {BLOCK_N} is not a multiple of 4 (one Philox call per 4 keys)"
+    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout)
+    if smem > SMEM_LIMIT:
+        return f"{smem} B of shared memory > {SMEM_LIMIT} B"
+    vw = VEC_BYTES // _word(dtype)
+    if HEAD_DIM % (tn_ * vw) or BLOCK_N % vw:
+        return (f"{tn_} threads x {vw}-element chunks do not tile HEAD_DIM = {HEAD_DIM} and "
+                f"BLOCK_N = {BLOCK_N}")
+    regs_per = _word(dtype) // 4
+    acc_regs = (BLOCK_M // tm_) * (HEAD_DIM // tn_) * regs_per
+    s_regs = (BLOCK_M // tm_) * (BLOCK_N // tn_) * regs_per
+    if max(acc_regs, s_regs) > MAX_TILE_REGS:
+        return f"{max(acc_regs, s_regs)} registers per thread for one micro-tile > {MAX_TILE_REGS}"
+    return None
+
+
+#: ``launch_bounds`` minimum resident blocks per SM, per ``(compute word, HEAD_DIM)``, where
+#: ptxas shows it pays (ptxas 13.5, 2026-11-30): float16/float32 at HEAD_DIM = 16 use 140
+#: registers unbounded (3 blocks of 128 threads per SM), at most 128 with 4 blocks asked and no
+#: spill.  Elsewhere a bound made ptxas use the allowance (HEAD_DIM = 128: 60 registers unbounded,
+#: 98 with 4 blocks asked) or spill (96 registers at HEAD_DIM = 64 on sm_80), so none is set.
+#: Since the 16-byte rebuild (issue 22) the HEAD_DIM = 16 kernel has 64 threads: 4 blocks of them
+#: cap nothing (162 registers); kept until a GPU measures whether a bound pays at the new tiles.
+GPU_MIN_BLOCKS = {(4, 16): 4}
+
+
+def gpu_min_blocks(HEAD_DIM, dtype):
+    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``), or ``None``."""
+    return GPU_MIN_BLOCKS.get((_word(dtype), HEAD_DIM))
+
+
+def launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False):
+    """``(threads, min_blocks)`` for ``cuda.jit(launch_bounds=...)``, or ``None``."""
+    blocks = gpu_min_blocks(HEAD_DIM, dtype)
+    if blocks is None:
+        return None
+    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
+    return (tm_ * tn_, blocks)
+
+
+def jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
+    """``cuda.jit`` options: ``launch_bounds`` on the GPU where set (the simulator has none)."""
+    if on_simulator():
+        return {}
+    bounds = launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype)
+    return {} if bounds is None else {"launch_bounds": bounds}
+
+
+def vector_tiles(dtype, d, head_dim, *arrays):
+    """The ``VEC`` build: float32 / float64 inputs (the tiles' own type) whose rows are whole
+    16-byte chunks (``d`` a multiple of 4 float32 / 2 float64; chunks past ``d`` up to
+    ``head_dim`` are zero-filled) and every array's data 16-byte aligned, so each tile row is
+    copied by ``cp.async``; else element by element (float16 and bfloat16 inputs are widened to
+    float32 on the way)."""
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or d % (VEC_BYTES // dt.itemsize):
+        return False
+    if on_simulator():
+        return True
+    return all(x.__cuda_array_interface__["data"][0] % VEC_BYTES == 0 for x in arrays)
+
+
+def explicit_tiles(head_dim, dtype, simulator=None, mods=False):
+    """``{(BLOCK_M, BLOCK_N): HEAD_DIM}``: the tiles a caller may ask for with ``block_m=`` /
+    ``block_n=`` for head dim ``d``, in this order of preference.
+
+    On the GPU they are the default tiles of every compile-time head dim that can hold ``d``; a
+    choice runs in that head dim's default kernel (``d`` zero-padded up to it), so explicit tiles
+    never need a kernel that the compile tier does not already build.  They exist for tests and
+    experiments (smaller or non-square tiles), not for speed.  ``mods``: of the score-modifier
+    build (its default tiles).  In the simulator (no compile tier, and every tile element costs
+    Python time) they are the small tiles ``SIM_EXPLICIT``.
+    """
+    if simulator is None:
+        simulator = on_simulator()
+    hd0 = padded_head_dim(head_dim)
+    if simulator:
+        return {pair: hd0 for pair in SIM_EXPLICIT}
+    out = {}
+    for hd in HEAD_DIMS:
+        if hd >= hd0:
+            out.setdefault(gpu_tiles(hd, dtype, mods)[:2], hd)
+    return out
+
+
+def choose_tiles(head_dim, dtype, block_m=None, block_n=None, mods=False):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a call: the backend default, or the explicit choice.
+
+    ``block_m`` / ``block_n`` must already be validated ints (or None).  A ``ValueError`` names
+    the argument and lists the allowed pairs when the choice is not one of :func:`explicit_tiles`.
+    """
+    if block_m is None and block_n is None:
+        return default_tiles(head_dim, dtype, mods)
+    allowed = explicit_tiles(head_dim, dtype, mods=mods)
+    for (bm, bn), hd in allowed.items():
+        if block_m in (None, bm) and block_n in (None, bn):
+            return bm, bn, hd
+    # blame block_m if no pair has it, else block_n
+    if block_m is not None and all(bm != block_m for bm, _ in allowed):
+        name = "block_m"
+    else:
+        name = "block_n"
+    pairs = ", ".join(f"({bm}, {bn})" for bm, bn in allowed)
+    raise ValueError(
+        f"{name}: expected (block_m, block_n) in [{pairs}] for head dim {head_dim} and dtype "
+        f"{np.dtype(dtype).name}, got ({block_m}, {block_n})"
+    )
+
+
+def default_tiles(head_dim, dtype, mods=False):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for this backend (``mods``: the score-modifier build):
+    small in the simulator."""
+    if on_simulator():
+        return SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)
+    return gpu_tiles(head_dim, dtype, mods)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_kernel(cfg):
+    """Build (once per :class:`~numba_flash.kernels.forward.config.ForwardSimtConfig`) ``kernel(q,
+    k, v, o, lse, va, seqs)``.
+
+    * ``o``, ``lse``: flat views of ``[B, H, Nq, d]`` / ``[B, H, Nq]`` (``VARLEN``: ``[total_q,
+      H, d]`` / ``[H, total_q]``), ``lse`` in the compute type;
+    * ``va``: the :class:`~numba_flash.kernels.core.variant.Variant` (scalars in the compute type;
+      ``softcap = 0`` and zero slopes switch the modifiers off in the ``SCORE_MOD`` build, the
+      only one that reads them; ``dropout`` filled with ``DROPOUT``; ``user = (kinds,) + aux``
+      with ``USER``);
+    * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``), else ``(cu_seqlens_q,
+      cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN`` (``q [total_q, H,
+      d]``, ``k``/``v [total_k, Hkv, d]``); with ``PAGED`` (varlen only) ``(cu_seqlens_q,
+      cu_seqlens_k, block_table, block_size, n_kv_heads, num_blocks)``: ``k``/``v`` are the
+      paged caches ``[num_blocks, Hkv, block_size, d]`` as their ``[num_blocks * Hkv *
+      block_size, d]`` views, ``block_table`` int32 ``[B, max_blocks]`` and the three sizes
+      ``np.int32`` (see the module docstring).
+
+    An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
+    """
+    (BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT, SCORE_MOD, VARLEN, PAGED,
+     USER, VEC, OWN_V) = cfg
+    dtype = np.dtype(BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
+    assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
+    assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
+    assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
+    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
+    assert VARLEN or not PAGED  # a paged K/V is read by the packed (varlen) build only
+    # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    assert USER is None or SCORE_MOD  # varlen: b is the sequence (paged too)
+    FNS = (user_score, user_mask) if USER is not None else None
+    U_MASK = user_mask is not None
+    USER_FN = user_score is not None or U_MASK
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
+    acc_t = compute_type(dtype)
+    # the element-type stage (kernels/core/elements.py): q, k, v elements in, o elements out
+    load, store = element_ops(dtype)
+    TM = BLOCK_M // THREADS_M     # tile rows per thread
+    TN = BLOCK_N // THREADS_N     # S columns per thread
+    TD = HEAD_DIM // THREADS_N    # acc (output) columns per thread
+    THREADS = THREADS_M * THREADS_N
+    W = np.dtype(acc_dtype(dtype)).itemsize  # bytes of a compute element in the tiles
+    VW = VEC_BYTES // W           # elements of one 16-byte chunk: 4 float32, 2 float64
+    CH = HEAD_DIM // VW           # 16-byte chunks of a tile row
+    K_STRIDE = HEAD_DIM + VW      # k_tile rows padded by one chunk (bank-conflict free reads)
+    P_STRIDE = BLOCK_N + P_PAD    # p_tile rows
+    TC = TD // VW                 # the thread's acc column chunks (of VW columns each)
+    assert TD % VW == 0 and BLOCK_N % VW == 0
+    # a row's THREADS_N threads: the butterfly offsets of its max and sum
+    XOR = tuple((THREADS_N >> 1) >> st for st in range(THREADS_N.bit_length() - 1))
+    # compile-time trip counts of the cooperative copies (16-byte chunks per thread)
+    assert (BLOCK_M * CH) % THREADS == 0 and (BLOCK_N * CH) % THREADS == 0
+    NAN = math.nan
+    ALIGN = None if on_simulator() else VEC_BYTES  # tiles 16-byte aligned (no kwarg in cudasim)
+    GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
+    KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
+    ROWS = Layout(1, THREADS_M, 0)           # a thread's rows ty + i THREADS_M
+    # -- the stages: the score of kernels/mainloop/visibility.py through tile_scores.py (the
+    # backward recomputes exactly these scores: scale and non-finite -> NaN always; softcap and
+    # ALiBi in the SCORE_MOD build, softcap switched at run time by softcap > 0), the online softmax
+    # and its epilogue (online_softmax.py)
+    SOFTCAP = None if SCORE_MOD else False
+    scores_masked, scores_full = make_tile_scores_pair(TM, TN, ROWS, Layout(1, THREADS_N, 0),
+                                                       False, SOFTCAP, SCORE_MOD, FNS, acc_t)
+    score_fn = make_score_fn(False, SOFTCAP, SCORE_MOD, FNS, acc_t)
+    softmax_init, softmax_update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
+    epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)
+
+    @_device
+    def page_rows(page_sh, block_table, b, hk, k_start, nk, block_size, n_kv_heads, n_blocks,
+                  tid):
+        """PAGED: ``page_sh[r]`` = the row of key ``k_start + r`` in the ``[num_blocks * Hkv *
+        block_size, d]`` cache view, or -1 where its table entry is outside ``[0, num_blocks)``
+        or past the table (never dereferenced); keys past ``nk`` are not loaded at all.  One
+        lookup (a 32-bit division, one table read) per key row of the tile, 32-bit indices."""
+        for r in range(tid, BLOCK_N, THREADS):
+            key = int32(k_start + r)
+            row = int32(-1)
+            if key < nk:
+                # token key is in table column j_blk at slot key - j_blk * block_size
+                # (unsigned: a 32-bit division)
+                j_blk = int32(uint32(key) // uint32(block_size))
+                if j_blk < block_table.shape[1]:
+                    entry = block_table[uint32(b), uint32(j_blk)]
+                    if 0 <= entry and entry < n_blocks:
+                        row = int32((entry * n_kv_heads + int32(hk)) * block_size
+                                    + (key - j_blk * block_size))
+            page_sh[r] = row
+
+    def make_copy_rows(N_ROWS, STRIDE, PAGED_ROWS):
+        """``copy_rows(tile, x, elem0, row_stride, rows_valid, d, page_sh, bad, tid)``: rows
+        ``0 .. N_ROWS-1`` of a tile into ``tile[r, 0:HEAD_DIM]`` (row length ``STRIDE``).  Row
+        ``r`` is the ``d`` elements of ``x``'s flat view from ``elem0 + r * row_stride``
+        (``PAGED_ROWS``: from ``page_sh[r] * d``, and a row -1 is filled with ``bad``, nothing
+        read); rows ``>= rows_valid`` and columns ``>= d`` are zeros.  Thread ``tid`` copies the
+        16-byte chunks ``tid, tid + THREADS, ...`` (chunk ``idx`` is row ``idx // CH``, columns
+        ``VW * (idx % CH) ...``): ``VEC`` by ``cp.async`` (the caller commits and waits), else
+        element by element through the element-type stage."""
+        COPIES = N_ROWS * CH // THREADS
+
+        @_device
+        def copy_rows(tile, x, elem0, row_stride, rows_valid, d, page_sh, bad, tid):
+            for it in range(COPIES):
+                idx = tid + it * THREADS
+                r = idx // CH
+                c0 = (idx % CH) * VW
+                ok = r < rows_valid
+                if PAGED_ROWS:
+                    prow = page_sh[r]
+                    src = np.int64(prow) * d
+                    if ok and prow < 0:  # a bad table entry: not read
+                        for e in range(VW):
+                            tile[r, c0 + e] = bad
+                        continue
+                else:
+                    src = elem0 + r * row_stride
+                if VEC:  # d is a multiple of VW: a chunk is all inside or all past d
+                    live = ok and c0 < d
+                    cp_async16(tile, (r * STRIDE + c0) * W, x, src + c0 if live else 0,
+                               VEC_BYTES if live else 0)
+                else:
+                    for e in range(VW):
+                        if ok and c0 + e < d:
+                            tile[r, c0 + e] = load(load_at(x, src + c0 + e))
+                        else:
+                            tile[r, c0 + e] = acc_t(0.0)
+
+        return copy_rows
+
+    copy_q = make_copy_rows(BLOCK_M, HEAD_DIM, False)
+    copy_k = make_copy_rows(BLOCK_N, K_STRIDE, PAGED)
+    copy_v = make_copy_rows(BLOCK_N, HEAD_DIM, PAGED)
+
+    # byte steps of the shared tiles (compile time): a thread's rows and chunks sit at these
+    # offsets from its first, so every 16-byte load below is one base register + an immediate
+    Q_ROW_STEP = THREADS_M * HEAD_DIM * W   # q_tile rows ty, ty + THREADS_M, ...
+    K_ROW_STEP = THREADS_N * K_STRIDE * W   # k_tile keys tx, tx + THREADS_N, ...
+    P_ROW_STEP = THREADS_M * P_STRIDE * W   # p_tile rows
+    V_ROW = HEAD_DIM * W                    # one v_tile row
+    V_CHUNK_STEP = THREADS_N * VEC_BYTES    # a thread's V chunks tx, tx + THREADS_N, ...
+
+    # [docs:fwd-qk]
+    row_dot = make_row_dot(TM, TN, Q_ROW_STEP, K_ROW_STEP, HEAD_DIM * W, acc_t)
+
+    @_stage
+    def qk_tile(s, q_tile, k_tile, ty, tx):
+        """``s[i, j] = q . k`` of the thread's rows ``ty + i THREADS_M`` and keys ``tx + j
+        THREADS_N`` (raw, unscaled), one FMA per column in column order (the stage of
+        :func:`~numba_flash.kernels.ptx.stages.make_row_dot`, the backward's too)."""
+        for i in range(TM):
+            for j in range(TN):
+                s[i, j] = acc_t(0.0)
+        row_dot(s, q_tile, k_tile, int32(ty * HEAD_DIM * W), int32(tx * K_STRIDE * W))
+    # [/docs:fwd-qk]
+
+    # [docs:fwd-pv-stage]
+    @_stage
+    def load_v_row(vr, v_tile, n, tx):
+        """``vr`` = the thread's ``TD`` columns of ``v_tile`` row ``n``: chunks ``tx + g
+        THREADS_N`` (``TC`` 16-byte loads; a warp's 8 threads read 128 consecutive bytes)."""
+        v_byte = int32(n * V_ROW + tx * VEC_BYTES)
+        for g in range(TC):
+            t = lds16(v_tile, v_byte + g * V_CHUNK_STEP)
+            for e in range(VW):
+                vr[g * VW + e] = t[e]
+
+    @_stage
+    def pv_tile(acc, p_tile, v_tile, ty, tx):
+        """``acc += P V`` over the whole tile, keys in order: per chunk of ``VW`` keys one
+        16-byte load of ``P`` per row and ``VW TC`` of ``V`` feed ``TM TD VW`` FMAs."""
+        pr = cuda.local.array((TM, VW), acc_t)
+        vr = cuda.local.array(TD, acc_t)
+        p_byte = int32(ty * P_STRIDE * W)       # row ty, key 0
+        n0 = int32(0)  # the chunk's first key (a while loop, as in qk_tile)
+        while n0 < BLOCK_N:
+            for i in range(TM):
+                t = lds16(p_tile, p_byte + n0 * W + i * P_ROW_STEP)
+                for e in range(VW):
+                    pr[i, e] = t[e]
+            for e in range(VW):
+                load_v_row(vr, v_tile, n0 + e, tx)
+                for i in range(TM):
+                    for c in range(TD):
+                        acc[i, c] += pr[i, e] * vr[c]
+            n0 = int32(n0 + VW)
+    # [/docs:fwd-pv-stage]
+
+    @_device
+    def sees(row, key, sa, umask):
+        """A row inside the sequence that the user's mask_mod lets see the key (True without
+        one, or on a FULL tile): the user's code never sees a padding row."""
+        if row >= sa.nq:
+            return False
+        return not U_MASK or score_fn(acc_t(0.0), row, key, sa, umask)[0]
+
+    # [docs:fwd-store-p]
+    @_stage
+    def store_p(s, p_tile, keep_tile, ty, tx, va):
+        """``P`` (``s``, after the softmax update) into ``p_tile`` for ``P V``; with dropout
+        ``P Z``: keep -> ``P / (1 - p)``, drop -> 0 (``l_i`` and so ``lse`` stay undropped)."""
+        for i in range(TM):
+            r = ty + i * THREADS_M
+            for j in range(TN):
+                col = tx + j * THREADS_N
+                p = s[i, j]
+                if DROPOUT:
+                    keep_scale = va.dropout[3]
+                    # [docs:fwd-dropout-apply]
+                    p = p * keep_scale if (keep_tile[r, col >> 2] >> (col & 3)) & 1 else \
+                        acc_t(0.0)
+                    # [/docs:fwd-dropout-apply]
+                p_tile[r, col] = p
+    # [/docs:fwd-store-p]
+
+    @_stage
+    def draw_keep(keep_tile, va, sa, q_start, k_start, bounds, tid):
+        """Dropout: bit ``w`` of ``keep_tile[r, g]`` keeps key ``k_start + 4 g + w`` of row
+        ``q_start + r`` (indices within the sequence, so the mask ignores tiles); a group of 4
+        keys the row does not see at all (or a row past Nq) is not drawn: it is 0."""
+        seed_lo, seed_hi, threshold, _keep = va.dropout
+        nk, left, right = bounds
+        # [docs:fwd-dropout-draw]
+        for idx in range(tid, BLOCK_M * GROUPS, THREADS):
+            r = idx // GROUPS
+            g = idx % GROUPS
+            row = q_start + r
+            key = k_start + 4 * g
+            lo, hi = key_bounds(row, sa.offset, nk, left, right)
+            bits = int32(0)
+            if row < sa.nq and key < hi and key + 4 > lo:
+                bits = philox_keep_bits4(seed_lo, seed_hi, sa.b, sa.h, row, key >> 2, threshold)
+            keep_tile[r, g] = bits
+        # [/docs:fwd-dropout-draw]
+
+    # [docs:fwd-pv-masked]
+    @_stage
+    def pv_masked(acc, p_tile, v_tile, vr, sa, q_start, k_start, bounds, ty, tx, umask):
+        """``acc += P V`` where a key the row does not see adds nothing, not even ``0 * NaN``
+        from a NaN value (a tile that crosses the band's edges or ``Nk``)."""
+        nk, left, right = bounds
+        for n in range(BLOCK_N):
+            key = k_start + n
+            load_v_row(vr, v_tile, n, tx)
+            for i in range(TM):
+                row = q_start + ty + i * THREADS_M
+                lo, hi = key_bounds(row, sa.offset, nk, left, right)
+                if lo <= key and key < hi and (not USER_FN or sees(row, key, sa, umask)):
+                    pv = p_tile[ty + i * THREADS_M, n]
+                    for c in range(TD):
+                        acc[i, c] += pv * vr[c]
+    # [/docs:fwd-pv-masked]
+
+    # [docs:fwd-step]
+    @_stage
+    def step(kt, masked, umask, tiles, kv, lane, va, sa, frags):
+        """One K/V tile: load K and V, ``S = Q K^T``, scores, the softmax update, ``acc += P
+        V``; ``masked``: the tile crosses the band's edges (or asks the user's mask_mod)."""
+        q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh = tiles
+        k, v, kv_elem0, kv_row, d, bounds, paged, kt_end, v_at = kv
+        v_elem0, v_row, d_v = v_at
+        tid, ty, tx, q_start = lane
+        s, acc, vr, m_i, l_i = frags
+        k_start = kt * BLOCK_N
+        nk = bounds[0]
+        # -- K_j and V_j into shared memory (two cp.async groups: V may still land while S is
+        # computed), zero past Nk and past the true head dim; a bad page table entry is read
+        # as k = NaN, v = 0 (the rows that see the key get NaN)
+        kv_start = kv_elem0 + k_start * kv_row
+        copy_k(k_tile, k, kv_start, kv_row, nk - k_start, d, page_sh, acc_t(NAN), tid)
+        if VEC:
+            cp_async_commit()
+        copy_v(v_tile, v, v_elem0 + k_start * v_row, v_row, nk - k_start, d_v, page_sh,
+               acc_t(0.0), tid)
+        if VEC:
+            cp_async_commit()
+            cp_async_wait_one()  # this thread's K chunks have landed (V may not have)
+        if DROPOUT:
+            draw_keep(keep_tile, va, sa, q_start, k_start, bounds, tid)
+        cuda.syncthreads()  # k_tile (and keep_tile) are complete before any read
+        qk_tile(s, q_tile, k_tile, ty, tx)                              # S = Q K^T
+        if masked:                                                      # scores, -inf masked
+            scores_masked(s, sa, q_start + ty, k_start + tx, bounds, umask)
+        else:
+            scores_full(s, sa, q_start + ty, k_start + tx, bounds, umask)
+        if PAGED:
+            # the next tile's rows: this tile's loads (page_sh's only readers) are done, and
+            # the next loads come after two more barriers (no barrier of its own)
+            block_table, block_size, n_kv_heads, n_blocks, hk = paged
+            if kt + 1 < kt_end:
+                page_rows(page_sh, block_table, sa.b, hk, k_start + BLOCK_N, nk, block_size,
+                          n_kv_heads, n_blocks, tid)
+        softmax_update(s, acc, m_i, l_i, acc_t(0.0))                    # m_i, l_i, P, acc
+        store_p(s, p_tile, keep_tile, ty, tx, va)
+        if VEC:
+            cp_async_wait_all()  # this thread's V chunks have landed
+        cuda.syncthreads()  # p_tile (and v_tile) are complete before P V reads them
+        if masked:                                                      # acc += P V
+            pv_masked(acc, p_tile, v_tile, vr, sa, q_start, k_start, bounds, ty, tx, umask)
+        else:
+            pv_tile(acc, p_tile, v_tile, ty, tx)
+        cuda.syncthreads()  # k/v/p/keep_tile are fully read before the next tile
+    # [/docs:fwd-step]
+
+    # a user's functions stay out of the on-disk kernel cache (their code does not key it)
+    @kernel_jit(cache=USER is None, **jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
+    def flash_forward(q, k, v, o, lse, va, seqs):
+        # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
+        # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
+        # [docs:fwd-index]
+        tx = cuda.threadIdx.x & (THREADS_N - 1)
+        ty = cuda.threadIdx.y & (THREADS_M - 1)
+        tid = ty * THREADS_N + tx
+        # (batch, head) pairs fold into grid y and z: gridDim.y <= 65535 (see forward_grid)
+        bh = cuda.blockIdx.z * cuda.gridDim.y + cuda.blockIdx.y
+        if VARLEN:  # q [total_q, H, d], k and v [total_k, Hkv, d] (PAGED: caches, see above)
+            n_batch = seqs[0].shape[0] - 1
+            n_heads = q.shape[1]
+            if PAGED:
+                n_kv_heads = seqs[4]
+            else:
+                n_kv_heads = k.shape[1]
+        else:       # q [B, H, Nq, d], k and v [B, Hkv, Nk, d]
+            n_batch = q.shape[0]
+            n_heads = q.shape[1]
+            n_kv_heads = k.shape[1]
+        if bh >= n_batch * n_heads:
+            return  # a spare block of the last z slice (the whole block leaves: no barrier hangs)
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // (n_heads // n_kv_heads)  # GQA: query head h reads kv head h // group
+        if VARLEN:  # sequence b: rows [q0, q0 + nq) of q, [k0, k0 + nk) of k and v
+            q0 = seqs[0][b]
+            k0 = seqs[1][b]
+            nq = seqs[0][b + 1] - q0
+            nk = seqs[1][b + 1] - k0
+            d = q.shape[2]
+        else:
+            q0 = 0
+            k0 = 0
+            nq = q.shape[2]
+            nk = k.shape[2]
+            d = q.shape[3]
+        d_v = d
+        if OWN_V:
+            d_v = v.shape[v.ndim - 1]         # the value head dim (o's), its own
+        q_start = cuda.blockIdx.x * BLOCK_M
+        if q_start >= nq:
+            return  # varlen: a sequence shorter than the longest has fewer Q tiles
+        # [/docs:fwd-index]
+        left, right = va.window
+        slope = acc_t(0.0)
+        if SCORE_MOD:
+            slope = acc_t(va.alibi[b, h])
+        # bottom-right alignment: query row r sits at key column r + nk - nq
+        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, nk - nq, nq, b, h,
+                       va.user[1:])
+
+        # [docs:fwd-arrays]
+        q_tile = cuda.shared.array((BLOCK_M, HEAD_DIM), acc_t, alignment=ALIGN)
+        k_tile = cuda.shared.array((BLOCK_N, K_STRIDE), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, HEAD_DIM), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, P_STRIDE), acc_t, alignment=ALIGN)
+        s = cuda.local.array((TM, TN), acc_t)
+        acc = cuda.local.array((TM, TD), acc_t)
+        vr = cuda.local.array(TD, acc_t)  # a V row's columns of this thread (masked P V)
+        m_i = cuda.local.array(TM, acc_t)
+        l_i = cuda.local.array(TM, acc_t)
+        # [/docs:fwd-arrays]
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile
+            keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
+        else:
+            keep_tile = p_tile  # unused: store_p reads it only with DROPOUT
+        if PAGED:  # the cache row of each key of the K/V tile (page_rows)
+            page_sh = cuda.shared.array(BLOCK_N, int32)
+            paged = (seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
+        else:
+            page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
+            paged = ()
+        # the flat element of row 0 of this (b, h)'s Q and K/V, and the row strides
+        q_row = n_heads * d if VARLEN else d
+        kv_row = n_kv_heads * d if VARLEN else d
+        q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
+        kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
+                    else np.int64(b * n_kv_heads + hk) * nk * d)
+        v_row = kv_row                        # V at K's addresses, unless it has its own width
+        v_elem0 = kv_elem0
+        if OWN_V:
+            v_row = n_kv_heads * d_v if VARLEN else d_v
+            v_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d_v if VARLEN
+                       else np.int64(b * n_kv_heads + hk) * nk * d_v)
+
+        # [docs:fwd-load-q]
+        # -- load q_tile = Q_i (unscaled: the score contract scales q . k), zero past Nq and
+        # past the true head dim
+        copy_q(q_tile, q, q_elem0 + q_start * q_row, q_row, nq - q_start, d, page_sh,
+               acc_t(0.0), tid)
+        if VEC:
+            cp_async_commit()
+            cp_async_wait_all()
+        softmax_init(m_i, l_i, acc)
+        cuda.syncthreads()  # q_tile is complete before the first S reads it
+        # [/docs:fwd-load-q]
+
+        # [docs:fwd-tile-range]
+        # -- which K/V tiles (visibility.py): keys outside [kv_lo, kv_hi) no row of this Q tile
+        # sees, so their tiles are never loaded (causal: after the diagonal; a window: outside
+        # the band); a tile inside [full_lo, full_hi), which every row sees whole, needs no mask
+        q_end = min(nq, q_start + BLOCK_M)
+        kv_lo, kv_hi = tile_key_range(q_start, q_end, sa.offset, nk, left, right)
+        full_lo, full_hi = tile_full_range(q_start, q_end, sa.offset, nk, left, right)
+        kt_first = kv_lo // BLOCK_N
+        kt_end = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else kt_first
+        # [/docs:fwd-tile-range]
+        if PAGED:
+            page_rows(page_sh, seqs[2], b, hk, kt_first * BLOCK_N, nk, seqs[3], n_kv_heads,
+                      seqs[5], tid)
+            cuda.syncthreads()  # page_sh holds the first tile's rows before its loads read them
+
+        # [docs:fwd-load-kv]
+        tiles = (q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh)
+        kv = (k, v, kv_elem0, kv_row, d, (nk, left, right), paged, kt_end,
+              (v_elem0, v_row, d_v))
+        lane = (tid, ty, tx, q_start)
+        frags = (s, acc, vr, m_i, l_i)
+        for kt in range(kt_first, kt_end):
+            k_start = kt * BLOCK_N
+            masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
+            umask = U_MASK  # the user's mask_mod runs on this tile (a block mask may say no)
+            if BLOCKS is not None:
+                kind = tile_kind(va.user[0], b, h, q_start, q_end, kt, nk)
+                if kind == BLOCK_EMPTY:
+                    continue  # no row of this Q tile sees a key of it: never loaded
+                umask = kind == BLOCK_PARTIAL
+            if LOG and tid == 0:
+                log_tile(b, h, q_start, kt)
+            step(kt, masked or umask, umask, tiles, kv, lane, va, sa, frags)
+        # [/docs:fwd-load-kv]
+
+        # [docs:fwd-epilogue]
+        # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
+        # lane gets the same bits); O = acc / l, lse = m + log(l)
+        if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
+            rows = (q_start + ty, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
+                    np.int64(h) * seqs[0][n_batch] + q0, tx == 0)
+        else:       # o [B, H, Nq, d_v], lse [B, H, Nq]
+            rows = (q_start + ty, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq, tx == 0)
+        epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d_v), sink_of(va.sink, h))
+        # [/docs:fwd-epilogue]
+
+    return flash_forward
+
+
+def forward_grid(n_q_tiles, n_bh):
+    """``(x, y, z)`` launch grid: ``x`` the Q tiles, ``(b, h)`` pairs as ``bh = z * y_size + y``.
+
+    ``gridDim.y`` (and ``.z``) may not exceed 65535 on CUDA, so ``B * H`` pairs are split into
+    ``z = ceil(B H / 65535)`` slices of ``y = ceil(B H / z)``; the kernel returns at once from the
+    at most ``z - 1`` spare blocks with ``bh >= B H``.
+    """
+    n_bh = max(1, int(n_bh))
+    z = -(-n_bh // GRID_YZ_MAX)
+    y = -(-n_bh // z)
+    return (max(1, int(n_q_tiles)), y, z)
+
+
+def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
+    """``(block, THREADS_M, THREADS_N)`` for the kernel launch."""
+    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
+    return (tn_, tm_), tm_, tn_
+
+
+def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout=False,
+                score_mod=False, varlen=False, paged=False):
+    """The compile tier's name of one configuration, e.g. ``forward M64 N32 D64 T8x8 float32``,
+    ``forward varlen M64 N32 D64 T8x8 mods dropout float32`` or ``forward varlen paged M64 N32
+    D64 T16x8 mods float16``."""
+    return (f"forward{' varlen' if varlen else ''}{' paged' if paged else ''} M{BLOCK_M} "
+            f"N{BLOCK_N} D{HEAD_DIM} "
+            f"T{THREADS_M}x{THREADS_N}{' mods' if score_mod else ''}"
+            f"{' dropout' if dropout else ''} {np.dtype(dtype).name}")
+
+
+def forward_simt_config(head_dim, dtype, dropout=False, score_mod=False, varlen=False, paged=False,
+                   vec=False, user=None, tiles=None, simulator=None, own_v=False):
+    """The :class:`~numba_flash.kernels.forward.config.ForwardSimtConfig` of a launch: the backend's
+    default tiles (``score_mod``: the score-modifier build's, :data:`GPU_MODS_TILES`) or
+    ``tiles = (BLOCK_M, BLOCK_N, HEAD_DIM)`` (:func:`choose_tiles`), their threads
+    (:func:`thread_layout`) and the flags."""
+    if simulator is None:
+        simulator = on_simulator()
+    if tiles is None:
+        tiles = ((SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)) if simulator
+                 else gpu_tiles(head_dim, dtype, score_mod or user is not None))
+    bm, bn, hd = tiles
+    tm_, tn_ = thread_layout(bm, bn, hd, simulator)
+    return ForwardSimtConfig(bm, bn, hd, np.dtype(dtype).name, tm_, tn_, dropout,
+                         score_mod or user is not None, varlen, paged, user, vec, own_v)
+
+
+def kernel_arg_types(cfg, user=()):
+    """The Numba argument types of ``forward_kernel(cfg)(q, k, v, o, lse, va, seqs)`` (``user``:
+    the types of ``(kinds,) + aux`` of a user build; ``PAGED``: int32 table and sizes, 2-D
+    caches)."""
+    dt = np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16" else cfg.DTYPE)
+    acc = compute_type(dt)
+    arr = numba_array_type(dt, 3 if cfg.VARLEN else 4)
+    kv = numba_array_type(dt, 2) if cfg.PAGED else arr
+    seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if cfg.VARLEN
+              else types.Tuple(()))
+    if cfg.PAGED:
+        cu_t = numba_array_type(np.int32, 1)
+        seqs_t = types.Tuple((cu_t, cu_t, numba_array_type(np.int32, 2), types.int32,
+                              types.int32, types.int32))
+    return (arr, kv, kv, numba_array_type(dt, 1), numba_array_type(acc_dtype(dt), 1),
+            variant_type(acc, cfg.DROPOUT, user), seqs_t)
+
+
+def kernel_flags():
+    """``(DROPOUT, SCORE_MOD, VARLEN)`` of every compiled kernel: the batched kernel with and
+    without the score modifiers, the varlen kernel always with them (softcap and ALiBi are
+    switched off at run time there), each with and without dropout.  Causal and the window are
+    run-time arguments of every kernel."""
+    for varlen in (False, True):
+        for score_mod in ((True,) if varlen else (False, True)):
+            for dropout in (False, True):
+                yield dropout, score_mod, varlen
+
+
+#: the input dtypes whose builds copy tiles by ``cp.async`` (:func:`vector_tiles`); the compile
+#: tier's other rows of them are named ``... elementwise``
+VEC_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+#: the bfloat16 configurations the compile tier builds: ``{HEAD_DIM: dropout flags}``, a
+#: representative selection (the bfloat16 kernel is the float16 kernel with other loads and
+#: stores, same tiles and threads): every flag at HEAD_DIM 64, the kernels without dropout at 128.
+BF16_CONFIGS = {64: (False, True), 128: (False,)}
+
+
+#: the paged varlen configurations the compile tier builds (``forward_varlen`` with a
+#: ``block_table``), a selection: ``{dtype: head dims}``, without dropout.  The paged build is
+#: the varlen build with another K/V row address (:func:`forward_kernel`'s ``PAGED``), so
+#: float16 and float32 at HEAD_DIM 64 and 128 stand for the rest (the dropout builds at
+#: HEAD_DIM 64, checked once on 2026-12-01, built clean too: 96 / 128 registers on sm_80 /
+#: sm_90, no spill, no stack).
+PAGED_CONFIGS = {np.dtype(np.float16): (64, 128), np.dtype(np.float32): (64, 128)}
+
+
+def compile_config(cfg, name_suffix="", user=()):
+    """The compile tier's entry of one configuration."""
+    return {
+        "name": config_name(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS_M, cfg.THREADS_N,
+                            np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16" else cfg.DTYPE),
+                            cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED) + name_suffix,
+        "config": cfg,
+        "kernel": forward_kernel(cfg),
+        "args": kernel_arg_types(cfg, user),
+        "launch_bounds": launch_bounds(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM,
+                                       np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16"
+                                                else cfg.DTYPE)),
+        "float64_ok": cfg.DTYPE == "float64",
+        # the SASS tier's loop: the K/V loop holds >= 75% of the kernel's static FFMAs, but at
+        # d <= 32 the epilogue's per-row log, reciprocal and sink term (straight-line, run once)
+        # are more than a quarter of them (d = 32 float32: 196 of 263, 2026-12-02)
+        "sass": {"share": 0.65} if cfg.HEAD_DIM <= 32 else {},
+    }

@@ -1,0 +1,314 @@
+"""FlashAttention forward on Hopper's warpgroup tensor-core instruction (``wgmma.mma_async``,
+sm_90a), composed of the mainloop stages.
+
+Contract: the tensor-core forward's (:mod:`numba_flash.kernels.forward.mma`, whose docstring
+states it: ``o``, ``lse``, the visibility rules, the variants, the non-finite rules, dropout's
+Philox mask); ``Q K^T`` and ``P V`` take 16-bit operands with float32 accumulation, ``P``
+rounded to the input type, the softmax in float32.
+
+The per-tile step reads as the ``mma.sync`` forward's, with the warpgroup's GEMM
+-----------------------------------------------------------------------------------
+:func:`~numba_flash.kernels.ptx.wgmma.make_warpgroup_gemm` ``S = Q K^T`` (SS: Q and K from shared
+memory through descriptors), :func:`~numba_flash.kernels.mainloop.tile_scores.make_tile_scores`,
+:func:`~numba_flash.kernels.mainloop.online_softmax.make_online_softmax`, dropout, ``acc += P V``
+(RS: ``P`` packed from the ``S`` registers, V read MN-major), the same epilogue.  The ``wgmma``
+accumulator of a warp's 16 rows *is* the ``mma.sync`` fragment of one 16-row tile
+(:mod:`~numba_flash.kernels.ptx.wgmma`'s fragment table), so every stage after the GEMM is the
+``mma.sync`` forward's with ``M_TILES = 1``: a lane holds rows ``g`` and ``g + 8`` of its warp's
+16, ``BLOCK_N / 4`` scores and ``HEAD_DIM / 4`` output columns of each (the fragment view of
+:func:`~numba_flash.kernels.ptx.wgmma.make_fragment_view`).
+
+Blocks, warpgroups, shared memory
+---------------------------------
+The configuration is a :class:`~numba_flash.kernels.forward.config.ForwardWgmmaConfig`.  grid =
+``(ceil(Nq / BLOCK_M) B H,)`` (Q tiles fastest), block = ``128 WARPGROUPS`` threads; warpgroup
+``wg`` owns rows ``64 wg ..`` of the Q tile and warp ``w`` of the block rows ``16 w ..``.  Shared
+memory is dynamic (``SMEM_BYTES``; past 48 KiB opted into at launch): from the first 1024-byte
+boundary (the 128-byte swizzle's pattern), Q (``BLOCK_M x HEAD_DIM``), then two stages of (K, V),
+each ``BLOCK_N x HEAD_DIM``, every tile a :class:`~numba_flash.kernels.ptx.wgmma.TileLayout` in the
+128-byte swizzle, written by 16-byte ``cp.async`` (16-bit loads without ``VEC``); K and V read
+by the ``wgmma`` as K-major and MN-major operands of the same storage.
+
+The pipeline (FA3's intra-warpgroup overlap)
+--------------------------------------------
+Tile ``j`` sits in stage ``j mod 2``.  Its step: wait for this thread's copies (K_j and
+V_{j-1}, issued a whole step ago), fence them for the async proxy (``cp.async`` writes through
+the generic proxy, ``wgmma`` reads through the async one), one barrier; copy K_{j+1} into the
+other stage (its K was tile ``j - 1``'s, whose ``S`` completed last step) and V_j into this
+one (its V was tile ``j - 2``'s, whose ``P V`` completed last step); issue ``S_j = Q K_j^T``
+and ``acc += P_{j-1} V_{j-1}`` back to back (their registers prepared before either: ptxas
+serializes every ``wgmma`` of a stage in which ordinary instructions write an input of one);
+``wait_group 1`` (``S_j`` complete, ``P V`` in flight); the scores and the softmax of tile
+``j`` (``m_i``, ``l_i``, its ``alpha``) under the ``P V`` of tile ``j - 1``; ``wait_group 0``;
+``acc *= alpha`` (deferred: ``acc`` was the product's until then); ``P_j`` packed to 16 bits
+for the next step.  The first step's ``P V`` is "tile -1": ``P = 0`` against a zeroed V
+buffer (shared memory starts as anything, and ``0 * NaN = NaN``); the last tile's ``P V``
+follows the walk.  ``OVERLAP`` off: ``wait_group 0`` before the softmax (both products
+complete; the other warpgroup's softmax fills the tensor cores), fewer registers held through
+the softmax (the tile table says where each is chosen).
+
+K/V tiles outside the keys some row of the Q tile sees are never loaded; a masked tile zeroes
+the non-finite halves of the V chunks each thread copied (0 * NaN = NaN on a tensor core) and
+marks ``acc`` NaN where a key a row sees has a non-finite ``v[j, c]`` (read from global memory),
+as the ``mma.sync`` forward.  ``[docs: wgmma.md]`` explains the warpgroup and the layouts.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, float32, int32, int64, uint32
+
+from ...backend import on_simulator
+from ..core.elements import element_ops
+from .mma import compile_args, forward_grid, make_forward_block, make_row_stages
+from ..core.jit import device_jit, kernel_jit
+from ..mainloop.online_softmax import (
+    RESCALE_LOG2, make_epilogue, make_online_softmax, make_rescale, sink_of,
+)
+from ..ptx.stages import cp_async_commit, cp_async_wait_all
+from ..mainloop.tile_scores import make_tile_scores_pair
+from ..mainloop.tile_walk import make_kv_walk
+from ..core.config import MMA_DTYPES
+from .config import SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, ForwardWgmmaConfig, forward_wgmma_config
+from ..mainloop.visibility import make_tile_span
+from ..mainloop.warp_gemm import ACC_COLS, ACC_ROWS
+from ..ptx.wgmma import (
+    ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async, make_a_pack, make_tile_copy,
+    make_tile_scan, make_warpgroup_gemm, smem_address, warp_uniform, wgmma_wait_group,
+)
+
+__all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "ForwardWgmmaConfig", "forward_wgmma_config",
+           "forward_grid", "forward_wgmma_kernel"]
+
+_stage = functools.partial(device_jit, own_module=True, inline=True)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_wgmma_kernel(cfg):
+    """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.core.config.
+    ForwardWgmmaConfig` ``cfg``: the arguments of :func:`~numba_flash.kernels.forward.mma.
+    forward_mma_kernel` (uint16 views of ``q``, ``k``, ``v`` ``[B, H(kv), N, d]``; the flat
+    ``o`` and ``lse``; the :class:`~numba_flash.kernels.core.variant.Variant`), launched with
+    ``cfg.SMEM_BYTES`` of dynamic shared memory."""
+    (WARPGROUPS, BLOCK_N, HEAD_DIM, OVERLAP, DTYPE, DROPOUT, SOFTCAP, ALIBI, VEC, USER) = cfg
+    assert HEAD_DIM in WGMMA_HEAD_DIMS and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES
+    assert cfg.STAGES == 2   # K and V buffers alternate by tile parity (module docstring)
+    BLOCK_M, THREADS = cfg.BLOCK_M, cfg.THREADS
+    ROWS = 2                        # a lane's rows: g and g + 8 of its warp's 16
+    KEYS = BLOCK_N // 4             # a lane's scores per row
+    COLS = HEAD_DIM // 4            # a lane's output columns per row
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    FNS = (user_score, user_mask) if USER is not None else None
+    MASK_MOD = user_mask is not None
+    RAW = not (SOFTCAP or ALIBI or user_score is not None)  # scale folded into the exponent
+    ONE = float32(1.0)
+    LOG = on_simulator()            # compile time: the tile log exists only in the simulator
+    XOR = (1, 2)                    # a row's 4 lanes (its quad)
+
+    # -- shared memory (module docstring): Q, then STAGES x (K, V), 1024-byte aligned tiles
+    Q_LAY = TileLayout(BLOCK_M, HEAD_DIM, cfg.SWIZZLE).check()
+    KV_LAY = TileLayout(BLOCK_N, HEAD_DIM, cfg.SWIZZLE).check()
+    assert cfg.Q_BYTES % ARENA_ALIGN == 0 and cfg.TILE_BYTES % ARENA_ALIGN == 0
+    KV_BYTE = cfg.Q_BYTES                   # stage s: K at KV_BYTE + 2 s TILE, V after it
+    P_WORDS = BLOCK_N // 4                  # a lane's P, packed to 16 bits: P V's A registers
+    TILE = cfg.TILE_BYTES
+    Q_WG = Q_LAY.descriptor("K", 0, mn0=64).start if WARPGROUPS > 1 else 0  # a warpgroup's rows
+
+    # -- the stages (module docstring)
+    operands_qk, issue_qk, complete_qk = make_warpgroup_gemm(BLOCK_N, KV_LAY, "K", DTYPE,
+                                                             A_LAYOUT=Q_LAY, ACCUMULATE=False)
+    operands_pv, issue_pv, complete_pv = make_warpgroup_gemm(HEAD_DIM, KV_LAY, "MN", DTYPE)
+    p_pack, _p_words = make_a_pack(BLOCK_N // 16, DTYPE)
+    scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
+                                                       SOFTCAP, ALIBI, FNS, float32)
+    # the O rescale waits until the P V in flight has landed: the update hands alpha out
+    softmax_init, softmax_update, _finalize = make_online_softmax(
+        ROWS, KEYS, COLS, XOR, "ex2", float32, RESCALE_LOG2, ALPHA_OUT=True)
+    rescale = make_rescale(ROWS, COLS)
+    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
+    dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
+                                                      SOFTCAP, ALIBI, FNS)
+    copy_q = make_tile_copy(Q_LAY, THREADS, VEC)
+    copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
+    zero_nonfinite_v = make_tile_scan(KV_LAY, THREADS, DTYPE)
+    tile_span = make_tile_span(BLOCK_N)
+    forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)   # a warp: 16 rows
+
+    @_stage
+    def load_tile(smem, tile_byte, x, kv_base, kt, nk, d, tid):
+        """Issue the copy of K (or V) tile ``kt``: 32-bit row counts and, with ``VEC`` (``d ==
+        HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants)."""
+        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
+        base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
+        copy_kv(smem, tile_byte, x, base, HEAD_DIM if VEC else d, rows, d, tid)
+
+    @_stage
+    def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid):
+        """At tile ``kt`` (in ``stage``): K of the next tile ``kt_ahead`` into the other stage
+        (its K was tile ``kt - 1``'s, whose ``S`` is complete), V of tile ``kt`` into this
+        stage (its V was tile ``kt - 2``'s, whose ``P V`` is complete): one copy group, which
+        the next step waits for whole."""
+        if kt_ahead < t_hi:
+            load_tile(smem, pad + KV_BYTE + 2 * TILE * (1 - stage), k, kv_base, kt_ahead, nk, d,
+                      tid)
+        load_tile(smem, pad + KV_BYTE + 2 * TILE * stage + TILE, v, kv_base, kt, nk, d, tid)
+        cp_async_commit()
+
+    @_stage
+    def publish(smem, v_byte, prev, nk, tid):
+        """The step's one barrier: this thread's copies (K_j and V_{j-1}, issued a step ago)
+        landed, V_{j-1}'s inf / NaN halves zeroed when tile ``j - 1`` was masked (0 * NaN = NaN
+        on a tensor core), fenced for the async proxy; returns whether any thread zeroed one."""
+        cp_async_wait_all()
+        if prev[1]:
+            bad = zero_nonfinite_v(smem, v_byte, nk - prev[0] * BLOCK_N, tid)
+            fence_proxy_async()  # the copies and the zeroing, seen by the wgmma
+            return cuda.syncthreads_or(1 if bad else 0)  # landed for all; any non-finite v?
+        fence_proxy_async()  # this thread's copies, seen by the wgmma
+        cuda.syncthreads()  # K_j, V_{j-1} landed for all; every wgmma of tile j - 1's S done
+        return 0
+
+    @_stage
+    def finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev):
+        """Wait for the ``P V`` of tile ``prev[0]`` and take its accumulator; rarely, the
+        non-finite ``v`` rule of that tile (its mask_mod verdict ``prev[2]``)."""
+        wgmma_wait_group(0)
+        complete_pv(d_o, acc)
+        if v_bad:
+            nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, prev[0] * BLOCK_N, t, prev[2] != 0)
+
+    @_stage
+    def zero_tile(smem, tile_byte, tid):
+        """Zeros in a tile (this thread's words, ordinary stores: the first step's fence and
+        barrier publish them): the "V of tile -1" the first step's ``P V`` reads, with ``P``
+        zero (0 * NaN would be NaN; shared memory starts as anything)."""
+        for i in range(TILE // (4 * THREADS)):
+            smem[(tile_byte >> 2) + tid + i * THREADS] = uint32(0)
+
+    def make_step(MASKED):
+        """One K/V tile ``j``; ``MASKED`` (compile time): its scores are masked per element
+        (it is not inside the keys every row of the Q tile sees, or a user's mask_mod asks)."""
+        tile_scores = scores_masked if MASKED else scores_full
+
+        # [docs:wgmma-step]
+        @_stage
+        def step(kt, kt_ahead, stage, t_hi, ctx, umask):
+            smem, kv, frags, lane, va, sa = ctx
+            k, v, kv_base, nk, d, hk, bounds, pad = kv
+            s, acc, m_i, l_i, pa, alpha, prev = frags
+            tid, t, row0, q_addr, base, exp_scale = lane
+            k_byte = pad + KV_BYTE + 2 * TILE * stage           # K_j (V_j lands after it)
+            v_prev = pad + KV_BYTE + 2 * TILE * (1 - stage) + TILE  # V_{j-1}
+            v_bad = publish(smem, v_prev, prev, nk, tid)
+            load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid)
+            d_o, p_regs = operands_pv(acc, pa)    # P V's registers, before any mma is issued
+            d_s, _ = operands_qk(s, s)
+            d_s = issue_qk(d_s, None, smem, q_addr, base + k_byte)    # S_j = Q K_j^T
+            d_o = issue_pv(d_o, p_regs, smem, 0, base + v_prev)       # acc += P_{j-1} V_{j-1}
+            if OVERLAP:
+                wgmma_wait_group(1)  # S_j complete; P V stays in flight under the softmax
+            else:
+                finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev)  # both complete
+            complete_qk(d_s, s)
+            tile_scores(s, sa, row0, kt * BLOCK_N + 2 * t, bounds, umask)  # mask, score mods
+            moved = softmax_update(s, alpha, m_i, l_i, exp_scale)     # m_i, l_i, P; alpha
+            if DROPOUT:
+                dropout_rows((s, va, sa, row0, kt * BLOCK_N + 2 * t, nk))
+            if OVERLAP:
+                finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev)  # P V landed
+            if moved:
+                rescale(acc, alpha)                                   # acc *= alpha
+            p_pack(s, pa)                                             # P_j for the next step
+            prev[0], prev[1], prev[2], prev[3] = kt, int32(MASKED), int32(umask), stage
+        # [/docs:wgmma-step]
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
+
+    walk, nxt = make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, cfg.STAGES, 1,
+                             LOG)
+
+    # a user's functions stay out of the on-disk kernel cache (as the mma.sync forward); the
+    # launch bounds the compile tier counts with (255 registers for 256 threads)
+    @kernel_jit(cache=USER is None, launch_bounds=THREADS)
+    def flash_forward_wgmma(q, k, v, o, lse, va):
+        tid = int32(cuda.threadIdx.x)
+        fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
+
+        smem = cuda.shared.array(0, uint32)   # dynamic: cfg.SMEM_BYTES
+        pad = align_pad(smem)                 # the tiles from a 1024-byte boundary
+        base = smem_address(smem)             # arena byte x is shared address base + x
+        s = cuda.local.array((ROWS, KEYS), float32)
+        acc = cuda.local.array((ROWS, COLS), float32)
+        m_i = cuda.local.array(ROWS, float32)
+        l_i = cuda.local.array(ROWS, float32)
+        pa = cuda.local.array(P_WORDS, uint32)     # P of the previous tile, packed
+        alpha = cuda.local.array(ROWS, float32)    # this tile's rescale of acc
+        prev = cuda.local.array(4, int32)          # the previous tile: kt, masked, umask, stage
+        for i in range(P_WORDS):                   # "tile -1": P = 0 against V = 0
+            pa[i] = uint32(0)
+        prev[0], prev[1], prev[2], prev[3] = -1, 0, 0, 1
+
+        t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, fb.nk, fb.left,
+                                           fb.right)
+        kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
+        # the walk's context
+        w = (va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
+
+        # -- prologue: Q, and K of the first tile (a block mask's EMPTY tiles are never loaded)
+        copy_q(smem, pad, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d, fb.d,
+               fb.q_end - fb.q_start, fb.d, tid)
+        kt = nxt(t_lo - 1, w)
+        if kt < t_hi:
+            load_tile(smem, pad + KV_BYTE, k, kv_base, kt, fb.nk, fb.d, tid)
+        cp_async_commit()   # the first step's barrier publishes Q and K_0 with its wait
+        zero_tile(smem, pad + KV_BYTE + 3 * TILE, tid)   # stage 1's V: the first P V's
+        softmax_init(m_i, l_i, acc)
+
+        kv = (k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), pad)
+        frags = (s, acc, m_i, l_i, pa, alpha, prev)
+        q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
+        lanes = (tid, fb.t, fb.row0, q_addr, base, fb.exp_scale)
+        walk(kt, nxt(kt, w), t_hi, w, (smem, kv, frags, lanes, va, fb.sa))
+        if prev[0] >= 0:   # the last tile's P V
+            v_last = pad + KV_BYTE + 2 * TILE * prev[3] + TILE
+            v_bad = publish(smem, v_last, prev, fb.nk, tid)
+            d_o, p_regs = operands_pv(acc, pa)
+            finish_pv(issue_pv(d_o, p_regs, smem, 0, base + v_last), acc, v_bad, v, fb.hk, fb.sa,
+                      fb.row0, (fb.nk, fb.left, fb.right), fb.t, prev)
+        else:   # no tile to visit: Q's copies still land before the block exits
+            cp_async_wait_all()
+
+        # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
+        row_base = int64(uint32(fb.bh)) * fb.nq
+        epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
+                 (fb.row0, fb.nq, row_base * fb.d, fb.d, row_base, fb.t == 0), (2 * fb.t, fb.d),
+                 sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))
+
+    return flash_forward_wgmma
+
+
+def compile_config(cfg):
+    """The compile tier's entry of one configuration (the mma.sync forward's argument types)."""
+    return {
+        "name": cfg.name,
+        "config": cfg,
+        "kernel": forward_wgmma_kernel(cfg),
+        "args": compile_args(cfg),
+        "float64_ok": False,
+        "cc": CC,
+        "launch_bounds": cfg.THREADS,
+        "dynamic_smem": cfg.SMEM_BYTES,
+        # per warpgroup and K/V tile: Q K^T in HEAD_DIM / 16 m64n{BLOCK_N}k16, P V in
+        # BLOCK_N / 16 m64n{HEAD_DIM}k16
+        "hgmma": ((cfg.BLOCK_N, cfg.HEAD_DIM // 16), (cfg.HEAD_DIM, cfg.BLOCK_N // 16)),
+        # one K/V tile: each warp issues every HGMMA of its warpgroup
+        "sass": {"expect_mma": cfg.HEAD_DIM // 16 + cfg.BLOCK_N // 16},
+    }
+
+
+assert all(forward_wgmma_config(hd, simulator=False).SMEM_BYTES <= SMEM_LIMIT_SM90
+           for hd in WGMMA_HEAD_DIMS)

@@ -1,0 +1,1 @@
+"""The teaching kernels' host ops (validation, launch, results)."""

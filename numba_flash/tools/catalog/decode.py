@@ -1,0 +1,120 @@
+"""Decode's compile-tier configurations: split-KV, MLA's absorbed decode and the merge."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from numba import types
+from numba_flash.kernels.core.common import acc_dtype, numba_array_type
+from numba_flash.kernels.core.config import MMA_DTYPES
+from numba_flash.kernels.core.elements import BFLOAT16
+from numba_flash.kernels.decode.config import mla_decode_config
+from numba_flash.kernels.decode import merge
+from numba_flash.kernels.decode import mla
+from numba_flash.kernels.decode import split_kv
+
+
+def split_kv_configs():
+    """The GPU configurations the compile tier builds (a compile costs ~10 s, so a selection):
+    float16 and float32 at ``HEAD_DIM = 128`` with the most rows launched there, float16 at 64
+    and at 256, the softcap + ALiBi variant, and float64 at 128, all with 16-byte loads
+    (``VEC``), and float16 at 128 with element loads (a padded head dim).  Other combinations
+    are the same source with other constants and compile on first use.  A user's variant
+    (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
+    def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None,
+            own_v=None):
+        dtype = np.dtype(dtype)
+        fns, aux = (None, ()) if user is None else user
+        config = split_kv.launch_shape(dtype, HEAD_DIM, split_kv.gpu_rows_max(dtype, HEAD_DIM),
+                                       False, VEC=vec, PAGED=paged, SOFTCAP=softcap,
+                                       ALIBI=alibi, USER=fns, OWN_V=own_v is not None)
+        tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
+        tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
+        tag += "" if user is None else " score_mod mask_mod"
+        tag += "" if own_v is None else f" {own_v}"
+        return {
+            "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={config.ROWS} U={config.U}{tag}",
+            "config": config,
+            "kernel": split_kv.decode_kernel(config),
+            "args": split_kv.kernel_args_types(dtype, alibi, vec, aux),
+            "launch_bounds": split_kv.launch_bounds(split_kv.GPU_THREADS, dtype, HEAD_DIM),
+            "float64_ok": dtype == np.float64,
+            # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
+            # holding 25% of the kernel's FFMAs (by global loads it would be a combine loop;
+            # a user's build at float16 d=128 has 29% in it since the sink's exps joined the
+            # epilogue and the combine)
+            "sass": {"work": "ldg" if dtype == np.float64 else "ffma", "share": 0.25,
+                     "streaming": True},
+        }
+
+    for dtype in split_kv.DTYPES[:2]:
+        yield cfg(dtype, 128)
+    yield cfg(np.float16, 64)
+    yield cfg(np.float16, 256)
+    yield cfg(np.float16, 128, softcap=True, alibi=True)
+    yield cfg(np.float64, 128)
+    yield cfg(np.float16, 128, vec=False)
+    yield cfg(np.float16, 128, paged=False)
+    # bfloat16: the float16 kernel with other loads (float32 views split into words) and stores
+    yield cfg(BFLOAT16, 128)
+    yield cfg(BFLOAT16, 64, paged=False)
+    yield cfg(np.float16, 128, user=_user_config())
+    # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
+    # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
+    yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
+
+
+def _user_config():
+    """``((score_mod, mask_mod), aux types)`` of the compile tier's user build: the examples of
+    :mod:`numba_flash.flex.examples` (a relative-position bias table and per-token document
+    ids), each taking both aux arrays, as device functions (the builds above have none)."""
+    from numba_flash.flex.examples import document_mask, relative_bias
+    from numba_flash.flex.functions import device_function
+
+    def biased(score, b, h, q_idx, kv_idx, bias, doc):   # every function gets every aux array
+        return relative_bias(score, b, h, q_idx, kv_idx, bias)
+
+    def documents(b, h, q_idx, kv_idx, bias, doc):
+        return document_mask(b, h, q_idx, kv_idx, doc)
+
+    aux = (numba_array_type(np.float32, 2), numba_array_type(np.int32, 2))
+    return (device_function(biased), device_function(documents)), aux
+
+
+def merge_configs():
+    """Every merge configuration the package can launch on a GPU, for the compile tier."""
+    for part_dtype, out_dtype in merge.PAIRS:
+        acc_np = acc_dtype(part_dtype)
+        yield {
+            "name": f"merge THREADS={merge.GPU_THREADS} {part_dtype.name}->{out_dtype.name}",
+            "kernel": merge.merge_kernel(merge.GPU_THREADS, part_dtype, out_dtype),
+            "args": (numba_array_type(part_dtype, 3), numba_array_type(acc_np, 2),
+                     numba_array_type(np.dtype(np.float32), 1), numba_array_type(out_dtype, 2),
+                     numba_array_type(acc_np, 1)),
+            "float64_ok": part_dtype == np.float64,
+        }
+
+
+def mla_configs():
+    """The compile tier's builds: 576 / 512 (DeepSeek's latent cache) in float16 and
+    bfloat16."""
+    from numba_flash.kernels.core.variant import variant_type
+
+    u16_4 = types.Array(types.uint16, 4, "C")
+    u16_2 = types.Array(types.uint16, 2, "C")
+    i32_1 = types.Array(types.int32, 1, "C")
+    i32_2 = types.Array(types.int32, 2, "C")
+    f32_1 = types.Array(types.float32, 1, "C")
+    va_t = variant_type(types.float32, False, ())
+    for dtype in MMA_DTYPES:
+        cfg = mla_decode_config(576, 512, dtype)
+        pairs = cfg.BLOCK_N // 16
+        o_t = types.Array(types.float16 if dtype == "float16" else types.uint16, 1, "C")
+        yield {"name": cfg.name, "config": cfg, "kernel": mla.mla_decode_kernel(cfg),
+               "args": (u16_4, u16_2, i32_2, i32_1, i32_1, o_t, f32_1, f32_1, f32_1, va_t,
+                        types.int32, types.int32, types.int32, types.int32, types.int32,
+                        types.int32, types.int32),
+               "float64_ok": False, "mma": True,
+               # a key tile, a warp: S (2 mma per B pair and k-step), P V (2 per pair, k-step)
+               "sass": {"expect_mma": 2 * pairs * cfg.K_STEPS_W + 2 * (cfg.V_COLS_W // 16)
+                        * pairs, "streaming": True}}
