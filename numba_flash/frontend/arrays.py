@@ -49,7 +49,7 @@ from numba import cuda
 from .. import simulator
 from ..backend import on_simulator
 from .sim_time import SimWork, simulator_seconds, warn_if_slow
-from .validate import BFLOAT16, is_device_array
+from .validate import BFLOAT16, array_info, is_device_array
 
 __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds",
            "SimWork", "estimate_only"]
@@ -435,3 +435,29 @@ class ArrayCall:
                 found = dev.copy_to_host()
             if found[0]:
                 raise guard.report(found)
+
+
+# -- small integer arrays (lengths, tables, offsets) -----------------------------------------
+#: integer dtypes the kernels read directly; others are converted
+KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def host_ints(x):
+    """Host copy of a small integer array (NumPy as is; a device array is copied to the host:
+    only in the validating mode)."""
+    if is_device_array(x):
+        return cuda.as_cuda_array(x).copy_to_host()
+    return np.asarray(x)
+
+
+def kernel_ints(call, x, name):
+    """``x`` as an int32/int64 array the kernel reads: as it is for those dtypes; other integer
+    dtypes converted on the device for CuPy (a uint64 beyond int64 turns negative there, which
+    the kernels treat as bad), through the host for other device arrays (documented)."""
+    dt = array_info(name, x)[1]
+    if dt in KERNEL_INTS:
+        return call.input(x)
+    if call._cupy is not None:
+        return call.input(x.astype(call._cupy.int64))
+    host = host_ints(x)
+    return call.input(np.clip(host, -1, np.iinfo(np.int64).max).astype(np.int64))

@@ -28,9 +28,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda
 
 from ..frontend import ArrayCall
+from ..frontend.arrays import host_ints, kernel_ints
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
     ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, array_module, check_array,
@@ -52,18 +52,6 @@ from .forward import kernel_variant, no_sink
 from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
                        launch_append, validate_append, write_back)
 from .rotary import check_positions, check_rotary_tables, launch_rotary
-
-#: integer dtypes the kernel reads directly; others are converted (on the device for CuPy)
-_KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
-
-
-def _host_ints(x):
-    """Host copy of a small integer array (NumPy as is; a device array is copied to the host:
-    only in the validating mode)."""
-    if is_device_array(x):
-        return cuda.as_cuda_array(x).copy_to_host()
-    return np.asarray(x)
-
 
 def _check_num_splits(num_splits):
     """``None`` or an int in ``[1, 2**31 - 1]`` (more splits than key tiles are clamped)."""
@@ -114,17 +102,6 @@ def _check_lengths_and_table(seqlens, table, n_cache, block_size, n_blocks, page
                 f"block_table: expected entries covering live tokens in [0, {n_blocks}) "
                 f"(num_blocks of k_cache), got {int(entries[j])} at [{b}, {j}]")
     # [/docs:paged-validation]
-
-
-def _kernel_ints(call, x, name):
-    """``x`` as an int32/int64 array the kernel reads (no host round trip for device arrays)."""
-    dt = array_info(name, x)[1]
-    if dt in _KERNEL_INTS:
-        return call.input(x)
-    if call._cupy is not None:  # e.g. uint64: int64 on the device (a huge value turns negative
-        return call.input(x.astype(call._cupy.int64))  # and the kernel flags it as bad)
-    host = _host_ints(x)  # other device arrays: a host round trip (documented)
-    return call.input(np.clip(host, -1, np.iinfo(np.int64).max).astype(np.int64))
 
 
 def _alibi(alibi_slopes, b, h, check_values):
@@ -369,9 +346,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     call = ArrayCall(arrays)  # rejects device arrays in the simulator, before any copy
     seqlens = None
     if validate:  # every check before the first launch: nothing is written when one fails
-        seqlens = _host_ints(cache_seqlens)
-        table = _host_ints(block_table) if paged else None
-        cbi = _host_ints(cache_batch_idx) if cache_batch_idx is not None else None
+        seqlens = host_ints(cache_seqlens)
+        table = host_ints(block_table) if paged else None
+        cbi = host_ints(cache_batch_idx) if cache_batch_idx is not None else None
         if k_new is not None:
             validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged)
         elif cbi is not None:
@@ -390,7 +367,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         _check_lengths_and_table(seqlens, table, n_slots if not paged else n_cache,
                                  n_slots, n_cache, paged)
         if cache_leftpad is not None:
-            pads = _host_ints(cache_leftpad)
+            pads = host_ints(cache_leftpad)
             bad = np.flatnonzero((pads < 0) | (pads > seqlens))
             if bad.size:
                 i = int(bad[0])
@@ -432,7 +409,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
     # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
     dv_ = dk_ if latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
-    d_len = _kernel_ints(call, cache_seqlens, "cache_seqlens")
+    d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
     # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax;
     # with cache_batch_idx it is a paged cache of Bc blocks of Nmax slots, the indices its
@@ -449,7 +426,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                                 dtype)
         d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
                               n_slots, b, hkv, nnew, d, dtype)
-    d_pad = (_kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
+    d_pad = (kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
     if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(

@@ -21,7 +21,7 @@ from ..kernels.forward.simt import (
 )
 from ..philox import dropout_params
 from .forward import kernel_variant, user_build
-from .kv_cache import host_ints
+from ..frontend.arrays import host_ints
 
 
 def _check_paged_qkv(q, k, v):

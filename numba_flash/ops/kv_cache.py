@@ -12,38 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.arrays import host_ints, kernel_ints
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
-    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_bool, check_same_dtype,
-    check_same_kind, is_device_array,
+    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_bool, check_same_dtype,
+    check_same_kind, check_value_shape, is_device_array,
 )
-from ..frontend.validate import check_value_shape
 from ..kernels.cache.append import append_grid, append_kernel, default_threads
-
-#: integer dtypes the kernels read directly; others are converted
-_KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
-
-
-def host_ints(x):
-    """Host copy of a small integer array (a device array is copied: validating mode only)."""
-    if is_device_array(x):
-        from numba import cuda
-
-        return cuda.as_cuda_array(x).copy_to_host()
-    return np.asarray(x)
-
-
-def kernel_ints(call, x, name):
-    """``x`` as an int32/int64 array the kernel reads (no host round trip for CuPy arrays; a
-    uint64 beyond int64 turns negative there, which the kernels treat as bad)."""
-    dt = array_info(name, x)[1]
-    if dt in _KERNEL_INTS:
-        return call.input(x)
-    if call._cupy is not None:
-        return call.input(x.astype(call._cupy.int64))
-    host = host_ints(x)
-    return call.input(np.clip(host, -1, np.iinfo(np.int64).max).astype(np.int64))
-
 
 def check_writable_cache(name, x):
     """A cache written in place: a writable NumPy array, or a C-contiguous device array (a

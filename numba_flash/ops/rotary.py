@@ -15,7 +15,7 @@ from ..frontend.validate import (
     check_same_kind, is_device_array,
 )
 from ..kernels.cache.rotary import default_threads, rotary_grid, rotary_kernel
-from .kv_cache import host_ints, kernel_ints
+from ..frontend.arrays import host_ints, kernel_ints
 
 
 def check_rotary_tables(cos, sin, d, dtype, names=("cos", "sin")):
