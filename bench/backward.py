@@ -32,7 +32,7 @@ from common import attention_flops, on_gpu, peers, print_table, time_gpu, time_h
 import numba_flash  # noqa: E402  (common.py put the repository on sys.path)
 from numba import cuda  # noqa: E402
 from numba_flash import reference as ref  # noqa: E402
-from numba_flash.ops.kernel_choice import check_backward_kernel as check_kernel  # noqa: E402
+from numba_flash.frontend.kernel_choice import check_backward_kernel as check_kernel  # noqa: E402
 
 TOKENS = 8192
 HEADS = 8

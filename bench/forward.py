@@ -109,7 +109,7 @@ def windowed_sweep(args):
 
 def kernel_ran(args, dtype):
     """Which kernel ``numba_flash.forward(kernel=args.kernel)`` runs for this dtype."""
-    from numba_flash.ops.kernel_choice import check_forward_kernel as check_kernel
+    from numba_flash.frontend.kernel_choice import check_forward_kernel as check_kernel
 
     return check_kernel(args.kernel, dtype, False)
 

@@ -378,7 +378,7 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
              dkv[1].astype(dtype, copy=False))
     if sink is None:
         return grads
-    from ..ops.backward import sink_gradient   # this rank's rows, then every rank's
+    from ..frontend.backward_launch import sink_gradient   # this rank's rows, then every rank's
     mine = sink_gradient(do, o, lse, sink, accumulate=True)
     dsink = _sum_over_ranks(ring, host_ints(mine)).astype(np.float32)
     return (*grads, xp.asarray(dsink))

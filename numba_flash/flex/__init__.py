@@ -6,7 +6,7 @@ FlexAttention's ``create_block_mask``), what an op does with them before a launc
 families, every dtype), ``numba_flash.backward``, ``numba_flash.forward_varlen`` (the paged
 prefill too) and ``numba_flash.backward_varlen`` take them, and ``numba_flash.decode`` (no block
 mask there).  The backwards also take ``aux_grad``, a function that adds the gradients of the
-aux tensors with :func:`atomic_add` (:mod:`.atomics`, :mod:`numba_flash.ops.aux_grad`).  The
+aux tensors with :func:`atomic_add` (:mod:`.atomics`, :mod:`numba_flash.frontend.aux_grad`).  The
 page: docs/own-variant.md.
 """
 

@@ -2,7 +2,7 @@
 
 Many (query, key) pairs add into one entry of an aux tensor's gradient (every pair at one
 relative distance into one entry of a ``[H, 2N - 1]`` bias table), from many threads at once,
-so the add must be atomic.  A user's ``aux_grad`` (:mod:`numba_flash.ops.aux_grad`) calls::
+so the add must be atomic.  A user's ``aux_grad`` (:mod:`numba_flash.frontend.aux_grad`) calls::
 
     from numba_flash.flex import atomic_add
 

@@ -41,7 +41,7 @@ SCORE_MOD_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_MOD_ARGS = ("b", "h", "q_idx", "kv_idx")
 
 #: ``aux_grad(grad_score, score, b, h, q_idx, kv_idx, grads, *aux)``: adds the gradient of the
-#: loss w.r.t. the aux arrays into ``grads`` (:mod:`numba_flash.ops.aux_grad`)
+#: loss w.r.t. the aux arrays into ``grads`` (:mod:`numba_flash.frontend.aux_grad`)
 AUX_GRAD_ARGS = ("grad_score", "score", "b", "h", "q_idx", "kv_idx", "grads")
 
 _FIXED = {"score_mod": SCORE_MOD_ARGS, "mask_mod": MASK_MOD_ARGS,

@@ -25,8 +25,8 @@ from ..kernels.core.common import cdiv
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.variant import Variant
 from ..philox import dropout_params
-from .backward import check_backward_args, user_build
-from .forward import no_sink, user_arrays
+from ..frontend.kernel_args import backward_user_build, check_backward_args
+from ..frontend.kernel_args import no_sink, user_arrays
 
 
 def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
@@ -76,7 +76,7 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     use_dropout = float(dropout_p) > 0.0
     flags = dict(DROPOUT=use_dropout, SOFTCAP=softcap > 0.0, ALIBI=alibi is not None,
-                 USER=user_build(variant))
+                 USER=backward_user_build(variant))
     if d_v != d:   # V and dO tiles of their own width (OWN_V)
         flags["head_dim_v"] = d_v
 

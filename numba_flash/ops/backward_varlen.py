@@ -12,8 +12,8 @@ from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_
                                  check_variants)
 from ..kernels.core.common import acc_dtype
 from ..philox import dropout_params
-from .aux_grad import aux_gradients, prepare_aux_grad
-from .backward import launch_backward, sink_gradient
+from ..frontend.aux_grad import aux_gradients, prepare_aux_grad
+from ..frontend.backward_launch import launch_backward, sink_gradient
 
 
 def _as_batch(x):

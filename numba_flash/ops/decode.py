@@ -48,10 +48,12 @@ from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
-from .forward import kernel_variant, no_sink
-from .kv_cache import (cache_tables, check_batch_idx, check_new_kv, check_writable_cache,
-                       launch_append, validate_append, write_back)
-from .rotary import check_positions, check_rotary_tables, launch_rotary
+from ..frontend.kernel_args import kernel_variant, no_sink
+from ..frontend.cache_args import (
+    cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
+    validate_append, write_back,
+)
+from ..frontend.cache_args import check_positions, check_rotary_tables, launch_rotary
 
 def _check_num_splits(num_splits):
     """``None`` or an int in ``[1, 2**31 - 1]`` (more splits than key tiles are clamped)."""

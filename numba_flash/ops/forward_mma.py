@@ -13,7 +13,9 @@ from ..frontend import ArrayCall
 from ..kernels.forward.mma import (
     MMA_DTYPES, forward_grid, forward_mma_config, forward_mma_kernel, vector_copies,
 )
-from .forward import check_forward_args, check_forward_variant, launch_tensor_core, user_build
+from ..frontend.kernel_args import (
+    check_forward_args, check_forward_variant, launch_tensor_core, user_build,
+)
 
 
 def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, dropout_p=0.0,
@@ -46,8 +48,8 @@ def forward_mma(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, 
 
 def launch_forward_mma(q, k, v, args, variant=None):
     """Run the tensor-core forward on ``q``, ``k``, ``v`` with ``args`` already validated by
-    :func:`~numba_flash.ops.forward.check_forward_args` (``forward(kernel="mma")`` calls this,
-    so each argument is checked, and CuPy ALiBi slopes read, once per call); ``variant``: the
+    :func:`~numba_flash.frontend.kernel_args.check_forward_args` (``forward(kernel="mma")`` calls
+    this, so each argument is checked, and CuPy ALiBi slopes read, once per call); ``variant``: the
     user's variant from :func:`~numba_flash.flex.launch.prepare_variant`, or None."""
     if args.dtype.name not in MMA_DTYPES:
         raise TypeError(f"q: expected dtype float16 or bfloat16 for the tensor-core forward, "

@@ -20,7 +20,7 @@ from ..kernels.forward.simt import (
     default_tiles, forward_simt_config, forward_grid, forward_kernel, vector_tiles,
 )
 from ..philox import dropout_params
-from .forward import kernel_variant, user_build
+from ..frontend.kernel_args import kernel_variant, user_build
 from ..frontend.arrays import host_ints
 
 

@@ -17,12 +17,12 @@ from ..kernels.forward.wgmma import (
 )
 from ..kernels.forward.config import wgmma_head_dim
 from ..kernels.forward.mma import vector_copies
-from .forward import launch_tensor_core, user_build
+from ..frontend.kernel_args import launch_tensor_core, user_build
 
 
 def launch_forward_wgmma(q, k, v, args, variant=None):
     """Run the warpgroup forward on ``q``, ``k``, ``v`` with ``args`` validated by
-    :func:`~numba_flash.ops.forward.check_forward_args` (``forward(kernel="wgmma")`` calls
+    :func:`~numba_flash.frontend.kernel_args.check_forward_args` (``forward(kernel="wgmma")`` calls
     this); ``variant``: the user's variant or None.  Head dims past 128 and a value head dim of
     its own are a ``ValueError`` (use ``kernel="mma"``)."""
     if args.dtype.name not in MMA_DTYPES:

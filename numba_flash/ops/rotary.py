@@ -9,53 +9,12 @@ import numbers
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..frontend.sim_time import SimWork
-from ..frontend.validate import (
-    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_dtype,
-    check_same_kind, is_device_array,
-)
-from ..kernels.cache.rotary import default_threads, rotary_grid, rotary_kernel
 from ..frontend.arrays import host_ints, kernel_ints
-
-
-def check_rotary_tables(cos, sin, d, dtype, names=("cos", "sin")):
-    """``cos``, ``sin``: ``[max_position, rotary_dim / 2]`` in ``x``'s dtype (as flash-attn),
-    ``rotary_dim <= d``.  Returns ``(max_position, rotary_dim)``.  (The rotary dim is twice
-    the tables' width, so it is even by construction.)"""
-    cn, sn = names
-    cs, cd = check_array(cn, cos, 2, ATTENTION_DTYPES)
-    ss, sd = check_array(sn, sin, 2, ATTENTION_DTYPES)
-    check_same_dtype({"x" if cn == "cos" else "q": dtype, cn: cd, sn: sd})
-    if ss != cs:
-        raise ValueError(f"{sn}: expected the shape of {cn} {cs}, got {ss}")
-    rotary_dim = 2 * cs[1]
-    if rotary_dim > d:
-        raise ValueError(f"{cn}: expected [max_position, rotary_dim / 2] with rotary_dim <= the "
-                         f"head dim {d}, got shape {cs} (rotary_dim {rotary_dim})")
-    return cs[0], rotary_dim
-
-
-def check_positions(name, last, max_position, what):
-    """Every position a call reads (``last[b]`` is sequence ``b``'s largest) is below the
-    tables' ``max_position``."""
-    last = np.asarray(last, dtype=np.int64)
-    bad = np.flatnonzero(last >= max_position)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"{name}: too short: sequence {i} needs position {int(last[i])} "
-                         f"({what}), but {name} has {max_position} positions (dim 0)")
-
-
-def launch_rotary(call, dx, dcos, dsin, d_off, offset0, step, per_seq, interleaved, dtype):
-    """One rotary launch on device arrays; returns the new device array."""
-    b, h, n, d = dx.shape
-    threads = default_threads()
-    out = call.empty((b, h, n, d), dtype)
-    call.launch(rotary_kernel(threads, np.dtype(dtype), bool(interleaved)),
-                rotary_grid(b, h, n), (threads,), dx, dcos, dsin, d_off, out,
-                np.int32(offset0), np.int32(step), np.int32(per_seq),
-                work=SimWork("merge", b * h * n * max(d, threads)))
-    return out
+from ..frontend.cache_args import check_positions, check_rotary_tables, launch_rotary
+from ..frontend.validate import (
+    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_kind,
+    is_device_array,
+)
 
 
 def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=None):

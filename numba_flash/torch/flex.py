@@ -10,7 +10,7 @@ Where it differs from FlexAttention (docs/torch.md has the migration table):
 * the backward needs ``score_mod_grad(score, b, h, q_idx, kv_idx, *aux)``, ``d score_mod / d
   score`` (FlexAttention differentiates the function itself), and a learnable aux tensor needs
   ``aux_grad(grad_score, score, b, h, q_idx, kv_idx, grads, *aux)`` adding its gradient with
-  :func:`numba_flash.flex.atomic_add` (:mod:`numba_flash.ops.aux_grad`);
+  :func:`numba_flash.flex.atomic_add` (:mod:`numba_flash.frontend.aux_grad`);
 * the block mask is :class:`numba_flash.flex.BlockMask` (host-side, any block size that is a
   power of 2 >= 16), evaluated on the CPU (Numba); ``mask_mod=`` also works without one;
 * ``kernel_options`` and ``return_aux`` are not taken.
@@ -44,7 +44,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     * ``aux_tensors``: tensors the functions read, on the inputs' device (not captured in a
       closure); ``score_mod_grad``: ``d score_mod / d score`` (needed for gradients of
       ``query``/``key``/``value`` through a ``score_mod``); ``aux_grad``: adds the gradient of
-      the aux tensors that require grad (see :mod:`numba_flash.ops.aux_grad`).
+      the aux tensors that require grad (see :mod:`numba_flash.frontend.aux_grad`).
 
     Returns ``out [B, H, Nq, d]`` in the inputs' dtype, and with ``return_lse=True`` also
     ``lse [B, H, Nq]`` (natural log, float32; float64 for float64 inputs; not differentiable).

@@ -7,7 +7,7 @@ and for FlashAttention-4's arguments of :func:`numba_flash.torch.flash_attn_func
 and its backward on views of the tensors (:mod:`numba_flash.torch.bridge`) in one of three
 layouts: ``"bnhd"`` (flash-attn's ``[B, N, H, d]``), ``"bhnd"`` (FlexAttention's ``[B, H, N,
 d]``) and ``"varlen"`` (packed ``[total, H, d]`` with ``cu_seqlens``).  An aux tensor that
-requires grad gets its gradient from the user's ``aux_grad`` (:mod:`numba_flash.ops.aux_grad`).
+requires grad gets its gradient from the user's ``aux_grad`` (:mod:`numba_flash.frontend.aux_grad`).
 
 The user's functions are Python callables, which ``torch.library`` custom ops cannot take: this
 path is eager only (``torch.compile`` runs it outside the graph: :func:`torch.compiler.disable`).
@@ -182,7 +182,7 @@ def check_variant(q, k, v, names, aux_tensors, block_mask, score_mod, score_mod_
     ``score_mod_grad`` when the backward will run, an ``aux_grad`` (of the right arity,
     that Numba compiles) when an aux tensor requires grad.  Returns the aux tensors."""
     from numba_flash.flex import BlockMask
-    from numba_flash.ops.aux_grad import check_aux_grad
+    from numba_flash.frontend.aux_grad import check_aux_grad
 
     aux = _tensor_aux(aux_tensors, q.device, names)
     if block_mask is not None and not isinstance(block_mask, BlockMask):

@@ -51,10 +51,10 @@ def _break(monkeypatch, name):
 
 def _pretend_gpu(monkeypatch, cc=(9, 0)):
     """Make "auto" see a CUDA device of compute capability ``cc`` (on the code before and after
-    the kernel choice moved to numba_flash.ops.kernel_choice)."""
+    the kernel choice moved to numba_flash.frontend.kernel_choice)."""
     monkeypatch.setattr(forward_op, "on_simulator", lambda: False, raising=False)
     monkeypatch.setattr(backward_op, "_cuda_cc", lambda: cc, raising=False)
-    kc = sys.modules.get("numba_flash.ops.kernel_choice")
+    kc = sys.modules.get("numba_flash.frontend.kernel_choice")
     if kc is not None:
         monkeypatch.setattr(kc, "cuda_cc", lambda: cc)
     from numba import cuda
@@ -97,7 +97,7 @@ def test_broken_backward_mma_is_an_error_naming_the_import_failure(monkeypatch, 
 
 def test_missing_mma_module_falls_back_or_says_so(monkeypatch):
     """A module that is not installed at all: "auto" takes SIMT, "mma" says what is missing."""
-    from numba_flash.ops import kernel_choice as kc
+    from numba_flash.frontend import kernel_choice as kc
 
     real = importlib.import_module
 
@@ -115,7 +115,7 @@ def test_missing_mma_module_falls_back_or_says_so(monkeypatch):
 
 
 def test_one_home_for_the_kernel_choice():
-    from numba_flash.ops import kernel_choice as kc
+    from numba_flash.frontend import kernel_choice as kc
 
     assert forward_op.KERNELS is kc.KERNELS
     for module in (forward_op, backward_op):
@@ -183,7 +183,7 @@ def test_auto_takes_tensor_cores_for_bfloat16_on_sm80_and_simt_below(monkeypatch
     """"auto": bfloat16 runs on the tensor cores from compute capability 8.0 (the bf16 mma and
     cvt.rn.bf16x2 are sm_80 instructions), on the SIMT kernels on an older GPU."""
     from numba_flash.kernels.core.elements import BFLOAT16
-    from numba_flash.ops import kernel_choice as kc
+    from numba_flash.frontend import kernel_choice as kc
 
     monkeypatch.setattr(kc, "cuda_cc", lambda: (8, 0))
     assert kc.check_forward_kernel("auto", BFLOAT16, False) == "mma"
@@ -205,7 +205,7 @@ def test_bfloat16_backward_reaches_the_tensor_cores_only_once_they_take_it(monke
     SIMT and "mma" is a ValueError naming the dtype; with it, both take the tensor cores."""
     import numba_flash.ops.backward_mma as bmma
     from numba_flash.kernels.core.elements import BFLOAT16
-    from numba_flash.ops import kernel_choice as kc
+    from numba_flash.frontend import kernel_choice as kc
 
     monkeypatch.setattr(kc, "cuda_cc", lambda: (9, 0))
     monkeypatch.setattr(bmma, "MMA_DTYPES", ("float16",), raising=False)

@@ -144,7 +144,7 @@ def test_backward_variant_argument_errors(kwargs, exc, msg):
 def test_backward_kernel_choice(rng):
     """"auto" and "simt" run the SIMT kernels here (simulator); "mma" for float16 runs the
     tensor-core backward when it exists and otherwise says so by name."""
-    from numba_flash.ops.kernel_choice import check_backward_kernel as check_kernel
+    from numba_flash.frontend.kernel_choice import check_backward_kernel as check_kernel
 
     assert check_kernel("auto", np.float16) == "simt"  # simulator: no compute capability
     assert check_kernel("auto", np.float32) == "simt"
@@ -162,7 +162,7 @@ def test_backward_mma_dispatch(monkeypatch):
     """kernel="auto" picks tensor cores for float16 on compute capability >= 8.0 (when the mma
     backward exists), and kernel="mma" hands every argument on, validated once, to the
     tensor-core launches (launch_backward_mma)."""
-    import numba_flash.ops.kernel_choice as kc
+    import numba_flash.frontend.kernel_choice as kc
 
     monkeypatch.setattr(kc, "mma_available", lambda name: True)
     for cc, dtype, want in (((9, 0), np.float16, "mma"), ((8, 0), np.float16, "mma"),
@@ -245,7 +245,7 @@ def test_backward_gpu_tile_layout_in_simulator(rng, monkeypatch):
     run in the simulator, which otherwise uses 16 threads and 8 x 8 tiles: the thread layouts the
     GPU launches compute the same gradients (window, softcap, ALiBi, causal, GQA, both dQ paths).
     Measured: 5e-7 relative (float32)."""
-    import numba_flash.ops.backward as ob
+    import numba_flash.frontend.backward_launch as ob
 
     monkeypatch.setattr(ob, "default_tiles", lambda d, dtype: kb.default_tiles(
         d, dtype, simulator=False))

@@ -39,7 +39,7 @@ _WHAT = {"forward_mma": "the tensor-core forward", "backward_mma": "the tensor-c
 
 
 def _module_name(name):
-    return f"{__package__}.{name}"
+    return f"numba_flash.ops.{name}"
 
 
 def import_mma(name):

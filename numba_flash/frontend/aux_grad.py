@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..frontend import ArrayCall
-from ..frontend.sim_time import SimWork
+from . import ArrayCall
+from .sim_time import SimWork
 from ..kernels.backward.aux_grad import aux_grad_grid, aux_grad_kernel, default_shape
 from ..kernels.core.common import acc_dtype, cdiv
 

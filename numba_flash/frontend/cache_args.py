@@ -1,0 +1,236 @@
+"""The KV cache's host pieces shared by :func:`numba_flash.append_kv`,
+:func:`numba_flash.apply_rotary` and :func:`numba_flash.decode` (which appends ``k_new`` /
+``v_new`` and rotates them): the shape and value checks of an append, its launch and write-back,
+and the rotary tables' checks and launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.cache.append import append_grid, append_kernel
+from ..kernels.cache.append import default_threads as append_threads
+from .arrays import kernel_ints
+from .sim_time import SimWork
+from .validate import (
+    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_same_dtype, is_device_array,
+)
+from ..kernels.cache.rotary import default_threads as rotary_threads
+from ..kernels.cache.rotary import rotary_grid, rotary_kernel
+
+
+def check_writable_cache(name, x):
+    """A cache written in place: a writable NumPy array, or a C-contiguous device array (a
+    strided one would be copied and the writes lost)."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.writeable:
+            raise ValueError(f"{name}: expected a writable array (it is written in place), got "
+                             "a read-only one")
+    elif is_device_array(x):
+        cai = x.__cuda_array_interface__
+        strides = cai.get("strides")
+        if strides is not None:
+            itemsize = np.dtype(cai["typestr"]).itemsize
+            want, acc = [], itemsize
+            for s in reversed(cai["shape"]):
+                want.insert(0, acc)
+                acc *= s
+            if tuple(strides) != tuple(want):
+                raise ValueError(f"{name}: expected a C-contiguous device array (it is written "
+                                 f"in place), got strides {tuple(strides)}")
+
+
+def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new", d_v=None):
+    """``k_new`` ``[B, Hkv, Nnew, d]``, ``v_new`` ``[B, Hkv, Nnew, d_v]`` (``d_v``: the value
+    cache's head dim, default ``d``) in the caches' dtype; returns ``Nnew``."""
+    d_v = d if d_v is None else d_v
+    ks, kd = check_array(k_name, k_new, 4, ATTENTION_DTYPES)
+    vs, vd = check_array(v_name, v_new, 4, ATTENTION_DTYPES)
+    check_same_dtype({"k_cache": dtype, k_name: kd, v_name: vd})
+    if ks[0] != b or ks[1] != hkv or ks[3] != d:
+        raise ValueError(f"{k_name}: expected shape [B, Hkv, Nnew, d] = [{b}, {hkv}, Nnew, {d}] "
+                         f"(B from cache_seqlens, Hkv and d from k_cache), got {ks}")
+    if vs != ks[:3] + (d_v,):
+        raise ValueError(f"{v_name}: expected shape {ks[:3] + (d_v,)} ({k_name}'s, with the "
+                         f"head dim of v_cache), got {vs}")
+    return ks[2]
+
+
+def check_batch_idx(cache_batch_idx, b, paged):
+    """``cache_batch_idx``: integer ``[B]`` (contiguous caches only, as flash-attn)."""
+    if cache_batch_idx is None:
+        return
+    if paged:
+        raise ValueError("cache_batch_idx: expected None with a paged cache (block_table "
+                         "already says where each sequence lives), got an array")
+    (n,), _ = check_array("cache_batch_idx", cache_batch_idx, 1, INT_DTYPES)
+    if n != b:
+        raise ValueError(f"cache_batch_idx: expected shape ({b},) (the batch), got ({n},)")
+
+
+def first_bad(mask):
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if idx.size else None
+
+
+def validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged):
+    """Host value checks of an append, before anything is written: lengths >= 0, room for
+    ``Nnew`` more tokens (contiguous: ``L + Nnew <= Nmax``; paged: the table has the blocks,
+    the entries the new tokens go to are in ``[0, num_blocks)`` and give each new token a slot
+    of its own, :func:`check_paged_writes`), ``cache_batch_idx`` entries in ``[0, Bc)`` and
+    distinct (two sequences must not write one cache row)."""
+    seqlens = np.asarray(seqlens)
+    i = first_bad(seqlens < 0)
+    if i is not None:
+        raise ValueError(f"cache_seqlens: expected every entry >= 0, got {int(seqlens[i])} at "
+                         f"index {i}")
+    new = seqlens.astype(np.float64) + nnew           # exact for any int64 entry that matters
+    if not paged:
+        i = first_bad(new > n_slots)
+        if i is not None:
+            raise ValueError(
+                f"k_cache: too small: sequence {i} holds {int(seqlens[i])} tokens and {nnew} "
+                f"new ones do not fit in Nmax = {n_slots} (k_cache dim 2)")
+        if cbi is not None:
+            cbi = np.asarray(cbi)
+            j = first_bad((cbi < 0) | (cbi >= n_cache))
+            if j is not None:
+                raise ValueError(f"cache_batch_idx: expected entries in [0, {n_cache}) (dim 0 of "
+                                 f"k_cache), got {int(cbi[j])} at index {j}")
+            vals, counts = np.unique(cbi, return_counts=True)
+            if (counts > 1).any():
+                dup = int(vals[counts > 1][0])
+                raise ValueError(f"cache_batch_idx: expected distinct entries when appending "
+                                 f"(two sequences would write one cache row), got {dup} twice")
+        return
+    max_blocks = table.shape[1]
+    i = first_bad(new > max_blocks * n_slots)
+    if i is not None:
+        need = -(-(int(seqlens[i]) + nnew) // n_slots)
+        raise ValueError(
+            f"block_table: no room: sequence {i} holds {int(seqlens[i])} tokens and {nnew} new "
+            f"ones need {need} blocks of {n_slots} tokens, but block_table has {max_blocks} per "
+            "sequence")
+    for b in range(table.shape[0]):
+        first = int(seqlens[b]) // n_slots
+        last = (int(seqlens[b]) + nnew - 1) // n_slots
+        entries = table[b, first:last + 1]
+        out = np.flatnonzero((entries < 0) | (entries >= n_cache))
+        if out.size:
+            j = first + int(out[0])
+            raise ValueError(
+                f"block_table: expected entries in [0, {n_cache}) (num_blocks of k_cache) for "
+                f"the blocks the new tokens go to, got {int(table[b, j])} at [{b}, {j}]")
+    if (seqlens.astype(np.int64) + nnew > INT32_MAX).any():
+        raise ValueError("cache_seqlens: expected L + Nnew <= 2**31 - 1")
+    check_paged_writes(seqlens.astype(np.int64), table, nnew, n_cache, n_slots)
+
+
+def check_paged_writes(seqlens, table, nnew, n_cache, n_slots):
+    """Every physical slot an append writes has one owner: no two new tokens go to one slot (two
+    sequences, or one whose table lists a block twice), and no new token overwrites a token a
+    sequence already holds (a shared block that one sequence appends to).  Sharing blocks for
+    reading, as prefix caching does, is allowed: only the slots being written are checked.
+    ``seqlens`` int64 and ``table`` with the room and the entries the writes use checked."""
+    bs = n_slots
+    pos = seqlens[:, None] + np.arange(nnew, dtype=np.int64)          # [B, Nnew] tokens written
+    blk = np.take_along_axis(table, pos // bs, axis=1).astype(np.int64)
+    key = (blk * bs + pos % bs).ravel()                               # physical slot of each
+    order = np.argsort(key, kind="stable")
+    same = np.flatnonzero(key[order][1:] == key[order][:-1])
+    if same.size:
+        (b0, t0), (b1, t1) = (divmod(int(order[i]), nnew) for i in (same[0], same[0] + 1))
+        whose = f"sequence {b0}" if b0 == b1 else f"sequences {b0} and {b1}"
+        raise ValueError(
+            f"block_table: {whose} would write tokens {int(pos[b0, t0])} and {int(pos[b1, t1])} "
+            f"into one slot (physical block {int(blk[b0, t0])}, slot {int(pos[b0, t0]) % bs}); "
+            "blocks may be shared for reading (a common prefix), but each appended token needs "
+            "a slot of its own")
+    # the tokens each sequence holds: live[b, j] slots of its j-th block
+    j = np.arange(table.shape[1], dtype=np.int64)
+    live = np.clip(seqlens[:, None] - j * bs, 0, bs)
+    held = (live > 0) & (table >= 0) & (table < n_cache)
+    most = np.zeros(n_cache, np.int64)          # slots [0, most[p]) of block p hold a token
+    np.maximum.at(most, table[held].astype(np.int64), live[held])
+    hit = np.flatnonzero(pos.ravel() % bs < most[blk.ravel()])
+    if hit.size:
+        b, t = divmod(int(hit[0]), nnew)
+        p, s = int(blk[b, t]), int(pos[b, t]) % bs
+        owner, jj = (int(x[0]) for x in np.nonzero((table == p) & held & (live > s)))
+        raise ValueError(
+            f"block_table: sequence {b} would write its token {int(pos[b, t])} into physical "
+            f"block {p}, slot {s}, where sequence {owner} holds its token {jj * bs + s}; a "
+            "block shared for reading (a common prefix) must be copied before a sequence "
+            "appends to it")
+
+
+def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
+                  nnew, d, dtype):
+    """One append launch on device arrays (the caches as their ``[rows, d]`` views); returns
+    the device array of new lengths (``d_len``'s dtype)."""
+    threads = append_threads()
+    grid = append_grid(b, hkv, nnew)
+    new_lens = call.empty((b,), d_len.dtype)
+    call.launch(append_kernel(threads, np.dtype(dtype), bool(paged)), grid, (threads,), dk, dv,
+                dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache), np.int32(n_slots),
+                work=SimWork("merge", b * hkv * nnew * max(d, threads)))
+    return new_lens
+
+
+def cache_tables(call, block_table, cache_batch_idx, b):
+    """``(paged, table)`` as the kernels read them: a paged cache's table; ``cache_batch_idx``
+    as a one-column table (a contiguous cache is ``Bc`` blocks of ``Nmax`` slots); else no
+    table (sequence ``b`` is block ``b``)."""
+    if block_table is not None:
+        return True, kernel_ints(call, block_table, "block_table")
+    if cache_batch_idx is not None:
+        return True, kernel_ints(call, cache_batch_idx, "cache_batch_idx").reshape(b, 1)
+    return False, call.empty((1, 1), np.int32)
+
+
+def write_back(call, user, dev):
+    """NumPy caches are written in place: the device copy back into the caller's array (a
+    bfloat16 cache's words into its words: bits, not a uint16 -> bfloat16 value conversion)."""
+    if not call.on_device:
+        host = dev.copy_to_host().reshape(user.shape)
+        (user.view(host.dtype) if user.dtype != host.dtype else user)[...] = host
+
+
+def check_rotary_tables(cos, sin, d, dtype, names=("cos", "sin")):
+    """``cos``, ``sin``: ``[max_position, rotary_dim / 2]`` in ``x``'s dtype (as flash-attn),
+    ``rotary_dim <= d``.  Returns ``(max_position, rotary_dim)``.  (The rotary dim is twice
+    the tables' width, so it is even by construction.)"""
+    cn, sn = names
+    cs, cd = check_array(cn, cos, 2, ATTENTION_DTYPES)
+    ss, sd = check_array(sn, sin, 2, ATTENTION_DTYPES)
+    check_same_dtype({"x" if cn == "cos" else "q": dtype, cn: cd, sn: sd})
+    if ss != cs:
+        raise ValueError(f"{sn}: expected the shape of {cn} {cs}, got {ss}")
+    rotary_dim = 2 * cs[1]
+    if rotary_dim > d:
+        raise ValueError(f"{cn}: expected [max_position, rotary_dim / 2] with rotary_dim <= the "
+                         f"head dim {d}, got shape {cs} (rotary_dim {rotary_dim})")
+    return cs[0], rotary_dim
+
+
+def check_positions(name, last, max_position, what):
+    """Every position a call reads (``last[b]`` is sequence ``b``'s largest) is below the
+    tables' ``max_position``."""
+    last = np.asarray(last, dtype=np.int64)
+    bad = np.flatnonzero(last >= max_position)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}: too short: sequence {i} needs position {int(last[i])} "
+                         f"({what}), but {name} has {max_position} positions (dim 0)")
+
+
+def launch_rotary(call, dx, dcos, dsin, d_off, offset0, step, per_seq, interleaved, dtype):
+    """One rotary launch on device arrays; returns the new device array."""
+    b, h, n, d = dx.shape
+    threads = rotary_threads()
+    out = call.empty((b, h, n, d), dtype)
+    call.launch(rotary_kernel(threads, np.dtype(dtype), bool(interleaved)),
+                rotary_grid(b, h, n), (threads,), dx, dcos, dsin, d_off, out,
+                np.int32(offset0), np.int32(step), np.int32(per_seq),
+                work=SimWork("merge", b * h * n * max(d, threads)))
+    return out

@@ -1,0 +1,202 @@
+"""What every op passes its kernels besides the arrays: the validated forward and backward
+arguments (:class:`ForwardArgs`, :class:`BackwardArgs`), a user's variant as the kernels build
+and read it (``user_build``, :func:`user_arrays`), the kernels'
+:class:`~numba_flash.kernels.core.variant.Variant` of a call (:func:`kernel_variant`), and the
+tensor-core forwards' launch.  Shared by the ops in :mod:`numba_flash.ops`, none of which
+imports another op for them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..kernels.core.common import acc_dtype
+from ..kernels.core.variant import Variant
+from ..philox import dropout_params
+from .sim_time import tiled_work
+from .validate import check_backward_arrays, check_bool, check_qkv, check_scale
+from .variants import check_sink, check_variants
+
+
+class ForwardArgs(NamedTuple):
+    """The forward's arguments, validated once (:func:`check_forward_args`), as the launch code
+    of both kernel families takes them."""
+
+    b: int
+    h: int
+    nq: int
+    nk: int
+    d: int
+    dtype: np.dtype
+    causal: bool
+    return_lse: bool
+    scale: float
+    dropout_p: float
+    #: ``(seed_lo, seed_hi, threshold, keep_scale)`` of :func:`numba_flash.philox.dropout_params`
+    dropout: tuple
+    window: tuple
+    left: int
+    right: int
+    softcap: float
+    #: float32 ``[B, H]`` of the inputs' kind, or None
+    alibi: object
+    #: float32 ``[H]`` learnable sink logits of the inputs' kind, or None
+    sink: object = None
+    #: the value head dim (``v``'s and ``o``'s last dim): ``d`` unless ``v`` has its own
+    d_v: int = 0
+
+
+def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
+                       softcap, alibi_slopes, learnable_sink=None):
+    """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
+    share (raising before any launch) and return them as a :class:`ForwardArgs`."""
+    b, h, _hkv, nq, nk, d, d_v, dtype = check_qkv(q, k, v, value_dim=True)
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
+    scale = check_scale(softmax_scale, d, dtype)
+    dropout = dropout_params(dropout_p, seed)
+    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                        alibi_slopes, b, h, nq=nq, nk=nk)
+    return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
+                       float(dropout_p), dropout, window, left, right, softcap, alibi,
+                       check_sink(learnable_sink, h), d_v)
+
+
+def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
+    """A user's variant of the forward (:func:`numba_flash.flex.launch.prepare_variant`),
+    checked before any launch against the validated ``args``; None without one."""
+    if score_mod is None and mask_mod is None and block_mask is None and not aux_tensors:
+        return None
+    from ..flex.launch import prepare_variant
+    return prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                           compute_dtype=acc_dtype(args.dtype),
+                           shape=(args.b, args.h, args.nq, args.nk))
+
+
+def user_build(variant):
+    """A kernel factory's ``USER``: ``(score_mod, mask_mod, BLOCKS)`` device code, or None."""
+    if variant is None:
+        return None
+    return (variant.score_mod, variant.mask_mod, variant.block)
+
+
+def user_arrays(call, variant):
+    """``(kinds,) + aux`` on the inputs' device (kinds: the block mask's classification, or a
+    dummy a build without one never reads), or ``()`` without a variant."""
+    if variant is None:
+        return ()
+    kinds = variant.kinds if variant.kinds is not None else np.ones((1, 1, 1, 1), np.int8)
+    return (call.input(kinds),) + tuple(call.input(a) for a in variant.aux)
+
+
+def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=(1, 1),
+                   dropout=None, variant=None, sink=None):
+    """The kernels' :class:`~numba_flash.kernels.core.variant.Variant` of a validated call, on the
+    inputs' device, scalars in the compute type ``acc_t``: ``alibi`` float32 ``[B, H]`` or None
+    (then zeros of shape ``bh``: ``(B, H)`` for a build that reads slopes, the score-modifier
+    SIMT build); ``dropout``: the ``(seed_lo, seed_hi, threshold, keep_scale)`` of
+    :func:`numba_flash.philox.dropout_params` when dropout is on, else None; ``variant``: a
+    user's (:func:`check_forward_variant`) or None; ``sink``: float32 ``[H]`` learnable sink
+    logits or None (then ``[-inf]``: none)."""
+    acc_t = np.dtype(acc_t).type
+    softcap = float(softcap)
+    slopes = call.input(alibi) if alibi is not None else call.zeros(bh, np.float32)
+    drop = () if dropout is None else (*dropout[:3], acc_t(dropout[3]))
+    return Variant(acc_t(scale), (np.int32(left), np.int32(right)), acc_t(softcap),
+                   acc_t(1.0 / softcap if softcap > 0.0 else 0.0), slopes, drop,
+                   user_arrays(call, variant), no_sink(call) if sink is None else call.input(sink))
+
+
+def no_sink(call):
+    """:class:`~numba_flash.kernels.core.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
+    return call.input(np.full(1, -np.inf, np.float32))
+
+
+def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
+    """:func:`kernel_variant` of a :class:`ForwardArgs`."""
+    return kernel_variant(call, acc_t, args.scale, args.left, args.right, args.softcap,
+                          args.alibi, bh, args.dropout if args.dropout_p > 0.0 else None,
+                          variant, args.sink)
+
+
+def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, shared=0):
+    """Launch a tensor-core forward build (``mma.sync`` or warpgroup) on ``words`` (q, k, v as
+    uint16 words) and return ``o`` ``[B, H, Nq, d_v]`` (and ``lse``, with ``return_lse``)."""
+    o = call.empty((args.b, args.h, args.nq, d_v), args.dtype)  # bfloat16: uint16, viewed back
+    lse = call.empty((args.b, args.h, args.nq), np.float32)
+    call.launch(kernel, grid, (cfg.THREADS,), *words, o.reshape(-1), lse.reshape(-1),
+                forward_variant(call, args, variant, np.float32), shared=shared,
+                work=tiled_work(call.op, [(args.nq, args.nk)] * args.b, args.h, cfg.BLOCK_M,
+                                cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,
+                                mma=True))
+    if args.return_lse:
+        return call.result(o), call.result(lse)
+    return call.result(o)
+
+
+class BackwardArgs(NamedTuple):
+    """The dense backward's arguments, checked once (:func:`check_backward_args`)."""
+
+    b: int
+    h: int
+    hkv: int
+    nq: int
+    nk: int
+    d: int
+    dtype: np.dtype
+    causal: bool
+    deterministic: bool
+    scale: float
+    #: the kernels' window bounds (:func:`numba_flash.frontend.variants.check_variants`)
+    left: int
+    right: int
+    softcap: float
+    #: float32 ``[B, H]`` of the inputs' kind, or None
+    alibi: object
+    #: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`), or None
+    variant: object
+    #: the value head dim (``v``, ``o``, ``do``, ``dv``): ``d`` unless ``v`` has its own
+    d_v: int = 0
+
+    @property
+    def shape(self):
+        """``(B, H, Hkv, Nq, Nk, d)``."""
+        return self.b, self.h, self.hkv, self.nq, self.nk, self.d
+
+
+def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
+                        seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
+                        score_mod_grad, block_mask, aux_tensors, check_dtype=None):
+    """Check every argument :func:`backward` and
+    :func:`~numba_flash.ops.backward_mma.backward_mma` share (raising before any launch), in
+    one order: the arrays, then ``check_dtype(dtype)`` when given, the flags, the scale,
+    ``dropout_p`` and ``seed``, the built-in variants, the user's variant; return them as a
+    :class:`BackwardArgs`."""
+    b, h, hkv, nq, nk, d, d_v, dtype = check_backward_arrays(do, q, k, v, o, lse,
+                                                             value_dim=True)
+    if check_dtype is not None:
+        check_dtype(dtype)
+    causal = check_bool("causal", causal)
+    deterministic = check_bool("deterministic", deterministic)
+    scale = check_scale(softmax_scale, d, dtype)
+    dropout_params(dropout_p, seed)  # checks dropout_p and seed
+    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
+                                                         alibi_slopes, b, h, nq=nq, nk=nk)
+    # the one check of the user's arguments: None = no variant (and none of them given)
+    from ..flex.launch import prepare_variant
+
+    variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
+                              score_mod_grad=score_mod_grad, needs_grad=True,
+                              compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
+    return BackwardArgs(b, h, hkv, nq, nk, d, dtype, causal, deterministic, scale, left, right,
+                        softcap, alibi, variant, d_v)
+
+
+def backward_user_build(variant):
+    """The backward kernels' ``USER`` (both families): ``(score_mod, mask_mod,
+    score_mod_grad, BLOCKS)`` device code of a user's variant, or None without one."""
+    if variant is None:
+        return None
+    return (variant.score_mod, variant.mask_mod, variant.score_mod_grad, variant.block)
