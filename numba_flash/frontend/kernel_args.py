@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backend import on_simulator
 from ..kernels.core.common import acc_dtype
 from ..kernels.core.variant import Variant
 from ..philox import dropout_params
@@ -109,9 +110,23 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
                    user_arrays(call, variant), no_sink(call) if sink is None else call.input(sink))
 
 
+#: the ``[-inf]`` of no sink on a GPU, one per (array library, device), made by the first call:
+#: later calls allocate and copy nothing for it, so a CUDA graph captures no transfer of it and
+#: its replays read a buffer that stays alive
+_NO_SINK = {}
+
+
 def no_sink(call):
     """:class:`~numba_flash.kernels.core.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
-    return call.input(np.full(1, -np.inf, np.float32))
+    if on_simulator():
+        return call.input(np.full(1, -np.inf, np.float32))
+    from numba import cuda
+
+    device = call.device_id if call.device_id is not None else cuda.get_current_device().id
+    key = (call._cupy is not None, device)
+    if key not in _NO_SINK:
+        _NO_SINK[key] = call.input(np.full(1, -np.inf, np.float32))
+    return _NO_SINK[key]
 
 
 def forward_variant(call, args, variant, acc_t, bh=(1, 1)):

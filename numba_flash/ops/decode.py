@@ -405,7 +405,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                   "rotated q and k_new": ((rows_total + b * hkv * nnew if rotary else 0, d),
                                           dtype)})
 
-    dq = call.input(q[:, :, None, :] if single else q)
+    dq = call.input(q)
+    if single:  # [B, H, d] -> [B, H, 1, d] after the copy: Numba device arrays take no None index
+        dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
     # * block_size + slot): one index per key row, fewer registers than four
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
