@@ -227,7 +227,7 @@ def test_kernel_choice(monkeypatch):
     """'mma' hands every argument, validated once, to the tensor-core launch; 'auto' in the
     simulator (and for float32/64, or with explicit SIMT tiles) runs the SIMT kernel; block_m
     with 'mma' is an error."""
-    from numba_flash.ops.kernel_choice import check_forward_kernel
+    from numba_flash.frontend.kernel_choice import check_forward_kernel
 
     calls = []
 

@@ -166,7 +166,7 @@ def test_backward_and_auto_never_take_wgmma():
     q = np.zeros((1, 1, 4, 16), np.float16)
     with pytest.raises(ValueError, match="kernel: 'wgmma' is the forward's"):
         numba_flash.backward(q, q, q, q, q, np.zeros((1, 1, 4), np.float32), kernel="wgmma")
-    from numba_flash.ops.kernel_choice import check_forward_kernel
+    from numba_flash.frontend.kernel_choice import check_forward_kernel
     assert check_forward_kernel("auto", np.float16, False) != "wgmma"
 
 
