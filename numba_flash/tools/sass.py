@@ -1,53 +1,33 @@
 """The SASS tier: count what one steady-state loop iteration of a kernel issues on sm_90.
 
-PTX says what Numba asked for; the machine code (SASS) says what the GPU will issue.  Without a
-GPU the SASS can still be read: ptxas (``nvidia-cuda-nvcc`` wheel) assembles the PTX of a kernel
-configuration into a cubin, nvdisasm (``nvidia-cuda-nvdisasm`` wheel) prints its instructions.
-This module finds the kernel's steady-state loop in that listing, counts one iteration by
-instruction class and turns the count into an issue-bound ceiling.
+PTX says what Numba asked for; the machine code (SASS) says what the GPU will issue.  Without a GPU
+the SASS can still be read: ptxas (``nvidia-cuda-nvcc`` wheel) assembles the PTX of a kernel
+configuration into a cubin, nvdisasm (``nvidia-cuda-nvdisasm`` wheel) prints its instructions. This
+module finds the kernel's steady-state loop in that listing, counts one iteration by instruction
+class and turns the count into an issue-bound ceiling.
 
-How the loop is found
----------------------
-* Loops are back edges: a branch to an address at or before its own.  A loop is the address
-  interval ``[target, branch]``; loops nest by containment.
-* The **work** of a kernel is its tensor-core instructions (``HMMA``/``HGMMA``) if it has any,
-  else its FP32 FMAs (``FFMA``).  The **steady-state loop** of a tensor-core kernel is the loop
-  with the most MMAs in its own body (outside its inner loops), the shortest on a tie: of a
-  masked and an unmasked copy of the K/V loop, the unmasked one.  Otherwise it is the innermost
-  loop that still holds at least :data:`WORK_SHARE` of the kernel's work (the K/V-tile loop of
-  a SIMT forward, not an inner dot-product loop that holds a part of it, nor the whole kernel).
-* One iteration is one path from the loop's first instruction to its back edge through the
-  forward branches inside it.  Rare paths (a non-finite fix-up, a boundary tile's masking) are
-  such branches; the counted path is the one that does the kernel's work with the fewest
-  instructions: the path with the most work instructions (at most ``expect_mma`` when the
-  configuration states how many MMAs one iteration must issue: a fix-up that runs one more MMA
-  is off the path), then the most tile copies (``LDGSTS`` in a kernel that copies by cp.async,
-  else global loads: a full tile loads every element, and the path that skips a bounds-checked
-  load is the boundary tile's), then the most atomics (dK/dV's dQ: a masked tile's step, in
-  the same loop as the unmasked one, branches past the rows it masks), and among those the
-  shortest (the forward's rescale of ``acc`` when a row's maximum grew, rare after the first
-  tiles, is off the path).
-  A slow path that ptxas places out of line (after the loop) is not in the interval at all.
-* An inner loop left inside the iteration (one the compiler did not unroll) is counted as
-  ``trips`` x its body: the trip count the configuration gives (``trips``, inner loops in
-  address order), else the one read from the loop's own counter (:func:`infer_trips`: the
-  count-down form ptxas makes of a compile-time ``range``), else once, and then the row says so
-  (``trips_known`` False): such a count is a lower bound.
+Contract of :func:`analyse` ``(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE,
+streaming=False, ...)``:
 
-What is reported (per warp, per iteration)
-------------------------------------------
-Instructions by class (:func:`classify`), non-MMA instructions per MMA, the FFMA share, bytes
-loaded from global memory (per warp: 32 lanes x the width of each ``LDG``/``LDGSTS``) and bytes
-per instruction, and two bounds an H200 cannot pass (:data:`H200`):
+* loops are back edges (:func:`loops`); the **work** is the tensor-core instructions
+  (``HMMA``/``HGMMA``) if the kernel has any, else its ``FFMA``; the **steady-state loop**
+  (:func:`steady_loop`) is the loop with the most MMAs in its own body, the shortest on a tie, or
+  of a SIMT kernel the innermost loop that holds at least :data:`WORK_SHARE` of the work;
+* one iteration (:func:`count_iteration`) is one path through the loop's forward branches: the most
+  work (at most ``expect_mma``), then the most tile copies, then the most atomics, then the fewest
+  instructions; an inner loop left in it counts ``trips`` times its body (the configuration's, else
+  :func:`infer_trips`, else once: ``trips_known`` False, a lower bound);
+* reported per warp and iteration: instructions by class (:func:`classify`), non-MMA instructions
+  per MMA, the FFMA share, global bytes (32 lanes x each ``LDG``/``LDGSTS`` width) and bytes per
+  instruction, the **issue bound** (``issue_tflops``; ``ceiling_tflops`` capped at
+  :data:`MMA_SYNC_TFLOPS` for ``mma.sync``, :data:`WGMMA_TFLOPS` for ``wgmma``) the **shared-read
+  bound** (``smem_tflops``, :func:`shared_read_bytes` at :data:`SMEM_BYTES_PER_CLK`) and a
+  streaming kernel's ``ceiling_gbs``, on the :data:`H200`.
 
-* the **issue bound** (``issue_tflops``): ``warp instructions per second x useful work per
-  instruction``, if issuing one instruction per scheduler per clock were the only limit
-  (``ceiling_tflops`` is this bound, capped at :data:`MMA_SYNC_TFLOPS` for ``mma.sync``);
-* the **shared-read bound** (``smem_tflops``): ``useful work per shared byte x``
-  :data:`SMEM_BYTES_PER_CLK` ``x SMs x clock``, with the bytes a warp reads from shared memory
-  in the iteration (:func:`shared_read_bytes`: ``ldmatrix.x4`` 512 B, ``LDS.w`` ``32 w`` B;
-  a broadcast read counts in full, so for a kernel whose lanes share addresses it is a lower
-  bound).
+File: the H200's figures, the listing's parser and instruction classes, loops and the steady loop,
+trip counts, the iteration's path, the bounds, :func:`analyse`, :func:`mark_loop` (``compile-check
+--dump``).  How the loop and the path are chosen and why, and how to read the table:
+docs/compile-tier.md#the-sass-tier-what-the-machine-code-issues.
 """
 
 from __future__ import annotations

@@ -1,70 +1,43 @@
 """FlashAttention backward on tensor cores: the five products on ``mma.sync.m16n8k16``, composed
 of the mainloop stages.
 
-Math (as :mod:`numba_flash.kernels.backward.simt`, the SIMT kernels)
----------------------------------------------------------------
-With ``P = exp(s - lse)`` recomputed from the forward's ``lse`` through the forward's own score
-function (:func:`~numba_flash.kernels.mainloop.tile_scores.make_score_fn`: raw ``q . k`` with the
-scale folded into ``ex2`` without modifiers, else the scaled, softcapped, ALiBi'd, user-modified
-score), ``D = rowsum(dO * O)`` (the SIMT preprocess kernel) and ``Z = keep / (1 - p)`` (1
-without dropout)::
+Contract (the SIMT backward's, :mod:`numba_flash.kernels.backward.simt`): with ``P = exp(s -
+lse)`` through the forward's own score function
+(:func:`~numba_flash.kernels.mainloop.tile_scores.make_score_fn`), ``D = rowsum(dO * O)`` (the
+SIMT preprocess kernel) and ``Z = keep / (1 - p)`` (1 without dropout; ``keep`` of
+:func:`numba_flash.philox.philox_keep`, the mask of :func:`numba_flash.dropout_mask`)::
 
     dV = (P Z)^T dO      dP = (dO V^T) Z      dS = P (dP - D) grad
     dK = scale dS^T Q    dQ = scale dS K
 
-``grad = d s / d (scale qk)``: the softcap's ``1 - t^2`` times a user's ``score_mod_grad`` (1
-without either; ALiBi has no gradient).  A key a row does not see, a row past ``Nq`` and a row
-with ``lse = -inf`` give exactly ``P = dS = 0``.  Operands are the 16-bit inputs (``DTYPE``:
-float16 or bfloat16); ``P Z`` and ``dS`` are rounded from float32 (as flash-attn); accumulation
-is float32.
+``grad``: the softcap's ``1 - t^2`` times a user's ``score_mod_grad`` (1 without either).  A key
+a row does not see, a row past ``Nq`` and a row with ``lse = -inf`` give exactly ``P = dS = 0``.
+Operands are the 16-bit inputs (``DTYPE``: float16 or bfloat16; the kernels read uint16 views);
+``P Z`` and ``dS`` are rounded from float32 (as flash-attn); accumulation is float32.  ``lse``,
+``D``, ``dq_accum`` and the dK / dV outputs (float32, per query head: the op sums each GQA
+group) are flat float32 views.
 
-Kernels (:class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`, tile choices in
-:data:`~numba_flash.kernels.backward.config.BACKWARD_MMA_TILES`; 1-D grids,
-:func:`numba_flash.kernels.backward.simt.fold_grid`)
-------------------------------------------------------------------------------------------
-1. :func:`dkdv_mma_kernel`: one block per ``(K/V tile of BLOCK keys, b, query head h)``; warp
-   ``w`` owns ``M_TILES`` 16-key tiles.  K and V are copied once; the block walks the query
-   tiles of ``STEP`` rows that see some key of its tile
-   (:func:`~numba_flash.kernels.mainloop.visibility. tile_query_range`), ``STAGES`` of them in
-   flight.  Per query tile each warp computes the transposed products, keys as rows
-   (:mod:`~numba_flash.kernels.mainloop.warp_gemm`): ``S^T = K Q^T``, ``dP^T = V dO^T``, ``P^T`` and
-   ``dS^T`` element by element, ``dV += (P Z)^T dO`` and ``dK += dS^T Q`` with ``A`` straight from
-   the registers.  ``dK``, ``dV`` stay in registers and are written once, in float32, per query head
-   (the op sums each GQA group).  With ``DQ_ATOMIC`` each warp stores its ``dS^T`` (16-bit pairs) in
-   shared memory and, after a barrier, the warps split dQ's column pairs: ``dQ += scale dS K`` with
-   ``dS`` by ``ldmatrix.trans`` of ``dS^T`` (read once into registers) and float32 atomics into
-   ``dq_accum``.  ``WANT_DV`` / ``WANT_DK``, ``COL0`` / ``ACC_DIM``: the outputs and columns of this
-   launch (:func:`dkdv_passes`: at ``HEAD_DIM`` 256 four passes of half the columns).
+Kernels (a :class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`, tiles in
+:data:`~numba_flash.kernels.backward.config.BACKWARD_MMA_TILES`; 1-D grids of
+:func:`numba_flash.kernels.backward.simt.fold_grid`):
+
+1. :func:`dkdv_mma_kernel`: one block per ``(K/V tile of BLOCK keys, b, query head)``, warp ``w``
+   owning ``M_TILES`` 16-key tiles; it walks the query tiles of ``STEP`` rows that see its keys,
+   ``STAGES`` in flight; ``dK``, ``dV`` stay in registers.  ``DQ_ATOMIC``: ``dQ += scale dS K``
+   by float32 atomics into ``dq_accum``.  ``WANT_DV`` / ``WANT_DK``, ``COL0`` / ``ACC_DIM``: the
+   outputs and columns of this launch (:func:`dkdv_passes`).
 2. :func:`dq_mma_kernel` (``deterministic=True``): one block per ``(query tile of BLOCK rows, b,
-   h)``; Q's and dO's fragments are read into registers once, then per K/V tile of ``STEP`` keys
-   ``S = Q K^T``, ``dP = dO V^T``, ``dS``, ``dQ += dS K``: no atomics, bitwise reproducible.
+   h)``, walking K/V tiles of ``STEP`` keys; no atomics, bitwise reproducible (:func:`dq_passes`).
 
-Full and masked tiles: a (query tile, K/V tile) pair every row of which sees every key, all
-rows below ``Nq`` and keys below ``Nk``, runs the step compiled without masks and without the
-non-finite handling (exact: a non-finite ``q`` or ``k`` of a seen pair has made the row's
-``lse`` NaN, and a non-finite ``v`` or ``dO`` reaches only seen pairs).  The other pairs run the
-masked step, where ``P = dS = 0`` outside the mask and, since a tensor core computes ``0 * inf =
-NaN``, each thread zeroes the inf / NaN elements of the chunks it copied of the operands that
-multiply such a zero (``Q``, ``dO`` and, with dQ, ``K``); a zeroed ``dO[i, c]`` (rare) then
-makes ``dV[j, c]`` NaN for every key ``j`` row ``i`` sees in a fix-up (the reference's
-``P * NaN``).  Dropout: the keep bit of element ``(b, h, i, j)`` is
-:func:`numba_flash.philox.philox_keep` (the mask of :func:`numba_flash.dropout_mask`).  A user's
-variant (``USER``, :mod:`numba_flash.flex`): ``mask_mod`` on the tiles a block mask calls
-PARTIAL (every tile without one), ``score_mod`` / ``score_mod_grad`` on every seen pair; EMPTY
-tiles are never loaded.  ``[docs: backward.md]``.
+Compile time besides the tiles: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``, ``VEC`` (16-byte copies),
+``USER`` (:mod:`numba_flash.flex`), ``OWN_V`` / ``HEAD_DIM_V`` (``v``, ``do``, ``dv`` of ``d_v``
+columns; :data:`ONE_PASS_COLUMNS`), ``PAD_COLS``.  Shared memory: one static ``uint32`` arena of
+rows of ``2 HEAD_DIM + 16`` bytes (V and dO ``2 HEAD_DIM_V + 16``; the pad: conflict-free
+``ldmatrix``), ``BackwardMmaConfig.SMEM_BYTES``, at most 48 KiB.
 
-A value head dim of its own (``OWN_V``: ``v``, ``do``, ``dv`` of ``d_v`` columns): Q and K tiles
-are ``HEAD_DIM`` (``d`` rounded up to 16) wide, V and dO tiles ``HEAD_DIM_V`` (``d_v``'s), each
-array copied at its own width with zeros past it (16-byte copies when both widths are multiples of
-8, else 16-bit loads), so the padded columns add nothing to any product: ``S`` and ``dQ``, ``dK``
-run over ``HEAD_DIM``, ``dP`` and ``dV`` over ``HEAD_DIM_V``.  The dK/dV kernel holds both
-accumulators while the widths sum to at most :data:`ONE_PASS_COLUMNS` (DeepSeek's (192, 128)),
-else runs a pass per share of dV's columns and of dK's (:func:`dkdv_passes`).
-
-Shared memory: one static ``uint32`` arena, rows of ``RB = 2 HEAD_DIM + 16`` bytes (Q, K; V and
-dO ``2 HEAD_DIM_V + 16``; the pad: conflict-free ``ldmatrix``), sized by
-``BackwardMmaConfig.SMEM_BYTES`` (48 KiB at most).
-``lse``, ``D``, ``dq_accum`` and the dK / dV outputs are flat float32 views.
+File: the pass splits, the element step ``make_tile_p_ds`` (full and masked builds), ``dS^T``'s
+store, the two kernel factories, the compile tier's entry.  How the products, the non-finite
+rule and the passes work: docs/tensor-cores.md#the-backward.
 """
 
 from __future__ import annotations
@@ -135,7 +108,7 @@ def column_shares(width):
 
 
 def dkdv_passes(head_dim, deterministic, head_dim_v=None):
-    """The dK/dV launches of one backward as :class:`~numba_flash.kernels.core.config.
+    """The dK/dV launches of one backward as :class:`~numba_flash.kernels.backward.config.
     BackwardMmaConfig` fields, for ``HEAD_DIM`` and ``HEAD_DIM_V`` (``head_dim_v``, None: the
     same): one pass (every output, atomic dQ unless ``deterministic``) while the two widths sum
     to at most :data:`ONE_PASS_COLUMNS`, else a pass per share of dV's columns, then per share

@@ -1,224 +1,43 @@
-"""FlashAttention backward: recompute P from ``lse``, K/V tiles outer, dQ by atomics.
+"""FlashAttention backward (SIMT): ``P`` recomputed from ``lse``, K/V tiles outer, dQ by atomics.
 
-Math
-----
-For one ``(batch, query head)`` with ``S = mod(scale * Q K^T)`` (``mod``: the score modifiers of
-:mod:`numba_flash.kernels.mainloop.visibility`, softcap then ALiBi; keys a row does not see get
-``-inf``), the forward saved only ``O`` and one float per query row, ``lse_i = log sum_j
-exp(S_ij)``, not the running ``m_i`` and ``l_i``: since ``P_ij = exp(S_ij - m_i) / l_i = exp(S_ij -
-(m_i + log l_i))``, the one number ``lse_i = m_i + log l_i`` recovers the probabilities exactly::
+Contract (:func:`numba_flash.reference.attention_backward`): with ``S`` the forward's own scores
+(:func:`~numba_flash.kernels.mainloop.visibility.make_score`, bit for bit), ``P = exp(S - lse)``,
+``D = rowsum(dO * O)`` and ``Z = keep / (1 - p)`` (1 without dropout)::
 
-    P  = exp(S - lse)                     (recomputed tile by tile, never stored in HBM)
-    dV = P^T dO                           dP = dO V^T
-    dS = P * (dP - D) * (1 - t^2),   D_i = rowsum(dP_i * P_i)
-    dQ = scale * dS K                     dK = scale * dS^T Q
+    dV = (P Z)^T dO      dP = (dO V^T) Z      dS = P (dP - D) grad
+    dQ = scale dS K      dK = scale dS^T Q
 
-``dS`` is the softmax Jacobian applied to ``dP``: ``dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)``,
-times the softcap's slope ``d(c tanh(s / c))/ds = 1 - t^2`` with ``t = tanh(s / c)`` (1
-without softcap).  ``S`` is recomputed by the forward's own score function
-(:func:`~numba_flash.kernels.mainloop.visibility.make_score`: the raw ``q . k`` over the head dim in
-order, times ``scale``, then the modifiers), so ``S`` is the forward's bit for bit and ``P``
-sums to 1 up to the rounding of the stored ``lse`` (float32: see "The stored lse" below); with
-scores near 150 a score one ulp off would already be a 1e-5 relative error in ``P``.  ALiBi adds a
-constant ``-slope |i + Nk - Nq - j|`` to the score: it has no gradient.  The row term ``D_i``
-needs a whole row of ``dP``, which no K/V tile has, but it equals a row of ``dO * O`` summed (the
-*preprocess* kernel, :func:`preprocess_kernel`)::
+``grad``: softcap's slope ``1 - t^2`` times a user's ``score_mod_grad`` (1 without either; ALiBi
+has no gradient).  A key a row does not see, and a row with ``lse = -inf``, give ``P = dS = 0``.
+Arrays ``[B, H(kv), N, d]``, GQA's kv head ``h // (H / Hkv)``; varlen: the packed arrays as one
+batch ``[1, H, total, d]`` with int32 ``cu_seqlens``.
 
-    sum_j dP_ij P_ij = sum_j P_ij sum_c dO_ic V_jc
-                     = sum_c dO_ic (sum_j P_ij V_jc) = sum_c dO_ic O_ic
+Kernels, each on the 1-D grid of :func:`fold_grid` (block ``(tile, b, h)``, tile fastest):
+0. :func:`row_mass_kernel`, float32 only ("The stored lse"): row ``i`` of ``dO`` divided by
+   ``c_i = sum_j P_ij`` where ``c_i - 1`` is within the rounding of the float32 ``lse``;
+1. :func:`preprocess_kernel`: ``delta = rowsum(dO * O)``, ``dq_accum = 0``;
+2. :func:`dkdv_kernel`: one block per ``(K/V tile, b, query head)``, this head's dK, dV in
+   registers, written once; with ``dq_atomic`` also ``dq_accum += scale dS K`` by atomics;
+3. :func:`dq_kernel` (``deterministic=True``): one block per ``(Q tile, b, h)``, dQ in registers;
+4. :func:`reduce_kernel`: a GQA group's dK/dV summed in a fixed order, or dQ cast.
 
-``d`` multiplies per row instead of ``Nk``, and it reads only ``O`` and ``dO``.  A row that sees no
-key (causal with ``Nq > Nk``, a window that misses every key) has ``lse = -inf``: its ``P`` is
-forced to 0 (never ``exp(S + inf)``), so it adds nothing and its ``dQ`` stays 0, never NaN.
+Compile time (a :class:`~numba_flash.kernels.backward.config.BackwardSimtConfig`): ``BLOCK_M``,
+``BLOCK_N``, ``HEAD_DIM`` (16/32/64/128/256), ``THREADS``, the dtype, ``DROPOUT``, ``USER``; on
+the GPU ``launch_bounds = (THREADS, MIN_BLOCKS)`` (:data:`DKDV_MIN_BLOCKS`, :data:`DQ_MIN_BLOCKS`:
+2 to 5 blocks, 255 to 96 registers).  Run time: ``va`` (:mod:`~numba_flash.kernels.core.variant`:
+window with causal as ``right = 0``, softcap, ALiBi slopes, dropout's seed), ``varlen``,
+``dq_atomic``.  Tiles hold the compute type (float32 for 16-bit inputs, float64 for float64).
+Shared memory (:func:`shared_bytes`, at most 48 KiB; ``w`` bytes a compute element, ``VW = 16 /
+w``): ``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + VW]``, ``q_tile``, ``do_tile [BLOCK_M, HEAD_DIM +
+VW]``, ``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse``, ``delta [BLOCK_M]``: ``w (2 (BLOCK_M +
+BLOCK_N)(HEAD_DIM + VW) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)`` bytes, plus the int32 ``keep_tile
+[BLOCK_M, BLOCK_N / 4]`` with dropout and the 4-byte ``do_bad`` flag.
 
-The stored lse (float32)
-------------------------
-``lse`` is stored in float32 (the public ``forward``'s result, as flash-attn's), so it is off by
-up to half an ulp of ``|lse|`` (1.9e-6 at ``|lse|`` = 50), and ``exp(S - lse)`` carries that as
-a factor common to the row, which neither the forward's ``P = exp(S - m) / l`` nor plain
-attention's ``e / sum(e)`` has.  With large float32 scores it was about half of ``dV``'s error
-(issue 37; the figures are in tests/kernels/test_large_scores.py).  So the float32 backward
-first runs :func:`row_mass_kernel`: per row ``c_i = sum_j exp(S_ij - lse_i)`` (``p_and_ds``'s
-``P``, bit for bit, plus a learnable sink's ``exp(sink_h - lse_i)``) and, where ``|c_i - 1| <=
-|lse_i| 2^-23 + 2^-20`` (``lse_i`` is within an ulp or two of the log-sum-exp of exactly the keys
-given), every later kernel reads ``dO_i / c_i`` in place of ``dO_i``.  That is dividing the row
-of ``P``: ``dV = P^T (dO / c)``, ``dP / c = (dO / c) V^T`` and ``D / c = rowsum((dO / c) * O)``
-(the preprocess's), so ``dS = (P / c)(dP - D)`` and the kernels below run unchanged.  Outside
-the window ``lse`` is used as given: a ring or split-K step passes the *global* ``lse`` of more
-keys than it holds (:mod:`numba_flash.distributed.ring`: ``c_i`` is then their share, below 1),
-and a row with ``lse = -inf`` or NaN keeps its rule.  Inside it, keys the call does not hold
-can only weigh what the window allows, the size of the error removed.  The price: one more pass
-over ``Q K^T`` with its ``exp`` and a float32 copy of dO.  float16 and bfloat16 (rounding
-2^-11 and 2^-8, far above 2e-6) and float64 (a float64 ``lse``) skip it, as does the
-tensor-core backward (float16, bfloat16).
-
-Which keys a row sees (causal, sliding window ``(left, right)``, bottom-right aligned) is
-:func:`~numba_flash.kernels.mainloop.visibility.is_visible`; the kernels take the window as two
-runtime ints with causal folded in (``right = 0``;
-:func:`~numba_flash.kernels.mainloop.visibility.window_bounds`).
-
-Non-finite inputs never reach a row (key) that does not see them.  A NaN or inf in ``q`` or in a
-visible ``k`` makes the score, hence ``P`` and ``dS`` of the pairs that see it, NaN; the ``dS K``
-and ``dS^T Q`` operands store a non-finite ``k`` / ``q`` as 0, so a pair with ``dS = 0`` stays 0.
-A NaN or inf in ``dO_i`` makes ``D_i`` non-finite (the preprocess sums ``dO_i * O_i``), hence
-``dS`` NaN at the pairs row ``i`` sees (whatever ``dP`` holds).  For ``dV = P^T dO`` the dK/dV
-kernel stores a non-finite ``dO`` as 0 in ``do_tile`` (``P = 0`` at a pair the row does not see,
-but ``0 * NaN`` is NaN), learns from ``D`` that a Q tile held such a row (a
-shared ``do_bad`` flag raised while ``D`` is loaded) and then, once after its Q-tile loop,
-makes ``dV[j, c]`` NaN where a row that sees key ``j`` has a non-finite ``dO[row, c]``
-(:func:`dkdv_kernel`'s ``mark_non_finite_do``, in global memory once ``dV`` is written, reading
-``D`` and ``dO`` again).  Finite inputs run the plain step; the fast path pays one compare and
-select per loaded ``dO`` element.
-
-Kernels (every grid is 1-D, :func:`fold_grid`)
-----------------------------------------------
-0. float32 only, :func:`row_mass_kernel`: ``dO`` with each row divided by ``c_i`` ("The stored
-   lse" above), into a float32 copy that the kernels below read in place of ``dO``.
-1. :func:`preprocess_kernel` ``(o, do, delta, dq_accum, tiles)``: ``delta = rowsum(dO * O)`` and
-   zeroes the dQ accumulator.  ``LANES`` threads per row (a warp on the GPU) read consecutive
-   columns, so each step is one coalesced access, and combine their partial sums with
-   ``cuda.shfl_xor_sync`` (a butterfly: after ``log2 LANES`` steps every lane holds the sum).
-2. :func:`dkdv_kernel`: one block per ``(K/V tile j, batch b, query head h)``.  ``k_tile`` and
-   ``v_tile`` (of kv head ``h // (H / Hkv)``) are loaded once; the block loops over the Q tiles
-   that hold a row seeing some key of the tile
-   (:func:`~numba_flash.kernels.mainloop.visibility.tile_query_range`: causal and the window skip
-   the others), recomputing ``P`` and ``dS`` for each ``(Q_i, K_j)``; this head's share of ``dK_j``
-   and ``dV_j`` is accumulated in registers and written once.  GQA groups are spread over blocks
-   (one block per query head, not a loop over the group in one block): each block writes into a
-   compute-type ``[B, H, Nk, d]`` buffer and :func:`reduce_kernel` sums each group's heads in a
-   fixed order (with ``H == Hkv`` in float32/float64 the block writes ``dk``/``dv`` directly).
-   With ``dq_atomic`` it also adds ``scale * dS K_j`` into the float32 (float64) ``dq_accum``
-   with ``cuda.atomic.add``.
-3. :func:`dq_kernel`, for ``deterministic=True``: one block per ``(Q tile, b, h)``; it loops over
-   the K/V tiles its rows see (:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range`),
-   recomputes ``P`` and ``dS`` and accumulates ``dQ_i`` in registers in a fixed order, then
-   stores it: bitwise identical run to run.  (Atomic float adds land in whatever order the blocks
-   reach them; flash-attn users ask for a deterministic backward, flash-attn issues #414 and
-   #988.)  ``dK``/``dV`` then come from :func:`dkdv_kernel` with ``dq_atomic = 0``; they never
-   used atomics.
-4. :func:`reduce_kernel` ``(src, dst, tiles)``: a GQA group's dK/dV partials summed, or the
-   float32 dQ accumulator cast to float16; one thread per output element.
-
-Grid
-----
-``gridDim.y`` and ``gridDim.z`` stop at 65535 on CUDA, which ``B * H`` can pass, so
-every kernel here runs on a 1-D grid of ``tiles * B * heads`` blocks (:func:`fold_grid`, limit
-``2**31 - 1``) and each block unfolds its ``(tile, b, h)`` (:func:`unfold_block`), tile fastest
-so that the blocks of one head run side by side.  :func:`backward_grids` lists every grid the op
-launches, for a CPU test.
-
-Variable-length batches (``varlen = 1``)
-----------------------------------------
-The same kernels serve :func:`numba_flash.backward_varlen`: the op hands them the packed arrays
-as one batch ``[1, H, total, d]`` and the int32 ``cu_seqlens_q``/``cu_seqlens_k``; block
-``(tile, b, h)`` then works on sequence ``b`` (rows ``cu[b]:cu[b + 1]``), with indices inside
-the sequence for the visibility rule, ALiBi and dropout (so sequence ``b``'s keep-mask is
-``dropout_mask(seed, B, H, ...)[b]`` restricted to its lengths), and leaves at once when its tile
-starts past the sequence (``tiles`` is computed from ``max_seqlen``).  The preprocess and reduce
-kernels need no sequence boundaries at all: they work row by row on the packed arrays.
-
-Thread mapping
---------------
-Every tile product gives each thread a register micro-tile (:func:`layout`): for a ``ROWS x COLS``
-tile, ``COL_T`` threads across columns, ``ROW_T = THREADS / COL_T`` down rows, ``TR x TC``
-elements each.  Per step of the reduction a thread loads its ``TR`` row values and ``TC`` column
-values from shared memory and does ``TR * TC`` FMAs.  Which elements it owns follows the loads:
-
-* ``S`` / ``dP`` (``BLOCK_M x BLOCK_N``): rows ``r, r + ROW_T, ...`` and keys ``c, c + COL_T,
-  ...`` (strided): the reduction runs over the head dim, along the rows of Q, dO, K and V, so
-  every operand is a 16-byte chunk of a row whoever owns it, and neighbouring threads read
-  neighbouring keys' rows (distinct bank groups) or the same row (a broadcast).
-* ``dK`` / ``dV`` (``BLOCK_N x HEAD_DIM``): keys ``r TR ... r TR + TR - 1`` and columns ``c TC
-  ... c TC + TC - 1`` (contiguous): per query row a thread reads its ``TC`` columns of dO and
-  Q and its ``TR`` keys of P and dS, each a contiguous run, 16 bytes at a time where the run
-  is whole chunks (:func:`tile_functions`' ``make_load_run``).
-* ``dQ`` (``BLOCK_M x HEAD_DIM``): rows ``r, r + ROW_T, ...``, columns ``c TC ...`` (contiguous):
-  per chunk of ``VW`` keys one 16-byte load of each of its dS rows and ``TC / VW`` of each K row.
-  The S / dP step (:func:`tile_functions`' ``row_dot``) reads Q, dO, K and V rows 16
-bytes at a time (one ``ld.shared.v4`` per row and per key feeds ``VW`` FMAs of each of the
-thread's ``TR x TC`` products, ``VW = 16 / w``), so their rows are padded by one 16-byte chunk
-(:func:`row_pad`): every row starts 16-byte aligned and 8 consecutive rows start in distinct
-bank groups.  float32 ``exp`` is ``ex2.approx(x log2 e)``, as in the forward.  Three
-micro-tiles: ``S``/``dP`` (``BLOCK_M x BLOCK_N``),
-``dK``/``dV`` (``BLOCK_N x HEAD_DIM``, live across the whole K/V-outer loop) and ``dQ``
-(``BLOCK_M x HEAD_DIM``).  ``P`` and ``dS`` go through shared memory between them.
-
-Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
-------------------------------------------------------------------
-``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + VW]``, ``q_tile``, ``do_tile [BLOCK_M, HEAD_DIM +
-VW]``, ``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse`` and ``delta [BLOCK_M]``::
-
-    w * (2 (BLOCK_M + BLOCK_N)(HEAD_DIM + VW) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)  bytes
-
-plus ``4 BLOCK_M BLOCK_N / 4`` for the dropout ``keep_tile`` and 4 for the dK/dV kernel's
-``do_bad`` flag (:func:`shared_bytes`), at most 48
-KiB for every GPU configuration (:data:`GPU_TILES`; e.g. 43.3 KiB for float32 at HEAD_DIM = 128
-with 8 x 32 tiles, 43.6 KiB with dropout).  Tiles hold the compute type: float16 and bfloat16
-inputs are computed in float32, float64 in float64; every element is read (q, k, v, dO, O)
-and written (the reduction's dQ, dK, dV) through the element-type stage of
-:mod:`numba_flash.kernels.core.elements` (bfloat16 arrays are their uint16 words).
-
-Compile-time constants, and why the variants are runtime arguments
-------------------------------------------------------------------
-``BLOCK_M``, ``BLOCK_N``, ``HEAD_DIM`` (padded to 16/32/64/128/256), ``THREADS``, the dtype and
-``DROPOUT`` are arguments of the memoised factories.  On the GPU the dK/dV and dQ kernels are
-compiled with ``launch_bounds = (THREADS, MIN_BLOCKS)`` (:data:`DKDV_MIN_BLOCKS`,
-:data:`DQ_MIN_BLOCKS`: 3 to 5 resident blocks of 128 threads per SM, the most that assemble
-without spills), which caps their registers at 168, 128 or 96 instead of the up to 237 ptxas
-takes unasked.  The window (``left``, ``right``; causal is
-``right = 0``), ``softcap``, the ALiBi slopes, ``varlen`` and ``dq_atomic`` are runtime
-arguments of the same kernels.  The mask costs one or two integer compares per score next to
-``2 HEAD_DIM`` FMAs, and the tile skipping it buys is a runtime loop bound in any case (tiles
-outside the band are never loaded); softcap is one uniform branch per score; ALiBi always runs
-with a slope of 0 when off (``s - 0 * distance == s`` exactly).  Each of them compile-time would
-multiply the compile tier (already 2 kernels x 20 tile/dtype/dropout configurations): a
-compile-time causal flag alone doubled it (measured on a 2-core CPU: 126 builds, ~260 s of CPU
-with it; 68 builds, ~145 s without), and causal x window x softcap x ALiBi x varlen would be 32x.
-
-Dropout (the ``DROPOUT`` specialisation; the plain kernels have none of it)
-------------------------------------------------------------------------------
-The forward applied ``Z = keep / (1 - p)`` to ``P`` (``keep`` the Philox mask of
-:mod:`numba_flash.philox`: element ``(b, h, i, j)``, ``h`` the query head, ``i``/``j`` indices
-within the sequence, so it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)``) and
-returned ``O = (P * Z) V``.  The backward redraws the same bits from ``(seed, b, h, i, j)`` (no
-mask is stored) and applies the chain rule through ``Z``::
-
-    dV = (P * Z)^T dO                    dP = (dO V^T) * Z
-    dS = P * (dP - D) * (1 - t^2),   D_i = rowsum(dO_i * O_i)          (dQ, dK from dS as before)
-
-``D`` is still the preprocess kernel's ``rowsum(dO * O)`` with the *dropped* ``O``, because::
-
-    sum_c dO_ic O_ic = sum_c dO_ic sum_j P_ij Z_ij V_jc = sum_j P_ij Z_ij (dO V^T)_ij
-                     = sum_j P_ij dP_ij
-
-``lse`` is unaffected (the forward's ``l_i`` sums the undropped ``P``), so ``P = exp(S - lse)``
-is recomputed exactly as without dropout.  Each block draws the keep bits of its current
-``(Q_i, K_j)`` tile pair into ``keep_tile [BLOCK_M, BLOCK_N / 4]`` (int32; bit ``w`` of
-``keep_tile[m, g]`` keeps key ``k_start + 4 g + w`` of row ``q_start + m``) with
-:func:`~numba_flash.philox.philox_keep_bits4`, one Philox call per 4 keys spread over all
-threads, in the same phase as the tile loads (so behind the barrier that already precedes
-``p_and_ds``; no extra barrier).  A group no row can see (past the sequence, outside the row's
-:func:`~numba_flash.kernels.mainloop.visibility.key_bounds`) is not drawn.  The ``S``/``dP``
-micro-tile gives each thread columns strided by ``COL_T``, not 4 consecutive ones, hence the shared
-``keep_tile`` rather than per-thread draws (which would cost 4x the Philox calls).  ``p_tile``
-then holds ``P * Z`` (for ``dV``) and ``ds_tile`` ``P * (dP * Z - D) * (1 - t^2)``.
-``dropout_p = 0`` never reaches these kernels: the op runs the plain ones.
-
-The dropout kernels take one more argument, the tuple ``dropout = (seed_lo, seed_hi,
-threshold, keep_scale)`` (the ``numpy.uint32`` values of
-:func:`numba_flash.philox.dropout_params` and ``1 / (1 - p)`` in the compute type); the plain
-kernels get ``()``, an empty tuple that adds no kernel parameter.
-
-A user's variant (``USER``, :mod:`numba_flash.flex`, compile time)
-------------------------------------------------------------------
-``score_mod`` runs on the modified score and ``dS`` is multiplied by ``score_mod_grad`` at the
-score it received; ``mask_mod`` is and-ed into the visibility rule (:func:`tile_functions`).
-With a block mask each loop reads the classification
-(:func:`~numba_flash.kernels.mainloop.visibility.make_tile_kind`) before loading a tile: a tile pair
-it calls EMPTY is skipped (the dK/dV kernel's Q tiles of its K/V tile, the dQ kernel's K/V tiles
-of its Q tile; every thread takes the same branch, so the barriers stay uniform), a FULL one
-runs without ``mask_mod``.  In the simulator thread 0 logs each tile pair it computes
-(:func:`~numba_flash.kernels.core.common.log_tile`, ``(b, h, q_start, key tile)``).
+File: tiles and launch bounds, the grid, :func:`layout` (micro-tiles), :func:`tile_functions`
+(loads, ``p_and_ds``, ``ds_k``, ``draw_keep``), the kernels 2, 3, 0, 1, 4, the compile tier's
+selections.  Derivations, "The stored lse", non-finite inputs, variants: docs/backward.md;
+dropout: docs/dropout.md; thread mapping, shared memory, registers:
+docs/optimised-forward.md#the-backwards-inner-steps-16-bytes-at-a-time.
 """
 
 from __future__ import annotations
@@ -280,16 +99,12 @@ SIM_ROW_LANES = 8
 #: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
 #: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread
 #: (5: 96, 4: 128, 3: 168, 2: 255).  Each value is the largest that assembles without spills
-#: or a stack frame for sm_80 and sm_90 (ptxas 13, swept from the previous value + 1 down on
-#: 2026-12-01 after the 16-byte inner steps) and, at most 5, that the block's shared memory
-#: allows on an H100/H200 (228 KiB per SM: 5 blocks of ~43 KiB); the compile tier fails on any
-#: spill.  Keyed by word size, then HEAD_DIM; the dropout builds where they differ.  The
-#: unrolled 16-byte steps keep more loads in flight and need more registers than the scalar
-#: ones did (the dK/dV kernels went from 3-5 blocks to 2-3, the dQ kernels from 5 to 2-5):
-#: fewer warps per SM for more work per instruction, which a GPU must weigh (unmeasured).
-#: The shared score stage (:data:`STATIC_TILE`, 2026-12-01) moved float32 d = 16 dQ and d = 32
-#: dK/dV and float64 d = 32 dK/dV from 3 blocks to 2, float64 d = 64 dropout dK/dV from 4 to 2
-#: (3 spills 16 B) and float64 d = 16 dQ from 4 to 3 (sm_80 spilled).
+#: or a stack frame for sm_80 and sm_90 (ptxas 13) and, at most 5, that the block's shared
+#: memory allows on an H100/H200 (228 KiB per SM: 5 blocks of ~43 KiB); the compile tier fails
+#: on any spill.  Keyed by word size, then HEAD_DIM; the dropout builds where they differ.  The
+#: unrolled 16-byte steps need more registers than scalar ones: fewer warps per SM for more work
+#: per instruction, which a GPU must weigh (unmeasured; the sweeps that set these values:
+#: docs/optimised-forward.md#the-backwards-registers-and-occupancy).
 DKDV_MIN_BLOCKS = {4: {16: 2, 32: 2, 64: 2, 128: 2, 256: 3},
                    8: {16: 2, 32: 2, 64: 2, 128: 3, 256: 3}}
 DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 2}}

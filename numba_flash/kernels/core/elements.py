@@ -1,11 +1,11 @@
 """The element-type stage: how a kernel reads an input element and writes an output element.
 
 Every SIMT kernel (forward, backward, naive forward, softmax) computes in a *compute type*
-(float32, or float64 for float64 inputs) and touches its element type in two places only: a
-load (an element of ``q``, ``k``, ``v``, ``o``, ``do``, ``x`` as the compute type) and a store
-(the compute type as an element of ``o``, ``dq``, ``dk``, ``dv``, ``y``).  :func:`element_ops`
-gives the two device functions for an element dtype; a kernel built for a dtype calls them and
-is otherwise the same source for every element type.  Adding an element type is adding it here.
+(float32, or float64 for float64 inputs) and touches its element type in two places only: a load
+(an element of ``q``, ``k``, ``v``, ``o``, ``do``, ``x`` as the compute type) and a store (the
+compute type as an element of ``o``, ``dq``, ``dk``, ``dv``, ``y``).  :func:`element_ops` gives the
+two device functions for an element dtype; a kernel built for a dtype calls them and is otherwise
+the same source for every element type.  Adding an element type is adding it here.
 
 ==========  ===================  ==============  =============================================
 element     array the kernel     compute type    load / store
@@ -14,36 +14,24 @@ element     array the kernel     compute type    load / store
 float16     float16              float32         ``float32(x)`` (exact) / the array's own cast
                                                  (round to nearest even)
 bfloat16    uint16 (the bits)    float32         ``bits << 16`` reinterpreted as float32
-                                                 (exact: bfloat16 is the upper half of a
-                                                 float32) / round to nearest even (below)
+                                                 (exact) / round to nearest even (below)
 float32     float32              float32         identity / identity
 float64     float64              float64         identity / identity
 ==========  ===================  ==============  =============================================
 
-NumPy has no bfloat16: the host type is ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`), and a
-kernel sees a bfloat16 array as its 16-bit words (``x.view(np.uint16)``: no copy;
-:func:`kernel_dtype`), its outputs are allocated as ``uint16`` and viewed back as bfloat16.
-
-bfloat16 store, float32 ``x`` with bits ``b`` (what ``cvt.rn.bf16.f32`` and
-``ml_dtypes`` do)::
+NumPy has no bfloat16: the host type is ``ml_dtypes.bfloat16`` (:data:`BFLOAT16`); a kernel sees
+a bfloat16 array as its 16-bit words (``x.view(np.uint16)``, no copy: :func:`kernel_dtype`), and
+its outputs are allocated as ``uint16`` and viewed back as bfloat16.  The bfloat16 store of a
+float32 ``x`` with bits ``b`` (what ``cvt.rn.bf16.f32`` and ``ml_dtypes`` do), in integer code::
 
     NaN  (b & 0x7FFFFFFF > 0x7F800000):  (b >> 16) | 0x0040     (quiet NaN, sign kept)
     else:                                (b + 0x7FFF + ((b >> 16) & 1)) >> 16
 
-i.e. add half an ulp of bfloat16, minus one unless the kept half is odd, and truncate: round to
-nearest, ties to even.  Finite values past the largest bfloat16 round to inf, infinities stay
-inf, float32 subnormals round like any other value (bfloat16 has float32's exponent range, so
-its subnormals are float32's with the low 16 bits cut).  Integer code only, so it runs on
-every GPU (no sm_80 ``cvt.rn.bf16``) and, line for line, in the simulator.
-
-The only piece that is not plain integer code is the reinterpretation of 32 bits as a float32
-and back (:func:`float32_from_bits`, :func:`float32_bits`): on the GPU an ``@intrinsic`` that
-is one LLVM ``bitcast`` (no instruction: a register is a register); in the simulator a NumPy
-``view``.
-
-The compile tier's catalog (``tools/catalog/ptx.py``) lists :func:`round_trip_kernel` per element
-type (load, store, load again): the compile tier proves the stage builds for sm_80 / sm_90 with no
-float64 in the float32 kernels; the tests run it in the simulator on every bfloat16 bit pattern.
+File: the host helpers (:data:`BFLOAT16`, :func:`kernel_dtype`), the 32-bit reinterpretations
+(:func:`float32_from_bits`, :func:`float32_bits`: an ``@intrinsic`` bitcast on the GPU, a NumPy
+``view`` in the simulator), the loads and stores, :func:`element_ops`, and
+:func:`round_trip_kernel` (the compile tier's and the tests' probe).  Why the rounding is right,
+and why integer code: docs/tiled-forward.md#compute-types.
 """
 
 from __future__ import annotations

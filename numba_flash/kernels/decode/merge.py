@@ -9,38 +9,31 @@ log-sum-exp ``lse_p``.  Over the union of the (disjoint) key sets::
     w_p = exp(lse_p - m)                  (the part's share of the softmax mass, up to 1/W)
     W   = sum_p w_p,   lse = m + log W,   o = (sum_p w_p o_p) / W
 
-A part with ``lse_p = -inf`` saw no key: it is skipped (so a garbage ``o_p`` cannot leak in), and
-a row whose parts are all ``-inf`` gets ``o = 0, lse = -inf``.  Skipping, rather than adding
-``w_p = 0``, also keeps the result bitwise independent of how many empty parts a launch has,
-which the split-KV decode needs for batch invariance.
+A part with ``lse_p = -inf`` saw no key: it is skipped, not added as ``w_p = 0`` (a garbage ``o_p``
+cannot leak in, and the bits do not depend on how many empty parts a launch has: the split-KV
+decode's batch invariance); a row whose parts are all ``-inf`` gets ``o = 0, lse = -inf``.  A
+learnable sink is one more part, ``lse_p = sink``, ``o_p = 0``, joined once here, never inside a
+split (``sink = -inf``: none).  Non-finite parts follow :func:`numba_flash.reference.merge_states`:
+a NaN ``lse_p`` makes the row NaN, a ``+inf`` one gives ``lse = +inf`` and ``o = NaN``, a NaN in a
+non-empty ``o_p`` reaches ``o``.
 
-A learnable sink (gpt-oss's attention sinks, :mod:`numba_flash.kernels.mainloop.online_softmax`) is
-one more part: a key with no value, ``lse_p = sink`` and ``o_p = 0``.  It joins ``m`` and ``W``
-once, here, never inside a split (each split's partial is the plain softmax of its own keys): a row
-that saw no key then gets ``o = 0``, ``lse = sink``.  ``sink = -inf`` is no sink.
-
-Non-finite parts (the same rule as :func:`numba_flash.reference.merge_states`): a part
-with ``lse_p = NaN`` (it saw a NaN/inf score) makes the row's ``o`` and ``lse`` NaN; a part with
-``lse_p = +inf`` gives ``lse = +inf`` and ``o = NaN`` (the weights are inf/inf); a NaN in ``o_p``
-of a part that is not empty reaches ``o`` (``w_p * NaN``).  Nothing is silently discarded.
-
-The two device functions of :func:`make_merge_functions` are the whole rule; this file's kernel
-and the decode's fused combine (:mod:`numba_flash.kernels.decode.split_kv`) both call them.
+The device functions are the whole rule: :func:`make_merge_functions` (``merge_stats``,
+``merge_element``), called by this file's :func:`merge_kernel` and by the decode's fused combine
+(:mod:`numba_flash.kernels.decode.split_kv`); :func:`make_state_merge` is the same rule on the
+online softmax's ``(m_p, l_p)`` (the decode's merge of its key groups).
 
 Grid / block
 ------------
-grid = ``(rows,)``, block = ``(THREADS,)``.  Every thread of block ``row`` computes the row's
-``m`` and ``W`` (the ``P`` lse values are the same few words for all threads: broadcast loads),
-then thread ``t`` merges the head-dim elements ``t, t + THREADS, ...`` (consecutive threads on
-consecutive elements: coalesced); thread 0 writes ``lse``.  ``rows`` is the grid's x dimension
-(limit 2**31 - 1), never y or z (limit 65535).
+grid = ``(rows,)`` (:func:`merge_grid`: the x dimension, limit 2**31 - 1, never y or z, limit
+65535), block = ``(THREADS,)``.  Every thread of block ``row`` computes the row's ``m`` and ``W``
+(the ``P`` lse values are the same few words for all threads: broadcast loads), then thread ``t``
+merges the head-dim elements ``t, t + THREADS, ...`` (coalesced); thread 0 writes ``lse``.  No
+shared memory.  Parts are read in their dtype and merged in float32 (float64 for float64 parts);
+``o`` is written in the output dtype (bfloat16: the loads and stores of
+:mod:`~numba_flash.kernels.core.elements`).  :data:`PAIRS`: the (part, output) dtypes launched.
 
-Shared memory
--------------
-None.
-
-Parts are read in their dtype and merged in float32 (float64 for float64 parts); ``o`` is written
-in the output dtype (bfloat16: the loads and stores of :mod:`~numba_flash.kernels.core.elements`).
+The derivation, the notes' ``wrong_merge`` and the non-finite cases, run: docs/merge-states.md; the
+sink: docs/variants.md#attention-sinks.
 """
 
 from __future__ import annotations

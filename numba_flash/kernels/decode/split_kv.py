@@ -1,112 +1,43 @@
 """FlashDecoding: split-KV attention of a few query rows against a (paged) KV cache, with the
 combine fused into the same launch.
 
-Math
-----
-Sequence ``b`` has ``L = cache_seqlens[b]`` cached keys and ``Nq`` new query tokens, aligned
-bottom-right (query token ``i`` sits at key column ``i + L - Nq``); with ``leftpad[b] = P`` its
-keys are ``[P, L)`` only (flash-attn's ``cache_leftpad``: the sequence is aligned at its end, so
-the columns above, the window and ALiBi's distances are unchanged, and no key before ``P`` is
-read).  The keys some query row sees are ``[klo, khi)``
-(:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range` over all ``Nq`` rows: the window,
-causal, ``L`` and ``P`` folded in).  That range is cut into splits of ``size`` keys, from
-the sequence's own ``L`` only (batch invariance)::
+Contract (:func:`numba_flash.reference.attention` of the last ``Nq`` rows): sequence ``b`` has ``L
+= seqlens[b]`` cached keys, ``Nq`` new query tokens aligned bottom-right (token ``i`` at key column
+``i + L - Nq``) and, with ``leftpad[b] = P``, keys ``[P, L)`` only.  The keys some row sees,
+``[klo, khi)`` (:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range`: window, causal,
+``L``, ``P``), are cut into splits of ``size = round_up(max(split_min, cdiv(khi - klo,
+split_target)), STEP)`` keys, from the sequence's own ``L`` only (batch invariance).  Each split's
+partial state ``(o_rs, lse_rs)`` (online softmax over ``S_rj = scale q_r . k_j`` through
+:mod:`~numba_flash.kernels.mainloop.visibility`'s score modifier) merges by the log-sum-exp rule
+(:func:`~numba_flash.kernels.decode.merge.make_merge_functions`) in the last block of its
+``(sequence, kv head, row chunk)`` to finish; one split writes ``o`` directly.  A bad table entry
+for a key some row sees, or a bad ``L`` or ``P``, gives the sequence ``o = lse = NaN``, and nothing
+outside the cache is read.
 
-    size = round_up(max(split_min, cdiv(khi - klo, split_target)), STEP)
+:func:`decode_kernel` ``(cfg)`` builds the kernel for a
+:class:`~numba_flash.kernels.decode.config.DecodeConfig`: ``THREADS``, ``LANES`` (a key group's
+lanes), ``CHUNK`` (elements of 16 bytes), ``U`` (keys a group takes per step), ``ROWS`` (the
+smallest of 1, 2, 4, 8 that holds ``G * Nq`` within a register budget), ``HEAD_DIM``, the dtype and
+the flags ``VEC`` (16-byte loads), ``PAGED``, ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size
+``U`` does not divide), ``USER``, ``OWN_V``.
 
-(``STEP`` keys are one step of a block, below).
+Grid ``(B * Hkv * chunks, splits)``: x is ``(b * Hkv + kvh) * chunks + z``, y the split; block
+``(THREADS,)``.  Block ``(x, s)`` serves the query rows ``r = g * Nq + i`` of kv head ``kvh``'s GQA
+group in chunk ``z`` of ``ROWS`` rows.  ``NG = THREADS // LANES`` key groups; lane ``l`` of a group
+holds the ``DPL = HEAD_DIM // LANES`` elements ``l * CHUNK + LANES * CHUNK * i + e`` of a K or V
+row (:func:`lane_layout`) and a ``ROWS x DPL`` accumulator in registers.  Shared memory: ``q_sh``
+and ``acc_sh [ROWS, HEAD_DIM]`` (compute type), ``m_sh``, ``l_sh [NG, ROWS]``, per-row ``M``,
+``W``, ``lse`` and two flags: 2.6-8.4 KiB, never the limit; registers are (:func:`gpu_min_blocks`).
+The float32 workspace ``o_part``, ``lse_part`` and the int32 ``counters`` hold the splits' partials
+and tickets.  float16 and bfloat16 caches compute in float32 (bfloat16 through float32 views,
+:func:`cache_views`), float64 in float64.
 
-For every query row ``r`` and split ``s`` with keys ``J_s`` a block computes the partial state
-``lse_rs = log sum_{j in J_s, visible} exp(S_rj)``, ``o_rs = sum_j exp(S_rj - lse_rs) v_j``
-(``S_rj = scale q_r . k_j`` through the score modifier of
-:mod:`~numba_flash.kernels.mainloop.visibility`: non-finite -> NaN, softcap, ALiBi), with the online
-softmax.  The last block of a ``(sequence, kv head, row chunk)`` to finish merges the splits with
-the log-sum-exp rule (:func:`~numba_flash.kernels.decode.merge.make_merge_functions`); with a single
-split the block writes the output directly.
-
-Grid / block
-------------
-grid = ``(B * Hkv * chunks, splits)``, block = ``(THREADS,)``: x is ``(b * Hkv + kvh) * chunks +
-z`` (x allows 2**31 - 1 blocks, so any ``B * Hkv`` fits), y the split (at most 65535).  Block
-``(x, s)`` serves every query row of kv head ``kvh``'s GQA group (``G = H // Hkv`` heads times
-``Nq`` tokens, row ``r = g * Nq + i``) in chunk ``z`` of ``ROWS`` rows: ``ROWS`` is compile-time,
-the smallest of 1, 2, 4, 8 that holds ``G * Nq`` (within a register budget), so with
-``G * Nq <= ROWS`` each live K/V row is read from global memory exactly once, for all the heads
-and new tokens of its group, and no row is padded when ``G * Nq`` is a power of two.
-
-Inside a block, ``LANES`` consecutive lanes of a warp form a *key group*; a block has ``NG =
-THREADS // LANES`` of them.  A key group reads one K row and one V row at a time in *chunks* of
-``CHUNK`` contiguous elements, 16 bytes on the GPU (8 float16, 4 float32, 2 float64:
-:func:`lane_layout`): lane ``l`` holds the ``DPL = HEAD_DIM // LANES`` elements ``l * CHUNK +
-LANES * CHUNK * i + e`` (chunk ``i``, ``e < CHUNK``), so when ``d == HEAD_DIM`` (``VEC``) each is
-one 16-byte load (:func:`~numba_flash.kernels.ptx.stages.load16`, ``LDG.E.128``) from one base
-address per key, with no per-element test, and a warp's load covers ``32 * 16`` contiguous bytes
-(a float16 ``d = 128`` row is 16 lanes: two keys per warp instruction).  A padded head dim
-(``d < HEAD_DIM``) reads the same elements one at a time, zero past ``d``.  Each lane keeps the
-``ROWS x DPL`` output accumulator in registers; the pre-scaled ``q`` rows sit in shared memory
-(``q_sh``, lane-interleaved 16-byte pieces: one ``LDS.128`` gives a lane 4 of its values, shared
-by the ``U`` keys of a step), which leaves the registers to the keys in flight.  Per step a
-group takes ``U`` consecutive keys:
-
-1. partial dot products of the ``ROWS`` rows over the lane's ``DPL`` elements;
-2. a *reduce-scatter* over the group's lanes with ``shfl_xor_sync``: at butterfly step ``i``
-   (offset ``LANES >> (i + 1)``) a lane keeps half of the rows it carries and sends the other
-   half to its partner, which keeps that half, so after ``log2(ROWS)`` steps each lane carries
-   one row (the row whose bits are the lane's top offset bits, ``r_own``) and the remaining
-   steps are plain sums: ``ROWS - 1 + log2(LANES / ROWS)`` shuffles per key instead of
-   ``ROWS * log2(LANES)``, and no shared memory, no barrier;
-3. each lane runs the online softmax of its own row (``m, l``: one ``exp`` per key per lane,
-   shared by the ``LANES / ROWS`` lanes of the row instead of ``ROWS`` per lane; float32 builds
-   take it as ``ex2(x log2 e)``, :func:`~numba_flash.kernels.ptx.stages.ex2`: an FMUL and a
-   MUFU.EX2 against libdevice ``expf``'s ten instructions, relative error about 1e-6 at most
-   for the ``x <= 0`` it sees);
-4. ``acc = alpha acc + p v``: each row's ``alpha`` and ``p`` come from a lane that owns the row
-   (``shfl_sync``), ``ROWS * (1 + U)`` shuffles per step; the rescale runs only in a step where
-   some row's max moved (one branch), and in a step whose keys are all live and readable where
-   every row sees every key of the split (``full``) ``p v`` is added with no test; else a key
-   a row does not see (or a dead key, whose registers are stale) has ``p = -1`` and is
-   skipped.
-
-A block step covers ``NG * U`` consecutive keys.
-
-Where a key lives: a group walks its tokens with a running ``(table index, slot)`` pair that it
-advances by ``NG * U`` slots per step (two divisions when the split starts, none per key or
-element, 32-bit).  Steps start at the split's first key rounded down to a multiple of ``U``
-(keys before it are dead), so when ``U`` divides the block size a group's ``U`` keys share one
-page: one table entry (read at an index clamped into the table, no branch) and one base
-address per step, key ``u`` an immediate offset from it; with an odd block size
-(``SPLIT_PAGES``, compile-time) each key finds its own page.  Any block size works, a
-contiguous cache is one block of ``Nmax`` slots per sequence, and ``PAGED`` is a compile-time
-flag so that neither build carries the other's code.
-Every table entry is checked against ``[0, num_blocks)`` before it is dereferenced, and ``L``
-against the cache capacity (``Nmax``, or ``max_blocks * block_size``) and ``P`` against ``[0,
-L]``: a sequence with a bad entry for a key some query row sees, or a bad ``L`` or ``P``, gets
-``o = NaN, lse = NaN`` and nothing
-outside the cache is ever read.  Slots past ``L`` are never read either (stale NaN cannot leak).
-
-At the end of a split the ``NG`` group states merge in shared memory (a fixed order, so the bits
-do not depend on timing), then either the output is written (one split) or the partial
-``(o, lse)`` goes to a float32 workspace and the block takes a ticket from an atomic counter;
-the block that draws the last ticket merges all the splits of its rows (reading them in split
-order) and resets the counter to 0.
-
-Shared memory
--------------
-``q_sh`` and ``acc_sh[ROWS, HEAD_DIM]`` (compute type) for q and the group merge,
-``m_sh``/``l_sh[NG, ROWS]``, per-row ``M, W, lse`` and two flags: ``2 * ROWS * HEAD_DIM``
-values and a little more, 2.6-8.4 KiB for the GPU configurations, so shared memory never limits
-how many blocks an SM holds; registers do (``launch_bounds``: 3 blocks of 128 threads per SM, at
-most 168 registers, for float16/float32 up to ``HEAD_DIM = 128``; 2 above).
-
-Empty splits (past a sequence's keys: the grid spans the cache's capacity, the host does not
-know the lengths) write only ``lse = -inf`` and take their ticket.
-
-float16 caches are read as float16 and computed in float32; float64 computes in float64.
-bfloat16 (:mod:`~numba_flash.kernels.core.elements`: the kernel sees the 16-bit words) computes in
-float32 too: element loads are ``bits << 16``, and the 16-byte loads read the caches as
-``float32`` views (:func:`cache_views`), each float32 of a chunk split into its two words
-(``bits << 16`` and ``bits & 0xFFFF0000``, exact, 2 integer instructions per pair, no
-conversion); ``o`` is stored rounded to nearest even, ``lse`` stays float32.
+File: the tile choices and the split policy (:func:`launch_shape`, :func:`split_size`,
+:func:`decode_grid`), the kernel factory (loads, scores by reduce-scatter, the online softmax, the
+group merge, the split write, the combine), the compile tier's types.  How and why, with the
+machine-code counts:
+docs/flash-decoding.md#the-kernel-one-kv-read-per-gqa-group-lanes-along-the-head-dim; the block
+table: docs/paged-attention.md.
 """
 
 from __future__ import annotations
@@ -326,34 +257,34 @@ def decode_kernel(cfg):
     """Build (once per :class:`~numba_flash.kernels.decode.config.DecodeConfig`) the fused split-KV
     decode kernel
 
-    ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, alibi, o, lse, o_part, lse_part,
-    counters, scale, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
-    split_min, left, right, softcap, inv_softcap, aux)``
+    ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part, lse_part,
+    counters, va, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
+    split_min)``
 
-    ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and
-    ``CHUNK`` of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table
-    (``paged`` must agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not
-    divide (a step's keys may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse``
-    ``[B, H, Nq]`` (compute type); caches
-    ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size, d]``
-    views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
+    ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and ``CHUNK``
+    of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table (``paged`` must
+    agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not divide (a step's keys
+    may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
+    caches ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size,
+    d]`` views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
     ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
     ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each sequence's keys) and
-    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence);
-    ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``); ``o_part`` ``[splits, B * H * Nq,
-    d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused with one split) and
-    ``counters`` int32 ``[grid x]``, zero; the rest scalars (``scale``, ``softcap``,
-    ``inv_softcap`` in the compute type).  ``left``/``right``: the window (``-1`` unbounded,
-    causal folded into ``right = 0``).
+    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence); ``o_part``
+    ``[splits, B * H * Nq, d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused
+    with one split) and ``counters`` int32 ``[grid x]``, zero; ``va`` the
+    :class:`~numba_flash.kernels.core.variant.Variant`: ``scale``, ``softcap``, ``inv_softcap`` in
+    the compute type, ``window = (left, right)`` (``-1`` unbounded, causal folded into ``right =
+    0``), ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``), ``user`` ``(a stand-in for
+    kinds,) + aux``, ``sink`` the learnable sink logits; the rest scalars.
 
     ``USER``: a user's variant (:mod:`numba_flash.flex`), ``(score_mod, mask_mod)`` CUDA device
-    functions (either may be None), compile-time: ``aux`` is the tuple of the user's aux arrays
-    (``()`` without ``USER``: no kernel parameter).  For a key ``t`` the built-in rules let a
-    live row see, ``mask_mod(b, h, q_idx, t, *aux)`` decides whether it stays visible and
-    ``score_mod(s, b, h, q_idx, t, *aux)`` replaces its score after scale, softcap and ALiBi;
+    functions (either may be None), compile-time: ``va.user[1:]`` is the tuple of the user's aux
+    arrays (``va.user = ()`` without ``USER``: no kernel parameter).  For a key ``t`` the built-in
+    rules let a live row see, ``mask_mod(b, h, q_idx, t, *aux)`` decides whether it stays visible
+    and ``score_mod(s, b, h, q_idx, t, *aux)`` replaces its score after scale, softcap and ALiBi;
     ``b`` is the sequence (the row of ``q``), ``h`` the query head, ``q_idx = L - Nq + i`` the
-    query's column and ``t`` the key's position in the cache (all int32).  A build with
-    ``USER`` keeps out of the on-disk kernel cache (the user's code does not key it).
+    query's column and ``t`` the key's position in the cache (all int32).  A build with ``USER``
+    keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     (THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP, ALIBI, SPLIT_PAGES,
      USER, OWN_V) = cfg

@@ -1,65 +1,42 @@
 """FlashAttention forward on tensor cores: float16 or bfloat16 ``Q K^T`` and ``P V`` on
 ``mma.sync.m16n8k16``, composed of the mainloop stages.
 
-Contract (as :mod:`numba_flash.kernels.forward.simt`, the SIMT kernel, and
-:func:`numba_flash.reference.attention`): per ``(b, h)`` and query row ``i``, ``o_i =
-softmax(s_i) V`` and ``lse_i = log sum_j exp(s_ij)`` (natural log) over the keys the row sees
-(:mod:`numba_flash.kernels.mainloop.visibility`), ``s = scale q . k`` through softcap, ALiBi and a
-user's ``score_mod``; a row that sees no key gets ``o = 0``, ``lse = -inf``; a NaN or inf in ``q``
-or in a key the row sees makes ``o`` and ``lse`` NaN, a non-finite ``v[j, c]`` of a key it sees
-makes ``o[i, c]`` NaN.  Dropout multiplies the ``P`` of ``P V`` by ``keep / (1 - p)`` (``lse`` stays
-undropped), ``keep`` the Philox draw of :func:`numba_flash.dropout_mask`.  ``Q K^T`` and ``P V``
-take 16-bit operands and accumulate in float32 (``P`` rounded to the input type, as flash-attn);
-the softmax is float32.
+Contract (the SIMT forward's, :func:`numba_flash.reference.attention`): per ``(b, h)`` and query
+row ``i``, ``o_i = softmax(s_i) V`` and ``lse_i = log sum_j exp(s_ij)`` (natural log) over the keys
+the row sees (:mod:`numba_flash.kernels.mainloop.visibility`), ``s = scale q . k`` through softcap,
+ALiBi and a user's ``score_mod``; a row that sees no key gets ``o = 0``, ``lse = -inf``; a NaN or
+inf in ``q`` or in a key the row sees makes ``o`` and ``lse`` NaN, a non-finite ``v[j, c]`` of a
+key it sees makes ``o[i, c]`` NaN.  Dropout multiplies the ``P`` of ``P V`` by ``keep / (1 - p)``
+(``lse`` stays undropped), ``keep`` the Philox draw of :func:`numba_flash.dropout_mask`.  ``Q K^T``
+and ``P V`` take 16-bit operands and accumulate in float32 (``P`` rounded to the input type, as
+flash-attn); the softmax is float32.
 
-The per-tile step (FA4's ``compute_one_n_block``) reads as its stages
-----------------------------------------------------------------------
-:func:`~numba_flash.kernels.mainloop.warp_gemm.make_gemm` ``S = Q K^T`` (Q's fragments in
-registers), :func:`~numba_flash.kernels.mainloop.tile_scores.make_tile_scores` (the mask and the
-score modifiers; a tile inside the keys every row sees takes the unmasked build),
-:func:`~numba_flash.kernels.mainloop.online_softmax.make_online_softmax` (``m_i``, ``l_i``, ``acc *=
-alpha``; without softcap / ALiBi / ``score_mod`` the scores stay in raw ``q . k`` units and the
-scale is folded into the exponent: ``ex2(x c - m c)``, ``c = scale log2(e)``, one FFMA and one
-``ex2.approx`` per score), dropout on ``P``, ``acc += P V`` (``P`` straight from the ``S``
-registers).  The epilogue writes ``o = acc / l`` and ``lse`` (:func:`~numba_flash.kernels.
-online_softmax.make_epilogue`).
+:func:`forward_mma_kernel` ``(cfg)`` builds ``kernel(q, k, v, o, lse, va)`` for a
+:class:`~numba_flash.kernels.forward.config.ForwardMmaConfig` (tiles:
+:data:`~numba_flash.kernels.forward.config.FORWARD_MMA_TILES`): ``NUM_WARPS`` warps, warp ``w``
+owning the ``M_TILES`` 16-row tiles from row ``16 M_TILES w``; ``BLOCK_N`` keys a K/V tile;
+``STAGES`` K/V buffers; ``Q_IN_REGS``; ``HEAD_DIM`` (``d`` rounded up to 16); ``DTYPE``; the flags
+``DROPOUT``, ``SOFTCAP``, ``ALIBI``, ``VEC`` (16-byte ``cp.async`` copies, else 16-bit loads),
+``USER``, ``OWN_V``.  ``q``, ``k``, ``v`` are uint16 views of ``[B, H(kv), N, d]``, ``o`` and
+``lse`` flat views (bfloat16 ``o``: its uint16 words).  Grid ``(ceil(Nq / BLOCK_M) B H,)``
+(:func:`forward_grid`, Q tiles fastest), block ``32 NUM_WARPS`` threads; lane ``(g, t)`` holds rows
+``g + 8 h + 16 mt`` of its tiles and keys / columns ``8 n + 2 t (+1)``
+(:mod:`~numba_flash.kernels.mainloop.warp_gemm`).  Shared memory: one static ``uint32`` arena,
+``STAGES`` x (K tile, V tile) of rows of ``2 HEAD_DIM + 16`` bytes (V ``2 HEAD_DIM_V + 16``), Q in
+the last stage (one stage: V's buffer) until its fragments are in registers, else in a region of
+its own; at most 48 KiB.
 
-Blocks, warps, fragments
-------------------------
-The configuration is a :class:`~numba_flash.kernels.forward.config.ForwardMmaConfig` (the tile
-choices in :data:`~numba_flash.kernels.forward.config.FORWARD_MMA_TILES`).  grid = ``(ceil(Nq /
-BLOCK_M) B H,)`` (:func:`forward_grid`: Q tiles fastest), block = ``32 NUM_WARPS``; warp ``w`` owns
-the ``M_TILES`` 16-row tiles from row ``16 M_TILES w``, so each ``K`` and ``V`` fragment it reads
-from shared memory feeds ``M_TILES`` MMAs.  Lane ``(g, t)`` holds rows ``g + 8 h + 16 mt`` of those
-tiles and keys / columns ``8 n + 2 t (+1)`` (the accumulator views of
-:mod:`~numba_flash.kernels.mainloop.warp_gemm`).
+The per-tile step (FA4's ``compute_one_n_block``) is the stages in order:
+:func:`~numba_flash.kernels.mainloop.warp_gemm.make_gemm` ``S = Q K^T``,
+:func:`~numba_flash.kernels.mainloop.tile_scores.make_tile_scores` (masked or unmasked build),
+:func:`~numba_flash.kernels.mainloop.online_softmax.make_online_softmax`, dropout on ``P``, ``acc
++= P V`` (``P`` from the ``S`` registers); the epilogue (``make_epilogue``) writes ``o = acc / l``
+and ``lse``.
 
-The K/V pipeline (``cp.async``, :mod:`~numba_flash.kernels.ptx.stages`)
--------------------------------------------------------------------
-``STAGES`` buffers, each a K tile then a V tile of ``BLOCK_N`` rows of ``RB = 2 HEAD_DIM + 16``
-bytes (the pad: conflict-free ``ldmatrix``; V's rows ``2 HEAD_DIM_V + 16`` with a value head
-dim of its own); K and V are separate copy groups.  The prologue
-copies Q (into the last stage, or a region of its own at ``HEAD_DIM`` 256) and tiles ``0 ..
-STAGES - 2``; at tile ``j`` a thread waits for K_j (``cp.async.wait_group 2 STAGES - 3``), the
-block passes a barrier (K_j visible; every warp done with tile ``j - 1``, whose stage is
-refilled), issues tile ``j + STAGES - 1``, computes ``S`` and the softmax, waits for V_j
-(``wait_group 2 STAGES - 2``) and a second barrier, and computes ``P V``: V_j lands under
-``Q K_j^T``, later tiles under whole steps.  Every step commits two groups (empty past the
-last tile), so the wait depths are constants.  Rows past ``Nk`` (``Nq`` for Q) are zero-filled
-by the copy; with ``d < HEAD_DIM`` or unaligned inputs (``VEC`` off) 16-bit loads fill the tiles.
-
-K/V tiles outside the keys some row of the Q tile sees are never loaded
-(:func:`~numba_flash.kernels.mainloop.visibility.tile_key_range`); with a block mask
-(:mod:`numba_flash.flex`) nor are the EMPTY ones.  Non-finite ``v``: a key a row does not see has
-``P = 0`` but a tensor core computes ``0 * NaN = NaN``, so in a masked tile each thread zeroes
-the inf / NaN halves of the V chunks it copied (the second barrier is a ``syncthreads_or`` that
-tells the block whether there were any) and, rarely, a fix-up marks ``acc`` NaN where a key the
-row sees has a non-finite ``v[j, c]`` (read again from global memory).
-
-Element type (``DTYPE``): the copies move bits; the element type picks the ``mma`` and the pack
-of ``P`` (:func:`~numba_flash.kernels.ptx.mma.mma_ops`), the exponent bits of the non-finite rule
-and the store of ``o`` (:func:`~numba_flash.kernels.core.elements.element_ops`: bfloat16 ``o`` is
-its uint16 words).  ``[docs: tensor-cores.md]`` explains the fragments and the pipeline.
+File: the launch helpers (:func:`vector_copies`, :func:`forward_grid`), the block's coordinates
+(:class:`ForwardBlock`), the row stages (scores, softmax, dropout, non-finite ``v``), the kernel
+factory (pipeline, step, tile walk, epilogue), the compile tier's entries.  The fragments, the
+pipeline's waits and barriers, the non-finite rule and the measured figures: docs/tensor-cores.md.
 """
 
 from __future__ import annotations
@@ -260,7 +237,7 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
 
 @functools.lru_cache(maxsize=None)
 def forward_mma_kernel(cfg):
-    """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.core.config.
+    """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.forward.config.
     ForwardMmaConfig` ``cfg``.
 
     ``q``, ``k``, ``v``: uint16 views of the ``DTYPE`` ``[B, H(kv), N, d]`` inputs
@@ -310,9 +287,9 @@ def forward_mma_kernel(cfg):
     copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V)
     zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, DTYPE)
-    # the groups a thread may leave in flight (module docstring): at K_j, V_j and the K/V of the
-    # STAGES - 2 tiles after it; at V_j, those tiles; in the prologue, Q's followers.  One
-    # stage: K_j and V_j are the only groups in flight, each waited for alone
+    # the groups a thread may leave in flight (docs/tensor-cores.md, the pipeline): at K_j, V_j
+    # and the K/V of the STAGES - 2 tiles after it; at V_j, those tiles; in the prologue, Q's
+    # followers.  One stage: K_j and V_j are the only groups in flight, each waited for alone
     wait_k = cp_async_wait(max(0, 2 * STAGES - 3))
     wait_v = cp_async_wait(max(0, 2 * STAGES - 2))
     wait_q = cp_async_wait(max(1, 2 * STAGES - 2))

@@ -1,150 +1,43 @@
-"""FlashAttention forward: one thread block per Q tile, K/V tiles streamed through shared memory.
+"""FlashAttention forward on SIMT cores: one thread block per Q tile, K/V tiles streamed through
+shared memory, a register micro-tile per thread.
 
-Math
-----
-For one ``(batch, head)`` and one Q tile ``Q_i`` (``BLOCK_M`` rows), keep per row the running
-max ``m_i``, the running sum ``l_i`` and the unnormalised output ``acc`` (``BLOCK_M x HEAD_DIM``).
-For each K/V tile ``j`` (``BLOCK_N`` keys)::
+Contract (:func:`numba_flash.reference.attention`): per ``(b, h)`` and query row ``i``, ``o_i =
+softmax(s_i) V`` and ``lse_i = m_i + log l_i`` over the keys the row sees, ``s`` the one score of
+:mod:`numba_flash.kernels.mainloop.visibility` (``make_score``: ``(q . k) * scale``, non-finite
+-> NaN, then softcap and ALiBi in the ``SCORE_MOD`` build, then a user's ``score_mod``), which
+the backward recomputes bit for bit; a learnable sink (``va.sink``) is one more term of ``l``.
+A row that sees no key gets ``o = 0``, ``lse = -inf``; a NaN score makes its ``o``, ``lse`` NaN.
+Dropout multiplies the ``P`` of ``P V`` by ``keep / (1 - p)``, ``keep`` exactly
+``numba_flash.dropout_mask(seed, B, H, Nq, Nk, p)`` (varlen: indices within the sequence), drawn
+tile by tile, never stored; ``lse`` stays undropped.
 
-    S     = scale * Q_i K_j^T                      (-inf where a key is masked)
-    m_new = max(m_i, rowmax(S))
-    alpha = exp(m_i - m_new)
-    P     = exp(S - m_new)
-    l_i   = alpha * l_i + rowsum(P)
-    acc   = alpha * acc + P V_j
-    m_i   = m_new
+:func:`forward_kernel` ``(cfg)`` builds ``kernel(q, k, v, o, lse, va, seqs)`` for a
+:class:`~numba_flash.kernels.forward.config.ForwardSimtConfig`: compile-time ``BLOCK_M``,
+``BLOCK_N``, ``HEAD_DIM`` (16/32/64/128/256), the dtype, ``THREADS_M x THREADS_N`` and the flags
+``DROPOUT``, ``SCORE_MOD``, ``VARLEN``, ``PAGED``, ``USER``, ``VEC`` (``cp.async`` copies),
+``OWN_V`` (``v``, ``o`` of ``d_v`` columns).  The window ``(left, right)`` (causal: ``right =
+0``), softcap and ALiBi slopes are run time (``va``).  Layouts: ``q [B, H, Nq, d]``, ``k``/``v
+[B, Hkv, Nk, d]`` (kv head ``h // (H // Hkv)``); ``VARLEN``: ``q [total_q, H, d]``, ``k``/``v
+[total_k, Hkv, d]``, ``lse [H, total_q]``, sequence ``b`` the rows ``cu_seqlens[b]:cu_seqlens[b
++ 1]``; ``PAGED`` (varlen only): ``k``/``v`` caches ``[num_blocks, Hkv, block_size, d]`` read as
+``[num_blocks * Hkv * block_size, d]`` views, key ``t`` of sequence ``b`` at slot ``t %
+block_size`` of block ``block_table[b, t // block_size]``; an entry outside ``[0, num_blocks)``
+makes that key's ``k`` NaN and ``v`` 0, without a read.  float16 and bfloat16 compute in
+float32, float64 in float64 (:mod:`~numba_flash.kernels.core.elements`); ``lse`` is stored in
+the compute type.
 
-and at the end ``O_i = acc / l_i``, ``lse_i = m_i + log(l_i)``.
+Grid ``(ceil(Nq / BLOCK_M), y, z)`` (:func:`forward_grid`, ``bh = blockIdx.z * gridDim.y +
+blockIdx.y``), block ``(THREADS_N, THREADS_M)`` (:data:`GPU_TILES`): thread ``(tx, ty)`` owns
+rows ``ty + i THREADS_M``, score columns ``tx + j THREADS_N`` and the 16-byte chunks ``tx + c
+THREADS_N`` of ``acc``.  Shared memory (:func:`shared_bytes`, at most 48 KiB): ``q_tile``,
+``k_tile`` (rows padded by one chunk), ``v_tile``, ``p_tile`` (rows padded by :data:`P_PAD`),
+dropout's ``keep_tile``, paged ``page_sh``.
 
-Which keys a row sees, and the score of a visible key, follow the one rule of
-:mod:`numba_flash.kernels.mainloop.visibility` (flash-attn's conventions): query row ``i`` sits at
-key column ``i + Nk - Nq`` (bottom-right alignment) and sees the keys inside the window ``(left,
-right)`` around it (``causal`` is ``right = 0``; ``-1`` unbounded).  The window is a run-time
-argument, so one kernel serves full, causal and sliding-window attention.  Per Q tile
-(``tile_key_range`` / ``tile_full_range``): K/V tiles wholly outside the band no row of the tile
-sees are never loaded (the loop runs over ``[kv_lo, kv_hi)`` only: windowed attention costs
-``O(Nq * window)``); tiles every row sees whole run the unmasked step; only the tiles crossing
-the band's edges, and the ragged last tile, check each key with ``is_visible``, scoring the keys
-a row does not see ``-inf`` and leaving them out of ``P V`` (so a NaN in a masked key's ``v``
-cannot leak in as ``0 * NaN``).
-
-A visible key's score is the one score function of the backward too (``make_score``, whose
-docstring holds the contract): the raw ``q . k`` (unscaled ``q``, one FMA per column in order)
-times ``scale``, rounded; a non-finite score (a NaN or inf in ``q`` or in that key) becomes
-NaN; with the compile-time ``SCORE_MOD``, softcap (``softcap * tanh(s / softcap)``, switched on
-at run time by ``softcap > 0``) and ALiBi (minus ``slope[b, h] * |i + Nk - Nq - j|``; zero
-slopes switch it off) follow.  So the backward's ``P = exp(S - lse)`` is made of these very
-scores.  A NaN score makes the
-row's ``l_i`` NaN, and the epilogue then writes ``o`` and ``lse`` NaN (it only treats ``l = 0``,
-a row that saw no key, specially: ``o = 0``, ``lse = -inf``; ``exp`` is taken against 0 while
-``m_i = -inf`` so no ``-inf - -inf`` NaN ever appears).
-
-Variable-length batches (the compile-time ``VARLEN``): ``q [total_q, H, d]`` and ``k``/``v
-[total_k, Hkv, d]`` packed, sequence ``b`` being rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``
-(and likewise for keys); the block reads its sequence's offsets and lengths and runs the same
-steps with ``Nq``, ``Nk`` that sequence's, its own bottom-right alignment, and ``lse [H,
-total_q]``.  Blocks past a short sequence's last Q tile return at once.
-
-Paged K/V (the compile-time ``PAGED``, a varlen build; the prefill of a paged KV cache):
-``k``/``v`` are caches ``[num_blocks, Hkv, block_size, d]`` (read as their ``[num_blocks * Hkv *
-block_size, d]`` views) and key ``t`` of sequence ``b`` is in physical block ``block_table[b, t
-// block_size]`` at slot ``t % block_size`` (any block size: a K/V tile may span several blocks
-and a block several tiles).  Only the address of a K/V tile row changes: before a tile's
-loads, ``page_sh[r]`` holds the cache row ``(entry * Hkv + hk) * block_size + slot`` of its key
-``r``, one table lookup and one 32-bit division per key row (``page_rows``), and the loads
-read ``k[row, c]``.  The first tile's rows are looked up behind a barrier of their own; each
-later tile's are looked up while the previous tile is computed, after its loads (the only
-readers of ``page_sh``) and before its ``p_tile`` barrier, so a tile needs no extra barrier.
-Every entry is checked before it is used: one outside ``[0, num_blocks)`` or a column past
-the table gives the row -1, and that key's ``k`` is taken as NaN (``v`` as 0) without any read,
-so exactly the query rows that see the key get ``o = lse = NaN`` (a NaN key score, the
-non-finite rule above) and keys no row sees never matter.  Otherwise the arithmetic is the
-varlen build's, bit for bit.  The unpaged builds carry none of this code.
-
-Dropout (the ``DROPOUT`` specialisation; the plain kernel has none of it) replaces the
-``acc`` update by ``acc = alpha * acc + (P * Z) V_j`` with ``Z = keep / (1 - p)``, while ``m_i``,
-``l_i`` and so ``lse`` still come from the undropped ``P`` (as in
-:func:`numba_flash.reference.attention`).  ``keep`` for element ``(b, h, i, j)`` (query head
-``h``, query row ``i`` and key column ``j``; varlen: ``b`` the sequence, ``i`` and ``j`` within
-it) is the Philox4x32-10 draw of :mod:`numba_flash.philox`, drawn in the kernel tile by tile and
-never stored in global memory: it is exactly ``numba_flash.dropout_mask(seed, B, H, Nq, Nk,
-p)[b, h, i, j]`` (varlen: ``dropout_mask(seed, B, H, nq_b, nk_b, p)[b]`` for sequence ``b``).
-
-Grid / block
-------------
-grid = (ceil(Nq / BLOCK_M), y, z) from :func:`forward_grid`: ``blockIdx.x`` is the Q tile (varlen:
-of the longest sequence) and ``bh = blockIdx.z * gridDim.y + blockIdx.y`` the flattened ``(b,
-h)`` (``gridDim.y`` may not exceed 65535, so ``B * H`` beyond it spills into ``z``; spare blocks
-return at once); the kv head is ``h // (H // Hkv)`` (GQA / MQA).
-
-block = (THREADS_N, THREADS_M) from :data:`GPU_TILES` (e.g. 16 x 8 = 128 threads for float32 at
-HEAD_DIM = 64, 8 x 8 at 128): thread ``(tx, ty)`` owns the ``TM = BLOCK_M / THREADS_M`` tile rows
-``ty, ty + THREADS_M, ...`` and, in those rows, the ``TN = BLOCK_N / THREADS_N`` score columns
-``tx, tx + THREADS_N, ...`` of S and ``TD = HEAD_DIM / THREADS_N`` output columns of ``acc`` in
-16-byte chunks: chunks ``tx, tx + THREADS_N, ...`` of ``VW`` columns (4 float32, 2 float64).
-Its S and ``acc`` micro-tiles, ``m_i`` and its partial ``l_i`` live in registers
-(``cuda.local.array`` with compile-time sizes, fully unrolled).
-
-The two products read shared memory 16 bytes at a time (``ld.shared.v4``, :func:`stages.lds16`):
-``qk_tile`` takes, per 16-byte chunk of the head dim, one load per owned Q row and one per owned
-key (``TM + TN`` loads for ``TM TN VW`` FMAs, 16 x 4 FMAs for 8 loads at HEAD_DIM = 64);
-``pv_tile``, per chunk of ``VW`` keys, one load of ``P`` per row and ``TD / VW`` of ``V`` per
-key.  The loops are ``while`` loops over a 32-bit byte offset (one add and a compare per step;
-Numba's ``range`` costs 7 instructions there) whose bodies have only compile-time trip counts,
-so every address is one base register plus an immediate.  The threads of a warp reading at once
-(8 per 16-byte phase) read one Q row (a broadcast), 8 keys whose rows the +16-byte pad of
-``k_tile`` puts in 8 distinct bank groups, or 128 consecutive bytes of a V row: no bank conflicts.
-A row's ``THREADS_N`` threads are
-consecutive lanes of one warp (``THREADS_N`` divides 32), so each row's max is combined across
-them every tile by a butterfly of ``cuda.shfl_xor_sync`` (no shared memory, no barrier); the
-partial sums ``l_i`` are combined the same way once, at the end (they all share the row's
-``m_i``, so partial sums add up).  ``exp`` is ``ex2.approx`` of ``x log2 e`` in float32 (two
-instructions; libdevice ``expf`` is about ten), libdevice ``exp`` in float64.
-
-The tile copies (``make_copy_rows``) move 16-byte chunks: thread ``tid`` takes chunks ``tid, tid +
-THREADS, ...`` of the tile (a compile-time count).  The ``VEC`` build (float32 / float64 inputs
-whose rows are whole chunks, 16-byte aligned: :func:`vector_tiles`) issues them as ``cp.async``
-(``stages.cp_async16``: rows past the end and chunks past ``d`` are zero-filled by the copy
-itself), K and V as two groups so that V may still land while S is computed
-(``cp.async.wait_group 1`` before the first barrier of a tile, ``0`` before the second); the
-other builds (float16 / bfloat16 inputs widened to float32, odd head dims) load element by
-element through the element-type stage.  Barriers: one after the Q load, then three per K/V
-tile (K landed, ``p_tile`` written and V landed, everything read before the next copies);
-paged, one more before the first tile (its ``page_sh``).  On the GPU the kernel
-is compiled with ``launch_bounds`` only where ptxas showed it pays (:data:`GPU_MIN_BLOCKS`;
-ptxas figures before and after in docs/tiled-forward.md).
-
-With dropout, one Philox call serves the 4 consecutive keys ``4g .. 4g+3`` of a row
-(``philox_keep_bits4``), but a thread's S columns are strided (``tx, tx + THREADS_N, ...``), not 4
-consecutive ones.  So each K/V tile the block first draws the ``BLOCK_M x BLOCK_N / 4`` keep
-nibbles cooperatively (thread ``tid`` takes groups ``tid, tid + THREADS, ...``; a group of keys
-its row does not see at all is not drawn) into ``keep_tile`` in shared memory, next to the K/V
-loads and covered by their barrier, and each thread reads its columns' bits back after the softmax
-update.  That is 4x fewer Philox calls than ``philox_keep`` per element, at no extra barrier.
-
-Shared memory (``w`` = 4 bytes in float16/float32, 8 in float64)
-------------------------------------------------------------------
-Every tile is row-major and 16-byte aligned (``alignment=16`` on the GPU), rows whole chunks:
-
-* ``q_tile [BLOCK_M, HEAD_DIM]``: ``Q_i`` (unscaled), loaded once;
-* ``k_tile [BLOCK_N, HEAD_DIM + VW]``: ``K_j``, rows padded by one chunk (bank groups, above);
-* ``v_tile [BLOCK_N, HEAD_DIM]``;
-* ``p_tile [BLOCK_M, BLOCK_N + P_PAD]``: the probabilities ``P`` for ``P V`` (``P_PAD = 8``:
-  a warp's scalar stores of ``P`` hit distinct banks);
-* dropout only: ``keep_tile [BLOCK_M, BLOCK_N / 4 + 1]`` (int32, 4 bytes): the keep bits of the
-  tile, 4 columns per word;
-* paged only: ``page_sh [BLOCK_N]`` (int32): the cache row of each key of the tile.
-
-In total ``w * (BLOCK_M HEAD_DIM + BLOCK_N (HEAD_DIM + VW) + BLOCK_N HEAD_DIM + BLOCK_M (BLOCK_N
-+ 8))`` bytes, plus ``4 BLOCK_M (BLOCK_N / 4 + 1)`` with dropout and ``4 BLOCK_N`` paged, at most
-48 KiB for every configuration the compile tier's catalog lists (``tools/catalog/forward.py``) (see
-:func:`shared_bytes`; e.g. 42.5 KiB for the float32 default at HEAD_DIM = 64: 64 x 32 tiles, 16 x 8
-threads; 44.8 KiB with dropout).
-
-float16 and bfloat16 inputs are computed in float32 (the tiles hold float32), float64 inputs
-in float64: each element is read and written through the element-type stage of
-:mod:`numba_flash.kernels.core.elements` (bfloat16 arrays are their uint16 words).  ``lse`` is
-stored in the compute type.
+File: tile tables and launch bounds, the factory :func:`forward_kernel` (its stages, then the
+kernel), the launch helpers, the compile tier's names, argument types and selections.  The
+derivation, thread mapping, pads, copies, barriers and ptxas figures:
+docs/optimised-forward.md; masks and variants: docs/causal-tiles.md, docs/variants.md; dropout:
+docs/dropout.md; the paged prefill: docs/paged-attention.md.
 """
 
 from __future__ import annotations
@@ -232,7 +125,8 @@ def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
 
 
 def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False, paged=False):
-    """Static shared memory of one block (the budget in the module docstring)."""
+    """Static shared memory of one block (the budget: docs/optimised-forward.md, "The
+    shared-memory budget")."""
     vw = VEC_BYTES // _word(dtype)  # elements of a 16-byte chunk: the k_tile row pad
     words = (BLOCK_M * HEAD_DIM + BLOCK_N * (HEAD_DIM + vw) + BLOCK_N * HEAD_DIM
              + BLOCK_M * (BLOCK_N + P_PAD))
@@ -262,12 +156,10 @@ def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=Fal
 
 
 #: ``launch_bounds`` minimum resident blocks per SM, per ``(compute word, HEAD_DIM)``, where
-#: ptxas shows it pays (ptxas 13.5, 2026-11-30): float16/float32 at HEAD_DIM = 16 use 140
-#: registers unbounded (3 blocks of 128 threads per SM), at most 128 with 4 blocks asked and no
-#: spill.  Elsewhere a bound made ptxas use the allowance (HEAD_DIM = 128: 60 registers unbounded,
-#: 98 with 4 blocks asked) or spill (96 registers at HEAD_DIM = 64 on sm_80), so none is set.
+#: ptxas showed it pays; elsewhere a bound made ptxas use the allowance or spill, so none is set.
 #: Since the 16-byte rebuild (issue 22) the HEAD_DIM = 16 kernel has 64 threads: 4 blocks of them
-#: cap nothing (162 registers); kept until a GPU measures whether a bound pays at the new tiles.
+#: cap nothing (162 registers); kept until a GPU measures whether a bound pays at the new tiles
+#: (the ptxas figures: docs/optimised-forward.md#occupancy-measured-by-ptxas).
 GPU_MIN_BLOCKS = {(4, 16): 4}
 
 
@@ -908,8 +800,7 @@ BF16_CONFIGS = {64: (False, True), 128: (False,)}
 #: ``block_table``), a selection: ``{dtype: head dims}``, without dropout.  The paged build is
 #: the varlen build with another K/V row address (:func:`forward_kernel`'s ``PAGED``), so
 #: float16 and float32 at HEAD_DIM 64 and 128 stand for the rest (the dropout builds at
-#: HEAD_DIM 64, checked once on 2026-12-01, built clean too: 96 / 128 registers on sm_80 /
-#: sm_90, no spill, no stack).
+#: HEAD_DIM 64 build clean too: docs/paged-attention.md, "Prefill").
 PAGED_CONFIGS = {np.dtype(np.float16): (64, 128), np.dtype(np.float32): (64, 128)}
 
 

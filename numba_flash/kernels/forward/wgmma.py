@@ -1,56 +1,37 @@
 """FlashAttention forward on Hopper's warpgroup tensor-core instruction (``wgmma.mma_async``,
 sm_90a), composed of the mainloop stages.
 
-Contract: the tensor-core forward's (:mod:`numba_flash.kernels.forward.mma`, whose docstring
-states it: ``o``, ``lse``, the visibility rules, the variants, the non-finite rules, dropout's
-Philox mask); ``Q K^T`` and ``P V`` take 16-bit operands with float32 accumulation, ``P``
-rounded to the input type, the softmax in float32.
+Contract: the tensor-core forward's (:mod:`numba_flash.kernels.forward.mma`, whose docstring states
+it: ``o``, ``lse``, the visibility rules, the variants, the non-finite rules, dropout's Philox
+mask); ``Q K^T`` and ``P V`` take 16-bit operands with float32 accumulation, ``P`` rounded to the
+input type, the softmax in float32.  Head dims up to 128
+(:data:`~numba_flash.kernels.forward.config.WGMMA_HEAD_DIMS`).
 
-The per-tile step reads as the ``mma.sync`` forward's, with the warpgroup's GEMM
------------------------------------------------------------------------------------
-:func:`~numba_flash.kernels.ptx.wgmma.make_warpgroup_gemm` ``S = Q K^T`` (SS: Q and K from shared
-memory through descriptors), :func:`~numba_flash.kernels.mainloop.tile_scores.make_tile_scores`,
-:func:`~numba_flash.kernels.mainloop.online_softmax.make_online_softmax`, dropout, ``acc += P V``
-(RS: ``P`` packed from the ``S`` registers, V read MN-major), the same epilogue.  The ``wgmma``
-accumulator of a warp's 16 rows *is* the ``mma.sync`` fragment of one 16-row tile
-(:mod:`~numba_flash.kernels.ptx.wgmma`'s fragment table), so every stage after the GEMM is the
-``mma.sync`` forward's with ``M_TILES = 1``: a lane holds rows ``g`` and ``g + 8`` of its warp's
-16, ``BLOCK_N / 4`` scores and ``HEAD_DIM / 4`` output columns of each (the fragment view of
-:func:`~numba_flash.kernels.ptx.wgmma.make_fragment_view`).
+:func:`forward_wgmma_kernel` ``(cfg)`` builds ``kernel(q, k, v, o, lse, va)`` (the arguments of
+:func:`~numba_flash.kernels.forward.mma.forward_mma_kernel`) for a
+:class:`~numba_flash.kernels.forward.config.ForwardWgmmaConfig` (tiles: ``FORWARD_WGMMA_TILES``):
+``WARPGROUPS``, ``BLOCK_N``, ``HEAD_DIM``, ``DTYPE``, the variant flags, ``VEC`` and ``OVERLAP``
+(FA3's intra-warpgroup overlap: tile ``j``'s softmax under tile ``j - 1``'s ``P V``).  Grid
+``(ceil(Nq / BLOCK_M) B H,)`` (Q tiles fastest), block ``128 WARPGROUPS`` threads; warpgroup ``wg``
+owns rows ``64 wg ..`` of the Q tile, warp ``w`` of the block rows ``16 w ..``.
 
-Blocks, warpgroups, shared memory
----------------------------------
-The configuration is a :class:`~numba_flash.kernels.forward.config.ForwardWgmmaConfig`.  grid =
-``(ceil(Nq / BLOCK_M) B H,)`` (Q tiles fastest), block = ``128 WARPGROUPS`` threads; warpgroup
-``wg`` owns rows ``64 wg ..`` of the Q tile and warp ``w`` of the block rows ``16 w ..``.  Shared
-memory is dynamic (``SMEM_BYTES``; past 48 KiB opted into at launch): from the first 1024-byte
-boundary (the 128-byte swizzle's pattern), Q (``BLOCK_M x HEAD_DIM``), then two stages of (K, V),
-each ``BLOCK_N x HEAD_DIM``, every tile a :class:`~numba_flash.kernels.ptx.wgmma.TileLayout` in the
-128-byte swizzle, written by 16-byte ``cp.async`` (16-bit loads without ``VEC``); K and V read
-by the ``wgmma`` as K-major and MN-major operands of the same storage.
+Shared memory is dynamic (``SMEM_BYTES``; past 48 KiB opted into at launch): from the first
+1024-byte boundary (the 128-byte swizzle's pattern), Q (``BLOCK_M x HEAD_DIM``), then two stages of
+(K, V), each ``BLOCK_N x HEAD_DIM``, every tile a
+:class:`~numba_flash.kernels.ptx.wgmma.TileLayout` in the 128-byte swizzle, written by 16-byte
+``cp.async`` (16-bit loads without ``VEC``); the ``wgmma`` reads K as a K-major and V as an
+MN-major operand of the same storage.  Tile ``j`` sits in stage ``j mod 2``.
 
-The pipeline (FA3's intra-warpgroup overlap)
---------------------------------------------
-Tile ``j`` sits in stage ``j mod 2``.  Its step: wait for this thread's copies (K_j and
-V_{j-1}, issued a whole step ago), fence them for the async proxy (``cp.async`` writes through
-the generic proxy, ``wgmma`` reads through the async one), one barrier; copy K_{j+1} into the
-other stage (its K was tile ``j - 1``'s, whose ``S`` completed last step) and V_j into this
-one (its V was tile ``j - 2``'s, whose ``P V`` completed last step); issue ``S_j = Q K_j^T``
-and ``acc += P_{j-1} V_{j-1}`` back to back (their registers prepared before either: ptxas
-serializes every ``wgmma`` of a stage in which ordinary instructions write an input of one);
-``wait_group 1`` (``S_j`` complete, ``P V`` in flight); the scores and the softmax of tile
-``j`` (``m_i``, ``l_i``, its ``alpha``) under the ``P V`` of tile ``j - 1``; ``wait_group 0``;
-``acc *= alpha`` (deferred: ``acc`` was the product's until then); ``P_j`` packed to 16 bits
-for the next step.  The first step's ``P V`` is "tile -1": ``P = 0`` against a zeroed V
-buffer (shared memory starts as anything, and ``0 * NaN = NaN``); the last tile's ``P V``
-follows the walk.  ``OVERLAP`` off: ``wait_group 0`` before the softmax (both products
-complete; the other warpgroup's softmax fills the tensor cores), fewer registers held through
-the softmax (the tile table says where each is chosen).
+The per-tile step is the ``mma.sync`` forward's with the warpgroup's GEMM
+(:func:`~numba_flash.kernels.ptx.wgmma.make_warpgroup_gemm`: ``S = Q K^T`` SS, ``acc += P V`` RS
+with ``P`` packed from the ``S`` registers): a warp's 16 rows of the ``wgmma`` accumulator *are* an
+``mma.sync`` fragment (:func:`~numba_flash.kernels.ptx.wgmma.make_fragment_view`), so the score,
+softmax, dropout and epilogue stages run with ``M_TILES = 1``.
 
-K/V tiles outside the keys some row of the Q tile sees are never loaded; a masked tile zeroes
-the non-finite halves of the V chunks each thread copied (0 * NaN = NaN on a tensor core) and
-marks ``acc`` NaN where a key a row sees has a non-finite ``v[j, c]`` (read from global memory),
-as the ``mma.sync`` forward.  ``[docs: wgmma.md]`` explains the warpgroup and the layouts.
+File: the kernel factory (copies, the step, the tile walk, the epilogue) and the compile tier's
+entry.  The pipeline (proxy fences, buffers by tile parity, operands before any ``wgmma``, the
+first step's "tile -1"), the tiles and the machine-code counts:
+docs/wgmma.md#the-warpgroup-forward.
 """
 
 from __future__ import annotations
@@ -86,7 +67,7 @@ _stage = functools.partial(device_jit, own_module=True, inline=True)
 
 @functools.lru_cache(maxsize=None)
 def forward_wgmma_kernel(cfg):
-    """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.core.config.
+    """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.forward.config.
     ForwardWgmmaConfig` ``cfg``: the arguments of :func:`~numba_flash.kernels.forward.mma.
     forward_mma_kernel` (uint16 views of ``q``, ``k``, ``v`` ``[B, H(kv), N, d]``; the flat
     ``o`` and ``lse``; the :class:`~numba_flash.kernels.core.variant.Variant`), launched with

@@ -12,47 +12,30 @@ sits at key column ``c = i + offset``.  With a window ``(left, right)`` (``-1`` 
     row ``i`` sees key ``j``  iff  ``0 <= j < Nk``  and  ``(left < 0 or j >= c - left)``
                                                    and  ``(right < 0 or j <= c + right)``
 
-``causal=True`` is ``right = 0`` (:func:`window_bounds` folds it in on the host), so plain
-causal attention is ``(-1, 0)``, no mask is ``(-1, -1)`` and Mistral-style local attention is
-``(W - 1, 0)``.  The keys row ``i`` sees are the half-open range ``[lo, hi)`` of
-:func:`key_bounds`; it may be empty (``hi <= lo``): such a row has ``o = 0``, ``lse = -inf``.
+``causal=True`` is ``right = 0`` (:func:`window_bounds` folds it in on the host).  The keys row
+``i`` sees are the half-open range ``[lo, hi)`` of :func:`key_bounds`, monotone in the row; it may
+be empty: such a row has ``o = 0``, ``lse = -inf``.
 
-Scores (:func:`make_score`)
----------------------------
-For a visible key the SIMT forward (also varlen), the SIMT backward and the tensor-core backward
-compute the score with the one device function of :func:`make_score` (its docstring holds the
-exact contract): from the raw dot product ``qk = q . k`` of the unscaled inputs, in this order,
+Scores: a visible key's score is :func:`make_score`'s (its docstring holds the exact contract):
+from the raw ``qk = q . k`` of the unscaled inputs, ``s = qk * scale`` rounded once, a non-finite
+``s`` -> NaN, softcap (``softcap > 0``; ``1 - tanh^2`` is the backward's factor of ``dS``), ALiBi
+``s - slope * |c - j|``, so the backward's ``P = exp(s - lse)`` is made of the forward's very
+scores.  :func:`make_score_mod` is the same steps after the scale, on an already scaled score
+(decode: no backward recomputes its scores).  A key the row does not see gets ``-inf`` from the
+caller, whatever ``k`` holds.
 
-1. ``s = qk * scale``, rounded once (never ``(q * scale) . k``, never fused into an FMA);
-2. non-finite -> NaN: an ``inf`` or NaN score (a NaN or inf in ``q`` or in a visible ``k``)
-   becomes NaN, so the row's ``o`` and ``lse`` come out NaN (an ``-inf`` score would otherwise
-   look like a masked key);
-3. softcap (``softcap > 0``, Gemma-2): ``s = softcap * tanh(s / softcap)``, with the factor
-   ``1 - tanh^2`` the backward multiplies ``dS`` by;
-4. ALiBi (``slope``): ``s = s - slope * |c - j|``.
+Tiles: for a Q tile of rows ``[q_start, q_end)``, :func:`tile_key_range` gives the keys *some* row
+sees (K/V tiles outside are never loaded), :func:`tile_full_range` the keys *every* row sees (a K/V
+tile inside needs no per-element mask, :func:`tile_needs_mask`), and a tile in the first range but
+not inside the second is masked with :func:`is_visible`; the backward's K/V-outer loop takes the
+inverse, :func:`tile_query_range`.  A user's block mask (:mod:`numba_flash.flex`) classifies tiles
+as EMPTY, FULL or PARTIAL: :func:`make_tile_kind`, :func:`make_next_tile`, :func:`make_pair_mask`,
+:func:`make_tile_verdict`, :func:`make_tile_span`.
 
-So the backward's ``P = exp(s - lse)`` is made of the forward's very scores.  A key the row
-does not see gets ``-inf`` instead, whatever ``k`` holds, so a masked key never affects a row.
-:func:`make_score_mod` is steps 2-4 alone on an already scaled score, for decode (no backward
-recomputes its scores).
-
-Tiles (:func:`tile_key_range`, :func:`tile_full_range`, :func:`tile_query_range`)
---------------------------------------------------------------------------------
-``key_bounds`` is monotone in the row (both ends grow with ``i``), so for a Q tile of rows
-``[q_start, q_end)``:
-
-* the keys *some* row sees are ``[lo(q_start), hi(q_end - 1))``: K/V tiles outside are never
-  loaded (windowed attention costs O(N * window), causal skips the upper triangle);
-* the keys *every* row sees are ``[lo(q_end - 1), hi(q_start))``: a K/V tile inside needs no
-  per-element mask;
-* a K/V tile that overlaps the first range but is not inside the second is masked element by
-  element with :func:`is_visible`.
-
-The backward's K/V-outer loop needs the inverse, the query rows that see some key of a K/V tile
-``[k_start, k_end)``: :func:`tile_query_range`.
-
-Each device function has a plain-Python twin of the same name with a ``_py`` suffix (the very
-same source) so that the host, the tests and the docs can call the rule directly.
+File: :func:`window_bounds`; the rule and the tile ranges as plain Python (``*_py``: the host, the
+tests and the docs call them) and the same source as device functions (no suffix); the scores; the
+block-mask helpers.  Why these conventions, and the tile classification drawn and counted:
+docs/causal-tiles.md, docs/variants.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Warp-level tensor-core primitives: ``mma.sync.m16n8k16`` (float16 or bfloat16 in, float32 out).
 
-A tensor core multiplies small matrices held by a whole warp: one ``mma.sync.aligned.m16n8k16``
-computes ``D = A B + C`` with ``A`` 16 x 16 float16, ``B`` 16 x 8 float16 and ``C``, ``D``
-16 x 8 float32.  No lane holds a whole matrix: each of the 32 lanes holds a *fragment*, a few
-registers whose elements sit at fixed (row, column) places, given by the PTX ISA ("Matrix
-Fragments for mma.m16n8k16 with floating point type").  With ::
-
-    lane = threadIdx.x % 32,   g = lane >> 2 (groupID, 0..7),   t = lane % 4 (threadID_in_group)
-
-and each 32-bit register holding two float16 (element ``2i`` in the low half, ``2i + 1`` high):
+One ``mma.sync.aligned.m16n8k16`` computes ``D = A B + C`` for ``A`` 16 x 16, ``B`` 16 x 8 (16-bit
+elements) and ``C``, ``D`` 16 x 8 float32.  Each of the 32 lanes holds a *fragment*, registers at
+fixed (row, column) places (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
+With ``g = lane >> 2`` (groupID) and ``t = lane % 4`` (threadID_in_group), and each 32-bit register
+holding two 16-bit elements (element ``2i`` in the low half, ``2i + 1`` high):
 
 =========  ==========================================  ======================================
 operand    registers of lane ``(g, t)``                elements (row, column)
@@ -22,47 +18,24 @@ B 16x8     ``b0`` (b0, b1)   ``b1`` (b2, b3)           ``b0``: (2t, g), (2t+1, g
 C, D 16x8  four float32 ``c0 c1 c2 c3``                (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
 =========  ==========================================  ======================================
 
-So a row of ``A`` or of ``C`` is spread over the 4 lanes ``4g .. 4g+3`` of one *quad*: a row
-reduction over ``C`` fragments is a reduction over the 4 lanes of a quad (:func:`quad_max`,
-:func:`quad_sum`: two ``shfl_xor_sync``).  A ``B`` fragment holds consecutive *rows* ``k`` of one
-column ``n``: for ``S = Q K^T`` that is one key's consecutive head-dim elements, i.e. a row of
-``K`` read as-is (``.col`` layout of ``B``); for ``O = P V`` it needs ``V`` transposed.  The
-``C`` layout of ``S`` equals the ``A`` layout of ``P`` for 16 keys (two 8-key ``S`` fragments), so
-``P`` goes from accumulator registers to the next ``mma`` without touching memory
-(:func:`pack_half2`).
+Every operand register is a ``uint32`` (Numba types ``uint32 + uint32`` as ``uint64``: register
+arithmetic is wrapped in ``uint32(...)``).  The kernels call these names; the backend picks the
+implementation at import (an ``@intrinsic`` emitting the PTX through ``ir.InlineAsm`` on the GPU, a
+twin exchanging the warp's registers through :func:`numba_flash.simulator_warp.exchange` in the
+simulator, computing in float64 and rounding to float32):
 
-Primitives (the kernels call these names; the backend picks the implementation at import)
-------------------------------------------------------------------------------------------
-* :func:`mma_m16n8k16` - on the GPU an ``@intrinsic`` emitting the PTX instruction through
-  llvmlite's ``ir.InlineAsm`` (as numba-cuda's ``cache_hints.py`` does for its loads); in the
-  simulator a twin where the 32 lanes swap their registers through memory
-  (:func:`numba_flash.simulator_warp.exchange`), each rebuilds ``A`` and ``B`` with the table
-  above and computes its own four ``D`` elements in float64, rounded to float32.
-* :func:`pack_half2` - two float32 to one register of two float16 (round to nearest even):
-  ``cvt.rn.f16x2.f32`` on the GPU (sm_80+), NumPy in the simulator.
-* :func:`mma_m16n8k16_bf16`, :func:`pack_bf16x2` - the same for bfloat16 (``.bf16`` operands,
-  ``cvt.rn.bf16x2.f32``): the same fragment layout, 16-bit halves holding bfloat16.  The twins
-  decode bfloat16 exactly (its bits are the upper half of a float32) and round float32 to
-  bfloat16 to nearest even (NaN stays NaN, overflow goes to inf), as the instruction does.
-* :func:`mma_ops` ``(dtype)`` - ``(mma, pack2)`` for ``"float16"`` or ``"bfloat16"``: a kernel
-  factory takes its element type's pair at compile time; :func:`make_a_frag_from_c` the same
-  for :func:`a_frag_from_c`.
-* :func:`half2_bits` - two float16 bit patterns (uint16) to one register (plain integer code).
-* :func:`a_frag_from_c` - an ``A`` fragment from two accumulator fragments (``P``, ``dS``).
-* :func:`load_a_frag`, :func:`load_b_frag`, :func:`load_b_frag_t` - a lane's ``A`` / ``B``
-  registers from a shared tile of packed half pairs (plain loads; the same code runs in both
-  backends); ``_t`` reads ``B`` from a tile that holds it untransposed (``ldmatrix.trans``'s
-  job, done with 16-bit shifts).
-* :func:`quad_max`, :func:`quad_sum` - a value combined over the 4 lanes of a quad
-  (``shfl_xor_sync``, emulated by the simulator's warp exchange).
+* :func:`mma_m16n8k16`, :func:`mma_m16n8k16_bf16`; :func:`pack_half2`, :func:`pack_bf16x2` (two
+  float32 to one register, round to nearest even); :func:`mma_ops` ``(dtype)`` -> ``(mma,
+  pack2)``, :func:`make_a_frag_from_c` ``(dtype)`` likewise for :func:`a_frag_from_c`;
+* plain device functions (one source in both backends): :func:`half2_bits`,
+  :func:`a_frag_from_c` (an ``A`` fragment from two accumulator fragments), :func:`load_a_frag`,
+  :func:`load_b_frag`, :func:`load_b_frag_t` (``B`` from an untransposed tile), the ``_finite``
+  loads, :func:`quad_max`, :func:`quad_sum` (over the 4 lanes of a quad).
 
-Every operand register is a ``uint32``: Numba types ``uint32 + uint32`` as ``uint64`` on the
-device, so index and bit arithmetic that makes a register is wrapped in ``uint32(...)``.
-
-The compile tier's catalog (``tools/catalog/ptx.py``) lists the one-warp GEMM
-:func:`warp_gemm_kernel` (``D = A B + C`` for a 16 x K by K x 8 product through shared memory): the
-compile tier proves the intrinsics build for sm_80 and sm_90, and the tests run it in the simulator
-against float64.
+File: the layout as host functions (:func:`a_coords`, ...: the docs picture, the tests, the
+twin), the GPU intrinsics, the twins, the plain device functions, and the one-warp GEMM
+:func:`warp_gemm_kernel` (the compile tier's and the tests' probe).  How the layout shapes the
+kernels, the twins and their tests: docs/tensor-cores.md#what-a-tensor-core-computes.
 """
 
 from __future__ import annotations

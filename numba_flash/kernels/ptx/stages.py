@@ -1,100 +1,41 @@
-"""Tile stages for the tensor-core kernels: 16-byte async copies, ``ldmatrix``, ``ex2``.
+"""Tile stages for the tensor-core and SIMT kernels: 16-byte async copies, ``ldmatrix``, ``ex2``.
 
-The pieces a fast ``mma.sync`` kernel is built from, each a device function the kernels call by
-name.  On the GPU each is an ``@intrinsic`` emitting one PTX instruction (a plain LLVM load for
-:func:`load_u16`); in the simulator, which cannot run inline PTX, each has a *twin* of the same
-semantics, written from the PTX ISA's definition (the tests check every twin against it).
+Each stage is a device function the kernels call by name.  On the GPU it is an ``@intrinsic``
+emitting one PTX instruction (a plain LLVM load for :func:`load_u16`); in the simulator, which
+cannot run inline PTX, a *twin* of the same semantics, written from the PTX ISA's definition (the
+tests check every twin against it).  Shared memory is addressed in **bytes** from the start of a
+shared array ``smem`` (``smem_byte``), global memory in **elements** from the start of a
+C-contiguous array of any shape (``elem``).
 
-Shared memory is addressed in **bytes** from the start of a shared array ``smem``
-(``smem_byte``: a ``uint32`` arena in the tensor-core kernels, a float32 / float64 tile in the SIMT
-forward), global memory in **elements** from the start of an array of any shape (``elem``; the
-array's own shape is ignored: it must be C-contiguous).
+Copies (global -> shared, 16 bytes per instruction):
 
-Copies (global -> shared, 16 bytes per instruction)
----------------------------------------------------
-* :func:`cp_async16` ``(smem, smem_byte, src, elem, src_bytes)``:
-  ``cp.async.cg.shared.global [dst], [src], 16, src_bytes`` copies ``src_bytes`` (0 or 16) bytes
-  and zero-fills the rest of the 16 (a row past the end of a tensor reads nothing and lands as
-  zeros).  Both addresses must be 16-byte aligned.  The copies move bits: any shared array
-  (``smem_byte`` in bytes) from any array (``elem`` in its elements): float16 and bfloat16 as
-  ``uint16`` views into a ``uint32`` arena (the tensor-core kernels), float32 / float64 rows
-  into float32 / float64 tiles (the SIMT forward).  The copy is asynchronous:
-  :func:`cp_async_commit` closes a group of copies, :func:`cp_async_wait_all`
-  (``cp.async.wait_group 0``) waits until this thread's groups have landed,
-  :func:`cp_async_wait_one` (``cp.async.wait_group 1``) until all but the newest group have,
-  :func:`cp_async_wait` ``(N)`` gives ``cp.async.wait_group N`` (all but the ``N`` newest
-  groups; ``N`` compile-time, at most :data:`CP_ASYNC_MAX_PENDING`), and a
-  ``cuda.syncthreads()`` after it makes them visible to the other threads.
-  Twin: the copy happens at once (commit and wait do nothing).
-* :func:`make_tile_copy` builds ``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d,
-  tid)``: a ``ROWS x HEAD_DIM`` tile of float16 rows (global row stride ``d``) into shared rows
-  of ``ROW_BYTES``.  Thread ``tid`` owns the 16-byte chunks ``tid, tid + THREADS, ...``: row
-  ``tid // CHUNKS + i * (THREADS // CHUNKS)``, chunk ``tid % CHUNKS`` (``CHUNKS = HEAD_DIM /
-  8``), so its offsets are one per-thread base plus compile-time steps.  A full tile
-  (``rows_valid == ROWS``) issues the copies with no per-row test; a boundary tile predicates
-  each row (``src_bytes = 0``: zero fill).  With ``VEC=False`` (``d < HEAD_DIM``, or an input
-  not 16-byte aligned) the same chunks are filled by 16-bit loads with per-element bounds,
-  zero outside.  :func:`make_tile_scan` gives ``zero_nonfinite(smem, smem_byte, rows, tid)``: the
-  thread's own chunks with every inf / NaN half set to 0, True if there was one (``DTYPE``
-  ``"float16"`` or ``"bfloat16"``: which exponent bits, :data:`EXP_BITS`;
-  :func:`make_zero_nonfinite_word` gives the one-register test).
+* :func:`cp_async16` ``(smem, smem_byte, src, elem, src_bytes)``: ``cp.async.cg.shared.global``
+  of ``src_bytes`` (0 or 16) bytes, the rest of the 16 zero-filled, both addresses 16-byte
+  aligned; :func:`cp_async_commit`, :func:`cp_async_wait_all` (``wait_group 0``),
+  :func:`cp_async_wait_one` (``1``), :func:`cp_async_wait` ``(N)`` (compile-time ``N`` <=
+  :data:`CP_ASYNC_MAX_PENDING`); a ``cuda.syncthreads()`` after the wait publishes the data;
+* :func:`make_tile_copy` -> ``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``,
+  :func:`make_pair_load`, :func:`make_tile_scan` -> ``zero_nonfinite(smem, smem_byte, rows,
+  tid)``, :func:`make_zero_nonfinite_word`.
 
-Fragments (shared -> registers)
--------------------------------
-* :func:`ldmatrix_x4` / :func:`ldmatrix_x4_trans` ``(smem, smem_byte)`` -> 4 ``uint32``:
-  ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``.  Four 8 x 8 matrices of 16-bit
-  elements; lane ``8 m + r`` gives the address of row ``r`` of matrix ``m`` (8 consecutive
-  halves, 16 bytes).  Register ``m`` of lane ``4 r + w`` receives halves ``2w, 2w + 1`` of row
-  ``r`` of matrix ``m`` (without ``.trans``), or halves ``(2w, r)`` and ``(2w + 1, r)`` (row,
-  column) of matrix ``m`` (``.trans``: column ``r`` of the stored matrix).  That is exactly an
-  ``mma.m16n8k16`` fragment (:mod:`numba_flash.kernels.ptx.mma`): one ``x4`` is an ``A`` fragment,
-  or the ``B`` fragments of two 8-column blocks; ``.trans`` reads ``B`` from a row-major ``V``.
-  :func:`ldmatrix_rows` says which (row, column) of a tile each lane must point at.
-* Shared rows are padded to ``ROW_BYTES = 2 HEAD_DIM + 16`` (:func:`row_bytes`): the 8 rows of
-  one 8 x 8 matrix then start ``16 r`` bytes apart modulo 128, in 8 distinct 16-byte groups of
-  banks, so an ``ldmatrix`` (and a warp's ``cp.async`` stores) has no bank conflict.
+Fragments (shared -> registers): :func:`ldmatrix_x4`, :func:`ldmatrix_x4_trans` ``(smem,
+smem_byte)`` -> 4 ``uint32`` (``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``: an ``A``
+fragment of :mod:`numba_flash.kernels.ptx.mma`, or the ``B`` fragments of 16 columns);
+:func:`ldmatrix_rows` (where each lane points); rows of :func:`row_bytes` ``= 2 HEAD_DIM + 16``.
 
-Arithmetic
-----------
-* :func:`ex2` ``(x)``: ``ex2.approx.ftz.f32``, ``2**x`` (about 2 ulp; subnormals flushed to
-  zero, ``ex2(-inf) = 0``).  With ``x = s * scale * log2(e) - m * scale * log2(e)`` this is the
-  softmax's ``exp(scale (s - m))`` in one FFMA and one MUFU.EX2 (libdevice ``expf`` is 8).
-* :func:`fmax` ``(a, b)``: ``max.f32``: the larger, and the other operand if one is NaN (one
-  FMNMX; NaN handling is the kernels' job, on a slow path).
-* :func:`fma` ``(a, b, c)``: ``fma.rn.f32``, ``a * b + c`` rounded once (Numba contracts no
-  FMA without fastmath).
-* :func:`shfl_xor` ``(x, lane_mask)``: ``shfl.sync.bfly`` over the whole warp
-  (``cuda.shfl_xor_sync(FULL_MASK, ...)``): lane ``l`` gets lane ``l ^ lane_mask``'s ``x``.  A
-  stage that reduces across lanes calls this instead of naming ``cuda``, so in the simulator it
-  stays a plain Python function (a device function that names ``cuda`` is a simulated call).
-* :func:`warp_any` ``(pred)``: ``vote.sync.any`` over the whole warp (``cuda.any_sync``): True
-  on every lane when ``pred`` holds on any; a branch on it is uniform across the warp.
-* :func:`load_u16` ``(src, elem)``: one 16-bit global load at a flat element offset.
-* :func:`load_at` ``(src, elem)``: one element of an array of any dtype at a flat element
-  offset (the scalar path of a tile copy, where the 16-byte one cannot run).
-* :func:`load16` ``(src, elem)``: one 16-byte read-only global load
-  (``ld.global.nc.v4.u32``) of elements ``elem .. elem + 16 / itemsize - 1`` of a float16,
-  float32 or float64 array (any shape, C-contiguous; the address must be 16-byte aligned),
-  returned as a tuple in the compute type (float16 widened to float32: 8 values, float32 4,
-  float64 2).  For kernels that only read the array (``.nc``: the read-only data path).  The
-  twin also checks that ``elem`` is a multiple of ``16 / itemsize`` inside the array.
-* :func:`red_add` ``(dst, elem, val)``: ``dst[elem] += val`` on a float32 array (any shape,
-  flat element ``elem``) as one ``red.global.add.f32``: the atomic add whose old value nobody
-  reads (dQ's accumulation).  ``cuda.atomic.add`` casts its index to a signed ``intp`` and adds
-  the wraparound of negative indices, four integer instructions per atomic (64 per dK/dV tile
-  at d = 128); this one takes the element offset as given.  Twin: a float32 add into the
-  flat view under a lock.
-* :func:`in_loop` ``(x)``: the int32 ``x``, through a volatile ``mov``: LLVM cannot hoist it
-  (or what is computed from it) out of the loop it is called in, so a kernel at 255 registers
-  recomputes a few lane offsets per tile from one register instead of holding each across the
-  loop (ptxas spills them rather than recompute).  Twin: ``x``.
-* :func:`lds16` ``(smem, smem_byte)``: one 16-byte shared load (``ld.shared.v4.f32`` /
-  ``ld.shared.v2.f64``) of a float32 / float64 shared array at a 16-byte aligned byte offset,
-  as a tuple (4 float32 or 2 float64).  Ordered with the surrounding shared-memory accesses (a
-  memory clobber), like :func:`ldmatrix_x4`.
+Single instructions: :func:`ex2` ``(x)`` (``ex2.approx.ftz.f32``), :func:`fmax` (``max.f32``),
+:func:`fma` (``fma.rn.f32``), :func:`shfl_xor` ``(x, lane_mask)`` (``shfl.sync.bfly``),
+:func:`warp_any` ``(pred)`` (``vote.sync.any``), :func:`load_u16`, :func:`load_at` ``(src, elem)``
+(one element), :func:`load16` ``(src, elem)`` (``ld.global.nc.v4.u32``: 16 bytes of a float16,
+float32 or float64 array as a tuple in the compute type), :func:`red_add` ``(dst, elem, val)``
+(``red.global.add.f32``), :func:`in_loop` ``(x)`` (a volatile ``mov``: not hoisted out of the
+caller's loop), :func:`lds16` ``(smem, smem_byte)`` (``ld.shared.v4.f32`` / ``.v2.f64``).  For the
+SIMT kernels: :func:`make_exp_e`, :func:`make_row_dot`.
 
-Every twin runs in the simulator as the kernels' own code does; the compile tier builds the
-intrinsics for sm_80 and sm_90 (the catalog's ``stages_configs``, ``tools/catalog/ptx.py``).
+File: the host helpers, the GPU intrinsics, the twins, the stage factories, and the probe kernels
+the compile tier builds for sm_80 and sm_90 (the catalog's ``stages_configs``,
+``tools/catalog/ptx.py``).  Every stage's semantics, twin and reason:
+docs/tensor-cores.md#the-stages-instruction-by-instruction.
 """
 
 from __future__ import annotations

@@ -1,139 +1,43 @@
 """Warpgroup tensor-core stages for Hopper (sm_90a): ``wgmma.mma_async`` and what it needs.
 
-On an H100 / H200 the full dense float16 rate is reached only by ``wgmma.mma_async``, which a
-*warpgroup* issues: four consecutive warps (linear thread ids ``128 w .. 128 w + 127``, the first
-warp's rank a multiple of 4), 128 threads that together compute ``D = A B (+ D)`` for ``A``
-64 x 16, ``B`` 16 x ``N`` and ``D`` 64 x ``N`` (float32), ``N`` a multiple of 8 up to 256.  The
-instruction is asynchronous: it is *issued*, and its result may be read only after a
-``wgmma.commit_group`` / ``wgmma.wait_group`` pair says it is complete.  ``B`` always comes from
-shared memory, through a 64-bit *matrix descriptor*; ``A`` from shared memory the same way (SS)
-or from registers (RS).  Every instruction here needs ``sm_90a``: a kernel using them compiles
-with ``compile_ptx(..., cc=(9, 0, "a"))`` (ptxas ``-arch=sm_90a``); numba-cuda launches with
-that target on a cc 9.0 device by itself.
+A *warpgroup* (four consecutive warps, threads ``128 w .. 128 w + 127``) issues one
+``wgmma.mma_async``: ``D = A B (+ D)`` for ``A`` 64 x 16, ``B`` 16 x ``N`` (16-bit elements, ``N``
+a multiple of 8 up to 256) and ``D`` 64 x ``N`` float32.  It is asynchronous: its result may be
+read only after a ``wgmma.commit_group`` / ``wgmma.wait_group`` pair says it is complete.  ``B``
+comes from shared memory through a 64-bit matrix descriptor, ``A`` the same way (SS) or from
+registers (RS).  Every instruction here needs ``sm_90a``: a kernel using them compiles with
+``compile_ptx(..., cc=(9, 0, "a"))``; numba-cuda launches with that target on a cc 9.0 device by
+itself.
 
-Fragments (who holds what; PTX ISA "Matrix Fragments for wgmma.mma_async.m64nNk16")
------------------------------------------------------------------------------------
-With ``r`` the thread's rank in its warpgroup, ``w = r >> 5`` (its warp), ``g = (r & 31) >> 2``
-and ``t = r & 3``, float32 ``d_i`` (``i = 0 .. N/2 - 1``) of the accumulator sits at ::
+Layouts (PTX ISA): float32 ``d_i`` of warpgroup rank ``r`` (``w = r >> 5``, ``g = (r & 31) >> 2``,
+``t = r & 3``) sits at row ``16 w + g + 8 ((i >> 1) & 1)``, column ``8 (i >> 2) + 2 t + (i & 1)``
+(:func:`acc_coords`): each 8-column block of a warp's rows is an ``mma.sync`` ``C`` fragment.  The
+RS ``A`` registers follow the same formula for ``i < 8`` (:func:`a_coords`), so accumulator columns
+``16 j .. 16 j + 15``, packed to 16 bits, are the ``A`` of k-block ``j``.  A shared operand is
+K-major or MN-major in the ISA's canonical layouts (:func:`canonical_offsets`), swizzled by byte
+address (:func:`swizzle_address`); a :class:`TileLayout` ``(ROWS, COLS, SWIZZLE)`` is one storage
+read either way, and :func:`encode_descriptor` / :class:`Descriptor` pack its fields.  The host
+checks the constraints (ValueError).
 
-    row = 16 w + g + 8 ((i >> 1) & 1),     col = 8 (i >> 2) + 2 t + (i & 1)
+Stages (the kernels call these names; the backend picks the implementation at import):
 
-(:func:`acc_coords`): warp ``w`` owns rows ``16 w .. 16 w + 15``, and within them each 8-column
-block ``j`` (``d_4j .. d_4j+3``) is exactly the ``C`` fragment of ``mma.m16n8k16``
-(:mod:`numba_flash.kernels.ptx.mma`).  So a row lives in the 4 threads of a quad, as with mma.sync,
-and the quad reductions of the mma.sync softmax apply unchanged.  The ``A`` registers of RS
-(four ``uint32``, two 16-bit elements each, ``a_0 .. a_7``, low half first) follow the same
-formula for ``i < 8`` (:func:`a_coords`, 64 x 16), which is also ``mma.m16n8k16``'s ``A`` shifted
-by 16 rows a warp: accumulator columns ``16 j .. 16 j + 15`` (``d_8j .. d_8j+7``) *are* the ``A``
-fragment of k-block ``j`` once packed to 16 bits (:func:`make_a_from_acc`): ``P`` goes from
-``S = Q K^T`` to ``O += P V`` without touching memory.
-
-Shared-memory operands (PTX ISA "Shared Memory Matrix Layout", "Matrix Descriptor Format")
-------------------------------------------------------------------------------------------
-An operand is ``MN x K`` (``A``: 64 x 16, ``B``: ``N`` x 16) of 16-bit elements, stored
-*K-major* (K contiguous: ``Q`` or ``K`` rows for ``S = Q K^T``; ``imm-trans = 0``) or *MN-major*
-(MN contiguous: a row-major ``V`` for ``O = P V``; ``imm-trans-b = 1``).  Its unit is the
-16-byte chunk (8 elements); the canonical layouts, in CuTe notation with ``T = 8`` elements a
-chunk (the ISA's table) and :func:`canonical_offsets`:
-
-===========  ===========================================  ==========================================
-swizzle      K-major                                      MN-major
-===========  ===========================================  ==========================================
-none         ``((8,m),(T,2k)):((1T,SBO),(1,LBO))``        ``((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))``
-32 B         ``((8,m),(T,2k)):((2T,SBO),(1,T))``          ``((T,2,m),(8,k)):((1,T,LBO),(2T,SBO))``
-64 B         ``((8,m),(T,2k)):((4T,SBO),(1,T))``          ``((T,4,m),(8,k)):((1,T,LBO),(4T,SBO))``
-128 B        ``((8,m),(T,2k)):((8T,SBO),(1,T))``          ``((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))``
-===========  ===========================================  ==========================================
-
-then the swizzle, a function of the byte *address* (:func:`swizzle_address`): with ``W`` the
-swizzle's bytes (32, 64, 128), bits ``4 ..`` (the 16-byte chunk within a ``W``-byte row) are
-XORed with as many bits from bit 7 up (``Swizzle<log2(W/16), 4, 3>``): ``addr ^ (((addr >> 7) &
-(W/16 - 1)) << 4)``.  For 128 B: chunk ``c`` of row ``r`` (of an 8-row, 1024-byte atom) is stored
-at chunk ``c ^ r``.  The pattern repeats every ``8 W`` bytes, so a swizzled tile starts on such a
-boundary (then the descriptor's *base offset* is 0; the twin refuses any other).  The
-descriptor (:func:`encode_descriptor`, :class:`Descriptor`) packs ``start >> 4`` (bits 0-13),
-the leading byte offset ``LBO >> 4`` (16-29), the stride byte offset ``SBO >> 4`` (32-45), the
-base offset (49-51) and the mode (62-63: 0 none, 1 128 B, 2 64 B, 3 32 B); each address is
-``(x & 0x3FFFF) >> 4``.
-
-Tiles: :class:`TileLayout` ``(ROWS, COLS, SWIZZLE)`` is one storage for both majors: the
-``ROWS x COLS`` row-major matrix cut into column blocks of ``W`` bytes (``W = 16`` without
-swizzle), each block ``ROWS`` rows of ``W`` bytes, swizzled.  Read as K-major (rows = MN,
-columns = K) it serves ``Q`` and ``K``; read as MN-major (rows = K, columns = MN) it serves
-``V``; :meth:`TileLayout.descriptor` gives the descriptor fields of a 16-wide k-block of either.
-Every mode moves whole 16-byte chunks (the swizzle permutes chunks), so the 16-byte ``cp.async``
-(:func:`numba_flash.kernels.ptx.stages.cp_async16`) writes all four; :func:`make_tile_copy` does it
-(one chunk per instruction, consecutive threads on consecutive chunks of a row).
-
-Constraints (checked on the host, ValueError): a tile's rows are whole ``W``-byte blocks, so a
-128-byte tile has a multiple of 64 columns (K-major ``Q`` / ``K`` of ``d = 64, 128``; an
-MN-major ``V`` or ``B`` of ``N = 64, 128, 256``), a 64-byte one of 32, a 32-byte one of 16;
-rows a multiple of 8; an operand starting inside a tile starts on 8 rows (K-major) or a whole
-column block (MN-major); a swizzled tile starts on a multiple of ``8 W`` bytes from a 1024-byte
-aligned shared address; ``A`` from registers is K-major only (the ISA's rule), and ``.trans``
-exists for 16-bit types only.
-
-Stages (the kernels call these names; the backend picks the implementation at import)
--------------------------------------------------------------------------------------
 * :func:`make_wgmma` ``(N, DTYPE, A_SRC, TRANS_A, TRANS_B)`` -> ``mma(smem, a, desc_b, acc,
-  scale_d)``: one ``wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}``; ``a`` a descriptor
-  (``uint64``, SS) or the four ``uint32`` A registers (RS); ``acc`` a ``UniTuple(float32, N/2)``;
-  ``scale_d`` 0 gives ``D = A B`` (the old ``acc`` is ignored), else ``D = A B + acc``.  Returns
-  the new accumulator, which must not be read before :func:`wgmma_wait_group` and
-  :func:`fence_operand`.  ``smem`` is the shared arena the descriptors point into (the twin
-  reads it; the instruction reads shared memory through the descriptors).
-* :func:`wgmma_fence` (``wgmma.fence``; before the first ``mma`` and between any write of its
-  registers and the ``mma`` reading them), :func:`wgmma_commit_group`,
-  :func:`wgmma_wait_group` ``(N)`` (``N`` a compile-time constant: wait until at most ``N``
-  committed groups are pending).
-* :func:`fence_operand` ``(regs)``: the same tuple, through an empty ``asm volatile`` that ties
-  its registers (CUTLASS's ``warpgroup_fence_operand``): the compiler cannot move their
-  computation past a fence nor their use before a wait.  The order a kernel keeps::
+  scale_d)``: ``a`` a descriptor (``uint64``, SS) or four ``uint32`` (RS), ``acc`` a
+  ``UniTuple(float32, N/2)``, ``scale_d`` 0: ``D = A B``, else ``D = A B + acc``; the returned
+  accumulator is read only after :func:`wgmma_wait_group` and :func:`fence_operand`;
+* :func:`wgmma_fence`, :func:`wgmma_commit_group`, :func:`wgmma_wait_group` ``(N)``,
+  :func:`fence_operand` ``(regs)``, :func:`fence_proxy_async`, :func:`tiles_ready`;
+* :func:`smem_address`, :func:`align_pad`, :func:`make_desc`, :func:`desc_bits`, :func:`desc_lo`,
+  :func:`desc_at`, :func:`warp_uniform`, :func:`make_acc_zeros`, :func:`make_a_from_acc`,
+  :func:`make_tile_copy`, :func:`make_tile_scan`;
+* the forward's GEMM stage on the ``mma.sync`` fragment view: :func:`make_fragment_view`,
+  :func:`make_a_pack`, :func:`make_warpgroup_gemm` -> ``(operands, issue, complete)``.
 
-      acc = fence_operand(acc); wgmma_fence(); acc = mma(...); ...; wgmma_commit_group()
-      wgmma_wait_group(0); acc = fence_operand(acc)   # now acc may be read
-
-* :func:`fence_proxy_async` (``fence.proxy.async.shared::cta``): shared memory written by
-  ordinary stores or ``cp.async`` (the generic proxy) is visible to ``wgmma`` (the async proxy)
-  only after it; each writing thread runs it after its copies landed, before the barrier.
-* :func:`tiles_ready` ``()``: after a thread's copies: ``cp.async`` commit and wait, the proxy
-  fence, the barrier.
-* :func:`smem_address` ``(smem)``: the shared-window address of ``smem[0]``;
-  :func:`align_pad` ``(smem)``: bytes from ``smem[0]`` to the next 1024-byte boundary (Numba
-  aligns a shared array only to its element size: allocate 1024 bytes of slack).
-* :func:`make_desc` ``(addr, hi)``: a descriptor from an address and the constant upper bits
-  of :meth:`TileLayout.descriptor` (``hi``, the start address left 0); :func:`desc_bits` the
-  full encoding as a device function (the same source as :func:`encode_descriptor`).
-* :func:`make_acc_zeros` ``(N)`` -> ``zeros()``: a zero accumulator tuple.
-
-The kernels' GEMM stage, on the ``mma.sync`` fragment view (the forward,
-:mod:`numba_flash.kernels.forward.wgmma`):
-
-* :func:`make_fragment_view` ``(N)`` -> ``(to_tuple, from_tuple)``: the accumulator tuple and a
-  warp's ``[2, N / 4]`` view of one 16-row tile (the same cells: the ``mma.sync`` stages run on
-  it); :func:`make_a_pack` ``(K_STEPS)`` -> ``(a_pack, a_words)``: ``P``'s ``A`` registers;
-* :func:`make_warpgroup_gemm` -> ``(operands, issue, complete)``: ``acc (+)= A B`` issued
-  asynchronously (SS or RS), each k-step's descriptor :func:`desc_at` (a 32-bit add on
-  :func:`desc_lo`, the high word a constant through :func:`desc_pack`), unrolled by
-  :func:`~numba_flash.kernels.core.jit.static_fold`;
-* :func:`warp_uniform` ``(x)``: lane 0's value (the compiler then keeps a warpgroup's
-  descriptors in uniform registers); :func:`make_tile_scan`: the non-finite rule's zeroing in a
-  swizzled tile.
-
-The simulator twins compute what the ISA defines for the warpgroup: an ``mma`` exchanges the
-four warps' inputs (:func:`numba_flash.simulator_warp.exchange` over 128 threads), checks that the
-descriptors agree, decodes them (:func:`operand_addresses`) and reads ``A`` and ``B`` from the
-arena; the product is formed at the ``wgmma_wait_group`` that completes it (float64, rounded to
-float32), and the twin raises if the operands in shared memory changed since the issue (a
-buffer overwritten under a pending ``wgmma``).  Until then the returned accumulator holds NaN,
-and :func:`fence_operand` raises if the thread has not waited for it; an ``mma`` without a
-:func:`wgmma_fence` since the thread's last wait raises too.  The twin's :func:`smem_address` is
-``SIM_SMEM_BASE`` (16-byte aligned, not 1024), so the alignment pad runs in the simulator too.
-
-The compile tier's catalog (``tools/catalog/ptx.py``) lists the probe kernels
-:func:`wgmma_gemm_kernel` and :func:`wgmma_chain_kernel` for ``cc=(9, 0, "a")`` (``"cc"`` in each
-configuration): the compile tier of the sm_80 / sm_90 kernels must not build them (ptxas refuses
-``wgmma`` below sm_90a).
+File: the layouts as host functions, descriptors and tiles, the GPU intrinsics, the simulator twins
+(the ISA's semantics for the warpgroup; they raise on what the hardware leaves undefined), the
+device stages, the probe kernels :func:`wgmma_gemm_kernel` and :func:`wgmma_chain_kernel` (``cc=(9,
+0, "a")`` only).  The layout tables, the order of fences and waits, the twin and the forward built
+on these: docs/wgmma.md.
 """
 
 from __future__ import annotations
@@ -289,7 +193,7 @@ def swizzle_address(addr, swizzle):
 def canonical_offsets(major, swizzle, lbo, sbo, mn, k, elem_bytes=2):
     """Byte offsets ``[mn, k]`` (before the swizzle) of the elements of an ``mn x k`` operand in
     the ISA's canonical layout of ``major`` (``"K"`` or ``"MN"``) and ``swizzle``, with
-    ``T = 16 / elem_bytes`` elements a 16-byte chunk (the table of the module docstring)."""
+    ``T = 16 / elem_bytes`` elements a 16-byte chunk (the table in docs/wgmma.md)."""
     T = 16 // elem_bytes
     i = np.arange(mn)[:, None]
     j = np.arange(k)[None, :]

@@ -174,8 +174,9 @@ def row_forward_kernel(HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, dtype):
 
 #: the compile tier's selection ``(dtype, HEAD_DIM, CAUSAL)``: every head dim once in float32, the
 #: causal loop, float16 where it is used most, float64 where its tiles are largest, bfloat16's
-#: stage.  (All 30 float16/32/64 configurations built clean on 2026-12-01 but for the stack frame
-#: by design: docs/row-forward.md; the selection keeps the tier's time down.)
+#: stage.  (All 30 float16/32/64 configurations build clean but for the stack frame by design:
+#: docs/row-forward.md, docs/optimised-forward.md#the-first-tiled-kernel-on-a-gpu-a-stack-frame;
+#: the selection keeps the tier's time down.)
 COMPILE_SELECTION = (
     [(np.float32, hd, False) for hd in HEAD_DIMS] + [(np.float32, 64, True)]
     + [(np.float16, hd, c) for hd in (64, 128) for c in (False, True)]

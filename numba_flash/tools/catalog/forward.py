@@ -119,7 +119,7 @@ def wgmma_configs():
 
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
     plan = [forward_wgmma_config(hd, simulator=False) for hd in WGMMA_HEAD_DIMS]
-    # the tile table's alternatives (kernels/core/config.py says why it chose as it did)
+    # the tile table's alternatives (kernels/forward/config.py says why it chose as it did)
     plan += [c._replace(OVERLAP=not c.OVERLAP) for c in plan]
     plan += [forward_wgmma_config(64, "bfloat16", simulator=False),
              forward_wgmma_config(128, simulator=False, **every),
