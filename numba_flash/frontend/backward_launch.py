@@ -52,8 +52,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
 
     float32 runs :func:`~numba_flash.kernels.backward.simt.row_mass_kernel` first: every later
     kernel reads its ``dO`` with each row divided by that row's ``c_i = sum_j exp(S_ij -
-    lse_i)`` where ``lse_i`` is the rounded log-sum-exp of exactly these keys (the module
-    docstring of :mod:`numba_flash.kernels.backward.simt`, "The stored lse").
+    lse_i)`` where ``lse_i`` is the rounded log-sum-exp of exactly these keys (why:
+    docs/backward.md#what-the-forward-keeps-one-number-per-row).
     """
     ba, h, nq_rows, d = q_in.shape
     hkv, nk_rows = k_in.shape[1], k_in.shape[2]
@@ -92,7 +92,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     cfg = backward_simt_config(tiles, dtype, dropout, user)
 
     # 0. float32: dO with row i divided by c_i = sum_j exp(S_ij - lse_i) where lse_i is the
-    # rounded log-sum-exp of these very keys (kernels/backward/simt.py, "The stored lse"); the same
+    # rounded log-sum-exp of these very keys (docs/backward.md, what the forward keeps); the same
     # as dividing row i of P (and D_i with it), never the inputs' own dO
     if dtype == np.float32:
         do_p = call.empty(do_in.shape, acc_t)

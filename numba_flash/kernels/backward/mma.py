@@ -53,6 +53,7 @@ from .simt import unfold_block
 from ..core.common import SMEM_LIMIT, log_tile
 from ..core.jit import device_jit, kernel_jit, static_for
 from ..ptx.stages import (
+    SHARED_ALIGN,
     EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, in_loop, load_u16, make_pair_load,
     make_tile_copy, make_tile_scan, red_add,
 )
@@ -507,7 +508,7 @@ def dkdv_mma_kernel(cfg):
         sa = score_args(va, b, h, offset, nq)
         key0 = k_start + 16 * M_TILES * warp + g   # the lane's first key (rows of S^T)
 
-        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         st = cuda.local.array((ROWS, QCOLS), float32)     # S^T, then P^T Z
         dpt = cuda.local.array((ROWS, QCOLS), float32)    # dP^T, then dS^T
         dk_acc = cuda.local.array((ROWS, ACOLS), float32)
@@ -723,7 +724,7 @@ def dq_mma_kernel(cfg):
         row0 = q_start + 16 * M_TILES * warp + (lane >> 2)   # the lane's first row
         row_base = uint64(uint32(bh)) * uint64(nq)
 
-        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         qf = cuda.local.array((M_TILES, K_STEPS, 4) if Q_REGS else (1, 1, 4),
                               uint32)   # Q's A fragments (with Q_REGS)
         dof = cuda.local.array((M_TILES, K_STEPS_V, 4) if Q_REGS else (1, 1, 4),

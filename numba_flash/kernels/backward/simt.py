@@ -818,11 +818,11 @@ MASS_SLACK = 2.0 ** -20
 @functools.lru_cache(maxsize=None)
 def row_mass_kernel(cfg):
     """Build ``kernel(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles)``: the float32
-    backward's first kernel (see "The stored lse" in the module docstring).  One block per ``(Q
-    tile, b, h)`` on the folded grid, the K/V tiles of :func:`dq_kernel`'s loop (window, block
-    mask): ``c_i = sum_j P_ij`` (``P = exp(s - lse)`` of ``p_and_ds``, bit for bit) plus the
-    sink's ``exp(sink_h - lse_i)``, summed per thread and then per row in a fixed order; then
-    ``do_out[i] = dO[i] / c_i`` (times the compute-type ``1 / c_i``) where ``|c_i - 1|`` is
+    backward's first kernel (why: docs/backward.md#what-the-forward-keeps-one-number-per-row).  One
+    block per ``(Q tile, b, h)`` on the folded grid, the K/V tiles of :func:`dq_kernel`'s loop
+    (window, block mask): ``c_i = sum_j P_ij`` (``P = exp(s - lse)`` of ``p_and_ds``, bit for bit)
+    plus the sink's ``exp(sink_h - lse_i)``, summed per thread and then per row in a fixed order;
+    then ``do_out[i] = dO[i] / c_i`` (times the compute-type ``1 / c_i``) where ``|c_i - 1|`` is
     inside the window (:data:`MASS_LSE_ULPS`, :data:`MASS_SLACK`), else ``dO[i]`` as it is."""
     BLOCK_M, BLOCK_N, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.THREADS
     dtype, USER = cfg.DTYPE, cfg.USER

@@ -50,7 +50,9 @@ from ..core.common import GRID_X_MAX
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
-from ..ptx.stages import LOG2E, cp_async16, cp_async_commit, cp_async_wait_all
+from ..ptx.stages import (
+    LOG2E, SHARED_ALIGN, cp_async16, cp_async_commit, cp_async_wait_all,
+)
 from ..mainloop.tile_scores import Layout, ScoreArgs, make_tile_scores_pair
 from ..core.config import MMA_DTYPES
 from .config import MlaDecodeConfig, mla_decode_config
@@ -266,7 +268,7 @@ def mla_decode_kernel(cfg):
         if bad_len:
             r_hi = r_lo                           # read nothing; the output is NaN
 
-        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         sp = cuda.shared.array(SP_WORDS, float32)
         bad_sh = cuda.shared.array(1, int32)
         qf = cuda.local.array((1, K_STEPS_W, 4), uint32)

@@ -55,7 +55,7 @@ from ..core.common import (
 from ..core.elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
 from ..core.jit import device_jit, kernel_jit
 from .merge import make_merge_functions, make_state_merge
-from ..ptx.stages import lds16, load16, shfl_xor
+from ..ptx.stages import SHARED_ALIGN, lds16, load16, shfl_xor
 from ..mainloop.online_softmax import make_online_softmax, sink_of
 from .config import DEFAULT_SM_COUNT, DecodeConfig, sm_count
 from ..mainloop.tile_scores import ScoreArgs, make_score_fn
@@ -791,7 +791,7 @@ def decode_kernel(cfg):
         l_sh = cuda.shared.array((NG, ROWS), acc_t)
         stat_sh = cuda.shared.array((3, ROWS), acc_t)
         flag_sh = cuda.shared.array(2, int32)
-        q_sh = cuda.shared.array(Q_WORDS, acc_t)
+        q_sh = cuda.shared.array(Q_WORDS, acc_t, alignment=SHARED_ALIGN)   # read by lds16
         acc = cuda.local.array(RD, acc_t)
         upper_at = cuda.local.array(N_UPPER, types.boolean)
         full = load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen,

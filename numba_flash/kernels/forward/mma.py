@@ -53,6 +53,7 @@ from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit, static_for
 from ..mainloop.online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax, sink_of
 from ..ptx.stages import (
+    SHARED_ALIGN,
     EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan,
 )
 from ..mainloop.tile_scores import make_score_args, make_score_fn, make_tile_scores_pair
@@ -382,7 +383,7 @@ def forward_mma_kernel(cfg):
         tid = cuda.threadIdx.x
         fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
 
-        smem = cuda.shared.array(SMEM_WORDS, uint32)
+        smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         qf = cuda.local.array((M_TILES, K_STEPS, 4), uint32)
         s = cuda.local.array((ROWS, KEYS), float32)
         acc = cuda.local.array((ROWS, COLS), float32)

@@ -60,6 +60,11 @@ LOAD16_PTX = "ld.global.nc.v4.u32"
 RED_ADD_PTX = "red.global.add.f32"
 #: the most cp.async groups a kernel leaves in flight (:func:`cp_async_wait`)
 CP_ASYNC_MAX_PENDING = 6
+
+#: the alignment of a shared array read or written 16 bytes at a time (``cp.async``,
+#: ``ldmatrix``, :func:`lds16`): 16, or None in the simulator (no ``alignment`` argument there).
+#: Without it NVVM declares ``.align 4`` and the linker may place the array at 8 mod 16.
+SHARED_ALIGN = None if on_simulator() else 16
 #: element types :func:`load16` reads
 LOAD16_TYPES = (types.float16, types.float32, types.float64)
 
