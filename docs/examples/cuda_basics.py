@@ -348,11 +348,11 @@ def occupancy_cases():
 
     from numba_flash.kernels.forward import simt as forward
     from numba_flash.teach.kernels import naive_forward
-    from numba_flash.kernels.forward.config import forward_mma_config
+    from numba_flash.kernels.forward.config import forward_mma_config, gpu_tiles, thread_layout
 
     f32 = np.dtype(np.float32)
-    bm, bn, hd = forward.gpu_tiles(64, f32)
-    tm, tn = forward.thread_layout(bm, bn, hd)
+    bm, bn, hd = gpu_tiles(64, f32)
+    tm, tn = thread_layout(bm, bn, hd)
     tiled = forward.config_name(bm, bn, hd, tm, tn, f32)      # "forward M64 N32 D64 T16x8 ..."
     mma = forward_mma_config(64, "float16", simulator=False)  # the GPU's tensor-core tiles
     return [

@@ -20,7 +20,7 @@ import numpy as np
 import numba_flash as nf
 from numba_flash import reference as ref
 from report import err
-from numba_flash.kernels.forward import simt as kf
+from numba_flash.kernels.forward import config as fconfig
 
 
 # -- the GPU tile budget ---------------------------------------------------------------------
@@ -28,19 +28,19 @@ def budget_rows():
     """One row per (compute word, head dim): the GPU default tiles and what they cost."""
     rows = []
     for dtype in (np.float32, np.float64):
-        word = kf._word(dtype)
-        for hd in kf.HEAD_DIMS:
-            bm, bn, _ = kf.gpu_tiles(hd, dtype)
-            tm_, tn_ = kf.thread_layout(bm, bn, hd)
+        word = fconfig._word(dtype)
+        for hd in fconfig.HEAD_DIMS:
+            bm, bn, _ = fconfig.gpu_tiles(hd, dtype)
+            tm_, tn_ = fconfig.thread_layout(bm, bn, hd)
             regs = word // 4
             rows.append({
                 "dtype": "float16/32" if dtype == np.float32 else "float64",
                 "HEAD_DIM": hd, "BLOCK_M": bm, "BLOCK_N": bn, "threads": (tm_, tn_),
                 "S": (bm // tm_, bn // tn_), "acc": (bm // tm_, hd // tn_),
                 "regs": max(bm // tm_ * bn // tn_, bm // tm_ * hd // tn_) * regs,
-                "smem": kf.shared_bytes(bm, bn, hd, dtype),
-                "smem_dropout": kf.shared_bytes(bm, bn, hd, dtype, dropout=True),
-                "problem": kf.tile_problem(bm, bn, hd, dtype, dropout=True),
+                "smem": fconfig.shared_bytes(bm, bn, hd, dtype),
+                "smem_dropout": fconfig.shared_bytes(bm, bn, hd, dtype, dropout=True),
+                "problem": fconfig.tile_problem(bm, bn, hd, dtype, dropout=True),
             })
     return rows
 
@@ -52,8 +52,8 @@ def budget():
         print(f"{r['dtype']:>10s} {r['HEAD_DIM']:8d} {r['BLOCK_M']:7d} {r['BLOCK_N']:7d} "
               f"{'%dx%d' % r['threads']:>7s} {'%dx%d' % r['S']:>8s} {'%dx%d' % r['acc']:>10s} "
               f"{r['regs']:4d} {r['smem'] / 1024:8.1f} {r['smem_dropout'] / 1024:8.1f}")
-    print(f"limit: {kf.SMEM_LIMIT // 1024} KiB of static shared memory per block, "
-          f"{kf.MAX_TILE_REGS} registers per micro-tile")
+    print(f"limit: {fconfig.SMEM_LIMIT // 1024} KiB of static shared memory per block, "
+          f"{fconfig.MAX_TILE_REGS} registers per micro-tile")
 
 
 # -- accuracy --------------------------------------------------------------------------------

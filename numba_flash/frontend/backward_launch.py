@@ -9,9 +9,9 @@ import numpy as np
 
 from ..kernels.backward.config import backward_simt_config
 from ..kernels.backward.simt import (
-    default_tiles, dkdv_kernel, dq_kernel, elem_threads, fold_grid, preprocess_kernel,
-    reduce_kernel, row_lanes, row_mass_kernel,
+    dkdv_kernel, dq_kernel, fold_grid, preprocess_kernel, reduce_kernel, row_mass_kernel,
 )
+from ..kernels.backward.config import default_tiles, elem_threads, row_lanes
 from ..kernels.core.common import acc_dtype, cdiv
 from ..philox import dropout_params
 from .kernel_args import backward_user_build, kernel_variant

@@ -15,9 +15,8 @@ import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.sim_time import SimWork, tiled_work
-from ..kernels.backward.simt import (
-    elem_threads, fold_grid, preprocess_kernel, reduce_kernel, row_lanes,
-)
+from ..kernels.backward.simt import fold_grid, preprocess_kernel, reduce_kernel
+from ..kernels.backward.config import elem_threads, row_lanes
 from ..kernels.backward.mma import (
     MMA_DTYPES, backward_mma_config, dkdv_mma_kernel, dkdv_passes, dq_mma_kernel, dq_passes,
 )

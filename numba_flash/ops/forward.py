@@ -12,8 +12,9 @@ from ..frontend.kernel_args import (
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import check_tile
 from ..kernels.core.common import acc_dtype, cdiv
-from ..kernels.forward.simt import (
-    choose_tiles, explicit_tiles, forward_simt_config, forward_grid, forward_kernel, vector_tiles,
+from ..kernels.forward.simt import forward_grid, forward_kernel
+from ..kernels.forward.config import (
+    choose_tiles, explicit_tiles, forward_simt_config, vector_tiles,
 )
 from ..frontend.kernel_choice import KERNELS, check_forward_kernel, import_mma  # noqa: F401  (KERNELS)
 
@@ -53,8 +54,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     float64 inputs.  float16 and bfloat16 (``ml_dtypes.bfloat16``) compute in float32, float64
     in float64.  ``block_m`` / ``block_n``
     pick other compiled SIMT tile shapes (see
-    :func:`numba_flash.kernels.forward.simt.explicit_tiles`); ``None`` takes the backend's default.
-    NumPy in, NumPy out; CuPy in, CuPy out (GPU backend); bfloat16 in, bfloat16 out.
+    :func:`numba_flash.kernels.forward.config.explicit_tiles`); ``None`` takes the backend's
+    default. NumPy in, NumPy out; CuPy in, CuPy out (GPU backend); bfloat16 in, bfloat16 out.
 
     ``dropout_p`` in ``[0, 1)`` drops each attention probability with that probability and
     scales the kept ones by ``1 / (1 - dropout_p)``: ``o = (P * keep / (1 - p)) V``, while ``lse``

@@ -16,9 +16,8 @@ from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
                                  check_value_shape, check_variants)
 from ..kernels.core.common import acc_dtype, cdiv
-from ..kernels.forward.simt import (
-    default_tiles, forward_simt_config, forward_grid, forward_kernel, vector_tiles,
-)
+from ..kernels.forward.simt import forward_grid, forward_kernel
+from ..kernels.forward.config import default_tiles, forward_simt_config, vector_tiles
 from ..philox import dropout_params
 from ..frontend.kernel_args import kernel_variant, user_build
 from ..frontend.arrays import host_ints

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from numba_flash.kernels.forward import simt as kf
+from numba_flash.kernels.forward import config as fconfig
 import snippets
 from forward_demo import budget_rows, notes_triton_forward, triton_case
 
 
 def test_budget_every_gpu_default_fits():
     rows = budget_rows()
-    assert len(rows) == 2 * len(kf.HEAD_DIMS)
+    assert len(rows) == 2 * len(fconfig.HEAD_DIMS)
     for r in rows:
         assert r["problem"] is None, r
-        assert r["smem"] < r["smem_dropout"] <= kf.SMEM_LIMIT
-        assert r["regs"] <= kf.MAX_TILE_REGS
+        assert r["smem"] < r["smem_dropout"] <= fconfig.SMEM_LIMIT
+        assert r["regs"] <= fconfig.MAX_TILE_REGS
     f32_64 = next(r for r in rows if r["dtype"] == "float16/32" and r["HEAD_DIM"] == 64)
     assert (f32_64["BLOCK_M"], f32_64["BLOCK_N"], f32_64["threads"]) == (64, 32, (16, 8))
     assert round(f32_64["smem"] / 1024, 1) == 42.5  # the module docstring's figure

@@ -107,7 +107,7 @@ def _tiles(kernel):
         from numba_flash.kernels.backward.config import backward_mma_config
         dkdv, dq = (backward_mma_config(16, kind) for kind in ("dkdv", "dq"))
         return (dkdv.STEP, dkdv.BLOCK), (dq.BLOCK, dq.STEP)
-    from numba_flash.kernels.backward.simt import default_tiles
+    from numba_flash.kernels.backward.config import default_tiles
     bm, bn, _, _ = default_tiles(16, np.float16)
     return (bm, bn), (bm, bn)
 

@@ -92,7 +92,7 @@ def test_block_mask_skips_empty_tiles(rng, tile_log, kernel):
         cfg = forward_mma_config(16)
         bm_, bn_ = cfg.BLOCK_M, cfg.BLOCK_N
     else:
-        from numba_flash.kernels.forward.simt import default_tiles
+        from numba_flash.kernels.forward.config import default_tiles
         bm_, bn_, _ = default_tiles(16, np.float16)
     # a kernel tile is computed iff some 16 x 16 block it overlaps is not EMPTY
     nonempty = np.repeat(np.repeat(kinds != 0, 16, axis=0), 16, axis=1)

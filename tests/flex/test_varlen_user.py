@@ -180,7 +180,7 @@ def test_block_mask_on_varlen_skips_empty_tiles_per_sequence(rng, tile_log):
     # 2.5e-7 of the reference; other tiles would differ by float32 rounding
     np.testing.assert_allclose(o, o_d, atol=2e-6, rtol=0)
 
-    from numba_flash.kernels.forward.simt import default_tiles
+    from numba_flash.kernels.forward.config import default_tiles
     bm_, bn_, _ = default_tiles(8, np.float32)
     assert 16 % bm_ == 0 and 16 % bn_ == 0  # a kernel tile lies in one block: its verdict
     expect = {(b, 0, qs, ks // bn_) for b in range(2) for qs in range(0, lens[b], bm_)

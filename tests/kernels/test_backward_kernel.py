@@ -178,13 +178,14 @@ def test_preprocess_warp_rows_and_group_reduce(rng):
     zeroed; and the GQA reduce (sum of each group's heads, cast to float16)."""
     from numba import cuda
 
+    from numba_flash.kernels.backward import config as bconfig
     from numba_flash.kernels.backward import simt as kb
 
     b, h, n, d = 2, 3, 7, 19
     o, do = randn(rng, (b, h, n, d)), randn(rng, (b, h, n, d))
     delta = cuda.to_device(np.full((b, h, n), np.nan, np.float32))
     dq_accum = cuda.to_device(np.full((b, h, n, d), np.nan, np.float32))
-    t, lanes = kb.elem_threads(), kb.row_lanes()
+    t, lanes = bconfig.elem_threads(), bconfig.row_lanes()
     tiles = -(-n // (t // lanes))
     kb.preprocess_kernel(t, lanes, np.dtype(np.float32))[kb.fold_grid(tiles, b, h), t](
         o, do, delta, dq_accum, tiles)

@@ -13,6 +13,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
+from numba_flash.kernels.backward import config as bconfig
 from numba_flash.kernels.backward import simt as kb
 from helpers import randn, assert_scaled_close
 
@@ -207,7 +208,7 @@ def test_grid_folds_batch_and_heads_past_65535():
         grids = kb.backward_grids(b, h, hkv, n, n, d, dtype, simulator=False)
         for name, grid in grids.items():
             assert len(grid) == 1 and 0 < grid[0] <= kb.GRID_X_MAX, (name, grid)
-        block_m, block_n, _, _ = kb.default_tiles(d, dtype, simulator=False)
+        block_m, block_n, _, _ = bconfig.default_tiles(d, dtype, simulator=False)
         tiles = -(-n // block_n)
         assert grids["dkdv"] == (tiles * b * h,)
         assert kb.unfold_block_py(grids["dkdv"][0] - 1, tiles, h) == (tiles - 1, b - 1, h - 1)
@@ -247,10 +248,10 @@ def test_backward_gpu_tile_layout_in_simulator(rng, monkeypatch):
     Measured: 5e-7 relative (float32)."""
     import numba_flash.frontend.backward_launch as ob
 
-    monkeypatch.setattr(ob, "default_tiles", lambda d, dtype: kb.default_tiles(
+    monkeypatch.setattr(ob, "default_tiles", lambda d, dtype: bconfig.default_tiles(
         d, dtype, simulator=False))
-    monkeypatch.setattr(ob, "elem_threads", lambda: kb.GPU_ELEM_THREADS)
-    monkeypatch.setattr(ob, "row_lanes", lambda: kb.GPU_ROW_LANES)
+    monkeypatch.setattr(ob, "elem_threads", lambda: bconfig.GPU_ELEM_THREADS)
+    monkeypatch.setattr(ob, "row_lanes", lambda: bconfig.GPU_ROW_LANES)
     variant = dict(causal=True, window_size=(20, -1), softcap=2.0,
                    alibi_slopes=ref.alibi_slopes(2))
     args, _ = make_case(rng, 1, 2, 1, 40, 37, 64, np.float32, q_scale=2.0, **variant)

@@ -14,7 +14,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels.forward import simt as fk
+from numba_flash.kernels.forward import config as fconfig
 from numba_flash.tools.catalog import forward as catalog_forward
 from numba_flash.ops import forward as forward_op
 from helpers import randn
@@ -88,7 +88,7 @@ def test_dropout_forward_other_dtypes(rng, dtype, causal):
 def test_dropout_mask_does_not_depend_on_tiles(rng, causal):
     """Every explicit tile shape draws the same mask (global, not tile-local, indices)."""
     q, k, v = make_qkv(rng, 1, 2, 1, 19, 23, 6, np.float32)
-    for block_m, block_n in fk.explicit_tiles(6, np.float32):
+    for block_m, block_n in fconfig.explicit_tiles(6, np.float32):
         o, lse = numba_flash.forward(q, k, v, causal=causal, return_lse=True, dropout_p=0.6,
                                      seed=31337, block_m=block_m, block_n=block_n)
         check(q, k, v, causal, 0.6, 31337, o, lse)
@@ -167,11 +167,11 @@ def test_dropout_gpu_kernels_are_compiled_and_fit(dtype):
     keep_tile added."""
     names = {c["name"] for c in catalog_forward.simt_configs()}
     dt = np.dtype(dtype)
-    for d in fk.HEAD_DIMS:
+    for d in fconfig.HEAD_DIMS:
         for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):
-            for (bm, bn), hd2 in fk.explicit_tiles(d, dt, simulator=False,
+            for (bm, bn), hd2 in fconfig.explicit_tiles(d, dt, simulator=False,
                                                    mods=bool(mods)).items():
-                assert fk.tile_problem(bm, bn, hd2, dt, dropout=True) is None
-            bm, bn, hd = fk.gpu_tiles(d, dt, mods=bool(mods))
-            tm, tn = fk.thread_layout(bm, bn, hd)
+                assert fconfig.tile_problem(bm, bn, hd2, dt, dropout=True) is None
+            bm, bn, hd = fconfig.gpu_tiles(d, dt, mods=bool(mods))
+            tm, tn = fconfig.thread_layout(bm, bn, hd)
             assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} dropout {dt.name}" in names

@@ -13,7 +13,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels.forward import simt as fk
+from numba_flash.kernels.forward import config as fconfig
 from numba_flash.tools.catalog import forward as catalog_forward
 from helpers import randn
 
@@ -112,7 +112,7 @@ def test_forward_causal_skips_tiles_after_the_diagonal(rng):
     """NaN keys/values after Q tile 0's last K/V tile never reach Q tile 0: those tiles are
     not loaded (a masked-but-loaded NaN value would give 0 * NaN = NaN)."""
     d = 8
-    block_m, block_n, _ = fk.default_tiles(d, np.float32)
+    block_m, block_n, _ = fconfig.default_tiles(d, np.float32)
     first_skipped = -(-block_m // block_n) * block_n  # first tile starting after row block_m-1
     n = max(32, 2 * first_skipped)
     q, k, v = make_qkv(rng, 1, 1, 1, n, n, d, np.float32)
@@ -143,7 +143,7 @@ def test_forward_non_contiguous_inputs_and_not_modified(rng):
 def test_forward_explicit_tiles(rng, causal):
     """Every explicit tile shape on offer, with ragged last tiles in both directions."""
     d = 6
-    pairs = fk.explicit_tiles(d, np.float32)
+    pairs = fconfig.explicit_tiles(d, np.float32)
     q, k, v = make_qkv(rng, 1, 2, 1, 25, 19, d, np.float32)
     for block_m, block_n in pairs:
         o, lse = numba_flash.forward(q, k, v, causal=causal, return_lse=True, block_m=block_m,
@@ -210,7 +210,7 @@ def test_forward_rejects_bad_options(kwargs, exc, msg):
 
 
 def test_forward_rejects_a_tile_pair_not_on_offer():
-    pairs = fk.explicit_tiles(8, np.float32)
+    pairs = fconfig.explicit_tiles(8, np.float32)
     ms = {bm for bm, _ in pairs}
     ns = {bn for _, bn in pairs}
     bad = [(m, n) for m in ms for n in ns if (m, n) not in pairs]
@@ -230,13 +230,13 @@ def test_gpu_tiles_are_compiled_and_fit(dtype):
     dt = np.dtype(dtype)
     for d in range(1, 257):
         for prefix, mods in (("forward", ""), ("forward", " mods"), ("forward varlen", " mods")):
-            pairs = dict(fk.explicit_tiles(d, dt, simulator=False, mods=bool(mods)))
-            bm, bn, hd = fk.gpu_tiles(d, dt, mods=bool(mods))
+            pairs = dict(fconfig.explicit_tiles(d, dt, simulator=False, mods=bool(mods)))
+            bm, bn, hd = fconfig.gpu_tiles(d, dt, mods=bool(mods))
             assert pairs[(bm, bn)] == hd
             for (bm, bn), hd in pairs.items():
                 assert hd >= d
-                assert fk.tile_problem(bm, bn, hd, dt) is None
-                tm, tn = fk.thread_layout(bm, bn, hd)
+                assert fconfig.tile_problem(bm, bn, hd, dt) is None
+                tm, tn = fconfig.thread_layout(bm, bn, hd)
                 assert f"{prefix} M{bm} N{bn} D{hd} T{tm}x{tn}{mods} {dt.name}" in names
 
 
@@ -260,4 +260,4 @@ def test_cp_async_copies_equal_elementwise_copies(rng, monkeypatch, dtype, d):
     o2, lse2 = numba_flash.forward(q, k, v, causal=True, return_lse=True)
     assert built == [True, False]
     assert o1.tobytes() == o2.tobytes() and lse1.tobytes() == lse2.tobytes()
-    assert not fk.vector_tiles(np.float16, 16, 16) and not fk.vector_tiles(dtype, 7, 16)
+    assert not fconfig.vector_tiles(np.float16, 16, 16) and not fconfig.vector_tiles(dtype, 7, 16)

@@ -20,7 +20,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels.forward.simt import default_tiles
+from numba_flash.kernels.forward.config import default_tiles
 from numba_flash.ops import forward_varlen as varlen_op
 from helpers import randn
 

@@ -15,6 +15,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
+from numba_flash.kernels.forward import config as fconfig
 from numba_flash.kernels.forward import simt as fk
 from numba_flash.ops import forward as forward_op
 from helpers import randn
@@ -101,7 +102,7 @@ def test_variants_with_explicit_tiles(rng):
     """Other tile shapes classify the band's tiles differently: same answer."""
     q, k, v = make_qkv(rng, 1, 1, 1, 26, 31, 6, np.float32)
     kw = dict(window_size=(9, 4), softcap=1.0, alibi_slopes=SLOPES_H4[:1])
-    for block_m, block_n in fk.explicit_tiles(6, np.float32):
+    for block_m, block_n in fconfig.explicit_tiles(6, np.float32):
         compare(*run(q, k, v, block_m=block_m, block_n=block_n, **kw), np.float32)
 
 
@@ -122,7 +123,7 @@ def test_window_skips_tiles_outside_the_band(rng):
     """NaN keys and values in the tiles no row of a Q tile sees never reach it: those tiles are
     never loaded (a masked-but-loaded NaN value would give 0 * NaN = NaN)."""
     d = 4
-    block_m, block_n, _ = fk.default_tiles(d, np.float32)
+    block_m, block_n, _ = fconfig.default_tiles(d, np.float32)
     n = 5 * block_m
     q, k, v = make_qkv(rng, 1, 1, 1, n, n, d, np.float32)
     kw = dict(window_size=(block_n, 0))  # Q tile t sees keys [t*BM - BN, t*BM + BM)

@@ -1,5 +1,5 @@
 """The backward's kernel configurations: the SIMT kernels' (:class:`BackwardSimtConfig`; their
-tile choices, :data:`~numba_flash.kernels.backward.simt.GPU_TILES`) and the tensor-core kernels'
+tile choices, :data:`~numba_flash.kernels.backward.config.GPU_TILES`) and the tensor-core kernels'
 (:class:`BackwardMmaConfig`), each tile choice commented with the limit it hits.  Shared limits
 and helpers: :mod:`numba_flash.kernels.core.config`.
 """
@@ -13,6 +13,7 @@ from ..core.common import padded_head_dim
 from ..core.config import (
     _OWNED_ROWS, _ROW_BYTES, _THREADS, _V_DIM, _V_ROW_BYTES, _flags_name, round16,
 )
+from ..core.common import acc_dtype
 
 
 # -- the SIMT backward ---------------------------------------------------------------------
@@ -34,12 +35,98 @@ class BackwardSimtConfig(NamedTuple):
 
 def backward_simt_config(tiles, dtype, dropout=False, user=None):
     """The :class:`BackwardSimtConfig` of ``tiles = (BLOCK_M, BLOCK_N, HEAD_DIM, THREADS)``
-    (:func:`~numba_flash.kernels.backward.simt.default_tiles`) for ``dtype`` and the flags."""
+    (:func:`~numba_flash.kernels.backward.config.default_tiles`) for ``dtype`` and the flags."""
     import numpy as np
 
     block_m, block_n, head_dim, threads = tiles
     return BackwardSimtConfig(block_m, block_n, head_dim, threads, np.dtype(dtype), bool(dropout),
                               user)
+
+
+#: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
+#: is the larger one: each K/V block streams all of Q, dO and the dQ atomics once, so that
+#: traffic scales with Nk / BLOCK_N; BLOCK_M only sets the work between barriers.
+GPU_TILES = {
+    4: {16: (32, 64), 32: (32, 64), 64: (32, 32), 128: (8, 32), 256: (4, 16)},
+    8: {16: (32, 32), 32: (16, 32), 64: (16, 16), 128: (4, 16), 256: (4, 4)},
+}
+
+
+GPU_THREADS = 128
+
+
+#: simulator: small tiles, few threads (each CUDA thread is a Python thread).
+SIM_BLOCK = 8
+
+
+SIM_THREADS = 16
+
+
+#: one-thread-per-element kernels (reduce/cast) and the preprocess block.
+GPU_ELEM_THREADS = 128
+
+
+#: preprocess: lanes that share one row of dO * O (a warp on the GPU; the simulator's 16-thread
+#: blocks use 8 lanes per row, so a simulated warp holds two rows).
+GPU_ROW_LANES = 32
+
+
+SIM_ROW_LANES = 8
+
+
+#: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
+#: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread
+#: (5: 96, 4: 128, 3: 168, 2: 255).  Each value is the largest that assembles without spills
+#: or a stack frame for sm_80 and sm_90 (ptxas 13) and, at most 5, that the block's shared
+#: memory allows on an H100/H200 (228 KiB per SM: 5 blocks of ~43 KiB); the compile tier fails
+#: on any spill.  Keyed by word size, then HEAD_DIM; the dropout builds where they differ.  The
+#: unrolled 16-byte steps need more registers than scalar ones: fewer warps per SM for more work
+#: per instruction, which a GPU must weigh (unmeasured; the sweeps that set these values:
+#: docs/optimised-forward.md#the-backwards-registers-and-occupancy).
+DKDV_MIN_BLOCKS = {4: {16: 2, 32: 2, 64: 2, 128: 2, 256: 3},
+                   8: {16: 2, 32: 2, 64: 2, 128: 3, 256: 3}}
+
+
+DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 2}}
+
+
+DQ_MIN_BLOCKS = {4: {16: 2, 32: 4, 64: 3, 128: 3, 256: 4},
+                 8: {16: 3, 32: 5, 64: 3, 128: 5, 256: 5}}
+
+
+DQ_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 3}, 8: {64: 3}}
+
+
+def _word(dtype):
+    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
+    return acc_dtype(dtype).itemsize
+
+
+def default_tiles(head_dim, dtype, simulator=None):
+    """``(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS)`` for this backend: small in the simulator."""
+    hd = padded_head_dim(head_dim)
+    if on_simulator() if simulator is None else simulator:
+        return SIM_BLOCK, SIM_BLOCK, hd, SIM_THREADS
+    block_m, block_n = GPU_TILES[_word(dtype)][hd]
+    return block_m, block_n, hd, GPU_THREADS
+
+
+def min_blocks(kind, HEAD_DIM, dtype, DROPOUT):
+    """``MIN_BLOCKS`` of the ``"dkdv"`` or ``"dq"`` kernel (see :data:`DKDV_MIN_BLOCKS`)."""
+    plain, dropout = ((DQ_MIN_BLOCKS, DQ_MIN_BLOCKS_DROPOUT) if kind == "dq"
+                      else (DKDV_MIN_BLOCKS, DKDV_MIN_BLOCKS_DROPOUT))
+    word = _word(dtype)
+    if DROPOUT and HEAD_DIM in dropout[word]:
+        return dropout[word][HEAD_DIM]
+    return plain[word][HEAD_DIM]
+
+
+def elem_threads():
+    return SIM_THREADS if on_simulator() else GPU_ELEM_THREADS
+
+
+def row_lanes():
+    return SIM_ROW_LANES if on_simulator() else GPU_ROW_LANES
 
 
 # -- the tensor-core backward ----------------------------------------------------------------

@@ -52,8 +52,7 @@ from ...backend import on_simulator
 from ...philox import philox_keep_bits4
 from ..core.jit import device_jit, kernel_jit, range_for, static_for
 from ..core.common import (
-    FULL_MASK, GRID_X_MAX, SMEM_LIMIT, acc_dtype, compute_type, log_tile,
-    padded_head_dim,
+    FULL_MASK, GRID_X_MAX, SMEM_LIMIT, compute_type, log_tile,
 )
 from ..core.elements import BFLOAT16, element_ops
 from ..mainloop.online_softmax import sink_of
@@ -62,16 +61,10 @@ from ..mainloop.tile_scores import ScoreArgs, make_score_fn
 from ..mainloop.visibility import (
     is_visible, key_bounds, make_pair_mask, tile_key_range, tile_query_range,
 )
+from .config import (
+    GPU_ELEM_THREADS, GPU_ROW_LANES, SIM_ROW_LANES, SIM_THREADS, _word, default_tiles, min_blocks,
+)
 
-
-#: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
-#: is the larger one: each K/V block streams all of Q, dO and the dQ atomics once, so that
-#: traffic scales with Nk / BLOCK_N; BLOCK_M only sets the work between barriers.
-GPU_TILES = {
-    4: {16: (32, 64), 32: (32, 64), 64: (32, 32), 128: (8, 32), 256: (4, 16)},
-    8: {16: (32, 32), 32: (16, 32), 64: (16, 16), 128: (4, 16), 256: (4, 4)},
-}
-GPU_THREADS = 128
 
 #: bytes of one vector shared-memory load (``ld.shared.v4``): 4 float32 or 2 float64
 VEC_BYTES = 16
@@ -84,34 +77,6 @@ def row_pad(dtype):
     one chunk of 8 rows)."""
     return VEC_BYTES // _word(dtype)
 
-#: simulator: small tiles, few threads (each CUDA thread is a Python thread).
-SIM_BLOCK = 8
-SIM_THREADS = 16
-
-#: one-thread-per-element kernels (reduce/cast) and the preprocess block.
-GPU_ELEM_THREADS = 128
-#: preprocess: lanes that share one row of dO * O (a warp on the GPU; the simulator's 16-thread
-#: blocks use 8 lanes per row, so a simulated warp holds two rows).
-GPU_ROW_LANES = 32
-SIM_ROW_LANES = 8
-
-
-#: resident blocks per SM the GPU kernels are compiled for, ``launch_bounds = (THREADS,
-#: MIN_BLOCKS)``: ptxas then keeps registers at or under 65536 / (128 * MIN_BLOCKS) per thread
-#: (5: 96, 4: 128, 3: 168, 2: 255).  Each value is the largest that assembles without spills
-#: or a stack frame for sm_80 and sm_90 (ptxas 13) and, at most 5, that the block's shared
-#: memory allows on an H100/H200 (228 KiB per SM: 5 blocks of ~43 KiB); the compile tier fails
-#: on any spill.  Keyed by word size, then HEAD_DIM; the dropout builds where they differ.  The
-#: unrolled 16-byte steps need more registers than scalar ones: fewer warps per SM for more work
-#: per instruction, which a GPU must weigh (unmeasured; the sweeps that set these values:
-#: docs/optimised-forward.md#the-backwards-registers-and-occupancy).
-DKDV_MIN_BLOCKS = {4: {16: 2, 32: 2, 64: 2, 128: 2, 256: 3},
-                   8: {16: 2, 32: 2, 64: 2, 128: 3, 256: 3}}
-DKDV_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 2}, 8: {64: 2}}
-DQ_MIN_BLOCKS = {4: {16: 2, 32: 4, 64: 3, 128: 3, 256: 4},
-                 8: {16: 3, 32: 5, 64: 3, 128: 5, 256: 5}}
-DQ_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 3}, 8: {64: 3}}
-
 
 #: the smallest ``A_TR x A_TC`` micro-tile of S and dP whose row loop :func:`tile_functions`
 #: unrolls with :func:`~numba_flash.kernels.core.jit.static_for`; smaller ones take a ``range`` loop
@@ -120,38 +85,6 @@ DQ_MIN_BLOCKS_DROPOUT = {4: {64: 2, 128: 3}, 8: {64: 3}}
 #: 4 x 2 tiles (float32 d = 64) spill 16 B in dQ; unrolled both fit.  The 2 x 1 tile of float64
 #: d = 64 takes 242 registers with the range loop, 255 and a 40 B spill unrolled.
 STATIC_TILE = 8
-
-
-def _word(dtype):
-    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
-    return acc_dtype(dtype).itemsize
-
-
-def default_tiles(head_dim, dtype, simulator=None):
-    """``(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS)`` for this backend: small in the simulator."""
-    hd = padded_head_dim(head_dim)
-    if on_simulator() if simulator is None else simulator:
-        return SIM_BLOCK, SIM_BLOCK, hd, SIM_THREADS
-    block_m, block_n = GPU_TILES[_word(dtype)][hd]
-    return block_m, block_n, hd, GPU_THREADS
-
-
-def min_blocks(kind, HEAD_DIM, dtype, DROPOUT):
-    """``MIN_BLOCKS`` of the ``"dkdv"`` or ``"dq"`` kernel (see :data:`DKDV_MIN_BLOCKS`)."""
-    plain, dropout = ((DQ_MIN_BLOCKS, DQ_MIN_BLOCKS_DROPOUT) if kind == "dq"
-                      else (DKDV_MIN_BLOCKS, DKDV_MIN_BLOCKS_DROPOUT))
-    word = _word(dtype)
-    if DROPOUT and HEAD_DIM in dropout[word]:
-        return dropout[word][HEAD_DIM]
-    return plain[word][HEAD_DIM]
-
-
-def elem_threads():
-    return SIM_THREADS if on_simulator() else GPU_ELEM_THREADS
-
-
-def row_lanes():
-    return SIM_ROW_LANES if on_simulator() else GPU_ROW_LANES
 
 
 def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False):

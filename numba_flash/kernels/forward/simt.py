@@ -51,8 +51,7 @@ from numba import cuda, int32, types, uint32
 from ...backend import on_simulator
 from ...philox import philox_keep_bits4
 from ..core.common import (
-    GRID_YZ_MAX, HEAD_DIMS, SMEM_LIMIT, acc_dtype, compute_type, log_tile, numba_array_type,
-    padded_head_dim,
+    GRID_YZ_MAX, acc_dtype, compute_type, log_tile, numba_array_type,
 )
 from ..ptx.stages import (
     cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16, load_at,
@@ -62,14 +61,12 @@ from ..core.elements import BFLOAT16, element_ops
 from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import make_epilogue, make_online_softmax, sink_of
 from ..mainloop.tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores_pair
-from .config import (
-    FORWARD_SIMT_MODS_TILES, FORWARD_SIMT_TILES, ForwardSimtConfig, forward_simt_tiles,
-)
 from ..core.variant import variant_type
 from ..mainloop.visibility import (
     BLOCK_EMPTY, BLOCK_PARTIAL, key_bounds, make_tile_kind, tile_full_range, tile_key_range,
     tile_needs_mask,
 )
+from .config import P_PAD, VEC_BYTES, jit_options, launch_bounds
 
 
 _device = functools.partial(device_jit, inline=True)
@@ -78,180 +75,6 @@ _device = functools.partial(device_jit, inline=True)
 #: a stage of the kernel, called only from this module's kernels: in the simulator the Python
 #: function itself even where it reads ``cuda`` (``cuda.local.array``), see ``device_jit``
 _stage = functools.partial(device_jit, own_module=True)
-
-#: at most this many 32-bit registers for a thread's ``acc`` micro-tile, and as many for S.
-MAX_TILE_REGS = 64
-
-#: the GPU tile choices (:data:`~numba_flash.kernels.forward.config.FORWARD_SIMT_TILES`, and those
-#: of the score-modifier build,
-#: :data:`~numba_flash.kernels.forward.config.FORWARD_SIMT_MODS_TILES`); each ``(BLOCK_M, BLOCK_N,
-#: HEAD_DIM)`` appears once, so a tile names its threads (:func:`thread_layout`)
-GPU_TILES = FORWARD_SIMT_TILES
-GPU_MODS_TILES = FORWARD_SIMT_MODS_TILES
-_GPU_THREADS = {(bm, bn, hd): (tm_, tn_) for tables in (GPU_TILES, GPU_MODS_TILES)
-                for table in tables.values() for hd, (bm, bn, tm_, tn_) in table.items()}
-
-#: simulator defaults: small tiles and few threads (each CUDA thread is a Python thread).
-SIM_BLOCK = 8
-SIM_THREADS = 4
-SIM_EXPLICIT = ((8, 8), (16, 8), (8, 16), (16, 16))
-#: padding of a ``p_tile`` row, in elements: with 8 threads per row (4 thread rows per warp) the
-#: scalar stores of ``P`` then hit 32 distinct banks, and rows stay 16-byte aligned
-P_PAD = 8
-#: bytes of one vector access (``cp.async``, ``ld.shared.v4``): 4 float32 or 2 float64
-VEC_BYTES = 16
-
-
-def _word(dtype):
-    """Bytes of one compute-type element in the shared tiles (float16 tiles hold float32)."""
-    return acc_dtype(dtype).itemsize
-
-
-def gpu_tiles(head_dim, dtype, mods=False):
-    """The GPU default ``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a head dim ``d`` and input dtype
-    (``mods``: of the score-modifier build, :data:`GPU_MODS_TILES`)."""
-    block_m, block_n = forward_simt_tiles(head_dim, dtype, mods)[:2]
-    return block_m, block_n, padded_head_dim(head_dim)
-
-
-def thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator=False):
-    """``(THREADS_M, THREADS_N)``: thread rows and columns of a block for these tiles (the GPU
-    tiles of :data:`GPU_TILES` name theirs; the simulator's run 4 x 4 threads)."""
-    if simulator:
-        return min(SIM_THREADS, BLOCK_M), min(SIM_THREADS, BLOCK_N, HEAD_DIM // 4)
-    if (BLOCK_M, BLOCK_N, HEAD_DIM) in _GPU_THREADS:
-        return _GPU_THREADS[BLOCK_M, BLOCK_N, HEAD_DIM]
-    return min(16, BLOCK_M), min(8, BLOCK_N, HEAD_DIM // 4)
-
-
-def shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout=False, paged=False):
-    """Static shared memory of one block (the budget: docs/optimised-forward.md, "The
-    shared-memory budget")."""
-    vw = VEC_BYTES // _word(dtype)  # elements of a 16-byte chunk: the k_tile row pad
-    words = (BLOCK_M * HEAD_DIM + BLOCK_N * (HEAD_DIM + vw) + BLOCK_N * HEAD_DIM
-             + BLOCK_M * (BLOCK_N + P_PAD))
-    keep_bytes = 4 * BLOCK_M * (BLOCK_N // 4 + 1) if dropout else 0  # int32 keep_tile
-    page_bytes = 4 * BLOCK_N if paged else 0  # int32 page_sh
-    return _word(dtype) * words + keep_bytes + page_bytes
-
-
-def tile_problem(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False, dropout=False):
-    """Why these tiles cannot run on a GPU (shared memory, registers), or ``None`` if they can."""
-    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
-    if dropout and BLOCK_N % 4:
-        return f"BLOCK_N = {BLOCK_N} is not a multiple of 4 (one Philox call per 4 keys)"
-    smem = shared_bytes(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, dropout)
-    if smem > SMEM_LIMIT:
-        return f"{smem} B of shared memory > {SMEM_LIMIT} B"
-    vw = VEC_BYTES // _word(dtype)
-    if HEAD_DIM % (tn_ * vw) or BLOCK_N % vw:
-        return (f"{tn_} threads x {vw}-element chunks do not tile HEAD_DIM = {HEAD_DIM} and "
-                f"BLOCK_N = {BLOCK_N}")
-    regs_per = _word(dtype) // 4
-    acc_regs = (BLOCK_M // tm_) * (HEAD_DIM // tn_) * regs_per
-    s_regs = (BLOCK_M // tm_) * (BLOCK_N // tn_) * regs_per
-    if max(acc_regs, s_regs) > MAX_TILE_REGS:
-        return f"{max(acc_regs, s_regs)} registers per thread for one micro-tile > {MAX_TILE_REGS}"
-    return None
-
-
-#: ``launch_bounds`` minimum resident blocks per SM, per ``(compute word, HEAD_DIM)``, where
-#: ptxas showed it pays; elsewhere a bound made ptxas use the allowance or spill, so none is set.
-#: Since the 16-byte rebuild (issue 22) the HEAD_DIM = 16 kernel has 64 threads: 4 blocks of them
-#: cap nothing (162 registers); kept until a GPU measures whether a bound pays at the new tiles
-#: (the ptxas figures: docs/optimised-forward.md#occupancy-measured-by-ptxas).
-GPU_MIN_BLOCKS = {(4, 16): 4}
-
-
-def gpu_min_blocks(HEAD_DIM, dtype):
-    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``), or ``None``."""
-    return GPU_MIN_BLOCKS.get((_word(dtype), HEAD_DIM))
-
-
-def launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype, simulator=False):
-    """``(threads, min_blocks)`` for ``cuda.jit(launch_bounds=...)``, or ``None``."""
-    blocks = gpu_min_blocks(HEAD_DIM, dtype)
-    if blocks is None:
-        return None
-    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
-    return (tm_ * tn_, blocks)
-
-
-def jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype):
-    """``cuda.jit`` options: ``launch_bounds`` on the GPU where set (the simulator has none)."""
-    if on_simulator():
-        return {}
-    bounds = launch_bounds(BLOCK_M, BLOCK_N, HEAD_DIM, dtype)
-    return {} if bounds is None else {"launch_bounds": bounds}
-
-
-def vector_tiles(dtype, d, head_dim, *arrays):
-    """The ``VEC`` build: float32 / float64 inputs (the tiles' own type) whose rows are whole
-    16-byte chunks (``d`` a multiple of 4 float32 / 2 float64; chunks past ``d`` up to
-    ``head_dim`` are zero-filled) and every array's data 16-byte aligned, so each tile row is
-    copied by ``cp.async``; else element by element (float16 and bfloat16 inputs are widened to
-    float32 on the way)."""
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or d % (VEC_BYTES // dt.itemsize):
-        return False
-    if on_simulator():
-        return True
-    return all(x.__cuda_array_interface__["data"][0] % VEC_BYTES == 0 for x in arrays)
-
-
-def explicit_tiles(head_dim, dtype, simulator=None, mods=False):
-    """``{(BLOCK_M, BLOCK_N): HEAD_DIM}``: the tiles a caller may ask for with ``block_m=`` /
-    ``block_n=`` for head dim ``d``, in this order of preference.
-
-    On the GPU they are the default tiles of every compile-time head dim that can hold ``d``; a
-    choice runs in that head dim's default kernel (``d`` zero-padded up to it), so explicit tiles
-    never need a kernel that the compile tier does not already build.  They exist for tests and
-    experiments (smaller or non-square tiles), not for speed.  ``mods``: of the score-modifier
-    build (its default tiles).  In the simulator (no compile tier, and every tile element costs
-    Python time) they are the small tiles ``SIM_EXPLICIT``.
-    """
-    if simulator is None:
-        simulator = on_simulator()
-    hd0 = padded_head_dim(head_dim)
-    if simulator:
-        return {pair: hd0 for pair in SIM_EXPLICIT}
-    out = {}
-    for hd in HEAD_DIMS:
-        if hd >= hd0:
-            out.setdefault(gpu_tiles(hd, dtype, mods)[:2], hd)
-    return out
-
-
-def choose_tiles(head_dim, dtype, block_m=None, block_n=None, mods=False):
-    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for a call: the backend default, or the explicit choice.
-
-    ``block_m`` / ``block_n`` must already be validated ints (or None).  A ``ValueError`` names
-    the argument and lists the allowed pairs when the choice is not one of :func:`explicit_tiles`.
-    """
-    if block_m is None and block_n is None:
-        return default_tiles(head_dim, dtype, mods)
-    allowed = explicit_tiles(head_dim, dtype, mods=mods)
-    for (bm, bn), hd in allowed.items():
-        if block_m in (None, bm) and block_n in (None, bn):
-            return bm, bn, hd
-    # blame block_m if no pair has it, else block_n
-    if block_m is not None and all(bm != block_m for bm, _ in allowed):
-        name = "block_m"
-    else:
-        name = "block_n"
-    pairs = ", ".join(f"({bm}, {bn})" for bm, bn in allowed)
-    raise ValueError(
-        f"{name}: expected (block_m, block_n) in [{pairs}] for head dim {head_dim} and dtype "
-        f"{np.dtype(dtype).name}, got ({block_m}, {block_n})"
-    )
-
-
-def default_tiles(head_dim, dtype, mods=False):
-    """``(BLOCK_M, BLOCK_N, HEAD_DIM)`` for this backend (``mods``: the score-modifier build):
-    small in the simulator."""
-    if on_simulator():
-        return SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)
-    return gpu_tiles(head_dim, dtype, mods)
 
 
 @functools.lru_cache(maxsize=None)
@@ -722,12 +545,6 @@ def forward_grid(n_q_tiles, n_bh):
     return (max(1, int(n_q_tiles)), y, z)
 
 
-def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
-    """``(block, THREADS_M, THREADS_N)`` for the kernel launch."""
-    tm_, tn_ = thread_layout(BLOCK_M, BLOCK_N, HEAD_DIM, simulator)
-    return (tn_, tm_), tm_, tn_
-
-
 def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout=False,
                 score_mod=False, varlen=False, paged=False):
     """The compile tier's name of one configuration, e.g. ``forward M64 N32 D64 T8x8 float32``,
@@ -737,23 +554,6 @@ def config_name(BLOCK_M, BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N, dtype, dropout
             f"N{BLOCK_N} D{HEAD_DIM} "
             f"T{THREADS_M}x{THREADS_N}{' mods' if score_mod else ''}"
             f"{' dropout' if dropout else ''} {np.dtype(dtype).name}")
-
-
-def forward_simt_config(head_dim, dtype, dropout=False, score_mod=False, varlen=False, paged=False,
-                   vec=False, user=None, tiles=None, simulator=None, own_v=False):
-    """The :class:`~numba_flash.kernels.forward.config.ForwardSimtConfig` of a launch: the backend's
-    default tiles (``score_mod``: the score-modifier build's, :data:`GPU_MODS_TILES`) or
-    ``tiles = (BLOCK_M, BLOCK_N, HEAD_DIM)`` (:func:`choose_tiles`), their threads
-    (:func:`thread_layout`) and the flags."""
-    if simulator is None:
-        simulator = on_simulator()
-    if tiles is None:
-        tiles = ((SIM_BLOCK, SIM_BLOCK, padded_head_dim(head_dim)) if simulator
-                 else gpu_tiles(head_dim, dtype, score_mod or user is not None))
-    bm, bn, hd = tiles
-    tm_, tn_ = thread_layout(bm, bn, hd, simulator)
-    return ForwardSimtConfig(bm, bn, hd, np.dtype(dtype).name, tm_, tn_, dropout,
-                         score_mod or user is not None, varlen, paged, user, vec, own_v)
 
 
 def kernel_arg_types(cfg, user=()):

@@ -13,6 +13,7 @@ from numba_flash.kernels.core.variant import variant_type
 from numba_flash.kernels.backward import aux_grad
 from numba_flash.kernels.backward.config import backward_simt_config
 from numba_flash.kernels.backward import mma
+from numba_flash.kernels.backward import config as bconfig
 from numba_flash.kernels.backward import simt
 
 
@@ -57,16 +58,17 @@ def simt_configs():
         acc_nb = compute_type(dtype)
         f64_ok = dtype == np.float64
         yield {"name": f"backward preprocess {dtype.name}",
-               "kernel": simt.preprocess_kernel(simt.GPU_ELEM_THREADS, simt.GPU_ROW_LANES, dtype),
+               "kernel": simt.preprocess_kernel(bconfig.GPU_ELEM_THREADS, bconfig.GPU_ROW_LANES,
+                                                dtype),
                "args": (a4, a4, a3, acc4, i64), "float64_ok": f64_ok}
         yield {"name": f"backward reduce {acc.name}->{dtype.name}",
-               "kernel": simt.reduce_kernel(simt.GPU_ELEM_THREADS, acc, dtype),
+               "kernel": simt.reduce_kernel(bconfig.GPU_ELEM_THREADS, acc, dtype),
                "args": (acc4, a4, i64), "float64_ok": f64_ok}
         lse3 = numba_array_type(acc, 3)
         for hd in HEAD_DIMS:
             if dtype == BFLOAT16 and hd not in simt.BF16_HEAD_DIMS:
                 continue
-            tiles = simt.default_tiles(hd, dtype, simulator=False)
+            tiles = bconfig.default_tiles(hd, dtype, simulator=False)
             bm, bn, _, threads = tiles
             if dtype == np.float32 and hd in simt.ROW_MASS_HEAD_DIMS:
                 yield {"name": f"backward row_mass M{bm} N{bn} D{hd} {dtype.name}",
@@ -81,12 +83,12 @@ def simt_configs():
                        "kernel": simt.dkdv_kernel(backward_simt_config(tiles, dtype, dropout)),
                        "args": (a4, a4, a4, a4, lse3, a3, acc4, acc4, acc4, cu_t, cu_t, va_t,
                                 i64, i64, i64),
-                       "launch_bounds": (threads, simt.min_blocks("dkdv", hd, dtype, dropout)),
+                       "launch_bounds": (threads, bconfig.min_blocks("dkdv", hd, dtype, dropout)),
                        "float64_ok": f64_ok}
                 yield {"name": f"backward dq {tag}",
                        "kernel": simt.dq_kernel(backward_simt_config(tiles, dtype, dropout)),
                        "args": (a4, a4, a4, a4, lse3, a3, acc4, cu_t, cu_t, va_t, i64, i64),
-                       "launch_bounds": (threads, simt.min_blocks("dq", hd, dtype, dropout)),
+                       "launch_bounds": (threads, bconfig.min_blocks("dq", hd, dtype, dropout)),
                        "float64_ok": f64_ok}
 
 

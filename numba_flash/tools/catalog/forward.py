@@ -11,6 +11,7 @@ from numba_flash.kernels.forward.config import (
     WGMMA_HEAD_DIMS, forward_mma_config, forward_wgmma_config,
 )
 from numba_flash.kernels.forward import mma
+from numba_flash.kernels.forward import config as fconfig
 from numba_flash.kernels.forward import simt
 from numba_flash.kernels.forward import wgmma
 
@@ -28,21 +29,21 @@ def simt_configs():
             for dropout, score_mod, varlen in simt.kernel_flags():
                 if dt == BFLOAT16 and dropout not in simt.BF16_CONFIGS[hd]:
                     continue
-                cfg = simt.forward_simt_config(hd, dt, dropout, score_mod, varlen,
+                cfg = fconfig.forward_simt_config(hd, dt, dropout, score_mod, varlen,
                                                vec=dt in simt.VEC_DTYPES, simulator=False)
                 yield simt.compile_config(cfg)
     for dt, dims in simt.PAGED_CONFIGS.items():
         for hd in dims:
-            yield simt.compile_config(simt.forward_simt_config(hd, dt, False, True, True, True,
+            yield simt.compile_config(fconfig.forward_simt_config(hd, dt, False, True, True, True,
                                                 vec=dt in simt.VEC_DTYPES, simulator=False))
     for dt in (np.dtype(np.float32), np.dtype(np.float64)):  # the element-wise copies
         for varlen in (False, True):
-            cfg = simt.forward_simt_config(64, dt, False, varlen, varlen, simulator=False)
+            cfg = fconfig.forward_simt_config(64, dt, False, varlen, varlen, simulator=False)
             yield simt.compile_config(cfg, " elementwise")
     for dt, varlen in ((np.dtype(np.float32), False), (np.dtype(np.float16), True)):
         # a value head dim of its own (OWN_V: V and o at d_v, e.g. 128 beside 192 in HEAD_DIM
         # 256): the float32 batched build and the float16 varlen one
-        yield simt.compile_config(simt.forward_simt_config(256, dt, False, varlen, varlen,
+        yield simt.compile_config(fconfig.forward_simt_config(256, dt, False, varlen, varlen,
                                             vec=dt in simt.VEC_DTYPES, simulator=False, own_v=True),
                              " own d_v")
     yield from _user_configs()
@@ -68,8 +69,8 @@ def _user_configs():
               numba_array_type(np.int32, 2))
     # the batched build, and the paged prefill (varlen + paged: every address path at once)
     for varlen in (False, True):
-        cfg = simt.forward_simt_config(64, dt, False, True, varlen, varlen, vec=True, user=user,
-                             tiles=simt.gpu_tiles(64, dt), simulator=False)
+        cfg = fconfig.forward_simt_config(64, dt, False, True, varlen, varlen, vec=True, user=user,
+                             tiles=fconfig.gpu_tiles(64, dt), simulator=False)
         yield simt.compile_config(cfg, " score_mod mask_mod block_mask", user_t)
 
 
