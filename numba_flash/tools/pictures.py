@@ -358,8 +358,10 @@ def draw_tile_ownership(path, head_dim=64, tx=1, ty=2):
 
     from ..kernels.forward import simt as forward
 
-    block_m, block_n, hd = forward.gpu_tiles(head_dim, np.float32)
-    t_m, t_n = forward.thread_layout(block_m, block_n, hd)
+    from ..kernels.forward.config import gpu_tiles, thread_layout
+
+    block_m, block_n, hd = gpu_tiles(head_dim, np.float32)
+    t_m, t_n = thread_layout(block_m, block_n, hd)
     plt = _plt()
     fig = plt.figure(figsize=(12, 9))
     ax = fig.add_axes([0.01, 0.36, 0.98, 0.58])
