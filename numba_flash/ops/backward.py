@@ -1,8 +1,8 @@
 """``numba_flash.backward``: attention gradients recomputed from the forward's ``lse``.
 
-:func:`launch_backward` is the launch sequence that ``backward`` and
-:func:`numba_flash.backward_varlen` share (the same kernels; varlen passes the packed arrays as
-one batch and the ``cu_seqlens``).
+The launch sequence (:func:`numba_flash.frontend.backward_launch.launch_backward`) is what
+``backward`` and :func:`numba_flash.backward_varlen` share (the same kernels; varlen passes the
+packed arrays as one batch and the ``cu_seqlens``).
 """
 
 from __future__ import annotations

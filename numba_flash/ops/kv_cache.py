@@ -1,10 +1,11 @@
 """``numba_flash.append_kv``: write new tokens' K/V into a contiguous or paged KV cache.
 
-One launch (:mod:`numba_flash.kernels.cache.append`) copies the new rows and writes the new lengths.
-The caches are written in place (NumPy caches: the device copy is written back into them; a
-CuPy cache must be C-contiguous, it is written where it lies); every other input is left as it
-came.  The shape checks and the host value checks live here so that
-:func:`numba_flash.decode` (``k_new``/``v_new``) shares them.
+One launch (:mod:`numba_flash.kernels.cache.append`) copies the new rows and writes the new
+lengths.  The caches are written in place (NumPy caches: the device copy is written back into
+them; a CuPy cache must be C-contiguous, it is written where it lies); every other input is left
+as it came.  The shape and host value checks and the launch live in
+:mod:`numba_flash.frontend.cache_args`, which :func:`numba_flash.decode` (``k_new``/``v_new``)
+shares.
 """
 
 from __future__ import annotations

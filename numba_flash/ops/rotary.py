@@ -1,6 +1,7 @@
 """``numba_flash.apply_rotary``: rotary position embedding as flash-attn's ``apply_rotary_emb``
-(:mod:`numba_flash.kernels.cache.rotary`), and the checks :func:`numba_flash.decode` shares for its
-``rotary_cos``/``rotary_sin``."""
+(:mod:`numba_flash.kernels.cache.rotary`); its table checks and launch, which
+:func:`numba_flash.decode` shares for ``rotary_cos``/``rotary_sin``, live in
+:mod:`numba_flash.frontend.cache_args`."""
 
 from __future__ import annotations
 
