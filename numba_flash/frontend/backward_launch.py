@@ -5,6 +5,8 @@ the sink's gradient, shared by :func:`numba_flash.backward` and
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..kernels.backward.config import backward_simt_config
@@ -97,7 +99,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     if dtype == np.float32:
         do_p = call.empty(do_in.shape, acc_t)
         tiles_q = cdiv(max_nq, block_m)
-        launch(row_mass_kernel(cfg._replace(DROPOUT=False)),
+        launch(row_mass_kernel(dataclasses.replace(cfg, DROPOUT=False)),
                fold_grid(tiles_q, n_seq, h), (threads,),
                q_in, k_in, do_in, lse_in, do_p, cu_q, cu_k, va, int(varlen), tiles_q,
                work=tiled_work("backward_dq", lens, h, block_m, block_n, left, right, threads,

@@ -25,6 +25,8 @@ is bitwise the same alone or beside any other sequences (flash-attn issue #1897)
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import NamedTuple
 
 import numpy as np
@@ -381,7 +383,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     HEAD_DIM = padded_head_dim(max(d, d_v))   # one lane layout holds both widths
     group = h // hkv
     shape = launch_shape(dtype, HEAD_DIM, group * nq)   # the tile choice (a DecodeConfig)
-    threads, lanes, chunk, keys_per_step, rows = shape[:5]
+    threads, lanes, chunk = shape.THREADS, shape.LANES, shape.CHUNK
+    keys_per_step, rows = shape.U, shape.ROWS
     chunks = cdiv(group * nq, rows)
     # [docs:decode-split-policy]
     step = block_step(threads, lanes, keys_per_step)
@@ -456,9 +459,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # the user's arrays: (a stand-in for kinds,) + aux
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, variant=variant,
                         sink=sink)
-    kernel = decode_kernel(shape._replace(
-        VEC=vec, PAGED=bool(paged_kernel), SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None,
-        SPLIT_PAGES=split_pages, OWN_V=d_v != d or latent,
+    kernel = decode_kernel(dataclasses.replace(
+        shape, VEC=vec, PAGED=bool(paged_kernel), SOFTCAP=softcap > 0,
+        ALIBI=alibi_slopes is not None, SPLIT_PAGES=split_pages, OWN_V=d_v != d or latent,
         USER=None if variant is None else (variant.score_mod, variant.mask_mod)))
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     lengths = seqlens if validate else [capacity] * b

@@ -7,6 +7,8 @@ forward except the tile choice.  See :mod:`numba_flash.kernels.forward.mma` for 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..frontend import ArrayCall
@@ -62,7 +64,7 @@ def launch_forward_mma(q, k, v, args, variant=None):
     cfg = forward_mma_config(d, args.dtype.name, head_dim_v=d_v if d_v != d else None,
                              DROPOUT=args.dropout_p > 0.0, SOFTCAP=args.softcap > 0.0,
                              ALIBI=args.alibi is not None, USER=user_build(variant))
-    cfg = cfg._replace(VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v))
+    cfg = dataclasses.replace(cfg, VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v))
     return launch_tensor_core(call, args, variant, forward_mma_kernel(cfg),
                               forward_grid(nq, b, h, cfg.BLOCK_M), cfg,
                               [x.view(np.uint16) for x in (dq, dk, dv)], d_v)

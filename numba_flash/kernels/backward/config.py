@@ -6,18 +6,15 @@ and helpers: :mod:`numba_flash.kernels.core.config`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from ...backend import on_simulator
 from ..core.common import padded_head_dim
-from ..core.config import (
-    _OWNED_ROWS, _ROW_BYTES, _THREADS, _V_DIM, _V_ROW_BYTES, _flags_name, round16,
-)
+from ..core.config import KernelConfig, WarpMmaConfig, kernel_config, round16
 from ..core.common import acc_dtype
 
 
 # -- the SIMT backward ---------------------------------------------------------------------
-class BackwardSimtConfig(NamedTuple):
+@kernel_config
+class BackwardSimtConfig(KernelConfig):
     """The SIMT backward's kernel configuration (:mod:`numba_flash.kernels.backward.simt`), one
     for its dK/dV, dQ and row-mass kernels: ``BLOCK_M x BLOCK_N`` tiles (query rows x keys) on
     ``THREADS`` threads, the compile-time ``HEAD_DIM``, the input ``DTYPE`` (a NumPy dtype;
@@ -26,11 +23,8 @@ class BackwardSimtConfig(NamedTuple):
 
     BLOCK_M: int
     BLOCK_N: int
-    HEAD_DIM: int
     THREADS: int
-    DTYPE: object
     DROPOUT: bool = False
-    USER: object = None
 
 
 def backward_simt_config(tiles, dtype, dropout=False, user=None):
@@ -39,8 +33,8 @@ def backward_simt_config(tiles, dtype, dropout=False, user=None):
     import numpy as np
 
     block_m, block_n, head_dim, threads = tiles
-    return BackwardSimtConfig(block_m, block_n, head_dim, threads, np.dtype(dtype), bool(dropout),
-                              user)
+    return BackwardSimtConfig(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, THREADS=threads,
+                              DTYPE=np.dtype(dtype), DROPOUT=bool(dropout), USER=user)
 
 
 #: GPU tiles ``(BLOCK_M, BLOCK_N)`` per padded head dim, for 4-byte and 8-byte compute.  BLOCK_N
@@ -130,7 +124,8 @@ def row_lanes():
 
 
 # -- the tensor-core backward ----------------------------------------------------------------
-class BackwardMmaConfig(NamedTuple):
+@kernel_config
+class BackwardMmaConfig(WarpMmaConfig):
     """The tensor-core backward's kernel configuration (:mod:`numba_flash.kernels.backward.mma`),
     for both of its kernels (``KIND``):
 
@@ -151,31 +146,18 @@ class BackwardMmaConfig(NamedTuple):
     (DeepSeek's (192, 128)) every tile column is its array's, as in a ``d_v = d`` build."""
 
     KIND: str
-    NUM_WARPS: int
-    M_TILES: int
     STEP: int
-    HEAD_DIM: int
-    STAGES: int = 2
-    DTYPE: str = "float16"
-    DROPOUT: bool = False
-    SOFTCAP: bool = False
-    ALIBI: bool = False
-    VEC: bool = True
-    USER: object = None
     WANT_DV: bool = True
     WANT_DK: bool = True
     DQ_ATOMIC: bool = True
     COL0: int = 0
     ACC_DIM: int = 0
-    OWN_V: bool = False
-    HEAD_DIM_V: int = 0
     PAD_COLS: bool = False
 
-    THREADS = _THREADS
-    ROW_BYTES = _ROW_BYTES
-    BLOCK = _OWNED_ROWS  # rows a block owns: keys (dkdv) or queries (dq)
-    V_DIM = _V_DIM
-    V_ROW_BYTES = _V_ROW_BYTES
+    @property
+    def BLOCK(self):
+        """Rows a block owns: keys (dkdv) or queries (dq)."""
+        return self.OWNED_ROWS
 
     @property
     def ACC(self):
@@ -213,7 +195,7 @@ class BackwardMmaConfig(NamedTuple):
     def name(self):
         """The compile tier's name, e.g. ``backward_mma dkdv (dk dv dq) W2 N64 M16 D64 S2
         float16`` (dkdv: ``N`` keys of a block, ``M`` queries per step; dq the other way)."""
-        flags = _flags_name(self)
+        flags = self.flags_name
         if self.KIND == "dkdv":
             parts = " ".join(p for p, w in (("dk", self.WANT_DK), ("dv", self.WANT_DV),
                                             ("dq", self.DQ_ATOMIC)) if w)
@@ -301,8 +283,10 @@ def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, head_di
     nw, mt, step, stages = backward_mma_tiles(head_dim, kind, simulator,
                                               flags.get("USER") is not None, head_dim_v)
     if head_dim_v is None:
-        return BackwardMmaConfig(kind, nw, mt, step, padded_head_dim(head_dim), stages, dtype,
+        return BackwardMmaConfig(KIND=kind, NUM_WARPS=nw, M_TILES=mt, STEP=step,
+                                 HEAD_DIM=padded_head_dim(head_dim), STAGES=stages, DTYPE=dtype,
                                  **flags)
-    return BackwardMmaConfig(kind, nw, mt, step, round16(head_dim), stages, dtype, OWN_V=True,
+    return BackwardMmaConfig(KIND=kind, NUM_WARPS=nw, M_TILES=mt, STEP=step,
+                             HEAD_DIM=round16(head_dim), STAGES=stages, DTYPE=dtype, OWN_V=True,
                              HEAD_DIM_V=round16(head_dim_v),
                              PAD_COLS=bool(head_dim % 16 or head_dim_v % 16), **flags)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 
 from numba import cuda, float32, int32, types, uint32, uint64
 
@@ -61,7 +62,7 @@ from ..mainloop.tile_scores import make_score_args, make_score_fn
 from .config import BACKWARD_MMA_TILES, BackwardMmaConfig, backward_mma_config, backward_mma_tiles
 from ..core.config import MMA_DTYPES, round16
 from ..core.variant import variant_type
-from ..mainloop.tile_walk import make_kv_walk, make_tile_walk
+from ..mainloop.tile_walk import KvWalk, make_kv_walk, make_tile_walk
 from ..mainloop.visibility import (
     BLOCK_EMPTY, is_visible, make_tile_kind, make_tile_span, make_tile_verdict, tile_query_range,
 )
@@ -74,6 +75,15 @@ __all__ = ["MMA_DTYPES", "BackwardMmaConfig", "backward_mma_config", "backward_m
            "dkdv_mma_kernel", "dq_mma_kernel"]
 
 _stage = functools.partial(device_jit, own_module=True, inline=True)
+
+# -- the contexts the stages pass (named: a stage reads its fields by name)
+#: thread ``tid``'s place in the tensor-core backward (:func:`make_backward_block`)
+BackwardBlock = namedtuple("BackwardBlock",
+                           "warp lane g t tile b h bh hk nq nk d offset left right sa")
+#: what ``tile_p_ds``'s row stage reads (:func:`make_tile_p_ds`)
+PdsTile = namedtuple("PdsTile", "s dp nlse2 dl row0 col0 sa bounds va umask exp_scale")
+#: the dK/dV kernel's walk over query tiles (``next_q``, ``visit``)
+QueryWalk = namedtuple("QueryWalk", "user b h kt nq nk t_hi span tid")
 
 
 def make_stage_load(load_pair, FIRST_BYTE, STAGE_BYTES):
@@ -151,15 +161,27 @@ def full_query_rows_py(k_start, k_end, offset, nq, nk, left, right):
 full_query_rows = device_jit(own_module=True, inline=True)(full_query_rows_py)
 
 
-@device_jit(inline=True)
-def block_coords(q, k, tiles):
-    """``(tile, b, h, bh, hk, nq, nk, d)`` of this block of the folded grid
-    (:func:`numba_flash.kernels.backward.simt.fold_grid`): its tile, sequence and query head
-    (``bh = b H + h``), the kv head ``hk`` it reads (GQA) and the sizes."""
-    n_heads = q.shape[1]
-    tile, b, h = unfold_block(cuda.blockIdx.x, tiles, n_heads)
-    return (tile, b, h, b * n_heads + h, h // (n_heads // k.shape[1]), q.shape[2], k.shape[2],
-            q.shape[3])
+@functools.lru_cache(maxsize=None)
+def make_backward_block(ALIBI):
+    """``backward_block(q, k, va, tid, tiles) -> BackwardBlock`` of thread ``tid``: its warp,
+    lane and fragment coordinates ``g = lane >> 2``, ``t = lane & 3``; its block's tile of the
+    folded grid (:func:`numba_flash.kernels.backward.simt.fold_grid`), sequence ``b`` and query
+    head ``h`` (``bh = b H + h``), the kv head ``hk`` it reads (GQA), the sizes, ``offset = nk -
+    nq``, the window ``(left, right)`` and the scores' ``ScoreArgs`` (``ALIBI``: the slope read)."""
+    score_args = make_score_args(ALIBI, float32)
+
+    @_stage
+    def backward_block(q, k, va, tid, tiles):
+        n_heads = q.shape[1]
+        tile, b, h = unfold_block(cuda.blockIdx.x, tiles, n_heads)
+        nq, nk = q.shape[2], k.shape[2]
+        left, right = va.window
+        lane = tid & 31
+        return BackwardBlock(tid >> 5, lane, lane >> 2, lane & 3, tile, b, h, b * n_heads + h,
+                             h // (n_heads // k.shape[1]), nq, nk, q.shape[3], nk - nq, left,
+                             right, score_args(va, b, h, nk - nq, nq))
+
+    return backward_block
 
 
 def _user_parts(USER):
@@ -215,22 +237,22 @@ def make_tile_p_ds(ROWS, COLS, KEY_ROWS, MASKED, DROPOUT, SOFTCAP, ALIBI, FNS):
         return pz, ds
 
     @_stage
-    def row_p_ds(r, ctx):
-        s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale = ctx
-        first = row0 + 16 * (r >> 1) + 8 * (r & 1)
+    def row_p_ds(r, x):
+        s, dp = x.s, x.dp
+        first = x.row0 + 16 * (r >> 1) + 8 * (r & 1)
         for c in range(COLS):
-            second = col0 + 8 * (c >> 1) + (c & 1)
+            second = x.col0 + 8 * (c >> 1) + (c & 1)
             i = c if KEY_ROWS else r      # the lane's query slot
             row = second if KEY_ROWS else first
             key = first if KEY_ROWS else second
-            s[r, c], dp[r, c] = p_ds(s[r, c], dp[r, c], nlse2[i], dl[i], row, key, sa, bounds,
-                                     va, umask, exp_scale)
+            s[r, c], dp[r, c] = p_ds(s[r, c], dp[r, c], x.nlse2[i], x.dl[i], row, key, x.sa,
+                                     x.bounds, x.va, x.umask, x.exp_scale)
 
     rows = static_for(ROWS, row_p_ds)
 
     @_stage
     def tile_p_ds(s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale):
-        rows((s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale))
+        rows(PdsTile(s, dp, nlse2, dl, row0, col0, sa, bounds, va, umask, exp_scale))
 
     return tile_p_ds
 # [/docs:mma-p-ds]
@@ -253,6 +275,19 @@ def make_store_t(M_TILES, N_FRAGS, DTYPE, RB):
                 smem[w + 4 * n] = pack2(c[r, 2 * n], c[r, 2 * n + 1])
 
     return store_t
+
+
+# -- the dK/dV kernel's contexts
+#: the dK/dV step's context: shared memory, the variant and score arguments; the global inputs;
+#: the lane's register arrays; its coordinates and shared-memory offsets
+DkdvStep = namedtuple("DkdvStep", "smem va sa "
+                      "q do lse delta dq_accum qo_base row_base d bounds do_at "
+                      "st dpt dk_acc dv_acc nlse2 dl da dqc "
+                      "tid warp g t key0 a_lane q_b ds_lane")
+#: the keys a non-finite dO row marks (``bad_do_fixup``'s row stage)
+BadKeys = namedtuple("BadKeys", "bad cols row key0 sa bounds umask")
+#: what the dK/dV kernel's store stage reads
+DkdvStore = namedtuple("DkdvStore", "dk_out dv_out dk_acc dv_acc row_base key0 nk dims t scale")
 
 
 @functools.lru_cache(maxsize=None)
@@ -325,7 +360,7 @@ def dkdv_mma_kernel(cfg):
     # the block mask's verdict on (Q tile, this K/V tile), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
-    score_args = make_score_args(cfg.ALIBI, float32)
+    backward_block = make_backward_block(cfg.ALIBI)
 
     load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
                                cfg.HEAD_DIM_V, cfg.PAD_COLS)
@@ -336,13 +371,13 @@ def dkdv_mma_kernel(cfg):
     def next_q(qt, w):
         """The query tile after ``qt`` (``t_hi`` past the last): the next, or the next one the
         block mask does not call EMPTY for this K/V tile."""
-        user, b, h, kt, nq, nk, t_hi, span, tid = w
         qt += 1
         if BLOCKS is not None:
-            while qt < t_hi and tile_kind(user[0], b, h, qt * BLOCK_M,
-                                          min(qt * BLOCK_M + BLOCK_M, nq), kt, nk) == BLOCK_EMPTY:
+            while qt < w.t_hi and tile_kind(w.user[0], w.b, w.h, qt * BLOCK_M,
+                                            min(qt * BLOCK_M + BLOCK_M, w.nq), w.kt,
+                                            w.nk) == BLOCK_EMPTY:
                 qt += 1
-        return min(qt, t_hi)
+        return min(qt, w.t_hi)
 
     @_stage
     def bad_do_fixup(dv_acc, do, do_base, q_start, key0, g, t, sa, bounds, umask):
@@ -364,17 +399,16 @@ def dkdv_mma_kernel(cfg):
                 if (x & EXP_MASK) == EXP_MASK:
                     cols |= uint64(1) << uint64(c)
             if cols != uint64(0):
-                mark_keys((bad, cols, row, key0, sa, bounds, umask))
+                mark_keys(BadKeys(bad, cols, row, key0, sa, bounds, umask))
         nan_columns(dv_acc, bad)
 
     @_stage
-    def mark_key(r, ctx):
-        bad, cols, row, key0, sa, bounds, umask = ctx
-        nk, left, right = bounds
-        key = key0 + 16 * (r >> 1) + 8 * (r & 1)
-        if is_visible(row, key, sa.offset, nk, left, right) and (
-                not MASK_MOD or score_fn(ZERO, row, key, sa, umask)[0]):
-            bad[r] |= cols
+    def mark_key(r, x):
+        nk, left, right = x.bounds
+        key = x.key0 + 16 * (r >> 1) + 8 * (r & 1)
+        if is_visible(x.row, key, x.sa.offset, nk, left, right) and (
+                not MASK_MOD or score_fn(ZERO, x.row, key, x.sa, x.umask)[0]):
+            x.bad[r] |= x.cols
 
     mark_keys = static_for(ROWS, mark_key)
 
@@ -399,11 +433,14 @@ def dkdv_mma_kernel(cfg):
 
         # [docs:mma-dkdv-step]
         @_stage
-        def step(qt, qt_next, stage, t_hi, ctx, umask):
-            smem, ins, frags, lane, va, sa = ctx
-            q, do, lse, delta, dq_accum, qo_base, row_base, d, bounds, do_at = ins
-            st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc = frags
-            tid, warp, g, t, key0, a_lane, q_b, ds_lane = lane
+        def step(qt, qt_next, stage, t_hi, x, umask):   # x: the DkdvStep
+            q, do, lse, delta, dq_accum = x.q, x.do, x.lse, x.delta, x.dq_accum
+            smem, va, sa = x.smem, x.va, x.sa
+            qo_base, row_base, d, bounds, do_at = x.qo_base, x.row_base, x.d, x.bounds, x.do_at
+            st, dpt, dk_acc, dv_acc = x.st, x.dpt, x.dk_acc, x.dv_acc
+            nlse2, dl, da, dqc = x.nlse2, x.dl, x.da, x.dqc
+            tid, warp, g, t, key0 = x.tid, x.warp, x.g, x.t, x.key0
+            a_lane, q_b, ds_lane = x.a_lane, x.q_b, x.ds_lane
             # the lane offsets, per tile (in_loop: each derived address is not held across the
             # loop in a register of its own)
             a_lane = in_loop(a_lane)
@@ -481,11 +518,10 @@ def dkdv_mma_kernel(cfg):
     @_stage
     def visit(qt, w):
         """The verdict on (query tile ``qt``, this K/V tile) (and the simulator's tile log)."""
-        user, b, h, kt, nq, nk, t_hi, span, tid = w
-        if LOG and tid == 0:
-            log_tile(b, h, qt * BLOCK_M, kt)
-        return verdict(user, b, h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, nq), kt, nk,
-                       span[0] <= qt and qt < span[1])
+        if LOG and w.tid == 0:
+            log_tile(w.b, w.h, qt * BLOCK_M, w.kt)
+        return verdict(w.user, w.b, w.h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, w.nq), w.kt,
+                       w.nk, w.span[0] <= qt and qt < w.span[1])
 
     walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES,
                           1 if BLOCKS is None else 0)
@@ -495,18 +531,11 @@ def dkdv_mma_kernel(cfg):
     @kernel_jit(cache=cfg.USER is None)
     def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles):
         tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2
-        t = lane & 3
-        kt, b, h, bh, hk, nq, nk, d = block_coords(q, k, tiles)   # this block's K/V tile
+        blk = backward_block(q, k, va, tid, tiles)   # this block's K/V tile, this lane
         n_heads = q.shape[1]
-        k_start = kt * BLOCK_N
-        k_end = min(k_start + BLOCK_N, nk)
-        offset = nk - nq
-        left, right = va.window
-        sa = score_args(va, b, h, offset, nq)
-        key0 = k_start + 16 * M_TILES * warp + g   # the lane's first key (rows of S^T)
+        k_start = blk.tile * BLOCK_N
+        k_end = min(k_start + BLOCK_N, blk.nk)
+        key0 = k_start + 16 * M_TILES * blk.warp + blk.g   # the lane's first key (rows of S^T)
 
         smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         st = cuda.local.array((ROWS, QCOLS), float32)     # S^T, then P^T Z
@@ -523,8 +552,9 @@ def dkdv_mma_kernel(cfg):
             for c in range(ACOLS_V):
                 dv_acc[r, c] = ZERO
 
-        q_lo, q_hi = tile_query_range(k_start, k_end, offset, nq, left, right)
-        r_lo, r_hi = full_query_rows(k_start, k_start + BLOCK_N, offset, nq, nk, left, right)
+        q_lo, q_hi = tile_query_range(k_start, k_end, blk.offset, blk.nq, blk.left, blk.right)
+        r_lo, r_hi = full_query_rows(k_start, k_start + BLOCK_N, blk.offset, blk.nq, blk.nk,
+                                     blk.left, blk.right)
         t_lo = int32(q_lo // BLOCK_M)
         t_hi = int32((q_hi + BLOCK_M - 1) // BLOCK_M)
         f_lo = int32(min(max((r_lo + BLOCK_M - 1) // BLOCK_M, t_lo), t_hi))
@@ -532,16 +562,16 @@ def dkdv_mma_kernel(cfg):
 
         # -- prologue: K and V (K's inf / NaN zeroed: it multiplies dS = 0 in dQ), the first
         # query tile (the block mask's first non-EMPTY one) into stage 0
-        kv_base = ((b * k.shape[1] + hk) * nk + k_start) * d
-        qo_base = (b * n_heads + h) * nq * d
-        d_v = d                   # V's and dO's head dim and bases: K's and Q's, or their own
+        kv_base = ((blk.b * k.shape[1] + blk.hk) * blk.nk + k_start) * blk.d
+        qo_base = (blk.b * n_heads + blk.h) * blk.nq * blk.d
+        d_v = blk.d               # V's and dO's head dim and bases: K's and Q's, or their own
         v_base = kv_base
-        do_at = (qo_base, d)
+        do_at = (qo_base, blk.d)
         if OWN_V:
             d_v = v.shape[3]
-            v_base = ((b * k.shape[1] + hk) * nk + k_start) * d_v
-            do_at = ((b * n_heads + h) * nq * d_v, d_v)
-        copy_k(smem, K_BYTE, k, kv_base, k_end - k_start, d, tid)
+            v_base = ((blk.b * k.shape[1] + blk.hk) * blk.nk + k_start) * d_v
+            do_at = ((blk.b * n_heads + blk.h) * blk.nq * d_v, d_v)
+        copy_k(smem, K_BYTE, k, kv_base, k_end - k_start, blk.d, tid)
         copy_v(smem, V_BYTE, v, v_base, k_end - k_start, d_v, tid)
         # the unmasked Q tiles' bounds live in shared memory: read once per tile, they cost
         # no register across the loop (at 255, ptxas spilled them to local memory)
@@ -549,32 +579,35 @@ def dkdv_mma_kernel(cfg):
         if tid == 0:
             span[0] = f_lo
             span[1] = f_hi
-        w = (va.user, b, h, kt, nq, nk, t_hi, span, tid)   # the walk's context
+        w = QueryWalk(va.user, blk.b, blk.h, blk.tile, blk.nq, blk.nk, t_hi, span, tid)
         qt = next_q(t_lo - 1, w)   # the first query tile (the block mask's first non-EMPTY one)
-        load_q(smem, 0, q, do, qo_base, qt, t_hi, nq, d, tid, do_at)
+        load_q(smem, 0, q, do, qo_base, qt, t_hi, blk.nq, blk.d, tid, do_at)
         cp_async_wait_all()
         if DQ_ATOMIC:
             scan_k(smem, K_BYTE, k_end - k_start, tid)   # own chunks: no barrier before
         cuda.syncthreads()  # the tile span is written before any thread's first verdict
 
         # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
-        ins = (q, do, lse, delta, dq_accum, qo_base, uint64(uint32(bh)) * uint64(nq), d,
-               (nk, left, right), do_at)
-        frags = (st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc)
-        lanes = (tid, warp, g, t, key0, lane_offset(lane, RB, KIND_A),
-                 lane_offset(lane, RB, KIND_B), lane_offset(lane, DS_RB, KIND_B))
-        walk(qt, next_q(qt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
+        ctx = DkdvStep(smem, va, blk.sa,
+                       q, do, lse, delta, dq_accum, qo_base,
+                       uint64(uint32(blk.bh)) * uint64(blk.nq), blk.d,
+                       (blk.nk, blk.left, blk.right), do_at,
+                       st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc,
+                       tid, blk.warp, blk.g, blk.t, key0, lane_offset(blk.lane, RB, KIND_A),
+                       lane_offset(blk.lane, RB, KIND_B), lane_offset(blk.lane, DS_RB, KIND_B))
+        walk(qt, next_q(qt, w), t_hi, w, ctx)
 
         # -- this query head's dK (times scale) and dV, in float32
-        store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(bh)) * uint64(nk), key0, nk,
-                   (d, d_v), t, va.scale)
+        store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(blk.bh)) * uint64(blk.nk), key0,
+                   blk.nk, (blk.d, d_v), blk.t, va.scale)
 
     @_stage
-    def store_row(r, ctx):
-        dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale = ctx
-        d, d_v = dims
-        key = key0 + 16 * (r >> 1) + 8 * (r & 1)
-        if key < nk:
+    def store_row(r, x):
+        d, d_v = x.dims
+        t, row_base = x.t, x.row_base
+        dk_out, dv_out, dk_acc, dv_acc = x.dk_out, x.dv_out, x.dk_acc, x.dv_acc
+        key = x.key0 + 16 * (r >> 1) + 8 * (r & 1)
+        if key < x.nk:
             base = (row_base + uint64(key)) * uint64(d) + uint64(COL0 + 2 * t)
             base_v = base
             if OWN_V:
@@ -582,7 +615,7 @@ def dkdv_mma_kernel(cfg):
             for c in range(ACOLS if WANT_DK else 0):
                 off = 8 * (c >> 1) + (c & 1)
                 if FULL_WIDTH or COL0 + 2 * t + off < d:
-                    dk_out[base + uint64(off)] = dk_acc[r, c] * scale
+                    dk_out[base + uint64(off)] = dk_acc[r, c] * x.scale
             for c in range(ACOLS_V if WANT_DV else 0):
                 off = 8 * (c >> 1) + (c & 1)
                 if FULL_WIDTH or COL0 + 2 * t + off < d_v:
@@ -592,9 +625,19 @@ def dkdv_mma_kernel(cfg):
 
     @_stage
     def store_dkdv(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale):
-        store_rows((dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale))
+        store_rows(DkdvStore(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale))
 
     return backward_dkdv_mma
+
+
+# -- the dQ kernel's contexts
+#: the dQ step's context: shared memory, the variant and score arguments; the K/V inputs; the
+#: lane's register arrays; its coordinates and shared-memory offsets
+DqStep = namedtuple("DqStep", "smem va sa k v kv_base nk d bounds v_at qf dof s dp acc nlse2 dl "
+                    "tid t row0 q_a k_b k_t do_a v_b")
+#: the dQ kernel's row statistics stage and store stage
+DqRowStats = namedtuple("DqRowStats", "nlse2 dl lse delta row_base row0 nq")
+DqStore = namedtuple("DqStore", "dq_accum acc row_base row0 nq d t scale")
 
 
 @functools.lru_cache(maxsize=None)
@@ -636,7 +679,7 @@ def dq_mma_kernel(cfg):
     copy_do = make_tile_copy(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, cfg.VEC, cfg.PAD_COLS)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     tile_span = make_tile_span(BLOCK_N)
-    score_args = make_score_args(cfg.ALIBI, float32)
+    backward_block = make_backward_block(cfg.ALIBI)
 
     load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V,
                                cfg.HEAD_DIM_V, cfg.PAD_COLS)
@@ -649,31 +692,29 @@ def dq_mma_kernel(cfg):
 
         # [docs:mma-dq-step]
         @_stage
-        def step(kt, kt_next, stage, t_hi, ctx, umask):
-            smem, ins, frags, lane, va, sa = ctx
-            k, v, kv_base, nk, d, bounds, v_at = ins
-            qf, dof, s, dp, acc, nlse2, dl = frags
-            tid, t, row0, q_a, k_b, k_t, do_a, v_b = lane
+        def step(kt, kt_next, stage, t_hi, x, umask):   # x: the DqStep
+            smem, s, dp = x.smem, x.s, x.dp
             k_start = kt * BLOCK_N
             kb = KV_BYTE + (stage * STAGE_BYTES if KV_STAGES > 1 else 0)
             cp_async_wait_all()
             if MASKED:
-                scan_k(smem, kb, nk - k_start, tid)  # K inf / NaN -> 0: it multiplies dS = 0
+                scan_k(smem, kb, x.nk - k_start, x.tid)  # K inf / NaN -> 0: it multiplies dS = 0
             cuda.syncthreads()  # tile kt landed for all threads; all warps are done with kt - 1
             if KV_STAGES > 1:  # the next tile's copy runs under this tile's math
-                load_kv(smem, stage ^ 1, k, v, kv_base, kt_next, t_hi, nk, d, tid, v_at)
+                load_kv(smem, stage ^ 1, x.k, x.v, x.kv_base, kt_next, t_hi, x.nk, x.d, x.tid,
+                        x.v_at)
             for r in range(ROWS):
                 for c in range(KEYS):
                     s[r, c] = ZERO
                     dp[r, c] = ZERO
-            gemm_s(s, qf, smem, Q_BYTE + q_a, kb + k_b)                   # S = Q K^T
-            gemm_dp(dp, dof, smem, DO_BYTE + do_a, kb + KV_TILE + v_b)    # dP = dO V^T
-            tile_p_ds(s, dp, nlse2, dl, row0, k_start + 2 * t, sa, bounds, va, umask,
-                      va.scale * LOG2E_F)                                 # dS (in dp)
-            gemm_dq(acc, dp, smem, 0, kb + k_t)                           # dQ += dS K
+            gemm_s(s, x.qf, smem, Q_BYTE + x.q_a, kb + x.k_b)                  # S = Q K^T
+            gemm_dp(dp, x.dof, smem, DO_BYTE + x.do_a, kb + KV_TILE + x.v_b)   # dP = dO V^T
+            tile_p_ds(s, dp, x.nlse2, x.dl, x.row0, k_start + 2 * x.t, x.sa, x.bounds, x.va,
+                      umask, x.va.scale * LOG2E_F)                             # dS (in dp)
+            gemm_dq(x.acc, dp, smem, 0, kb + x.k_t)                            # dQ += dS K
             if KV_STAGES == 1:
                 cuda.syncthreads()  # every warp is done with this K/V tile: the next one
-                load_kv(smem, 0, k, v, kv_base, kt_next, t_hi, nk, d, tid, v_at)
+                load_kv(smem, 0, x.k, x.v, x.kv_base, kt_next, t_hi, x.nk, x.d, x.tid, x.v_at)
         # [/docs:mma-dq-step]
 
         return step
@@ -684,45 +725,37 @@ def dq_mma_kernel(cfg):
                              1, LOG)
 
     @_stage
-    def row_stats(r, ctx):
-        nlse2, dl, lse, delta, row_base, row0, nq = ctx
-        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
-        nlse2[r] = -NEG_INF                # rows past Nq: lse = -inf (P = 0 on masked tiles)
-        dl[r] = ZERO
-        if row < nq:
-            nlse2[r] = -(lse[row_base + uint64(row)] * LOG2E_F)
-            dl[r] = delta[row_base + uint64(row)]
+    def row_stats(r, x):
+        row = x.row0 + 16 * (r >> 1) + 8 * (r & 1)
+        x.nlse2[r] = -NEG_INF              # rows past Nq: lse = -inf (P = 0 on masked tiles)
+        x.dl[r] = ZERO
+        if row < x.nq:
+            x.nlse2[r] = -(x.lse[x.row_base + uint64(row)] * LOG2E_F)
+            x.dl[r] = x.delta[x.row_base + uint64(row)]
 
     load_stats = static_for(ROWS, row_stats)
 
     @_stage
-    def store_row(r, ctx):
-        dq_accum, acc, row_base, row0, nq, d, t, scale = ctx
-        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
-        if row < nq:
-            base = (row_base + uint64(row)) * uint64(d)
+    def store_row(r, x):
+        row = x.row0 + 16 * (r >> 1) + 8 * (r & 1)
+        if row < x.nq:
+            base = (x.row_base + uint64(row)) * uint64(x.d)
             for c in range(ACOLS):
-                col = COL0 + 2 * t + 8 * (c >> 1) + (c & 1)
-                if col < d:
-                    dq_accum[base + uint64(col)] = acc[r, c] * scale
+                col = COL0 + 2 * x.t + 8 * (c >> 1) + (c & 1)
+                if col < x.d:
+                    x.dq_accum[base + uint64(col)] = x.acc[r, c] * x.scale
 
     store_rows = static_for(ROWS, store_row)
 
     @kernel_jit(cache=cfg.USER is None)  # a user's functions stay off the on-disk kernel cache
     def backward_dq_mma(q, k, v, do, lse, delta, dq_accum, va, tiles):
         tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        t = lane & 3
-        qt, b, h, bh, hk, nq, nk, d = block_coords(q, k, tiles)   # this block's Q tile
+        blk = backward_block(q, k, va, tid, tiles)   # this block's Q tile, this lane
         n_heads = q.shape[1]
-        q_start = qt * BLOCK_M
-        q_end = min(q_start + BLOCK_M, nq)
-        offset = nk - nq
-        left, right = va.window
-        sa = score_args(va, b, h, offset, nq)
-        row0 = q_start + 16 * M_TILES * warp + (lane >> 2)   # the lane's first row
-        row_base = uint64(uint32(bh)) * uint64(nq)
+        q_start = blk.tile * BLOCK_M
+        q_end = min(q_start + BLOCK_M, blk.nq)
+        row0 = q_start + 16 * M_TILES * blk.warp + blk.g   # the lane's first row
+        row_base = uint64(uint32(blk.bh)) * uint64(blk.nq)
 
         smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         qf = cuda.local.array((M_TILES, K_STEPS, 4) if Q_REGS else (1, 1, 4),
@@ -737,45 +770,46 @@ def dq_mma_kernel(cfg):
         for r in range(ROWS):
             for c in range(ACOLS):
                 acc[r, c] = ZERO
-        load_stats((nlse2, dl, lse, delta, row_base, row0, nq))
+        load_stats(DqRowStats(nlse2, dl, lse, delta, row_base, row0, blk.nq))
 
         # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
-        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
-        if q_start + BLOCK_M > nq:   # rows past Nq: every tile masked
+        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, blk.offset, blk.nk, blk.left, blk.right)
+        if q_start + BLOCK_M > blk.nq:   # rows past Nq: every tile masked
             f_hi = f_lo
-        w = (va.user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid)   # the walk's context
+        w = KvWalk(va.user, blk.b, blk.h, q_start, q_end, blk.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q and dO of the block's rows (their fragments into registers), the
         # first K/V tile
-        kv_base = (b * k.shape[1] + hk) * nk * d
-        qo_base = ((b * n_heads + h) * nq + q_start) * d
-        v_at = (kv_base, d)      # V's and dO's bases and head dim: K's and Q's, or their own
-        do_base, d_v = qo_base, d
+        kv_base = (blk.b * k.shape[1] + blk.hk) * blk.nk * blk.d
+        qo_base = ((blk.b * n_heads + blk.h) * blk.nq + q_start) * blk.d
+        v_at = (kv_base, blk.d)      # V's and dO's bases and head dim: K's and Q's, or their own
+        do_base, d_v = qo_base, blk.d
         if OWN_V:
             d_v = v.shape[3]
-            v_at = ((b * k.shape[1] + hk) * nk * d_v, d_v)
-            do_base = ((b * n_heads + h) * nq + q_start) * d_v
-        copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, d, tid)
+            v_at = ((blk.b * k.shape[1] + blk.hk) * blk.nk * d_v, d_v)
+            do_base = ((blk.b * n_heads + blk.h) * blk.nq + q_start) * d_v
+        copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, blk.d, tid)
         copy_do(smem, DO_BYTE, do, do_base, q_end - q_start, d_v, tid)
         kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
-        load_kv(smem, 0, k, v, kv_base, kt, t_hi, nk, d, tid, v_at)   # commits Q, dO with it
+        load_kv(smem, 0, k, v, kv_base, kt, t_hi, blk.nk, blk.d, tid, v_at)   # commits Q, dO too
         cp_async_wait_all()
         cuda.syncthreads()  # Q and dO landed for all before any warp reads its fragments
-        a_off = 16 * M_TILES * RB * warp + lane_offset(lane, RB, KIND_A)
-        do_off = 16 * M_TILES * RB_V * warp + lane_offset(lane, RB_V, KIND_A)
+        a_off = 16 * M_TILES * RB * blk.warp + lane_offset(blk.lane, RB, KIND_A)
+        do_off = 16 * M_TILES * RB_V * blk.warp + lane_offset(blk.lane, RB_V, KIND_A)
         if Q_REGS:
             load_a(qf, smem, Q_BYTE + a_off)
             load_a_v(dof, smem, DO_BYTE + do_off)
 
-        ins = (k, v, kv_base, nk, d, (nk, left, right), v_at)
-        frags = (qf, dof, s, dp, acc, nlse2, dl)
-        lanes = (tid, t, row0, a_off, lane_offset(lane, RB, KIND_B),
-                 lane_offset(lane, RB, KIND_A) + 32 * (COL0 // 16), do_off,
-                 lane_offset(lane, RB_V, KIND_B))
-        walk(kt, nxt(kt, w), t_hi, w, (smem, ins, frags, lanes, va, sa))
+        ctx = DqStep(smem, va, blk.sa,
+                     k, v, kv_base, blk.nk, blk.d, (blk.nk, blk.left, blk.right), v_at,
+                     qf, dof, s, dp, acc, nlse2, dl,
+                     tid, blk.t, row0, a_off, lane_offset(blk.lane, RB, KIND_B),
+                     lane_offset(blk.lane, RB, KIND_A) + 32 * (COL0 // 16), do_off,
+                     lane_offset(blk.lane, RB_V, KIND_B))
+        walk(kt, nxt(kt, w), t_hi, w, ctx)
 
         # -- dQ (times scale), in float32
-        store_rows((dq_accum, acc, row_base, row0, nq, d, t, va.scale))
+        store_rows(DqStore(dq_accum, acc, row_base, row0, blk.nq, blk.d, blk.t, va.scale))
 
     return backward_dq_mma
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, int32, int64
@@ -57,7 +58,7 @@ from ..core.common import (
 from ..core.elements import BFLOAT16, element_ops
 from ..mainloop.online_softmax import sink_of
 from ..ptx.stages import lds16, make_exp_e, make_row_dot
-from ..mainloop.tile_scores import ScoreArgs, make_score_fn
+from ..mainloop.tile_scores import make_score_args, make_score_fn
 from ..mainloop.visibility import (
     is_visible, key_bounds, make_pair_mask, tile_key_range, tile_query_range,
 )
@@ -68,6 +69,89 @@ from .config import (
 
 #: bytes of one vector shared-memory load (``ld.shared.v4``): 4 float32 or 2 float64
 VEC_BYTES = 16
+
+
+class TileFunctions(NamedTuple):
+    """The stages the SIMT backward's kernels share (:func:`tile_functions`)."""
+
+    load_tile: object
+    load_tile_finite: object
+    load_row_stats: object
+    draw_keep: object
+    p_and_ds: object
+    ds_k: object
+    block_setup: object
+    shared_tiles: object
+    make_load_run: object
+    p_row_sums: object
+
+
+class SharedTiles(NamedTuple):
+    """A block's shared tiles (``shared_tiles()``): K_j, V_j (``BLOCK_N`` rows), Q_i, dO_i
+    (``BLOCK_M``), P and dS (``BLOCK_M x BLOCK_N``), the rows' lse and D, the keep bits."""
+
+    k_tile: object
+    v_tile: object
+    q_tile: object
+    do_tile: object
+    p_tile: object
+    ds_tile: object
+    lse_sh: object
+    delta_sh: object
+    keep_tile: object
+
+
+class Sequence(NamedTuple):
+    """Sequence ``b``'s place in the arrays (:func:`tile_functions`'s ``sequence``): the batch
+    index ``bb``, its first query row ``q0`` and ``nq`` queries, first key ``k0`` and ``nk``
+    keys."""
+
+    bb: int
+    q0: int
+    nq: int
+    k0: int
+    nk: int
+
+
+class BackwardBlock(NamedTuple):
+    """A block of the folded grid (``block_setup``): its ``tile``, batch ``b``, query head
+    ``h`` and kv head ``hk``, its sequence's place in the arrays (as :class:`Sequence`) and its
+    score arguments ``sa``."""
+
+    tile: int
+    b: int
+    h: int
+    hk: int
+    bb: int
+    q0: int
+    nq: int
+    k0: int
+    nk: int
+    sa: object
+
+
+class RowPds(NamedTuple):
+    """What ``p_and_ds``'s row stage reads: the thread's ``S`` and ``dP`` micro-tile, its first
+    row ``ar`` and key ``ac``, the tiles' origins, the shared row stats and output tiles, the
+    score arguments and the mask's inputs."""
+
+    s: object
+    dp: object
+    ar: int
+    ac: int
+    q_start: int
+    k_start: int
+    lse_sh: object
+    delta_sh: object
+    p_tile: object
+    ds_tile: object
+    sa: object
+    nk: int
+    left: int
+    right: int
+    dropout: object
+    keep_tile: object
+    umask: bool
 
 
 def row_pad(dtype):
@@ -166,6 +250,34 @@ def make_key_tiles(BLOCK_M, BLOCK_N):
         return q_end, first_tile, last_tile
 
     return key_tiles
+
+
+@functools.lru_cache(maxsize=None)
+def make_dq_write(BLOCK_M, HEAD_DIM, THREADS, ATOMIC):
+    """``dq_write(out, dq_acc, bb, h, q0, q_start, nq, d, scale, tid)``: this thread's micro-tile
+    of dQ_i (:func:`layout` of ``BLOCK_M x HEAD_DIM``), times ``scale``, into ``out[bb, h, q0 +
+    q_start + row, c]`` for its rows ``< nq`` and columns ``< d``: added atomically
+    (``ATOMIC``: the dK/dV kernel, whose other K/V blocks add to it too) or stored (the
+    deterministic dQ kernel, which writes each element once)."""
+    C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)
+
+    @device_jit(own_module=True, inline="always")
+    def dq_write(out, dq_acc, bb, h, q0, q_start, nq, d, scale, tid):
+        cr = tid // C_COL_T
+        cc = tid % C_COL_T
+        if cr < BLOCK_M:
+            for i in range(C_TR):
+                row = q_start + cr + i * C_ROW_T
+                for j in range(C_TC):
+                    c = cc * C_TC + j
+                    if row < nq and c < d:
+                        if ATOMIC:
+                            cuda.atomic.add(out, (bb, h, q0 + row, c),
+                                            dq_acc[i * C_TC + j] * scale)
+                        else:
+                            out[bb, h, q0 + row, c] = dq_acc[i * C_TC + j] * scale
+
+    return dq_write
 
 
 @functools.lru_cache(maxsize=None)
@@ -303,16 +415,16 @@ def tile_functions(cfg):
         return p, p * (dp - delta_i) * grad
     # [/docs:bwd-p-ds]
 
-    def row_p_ds(i, ctx):
-        """Row ``i`` of the thread's micro-tile into ``p_tile`` and ``ds_tile``."""
-        (s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa, nk, left,
-         right, dropout, keep_tile, umask) = ctx
-        m = ar + i * A_ROW_T
+    def row_p_ds(i, r):
+        """Row ``i`` of the thread's micro-tile into ``p_tile`` and ``ds_tile`` (``r``:
+        :class:`RowPds`)."""
+        m = r.ar + i * A_ROW_T
         for j in range(A_TC):
-            n = ac + j * A_COL_T
-            p_tile[m, n], ds_tile[m, n] = p_ds(
-                s[i, j], dp[i, j], lse_sh[m], delta_sh[m], q_start + m, k_start + n, m, n,
-                sa, nk, left, right, dropout, keep_tile, umask)
+            n = r.ac + j * A_COL_T
+            r.p_tile[m, n], r.ds_tile[m, n] = p_ds(
+                r.s[i, j], r.dp[i, j], r.lse_sh[m], r.delta_sh[m], r.q_start + m,
+                r.k_start + n, m, n, r.sa, r.nk, r.left, r.right, r.dropout, r.keep_tile,
+                r.umask)
 
     # the rows' loop: static (unrolled by us) for micro-tiles of STATIC_TILE elements or more,
     # where the compiler keeps a range loop and puts s and dp on the stack; smaller ones it
@@ -352,8 +464,8 @@ def tile_functions(cfg):
             # [/docs:bwd-s-dp]
             # -- P = exp(score(S) - lse), dS = P (dP - D) (1 - tanh^2); invisible keys and
             #    empty rows give exactly 0
-            p_ds_rows((s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile, sa,
-                       nk, left, right, dropout, keep_tile, umask))
+            p_ds_rows(RowPds(s, dp, ar, ac, q_start, k_start, lse_sh, delta_sh, p_tile, ds_tile,
+                             sa, nk, left, right, dropout, keep_tile, umask))
 
     # [docs:bwd-row-mass]
     @device_jit(own_module=True, inline="always")
@@ -435,35 +547,36 @@ def tile_functions(cfg):
             keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
         else:
             keep_tile = lse_sh
-        return k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh, keep_tile
+        return SharedTiles(k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
+                           keep_tile)
+
+    score_args = make_score_args(True, acc_t)   # the slope read: ALiBi is a run-time switch
 
     @device_jit(own_module=True, inline="always")
     def block_setup(q, k, cu_q, cu_k, va, varlen, tiles):
-        """``(tile, b, h, hk, bb, q0, nq, k0, nk, sa)`` of this block: its tile of the folded
-        grid, sequence and query head (``hk`` its kv head, GQA), the sequence's arrays and
-        lengths (:func:`sequence`) and its scores'
-        :class:`~numba_flash.kernels.mainloop.tile_scores. ScoreArgs`."""
+        """This block's :class:`BackwardBlock`: its tile of the folded grid, sequence and query
+        head (``hk`` its kv head, GQA), the sequence's place in the arrays (``sequence``) and
+        its scores' :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs`."""
         tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
         hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
-        bb, q0, nq, k0, nk = sequence(q, k, cu_q, cu_k, varlen, b)
-        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, acc_t(va.alibi[b, h]), nk - nq,
-                       nq, b, h, va.user[1:])
-        return tile, b, h, hk, bb, q0, nq, k0, nk, sa
+        seq = sequence(q, k, cu_q, cu_k, varlen, b)
+        sa = score_args(va, b, h, seq.nk - seq.nq, seq.nq)
+        return BackwardBlock(tile, b, h, hk, seq.bb, seq.q0, seq.nq, seq.k0, seq.nk, sa)
 
     @device_jit(own_module=True, inline="always")
     def sequence(q, k, cu_q, cu_k, varlen, b):
-        """``(bb, q0, nq, k0, nk)``: the array batch index, first row and length of sequence
-        ``b``'s queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one
-        batch ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
+        """Sequence ``b``'s :class:`Sequence`: the array batch index, first row and length of its
+        queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one batch
+        ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
         if varlen:
             q0 = cu_q[b]
             k0 = cu_k[b]
-            return (int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
-                    int64(cu_k[b + 1] - k0))
-        return int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2])
+            return Sequence(int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
+                            int64(cu_k[b + 1] - k0))
+        return Sequence(int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2]))
 
-    return (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
-            shared_tiles, make_load_run, p_row_sums)
+    return TileFunctions(load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
+                         block_setup, shared_tiles, make_load_run, p_row_sums)
 
 
 @functools.lru_cache(maxsize=None)
@@ -493,8 +606,12 @@ def dkdv_kernel(cfg):
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     B_TILE = B_TR * B_TC
     C_TILE = C_TR * C_TC
-    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
-     shared_tiles, make_load_run, _p_row_sums) = tile_functions(cfg)
+    fns = tile_functions(cfg)
+    load_tile, load_tile_finite, load_row_stats = fns.load_tile, fns.load_tile_finite, \
+        fns.load_row_stats
+    draw_keep, p_and_ds, ds_k = fns.draw_keep, fns.p_and_ds, fns.ds_k
+    block_setup, shared_tiles, make_load_run = fns.block_setup, fns.shared_tiles, fns.make_load_run
+    dq_add = make_dq_write(BLOCK_M, HEAD_DIM, THREADS, True)   # dQ_i += scale dS K_j
     W = _word(dtype)
     load_do_cols = make_load_run(B_TC, ROW * W)      # a dK/dV thread's columns of a dO row
     load_q_cols = load_do_cols                        # ... and of a Q row
@@ -535,10 +652,14 @@ def dkdv_kernel(cfg):
                 cache=USER is None)  # a user's functions stay off the disk cache
     def backward_dkdv(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, cu_q, cu_k, va,
                       varlen, tiles, dq_atomic):
-        (k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
-         keep_tile) = shared_tiles()
+        sh = shared_tiles()
+        k_tile, v_tile, q_tile, do_tile = sh.k_tile, sh.v_tile, sh.q_tile, sh.do_tile
+        p_tile, ds_tile, lse_sh, delta_sh = sh.p_tile, sh.ds_tile, sh.lse_sh, sh.delta_sh
+        keep_tile = sh.keep_tile
         tid = cuda.threadIdx.x
-        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        blk = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        tile, b, h, hk, sa = blk.tile, blk.b, blk.h, blk.hk, blk.sa
+        bb, q0, nq, k0, nk = blk.bb, blk.q0, blk.nq, blk.k0, blk.nk
         k_start = tile * BLOCK_N
         if k_start >= nk:
             return  # varlen: past this sequence's keys (the whole block leaves together)
@@ -627,16 +748,7 @@ def dkdv_kernel(cfg):
                 for e in range(C_TILE):
                     dq_acc[e] = acc_t(0.0)
                 ds_k(ds_tile, k_tile, dq_acc, tid)
-                cr = tid // C_COL_T
-                cc = tid % C_COL_T
-                if cr < BLOCK_M:
-                    for i in range(C_TR):
-                        row = q_start + cr + i * C_ROW_T
-                        for j in range(C_TC):
-                            c = cc * C_TC + j
-                            if row < nq and c < d:
-                                cuda.atomic.add(dq_accum, (bb, h, q0 + row, c),
-                                                dq_acc[i * C_TC + j] * scale)
+                dq_add(dq_accum, dq_acc, bb, h, q0, q_start, nq, d, scale, tid)
             # [/docs:bwd-dq-atomic]
             cuda.syncthreads()  # done reading q/do/p/ds tiles before the next Q tile lands
 
@@ -670,8 +782,11 @@ def dq_kernel(cfg):
     acc_t = compute_type(dtype)
     C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     C_TILE = C_TR * C_TC
-    (load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k, block_setup,
-     shared_tiles, make_load_run, _p_row_sums) = tile_functions(cfg)
+    fns = tile_functions(cfg)
+    load_tile, load_row_stats, draw_keep = fns.load_tile, fns.load_row_stats, fns.draw_keep
+    p_and_ds, ds_k, block_setup, shared_tiles = fns.p_and_ds, fns.ds_k, fns.block_setup, \
+        fns.shared_tiles
+    dq_store = make_dq_write(BLOCK_M, HEAD_DIM, THREADS, False)
     U_MASK = USER is not None and USER[1] is not None
     BLOCKS = USER[3] if USER is not None else None
     key_tiles = make_key_tiles(BLOCK_M, BLOCK_N)
@@ -683,22 +798,25 @@ def dq_kernel(cfg):
                 cache=USER is None)  # a user's functions stay off the disk cache
     def backward_dq(q, k, v, do, lse, delta, dq_out, cu_q, cu_k, va, varlen, tiles):
         tid = cuda.threadIdx.x
-        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
-        q_start = tile * BLOCK_M
-        if q_start >= nq:
+        blk = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        q_start = blk.tile * BLOCK_M
+        if q_start >= blk.nq:
             return  # varlen: past this sequence's queries (the whole block leaves together)
         d = q.shape[3]
         scale, (left, right), dropout, user = va.scale, va.window, va.dropout, va.user
-        (k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
-         keep_tile) = shared_tiles()
+        sh = shared_tiles()
+        k_tile, v_tile, q_tile, do_tile = sh.k_tile, sh.v_tile, sh.q_tile, sh.do_tile
+        p_tile, ds_tile, lse_sh, delta_sh = sh.p_tile, sh.ds_tile, sh.lse_sh, sh.delta_sh
+        keep_tile = sh.keep_tile
 
         # -- this block's Q_i, dO_i, lse, D: loaded once (the first barrier below covers them)
-        load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
-        load_tile(do, bb, h, q0 + q_start, q0 + nq, BLOCK_M, do_tile, tid)
-        load_row_stats(lse, delta, bb, h, q0 + q_start, q0 + nq, lse_sh, delta_sh, tid)
+        load_tile(q, blk.bb, blk.h, blk.q0 + q_start, blk.q0 + blk.nq, BLOCK_M, q_tile, tid)
+        load_tile(do, blk.bb, blk.h, blk.q0 + q_start, blk.q0 + blk.nq, BLOCK_M, do_tile, tid)
+        load_row_stats(lse, delta, blk.bb, blk.h, blk.q0 + q_start, blk.q0 + blk.nq, lse_sh,
+                       delta_sh, tid)
 
         # only the K/V tiles holding a key some row of this tile sees (causal, window)
-        q_end, first_tile, last_tile = key_tiles(q_start, nq, nk, left, right)
+        q_end, first_tile, last_tile = key_tiles(q_start, blk.nq, blk.nk, left, right)
 
         dq_acc = cuda.local.array(C_TILE, acc_t)
         for e in range(C_TILE):
@@ -707,19 +825,20 @@ def dq_kernel(cfg):
         for kj in range(first_tile, last_tile):
             k_start = kj * BLOCK_N
             # mask_mod runs on this pair of tiles (a block mask may say no, or EMPTY)
-            empty, umask = pair_mask(user, b, h, q_start, q_end, kj, nk)
+            empty, umask = pair_mask(user, blk.b, blk.h, q_start, q_end, kj, blk.nk)
             if empty:
                 continue  # no row of this Q tile sees a key of tile kj: never loaded
             if LOG and tid == 0:
-                log_tile(b, h, q_start, kj)
-            load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
-            load_tile(v, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, v_tile, tid)
+                log_tile(blk.b, blk.h, q_start, kj)
+            load_tile(k, blk.bb, blk.hk, blk.k0 + k_start, blk.k0 + blk.nk, BLOCK_N, k_tile, tid)
+            load_tile(v, blk.bb, blk.hk, blk.k0 + k_start, blk.k0 + blk.nk, BLOCK_N, v_tile, tid)
             if DROPOUT:  # DROPOUT: this (Q_i, K_j) pair's keep bits, redrawn from the seed
-                draw_keep(dropout, b, h, q_start, k_start, nq, nk, left, right, keep_tile, tid)
+                draw_keep(dropout, blk.b, blk.h, q_start, k_start, blk.nq, blk.nk, left, right,
+                          keep_tile, tid)
             cuda.syncthreads()  # K_j, V_j, keep bits (first time: Q_i, dO_i, lse, D) complete
 
             p_and_ds(q_tile, k_tile, v_tile, do_tile, lse_sh, delta_sh, p_tile, ds_tile,
-                     q_start, k_start, nk, left, right, sa, dropout, keep_tile, tid, umask)
+                     q_start, k_start, blk.nk, left, right, blk.sa, dropout, keep_tile, tid, umask)
             cuda.syncthreads()  # all of dS is written before other threads read it
 
             ds_k(ds_tile, k_tile, dq_acc, tid)  # dQ_i += dS K_j, same order every run
@@ -727,15 +846,7 @@ def dq_kernel(cfg):
         # [/docs:bwd-dq-loop]
 
         # -- every element of dQ_i written exactly once (0 for rows that see no key)
-        cr = tid // C_COL_T
-        cc = tid % C_COL_T
-        if cr < BLOCK_M:
-            for i in range(C_TR):
-                row = q_start + cr + i * C_ROW_T
-                for j in range(C_TC):
-                    c = cc * C_TC + j
-                    if row < nq and c < d:
-                        dq_out[bb, h, q0 + row, c] = dq_acc[i * C_TC + j] * scale
+        dq_store(dq_out, dq_acc, blk.bb, blk.h, blk.q0, q_start, blk.nq, d, scale, tid)
 
     return backward_dq
 
@@ -762,8 +873,9 @@ def row_mass_kernel(cfg):
     dtype = np.dtype(dtype)
     acc_t = compute_type(dtype)
     A_COL_T, A_ROW_T, A_TR, _A_TC = layout(BLOCK_M, BLOCK_N, THREADS)
-    (load_tile, _lf, _lrs, _dk, _pds, _dsk, block_setup, shared_tiles, _mlr,
-     p_row_sums) = tile_functions(cfg)
+    fns = tile_functions(cfg)
+    load_tile, block_setup, shared_tiles = fns.load_tile, fns.block_setup, fns.shared_tiles
+    p_row_sums = fns.p_row_sums
     key_tiles = make_key_tiles(BLOCK_M, BLOCK_N)
     load = element_ops(dtype)[0]
     exp_e = make_exp_e(_word(dtype))
@@ -777,32 +889,33 @@ def row_mass_kernel(cfg):
     @kernel_jit(cache=USER is None)  # a user's functions stay off the disk cache
     def backward_row_mass(q, k, do, lse, do_out, cu_q, cu_k, va, varlen, tiles):
         tid = cuda.threadIdx.x
-        tile, b, h, hk, bb, q0, nq, k0, nk, sa = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
-        q_start = tile * BLOCK_M
-        if q_start >= nq:
+        blk = block_setup(q, k, cu_q, cu_k, va, varlen, tiles)
+        q_start = blk.tile * BLOCK_M
+        if q_start >= blk.nq:
             return  # varlen: past this sequence's queries (the whole block leaves together)
         left, right = va.window
-        user = va.user
-        (k_tile, _v, q_tile, _do, p_tile, _ds, lse_sh, inv_sh, _keep) = shared_tiles()
-        load_tile(q, bb, h, q0 + q_start, q0 + nq, BLOCK_M, q_tile, tid)
-        for m in range(tid, BLOCK_M, THREADS):
-            lse_sh[m] = acc_t(NEG_INF)
-            if q_start + m < nq:
-                lse_sh[m] = acc_t(lse[bb, h, q0 + q_start + m])
-
-        q_end, first_tile, last_tile = key_tiles(q_start, nq, nk, left, right)
-        sums = cuda.local.array(A_TR, acc_t)
+        sums = cuda.local.array(A_TR, acc_t)   # the thread's rows' partial sums of P
         for i in range(A_TR):
             sums[i] = acc_t(0.0)
+        sh = shared_tiles()   # delta_sh holds the rows' 1 / c_i
+        k_tile, q_tile, p_tile, lse_sh, inv_sh = (sh.k_tile, sh.q_tile, sh.p_tile, sh.lse_sh,
+                                                  sh.delta_sh)
+        load_tile(q, blk.bb, blk.h, blk.q0 + q_start, blk.q0 + blk.nq, BLOCK_M, q_tile, tid)
+        for m in range(tid, BLOCK_M, THREADS):
+            lse_sh[m] = acc_t(NEG_INF)
+            if q_start + m < blk.nq:
+                lse_sh[m] = acc_t(lse[blk.bb, blk.h, blk.q0 + q_start + m])
+
+        q_end, first_tile, last_tile = key_tiles(q_start, blk.nq, blk.nk, left, right)
         for kj in range(first_tile, last_tile):
             k_start = kj * BLOCK_N
-            empty, umask = pair_mask(user, b, h, q_start, q_end, kj, nk)
+            empty, umask = pair_mask(va.user, blk.b, blk.h, q_start, q_end, kj, blk.nk)
             if empty:
                 continue
-            load_tile(k, bb, hk, k0 + k_start, k0 + nk, BLOCK_N, k_tile, tid)
+            load_tile(k, blk.bb, blk.hk, blk.k0 + k_start, blk.k0 + blk.nk, BLOCK_N, k_tile, tid)
             cuda.syncthreads()  # K_j (first time: Q_i, lse) complete
-            p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, nk, left, right, sa, tid,
-                       umask)
+            p_row_sums(q_tile, k_tile, lse_sh, sums, q_start, k_start, blk.nk, left, right,
+                       blk.sa, tid, umask)
             cuda.syncthreads()  # done reading k_tile before the next K/V tile lands
 
         # each thread's partial sums into p_tile[row, its column thread], then one thread per
@@ -813,7 +926,7 @@ def row_mass_kernel(cfg):
             for i in range(A_TR):
                 p_tile[ar + i * A_ROW_T, ac] = sums[i]
         cuda.syncthreads()  # every thread's partial sums are in p_tile before a row adds them
-        sink = sink_of(va.sink, h)
+        sink = sink_of(va.sink, blk.h)
         for m in range(tid, BLOCK_M, THREADS):
             lse_m = lse_sh[m]
             c = acc_t(0.0)
@@ -831,9 +944,9 @@ def row_mass_kernel(cfg):
         for idx in range(tid, BLOCK_M * d_v, THREADS):
             r = idx // d_v
             col = idx % d_v  # consecutive threads, consecutive columns: coalesced
-            if q_start + r < nq:
-                row = q0 + q_start + r
-                do_out[bb, h, row, col] = load(do[bb, h, row, col]) * inv_sh[r]
+            if q_start + r < blk.nq:
+                row = blk.q0 + q_start + r
+                do_out[blk.bb, blk.h, row, col] = load(do[blk.bb, blk.h, row, col]) * inv_sh[r]
 
     return backward_row_mass
 

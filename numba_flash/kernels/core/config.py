@@ -4,8 +4,10 @@ tensor-core configurations and their compile-tier names.
 
 Each family's configuration lives in its own ``config.py``
 (:mod:`numba_flash.kernels.forward.config`, :mod:`numba_flash.kernels.backward.config`,
-:mod:`numba_flash.kernels.decode.config`): one named tuple per kernel, its derived sizes as
-properties, and one tile-choice function whose comments say which limit each choice hits.  A kernel
+:mod:`numba_flash.kernels.decode.config`): one frozen dataclass per kernel (fields given by name;
+the shared ones in :class:`KernelConfig`, :class:`TensorCoreConfig` and :class:`WarpMmaConfig`
+here), its derived sizes as properties, and one tile-choice function whose comments say which
+limit each choice hits.  A kernel
 factory takes its configuration (compile-time constants); the ops ask the tile-choice function for
 the configuration of a call; the compile tier lists the configurations the tile choices produce and
 the test suite selects among them by their fields, never by name
@@ -19,6 +21,8 @@ dynamic shared memory), no register spill and no stack frame (the compile tier f
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 #: the 16-bit element types of the tensor-core kernels
 MMA_DTYPES = ("float16", "bfloat16")
@@ -35,22 +39,79 @@ def round16(head_dim):
     return -(-head_dim // 16) * 16
 
 
-#: properties of every tensor-core configuration: threads of a block (32 a warp) and the bytes
-#: of a padded shared row; a V tile's width and row bytes (a value head dim of its own)
-_THREADS = property(lambda cfg: 32 * cfg.NUM_WARPS, doc="Threads of a block: 32 a warp.")
-_ROW_BYTES = property(lambda cfg: mma_row_bytes(cfg.HEAD_DIM), doc="Bytes of a shared row.")
-_OWNED_ROWS = property(lambda cfg: 16 * cfg.M_TILES * cfg.NUM_WARPS,
-                       doc="Rows a block owns: 16 per row tile of each warp.")
-_V_DIM = property(lambda cfg: cfg.HEAD_DIM_V or cfg.HEAD_DIM,
-                  doc="The V tile's (and dO's, o's, dV's) compile-time width: HEAD_DIM_V, or "
-                      "HEAD_DIM.")
-_V_ROW_BYTES = property(lambda cfg: mma_row_bytes(cfg.V_DIM), doc="Bytes of a shared V row.")
+#: every kernel configuration: a frozen dataclass (hashable, so a kernel factory's cache key) whose
+#: fields are named where it is built, never given by position
+kernel_config = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
-def _flags_name(cfg):
-    """The compile tier's words for a tensor-core configuration's flags."""
-    return "".join(f" {n}" for n, f in (("dropout", cfg.DROPOUT), ("softcap", cfg.SOFTCAP),
-                                         ("alibi", cfg.ALIBI), ("ld16", not cfg.VEC),
-                                         ("score_mod mask_mod block_mask",
-                                          cfg.USER is not None),
-                                         ("own d_v", getattr(cfg, "OWN_V", False))) if f)
+@kernel_config
+class KernelConfig:
+    """What every family's configuration holds: the compile-time ``HEAD_DIM``, the input element
+    type ``DTYPE`` (a NumPy dtype's name; the SIMT backward's, the dtype) and ``USER``, a user's
+    variant (its device functions and block-mask tiles, :mod:`numba_flash.flex`) or None."""
+
+    HEAD_DIM: int
+    DTYPE: object
+    USER: object = None
+
+
+@kernel_config
+class TensorCoreConfig(KernelConfig):
+    """The flags of the tensor-core kernels (``mma.sync`` and ``wgmma``): the 16-bit ``DTYPE``,
+    per-element work built in (``DROPOUT``, ``SOFTCAP``, ``ALIBI``) and ``VEC`` (16-byte
+    copies of whole tiles; off, 16-bit loads with every element's bound tested)."""
+
+    DTYPE: str = "float16"
+    DROPOUT: bool = False
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    VEC: bool = True
+
+    @property
+    def flags_name(self):
+        """The compile tier's words for the flags, e.g. `` dropout softcap``."""
+        return "".join(f" {n}" for n, f in (("dropout", self.DROPOUT), ("softcap", self.SOFTCAP),
+                                             ("alibi", self.ALIBI), ("ld16", not self.VEC),
+                                             ("score_mod mask_mod block_mask",
+                                              self.USER is not None),
+                                             ("own d_v", getattr(self, "OWN_V", False))) if f)
+
+
+@kernel_config
+class WarpMmaConfig(TensorCoreConfig):
+    """What the ``mma.sync`` kernels' configurations share (the forward's and the backward's):
+    ``NUM_WARPS`` warps of ``M_TILES`` 16-row tiles, ``STAGES`` buffers of the streamed
+    operands, padded shared rows; ``OWN_V``: ``v`` has a head dim of its own, in tiles
+    ``HEAD_DIM_V`` wide (0: ``HEAD_DIM``; off, V shares K's width and addresses)."""
+
+    NUM_WARPS: int
+    M_TILES: int
+    STAGES: int = 2
+    OWN_V: bool = False
+    HEAD_DIM_V: int = 0
+
+    @property
+    def THREADS(self):
+        """Threads of a block: 32 a warp."""
+        return 32 * self.NUM_WARPS
+
+    @property
+    def OWNED_ROWS(self):
+        """Rows a block owns: 16 per row tile of each warp."""
+        return 16 * self.M_TILES * self.NUM_WARPS
+
+    @property
+    def ROW_BYTES(self):
+        """Bytes of a padded shared row of ``HEAD_DIM`` elements."""
+        return mma_row_bytes(self.HEAD_DIM)
+
+    @property
+    def V_DIM(self):
+        """The V tile's (and dO's, o's, dV's) compile-time width: ``HEAD_DIM_V``, or
+        ``HEAD_DIM``."""
+        return self.HEAD_DIM_V or self.HEAD_DIM
+
+    @property
+    def V_ROW_BYTES(self):
+        """Bytes of a padded shared V row."""
+        return mma_row_bytes(self.V_DIM)

@@ -5,14 +5,13 @@ Shared limits and helpers: :mod:`numba_flash.kernels.core.config`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from ...backend import on_simulator
-from ..core.config import _THREADS, mma_row_bytes
+from ..core.config import KernelConfig, kernel_config, mma_row_bytes
 
 
 # -- decode ----------------------------------------------------------------------------------
-class DecodeConfig(NamedTuple):
+@kernel_config
+class DecodeConfig(KernelConfig):
     """The split-KV decode kernel's configuration (:mod:`numba_flash.kernels.decode.split_kv`):
     blocks of ``THREADS`` threads in key groups of ``LANES`` lanes, each lane holding ``CHUNK``
     contiguous elements of a K/V row per 16-byte load; ``U`` keys per group step; ``ROWS`` query
@@ -28,14 +27,11 @@ class DecodeConfig(NamedTuple):
     CHUNK: int
     U: int
     ROWS: int
-    HEAD_DIM: int
-    DTYPE: str
     VEC: bool = True
     PAGED: bool = True
     SOFTCAP: bool = False
     ALIBI: bool = False
     SPLIT_PAGES: bool = False
-    USER: object = None
     OWN_V: bool = False
 
 
@@ -57,7 +53,8 @@ def sm_count():
 
 
 # -- MLA's absorbed decode on tensor cores ---------------------------------------------------
-class MlaDecodeConfig(NamedTuple):
+@kernel_config
+class MlaDecodeConfig:
     """The tensor-core decode of one latent cache read as keys (``D_QK`` columns) and values
     (its first ``D_V``) (:mod:`numba_flash.kernels.decode.mla`): ``NUM_WARPS`` warps hold the
     same 16 query heads; warp ``w`` computes ``S``'s share of k-steps ``w K_STEPS_W ..`` and
@@ -77,7 +74,7 @@ class MlaDecodeConfig(NamedTuple):
     #: are 36 registers a lane split four ways (all in one warp: 144)
     NUM_WARPS = 4
     M_TILES = 1
-    THREADS = _THREADS
+    THREADS = 32 * NUM_WARPS
 
     @property
     def ROW_BYTES(self):
@@ -118,4 +115,4 @@ def mla_decode_config(d_qk, d_v, dtype="float16"):
     pass the 48 KiB static limit, and one stage leaves the copy unoverlapped).  ``d_qk`` a
     multiple of 64 (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column
     ``B`` pairs split four ways), ``d_v <= d_qk``."""
-    return MlaDecodeConfig(d_qk, d_v, 16, dtype)
+    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=16, DTYPE=dtype)

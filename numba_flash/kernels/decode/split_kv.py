@@ -173,12 +173,13 @@ def launch_shape(dtype, HEAD_DIM, n_rows, simulator=None, **flags):
     if simulator:
         rows_max = min(SIM_ROWS_MAX, lanes)
         rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-        return DecodeConfig(SIM_THREADS, lanes, chunk, SIM_KEYS_PER_STEP, rows, HEAD_DIM, name,
-                            **flags)
+        return DecodeConfig(THREADS=SIM_THREADS, LANES=lanes, CHUNK=chunk, U=SIM_KEYS_PER_STEP,
+                            ROWS=rows, HEAD_DIM=HEAD_DIM, DTYPE=name, **flags)
     rows_max = gpu_rows_max(dtype, HEAD_DIM)
     rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-    return DecodeConfig(GPU_THREADS, lanes, chunk, keys_per_step(rows, HEAD_DIM // lanes), rows,
-                        HEAD_DIM, name, **flags)
+    return DecodeConfig(THREADS=GPU_THREADS, LANES=lanes, CHUNK=chunk,
+                        U=keys_per_step(rows, HEAD_DIM // lanes), ROWS=rows, HEAD_DIM=HEAD_DIM,
+                        DTYPE=name, **flags)
 
 
 def split_policy(num_splits, hkv, step):
@@ -286,8 +287,10 @@ def decode_kernel(cfg):
     query's column and ``t`` the key's position in the cache (all int32).  A build with ``USER``
     keeps out of the on-disk kernel cache (the user's code does not key it).
     """
-    (THREADS, LANES, CHUNK, U, ROWS, HEAD_DIM, dtype, VEC, PAGED, SOFTCAP, ALIBI, SPLIT_PAGES,
-     USER, OWN_V) = cfg
+    THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
+    HEAD_DIM, dtype, USER, OWN_V = cfg.HEAD_DIM, cfg.DTYPE, cfg.USER, cfg.OWN_V
+    VEC, PAGED, SPLIT_PAGES = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES
+    SOFTCAP, ALIBI = cfg.SOFTCAP, cfg.ALIBI
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
     dtype = BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)

@@ -6,19 +6,18 @@ Shared limits and helpers: :mod:`numba_flash.kernels.core.config`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from ...backend import on_simulator
 from ..core.common import HEAD_DIMS, SMEM_LIMIT, acc_dtype, padded_head_dim
 from ..core.config import (
-    _OWNED_ROWS, _ROW_BYTES, _THREADS, _V_DIM, _V_ROW_BYTES, _flags_name, round16,
+    KernelConfig, TensorCoreConfig, WarpMmaConfig, kernel_config, round16,
 )
 
 
 # -- the SIMT forward ------------------------------------------------------------------------
-class ForwardSimtConfig(NamedTuple):
+@kernel_config
+class ForwardSimtConfig(KernelConfig):
     """The SIMT forward's kernel configuration (:mod:`numba_flash.kernels.forward.simt`):
     ``BLOCK_M x BLOCK_N`` tiles of ``THREADS_M x THREADS_N`` threads (thread ``(tx, ty)`` owns
     rows ``ty + i THREADS_M`` and keys ``tx + j THREADS_N``), ``HEAD_DIM`` compile-time, the
@@ -31,15 +30,12 @@ class ForwardSimtConfig(NamedTuple):
 
     BLOCK_M: int
     BLOCK_N: int
-    HEAD_DIM: int
-    DTYPE: str
     THREADS_M: int
     THREADS_N: int
     DROPOUT: bool = False
     SCORE_MOD: bool = False
     VARLEN: bool = False
     PAGED: bool = False
-    USER: object = None
     VEC: bool = False
     OWN_V: bool = False
 
@@ -295,12 +291,15 @@ def forward_simt_config(head_dim, dtype, dropout=False, score_mod=False, varlen=
                  else gpu_tiles(head_dim, dtype, score_mod or user is not None))
     bm, bn, hd = tiles
     tm_, tn_ = thread_layout(bm, bn, hd, simulator)
-    return ForwardSimtConfig(bm, bn, hd, np.dtype(dtype).name, tm_, tn_, dropout,
-                         score_mod or user is not None, varlen, paged, user, vec, own_v)
+    return ForwardSimtConfig(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=hd, DTYPE=np.dtype(dtype).name,
+                             THREADS_M=tm_, THREADS_N=tn_, DROPOUT=dropout,
+                             SCORE_MOD=score_mod or user is not None, VARLEN=varlen, PAGED=paged,
+                             USER=user, VEC=vec, OWN_V=own_v)
 
 
 # -- the tensor-core forward -----------------------------------------------------------------
-class ForwardMmaConfig(NamedTuple):
+@kernel_config
+class ForwardMmaConfig(WarpMmaConfig):
     """The tensor-core forward's kernel configuration (:mod:`numba_flash.kernels.forward.mma`).
 
     ``NUM_WARPS`` warps, each owning ``M_TILES`` tiles of 16 query rows; ``BLOCK_N`` keys per
@@ -312,26 +311,13 @@ class ForwardMmaConfig(NamedTuple):
     have a head dim of their own, ``d_v``, in V tiles ``HEAD_DIM_V`` wide (0: ``HEAD_DIM``;
     off, V shares K's addresses and width)."""
 
-    NUM_WARPS: int
-    M_TILES: int
     BLOCK_N: int
-    HEAD_DIM: int
-    STAGES: int = 2
     Q_IN_REGS: bool = True
-    DTYPE: str = "float16"
-    DROPOUT: bool = False
-    SOFTCAP: bool = False
-    ALIBI: bool = False
-    VEC: bool = True
-    USER: object = None
-    OWN_V: bool = False
-    HEAD_DIM_V: int = 0
 
-    THREADS = _THREADS
-    ROW_BYTES = _ROW_BYTES
-    BLOCK_M = _OWNED_ROWS  # query rows of a block
-    V_DIM = _V_DIM
-    V_ROW_BYTES = _V_ROW_BYTES
+    @property
+    def BLOCK_M(self):
+        """Query rows of a block."""
+        return self.OWNED_ROWS
 
     @property
     def STAGE_BYTES(self):
@@ -360,7 +346,7 @@ class ForwardMmaConfig(NamedTuple):
         """The compile tier's name: ``forward_mma W4 M128 N64 D64 S2 [flags] float16``."""
         dv = f" Dv{self.HEAD_DIM_V}" if self.HEAD_DIM_V else ""
         return (f"forward_mma W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} D{self.HEAD_DIM}"
-                f"{dv} S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{_flags_name(self)} "
+                f"{dv} S{self.STAGES}{'' if self.Q_IN_REGS else ' Qsmem'}{self.flags_name} "
                 f"{self.DTYPE}")
 
 
@@ -420,13 +406,15 @@ def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=Non
     mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
     if head_dim_v is None:
         nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
-        return ForwardMmaConfig(nw, mt, bn, padded_head_dim(head_dim), stages, q_regs, dtype,
-                                **flags)
+        return ForwardMmaConfig(NUM_WARPS=nw, M_TILES=mt, BLOCK_N=bn,
+                                HEAD_DIM=padded_head_dim(head_dim), STAGES=stages,
+                                Q_IN_REGS=q_regs, DTYPE=dtype, **flags)
     flags.update(OWN_V=True, HEAD_DIM_V=round16(head_dim_v))
     hd = round16(head_dim)
     for width in (head_dim_v, max(head_dim, head_dim_v)):
         nw, mt, bn, stages, q_regs = forward_mma_tiles(width, simulator, mods)
-        cfg = ForwardMmaConfig(nw, mt, bn, hd, stages, q_regs, dtype, **flags)
+        cfg = ForwardMmaConfig(NUM_WARPS=nw, M_TILES=mt, BLOCK_N=bn, HEAD_DIM=hd, STAGES=stages,
+                               Q_IN_REGS=q_regs, DTYPE=dtype, **flags)
         if cfg.SMEM_BYTES <= SMEM_LIMIT and (q_regs is False or mt * hd <= 128):
             return cfg
     return cfg
@@ -442,7 +430,8 @@ SMEM_LIMIT_SM90 = 227 * 1024
 ARENA_SLACK = 1024
 
 
-class ForwardWgmmaConfig(NamedTuple):
+@kernel_config
+class ForwardWgmmaConfig(TensorCoreConfig):
     """The warpgroup forward's kernel configuration (:mod:`numba_flash.kernels.forward.wgmma`).
 
     ``WARPGROUPS`` warpgroups of 128 threads, each owning 64 query rows (a warp 16 of them:
@@ -455,14 +444,7 @@ class ForwardWgmmaConfig(NamedTuple):
 
     WARPGROUPS: int
     BLOCK_N: int
-    HEAD_DIM: int
     OVERLAP: bool = True
-    DTYPE: str = "float16"
-    DROPOUT: bool = False
-    SOFTCAP: bool = False
-    ALIBI: bool = False
-    VEC: bool = True
-    USER: object = None
 
     SWIZZLE = 128
     STAGES = 2   # K_j and K_{j+1}, V_{j-1} and V_j (kernels/forward/wgmma.py's pipeline)
@@ -501,7 +483,7 @@ class ForwardWgmmaConfig(NamedTuple):
     def name(self):
         """The compile tier's name: ``forward_wgmma WG2 M128 N128 D64 S2 [flags] float16``."""
         return (f"forward_wgmma WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
-                f"D{self.HEAD_DIM}{'' if self.OVERLAP else ' serial'}{_flags_name(self)} "
+                f"D{self.HEAD_DIM}{'' if self.OVERLAP else ' serial'}{self.flags_name} "
                 f"{self.DTYPE}")
 
 
@@ -553,4 +535,5 @@ def forward_wgmma_config(head_dim, dtype="float16", simulator=None, **flags):
         wg, bn, overlap = FORWARD_WGMMA_SIM_TILES
     else:
         wg, bn, overlap = (FORWARD_WGMMA_MODS_TILES if mods else FORWARD_WGMMA_TILES)[hd]
-    return ForwardWgmmaConfig(wg, bn, hd, overlap, dtype, **flags)
+    return ForwardWgmmaConfig(WARPGROUPS=wg, BLOCK_N=bn, HEAD_DIM=hd, OVERLAP=overlap, DTYPE=dtype,
+                              **flags)

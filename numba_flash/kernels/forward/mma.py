@@ -57,7 +57,7 @@ from ..ptx.stages import (
     EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan,
 )
 from ..mainloop.tile_scores import make_score_args, make_score_fn, make_tile_scores_pair
-from ..mainloop.tile_walk import make_kv_walk
+from ..mainloop.tile_walk import KvWalk, make_kv_walk
 from .config import FORWARD_MMA_TILES, ForwardMmaConfig, forward_mma_config, forward_mma_tiles
 from ..core.config import MMA_DTYPES
 from ..core.variant import variant_type
@@ -249,8 +249,10 @@ def forward_mma_kernel(cfg):
     every tile without one), ``score_mod`` on every visible score, both only for rows ``< Nq``
     and keys ``< Nk``; EMPTY tiles are never loaded.
     """
-    (NUM_WARPS, M_TILES, BLOCK_N, HEAD_DIM, STAGES, Q_IN_REGS, DTYPE, DROPOUT, SOFTCAP, ALIBI,
-     VEC, USER, OWN_V, _) = cfg
+    M_TILES, BLOCK_N, STAGES = cfg.M_TILES, cfg.BLOCK_N, cfg.STAGES
+    HEAD_DIM, Q_IN_REGS, DTYPE, USER, OWN_V = (cfg.HEAD_DIM, cfg.Q_IN_REGS, cfg.DTYPE, cfg.USER,
+                                               cfg.OWN_V)
+    DROPOUT, SOFTCAP, ALIBI, VEC = cfg.DROPOUT, cfg.SOFTCAP, cfg.ALIBI, cfg.VEC
     HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V and o: HEAD_DIM unless OWN_V
     assert HEAD_DIM % 16 == 0 and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES and STAGES >= 1
     BLOCK_M, THREADS, RB = cfg.BLOCK_M, cfg.THREADS, cfg.ROW_BYTES
@@ -400,7 +402,7 @@ def forward_mma_kernel(cfg):
             d_v = v.shape[3]
             v_at = ((fb.b * k.shape[1] + fb.hk) * fb.nk * d_v, d_v)
         # the walk's context
-        w = (va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
+        w = KvWalk(va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
         copy_q(smem, Q_BYTE, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d,

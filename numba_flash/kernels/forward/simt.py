@@ -98,8 +98,10 @@ def forward_kernel(cfg):
 
     An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
     """
-    (BLOCK_M, BLOCK_N, HEAD_DIM, dtype, THREADS_M, THREADS_N, DROPOUT, SCORE_MOD, VARLEN, PAGED,
-     USER, VEC, OWN_V) = cfg
+    BLOCK_M, BLOCK_N, HEAD_DIM, dtype = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.DTYPE
+    THREADS_M, THREADS_N, USER, VEC, OWN_V = (cfg.THREADS_M, cfg.THREADS_N, cfg.USER, cfg.VEC,
+                                              cfg.OWN_V)
+    DROPOUT, SCORE_MOD, VARLEN, PAGED = cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED
     dtype = np.dtype(BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0

@@ -49,7 +49,7 @@ from ..mainloop.online_softmax import (
 )
 from ..ptx.stages import cp_async_commit, cp_async_wait_all
 from ..mainloop.tile_scores import make_tile_scores_pair
-from ..mainloop.tile_walk import make_kv_walk
+from ..mainloop.tile_walk import KvWalk, make_kv_walk
 from ..core.config import MMA_DTYPES
 from .config import SMEM_LIMIT_SM90, WGMMA_HEAD_DIMS, ForwardWgmmaConfig, forward_wgmma_config
 from ..mainloop.visibility import make_tile_span
@@ -72,7 +72,9 @@ def forward_wgmma_kernel(cfg):
     forward_mma_kernel` (uint16 views of ``q``, ``k``, ``v`` ``[B, H(kv), N, d]``; the flat
     ``o`` and ``lse``; the :class:`~numba_flash.kernels.core.variant.Variant`), launched with
     ``cfg.SMEM_BYTES`` of dynamic shared memory."""
-    (WARPGROUPS, BLOCK_N, HEAD_DIM, OVERLAP, DTYPE, DROPOUT, SOFTCAP, ALIBI, VEC, USER) = cfg
+    WARPGROUPS, BLOCK_N, HEAD_DIM, OVERLAP = cfg.WARPGROUPS, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.OVERLAP
+    DTYPE, USER = cfg.DTYPE, cfg.USER
+    DROPOUT, SOFTCAP, ALIBI, VEC = cfg.DROPOUT, cfg.SOFTCAP, cfg.ALIBI, cfg.VEC
     assert HEAD_DIM in WGMMA_HEAD_DIMS and BLOCK_N % 16 == 0 and DTYPE in MMA_DTYPES
     assert cfg.STAGES == 2   # K and V buffers alternate by tile parity (module docstring)
     BLOCK_M, THREADS = cfg.BLOCK_M, cfg.THREADS
@@ -237,7 +239,7 @@ def forward_wgmma_kernel(cfg):
                                            fb.right)
         kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
         # the walk's context
-        w = (va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
+        w = KvWalk(va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, and K of the first tile (a block mask's EMPTY tiles are never loaded)
         copy_q(smem, pad, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d, fb.d,

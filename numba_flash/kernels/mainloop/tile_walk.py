@@ -21,6 +21,7 @@ masked step skips work an unmasked tile does).
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 
 from numba import int32
 
@@ -28,7 +29,12 @@ from ..core.common import log_tile
 from ..core.jit import device_jit
 from .visibility import make_next_tile, make_tile_verdict
 
-__all__ = ["make_tile_walk", "make_kv_walk"]
+__all__ = ["KvWalk", "make_tile_walk", "make_kv_walk"]
+
+#: the context of a walk over K/V tiles (:func:`make_kv_walk`): the user's arrays, the block's
+#: batch, head and query rows ``[q_start, q_end)``, ``nk`` keys, the last tile ``t_hi`` and the
+#: unmasked ones ``[f_lo, f_hi)``, the thread
+KvWalk = namedtuple("KvWalk", "user b h q_start q_end nk t_hi f_lo f_hi tid")
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,8 +83,8 @@ def make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, AHEA
     """``(walk, next_kv)`` for a kernel whose block owns a Q tile and walks its K/V tiles of
     ``BLOCK_N`` keys (the forward, the deterministic dQ): :func:`make_tile_walk` with the
     verdict of :func:`~numba_flash.kernels.mainloop.visibility.make_tile_verdict` and, with a block
-    mask (``BLOCKS``), its EMPTY tiles skipped.  ``wctx = (user, b, h, q_start, q_end, nk, t_hi,
-    f_lo, f_hi, tid)`` (``[f_lo, f_hi)``: the tiles every row sees whole); ``next_kv(kt, wctx)`` is
+    mask (``BLOCKS``), its EMPTY tiles skipped.  ``wctx``: a :data:`KvWalk` (``[f_lo, f_hi)``: the
+    tiles every row sees whole); ``next_kv(kt, wctx)`` is
     the tile after ``kt`` (``next_kv(t_lo - 1, wctx)`` the first); ``AHEAD``: how many tiles
     ahead the step prefetches; ``LOG``: the simulator's tile log
     (:data:`~numba_flash.kernels.core.common.TILE_LOG`)."""
@@ -87,19 +93,18 @@ def make_kv_walk(step_full, step_masked, BLOCKS, MASK_MOD, BLOCK_N, STAGES, AHEA
 
     @device_jit(own_module=True, inline=True)
     def next_kv(kt, w):
-        user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid = w
-        if kt >= t_hi:
-            return t_hi
+        if kt >= w.t_hi:
+            return w.t_hi
         if BLOCKS is None:
             return kt + 1
-        return next_tile(user[0], b, h, q_start, q_end, kt + 1, t_hi, nk)
+        return next_tile(w.user[0], w.b, w.h, w.q_start, w.q_end, kt + 1, w.t_hi, w.nk)
 
     @device_jit(own_module=True, inline=True)
     def visit(kt, w):
-        user, b, h, q_start, q_end, nk, t_hi, f_lo, f_hi, tid = w
-        if LOG and tid == 0:
-            log_tile(b, h, q_start, kt)
-        return verdict(user, b, h, q_start, q_end, kt, nk, f_lo <= kt and kt < f_hi)
+        if LOG and w.tid == 0:
+            log_tile(w.b, w.h, w.q_start, kt)
+        return verdict(w.user, w.b, w.h, w.q_start, w.q_end, kt, w.nk,
+                       w.f_lo <= kt and kt < w.f_hi)
 
     dense = BLOCKS is None
     return (make_tile_walk(step_full, step_masked, visit, next_kv, STAGES, AHEAD if dense else 0),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from numba import types
@@ -121,7 +123,7 @@ def wgmma_configs():
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
     plan = [forward_wgmma_config(hd, simulator=False) for hd in WGMMA_HEAD_DIMS]
     # the tile table's alternatives (kernels/forward/config.py says why it chose as it did)
-    plan += [c._replace(OVERLAP=not c.OVERLAP) for c in plan]
+    plan += [dataclasses.replace(c, OVERLAP=not c.OVERLAP) for c in plan]
     plan += [forward_wgmma_config(64, "bfloat16", simulator=False),
              forward_wgmma_config(128, simulator=False, **every),
              forward_wgmma_config(64, simulator=False, VEC=False),
