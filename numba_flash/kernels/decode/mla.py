@@ -49,7 +49,9 @@ from numba import cuda, float32, int32, int64, uint32
 from ..core.common import GRID_X_MAX
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit
-from ..mainloop.online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax
+from ..mainloop.online_softmax import (
+    RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax,
+)
 from ..ptx.stages import (
     LOG2E, SHARED_ALIGN, cp_async16, cp_async_commit, cp_async_wait_all,
 )
@@ -332,11 +334,12 @@ def mla_decode_kernel(cfg):
         if partial:
             part0 = split * (o_part.shape[0] // (n_splits * D_V))
             epilogue_part(o_part, lse_part, acc, m_i, l_i, va.scale,
-                          (row0, h_end, (part0 + elem0) * D_V, nq * D_V, part0 + elem0,
-                           t == 0 and warp == 0, nq), cols, NEG_INF)
+                          EpilogueRows(row0, h_end, (part0 + elem0) * D_V, nq * D_V,
+                                       part0 + elem0, t == 0 and warp == 0, nq), cols, NEG_INF)
         else:
             epilogue_o(o, lse, acc, m_i, l_i, va.scale,
-                       (row0, h_end, elem0 * D_V, nq * D_V, elem0, t == 0 and warp == 0, nq),
+                       EpilogueRows(row0, h_end, elem0 * D_V, nq * D_V, elem0,
+                                    t == 0 and warp == 0, nq),
                        cols, NEG_INF)
 
     return mla_decode

@@ -42,6 +42,7 @@ pipeline's waits and barriers, the non-finite rule and the measured figures: doc
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 from typing import NamedTuple
 
 from numba import cuda, float32, int64, types, uint32, uint64
@@ -51,7 +52,9 @@ from ...philox import philox_keep_bits4
 from ..core.common import GRID_X_MAX, SMEM_LIMIT
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit, static_for
-from ..mainloop.online_softmax import RESCALE_LOG2, make_epilogue, make_online_softmax, sink_of
+from ..mainloop.online_softmax import (
+    RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax, sink_of,
+)
 from ..ptx.stages import (
     SHARED_ALIGN,
     EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan,
@@ -95,6 +98,16 @@ def forward_grid(nq, b, h, block_m):
         raise ValueError(f"q: {n} blocks of {block_m} query rows exceed the grid limit "
                          f"{GRID_X_MAX} (B * H * ceil(Nq / {block_m}))")
     return (max(1, n),)
+
+
+#: the row stages' contexts (:func:`make_row_stages`): dropout's rows, and the rows a
+#: non-finite ``v`` element's key marks
+DropoutRows = namedtuple("DropoutRows", "s va sa row0 key0 nk")
+MarkRows = namedtuple("MarkRows", "row_bad cols key row0 sa bounds umask")
+#: the mma forward's step context: shared memory, the variant and score arguments; the K/V
+#: inputs; the lane's register arrays; its coordinates, shared offsets and exponent factor
+ForwardMmaStep = namedtuple("ForwardMmaStep", "smem va sa k v kv_base nk d hk bounds v_at "
+                            "qf s acc m_i l_i tid t row0 q_a k_b v_b exp_scale")
 
 
 class ForwardBlock(NamedTuple):
@@ -174,7 +187,8 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
     warpgroup forward's (:mod:`~numba_flash.kernels.forward.wgmma`), whose warps hold one
     16-row tile of the same view.
 
-    * ``dropout_rows((s, va, sa, row0, key0, nk))``: ``P * keep / (1 - p)`` for ``P V``;
+    * ``dropout_rows(DropoutRows(s, va, sa, row0, key0, nk))``: ``P * keep / (1 - p)`` for
+      ``P V``;
     * ``nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, k_start, t, umask)``: rare, a
       non-finite ``v[j, c]`` of a key ``j`` the row sees makes ``o[i, c]`` NaN."""
     MASK_MOD = FNS is not None and FNS[1] is not None
@@ -183,31 +197,33 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
     ZERO = float32(0.0)
 
     @device_jit
-    def dropout_row(r, ctx):
-        """``P * keep / (1 - p)`` in the lane's row ``r``: one Philox call per 8-key fragment
-        covers the lane's 2 keys (``8 n + 2 t`` is even: both in a group of 4)."""
-        s, va, sa, row0, key0, nk = ctx
-        seed_lo, seed_hi, threshold, keep_scale = va.dropout
-        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
+    def dropout_row(r, x):
+        """``P * keep / (1 - p)`` in the lane's row ``r`` (``x``: :data:`DropoutRows`): one
+        Philox call per 8-key fragment covers the lane's 2 keys (``8 n + 2 t`` is even: both
+        in a group of 4)."""
+        s, sa = x.s, x.sa
+        seed_lo, seed_hi, threshold, keep_scale = x.va.dropout
+        row = x.row0 + 16 * (r >> 1) + 8 * (r & 1)
         for n in range(KEYS // 2):
-            key = key0 + 8 * n
+            key = x.key0 + 8 * n
             bits = 0
-            if row < sa.nq and key < nk:
+            if row < sa.nq and key < x.nk:
                 bits = philox_keep_bits4(seed_lo, seed_hi, sa.b, sa.h, row, key >> 2,
                                          threshold) >> (key & 3)
             for e in range(2):
                 s[r, 2 * n + e] = s[r, 2 * n + e] * keep_scale if (bits >> e) & 1 else ZERO
 
     @device_jit
-    def mark_row(r, ctx):
-        """Row ``r`` of the lane sees key ``key``: its columns in ``cols`` join ``row_bad[r]``."""
-        row_bad, cols, key, row0, sa, bounds, umask = ctx
-        nk, left, right = bounds
-        row = row0 + 16 * (r >> 1) + 8 * (r & 1)
+    def mark_row(r, x):
+        """Row ``r`` of the lane sees key ``x.key``: its columns in ``x.cols`` join
+        ``x.row_bad[r]`` (``x``: :data:`MarkRows`)."""
+        nk, left, right = x.bounds
+        sa, key = x.sa, x.key
+        row = x.row0 + 16 * (r >> 1) + 8 * (r & 1)
         lo, hi = key_bounds(row, sa.offset, nk, left, right)
         if lo <= key and key < hi and (not MASK_MOD or (
-                row < sa.nq and score_fn(ZERO, row, key, sa, umask)[0])):
-            row_bad[r] |= cols
+                row < sa.nq and score_fn(ZERO, row, key, sa, x.umask)[0])):
+            x.row_bad[r] |= x.cols
 
     mark_rows = static_for(ROWS, mark_row)
     nan_columns = make_nan_columns(ROWS, COLS)
@@ -230,7 +246,7 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
                 if col < d and (v[sa.b, hk, key, col] & EXP_MASK) == EXP_MASK:
                     cols |= uint64(1) << uint64(c)
             if cols != uint64(0):
-                mark_rows((row_bad, cols, key, row0, sa, bounds, umask))
+                mark_rows(MarkRows(row_bad, cols, key, row0, sa, bounds, umask))
         nan_columns(acc, row_bad)
 
     return static_for(ROWS, dropout_row), nonfinite_v_fixup
@@ -334,11 +350,13 @@ def forward_mma_kernel(cfg):
 
         # [docs:mma-step]
         @_stage
-        def step(kt, kt_ahead, stage, t_hi, ctx, umask):
-            smem, kv, frags, lane, va, sa = ctx
-            k, v, kv_base, nk, d, hk, bounds, v_at = kv
-            qf, s, acc, m_i, l_i = frags
-            tid, t, row0, q_a, k_b, v_b, exp_scale = lane
+        def step(kt, kt_ahead, stage, t_hi, x, umask):   # x: the ForwardMmaStep
+            smem, va, sa = x.smem, x.va, x.sa
+            k, v, kv_base, nk, d = x.k, x.v, x.kv_base, x.nk, x.d
+            hk, bounds, v_at = x.hk, x.bounds, x.v_at
+            qf, s, acc, m_i, l_i = x.qf, x.s, x.acc, x.m_i, x.l_i
+            tid, t, row0, exp_scale = x.tid, x.t, x.row0, x.exp_scale
+            q_a, k_b, v_b = x.q_a, x.k_b, x.v_b
             k_start = kt * BLOCK_N
             kb = stage * STAGE_BYTES                  # this tile's stage
             wait_k()
@@ -355,7 +373,7 @@ def forward_mma_kernel(cfg):
             tile_scores(s, sa, row0, k_start + 2 * t, bounds, umask)   # mask, score mods
             softmax_update(s, acc, m_i, l_i, exp_scale)                # m_i, l_i, P, acc *= a
             if DROPOUT:
-                dropout_rows((s, va, sa, row0, k_start + 2 * t, nk))
+                dropout_rows(DropoutRows(s, va, sa, row0, k_start + 2 * t, nk))
             wait_v()
             v_bad = 0
             if MASKED:  # zero V's inf / NaN halves this thread copied (0 * NaN = NaN)
@@ -424,17 +442,19 @@ def forward_mma_kernel(cfg):
         softmax_init(m_i, l_i, acc)
 
         # -- the K/V tiles in key order (and, with a block mask, those it does not call EMPTY)
-        kv = (k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), v_at)
-        frags = (qf, s, acc, m_i, l_i)
-        lanes = (tid, fb.t, fb.row0, q_a, lane_offset(fb.lane, RB, KIND_B),
-                 lane_offset(fb.lane, RB_V, KIND_A), fb.exp_scale)
-        walk(kt, ahead, t_hi, w, (smem, kv, frags, lanes, va, fb.sa))
+        ctx = ForwardMmaStep(smem, va, fb.sa,
+                             k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), v_at,
+                             qf, s, acc, m_i, l_i,
+                             tid, fb.t, fb.row0, q_a, lane_offset(fb.lane, RB, KIND_B),
+                             lane_offset(fb.lane, RB_V, KIND_A), fb.exp_scale)
+        walk(kt, ahead, t_hi, w, ctx)
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         # (b, h) as a uint32 (the grid has < 2**31 blocks): one register across the loop
         row_base = int64(uint32(fb.bh)) * fb.nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 (fb.row0, fb.nq, row_base * d_v, d_v, row_base, fb.t == 0), (2 * fb.t, d_v),
+                 EpilogueRows(fb.row0, fb.nq, row_base * d_v, d_v, row_base, fb.t == 0, 1),
+                 (2 * fb.t, d_v),
                  sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))   # (h from bh: no reg)
 
     return flash_forward_mma

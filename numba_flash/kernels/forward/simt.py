@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import cuda, int32, types, uint32
@@ -59,8 +60,8 @@ from ..ptx.stages import (
 )
 from ..core.elements import BFLOAT16, element_ops
 from ..core.jit import device_jit, kernel_jit
-from ..mainloop.online_softmax import make_epilogue, make_online_softmax, sink_of
-from ..mainloop.tile_scores import Layout, ScoreArgs, make_score_fn, make_tile_scores_pair
+from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_softmax, sink_of
+from ..mainloop.tile_scores import Layout, make_score_args, make_score_fn, make_tile_scores_pair
 from ..core.variant import variant_type
 from ..mainloop.visibility import (
     BLOCK_EMPTY, BLOCK_PARTIAL, key_bounds, make_tile_kind, tile_full_range, tile_key_range,
@@ -75,6 +76,18 @@ _device = functools.partial(device_jit, inline=True)
 #: a stage of the kernel, called only from this module's kernels: in the simulator the Python
 #: function itself even where it reads ``cuda`` (``cuda.local.array``), see ``device_jit``
 _stage = functools.partial(device_jit, own_module=True)
+
+# -- the contexts the step reads by name
+#: the block's shared tiles (``page_sh``: the cache rows of a paged tile's keys)
+ForwardTiles = namedtuple("ForwardTiles", "q_tile k_tile v_tile p_tile keep_tile page_sh")
+#: where the K/V tiles come from: the arrays, the flat element of row 0 and the row stride,
+#: ``d``, the bounds ``(nk, left, right)``, the paged cache (:data:`PagedKv`, or ``()``), the
+#: last tile, and V's ``(elem0, row, d_v)``
+KvSource = namedtuple("KvSource", "k v kv_elem0 kv_row d bounds paged kt_end v_at")
+#: a paged cache: the block table, block size, kv heads, blocks, this block's kv head
+PagedKv = namedtuple("PagedKv", "block_table block_size n_kv_heads n_blocks hk")
+#: the thread's register arrays: S, the output accumulator, a V row, m_i, l_i
+ForwardFrags = namedtuple("ForwardFrags", "s acc vr m_i l_i")
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,6 +160,7 @@ def forward_kernel(cfg):
     scores_masked, scores_full = make_tile_scores_pair(TM, TN, ROWS, Layout(1, THREADS_N, 0),
                                                        False, SOFTCAP, SCORE_MOD, FNS, acc_t)
     score_fn = make_score_fn(False, SOFTCAP, SCORE_MOD, FNS, acc_t)
+    score_args = make_score_args(SCORE_MOD, acc_t)   # the slope read with SCORE_MOD
     softmax_init, softmax_update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
     epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)
 
@@ -339,11 +353,13 @@ def forward_kernel(cfg):
     def step(kt, masked, umask, tiles, kv, lane, va, sa, frags):
         """One K/V tile: load K and V, ``S = Q K^T``, scores, the softmax update, ``acc += P
         V``; ``masked``: the tile crosses the band's edges (or asks the user's mask_mod)."""
-        q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh = tiles
-        k, v, kv_elem0, kv_row, d, bounds, paged, kt_end, v_at = kv
-        v_elem0, v_row, d_v = v_at
+        q_tile, k_tile, v_tile, p_tile = tiles.q_tile, tiles.k_tile, tiles.v_tile, tiles.p_tile
+        keep_tile, page_sh = tiles.keep_tile, tiles.page_sh
+        k, v, kv_elem0, kv_row, d = kv.k, kv.v, kv.kv_elem0, kv.kv_row, kv.d
+        bounds, paged, kt_end = kv.bounds, kv.paged, kv.kt_end
+        v_elem0, v_row, d_v = kv.v_at
         tid, ty, tx, q_start = lane
-        s, acc, vr, m_i, l_i = frags
+        s, acc, vr, m_i, l_i = frags.s, frags.acc, frags.vr, frags.m_i, frags.l_i
         k_start = kt * BLOCK_N
         nk = bounds[0]
         # -- K_j and V_j into shared memory (two cp.async groups: V may still land while S is
@@ -369,10 +385,9 @@ def forward_kernel(cfg):
         if PAGED:
             # the next tile's rows: this tile's loads (page_sh's only readers) are done, and
             # the next loads come after two more barriers (no barrier of its own)
-            block_table, block_size, n_kv_heads, n_blocks, hk = paged
             if kt + 1 < kt_end:
-                page_rows(page_sh, block_table, sa.b, hk, k_start + BLOCK_N, nk, block_size,
-                          n_kv_heads, n_blocks, tid)
+                page_rows(page_sh, paged.block_table, sa.b, paged.hk, k_start + BLOCK_N, nk,
+                          paged.block_size, paged.n_kv_heads, paged.n_blocks, tid)
         softmax_update(s, acc, m_i, l_i, acc_t(0.0))                    # m_i, l_i, P, acc
         store_p(s, p_tile, keep_tile, ty, tx, va)
         if VEC:
@@ -432,12 +447,8 @@ def forward_kernel(cfg):
             return  # varlen: a sequence shorter than the longest has fewer Q tiles
         # [/docs:fwd-index]
         left, right = va.window
-        slope = acc_t(0.0)
-        if SCORE_MOD:
-            slope = acc_t(va.alibi[b, h])
         # bottom-right alignment: query row r sits at key column r + nk - nq
-        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope, nk - nq, nq, b, h,
-                       va.user[1:])
+        sa = score_args(va, b, h, nk - nq, nq)
 
         # [docs:fwd-arrays]
         q_tile = cuda.shared.array((BLOCK_M, HEAD_DIM), acc_t, alignment=ALIGN)
@@ -456,7 +467,7 @@ def forward_kernel(cfg):
             keep_tile = p_tile  # unused: store_p reads it only with DROPOUT
         if PAGED:  # the cache row of each key of the K/V tile (page_rows)
             page_sh = cuda.shared.array(BLOCK_N, int32)
-            paged = (seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
+            paged = PagedKv(seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
         else:
             page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
             paged = ()
@@ -501,11 +512,11 @@ def forward_kernel(cfg):
             cuda.syncthreads()  # page_sh holds the first tile's rows before its loads read them
 
         # [docs:fwd-load-kv]
-        tiles = (q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh)
-        kv = (k, v, kv_elem0, kv_row, d, (nk, left, right), paged, kt_end,
-              (v_elem0, v_row, d_v))
+        tiles = ForwardTiles(q_tile, k_tile, v_tile, p_tile, keep_tile, page_sh)
+        kv = KvSource(k, v, kv_elem0, kv_row, d, (nk, left, right), paged, kt_end,
+                      (v_elem0, v_row, d_v))
         lane = (tid, ty, tx, q_start)
-        frags = (s, acc, vr, m_i, l_i)
+        frags = ForwardFrags(s, acc, vr, m_i, l_i)
         for kt in range(kt_first, kt_end):
             k_start = kt * BLOCK_N
             masked = tile_needs_mask(k_start, k_start + BLOCK_N, full_lo, full_hi)
@@ -524,10 +535,11 @@ def forward_kernel(cfg):
         # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
         # lane gets the same bits); O = acc / l, lse = m + log(l)
         if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
-            rows = (q_start + ty, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
-                    np.int64(h) * seqs[0][n_batch] + q0, tx == 0)
+            rows = EpilogueRows(q_start + ty, nq, (np.int64(q0) * n_heads + h) * d_v,
+                                n_heads * d_v, np.int64(h) * seqs[0][n_batch] + q0, tx == 0, 1)
         else:       # o [B, H, Nq, d_v], lse [B, H, Nq]
-            rows = (q_start + ty, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq, tx == 0)
+            rows = EpilogueRows(q_start + ty, nq, np.int64(bh) * nq * d_v, d_v,
+                                np.int64(bh) * nq, tx == 0, 1)
         epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d_v), sink_of(va.sink, h))
         # [/docs:fwd-epilogue]
 

@@ -37,15 +37,16 @@ docs/wgmma.md#the-warpgroup-forward.
 from __future__ import annotations
 
 import functools
+from collections import namedtuple
 
 from numba import cuda, float32, int32, int64, uint32
 
 from ...backend import on_simulator
 from ..core.elements import element_ops
-from .mma import compile_args, forward_grid, make_forward_block, make_row_stages
+from .mma import DropoutRows, compile_args, forward_grid, make_forward_block, make_row_stages
 from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import (
-    RESCALE_LOG2, make_epilogue, make_online_softmax, make_rescale, sink_of,
+    RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax, make_rescale, sink_of,
 )
 from ..ptx.stages import cp_async_commit, cp_async_wait_all
 from ..mainloop.tile_scores import make_tile_scores_pair
@@ -58,6 +59,12 @@ from ..ptx.wgmma import (
     ARENA_ALIGN, CC, TileLayout, align_pad, fence_proxy_async, make_a_pack, make_tile_copy,
     make_tile_scan, make_warpgroup_gemm, smem_address, warp_uniform, wgmma_wait_group,
 )
+
+#: the warpgroup forward's step context: shared memory, the variant and score arguments, the
+#: arena's alignment pad; the K/V inputs; the lane's register arrays (``pa``: P's A
+#: fragments, ``prev``: the P V in flight); its coordinates, descriptor base, exponent factor
+ForwardWgmmaStep = namedtuple("ForwardWgmmaStep", "smem va sa pad k v kv_base nk d hk bounds "
+                              "s acc m_i l_i pa alpha prev tid t row0 q_addr base exp_scale")
 
 __all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "ForwardWgmmaConfig", "forward_wgmma_config",
            "forward_grid", "forward_wgmma_kernel"]
@@ -176,11 +183,13 @@ def forward_wgmma_kernel(cfg):
 
         # [docs:wgmma-step]
         @_stage
-        def step(kt, kt_ahead, stage, t_hi, ctx, umask):
-            smem, kv, frags, lane, va, sa = ctx
-            k, v, kv_base, nk, d, hk, bounds, pad = kv
-            s, acc, m_i, l_i, pa, alpha, prev = frags
-            tid, t, row0, q_addr, base, exp_scale = lane
+        def step(kt, kt_ahead, stage, t_hi, x, umask):   # x: the ForwardWgmmaStep
+            s, acc, m_i, l_i = x.s, x.acc, x.m_i, x.l_i
+            pa, alpha, prev = x.pa, x.alpha, x.prev
+            smem, va, sa, pad = x.smem, x.va, x.sa, x.pad
+            k, v, kv_base, nk, d, hk, bounds = x.k, x.v, x.kv_base, x.nk, x.d, x.hk, x.bounds
+            tid, t, row0, q_addr, base, exp_scale = (x.tid, x.t, x.row0, x.q_addr, x.base,
+                                                     x.exp_scale)
             k_byte = pad + KV_BYTE + 2 * TILE * stage           # K_j (V_j lands after it)
             v_prev = pad + KV_BYTE + 2 * TILE * (1 - stage) + TILE  # V_{j-1}
             v_bad = publish(smem, v_prev, prev, nk, tid)
@@ -197,7 +206,7 @@ def forward_wgmma_kernel(cfg):
             tile_scores(s, sa, row0, kt * BLOCK_N + 2 * t, bounds, umask)  # mask, score mods
             moved = softmax_update(s, alpha, m_i, l_i, exp_scale)     # m_i, l_i, P; alpha
             if DROPOUT:
-                dropout_rows((s, va, sa, row0, kt * BLOCK_N + 2 * t, nk))
+                dropout_rows(DropoutRows(s, va, sa, row0, kt * BLOCK_N + 2 * t, nk))
             if OVERLAP:
                 finish_pv(d_o, acc, v_bad, v, hk, sa, row0, bounds, t, prev)  # P V landed
             if moved:
@@ -251,11 +260,12 @@ def forward_wgmma_kernel(cfg):
         zero_tile(smem, pad + KV_BYTE + 3 * TILE, tid)   # stage 1's V: the first P V's
         softmax_init(m_i, l_i, acc)
 
-        kv = (k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), pad)
-        frags = (s, acc, m_i, l_i, pa, alpha, prev)
         q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
-        lanes = (tid, fb.t, fb.row0, q_addr, base, fb.exp_scale)
-        walk(kt, nxt(kt, w), t_hi, w, (smem, kv, frags, lanes, va, fb.sa))
+        ctx = ForwardWgmmaStep(smem, va, fb.sa, pad,
+                               k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right),
+                               s, acc, m_i, l_i, pa, alpha, prev,
+                               tid, fb.t, fb.row0, q_addr, base, fb.exp_scale)
+        walk(kt, nxt(kt, w), t_hi, w, ctx)
         if prev[0] >= 0:   # the last tile's P V
             v_last = pad + KV_BYTE + 2 * TILE * prev[3] + TILE
             v_bad = publish(smem, v_last, prev, fb.nk, tid)
@@ -268,7 +278,8 @@ def forward_wgmma_kernel(cfg):
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         row_base = int64(uint32(fb.bh)) * fb.nq
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 (fb.row0, fb.nq, row_base * fb.d, fb.d, row_base, fb.t == 0), (2 * fb.t, fb.d),
+                 EpilogueRows(fb.row0, fb.nq, row_base * fb.d, fb.d, row_base, fb.t == 0, 1),
+                 (2 * fb.t, fb.d),
                  sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))
 
     return flash_forward_wgmma

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 
 from numba import cuda, float32, int32
 
@@ -41,6 +42,15 @@ from ..core.jit import device_jit, static_for
 from ..ptx.stages import ex2, fma, fmax, make_exp_e, shfl_xor, warp_any
 
 _device = functools.partial(device_jit, inline=True)
+
+#: what the update's row stages read (:func:`make_online_softmax`): the scores, accumulator,
+#: ``m_i``, ``l_i``, the rows' new max and rescale factors, the rescale flag, the exponent factor
+SoftmaxRows = namedtuple("SoftmaxRows", "s acc m_i l_i mx alpha need c")
+#: the epilogue's rows (:func:`make_epilogue`): the lane's first row, the rows, where its ``o``
+#: and ``lse`` elements start, whether this lane writes ``lse``, ``lse``'s row stride
+EpilogueRows = namedtuple("EpilogueRows", "row0 nq o_elem0 o_row lse_elem0 write_lse lse_row")
+#: what the epilogue's row stage reads
+EpilogueArgs = namedtuple("EpilogueArgs", "o lse acc m_i l_i lse_scale rows cols sink")
 
 #: how the update takes ``exp`` (see the module docstring)
 EXP_MODES = ("ex2", "exp")
@@ -149,10 +159,10 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None, ALP
         init_rows((m_i, l_i, acc))
 
     @_device
-    def max_row(r, ctx):
+    def max_row(r, x):
         """``mx[r]``: the row's max over its lanes (with the current ``m_i``); ``alpha[r] =
-        1``; ``need[0]`` set if it moves ``m_i`` past ``RESCALE``."""
-        s, m_i, mx, alpha, need, c = ctx
+        1``; ``need[0]`` set if it moves ``m_i`` past ``RESCALE`` (``x``: :data:`SoftmaxRows`)."""
+        s, m_i, mx, alpha, c = x.s, x.m_i, x.mx, x.alpha, x.c
         m = m_i[r]
         for j in range(COLS):
             m = vmax(m, s[r, j])
@@ -160,12 +170,12 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None, ALP
         mx[r] = m
         alpha[r] = ONE
         if LAZY and (m_i[r] == NEG_INF or not (m - m_i[r]) * c <= T):  # past T (or NaN)
-            need[0] = 1
+            x.need[0] = 1
 
     @_device
-    def rescale_row(r, ctx):
+    def rescale_row(r, x):
         """``m_i = mx``, ``acc *= alpha`` (``alpha = exp(m_old - m_new)``, kept for ``l_i``)."""
-        acc, m_i, mx, alpha, c = ctx
+        acc, m_i, mx, alpha, c = x.acc, x.m_i, x.mx, x.alpha, x.c
         if not MOVED or mx[r] != m_i[r]:           # ("moved": only when the max moved, or NaN)
             m_use = mx[r] if mx[r] != NEG_INF else ZERO  # no visible key yet: exp against 0
             if EX2:
@@ -178,9 +188,9 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None, ALP
                     acc[r, j] *= alpha[r]
 
     @_device
-    def p_row(r, ctx):
+    def p_row(r, x):
         """``P = exp(s - m_i)``; ``l_i = alpha l_i + `` this lane's part of the row sum."""
-        s, m_i, l_i, alpha, c = ctx
+        s, m_i, l_i, alpha, c = x.s, x.m_i, x.l_i, x.alpha, x.c
         m_use = m_i[r] if m_i[r] != NEG_INF else ZERO
         k = -(m_use * c)
         lane_sum = ZERO
@@ -203,15 +213,16 @@ def make_online_softmax(ROWS, COLS, ACC_COLS, XOR, EXP, acc_t, RESCALE=None, ALP
         alpha = cuda.local.array(ROWS, acc_t)     # their rescale factors (1 when kept)
         need = cuda.local.array(1, int32)
         need[0] = 0
-        max_rows((s, m_i, mx, alpha, need, c))
+        rows = SoftmaxRows(s, acc, m_i, l_i, mx, alpha, need, c)
+        max_rows(rows)
         moved = True
         if not LAZY:
-            rescale_rows((acc, m_i, mx, alpha, c))
+            rescale_rows(rows)
         elif warp_any(need[0] != 0):              # the whole warp rescales, or none of it
-            rescale_rows((acc, m_i, mx, alpha, c))
+            rescale_rows(rows)
         else:
             moved = False
-        p_rows((s, m_i, l_i, alpha, c))
+        p_rows(rows)
         if ALPHA_OUT:
             for r in range(ROWS):
                 acc[r] = alpha[r]
@@ -266,7 +277,7 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
                   LSE_STRIDE=False):
     """``epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink)``: ``o = acc / l`` and ``lse``
     of the lane's rows (:func:`make_online_softmax`'s ``finalize``), written through flat views.
-    ``rows = (row0, nq, o_elem0, o_row, lse_elem0, write_lse)`` (``LSE_STRIDE``: and ``lse_row``):
+    ``rows``: :data:`EpilogueRows` ``(row0, nq, o_elem0, o_row, lse_elem0, write_lse, lse_row)``:
     row ``r`` of the lane is ``row0 + offset(ROW_LAYOUT, r)`` (written if ``< nq``), its ``o``
     elements start at ``o_elem0 + row o_row`` and its ``lse`` is ``lse[lse_elem0 + row lse_row]``
     (``lse_row = 1`` without ``LSE_STRIDE``; written by the lanes with ``write_lse``); ``cols =
@@ -279,11 +290,12 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
     C_IN, C_OUT, C_STEP = COL_LAYOUT
 
     @_device
-    def store_row(r, ctx):
-        o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink = ctx
-        row0, nq, o_elem0, o_row, lse_elem0, write_lse = rows[:6]
-        col0, d = cols
-        inv_l, row_lse = finalize(m_i, l_i, r, lse_scale, sink)
+    def store_row(r, x):
+        rows, o, acc = x.rows, x.o, x.acc
+        row0, nq, o_elem0, o_row, lse_elem0 = (rows.row0, rows.nq, rows.o_elem0, rows.o_row,
+                                               rows.lse_elem0)
+        col0, d = x.cols
+        inv_l, row_lse = finalize(x.m_i, x.l_i, r, x.lse_scale, x.sink)
         row = row0 + (r // R_IN) * R_OUT + (r % R_IN) * R_STEP
         if row < nq:
             base = o_elem0 + row * o_row
@@ -292,16 +304,16 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
                     col = col0 + ci * C_OUT + ce * C_STEP
                     if col < d:
                         o[base + col] = store(acc[r, ci * C_IN + ce] * inv_l)
-            if write_lse:
+            if rows.write_lse:
                 if LSE_STRIDE:
-                    lse[lse_elem0 + row * rows[6]] = row_lse
+                    x.lse[lse_elem0 + row * rows.lse_row] = row_lse
                 else:
-                    lse[lse_elem0 + row] = row_lse
+                    x.lse[lse_elem0 + row] = row_lse
 
     store_rows = static_for(ROWS, store_row)
 
     @_device
     def epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink):
-        store_rows((o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink))
+        store_rows(EpilogueArgs(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink))
 
     return epilogue
