@@ -277,95 +277,21 @@ def make_store_t(M_TILES, N_FRAGS, DTYPE, RB):
     return store_t
 
 
-# -- the dK/dV kernel's contexts
-#: the dK/dV step's context: shared memory, the variant and score arguments; the global inputs;
-#: the lane's register arrays; its coordinates and shared-memory offsets
-DkdvStep = namedtuple("DkdvStep", "smem va sa "
-                      "q do lse delta dq_accum qo_base row_base d bounds do_at "
-                      "st dpt dk_acc dv_acc nlse2 dl da dqc "
-                      "tid warp g t key0 a_lane q_b ds_lane")
-#: the keys a non-finite dO row marks (``bad_do_fixup``'s row stage)
-BadKeys = namedtuple("BadKeys", "bad cols row key0 sa bounds umask")
-#: what the dK/dV kernel's store stage reads
-DkdvStore = namedtuple("DkdvStore", "dk_out dv_out dk_acc dv_acc row_base key0 nk dims t scale")
+#: the dK/dV kernel's walk over query tiles (:func:`make_query_walk`)
+QueryWalkStages = namedtuple("QueryWalkStages", "next_q visit")
 
 
 @functools.lru_cache(maxsize=None)
-def dkdv_mma_kernel(cfg):
-    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles)`` for a
-    ``"dkdv"`` :class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`.
-
-    ``q, k, v, do``: uint16 views of the ``DTYPE`` ``[B, H(kv), N, d]`` (C-contiguous);
-    ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``; ``dq_accum``: the flat float32 view
-    of ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``); ``dk_out``, ``dv_out``: flat float32
-    views of ``[B, H, Nk, d]`` (this query head's share, dK times ``scale``; with ``OWN_V``,
-    ``v``, ``do`` and ``dv_out`` have ``d_v = v.shape[3]`` columns); ``va``: the
-    :class:`~numba_flash.kernels.core.variant.Variant`; ``tiles = ceil(Nk / BLOCK)``."""
-    assert cfg.KIND == "dkdv" and cfg.DTYPE in MMA_DTYPES and cfg.HEAD_DIM % 16 == 0
-    FNS, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
-    NUM_WARPS, M_TILES, BLOCK_M, HEAD_DIM, Q_STAGES = (cfg.NUM_WARPS, cfg.M_TILES, cfg.STEP,
-                                                       cfg.HEAD_DIM, cfg.STAGES)
-    WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
-        cfg.DTYPE
-    OWN_V = cfg.OWN_V
-    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO, dV: HEAD_DIM's unless OWN_V
-    FULL_WIDTH = VEC and not cfg.PAD_COLS   # every column of each tile is its input's: no test
+def make_query_walk(cfg):
+    """``next_q(qt, w)`` and ``visit(qt, w)`` of the dK/dV kernel's walk over the query tiles
+    (``w``: a :data:`QueryWalk`): the tile after ``qt``, skipping a block mask's EMPTY ones,
+    and the verdict on tile ``qt`` (and the simulator's tile log)."""
+    _fns, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
+    BLOCK_M, BLOCK_N = cfg.STEP, cfg.BLOCK
     LOG = on_simulator() and cfg.USER is not None  # the simulator's tile log (common.TILE_LOG)
-    EXP_MASK = EXP_BITS[DTYPE]
-    BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
-    SAME_RB = RB_V == RB            # V and dO rows as K's and Q's: the same lane offsets
-    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, BLOCK_N * (RB + RB_V)
-    QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
-    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
-    DO_OFF = BLOCK_M * RB
-    WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
-    WARP_V_BYTES = 16 * M_TILES * RB_V    # and in V's
-    # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
-    # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
-    # with them
-    PER_TILE = cfg.USER is None
-    COL0, ACC, ACC_V = cfg.COL0, cfg.ACC, cfg.ACC_V
-    SMEM_WORDS = cfg.SMEM_BYTES // 4
-    ROWS = 2 * M_TILES              # the lane's keys
-    QCOLS = BLOCK_M // 4            # the lane's queries per step
-    ACOLS = ACC // 4                # the lane's dK columns
-    ACOLS_V = ACC_V // 4            # the lane's dV columns
-    K_STEPS = HEAD_DIM // 16
-    K_STEPS_V = HEAD_DIM_V // 16
-    Q_TILES = BLOCK_M // 16
-    DQ_ROWS = 2 * Q_TILES           # the lane's rows of a dQ column pair
-    P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
-    D_PAIRS = HEAD_DIM // 16
-    PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
-    EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
-    NEED_DS = WANT_DK or DQ_ATOMIC
-    ZERO = float32(0.0)
-    NEG_INF = float32(-math.inf)
-    LOG2E_F = float32(LOG2E)
-    RAW = not (cfg.SOFTCAP or cfg.ALIBI or (FNS is not None and FNS[0] is not None))
-    # -- the stages
-    gemm_st = make_gemm(M_TILES, Q_TILES, K_STEPS, "smem", False, RB, RB, DTYPE)  # K Q^T
-    gemm_dpt = make_gemm(M_TILES, Q_TILES, K_STEPS_V, "smem", False, RB_V, RB_V, DTYPE)  # V dO^T
-    gemm_dk = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # dS^T Q
-    gemm_dv = make_gemm(M_TILES, ACC_V // 16, Q_TILES, "acc", True, RB, RB_V, DTYPE)  # P^T dO
-    gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
-    load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
-    store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
-    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, cfg.PAD_COLS)
-    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, cfg.PAD_COLS)
-    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
-    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
-    scan_do = make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE)
-    score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
     # the block mask's verdict on (Q tile, this K/V tile), visibility.py
     tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
     verdict = make_tile_verdict(BLOCKS, MASK_MOD, BLOCK_N)
-    backward_block = make_backward_block(cfg.ALIBI)
-
-    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
-                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
-
-    load_q = make_stage_load(load_pair, QS_BYTE, STAGE_BYTES)   # Q and dO of a query tile
 
     @_stage
     def next_q(qt, w):
@@ -378,6 +304,39 @@ def dkdv_mma_kernel(cfg):
                                             w.nk) == BLOCK_EMPTY:
                 qt += 1
         return min(qt, w.t_hi)
+
+    @_stage
+    def visit(qt, w):
+        """The verdict on (query tile ``qt``, this K/V tile) (and the simulator's tile log)."""
+        if LOG and w.tid == 0:
+            log_tile(w.b, w.h, qt * BLOCK_M, w.kt)
+        return verdict(w.user, w.b, w.h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, w.nq), w.kt,
+                       w.nk, w.span[0] <= qt and qt < w.span[1])
+
+    return QueryWalkStages(next_q, visit)
+
+
+#: the dK/dV kernel's per-row stages outside the step's products (:func:`make_dkdv_rows`)
+DkdvRows = namedtuple("DkdvRows", "bad_do_fixup atomic_dq store_dkdv")
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_rows(cfg):
+    """The dK/dV kernel's row stages (:data:`DkdvRows`): ``bad_do_fixup`` (a non-finite dO
+    into dV's columns), ``atomic_dq`` (``dq_accum += scale dS K`` for a column pair) and
+    ``store_dkdv`` (the lane's dK and dV rows, once)."""
+    FNS, MASK_MOD, _blocks = _user_parts(cfg.USER)
+    M_TILES, BLOCK_M, DTYPE, OWN_V = cfg.M_TILES, cfg.STEP, cfg.DTYPE, cfg.OWN_V
+    WANT_DV, WANT_DK, COL0 = cfg.WANT_DV, cfg.WANT_DK, cfg.COL0
+    FULL_WIDTH = cfg.VEC and not cfg.PAD_COLS   # every column of each tile is its input's
+    EXP_MASK = EXP_BITS[DTYPE]
+    ROWS = 2 * M_TILES              # the lane's keys
+    ACOLS = cfg.ACC // 4            # the lane's dK columns
+    ACOLS_V = cfg.ACC_V // 4        # the lane's dV columns
+    Q_TILES = BLOCK_M // 16
+    ZERO = float32(0.0)
+    RAW = not (cfg.SOFTCAP or cfg.ALIBI or (FNS is not None and FNS[0] is not None))
+    score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
 
     @_stage
     def bad_do_fixup(dv_acc, do, do_base, q_start, key0, g, t, sa, bounds, umask):
@@ -426,6 +385,119 @@ def dkdv_mma_kernel(cfg):
                     off = 8 * (e >> 1) + (e & 1)
                     if FULL_WIDTH or col + off < d:
                         red_add(dq_accum, base + uint64(off), c[r, e] * scale)
+
+    @_stage
+    def store_row(r, x):
+        d, d_v = x.dims
+        t, row_base = x.t, x.row_base
+        dk_out, dv_out, dk_acc, dv_acc = x.dk_out, x.dv_out, x.dk_acc, x.dv_acc
+        key = x.key0 + 16 * (r >> 1) + 8 * (r & 1)
+        if key < x.nk:
+            base = (row_base + uint64(key)) * uint64(d) + uint64(COL0 + 2 * t)
+            base_v = base
+            if OWN_V:
+                base_v = (row_base + uint64(key)) * uint64(d_v) + uint64(COL0 + 2 * t)
+            for c in range(ACOLS if WANT_DK else 0):
+                off = 8 * (c >> 1) + (c & 1)
+                if FULL_WIDTH or COL0 + 2 * t + off < d:
+                    dk_out[base + uint64(off)] = dk_acc[r, c] * x.scale
+            for c in range(ACOLS_V if WANT_DV else 0):
+                off = 8 * (c >> 1) + (c & 1)
+                if FULL_WIDTH or COL0 + 2 * t + off < d_v:
+                    dv_out[base_v + uint64(off)] = dv_acc[r, c]
+
+    store_rows = static_for(ROWS, store_row)
+
+    @_stage
+    def store_dkdv(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale):
+        store_rows(DkdvStore(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale))
+
+    return DkdvRows(bad_do_fixup, atomic_dq, store_dkdv)
+
+
+# -- the dK/dV kernel's contexts
+#: the dK/dV step's context: shared memory, the variant and score arguments; the global inputs;
+#: the lane's register arrays; its coordinates and shared-memory offsets
+DkdvStep = namedtuple("DkdvStep", "smem va sa "
+                      "q do lse delta dq_accum qo_base row_base d bounds do_at "
+                      "st dpt dk_acc dv_acc nlse2 dl da dqc "
+                      "tid warp g t key0 a_lane q_b ds_lane")
+#: the keys a non-finite dO row marks (``bad_do_fixup``'s row stage)
+BadKeys = namedtuple("BadKeys", "bad cols row key0 sa bounds umask")
+#: what the dK/dV kernel's store stage reads
+DkdvStore = namedtuple("DkdvStore", "dk_out dv_out dk_acc dv_acc row_base key0 nk dims t scale")
+
+
+@functools.lru_cache(maxsize=None)
+def dkdv_mma_kernel(cfg):
+    """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles)`` for a
+    ``"dkdv"`` :class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`.
+
+    ``q, k, v, do``: uint16 views of the ``DTYPE`` ``[B, H(kv), N, d]`` (C-contiguous);
+    ``lse``, ``delta``: flat float32 views of ``[B, H, Nq]``; ``dq_accum``: the flat float32 view
+    of ``[B, H, Nq, d]`` (atomics, with ``DQ_ATOMIC``); ``dk_out``, ``dv_out``: flat float32
+    views of ``[B, H, Nk, d]`` (this query head's share, dK times ``scale``; with ``OWN_V``,
+    ``v``, ``do`` and ``dv_out`` have ``d_v = v.shape[3]`` columns); ``va``: the
+    :class:`~numba_flash.kernels.core.variant.Variant`; ``tiles = ceil(Nk / BLOCK)``."""
+    assert cfg.KIND == "dkdv" and cfg.DTYPE in MMA_DTYPES and cfg.HEAD_DIM % 16 == 0
+    FNS, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
+    NUM_WARPS, M_TILES, BLOCK_M, HEAD_DIM, Q_STAGES = (cfg.NUM_WARPS, cfg.M_TILES, cfg.STEP,
+                                                       cfg.HEAD_DIM, cfg.STAGES)
+    WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
+        cfg.DTYPE
+    OWN_V = cfg.OWN_V
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO, dV: HEAD_DIM's unless OWN_V
+    BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
+    SAME_RB = RB_V == RB            # V and dO rows as K's and Q's: the same lane offsets
+    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, BLOCK_N * (RB + RB_V)
+    QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
+    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
+    DO_OFF = BLOCK_M * RB
+    WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
+    WARP_V_BYTES = 16 * M_TILES * RB_V    # and in V's
+    # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
+    # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
+    # with them
+    PER_TILE = cfg.USER is None
+    COL0, ACC, ACC_V = cfg.COL0, cfg.ACC, cfg.ACC_V
+    SMEM_WORDS = cfg.SMEM_BYTES // 4
+    ROWS = 2 * M_TILES              # the lane's keys
+    QCOLS = BLOCK_M // 4            # the lane's queries per step
+    ACOLS = ACC // 4                # the lane's dK columns
+    ACOLS_V = ACC_V // 4            # the lane's dV columns
+    K_STEPS = HEAD_DIM // 16
+    K_STEPS_V = HEAD_DIM_V // 16
+    Q_TILES = BLOCK_M // 16
+    DQ_ROWS = 2 * Q_TILES           # the lane's rows of a dQ column pair
+    P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
+    D_PAIRS = HEAD_DIM // 16
+    PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
+    EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
+    NEED_DS = WANT_DK or DQ_ATOMIC
+    ZERO = float32(0.0)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    # -- the stages
+    gemm_st = make_gemm(M_TILES, Q_TILES, K_STEPS, "smem", False, RB, RB, DTYPE)  # K Q^T
+    gemm_dpt = make_gemm(M_TILES, Q_TILES, K_STEPS_V, "smem", False, RB_V, RB_V, DTYPE)  # V dO^T
+    gemm_dk = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # dS^T Q
+    gemm_dv = make_gemm(M_TILES, ACC_V // 16, Q_TILES, "acc", True, RB, RB_V, DTYPE)  # P^T dO
+    gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
+    load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
+    store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
+    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, cfg.PAD_COLS)
+    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, cfg.PAD_COLS)
+    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
+    scan_do = make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE)
+    next_q, visit = make_query_walk(cfg)
+    bad_do_fixup, atomic_dq, store_dkdv = make_dkdv_rows(cfg)
+    backward_block = make_backward_block(cfg.ALIBI)
+
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
+                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
+
+    load_q = make_stage_load(load_pair, QS_BYTE, STAGE_BYTES)   # Q and dO of a query tile
 
     def make_step(MASKED):
         tile_p_ds = make_tile_p_ds(ROWS, QCOLS, True, MASKED, cfg.DROPOUT, cfg.SOFTCAP,
@@ -515,14 +587,6 @@ def dkdv_mma_kernel(cfg):
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    @_stage
-    def visit(qt, w):
-        """The verdict on (query tile ``qt``, this K/V tile) (and the simulator's tile log)."""
-        if LOG and w.tid == 0:
-            log_tile(w.b, w.h, qt * BLOCK_M, w.kt)
-        return verdict(w.user, w.b, w.h, qt * BLOCK_M, min(qt * BLOCK_M + BLOCK_M, w.nq), w.kt,
-                       w.nk, w.span[0] <= qt and qt < w.span[1])
-
     walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES,
                           1 if BLOCKS is None else 0)
 
@@ -600,32 +664,6 @@ def dkdv_mma_kernel(cfg):
         # -- this query head's dK (times scale) and dV, in float32
         store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(blk.bh)) * uint64(blk.nk), key0,
                    blk.nk, (blk.d, d_v), blk.t, va.scale)
-
-    @_stage
-    def store_row(r, x):
-        d, d_v = x.dims
-        t, row_base = x.t, x.row_base
-        dk_out, dv_out, dk_acc, dv_acc = x.dk_out, x.dv_out, x.dk_acc, x.dv_acc
-        key = x.key0 + 16 * (r >> 1) + 8 * (r & 1)
-        if key < x.nk:
-            base = (row_base + uint64(key)) * uint64(d) + uint64(COL0 + 2 * t)
-            base_v = base
-            if OWN_V:
-                base_v = (row_base + uint64(key)) * uint64(d_v) + uint64(COL0 + 2 * t)
-            for c in range(ACOLS if WANT_DK else 0):
-                off = 8 * (c >> 1) + (c & 1)
-                if FULL_WIDTH or COL0 + 2 * t + off < d:
-                    dk_out[base + uint64(off)] = dk_acc[r, c] * x.scale
-            for c in range(ACOLS_V if WANT_DV else 0):
-                off = 8 * (c >> 1) + (c & 1)
-                if FULL_WIDTH or COL0 + 2 * t + off < d_v:
-                    dv_out[base_v + uint64(off)] = dv_acc[r, c]
-
-    store_rows = static_for(ROWS, store_row)
-
-    @_stage
-    def store_dkdv(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale):
-        store_rows(DkdvStore(dk_out, dv_out, dk_acc, dv_acc, row_base, key0, nk, dims, t, scale))
 
     return backward_dkdv_mma
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -280,33 +281,26 @@ def make_dq_write(BLOCK_M, HEAD_DIM, THREADS, ATOMIC):
     return dq_write
 
 
-@functools.lru_cache(maxsize=None)
-def tile_functions(cfg):
-    """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined).
+#: the SIMT backward's loads (:func:`make_tile_loads`)
+TileLoads = namedtuple("TileLoads", "make_load_run load_tile load_tile_finite load_row_stats "
+                       "draw_keep")
 
-    ``USER``: ``None`` or a user's variant ``(score_mod, mask_mod, score_mod_grad, BLOCKS)``
-    (CUDA device functions or None, :mod:`numba_flash.flex`; ``BLOCKS``: ``(Q_BLOCK,
-    KV_BLOCK)`` of a block mask or None); its arrays arrive as the kernels' last argument
-    ``user = (kinds,) + aux`` (``kinds``, the block mask's classification, read by the kernels'
-    tile loops with ``BLOCKS``: EMPTY tiles are skipped, and ``p_and_ds`` applies ``mask_mod``
-    only with ``umask``, i.e. off on a FULL tile)."""
+
+@functools.lru_cache(maxsize=None)
+def make_tile_loads(cfg):
+    """The SIMT backward's loads into shared memory and registers (:data:`TileLoads`):
+    ``make_load_run`` (a thread's run of a shared row, 16 bytes at a time where it can),
+    ``load_tile`` / ``load_tile_finite`` (a Q, dO, K or V tile), ``load_row_stats`` (lse and
+    D of the Q tile's rows) and ``draw_keep`` (dropout's keep bits of a tile pair)."""
     BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
-    dtype, DROPOUT, USER = cfg.DTYPE, cfg.DROPOUT, cfg.USER
-    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
+    dtype = cfg.DTYPE
     acc_t = compute_type(dtype)
     load = element_ops(dtype)[0]  # the element-type stage: q, k, v, dO elements in
     NEG_INF = -math.inf
     INF = acc_t(math.inf)
-    A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
-    C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
     GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
     W = _word(dtype)                        # bytes of one compute element in the tiles
     VW = VEC_BYTES // W                     # elements of one 16-byte chunk
-    ROW_BYTES = (HEAD_DIM + VW) * W         # one padded Q/dO/K/V row (row_pad)
-    A_ROW_STEP = A_ROW_T * ROW_BYTES        # a thread's rows ar, ar + A_ROW_T, ... of Q, dO
-    A_KEY_STEP = A_COL_T * ROW_BYTES        # its keys ac, ac + A_COL_T, ... of K, V
-
-    exp_e = make_exp_e(W)  # float32: ex2.approx(x log2 e), as the forward's; float64: exp
 
     def make_load_run(COUNT, TILE_ROW_BYTES):
         """``load_run(dst, at, tile, row, col0)``: ``dst[at:at + COUNT] = tile[row, col0:col0 +
@@ -326,15 +320,6 @@ def tile_functions(cfg):
                     dst[at + e] = tile[row, col0 + e]
 
         return device_jit(own_module=True, inline="always")(load_run)
-
-    # S and dP: a thread's A_TR rows (of Q, dO) and A_TC keys (of K, V), 16 bytes at a time
-    row_dot = make_row_dot(A_TR, A_TC, A_ROW_STEP, A_KEY_STEP, HEAD_DIM * W, acc_t)
-    # the forward's own score (tile_scores.py), so that P = exp(s - lse) is the forward's P:
-    # times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
-    # ALiBi runs always and softcap is a runtime branch, as in the forward), then the user's
-    # score_mod, mask_mod and score_mod_grad
-    FNS = tuple(USER[:3]) if USER is not None else None
-    score_fn = make_score_fn(False, None, True, FNS, acc_t)
 
     def make_load_tile(FINITE):
         def load_tile(x, bb, h, start, end, ROWS, tile, tid):
@@ -394,6 +379,115 @@ def tile_functions(cfg):
             if row < nq and key < hi and key + 4 > lo:
                 bits = philox_keep_bits4(seed_lo, seed_hi, b, h, row, key >> 2, threshold)
             keep_tile[m, g] = bits
+
+    return TileLoads(make_load_run, load_tile, load_tile_finite, load_row_stats, draw_keep)
+
+
+#: the SIMT backward's block stages (:func:`make_block_stages`)
+BlockStages = namedtuple("BlockStages", "shared_tiles block_setup")
+
+
+@functools.lru_cache(maxsize=None)
+def make_block_stages(cfg):
+    """A block's shared tiles and coordinates (:data:`BlockStages`): ``shared_tiles()`` (a
+    :class:`SharedTiles`) and ``block_setup(...)`` (a :class:`BackwardBlock`)."""
+    BLOCK_M, BLOCK_N, HEAD_DIM = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM
+    dtype, DROPOUT = cfg.DTYPE, cfg.DROPOUT
+    acc_t = compute_type(dtype)
+    GROUPS = BLOCK_N // 4  # dropout: groups of 4 keys (one Philox call each) per tile row
+
+    ROW = HEAD_DIM + row_pad(dtype)
+    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
+
+    @device_jit(own_module=True, inline="always")
+    def shared_tiles():
+        """The shared tiles both kernels use: ``k_tile``, ``v_tile`` (``BLOCK_N`` rows),
+        ``q_tile``, ``do_tile`` (``BLOCK_M``), ``p_tile``, ``ds_tile`` (``BLOCK_M x BLOCK_N``),
+        ``lse_sh``, ``delta_sh`` and, with ``DROPOUT``, ``keep_tile`` (else ``lse_sh`` stands
+        in, never read)."""
+        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
+        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
+        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
+        lse_sh = cuda.shared.array(BLOCK_M, acc_t)
+        delta_sh = cuda.shared.array(BLOCK_M, acc_t)
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
+            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
+        else:
+            keep_tile = lse_sh
+        return SharedTiles(k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
+                           keep_tile)
+
+    score_args = make_score_args(True, acc_t)   # the slope read: ALiBi is a run-time switch
+
+    @device_jit(own_module=True, inline="always")
+    def block_setup(q, k, cu_q, cu_k, va, varlen, tiles):
+        """This block's :class:`BackwardBlock`: its tile of the folded grid, sequence and query
+        head (``hk`` its kv head, GQA), the sequence's place in the arrays (``sequence``) and
+        its scores' :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs`."""
+        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
+        hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
+        seq = sequence(q, k, cu_q, cu_k, varlen, b)
+        sa = score_args(va, b, h, seq.nk - seq.nq, seq.nq)
+        return BackwardBlock(tile, b, h, hk, seq.bb, seq.q0, seq.nq, seq.k0, seq.nk, sa)
+
+    @device_jit(own_module=True, inline="always")
+    def sequence(q, k, cu_q, cu_k, varlen, b):
+        """Sequence ``b``'s :class:`Sequence`: the array batch index, first row and length of its
+        queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one batch
+        ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
+        if varlen:
+            q0 = cu_q[b]
+            k0 = cu_k[b]
+            return Sequence(int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
+                            int64(cu_k[b + 1] - k0))
+        return Sequence(int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2]))
+
+    return BlockStages(shared_tiles, block_setup)
+
+
+@functools.lru_cache(maxsize=None)
+def tile_functions(cfg):
+    """Device functions shared by :func:`dkdv_kernel` and :func:`dq_kernel` (inlined).
+
+    ``USER``: ``None`` or a user's variant ``(score_mod, mask_mod, score_mod_grad, BLOCKS)``
+    (CUDA device functions or None, :mod:`numba_flash.flex`; ``BLOCKS``: ``(Q_BLOCK,
+    KV_BLOCK)`` of a block mask or None); its arrays arrive as the kernels' last argument
+    ``user = (kinds,) + aux`` (``kinds``, the block mask's classification, read by the kernels'
+    tile loops with ``BLOCKS``: EMPTY tiles are skipped, and ``p_and_ds`` applies ``mask_mod``
+    only with ``umask``, i.e. off on a FULL tile)."""
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    dtype, DROPOUT, USER = cfg.DTYPE, cfg.DROPOUT, cfg.USER
+    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
+    acc_t = compute_type(dtype)
+    NEG_INF = -math.inf
+    INF = acc_t(math.inf)
+    A_COL_T, A_ROW_T, A_TR, A_TC = layout(BLOCK_M, BLOCK_N, THREADS)     # S, dP, P, dS
+    C_COL_T, C_ROW_T, C_TR, C_TC = layout(BLOCK_M, HEAD_DIM, THREADS)    # dQ
+    W = _word(dtype)                        # bytes of one compute element in the tiles
+    VW = VEC_BYTES // W                     # elements of one 16-byte chunk
+    ROW_BYTES = (HEAD_DIM + VW) * W         # one padded Q/dO/K/V row (row_pad)
+    A_ROW_STEP = A_ROW_T * ROW_BYTES        # a thread's rows ar, ar + A_ROW_T, ... of Q, dO
+    A_KEY_STEP = A_COL_T * ROW_BYTES        # its keys ac, ac + A_COL_T, ... of K, V
+
+    exp_e = make_exp_e(W)  # float32: ex2.approx(x log2 e), as the forward's; float64: exp
+
+    tl = make_tile_loads(cfg)
+    make_load_run = tl.make_load_run
+    load_tile, load_tile_finite, load_row_stats, draw_keep = (tl.load_tile, tl.load_tile_finite,
+                                                              tl.load_row_stats, tl.draw_keep)
+    shared_tiles, block_setup = make_block_stages(cfg)
+
+    # S and dP: a thread's A_TR rows (of Q, dO) and A_TC keys (of K, V), 16 bytes at a time
+    row_dot = make_row_dot(A_TR, A_TC, A_ROW_STEP, A_KEY_STEP, HEAD_DIM * W, acc_t)
+    # the forward's own score (tile_scores.py), so that P = exp(s - lse) is the forward's P:
+    # times scale, NaN check, softcap, ALiBi (a slope of 0 is exact: s - 0 * distance = s, so
+    # ALiBi runs always and softcap is a runtime branch, as in the forward), then the user's
+    # score_mod, mask_mod and score_mod_grad
+    FNS = tuple(USER[:3]) if USER is not None else None
+    score_fn = make_score_fn(False, None, True, FNS, acc_t)
 
     # [docs:bwd-p-ds]
     @device_jit(own_module=True, inline="always")
@@ -525,55 +619,6 @@ def tile_functions(cfg):
                         for j in range(C_TC):
                             dq_acc[i * C_TC + j] += dsr[i * VW + e] * kc[j]
                 n0 = int32(n0 + VW)
-
-    ROW = HEAD_DIM + row_pad(dtype)
-    ALIGN = None if on_simulator() else VEC_BYTES  # 16-byte aligned rows (no kwarg in cudasim)
-
-    @device_jit(own_module=True, inline="always")
-    def shared_tiles():
-        """The shared tiles both kernels use: ``k_tile``, ``v_tile`` (``BLOCK_N`` rows),
-        ``q_tile``, ``do_tile`` (``BLOCK_M``), ``p_tile``, ``ds_tile`` (``BLOCK_M x BLOCK_N``),
-        ``lse_sh``, ``delta_sh`` and, with ``DROPOUT``, ``keep_tile`` (else ``lse_sh`` stands
-        in, never read)."""
-        k_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
-        v_tile = cuda.shared.array((BLOCK_N, ROW), acc_t, alignment=ALIGN)
-        q_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
-        do_tile = cuda.shared.array((BLOCK_M, ROW), acc_t, alignment=ALIGN)
-        p_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
-        ds_tile = cuda.shared.array((BLOCK_M, BLOCK_N), acc_t, alignment=ALIGN)
-        lse_sh = cuda.shared.array(BLOCK_M, acc_t)
-        delta_sh = cuda.shared.array(BLOCK_M, acc_t)
-        if DROPOUT:  # compile-time: the plain kernel has no keep_tile and draws nothing
-            keep_tile = cuda.shared.array((BLOCK_M, GROUPS), int32)
-        else:
-            keep_tile = lse_sh
-        return SharedTiles(k_tile, v_tile, q_tile, do_tile, p_tile, ds_tile, lse_sh, delta_sh,
-                           keep_tile)
-
-    score_args = make_score_args(True, acc_t)   # the slope read: ALiBi is a run-time switch
-
-    @device_jit(own_module=True, inline="always")
-    def block_setup(q, k, cu_q, cu_k, va, varlen, tiles):
-        """This block's :class:`BackwardBlock`: its tile of the folded grid, sequence and query
-        head (``hk`` its kv head, GQA), the sequence's place in the arrays (``sequence``) and
-        its scores' :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs`."""
-        tile, b, h = unfold_block(int64(cuda.blockIdx.x), tiles, q.shape[1])
-        hk = h // (q.shape[1] // k.shape[1])  # the kv head this query head reads (GQA)
-        seq = sequence(q, k, cu_q, cu_k, varlen, b)
-        sa = score_args(va, b, h, seq.nk - seq.nq, seq.nq)
-        return BackwardBlock(tile, b, h, hk, seq.bb, seq.q0, seq.nq, seq.k0, seq.nk, sa)
-
-    @device_jit(own_module=True, inline="always")
-    def sequence(q, k, cu_q, cu_k, varlen, b):
-        """Sequence ``b``'s :class:`Sequence`: the array batch index, first row and length of its
-        queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one batch
-        ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
-        if varlen:
-            q0 = cu_q[b]
-            k0 = cu_k[b]
-            return Sequence(int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
-                            int64(cu_k[b + 1] - k0))
-        return Sequence(int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2]))
 
     return TileFunctions(load_tile, load_tile_finite, load_row_stats, draw_keep, p_and_ds, ds_k,
                          block_setup, shared_tiles, make_load_run, p_row_sums)

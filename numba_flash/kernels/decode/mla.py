@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 
 from numba import cuda, float32, int32, int64, uint32
 
@@ -103,6 +104,79 @@ def make_row_copy(THREADS_PER_ROW, ROW_CHUNKS):
     return copy_row
 
 
+#: the MLA decode's key-tile stages (:func:`make_mla_tile_stages`)
+MlaTileStages = namedtuple("MlaTileStages", "load_tile exchange_s")
+
+
+@functools.lru_cache(maxsize=None)
+def make_mla_tile_stages(cfg):
+    """The key-tile stages of the MLA decode of ``cfg`` (:data:`MlaTileStages`): ``load_tile``
+    (a key tile through the block table into a stage) and ``exchange_s`` (the warps' partial
+    ``S`` summed in one order)."""
+    D_QK, BLOCK_N, NUM_WARPS, THREADS, RB = (cfg.D_QK, cfg.BLOCK_N, cfg.NUM_WARPS, cfg.THREADS,
+                                             cfg.ROW_BYTES)
+    SP_ROW = cfg.SP_ROW
+    TILE_BYTES = BLOCK_N * RB
+    SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
+    ROWS = 2                                 # a lane's rows: g and g + 8
+    KEYS = BLOCK_N // 4                      # a lane's scores per row
+    copy_key = make_row_copy(THREADS // BLOCK_N, D_QK // 8)
+
+    @_stage
+    def load_tile(smem, stage, cache, k_start, k_end, kc, tid):
+        """The key rows ``k_start ..`` (those below ``k_end``; the rest zeros) into ``stage``:
+        thread ``tid`` copies its chunks of row ``tid // (THREADS / BLOCK_N)``, looking up the
+        row's page; a table entry outside the cache is not read (zeros) and returned as bad.
+        One copy group (empty past the last tile)."""
+        block_size, b = kc.block_size, kc.b
+        row = tid // (THREADS // BLOCK_N)
+        key = k_start + row
+        ok = key < k_end
+        bad = False
+        elem = int64(0)
+        if ok:
+            j = key // block_size
+            blk = int64(b)
+            if kc.paged:
+                blk = int64(kc.table[b, j])
+            if blk < 0 or blk >= kc.n_blocks:
+                ok = False
+                bad = True
+            elem = ((blk * kc.hkv + kc.kvh) * block_size + (key - j * block_size)) * D_QK
+        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
+        cp_async_commit()
+        return bad
+
+    @_stage
+    def exchange_s(sp, s, warp, g, t):
+        """Write this warp's partial ``S`` to shared memory (``sp``), then (after the barrier)
+        sum the ``NUM_WARPS`` partials in one order: every warp gets the same ``S``."""
+        for r in range(ROWS):
+            for c in range(KEYS):
+                sp[warp * SP_WARP + (g + 8 * r) * SP_ROW + 8 * (c >> 1) + 2 * t + (c & 1)] = \
+                    s[r, c]
+        cuda.syncthreads()  # every warp's partial S is in shared memory before any sums them
+        for r in range(ROWS):
+            for c in range(KEYS):
+                off = (g + 8 * r) * SP_ROW + 8 * (c >> 1) + 2 * t + (c & 1)
+                total = sp[off]
+                for w in range(1, NUM_WARPS):
+                    total += sp[off + w * SP_WARP]
+                s[r, c] = total
+
+    return MlaTileStages(load_tile, exchange_s)
+
+
+#: the cache rows a block reads (``load_tile``): the block table, batch ``b``, kv head, kv
+#: heads, block size, paged (0/1), the cache's blocks
+CacheRows = namedtuple("CacheRows", "table b kvh hkv block_size paged n_blocks")
+#: the MLA step's context: shared memory (the key tiles, the warps' partial S), the cache and
+#: its rows, the score arguments; the lane's register arrays and the bad-entry flag; its
+#: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor
+MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid warp g t k_b v_b "
+                     "token bounds exp_scale")
+
+
 @functools.lru_cache(maxsize=None)
 def mla_decode_kernel(cfg):
     """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
@@ -150,50 +224,9 @@ def mla_decode_kernel(cfg):
                                float32, True)
     epilogue_part = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops("float32")[1],
                                   float32, True)
-    copy_key = make_row_copy(THREADS // BLOCK_N, ROW_CHUNKS)
     copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
 
-    @_stage
-    def load_tile(smem, stage, cache, k_start, k_end, kc, tid):
-        """The key rows ``k_start ..`` (those below ``k_end``; the rest zeros) into ``stage``:
-        thread ``tid`` copies its chunks of row ``tid // (THREADS / BLOCK_N)``, looking up the
-        row's page; a table entry outside the cache is not read (zeros) and returned as bad.
-        One copy group (empty past the last tile)."""
-        table, b, kvh, hkv, block_size, paged, n_blocks = kc
-        row = tid // (THREADS // BLOCK_N)
-        key = k_start + row
-        ok = key < k_end
-        bad = False
-        elem = int64(0)
-        if ok:
-            j = key // block_size
-            blk = int64(b)
-            if paged:
-                blk = int64(table[b, j])
-            if blk < 0 or blk >= n_blocks:
-                ok = False
-                bad = True
-            elem = ((blk * hkv + kvh) * block_size + (key - j * block_size)) * D_QK
-        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
-        cp_async_commit()
-        return bad
-
-    @_stage
-    def exchange_s(sp, s, warp, g, t):
-        """Write this warp's partial ``S`` to shared memory (``sp``), then (after the barrier)
-        sum the ``NUM_WARPS`` partials in one order: every warp gets the same ``S``."""
-        for r in range(ROWS):
-            for c in range(KEYS):
-                sp[warp * SP_WARP + (g + 8 * r) * SP_ROW + 8 * (c >> 1) + 2 * t + (c & 1)] = \
-                    s[r, c]
-        cuda.syncthreads()  # every warp's partial S is in shared memory before any sums them
-        for r in range(ROWS):
-            for c in range(KEYS):
-                off = (g + 8 * r) * SP_ROW + 8 * (c >> 1) + 2 * t + (c & 1)
-                total = sp[off]
-                for w in range(1, NUM_WARPS):
-                    total += sp[off + w * SP_WARP]
-                s[r, c] = total
+    load_tile, exchange_s = make_mla_tile_stages(cfg)
 
     def make_step(MASKED):
         """One key tile; ``MASKED`` (compile time): the tile reaches past the block's last key
@@ -202,10 +235,11 @@ def mla_decode_kernel(cfg):
 
         # [docs:mla-step]
         @_stage
-        def step(n, k_start, ctx):
-            smem, sp, cache, kc, frags, lanes, sa, token, bounds, exp_scale = ctx
-            qf, s, acc, m_i, l_i, bad_sh = frags
-            tid, warp, g, t, k_b, v_b = lanes
+        def step(n, k_start, x):   # x: the MlaStep
+            smem, sp, cache, kc, sa = x.smem, x.sp, x.cache, x.kc, x.sa
+            qf, s, acc, m_i, l_i, bad_sh = x.qf, x.s, x.acc, x.m_i, x.l_i, x.bad_sh
+            tid, warp, g, t, k_b, v_b = x.tid, x.warp, x.g, x.t, x.k_b, x.v_b
+            token, bounds, exp_scale = x.token, x.bounds, x.exp_scale
             r_hi = bounds[0]
             kb = (n % STAGES) * TILE_BYTES
             cp_async_wait_all()
@@ -292,7 +326,7 @@ def mla_decode_kernel(cfg):
         cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
         load_q(qf, smem, lane_offset(lane, RB, KIND_A) + 32 * K_STEPS_W * warp)
         cuda.syncthreads()  # every warp holds its fragments: stage 0 takes the first key tile
-        kc = (table, b, kvh, hkv, block_size, paged, n_cache_blocks)
+        kc = CacheRows(table, b, kvh, hkv, block_size, paged, n_cache_blocks)
         if r_lo < r_hi and load_tile(smem, 0, cache, r_lo, r_hi, kc, tid):
             bad_sh[0] = 1
         if paged and not bad_len:   # every page of the split's keys (all tokens): a bad entry
@@ -305,12 +339,10 @@ def mla_decode_kernel(cfg):
                     j += THREADS
         softmax_init(m_i, l_i, acc)
         sa = score_args(va, b, offset, nq)
-        frags = (qf, s, acc, m_i, l_i, bad_sh)
-        lanes = (tid, warp, g, t,
-                 lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's cols
-                 lane_offset(lane, RB, KIND_A) + 2 * V_COLS_W * warp)    # V: the warp's cols
-        ctx = (smem, sp, cache, kc, frags, lanes, sa, token, (r_hi, left, right),
-               va.scale * LOG2E_F)
+        ctx = MlaStep(smem, sp, cache, kc, sa, qf, s, acc, m_i, l_i, bad_sh, tid, warp, g, t,
+                      lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's
+                      lane_offset(lane, RB, KIND_A) + 2 * V_COLS_W * warp,     # V: its columns
+                      token, (r_hi, left, right), va.scale * LOG2E_F)
 
         # -- the key tiles: whole ones unmasked, the last (past r_hi) masked
         n = 0

@@ -252,6 +252,50 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
     return static_for(ROWS, dropout_row), nonfinite_v_fixup
 
 
+#: the mma forward's K/V tile loads (:func:`make_kv_loads`)
+KvLoads = namedtuple("KvLoads", "load_tile load_v_tile load_kv")
+
+
+@functools.lru_cache(maxsize=None)
+def make_kv_loads(cfg):
+    """The K/V copy stages of the mma forward of ``cfg`` (:data:`KvLoads`): ``load_tile``
+    (K, or V at K's width), ``load_v_tile`` (V at its own width with ``OWN_V``) and ``load_kv``
+    (both, one copy group each, into a pipeline stage)."""
+    BLOCK_N, HEAD_DIM, THREADS, VEC, OWN_V = (cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS, cfg.VEC,
+                                              cfg.OWN_V)
+    HEAD_DIM_V, RB_V, RB = cfg.V_DIM, cfg.V_ROW_BYTES, cfg.ROW_BYTES
+    STAGE_BYTES = cfg.STAGE_BYTES
+    KV_BYTES = BLOCK_N * RB         # one K tile (V's follows it)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)   # (OWN_V: two widths)
+    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)
+
+    @_stage
+    def load_tile(smem, smem_byte, x, kv_base, kt, t_hi, nk, d, tid):
+        """Issue the copy of K (or V) tile ``kt`` to ``smem_byte`` as one copy group (an empty
+        one past ``t_hi``: every step commits as many, so the waits count constants)."""
+        if kt < t_hi:
+            copy_kv(smem, smem_byte, x, kv_base + kt * BLOCK_N * d,
+                    min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
+        cp_async_commit()
+
+    @_stage
+    def load_v_tile(smem, smem_byte, v, v_base, kt, t_hi, nk, d_v, tid):
+        """:func:`load_tile` of a V tile (its own width with ``OWN_V``)."""
+        if kt < t_hi:
+            copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * d_v,
+                   min(BLOCK_N, nk - kt * BLOCK_N), d_v, tid)
+        cp_async_commit()
+
+    @_stage
+    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
+        """K, then V, of tile ``kt`` into ``stage``: two copy groups (``v_at``: V's base and
+        head dim, K's unless ``OWN_V``)."""
+        load_tile(smem, stage * STAGE_BYTES, k, kv_base, kt, t_hi, nk, d, tid)
+        load_v_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
+
+    return KvLoads(load_tile, load_v_tile, load_kv)
+
+
 @functools.lru_cache(maxsize=None)
 def forward_mma_kernel(cfg):
     """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.forward.config.
@@ -302,8 +346,6 @@ def forward_mma_kernel(cfg):
     softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                                   float32, RESCALE)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
-    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)   # (OWN_V: two widths)
-    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V)
     zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, DTYPE)
     # the groups a thread may leave in flight (docs/tensor-cores.md, the pipeline): at K_j, V_j
@@ -315,29 +357,7 @@ def forward_mma_kernel(cfg):
     tile_span = make_tile_span(BLOCK_N)
     forward_block = make_forward_block(BLOCK_M, 16 * M_TILES, RAW, ALIBI)
 
-    @_stage
-    def load_tile(smem, smem_byte, x, kv_base, kt, t_hi, nk, d, tid):
-        """Issue the copy of K (or V) tile ``kt`` to ``smem_byte`` as one copy group (an empty
-        one past ``t_hi``: every step commits as many, so the waits count constants)."""
-        if kt < t_hi:
-            copy_kv(smem, smem_byte, x, kv_base + kt * BLOCK_N * d,
-                    min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
-        cp_async_commit()
-
-    @_stage
-    def load_v_tile(smem, smem_byte, v, v_base, kt, t_hi, nk, d_v, tid):
-        """:func:`load_tile` of a V tile (its own width with ``OWN_V``)."""
-        if kt < t_hi:
-            copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * d_v,
-                   min(BLOCK_N, nk - kt * BLOCK_N), d_v, tid)
-        cp_async_commit()
-
-    @_stage
-    def load_kv(smem, stage, k, v, kv_base, kt, t_hi, nk, d, tid, v_at):
-        """K, then V, of tile ``kt`` into ``stage``: two copy groups (``v_at``: V's base and
-        head dim, K's unless ``OWN_V``)."""
-        load_tile(smem, stage * STAGE_BYTES, k, kv_base, kt, t_hi, nk, d, tid)
-        load_v_tile(smem, stage * STAGE_BYTES + KV_BYTES, v, v_at[0], kt, t_hi, nk, v_at[1], tid)
+    load_tile, load_v_tile, load_kv = make_kv_loads(cfg)
 
     dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
                                                       SOFTCAP, ALIBI, FNS)

@@ -72,6 +72,52 @@ __all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "ForwardWgmmaConfig", "forward_wgmma
 _stage = functools.partial(device_jit, own_module=True, inline=True)
 
 
+#: the warpgroup forward's K/V copy stages (:func:`make_wgmma_kv_loads`)
+WgmmaKvLoads = namedtuple("WgmmaKvLoads", "load_tile load_kv zero_tile")
+
+
+@functools.lru_cache(maxsize=None)
+def make_wgmma_kv_loads(cfg):
+    """The K/V copy stages of the warpgroup forward of ``cfg`` (:data:`WgmmaKvLoads`):
+    ``load_tile`` (one K or V tile), ``load_kv`` (a step's copies, one group) and ``zero_tile``
+    (the zero "V of tile -1" of the first step's ``P V``)."""
+    BLOCK_N, HEAD_DIM, THREADS, VEC = cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS, cfg.VEC
+    KV_LAY = TileLayout(BLOCK_N, HEAD_DIM, cfg.SWIZZLE).check()
+    KV_BYTE = cfg.Q_BYTES                   # stage s: K at KV_BYTE + 2 s TILE, V after it
+    TILE = cfg.TILE_BYTES
+    copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
+
+    @_stage
+    def load_tile(smem, tile_byte, x, kv_base, kt, nk, d, tid):
+        """Issue the copy of K (or V) tile ``kt``: 32-bit row counts and, with ``VEC`` (``d ==
+        HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants)."""
+        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
+        base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
+        copy_kv(smem, tile_byte, x, base, HEAD_DIM if VEC else d, rows, d, tid)
+
+    @_stage
+    def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid):
+        """At tile ``kt`` (in ``stage``): K of the next tile ``kt_ahead`` into the other stage
+        (its K was tile ``kt - 1``'s, whose ``S`` is complete), V of tile ``kt`` into this
+        stage (its V was tile ``kt - 2``'s, whose ``P V`` is complete): one copy group, which
+        the next step waits for whole."""
+        if kt_ahead < t_hi:
+            load_tile(smem, pad + KV_BYTE + 2 * TILE * (1 - stage), k, kv_base, kt_ahead, nk, d,
+                      tid)
+        load_tile(smem, pad + KV_BYTE + 2 * TILE * stage + TILE, v, kv_base, kt, nk, d, tid)
+        cp_async_commit()
+
+    @_stage
+    def zero_tile(smem, tile_byte, tid):
+        """Zeros in a tile (this thread's words, ordinary stores: the first step's fence and
+        barrier publish them): the "V of tile -1" the first step's ``P V`` reads, with ``P``
+        zero (0 * NaN would be NaN; shared memory starts as anything)."""
+        for i in range(TILE // (4 * THREADS)):
+            smem[(tile_byte >> 2) + tid + i * THREADS] = uint32(0)
+
+    return WgmmaKvLoads(load_tile, load_kv, zero_tile)
+
+
 @functools.lru_cache(maxsize=None)
 def forward_wgmma_kernel(cfg):
     """Build ``kernel(q, k, v, o, lse, va)`` for the :class:`~numba_flash.kernels.forward.config.
@@ -120,30 +166,11 @@ def forward_wgmma_kernel(cfg):
     dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
                                                       SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, VEC)
-    copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
     zero_nonfinite_v = make_tile_scan(KV_LAY, THREADS, DTYPE)
     tile_span = make_tile_span(BLOCK_N)
     forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)   # a warp: 16 rows
 
-    @_stage
-    def load_tile(smem, tile_byte, x, kv_base, kt, nk, d, tid):
-        """Issue the copy of K (or V) tile ``kt``: 32-bit row counts and, with ``VEC`` (``d ==
-        HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants)."""
-        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
-        base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
-        copy_kv(smem, tile_byte, x, base, HEAD_DIM if VEC else d, rows, d, tid)
-
-    @_stage
-    def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid):
-        """At tile ``kt`` (in ``stage``): K of the next tile ``kt_ahead`` into the other stage
-        (its K was tile ``kt - 1``'s, whose ``S`` is complete), V of tile ``kt`` into this
-        stage (its V was tile ``kt - 2``'s, whose ``P V`` is complete): one copy group, which
-        the next step waits for whole."""
-        if kt_ahead < t_hi:
-            load_tile(smem, pad + KV_BYTE + 2 * TILE * (1 - stage), k, kv_base, kt_ahead, nk, d,
-                      tid)
-        load_tile(smem, pad + KV_BYTE + 2 * TILE * stage + TILE, v, kv_base, kt, nk, d, tid)
-        cp_async_commit()
+    load_tile, load_kv, zero_tile = make_wgmma_kv_loads(cfg)
 
     @_stage
     def publish(smem, v_byte, prev, nk, tid):
@@ -167,14 +194,6 @@ def forward_wgmma_kernel(cfg):
         complete_pv(d_o, acc)
         if v_bad:
             nonfinite_v_fixup(acc, v, hk, sa, row0, bounds, prev[0] * BLOCK_N, t, prev[2] != 0)
-
-    @_stage
-    def zero_tile(smem, tile_byte, tid):
-        """Zeros in a tile (this thread's words, ordinary stores: the first step's fence and
-        barrier publish them): the "V of tile -1" the first step's ``P V`` reads, with ``P``
-        zero (0 * NaN would be NaN; shared memory starts as anything)."""
-        for i in range(TILE // (4 * THREADS)):
-            smem[(tile_byte >> 2) + tid + i * THREADS] = uint32(0)
 
     def make_step(MASKED):
         """One K/V tile ``j``; ``MASKED`` (compile time): its scores are masked per element

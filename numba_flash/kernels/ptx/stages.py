@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, int32, types, uint32
@@ -104,7 +105,10 @@ def ldmatrix_rows(lane, kind):
 # ------------------------------------------------------------------------------------------
 # GPU implementations: inline PTX and LLVM intrinsics
 # ------------------------------------------------------------------------------------------
-def _gpu_stages():
+def _gpu_helpers():
+    """The LLVM and numba-cuda pieces the GPU stages are written with (imported on first use:
+    a simulator run never loads them): ``ir``, ``intrinsic``, the typing error, the LLVM int and
+    float types, argument checks and the shared / global address of an array element."""
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
@@ -140,6 +144,19 @@ def _gpu_stages():
         data = context.make_array(aryty)(context, builder, ary).data
         ptr = builder.gep(data, [as_i(context, builder, ty, elem, 64)])
         return builder.ptrtoint(ptr, i64)
+
+    return SimpleNamespace(ir=ir, intrinsic=intrinsic, NumbaTypeError=NumbaTypeError, i32=i32,
+                           i64=i64, f32=f32, check_int=check_int, check_array=check_array,
+                           as_i=as_i, smem_addr=smem_addr, global_addr=global_addr)
+
+
+def _gpu_memory_stages(h):
+    """The copies and loads (``ldmatrix``, ``cp.async``, ``red.add``, 16-byte global and shared
+    loads) as inline PTX, from :func:`_gpu_helpers`'s pieces ``h``."""
+    ir, intrinsic, NumbaTypeError = h.ir, h.intrinsic, h.NumbaTypeError
+    i32, i64, f32 = h.i32, h.i64, h.f32
+    check_int, check_array, as_i = h.check_int, h.check_array, h.as_i
+    smem_addr, global_addr = h.smem_addr, h.global_addr
 
     # [docs:ldmatrix-intrinsic]
     def make_ldmatrix(ptx, name):
@@ -203,66 +220,6 @@ def _gpu_stages():
             return context.get_dummy_value()
 
         return sig, codegen
-
-    @intrinsic
-    def in_loop(typingctx, x):
-        if x != types.int32:
-            raise NumbaTypeError(f"in_loop: expected x as an int32, got {x}")
-        sig = types.int32(x)
-
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32]), "mov.b32 $0, $1;", "=r,r",
-                               side_effect=True)
-            return builder.call(asm, [args[0]])
-
-        return sig, codegen
-
-    def make_bare(ptx):
-        @intrinsic
-        def bare(typingctx):
-            sig = types.none()
-
-            def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
-                                   side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        return bare
-
-    def float_sig(name, args):
-        if any(a != types.float32 for a in args):
-            raise NumbaTypeError(f"{name}: expected float32 arguments, got {args}")
-        return types.float32(*args)
-
-    def float_asm(ptx, n):
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(f32, [f32] * n), ptx, "=f" + ",f" * n)
-            return builder.call(asm, list(args))
-
-        return codegen
-
-    def ex2_codegen(context, builder, sig, args):
-        fn = builder.module.declare_intrinsic("llvm.nvvm.ex2.approx.ftz.f", (),
-                                              ir.FunctionType(f32, [f32]))
-        return builder.call(fn, list(args))
-
-    @intrinsic
-    def ex2(typingctx, x):
-        """``2**x`` by ``ex2.approx.ftz.f32``."""
-        return float_sig("ex2", (x,)), ex2_codegen
-
-    @intrinsic
-    def fmax(typingctx, a, b):
-        """``max.f32``: the larger, the other operand if one is NaN."""
-        return float_sig("fmax", (a, b)), float_asm("max.f32 $0, $1, $2;", 2)
-
-    @intrinsic
-    def fma(typingctx, a, b, c):
-        """``a * b + c`` rounded once."""
-        return float_sig("fma", (a, b, c)), float_asm("fma.rn.f32 $0, $1, $2, $3;", 3)
 
     def flat_load(context, builder, sig, args):
         """One plain load of element ``args[1]`` of the flat view of array ``args[0]``."""
@@ -353,6 +310,80 @@ def _gpu_stages():
         ldmatrix_x4=make_ldmatrix(LDMATRIX_PTX, "ldmatrix_x4"),
         ldmatrix_x4_trans=make_ldmatrix(LDMATRIX_T_PTX, "ldmatrix_x4_trans"),
         cp_async16=cp_async16,
+        load_u16=load_u16,
+        load_at=load_at,
+        red_add=red_add,
+    )
+
+
+def _gpu_math_stages(h):
+    """The arithmetic and ordering stages (``ex2``, ``max``, ``fma``, ``in_loop``, the
+    ``cp.async`` commit and waits) as inline PTX or LLVM intrinsics, from
+    :func:`_gpu_helpers`'s pieces ``h``."""
+    ir, intrinsic, NumbaTypeError = h.ir, h.intrinsic, h.NumbaTypeError
+    i32, f32 = h.i32, h.f32
+
+    @intrinsic
+    def in_loop(typingctx, x):
+        if x != types.int32:
+            raise NumbaTypeError(f"in_loop: expected x as an int32, got {x}")
+        sig = types.int32(x)
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32]), "mov.b32 $0, $1;", "=r,r",
+                               side_effect=True)
+            return builder.call(asm, [args[0]])
+
+        return sig, codegen
+
+    def make_bare(ptx):
+        @intrinsic
+        def bare(typingctx):
+            sig = types.none()
+
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
+                                   side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return bare
+
+    def float_sig(name, args):
+        if any(a != types.float32 for a in args):
+            raise NumbaTypeError(f"{name}: expected float32 arguments, got {args}")
+        return types.float32(*args)
+
+    def float_asm(ptx, n):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(f32, [f32] * n), ptx, "=f" + ",f" * n)
+            return builder.call(asm, list(args))
+
+        return codegen
+
+    def ex2_codegen(context, builder, sig, args):
+        fn = builder.module.declare_intrinsic("llvm.nvvm.ex2.approx.ftz.f", (),
+                                              ir.FunctionType(f32, [f32]))
+        return builder.call(fn, list(args))
+
+    @intrinsic
+    def ex2(typingctx, x):
+        """``2**x`` by ``ex2.approx.ftz.f32``."""
+        return float_sig("ex2", (x,)), ex2_codegen
+
+    @intrinsic
+    def fmax(typingctx, a, b):
+        """``max.f32``: the larger, the other operand if one is NaN."""
+        return float_sig("fmax", (a, b)), float_asm("max.f32 $0, $1, $2;", 2)
+
+    @intrinsic
+    def fma(typingctx, a, b, c):
+        """``a * b + c`` rounded once."""
+        return float_sig("fma", (a, b, c)), float_asm("fma.rn.f32 $0, $1, $2, $3;", 3)
+
+    return dict(
         cp_async_commit=make_bare("cp.async.commit_group;"),
         cp_async_wait_all=make_bare("cp.async.wait_group 0;"),
         cp_async_wait_one=make_bare("cp.async.wait_group 1;"),
@@ -361,11 +392,14 @@ def _gpu_stages():
         ex2=ex2,
         fmax=fmax,
         fma=fma,
-        load_u16=load_u16,
-        load_at=load_at,
-        red_add=red_add,
         in_loop=in_loop,
     )
+
+
+def _gpu_stages():
+    """Every GPU stage of this module, by name."""
+    h = _gpu_helpers()
+    return {**_gpu_memory_stages(h), **_gpu_math_stages(h)}
 
 
 # ------------------------------------------------------------------------------------------
