@@ -32,6 +32,7 @@ Conventions shared with the kernels
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -421,12 +422,21 @@ def attention_backward(
     return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv), dsink
 
 
+class _Sequence(NamedTuple):
+    """One sequence of a packed batch: its rows of ``q`` and its rows of ``k`` and ``v``."""
+
+    rows: slice
+    keys: slice
+
+
 def _sequences(cu_seqlens_q, cu_seqlens_k):
+    """The :class:`_Sequence` of each sequence of a packed batch, in order."""
     cq = [int(x) for x in np.asarray(cu_seqlens_q)]
     ck = [int(x) for x in np.asarray(cu_seqlens_k)]
     if len(cq) != len(ck):
         raise ValueError(f"cu_seqlens_q has {len(cq)} entries, cu_seqlens_k {len(ck)}")
-    return list(zip(cq[:-1], cq[1:], ck[:-1], ck[1:]))
+    return [_Sequence(slice(q0, q1), slice(k0, k1))
+            for q0, q1, k0, k1 in zip(cq[:-1], cq[1:], ck[:-1], ck[1:])]
 
 
 def _alibi_row(alibi_slopes, b):
@@ -454,19 +464,19 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softm
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
     if learnable_sink is not None:   # a row of an empty sequence sees no key: lse = sink
         lse[:] = np.asarray(learnable_sink, np.float64)[:, None]
-    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
-        if q1 == q0:
+    for b, seq in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        if seq.rows.stop == seq.rows.start:
             continue
-        qb = q[q0:q1].transpose(1, 0, 2)[None]
-        kb = np.asarray(k, dtype=np.float64)[k0:k1].transpose(1, 0, 2)[None]
-        vb = np.asarray(v, dtype=np.float64)[k0:k1].transpose(1, 0, 2)[None]
+        qb = q[seq.rows].transpose(1, 0, 2)[None]
+        kb = np.asarray(k, dtype=np.float64)[seq.keys].transpose(1, 0, 2)[None]
+        vb = np.asarray(v, dtype=np.float64)[seq.keys].transpose(1, 0, 2)[None]
         mask = None if dropout_masks is None else np.asarray(dropout_masks[b])[None]
         ob, lb = attention(qb, kb, vb, causal=causal, softmax_scale=softmax_scale,
                            window_size=window_size, softcap=softcap,
                            alibi_slopes=_alibi_row(alibi_slopes, b), dropout_mask=mask,
                            dropout_p=dropout_p, learnable_sink=learnable_sink)
-        o[q0:q1] = ob[0].transpose(1, 0, 2)
-        lse[:, q0:q1] = lb[0]
+        o[seq.rows] = ob[0].transpose(1, 0, 2)
+        lse[:, seq.rows] = lb[0]
     return o, lse
 
 
@@ -482,20 +492,21 @@ def attention_backward_varlen(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal
     do = np.asarray(do, dtype=np.float64)
     dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
     dsink = np.zeros(q.shape[1])
-    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
-        if q1 == q0 or k1 == k0:   # no key: o = 0, so D = 0 and nothing reaches dsink either
-            continue
-        def pack(x, a, z):
-            return x[a:z].transpose(1, 0, 2)[None]
+    for b, seq in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k)):
+        rows, keys = seq.rows, seq.keys
+        if rows.stop == rows.start or keys.stop == keys.start:
+            continue   # no key: o = 0, so D = 0 and nothing reaches dsink either
+        def pack(x, s):
+            return x[s].transpose(1, 0, 2)[None]
         mask = None if dropout_masks is None else np.asarray(dropout_masks[b])[None]
-        g = attention_backward(pack(do, q0, q1), pack(q, q0, q1), pack(k, k0, k1),
-                               pack(v, k0, k1), causal=causal, softmax_scale=softmax_scale,
+        g = attention_backward(pack(do, rows), pack(q, rows), pack(k, keys),
+                               pack(v, keys), causal=causal, softmax_scale=softmax_scale,
                                window_size=window_size, softcap=softcap,
                                alibi_slopes=_alibi_row(alibi_slopes, b), dropout_mask=mask,
                                dropout_p=dropout_p, learnable_sink=learnable_sink)
-        dq[q0:q1] = g[0][0].transpose(1, 0, 2)
-        dk[k0:k1] = g[1][0].transpose(1, 0, 2)
-        dv[k0:k1] = g[2][0].transpose(1, 0, 2)
+        dq[rows] = g[0][0].transpose(1, 0, 2)
+        dk[keys] = g[1][0].transpose(1, 0, 2)
+        dv[keys] = g[2][0].transpose(1, 0, 2)
         if learnable_sink is not None:
             dsink += g[3]
     if learnable_sink is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -120,10 +121,25 @@ def _agree(ring, arrays, scalars, local_check):
     return info
 
 
+class _Shards(NamedTuple):
+    """What :func:`_check_shards` returns: this rank's shard dims (``q [B, H, N_local, d]``,
+    ``Hkv`` kv heads), dtype, softmax scale and checked sink (or None)."""
+
+    b: int
+    h: int
+    hkv: int
+    n: int
+    d: int
+    dtype: np.dtype
+    scale: float
+    sink: object
+
+
 def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flags=None,
                   learnable_sink=None):
     """Local checks (types, GQA shapes, self-attention shard lengths, the sink) and the
-    cross-rank one (the sink's bytes too: every rank must pass the same logits)."""
+    cross-rank one (the sink's bytes too: every rank must pass the same logits); returns the
+    :class:`_Shards` of this rank."""
     from ..frontend.variants import check_sink
     from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_qkv,
                                      check_same_dtype, check_same_kind, check_scale)
@@ -132,7 +148,9 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
     layout_ok = layout if isinstance(layout, str) and layout in _LAYOUT_CODE else None
 
     def local():
-        b, h, hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+        qkv = check_qkv(q, k, v)
+        b, h, nq, nk = qkv.b, qkv.h, qkv.nq, qkv.nk
+        d, dtype = qkv.d, qkv.dtype
         if nq != nk:
             raise ValueError(f"k: ring attention is self-attention over shards of equal length: "
                              f"expected N_local {nq} (that of q), got {nk}")
@@ -163,7 +181,7 @@ def _check_shards(ring, q, k, v, causal, softmax_scale, layout, extra=None, flag
         sink = check_sink(learnable_sink, h)
         if sink is not None:
             check_same_kind({"q": q, "learnable_sink": sink})
-        return b, h, hkv, nq, d, dtype, scale, sink
+        return _Shards(b, h, qkv.hkv, nq, d, dtype, scale, sink)
 
     arrays = {"q": q, "k": k, "v": v, **(dict(extra) if extra else {})}
     d = getattr(q, "shape", (0,))[-1] if getattr(q, "ndim", 0) else 0
@@ -269,9 +287,10 @@ def ring_forward(q, k, v, *, comm, causal=False, softmax_scale=None, return_lse=
     every rank raises the same ValueError (naming the rank and the argument) if not.
     """
     ring = as_ring_comm(comm)
-    b, h, hkv, n, d, dtype, scale, sink = _check_shards(
-        ring, q, k, v, causal, softmax_scale, layout, flags={"return_lse": return_lse},
-        learnable_sink=learnable_sink)
+    shards = _check_shards(ring, q, k, v, causal, softmax_scale, layout,
+                           flags={"return_lse": return_lse}, learnable_sink=learnable_sink)
+    b, h, n, d = shards.b, shards.h, shards.n, shards.d
+    dtype, scale, sink = shards.dtype, shards.scale, shards.sink
     causal = bool(causal)
     forward, merge_states = _op("forward"), _op("merge_states")
     xp = array_module(q)
@@ -329,9 +348,11 @@ def ring_backward(do, q, k, v, o, lse, *, comm, causal=False, softmax_scale=None
     ring and reach their owner one hop after the last step.
     """
     ring = as_ring_comm(comm)
-    b, h, hkv, n, d, dtype, scale, sink = _check_shards(
-        ring, q, k, v, causal, softmax_scale, layout, extra=(("do", do), ("o", o), ("lse", lse)),
-        learnable_sink=learnable_sink)
+    shards = _check_shards(ring, q, k, v, causal, softmax_scale, layout,
+                           extra=(("do", do), ("o", o), ("lse", lse)),
+                           learnable_sink=learnable_sink)
+    b, h, hkv, n = shards.b, shards.h, shards.hkv, shards.n
+    d, dtype, scale, sink = shards.d, shards.dtype, shards.scale, shards.sink
     causal = bool(causal)
     backward = _op("backward")
     xp = array_module(q)

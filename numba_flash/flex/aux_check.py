@@ -49,6 +49,21 @@ ENV = "NUMBA_FLASH_CHECK_AUX"
 #: the guard array: [found, site, axis, index, size, b, h, q_idx, kv_idx]
 GUARD_LEN = 9
 
+
+class _Found(NamedTuple):
+    """The guard array's entries, in order: the first out-of-range read (``found != 0``)."""
+
+    found: int
+    site: int
+    axis: int
+    index: int
+    size: int
+    b: int
+    h: int
+    q_idx: int
+    kv_idx: int
+
+
 _ARGS = {"score_mod": slice(1, 5), "score_mod_grad": slice(1, 5), "mask_mod": slice(0, 4)}
 
 
@@ -74,14 +89,14 @@ class AuxGuard(np.ndarray):
 
     def report(self, found):
         """The ``IndexError`` for the guard's host copy ``found`` (``found[0] != 0``)."""
-        _, site, axis, index, size, b, h, q, k = (int(x) for x in found[:GUARD_LEN])
-        s = self.aux_guard_sites[site]
-        names = dict(zip(s.args, (b, h, q, k)))
+        read = _Found._make(int(x) for x in found[:GUARD_LEN])
+        s = self.aux_guard_sites[read.site]
+        names = dict(zip(s.args, (read.b, read.h, read.q_idx, read.kv_idx)))
         args = ", ".join(f"{n}={v}" for n, v in names.items())
         return IndexError(
             f"{s.role} {s.function} ({s.where}): aux read `{s.text}` out of range: index "
-            f"{index} on axis {axis} of size {size} ({s.aux}), called with {args} (the first "
-            f"such read of the launch; {ENV}=1)")
+            f"{read.index} on axis {read.axis} of size {read.size} ({s.aux}), called with "
+            f"{args} (the first such read of the launch; {ENV}=1)")
 
 
 def _guard(sites):

@@ -93,8 +93,8 @@ def aux_gradients(prepared, do, q, k, v, o, lse, *, cu_seqlens=None, max_nq, max
     n_seq = b if cu_seqlens is None else len(cu_seqlens[0]) - 1
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    dq_, dk_, dv_, do_, o_ = (call.input(x) for x in (q, k, v, do, o))
-    lse_ = call.input(lse)
+    dq_, dk_, dv_ = (call.input(x) for x in (q, k, v))
+    do_, o_, lse_ = (call.input(x) for x in (do, o, lse))
     if cu_seqlens is None:  # dense: never read, but the kernel takes int32 arrays there
         cu_q = cu_k = call.zeros((1,), np.int32)
     else:

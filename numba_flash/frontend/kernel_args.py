@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from collections import namedtuple
 import numpy as np
 
 from ..backend import on_simulator
@@ -53,16 +54,17 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
                        softcap, alibi_slopes, learnable_sink=None):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
     share (raising before any launch) and return them as a :class:`ForwardArgs`."""
-    b, h, _hkv, nq, nk, d, d_v, dtype = check_qkv(q, k, v, value_dim=True)
+    qkv = check_qkv(q, k, v, value_dim=True)
+    b, h, nq, nk = qkv.b, qkv.h, qkv.nq, qkv.nk
+    d, dtype = qkv.d, qkv.dtype
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d, dtype)
     dropout = dropout_params(dropout_p, seed)
-    window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                        alibi_slopes, b, h, nq=nq, nk=nk)
+    var = check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=nq, nk=nk)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
-                       float(dropout_p), dropout, window, left, right, softcap, alibi,
-                       check_sink(learnable_sink, h), d_v)
+                       float(dropout_p), dropout, var.window, var.left, var.right, var.softcap,
+                       var.alibi, check_sink(learnable_sink, h), qkv.d_v)
 
 
 def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
@@ -151,6 +153,10 @@ def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, share
     return call.result(o)
 
 
+#: The dense backward's dims ``(B, H, Hkv, Nq, Nk, d)`` (:attr:`BackwardArgs.shape`).
+BackwardShape = namedtuple("BackwardShape", "b h hkv nq nk d")
+
+
 class BackwardArgs(NamedTuple):
     """The dense backward's arguments, checked once (:func:`check_backward_args`)."""
 
@@ -177,8 +183,8 @@ class BackwardArgs(NamedTuple):
 
     @property
     def shape(self):
-        """``(B, H, Hkv, Nq, Nk, d)``."""
-        return self.b, self.h, self.hkv, self.nq, self.nk, self.d
+        """A :class:`BackwardShape` ``(B, H, Hkv, Nq, Nk, d)``."""
+        return BackwardShape(self.b, self.h, self.hkv, self.nq, self.nk, self.d)
 
 
 def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
@@ -189,24 +195,24 @@ def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministi
     one order: the arrays, then ``check_dtype(dtype)`` when given, the flags, the scale,
     ``dropout_p`` and ``seed``, the built-in variants, the user's variant; return them as a
     :class:`BackwardArgs`."""
-    b, h, hkv, nq, nk, d, d_v, dtype = check_backward_arrays(do, q, k, v, o, lse,
-                                                             value_dim=True)
+    qkv = check_backward_arrays(do, q, k, v, o, lse, value_dim=True)
+    b, h, nq, nk = qkv.b, qkv.h, qkv.nq, qkv.nk
+    d, dtype = qkv.d, qkv.dtype
     if check_dtype is not None:
         check_dtype(dtype)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d, dtype)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    _window, left, right, softcap, alibi = check_variants(causal, window_size, softcap,
-                                                         alibi_slopes, b, h, nq=nq, nk=nk)
+    var = check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=nq, nk=nk)
     # the one check of the user's arguments: None = no variant (and none of them given)
     from ..flex.launch import prepare_variant
 
     variant = prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
                               score_mod_grad=score_mod_grad, needs_grad=True,
                               compute_dtype=acc_dtype(dtype), shape=(b, h, nq, nk))
-    return BackwardArgs(b, h, hkv, nq, nk, d, dtype, causal, deterministic, scale, left, right,
-                        softcap, alibi, variant, d_v)
+    return BackwardArgs(b, h, qkv.hkv, nq, nk, d, dtype, causal, deterministic, scale, var.left,
+                        var.right, var.softcap, var.alibi, variant, qkv.d_v)
 
 
 def backward_user_build(variant):

@@ -7,6 +7,7 @@ and what came.  Nothing here copies or modifies an input.
 
 from __future__ import annotations
 
+from collections import namedtuple
 import math
 import numbers
 
@@ -101,6 +102,16 @@ def check_same_kind(named):
         raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
 
 
+#: What :func:`check_qkv` finds: the dims of ``q [B, H, Nq, d]`` and ``k [B, Hkv, Nk, d]`` and the
+#: dtype the three share.
+QKVShape = namedtuple("QKVShape", "b h hkv nq nk d dtype")
+
+
+#: :class:`QKVShape` with ``d_v``, the head dim of ``v [B, Hkv, Nk, d_v]`` (what :func:`check_qkv`
+#: finds with ``value_dim=True``).
+QKVShapeDv = namedtuple("QKVShapeDv", "b h hkv nq nk d d_v dtype")
+
+
 def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYPES,
               value_dim=False):
     """Check the ``[B, H, Nq, d]`` / ``[B, Hkv, Nk, d]`` attention contract (``dtypes``: the
@@ -108,8 +119,8 @@ def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYP
     naming the odd argument).  ``value_dim``: ``v`` may have a head dim of its own,
     ``[B, Hkv, Nk, d_v]`` with ``d_v`` in 1..256.
 
-    Returns ``(B, H, Hkv, Nq, Nk, d, dtype)`` (``value_dim``: ``(B, H, Hkv, Nq, Nk, d, d_v,
-    dtype)``).
+    Returns a :class:`QKVShape` ``(B, H, Hkv, Nq, Nk, d, dtype)`` (``value_dim``: a
+    :class:`QKVShapeDv` ``(B, H, Hkv, Nq, Nk, d, d_v, dtype)``).
     """
     (qs, qd) = check_array(q_name, q, 4, dtypes)
     (ks, kd) = check_array(k_name, k, 4, dtypes)
@@ -134,8 +145,8 @@ def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYP
     if d > 256:
         raise ValueError(f"{q_name}: expected head dim 1..256, got {d}")
     if value_dim:
-        return b, h, hkv, nq, nk, d, d_v, dtype
-    return b, h, hkv, nq, nk, d, dtype
+        return QKVShapeDv(b, h, hkv, nq, nk, d, d_v, dtype)
+    return QKVShape(b, h, hkv, nq, nk, d, dtype)
 
 
 def check_scale(softmax_scale, d, dtype=None):
@@ -275,9 +286,9 @@ def check_backward_arrays(do, q, k, v, o, lse, value_dim=False):
     ``do`` and ``o``); ``lse [B, H, Nq]`` in the compute dtype (float32, float64 for float64);
     all on one side (host or GPU).  Returns what :func:`check_qkv` returns."""
     checked = check_qkv(q, k, v, value_dim=value_dim)
-    b, h, hkv, nq, nk, d = checked[:6]
-    dtype = checked[-1]
-    d_v = checked[6] if value_dim else d
+    b, h, nq, d = checked.b, checked.h, checked.nq, checked.d
+    dtype = checked.dtype
+    d_v = checked.d_v if value_dim else d
     do_shape, do_dtype = check_array("do", do, 4, ATTENTION_DTYPES)
     o_shape, o_dtype = check_array("o", o, 4, ATTENTION_DTYPES)
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})

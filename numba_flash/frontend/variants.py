@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -174,27 +175,67 @@ def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
     return xp.ascontiguousarray(xp.asarray(cu_seqlens), dtype=xp.int32), lengths
 
 
+class CheckedVariants(NamedTuple):
+    """What :func:`check_variants` returns: the clamped window, the kernels' window bounds,
+    the softcap and the ALiBi slopes."""
+
+    #: ``window_size`` validated, edges at or past the sequence clamped to -1
+    window: tuple
+    left: int
+    right: int
+    softcap: float
+    #: float32 ``[B, H]`` of the inputs' kind, or None
+    alibi: object
+
+
 def check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=None, nk=None):
     """The three variant arguments of an attention op at once, after ``causal`` (a checked bool).
 
-    Returns ``(window, left, right, softcap, alibi)``: the validated ``window_size`` with edges
-    at or past the sequence clamped to -1 (:func:`clamp_window`; ``nq`` / ``nk`` are the longest
-    query / key sequence, ``None``: the 2**30 bound), the kernels' window bounds from it with
-    ``causal`` folded in (:func:`~numba_flash.kernels.mainloop.visibility.window_bounds`),
-    ``softcap`` as a float and the ALiBi slopes as float32 ``[B, H]`` or ``None``.  The bounds fit
-    an int32.
+    Returns a :class:`CheckedVariants` ``(window, left, right, softcap, alibi)``: the validated
+    ``window_size`` with edges at or past the sequence clamped to -1 (:func:`clamp_window`;
+    ``nq`` / ``nk`` are the longest query / key sequence, ``None``: the 2**30 bound), the
+    kernels' window bounds from it with ``causal`` folded in
+    (:func:`~numba_flash.kernels.mainloop.visibility.window_bounds`), ``softcap`` as a float and
+    the ALiBi slopes as float32 ``[B, H]`` or ``None``.  The bounds fit an int32.
     """
     from ..kernels.mainloop.visibility import window_bounds  # the kernels import frontend, not back
 
     window = clamp_window(*check_window(window_size), nq, nk)
     left, right = window_bounds(causal, window)
-    return window, left, right, check_softcap(softcap), check_alibi(alibi_slopes, b, h)
+    return CheckedVariants(window, left, right, check_softcap(softcap),
+                           check_alibi(alibi_slopes, b, h))
+
+
+class PackedQKVShape(NamedTuple):
+    """What :func:`check_packed_qkv` finds: the dims of ``q [total_q, H, d]`` and ``k [total_k,
+    Hkv, d]`` and the dtype the three share."""
+
+    total_q: int
+    h: int
+    hkv: int
+    total_k: int
+    d: int
+    dtype: np.dtype
+
+
+class PackedQKVShapeDv(NamedTuple):
+    """:class:`PackedQKVShape` with ``d_v``, the head dim of ``v [total_k, Hkv, d_v]`` (what
+    :func:`check_packed_qkv` finds with ``value_dim=True``)."""
+
+    total_q: int
+    h: int
+    hkv: int
+    total_k: int
+    d: int
+    d_v: int
+    dtype: np.dtype
 
 
 def check_packed_qkv(q, k, v, value_dim=False):
-    """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns ``(total_q, H, Hkv,
-    total_k, d, dtype)``.  ``value_dim``: ``v [total_k, Hkv, d_v]`` may have a head dim of its
-    own (1..256), and the return is ``(total_q, H, Hkv, total_k, d, d_v, dtype)``."""
+    """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns a
+    :class:`PackedQKVShape` ``(total_q, H, Hkv, total_k, d, dtype)``.  ``value_dim``: ``v
+    [total_k, Hkv, d_v]`` may have a head dim of its own (1..256), and the return is a
+    :class:`PackedQKVShapeDv` ``(total_q, H, Hkv, total_k, d, d_v, dtype)``."""
     (qs, qd) = check_array("q", q, 3, ATTENTION_DTYPES)
     (ks, kd) = check_array("k", k, 3, ATTENTION_DTYPES)
     (vs, vd) = check_array("v", v, 3, ATTENTION_DTYPES)
@@ -211,8 +252,8 @@ def check_packed_qkv(q, k, v, value_dim=False):
     if d > 256:
         raise ValueError(f"q: expected head dim 1..256, got {d}")
     if value_dim:
-        return total_q, h, hkv, total_k, d, vs[-1], dtype
-    return total_q, h, hkv, total_k, d, dtype
+        return PackedQKVShapeDv(total_q, h, hkv, total_k, d, vs[-1], dtype)
+    return PackedQKVShape(total_q, h, hkv, total_k, d, dtype)
 
 
 def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,

@@ -24,7 +24,7 @@ from ..kernels.core.common import cdiv
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.variant import Variant
 from ..philox import dropout_params
-from ..frontend.kernel_args import backward_user_build, check_backward_args
+from ..frontend.kernel_args import BackwardShape, backward_user_build, check_backward_args
 from ..frontend.kernel_args import no_sink, user_arrays
 
 
@@ -62,12 +62,14 @@ def check_mma_dtype(dtype):
 
 def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
                         left, right, softcap, alibi, variant=None):
-    """The launches of :func:`backward_mma` on arguments already checked (``shape`` =
-    ``(B, H, Hkv, Nq, Nk, d)``, ``left``/``right`` the kernels' window bounds, ``alibi`` float32
-    ``[B, H]`` or None; ``variant``: a user's variant from
-    :func:`~numba_flash.flex.launch.prepare_variant`, or None): :func:`numba_flash.backward`
-    validates once and calls this."""
-    b, h, hkv, nq, nk, d = shape
+    """The launches of :func:`backward_mma` on arguments already checked (``shape``: a
+    :class:`~numba_flash.frontend.kernel_args.BackwardShape` or a tuple ``(B, H, Hkv, Nq, Nk,
+    d)``, ``left``/``right`` the kernels' window bounds, ``alibi`` float32 ``[B, H]`` or None;
+    ``variant``: a user's variant from :func:`~numba_flash.flex.launch.prepare_variant`, or
+    None): :func:`numba_flash.backward` validates once and calls this."""
+    shape = BackwardShape._make(shape)
+    b, h, hkv = shape.b, shape.h, shape.hkv
+    nq, nk, d = shape.nq, shape.nk, shape.d
     d_v = v.shape[3]   # v, o, do, dv: d, or a value head dim of its own (OWN_V)
     dtype = do.dtype
     check_mma_dtype(dtype)
@@ -80,7 +82,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
         flags["head_dim_v"] = d_v
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    do_in, q_in, k_in, v_in, o_in, lse_in = (call.input(x) for x in (do, q, k, v, o, lse))
+    do_in, q_in, k_in = (call.input(x) for x in (do, q, k))
+    v_in, o_in, lse_in = (call.input(x) for x in (v, o, lse))
     f32 = np.float32
     dq = call.empty(q_in.shape, dtype)
     dk = call.empty(k_in.shape, dtype)
@@ -94,8 +97,8 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     head_dim, head_dim_v = shape_cfg.HEAD_DIM, shape_cfg.HEAD_DIM_V or None
     flags["VEC"] = vector_copies(d, head_dim, *u16, d_v=d_v)
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
-    lse_flat, delta_flat, dq_flat, dk_flat, dv_flat = (
-        x.reshape(-1) for x in (lse_in, delta, dq_accum, dk_heads, dv_heads))
+    lse_flat, delta_flat = lse_in.reshape(-1), delta.reshape(-1)
+    dq_flat, dk_flat, dv_flat = (x.reshape(-1) for x in (dq_accum, dk_heads, dv_heads))
     va = Variant(f32(scale), (np.int32(left), np.int32(right)), f32(softcap),
                  f32(1.0 / softcap if softcap > 0.0 else 0.0),
                  call.input(alibi) if alibi is not None else call.zeros((1, 1), f32),

@@ -66,7 +66,9 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     :func:`numba_flash.backward` (``b`` the sequence, positions within it): the call then
     returns ``(dq, dk, dv, *aux_grads)``.
     """
-    total_q, h, _hkv, total_k, d, d_v, dtype = check_packed_qkv(q, k, v, value_dim=True)
+    qkv = check_packed_qkv(q, k, v, value_dim=True)
+    total_q, h, total_k = qkv.total_q, qkv.h, qkv.total_k
+    d, d_v, dtype = qkv.d, qkv.d_v, qkv.dtype
     q_shape = (total_q, h, d_v)       # do and o: v's head dim (d, or its own)
     do_shape, do_dtype = check_array("do", do, 3, ATTENTION_DTYPES)
     o_shape, o_dtype = check_array("o", o, 3, ATTENTION_DTYPES)
@@ -89,9 +91,10 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d, dtype)
     dropout_params(dropout_p, seed)  # checks dropout_p and seed
-    window, left, right, softcap, alibi = check_variants(
+    var = check_variants(
         causal, window_size, softcap, alibi_slopes, n_seq, h, nq=int(len_q.max()),
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
+    left, right, softcap, alibi = var.left, var.right, var.softcap, var.alibi
     variant = None
     if (score_mod is not None or mask_mod is not None or block_mask is not None or aux_tensors
             or score_mod_grad is not None or aux_grad is not None):

@@ -437,7 +437,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
              else call.zeros((b,), np.int32))
     if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(
-            call, dq, dk_, d_table, paged_kernel, d_len, d_pad, mla, shape=(b, h, hkv, nq, d, d_v),
+            call, dq, dk_, d_table, paged_kernel, d_len, d_pad, mla,
+            shape=MlaShape(b, h, hkv, nq, d, d_v),
             dtype=dtype, scale=scale, window=(left, right), sink=sink, n_cache=n_cache,
             n_slots=n_slots, lengths=seqlens if validate else [capacity] * b)
         out = call.result(o).reshape(qs[:-1] + (d_v,))
@@ -525,6 +526,18 @@ class MlaPlan(NamedTuple):
     partial: bool
 
 
+class MlaShape(NamedTuple):
+    """The dims MLA's tensor-core decode launches over: ``q [B, H, Nq, d]``, ``Hkv`` cache heads,
+    ``d_v`` value columns."""
+
+    b: int
+    h: int
+    hkv: int
+    nq: int
+    d: int
+    d_v: int
+
+
 def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink):
     """The :class:`MlaPlan` of a call (a ValueError past CUDA's grid limits)."""
     cfg = mla_decode_config(d, d_v, np.dtype(dtype).name)
@@ -536,12 +549,13 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink):
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
                     window, sink, n_cache, n_slots, lengths):
-    """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``) on validated device
-    arrays (``cache``: the rows ``[n_cache * Hkv * n_slots, d]``): the kernel, then, with
-    several splits or a learnable sink, the merge of its float32 partials (which adds the sink
-    once).  Returns device ``(o, lse)``."""
-    b, h, hkv, nq, d, d_v = shape
-    cfg, split_target, split_min, n_splits, grid, partial = plan
+    """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
+    ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
+    d]``): the kernel, then, with several splits or a learnable sink, the merge of its float32
+    partials (which adds the sink once).  Returns device ``(o, lse)``."""
+    b, h, hkv, nq = shape.b, shape.h, shape.hkv, shape.nq
+    d_v = shape.d_v
+    cfg, n_splits, partial = plan.cfg, plan.n_splits, plan.partial
     rows = b * h * nq
     f32 = np.float32
     o = call.empty((b, h, nq, d_v), dtype)
@@ -551,10 +565,10 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     va = kernel_variant(call, f32, scale, *window)   # the sink joins in the merge, once
     trips = sum(-(-int(n) // cfg.BLOCK_N) + n_splits for n in lengths) * hkv * nq * \
         -(-(h // hkv) // 16)
-    call.launch(mla_decode_kernel(cfg), grid, (cfg.THREADS,), dq.view(np.uint16),
+    call.launch(mla_decode_kernel(cfg), plan.grid, (cfg.THREADS,), dq.view(np.uint16),
                 cache.view(np.uint16), table, seqlens, leftpad, o.reshape(-1), lse.reshape(-1),
                 o_part, lse_part, va, np.int32(paged), np.int32(n_cache), np.int32(hkv),
-                np.int32(n_slots), np.int32(split_target), np.int32(split_min),
+                np.int32(n_slots), np.int32(plan.split_target), np.int32(plan.split_min),
                 np.int32(partial), work=SimWork("forward_mma", trips * cfg.THREADS))
     if partial:
         xp = array_module(sink) if sink is not None else np

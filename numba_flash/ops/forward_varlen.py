@@ -6,6 +6,8 @@ in the tiled forward kernel, not the decode kernel), and with a user's variant (
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..frontend import ArrayCall
@@ -23,9 +25,23 @@ from ..frontend.kernel_args import kernel_variant, user_build
 from ..frontend.arrays import host_ints
 
 
+class PagedQKVShape(NamedTuple):
+    """What :func:`_check_paged_qkv` finds: the dims of ``q [total_q, H, d]`` and of the paged
+    caches ``k [num_blocks, Hkv, block_size, d]``, ``v [.., d_v]``, and their shared dtype."""
+
+    total_q: int
+    h: int
+    hkv: int
+    n_blocks: int
+    block_size: int
+    d: int
+    d_v: int
+    dtype: np.dtype
+
+
 def _check_paged_qkv(q, k, v):
     """``q [total_q, H, d]``, ``k`` and ``v`` paged caches ``[num_blocks, Hkv, block_size, d]``
-    (``v``: ``d_v``); returns ``(total_q, H, Hkv, num_blocks, block_size, d, d_v, dtype)``."""
+    (``v``: ``d_v``); returns a :class:`PagedQKVShape`."""
     qs, qd = check_array("q", q, 3, ATTENTION_DTYPES)
     ks, kd = check_array("k", k, 4, ATTENTION_DTYPES)
     vs, vd = check_array("v", v, 4, ATTENTION_DTYPES)
@@ -46,7 +62,7 @@ def _check_paged_qkv(q, k, v):
     if rows > INT32_MAX:  # the kernel addresses cache rows with 32-bit indices
         raise ValueError(f"k: expected num_blocks * Hkv * block_size <= 2**31 - 1 (32-bit cache "
                          f"rows), got {n_blocks} * {hkv} * {block_size} = {rows}")
-    return total_q, h, hkv, n_blocks, block_size, d, vs[3], dtype
+    return PagedQKVShape(total_q, h, hkv, n_blocks, block_size, d, vs[3], dtype)
 
 
 def _cumulative_total(name, cu_seqlens):
@@ -184,10 +200,13 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     """
     paged = block_table is not None
     if paged:
-        total_q, h, hkv, n_blocks, block_size, d, d_v, dtype = _check_paged_qkv(q, k, v)
+        qkv = _check_paged_qkv(q, k, v)
         total_k = _cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
     else:
-        total_q, h, _hkv, total_k, d, d_v, dtype = check_packed_qkv(q, k, v, value_dim=True)
+        qkv = check_packed_qkv(q, k, v, value_dim=True)
+        total_k = qkv.total_k
+    total_q, h, hkv = qkv.total_q, qkv.h, qkv.hkv
+    d, d_v, dtype = qkv.d, qkv.d_v, qkv.dtype
     cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
                                                      max_seqlen_q, max_seqlen_k)
     kinds = {"q": q, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
@@ -204,15 +223,16 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     return_lse = check_bool("return_lse", return_lse)
     scale = check_scale(softmax_scale, d, dtype)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
-    window, left, right, softcap, alibi = check_variants(
+    var = check_variants(
         causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),
         nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
+    left, right, softcap, alibi = var.left, var.right, var.softcap, var.alibi
     use_dropout = float(dropout_p) > 0.0
     sink = check_sink(learnable_sink, h)
     variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
                              len_q, len_k, max_seqlen_q, max_seqlen_k, paged)
     if paged and validate:  # after every other check, before any launch
-        _validate_table(host_ints(block_table), len_k, block_size, n_blocks)
+        _validate_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
@@ -226,6 +246,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                          user=user_build(variant), vec=vec, own_v=d_v != d)  # cp.async copies
     seqs = (call.input(cu_q), call.input(cu_k))
     if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
+        n_blocks, block_size = qkv.n_blocks, qkv.block_size
         rows = n_blocks * hkv * block_size
         dk, dv = dk.reshape(rows, d), dv.reshape(rows, d_v)
         seqs += (_table_int32(call, block_table), np.int32(block_size), np.int32(hkv),

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from numba_flash.tools import sass
 from numba_flash.kernels.core.common import SMEM_LIMIT  # 48 KiB of static shared memory per block
@@ -426,19 +427,30 @@ class BuildCache:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build_job(args):
-    index, ccs, ptxas, nvdisasm, cache, wait = args
-    cfg = _CONFIGS[index]
-    if cache is None:
-        return _timed_build(cfg, ccs, ptxas, nvdisasm)
-    path = cache.path(cfg, ccs, nvdisasm is not None)
-    with cache.lock(path, wait) as held:
+class _BuildJob(NamedTuple):
+    """One configuration's build for :func:`build_all`'s workers: its index in ``_CONFIGS``,
+    the ccs and tools, the :class:`BuildCache` (or None) and whether to wait for its lock."""
+
+    index: int
+    ccs: list
+    ptxas: str
+    nvdisasm: object
+    cache: object
+    wait: bool
+
+
+def _build_job(job):
+    cfg = _CONFIGS[job.index]
+    if job.cache is None:
+        return _timed_build(cfg, job.ccs, job.ptxas, job.nvdisasm)
+    path = job.cache.path(cfg, job.ccs, job.nvdisasm is not None)
+    with job.cache.lock(path, job.wait) as held:
         if not held:
             return None  # another process builds it: come back when the others are done
-        rows = cache.load(path)
+        rows = job.cache.load(path)
         if rows is None:
-            rows = _timed_build(cfg, ccs, ptxas, nvdisasm)
-            cache.store(path, rows)
+            rows = _timed_build(cfg, job.ccs, job.ptxas, job.nvdisasm)
+            job.cache.store(path, rows)
         return rows
 
 
@@ -489,7 +501,7 @@ def build_all(configs, ccs, ptxas, jobs=1, nvdisasm=None, progress=None, cache=N
     progress = progress or (lambda total: contextlib.nullcontext(lambda i, name: None))
 
     def tasks(indices, wait):
-        return [(i, ccs, ptxas, nvdisasm, cache, wait) for i in indices]
+        return [_BuildJob(i, ccs, ptxas, nvdisasm, cache, wait) for i in indices]
 
     def collect(indices, results, step, done):
         for i in indices:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -459,6 +460,16 @@ def _wrap(text, width):
     return "\n".join(textwrap.wrap(text, width))
 
 
+class RooflineKernel(NamedTuple):
+    """One kernel's points on the roofline: ours and a peer's measured TFLOP/s."""
+
+    name: str
+    intensity: float   # FLOPs per byte of compulsory HBM traffic
+    ours: float        # our TFLOP/s
+    peer: str          # the peer's name
+    theirs: float      # the peer's TFLOP/s
+
+
 #: What the roofline picture plots: the H200's ceilings and the kernels measured on it
 #: (2026-11-30, commit 38a7cb7, bench/gpu_check.py; the figures of issues 11-13 and
 #: docs/performance.md).  Arithmetic intensity counts compulsory bytes: every input read once,
@@ -469,14 +480,14 @@ ROOFLINE = {
     "fp32_fma_TFLOPs": 66.9,      # data sheet: 132 SMs x 128 lanes x 2 FLOP x 1.98 GHz
     "fp16_tensor_TFLOPs": 989.5,  # data sheet, dense
     "kernels": [
-        # name, FLOPs per compulsory byte, ours TFLOP/s, peer name, peer TFLOP/s
-        ("forward fp32, d=64, N=4096", 4096 / 4, 13.0, "torch SDPA fp32", 34.9),
-        ("forward fp16, d=64, N=4096", 4096 / 2, 13.3, "torch SDPA fp16", 453.0),
-        ("backward fp16, d=64, N=4096", 1.25 * 4096 / 2, 10.4, "torch SDPA fp16", 220.0),
+        RooflineKernel("forward fp32, d=64, N=4096", 4096 / 4, 13.0, "torch SDPA fp32", 34.9),
+        RooflineKernel("forward fp16, d=64, N=4096", 4096 / 2, 13.3, "torch SDPA fp16", 453.0),
+        RooflineKernel("backward fp16, d=64, N=4096", 1.25 * 4096 / 2, 10.4, "torch SDPA fp16",
+                       220.0),
         # decode: 4 H d ctx FLOPs over 2 Hkv d ctx x 2 bytes = H / Hkv = 4 FLOP/byte;
         # TFLOP/s = GB/s x 4 / 1000 (ours 143 GB/s paged, torch 3920 GB/s contiguous)
-        ("decode fp16 paged, 32k, GQA 4", 4.0, 143 * 4 / 1000, "torch SDPA contiguous",
-         3920 * 4 / 1000),
+        RooflineKernel("decode fp16 paged, 32k, GQA 4", 4.0, 143 * 4 / 1000,
+                       "torch SDPA contiguous", 3920 * 4 / 1000),
     ],
 }
 
@@ -500,13 +511,16 @@ def draw_roofline(path, data=ROOFLINE):
     ax.text(1.2, bw * 1.2 * 1.9, f"copy bandwidth {data['copy_GBps']:.0f} GB/s (measured)",
             fontsize=9, rotation=33, rotation_mode="anchor")
     colors = ["#4c78a8", "#f58518", "#54a24b", "#b279a2"]
-    for (name, ai, ours, peer, theirs), c in zip(data["kernels"], colors):
-        ax.plot([ai], [ours], "o", color=c, markersize=9, label=f"{name}: ours {ours:.3g}")
-        ax.plot([ai], [theirs], "^", color=c, markersize=9, markerfacecolor="white",
-                markeredgewidth=1.8, label=f"{name}: {peer} {theirs:.3g}")
+    kernels = [RooflineKernel._make(k) for k in data["kernels"]]
+    for kern, c in zip(kernels, colors):
+        ax.plot([kern.intensity], [kern.ours], "o", color=c, markersize=9,
+                label=f"{kern.name}: ours {kern.ours:.3g}")
+        ax.plot([kern.intensity], [kern.theirs], "^", color=c, markersize=9,
+                markerfacecolor="white", markeredgewidth=1.8,
+                label=f"{kern.name}: {kern.peer} {kern.theirs:.3g}")
     ai_tiled = tiled_intensity(4096, 64, 4)
     ax.plot([ai_tiled], [13.0], "o", color=colors[0], markerfacecolor="none", markersize=9)
-    ax.annotate("", xy=(data["kernels"][0][1], 13.0), xytext=(ai_tiled, 13.0),
+    ax.annotate("", xy=(kernels[0].intensity, 13.0), xytext=(ai_tiled, 13.0),
                 arrowprops=dict(arrowstyle="->", color=colors[0], linestyle=":"))
     ax.text(ai_tiled, 9.0, f"same run, counting the K/V re-read\nby every 64-row Q tile: "
             f"{ai_tiled:.0f} FLOP/B", fontsize=8, color=colors[0], ha="center", va="top")

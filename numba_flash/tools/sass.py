@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+from typing import NamedTuple
 
 #: H200 (SXM, 132 SMs) figures the ceilings use: 4 warp schedulers per SM, one instruction each
 #: per clock, at the boost clock.  ``warp_ips`` = 132 x 4 x 1.98e9 warp-instructions per second.
@@ -428,6 +429,24 @@ def _blocks(ins, lp):
     return blocks
 
 
+class _Path(NamedTuple):
+    """A path from the loop body's first block (:func:`count_iteration`): its work, loads,
+    atomics and minus its instruction count, its per-class counts and the blocks of inner
+    loops on it."""
+
+    work: int
+    loads: int
+    atomics: int
+    neg_instructions: int
+    counts: dict
+    inner: tuple
+
+    @property
+    def rank(self):
+        """Most work, then most loads, then most atomics, then fewest instructions."""
+        return self.work, self.loads, self.atomics, self.neg_instructions
+
+
 def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     """Per-class counts of one iteration of ``lp`` along the counted path (see the module
     docstring); returns ``(counts, inner_loops, trips_known)``: the inner loops on that path and
@@ -495,37 +514,38 @@ def count_iteration(ins, lp, work, expect_mma=None, trips=None):
     # instructions: a path through the DAG, with states (block, mma so far) so that the cap on
     # MMAs holds
     cap = expect_mma
-    best = {}  # (block, mma) -> (work, loads, -instructions, counts)
+    best = {}  # (block, mma) -> the best _Path to it
     w0 = weight(blocks[0])
     start_m = w0.get("mma", 0)
     def inner_of(n):
         return (n,) if blocks[n][2] is not None else ()
 
-    best[(0, start_m)] = (work_of(w0), loads(w0), rest_of(w0), -sum(w0.values()), w0,
-                          inner_of(0))
+    best[(0, start_m)] = _Path(work_of(w0), loads(w0), rest_of(w0), -sum(w0.values()), w0,
+                               inner_of(0))
     for n in range(len(blocks)):
-        for (bn, m), (wk, ld, rest, neg, counts, used) in sorted(
-                ((k, v) for k, v in best.items() if k[0] == n), key=lambda kv: kv[0]):
+        for (bn, m), path in sorted(((k, v) for k, v in best.items() if k[0] == n),
+                                    key=lambda kv: kv[0]):
             for s in successors(bn):
                 ws = weight(blocks[s])
                 m2 = m + ws.get("mma", 0)
                 if cap is not None and m2 > cap:
                     continue
-                merged = dict(counts)
+                merged = dict(path.counts)
                 for c, v in ws.items():
                     merged[c] = merged.get(c, 0) + v
-                cand = (wk + work_of(ws), ld + loads(ws), rest + rest_of(ws),
-                        neg - sum(ws.values()), merged, used + inner_of(s))
+                cand = _Path(path.work + work_of(ws), path.loads + loads(ws),
+                             path.atomics + rest_of(ws), path.neg_instructions - sum(ws.values()),
+                             merged, path.inner + inner_of(s))
                 key = (s, m2)
-                if key not in best or cand[:4] > best[key][:4]:
+                if key not in best or cand.rank > best[key].rank:
                     best[key] = cand
     last = len(blocks) - 1
     ends = [v for (bn, _), v in best.items() if bn == last]
     if not ends:
         ends = list(best.values())
-    chosen = max(ends, key=lambda v: v[:4])
-    on_path = [inner_nodes.index(blocks[n][2]) for n in chosen[5]]
-    return chosen[4], len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
+    chosen = max(ends, key=lambda v: v.rank)
+    on_path = [inner_nodes.index(blocks[n][2]) for n in chosen.inner]
+    return chosen.counts, len(on_path), all(k < len(trips) or inferred[k] for k in on_path)
 
 
 def shared_read_bytes(counts):

@@ -12,6 +12,9 @@ gradient.  The backward is once-differentiable (a double backward is an error).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from collections import namedtuple
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -34,6 +37,16 @@ def _sink_grad(ctx, index, dsink):
     return dsink if ctx.needs_input_grad[index] else None
 
 
+#: What :class:`FlashAttnFunc`'s forward saves for its backward (``save_for_backward``'s order):
+#: the inputs, the outputs, the dropout seed and the sink (or None).
+_DenseSaved = namedtuple("_DenseSaved", "q k v out lse rng_state sink")
+
+
+#: :class:`FlashAttnFunc`'s scalar arguments (and ALiBi slopes) its backward needs.
+_DenseArgs = namedtuple("_DenseArgs", "dropout_p scale causal left right softcap alibi_slopes "
+                                      "deterministic")
+
+
 class FlashAttnFunc(torch.autograd.Function):
     """Dense ``[B, N, H, d]`` attention (``flash_attn_func`` and its packed forms)."""
 
@@ -45,21 +58,39 @@ class FlashAttnFunc(torch.autograd.Function):
             q, k, v, dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap,
             alibi_slopes, return_softmax and dropout_p > 0, learnable_sink)
         if is_grad_enabled and _wants_grad(q, k, v, learnable_sink):
-            ctx.save_for_backward(q, k, v, out, lse, rng_state, learnable_sink)
-            ctx.args = (dropout_p, softmax_scale, causal, window_size[0], window_size[1],
-                        softcap, alibi_slopes, deterministic)
+            ctx.save_for_backward(*_DenseSaved(q, k, v, out, lse, rng_state, learnable_sink))
+            ctx.args = _DenseArgs(dropout_p, softmax_scale, causal, window_size[0],
+                                  window_size[1], softcap, alibi_slopes, deterministic)
         return _finish(ctx, out, lse, s_dmask, return_softmax)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, *_unused):
-        q, k, v, out, lse, rng_state, sink = ctx.saved_tensors
-        (dropout_p, scale, causal, left, right, softcap, alibi_slopes,
-         deterministic) = ctx.args
+        s, a = _DenseSaved(*ctx.saved_tensors), ctx.args
         dq, dk, dv, dsink = torch.ops.numba_flash.bwd(
-            dout, q, k, v, out, lse, dropout_p, scale, causal, left, right, softcap,
-            alibi_slopes, deterministic, rng_state, sink)
+            dout, s.q, s.k, s.v, s.out, s.lse, a.dropout_p, a.scale, a.causal, a.left, a.right,
+            a.softcap, a.alibi_slopes, a.deterministic, s.rng_state, s.sink)
         return (dq, dk, dv) + (None,) * 9 + (_sink_grad(ctx, -1, dsink),)
+
+
+class _VarlenSaved(NamedTuple):
+    """What :class:`FlashAttnVarlenFunc`'s forward saves for its backward
+    (``save_for_backward``'s order): :class:`_DenseSaved`'s and the ``cu_seqlens``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    rng_state: torch.Tensor
+    sink: object
+
+
+#: :class:`FlashAttnVarlenFunc`'s scalar arguments (and ALiBi slopes) its backward needs.
+_VarlenArgs = namedtuple("_VarlenArgs", "max_q max_k dropout_p scale causal left right softcap "
+                                        "alibi_slopes deterministic")
 
 
 class FlashAttnVarlenFunc(torch.autograd.Function):
@@ -75,19 +106,20 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
             softmax_scale, causal, window_size[0], window_size[1], softcap, alibi_slopes,
             return_softmax and dropout_p > 0, learnable_sink)
         if is_grad_enabled and _wants_grad(q, k, v, learnable_sink):
-            ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state,
-                                  learnable_sink)
-            ctx.args = (max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-                        window_size[0], window_size[1], softcap, alibi_slopes, deterministic)
+            ctx.save_for_backward(*_VarlenSaved(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                rng_state, learnable_sink))
+            ctx.args = _VarlenArgs(max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                                   window_size[0], window_size[1], softcap, alibi_slopes,
+                                   deterministic)
         return _finish(ctx, out, lse, s_dmask, return_softmax)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, *_unused):
-        q, k, v, out, lse, cu_q, cu_k, rng_state, sink = ctx.saved_tensors
-        (max_q, max_k, dropout_p, scale, causal, left, right, softcap, alibi_slopes,
-         deterministic) = ctx.args
+        s = _VarlenSaved(*ctx.saved_tensors)   # the packed inputs, outputs, cu_seqlens
+        a = ctx.args                           # the _VarlenArgs
         dq, dk, dv, dsink = torch.ops.numba_flash.varlen_bwd(
-            dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal, left,
-            right, softcap, alibi_slopes, deterministic, rng_state, sink)
+            dout, s.q, s.k, s.v, s.out, s.lse, s.cu_q, s.cu_k, a.max_q, a.max_k, a.dropout_p,
+            a.scale, a.causal, a.left, a.right, a.softcap, a.alibi_slopes, a.deterministic,
+            s.rng_state, s.sink)
         return (dq, dk, dv) + (None,) * 13 + (_sink_grad(ctx, -1, dsink),)

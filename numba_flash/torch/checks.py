@@ -8,6 +8,8 @@ expected and what came.  Scalars (``dropout_p``, ``softmax_scale``, ``causal``, 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..backend import backend
@@ -162,15 +164,27 @@ def check_cu_seqlens(name, cu):
                          f"got shape {tuple(cu.shape)}")
 
 
+class Options(NamedTuple):
+    """The scalar arguments of an attention call, checked (:func:`check_options`)."""
+
+    dropout_p: float
+    softmax_scale: float
+    causal: bool
+    window_size: tuple
+    softcap: float
+    deterministic: bool
+    return_attn_probs: bool
+
+
 # Plain Python on Python scalars: under torch.compile it runs once at trace time (Dynamo cannot
 # trace the NumPy calls inside the front end's checks) and its result is a graph constant.
 @torch.compiler.assume_constant_result
 def check_options(d, dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
                   return_attn_probs):
-    """The scalar arguments; returns ``(dropout_p, softmax_scale, causal, window_size, softcap,
-    deterministic, return_attn_probs)`` as the custom ops take them (``softmax_scale`` None ->
-    ``headdim ** -0.5``)."""
-    return (check_dropout_p(dropout_p), check_scale(softmax_scale, d), check_bool("causal", causal),
-            check_window(window_size), check_softcap(softcap),
-            check_bool("deterministic", deterministic),
-            check_bool("return_attn_probs", return_attn_probs))
+    """The scalar arguments; returns them as an :class:`Options` ``(dropout_p, softmax_scale,
+    causal, window_size, softcap, deterministic, return_attn_probs)`` as the custom ops take
+    them (``softmax_scale`` None -> ``headdim ** -0.5``)."""
+    return Options(check_dropout_p(dropout_p), check_scale(softmax_scale, d),
+                   check_bool("causal", causal), check_window(window_size),
+                   check_softcap(softcap), check_bool("deterministic", deterministic),
+                   check_bool("return_attn_probs", return_attn_probs))

@@ -61,10 +61,10 @@ def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softca
     checks.check_sink(learnable_sink, q.shape[2])
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes,
                          "learnable_sink": learnable_sink})
-    p, scale, causal, window, softcap, deterministic, probs = opts
     q, k, v = _distinct(q, k, v)
-    return FlashAttnFunc.apply(q, k, v, p, scale, causal, window, softcap, alibi_slopes,
-                               deterministic, probs, torch.is_grad_enabled(), learnable_sink)
+    return FlashAttnFunc.apply(q, k, v, opts.dropout_p, opts.softmax_scale, opts.causal,
+                               opts.window_size, opts.softcap, alibi_slopes, opts.deterministic,
+                               opts.return_attn_probs, torch.is_grad_enabled(), learnable_sink)
 
 
 def _check_dense(q, k, v, q_name="q", k_name="k", v_name="v"):
@@ -100,11 +100,12 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, names[3]: cu_seqlens_q,
                          names[4]: cu_seqlens_k, "alibi_slopes": alibi_slopes,
                          "learnable_sink": learnable_sink})
-    p, scale, causal, window, softcap, deterministic, probs = opts
-    q, k, v, cu_seqlens_q, cu_seqlens_k = _distinct(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    return FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                     max_seqlen_k, p, scale, causal, window, softcap,
-                                     alibi_slopes, deterministic, probs, torch.is_grad_enabled(),
+    # q, k, v, cu_seqlens_q, cu_seqlens_k: the first five arguments of the apply
+    tensors = _distinct(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return FlashAttnVarlenFunc.apply(*tensors, max_seqlen_q, max_seqlen_k, opts.dropout_p,
+                                     opts.softmax_scale, opts.causal, opts.window_size,
+                                     opts.softcap, alibi_slopes, opts.deterministic,
+                                     opts.return_attn_probs, torch.is_grad_enabled(),
                                      learnable_sink)
 
 
@@ -136,7 +137,7 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
              "learnable_sink": learnable_sink}
     named.update(zip(names[3:5], cu_seqlens))
     checks.check_device(named)
-    p, scale, causal, window, softcap, deterministic, probs = opts
+    p, probs = opts.dropout_p, opts.return_attn_probs
     if score_mod_bwd is not None and score_mod_grad is not None:
         raise ValueError("score_mod_grad: expected None with score_mod_bwd (FlashAttention-4's "
                          "form of the same derivative), got both")
@@ -147,12 +148,12 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
     score_mod_grad = score_mod_grad or from_score_mod_bwd(score_mod_bwd, n_aux, q.dtype)
     aux = check_variant(q, k, v, names, aux_tensors, block_sparse_tensors, score_mod,
                         score_mod_grad, aux_grad, p)
-    spec = VariantSpec(layout=layout, scale=scale, causal=causal, window=window,
-                       softcap=softcap, alibi=alibi_slopes, dropout_p=p,
-                       deterministic=deterministic, score_mod=score_mod, mask_mod=mask_mod,
-                       block_mask=block_sparse_tensors, score_mod_grad=score_mod_grad,
-                       aux_grad=aux_grad, cu_seqlens=tuple(cu_seqlens),
-                       max_seqlens=tuple(max_seqlens))
+    spec = VariantSpec(layout=layout, scale=opts.softmax_scale, causal=opts.causal,
+                       window=opts.window_size, softcap=opts.softcap, alibi=alibi_slopes,
+                       dropout_p=p, deterministic=opts.deterministic, score_mod=score_mod,
+                       mask_mod=mask_mod, block_mask=block_sparse_tensors,
+                       score_mod_grad=score_mod_grad, aux_grad=aux_grad,
+                       cu_seqlens=tuple(cu_seqlens), max_seqlens=tuple(max_seqlens))
     out, lse = run_variant(spec, q, k, v, aux, learnable_sink)
     return (out, lse, q.new_empty((0,))) if probs else out
 

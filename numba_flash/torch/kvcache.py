@@ -255,7 +255,8 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     device = checks.check_device({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
                                   "cu_seqlens_k": cu_seqlens_k, "block_table": block_table,
                                   "alibi_slopes": alibi_slopes})
-    p, scale, causal, window, softcap, _det, probs = opts
+    p, scale, window = opts.dropout_p, opts.softmax_scale, opts.window_size
+    causal, softcap, probs = opts.causal, opts.softcap, opts.return_attn_probs
     seed = int(bridge.draw_seed(p)[0])
 
     def run():

@@ -19,6 +19,8 @@ run: no multi-GPU machine was available).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -83,6 +85,18 @@ class TorchRingComm:
         return _Works(dist.batch_isend_irecv(ops), (send, recv, s, r))
 
 
+class _RingSaved(NamedTuple):
+    """What :class:`RingFunc`'s forward saves for its backward (``save_for_backward``'s order):
+    the shards, this rank's ``out`` and ``lse``, and the sink (or None)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    sink: object
+
+
 class RingFunc(torch.autograd.Function):
     """``(out, lse)`` of the ring on ``[B, N_local, H, d]`` shards; gradients of ``q, k, v`` and
     the learnable sink (``sink``: float32 ``[H]`` or None; its gradient summed over the ranks)."""
@@ -96,7 +110,7 @@ class RingFunc(torch.autograd.Function):
                                   return_lse=True, learnable_sink=bridge.optional_array(sink),
                                   **opts)
             out, lse = bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
-        ctx.save_for_backward(q, k, v, out, lse, sink)
+        ctx.save_for_backward(*_RingSaved(q, k, v, out, lse, sink))
         ctx.comm, ctx.opts = comm, opts
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -106,15 +120,16 @@ class RingFunc(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         from numba_flash.distributed import ring_backward
 
-        q, k, v, out, lse, sink = ctx.saved_tensors
-        with bridge.on_device(q.device):
-            grads = ring_backward(*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
-                                  bridge.as_array(lse), comm=ctx.comm,
-                                  learnable_sink=bridge.optional_array(sink), **ctx.opts)
+        s = _RingSaved(*ctx.saved_tensors)
+        device = s.q.device
+        with bridge.on_device(device):
+            arrays = (bridge.as_heads_first(x) for x in (dout, s.q, s.k, s.v, s.out))
+            grads = ring_backward(*arrays, bridge.as_array(s.lse), comm=ctx.comm,
+                                  learnable_sink=bridge.optional_array(s.sink), **ctx.opts)
             dsink = None
-            if sink is not None and ctx.needs_input_grad[5]:
-                dsink = bridge.to_tensor(grads[3], q.device)
-            return ((None, None) + tuple(bridge.seq_first(g, q.device) for g in grads[:3])
+            if s.sink is not None and ctx.needs_input_grad[5]:
+                dsink = bridge.to_tensor(grads[3], device)
+            return ((None, None) + tuple(bridge.seq_first(g, device) for g in grads[:3])
                     + (dsink,))
 
 

@@ -58,8 +58,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     b, nq = q.shape[:2]
     mask_k = attention_mask.bool()
     mask_q = mask_k[:, -nq:]  # the queries are the last nq positions (decoding with a cache)
-    q_p, idx_q, cu_q, max_q, _ = unpad_input(q, mask_q)
-    k_p, _idx_k, cu_k, max_k, _ = unpad_input(k, mask_k)
+    # flash-attn's (tokens, indices, cu_seqlens, max_seqlen, seqused): seqused is not needed
+    q_p, idx_q, cu_q, max_q = unpad_input(q, mask_q)[:4]
+    k_p, _idx_k, cu_k, max_k = unpad_input(k, mask_k)[:4]
     v_p = unpad_input(v, mask_k)[0]
     out = flash_attn_varlen_func(q_p, k_p, v_p, cu_q, cu_k, max_q, max_k, **opts)
     return pad_input(out, idx_q, b, nq), None

@@ -75,6 +75,31 @@ def _cu(spec):
     return tuple(bridge.as_array(c) for c in spec.cu_seqlens)
 
 
+class _VariantSaved(NamedTuple):
+    """What :class:`VariantFunc`'s forward saves for its backward: the inputs, the outputs, the
+    dropout seed, the sink (or None) and the aux tensors (``save_for_backward`` takes them
+    flat, in this order: :meth:`tensors`, :meth:`of`)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    rng_state: torch.Tensor
+    sink: Optional[torch.Tensor]
+    aux: tuple
+
+    def tensors(self):
+        """The flat tuple ``save_for_backward`` takes."""
+        return (*self[:-1], *self.aux)
+
+    @classmethod
+    def of(cls, saved):
+        """From ``ctx.saved_tensors``."""
+        n = len(cls._fields) - 1
+        return cls(*saved[:n], tuple(saved[n:]))
+
+
 class VariantFunc(torch.autograd.Function):
     """``(out, lse)`` of attention with a user's variant; gradients for ``q``, ``k``, ``v``, the
     learnable sink (``sink``: float32 ``[H]`` or None) and every aux tensor that requires grad
@@ -95,7 +120,7 @@ class VariantFunc(torch.autograd.Function):
                 o, lse = numba_flash.forward(*args, return_lse=True, dropout_p=spec.dropout_p,
                                              seed=int(rng_state[0]), **kw)
             out, lse = _out(o, spec.layout, q.device), bridge.to_tensor(lse, q.device)
-        ctx.save_for_backward(q, k, v, out, lse, rng_state, sink, *aux)
+        ctx.save_for_backward(*_VariantSaved(q, k, v, out, lse, rng_state, sink, aux).tensors())
         ctx.spec = spec
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -103,30 +128,31 @@ class VariantFunc(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, rng_state, sink, *aux = ctx.saved_tensors
-        spec = ctx.spec
+        s = _VariantSaved.of(ctx.saved_tensors)
+        spec, aux, device = ctx.spec, s.aux, s.q.device
         want_aux = [ctx.needs_input_grad[5 + i] for i in range(len(aux))]
         aux_arrays = tuple(bridge.as_array(a) for a in aux)
-        args = tuple(_heads_first(x, spec.layout) for x in (dout.contiguous(), q, k, v, out))
-        kw = _kw(spec, aux_arrays, sink)
+        args = tuple(_heads_first(x, spec.layout)
+                     for x in (dout.contiguous(), s.q, s.k, s.v, s.out))
+        kw = _kw(spec, aux_arrays, s.sink)
         kw.update(score_mod_grad=spec.score_mod_grad, deterministic=spec.deterministic,
-                  dropout_p=spec.dropout_p, seed=int(rng_state[0]),
+                  dropout_p=spec.dropout_p, seed=int(s.rng_state[0]),
                   aux_grad=spec.aux_grad if any(want_aux) else None)
-        with bridge.on_device(q.device):
+        with bridge.on_device(device):
             if spec.layout == "varlen":
-                grads = numba_flash.backward_varlen(*args, bridge.as_array(lse), *_cu(spec),
+                grads = numba_flash.backward_varlen(*args, bridge.as_array(s.lse), *_cu(spec),
                                                     **kw)
             else:
-                grads = numba_flash.backward(*args, bridge.as_array(lse), **kw)
-            dq, dk, dv = (_out(g, spec.layout, q.device) for g in grads[:3])
+                grads = numba_flash.backward(*args, bridge.as_array(s.lse), **kw)
+            dq, dk, dv = (_out(g, spec.layout, device) for g in grads[:3])
             dsink = None
-            if sink is not None:    # (dq, dk, dv, dsink, *aux grads)
-                dsink = bridge.to_tensor(grads[3], q.device) if ctx.needs_input_grad[4] else None
+            if s.sink is not None:    # (dq, dk, dv, dsink, *aux grads)
+                dsink = bridge.to_tensor(grads[3], device) if ctx.needs_input_grad[4] else None
                 grads = grads[:3] + grads[4:]
             aux_grads = [None] * len(aux)
             for i, g in enumerate(grads[3:]):
                 if want_aux[i]:
-                    aux_grads[i] = bridge.to_tensor(g, q.device).to(aux[i].dtype)
+                    aux_grads[i] = bridge.to_tensor(g, device).to(aux[i].dtype)
         return (None, dq, dk, dv, dsink, *aux_grads)
 
 

@@ -492,12 +492,10 @@ def dkdv_mma_kernel(cfg):
     scan_do = make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE)
     next_q, visit = make_query_walk(cfg)
     bad_do_fixup, atomic_dq, store_dkdv = make_dkdv_rows(cfg)
-    backward_block = make_backward_block(cfg.ALIBI)
-
     load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
                                cfg.HEAD_DIM_V, cfg.PAD_COLS)
-
     load_q = make_stage_load(load_pair, QS_BYTE, STAGE_BYTES)   # Q and dO of a query tile
+    backward_block = make_backward_block(cfg.ALIBI)
 
     def make_step(MASKED):
         tile_p_ds = make_tile_p_ds(ROWS, QCOLS, True, MASKED, cfg.DROPOUT, cfg.SOFTCAP,

@@ -48,6 +48,47 @@ class ForwardSimtConfig(KernelConfig):
         """Bytes of a compute element in the tiles: 8 for float64, else 4 (float32)."""
         return 8 if self.DTYPE == "float64" else 4
 
+    # the thread's share of the tiles and the shared rows' layout (kernels/forward/simt.py)
+    @property
+    def TM(self):
+        """Tile rows per thread (of S, P and the output accumulator)."""
+        return self.BLOCK_M // self.THREADS_M
+
+    @property
+    def TN(self):
+        """S columns (keys) per thread."""
+        return self.BLOCK_N // self.THREADS_N
+
+    @property
+    def TD(self):
+        """Output accumulator columns per thread."""
+        return self.HEAD_DIM // self.THREADS_N
+
+    @property
+    def VW(self):
+        """Compute elements of one 16-byte chunk: 4 float32, 2 float64."""
+        return VEC_BYTES // self.WORD
+
+    @property
+    def CH(self):
+        """16-byte chunks of a tile row."""
+        return self.HEAD_DIM // self.VW
+
+    @property
+    def K_STRIDE(self):
+        """``k_tile`` row length: padded by one chunk (bank-conflict free reads)."""
+        return self.HEAD_DIM + self.VW
+
+    @property
+    def P_STRIDE(self):
+        """``p_tile`` row length (:data:`P_PAD`)."""
+        return self.BLOCK_N + P_PAD
+
+    @property
+    def GROUPS(self):
+        """Dropout: groups of 4 keys (one Philox call each) per tile row."""
+        return self.BLOCK_N // 4
+
 
 #: the SIMT forward's GPU tiles ``(BLOCK_M, BLOCK_N, THREADS_M, THREADS_N)`` per compute word
 #: (4: float16 / bfloat16 / float32, 8: float64) and padded head dim.  Every thread owns 4 rows

@@ -30,7 +30,8 @@ Grid ``(ceil(Nq / BLOCK_M), y, z)`` (:func:`forward_grid`, ``bh = blockIdx.z * g
 blockIdx.y``), block ``(THREADS_N, THREADS_M)`` (:data:`GPU_TILES`): thread ``(tx, ty)`` owns
 rows ``ty + i THREADS_M``, score columns ``tx + j THREADS_N`` and the 16-byte chunks ``tx + c
 THREADS_N`` of ``acc``.  Shared memory (:func:`shared_bytes`, at most 48 KiB): ``q_tile``,
-``k_tile`` (rows padded by one chunk), ``v_tile``, ``p_tile`` (rows padded by :data:`P_PAD`),
+``k_tile`` (rows padded by one chunk), ``v_tile``, ``p_tile`` (rows padded by
+:data:`~numba_flash.kernels.forward.config.P_PAD`),
 dropout's ``keep_tile``, paged ``page_sh``.
 
 File: tile tables and launch bounds, the factory :func:`forward_kernel` (its stages, then the
@@ -67,7 +68,7 @@ from ..mainloop.visibility import (
     BLOCK_EMPTY, BLOCK_PARTIAL, key_bounds, make_tile_kind, tile_full_range, tile_key_range,
     tile_needs_mask,
 )
-from .config import P_PAD, VEC_BYTES, jit_options, launch_bounds
+from .config import VEC_BYTES, jit_options, launch_bounds
 
 
 _device = functools.partial(device_jit, inline=True)
@@ -90,79 +91,26 @@ PagedKv = namedtuple("PagedKv", "block_table block_size n_kv_heads n_blocks hk")
 ForwardFrags = namedtuple("ForwardFrags", "s acc vr m_i l_i")
 
 
+def _np_dtype(cfg):
+    """The NumPy dtype of ``cfg.DTYPE`` (bfloat16: ml_dtypes')."""
+    return np.dtype(BFLOAT16) if cfg.DTYPE == "bfloat16" else np.dtype(cfg.DTYPE)
+
+
+#: the SIMT forward's tile loads (:func:`make_simt_loads`)
+SimtLoads = namedtuple("SimtLoads", "page_rows copy_q copy_k copy_v")
+
+
 @functools.lru_cache(maxsize=None)
-def forward_kernel(cfg):
-    """Build (once per :class:`~numba_flash.kernels.forward.config.ForwardSimtConfig`) ``kernel(q,
-    k, v, o, lse, va, seqs)``.
-
-    * ``o``, ``lse``: flat views of ``[B, H, Nq, d]`` / ``[B, H, Nq]`` (``VARLEN``: ``[total_q,
-      H, d]`` / ``[H, total_q]``), ``lse`` in the compute type;
-    * ``va``: the :class:`~numba_flash.kernels.core.variant.Variant` (scalars in the compute type;
-      ``softcap = 0`` and zero slopes switch the modifiers off in the ``SCORE_MOD`` build, the
-      only one that reads them; ``dropout`` filled with ``DROPOUT``; ``user = (kinds,) + aux``
-      with ``USER``);
-    * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``), else ``(cu_seqlens_q,
-      cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN`` (``q [total_q, H,
-      d]``, ``k``/``v [total_k, Hkv, d]``); with ``PAGED`` (varlen only) ``(cu_seqlens_q,
-      cu_seqlens_k, block_table, block_size, n_kv_heads, num_blocks)``: ``k``/``v`` are the
-      paged caches ``[num_blocks, Hkv, block_size, d]`` as their ``[num_blocks * Hkv *
-      block_size, d]`` views, ``block_table`` int32 ``[B, max_blocks]`` and the three sizes
-      ``np.int32`` (see the module docstring).
-
-    An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
-    """
-    BLOCK_M, BLOCK_N, HEAD_DIM, dtype = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.DTYPE
-    THREADS_M, THREADS_N, USER, VEC, OWN_V = (cfg.THREADS_M, cfg.THREADS_N, cfg.USER, cfg.VEC,
-                                              cfg.OWN_V)
-    DROPOUT, SCORE_MOD, VARLEN, PAGED = cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED
-    dtype = np.dtype(BFLOAT16) if dtype == "bfloat16" else np.dtype(dtype)
-    assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
-    assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
-    assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
-    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
-    assert VARLEN or not PAGED  # a paged K/V is read by the packed (varlen) build only
-    # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code
-    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
-    assert USER is None or SCORE_MOD  # varlen: b is the sequence (paged too)
-    FNS = (user_score, user_mask) if USER is not None else None
-    U_MASK = user_mask is not None
-    USER_FN = user_score is not None or U_MASK
-    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
-    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
+def make_simt_loads(cfg):
+    """The SIMT forward's copies into shared memory (:data:`SimtLoads`): ``page_rows`` (a paged
+    tile's cache rows) and ``copy_q`` / ``copy_k`` / ``copy_v`` (``make_copy_rows``)."""
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    VEC, PAGED, W, VW, CH = cfg.VEC, cfg.PAGED, cfg.WORD, cfg.VW, cfg.CH
+    K_STRIDE = cfg.K_STRIDE
+    dtype = _np_dtype(cfg)
     acc_t = compute_type(dtype)
-    # the element-type stage (kernels/core/elements.py): q, k, v elements in, o elements out
-    load, store = element_ops(dtype)
-    TM = BLOCK_M // THREADS_M     # tile rows per thread
-    TN = BLOCK_N // THREADS_N     # S columns per thread
-    TD = HEAD_DIM // THREADS_N    # acc (output) columns per thread
-    THREADS = THREADS_M * THREADS_N
-    W = np.dtype(acc_dtype(dtype)).itemsize  # bytes of a compute element in the tiles
-    VW = VEC_BYTES // W           # elements of one 16-byte chunk: 4 float32, 2 float64
-    CH = HEAD_DIM // VW           # 16-byte chunks of a tile row
-    K_STRIDE = HEAD_DIM + VW      # k_tile rows padded by one chunk (bank-conflict free reads)
-    P_STRIDE = BLOCK_N + P_PAD    # p_tile rows
-    TC = TD // VW                 # the thread's acc column chunks (of VW columns each)
-    assert TD % VW == 0 and BLOCK_N % VW == 0
-    # a row's THREADS_N threads: the butterfly offsets of its max and sum
-    XOR = tuple((THREADS_N >> 1) >> st for st in range(THREADS_N.bit_length() - 1))
-    # compile-time trip counts of the cooperative copies (16-byte chunks per thread)
-    assert (BLOCK_M * CH) % THREADS == 0 and (BLOCK_N * CH) % THREADS == 0
-    NAN = math.nan
-    ALIGN = None if on_simulator() else VEC_BYTES  # tiles 16-byte aligned (no kwarg in cudasim)
-    GROUPS = BLOCK_N // 4         # dropout: groups of 4 keys (one Philox call each) per tile row
-    KEEP_STRIDE = GROUPS + 1      # padded row length of keep_tile
-    ROWS = Layout(1, THREADS_M, 0)           # a thread's rows ty + i THREADS_M
-    # -- the stages: the score of kernels/mainloop/visibility.py through tile_scores.py (the
-    # backward recomputes exactly these scores: scale and non-finite -> NaN always; softcap and
-    # ALiBi in the SCORE_MOD build, softcap switched at run time by softcap > 0), the online softmax
-    # and its epilogue (online_softmax.py)
-    SOFTCAP = None if SCORE_MOD else False
-    scores_masked, scores_full = make_tile_scores_pair(TM, TN, ROWS, Layout(1, THREADS_N, 0),
-                                                       False, SOFTCAP, SCORE_MOD, FNS, acc_t)
-    score_fn = make_score_fn(False, SOFTCAP, SCORE_MOD, FNS, acc_t)
-    score_args = make_score_args(SCORE_MOD, acc_t)   # the slope read with SCORE_MOD
-    softmax_init, softmax_update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
-    epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)
+    # the element-type stage (kernels/core/elements.py): q, k, v elements in
+    load = element_ops(dtype)[0]
 
     @_device
     def page_rows(page_sh, block_table, b, hk, k_start, nk, block_size, n_kv_heads, n_blocks,
@@ -229,6 +177,25 @@ def forward_kernel(cfg):
     copy_k = make_copy_rows(BLOCK_N, K_STRIDE, PAGED)
     copy_v = make_copy_rows(BLOCK_N, HEAD_DIM, PAGED)
 
+    return SimtLoads(page_rows, copy_q, copy_k, copy_v)
+
+
+#: the SIMT forward's tile products (:func:`make_simt_products`)
+SimtProducts = namedtuple("SimtProducts", "qk_tile load_v_row pv_tile")
+
+
+@functools.lru_cache(maxsize=None)
+def make_simt_products(cfg):
+    """The SIMT forward's products on the shared tiles (:data:`SimtProducts`): ``qk_tile``
+    (``S = Q K^T``), ``load_v_row`` (a thread's columns of a V row) and ``pv_tile`` (``acc +=
+    P V``)."""
+    BLOCK_N, HEAD_DIM, THREADS_M, THREADS_N = cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS_M, \
+        cfg.THREADS_N
+    TM, TN, TD, W, VW = cfg.TM, cfg.TN, cfg.TD, cfg.WORD, cfg.VW
+    K_STRIDE, P_STRIDE = cfg.K_STRIDE, cfg.P_STRIDE
+    TC = TD // VW                 # the thread's acc column chunks (of VW columns each)
+    acc_t = compute_type(_np_dtype(cfg))
+
     # byte steps of the shared tiles (compile time): a thread's rows and chunks sit at these
     # offsets from its first, so every 16-byte load below is one base register + an immediate
     Q_ROW_STEP = THREADS_M * HEAD_DIM * W   # q_tile rows ty, ty + THREADS_M, ...
@@ -282,6 +249,30 @@ def forward_kernel(cfg):
                         acc[i, c] += pr[i, e] * vr[c]
             n0 = int32(n0 + VW)
     # [/docs:fwd-pv-stage]
+
+    return SimtProducts(qk_tile, load_v_row, pv_tile)
+
+
+#: the SIMT forward's stages on P (:func:`make_simt_p_stages`)
+SimtPStages = namedtuple("SimtPStages", "store_p draw_keep pv_masked")
+
+
+@functools.lru_cache(maxsize=None)
+def make_simt_p_stages(cfg):
+    """The SIMT forward's stages on P (:data:`SimtPStages`): ``store_p`` (P, or dropout's P Z,
+    into ``p_tile``), ``draw_keep`` (dropout's keep bits) and ``pv_masked`` (``acc += P V``
+    over the keys each row sees)."""
+    BLOCK_M, BLOCK_N, THREADS_M, THREADS_N = cfg.BLOCK_M, cfg.BLOCK_N, cfg.THREADS_M, \
+        cfg.THREADS_N
+    TM, TN, TD, GROUPS, THREADS = cfg.TM, cfg.TN, cfg.TD, cfg.GROUPS, cfg.THREADS
+    DROPOUT, SCORE_MOD, USER = cfg.DROPOUT, cfg.SCORE_MOD, cfg.USER
+    user_score, user_mask, _blocks = USER if USER is not None else (None, None, None)
+    FNS = (user_score, user_mask) if USER is not None else None
+    U_MASK = user_mask is not None
+    USER_FN = user_score is not None or U_MASK
+    acc_t = compute_type(_np_dtype(cfg))
+    score_fn = make_score_fn(False, None if SCORE_MOD else False, SCORE_MOD, FNS, acc_t)
+    load_v_row = make_simt_products(cfg).load_v_row
 
     @_device
     def sees(row, key, sa, umask):
@@ -348,6 +339,93 @@ def forward_kernel(cfg):
                         acc[i, c] += pv * vr[c]
     # [/docs:fwd-pv-masked]
 
+    return SimtPStages(store_p, draw_keep, pv_masked)
+
+
+#: the SIMT forward's flat row offsets (:func:`make_simt_rows`)
+FlatRows = namedtuple("FlatRows", "q_row q_elem0 kv_row kv_elem0 v_row v_elem0")
+SimtRows = namedtuple("SimtRows", "flat_rows epilogue_rows side_tiles")
+
+
+@functools.lru_cache(maxsize=None)
+def make_simt_rows(cfg):
+    """Where a block's rows sit in the flat arrays (:data:`SimtRows`): ``flat_rows(...)``, the
+    flat element of row 0 of this ``(b, h)``'s Q, K and V and their row strides
+    (:data:`FlatRows`: batched ``[B, H, N, d]`` or, ``VARLEN``, packed ``[total, H, d]``; V at
+    K's addresses unless ``OWN_V``), and ``epilogue_rows(...)``, the
+    :data:`~numba_flash.kernels.mainloop.online_softmax.EpilogueRows` of its ``o`` and ``lse``
+    (``o [B, H, Nq, d_v]``, ``lse [B, H, Nq]``; ``VARLEN``: ``o [total_q, H, d_v]``, ``lse [H,
+    total_q]``); ``side_tiles(...)``: dropout's ``keep_tile`` and a paged tile's ``page_sh``
+    (shared arrays; stand-ins a build without them never reads) and the :data:`PagedKv`."""
+    BLOCK_M, BLOCK_N, VARLEN, OWN_V = cfg.BLOCK_M, cfg.BLOCK_N, cfg.VARLEN, cfg.OWN_V
+    DROPOUT, PAGED = cfg.DROPOUT, cfg.PAGED
+    KEEP_STRIDE = cfg.GROUPS + 1  # padded row length of keep_tile
+
+    @_device
+    def flat_rows(b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads):
+        q_row = n_heads * d if VARLEN else d
+        kv_row = n_kv_heads * d if VARLEN else d
+        q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
+        kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
+                    else np.int64(b * n_kv_heads + hk) * nk * d)
+        v_row = kv_row                        # V at K's addresses, unless it has its own width
+        v_elem0 = kv_elem0
+        if OWN_V:
+            v_row = n_kv_heads * d_v if VARLEN else d_v
+            v_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d_v if VARLEN
+                       else np.int64(b * n_kv_heads + hk) * nk * d_v)
+        return FlatRows(q_row, q_elem0, kv_row, kv_elem0, v_row, v_elem0)
+
+    @_device
+    def epilogue_rows(row0, write_lse, nq, q0, h, bh, d_v, n_heads, n_batch, seqs):
+        if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
+            return EpilogueRows(row0, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
+                                np.int64(h) * seqs[0][n_batch] + q0, write_lse, 1)
+        return EpilogueRows(row0, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq,
+                            write_lse, 1)
+
+    @_device
+    def side_tiles(q_tile, p_tile, seqs, n_kv_heads, hk):
+        if DROPOUT:  # compile-time: the plain kernel has no keep_tile
+            keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
+        else:
+            keep_tile = p_tile  # unused: store_p reads it only with DROPOUT
+        if PAGED:  # the cache row of each key of the K/V tile (page_rows)
+            page_sh = cuda.shared.array(BLOCK_N, int32)
+            paged = PagedKv(seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
+        else:
+            page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
+            paged = ()
+        return keep_tile, page_sh, paged
+
+    return SimtRows(flat_rows, epilogue_rows, side_tiles)
+
+
+@functools.lru_cache(maxsize=None)
+def make_simt_step(cfg):
+    """The SIMT forward's per-tile step (FA4's ``compute_one_n_block``): ``step(kt, masked,
+    umask, tiles, kv, lane, va, sa, frags)`` loads K_j and V_j, computes ``S = Q K^T``, the
+    scores (the score of kernels/mainloop/visibility.py through tile_scores.py, which the
+    backward recomputes exactly: scale and non-finite -> NaN always; softcap and ALiBi in the
+    ``SCORE_MOD`` build, softcap switched at run time by softcap > 0), the online softmax
+    update and ``acc += P V``."""
+    BLOCK_N, THREADS_M, THREADS_N = cfg.BLOCK_N, cfg.THREADS_M, cfg.THREADS_N
+    VEC, DROPOUT, SCORE_MOD, PAGED, USER = cfg.VEC, cfg.DROPOUT, cfg.SCORE_MOD, cfg.PAGED, \
+        cfg.USER
+    TM, TN, TD = cfg.TM, cfg.TN, cfg.TD
+    FNS = tuple(USER[:2]) if USER is not None else None
+    acc_t = compute_type(_np_dtype(cfg))
+    NAN = math.nan
+    # a row's THREADS_N threads: the butterfly offsets of its max and sum
+    XOR = tuple((THREADS_N >> 1) >> st for st in range(THREADS_N.bit_length() - 1))
+    scores_masked, scores_full = make_tile_scores_pair(
+        TM, TN, Layout(1, THREADS_M, 0), Layout(1, THREADS_N, 0), False,
+        None if SCORE_MOD else False, SCORE_MOD, FNS, acc_t)
+    _init, softmax_update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
+    page_rows, _copy_q, copy_k, copy_v = make_simt_loads(cfg)
+    qk_tile, _load_v_row, pv_tile = make_simt_products(cfg)
+    store_p, draw_keep, pv_masked = make_simt_p_stages(cfg)
+
     # [docs:fwd-step]
     @_stage
     def step(kt, masked, umask, tiles, kv, lane, va, sa, frags):
@@ -399,6 +477,71 @@ def forward_kernel(cfg):
             pv_tile(acc, p_tile, v_tile, ty, tx)
         cuda.syncthreads()  # k/v/p/keep_tile are fully read before the next tile
     # [/docs:fwd-step]
+
+    return step
+
+
+@functools.lru_cache(maxsize=None)
+def forward_kernel(cfg):
+    """Build (once per :class:`~numba_flash.kernels.forward.config.ForwardSimtConfig`) ``kernel(q,
+    k, v, o, lse, va, seqs)``.
+
+    * ``o``, ``lse``: flat views of ``[B, H, Nq, d]`` / ``[B, H, Nq]`` (``VARLEN``: ``[total_q,
+      H, d]`` / ``[H, total_q]``), ``lse`` in the compute type;
+    * ``va``: the :class:`~numba_flash.kernels.core.variant.Variant` (scalars in the compute type;
+      ``softcap = 0`` and zero slopes switch the modifiers off in the ``SCORE_MOD`` build, the
+      only one that reads them; ``dropout`` filled with ``DROPOUT``; ``user = (kinds,) + aux``
+      with ``USER``);
+    * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``), else ``(cu_seqlens_q,
+      cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN`` (``q [total_q, H,
+      d]``, ``k``/``v [total_k, Hkv, d]``); with ``PAGED`` (varlen only) ``(cu_seqlens_q,
+      cu_seqlens_k, block_table, block_size, n_kv_heads, num_blocks)``: ``k``/``v`` are the
+      paged caches ``[num_blocks, Hkv, block_size, d]`` as their ``[num_blocks * Hkv *
+      block_size, d]`` views, ``block_table`` int32 ``[B, max_blocks]`` and the three sizes
+      ``np.int32`` (see the module docstring).
+
+    An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
+    """
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    THREADS_M, THREADS_N, USER, VEC, OWN_V = (cfg.THREADS_M, cfg.THREADS_N, cfg.USER, cfg.VEC,
+                                              cfg.OWN_V)
+    DROPOUT, SCORE_MOD, VARLEN, PAGED = cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED
+    dtype = _np_dtype(cfg)
+    assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
+    assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
+    assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
+    assert not DROPOUT or BLOCK_N % 4 == 0  # whole groups of 4 keys per Philox call
+    assert VARLEN or not PAGED  # a paged K/V is read by the packed (varlen) build only
+    # a user's variant (numba_flash.flex): (score_mod, mask_mod, BLOCKS) device code
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    assert USER is None or SCORE_MOD  # varlen: b is the sequence (paged too)
+    U_MASK = user_mask is not None
+    tile_kind = make_tile_kind(BLOCKS[0], BLOCKS[1], BLOCK_N) if BLOCKS is not None else None
+    LOG = on_simulator() and USER is not None  # the simulator's tile log (common.TILE_LOG)
+    acc_t = compute_type(dtype)
+    # the element-type stage (kernels/core/elements.py): o elements out
+    store = element_ops(dtype)[1]
+    TM, TN, TD, VW, CH = cfg.TM, cfg.TN, cfg.TD, cfg.VW, cfg.CH   # the thread's share, chunks
+    K_STRIDE, P_STRIDE = cfg.K_STRIDE, cfg.P_STRIDE              # padded shared rows
+    assert TD % VW == 0 and BLOCK_N % VW == 0
+    # a row's THREADS_N threads: the butterfly offsets of its max and sum
+    XOR = tuple((THREADS_N >> 1) >> st for st in range(THREADS_N.bit_length() - 1))
+    # compile-time trip counts of the cooperative copies (16-byte chunks per thread)
+    assert (BLOCK_M * CH) % THREADS == 0 and (BLOCK_N * CH) % THREADS == 0
+    ALIGN = None if on_simulator() else VEC_BYTES  # tiles 16-byte aligned (no kwarg in cudasim)
+    ROWS = Layout(1, THREADS_M, 0)           # a thread's rows ty + i THREADS_M
+    # -- the stages: the score of kernels/mainloop/visibility.py through tile_scores.py (the
+    # backward recomputes exactly these scores: scale and non-finite -> NaN always; softcap and
+    # ALiBi in the SCORE_MOD build, softcap switched at run time by softcap > 0), the online softmax
+    # and its epilogue (online_softmax.py)
+    score_args = make_score_args(SCORE_MOD, acc_t)   # the slope read with SCORE_MOD
+    softmax_init, _update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
+    epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)
+    page_rows, copy_q, _copy_k, _copy_v = make_simt_loads(cfg)
+    flat_rows, epilogue_rows, side_tiles = make_simt_rows(cfg)
+
+    step = make_simt_step(cfg)
+
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, **jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
@@ -461,28 +604,12 @@ def forward_kernel(cfg):
         m_i = cuda.local.array(TM, acc_t)
         l_i = cuda.local.array(TM, acc_t)
         # [/docs:fwd-arrays]
-        if DROPOUT:  # compile-time: the plain kernel has no keep_tile
-            keep_tile = cuda.shared.array((BLOCK_M, KEEP_STRIDE), int32)
-        else:
-            keep_tile = p_tile  # unused: store_p reads it only with DROPOUT
-        if PAGED:  # the cache row of each key of the K/V tile (page_rows)
-            page_sh = cuda.shared.array(BLOCK_N, int32)
-            paged = PagedKv(seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
-        else:
-            page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
-            paged = ()
+        # dropout's keep bits, a paged tile's cache rows (stand-ins when the build has none)
+        keep_tile, page_sh, paged = side_tiles(q_tile, p_tile, seqs, n_kv_heads, hk)
         # the flat element of row 0 of this (b, h)'s Q and K/V, and the row strides
-        q_row = n_heads * d if VARLEN else d
-        kv_row = n_kv_heads * d if VARLEN else d
-        q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
-        kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
-                    else np.int64(b * n_kv_heads + hk) * nk * d)
-        v_row = kv_row                        # V at K's addresses, unless it has its own width
-        v_elem0 = kv_elem0
-        if OWN_V:
-            v_row = n_kv_heads * d_v if VARLEN else d_v
-            v_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d_v if VARLEN
-                       else np.int64(b * n_kv_heads + hk) * nk * d_v)
+        fr = flat_rows(b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads)
+        q_row, q_elem0, kv_row, kv_elem0 = fr.q_row, fr.q_elem0, fr.kv_row, fr.kv_elem0
+        v_row, v_elem0 = fr.v_row, fr.v_elem0
 
         # [docs:fwd-load-q]
         # -- load q_tile = Q_i (unscaled: the score contract scales q . k), zero past Nq and
@@ -534,12 +661,7 @@ def forward_kernel(cfg):
         # [docs:fwd-epilogue]
         # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
         # lane gets the same bits); O = acc / l, lse = m + log(l)
-        if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
-            rows = EpilogueRows(q_start + ty, nq, (np.int64(q0) * n_heads + h) * d_v,
-                                n_heads * d_v, np.int64(h) * seqs[0][n_batch] + q0, tx == 0, 1)
-        else:       # o [B, H, Nq, d_v], lse [B, H, Nq]
-            rows = EpilogueRows(q_start + ty, nq, np.int64(bh) * nq * d_v, d_v,
-                                np.int64(bh) * nq, tx == 0, 1)
+        rows = epilogue_rows(q_start + ty, tx == 0, nq, q0, h, bh, d_v, n_heads, n_batch, seqs)
         epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d_v), sink_of(va.sink, h))
         # [/docs:fwd-epilogue]
 

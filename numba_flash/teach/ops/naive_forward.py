@@ -22,7 +22,9 @@ def naive_forward(q, k, v, *, causal=False, softmax_scale=None):
     ``softmax_scale=None`` meaning ``1/sqrt(d)``).  ``o`` has ``q``'s dtype; ``lse [B, H, Nq]`` is
     float32 for float16/float32 inputs and float64 for float64.
     """
-    b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+    qkv = check_qkv(q, k, v)
+    b, h, nq, nk = qkv.b, qkv.h, qkv.nq, qkv.nk
+    d, dtype = qkv.d, qkv.dtype
     causal = check_bool("causal", causal)
     scale = check_scale(softmax_scale, d, dtype)
     acc_t = acc_dtype(dtype)

@@ -20,7 +20,9 @@ def teaching_forward(op, q, k, v, causal, softmax_scale, build):
     """Check the arguments, allocate ``(o, lse)`` and launch ``kernel(q, k, v, o, lse, scale)``
     where ``build(head_dim, dtype, causal)`` returns ``(kernel, block_m, block)``: ``block_m``
     query rows per block (grid ``(ceil(Nq / block_m), B * H)``), ``block`` the threads."""
-    b, h, _hkv, nq, nk, d, dtype = check_qkv(q, k, v)
+    qkv = check_qkv(q, k, v)
+    b, h, nq = qkv.b, qkv.h, qkv.nq
+    d, dtype = qkv.d, qkv.dtype
     causal = check_bool("causal", causal)
     scale = check_scale(softmax_scale, d, dtype)
     acc_t = acc_dtype(dtype)
