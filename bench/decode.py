@@ -31,7 +31,7 @@ import numpy as np
 import common  # noqa: E402  (puts the repository on sys.path, picks the backend)
 import numba_flash
 from numba import cuda
-from numba_flash.kernels.decode import split_kv as kdecode
+from numba_flash.kernels.decode import config as kdecode
 
 GPU = dict(B=8, H=32, HKV=8, D=128, BLOCK_SIZE=16,
            contexts=(1024, 4096, 16384, 32768, 65536, 131072), quick=(4096, 32768))

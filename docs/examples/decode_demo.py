@@ -19,7 +19,7 @@ import numpy as np
 import numba_flash as nf
 from numba_flash import reference as ref
 from report import err
-from numba_flash.kernels.decode import split_kv as kdecode
+from numba_flash.kernels.decode import config as kdecode
 from numba_flash.kernels.core.common import cdiv
 
 #: streaming multiprocessors of the GPU the starvation table assumes (H100 SXM / H200: 132)
@@ -34,7 +34,7 @@ def forward_style_blocks(b, h, nq, block_m):
 
 def decode_blocks(seqlens, h, hkv, nq=1, d=128):
     """``(blocks, splits, keys per split)`` of numba_flash.decode on a GPU (float16, its own
-    launch constants: :func:`numba_flash.kernels.decode.split_kv.gpu_splits`)."""
+    launch constants: :func:`numba_flash.kernels.decode.config.gpu_splits`)."""
     rows = (h // hkv) * nq
     splits, size = kdecode.gpu_splits(int(max(seqlens)), hkv, HEAD_DIM=d, n_rows=rows)
     per_block = min(rows, kdecode.gpu_rows_max(np.float16, d))

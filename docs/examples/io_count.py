@@ -194,7 +194,7 @@ def decode_kv_bytes(seqlens, h, hkv, nq, d, itemsize, block_m):
 
 def main():
     import numba_flash as nf
-    from numba_flash.kernels.decode.split_kv import SIM_BLOCK_M
+    from numba_flash.kernels.decode.config import SIM_BLOCK_M
     from numba_flash.teach.ops.naive_forward import naive_forward
 
     rng = np.random.default_rng(0)

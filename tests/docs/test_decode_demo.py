@@ -6,7 +6,7 @@ import numpy as np
 
 import numba_flash as nf
 from numba_flash import reference as ref
-from numba_flash.kernels.decode import split_kv as kdecode
+from numba_flash.kernels.decode import config as kdecode
 import snippets
 from decode_demo import decode_blocks, forward_style_blocks, paged_case, to_contiguous
 

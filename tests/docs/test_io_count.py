@@ -91,7 +91,7 @@ def test_tiled_forward_traffic_matches_model(rng, nq, nk, d, bm, bn, causal, dty
 
 @pytest.mark.parametrize("h, hkv, chunks", [(4, 4, 1), (8, 2, 1), (8, 1, 2)])
 def test_decode_reads_kv_once_per_gqa_group(rng, h, hkv, chunks):
-    from numba_flash.kernels.decode.split_kv import SIM_BLOCK_M
+    from numba_flash.kernels.decode.config import SIM_BLOCK_M
     assert -(-(h // hkv) // SIM_BLOCK_M) == chunks
     seqlens = np.array([5, 37, 20], np.int32)
     d, bs = 8, 4

@@ -3,7 +3,7 @@ rotary), merge_states, append_kv and apply_rotary: ml_dtypes.bfloat16 in, bfloat
 float32), against the float64 reference; a bfloat16 array mixed with float16 is a TypeError
 naming the argument.
 
-Simulator launch shapes (kernels/decode/split_kv.py): d = 32 is the 16-byte-load build (``VEC``: 8
+Simulator launch shapes (kernels/decode/config.py): d = 32 is the 16-byte-load build (``VEC``: 8
 bfloat16 per lane chunk, read as 4 float32 and split into words), d = 12 the element-load build
 (padded head dim 16).  Errors are ``max |got - ref| / max(1, max |ref|)`` (``lse``: absolute);
 each tolerance sits beside the largest error measured for it (:data:`MEASURED`)."""

@@ -1,7 +1,7 @@
 """Kernel tier: the redesigned decode (issue 12) with the variants of issue 14 and the limits
 and non-finite semantics of issue 15, against the float64 reference.
 
-Simulator launch shape (kernels/decode/split_kv.py): 8 threads, key groups of 4 lanes (2 per block),
+Simulator launch shape (kernels/decode/config.py): 8 threads, key groups of 4 lanes (2 per block),
 2 keys per group step, at most 4 query rows per block, so these tiny shapes already cover several
 key groups and splits, row chunks (GQA groups of 8), shuffles and the fused combine.
 """
@@ -17,7 +17,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
-from numba_flash.kernels.decode import split_kv as kdecode
+from numba_flash.kernels.decode import config as kdecode
 from numba_flash.kernels.decode import merge as kmerge
 from helpers import assert_close, randn
 from test_decode_kernel import LSE_DTYPE, contiguous_cache, paged_cache

@@ -17,6 +17,7 @@ import pytest
 
 import numba_flash
 from numba_flash import reference as ref
+from numba_flash.kernels.decode import config as dconfig
 from numba_flash.kernels.decode import split_kv as kdecode
 from helpers import assert_close, randn
 from test_decode_kernel import contiguous_cache, paged_cache
@@ -42,11 +43,11 @@ def load16_calls(monkeypatch):
 def test_launch_shape_reads_16_bytes_per_lane():
     """The GPU layout: a lane's chunk is 16 bytes, a float16 d = 128 row is 16 lanes (two keys
     per warp instruction), float32 32 lanes of 4, float64 32 lanes of 2 chunks of 2."""
-    assert kdecode.lane_layout(np.float16, 128, simulator=False) == (16, 8)
-    assert kdecode.lane_layout(np.float32, 128, simulator=False) == (32, 4)
-    assert kdecode.lane_layout(np.float64, 128, simulator=False) == (32, 2)
-    assert kdecode.lane_layout(np.float16, 16, simulator=False) == (2, 8)
-    assert kdecode.gpu_rows_max(np.float16, 128) == 4   # a GQA-4 group in one block
+    assert dconfig.lane_layout(np.float16, 128, simulator=False) == (16, 8)
+    assert dconfig.lane_layout(np.float32, 128, simulator=False) == (32, 4)
+    assert dconfig.lane_layout(np.float64, 128, simulator=False) == (32, 2)
+    assert dconfig.lane_layout(np.float16, 16, simulator=False) == (2, 8)
+    assert dconfig.gpu_rows_max(np.float16, 128) == 4   # a GQA-4 group in one block
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])

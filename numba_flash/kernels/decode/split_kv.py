@@ -25,349 +25,98 @@ Grid ``(B * Hkv * chunks, splits)``: x is ``(b * Hkv + kvh) * chunks + z``, y th
 ``(THREADS,)``.  Block ``(x, s)`` serves the query rows ``r = g * Nq + i`` of kv head ``kvh``'s GQA
 group in chunk ``z`` of ``ROWS`` rows.  ``NG = THREADS // LANES`` key groups; lane ``l`` of a group
 holds the ``DPL = HEAD_DIM // LANES`` elements ``l * CHUNK + LANES * CHUNK * i + e`` of a K or V
-row (:func:`lane_layout`) and a ``ROWS x DPL`` accumulator in registers.  Shared memory: ``q_sh``
-and ``acc_sh [ROWS, HEAD_DIM]`` (compute type), ``m_sh``, ``l_sh [NG, ROWS]``, per-row ``M``,
-``W``, ``lse`` and two flags: 2.6-8.4 KiB, never the limit; registers are (:func:`gpu_min_blocks`).
-The float32 workspace ``o_part``, ``lse_part`` and the int32 ``counters`` hold the splits' partials
-and tickets.  float16 and bfloat16 caches compute in float32 (bfloat16 through float32 views,
-:func:`cache_views`), float64 in float64.
+row (:mod:`~numba_flash.kernels.decode.config`'s ``lane_layout``) and a ``ROWS x DPL``
+accumulator in registers.  Shared memory: ``q_sh`` and ``acc_sh [ROWS, HEAD_DIM]`` (compute type),
+``m_sh``, ``l_sh [NG, ROWS]``, per-row ``M``, ``W``, ``lse`` and two flags: 2.6-8.4 KiB, never the
+limit; registers are (``gpu_min_blocks``).  The float32 workspace ``o_part``, ``lse_part`` and
+the int32 ``counters`` hold the splits' partials and tickets.  float16 and bfloat16 caches compute
+in float32 (bfloat16 through float32 views, :func:`cache_views`), float64 in float64.
 
-File: the tile choices and the split policy (:func:`launch_shape`, :func:`split_size`,
-:func:`decode_grid`), the kernel factory (loads, scores by reduce-scatter, the online softmax, the
-group merge, the split write, the combine), the compile tier's types.  How and why, with the
-machine-code counts:
-docs/flash-decoding.md#the-kernel-one-kv-read-per-gqa-group-lanes-along-the-head-dim; the block
-table: docs/paged-attention.md.
+File: the kernel's contexts (:data:`DecodeRows`, :data:`SeqKeys`, :data:`OwnRow`), its stage
+factories (:func:`make_load_q_rows`, :func:`make_key_loads`, :func:`make_own_row_stages`,
+:func:`make_decode_epilogue`), the kernel, the compile tier's types; the tile choice and split
+policy: :mod:`~numba_flash.kernels.decode.config`.  How and why, with the machine-code counts:
+docs/flash-decoding.md (the kernel section); the block table: docs/paged-attention.md.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import cuda, int32, int64, types, uint32
 
-from ...backend import on_simulator
-from ..core.common import (
-    FULL_MASK, GRID_X_MAX, GRID_YZ_MAX, acc_dtype, compute_type, numba_array_type,
+from ..core.common import FULL_MASK, acc_dtype, compute_type, numba_array_type
+from ..core.elements import (
+    BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16,
 )
-from ..core.elements import BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16
 from ..core.jit import device_jit, kernel_jit
-from .merge import make_merge_functions, make_state_merge
-from ..ptx.stages import SHARED_ALIGN, lds16, load16, shfl_xor
-from ..mainloop.online_softmax import make_online_softmax, sink_of
-from .config import DEFAULT_SM_COUNT, DecodeConfig, sm_count
-from ..mainloop.tile_scores import ScoreArgs, make_score_fn
 from ..core.variant import variant_type
+from ..mainloop.online_softmax import make_online_softmax, sink_of
+from ..mainloop.tile_scores import ScoreArgs, make_score_fn
 from ..mainloop.visibility import key_bounds, make_score_mod, tile_key_range
+from ..ptx.stages import SHARED_ALIGN, lds16, load16, shfl_xor
+from .config import launch_bounds
+from .config import (  # noqa: F401  (TEMP: ops/decode.py's imports, until it reads config)
+    block_step, decode_grid, launch_shape, padded_head_dim, split_grid, split_policy, vector_loads,
+)
+from .merge import make_merge_functions, make_state_merge
 
-#: GPU block: 4 warps.  A key group is the ``HEAD_DIM / CHUNK`` lanes (at most 32) that hold one
-#: K/V row: 16 at float16 ``HEAD_DIM = 128``, so a warp reads two keys per load instruction.
-GPU_THREADS = 128
-#: keys a key group takes per step (loads of several keys in flight per warp)
-GPU_KEYS_PER_STEP = 2
-#: bytes one lane loads per chunk: one ``ld.global.nc.v4.u32`` (:func:`~.stages.load16`)
-CHUNK_BYTES = 16
-#: per-lane registers for q and for the accumulator (``ROWS * DPL`` values each) the GPU row
-#: cap keeps (float64: values of two registers, half as many); see :func:`gpu_rows_max`
-GPU_ROW_REGS = 32
-#: simulator block: every CUDA thread is a Python thread, keep them few; 4 lanes per key group
-#: so that shuffles, several elements per lane and several key groups are all exercised.
-SIM_THREADS = 8
-SIM_LANES = 4
-SIM_KEYS_PER_STEP = 2
-#: rows per block in the simulator (the GPU's come from :func:`gpu_rows_max`); kept as
-#: ``SIM_BLOCK_M`` for the I/O model of docs/io-complexity.md.
-SIM_ROWS_MAX = 4
-SIM_BLOCK_M = SIM_ROWS_MAX
-#: row counts a kernel is compiled for (the smallest that holds ``G * Nq`` is used)
-ROW_CHOICES = (1, 2, 4, 8)
-#: streaming multiprocessors the docs' split counts assume (H100 SXM / H200: 132); a launch
-#: fills its own device's (:func:`~numba_flash.kernels.decode.config.sm_count`)
-SM_COUNT = DEFAULT_SM_COUNT
-#: blocks per SM the default split count aims at when the batch alone does not fill the GPU
-TARGET_BLOCKS_PER_SM = 4
-#: smallest split by default: enough keys per block to amortise its partial state
-GPU_MIN_SPLIT_TOKENS = 256
-SIM_MIN_SPLIT_TOKENS = 16
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64), BFLOAT16)
 #: bfloat16 bits: the upper word of a float32 (the lower one is ``bits << 16``)
 _HI_WORD = uint32(0xFFFF0000)
 _SHIFT16 = uint32(16)
 
 
-def padded_head_dim(d):
-    """The compiled head dim for ``d``: the next power of two, at least 16 on the GPU (one of
-    ``kernels.common.HEAD_DIMS``) and at least 2 in the simulator (where every padded lane
-    costs time)."""
-    return max(2 if on_simulator() else 16, 1 << (int(d) - 1).bit_length())
+#: the block's rows: sequence ``b``, kv head ``kvh`` (its GQA ``group`` of query heads), the
+#: chunk's first row ``row0`` of the group's ``n_rows = group * nq``, the split of ``n_splits``
+DecodeRows = namedtuple("DecodeRows", "b kvh group row0 n_rows nq split n_splits")
+#: the sequence's keys: ``[pad, seqlen)``, row ``i`` at key column ``i + offset``, the window
+#: ``(left, right)`` and ``khi``, the end of the keys some row sees
+SeqKeys = namedtuple("SeqKeys", "seqlen pad offset left right khi")
+#: a lane's own row after the reduce-scatter (:func:`make_own_row_stages`): its index ``r`` in
+#: the chunk, ``live``, the keys ``[lo, hi)`` it sees, its query head ``h`` and column ``q_col``
+OwnRow = namedtuple("OwnRow", "r live lo hi h q_col")
+#: a key's place in the block table: entry ``j_blk``, ``slot`` in the page (or a step of them)
+KeyCursor = namedtuple("KeyCursor", "j_blk slot")
+#: per-lane constants of the cache layout: a block's rows before my head's, cache rows and view
+#: elements per physical block, my first view element of a row, the table's last column
+CacheLayout = namedtuple("CacheLayout", "kvh_rows row_stride blk_elems col0_v last_entry")
+#: the stages of the kernel (:func:`make_key_loads`, :func:`make_own_row_stages`,
+#: :func:`make_decode_epilogue`)
+KeyLoads = namedtuple("KeyLoads", "first_keys next_keys cache_layout locate_keys load_keys")
+OwnRowStages = namedtuple("OwnRowStages",
+                          "own_row own_score_args own_scores own_softmax accumulate")
+DecodeEpilogue = namedtuple("DecodeEpilogue", "merge_groups write_split combine")
+
+#: a stage of the kernel: inlined into it, in a module of its own
+_stage = functools.partial(device_jit, own_module=True, inline="always")
 
 
-def lane_layout(dtype, HEAD_DIM, simulator=None):
-    """``(LANES, CHUNK)``: lanes per key group and contiguous elements per lane chunk.  On the
-    GPU a chunk is 16 bytes (8 float16, 4 float32, 2 float64) and a group has ``HEAD_DIM /
-    CHUNK`` lanes, at most 32 (then each lane holds several chunks, ``LANES * CHUNK`` columns
-    apart).  The simulator keeps ``SIM_LANES`` lanes and a chunk of at most 16 bytes
-    (``HEAD_DIM / SIM_LANES`` elements when that is fewer: element loads, not 16-byte ones)."""
-    if simulator is None:
-        simulator = on_simulator()
-    full = CHUNK_BYTES // np.dtype(dtype).itemsize
-    if simulator:
-        lanes = min(SIM_LANES, HEAD_DIM)
-        return lanes, min(full, HEAD_DIM // lanes)
-    chunk = min(full, HEAD_DIM)
-    return min(32, HEAD_DIM // chunk), chunk
-
-
-def vector_loads(dtype, d, HEAD_DIM, CHUNK, *arrays):
-    """The ``VEC`` build (16-byte loads, no per-element test): ``d == HEAD_DIM``, a chunk of 16
-    bytes and, on the GPU, every cache's data 16-byte aligned (rows then are too)."""
-    if d != HEAD_DIM or CHUNK * np.dtype(dtype).itemsize != CHUNK_BYTES:
-        return False
-    if on_simulator():
-        return True
-    return all(x.__cuda_array_interface__["data"][0] % CHUNK_BYTES == 0 for x in arrays)
-
-
-def gpu_rows_max(dtype, HEAD_DIM):
-    """Most query rows per GPU block: at most ``LANES`` (the reduce-scatter gives each row a
-    lane), 8, and ``GPU_ROW_REGS // DPL`` (half for float64) so that the per-lane q and
-    accumulator (``ROWS * DPL`` values each) stay in registers: float16 4 rows from ``HEAD_DIM
-    = 32`` to 256 (2 at 16), float32 8 up to 128 and 4 at 256, float64 4.  Checked with ptxas
-    (docs/resources.md): past these, LLVM stops unrolling the row loops or ptxas spills."""
-    lanes, _ = lane_layout(dtype, HEAD_DIM, simulator=False)
-    dpl = HEAD_DIM // lanes
-    regs = GPU_ROW_REGS // (2 if np.dtype(dtype) == np.float64 else 1)
-    return max(1, min(8, lanes, regs // dpl))
-
-
-def gpu_min_blocks(dtype, HEAD_DIM):
-    """Resident blocks per SM the GPU kernel is compiled for (``launch_bounds``): 3 (at most
-    168 registers per thread: two keys of 8 elements per lane in flight, K and V, beside 4
-    rows of accumulators) for float16/float32 up to ``HEAD_DIM = 128``, softcap / ALiBi
-    included; else 2 (up to 255: ``HEAD_DIM = 256`` and float64 need more)."""
-    if np.dtype(dtype) == np.float64 or HEAD_DIM > 128:
-        return 2
-    return 3
-
-
-def keys_per_step(rows, dpl):
-    """``U``: 2 keys per group step (two K/V rows of each group in flight); 1 when the
-    accumulator registers (``rows * dpl``) are over 32, or a lane holds more than 16 elements
-    of a row (the 1024-wide MLA build: two keys' K and V, 128 registers, went to a 544 B
-    stack), where 2 would not fit the registers."""
-    return 1 if rows * dpl > 32 or dpl > 16 else GPU_KEYS_PER_STEP
-
-
-def launch_shape(dtype, HEAD_DIM, n_rows, simulator=None, **flags):
-    """The tile choice: the :class:`~numba_flash.kernels.decode.config.DecodeConfig` for a group of
-    ``n_rows = G * Nq`` query rows (``flags``: ``VEC``, ``PAGED``, ``SOFTCAP``, ``ALIBI``,
-    ``SPLIT_PAGES``, ``USER``): lanes and chunks of :func:`lane_layout`, the fewest of
-    :data:`ROW_CHOICES` rows that hold ``n_rows`` (at most :func:`gpu_rows_max`: registers),
-    :func:`keys_per_step` keys per step."""
-    if simulator is None:
-        simulator = on_simulator()
-    lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator)
-    name = np.dtype(dtype).name
-    if simulator:
-        rows_max = min(SIM_ROWS_MAX, lanes)
-        rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-        return DecodeConfig(THREADS=SIM_THREADS, LANES=lanes, CHUNK=chunk, U=SIM_KEYS_PER_STEP,
-                            ROWS=rows, HEAD_DIM=HEAD_DIM, DTYPE=name, **flags)
-    rows_max = gpu_rows_max(dtype, HEAD_DIM)
-    rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
-    return DecodeConfig(THREADS=GPU_THREADS, LANES=lanes, CHUNK=chunk,
-                        U=keys_per_step(rows, HEAD_DIM // lanes), ROWS=rows, HEAD_DIM=HEAD_DIM,
-                        DTYPE=name, **flags)
-
-
-def split_policy(num_splits, hkv, step):
-    """``(split_target, split_min)`` (runtime ints of the kernel; see the module docstring);
-    ``step`` is the kernel's ``STEP`` (keys per block step, :func:`block_step`).
-
-    ``num_splits=None``: enough splits that one sequence fills the GPU,
-    ``cdiv(SMs * TARGET_BLOCKS_PER_SM, Hkv)`` (``SMs``: the device's,
-    :func:`~numba_flash.kernels.decode.config.sm_count`), of at least ``GPU_MIN_SPLIT_TOKENS`` keys
-    (the simulator: splits of 16 keys).  The batch size is deliberately not an input: a split
-    count from ``B`` would make one sequence's bits depend on what else is in the batch.
-    ``num_splits=S``: ``S`` splits of equal size (a multiple of ``step``), so fewer when the
-    sequence has fewer key tiles of ``step`` keys than ``S``.
-    """
-    sim = on_simulator()
-    if num_splits is None:
-        if sim:
-            return GRID_YZ_MAX, SIM_MIN_SPLIT_TOKENS
-        return -(-sm_count() * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
-    return min(int(num_splits), GRID_YZ_MAX), step
-
-
-def split_size(n_keys, split_target, split_min, step):
-    """Keys per split for a sequence whose query rows see ``n_keys`` keys: the kernel's formula
-    (module docstring), on the host."""
-    size = max(split_min, -(-n_keys // split_target))
-    return -(-size // step) * step
-
-
-def gpu_splits(n_keys, hkv, num_splits=None, dtype=np.float16, HEAD_DIM=128, n_rows=1):
-    """``(splits, size)`` a GPU launch uses for one sequence of ``n_keys`` visible keys (the
-    docs' and the benchmark's tables; the same constants as a launch on the GPU)."""
-    lanes, _ = lane_layout(dtype, HEAD_DIM, simulator=False)
-    rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= gpu_rows_max(dtype, HEAD_DIM)),
-                gpu_rows_max(dtype, HEAD_DIM))
-    step = block_step(GPU_THREADS, lanes, keys_per_step(rows, HEAD_DIM // lanes))
-    if num_splits is None:
-        target, smin = -(-SM_COUNT * TARGET_BLOCKS_PER_SM // hkv), GPU_MIN_SPLIT_TOKENS
-    else:
-        target, smin = min(int(num_splits), GRID_YZ_MAX), step
-    size = split_size(n_keys, target, smin, step)
-    return -(-n_keys // size), size
-
-
-def block_step(THREADS, LANES, U):
-    """``STEP``: keys a block covers per step (``NG * U``)."""
-    return THREADS // LANES * U
-
-
-def split_grid(split_target, split_min, capacity):
-    """Splits in the grid: at most ``split_target`` and no more than the capacity has
-    ``split_min``-key pieces (so a huge ``num_splits`` is clamped to the key tiles that exist)."""
-    return max(1, min(split_target, -(-int(capacity) // split_min), GRID_YZ_MAX))
-
-
-def decode_grid(b, hkv, chunks, splits):
-    """``(x, y)`` grid of the decode kernel; checked against CUDA's limits (a CPU test runs it
-    with ``B * Hkv`` past 65535)."""
-    x = int(b) * int(hkv) * int(chunks)
-    if x > GRID_X_MAX:
-        raise ValueError(f"q: expected B * Hkv * row chunks <= {GRID_X_MAX} (the CUDA grid's x "
-                         f"limit), got {b} * {hkv} * {chunks} = {x}")
-    if not 1 <= splits <= GRID_YZ_MAX:
-        raise ValueError(f"num_splits: expected 1..{GRID_YZ_MAX} splits in the grid, got {splits}")
-    return (x, int(splits))
-
-
-def launch_bounds(THREADS, dtype, HEAD_DIM):
-    """``(max threads per block, min resident blocks per SM)`` of the kernel (``kernel_jit``
-    drops it in the simulator)."""
-    return (THREADS, gpu_min_blocks(dtype, HEAD_DIM))
+def _np_dtype(cfg):
+    """The NumPy dtype of ``cfg.DTYPE`` (bfloat16: ml_dtypes')."""
+    return BFLOAT16 if cfg.DTYPE == "bfloat16" else np.dtype(cfg.DTYPE)
 
 
 @functools.lru_cache(maxsize=None)
-def decode_kernel(cfg):
-    """Build (once per :class:`~numba_flash.kernels.decode.config.DecodeConfig`) the fused split-KV
-    decode kernel
-
-    ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part, lse_part,
-    counters, va, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
-    split_min)``
-
-    ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and ``CHUNK``
-    of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table (``paged`` must
-    agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not divide (a step's keys
-    may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
-    caches ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size,
-    d]`` views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
-    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
-    ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each sequence's keys) and
-    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence); ``o_part``
-    ``[splits, B * H * Nq, d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused
-    with one split) and ``counters`` int32 ``[grid x]``, zero; ``va`` the
-    :class:`~numba_flash.kernels.core.variant.Variant`: ``scale``, ``softcap``, ``inv_softcap`` in
-    the compute type, ``window = (left, right)`` (``-1`` unbounded, causal folded into ``right =
-    0``), ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``), ``user`` ``(a stand-in for
-    kinds,) + aux``, ``sink`` the learnable sink logits; the rest scalars.
-
-    ``USER``: a user's variant (:mod:`numba_flash.flex`), ``(score_mod, mask_mod)`` CUDA device
-    functions (either may be None), compile-time: ``va.user[1:]`` is the tuple of the user's aux
-    arrays (``va.user = ()`` without ``USER``: no kernel parameter).  For a key ``t`` the built-in
-    rules let a live row see, ``mask_mod(b, h, q_idx, t, *aux)`` decides whether it stays visible
-    and ``score_mod(s, b, h, q_idx, t, *aux)`` replaces its score after scale, softcap and ALiBi;
-    ``b`` is the sequence (the row of ``q``), ``h`` the query head, ``q_idx = L - Nq + i`` the
-    query's column and ``t`` the key's position in the cache (all int32).  A build with ``USER``
-    keeps out of the on-disk kernel cache (the user's code does not key it).
-    """
-    THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
-    HEAD_DIM, dtype, USER, OWN_V = cfg.HEAD_DIM, cfg.DTYPE, cfg.USER, cfg.OWN_V
-    VEC, PAGED, SPLIT_PAGES = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES
-    SOFTCAP, ALIBI = cfg.SOFTCAP, cfg.ALIBI
-    assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
-    assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
-    dtype = BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
-    acc_t = compute_type(dtype)
-    assert not VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
-    load, store = element_ops(dtype)      # element <-> compute type (kernels/core/elements.py)
-    #: bfloat16 with 16-byte loads: the caches come as float32 views (two bfloat16 words per
-    #: float32 element, :func:`cache_views`), so ``load16`` reads 8 of them as 4 float32 whose
-    #: bits are split: low word ``bits << 16``, high word ``bits & 0xFFFF0000`` (both exact)
-    BF16_PAIRS = VEC and is_bfloat16(dtype)
-    EW = 2 if BF16_PAIRS else 1           # cache elements per element of the kernel's view
-    Q_VEC = VEC and not BF16_PAIRS        # q by load16 (bfloat16 q: element loads, prologue only)
-    DPL = HEAD_DIM // LANES               # elements of a K/V row per lane
-    NCH = DPL // CHUNK                    # chunks of CHUNK contiguous elements per lane
-    #: element j of a lane is column lane * CHUNK + COL[j]: chunk i = j // CHUNK of the lane
-    #: starts LANES * CHUNK * i columns further (the group's lanes cover a row side by side)
-    COL = tuple((j // CHUNK) * LANES * CHUNK + j % CHUNK for j in range(DPL))
-    V4 = 16 // np.dtype(acc_dtype(dtype)).itemsize   # q values per 16-byte shared load
-    QP = -(-DPL // V4)                    # 16-byte pieces of q per lane and row
-    Q_WORDS = ROWS * QP * LANES * V4
-    UR = U * ROWS                         # scores of one step: U keys x ROWS rows
-    assert U <= 2, "a key's slot carries into the next table entry at most once"
-    NG = THREADS // LANES                 # key groups per block
-    STEP = NG * U                         # keys per block step
-    LOG_LANES = LANES.bit_length() - 1
-    RD = ROWS * DPL                       # per-lane q / accumulator registers
-    UD = U * DPL                          # per-lane K (and V) registers of one step
-    LOG_ROWS = ROWS.bit_length() - 1
-    N_UPPER = max(1, LOG_ROWS)
-    assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
-    #: a lane that owns row r after the reduce-scatter (the row's bits as offset bits)
-    LANE_OF = tuple(sum(LANES >> (i + 1) for i in range(LOG_ROWS) if r & (ROWS >> (i + 1)))
-                    for r in range(ROWS))
-    ONE = acc_t(1.0)
-    NOT_SEEN = acc_t(-1.0)                # p of a key the row does not see
-    NEG_INF = acc_t(-math.inf)
-    NAN = acc_t(math.nan)
+def make_load_q_rows(cfg):
+    """The prologue's stage ``load_q_rows``: the block's pre-scaled q rows into shared memory."""
+    LANES, CHUNK, ROWS, HEAD_DIM = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.HEAD_DIM
+    DPL, NCH, COL, V4, QP = cfg.DPL, cfg.NCH, cfg.COL, cfg.V4, cfg.QP
+    Q_VEC, USER_FN = cfg.Q_VEC, cfg.USER_FN
+    acc_t = compute_type(_np_dtype(cfg))
+    load, _store = element_ops(_np_dtype(cfg))   # element -> compute type (core/elements.py)
     ZERO = acc_t(0.0)
-    score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
-    USER_FN = USER is not None and (USER[0] is not None or USER[1] is not None)
-    # the scores (tile_scores.py: q is pre-scaled, so steps 3-5 of the contract and the user's
-    # functions), the online softmax of a lane's own row (rescaled only when its max moved) and
-    # the merge of the key groups' states (merge.py)
-    score_fn = make_score_fn(False, SOFTCAP, ALIBI, USER, acc_t, True)
-    softmax_init, softmax_update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
-    merge_stats, merge_element = make_merge_functions(acc_t)
-    merge_states_ml = make_state_merge(acc_t)
-    _stage = functools.partial(device_jit, own_module=True, inline="always")
-
-    @functools.partial(device_jit, own_module=True, inline="always")
-    def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
-        # key u's K and V chunks from view element e0 (16-byte loads) into the registers
-        for i in range(NCH):
-            kc = load16(k_cache, e0 + i * (LANES * CHUNK // EW))
-            vc = load16(v_cache, e0 + i * (LANES * CHUNK // EW))
-            if BF16_PAIRS:                    # 4 float32 = 8 bfloat16 words (low word first)
-                for e in range(CHUNK // 2):
-                    kb = float32_bits(kc[e])
-                    vb = float32_bits(vc[e])
-                    j0 = u * DPL + i * CHUNK + 2 * e
-                    k_reg[j0] = float32_from_bits(uint32(kb << _SHIFT16))
-                    v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
-                    k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
-                    v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
-            else:
-                for e in range(CHUNK):
-                    k_reg[u * DPL + i * CHUNK + e] = kc[e]
-                    v_reg[u * DPL + i * CHUNK + e] = vc[e]
 
     @_stage
-    def load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen, left,
-                    right, scale, lane, grp, col0):
+    def load_q_rows(q, q_sh, acc, rows, seq, lo, hi, scale, lane, grp, col0):
         """The pre-scaled q rows into ``q_sh`` (group 0 writes every lane's pieces: ``QP`` pieces
         of ``V4`` values per lane and row, lane-interleaved, read back 16 bytes at a time),
         ``acc = 0``; returns ``full``: every row sees every key of ``[lo, hi)`` (no mask; never
         with a user's function: its mask may hide any key, its score may be -inf, and either
         makes p "not seen")."""
+        b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
@@ -403,32 +152,84 @@ def decode_kernel(cfg):
                         q_sh[((r * QP + pc) * LANES + lane) * V4 + e] = val
             for j in range(DPL):
                 acc[r * DPL + j] = ZERO
-            lo_r, hi_r = key_bounds(tok, offset, seqlen, left, right)
+            lo_r, hi_r = key_bounds(tok, seq.offset, seq.seqlen, seq.left, seq.right)
             if live_row and (lo_r > lo or hi_r < hi):
                 full = False                  # some row does not see every key of the split
         return full
 
+    return load_q_rows
+
+
+@functools.lru_cache(maxsize=None)
+def make_key_loads(cfg):
+    """The walk over the cache (:data:`KeyLoads`): where my group's keys live in the block table
+    and their K/V rows into registers."""
+    LANES, CHUNK, U, HEAD_DIM = cfg.LANES, cfg.CHUNK, cfg.U, cfg.HEAD_DIM
+    VEC, PAGED, SPLIT_PAGES, OWN_V = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.OWN_V
+    DPL, NCH, COL, STEP, EW, BF16_PAIRS = cfg.DPL, cfg.NCH, cfg.COL, cfg.STEP, cfg.EW, \
+        cfg.BF16_PAIRS
+    acc_t = compute_type(_np_dtype(cfg))
+    load, _store = element_ops(_np_dtype(cfg))   # element -> compute type (core/elements.py)
+    ZERO = acc_t(0.0)
+
     @_stage
-    def own_row(upper_at, lane, row0, n_rows, nq, offset, seqlen, left, right, pad, khi):
-        """My own row: after the reduce-scatter, lane ``l`` holds the scores of row ``r_own``,
-        the row whose bits are the lane's top ``LOG_ROWS`` offset bits (``upper_at[i]``: my half
-        at butterfly step ``i``); returns ``(r_own, live_own, lo_own, hi_own)``, the keys
-        ``[lo_own, hi_own)`` it sees (int32 from here: key positions fit, the host checks the
-        lengths)."""
-        r_own = 0
-        for i in range(LOG_ROWS):
-            upper_at[i] = (lane & (LANES >> (i + 1))) != 0
-            if upper_at[i]:
-                r_own += ROWS >> (i + 1)
-        row_own = row0 + r_own
-        live_own = row_own < n_rows
-        lo_own, hi_own = key_bounds(row_own % nq, offset, seqlen, left, right)
-        lo_own = int32(max(lo_own, pad))      # (pad >= 0 when the length is good)
-        hi_own = int32(min(hi_own, khi))
-        if not live_own:                      # a padding row sees every key (never written)
-            lo_own = int32(0)
-            hi_own = int32(2**31 - 1)
-        return r_own, live_own, lo_own, hi_own
+    def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
+        # key u's K and V chunks from view element e0 (16-byte loads) into the registers
+        for i in range(NCH):
+            kc = load16(k_cache, e0 + i * (LANES * CHUNK // EW))
+            vc = load16(v_cache, e0 + i * (LANES * CHUNK // EW))
+            if BF16_PAIRS:                    # 4 float32 = 8 bfloat16 words (low word first)
+                for e in range(CHUNK // 2):
+                    kb = float32_bits(kc[e])
+                    vb = float32_bits(vc[e])
+                    j0 = u * DPL + i * CHUNK + 2 * e
+                    k_reg[j0] = float32_from_bits(uint32(kb << _SHIFT16))
+                    v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
+                    k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
+                    v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
+            else:
+                for e in range(CHUNK):
+                    k_reg[u * DPL + i * CHUNK + e] = kc[e]
+                    v_reg[u * DPL + i * CHUNK + e] = vc[e]
+
+    # [docs:decode-token-lookup]
+    @_stage
+    def first_keys(lo, grp, block_size):
+        """Where my group's first keys live: ``(lo_step, at, step)``.  The block's steps start
+        at ``lo_step``, ``lo`` rounded down to a multiple of ``U`` (keys before ``lo`` are dead:
+        with a block size that ``U`` divides, a group's ``U`` keys then always share one page);
+        ``at`` is my first key's :class:`KeyCursor` (table index ``j_blk``, ``slot``: two
+        divisions per split), ``step`` a block step's (``STEP`` keys).  Key positions are int32
+        (lengths fit: the host checks them), cache rows int64."""
+        lo_step = int32(lo // U * U)
+        j_blk = int32((lo_step + grp * U) // block_size)
+        slot = int32(lo_step + grp * U - j_blk * block_size)
+        step_blk = int32(STEP // block_size)
+        step_slot = int32(STEP - step_blk * block_size)
+        return lo_step, KeyCursor(j_blk, slot), KeyCursor(step_blk, step_slot)
+
+    @_stage
+    def next_keys(j_blk, slot, step, block_size):
+        """``(j_blk, slot)`` of my keys of the next block step: ``step`` further, one carry at
+        most (scalars, not a :class:`KeyCursor`: with a tuple carried by the loop, ptxas built a
+        step 4 instructions longer)."""
+        slot = int32(slot + step.slot)
+        j_blk = int32(j_blk + step.j_blk)
+        if slot >= block_size:
+            slot = int32(slot - block_size)
+            j_blk = int32(j_blk + 1)
+        return j_blk, slot
+    # [/docs:decode-token-lookup]
+
+    @_stage
+    def cache_layout(kvh, hkv, block_size, lane, block_table):
+        """The :class:`CacheLayout` of my lane (constants of the walk)."""
+        return CacheLayout(
+            kvh_rows=int32(kvh * block_size),                     # a block's rows before my head's
+            row_stride=int64(hkv) * block_size,                   # cache rows per physical block
+            blk_elems=int64(hkv) * block_size * (HEAD_DIM // EW),   # view elements per block
+            col0_v=lane * (CHUNK // EW),                          # my first view element of a row
+            last_entry=uint32(block_table.shape[1] - 1))          # (PAGED: >= 1 column)
 
     # [docs:decode-tile-load]
     @_stage
@@ -441,9 +242,9 @@ def decode_kernel(cfg):
         ``U`` divides the block size (not ``SPLIT_PAGES``) they share one page: one table entry
         and one base address serve them all (key ``u`` is ``u`` rows further: an immediate
         offset); with ``SPLIT_PAGES`` (an odd block size) each key finds its own page (one
-        carry at most).  ``keys``: ``(kvh_rows, row_stride, blk_elems, col0_v, last_entry)``,
-        the kernel's per-lane constants of the cache layout."""
-        kvh_rows, row_stride, blk_elems, col0_v, last_entry = keys
+        carry at most).  ``j_blk``, ``slot``: key ``t0``'s table entry and slot; ``keys``: the
+        :class:`CacheLayout`, per-lane constants."""
+        kvh_rows, row_stride, blk_elems = keys.kvh_rows, keys.row_stride, keys.blk_elems
         bad = False
         if not SPLIT_PAGES:
             blk = int32(b)
@@ -452,7 +253,7 @@ def decode_kernel(cfg):
                 some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
                 # (no branch: an index clamped into the table is always safe to read, and
                 # only a live key's entry is used)
-                entry = block_table[uint32(b), min(uint32(j_blk), last_entry)]
+                entry = block_table[uint32(b), min(uint32(j_blk), keys.last_entry)]
                 page_ok = 0 <= entry and entry < n_cache_blocks
                 if some_live and not page_ok:
                     bad = True                # never dereferenced
@@ -460,7 +261,7 @@ def decode_kernel(cfg):
             in_row = int32(kvh_rows + slot)   # key 0's row inside its physical block
             if VEC:
                 first = (int64(uint32(blk)) * blk_elems
-                         + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
+                         + (int64(in_row) * (HEAD_DIM // EW) + keys.col0_v))
             else:
                 first = int64(uint32(blk)) * row_stride + in_row
             for u in range(U):
@@ -488,7 +289,7 @@ def decode_kernel(cfg):
                 in_row = int32(kvh_rows + ss)
                 if VEC:
                     key_at[u] = (int64(uint32(blk)) * blk_elems
-                                 + (int64(in_row) * (HEAD_DIM // EW) + col0_v))
+                                 + (int64(in_row) * (HEAD_DIM // EW) + keys.col0_v))
                 else:
                     key_at[u] = int64(uint32(blk)) * row_stride + in_row
         step_ok = True
@@ -527,6 +328,66 @@ def decode_kernel(cfg):
                     k_reg[u * DPL + j] = kv
                     v_reg[u * DPL + j] = vv
     # [/docs:decode-tile-load]
+
+    return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, load_keys)
+
+
+@functools.lru_cache(maxsize=None)
+def make_own_row_stages(cfg):
+    """The per-step math of a lane's own row (:data:`OwnRowStages`): which row it owns after the
+    reduce-scatter and its :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs`, the
+    scores by reduce-scatter, the online softmax, ``acc = alpha acc + p v``."""
+    LANES, U, ROWS, SOFTCAP, ALIBI = cfg.LANES, cfg.U, cfg.ROWS, cfg.SOFTCAP, cfg.ALIBI
+    DPL, V4, QP, LANE_OF, USER_FN = cfg.DPL, cfg.V4, cfg.QP, cfg.LANE_OF, cfg.USER_FN
+    LOG_ROWS, LOG_LANES = cfg.LOG_ROWS, cfg.LOG_LANES
+    UR = U * ROWS                         # scores of one step: U keys x ROWS rows
+    acc_t = compute_type(_np_dtype(cfg))
+    ONE = acc_t(1.0)
+    NOT_SEEN = acc_t(-1.0)                # p of a key the row does not see
+    NEG_INF = acc_t(-math.inf)
+    ZERO = acc_t(0.0)
+    score_mod = make_score_mod(SOFTCAP, ALIBI, acc_t)
+    # the scores (tile_scores.py: q is pre-scaled, so steps 3-5 of the contract and the user's
+    # functions) and the online softmax of a lane's own row (rescaled only when its max moved)
+    score_fn = make_score_fn(False, SOFTCAP, ALIBI, cfg.USER, acc_t, True)
+    _init, softmax_update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
+
+
+    @_stage
+    def own_row(upper_at, lane, rows, seq):
+        """My own row: after the reduce-scatter, lane ``l`` holds the scores of row ``r_own``,
+        the row whose bits are the lane's top ``LOG_ROWS`` offset bits (``upper_at[i]``: my half
+        at butterfly step ``i``); returns its :class:`OwnRow`: the keys ``[lo, hi)`` it sees
+        (int32 from here: key positions fit, the host checks the lengths) and the user's
+        coordinates of it (query head ``h``, the query's column ``q_col``)."""
+        r_own = 0
+        for i in range(LOG_ROWS):
+            upper_at[i] = (lane & (LANES >> (i + 1))) != 0
+            if upper_at[i]:
+                r_own += ROWS >> (i + 1)
+        nq = rows.nq
+        row_own = rows.row0 + r_own
+        live_own = row_own < rows.n_rows
+        lo_own, hi_own = key_bounds(row_own % nq, seq.offset, seq.seqlen, seq.left, seq.right)
+        lo_own = int32(max(lo_own, seq.pad))  # (pad >= 0 when the length is good)
+        hi_own = int32(min(hi_own, seq.khi))
+        if not live_own:                      # a padding row sees every key (never written)
+            lo_own = int32(0)
+            hi_own = int32(2**31 - 1)
+        return OwnRow(r_own, live_own, lo_own, hi_own,
+                      int32(rows.kvh * rows.group + row_own // nq),
+                      int32(row_own % nq + seq.offset))
+
+    @_stage
+    def own_score_args(va, rows, own):
+        """The :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs` of my row (``offset``
+        0: :class:`OwnRow` carries the query's column); ALiBi's slope read for a live row only
+        (a padding row's head may be past ``H``)."""
+        slope_own = ZERO
+        if ALIBI and own.live:
+            slope_own = acc_t(va.alibi[rows.b, own.h])
+        return ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope_own, 0, rows.nq,
+                         int32(rows.b), own.h, va.user[1:])
 
     # [docs:decode-scores]
     @_stage
@@ -570,7 +431,7 @@ def decode_kernel(cfg):
         the score modifiers, then the update; ``s_own`` leaves holding ``p``, or ``NOT_SEEN``
         (-1) for a key the row does not see (a visible key's NaN p stays NaN).  Returns
         ``alpha``."""
-        live_own, lo_own, hi_own, q_own = own
+        live_own, lo_own, hi_own, q_own = own.live, own.lo, own.hi, own.q_col
         vis_own = cuda.local.array(U, types.boolean)
         for u in range(U):
             t = int32(t0 + u)
@@ -622,6 +483,24 @@ def decode_kernel(cfg):
                             acc[r * DPL + j] += p_row[r * U + u] * v_reg[u * DPL + j]
     # [/docs:decode-scores]
 
+    return OwnRowStages(own_row, own_score_args, own_scores, own_softmax, accumulate)
+
+
+@functools.lru_cache(maxsize=None)
+def make_decode_epilogue(cfg):
+    """The block's end (:data:`DecodeEpilogue`): the merge of its key groups, the split's write,
+    the fused combine of the splits (:mod:`~numba_flash.kernels.decode.merge`)."""
+    THREADS, ROWS, HEAD_DIM, DPL, COL, NG = (cfg.THREADS, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL, cfg.COL,
+                                             cfg.NG)
+    acc_t = compute_type(_np_dtype(cfg))
+    _load, store = element_ops(_np_dtype(cfg))   # compute type -> element
+    NEG_INF = acc_t(-math.inf)
+    NAN = acc_t(math.nan)
+    ZERO = acc_t(0.0)
+    merge_stats, merge_element = make_merge_functions(acc_t)
+    merge_states_ml = make_state_merge(acc_t)
+
+
     @_stage
     def merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0):
         """Merge the ``NG`` group states of the block (fixed order: reproducible bits) by the
@@ -656,7 +535,8 @@ def decode_kernel(cfg):
         a bad sequence, 0 / -inf for no visible key.  One split adds the rows' learnable sink
         here (``sinks``, :func:`~numba_flash.kernels.mainloop.online_softmax.sink_of`); with
         several, the combine adds it once, never a split."""
-        b, kvh, group, row0, n_rows, split, n_splits = rows
+        b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
+        split, n_splits = rows.split, rows.n_splits
         n_heads = o.shape[1]
         nq = o.shape[2]
         d = o.shape[3]
@@ -710,7 +590,8 @@ def decode_kernel(cfg):
         """The fused combine: the last block of ``(b, kvh, z)`` to finish merges every split
         and the rows' learnable sink, once (:func:`~.merge.make_merge_functions`), then resets
         its counter."""
-        b, kvh, group, row0, n_rows, split, n_splits = rows
+        b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
+        n_splits = rows.n_splits
         n_heads = o.shape[1]
         nq = o.shape[2]
         d = o.shape[3]
@@ -743,6 +624,62 @@ def decode_kernel(cfg):
         if tid == 0:
             counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
     # [/docs:decode-combine]
+
+    return DecodeEpilogue(merge_groups, write_split, combine)
+
+
+@functools.lru_cache(maxsize=None)
+
+def decode_kernel(cfg):
+    """Build (once per :class:`~numba_flash.kernels.decode.config.DecodeConfig`) the fused split-KV
+    decode kernel
+
+    ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part, lse_part,
+    counters, va, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
+    split_min)``
+
+    ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and ``CHUNK``
+    of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table (``paged`` must
+    agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not divide (a step's keys
+    may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
+    caches ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size,
+    d]`` views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
+    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
+    ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each sequence's keys) and
+    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence); ``o_part``
+    ``[splits, B * H * Nq, d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused
+    with one split) and ``counters`` int32 ``[grid x]``, zero; ``va`` the
+    :class:`~numba_flash.kernels.core.variant.Variant`: ``scale``, ``softcap``, ``inv_softcap`` in
+    the compute type, ``window = (left, right)`` (``-1`` unbounded, causal folded into ``right =
+    0``), ``alibi`` float32 ``[B, H]`` (unused without ``ALIBI``), ``user`` ``(a stand-in for
+    kinds,) + aux``, ``sink`` the learnable sink logits; the rest scalars.
+
+    ``USER``: a user's variant (:mod:`numba_flash.flex`), ``(score_mod, mask_mod)`` CUDA device
+    functions (either may be None), compile-time: ``va.user[1:]`` is the tuple of the user's aux
+    arrays (``va.user = ()`` without ``USER``: no kernel parameter).  For a key ``t`` the built-in
+    rules let a live row see, ``mask_mod(b, h, q_idx, t, *aux)`` decides whether it stays visible
+    and ``score_mod(s, b, h, q_idx, t, *aux)`` replaces its score after scale, softcap and ALiBi;
+    ``b`` is the sequence (the row of ``q``), ``h`` the query head, ``q_idx = L - Nq + i`` the
+    query's column and ``t`` the key's position in the cache (all int32).  A build with ``USER``
+    keeps out of the on-disk kernel cache (the user's code does not key it).
+    """
+    THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
+    HEAD_DIM, USER, PAGED = cfg.HEAD_DIM, cfg.USER, cfg.PAGED
+    NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
+    assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
+    assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
+    dtype = _np_dtype(cfg)
+    acc_t = compute_type(dtype)
+    assert not cfg.VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
+    assert U <= 2, "a key's slot carries into the next table entry at most once"
+    assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
+    N_UPPER = max(1, cfg.LOG_ROWS)
+    ZERO = acc_t(0.0)
+    softmax_init, _update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
+    load_q_rows = make_load_q_rows(cfg)
+    walk = make_key_loads(cfg)            # the key walk: block table, K/V rows
+    mine = make_own_row_stages(cfg)       # a lane's own row: scores, softmax, p v
+    epilogue = make_decode_epilogue(cfg)  # group merge, the split's write, the combine
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
@@ -787,6 +724,8 @@ def decode_kernel(cfg):
         hi = min(lo + size, khi)              # lo >= hi: an empty split
         if bad_len:
             hi = lo                           # read nothing; the output is NaN
+        rows = DecodeRows(b, kvh, group, row0, n_rows, nq, split, n_splits)
+        seq = SeqKeys(seqlen, pad, offset, left, right, khi)
         # [/docs:decode-block-coords]
 
         acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
@@ -797,18 +736,9 @@ def decode_kernel(cfg):
         q_sh = cuda.shared.array(Q_WORDS, acc_t, alignment=SHARED_ALIGN)   # read by lds16
         acc = cuda.local.array(RD, acc_t)
         upper_at = cuda.local.array(N_UPPER, types.boolean)
-        full = load_q_rows(q, q_sh, acc, row0, n_rows, b, kvh, group, lo, hi, offset, seqlen,
-                           left, right, va.scale, lane, grp, col0)
-        r_own, live_own, lo_own, hi_own = own_row(upper_at, lane, row0, n_rows, nq, offset,
-                                                  seqlen, left, right, pad, khi)
-        # the user's coordinates of my row: sequence b, query head, the query's column
-        h_own = int32(kvh * group + (row0 + r_own) // nq)
-        slope_own = ZERO
-        if ALIBI and live_own:
-            slope_own = acc_t(va.alibi[b, h_own])
-        sa = ScoreArgs(va.scale, va.softcap, va.inv_softcap, slope_own, 0, nq, int32(b), h_own,
-                       va.user[1:])
-        own = (live_own, lo_own, hi_own, int32((row0 + r_own) % nq + offset))
+        full = load_q_rows(q, q_sh, acc, rows, seq, lo, hi, va.scale, lane, grp, col0)
+        own = mine.own_row(upper_at, lane, rows, seq)
+        sa = mine.own_score_args(va, rows, own)
         m_own = cuda.local.array(1, acc_t)
         l_own = cuda.local.array(1, acc_t)
         softmax_init(m_own, l_own, acc_sh)
@@ -817,19 +747,9 @@ def decode_kernel(cfg):
             flag_sh[0] = 0                    # a bad table entry was met
         cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
 
-        # [docs:decode-token-lookup]
-        # -- where my first key lives: table index j_blk, slot (two divisions per split); a
-        # block step moves them on by step_blk entries and step_slot slots (one carry at most).
-        # Key positions are int32 (lengths fit: the host checks them), cache rows int64.
-        # the steps start at lo rounded down to a multiple of U (keys before lo are dead): with
-        # a block size that U divides, a group's U keys then always share one page
-        lo_step = int32(lo // U * U)
-        j_blk = int32((lo_step + grp * U) // block_size)
-        slot = int32(lo_step + grp * U - j_blk * block_size)
-        step_blk = int32(STEP // block_size)
-        step_slot = int32(STEP - step_blk * block_size)
+        lo_step, at, step = walk.first_keys(lo, grp, block_size)
+        j_blk, slot = at.j_blk, at.slot
         bad_entry = False
-        # [/docs:decode-token-lookup]
         k_reg = cuda.local.array(UD, acc_t)
         v_reg = cuda.local.array(UD, acc_t)
         key_ok = cuda.local.array(U, int32)   # key u is live and readable (1) or not (0)
@@ -838,42 +758,35 @@ def decode_kernel(cfg):
         for j in range(UD):                   # (the stale registers of a dead key are finite)
             k_reg[j] = ZERO
             v_reg[j] = ZERO
-        keys = (int32(kvh * block_size),                      # a block's rows before my head's
-                int64(hkv) * block_size,                      # cache rows per physical block
-                int64(hkv) * block_size * (HEAD_DIM // EW),   # view elements per block
-                lane * (CHUNK // EW),                         # my first view element of a row
-                uint32(block_table.shape[1] - 1))             # (PAGED: >= 1 column)
+        keys = walk.cache_layout(kvh, hkv, block_size, lane, block_table)
         base = lo_step
         while base < int32(hi):               # the same trip count on every lane (shuffles)
             t0 = int32(base + grp * U)
-            step_ok, bad = locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
-                                       int32(lo), int32(hi), n_cache_blocks, block_size, keys)
+            step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
+                                            int32(lo), int32(hi), n_cache_blocks, block_size,
+                                            keys)
             bad_entry = bad_entry or bad
-            load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
-                      q.shape[3], o.shape[3])
-            slot = int32(slot + step_slot)    # advance to my keys of the next step
-            j_blk = int32(j_blk + step_blk)
-            if slot >= block_size:
-                slot = int32(slot - block_size)
-                j_blk = int32(j_blk + 1)
-            own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
-            alpha = own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own)
-            accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
+            walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
+                           q.shape[3], o.shape[3])
+            j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
+            mine.own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
+            alpha = mine.own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own)
+            mine.accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
             base = int32(base + STEP)
 
         if bad_entry:
             flag_sh[0] = 1
         if (lane & (LANES // ROWS - 1)) == 0:
-            m_sh[grp, r_own] = m_own[0]       # one lane per row writes (all hold the same)
-            l_sh[grp, r_own] = l_own[0]
+            m_sh[grp, own.r] = m_own[0]       # one lane per row writes (all hold the same)
+            l_sh[grp, own.r] = l_own[0]
         cuda.syncthreads()  # every group's (m, l) per row and the bad flag are in shared memory
-        merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0)
+        epilogue.merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0)
         bad = bad_len or flag_sh[0] != 0
-        rows = (b, kvh, group, row0, n_rows, split, n_splits)
-        write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad, rows,
-                    tid, va.sink)
+        epilogue.write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad,
+                         rows, tid, va.sink)
         if n_splits > 1:
-            combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid, va.sink)
+            epilogue.combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid,
+                         va.sink)
 
     return decode_split
 

@@ -8,6 +8,7 @@ from numba import types
 from numba_flash.kernels.core.common import acc_dtype, numba_array_type
 from numba_flash.kernels.core.config import MMA_DTYPES
 from numba_flash.kernels.core.elements import BFLOAT16
+from numba_flash.kernels.decode import config as dconfig
 from numba_flash.kernels.decode.config import mla_decode_config
 from numba_flash.kernels.decode import merge
 from numba_flash.kernels.decode import mla
@@ -25,9 +26,9 @@ def split_kv_configs():
             own_v=None):
         dtype = np.dtype(dtype)
         fns, aux = (None, ()) if user is None else user
-        config = split_kv.launch_shape(dtype, HEAD_DIM, split_kv.gpu_rows_max(dtype, HEAD_DIM),
-                                       False, VEC=vec, PAGED=paged, SOFTCAP=softcap,
-                                       ALIBI=alibi, USER=fns, OWN_V=own_v is not None)
+        config = dconfig.launch_shape(dtype, HEAD_DIM, dconfig.gpu_rows_max(dtype, HEAD_DIM),
+                                        False, VEC=vec, PAGED=paged, SOFTCAP=softcap,
+                                        ALIBI=alibi, USER=fns, OWN_V=own_v is not None)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
         tag += "" if user is None else " score_mod mask_mod"
@@ -37,7 +38,7 @@ def split_kv_configs():
             "config": config,
             "kernel": split_kv.decode_kernel(config),
             "args": split_kv.kernel_args_types(dtype, alibi, vec, aux),
-            "launch_bounds": split_kv.launch_bounds(split_kv.GPU_THREADS, dtype, HEAD_DIM),
+            "launch_bounds": dconfig.launch_bounds(dconfig.GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
             # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
             # holding 25% of the kernel's FFMAs (by global loads it would be a combine loop;
@@ -47,7 +48,7 @@ def split_kv_configs():
                      "streaming": True},
         }
 
-    for dtype in split_kv.DTYPES[:2]:
+    for dtype in dconfig.DTYPES[:2]:
         yield cfg(dtype, 128)
     yield cfg(np.float16, 64)
     yield cfg(np.float16, 256)
