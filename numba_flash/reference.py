@@ -41,6 +41,7 @@ __all__ = [
     "online_softmax",
     "online_softmax_stats",
     "attention",
+    "dequantize",
     "attention_backward",
     "attention_varlen",
     "attention_backward_varlen",
@@ -301,6 +302,23 @@ def _keep_scale(dropout_mask, dropout_p, shape):
         return 1.0
     keep = np.broadcast_to(np.asarray(dropout_mask, dtype=bool), shape)
     return keep / (1.0 - dropout_p)
+
+
+def dequantize(x, descale):
+    """Low-precision values as float64: ``x`` ``[B, Hx, N, d]`` (fp8 e4m3 through ml_dtypes, or
+    any dtype) times its descale factor ``descale`` ``[B, Hkv]`` (FA3's ``q_descale``,
+    ``k_descale``, ``v_descale``), head ``h`` taking ``descale[b, h // (Hx // Hkv)]``: the
+    query heads of a GQA group share their kv head's factor.  The fp8 reference is
+    ``attention(dequantize(q, q_descale), dequantize(k, k_descale), dequantize(v, v_descale))``:
+    FA3's ``S = (Q K^T) q_descale k_descale scale`` and ``O = (P V) v_descale``, exactly."""
+    x = np.asarray(x).astype(np.float64)
+    descale = np.asarray(descale, dtype=np.float64)
+    b, hx = x.shape[:2]
+    if descale.ndim != 2 or descale.shape[0] != b or hx % descale.shape[1]:
+        raise ValueError(f"descale: expected [B, Hkv] = [{b}, a divisor of {hx}], got "
+                         f"{list(descale.shape)}")
+    per_head = np.repeat(descale, hx // descale.shape[1], axis=1)
+    return x * per_head[:, :, None, None]
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, dropout_p=0.0,

@@ -15,6 +15,7 @@ SOURCES = (
     backward.mma_configs,
     decode.split_kv_configs,
     ptx.elements_configs,
+    ptx.fp8_configs,
     forward.simt_configs,
     forward.mma_configs,
     forward.wgmma_configs,

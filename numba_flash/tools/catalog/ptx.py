@@ -8,6 +8,7 @@ import numpy as np
 from numba import types
 from numba_flash.kernels.core import elements
 from numba_flash.kernels.mainloop import warp_gemm
+from numba_flash.kernels.ptx import fp8
 from numba_flash.kernels.ptx import mma
 from numba_flash.kernels.ptx import stages
 from numba_flash.kernels.ptx import wgmma
@@ -66,6 +67,14 @@ def stages_configs():
     f16_2 = types.Array(types.float16, 2, "C")
     yield {"name": "stages load16 float16", "kernel": stages.load16_kernel(8),
            "args": (f16_2, i32_1, f32_2), "float64_ok": False}
+
+
+def fp8_configs():
+    """The fp8 probe: four e4m3 of a word to float32 (``cvt.rn.f16x2.e4m3x2``: sm_89+, so
+    built for sm_90 alone)."""
+    yield {"name": "fp8 e4m3x4_to_float32", "kernel": fp8.e4m3_probe_kernel(), "cc": fp8.CC,
+           "args": (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 2, "C")),
+           "float64_ok": False}
 
 
 def warp_gemm_configs():
