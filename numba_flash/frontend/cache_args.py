@@ -73,6 +73,14 @@ def first_bad(mask):
     return int(idx[0]) if idx.size else None
 
 
+def check_batch_rows(cbi, n_cache):
+    """``cache_batch_idx``'s host values: each a row of the cache, in ``[0, Bc)``."""
+    j = first_bad((cbi < 0) | (cbi >= n_cache))
+    if j is not None:
+        raise ValueError(f"cache_batch_idx: expected entries in [0, {n_cache}) (dim 0 of "
+                         f"k_cache), got {int(cbi[j])} at index {j}")
+
+
 def validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged):
     """Host value checks of an append, before anything is written: lengths >= 0, room for
     ``Nnew`` more tokens (contiguous: ``L + Nnew <= Nmax``; paged: the table has the blocks,
@@ -93,10 +101,7 @@ def validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged):
                 f"new ones do not fit in Nmax = {n_slots} (k_cache dim 2)")
         if cbi is not None:
             cbi = np.asarray(cbi)
-            j = first_bad((cbi < 0) | (cbi >= n_cache))
-            if j is not None:
-                raise ValueError(f"cache_batch_idx: expected entries in [0, {n_cache}) (dim 0 of "
-                                 f"k_cache), got {int(cbi[j])} at index {j}")
+            check_batch_rows(cbi, n_cache)
             vals, counts = np.unique(cbi, return_counts=True)
             if (counts > 1).any():
                 dup = int(vals[counts > 1][0])

@@ -115,20 +115,31 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
 #: the ``[-inf]`` of no sink on a GPU, one per (array library, device), made by the first call:
 #: later calls allocate and copy nothing for it, so a CUDA graph captures no transfer of it and
 #: its replays read a buffer that stays alive
-_NO_SINK = {}
+_CONSTANTS = {}
+
+
+def device_constant(call, name, value):
+    """The host array ``value`` on the call's device, copied once per (name, library, device):
+    the same pointer every call, so a captured CUDA graph replays it (the simulator: a copy)."""
+    if on_simulator():
+        return call.input(value)
+    from numba import cuda
+
+    device = call.device_id if call.device_id is not None else cuda.get_current_device().id
+    key = (name, call._cupy is not None, device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = call.input(value)
+    return _CONSTANTS[key]
 
 
 def no_sink(call):
     """:class:`~numba_flash.kernels.core.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
-    if on_simulator():
-        return call.input(np.full(1, -np.inf, np.float32))
-    from numba import cuda
+    return device_constant(call, "no_sink", np.full(1, -np.inf, np.float32))
 
-    device = call.device_id if call.device_id is not None else cuda.get_current_device().id
-    key = (call._cupy is not None, device)
-    if key not in _NO_SINK:
-        _NO_SINK[key] = call.input(np.full(1, -np.inf, np.float32))
-    return _NO_SINK[key]
+
+def no_descale(call):
+    """The decode kernel's ``kv_descale`` without an e4m3 cache: ``[2, 1, 1]`` ones (unread)."""
+    return device_constant(call, "no_descale", np.ones((2, 1, 1), np.float32))
 
 
 def forward_variant(call, args, variant, acc_t, bh=(1, 1)):

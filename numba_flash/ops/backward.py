@@ -13,7 +13,7 @@ from ..frontend import ArrayCall
 from ..frontend.kernel_args import check_backward_args
 from ..frontend.variants import check_sink
 from ..frontend.aux_grad import aux_gradients, prepare_aux_grad
-from ..frontend.kernel_choice import check_backward_kernel, import_mma
+from ..frontend.kernel_choice import choose_backward_kernel
 from ..frontend.backward_launch import launch_backward, sink_gradient
 
 
@@ -85,9 +85,9 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     if a.d_v != a.d and aux is not None:
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
                          f"not {a.d}): the aux gradients take d_v == d only so far")
-    kernel = check_backward_kernel(kernel, a.dtype)
-    if kernel == "mma":  # validated above, once: straight to the launches
-        grads = import_mma("backward_mma").launch_backward_mma(
+    choice = choose_backward_kernel(kernel, a.dtype)
+    if choice.kernel == "mma":  # validated above, once: straight to the launches
+        grads = choice.launcher()(
             do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,
             dropout_p=dropout_p, seed=seed, left=a.left, right=a.right, softcap=a.softcap,
             alibi=a.alibi, variant=a.variant)

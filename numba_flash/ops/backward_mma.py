@@ -22,10 +22,9 @@ from ..kernels.backward.mma import (
 )
 from ..kernels.core.common import cdiv
 from ..kernels.forward.mma import vector_copies
-from ..kernels.core.variant import Variant
 from ..philox import dropout_params
 from ..frontend.kernel_args import BackwardShape, backward_user_build, check_backward_args
-from ..frontend.kernel_args import no_sink, user_arrays
+from ..frontend.kernel_args import kernel_variant
 
 
 def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropout_p=0.0,
@@ -74,7 +73,7 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     dtype = do.dtype
     check_mma_dtype(dtype)
     name = np.dtype(dtype).name
-    seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
+    dropout = dropout_params(dropout_p, seed)   # (seed_lo, seed_hi, threshold, keep_scale)
     use_dropout = float(dropout_p) > 0.0
     flags = dict(DROPOUT=use_dropout, SOFTCAP=softcap > 0.0, ALIBI=alibi is not None,
                  USER=backward_user_build(variant))
@@ -99,12 +98,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat = lse_in.reshape(-1), delta.reshape(-1)
     dq_flat, dk_flat, dv_flat = (x.reshape(-1) for x in (dq_accum, dk_heads, dv_heads))
-    va = Variant(f32(scale), (np.int32(left), np.int32(right)), f32(softcap),
-                 f32(1.0 / softcap if softcap > 0.0 else 0.0),
-                 call.input(alibi) if alibi is not None else call.zeros((1, 1), f32),
-                 (seed_lo, seed_hi, threshold, f32(keep_scale)) if use_dropout else (),
-                 user_arrays(call, variant),  # (kinds,) + aux, or (): no parameter without one
-                 no_sink(call))  # P comes from lse, which holds the sink: the kernels need none
+    # the front end's Variant in float32; no sink: P comes from lse, which holds the sink
+    va = kernel_variant(call, f32, scale, left, right, softcap, alibi,
+                        dropout=dropout if use_dropout else None, variant=variant)
 
     # 1. D = rowsum(dO * O), dq_accum = 0 (the SIMT preprocess kernel)
     t = elem_threads()

@@ -15,7 +15,7 @@ one-column block table.
 Split policy (batch invariance)
 -------------------------------
 Each sequence's split boundaries come from its own length only (computed in the kernel, see
-:func:`numba_flash.kernels.decode.split_kv.split_policy`): with ``num_splits=None`` enough splits
+:func:`numba_flash.kernels.decode.config.split_policy`): with ``num_splits=None`` enough splits
 that one sequence fills the GPU (the SM count is a constant, 132), of at least 256 keys (16 in the
 simulator); with ``num_splits=S`` a split covers ``cdiv(L, S)`` keys rounded up to a whole block
 step.  The grid spans the most splits any sequence the cache can hold may have; splits past a
@@ -41,19 +41,19 @@ from ..frontend.validate import (
 from ..frontend.variants import (check_alibi, check_sink, check_sink_values, check_softcap,
                                  check_value_shape, check_window, clamp_window, sink_logits)
 from ..kernels.core.common import acc_dtype, cdiv
-from ..kernels.decode.split_kv import (
-    block_step, cache_views, decode_grid, decode_kernel, launch_shape, padded_head_dim,
-    split_grid, split_policy, vector_loads,
+from ..kernels.decode.config import (
+    block_step, decode_grid, launch_shape, padded_head_dim, split_grid, split_policy, vector_loads,
 )
+from ..kernels.decode.split_kv import cache_views, decode_kernel
 from ..kernels.decode.merge import default_threads as merge_threads, merge_grid, merge_kernel
 from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_kernel
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
-from ..frontend.kernel_args import kernel_variant, no_sink
+from ..frontend.kernel_args import kernel_variant, no_descale, no_sink
 from ..frontend.cache_args import (
-    cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
-    validate_append, write_back,
+    cache_tables, check_batch_idx, check_batch_rows, check_new_kv, check_writable_cache,
+    launch_append, validate_append, write_back,
 )
 from ..frontend.cache_args import check_positions, check_rotary_tables, launch_rotary
 
@@ -247,6 +247,79 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     float32, ``o`` bfloat16); ``q``, the caches, ``k_new``/``v_new`` and the rotary tables share
     one (a mix is a ``TypeError`` naming the argument).
     """
+    s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
+                      cache_seqlens=cache_seqlens, block_table=block_table,
+                      cache_batch_idx=cache_batch_idx)
+    arrays = _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                            alibi_slopes=alibi_slopes, k_new=k_new, v_new=v_new,
+                            rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                            cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
+    new = _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                            rotary_interleaved, cache_leftpad)
+    check_same_kind(arrays)
+    opts = _check_options(s, arrays, q, k_cache, causal=causal, return_lse=return_lse,
+                          softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                          num_splits=num_splits, score_mod=score_mod, mask_mod=mask_mod,
+                          block_mask=block_mask, aux_tensors=aux_tensors, validate=validate,
+                          alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+                          kernel=kernel)
+    capacity = s.n_slots * (block_table_shape(block_table)[1] if s.paged else 1)
+    window = opts.window
+    # flash-attn rotates the queries at their own positions when the mask depends on them
+    q_step = int(opts.causal or 0 <= window[0] < capacity or 0 <= window[1] < capacity)
+
+    call = ArrayCall(arrays)  # rejects device arrays in the simulator, before any copy
+    seqlens = None
+    if opts.validate:  # every check before the first launch: nothing is written when one fails
+        seqlens = _validate_on_host(s, new, q_step, cache_seqlens=cache_seqlens,
+                                    block_table=block_table, cache_batch_idx=cache_batch_idx,
+                                    cache_leftpad=cache_leftpad)
+    plan = _launch_plan(s, opts, capacity)
+    _reserve(call, s, new, plan)
+    dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
+                         k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                         cache_seqlens=cache_seqlens, block_table=block_table,
+                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
+    lengths = seqlens if opts.validate else [capacity] * s.b
+    if plan.mla is not None:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
+        o, lse = _mla_decode_mma(
+            call, dev.q, dev.k, dev.table, dev.paged, dev.lengths, dev.leftpad, plan.mla,
+            shape=MlaShape(s.b, s.h, s.hkv, s.nq, s.d, s.d_v),
+            dtype=s.dtype, scale=opts.scale, window=(plan.left, plan.right), sink=opts.sink,
+            n_cache=s.n_cache, n_slots=s.n_slots, lengths=lengths)
+        return _outputs(call, s, o, lse, opts.return_lse)
+    o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths)
+    if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
+        write_back(call, k_cache, dev.k)
+        write_back(call, v_cache, dev.v)
+    return _outputs(call, s, o, lse, opts.return_lse)
+
+
+class DecodeShape(NamedTuple):
+    """The checked dims of a :func:`decode` call (:func:`_check_caches`): ``q`` of shape ``qs``
+    as ``[B, H, Nq, d]`` (``single``: given as ``[B, H, d]``), the caches ``[n_cache, Hkv,
+    n_slots, d]`` with values ``d_v`` wide (``latent``: MLA's one cache, ``v_cache=None``),
+    ``paged`` with a block table."""
+
+    qs: tuple
+    dtype: np.dtype
+    b: int
+    h: int
+    nq: int
+    d: int
+    d_v: int
+    hkv: int
+    n_cache: int
+    n_slots: int
+    single: bool
+    latent: bool
+    paged: bool
+
+
+def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlens, block_table,
+                  cache_batch_idx):
+    """The shape and dtype checks of ``q``, the caches, ``cache_seqlens``, ``block_table`` and
+    ``cache_batch_idx`` (in :func:`decode`'s order); returns a :class:`DecodeShape`."""
     qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
     ks, kd = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
     latent = v_cache is None                  # MLA: the value is k_cache's first head_dim_v
@@ -269,9 +342,6 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                              f"{vs[3]}, is the value's), got {head_dim_v!r}")
     dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None
-    arrays = {"q": q, "k_cache": k_cache, "cache_seqlens": cache_seqlens}
-    if not latent:
-        arrays["v_cache"] = v_cache
     single = len(qs) == 3
     b, h, nq, d = (qs[0], qs[1], 1, qs[2]) if single else qs
     check_value_shape(ks, vs, True, "k_cache", "v_cache", 512 if latent else 256)
@@ -296,19 +366,45 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
         if ts[0] != b:
             raise ValueError(f"block_table: expected {b} rows (batch of q), got shape {ts}")
-    optional = {"block_table": block_table, "alibi_slopes": alibi_slopes, "k_new": k_new,
-                "v_new": v_new, "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
-                "cache_batch_idx": cache_batch_idx, "cache_leftpad": cache_leftpad}
+    return DecodeShape(qs, dtype, b, h, nq, d, d_v, hkv, n_cache, n_slots, single, latent, paged)
+
+
+def _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, **optional):
+    """The call's arrays by name (for :func:`check_same_kind` and :class:`ArrayCall`): ``q``,
+    the caches, ``cache_seqlens`` and each optional array given."""
+    arrays = {"q": q, "k_cache": k_cache, "cache_seqlens": cache_seqlens}
+    if not s.latent:
+        arrays["v_cache"] = v_cache
     arrays.update({n: x for n, x in optional.items() if x is not None})
+    return arrays
+
+
+class NewTokens(NamedTuple):
+    """``k_new`` / ``v_new`` and the rotary tables of a :func:`decode` call, checked:
+    ``append`` with ``k_new``, of ``nnew`` tokens; ``rotary`` with tables of ``max_position``
+    rows."""
+
+    append: bool
+    nnew: int
+    rotary: bool
+    max_position: object
+    interleaved: bool
+
+
+def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                      rotary_interleaved, cache_leftpad):
+    """The checks of the append (``k_new``, ``v_new``), the rotary tables, ``rotary_interleaved``
+    and ``cache_leftpad``'s shape; returns :class:`NewTokens`."""
     if (k_new is None) != (v_new is None):
         have, miss = ("k_new", "v_new") if v_new is None else ("v_new", "k_new")
         raise ValueError(f"{miss}: expected an array with {have} (both or neither), got None")
     nnew = 0
     if k_new is not None:
-        nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype, d_v=d_v)
+        nnew = check_new_kv(k_new, v_new, s.b, s.hkv, s.d, s.dtype, d_v=s.d_v)
         check_writable_cache("k_cache", k_cache)
         check_writable_cache("v_cache", v_cache)
     rotary = rotary_cos is not None or rotary_sin is not None
+    max_position = None
     if rotary:
         if rotary_cos is None or rotary_sin is None:
             miss = "rotary_cos" if rotary_cos is None else "rotary_sin"
@@ -318,104 +414,184 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
             raise ValueError("rotary_cos: expected k_new and v_new with the rotary tables (q and "
                              "k_new are rotated as they are appended, as flash-attn), got "
                              "k_new=None")
-        max_position, _ = check_rotary_tables(rotary_cos, rotary_sin, d, dtype,
+        max_position, _ = check_rotary_tables(rotary_cos, rotary_sin, s.d, s.dtype,
                                               names=("rotary_cos", "rotary_sin"))
     rotary_interleaved = check_bool("rotary_interleaved", rotary_interleaved)
     if cache_leftpad is not None:
         (lp,), _ = check_array("cache_leftpad", cache_leftpad, 1, INT_DTYPES)
-        if lp != b:
-            raise ValueError(f"cache_leftpad: expected shape ({b},) (batch of q), got ({lp},)")
-    check_same_kind(arrays)
+        if lp != s.b:
+            raise ValueError(f"cache_leftpad: expected shape ({s.b},) (batch of q), got ({lp},)")
+    return NewTokens(k_new is not None, nnew, rotary, max_position, rotary_interleaved)
+
+
+class DecodeOptions(NamedTuple):
+    """The scalar options of a :func:`decode` call, checked (:func:`_check_options`); ``alibi``
+    float32 ``[B, H]`` or None, ``sink`` float32 ``[H]`` or None, ``mla_mma``: MLA's
+    tensor-core kernel runs the call."""
+
+    causal: bool
+    return_lse: bool
+    scale: float
+    window: tuple
+    softcap: float
+    num_splits: object
+    variant: object
+    validate: bool
+    alibi: object
+    sink: object
+    mla_mma: bool
+
+
+def _check_options(s, arrays, q, k_cache, *, causal, return_lse, softmax_scale, window_size,
+                   softcap, num_splits, score_mod, mask_mod, block_mask, aux_tensors, validate,
+                   alibi_slopes, learnable_sink, kernel):
+    """The flags, scale, variants, ``num_splits``, ``validate`` (default: on for host arrays),
+    ALiBi slopes, sink and kernel choice, in :func:`decode`'s order: a :class:`DecodeOptions`."""
     causal = check_bool("causal", causal)
     return_lse = check_bool("return_lse", return_lse)
-    scale = check_scale(softmax_scale, d, dtype)
+    scale = check_scale(softmax_scale, s.d, s.dtype)
     window = check_window(window_size)
     softcap = check_softcap(softcap)
     num_splits = _check_num_splits(num_splits)
-    variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype)
+    variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, s.dtype)
     on_device = any(is_device_array(x) for x in arrays.values())
     if validate is None:
         validate = not on_device
     validate = check_bool("validate", validate)
     alibi = None
     if alibi_slopes is not None:
-        alibi = _alibi(alibi_slopes, b, h, check_values=validate or not on_device)
-    sink = check_sink(learnable_sink, h, check_values=validate or not on_device)
-    mla_mma = _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant,
+        alibi = _alibi(alibi_slopes, s.b, s.h, check_values=validate or not on_device)
+    sink = check_sink(learnable_sink, s.h, check_values=validate or not on_device)
+    mla_mma = _mla_kernel(kernel, s.latent, s.dtype, s.d, s.d_v, softcap, alibi_slopes, variant,
                           (q, k_cache))
-    capacity = n_slots * (block_table_shape(block_table)[1] if paged else 1)
-    # flash-attn rotates the queries at their own positions when the mask depends on them
-    q_step = int(causal or 0 <= window[0] < capacity or 0 <= window[1] < capacity)
+    return DecodeOptions(causal, return_lse, scale, window, softcap, num_splits, variant,
+                         validate, alibi, sink, mla_mma)
 
-    call = ArrayCall(arrays)  # rejects device arrays in the simulator, before any copy
-    seqlens = None
-    if validate:  # every check before the first launch: nothing is written when one fails
-        seqlens = host_ints(cache_seqlens)
-        table = host_ints(block_table) if paged else None
-        cbi = host_ints(cache_batch_idx) if cache_batch_idx is not None else None
-        if k_new is not None:
-            validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged)
-        elif cbi is not None:
-            bad = np.flatnonzero((cbi < 0) | (cbi >= n_cache))
-            if bad.size:
-                i = int(bad[0])
-                raise ValueError(f"cache_batch_idx: expected entries in [0, {n_cache}) (dim 0 "
-                                 f"of k_cache), got {int(cbi[i])} at index {i}")
-        if rotary:
-            last_k = seqlens.astype(np.float64) + nnew - 1
-            last_q = seqlens.astype(np.float64) + (nq - 1) * q_step
-            check_positions("rotary_cos", np.maximum(last_k, last_q), max_position,
-                            "cache_seqlens[b] + max(Nnew, Nq) - 1" if q_step else
-                            "cache_seqlens[b] + Nnew - 1")
-        seqlens = seqlens.astype(np.int64) + nnew if nnew else seqlens
-        _check_lengths_and_table(seqlens, table, n_slots if not paged else n_cache,
-                                 n_slots, n_cache, paged)
-        if cache_leftpad is not None:
-            pads = host_ints(cache_leftpad)
-            bad = np.flatnonzero((pads < 0) | (pads > seqlens))
-            if bad.size:
-                i = int(bad[0])
-                raise ValueError(f"cache_leftpad: expected entries in [0, cache_seqlens[b]"
-                                 f"{' + Nnew' if nnew else ''}], got {int(pads[i])} at index {i} "
-                                 f"(length {int(seqlens[i])})")
 
-    # -- launch shape and split policy (each sequence's split size from its own length)
+def _validate_on_host(s, new, q_step, *, cache_seqlens, block_table, cache_batch_idx,
+                      cache_leftpad):
+    """``validate=True``: the value checks of the lengths, tables, batch indices, room for the
+    append, rotary positions and left pads on host copies, before any launch; returns the
+    lengths the attention sees (``cache_seqlens + Nnew``)."""
+    nq, n_cache, n_slots, paged = s.nq, s.n_cache, s.n_slots, s.paged
+    nnew = new.nnew
+    seqlens = host_ints(cache_seqlens)
+    table = host_ints(block_table) if paged else None
+    cbi = host_ints(cache_batch_idx) if cache_batch_idx is not None else None
+    if new.append:
+        validate_append(seqlens, table, cbi, nnew, n_cache, n_slots, paged)
+    elif cbi is not None:
+        check_batch_rows(cbi, n_cache)
+    if new.rotary:
+        last_k = seqlens.astype(np.float64) + nnew - 1
+        last_q = seqlens.astype(np.float64) + (nq - 1) * q_step
+        check_positions("rotary_cos", np.maximum(last_k, last_q), new.max_position,
+                        "cache_seqlens[b] + max(Nnew, Nq) - 1" if q_step else
+                        "cache_seqlens[b] + Nnew - 1")
+    seqlens = seqlens.astype(np.int64) + nnew if nnew else seqlens
+    _check_lengths_and_table(seqlens, table, n_slots if not paged else n_cache,
+                             n_slots, n_cache, paged)
+    if cache_leftpad is not None:
+        pads = host_ints(cache_leftpad)
+        bad = np.flatnonzero((pads < 0) | (pads > seqlens))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"cache_leftpad: expected entries in [0, cache_seqlens[b]"
+                             f"{' + Nnew' if nnew else ''}], got {int(pads[i])} at index {i} "
+                             f"(length {int(seqlens[i])})")
+    return seqlens
+
+
+class LaunchPlan(NamedTuple):
+    """How a :func:`decode` call launches (:func:`_launch_plan`): the split-KV tile choice
+    ``cfg`` (a DecodeConfig) for ``head_dim`` lanes, ``chunks`` row chunks per (sequence, kv
+    head), the split policy (``step`` keys a block step, ``split_target``, ``split_min``,
+    ``n_splits``), the kernels' window bounds, the SIMT ``grid`` (None with ``mla``: MLA's
+    :class:`MlaPlan`), and ``n_parts`` float partials for the merge."""
+
+    cfg: object
+    head_dim: int
+    chunks: int
+    step: int
+    split_target: int
+    split_min: int
+    n_splits: int
+    left: int
+    right: int
+    grid: object
+    mla: object
+    n_parts: int
+
+
+def _launch_plan(s, opts, capacity):
+    """The launch shape and split policy of a call (each sequence's split size from its own
+    length): a :class:`LaunchPlan`."""
+    b, h, hkv, nq, d, d_v = s.b, s.h, s.hkv, s.nq, s.d, s.d_v
     HEAD_DIM = padded_head_dim(max(d, d_v))   # one lane layout holds both widths
     group = h // hkv
-    shape = launch_shape(dtype, HEAD_DIM, group * nq)   # the tile choice (a DecodeConfig)
-    threads, lanes, chunk = shape.THREADS, shape.LANES, shape.CHUNK
+    shape = launch_shape(s.dtype, HEAD_DIM, group * nq)   # the tile choice (a DecodeConfig)
+    threads, lanes = shape.THREADS, shape.LANES
     keys_per_step, rows = shape.U, shape.ROWS
     chunks = cdiv(group * nq, rows)
+    num_splits = opts.num_splits
     # [docs:decode-split-policy]
     step = block_step(threads, lanes, keys_per_step)
     split_target, split_min = split_policy(num_splits, hkv, step)
     n_splits = split_grid(split_target, split_min, capacity)
     # [/docs:decode-split-policy]
     # window edges at or past the capacity (keys) or Nq (queries) are unbounded: int32-safe
-    left, right = window_bounds(causal, clamp_window(*window, nq, capacity))
-    acc_t = acc_dtype(dtype)
-    rows_total = b * h * nq
-    if mla_mma:   # MLA's tensor-core kernel: its own grid, splits and partials
-        mla = _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink)
+    left, right = window_bounds(opts.causal, clamp_window(*opts.window, nq, capacity))
+    grid = mla = None
+    if opts.mla_mma:   # MLA's tensor-core kernel: its own grid, splits and partials
+        mla = _mla_plan(d, d_v, s.dtype, num_splits, b, h, hkv, nq, capacity, opts.sink)
         n_parts = mla.n_splits if mla.partial else 0
     else:
         # [docs:decode-grid]
         grid = decode_grid(b, hkv, chunks, n_splits)
         # [/docs:decode-grid]
         n_parts = n_splits if n_splits > 1 else 0
-    call.reserve({"o": ((rows_total, d_v), dtype),
-                  "o_part": ((n_parts, rows_total, d_v), acc_t),
-                  "rotated q and k_new": ((rows_total + b * hkv * nnew if rotary else 0, d),
-                                          dtype)})
+    return LaunchPlan(shape, HEAD_DIM, chunks, step, split_target, split_min, n_splits, left,
+                      right, grid, mla, n_parts)
 
+
+def _reserve(call, s, new, plan):
+    """The device memory the call allocates, checked before any copy (:meth:`ArrayCall.reserve`)."""
+    rows_total = s.b * s.h * s.nq
+    call.reserve({"o": ((rows_total, s.d_v), s.dtype),
+                  "o_part": ((plan.n_parts, rows_total, s.d_v), acc_dtype(s.dtype)),
+                  "rotated q and k_new": ((rows_total + s.b * s.hkv * new.nnew
+                                           if new.rotary else 0, s.d), s.dtype)})
+
+
+class DeviceCache(NamedTuple):
+    """A call's device arrays as the decode kernels read them (:func:`_device_inputs`): ``q``
+    ``[B, H, Nq, d]`` (rotated), the caches as rows ``k`` ``[n_cache * Hkv * n_slots, d]``, ``v``
+    (``d_v`` wide; ``k`` itself for a latent cache), the ``lengths`` the attention sees (after
+    the append), the block ``table`` (``paged``: read through it), the left pads."""
+
+    q: object
+    k: object
+    v: object
+    lengths: object
+    paged: bool
+    table: object
+    leftpad: object
+
+
+def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, rotary_cos,
+                   rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad):
+    """The inputs on the device, with ``q`` and ``k_new`` rotated and ``k_new`` / ``v_new``
+    appended (those launches on the call's stream): a :class:`DeviceCache`."""
+    b, hkv, nnew, d, d_v = s.b, s.hkv, new.nnew, s.d, s.d_v
+    n_cache, n_slots, dtype = s.n_cache, s.n_slots, s.dtype
     dq = call.input(q)
-    if single:  # [B, H, d] -> [B, H, 1, d] after the copy: Numba device arrays take no None index
+    if s.single:  # [B, H, d] -> [B, H, 1, d] after the copy: Numba device arrays take no None index
         dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
     # * block_size + slot): one index per key row, fewer registers than four
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
     # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
-    dv_ = dk_ if latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
+    dv_ = dk_ if s.latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
     # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax;
@@ -425,24 +601,29 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     # [/docs:contiguous-as-paged]
     if k_new is not None:  # rotate q and k_new (at the old lengths), then append: new lengths
         dkn, dvn = call.input(k_new), call.input(v_new)
-        if rotary:
+        if new.rotary:
             d_cos, d_sin = call.input(rotary_cos), call.input(rotary_sin)
-            dq = launch_rotary(call, dq, d_cos, d_sin, d_len, 0, q_step, 1, rotary_interleaved,
+            dq = launch_rotary(call, dq, d_cos, d_sin, d_len, 0, q_step, 1, new.interleaved,
                                dtype)
-            dkn = launch_rotary(call, dkn, d_cos, d_sin, d_len, 0, 1, 1, rotary_interleaved,
+            dkn = launch_rotary(call, dkn, d_cos, d_sin, d_len, 0, 1, 1, new.interleaved,
                                 dtype)
         d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
                               n_slots, b, hkv, nnew, d, dtype)
     d_pad = (kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
-    if mla_mma:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
-        o, lse = _mla_decode_mma(
-            call, dq, dk_, d_table, paged_kernel, d_len, d_pad, mla,
-            shape=MlaShape(b, h, hkv, nq, d, d_v),
-            dtype=dtype, scale=scale, window=(left, right), sink=sink, n_cache=n_cache,
-            n_slots=n_slots, lengths=seqlens if validate else [capacity] * b)
-        out = call.result(o).reshape(qs[:-1] + (d_v,))
-        return (out, call.result(lse).reshape(qs[:-1])) if return_lse else out
+    return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad)
+
+
+def _launch_split_kv(call, dev, s, opts, plan, lengths):
+    """The split-KV SIMT decode launch (:mod:`numba_flash.kernels.decode.split_kv`): each split
+    block, and the last of each (sequence, kv head) to finish merges the splits.  ``lengths``:
+    each sequence's key count for the simulator's estimate.  Returns device ``(o, lse)``."""
+    b, h, hkv, nq, d, d_v = s.b, s.h, s.hkv, s.nq, s.d, s.d_v
+    dtype, latent, grid, n_splits = s.dtype, s.latent, plan.grid, plan.n_splits
+    shape, HEAD_DIM, step = plan.cfg, plan.head_dim, plan.step
+    threads, chunk, keys_per_step = shape.THREADS, shape.CHUNK, shape.U
+    acc_t = acc_dtype(dtype)
+    rows_total = b * h * nq
     o = call.empty((b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)
     if n_splits > 1:
@@ -454,32 +635,36 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         lse_part = call.empty((1, 1), acc_t)
         counters = call.zeros((1,), np.int32)
     # 16-byte loads of q, K, V: d == HEAD_DIM, and V as wide (or the K rows themselves)
-    vec = (d_v == d or latent) and vector_loads(dtype, d, HEAD_DIM, chunk, dq, dk_, dv_)
+    vec = (d_v == d or latent) and vector_loads(dtype, d, HEAD_DIM, chunk, dev.q, dev.k, dev.v)
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
-    split_pages = bool(paged_kernel) and n_slots % keys_per_step != 0
+    split_pages = bool(dev.paged) and s.n_slots % keys_per_step != 0
     # the user's arrays: (a stand-in for kinds,) + aux
-    va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, variant=variant,
-                        sink=sink)
+    variant = opts.variant
+    va = kernel_variant(call, acc_t, opts.scale, plan.left, plan.right, opts.softcap,
+                        opts.alibi, variant=variant, sink=opts.sink)
     kernel = decode_kernel(dataclasses.replace(
-        shape, VEC=vec, PAGED=bool(paged_kernel), SOFTCAP=softcap > 0,
-        ALIBI=alibi_slopes is not None, SPLIT_PAGES=split_pages, OWN_V=d_v != d or latent,
+        shape, VEC=vec, PAGED=bool(dev.paged), SOFTCAP=opts.softcap > 0,
+        ALIBI=opts.alibi is not None, SPLIT_PAGES=split_pages, OWN_V=d_v != d or latent,
         USER=None if variant is None else (variant.score_mod, variant.mask_mod)))
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
-    lengths = seqlens if validate else [capacity] * b
-    trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * chunks
-    dk_read, dv_read = cache_views(dtype, vec, dk_, dv_)  # bfloat16 VEC: float32 word pairs
-    call.launch(kernel, grid, (threads,), dq, dk_read, dv_read, d_table, d_len, d_pad, o, lse,
-                o_part, lse_part, counters, va, np.int32(paged_kernel), np.int32(n_cache),
-                np.int32(hkv), np.int32(n_slots), np.int32(split_target), np.int32(split_min),
+    trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * plan.chunks
+    dk_read, dv_read = cache_views(dtype, vec, dev.k, dev.v)  # bfloat16 VEC: float32 word pairs
+    call.launch(kernel, grid, (threads,), dev.q, dk_read, dv_read, dev.table, dev.lengths,
+                dev.leftpad, o, lse, o_part, lse_part, counters, va, np.int32(dev.paged),
+                np.int32(s.n_cache), np.int32(hkv), np.int32(s.n_slots),
+                np.int32(plan.split_target), np.int32(plan.split_min), no_descale(call),
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))
-    if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
-        write_back(call, k_cache, dk_)
-        write_back(call, v_cache, dv_)
-    out = call.result(o).reshape(qs[:-1] + (d_v,))
+    return o, lse
+
+
+def _outputs(call, s, o, lse, return_lse):
+    """``o`` in ``q``'s shape (``d_v`` columns), and ``lse`` with ``return_lse``, as the
+    caller's kind of array."""
+    out = call.result(o).reshape(s.qs[:-1] + (s.d_v,))
     if not return_lse:
         return out
-    return out, call.result(lse).reshape(qs[:-1])
+    return out, call.result(lse).reshape(s.qs[:-1])
 
 
 #: the kernel choices of :func:`decode`

@@ -16,13 +16,14 @@ from ..kernels.forward.simt import forward_grid, forward_kernel
 from ..kernels.forward.config import (
     choose_tiles, explicit_tiles, forward_simt_config, vector_tiles,
 )
-from ..frontend.kernel_choice import KERNELS, check_forward_kernel, import_mma  # noqa: F401  (KERNELS)
+from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
 
 
-def _forward_mma():
-    """The tensor-core forward's launch (:func:`~numba_flash.ops.forward_mma.launch_forward_mma`,
-    which takes already validated :class:`ForwardArgs`)."""
-    return import_mma("forward_mma").launch_forward_mma
+def _tensor_core_launch(choice):
+    """The chosen tensor-core forward's launch (``launch_forward_mma`` or
+    ``launch_forward_wgmma`` of its op module, which take already validated
+    :class:`ForwardArgs`)."""
+    return choice.launcher()
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
@@ -99,12 +100,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
-    which = check_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
+    choice = choose_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
     d_v = args.d_v
-    if which == "mma":  # hands on the validated arguments: nothing is checked (or copied) twice
-        return _forward_mma()(q, k, v, args, variant)
-    if which == "wgmma":
-        return import_mma("forward_wgmma").launch_forward_wgmma(q, k, v, args, variant)
+    if choice.kernel != "simt":  # hands on the validated arguments: nothing checked twice
+        return _tensor_core_launch(choice)(q, k, v, args, variant)
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     # a user's variant rides on the score-modifier build (softcap / ALiBi switched at run time)
     use_mods = softcap > 0.0 or alibi is not None or variant is not None

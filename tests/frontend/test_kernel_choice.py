@@ -123,6 +123,48 @@ def test_one_home_for_the_kernel_choice():
             assert not hasattr(module, name), f"{module.__name__}.{name}: a second copy"
 
 
+def test_one_table_of_tensor_core_families():
+    """kernel= is served by the families of one table (FAMILIES): each names its op module,
+    the launch function there and what messages call it."""
+    from numba_flash.frontend import kernel_choice as kc
+
+    assert {(f.op, f.kernel): name for name, f in kc.FAMILIES.items()} == {
+        ("forward", "mma"): "forward_mma", ("backward", "mma"): "backward_mma",
+        ("forward", "wgmma"): "forward_wgmma"}
+    for name, family in kc.FAMILIES.items():
+        assert family.module == name
+        assert callable(getattr(kc.import_mma(name), family.launch))
+
+
+def test_a_call_imports_its_tensor_core_module_once(monkeypatch, launches):
+    """"auto" on a (pretended) sm_90 and "mma" in bfloat16: the choice resolves the op module it
+    picks once per call, and the launch uses that module."""
+    from numba_flash.frontend import kernel_choice as kc
+    from numba_flash.kernels.core.elements import BFLOAT16
+
+    q, k, v = _qkv16()
+    o, do = q.copy(), q.copy()
+    lse = np.zeros(q.shape[:3], np.float32)
+    _pretend_gpu(monkeypatch)
+    seen = []
+    real = importlib.import_module
+
+    def counting(name, *args, **kw):
+        if name.startswith("numba_flash.ops."):
+            seen.append(name)
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(kc.importlib, "import_module", counting)
+    numba_flash.forward(q, k, v)
+    assert seen == ["numba_flash.ops.forward_mma"] and "mma" in launches[-1]
+    seen.clear()
+    numba_flash.forward(*(x.astype(BFLOAT16) for x in (q, k, v)), kernel="mma")
+    assert seen == ["numba_flash.ops.forward_mma"]
+    seen.clear()
+    numba_flash.backward(do, q, k, v, o, lse)
+    assert seen == ["numba_flash.ops.backward_mma"]
+
+
 def _count_calls(monkeypatch, name, module_name):
     """Wrap every numba_flash module's binding of ``module_name.name`` in one call counter."""
     original = getattr(importlib.import_module(module_name), name)

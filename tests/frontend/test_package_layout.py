@@ -105,3 +105,26 @@ def test_kernels_keep_their_kinds_in_subfolders():
     kinds = sorted(p.name for p in (PACKAGE / "kernels").iterdir()
                    if p.is_dir() and (p / "__init__.py").exists())
     assert kinds == ["backward", "cache", "core", "decode", "forward", "mainloop", "ptx"]
+
+
+
+def op_imports(graph):
+    """The ``(op module, op module)`` edges of ``graph``: an op importing another op."""
+    return sorted((m, t) for m, targets in graph.items() if m.startswith("numba_flash.ops.")
+                  for t in targets if t.startswith("numba_flash.ops"))
+
+
+def test_no_op_module_imports_another():
+    """The ops share their host code through :mod:`numba_flash.frontend` (issue 45): no module
+    of :mod:`numba_flash.ops` imports another (the tensor-core ops are imported by name, once
+    per call, by the front end's kernel choice)."""
+    assert op_imports(GRAPH) == []
+
+
+def test_op_rule_finds_a_planted_import():
+    """The rule above can fail: an op importing a sibling is reported; the front end importing
+    an op is not."""
+    graph = {"numba_flash.ops.decode": {"numba_flash.ops.kv_cache",
+                                        "numba_flash.frontend.cache_args"},
+             "numba_flash.frontend.kernel_choice": {"numba_flash.ops.forward_mma"}}
+    assert op_imports(graph) == [("numba_flash.ops.decode", "numba_flash.ops.kv_cache")]

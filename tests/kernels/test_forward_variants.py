@@ -236,7 +236,7 @@ def test_kernel_choice(monkeypatch):
         calls.append(args)
         return "mma result"
 
-    monkeypatch.setattr(forward_op, "_forward_mma", lambda: fake_mma)
+    monkeypatch.setattr(forward_op, "_tensor_core_launch", lambda choice: fake_mma)
     q, k, v = _qkv32(dtype=np.float16)
     slopes = np.ones(2, np.float32)
     out = numba_flash.forward(q, k, v, kernel="mma", causal=True, window_size=(3, 0),

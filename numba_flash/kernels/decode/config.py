@@ -25,7 +25,8 @@ class DecodeConfig(KernelConfig):
     table), ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size ``U`` does not divide),
     ``USER`` (a user's ``(score_mod, mask_mod)``), ``OWN_V`` (V read at a width of its own,
     ``d_v = o.shape[3]``: a ``v_cache [.., d_v]`` or MLA's latent cache read twice; off, the
-    element loads test one bound for K and V)."""
+    element loads test one bound for K and V), ``KV_FP8`` (an e4m3 cache, ``VEC`` only: 16
+    values per 16-byte load, widened in registers and scaled by the kernel's ``kv_descale``)."""
 
     THREADS: int
     LANES: int
@@ -38,6 +39,7 @@ class DecodeConfig(KernelConfig):
     ALIBI: bool = False
     SPLIT_PAGES: bool = False
     OWN_V: bool = False
+    KV_FP8: bool = False
 
     # a lane's share of a K/V row, the block's steps and the reduce-scatter (decode/split_kv.py)
     @property
@@ -98,17 +100,19 @@ class DecodeConfig(KernelConfig):
         float32 element, :func:`~numba_flash.kernels.decode.split_kv.cache_views`), so
         ``load16`` reads 8 of them as 4 float32 whose bits are split: low word ``bits << 16``,
         high word ``bits & 0xFFFF0000`` (both exact)."""
-        return self.VEC and self.DTYPE == "bfloat16"
+        return self.VEC and self.DTYPE == "bfloat16" and not self.KV_FP8
 
     @property
     def EW(self):
-        """Cache elements per element of the kernel's view (2: :attr:`BF16_PAIRS`)."""
-        return 2 if self.BF16_PAIRS else 1
+        """Cache elements per element of the kernel's view (2: :attr:`BF16_PAIRS`; 4: an e4m3
+        cache read as float32 words)."""
+        return 4 if self.KV_FP8 else 2 if self.BF16_PAIRS else 1
 
     @property
     def Q_VEC(self):
-        """q read by ``load16`` (bfloat16 q: element loads, in the prologue only)."""
-        return self.VEC and not self.BF16_PAIRS
+        """q read by ``load16`` (bfloat16 q, or q beside an e4m3 cache, whose chunks are 16
+        elements: element loads, in the prologue only)."""
+        return self.VEC and not self.BF16_PAIRS and not self.KV_FP8
 
     @property
     def V4(self):
@@ -193,10 +197,13 @@ def lane_layout(dtype, HEAD_DIM, simulator=None):
     GPU a chunk is 16 bytes (8 float16, 4 float32, 2 float64) and a group has ``HEAD_DIM /
     CHUNK`` lanes, at most 32 (then each lane holds several chunks, ``LANES * CHUNK`` columns
     apart).  The simulator keeps ``SIM_LANES`` lanes and a chunk of at most 16 bytes
-    (``HEAD_DIM / SIM_LANES`` elements when that is fewer: element loads, not 16-byte ones)."""
+    (``HEAD_DIM / SIM_LANES`` elements when that is fewer: element loads, not 16-byte ones);
+    a 1-byte element (an e4m3 cache, 16-byte loads only) keeps whole chunks there too."""
     if simulator is None:
         simulator = on_simulator()
     full = CHUNK_BYTES // np.dtype(dtype).itemsize
+    if simulator and np.dtype(dtype).itemsize == 1 and HEAD_DIM >= full:
+        return max(1, min(SIM_LANES, HEAD_DIM // full)), full
     if simulator:
         lanes = min(SIM_LANES, HEAD_DIM)
         return lanes, min(full, HEAD_DIM // lanes)
@@ -247,19 +254,21 @@ def keys_per_step(rows, dpl):
 def launch_shape(dtype, HEAD_DIM, n_rows, simulator=None, **flags):
     """The tile choice: the :class:`~numba_flash.kernels.decode.config.DecodeConfig` for a group of
     ``n_rows = G * Nq`` query rows (``flags``: ``VEC``, ``PAGED``, ``SOFTCAP``, ``ALIBI``,
-    ``SPLIT_PAGES``, ``USER``): lanes and chunks of :func:`lane_layout`, the fewest of
-    :data:`ROW_CHOICES` rows that hold ``n_rows`` (at most :func:`gpu_rows_max`: registers),
-    :func:`keys_per_step` keys per step."""
+    ``SPLIT_PAGES``, ``USER``, ``KV_FP8``): lanes and chunks of :func:`lane_layout` (of the
+    cache's element: one byte with ``KV_FP8``), the fewest of :data:`ROW_CHOICES` rows that hold
+    ``n_rows`` (at most :func:`gpu_rows_max`: registers), :func:`keys_per_step` keys per
+    step."""
     if simulator is None:
         simulator = on_simulator()
-    lanes, chunk = lane_layout(dtype, HEAD_DIM, simulator)
+    cache_dtype = np.uint8 if flags.get("KV_FP8") else dtype
+    lanes, chunk = lane_layout(cache_dtype, HEAD_DIM, simulator)
     name = np.dtype(dtype).name
     if simulator:
         rows_max = min(SIM_ROWS_MAX, lanes)
         rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
         return DecodeConfig(THREADS=SIM_THREADS, LANES=lanes, CHUNK=chunk, U=SIM_KEYS_PER_STEP,
                             ROWS=rows, HEAD_DIM=HEAD_DIM, DTYPE=name, **flags)
-    rows_max = gpu_rows_max(dtype, HEAD_DIM)
+    rows_max = gpu_rows_max(cache_dtype, HEAD_DIM)
     rows = next((r for r in ROW_CHOICES if r >= n_rows and r <= rows_max), rows_max)
     return DecodeConfig(THREADS=GPU_THREADS, LANES=lanes, CHUNK=chunk,
                         U=keys_per_step(rows, HEAD_DIM // lanes), ROWS=rows, HEAD_DIM=HEAD_DIM,

@@ -57,11 +57,9 @@ from ..core.variant import variant_type
 from ..mainloop.online_softmax import make_online_softmax, sink_of
 from ..mainloop.tile_scores import ScoreArgs, make_score_fn
 from ..mainloop.visibility import key_bounds, make_score_mod, tile_key_range
+from ..ptx.fp8 import e4m3x4_to_float32
 from ..ptx.stages import SHARED_ALIGN, lds16, load16, shfl_xor
 from .config import launch_bounds
-from .config import (  # noqa: F401  (TEMP: ops/decode.py's imports, until it reads config)
-    block_step, decode_grid, launch_shape, padded_head_dim, split_grid, split_policy, vector_loads,
-)
 from .merge import make_merge_functions, make_state_merge
 
 #: bfloat16 bits: the upper word of a float32 (the lower one is ``bits << 16``)
@@ -166,8 +164,8 @@ def make_key_loads(cfg):
     and their K/V rows into registers."""
     LANES, CHUNK, U, HEAD_DIM = cfg.LANES, cfg.CHUNK, cfg.U, cfg.HEAD_DIM
     VEC, PAGED, SPLIT_PAGES, OWN_V = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.OWN_V
-    DPL, NCH, COL, STEP, EW, BF16_PAIRS = cfg.DPL, cfg.NCH, cfg.COL, cfg.STEP, cfg.EW, \
-        cfg.BF16_PAIRS
+    DPL, NCH, COL, STEP, EW = cfg.DPL, cfg.NCH, cfg.COL, cfg.STEP, cfg.EW
+    BF16_PAIRS, KV_FP8 = cfg.BF16_PAIRS, cfg.KV_FP8
     acc_t = compute_type(_np_dtype(cfg))
     load, _store = element_ops(_np_dtype(cfg))   # element -> compute type (core/elements.py)
     ZERO = acc_t(0.0)
@@ -187,6 +185,13 @@ def make_key_loads(cfg):
                     v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
                     k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
                     v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
+            elif KV_FP8:                      # 4 float32 = 16 e4m3 bytes (byte 0 first)
+                for e in range(CHUNK // 4):
+                    kw = e4m3x4_to_float32(float32_bits(kc[e]))
+                    vw = e4m3x4_to_float32(float32_bits(vc[e]))
+                    for w in range(4):
+                        k_reg[u * DPL + i * CHUNK + 4 * e + w] = kw[w]
+                        v_reg[u * DPL + i * CHUNK + 4 * e + w] = vw[w]
             else:
                 for e in range(CHUNK):
                     k_reg[u * DPL + i * CHUNK + e] = kc[e]
@@ -492,6 +497,7 @@ def make_decode_epilogue(cfg):
     the fused combine of the splits (:mod:`~numba_flash.kernels.decode.merge`)."""
     THREADS, ROWS, HEAD_DIM, DPL, COL, NG = (cfg.THREADS, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL, cfg.COL,
                                              cfg.NG)
+    KV_FP8 = cfg.KV_FP8
     acc_t = compute_type(_np_dtype(cfg))
     _load, store = element_ops(_np_dtype(cfg))   # compute type -> element
     NEG_INF = acc_t(-math.inf)
@@ -530,11 +536,13 @@ def make_decode_epilogue(cfg):
 
     @_stage
     def write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, empty_split, rows, tid,
-                    sinks):
+                    sinks, v_scale):
         """This split's ``(o, lse)`` (one split: the output itself; else its partial): NaN for
-        a bad sequence, 0 / -inf for no visible key.  One split adds the rows' learnable sink
-        here (``sinks``, :func:`~numba_flash.kernels.mainloop.online_softmax.sink_of`); with
-        several, the combine adds it once, never a split."""
+        a bad sequence, 0 / -inf for no visible key; ``o`` times ``v_scale`` with ``KV_FP8``
+        (V's descale, before the merge: the merge is linear in ``o``).  One split adds the
+        rows' learnable sink here (``sinks``,
+        :func:`~numba_flash.kernels.mainloop.online_softmax.sink_of`); with several, the combine
+        adds it once, never a split."""
         b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
         split, n_splits = rows.split, rows.n_splits
         n_heads = o.shape[1]
@@ -571,6 +579,8 @@ def make_decode_epilogue(cfg):
                     out = NAN
                 elif big_l != ZERO:
                     out = acc_sh[r, c] / big_l
+                    if KV_FP8:
+                        out *= v_scale
                 h = kvh * group + row // nq
                 if n_splits == 1:
                     o[b, h, row % nq, c] = store(out)
@@ -664,17 +674,20 @@ def decode_kernel(cfg):
     keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
-    HEAD_DIM, USER, PAGED = cfg.HEAD_DIM, cfg.USER, cfg.PAGED
+    HEAD_DIM, USER, PAGED, KV_FP8 = cfg.HEAD_DIM, cfg.USER, cfg.PAGED, cfg.KV_FP8
     NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
     dtype = _np_dtype(cfg)
     acc_t = compute_type(dtype)
-    assert not cfg.VEC or CHUNK * dtype.itemsize == 16, "a VEC chunk is one 16-byte load"
+    assert not cfg.VEC or CHUNK * (1 if KV_FP8 else dtype.itemsize) == 16, \
+        "a VEC chunk is one 16-byte load"
+    assert cfg.VEC or not KV_FP8, "an e4m3 cache is read 16 bytes at a time"
     assert U <= 2, "a key's slot carries into the next table entry at most once"
     assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
     N_UPPER = max(1, cfg.LOG_ROWS)
     ZERO = acc_t(0.0)
+    ONE = acc_t(1.0)
     softmax_init, _update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
     load_q_rows = make_load_q_rows(cfg)
     walk = make_key_loads(cfg)            # the key walk: block table, K/V rows
@@ -685,7 +698,7 @@ def decode_kernel(cfg):
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part,
                      lse_part, counters, va, paged, n_cache_blocks, n_kv_heads,
-                     cache_block_size, split_target, split_min):
+                     cache_block_size, split_target, split_min, kv_descale):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
@@ -736,7 +749,10 @@ def decode_kernel(cfg):
         q_sh = cuda.shared.array(Q_WORDS, acc_t, alignment=SHARED_ALIGN)   # read by lds16
         acc = cuda.local.array(RD, acc_t)
         upper_at = cuda.local.array(N_UPPER, types.boolean)
-        full = load_q_rows(q, q_sh, acc, rows, seq, lo, hi, va.scale, lane, grp, col0)
+        q_scale = va.scale                    # an e4m3 cache: K's descale folds into q's
+        if KV_FP8:
+            q_scale = va.scale * kv_descale[0, b, kvh]
+        full = load_q_rows(q, q_sh, acc, rows, seq, lo, hi, q_scale, lane, grp, col0)
         own = mine.own_row(upper_at, lane, rows, seq)
         sa = mine.own_score_args(va, rows, own)
         m_own = cuda.local.array(1, acc_t)
@@ -782,8 +798,11 @@ def decode_kernel(cfg):
         cuda.syncthreads()  # every group's (m, l) per row and the bad flag are in shared memory
         epilogue.merge_groups(acc, acc_sh, m_sh, l_sh, stat_sh, grp, tid, col0)
         bad = bad_len or flag_sh[0] != 0
+        v_scale = ONE                         # an e4m3 cache: V's descale scales o
+        if KV_FP8:
+            v_scale = acc_t(kv_descale[1, b, kvh])
         epilogue.write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad,
-                         rows, tid, va.sink)
+                             rows, tid, va.sink, v_scale)
         if n_splits > 1:
             epilogue.combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid,
                          va.sink)
@@ -794,19 +813,21 @@ def decode_kernel(cfg):
 def cache_views(dtype, VEC, k_rows, v_rows):
     """The K/V cache arrays as the kernel reads them, from their ``[rows, d]`` device views:
     as they are, except bfloat16 with 16-byte loads (``VEC``): ``float32`` ``[rows, d / 2]``
-    views of the words (no copy; the kernel splits each float32's bits into its two bfloat16)."""
-    if VEC and is_bfloat16(dtype):
+    views of the words (no copy; the kernel splits each float32's bits into its two bfloat16),
+    and an e4m3 cache (1-byte elements, ``KV_FP8``): ``float32`` ``[rows, d / 4]`` views."""
+    if VEC and (is_bfloat16(dtype) or np.dtype(k_rows.dtype).itemsize == 1):
         return k_rows.view(np.float32), v_rows.view(np.float32)
     return k_rows, v_rows
 
 
-def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=()):
+def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=(), KV_FP8=False):
     """Numba argument types of :func:`decode_kernel` for int32 tables and lengths; ``aux``: the
-    Numba types of a user build's aux arrays (``()``: no kernel parameter)."""
+    Numba types of a user build's aux arrays (``()``: no kernel parameter); ``KV_FP8``: e4m3
+    caches (float32 word views)."""
     acc_np = acc_dtype(dtype)
     acc_t = compute_type(dtype)
     i32 = types.int32
-    cache_t = (numba_array_type(np.float32, 2) if VEC and is_bfloat16(dtype)
+    cache_t = (numba_array_type(np.float32, 2) if VEC and (is_bfloat16(dtype) or KV_FP8)
                else numba_array_type(dtype, 2))
     user = (types.Array(types.int8, 4, "C"),) + tuple(aux) if aux else ()
     return (numba_array_type(dtype, 4), cache_t, cache_t,
@@ -814,4 +835,5 @@ def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=()):
             numba_array_type(np.int32, 1), numba_array_type(dtype, 4),
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
-            variant_type(acc_t, False, user), i32, i32, i32, i32, i32, i32)
+            variant_type(acc_t, False, user), i32, i32, i32, i32, i32, i32,
+            numba_array_type(np.float32, 3))

@@ -13,6 +13,7 @@ from numba_flash.kernels.decode.config import mla_decode_config
 from numba_flash.kernels.decode import merge
 from numba_flash.kernels.decode import mla
 from numba_flash.kernels.decode import split_kv
+from numba_flash.kernels.ptx import fp8
 
 
 def split_kv_configs():
@@ -23,23 +24,26 @@ def split_kv_configs():
     are the same source with other constants and compile on first use.  A user's variant
     (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
     def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None,
-            own_v=None):
+            own_v=None, kv_fp8=False):
         dtype = np.dtype(dtype)
         fns, aux = (None, ()) if user is None else user
-        config = dconfig.launch_shape(dtype, HEAD_DIM, dconfig.gpu_rows_max(dtype, HEAD_DIM),
-                                        False, VEC=vec, PAGED=paged, SOFTCAP=softcap,
-                                        ALIBI=alibi, USER=fns, OWN_V=own_v is not None)
+        rows = dconfig.gpu_rows_max(np.uint8 if kv_fp8 else dtype, HEAD_DIM)
+        config = dconfig.launch_shape(dtype, HEAD_DIM, rows, False, VEC=vec, PAGED=paged,
+                                      SOFTCAP=softcap, ALIBI=alibi, USER=fns,
+                                      OWN_V=own_v is not None, KV_FP8=kv_fp8)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
         tag += "" if user is None else " score_mod mask_mod"
         tag += "" if own_v is None else f" {own_v}"
+        tag += " e4m3 cache" if kv_fp8 else ""
         return {
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={config.ROWS} U={config.U}{tag}",
             "config": config,
             "kernel": split_kv.decode_kernel(config),
-            "args": split_kv.kernel_args_types(dtype, alibi, vec, aux),
+            "args": split_kv.kernel_args_types(dtype, alibi, vec, aux, kv_fp8),
             "launch_bounds": dconfig.launch_bounds(dconfig.GPU_THREADS, dtype, HEAD_DIM),
             "float64_ok": dtype == np.float64,
+            **({"cc": fp8.CC} if kv_fp8 else {}),   # e4m3 conversions: sm_89+
             # the SASS tier counts the loop that streams K/V: for float16/32 the innermost one
             # holding 25% of the kernel's FFMAs (by global loads it would be a combine loop;
             # a user's build at float16 d=128 has 29% in it since the sink's exps joined the
@@ -60,6 +64,8 @@ def split_kv_configs():
     yield cfg(BFLOAT16, 128)
     yield cfg(BFLOAT16, 64, paged=False)
     yield cfg(np.float16, 128, user=_user_config())
+    # an e4m3 cache (issue 46): 16 values per 16-byte load, widened in registers
+    yield cfg(np.float16, 128, kv_fp8=True)
     # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
     # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
     yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
