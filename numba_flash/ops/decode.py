@@ -50,7 +50,10 @@ from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
+from ..frontend.fp8 import CACHE_DTYPES, check_descales, check_fp8_cache
 from ..frontend.kernel_args import kernel_variant, no_descale, no_sink
+from ..frontend.kernel_choice import cuda_cc
+from ..backend import on_simulator
 from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_batch_rows, check_new_kv, check_writable_cache,
     launch_append, validate_append, write_back,
@@ -144,7 +147,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
-           learnable_sink=None, head_dim_v=None, kernel="auto"):
+           learnable_sink=None, head_dim_v=None, kernel="auto", k_descale=None, v_descale=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -198,6 +201,13 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       :func:`numba_flash.forward`): a key with no value in every row's denominator, ``lse``
       included; a row that sees no key gets ``o = 0``, ``lse = sink_h``.  With several splits
       the combine adds it once (a split's partial is the softmax of its own keys alone).
+    * an fp8 cache: ``k_cache`` and ``v_cache`` of dtype ``ml_dtypes.float8_e4m3fn`` (NumPy)
+      beside a float16, bfloat16 or float32 ``q`` (``o`` in ``q``'s dtype), ``d`` a power of
+      two >= 16, and FA3's descale factors ``k_descale``, ``v_descale`` float32 ``[B, Hkv]``
+      (None: 1): key ``j``'s values are ``k_cache * k_descale[b, kvh]`` (the same for V).
+      Widened exactly in registers (a GPU of compute capability >= 8.9); not with ``k_new``
+      (quantise on the host) or MLA's ``v_cache=None``; e5m2 is a ``TypeError``.  The
+      reference: :func:`numba_flash.reference.dequantize`.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
@@ -250,6 +260,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
                       cache_seqlens=cache_seqlens, block_table=block_table,
                       cache_batch_idx=cache_batch_idx)
+    kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
+                                s.kv_fp8)
     arrays = _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
                             alibi_slopes=alibi_slopes, k_new=k_new, v_new=v_new,
                             rotary_cos=rotary_cos, rotary_sin=rotary_sin,
@@ -288,7 +300,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
             dtype=s.dtype, scale=opts.scale, window=(plan.left, plan.right), sink=opts.sink,
             n_cache=s.n_cache, n_slots=s.n_slots, lengths=lengths)
         return _outputs(call, s, o, lse, opts.return_lse)
-    o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths)
+    o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, k_cache, dev.k)
         write_back(call, v_cache, dev.v)
@@ -299,7 +311,7 @@ class DecodeShape(NamedTuple):
     """The checked dims of a :func:`decode` call (:func:`_check_caches`): ``q`` of shape ``qs``
     as ``[B, H, Nq, d]`` (``single``: given as ``[B, H, d]``), the caches ``[n_cache, Hkv,
     n_slots, d]`` with values ``d_v`` wide (``latent``: MLA's one cache, ``v_cache=None``),
-    ``paged`` with a block table."""
+    ``paged`` with a block table, ``kv_fp8``: e4m3 caches (``dtype`` is then ``q``'s)."""
 
     qs: tuple
     dtype: np.dtype
@@ -314,6 +326,7 @@ class DecodeShape(NamedTuple):
     single: bool
     latent: bool
     paged: bool
+    kv_fp8: bool
 
 
 def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlens, block_table,
@@ -321,7 +334,7 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
     """The shape and dtype checks of ``q``, the caches, ``cache_seqlens``, ``block_table`` and
     ``cache_batch_idx`` (in :func:`decode`'s order); returns a :class:`DecodeShape`."""
     qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
-    ks, kd = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
+    ks, kd = check_array("k_cache", k_cache, 4, CACHE_DTYPES)
     latent = v_cache is None                  # MLA: the value is k_cache's first head_dim_v
     if latent:
         vd = kd
@@ -336,11 +349,13 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
                              "cache: numba_flash.append_kv first), got an array")
         vs = ks[:3] + (d_v,)
     else:
-        vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
+        vs, vd = check_array("v_cache", v_cache, 4, CACHE_DTYPES)
         if head_dim_v is not None:
             raise ValueError(f"head_dim_v: expected None with a v_cache (its head dim, "
                              f"{vs[3]}, is the value's), got {head_dim_v!r}")
-    dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
+    kv_fp8 = check_fp8_cache(kd, vd, dtype, ks[3], latent, None if on_simulator() else cuda_cc())
+    if not kv_fp8:
+        dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None
     single = len(qs) == 3
     b, h, nq, d = (qs[0], qs[1], 1, qs[2]) if single else qs
@@ -366,7 +381,8 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
         ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
         if ts[0] != b:
             raise ValueError(f"block_table: expected {b} rows (batch of q), got shape {ts}")
-    return DecodeShape(qs, dtype, b, h, nq, d, d_v, hkv, n_cache, n_slots, single, latent, paged)
+    return DecodeShape(qs, dtype, b, h, nq, d, d_v, hkv, n_cache, n_slots, single, latent, paged,
+                       kv_fp8)
 
 
 def _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, **optional):
@@ -399,6 +415,9 @@ def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
         have, miss = ("k_new", "v_new") if v_new is None else ("v_new", "k_new")
         raise ValueError(f"{miss}: expected an array with {have} (both or neither), got None")
     nnew = 0
+    if k_new is not None and s.kv_fp8:
+        raise ValueError("k_new: expected None with an e4m3 cache (appending into an fp8 cache "
+                         "is not built yet: quantise on the host), got an array")
     if k_new is not None:
         nnew = check_new_kv(k_new, v_new, s.b, s.hkv, s.d, s.dtype, d_v=s.d_v)
         check_writable_cache("k_cache", k_cache)
@@ -529,7 +548,8 @@ def _launch_plan(s, opts, capacity):
     b, h, hkv, nq, d, d_v = s.b, s.h, s.hkv, s.nq, s.d, s.d_v
     HEAD_DIM = padded_head_dim(max(d, d_v))   # one lane layout holds both widths
     group = h // hkv
-    shape = launch_shape(s.dtype, HEAD_DIM, group * nq)   # the tile choice (a DecodeConfig)
+    shape = launch_shape(s.dtype, HEAD_DIM, group * nq,   # the tile choice (a DecodeConfig)
+                         KV_FP8=s.kv_fp8)
     threads, lanes = shape.THREADS, shape.LANES
     keys_per_step, rows = shape.U, shape.ROWS
     chunks = cdiv(group * nq, rows)
@@ -589,6 +609,8 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
         dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
     # * block_size + slot): one index per key row, fewer registers than four
+    if s.kv_fp8:   # e4m3 travels as its bytes (Numba has no fp8 dtype)
+        k_cache, v_cache = k_cache.view(np.uint8), v_cache.view(np.uint8)
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
     # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
     dv_ = dk_ if s.latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
@@ -614,10 +636,11 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
     return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad)
 
 
-def _launch_split_kv(call, dev, s, opts, plan, lengths):
+def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None):
     """The split-KV SIMT decode launch (:mod:`numba_flash.kernels.decode.split_kv`): each split
     block, and the last of each (sequence, kv head) to finish merges the splits.  ``lengths``:
-    each sequence's key count for the simulator's estimate.  Returns device ``(o, lse)``."""
+    each sequence's key count for the simulator's estimate; ``kv_descale``: an e4m3 cache's
+    ``[2, B, Hkv]`` descales (None: none).  Returns device ``(o, lse)``."""
     b, h, hkv, nq, d, d_v = s.b, s.h, s.hkv, s.nq, s.d, s.d_v
     dtype, latent, grid, n_splits = s.dtype, s.latent, plan.grid, plan.n_splits
     shape, HEAD_DIM, step = plan.cfg, plan.head_dim, plan.step
@@ -635,7 +658,11 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths):
         lse_part = call.empty((1, 1), acc_t)
         counters = call.zeros((1,), np.int32)
     # 16-byte loads of q, K, V: d == HEAD_DIM, and V as wide (or the K rows themselves)
-    vec = (d_v == d or latent) and vector_loads(dtype, d, HEAD_DIM, chunk, dev.q, dev.k, dev.v)
+    vec = (d_v == d or latent) and vector_loads(np.uint8 if s.kv_fp8 else dtype, d, HEAD_DIM,
+                                                chunk, dev.q, dev.k, dev.v)
+    if s.kv_fp8 and not vec:   # (host caches are copied aligned; a device view may not be)
+        raise ValueError("k_cache: expected 16-byte aligned e4m3 caches with d == "
+                         f"{HEAD_DIM} (16 values per load), got d = {d} or an unaligned view")
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(dev.paged) and s.n_slots % keys_per_step != 0
     # the user's arrays: (a stand-in for kinds,) + aux
@@ -652,7 +679,8 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths):
     call.launch(kernel, grid, (threads,), dev.q, dk_read, dv_read, dev.table, dev.lengths,
                 dev.leftpad, o, lse, o_part, lse_part, counters, va, np.int32(dev.paged),
                 np.int32(s.n_cache), np.int32(hkv), np.int32(s.n_slots),
-                np.int32(plan.split_target), np.int32(plan.split_min), no_descale(call),
+                np.int32(plan.split_target), np.int32(plan.split_min),
+                no_descale(call) if kv_descale is None else call.input(kv_descale),
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))
     return o, lse

@@ -1,0 +1,88 @@
+"""fp8 (e4m3) inputs on the host: which arrays may be e4m3, and FA3's descale factors.
+
+An e4m3 array is ``ml_dtypes.float8_e4m3fn`` (NumPy; ``torch.float8_e4m3fn`` through
+:mod:`numba_flash.torch` later).  Its values are scaled: the real value is the stored one times
+its *descale*, float32 ``[B, Hkv]`` as FA3's ``k_descale`` / ``v_descale`` (one factor per
+sequence and kv head; a per-tensor scale is that array filled with one value).  The kernels
+widen e4m3 exactly in registers (:mod:`numba_flash.kernels.ptx.fp8`, sm_89+) and fold the
+descales into a scale they already apply.  e5m2 is not built (a ``TypeError`` naming the
+array).  The reference: :func:`numba_flash.reference.dequantize`.  docs/fp8.md explains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .validate import ATTENTION_DTYPES, array_info
+
+try:  # ml_dtypes is a dependency (bfloat16 on the host); guard the names for older versions
+    import ml_dtypes
+
+    E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+    E5M2 = np.dtype(ml_dtypes.float8_e5m2)
+except (ImportError, AttributeError):  # pragma: no cover - ml_dtypes without fp8
+    E4M3 = E5M2 = None
+
+#: the element types a KV cache may have: the attention dtypes and e4m3
+CACHE_DTYPES = ATTENTION_DTYPES + ((E4M3,) if E4M3 is not None else ())
+#: the element types an e4m3 cache's queries and outputs may have
+FP8_QUERY_DTYPES = ("float16", "bfloat16", "float32")
+#: the compute capability of the e4m3 conversions (``cvt.rn.f16x2.e4m3x2``)
+FP8_MIN_CC = (8, 9)
+
+
+def is_e4m3(dtype):
+    """True for the e4m3 dtype (``ml_dtypes.float8_e4m3fn``)."""
+    return E4M3 is not None and np.dtype(dtype) == E4M3
+
+
+def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, latent, cc=None):
+    """With e4m3 caches: both caches e4m3, ``q`` float16 / bfloat16 / float32, a separate
+    ``v_cache``, ``d`` a power of two >= 16 (the kernel reads 16 e4m3 per load), and a GPU of
+    compute capability >= 8.9 (``cc``: None in the simulator).  Returns whether the caches are
+    e4m3; a ``TypeError`` (a mix, ``q``'s dtype) or ``ValueError`` names the argument (e5m2
+    never gets here: :data:`CACHE_DTYPES` leaves it out)."""
+    k8, v8 = is_e4m3(k_dtype), is_e4m3(v_dtype)
+    if not (k8 or v8):
+        return False
+    if latent:
+        raise ValueError("v_cache: expected a v_cache of its own with an e4m3 k_cache (MLA's "
+                         "latent e4m3 cache is not built), got None")
+    if k8 != v8:
+        odd, other = ("v_cache", "k_cache") if k8 else ("k_cache", "v_cache")
+        raise TypeError(f"{odd}: expected float8_e4m3fn (the dtype of {other}), got "
+                        f"{np.dtype(v_dtype if k8 else k_dtype).name}")
+    if np.dtype(q_dtype).name not in FP8_QUERY_DTYPES:
+        raise TypeError(f"q: expected dtype in {FP8_QUERY_DTYPES} with an e4m3 cache, got "
+                        f"{np.dtype(q_dtype).name}")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"k_cache: expected a head dim that is a power of two >= 16 for an e4m3 "
+                         f"cache (16 values per load), got {d}")
+    if cc is not None and tuple(cc) < FP8_MIN_CC:
+        raise ValueError(f"k_cache: an e4m3 cache needs a GPU of compute capability >= 8.9 "
+                         f"(the e4m3 conversions), got {cc[0]}.{cc[1]}")
+    return True
+
+
+def check_descales(named, b, hkv, fp8):
+    """FA3's descale factors ``{name: array or None}`` for ``(k, v)``: each float32 ``[B, Hkv]``
+    (host), only with e4m3 inputs.  Returns the kernels' ``[len(named), B, Hkv]`` float32
+    array (ones where None), or None without e4m3."""
+    out = np.ones((len(named), b, hkv), np.float32)
+    for i, (name, x) in enumerate(named.items()):
+        if x is None:
+            continue
+        if not fp8:
+            raise ValueError(f"{name}: expected None without e4m3 inputs (a descale factor "
+                             f"scales fp8 values), got an array")
+        shape, dtype = array_info(name, x)
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}: expected a NumPy array (host descales), got "
+                            f"{type(x).__name__}")
+        if dtype != np.float32:
+            raise TypeError(f"{name}: expected dtype float32, got {dtype}")
+        if tuple(shape) != (b, hkv):
+            raise ValueError(f"{name}: expected shape ({b}, {hkv}) = [B, Hkv], got "
+                             f"{tuple(shape)}")
+        out[i] = x
+    return out if fp8 else None

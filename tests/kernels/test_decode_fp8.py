@@ -1,0 +1,123 @@
+"""numba_flash.decode over an e4m3 KV cache (issue 46, the cache part): the kernel widens the
+cache's bytes exactly and folds FA3's descales into q's scale (K) and o (V), so it is held to
+the same bounds as a decode of the dequantised cache in q's dtype: helpers.atol of q's dtype,
+against the float64 reference of the dequantised cache (reference.dequantize).  Stale slots and
+spare pages are e4m3 NaN (0x7F): an unread slot must stay unread."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash import reference as ref
+from helpers import assert_close, randn
+from test_decode_kernel import LSE_DTYPE, contiguous_cache, paged_cache
+
+E4M3 = ml_dtypes.float8_e4m3fn
+
+
+def fp8_caches(k, v):
+    """The caches as e4m3 (NaN stays NaN), and descales != 1 per (sequence, kv head)."""
+    return k.astype(E4M3), v.astype(E4M3)
+
+
+def descales(rng, b, hkv):
+    return (rng.uniform(0.25, 2.0, (b, hkv)).astype(np.float32),
+            rng.uniform(0.25, 2.0, (b, hkv)).astype(np.float32))
+
+
+def reference(q, k8, v8, kd, vd, lens, table=None, **kw):
+    """The float64 decode of the dequantised cache: each sequence's keys (gathered through the
+    table when paged) times its own descales, as a contiguous cache."""
+    if table is not None:   # a page serves one sequence: dequantise per sequence after the gather
+        nmax = int(max(lens))
+        k8 = np.stack([_pad(ref.gather_paged(k8, table, n, i), nmax) for i, n in enumerate(lens)])
+        v8 = np.stack([_pad(ref.gather_paged(v8, table, n, i), nmax) for i, n in enumerate(lens)])
+    return ref.paged_decode(q, ref.dequantize(k8, kd), ref.dequantize(v8, vd), lens, **kw)
+
+
+def _pad(x, n):
+    """``[Hkv, L, d]`` (any dtype) to ``[Hkv, n, d]`` float64, zeros past ``L``."""
+    out = np.zeros(x.shape[:1] + (n,) + x.shape[2:])
+    out[:, :x.shape[1]] = x.astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+def test_paged_e4m3_cache_with_gqa(rng, dtype, num_splits):
+    b, h, hkv, d = 2, 4, 2, 16
+    lens = np.array([int(rng.integers(1, 30)), 37])
+    k, v, table = paged_cache(rng, b, hkv, d, lens, 8, np.float32)   # shuffled pages, NaN slots
+    k8, v8 = fp8_caches(k, v)
+    kd, vd = descales(rng, b, hkv)
+    q = randn(rng, (b, h, d), np.float32).astype(dtype)
+    o, lse = numba_flash.decode(q, k8, v8, cache_seqlens=lens, block_table=table,
+                                num_splits=num_splits, return_lse=True, k_descale=kd,
+                                v_descale=vd)
+    assert o.dtype == np.dtype(dtype) and o.shape == q.shape
+    want_o, want_lse = reference(q.astype(np.float64), k8, v8, kd, vd, lens, table)
+    tol = np.float16 if dtype != np.float32 else np.float32
+    assert_close(o.astype(np.float64), want_o, tol, scale=4.0 if dtype != np.float32 else 1.0,
+                 name="o")
+    assert lse.dtype == np.float32
+    assert_close(lse, want_lse, np.float32, name="lse")
+
+
+def test_contiguous_causal_two_tokens_and_sink(rng):
+    b, h, hkv, d, nmax = 2, 2, 1, 32, 40
+    lens = np.array([40, 9])
+    k, v = contiguous_cache(rng, b, hkv, nmax, d, lens, np.float32)
+    k8, v8 = fp8_caches(k, v)
+    kd, vd = descales(rng, b, hkv)
+    q = randn(rng, (b, h, 2, d), np.float16)
+    sink = rng.standard_normal(h).astype(np.float32)
+    o, lse = numba_flash.decode(q, k8, v8, cache_seqlens=lens, causal=True, return_lse=True,
+                                k_descale=kd, v_descale=vd, learnable_sink=sink)
+    want_o, want_lse = reference(q, k8, v8, kd, vd, lens, causal=True, learnable_sink=sink)
+    assert_close(o, want_o, np.float16, name="o")
+    assert_close(lse, want_lse, LSE_DTYPE[np.float32], name="lse")
+
+
+def test_descales_default_to_one(rng):
+    b, h, d = 1, 2, 16
+    lens = np.array([20])
+    k, v, table = paged_cache(rng, b, 1, d, lens, 4, np.float32)
+    k8, v8 = fp8_caches(k, v)
+    q = randn(rng, (b, h, d), np.float32)
+    o = numba_flash.decode(q, k8, v8, cache_seqlens=lens, block_table=table)
+    ones = np.ones((b, 1), np.float32)
+    assert_close(o, reference(q, k8, v8, ones, ones, lens, table)[0], np.float32)
+
+
+def test_bad_fp8_arguments_are_named(rng):
+    b, h, d = 1, 2, 16
+    lens = np.array([5])
+    k, v = contiguous_cache(rng, b, 1, 8, d, lens, np.float32, poison=False)
+    k8, v8 = fp8_caches(k, v)
+    q = randn(rng, (b, h, d), np.float16)
+    kd = np.ones((b, 1), np.float32)
+    k_bytes = k8.view(np.uint8).copy()
+    call = dict(cache_seqlens=lens)
+    with pytest.raises(ValueError, match=r"k_descale: expected shape \(1, 1\)"):
+        numba_flash.decode(q, k8, v8, k_descale=np.ones((1, 2), np.float32), **call)
+    with pytest.raises(TypeError, match="v_descale: expected dtype float32"):
+        numba_flash.decode(q, k8, v8, v_descale=np.ones((1, 1)), **call)
+    with pytest.raises(ValueError, match="k_descale: expected None without e4m3"):
+        numba_flash.decode(q, k.astype(np.float16), v.astype(np.float16), k_descale=kd, **call)
+    with pytest.raises(TypeError, match="k_cache: expected dtype in"):
+        numba_flash.decode(q, k.astype(ml_dtypes.float8_e5m2), v8, **call)
+    with pytest.raises(TypeError, match="v_cache: expected float8_e4m3fn"):
+        numba_flash.decode(q, k8, v.astype(np.float16), **call)
+    with pytest.raises(TypeError, match="q: expected dtype in"):
+        numba_flash.decode(q.astype(np.float64), k8, v8, **call)
+    with pytest.raises(ValueError, match="k_cache: expected a head dim that is a power of two"):
+        numba_flash.decode(q[..., :12], k8[..., :12], v8[..., :12], **call)
+    with pytest.raises(ValueError, match="k_new: expected None with an e4m3 cache"):
+        numba_flash.decode(q, k8, v8, k_new=k[:, :, :1].astype(np.float16),
+                           v_new=v[:, :, :1].astype(np.float16), **call)
+    with pytest.raises(ValueError, match="v_cache: expected a v_cache of its own"):
+        numba_flash.decode(q, k8, None, head_dim_v=16, **call)
+    assert np.array_equal(k8.view(np.uint8), k_bytes)   # inputs untouched
