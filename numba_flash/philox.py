@@ -1,86 +1,42 @@
 """Philox4x32-10 counter-based random numbers, on the device and in NumPy, and the dropout draw.
 
 Philox4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel Random Numbers: As Easy as 1, 2, 3",
-SC'11; the Random123 library) maps a 128-bit counter ``c = (c0, c1, c2, c3)`` and a 64-bit key
-``k = (k0, k1)`` to four 32-bit words that pass BigCrush.  It is a pure function: any thread can
-draw the number for any element without state, which is what a dropout mask recomputed in the
-backward pass needs.
+SC'11; the Random123 library) maps a 128-bit counter ``(c0, c1, c2, c3)`` and a 64-bit key
+``(k0, k1)`` to four 32-bit words.  It is a pure function: any thread draws the number of any
+element without state, so the backward redraws the forward's dropout mask.  The round, the
+``uint32`` typing that makes the device and the simulator agree bit for bit (``mul.wide.u32``
+products, no float64) and a kernel's use: docs/dropout.md, "Philox in the code".
 
-Math
-----
-With the multipliers ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57`` and the Weyl key increments
-``W0 = 0x9E3779B9``, ``W1 = 0xBB67AE85``, one round is::
-
-    hi0:lo0 = M0 * c0            (the 64-bit product of two 32-bit words, split in halves)
-    hi1:lo1 = M1 * c2
-    c = (hi1 ^ c1 ^ k0,  lo1,  hi0 ^ c3 ^ k1,  lo0)
-
-and the key is bumped between rounds, ``k0 += W0, k1 += W1`` (mod 2**32).  Ten rounds (nine
-bumps) give Philox4x32-10.  Checked against Random123's ``kat_vectors`` (tests/reference).
-
-Integer typing
---------------
-The device and the simulator type ``uint32`` arithmetic differently (device: ``uint32 * uint32``,
-``uint32 + uint32`` and ``uint32 ^ uint32`` are ``uint64``; simulator: NumPy scalars that stay
-``uint32``; and on the device ``uint64`` mixed with a signed ``int64`` literal becomes
-``float64``).  So the device function keeps every state and key word a ``uint32`` and writes each
-wider step out: the product is ``M * uint64(c)`` with ``M`` a ``numpy.uint64`` module global,
-``hi = uint32(p >> 32)``, ``lo = uint32(p & 0xFFFFFFFF)``, the key bump is
-``uint32((uint64(k) + W) & 0xFFFFFFFF)`` and every XOR is cast back with ``uint32(...)``.  The
-simulator and the device then give identical bits, NVVM sees ``zext(u32) * const`` and emits
-``mul.wide.u32`` (checked in tests/kernels/test_philox_kernel.py), and nothing is float64.  (When
-a counter word comes in as a 64-bit index, NVVM may do that first-round product as a 64-bit
-``mul.lo`` of ``x & 0xFFFFFFFF``: same bits, two such multiplies per call at most.)
-
-The dropout draw (the exact contract; :func:`numba_flash.dropout_mask` reproduces it)
----------------------------------------------------------------------------------------
-For attention scores ``S[b, h, i, j]`` (``b`` batch, ``h`` *query* head, ``i`` query row, ``j``
-key column; all 0-based) and an integer ``seed`` in ``[0, 2**64)``::
+The dropout draw (the exact contract; :func:`numba_flash.dropout_mask` reproduces it): for the
+scores ``S[b, h, i, j]`` (``b`` batch, ``h`` *query* head, ``i`` query row, ``j`` key column;
+all 0-based) and an integer ``seed`` in ``[0, 2**64)``::
 
     key     = (seed & 0xFFFFFFFF, seed >> 32)                  # (seed_lo, seed_hi)
     counter = (j // 4, i, h, b)                                 # one Philox call per 4 columns
     draw    = philox4x32_10(counter, key)[j % 4]                # uniform on [0, 2**32)
     keep    = draw >= threshold,   threshold = min(round(p * 2**32), 2**32 - 1)
 
-so ``P(keep) = 1 - threshold / 2**32`` (``= 1 - p`` to within ``2**-33``), ``p = 0`` keeps every
-element, and a kept probability is scaled by ``1 / (1 - p)``.  One Philox call serves four
-consecutive columns ``j = 4 * (j // 4) + w``, ``w = 0..3``.  The mask does not depend on tile
-sizes, thread mapping, causal masking or GQA (``h`` is the query head), so the forward and the
-backward kernels draw identical masks.
+so ``P(keep) = 1 - threshold / 2**32`` (``1 - p`` to within ``2**-33``), ``p = 0`` keeps every
+element and a kept probability is scaled by ``1 / (1 - p)``.  Nothing else enters (tile sizes,
+thread mapping, causal masking, GQA), so the forward and backward kernels draw identical masks.
 
-Device API (``device_jit``: ``cuda.jit(device=True)``; call from kernels)
------------------------------------------------------------------------
-Integer arguments may be any integer type (``int32``/``int64`` indices, ``uint32`` seeds) holding
-a value in ``[0, 2**32)``; results are exact and identical in the simulator and on the device.
+Device API (``device_jit``; integer arguments of any integer type holding a value in
+``[0, 2**32)``; results exact and identical in the simulator and on the device):
 
-* ``philox4x32_10_device(c0, c1, c2, c3, k0, k1) -> (r0, r1, r2, r3)`` (``uint32`` each).
-* ``philox_keep(seed_lo, seed_hi, b, h, i, j, threshold) -> bool``: keep element ``(b,h,i,j)``
-  (one Philox call per element: simplest, 4x the work of the next one).
-* ``philox_keep_bits4(seed_lo, seed_hi, b, h, i, jq, threshold) -> int32``: bit ``w`` (``w =
-  0..3``) is set iff element ``(b, h, i, 4 * jq + w)`` is kept; one Philox call for four columns.
-  Columns ``>= Nk`` of the last group are drawn too and simply ignored by the caller.
+* ``philox4x32_10_device(c0, c1, c2, c3, k0, k1) -> (r0, r1, r2, r3)`` (``uint32`` each);
+* ``philox_keep(seed_lo, seed_hi, b, h, i, j, threshold) -> bool``: keep element ``(b, h, i,
+  j)``; one Philox call per element;
+* ``philox_keep_bits4(seed_lo, seed_hi, b, h, i, jq, threshold) -> int32``: bit ``w`` is set
+  iff element ``(b, h, i, 4 * jq + w)`` is kept; one call for four columns (those ``>= Nk`` of
+  the last group are drawn too, and the caller ignores them).
 
-Pass ``seed_lo``, ``seed_hi`` and ``threshold`` to a kernel as the ``numpy.uint32`` values of
-:func:`dropout_params`, and the scale as ``np.float32(scale)`` (or float64 for float64 kernels).
-In a kernel whose thread owns row ``i`` of a ``BLOCK_N``-column tile starting at ``k_start`` (both
-multiples of 4), after ``p = exp(s - m)`` has fed ``l_i`` (lse uses the undropped ``P``)::
-
-    for jj in range(0, BLOCK_N, 4):
-        bits = philox_keep_bits4(seed_lo, seed_hi, b, h, i, (k_start + jj) >> 2, threshold)
-        for w in range(4):
-            keep = (bits >> w) & 1          # p_tile[.., jj + w] *= keep * scale (scale = 1/(1-p))
-
-The backward pass redraws the same bits for the same ``(b, h, i, j)``.  In the simulator a
-Philox call costs ~1 ms, so prefer ``philox_keep_bits4`` and tiny shapes in tests.
-
-Host API
---------
-* :func:`philox4x32` / :func:`philox4x32_10`: vectorised NumPy twin, ``counter [..., 4]`` and
-  ``key [..., 2]`` (broadcast against each other) -> ``[..., 4]`` ``uint32``.
-* :func:`dropout_params`: validate ``(dropout_p, seed)`` and convert them to
-  ``(seed_lo, seed_hi, threshold, scale)``; the forward/backward ops reuse it.
-* :func:`keep_mask`: the keep-mask ``[B, H, Nq, Nk]`` drawn with the twin (no validation; the
-  public, validated entry point is :func:`numba_flash.dropout_mask`).
+``seed_lo``, ``seed_hi`` and ``threshold`` are the ``numpy.uint32`` values of
+:func:`dropout_params`.  Host API: :func:`philox4x32` / :func:`philox4x32_10`, the NumPy twin
+(``counter [..., 4]`` and ``key [..., 2]``, broadcast against each other, -> ``[..., 4]``
+``uint32``); :func:`dropout_params`, which validates ``(dropout_p, seed)`` and converts them to
+``(seed_lo, seed_hi, threshold, scale)`` (the forward/backward ops reuse it); :func:`keep_mask`,
+the keep-mask ``[B, H, Nq, Nk]`` drawn with the twin (unchecked; the validated entry point is
+:func:`numba_flash.dropout_mask`).
 """
 
 from __future__ import annotations
@@ -116,6 +72,7 @@ _SHIFT32 = np.uint64(32)
 # ------------------------------------------------------------------------------------------------
 # device side
 # ------------------------------------------------------------------------------------------------
+# [docs:philox-round]
 @device_jit(inline="never")
 def _philox_round(c0, c1, c2, c3, k0, k1):
     """One Philox4x32 round on the uint32 words ``c`` with the uint32 round key ``k``."""
@@ -144,6 +101,7 @@ def philox4x32_10_device(c0, c1, c2, c3, k0, k1):
         kk1 = uint32((uint64(kk1) + _W1) & _MASK32)
         x0, x1, x2, x3 = _philox_round(x0, x1, x2, x3, kk0, kk1)
     return x0, x1, x2, x3
+# [/docs:philox-round]
 
 
 # [docs:philox-keep-bits4]

@@ -17,7 +17,7 @@ The simulator runs every CUDA thread of a block as a Python thread.
    numba-cuda 0.30) releases a ``syncthreads`` by polling: the launching thread loops over the
    block's threads, asking each whether it is alive and whether it waits, for as long as the
    block runs, and that loop takes its turn at the interpreter lock like any simulated thread
-   (measured 2026-12-01: half the CPU time of a small forward launch).  :func:`install`
+   (measured in numba-cuda 0.30: half the CPU time of a small forward launch).  :func:`install`
    replaces it with the same rule kept by counting under one condition variable: a barrier
    opens when every thread of the block that has not returned waits at it (a thread that
    returns early no longer counts, as in the simulator and on the GPU), and the launching

@@ -6,7 +6,8 @@ its *descale*, float32 ``[B, Hkv]`` as FA3's ``k_descale`` / ``v_descale`` (one 
 sequence and kv head; a per-tensor scale is that array filled with one value).  The kernels
 widen e4m3 exactly in registers (:mod:`numba_flash.kernels.ptx.fp8`, sm_89+) and fold the
 descales into a scale they already apply.  e5m2 is not built (a ``TypeError`` naming the
-array).  The reference: :func:`numba_flash.reference.dequantize`.  docs/fp8.md explains.
+array).  The reference: :func:`numba_flash.reference.dequantize`; the story:
+docs/flash-decoding.md#an-fp8-e4m3-cache.
 """
 
 from __future__ import annotations

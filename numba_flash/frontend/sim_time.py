@@ -33,8 +33,8 @@ __all__ = ["SimWork", "SIM_COST", "SIM_WARN_SECONDS", "BUSY_FACTOR", "simulator_
            "kv_tiles_visited", "q_tiles_visited", "threads_of"]
 
 #: how much longer than the estimate (the CPU time) a launch takes in wall time on a busy 2-core
-#: machine: forwards of [1, 2, 128-256, 64] measured 2026-12-01 at a load of 16-20 on 2 cores
-#: (five agents' work): CPU 0.94-1.34x the estimate, wall 1.71-2.03x
+#: machine: forwards of [1, 2, 128-256, 64] measured at a load of 16-20 on 2 cores (five
+#: agents' work): CPU 0.94-1.34x the estimate, wall 1.71-2.03x
 BUSY_FACTOR = 2.0
 
 #: warn before a simulator launch estimated at this much CPU time or more: a minute of wall time
@@ -43,13 +43,14 @@ BUSY_FACTOR = 2.0
 SIM_WARN_SECONDS = 60.0 / BUSY_FACTOR
 
 #: seconds per simulated CUDA thread for a launch that gives no :class:`SimWork` hint: the
-#: lightest kernels' cost (merge, backward preprocess) on a 2-core CPU, 2026-11-30; a lower bound.
+#: lightest kernels' cost (merge, backward preprocess) on a 2-core CPU, measured before
+#: :mod:`numba_flash.simulator`'s barriers (commit a7f3a74); a lower bound.
 SIM_SECONDS_PER_THREAD = 3.7e-4
 
 #: ``family: (seconds per thread, per thread element, per loop step)``: non-negative least
 #: squares on the relative error over small launches, fitted by ``bench/sim_cost.py`` on a quiet
-#: 2-core CPU machine (a VM: the same launch measured up to 1.5x apart between runs), 2026-12-01
-#: (numba-cuda 0.30.4, Python 3.11, the simulator with
+#: 2-core CPU machine (a VM: the same launch measured up to 1.5x apart between runs) with
+#: numba-cuda 0.30.4, Python 3.11 and the simulator with
 #: :mod:`numba_flash.simulator`'s barriers), as the process's CPU time around each launch
 #: (``time.process_time``).  Each row: the launches fitted and the range of estimate / measured
 #: among them (``python bench/sim_cost.py`` prints both, and the committed constants' range).
@@ -69,8 +70,9 @@ SIM_COST = {
     "backward_dq_mma": (1.2e-3, 2.2e-5, 3.9e-3),
     # element-wise kernels, one step per element: D = rowsum(dO * O) (11 launches, 0.77-1.27),
     # the dQ cast and GQA sums (17 launches, 0.69-1.23), softmax (4, 0.96-1.06); merge_states
-    # and naive_forward (one thread per row, a step per key and column) are the 2026-11-30 fit,
-    # not re-measured (bench/sim_cost.py does not launch them)
+    # and naive_forward (one thread per row, a step per key and column) keep the first fit's
+    # constants (commit d4e8373, before numba_flash.simulator's barriers), not re-measured
+    # (bench/sim_cost.py does not launch them)
     "backward_preprocess": (8.0e-4, 0.0, 0.0),
     "backward_reduce": (2.2e-4, 0.0, 0.0),
     "merge": (2.2e-4, 0.0, 1.3e-5),

@@ -177,11 +177,10 @@ def in_suite(cfg):
     in float32 (plain and dropout), float16 (the float32 kernel with 16-bit element loads)
     and float64 and at 128 in float32, its row-mass kernel at 64, the wgmma probes' chained
     products; every small kernel (softmax, merge, rotary, the KV cache, the stage probes).
-    Out: the rest (2026-12-03: 101 of 298 builds, 355 s of build time on one quiet 2-core
-    machine with :mod:`numba_flash.numba_inline`, 558 s without it; the last cut dropped the
-    SIMT forward at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode
-    in bfloat16 and float64 and MLA's decode in bfloat16, whose code the kept builds compile,
-    91 s)."""
+    Out: the rest, among them the SIMT forward at head dims 16 and 32, its plain float16 and
+    non-paged varlen builds, decode in bfloat16 and float64 and MLA's decode in bfloat16, whose
+    code the kept builds compile.  The selection's size: docs/compile-tier.md; its build time
+    with and without :mod:`numba_flash.numba_inline`: README.md."""
     from numba_flash.kernels.backward.config import BackwardMmaConfig
     from numba_flash.kernels.decode.config import DecodeConfig
     from numba_flash.kernels.forward.config import (
@@ -554,15 +553,15 @@ KNOWN_SPILL = {
     "backward_mma dkdv (dk dv dq) W2 N32 M32 D128 S1 dropout softcap alibi": (
         2, "the d = 128 dK/dV build with every flag (dropout's Philox state beside dK and dV's 2 x "
            "64 accumulators per lane) at 255 registers: 16 B stored, 2 local loads per query "
-           "tile (the plain d = 128 build spills nothing; 2026-12-02, ptxas 13)"),
+           "tile (with ptxas 13 the plain d = 128 build spills nothing)"),
     "backward_mma dkdv (dk dv dq) W2 N64 M16 D64 S2 score_mod": (
         6, "the d = 64 dK/dV build of a user's variant (its functions and aux arrays beside the "
-           "accumulators) at 255 registers: 28 B stored, 6 local loads per query tile (the "
-           "plain build spills nothing; 2026-12-02, ptxas 13)"),
+           "accumulators) at 255 registers: 28 B stored, 6 local loads per query tile (with "
+           "ptxas 13 the plain build spills nothing)"),
     "forward_mma W4 M128 N64 D64 S2 ld16": (
         0, "the d = 64 forward's 16-bit element-load build (d < 64 or unaligned rows) for "
-           "sm_80 only: 52 B stored after the loop; its sm_90 build spills nothing (2026-12-02, "
-           "ptxas 13)"),
+           "sm_80 only: 52 B stored after the loop; with ptxas 13 its sm_90 build spills "
+           "nothing"),
 }
 
 

@@ -471,7 +471,7 @@ class RooflineKernel(NamedTuple):
 
 
 #: What the roofline picture plots: the H200's ceilings and the kernels measured on it
-#: (2026-11-30, commit 38a7cb7, bench/gpu_check.py; the figures of issues 11-13 and
+#: (commit 38a7cb7, bench/gpu_check.py; the figures of issues 11-13 and
 #: docs/performance.md).  Arithmetic intensity counts compulsory bytes: every input read once,
 #: every output written once.
 ROOFLINE = {

@@ -38,9 +38,9 @@ import subprocess
 from typing import NamedTuple
 
 #: H200 (SXM, 132 SMs) figures the ceilings use: 4 warp schedulers per SM, one instruction each
-#: per clock, at the boost clock.  ``warp_ips`` = 132 x 4 x 1.98e9 warp-instructions per second.
+#: per clock, at the boost clock.  :data:`WARP_IPS` = 132 x 4 x 1.98e9 warp-instructions a second.
 H200 = {"sms": 132, "schedulers": 4, "clock_hz": 1.98e9, "hbm_gbs": 4800.0,
-        "copy_gbs": 4165.0}  # copy: device-to-device copy measured on the H200 on 2026-11-30
+        "copy_gbs": 4165.0}  # copy: device-to-device, measured on the H200 (pictures.ROOFLINE)
 WARP_IPS = H200["sms"] * H200["schedulers"] * H200["clock_hz"]
 
 #: what mma.sync (HMMA.16816, float16 in, float32 accumulate) can reach on an H200 whatever the

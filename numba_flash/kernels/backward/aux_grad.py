@@ -54,7 +54,7 @@ from ..mainloop.visibility import key_bounds, make_score
 #: ``(ROWS, LANES)``: query rows per block and threads per row.  GPU: a warp per row, 4 rows
 #: (128 threads).  Simulator (each CUDA thread a Python thread, each block a round of thread
 #: starts): 4 lanes per row and 8 rows, so a block of 32 threads covers 8 rows with 8x fewer
-#: threads than a warp each (measured 2026-12-01 on a loaded 2-core CPU, a [2, 2, 32, 8]
+#: threads than a warp each (measured on a loaded 2-core CPU, a [2, 2, 32, 8]
 #: float64 backward with a learnable-slopes aux_grad: 6.5 s -> 2.9 s, most of it the backward).
 GPU_SHAPE = (4, 32)
 SIM_SHAPE = (8, 4)

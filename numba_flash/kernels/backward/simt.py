@@ -22,22 +22,21 @@ Kernels, each on the 1-D grid of :func:`fold_grid` (block ``(tile, b, h)``, tile
 4. :func:`reduce_kernel`: a GQA group's dK/dV summed in a fixed order, or dQ cast.
 
 Compile time (a :class:`~numba_flash.kernels.backward.config.BackwardSimtConfig`): ``BLOCK_M``,
-``BLOCK_N``, ``HEAD_DIM`` (16/32/64/128/256), ``THREADS``, the dtype, ``DROPOUT``, ``USER``; on
-the GPU ``launch_bounds = (THREADS, MIN_BLOCKS)`` (:data:`DKDV_MIN_BLOCKS`, :data:`DQ_MIN_BLOCKS`:
-2 to 5 blocks, 255 to 96 registers).  Run time: ``va`` (:mod:`~numba_flash.kernels.core.variant`:
-window with causal as ``right = 0``, softcap, ALiBi slopes, dropout's seed), ``varlen``,
-``dq_atomic``.  Tiles hold the compute type (float32 for 16-bit inputs, float64 for float64).
-Shared memory (:func:`shared_bytes`, at most 48 KiB; ``w`` bytes a compute element, ``VW = 16 /
-w``): ``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + VW]``, ``q_tile``, ``do_tile [BLOCK_M, HEAD_DIM +
-VW]``, ``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse``, ``delta [BLOCK_M]``: ``w (2 (BLOCK_M +
-BLOCK_N)(HEAD_DIM + VW) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)`` bytes, plus the int32 ``keep_tile
-[BLOCK_M, BLOCK_N / 4]`` with dropout and the 4-byte ``do_bad`` flag.
+``BLOCK_N``, ``HEAD_DIM`` (16/32/64/128/256), ``THREADS``, the dtype, ``DROPOUT``, ``USER``; on the
+GPU ``launch_bounds = (THREADS, MIN_BLOCKS)`` (``min_blocks``: 2 to 5 blocks, 255 to 96 registers).
+Run time: ``va`` (:mod:`~numba_flash.kernels.core.variant`: window with causal as ``right = 0``,
+softcap, ALiBi slopes, dropout's seed), ``varlen``, ``dq_atomic``.  Shared memory, in the compute
+type (float32 for 16-bit inputs; :func:`shared_bytes`, at most 48 KiB; ``w`` bytes an element,
+``VW = 16 / w``): ``k_tile``, ``v_tile [BLOCK_N, HEAD_DIM + VW]``, ``q_tile``, ``do_tile [BLOCK_M,
+HEAD_DIM + VW]``, ``p_tile``, ``ds_tile [BLOCK_M, BLOCK_N]``, ``lse``, ``delta [BLOCK_M]``: ``w (2
+(BLOCK_M + BLOCK_N)(HEAD_DIM + VW) + 2 BLOCK_M BLOCK_N + 2 BLOCK_M)`` bytes, plus the int32
+``keep_tile [BLOCK_M, BLOCK_N / 4]`` with dropout and the 4-byte ``do_bad`` flag.
 
-File: tiles and launch bounds, the grid, :func:`layout` (micro-tiles), :func:`tile_functions`
-(loads, ``p_and_ds``, ``ds_k``, ``draw_keep``), the kernels 2, 3, 0, 1, 4, the compile tier's
-selections.  Derivations, "The stored lse", non-finite inputs, variants: docs/backward.md;
-dropout: docs/dropout.md; thread mapping, shared memory, registers:
-docs/optimised-forward.md#the-backwards-inner-steps-16-bytes-at-a-time.
+File: row pads, the grid, :func:`layout` (micro-tiles), the stages (:func:`make_tile_loads`,
+:func:`make_block_stages`, :func:`tile_functions`), the kernels 2, 3, 0, 1, 4, the compile tier's
+selections; tiles and ``min_blocks``: kernels/backward/config.py.  Derivations, "The stored lse",
+non-finite inputs, variants: docs/backward.md; dropout: docs/dropout.md; thread mapping, shared
+memory, registers: docs/optimised-forward.md#the-backwards-inner-steps-16-bytes-at-a-time.
 """
 
 from __future__ import annotations
@@ -165,7 +164,7 @@ def row_pad(dtype):
 
 #: the smallest ``A_TR x A_TC`` micro-tile of S and dP whose row loop :func:`tile_functions`
 #: unrolls with :func:`~numba_flash.kernels.core.jit.static_for`; smaller ones take a ``range`` loop
-#: the compiler unrolls by itself.  Measured with ptxas 13 for sm_90, 2026-12-01: with the range
+#: the compiler unrolls by itself.  Measured with ptxas 13 for sm_90: with the range
 #: loop the 4 x 4 tiles (d = 16, 32 at BLOCK_N = 64) put s and dp on the stack (128 B) and the
 #: 4 x 2 tiles (float32 d = 64) spill 16 B in dQ; unrolled both fit.  The 2 x 1 tile of float64
 #: d = 64 takes 242 registers with the range loop, 255 and a 40 B spill unrolled.

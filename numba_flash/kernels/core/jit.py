@@ -3,7 +3,8 @@
 On a GPU nearly all of a first call's time is JIT compilation (about 2 s per kernel
 configuration on the H200; the demo's first run took 65 s).  ``@kernel_jit`` is ``@cuda.jit``
 plus numba-cuda's on-disk cache, so a second process loads the compiled kernel instead of
-building it again; ``numba-flash warmup`` (:func:`warm_up`) fills the cache ahead of time.
+building it again; ``numba-flash warmup`` (:func:`~numba_flash.tools.warmup.warm_up`) fills the
+cache ahead of time.
 
 How numba-cuda's cache (0.30) treats our kernels, which are built in closures of memoised
 factories (read from ``numba/cuda/dispatcher.py`` and ``numba/cuda/core/caching.py``):
@@ -184,7 +185,7 @@ def device_jit(func=None, *, inline=True, own_module=False):
     In the simulator a device function is the Python function itself wherever that changes
     nothing, because a simulated device call is slow: on every call it swaps the ``cuda`` global
     of the function's module for the running kernel's fake module, under two locks contended by
-    every simulated thread (most of a small launch's time, measured 2026-12-01).  The swap
+    every simulated thread (most of a small launch's time, measured in numba-cuda 0.30).  The swap
     matters only to a function that reads ``cuda`` (``cuda.local.array``, ``cuda.threadIdx``...)
     and runs while its module's globals are not already swapped.  So in the simulator:
 

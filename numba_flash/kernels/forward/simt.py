@@ -27,18 +27,16 @@ float32, float64 in float64 (:mod:`~numba_flash.kernels.core.elements`); ``lse``
 the compute type.
 
 Grid ``(ceil(Nq / BLOCK_M), y, z)`` (:func:`forward_grid`, ``bh = blockIdx.z * gridDim.y +
-blockIdx.y``), block ``(THREADS_N, THREADS_M)`` (:data:`GPU_TILES`): thread ``(tx, ty)`` owns
-rows ``ty + i THREADS_M``, score columns ``tx + j THREADS_N`` and the 16-byte chunks ``tx + c
-THREADS_N`` of ``acc``.  Shared memory (:func:`shared_bytes`, at most 48 KiB): ``q_tile``,
-``k_tile`` (rows padded by one chunk), ``v_tile``, ``p_tile`` (rows padded by
-:data:`~numba_flash.kernels.forward.config.P_PAD`),
-dropout's ``keep_tile``, paged ``page_sh``.
+blockIdx.y``), block ``(THREADS_N, THREADS_M)``: thread ``(tx, ty)`` owns rows ``ty + i
+THREADS_M``, score columns ``tx + j THREADS_N`` and the 16-byte chunks ``tx + c THREADS_N`` of
+``acc``.  Shared memory (at most 48 KiB): ``q_tile``, ``k_tile`` (rows padded by one chunk),
+``v_tile``, ``p_tile`` (rows padded by ``P_PAD``), dropout's ``keep_tile``, paged ``page_sh``.
 
-File: tile tables and launch bounds, the factory :func:`forward_kernel` (its stages, then the
-kernel), the launch helpers, the compile tier's names, argument types and selections.  The
-derivation, thread mapping, pads, copies, barriers and ptxas figures:
-docs/optimised-forward.md; masks and variants: docs/causal-tiles.md, docs/variants.md; dropout:
-docs/dropout.md; the paged prefill: docs/paged-attention.md.
+File: the stage factories (loads, products, P stages, rows, per-tile step), :func:`forward_kernel`,
+:func:`forward_grid`, the compile tier's names, argument types and selections; tile tables,
+launch bounds and ``shared_bytes``: kernels/forward/config.py.  Derivation, thread mapping, pads,
+copies, barriers, ptxas figures: docs/optimised-forward.md; masks and variants:
+docs/causal-tiles.md, docs/variants.md; dropout: docs/dropout.md; paged: docs/paged-attention.md.
 """
 
 from __future__ import annotations
@@ -721,7 +719,7 @@ def kernel_flags():
                 yield dropout, score_mod, varlen
 
 
-#: the input dtypes whose builds copy tiles by ``cp.async`` (:func:`vector_tiles`); the compile
+#: the input dtypes whose builds copy tiles by ``cp.async`` (``config.vector_tiles``); the compile
 #: tier's other rows of them are named ``... elementwise``
 VEC_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -755,6 +753,6 @@ def compile_config(cfg, name_suffix="", user=()):
         "float64_ok": cfg.DTYPE == "float64",
         # the SASS tier's loop: the K/V loop holds >= 75% of the kernel's static FFMAs, but at
         # d <= 32 the epilogue's per-row log, reciprocal and sink term (straight-line, run once)
-        # are more than a quarter of them (d = 32 float32: 196 of 263, 2026-12-02)
+        # are more than a quarter of them (d = 32 float32, ptxas 13 for sm_90: 196 of 263)
         "sass": {"share": 0.65} if cfg.HEAD_DIM <= 32 else {},
     }

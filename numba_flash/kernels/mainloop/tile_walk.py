@@ -12,8 +12,8 @@ d = 64 forward's tile bounds stopped being reloaded from local memory each tile)
 stage too (``t % STAGES``) was tried: ptxas then spilled more, not less.
 
 Layout of the loop: one loop, each tile's verdict choosing the step.  (A run of unmasked
-tiles as a loop of its own, FA2's layout, was tried on 2026-12-02: ptxas then spilled in the
-d = 128 forward and the dK/dV kernels at 255 registers, where the one loop does not.)  The SASS
+tiles as a loop of its own, FA2's layout, made ptxas 13 spill in the d = 128 forward and the
+dK/dV kernels at 255 registers, where the one loop does not.)  The SASS
 tier counts the unmasked step's path through it (:func:`numba_flash.tools.sass.count_iteration`: a
 masked step skips work an unmasked tile does).
 """

@@ -202,8 +202,8 @@ def make_score(SOFTCAP, ALIBI, acc_t):
     ``P = exp(s - lse)``
     from the forward's ``lse``, so its ``s`` must be the forward's bit for bit: with scores near
     150 one ulp is 1.5e-5, a relative error of 1.5e-5 in ``P``, and the recomputed ``P`` no
-    longer sums to 1 (measured 2026-12-01: float32 ``dv`` errors 6-12x those of plain float32
-    attention before the forward and backward shared this function).
+    longer sums to 1 (measured before the forward and backward shared this function: float32
+    ``dv`` errors 6-12x those of plain float32 attention).
 
     The contract (``acc_t`` arithmetic, float32 for float16 inputs, each step rounded once):
 
@@ -229,13 +229,14 @@ def make_score(SOFTCAP, ALIBI, acc_t):
     ``s`` (natural log, in ``acc_t``) and its ``P`` is ``exp(s - m) / l``; the backward's ``P``
     is ``exp(s - lse)`` with the same ``s``.
 
-    The tensor-core forward (:mod:`numba_flash.kernels.forward.mma`, since 2026-12-01) does not
-    call this function: without modifiers it keeps the raw ``qk`` and folds the scale into its
-    exponent (``ex2.approx(qk * scale log2(e) - m scale log2(e))``, ``lse = scale m + log l``),
-    so its ``P`` and ``lse`` match this contract only to a few ulps of ``|s|`` (about 1e-5
-    relative at ``|s|`` = 150), far below the float16 rounding of its output and of the
-    backward's ``P``, ``dS`` operands (2^-11); a float32 tensor-core path would have to follow
-    the contract exactly.
+    The tensor-core forward (:mod:`numba_flash.kernels.forward.mma`) calls this function only
+    with a modifier (softcap, ALiBi or a user's ``score_mod``, through
+    :func:`~numba_flash.kernels.mainloop.tile_scores.make_score_fn`); without one it keeps the
+    raw ``qk`` and folds the scale into its exponent (``ex2.approx(qk * scale log2(e) - m scale
+    log2(e))``, ``lse = scale m + log l``), so its ``P`` and ``lse`` match this contract only
+    to a few ulps of ``|s|`` (about 1e-5 relative at ``|s|`` = 150), far below the float16
+    rounding of its output and of the backward's ``P``, ``dS`` operands (2^-11); a float32
+    tensor-core path would have to follow the contract exactly.
     """
     mul = _MUL_F64 if acc_t == float64 else _MUL_F32
     mods = make_mods(SOFTCAP, ALIBI, acc_t)
