@@ -1,6 +1,7 @@
-"""fp8 (e4m3) to float32 in registers (kernels/ptx/fp8.py): every one of the 256 bit patterns, in
-every byte position of a word, widened by the probe kernel (the twin in the simulator) and
-compared with ml_dtypes' reading of the same bytes in memory order."""
+"""fp8 (e4m3) in registers (kernels/ptx/fp8.py): every one of the 256 bit patterns, in every byte
+position of a word, widened by the probe kernel (the twin in the simulator) and compared with
+ml_dtypes' reading of the same bytes in memory order; float32 to e4m3 (saturating, round to
+nearest even) on hand-derived cases and on every e4m3 value and the midpoints between them."""
 
 from __future__ import annotations
 
@@ -12,11 +13,22 @@ from numba import cuda
 from numba_flash.kernels.ptx import fp8
 
 
+def _probe(words, x):
+    """``(out, bits)`` of the probe kernel: ``words`` widened, ``x`` rounded to e4m3."""
+    out = cuda.to_device(np.full((words.size, 4), np.nan, np.float32))   # poisoned
+    bits = cuda.to_device(np.full(x.size, 0xAA, np.uint8))   # 0xAA: -0.0703125, never expected
+    n = max(words.size, x.size)
+    fp8.e4m3_probe_kernel()[(n + 31) // 32, 32](cuda.to_device(words), out,
+                                               cuda.to_device(x.astype(np.float32)), bits)
+    return out.copy_to_host(), bits.copy_to_host()
+
+
 def _widen(words):
-    out = np.full((words.size, 4), np.nan, np.float32)   # poisoned: an unwritten value fails
-    d_out = cuda.to_device(out)
-    fp8.e4m3_probe_kernel()[(words.size + 31) // 32, 32](cuda.to_device(words), d_out)
-    return d_out.copy_to_host()
+    return _probe(words, np.zeros(0, np.float32))[0]
+
+
+def _round(x):
+    return _probe(np.zeros(0, np.uint32), np.asarray(x, np.float32))[1]
 
 
 @pytest.mark.parametrize("shift", [0, 1, 2, 3])
@@ -47,3 +59,27 @@ def test_known_values_from_the_format():
     got = _widen(words).ravel()
     assert got[:5].tolist() == [1.0, -1.0, 448.0, 2.0**-9, 0.0] and np.signbit(got[4])
     assert np.isnan(got[5]) and got[6] == 0.0 and got[7] == 1.5
+
+
+def test_rounding_to_e4m3_saturates_and_ties_to_even():
+    """1 -> 0x38; 448 and anything past it (500, 1e9, inf) -> 0x7E, the largest finite, not NaN
+    (satfinite); -448.. -> 0xFE; 2**-9 (smallest subnormal) -> 0x01; 2**-11 -> 0; 1.0625,
+    halfway between 1.0 (0x38) and 1.125 (0x39), -> 0x38 (even); 1.1875 -> 0x3A (even);
+    NaN -> NaN (0x7F or 0xFF)."""
+    x = [1.0, 448.0, 500.0, 1e9, np.inf, -1e9, 2.0**-9, 2.0**-11, 1.0625, 1.1875, np.nan]
+    got = _round(x)
+    assert got[:10].tolist() == [0x38, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE, 0x01, 0x00, 0x38, 0x3A]
+    assert got[10] & 0x7F == 0x7F
+
+
+def test_rounding_round_trips_every_value_and_splits_every_gap():
+    """Every finite e4m3 value rounds to itself; a point a quarter of the way to the next
+    value rounds down, three quarters rounds up."""
+    bits = np.array([b for b in range(256) if b & 0x7F != 0x7F], np.uint8)
+    vals = fp8.e4m3_to_float64(bits)
+    assert np.array_equal(_round(vals), bits)
+    pos = np.sort(vals[vals > 0])
+    lo, hi = pos[:-1], pos[1:]
+    want_lo = _round(lo)
+    assert np.array_equal(_round(lo + 0.25 * (hi - lo)), want_lo)
+    assert np.array_equal(_round(lo + 0.75 * (hi - lo)), _round(hi))

@@ -35,9 +35,8 @@ columns; :data:`ONE_PASS_COLUMNS`), ``PAD_COLS``.  Shared memory: one static ``u
 rows of ``2 HEAD_DIM + 16`` bytes (V and dO ``2 HEAD_DIM_V + 16``; the pad: conflict-free
 ``ldmatrix``), ``BackwardMmaConfig.SMEM_BYTES``, at most 48 KiB.
 
-File: the pass splits, the element step ``make_tile_p_ds`` (full and masked builds), ``dS^T``'s
-store, the two kernel factories, the compile tier's entry.  How the products, the non-finite
-rule and the passes work: docs/tensor-cores.md#the-backward.
+File: the pass splits, the stages (the element step ``make_tile_p_ds``, ``dS^T``'s store, the
+dK/dV step), the two kernels, the compile tier's entry.  How: docs/tensor-cores.md#the-backward.
 """
 
 from __future__ import annotations
@@ -428,6 +427,164 @@ BadKeys = namedtuple("BadKeys", "bad cols row key0 sa bounds umask")
 DkdvStore = namedtuple("DkdvStore", "dk_out dv_out dk_acc dv_acc row_base key0 nk dims t scale")
 
 
+#: the dK/dV kernel's copies and scans of its tiles (:func:`make_dkdv_loads`)
+DkdvLoads = namedtuple("DkdvLoads", "copy_k copy_v scan_k scan_q scan_do load_q")
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_loads(cfg):
+    """The dK/dV kernel's tile loads (:data:`DkdvLoads`): ``copy_k`` / ``copy_v`` (the block's K
+    and V, once), ``scan_k`` (K's inf / NaN to 0), ``scan_q`` / ``scan_do`` (those of a masked
+    query tile's Q and dO) and ``load_q`` (Q and dO of a query tile into a pipeline stage)."""
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.STEP, cfg.BLOCK, cfg.HEAD_DIM, cfg.THREADS
+    VEC, DTYPE, PAD = cfg.VEC, cfg.DTYPE, cfg.PAD_COLS
+    HEAD_DIM_V, RB, RB_V = cfg.V_DIM, cfg.ROW_BYTES, cfg.V_ROW_BYTES
+    QS_BYTE = BLOCK_N * (RB + RB_V + cfg.DS_ROW_BYTES)   # the stages: past K, V and dS^T
+    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
+    # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
+    # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
+    # with them
+    PER_TILE = cfg.USER is None
+    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, BLOCK_M * RB, PER_TILE,
+                               cfg.OWN_V, cfg.HEAD_DIM_V, PAD)
+    return DkdvLoads(copy_k=make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, PAD),
+                     copy_v=make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, PAD),
+                     scan_k=make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE),
+                     scan_q=make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE),
+                     scan_do=make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE),
+                     load_q=make_stage_load(load_pair, QS_BYTE, STAGE_BYTES))
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_step(cfg, MASKED):
+    """``step(qt, qt_next, stage, t_hi, x, umask)``: the dK/dV kernel's work on query tile
+    ``qt`` (``x``: the :data:`DkdvStep`; ``MASKED``: not every row sees every key of the block,
+    or some lie past ``Nq``): ``-lse log2 e`` and ``D`` of the lane's queries, ``S^T = K Q^T``,
+    ``dP^T = V dO^T``, ``P^T Z`` and ``dS^T`` (:func:`make_tile_p_ds`), ``dV``, ``dK`` and
+    (``DQ_ATOMIC``) ``dq_accum``; tile ``qt_next``'s copy into the other stage runs beneath
+    (one stage: after the math)."""
+    FNS = _user_parts(cfg.USER)[0]
+    NUM_WARPS, M_TILES, BLOCK_M, HEAD_DIM, Q_STAGES = (cfg.NUM_WARPS, cfg.M_TILES, cfg.STEP,
+                                                       cfg.HEAD_DIM, cfg.STAGES)
+    WANT_DV, WANT_DK, DQ_ATOMIC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.DTYPE
+    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO, dV: HEAD_DIM's unless OWN_V
+    BLOCK_N, RB, DS_RB = cfg.BLOCK, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
+    SAME_RB = RB_V == RB            # V and dO rows as K's and Q's: the same lane offsets
+    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, BLOCK_N * (RB + RB_V)
+    QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
+    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
+    DO_OFF = BLOCK_M * RB
+    WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
+    WARP_V_BYTES = 16 * M_TILES * RB_V    # and in V's
+    COL0, ACC, ACC_V = cfg.COL0, cfg.ACC, cfg.ACC_V
+    ROWS = 2 * M_TILES              # the lane's keys
+    QCOLS = BLOCK_M // 4            # the lane's queries per step
+    K_STEPS = HEAD_DIM // 16
+    K_STEPS_V = HEAD_DIM_V // 16
+    Q_TILES = BLOCK_M // 16
+    P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
+    D_PAIRS = HEAD_DIM // 16
+    PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
+    EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
+    NEED_DS = WANT_DK or DQ_ATOMIC
+    ZERO = float32(0.0)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    gemm_st = make_gemm(M_TILES, Q_TILES, K_STEPS, "smem", False, RB, RB, DTYPE)  # K Q^T
+    gemm_dpt = make_gemm(M_TILES, Q_TILES, K_STEPS_V, "smem", False, RB_V, RB_V, DTYPE)  # V dO^T
+    gemm_dk = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # dS^T Q
+    gemm_dv = make_gemm(M_TILES, ACC_V // 16, Q_TILES, "acc", True, RB, RB_V, DTYPE)  # P^T dO
+    gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
+    load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
+    store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
+    loads, rows = make_dkdv_loads(cfg), make_dkdv_rows(cfg)
+    scan_q, scan_do, load_q = loads.scan_q, loads.scan_do, loads.load_q
+    bad_do_fixup, atomic_dq = rows.bad_do_fixup, rows.atomic_dq
+    tile_p_ds = make_tile_p_ds(ROWS, QCOLS, True, MASKED, cfg.DROPOUT, cfg.SOFTCAP, cfg.ALIBI,
+                               FNS)
+
+    # [docs:mma-dkdv-step]
+    @_stage
+    def step(qt, qt_next, stage, t_hi, x, umask):   # x: the DkdvStep
+        q, do, lse, delta, dq_accum = x.q, x.do, x.lse, x.delta, x.dq_accum
+        smem, va, sa = x.smem, x.va, x.sa
+        qo_base, row_base, d, bounds, do_at = x.qo_base, x.row_base, x.d, x.bounds, x.do_at
+        st, dpt, dk_acc, dv_acc = x.st, x.dpt, x.dk_acc, x.dv_acc
+        nlse2, dl, da, dqc = x.nlse2, x.dl, x.da, x.dqc
+        tid, warp, g, t, key0 = x.tid, x.warp, x.g, x.t, x.key0
+        a_lane, q_b, ds_lane = x.a_lane, x.q_b, x.ds_lane
+        # the lane offsets, per tile (in_loop: each derived address is not held across the
+        # loop in a register of its own)
+        a_lane = in_loop(a_lane)
+        k_t = K_BYTE + a_lane                     # K's rows for dQ (all warps)
+        k_a = k_t + WARP_KEYS_BYTES * warp        # this warp's K rows
+        q_t = a_lane + 32 * (COL0 // 16)          # Q^T for dK
+        ds_a = DS_BYTE + in_loop(ds_lane)
+        q_b = in_loop(q_b)
+        if SAME_RB:   # V's and dO's rows are K's and Q's width
+            v_a, do_t, do_b = k_a + (V_BYTE - K_BYTE), q_t, q_b
+        else:         # their own width: their own lane offsets
+            ln = in_loop(tid) & 31
+            v_a = V_BYTE + lane_offset(ln, RB_V, KIND_A) + WARP_V_BYTES * warp
+            do_t = lane_offset(ln, RB_V, KIND_A) + 32 * (COL0 // 16)   # dO^T for dV
+            do_b = lane_offset(ln, RB_V, KIND_B)
+        q_start = qt * BLOCK_M
+        qb = QS_BYTE + (stage * STAGE_BYTES if Q_STAGES > 1 else 0)
+        tile_row = row_base + uint64(q_start)
+        for c in range(QCOLS):   # -lse log2 e and D of the lane's queries
+            m = 8 * (c >> 1) + 2 * t + (c & 1)
+            nlse2[c] = -NEG_INF
+            dl[c] = ZERO
+            if not MASKED or q_start + m < sa.nq:
+                nlse2[c] = -(lse[tile_row + uint64(m)] * LOG2E_F)
+                dl[c] = delta[tile_row + uint64(m)]
+        cp_async_wait_all()
+        do_bad = 0
+        if MASKED:  # 0 * inf = NaN on the tensor cores: zero this thread's Q, dO chunks
+            scan_q(smem, qb, sa.nq - q_start, tid)
+            do_bad = cuda.syncthreads_or(  # Q/dO landed and zeroed; any non-finite dO?
+                1 if scan_do(smem, qb + DO_OFF, sa.nq - q_start, tid) else 0)
+        else:
+            cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
+        if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
+            load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
+        for r in range(ROWS):
+            for c in range(QCOLS):
+                st[r, c] = ZERO
+                dpt[r, c] = ZERO
+        gemm_st(st, st, smem, k_a, qb + q_b)                          # S^T = K Q^T
+        if NEED_DS:
+            gemm_dpt(dpt, dpt, smem, v_a, qb + DO_OFF + do_b)          # dP^T = V dO^T
+        tile_p_ds(st, dpt, nlse2, dl, key0, q_start + 2 * t, sa, bounds, va, umask,
+                  va.scale * LOG2E_F)                                 # P^T Z, dS^T
+        if WANT_DV:
+            gemm_dv(dv_acc, st, smem, 0, qb + DO_OFF + do_t)          # dV += (P Z)^T dO
+            if MASKED and do_bad:
+                bad_do_fixup(dv_acc, do, do_at[0], q_start, key0, g, t, sa, bounds, umask)
+        if WANT_DK:
+            gemm_dk(dk_acc, dpt, smem, 0, qb + q_t)                    # dK += dS^T Q
+        if DQ_ATOMIC:
+            store_ds(smem, DS_BYTE + 16 * M_TILES * DS_RB * warp, dpt, g, t)
+        if DQ_ATOMIC or Q_STAGES == 1:
+            cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
+        if Q_STAGES == 1:
+            load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
+        if DQ_ATOMIC:  # dQ += scale dS K: the warps split dQ's column pairs
+            load_ds(da, smem, ds_a)
+            for i in range(PAIRS_PER_WARP):
+                p = warp + i * NUM_WARPS
+                if EXACT_PAIRS or p < D_PAIRS:
+                    for r in range(2 * Q_TILES):
+                        for e in range(4):
+                            dqc[r, e] = ZERO
+                    gemm_dq(dqc, da, smem, 0, k_t + 32 * p)
+                    atomic_dq(dq_accum, dqc, tile_row, d, 16 * p + 2 * t, q_start, sa.nq,
+                              g, va.scale, MASKED)
+    # [/docs:mma-dkdv-step]
+
+    return step
+
+
 @functools.lru_cache(maxsize=None)
 def dkdv_mma_kernel(cfg):
     """Build ``kernel(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles)`` for a
@@ -440,151 +597,28 @@ def dkdv_mma_kernel(cfg):
     ``v``, ``do`` and ``dv_out`` have ``d_v = v.shape[3]`` columns); ``va``: the
     :class:`~numba_flash.kernels.core.variant.Variant`; ``tiles = ceil(Nk / BLOCK)``."""
     assert cfg.KIND == "dkdv" and cfg.DTYPE in MMA_DTYPES and cfg.HEAD_DIM % 16 == 0
-    FNS, MASK_MOD, BLOCKS = _user_parts(cfg.USER)
-    NUM_WARPS, M_TILES, BLOCK_M, HEAD_DIM, Q_STAGES = (cfg.NUM_WARPS, cfg.M_TILES, cfg.STEP,
-                                                       cfg.HEAD_DIM, cfg.STAGES)
-    WANT_DV, WANT_DK, DQ_ATOMIC, VEC, DTYPE = cfg.WANT_DV, cfg.WANT_DK, cfg.DQ_ATOMIC, cfg.VEC, \
-        cfg.DTYPE
-    OWN_V = cfg.OWN_V
-    HEAD_DIM_V, RB_V = cfg.V_DIM, cfg.V_ROW_BYTES   # V, dO, dV: HEAD_DIM's unless OWN_V
-    BLOCK_N, THREADS, RB, DS_RB = cfg.BLOCK, cfg.THREADS, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
-    SAME_RB = RB_V == RB            # V and dO rows as K's and Q's: the same lane offsets
-    K_BYTE, V_BYTE, DS_BYTE = 0, BLOCK_N * RB, BLOCK_N * (RB + RB_V)
-    QS_BYTE = DS_BYTE + BLOCK_N * DS_RB
-    STAGE_BYTES = BLOCK_M * (RB + RB_V)  # one stage: Q, then dO
-    DO_OFF = BLOCK_M * RB
-    WARP_KEYS_BYTES = 16 * M_TILES * RB   # one warp's keys in K's tile
-    WARP_V_BYTES = 16 * M_TILES * RB_V    # and in V's
-    # the copies' and scans' thread offsets of Q / dO recomputed per tile (stages.in_loop): at
-    # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
-    # with them
-    PER_TILE = cfg.USER is None
-    COL0, ACC, ACC_V = cfg.COL0, cfg.ACC, cfg.ACC_V
+    BLOCKS = _user_parts(cfg.USER)[2]
+    M_TILES, BLOCK_M, Q_STAGES, OWN_V = cfg.M_TILES, cfg.STEP, cfg.STAGES, cfg.OWN_V
+    DQ_ATOMIC = cfg.DQ_ATOMIC
+    BLOCK_N, RB, DS_RB = cfg.BLOCK, cfg.ROW_BYTES, cfg.DS_ROW_BYTES
+    K_BYTE, V_BYTE = 0, BLOCK_N * RB   # K's tile, then V's (make_dkdv_step)
     SMEM_WORDS = cfg.SMEM_BYTES // 4
     ROWS = 2 * M_TILES              # the lane's keys
     QCOLS = BLOCK_M // 4            # the lane's queries per step
-    ACOLS = ACC // 4                # the lane's dK columns
-    ACOLS_V = ACC_V // 4            # the lane's dV columns
-    K_STEPS = HEAD_DIM // 16
-    K_STEPS_V = HEAD_DIM_V // 16
+    ACOLS = cfg.ACC // 4            # the lane's dK columns
+    ACOLS_V = cfg.ACC_V // 4        # the lane's dV columns
     Q_TILES = BLOCK_M // 16
     DQ_ROWS = 2 * Q_TILES           # the lane's rows of a dQ column pair
     P_STEPS = BLOCK_N // 16         # k-steps of dQ = dS K (16 keys each)
-    D_PAIRS = HEAD_DIM // 16
-    PAIRS_PER_WARP = -(-D_PAIRS // NUM_WARPS)
-    EXACT_PAIRS = D_PAIRS % NUM_WARPS == 0
-    NEED_DS = WANT_DK or DQ_ATOMIC
     ZERO = float32(0.0)
-    NEG_INF = float32(-math.inf)
-    LOG2E_F = float32(LOG2E)
     # -- the stages
-    gemm_st = make_gemm(M_TILES, Q_TILES, K_STEPS, "smem", False, RB, RB, DTYPE)  # K Q^T
-    gemm_dpt = make_gemm(M_TILES, Q_TILES, K_STEPS_V, "smem", False, RB_V, RB_V, DTYPE)  # V dO^T
-    gemm_dk = make_gemm(M_TILES, ACC // 16, Q_TILES, "acc", True, RB, RB, DTYPE)  # dS^T Q
-    gemm_dv = make_gemm(M_TILES, ACC_V // 16, Q_TILES, "acc", True, RB, RB_V, DTYPE)  # P^T dO
-    gemm_dq = make_gemm(Q_TILES, 1, P_STEPS, "regs", True, DS_RB, RB, DTYPE)  # dS K
-    load_ds = make_load_a(Q_TILES, P_STEPS, DS_RB, True)
-    store_ds = make_store_t(M_TILES, QCOLS // 2, DTYPE, DS_RB)
-    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, cfg.PAD_COLS)
-    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, cfg.PAD_COLS)
-    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
-    scan_q = make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE)
-    scan_do = make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE)
+    loads = make_dkdv_loads(cfg)
+    copy_k, copy_v, scan_k, load_q = loads.copy_k, loads.copy_v, loads.scan_k, loads.load_q
     next_q, visit = make_query_walk(cfg)
-    bad_do_fixup, atomic_dq, store_dkdv = make_dkdv_rows(cfg)
-    load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, DO_OFF, PER_TILE, OWN_V,
-                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
-    load_q = make_stage_load(load_pair, QS_BYTE, STAGE_BYTES)   # Q and dO of a query tile
+    store_dkdv = make_dkdv_rows(cfg).store_dkdv
     backward_block = make_backward_block(cfg.ALIBI)
-
-    def make_step(MASKED):
-        tile_p_ds = make_tile_p_ds(ROWS, QCOLS, True, MASKED, cfg.DROPOUT, cfg.SOFTCAP,
-                                   cfg.ALIBI, FNS)
-
-        # [docs:mma-dkdv-step]
-        @_stage
-        def step(qt, qt_next, stage, t_hi, x, umask):   # x: the DkdvStep
-            q, do, lse, delta, dq_accum = x.q, x.do, x.lse, x.delta, x.dq_accum
-            smem, va, sa = x.smem, x.va, x.sa
-            qo_base, row_base, d, bounds, do_at = x.qo_base, x.row_base, x.d, x.bounds, x.do_at
-            st, dpt, dk_acc, dv_acc = x.st, x.dpt, x.dk_acc, x.dv_acc
-            nlse2, dl, da, dqc = x.nlse2, x.dl, x.da, x.dqc
-            tid, warp, g, t, key0 = x.tid, x.warp, x.g, x.t, x.key0
-            a_lane, q_b, ds_lane = x.a_lane, x.q_b, x.ds_lane
-            # the lane offsets, per tile (in_loop: each derived address is not held across the
-            # loop in a register of its own)
-            a_lane = in_loop(a_lane)
-            k_t = K_BYTE + a_lane                     # K's rows for dQ (all warps)
-            k_a = k_t + WARP_KEYS_BYTES * warp        # this warp's K rows
-            q_t = a_lane + 32 * (COL0 // 16)          # Q^T for dK
-            ds_a = DS_BYTE + in_loop(ds_lane)
-            q_b = in_loop(q_b)
-            if SAME_RB:   # V's and dO's rows are K's and Q's width
-                v_a, do_t, do_b = k_a + (V_BYTE - K_BYTE), q_t, q_b
-            else:         # their own width: their own lane offsets
-                ln = in_loop(tid) & 31
-                v_a = V_BYTE + lane_offset(ln, RB_V, KIND_A) + WARP_V_BYTES * warp
-                do_t = lane_offset(ln, RB_V, KIND_A) + 32 * (COL0 // 16)   # dO^T for dV
-                do_b = lane_offset(ln, RB_V, KIND_B)
-            q_start = qt * BLOCK_M
-            qb = QS_BYTE + (stage * STAGE_BYTES if Q_STAGES > 1 else 0)
-            tile_row = row_base + uint64(q_start)
-            for c in range(QCOLS):   # -lse log2 e and D of the lane's queries
-                m = 8 * (c >> 1) + 2 * t + (c & 1)
-                nlse2[c] = -NEG_INF
-                dl[c] = ZERO
-                if not MASKED or q_start + m < sa.nq:
-                    nlse2[c] = -(lse[tile_row + uint64(m)] * LOG2E_F)
-                    dl[c] = delta[tile_row + uint64(m)]
-            cp_async_wait_all()
-            do_bad = 0
-            if MASKED:  # 0 * inf = NaN on the tensor cores: zero this thread's Q, dO chunks
-                scan_q(smem, qb, sa.nq - q_start, tid)
-                do_bad = cuda.syncthreads_or(  # Q/dO landed and zeroed; any non-finite dO?
-                    1 if scan_do(smem, qb + DO_OFF, sa.nq - q_start, tid) else 0)
-            else:
-                cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
-            if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
-                load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
-            for r in range(ROWS):
-                for c in range(QCOLS):
-                    st[r, c] = ZERO
-                    dpt[r, c] = ZERO
-            gemm_st(st, st, smem, k_a, qb + q_b)                          # S^T = K Q^T
-            if NEED_DS:
-                gemm_dpt(dpt, dpt, smem, v_a, qb + DO_OFF + do_b)          # dP^T = V dO^T
-            tile_p_ds(st, dpt, nlse2, dl, key0, q_start + 2 * t, sa, bounds, va, umask,
-                      va.scale * LOG2E_F)                                 # P^T Z, dS^T
-            if WANT_DV:
-                gemm_dv(dv_acc, st, smem, 0, qb + DO_OFF + do_t)          # dV += (P Z)^T dO
-                if MASKED and do_bad:
-                    bad_do_fixup(dv_acc, do, do_at[0], q_start, key0, g, t, sa, bounds, umask)
-            if WANT_DK:
-                gemm_dk(dk_acc, dpt, smem, 0, qb + q_t)                    # dK += dS^T Q
-            if DQ_ATOMIC:
-                store_ds(smem, DS_BYTE + 16 * M_TILES * DS_RB * warp, dpt, g, t)
-            if DQ_ATOMIC or Q_STAGES == 1:
-                cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
-            if Q_STAGES == 1:
-                load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
-            if DQ_ATOMIC:  # dQ += scale dS K: the warps split dQ's column pairs
-                load_ds(da, smem, ds_a)
-                for i in range(PAIRS_PER_WARP):
-                    p = warp + i * NUM_WARPS
-                    if EXACT_PAIRS or p < D_PAIRS:
-                        for r in range(2 * Q_TILES):
-                            for e in range(4):
-                                dqc[r, e] = ZERO
-                        gemm_dq(dqc, da, smem, 0, k_t + 32 * p)
-                        atomic_dq(dq_accum, dqc, tile_row, d, 16 * p + 2 * t, q_start, sa.nq,
-                                  g, va.scale, MASKED)
-        # [/docs:mma-dkdv-step]
-
-        return step
-
-    step_masked = make_step(True)
-    step_full = make_step(False)
-
+    step_masked = make_dkdv_step(cfg, True)
+    step_full = make_dkdv_step(cfg, False)
     walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES,
                           1 if BLOCKS is None else 0)
 

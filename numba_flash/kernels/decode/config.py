@@ -28,11 +28,6 @@ class DecodeConfig(KernelConfig):
     element loads test one bound for K and V), ``KV_FP8`` (an e4m3 cache, ``VEC`` only: 16
     values per 16-byte load, widened in registers and scaled by the kernel's ``kv_descale``)."""
 
-    THREADS: int
-    LANES: int
-    CHUNK: int
-    U: int
-    ROWS: int
     VEC: bool = True
     PAGED: bool = True
     SOFTCAP: bool = False
@@ -40,6 +35,11 @@ class DecodeConfig(KernelConfig):
     SPLIT_PAGES: bool = False
     OWN_V: bool = False
     KV_FP8: bool = False
+    THREADS: int
+    LANES: int
+    CHUNK: int
+    U: int
+    ROWS: int
 
     # a lane's share of a K/V row, the block's steps and the reduce-scatter (decode/split_kv.py)
     @property

@@ -97,14 +97,18 @@ def _np_dtype(cfg):
     return BFLOAT16 if cfg.DTYPE == "bfloat16" else np.dtype(cfg.DTYPE)
 
 
+def _types(cfg):
+    """``(acc_t, load, store)``: the compute type of ``cfg.DTYPE`` and its element <-> compute
+    type stages (:mod:`numba_flash.kernels.core.elements`)."""
+    return (compute_type(_np_dtype(cfg)),) + tuple(element_ops(_np_dtype(cfg)))
+
+
 @functools.lru_cache(maxsize=None)
 def make_load_q_rows(cfg):
     """The prologue's stage ``load_q_rows``: the block's pre-scaled q rows into shared memory."""
-    LANES, CHUNK, ROWS, HEAD_DIM = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.HEAD_DIM
-    DPL, NCH, COL, V4, QP = cfg.DPL, cfg.NCH, cfg.COL, cfg.V4, cfg.QP
-    Q_VEC, USER_FN = cfg.Q_VEC, cfg.USER_FN
-    acc_t = compute_type(_np_dtype(cfg))
-    load, _store = element_ops(_np_dtype(cfg))   # element -> compute type (core/elements.py)
+    LANES, CHUNK, ROWS, HEAD_DIM, DPL = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL
+    NCH, COL, V4, QP, Q_VEC, USER_FN = cfg.NCH, cfg.COL, cfg.V4, cfg.QP, cfg.Q_VEC, cfg.USER_FN
+    acc_t, load, _store = _types(cfg)
     ZERO = acc_t(0.0)
 
     @_stage
@@ -166,8 +170,7 @@ def make_key_loads(cfg):
     VEC, PAGED, SPLIT_PAGES, OWN_V = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.OWN_V
     DPL, NCH, COL, STEP, EW = cfg.DPL, cfg.NCH, cfg.COL, cfg.STEP, cfg.EW
     BF16_PAIRS, KV_FP8 = cfg.BF16_PAIRS, cfg.KV_FP8
-    acc_t = compute_type(_np_dtype(cfg))
-    load, _store = element_ops(_np_dtype(cfg))   # element -> compute type (core/elements.py)
+    acc_t, load, _store = _types(cfg)
     ZERO = acc_t(0.0)
 
     @_stage
@@ -498,8 +501,7 @@ def make_decode_epilogue(cfg):
     THREADS, ROWS, HEAD_DIM, DPL, COL, NG = (cfg.THREADS, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL, cfg.COL,
                                              cfg.NG)
     KV_FP8 = cfg.KV_FP8
-    acc_t = compute_type(_np_dtype(cfg))
-    _load, store = element_ops(_np_dtype(cfg))   # compute type -> element
+    acc_t, _load, store = _types(cfg)
     NEG_INF = acc_t(-math.inf)
     NAN = acc_t(math.nan)
     ZERO = acc_t(0.0)

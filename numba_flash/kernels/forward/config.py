@@ -6,6 +6,8 @@ Shared limits and helpers: :mod:`numba_flash.kernels.core.config`.
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from ...backend import on_simulator
@@ -422,17 +424,21 @@ FORWARD_MMA_MODS_TILES = {
 FORWARD_MMA_SIM_TILES = (1, 2, 16, 2, True)
 
 
+#: a row of the tile tables: the :class:`ForwardMmaConfig` fields it sets
+ForwardMmaTiles = namedtuple("ForwardMmaTiles", "NUM_WARPS M_TILES BLOCK_N STAGES Q_IN_REGS")
+
+
 def forward_mma_tiles(head_dim, simulator=None, mods=False):
-    """``(NUM_WARPS, M_TILES, BLOCK_N, STAGES, Q_IN_REGS)`` of the tensor-core forward for head
-    dim ``d`` (1..256) on this backend (:data:`FORWARD_MMA_TILES`, with ``mods`` (per-element
-    work) :data:`FORWARD_MMA_MODS_TILES` where it has the head dim,
-    :data:`FORWARD_MMA_SIM_TILES`)."""
+    """The :data:`ForwardMmaTiles` of the tensor-core forward for head dim ``d`` (1..256) on
+    this backend (:data:`FORWARD_MMA_TILES`, with ``mods`` (per-element work)
+    :data:`FORWARD_MMA_MODS_TILES` where it has the head dim, :data:`FORWARD_MMA_SIM_TILES`)."""
     if simulator is None:
         simulator = on_simulator()
     if simulator:
-        return FORWARD_MMA_SIM_TILES
+        return ForwardMmaTiles(*FORWARD_MMA_SIM_TILES)
     hd = padded_head_dim(head_dim)
-    return (FORWARD_MMA_MODS_TILES.get(hd) if mods else None) or FORWARD_MMA_TILES[hd]
+    return ForwardMmaTiles(*((FORWARD_MMA_MODS_TILES.get(hd) if mods else None)
+                             or FORWARD_MMA_TILES[hd]))
 
 
 def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=None, **flags):
@@ -446,17 +452,16 @@ def forward_mma_config(head_dim, dtype="float16", simulator=None, head_dim_v=Non
     larger of the two (DeepSeek's (192, 128): K 192 wide, V 128, the d = 128 tiles, 46 KiB)."""
     mods = any(flags.get(f) for f in ("DROPOUT", "SOFTCAP", "ALIBI", "USER"))
     if head_dim_v is None:
-        nw, mt, bn, stages, q_regs = forward_mma_tiles(head_dim, simulator, mods)
-        return ForwardMmaConfig(NUM_WARPS=nw, M_TILES=mt, BLOCK_N=bn,
-                                HEAD_DIM=padded_head_dim(head_dim), STAGES=stages,
-                                Q_IN_REGS=q_regs, DTYPE=dtype, **flags)
+        tiles = forward_mma_tiles(head_dim, simulator, mods)
+        return ForwardMmaConfig(**tiles._asdict(), HEAD_DIM=padded_head_dim(head_dim),
+                                DTYPE=dtype, **flags)
     flags.update(OWN_V=True, HEAD_DIM_V=round16(head_dim_v))
     hd = round16(head_dim)
     for width in (head_dim_v, max(head_dim, head_dim_v)):
-        nw, mt, bn, stages, q_regs = forward_mma_tiles(width, simulator, mods)
-        cfg = ForwardMmaConfig(NUM_WARPS=nw, M_TILES=mt, BLOCK_N=bn, HEAD_DIM=hd, STAGES=stages,
-                               Q_IN_REGS=q_regs, DTYPE=dtype, **flags)
-        if cfg.SMEM_BYTES <= SMEM_LIMIT and (q_regs is False or mt * hd <= 128):
+        tiles = forward_mma_tiles(width, simulator, mods)
+        cfg = ForwardMmaConfig(**tiles._asdict(), HEAD_DIM=hd, DTYPE=dtype, **flags)
+        if cfg.SMEM_BYTES <= SMEM_LIMIT and (tiles.Q_IN_REGS is False
+                                             or tiles.M_TILES * hd <= 128):
             return cfg
     return cfg
 

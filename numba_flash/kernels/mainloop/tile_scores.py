@@ -133,6 +133,12 @@ def make_score_fn(RAW, SOFTCAP, ALIBI, USER, acc_t, PRESCALED=False):
 # [/docs:score-fn]
 
 
+#: what :func:`make_tile_scores`' row stage reads, and its key stage (row ``r``: ``row``, its
+#: window ``[lo, hi)``)
+ScoreRows = collections.namedtuple("ScoreRows", "s sa row0 key0 bounds umask")
+ScoreKeys = collections.namedtuple("ScoreKeys", "s sa r row key0 lo hi umask")
+
+
 # [docs:tile-scores]
 @functools.lru_cache(maxsize=None)
 def make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, MASKED, RAW, SOFTCAP, ALIBI, USER,
@@ -159,15 +165,15 @@ def make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, MASKED, RAW, SOFTCAP, A
 
     @_device
     def element(c, ctx):
-        """Key ``c`` of the lane's row ``r`` (compile time after inlining)."""
-        s, sa, r, row, key0, lo, hi, umask = ctx
-        key = key0 + (c // C_IN) * C_OUT + (c % C_IN) * C_STEP
-        if MASKED and not (lo <= key and key < hi):
+        """Key ``c`` of the lane's row ``ctx.r`` (compile time after inlining)."""
+        s, sa, r, row = ctx.s, ctx.sa, ctx.r, ctx.row
+        key = ctx.key0 + (c // C_IN) * C_OUT + (c % C_IN) * C_STEP
+        if MASKED and not (ctx.lo <= key and key < ctx.hi):
             s[r, c] = NEG_INF
         elif USER_FN and row >= sa.nq:
             s[r, c] = NEG_INF  # a padding row: no user code sees it
         else:
-            ok, x, _g = score_fn(s[r, c], row, key, sa, umask)
+            ok, x, _g = score_fn(s[r, c], row, key, sa, ctx.umask)
             s[r, c] = x if ok else NEG_INF
 
     # a score function with tanh or a user's code is long: each key its own copy, so the
@@ -176,9 +182,9 @@ def make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, MASKED, RAW, SOFTCAP, A
 
     @_device
     def score_row(r, ctx):
-        s, sa, row0, key0, bounds, umask = ctx
-        nk, left, right = bounds
-        row = row0 + (r // R_IN) * R_OUT + (r % R_IN) * R_STEP
+        s, sa, key0 = ctx.s, ctx.sa, ctx.key0
+        nk, left, right = ctx.bounds
+        row = ctx.row0 + (r // R_IN) * R_OUT + (r % R_IN) * R_STEP
         lo, hi = key_bounds(row, sa.offset, nk, left, right)
         if RAW and not USER_FN:  # the mask alone: a short loop the compiler unrolls
             for c in range(COLS):
@@ -186,7 +192,7 @@ def make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, MASKED, RAW, SOFTCAP, A
                 if not (lo <= key and key < hi):
                     s[r, c] = NEG_INF
         else:
-            elements((s, sa, r, row, key0, lo, hi, umask))
+            elements(ScoreKeys(s, sa, r, row, key0, lo, hi, ctx.umask))
 
     score_rows = static_for(ROWS, score_row)
 
@@ -203,7 +209,7 @@ def make_tile_scores(ROWS, COLS, ROW_LAYOUT, KEY_LAYOUT, MASKED, RAW, SOFTCAP, A
                         if not abs(s[r, c]) < INF:
                             s[r, c] = NAN
         if PER_ELEMENT:
-            score_rows((s, sa, row0, key0, bounds, umask))
+            score_rows(ScoreRows(s, sa, row0, key0, bounds, umask))
 
     return tile_scores
 # [/docs:tile-scores]

@@ -1,4 +1,4 @@
-"""fp8 (e4m3) in registers: four e4m3 bytes of one 32-bit word to four float32.
+"""fp8 (e4m3) in registers: four e4m3 bytes of one 32-bit word to four float32, and back.
 
 The first stage of the fp8 work (issue 46): an fp8 KV cache is read 16 bytes at a time (four
 words) and dequantised in registers, so the one primitive a decode kernel needs is the widening
@@ -10,11 +10,15 @@ value is a float16 value (subnormals included), so the widening is exact.
   ``word`` (element ``i`` of the array in memory order) is value ``i``.  On the GPU: two
   ``cvt.rn.f16x2.e4m3x2`` (sm_89+: the upper byte of a 16-bit half goes to the upper float16)
   and four ``cvt.f32.f16``; in the simulator a twin that reads the bytes through ml_dtypes.
-* :func:`e4m3_to_float64` ``(bits)``: the host's reading of e4m3 bit patterns (tests, reference).
-* :func:`e4m3_probe_kernel`: one word per thread (the tests and the compile tier's probe,
-  built for sm_90 only: no sm_80 instruction converts fp8).
+* :func:`float32_to_e4m3` ``(x)`` -> the e4m3 bits of ``x`` (a uint32 below 256), rounded to
+  nearest even and saturated to +-448 (``cvt.rn.satfinite.e4m3x2.f32``; NaN stays NaN): how
+  an append writes new tokens into an e4m3 cache.
+* :func:`e4m3_to_float64` ``(bits)``: the host's reading of e4m3 bit patterns (tests, reference);
+  :func:`float_to_e4m3_bits`: the host's saturating rounding (the twin's, the tests').
+* :func:`e4m3_probe_kernel`: one word per thread, both ways (the tests and the compile tier's
+  probe, built for sm_90 only: no sm_80 instruction converts fp8).
 
-File: the host reading, the GPU intrinsic, its twin, the probe kernel.
+File: the host helpers, the GPU intrinsics, their twins, the probe kernel.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from ..core.jit import kernel_jit
 #: the PTX behind :func:`e4m3x4_to_float32` (``cvt.rn.f16x2.e4m3x2 d, a``: ``a`` a ``.b16``
 #: holding two e4m3, its upper byte converted into ``d``'s upper float16); sm_89 and later
 CVT_E4M3X2_PTX = "cvt.rn.f16x2.e4m3x2"
+#: ... and behind :func:`float32_to_e4m3` (``cvt.rn.satfinite.e4m3x2.f32 d, a, b``: ``a`` to the
+#: upper byte of the ``.b16`` ``d``, ``b`` to the lower)
+CVT_F32_E4M3X2_PTX = "cvt.rn.satfinite.e4m3x2.f32"
 #: the compute capability the probe is built for (fp8 conversions: sm_89+; the tier builds 90)
 CC = (9, 0)
 #: largest finite e4m3 value (``S.1111.110`` = 1.75 * 2**8)
@@ -43,45 +50,64 @@ def e4m3_to_float64(bits):
     return np.asarray(bits, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 
 
-def _gpu_primitive():
-    from llvmlite import ir
-    from numba.cuda.extending import intrinsic
+def float_to_e4m3_bits(x):
+    """e4m3 bit patterns (uint8) of the values ``x``: round to nearest even, saturate to +-448
+    (``satfinite``: no value becomes NaN by overflow), NaN to ``0x7F``."""
+    import ml_dtypes
 
-    try:
-        from numba.cuda.core.errors import NumbaTypeError
-    except ImportError:  # pragma: no cover - other numba-cuda versions
-        from numba.core.errors import NumbaTypeError
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        clipped = np.where(np.isnan(x), np.float32(np.nan), np.clip(x, -E4M3_MAX, E4M3_MAX))
+    return clipped.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
+#: the PTX of :func:`e4m3x4_to_float32`: the word's halves, each widened to two float16, each
+#: float16 to float32 (``$4`` the word, ``$0..$3`` the values)
+_WIDEN_ASM = ("{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h01, h23;\n mov.b32 {lo, hi}, $4;\n"
+              f" {CVT_E4M3X2_PTX} h01, lo;\n {CVT_E4M3X2_PTX} h23, hi;\n"
+              " mov.b32 {a, b}, h01;\n mov.b32 {c, d}, h23;\n"
+              " cvt.f32.f16 $0, a;\n cvt.f32.f16 $1, b;\n cvt.f32.f16 $2, c;\n"
+              " cvt.f32.f16 $3, d; }")
+#: ... of :func:`float32_to_e4m3`: ``$1`` into the low byte (0 into the high), widened to 32 bits
+_ROUND_ASM = ("{ .reg .b16 pair; .reg .f32 zero; mov.f32 zero, 0f00000000;\n"
+              f" {CVT_F32_E4M3X2_PTX} pair, zero, $1;\n cvt.u32.u16 $0, pair; }}")
+
+
+def _gpu_primitives():
+    """The two conversions as ``@intrinsic`` functions (one inline-PTX block each), built
+    with :func:`~numba_flash.kernels.ptx.stages.gpu_helpers`' pieces."""
+    from .stages import gpu_helpers
+
+    h = gpu_helpers()
+    ir, intrinsic, type_error, i32, f32 = h.ir, h.intrinsic, h.NumbaTypeError, h.i32, h.f32
+    four_f32 = ir.LiteralStructType([f32] * 4)
+
+    def widen(context, builder, sig, args):
+        res = builder.call(ir.InlineAsm(ir.FunctionType(four_f32, [i32]), _WIDEN_ASM,
+                                        "=f,=f,=f,=f,r"), list(args))
+        return context.make_tuple(builder, sig.return_type,
+                                  [builder.extract_value(res, i) for i in range(4)])
+
+    def round_(context, builder, sig, args):
+        return builder.call(ir.InlineAsm(ir.FunctionType(i32, [f32]), _ROUND_ASM, "=r,f"),
+                            list(args))
 
     @intrinsic
     def e4m3x4_to_float32(typingctx, word):
         """The four e4m3 bytes of ``word`` (uint32, byte 0 first) as four float32."""
         if word != types.uint32:
-            raise NumbaTypeError(f"e4m3x4_to_float32: expected a uint32 word (four e4m3 "
-                                 f"bytes), got {word}")
-        sig = types.UniTuple(types.float32, 4)(word)
+            raise type_error(f"e4m3x4_to_float32: expected a uint32 word (four e4m3 bytes), "
+                             f"got {word}")
+        return types.UniTuple(types.float32, 4)(word), widen
 
-        def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [ir.IntType(32)])
-            asm = ir.InlineAsm(
-                fnty,
-                "{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h01, h23;\n"
-                " mov.b32 {lo, hi}, $4;\n"
-                f" {CVT_E4M3X2_PTX} h01, lo;\n"
-                f" {CVT_E4M3X2_PTX} h23, hi;\n"
-                " mov.b32 {a, b}, h01;\n"
-                " mov.b32 {c, d}, h23;\n"
-                " cvt.f32.f16 $0, a;\n cvt.f32.f16 $1, b;\n"
-                " cvt.f32.f16 $2, c;\n cvt.f32.f16 $3, d; }",
-                "=f,=f,=f,=f,r",
-            )
-            res = builder.call(asm, list(args))
-            outs = [builder.extract_value(res, i) for i in range(4)]
-            return context.make_tuple(builder, sig.return_type, outs)
+    @intrinsic
+    def float32_to_e4m3(typingctx, x):
+        """The e4m3 bits of the float32 ``x`` (saturating, round to nearest even), a uint32."""
+        if x != types.float32:
+            raise type_error(f"float32_to_e4m3: expected a float32, got {x}")
+        return types.uint32(x), round_
 
-        return sig, codegen
-
-    return e4m3x4_to_float32
+    return e4m3x4_to_float32, float32_to_e4m3
 
 
 def _sim_e4m3x4_to_float32(word):
@@ -91,19 +117,26 @@ def _sim_e4m3x4_to_float32(word):
     return vals[0], vals[1], vals[2], vals[3]
 
 
+def _sim_float32_to_e4m3(x):
+    """Simulator twin of :func:`float32_to_e4m3` (:func:`float_to_e4m3_bits`)."""
+    return np.uint32(float_to_e4m3_bits(np.float32(x))[()])
+
+
 if on_simulator():
     e4m3x4_to_float32 = _sim_e4m3x4_to_float32
+    float32_to_e4m3 = _sim_float32_to_e4m3
 else:
-    e4m3x4_to_float32 = _gpu_primitive()
+    e4m3x4_to_float32, float32_to_e4m3 = _gpu_primitives()
 
 
 @functools.lru_cache(maxsize=None)
 def e4m3_probe_kernel():
-    """``probe(words, out)``: thread ``i`` widens ``words[i]`` (uint32) into ``out[i, 0:4]``
-    (float32); threads past ``words.size`` write nothing."""
+    """``probe(words, out, x, bits)``: thread ``i`` widens ``words[i]`` (uint32) into ``out[i,
+    0:4]`` (float32) and rounds ``x[i]`` (float32) into ``bits[i]`` (uint8); threads past the
+    arrays write nothing."""
 
     @kernel_jit
-    def e4m3_probe(words, out):
+    def e4m3_probe(words, out, x, bits):
         i = cuda.grid(1)
         if i < words.shape[0]:
             v0, v1, v2, v3 = e4m3x4_to_float32(words[i])
@@ -111,5 +144,7 @@ def e4m3_probe_kernel():
             out[i, 1] = v1
             out[i, 2] = v2
             out[i, 3] = v3
+        if i < x.shape[0]:
+            bits[i] = float32_to_e4m3(x[i])
 
     return e4m3_probe

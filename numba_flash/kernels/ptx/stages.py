@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections import namedtuple
 from types import SimpleNamespace
 
 import numpy as np
@@ -105,7 +106,7 @@ def ldmatrix_rows(lane, kind):
 # ------------------------------------------------------------------------------------------
 # GPU implementations: inline PTX and LLVM intrinsics
 # ------------------------------------------------------------------------------------------
-def _gpu_helpers():
+def gpu_helpers():
     """The LLVM and numba-cuda pieces the GPU stages are written with (imported on first use:
     a simulator run never loads them): ``ir``, ``intrinsic``, the typing error, the LLVM int and
     float types, argument checks and the shared / global address of an array element."""
@@ -152,7 +153,7 @@ def _gpu_helpers():
 
 def _gpu_memory_stages(h):
     """The copies and loads (``ldmatrix``, ``cp.async``, ``red.add``, 16-byte global and shared
-    loads) as inline PTX, from :func:`_gpu_helpers`'s pieces ``h``."""
+    loads) as inline PTX, from :func:`gpu_helpers`'s pieces ``h``."""
     ir, intrinsic, NumbaTypeError = h.ir, h.intrinsic, h.NumbaTypeError
     i32, i64, f32 = h.i32, h.i64, h.f32
     check_int, check_array, as_i = h.check_int, h.check_array, h.as_i
@@ -319,7 +320,7 @@ def _gpu_memory_stages(h):
 def _gpu_math_stages(h):
     """The arithmetic and ordering stages (``ex2``, ``max``, ``fma``, ``in_loop``, the
     ``cp.async`` commit and waits) as inline PTX or LLVM intrinsics, from
-    :func:`_gpu_helpers`'s pieces ``h``."""
+    :func:`gpu_helpers`'s pieces ``h``."""
     ir, intrinsic, NumbaTypeError = h.ir, h.intrinsic, h.NumbaTypeError
     i32, f32 = h.i32, h.f32
 
@@ -398,7 +399,7 @@ def _gpu_math_stages(h):
 
 def _gpu_stages():
     """Every GPU stage of this module, by name."""
-    h = _gpu_helpers()
+    h = gpu_helpers()
     return {**_gpu_memory_stages(h), **_gpu_math_stages(h)}
 
 
@@ -688,20 +689,25 @@ _LOW16 = uint32(0xFFFF)
 _HIGH16 = uint32(0xFFFF0000)
 
 
+#: the 16-byte chunks of a tile a thread copies (:func:`_chunk_plan`)
+ChunkPlan = namedtuple("ChunkPlan", "CT STEP COPIES EXACT PER_ROW")
+
+
 def _chunk_plan(ROWS, HEAD_DIM, THREADS):
-    """``(CT, STEP, COPIES, EXACT, PER_ROW)``: the 16-byte chunks of a ``ROWS x HEAD_DIM`` tile
-    a thread copies.  ``CT`` consecutive threads share a row (the chunk count's largest common
-    divisor with ``THREADS``, all of them when it divides ``THREADS``); thread ``tid`` takes
-    chunk columns ``tid % CT + CT j`` (``j < PER_ROW``: one unless the chunk count does not
-    divide ``THREADS``, e.g. 24 chunks of a 192-wide row on 32 threads: 8 a row, 3 columns each)
-    of rows ``tid // CT + STEP i`` (``i < COPIES``; ``EXACT``: every such row is inside the
-    tile).  Fixed columns: the copy's and the scan's per-thread offsets are computed once."""
+    """A :data:`ChunkPlan` ``(CT, STEP, COPIES, EXACT, PER_ROW)``: the 16-byte chunks of a
+    ``ROWS x HEAD_DIM`` tile a thread copies.  ``CT`` consecutive threads share a row (the chunk
+    count's largest common divisor with ``THREADS``, all of them when it divides ``THREADS``);
+    thread ``tid`` takes chunk columns ``tid % CT + CT j`` (``j < PER_ROW``: one unless the chunk
+    count does not divide ``THREADS``, e.g. 24 chunks of a 192-wide row on 32 threads: 8 a row, 3
+    columns each) of rows ``tid // CT + STEP i`` (``i < COPIES``; ``EXACT``: every such row is
+    inside the tile).  Fixed columns: the copy's and the scan's per-thread offsets are computed
+    once."""
     CHUNKS = HEAD_DIM // 8                 # 16-byte chunks per row
     assert HEAD_DIM % 8 == 0, HEAD_DIM
     CT = math.gcd(CHUNKS, THREADS)         # threads per row
     STEP = THREADS // CT                   # rows between a thread's consecutive rows
     COPIES = -(-ROWS // STEP)              # rows per thread (the last may lie past ROWS)
-    return CT, STEP, COPIES, ROWS % STEP == 0, CHUNKS // CT
+    return ChunkPlan(CT, STEP, COPIES, ROWS % STEP == 0, CHUNKS // CT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -715,7 +721,8 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
     rows of ``d``): the 16-byte chunks past ``d`` are zero-filled without a read (a thread's
     chunk column is fixed, so one test a tile), the stride is ``d``: two widths of one tile
     (a value head dim of its own) at ``cp.async`` speed."""
-    CT, STEP, COPIES, EXACT, PER_ROW = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    plan = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    CT, STEP, COPIES, EXACT, PER_ROW = plan.CT, plan.STEP, plan.COPIES, plan.EXACT, plan.PER_ROW
     assert ROW_BYTES % 16 == 0 and ROW_BYTES >= 2 * HEAD_DIM
 
     @_device
@@ -846,7 +853,8 @@ def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE
     unrolled, the loads of every chunk would be in flight together (a d = 128 tile of 32 rows
     on 64 threads: 32 registers).  ``PER_TILE``: the thread's offsets computed per call
     (:func:`in_loop`), not held across the caller's loop (as :func:`make_pair_load`)."""
-    CT, STEP, COPIES, EXACT, PER_ROW = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    plan = _chunk_plan(ROWS, HEAD_DIM, THREADS)   # the copy's chunks, this thread's to scan
+    CT, STEP, PER_ROW = plan.CT, plan.STEP, plan.PER_ROW
     zero_word = make_zero_nonfinite_word(DTYPE)
     STEP_WORDS = STEP * ROW_BYTES // 4
 

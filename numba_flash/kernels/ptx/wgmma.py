@@ -33,11 +33,10 @@ Stages (the kernels call these names; the backend picks the implementation at im
 * the forward's GEMM stage on the ``mma.sync`` fragment view: :func:`make_fragment_view`,
   :func:`make_a_pack`, :func:`make_warpgroup_gemm` -> ``(operands, issue, complete)``.
 
-File: the layouts as host functions, descriptors and tiles, the GPU intrinsics, the simulator twins
-(the ISA's semantics for the warpgroup; they raise on what the hardware leaves undefined), the
-device stages, the probe kernels :func:`wgmma_gemm_kernel` and :func:`wgmma_chain_kernel` (``cc=(9,
-0, "a")`` only).  The layout tables, the order of fences and waits, the twin and the forward built
-on these: docs/wgmma.md.
+File: host layouts, descriptors and tiles, GPU intrinsics, simulator twins (the ISA's semantics
+for the warpgroup; they raise on what the hardware leaves undefined), device stages, the probe
+kernels :func:`wgmma_gemm_kernel`, :func:`wgmma_chain_kernel` (``cc=(9, 0, "a")`` only).  The
+layout tables, the order of fences and waits, the twin and the forward on these: docs/wgmma.md.
 """
 
 from __future__ import annotations
@@ -421,7 +420,7 @@ def _gpu_primitives():
                                      f"integer, got {acc} and {scale_d}")
 
             def codegen(context, builder, sig, args):
-                _smem, a_val, db, acc_val, sd = args
+                a_val, db, acc_val, sd = args[1], args[2], args[3], args[4]   # after smem
                 if A_SRC == "smem":
                     a_ops, a_cons, a_txt = [a_val], ["l"], f"${n}"
                 else:

@@ -70,10 +70,12 @@ def stages_configs():
 
 
 def fp8_configs():
-    """The fp8 probe: four e4m3 of a word to float32 (``cvt.rn.f16x2.e4m3x2``: sm_89+, so
-    built for sm_90 alone)."""
-    yield {"name": "fp8 e4m3x4_to_float32", "kernel": fp8.e4m3_probe_kernel(), "cc": fp8.CC,
-           "args": (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 2, "C")),
+    """The fp8 probe: four e4m3 of a word to float32 and a float32 to e4m3
+    (``cvt.rn.f16x2.e4m3x2``, ``cvt.rn.satfinite.e4m3x2.f32``: sm_89+, so built for sm_90
+    alone)."""
+    yield {"name": "fp8 e4m3 conversions", "kernel": fp8.e4m3_probe_kernel(), "cc": fp8.CC,
+           "args": (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 2, "C"),
+                    types.Array(types.float32, 1, "C"), types.Array(types.uint8, 1, "C")),
            "float64_ok": False}
 
 
