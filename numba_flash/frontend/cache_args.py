@@ -11,6 +11,8 @@ import numpy as np
 from ..kernels.cache.append import append_grid, append_kernel
 from ..kernels.cache.append import default_threads as append_threads
 from .arrays import kernel_ints
+from .fp8 import FP8_QUERY_DTYPES
+from .kernel_args import no_descale
 from .sim_time import SimWork
 from .validate import (
     ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_same_dtype, is_device_array,
@@ -40,13 +42,20 @@ def check_writable_cache(name, x):
                                  f"in place), got strides {tuple(strides)}")
 
 
-def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new", d_v=None):
+def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new", d_v=None,
+                 dtype_of="k_cache"):
     """``k_new`` ``[B, Hkv, Nnew, d]``, ``v_new`` ``[B, Hkv, Nnew, d_v]`` (``d_v``: the value
-    cache's head dim, default ``d``) in the caches' dtype; returns ``Nnew``."""
+    cache's head dim, default ``d``) in ``dtype``, the dtype of ``dtype_of`` (the caches'; an
+    e4m3 cache's new values: ``q``'s in decode, float16 / bfloat16 / float32 in append_kv, where
+    ``dtype`` is None); returns ``Nnew``."""
     d_v = d if d_v is None else d_v
     ks, kd = check_array(k_name, k_new, 4, ATTENTION_DTYPES)
     vs, vd = check_array(v_name, v_new, 4, ATTENTION_DTYPES)
-    check_same_dtype({"k_cache": dtype, k_name: kd, v_name: vd})
+    if dtype is None and kd.name not in FP8_QUERY_DTYPES:
+        raise TypeError(f"{k_name}: expected dtype in {FP8_QUERY_DTYPES} for an e4m3 cache, got "
+                        f"{kd.name}")
+    check_same_dtype({k_name: kd, v_name: vd} if dtype is None else
+                     {dtype_of: dtype, k_name: kd, v_name: vd})
     if ks[0] != b or ks[1] != hkv or ks[3] != d:
         raise ValueError(f"{k_name}: expected shape [B, Hkv, Nnew, d] = [{b}, {hkv}, Nnew, {d}] "
                          f"(B from cache_seqlens, Hkv and d from k_cache), got {ks}")
@@ -170,15 +179,18 @@ def check_paged_writes(seqlens, table, nnew, n_cache, n_slots):
 
 
 def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
-                  nnew, d, dtype):
+                  nnew, d, dtype, kv_descale=None):
     """One append launch on device arrays (the caches as their ``[rows, d]`` views); returns
-    the device array of new lengths (``d_len``'s dtype)."""
+    the device array of new lengths (``d_len``'s dtype).  ``kv_descale``: e4m3 caches' float32
+    ``[2, B, Hkv]`` descales (host; the new values are rounded into e4m3), None: a copy."""
     threads = append_threads()
     grid = append_grid(b, hkv, nnew)
     new_lens = call.empty((b,), d_len.dtype)
-    call.launch(append_kernel(threads, np.dtype(dtype), bool(paged)), grid, (threads,), dk, dv,
-                dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache), np.int32(n_slots),
-                work=SimWork("merge", b * hkv * nnew * max(d, threads)))
+    fp8 = kv_descale is not None
+    descale = call.input(kv_descale) if fp8 else no_descale(call)
+    call.launch(append_kernel(threads, np.dtype(dtype), bool(paged), fp8), grid, (threads,), dk,
+                dv, dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache), np.int32(n_slots),
+                descale, work=SimWork("merge", b * hkv * nnew * max(d, threads)))
     return new_lens
 
 

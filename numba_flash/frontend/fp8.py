@@ -5,7 +5,8 @@ An e4m3 array is ``ml_dtypes.float8_e4m3fn`` (NumPy; ``torch.float8_e4m3fn`` thr
 its *descale*, float32 ``[B, Hkv]`` as FA3's ``k_descale`` / ``v_descale`` (one factor per
 sequence and kv head; a per-tensor scale is that array filled with one value).  The kernels
 widen e4m3 exactly in registers (:mod:`numba_flash.kernels.ptx.fp8`, sm_89+) and fold the
-descales into a scale they already apply.  e5m2 is not built (a ``TypeError`` naming the
+descales into a scale they already apply; new values are written as the e4m3 of ``x /
+descale``, saturated (:func:`numba_flash.append_kv`).  e5m2 is not built (a ``TypeError`` naming the
 array).  The reference: :func:`numba_flash.reference.dequantize`; the story:
 docs/flash-decoding.md#an-fp8-e4m3-cache.
 """

@@ -205,8 +205,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       beside a float16, bfloat16 or float32 ``q`` (``o`` in ``q``'s dtype), ``d`` a power of
       two >= 16, and FA3's descale factors ``k_descale``, ``v_descale`` float32 ``[B, Hkv]``
       (None: 1): key ``j``'s values are ``k_cache * k_descale[b, kvh]`` (the same for V).
-      Widened exactly in registers (a GPU of compute capability >= 8.9); not with ``k_new``
-      (quantise on the host) or MLA's ``v_cache=None``; e5m2 is a ``TypeError``.  The
+      Widened exactly in registers (a GPU of compute capability >= 8.9); ``k_new`` / ``v_new``
+      (in ``q``'s dtype) are written as the e4m3 of ``x / descale`` (round to nearest even,
+      saturated to +-448); not MLA's ``v_cache=None``; e5m2 is a ``TypeError``.  The
       reference: :func:`numba_flash.reference.dequantize`.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
@@ -291,7 +292,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
                          k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                          cache_seqlens=cache_seqlens, block_table=block_table,
-                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
+                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                         kv_descale=kv_descale)
     lengths = seqlens if opts.validate else [capacity] * s.b
     if plan.mla is not None:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(
@@ -415,11 +417,9 @@ def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
         have, miss = ("k_new", "v_new") if v_new is None else ("v_new", "k_new")
         raise ValueError(f"{miss}: expected an array with {have} (both or neither), got None")
     nnew = 0
-    if k_new is not None and s.kv_fp8:
-        raise ValueError("k_new: expected None with an e4m3 cache (appending into an fp8 cache "
-                         "is not built yet: quantise on the host), got an array")
     if k_new is not None:
-        nnew = check_new_kv(k_new, v_new, s.b, s.hkv, s.d, s.dtype, d_v=s.d_v)
+        nnew = check_new_kv(k_new, v_new, s.b, s.hkv, s.d, s.dtype, d_v=s.d_v,
+                            dtype_of="q" if s.kv_fp8 else "k_cache")
         check_writable_cache("k_cache", k_cache)
         check_writable_cache("v_cache", v_cache)
     rotary = rotary_cos is not None or rotary_sin is not None
@@ -599,7 +599,8 @@ class DeviceCache(NamedTuple):
 
 
 def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, rotary_cos,
-                   rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad):
+                   rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
+                   kv_descale=None):
     """The inputs on the device, with ``q`` and ``k_new`` rotated and ``k_new`` / ``v_new``
     appended (those launches on the call's stream): a :class:`DeviceCache`."""
     b, hkv, nnew, d, d_v = s.b, s.hkv, new.nnew, s.d, s.d_v
@@ -630,7 +631,7 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
             dkn = launch_rotary(call, dkn, d_cos, d_sin, d_len, 0, 1, 1, new.interleaved,
                                 dtype)
         d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
-                              n_slots, b, hkv, nnew, d, dtype)
+                              n_slots, b, hkv, nnew, d, dtype, kv_descale)
     d_pad = (kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else call.zeros((b,), np.int32))
     return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad)

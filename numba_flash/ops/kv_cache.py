@@ -10,6 +10,7 @@ shares.
 
 from __future__ import annotations
 
+import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.arrays import host_ints, kernel_ints
@@ -17,14 +18,15 @@ from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
     validate_append, write_back,
 )
+from ..frontend.fp8 import CACHE_DTYPES, check_descales, is_e4m3
 from ..frontend.validate import (
-    ATTENTION_DTYPES, INT_DTYPES, check_array, check_bool, check_same_dtype,
-    check_same_kind, check_value_shape, is_device_array,
+    INT_DTYPES, array_info, check_array, check_bool, check_same_dtype, check_same_kind,
+    check_value_shape, is_device_array,
 )
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
-              cache_batch_idx=None, *, validate=None):
+              cache_batch_idx=None, *, validate=None, k_descale=None, v_descale=None):
     """Write ``k_new``, ``v_new`` into the caches at each sequence's current length, in place.
 
     * ``k_cache``, ``v_cache``: contiguous ``[Bc, Hkv, Nmax, d]`` (``block_table=None``) or paged
@@ -46,17 +48,24 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
       default for device arrays: no host copy, no synchronisation) a token that would land
       outside the cache is skipped, and of two tokens sent to one slot either may land.
 
+    * e4m3 caches (``ml_dtypes.float8_e4m3fn``, both): ``k_new``, ``v_new`` float16, bfloat16
+      or float32, written as the e4m3 of ``x / k_descale[b, kvh]`` (``v_descale`` for V; float32
+      ``[B, Hkv]``, None: 1), rounded to nearest even and saturated to +-448, the inverse of
+      :func:`numba_flash.decode`'s reading of them.
+
     Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
     """
-    ks, dtype = check_array("k_cache", k_cache, 4, ATTENTION_DTYPES)
-    vs, vd = check_array("v_cache", v_cache, 4, ATTENTION_DTYPES)
+    ks, dtype = check_array("k_cache", k_cache, 4, CACHE_DTYPES)
+    vs, vd = check_array("v_cache", v_cache, 4, CACHE_DTYPES)
     check_same_dtype({"k_cache": dtype, "v_cache": vd})
     check_value_shape(ks, vs, True, "k_cache", "v_cache")   # v_cache: d_v of its own or d
     n_cache, hkv, n_slots, d = ks
     d_v = vs[3]
     (b,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
-    nnew = check_new_kv(k_new, v_new, b, hkv, d, dtype, d_v=d_v)
+    fp8 = is_e4m3(dtype)
+    nnew = check_new_kv(k_new, v_new, b, hkv, d, None if fp8 else dtype, d_v=d_v)
+    kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, b, hkv, fp8)
     paged = block_table is not None
     arrays = {"k_cache": k_cache, "v_cache": v_cache, "k_new": k_new, "v_new": v_new,
               "cache_seqlens": cache_seqlens}
@@ -83,12 +92,17 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
         validate_append(host_ints(cache_seqlens), host_ints(block_table) if paged else None,
                         host_ints(cache_batch_idx) if cache_batch_idx is not None else None,
                         nnew, n_cache, n_slots, paged)
-    dk = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
-    dv = call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
+    if fp8:   # e4m3 travels as its bytes (Numba has no fp8 dtype)
+        dk = call.input(k_cache.view(np.uint8)).reshape(n_cache * hkv * n_slots, d)
+        dv = call.input(v_cache.view(np.uint8)).reshape(n_cache * hkv * n_slots, d_v)
+    else:
+        dk = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
+        dv = call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     new_lens = launch_append(call, dk, dv, call.input(k_new), call.input(v_new), d_len, d_table,
-                             is_paged, n_cache, n_slots, b, hkv, nnew, d, dtype)
+                             is_paged, n_cache, n_slots, b, hkv, nnew, d,
+                             array_info("k_new", k_new)[1], kv_descale)
     write_back(call, k_cache, dk)
     write_back(call, v_cache, dv)
     return call.result(new_lens)

@@ -115,9 +115,72 @@ def test_bad_fp8_arguments_are_named(rng):
         numba_flash.decode(q.astype(np.float64), k8, v8, **call)
     with pytest.raises(ValueError, match="k_cache: expected a head dim that is a power of two"):
         numba_flash.decode(q[..., :12], k8[..., :12], v8[..., :12], **call)
-    with pytest.raises(ValueError, match="k_new: expected None with an e4m3 cache"):
-        numba_flash.decode(q, k8, v8, k_new=k[:, :, :1].astype(np.float16),
-                           v_new=v[:, :, :1].astype(np.float16), **call)
+    with pytest.raises(TypeError, match=r"k_new: expected dtype float16 \(the dtype of q\)"):
+        numba_flash.decode(q, k8, v8, k_new=k[:, :, :1].astype(np.float32),
+                           v_new=v[:, :, :1].astype(np.float32), **call)
+    with pytest.raises(TypeError, match="k_new: expected dtype in"):
+        numba_flash.append_kv(k8, v8, k[:, :, :1].astype(np.float64), v[:, :, :1], lens)
+    with pytest.raises(TypeError, match=r"v_new: expected dtype float32 \(the dtype of k_new\)"):
+        numba_flash.append_kv(k8, v8, k[:, :, :1], v[:, :, :1].astype(np.float64), lens)
     with pytest.raises(ValueError, match="v_cache: expected a v_cache of its own"):
         numba_flash.decode(q, k8, None, head_dim_v=16, **call)
     assert np.array_equal(k8.view(np.uint8), k_bytes)   # inputs untouched
+
+
+def _quantised(x, descale):
+    """The host's e4m3 of ``x / descale[b, kvh]`` (float32 division, then the saturating
+    round to nearest even of kernels/ptx/fp8.py), as e4m3 values."""
+    from numba_flash.kernels.ptx.fp8 import float_to_e4m3_bits
+
+    scaled = x.astype(np.float32) / descale[:, :, None, None]
+    return float_to_e4m3_bits(scaled.astype(np.float32)).view(E4M3)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_append_rounds_new_tokens_into_e4m3(rng, dtype):
+    """append_kv into a paged e4m3 cache: the new slots hold exactly the e4m3 of x / descale
+    (values past 448 * descale saturate), every other byte is untouched."""
+    b, hkv, d, nnew = 2, 2, 16, 3
+    lens = np.array([5, 12])
+    k, v, table = paged_cache(rng, b, hkv, d, lens + nnew, 4, np.float32, poison=False)
+    k8, v8 = fp8_caches(k, v)
+    kd, vd = descales(rng, b, hkv)
+    k_new = (randn(rng, (b, hkv, nnew, d), np.float32) * 500).astype(dtype)   # some saturate
+    v_new = randn(rng, (b, hkv, nnew, d), np.float32).astype(dtype)
+    before_k, before_v = k8.copy(), v8.copy()
+    new_lens = numba_flash.append_kv(k8, v8, k_new, v_new, lens, table, k_descale=kd,
+                                     v_descale=vd)
+    assert new_lens.tolist() == (lens + nnew).tolist()
+    want_k, want_v = _quantised(k_new, kd), _quantised(v_new, vd)
+    written = np.zeros(k8.shape[:3], bool)
+    for i in range(b):
+        for j in range(nnew):
+            t = lens[i] + j
+            blk, slot = table[i, t // 4], t % 4
+            written[blk, :, slot] = True
+            assert np.array_equal(k8[blk, :, slot].view(np.uint8), want_k[i, :, j].view(np.uint8))
+            assert np.array_equal(v8[blk, :, slot].view(np.uint8), want_v[i, :, j].view(np.uint8))
+    assert np.array_equal(k8.view(np.uint8)[~written], before_k.view(np.uint8)[~written])
+    assert np.array_equal(v8.view(np.uint8)[~written], before_v.view(np.uint8)[~written])
+    assert (np.abs(k8.astype(np.float32)) == 448).any()   # the x 500 keys saturated, not NaN
+
+
+def test_generation_loop_appends_and_decodes(rng):
+    """Four steps of decode(k_new=, v_new=) on a contiguous e4m3 cache: each step's o is the
+    float64 decode of the dequantised cache, the new token included as it was rounded."""
+    b, h, hkv, d, nmax = 2, 4, 2, 16, 24
+    lens = np.array([6, 11])
+    k, v = contiguous_cache(rng, b, hkv, nmax, d, lens, np.float32)
+    k8, v8 = fp8_caches(k, v)
+    kd, vd = descales(rng, b, hkv)
+    for _ in range(4):
+        q = randn(rng, (b, h, d), np.float16)
+        k_new = randn(rng, (b, hkv, 1, d), np.float16)
+        v_new = randn(rng, (b, hkv, 1, d), np.float16)
+        o = numba_flash.decode(q, k8, v8, cache_seqlens=lens, k_new=k_new, v_new=v_new,
+                               k_descale=kd, v_descale=vd)
+        for i in range(b):
+            assert np.array_equal(k8[i, :, lens[i]].view(np.uint8),
+                                  _quantised(k_new, kd)[i, :, 0].view(np.uint8))
+        lens = lens + 1
+        assert_close(o, reference(q, k8, v8, kd, vd, lens)[0], np.float16, name="o")

@@ -2,7 +2,7 @@
 
 Math
 ----
-None: a copy.  Sequence ``b`` holds ``L = cache_seqlens[b]`` tokens; its ``Nnew`` new tokens
+None: a copy (into e4m3 caches, ``FP8``: the e4m3 of ``x / descale``, saturated).  Sequence ``b`` holds ``L = cache_seqlens[b]`` tokens; its ``Nnew`` new tokens
 ``k_new[b, :, i]``, ``v_new[b, :, i]`` go to positions ``t = L + i`` of the sequence, and the
 new length is ``L + Nnew``.  Position ``t`` lives, as in :mod:`numba_flash.kernels.decode.split_kv`,
 in
@@ -40,10 +40,12 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, int64
+from numba import cuda, float32, int64
 
 from ..core.common import GPU_ROW_THREADS, grid_x, numba_array_type, row_threads
+from ..core.elements import element_ops
 from ..core.jit import kernel_jit
+from ..ptx.fp8 import float32_to_e4m3
 
 #: threads per block: the row kernels' (one per head-dim element up to 128 on a GPU)
 GPU_THREADS = GPU_ROW_THREADS
@@ -56,21 +58,25 @@ def append_grid(b, hkv, nnew):
 
 
 @functools.lru_cache(maxsize=None)
-def append_kernel(THREADS, dtype, PAGED):
+def append_kernel(THREADS, dtype, PAGED, FP8=False):
     """Build (once per configuration) ``kernel(k_cache, v_cache, k_new, v_new, seqlens, table,
-    new_lens, n_cache_blocks, block_size)``.
+    new_lens, n_cache_blocks, block_size, descale)``.
 
     ``k_cache``, ``v_cache``: the caches' ``[num_blocks * Hkv * block_size, d]`` views (written);
     ``k_new``, ``v_new`` ``[B, Hkv, Nnew, d]``; ``seqlens`` and ``new_lens`` (written) ``[B]``
     ints; ``table`` ``[B, max_blocks]`` ints when ``PAGED`` (else unused, sequence ``b`` is
     block ``b``); ``n_cache_blocks`` (``num_blocks``, or ``Bc``) and ``block_size`` (``Nmax``
-    for a contiguous cache) int32.
+    for a contiguous cache) int32.  ``FP8``: e4m3 caches (their bytes, uint8): a new value
+    ``x`` (``dtype``: float16, bfloat16 as its words, float32) is written as the e4m3 of ``x /
+    descale[0 or 1, b, kvh]`` (K, V; float32 ``[2, B, Hkv]``), rounded to nearest even and
+    saturated (:func:`~numba_flash.kernels.ptx.fp8.float32_to_e4m3`); else copied as it is
+    (``descale`` unread).
     """
-    del dtype  # one source for every dtype; the argument keys the cache per dtype
+    load, _store = element_ops(dtype) if FP8 else (None, None)
 
     @kernel_jit
     def append_kv(k_cache, v_cache, k_new, v_new, seqlens, table, new_lens, n_cache_blocks,
-                  block_size):
+                  block_size, descale):
         tid = cuda.threadIdx.x
         bx = cuda.blockIdx.x
         hkv = k_new.shape[1]
@@ -97,7 +103,15 @@ def append_kernel(THREADS, dtype, PAGED):
             slot = t - j * block_size
         else:
             ok = ok and t < block_size
-        if ok:                                # a bad token is skipped: nothing outside is written
+        if ok and FP8:                        # quantised: e4m3 of x / descale
+            row = (blk * hkv + kvh) * block_size + slot
+            k_div = descale[0, b, kvh]
+            v_div = descale[1, b, kvh]
+            for c in range(tid, d, THREADS):
+                k_cache[row, c] = float32_to_e4m3(float32(load(k_new[b, kvh, i, c])) / k_div)
+            for c in range(tid, v_new.shape[3], THREADS):
+                v_cache[row, c] = float32_to_e4m3(float32(load(v_new[b, kvh, i, c])) / v_div)
+        elif ok:                              # a bad token is skipped: nothing outside is written
             row = (blk * hkv + kvh) * block_size + slot
             for c in range(tid, d, THREADS):
                 k_cache[row, c] = k_new[b, kvh, i, c]
@@ -107,11 +121,13 @@ def append_kernel(THREADS, dtype, PAGED):
     return append_kv
 
 
-def kernel_args_types(dtype, int_dtype=np.int32):
-    """Numba argument types of :func:`append_kernel` for ``int_dtype`` lengths and tables."""
+def kernel_args_types(dtype, int_dtype=np.int32, FP8=False):
+    """Numba argument types of :func:`append_kernel` for ``int_dtype`` lengths and tables
+    (``FP8``: uint8 caches)."""
     from numba import types
 
-    return (numba_array_type(dtype, 2), numba_array_type(dtype, 2),
-            numba_array_type(dtype, 4), numba_array_type(dtype, 4),
+    cache = types.Array(types.uint8, 2, "C") if FP8 else numba_array_type(dtype, 2)
+    return (cache, cache, numba_array_type(dtype, 4), numba_array_type(dtype, 4),
             numba_array_type(int_dtype, 1), numba_array_type(int_dtype, 2),
-            numba_array_type(int_dtype, 1), types.int32, types.int32)
+            numba_array_type(int_dtype, 1), types.int32, types.int32,
+            numba_array_type(np.float32, 3))

@@ -7,6 +7,7 @@ import numpy as np
 from numba_flash.kernels.core.elements import ELEMENT_DTYPES
 from numba_flash.kernels.cache import append
 from numba_flash.kernels.cache import rotary
+from numba_flash.kernels.ptx import fp8
 
 
 def append_configs():
@@ -21,6 +22,10 @@ def append_configs():
             "args": append.kernel_args_types(dtype),
             "float64_ok": dtype == np.float64,
         }
+    # new float16 tokens rounded into e4m3 caches (issue 46): sm_89+, so sm_90 alone
+    yield {"name": "append_kv float16 into e4m3 paged",
+           "kernel": append.append_kernel(append.GPU_THREADS, f16, True, True),
+           "args": append.kernel_args_types(f16, FP8=True), "float64_ok": False, "cc": fp8.CC}
 
 
 def rotary_configs():
