@@ -2,10 +2,10 @@
 
 Math
 ----
-None: a copy (into e4m3 caches, ``FP8``: the e4m3 of ``x / descale``, saturated).  Sequence ``b`` holds ``L = cache_seqlens[b]`` tokens; its ``Nnew`` new tokens
-``k_new[b, :, i]``, ``v_new[b, :, i]`` go to positions ``t = L + i`` of the sequence, and the
-new length is ``L + Nnew``.  Position ``t`` lives, as in :mod:`numba_flash.kernels.decode.split_kv`,
-in
+None: a copy (into e4m3 caches, ``FP8``: the e4m3 of ``x / descale``, saturated).  Sequence ``b``
+holds ``L = cache_seqlens[b]`` tokens; its ``Nnew`` new tokens ``k_new[b, :, i]``, ``v_new[b, :,
+i]`` go to positions ``t = L + i`` of the sequence, and the new length is ``L + Nnew``.  Position
+``t`` lives, as in :mod:`numba_flash.kernels.decode.split_kv`, in
 
 * a contiguous cache ``[Bc, Hkv, Nmax, d]``: row ``b`` (or ``cache_batch_idx[b]``), slot ``t``;
 * a paged cache ``[num_blocks, Hkv, block_size, d]``: physical block ``block_table[b, t //
