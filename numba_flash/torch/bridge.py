@@ -24,15 +24,21 @@ import numpy as np
 import torch
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+#: torch's e4m3 (an fp8 KV cache; CPU tensors only so far)
+E4M3_TORCH = getattr(torch, "float8_e4m3fn", None)
 
 
 def as_array(t):
     """A zero-copy NumPy (CPU) or CuPy (CUDA) view of ``t``, same shape and strides (bfloat16:
-    ``ml_dtypes.bfloat16``, through a view of the int16 words)."""
+    ``ml_dtypes.bfloat16``, through a view of the int16 words; a CPU float8_e4m3fn tensor:
+    ``ml_dtypes.float8_e4m3fn`` through its bytes)."""
     t = t.detach()
     bf16 = t.dtype == torch.bfloat16
     if bf16:
         t = t.view(torch.int16)  # same itemsize: a view for any strides
+    if t.dtype == E4M3_TORCH and t.device.type == "cpu":
+        return t.view(torch.uint8).numpy().view(E4M3)
     if t.device.type == "cpu":
         a = t.numpy()
         return a.view(BFLOAT16) if bf16 else a

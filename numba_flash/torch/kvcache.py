@@ -88,7 +88,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, learnable_sink=None, head_dim_v=None):
+                            return_softmax_lse=False, *, learnable_sink=None, head_dim_v=None,
+                            q_descale=None, k_descale=None, v_descale=None):
     """flash-attn's ``flash_attn_with_kvcache``: attention of ``q`` against a KV cache, after
     appending ``k``, ``v`` to it in place (rotated by ``rotary_cos``/``rotary_sin`` first).
 
@@ -116,6 +117,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
       the first ``head_dim_v`` columns of ``k_cache`` (one latent cache, ``headdim`` up to 576;
       no ``k``, ``v``; :func:`numba_flash.decode`, whose tensor-core kernel it runs for
       float16 / bfloat16 head dims that are multiples of 64).
+    * an fp8 cache (FA3's keywords): ``k_cache``, ``v_cache`` ``torch.float8_e4m3fn`` (CPU
+      tensors so far) beside a float16 / bfloat16 / float32 ``q``, ``k``, ``v``; ``k_descale``,
+      ``v_descale`` float32 ``(batch_size, nheads_k)`` (None: 1); ``q_descale`` must be None
+      (``q`` is not fp8 here).  :func:`numba_flash.decode`'s e4m3 cache.
 
     Returns ``out (batch_size, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse``
     also ``softmax_lse (batch_size, nheads, seqlen_q)`` (float32; float64 for float64; ``-inf``
@@ -126,12 +131,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     qs = checks.check_tensor("q", q, 4, "(batch_size, seqlen_q, nheads, headdim)")
     paged = block_table is not None
     layout = _PAGED if paged else _CACHE
-    ks = checks.check_tensor("k_cache", k_cache, 4, layout)
-    named = {"q": q, "k_cache": k_cache}
+    cache_dtypes = checks.DTYPES + ((bridge.E4M3_TORCH,) if bridge.E4M3_TORCH else ())
+    ks = checks.check_tensor("k_cache", k_cache, 4, layout, cache_dtypes)
+    fp8 = k_cache.dtype == bridge.E4M3_TORCH
+    named = {"q": q} if fp8 else {"q": q, "k_cache": k_cache}
     vs = ks
     if v_cache is not None:
-        vs = checks.check_tensor("v_cache", v_cache, 4, layout)
-        named["v_cache"] = v_cache
+        vs = checks.check_tensor("v_cache", v_cache, 4, layout, cache_dtypes)
+        if fp8 and v_cache.dtype != k_cache.dtype:
+            raise TypeError(f"v_cache: expected dtype float8_e4m3fn (the dtype of k_cache), got "
+                            f"{str(v_cache.dtype).replace('torch.', '')}")
+        if not fp8:
+            named["v_cache"] = v_cache
         if vs[:3] != ks[:3]:
             raise ValueError(f"v_cache: expected the shape of k_cache {ks} but for the last "
                              f"dim (headdim_v), got {vs}")
@@ -166,10 +177,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             "cache_leftpad": _int_tensor("cache_leftpad", cache_leftpad, 1, "(batch_size,)")}
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, qs[2])
+    if q_descale is not None:
+        raise ValueError("q_descale: expected None (q is float16, bfloat16 or float32 here; only "
+                         "the cache is fp8), got a tensor")
+    if fp8 and k_cache.device.type != "cpu":
+        raise TypeError("k_cache: expected a CPU tensor for an fp8 cache (CUDA float8_e4m3fn "
+                        "caches are not built yet), got a tensor on "
+                        f"{k_cache.device}")
     capacity = ks[1] * (block_table.shape[1] if paged else 1)
     seqlens = _seqlens(cache_seqlens, qs[0], capacity, q.device)
     device = checks.check_device({**named, **ints, "cache_seqlens": seqlens,
-                                  "alibi_slopes": alibi_slopes, "learnable_sink": learnable_sink})
+                                  "alibi_slopes": alibi_slopes, "learnable_sink": learnable_sink,
+                                  "k_descale": k_descale, "v_descale": v_descale})
     splits = _num_splits(num_splits)
     checks.check_options(qs[3], 0.0, softmax_scale, causal, window_size, softcap, False, False)
 
@@ -192,7 +211,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
             cache_leftpad=arr(cache_leftpad),
-            learnable_sink=arr(learnable_sink), head_dim_v=head_dim_v)
+            learnable_sink=arr(learnable_sink), head_dim_v=head_dim_v,
+            k_descale=arr(k_descale), v_descale=arr(v_descale))
         out = bridge.seq_first(o, device)
         lse = bridge.to_tensor(lse, device)
     for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):

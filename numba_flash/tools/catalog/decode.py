@@ -24,10 +24,10 @@ def split_kv_configs():
     are the same source with other constants and compile on first use.  A user's variant
     (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
     def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None,
-            own_v=None, kv_fp8=False):
+            own_v=None, kv_fp8=False, rows=None):
         dtype = np.dtype(dtype)
         fns, aux = (None, ()) if user is None else user
-        rows = dconfig.gpu_rows_max(np.uint8 if kv_fp8 else dtype, HEAD_DIM)
+        rows = rows or dconfig.gpu_rows_max(np.uint8 if kv_fp8 else dtype, HEAD_DIM)
         config = dconfig.launch_shape(dtype, HEAD_DIM, rows, False, VEC=vec, PAGED=paged,
                                       SOFTCAP=softcap, ALIBI=alibi, USER=fns,
                                       OWN_V=own_v is not None, KV_FP8=kv_fp8)
@@ -64,8 +64,10 @@ def split_kv_configs():
     yield cfg(BFLOAT16, 128)
     yield cfg(BFLOAT16, 64, paged=False)
     yield cfg(np.float16, 128, user=_user_config())
-    # an e4m3 cache (issue 46): 16 values per 16-byte load, widened in registers
+    # an e4m3 cache (issue 46): 16 values per 16-byte load, widened in registers; a GQA group
+    # of two rows (the most a block holds) and one row (MHA)
     yield cfg(np.float16, 128, kv_fp8=True)
+    yield cfg(np.float16, 128, kv_fp8=True, rows=1)
     # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
     # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
     yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
