@@ -42,6 +42,7 @@ __all__ = [
     "online_softmax_stats",
     "attention",
     "dequantize",
+    "sparse_attention",
     "attention_backward",
     "attention_varlen",
     "attention_backward_varlen",
@@ -356,6 +357,45 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
     p, lse = _softmax_rows(s, learnable_sink)
     p_drop = p * _keep_scale(dropout_mask, dropout_p, p.shape)
     return _pv(p_drop, v, vis), lse
+
+
+def sparse_attention(q, k, v, kv_indices, *, causal=False, softmax_scale=None,
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, learnable_sink=None):
+    """Token-sparse attention (DeepSeek V3.2's DSA, FA4's ``gather_kv_indices``) in float64,
+    returning ``(o, lse)`` as :func:`attention`.
+
+    Query row ``i`` of head ``h`` sees only the keys listed in ``kv_indices[b, g, i]``:
+    ``kv_indices`` is an integer ``[B, G, Nq, topk]`` array with ``G = Hkv`` (``g`` is ``h``'s kv
+    head: the heads of a GQA group share their list, as DSA's indexer does) or ``G = 1`` (one
+    list for every head); ``-1`` is "no key".  A key listed twice counts once (the kernels'
+    front end rejects repeats), and the built-in rules still hide what they hide: a listed key
+    past the causal diagonal or outside the window stays hidden.  A row that keeps no key has
+    ``o = 0``, ``lse = -inf`` (``lse = sink_h`` with ``learnable_sink``).  Only the listed keys
+    can make a row NaN.  An index outside ``[-1, Nk)`` is a ``ValueError`` naming
+    ``kv_indices``.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    h = q.shape[1]
+    k = _expand_kv(np.asarray(k, dtype=np.float64), h)
+    v = _expand_kv(np.asarray(v, dtype=np.float64), h)
+    idx = np.asarray(kv_indices)
+    b, nq, nk = q.shape[0], q.shape[2], k.shape[2]
+    if (idx.ndim != 4 or idx.shape[0] != b or idx.shape[2] != nq or h % idx.shape[1]
+            or not np.issubdtype(idx.dtype, np.integer)):
+        raise ValueError(f"kv_indices: expected integers [B, Hkv or 1, Nq, topk] = [{b}, a "
+                         f"divisor of {h}, {nq}, topk], got {idx.dtype} {list(idx.shape)}")
+    if idx.size and (idx.min() < -1 or idx.max() >= nk):
+        raise ValueError(f"kv_indices: expected entries in [-1, {nk}), got {idx.min()} .. "
+                         f"{idx.max()}")
+    listed = np.zeros(idx.shape[:3] + (nk,), bool)
+    bi, gi, qi, ti = np.nonzero(idx >= 0)
+    listed[bi, gi, qi, idx[bi, gi, qi, ti]] = True
+    listed = np.repeat(listed, h // idx.shape[1], axis=1)
+    s, vis, _ = _scores(q, k, _scale(q.shape[-1], softmax_scale), causal, window_size, softcap,
+                        alibi_slopes)
+    vis = vis & listed
+    p, lse = _softmax_rows(np.where(vis, s, -np.inf), learnable_sink)
+    return _pv(p, v, vis), lse
 
 
 def attention_backward(
