@@ -15,6 +15,9 @@ GPU (CuPy inputs, so a call never waits for the host):
                   way.  Inputs rotate over enough cache copies to exceed L2.
   latency rows    B = 1, 1k context, float16, paged and contiguous: microseconds per call
                   (CUDA events around the Python call: launch and host overhead included).
+  ``--fp8``       also e4m3 caches (uint8 bytes, ``kv_cache_dtype="fp8_e4m3"``) beside a float16
+                  q: the bytes read per second against the float16 rows (no peer: torch SDPA
+                  takes no fp8 cache).
 Simulator (``--dry-run``, or no GPU): the same rows at toy sizes, timed on the host, to check
 that the script runs (this times the simulator, not a GPU).
 
@@ -45,11 +48,23 @@ def kv_bytes(b, hkv, ctx, d, dtype):
     return 2 * b * hkv * ctx * d * np.dtype(dtype).itemsize
 
 
+def e4m3_bytes(xp, shape, rng):
+    """uint8 e4m3 bytes of values of magnitude 2**-4 .. 2 with random signs (no NaN pattern),
+    drawn on the device when ``xp`` is CuPy."""
+    if xp is not None:
+        mag = xp.random.randint(0x20, 0x40, shape, dtype=xp.int32)
+        sign = xp.random.randint(0, 2, shape, dtype=xp.int32) << 7
+        return (mag | sign).astype(xp.uint8)
+    return (rng.integers(0x20, 0x40, shape) | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
+
+
 def make_inputs(cfg, xp, rng, b, ctx, dtype, paged):
     """``[q, k_cache, v_cache, cache_seqlens, block_table]`` on the device (CuPy when present,
-    else Numba device arrays; NumPy in the simulator)."""
+    else Numba device arrays; NumPy in the simulator); ``dtype="e4m3"``: uint8 e4m3 caches
+    beside a float16 ``q``."""
     h, hkv, d, bs = cfg["H"], cfg["HKV"], cfg["D"], cfg["BLOCK_SIZE"]
-    q = rng.standard_normal((b, h, d)).astype(dtype)
+    fp8 = isinstance(dtype, str) and dtype == "e4m3"
+    q = rng.standard_normal((b, h, d)).astype(np.float16 if fp8 else dtype)
     lens = np.full(b, ctx, np.int32)
     if paged:
         n_blk = -(-ctx // bs)
@@ -57,7 +72,11 @@ def make_inputs(cfg, xp, rng, b, ctx, dtype, paged):
         table = rng.permutation(b * n_blk).astype(np.int32).reshape(b, n_blk)
     else:
         shape, table = (b, hkv, ctx, d), None
-    if xp is not None:  # draw the (up to 8.6 GiB) caches on the device
+    if fp8:
+        up = xp.asarray if xp is not None else (
+            (lambda x: x) if not common.on_gpu() else cuda.to_device)
+        k, v = up(e4m3_bytes(xp, shape, rng)), up(e4m3_bytes(xp, shape, rng))
+    elif xp is not None:  # draw the (up to 8.6 GiB) caches on the device
         k = xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
         v = xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
         up = xp.asarray
@@ -97,14 +116,17 @@ def torch_peers(cfg, q, k, v, table):
     return out
 
 
-def bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat):
+def bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat, fp8=False):
     rng = np.random.default_rng(0)
     b, hkv, d = cfg["B"], cfg["HKV"], cfg["D"]
     rows = []
-    for dtype in (np.float16, np.float32):
+    for dtype in (np.float16, np.float32) + (("e4m3",) if fp8 else ()):
+        e4m3 = isinstance(dtype, str)
+        extra = {"kv_cache_dtype": "fp8_e4m3"} if e4m3 else {}
+        elem = np.uint8 if e4m3 else dtype
         for paged in (True, False):
             for ctx in contexts:
-                nbytes = kv_bytes(b, hkv, ctx, d, dtype)
+                nbytes = kv_bytes(b, hkv, ctx, d, elem)
                 copies = max(1, min(8, -(-L2_BYTES // nbytes))) if common.on_gpu() else 1
                 sets = [make_inputs(cfg, xp, rng, b, ctx, dtype, paged) for _ in range(copies)]
                 state = {"i": 0}
@@ -112,19 +134,20 @@ def bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat):
                 def run():
                     q, k, v, lens, table = sets[state["i"] % copies]
                     state["i"] += 1
-                    return numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table)
+                    return numba_flash.decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                              **extra)
 
                 ms = timer(run, repeat)
                 gbs = nbytes / ms / 1e6
-                splits, size = kdecode.gpu_splits(ctx, hkv, dtype=dtype, HEAD_DIM=d,
+                splits, size = kdecode.gpu_splits(ctx, hkv, dtype=elem, HEAD_DIM=d,
                                                   n_rows=cfg["H"] // hkv)
-                row = {"dtype": np.dtype(dtype).name,
+                row = {"dtype": dtype if e4m3 else np.dtype(dtype).name,
                        "cache": f"paged/{cfg['BLOCK_SIZE']}" if paged else "contiguous",
                        "context": ctx, "GPU splits": splits, "ms": ms, "GB/s": gbs}
                 if copy_gbs:
                     row["% copy"] = 100 * gbs / copy_gbs
                 q, k, v, _, table = sets[0]
-                for name, fn in torch_peers(cfg, q, k, v, table).items():
+                for name, fn in ({} if e4m3 else torch_peers(cfg, q, k, v, table)).items():
                     pms = timer(fn, repeat)
                     row[f"{name} GB/s"] = nbytes / pms / 1e6
                     if name == "torch SDPA contiguous":
@@ -157,6 +180,7 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true",
                     help="toy sizes (the default without a GPU): checks the script, times nothing")
     ap.add_argument("--json", help="write the rows as JSON to this file")
+    ap.add_argument("--fp8", action="store_true", help="also e4m3 caches (beside a float16 q)")
     args = ap.parse_args(argv)
     dry = args.dry_run or not common.on_gpu()
     cfg = DRY if dry else GPU
@@ -180,7 +204,7 @@ def main(argv=None):
         def timer(fn, repeat):
             return common.time_host(fn, repeat=repeat, warmup=0)
         repeat = 1
-    rows = bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat)
+    rows = bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat, fp8=args.fp8)
     lat = latency_rows(cfg, LATENCY_CONTEXT["dry" if dry else "gpu"], xp, timer, repeat)
     where = "GPU" if common.on_gpu() else "Numba CUDA SIMULATOR (host wall-clock, not a GPU figure)"
     print(f"\nnumba_flash.decode on the {where}: B={cfg['B']} H={cfg['H']} Hkv={cfg['HKV']} "

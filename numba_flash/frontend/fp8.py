@@ -33,6 +33,26 @@ FP8_QUERY_DTYPES = ("float16", "bfloat16", "float32")
 FP8_MIN_CC = (8, 9)
 
 
+#: ``kv_cache_dtype`` (vLLM's name): ``"auto"`` (the caches' own dtype) or ``"fp8_e4m3"`` (uint8
+#: caches holding e4m3 bytes: how a device array carries them, CuPy having no fp8 dtype)
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+
+def cache_dtype_as_given(name, dtype, kv_cache_dtype):
+    """The cache's element type with ``kv_cache_dtype`` applied: ``"fp8_e4m3"`` reads a uint8
+    (or e4m3) cache as e4m3; ``"auto"`` keeps it.  ``ValueError`` / ``TypeError`` name the
+    argument."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got "
+                         f"{kv_cache_dtype!r}")
+    if kv_cache_dtype == "auto":
+        return dtype
+    if np.dtype(dtype) not in (np.dtype(np.uint8), E4M3):
+        raise TypeError(f"{name}: expected uint8 (or float8_e4m3fn) with "
+                        f"kv_cache_dtype='fp8_e4m3', got {np.dtype(dtype).name}")
+    return E4M3
+
+
 def is_e4m3(dtype):
     """True for the e4m3 dtype (``ml_dtypes.float8_e4m3fn``)."""
     return E4M3 is not None and np.dtype(dtype) == E4M3

@@ -50,7 +50,7 @@ from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
-from ..frontend.fp8 import CACHE_DTYPES, check_descales, check_fp8_cache
+from ..frontend.fp8 import CACHE_DTYPES, cache_dtype_as_given, check_descales, check_fp8_cache
 from ..frontend.kernel_args import kernel_variant, no_descale, no_sink
 from ..frontend.kernel_choice import cuda_cc
 from ..backend import on_simulator
@@ -147,7 +147,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            num_splits=None, return_lse=False, validate=None, k_new=None, v_new=None,
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
-           learnable_sink=None, head_dim_v=None, kernel="auto", k_descale=None, v_descale=None):
+           learnable_sink=None, head_dim_v=None, kernel="auto", k_descale=None, v_descale=None,
+           kv_cache_dtype="auto"):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -208,7 +209,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       Widened exactly in registers (a GPU of compute capability >= 8.9); ``k_new`` / ``v_new``
       (in ``q``'s dtype) are written as the e4m3 of ``x / descale`` (round to nearest even,
       saturated to +-448); not MLA's ``v_cache=None``; e5m2 is a ``TypeError``.  The
-      reference: :func:`numba_flash.reference.dequantize`.
+      reference: :func:`numba_flash.reference.dequantize`.  ``kv_cache_dtype="fp8_e4m3"``
+      (vLLM's name; default ``"auto"``): uint8 caches read as e4m3 bytes, the form a CuPy
+      array (no fp8 dtype) carries them in.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
@@ -260,7 +263,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     """
     s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
                       cache_seqlens=cache_seqlens, block_table=block_table,
-                      cache_batch_idx=cache_batch_idx)
+                      cache_batch_idx=cache_batch_idx, kv_cache_dtype=kv_cache_dtype)
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
                                 s.kv_fp8)
     arrays = _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
@@ -332,11 +335,13 @@ class DecodeShape(NamedTuple):
 
 
 def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlens, block_table,
-                  cache_batch_idx):
+                  cache_batch_idx, kv_cache_dtype="auto"):
     """The shape and dtype checks of ``q``, the caches, ``cache_seqlens``, ``block_table`` and
     ``cache_batch_idx`` (in :func:`decode`'s order); returns a :class:`DecodeShape`."""
     qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
-    ks, kd = check_array("k_cache", k_cache, 4, CACHE_DTYPES)
+    cache_dtypes = CACHE_DTYPES + ((np.dtype(np.uint8),) if kv_cache_dtype == "fp8_e4m3" else ())
+    ks, kd = check_array("k_cache", k_cache, 4, cache_dtypes)
+    kd = cache_dtype_as_given("k_cache", kd, kv_cache_dtype)
     latent = v_cache is None                  # MLA: the value is k_cache's first head_dim_v
     if latent:
         vd = kd
@@ -351,7 +356,8 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
                              "cache: numba_flash.append_kv first), got an array")
         vs = ks[:3] + (d_v,)
     else:
-        vs, vd = check_array("v_cache", v_cache, 4, CACHE_DTYPES)
+        vs, vd = check_array("v_cache", v_cache, 4, cache_dtypes)
+        vd = cache_dtype_as_given("v_cache", vd, kv_cache_dtype)
         if head_dim_v is not None:
             raise ValueError(f"head_dim_v: expected None with a v_cache (its head dim, "
                              f"{vs[3]}, is the value's), got {head_dim_v!r}")
@@ -610,8 +616,8 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
         dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
     # * block_size + slot): one index per key row, fewer registers than four
-    if s.kv_fp8:   # e4m3 travels as its bytes (Numba has no fp8 dtype)
-        k_cache, v_cache = k_cache.view(np.uint8), v_cache.view(np.uint8)
+    if s.kv_fp8 and not is_device_array(k_cache):   # e4m3 travels as its bytes (Numba has no
+        k_cache, v_cache = k_cache.view(np.uint8), v_cache.view(np.uint8)   # fp8 dtype)
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
     # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
     dv_ = dk_ if s.latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)

@@ -18,7 +18,7 @@ from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
     validate_append, write_back,
 )
-from ..frontend.fp8 import CACHE_DTYPES, check_descales, is_e4m3
+from ..frontend.fp8 import CACHE_DTYPES, cache_dtype_as_given, check_descales, is_e4m3
 from ..frontend.validate import (
     INT_DTYPES, array_info, check_array, check_bool, check_same_dtype, check_same_kind,
     check_value_shape, is_device_array,
@@ -26,7 +26,8 @@ from ..frontend.validate import (
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
-              cache_batch_idx=None, *, validate=None, k_descale=None, v_descale=None):
+              cache_batch_idx=None, *, validate=None, k_descale=None, v_descale=None,
+              kv_cache_dtype="auto"):
     """Write ``k_new``, ``v_new`` into the caches at each sequence's current length, in place.
 
     * ``k_cache``, ``v_cache``: contiguous ``[Bc, Hkv, Nmax, d]`` (``block_table=None``) or paged
@@ -51,13 +52,17 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     * e4m3 caches (``ml_dtypes.float8_e4m3fn``, both): ``k_new``, ``v_new`` float16, bfloat16
       or float32, written as the e4m3 of ``x / k_descale[b, kvh]`` (``v_descale`` for V; float32
       ``[B, Hkv]``, None: 1), rounded to nearest even and saturated to +-448, the inverse of
-      :func:`numba_flash.decode`'s reading of them.
+      :func:`numba_flash.decode`'s reading of them; ``kv_cache_dtype="fp8_e4m3"``: uint8 caches
+      (a device array's form) holding e4m3 bytes.
 
     Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
     """
-    ks, dtype = check_array("k_cache", k_cache, 4, CACHE_DTYPES)
-    vs, vd = check_array("v_cache", v_cache, 4, CACHE_DTYPES)
+    cache_dtypes = CACHE_DTYPES + ((np.dtype(np.uint8),) if kv_cache_dtype == "fp8_e4m3" else ())
+    ks, dtype = check_array("k_cache", k_cache, 4, cache_dtypes)
+    vs, vd = check_array("v_cache", v_cache, 4, cache_dtypes)
+    dtype = cache_dtype_as_given("k_cache", dtype, kv_cache_dtype)
+    vd = cache_dtype_as_given("v_cache", vd, kv_cache_dtype)
     check_same_dtype({"k_cache": dtype, "v_cache": vd})
     check_value_shape(ks, vs, True, "k_cache", "v_cache")   # v_cache: d_v of its own or d
     n_cache, hkv, n_slots, d = ks
@@ -92,7 +97,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
         validate_append(host_ints(cache_seqlens), host_ints(block_table) if paged else None,
                         host_ints(cache_batch_idx) if cache_batch_idx is not None else None,
                         nnew, n_cache, n_slots, paged)
-    if fp8:   # e4m3 travels as its bytes (Numba has no fp8 dtype)
+    if fp8 and not on_device:   # e4m3 travels as its bytes (Numba has no fp8 dtype)
         dk = call.input(k_cache.view(np.uint8)).reshape(n_cache * hkv * n_slots, d)
         dv = call.input(v_cache.view(np.uint8)).reshape(n_cache * hkv * n_slots, d_v)
     else:

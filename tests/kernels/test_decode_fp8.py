@@ -184,3 +184,38 @@ def test_generation_loop_appends_and_decodes(rng):
                                   _quantised(k_new, kd)[i, :, 0].view(np.uint8))
         lens = lens + 1
         assert_close(o, reference(q, k8, v8, kd, vd, lens)[0], np.float16, name="o")
+
+
+def test_uint8_caches_with_kv_cache_dtype_fp8_e4m3(rng):
+    """vLLM's kv_cache_dtype="fp8_e4m3": uint8 caches (how a device array carries e4m3) read as
+    e4m3, the same bits as the float8_e4m3fn call; "auto" keeps uint8 out."""
+    b, h, hkv, d = 2, 4, 2, 16
+    lens = np.array([9, 21])
+    k, v, table = paged_cache(rng, b, hkv, d, lens, 4, np.float32)
+    k8, v8 = fp8_caches(k, v)
+    kd, vd = descales(rng, b, hkv)
+    q = randn(rng, (b, h, d), np.float16)
+    call = dict(cache_seqlens=lens, block_table=table, k_descale=kd, v_descale=vd)
+    want = numba_flash.decode(q, k8, v8, **call)
+    got = numba_flash.decode(q, k8.view(np.uint8), v8.view(np.uint8), kv_cache_dtype="fp8_e4m3",
+                             **call)
+    assert np.array_equal(got, want)
+    with pytest.raises(TypeError, match="k_cache: expected dtype in"):
+        numba_flash.decode(q, k8.view(np.uint8), v8.view(np.uint8), **call)
+    with pytest.raises(ValueError, match="kv_cache_dtype: expected one of"):
+        numba_flash.decode(q, k8, v8, kv_cache_dtype="fp8", **call)
+    with pytest.raises(TypeError, match="k_cache: expected uint8"):
+        numba_flash.decode(q, k.astype(np.float16), v.astype(np.float16),
+                           kv_cache_dtype="fp8_e4m3", cache_seqlens=lens, block_table=table)
+
+
+def test_append_into_uint8_caches_with_kv_cache_dtype(rng):
+    b, hkv, d = 1, 1, 16
+    lens = np.array([3])
+    k, v = contiguous_cache(rng, b, hkv, 8, d, lens, np.float32, poison=False)
+    k8, v8 = fp8_caches(k, v)
+    ku, vu = k8.view(np.uint8).copy(), v8.view(np.uint8).copy()
+    k_new = randn(rng, (b, hkv, 2, d), np.float16)
+    numba_flash.append_kv(k8, v8, k_new, k_new, lens)
+    numba_flash.append_kv(ku, vu, k_new, k_new, lens, kv_cache_dtype="fp8_e4m3")
+    assert np.array_equal(ku, k8.view(np.uint8)) and np.array_equal(vu, v8.view(np.uint8))
