@@ -23,3 +23,22 @@ def test_decode_bench_fp8_rows(tmp_path):
     half = [r for r in rows if r.get("dtype") == "float16" and "GB/s" in r]
     assert len(fp8) == len(half) == 4   # paged and contiguous, two contexts
     assert all(r["GB/s"] > 0 and not any(k.startswith("torch") for k in r) for r in fp8)
+
+
+def test_the_record_needs_no_peer_for_e4m3_rows():
+    """gpu_check's record format: an e4m3 decode row measured on a GPU with torch installed is
+    complete without a peer column (torch has no fp8 cache to compare with); a float16 row is
+    not."""
+    import gpu_check
+
+    rec = {"record_format": 1, "date": "d", "commit": "c", "gpu": "g", "dry_run": False,
+           "versions": {"torch": "2.13.0"}, "ceilings": {"copy_GBps": 4000.0},
+           "bench_forward": {"rows": [{"dtype": "float16", "d": 64, "causal": False, "N": 1,
+                                       "TFLOP/s": 1.0, "torch TFLOP/s": 1.0}]},
+           "bench_backward": {"rows": [{"dtype": "float16", "d": 64, "causal": False, "N": 1,
+                                        "TFLOP/s": 1.0, "torch TFLOP/s": 1.0}]},
+           "bench_decode": {"rows": [{"dtype": "e4m3", "cache": "paged/16", "context": 4096,
+                                      "GB/s": 1.0, "% copy": 1.0}]}}
+    assert gpu_check.validate_record(rec) == []
+    rec["bench_decode"]["rows"][0]["dtype"] = "float16"
+    assert gpu_check.validate_record(rec) == ["bench_decode.rows[0] has no 'peer GB/s'"]
