@@ -242,7 +242,9 @@ class ArrayCall:
                 "but kernels run in the simulator here; pass numpy.ndarray instead"
             )
         self._cupy = None
-        self._bf16 = set()  # ids of the outputs allocated as bfloat16 words
+        # the outputs allocated as bfloat16 words, by id, held so that no id is reused: a freed
+        # intermediate's id given to a later float32 output made result() view it as bfloat16
+        self._bf16 = {}
         self._guards = []  # (device copy, host guard) of NUMBA_FLASH_CHECK_AUX's aux guards
         self.device_id = None
         self.stream = 0
@@ -332,7 +334,7 @@ class ArrayCall:
         self._check("an output", shape, dtype)
         if dtype == BFLOAT16:
             out = self._empty_words(shape)
-            self._bf16.add(id(out))
+            self._bf16[id(out)] = out
             return out
         if not self.on_device:
             host = np.empty(shape, dtype)
@@ -382,7 +384,7 @@ class ArrayCall:
     def result(self, x):
         """Give a kernel output back in the kind the caller passed in (a bfloat16 output,
         allocated as words by :meth:`empty`, viewed as bfloat16 again: no copy on the GPU)."""
-        bf16 = id(x) in self._bf16
+        bf16 = self._bf16.get(id(x)) is x
         if not self.on_device:
             host = x.copy_to_host(stream=self.stream)
             return host.view(BFLOAT16) if bf16 else host
