@@ -72,18 +72,18 @@ def make_inputs(cfg, xp, rng, b, ctx, dtype, paged):
         table = rng.permutation(b * n_blk).astype(np.int32).reshape(b, n_blk)
     else:
         shape, table = (b, hkv, ctx, d), None
+    if xp is not None:
+        up = xp.asarray
+    else:
+        up = (lambda x: x) if not common.on_gpu() else cuda.to_device
     if fp8:
-        up = xp.asarray if xp is not None else (
-            (lambda x: x) if not common.on_gpu() else cuda.to_device)
         k, v = up(e4m3_bytes(xp, shape, rng)), up(e4m3_bytes(xp, shape, rng))
     elif xp is not None:  # draw the (up to 8.6 GiB) caches on the device
         k = xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
         v = xp.random.standard_normal(shape, dtype=xp.float32).astype(dtype)
-        up = xp.asarray
     else:
         k = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
         v = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
-        up = (lambda x: x) if not common.on_gpu() else cuda.to_device
         k, v = up(k), up(v)
     return [up(q), k, v, up(lens), None if table is None else up(table)]
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .validate import ATTENTION_DTYPES, array_info
+from ..backend import on_simulator
+from .kernel_choice import cuda_cc
+from .validate import ATTENTION_DTYPES, array_info, check_array
 
 try:  # ml_dtypes is a dependency (bfloat16 on the host); guard the names for older versions
     import ml_dtypes
@@ -53,15 +55,33 @@ def cache_dtype_as_given(name, dtype, kv_cache_dtype):
     return E4M3
 
 
+def check_cache_array(name, x, kv_cache_dtype):
+    """``(shape, dtype)`` of a KV cache as the kernels read it: :func:`check_array` over
+    :data:`CACHE_DTYPES` (and uint8 under ``kv_cache_dtype="fp8_e4m3"``), the dtype then
+    :func:`cache_dtype_as_given`."""
+    uint8 = (np.dtype(np.uint8),) if kv_cache_dtype == "fp8_e4m3" else ()
+    shape, dtype = check_array(name, x, 4, CACHE_DTYPES + uint8)
+    return shape, cache_dtype_as_given(name, dtype, kv_cache_dtype)
+
+
+def check_fp8_gpu(name):
+    """On a GPU, compute capability >= 8.9 (the e4m3 conversions), else a ``ValueError`` naming
+    ``name``; nothing in the simulator.  Asked only of calls that have e4m3 arrays."""
+    cc = None if on_simulator() else cuda_cc()
+    if cc is not None and tuple(cc) < FP8_MIN_CC:
+        raise ValueError(f"{name}: an e4m3 cache needs a GPU of compute capability >= 8.9 "
+                         f"(the e4m3 conversions), got {cc[0]}.{cc[1]}")
+
+
 def is_e4m3(dtype):
     """True for the e4m3 dtype (``ml_dtypes.float8_e4m3fn``)."""
     return E4M3 is not None and np.dtype(dtype) == E4M3
 
 
-def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, latent, cc=None):
+def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, latent):
     """With e4m3 caches: both caches e4m3, ``q`` float16 / bfloat16 / float32, a separate
     ``v_cache``, ``d`` a power of two >= 16 (the kernel reads 16 e4m3 per load), and a GPU of
-    compute capability >= 8.9 (``cc``: None in the simulator).  Returns whether the caches are
+    compute capability >= 8.9 (:func:`check_fp8_gpu`).  Returns whether the caches are
     e4m3; a ``TypeError`` (a mix, ``q``'s dtype) or ``ValueError`` names the argument (e5m2
     never gets here: :data:`CACHE_DTYPES` leaves it out)."""
     k8, v8 = is_e4m3(k_dtype), is_e4m3(v_dtype)
@@ -80,9 +100,7 @@ def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, latent, cc=None):
     if d < 16 or d & (d - 1):
         raise ValueError(f"k_cache: expected a head dim that is a power of two >= 16 for an e4m3 "
                          f"cache (16 values per load), got {d}")
-    if cc is not None and tuple(cc) < FP8_MIN_CC:
-        raise ValueError(f"k_cache: an e4m3 cache needs a GPU of compute capability >= 8.9 "
-                         f"(the e4m3 conversions), got {cc[0]}.{cc[1]}")
+    check_fp8_gpu("k_cache")
     return True
 
 

@@ -50,10 +50,8 @@ from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
-from ..frontend.fp8 import CACHE_DTYPES, cache_dtype_as_given, check_descales, check_fp8_cache
+from ..frontend.fp8 import check_cache_array, check_descales, check_fp8_cache
 from ..frontend.kernel_args import kernel_variant, no_descale, no_sink
-from ..frontend.kernel_choice import cuda_cc
-from ..backend import on_simulator
 from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_batch_rows, check_new_kv, check_writable_cache,
     launch_append, validate_append, write_back,
@@ -339,9 +337,7 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
     """The shape and dtype checks of ``q``, the caches, ``cache_seqlens``, ``block_table`` and
     ``cache_batch_idx`` (in :func:`decode`'s order); returns a :class:`DecodeShape`."""
     qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
-    cache_dtypes = CACHE_DTYPES + ((np.dtype(np.uint8),) if kv_cache_dtype == "fp8_e4m3" else ())
-    ks, kd = check_array("k_cache", k_cache, 4, cache_dtypes)
-    kd = cache_dtype_as_given("k_cache", kd, kv_cache_dtype)
+    ks, kd = check_cache_array("k_cache", k_cache, kv_cache_dtype)
     latent = v_cache is None                  # MLA: the value is k_cache's first head_dim_v
     if latent:
         vd = kd
@@ -356,12 +352,11 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
                              "cache: numba_flash.append_kv first), got an array")
         vs = ks[:3] + (d_v,)
     else:
-        vs, vd = check_array("v_cache", v_cache, 4, cache_dtypes)
-        vd = cache_dtype_as_given("v_cache", vd, kv_cache_dtype)
+        vs, vd = check_cache_array("v_cache", v_cache, kv_cache_dtype)
         if head_dim_v is not None:
             raise ValueError(f"head_dim_v: expected None with a v_cache (its head dim, "
                              f"{vs[3]}, is the value's), got {head_dim_v!r}")
-    kv_fp8 = check_fp8_cache(kd, vd, dtype, ks[3], latent, None if on_simulator() else cuda_cc())
+    kv_fp8 = check_fp8_cache(kd, vd, dtype, ks[3], latent)
     if not kv_fp8:
         dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None

@@ -18,7 +18,7 @@ from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
     validate_append, write_back,
 )
-from ..frontend.fp8 import CACHE_DTYPES, cache_dtype_as_given, check_descales, is_e4m3
+from ..frontend.fp8 import check_cache_array, check_descales, check_fp8_gpu, is_e4m3
 from ..frontend.validate import (
     INT_DTYPES, array_info, check_array, check_bool, check_same_dtype, check_same_kind,
     check_value_shape, is_device_array,
@@ -58,17 +58,16 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
     """
-    cache_dtypes = CACHE_DTYPES + ((np.dtype(np.uint8),) if kv_cache_dtype == "fp8_e4m3" else ())
-    ks, dtype = check_array("k_cache", k_cache, 4, cache_dtypes)
-    vs, vd = check_array("v_cache", v_cache, 4, cache_dtypes)
-    dtype = cache_dtype_as_given("k_cache", dtype, kv_cache_dtype)
-    vd = cache_dtype_as_given("v_cache", vd, kv_cache_dtype)
+    ks, dtype = check_cache_array("k_cache", k_cache, kv_cache_dtype)
+    vs, vd = check_cache_array("v_cache", v_cache, kv_cache_dtype)
     check_same_dtype({"k_cache": dtype, "v_cache": vd})
     check_value_shape(ks, vs, True, "k_cache", "v_cache")   # v_cache: d_v of its own or d
     n_cache, hkv, n_slots, d = ks
     d_v = vs[3]
     (b,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
     fp8 = is_e4m3(dtype)
+    if fp8:
+        check_fp8_gpu("k_cache")
     nnew = check_new_kv(k_new, v_new, b, hkv, d, None if fp8 else dtype, d_v=d_v)
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, b, hkv, fp8)
     paged = block_table is not None

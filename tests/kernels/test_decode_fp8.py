@@ -219,3 +219,24 @@ def test_append_into_uint8_caches_with_kv_cache_dtype(rng):
     numba_flash.append_kv(k8, v8, k_new, k_new, lens)
     numba_flash.append_kv(ku, vu, k_new, k_new, lens, kv_cache_dtype="fp8_e4m3")
     assert np.array_equal(ku, k8.view(np.uint8)) and np.array_equal(vu, v8.view(np.uint8))
+
+
+def test_a_gpu_below_sm89_is_named_before_any_launch(rng, monkeypatch):
+    """decode and append_kv with e4m3 caches on a (pretended) sm_80: a ValueError naming
+    k_cache from the host checks, before a kernel is built; float16 caches never ask."""
+    from numba_flash.frontend import fp8 as host_fp8
+
+    monkeypatch.setattr(host_fp8, "on_simulator", lambda: False)
+    monkeypatch.setattr(host_fp8, "cuda_cc", lambda: (8, 0))
+    b, d = 1, 16
+    lens = np.array([4])
+    k, v = contiguous_cache(rng, b, 1, 8, d, lens, np.float32, poison=False)
+    k8, v8 = fp8_caches(k, v)
+    q = randn(rng, (b, 2, d), np.float16)
+    match = "k_cache: an e4m3 cache needs a GPU of compute capability >= 8.9"
+    with pytest.raises(ValueError, match=match):
+        numba_flash.decode(q, k8, v8, cache_seqlens=lens)
+    with pytest.raises(ValueError, match=match):
+        numba_flash.append_kv(k8, v8, k[:, :, :1].astype(np.float16),
+                              v[:, :, :1].astype(np.float16), lens)
+    assert np.array_equal(k8.astype(np.float32), k.astype(E4M3).astype(np.float32))  # unwritten

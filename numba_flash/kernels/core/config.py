@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 #: the 16-bit element types of the tensor-core kernels
 MMA_DTYPES = ("float16", "bfloat16")
 
@@ -53,6 +55,13 @@ class KernelConfig:
     HEAD_DIM: int
     DTYPE: object
     USER: object = None
+
+    @property
+    def np_dtype(self):
+        """The NumPy dtype of ``DTYPE`` (bfloat16: ml_dtypes', the name NumPy does not know)."""
+        from .elements import BFLOAT16
+
+        return np.dtype(BFLOAT16) if str(self.DTYPE) == "bfloat16" else np.dtype(self.DTYPE)
 
 
 @kernel_config

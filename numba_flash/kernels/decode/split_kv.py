@@ -50,7 +50,7 @@ from numba import cuda, int32, int64, types, uint32
 
 from ..core.common import FULL_MASK, acc_dtype, compute_type, numba_array_type
 from ..core.elements import (
-    BFLOAT16, element_ops, float32_bits, float32_from_bits, is_bfloat16,
+    element_ops, float32_bits, float32_from_bits, is_bfloat16,
 )
 from ..core.jit import device_jit, kernel_jit
 from ..core.variant import variant_type
@@ -92,15 +92,11 @@ DecodeEpilogue = namedtuple("DecodeEpilogue", "merge_groups write_split combine"
 _stage = functools.partial(device_jit, own_module=True, inline="always")
 
 
-def _np_dtype(cfg):
-    """The NumPy dtype of ``cfg.DTYPE`` (bfloat16: ml_dtypes')."""
-    return BFLOAT16 if cfg.DTYPE == "bfloat16" else np.dtype(cfg.DTYPE)
-
 
 def _types(cfg):
     """``(acc_t, load, store)``: the compute type of ``cfg.DTYPE`` and its element <-> compute
     type stages (:mod:`numba_flash.kernels.core.elements`)."""
-    return (compute_type(_np_dtype(cfg)),) + tuple(element_ops(_np_dtype(cfg)))
+    return (compute_type(cfg.np_dtype),) + tuple(element_ops(cfg.np_dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -349,7 +345,7 @@ def make_own_row_stages(cfg):
     DPL, V4, QP, LANE_OF, USER_FN = cfg.DPL, cfg.V4, cfg.QP, cfg.LANE_OF, cfg.USER_FN
     LOG_ROWS, LOG_LANES = cfg.LOG_ROWS, cfg.LOG_LANES
     UR = U * ROWS                         # scores of one step: U keys x ROWS rows
-    acc_t = compute_type(_np_dtype(cfg))
+    acc_t = compute_type(cfg.np_dtype)
     ONE = acc_t(1.0)
     NOT_SEEN = acc_t(-1.0)                # p of a key the row does not see
     NEG_INF = acc_t(-math.inf)
@@ -680,7 +676,7 @@ def decode_kernel(cfg):
     NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
-    dtype = _np_dtype(cfg)
+    dtype = cfg.np_dtype
     acc_t = compute_type(dtype)
     assert not cfg.VEC or CHUNK * (1 if KV_FP8 else dtype.itemsize) == 16, \
         "a VEC chunk is one 16-byte load"

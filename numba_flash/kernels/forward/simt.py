@@ -57,7 +57,7 @@ from ..ptx.stages import (
     cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16, load_at,
     make_row_dot,
 )
-from ..core.elements import BFLOAT16, element_ops
+from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_softmax, sink_of
 from ..mainloop.tile_scores import Layout, make_score_args, make_score_fn, make_tile_scores_pair
@@ -89,10 +89,6 @@ PagedKv = namedtuple("PagedKv", "block_table block_size n_kv_heads n_blocks hk")
 ForwardFrags = namedtuple("ForwardFrags", "s acc vr m_i l_i")
 
 
-def _np_dtype(cfg):
-    """The NumPy dtype of ``cfg.DTYPE`` (bfloat16: ml_dtypes')."""
-    return np.dtype(BFLOAT16) if cfg.DTYPE == "bfloat16" else np.dtype(cfg.DTYPE)
-
 
 #: the SIMT forward's tile loads (:func:`make_simt_loads`)
 SimtLoads = namedtuple("SimtLoads", "page_rows copy_q copy_k copy_v")
@@ -105,7 +101,7 @@ def make_simt_loads(cfg):
     BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
     VEC, PAGED, W, VW, CH = cfg.VEC, cfg.PAGED, cfg.WORD, cfg.VW, cfg.CH
     K_STRIDE = cfg.K_STRIDE
-    dtype = _np_dtype(cfg)
+    dtype = cfg.np_dtype
     acc_t = compute_type(dtype)
     # the element-type stage (kernels/core/elements.py): q, k, v elements in
     load = element_ops(dtype)[0]
@@ -192,7 +188,7 @@ def make_simt_products(cfg):
     TM, TN, TD, W, VW = cfg.TM, cfg.TN, cfg.TD, cfg.WORD, cfg.VW
     K_STRIDE, P_STRIDE = cfg.K_STRIDE, cfg.P_STRIDE
     TC = TD // VW                 # the thread's acc column chunks (of VW columns each)
-    acc_t = compute_type(_np_dtype(cfg))
+    acc_t = compute_type(cfg.np_dtype)
 
     # byte steps of the shared tiles (compile time): a thread's rows and chunks sit at these
     # offsets from its first, so every 16-byte load below is one base register + an immediate
@@ -268,7 +264,7 @@ def make_simt_p_stages(cfg):
     FNS = (user_score, user_mask) if USER is not None else None
     U_MASK = user_mask is not None
     USER_FN = user_score is not None or U_MASK
-    acc_t = compute_type(_np_dtype(cfg))
+    acc_t = compute_type(cfg.np_dtype)
     score_fn = make_score_fn(False, None if SCORE_MOD else False, SCORE_MOD, FNS, acc_t)
     load_v_row = make_simt_products(cfg).load_v_row
 
@@ -412,7 +408,7 @@ def make_simt_step(cfg):
         cfg.USER
     TM, TN, TD = cfg.TM, cfg.TN, cfg.TD
     FNS = tuple(USER[:2]) if USER is not None else None
-    acc_t = compute_type(_np_dtype(cfg))
+    acc_t = compute_type(cfg.np_dtype)
     NAN = math.nan
     # a row's THREADS_N threads: the butterfly offsets of its max and sum
     XOR = tuple((THREADS_N >> 1) >> st for st in range(THREADS_N.bit_length() - 1))
@@ -504,7 +500,7 @@ def forward_kernel(cfg):
     THREADS_M, THREADS_N, USER, VEC, OWN_V = (cfg.THREADS_M, cfg.THREADS_N, cfg.USER, cfg.VEC,
                                               cfg.OWN_V)
     DROPOUT, SCORE_MOD, VARLEN, PAGED = cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED
-    dtype = _np_dtype(cfg)
+    dtype = cfg.np_dtype
     assert BLOCK_M % THREADS_M == 0 and BLOCK_N % THREADS_N == 0 and HEAD_DIM % THREADS_N == 0
     assert THREADS_M & (THREADS_M - 1) == 0 and THREADS_N & (THREADS_N - 1) == 0
     assert THREADS_N <= 32  # a row's THREADS_N threads are consecutive lanes of one warp
@@ -694,7 +690,7 @@ def kernel_arg_types(cfg, user=()):
     """The Numba argument types of ``forward_kernel(cfg)(q, k, v, o, lse, va, seqs)`` (``user``:
     the types of ``(kinds,) + aux`` of a user build; ``PAGED``: int32 table and sizes, 2-D
     caches)."""
-    dt = np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16" else cfg.DTYPE)
+    dt = cfg.np_dtype
     acc = compute_type(dt)
     arr = numba_array_type(dt, 3 if cfg.VARLEN else 4)
     kv = numba_array_type(dt, 2) if cfg.PAGED else arr
@@ -742,14 +738,12 @@ def compile_config(cfg, name_suffix="", user=()):
     """The compile tier's entry of one configuration."""
     return {
         "name": config_name(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS_M, cfg.THREADS_N,
-                            np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16" else cfg.DTYPE),
-                            cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN, cfg.PAGED) + name_suffix,
+                            cfg.np_dtype, cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN,
+                            cfg.PAGED) + name_suffix,
         "config": cfg,
         "kernel": forward_kernel(cfg),
         "args": kernel_arg_types(cfg, user),
-        "launch_bounds": launch_bounds(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM,
-                                       np.dtype(BFLOAT16 if cfg.DTYPE == "bfloat16"
-                                                else cfg.DTYPE)),
+        "launch_bounds": launch_bounds(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.np_dtype),
         "float64_ok": cfg.DTYPE == "float64",
         # the SASS tier's loop: the K/V loop holds >= 75% of the kernel's static FFMAs, but at
         # d <= 32 the epilogue's per-row log, reciprocal and sink term (straight-line, run once)
