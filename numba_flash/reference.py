@@ -702,7 +702,7 @@ def gather_paged(cache, block_table, seqlen, b):
 
 def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal=False,
                  softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                 learnable_sink=None):
+                 learnable_sink=None, kv_indices=None):
     """Decode attention against a KV cache, contiguous or paged, returning ``(o, lse)``.
 
     ``q`` is ``[B, H, d]`` (one token) or ``[B, H, Nq, d]``.  With ``block_table=None`` the cache
@@ -710,7 +710,8 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
     positions; otherwise the cache is paged ``[num_blocks, Hkv, block_size, d]`` (see
     :func:`gather_paged`).  Each sequence is then plain :func:`attention` (bottom-right
     alignment, window, softcap, ALiBi ``[H]`` or ``[B, H]``, ``learnable_sink``) against its
-    ``cache_seqlens[b]`` keys.
+    ``cache_seqlens[b]`` keys; with ``kv_indices`` (``[B, Hkv or 1, Nq, topk]``) it is
+    :func:`sparse_attention` over those keys instead.
     """
     q = np.asarray(q, dtype=np.float64)
     single = q.ndim == 3
@@ -724,10 +725,15 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
         else:
             kb = gather_paged(k_cache, block_table, n, b)
             vb = gather_paged(v_cache, block_table, n, b)
-        o, lse = attention(q4[b : b + 1], kb[None], vb[None], causal=causal,
-                           softmax_scale=softmax_scale, window_size=window_size,
-                           softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, b),
-                           learnable_sink=learnable_sink)
+        kw = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                  softcap=softcap, alibi_slopes=_alibi_row(alibi_slopes, b),
+                  learnable_sink=learnable_sink)
+        if kv_indices is None:
+            o, lse = attention(q4[b : b + 1], kb[None], vb[None], **kw)
+        else:
+            lists = np.asarray(kv_indices)[b : b + 1]
+            o, lse = sparse_attention(q4[b : b + 1], kb[None], vb[None],
+                                      lists[:, :, None] if single else lists, **kw)
         outs.append(o[0])
         lses.append(lse[0])
     o = np.stack(outs)

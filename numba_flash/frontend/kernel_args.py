@@ -142,6 +142,11 @@ def no_descale(call):
     return device_constant(call, "no_descale", np.ones((2, 1, 1), np.float32))
 
 
+def no_indices(call):
+    """The decode kernel's ``kv_indices`` without an index list: ``[1, 1, 1, 1]`` (unread)."""
+    return device_constant(call, "no_indices", np.zeros((1, 1, 1, 1), np.int32))
+
+
 def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
     """:func:`kernel_variant` of a :class:`ForwardArgs`."""
     return kernel_variant(call, acc_t, args.scale, args.left, args.right, args.softcap,

@@ -51,7 +51,8 @@ from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
 from ..frontend.fp8 import check_cache_array, check_descales, check_fp8_cache
-from ..frontend.kernel_args import kernel_variant, no_descale, no_sink
+from ..frontend.kernel_args import kernel_variant, no_descale, no_indices, no_sink
+from ..frontend.sparse import check_kv_indices, kernel_indices, validate_kv_indices
 from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_batch_rows, check_new_kv, check_writable_cache,
     launch_append, validate_append, write_back,
@@ -146,7 +147,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
            learnable_sink=None, head_dim_v=None, kernel="auto", k_descale=None, v_descale=None,
-           kv_cache_dtype="auto"):
+           kv_cache_dtype="auto", kv_indices=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -210,6 +211,15 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       reference: :func:`numba_flash.reference.dequantize`.  ``kv_cache_dtype="fp8_e4m3"``
       (vLLM's name; default ``"auto"``): uint8 caches read as e4m3 bytes, the form a CuPy
       array (no fp8 dtype) carries them in.
+    * ``kv_indices``: token-sparse attention (DeepSeek V3.2's DSA, FA4's ``gather_kv_indices``):
+      integer ``[B, Hkv or 1, Nq, topk]``, query token ``i`` sees only the key positions
+      ``kv_indices[b, kvh or 0, i]`` (tokens of its sequence, as ``kv_idx`` below; -1: none),
+      and-ed with every rule above (a listed key past the diagonal stays hidden).  The kernel
+      reads only the listed rows (a block per query token, its heads sharing the list; the
+      splits divide the list).  Validated: entries in ``[-1, L)`` (``L`` after the append), no
+      key twice in a list (:mod:`numba_flash.frontend.sparse`); without validation a bad
+      entry makes its token's rows NaN.  The SIMT kernel (``kernel="mma"`` is a
+      ``ValueError``).  The reference: :func:`numba_flash.reference.sparse_attention`.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
@@ -264,7 +274,10 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                       cache_batch_idx=cache_batch_idx, kv_cache_dtype=kv_cache_dtype)
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
                                 s.kv_fp8)
+    if kv_indices is not None:
+        s = s._replace(topk=check_kv_indices(kv_indices, s.b, s.hkv, s.nq))
     arrays = _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
+                            kv_indices=kv_indices,
                             alibi_slopes=alibi_slopes, k_new=k_new, v_new=v_new,
                             rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad)
@@ -288,6 +301,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         seqlens = _validate_on_host(s, new, q_step, cache_seqlens=cache_seqlens,
                                     block_table=block_table, cache_batch_idx=cache_batch_idx,
                                     cache_leftpad=cache_leftpad)
+        if kv_indices is not None:
+            validate_kv_indices(kv_indices, seqlens)
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
     dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
@@ -303,7 +318,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
             dtype=s.dtype, scale=opts.scale, window=(plan.left, plan.right), sink=opts.sink,
             n_cache=s.n_cache, n_slots=s.n_slots, lengths=lengths)
         return _outputs(call, s, o, lse, opts.return_lse)
-    o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale)
+    o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, k_cache, dev.k)
         write_back(call, v_cache, dev.v)
@@ -314,7 +329,8 @@ class DecodeShape(NamedTuple):
     """The checked dims of a :func:`decode` call (:func:`_check_caches`): ``q`` of shape ``qs``
     as ``[B, H, Nq, d]`` (``single``: given as ``[B, H, d]``), the caches ``[n_cache, Hkv,
     n_slots, d]`` with values ``d_v`` wide (``latent``: MLA's one cache, ``v_cache=None``),
-    ``paged`` with a block table, ``kv_fp8``: e4m3 caches (``dtype`` is then ``q``'s)."""
+    ``paged`` with a block table, ``kv_fp8``: e4m3 caches (``dtype`` is then ``q``'s), ``topk``:
+    the length of ``kv_indices``' lists (None: dense)."""
 
     qs: tuple
     dtype: np.dtype
@@ -330,6 +346,7 @@ class DecodeShape(NamedTuple):
     latent: bool
     paged: bool
     kv_fp8: bool
+    topk: object = None
 
 
 def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlens, block_table,
@@ -483,7 +500,7 @@ def _check_options(s, arrays, q, k_cache, *, causal, return_lse, softmax_scale, 
         alibi = _alibi(alibi_slopes, s.b, s.h, check_values=validate or not on_device)
     sink = check_sink(learnable_sink, s.h, check_values=validate or not on_device)
     mla_mma = _mla_kernel(kernel, s.latent, s.dtype, s.d, s.d_v, softcap, alibi_slopes, variant,
-                          (q, k_cache))
+                          (q, k_cache), gather=s.topk is not None)
     return DecodeOptions(causal, return_lse, scale, window, softcap, num_splits, variant,
                          validate, alibi, sink, mla_mma)
 
@@ -549,16 +566,18 @@ def _launch_plan(s, opts, capacity):
     b, h, hkv, nq, d, d_v = s.b, s.h, s.hkv, s.nq, s.d, s.d_v
     HEAD_DIM = padded_head_dim(max(d, d_v))   # one lane layout holds both widths
     group = h // hkv
-    shape = launch_shape(s.dtype, HEAD_DIM, group * nq,   # the tile choice (a DecodeConfig)
-                         KV_FP8=s.kv_fp8)
+    gather = s.topk is not None   # token-sparse: a block per query token, its heads its rows
+    block_rows = group if gather else group * nq
+    shape = launch_shape(s.dtype, HEAD_DIM, block_rows,   # the tile choice (a DecodeConfig)
+                         KV_FP8=s.kv_fp8, GATHER=gather)
     threads, lanes = shape.THREADS, shape.LANES
     keys_per_step, rows = shape.U, shape.ROWS
-    chunks = cdiv(group * nq, rows)
+    chunks = cdiv(block_rows, rows) * (nq if gather else 1)   # blocks per (sequence, kv head)
     num_splits = opts.num_splits
     # [docs:decode-split-policy]
     step = block_step(threads, lanes, keys_per_step)
     split_target, split_min = split_policy(num_splits, hkv, step)
-    n_splits = split_grid(split_target, split_min, capacity)
+    n_splits = split_grid(split_target, split_min, s.topk if gather else capacity)
     # [/docs:decode-split-policy]
     # window edges at or past the capacity (keys) or Nq (queries) are unbounded: int32-safe
     left, right = window_bounds(opts.causal, clamp_window(*opts.window, nq, capacity))
@@ -638,11 +657,12 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
     return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad)
 
 
-def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None):
+def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indices=None):
     """The split-KV SIMT decode launch (:mod:`numba_flash.kernels.decode.split_kv`): each split
     block, and the last of each (sequence, kv head) to finish merges the splits.  ``lengths``:
     each sequence's key count for the simulator's estimate; ``kv_descale``: an e4m3 cache's
-    ``[2, B, Hkv]`` descales (None: none).  Returns device ``(o, lse)``."""
+    ``[2, B, Hkv]`` descales (None: none); ``kv_indices``: token-sparse lists (None: dense).
+    Returns device ``(o, lse)``."""
     b, h, hkv, nq, d, d_v = s.b, s.h, s.hkv, s.nq, s.d, s.d_v
     dtype, latent, grid, n_splits = s.dtype, s.latent, plan.grid, plan.n_splits
     shape, HEAD_DIM, step = plan.cfg, plan.head_dim, plan.step
@@ -673,16 +693,19 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None):
                         opts.alibi, variant=variant, sink=opts.sink)
     kernel = decode_kernel(dataclasses.replace(
         shape, VEC=vec, PAGED=bool(dev.paged), SOFTCAP=opts.softcap > 0,
-        ALIBI=opts.alibi is not None, SPLIT_PAGES=split_pages, OWN_V=d_v != d or latent,
+        ALIBI=opts.alibi is not None, SPLIT_PAGES=split_pages and kv_indices is None,
+        OWN_V=d_v != d or latent, GATHER=kv_indices is not None,
         USER=None if variant is None else (variant.score_mod, variant.mask_mod)))
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
-    trips = sum(-(-int(n) // step) + n_splits - 1 for n in lengths) * hkv * plan.chunks
+    trips = sum(-(-int(n if s.topk is None else s.topk) // step) + n_splits - 1
+                for n in lengths) * hkv * plan.chunks
     dk_read, dv_read = cache_views(dtype, vec, dev.k, dev.v)  # bfloat16 VEC: float32 word pairs
     call.launch(kernel, grid, (threads,), dev.q, dk_read, dv_read, dev.table, dev.lengths,
                 dev.leftpad, o, lse, o_part, lse_part, counters, va, np.int32(dev.paged),
                 np.int32(s.n_cache), np.int32(hkv), np.int32(s.n_slots),
                 np.int32(plan.split_target), np.int32(plan.split_min),
                 no_descale(call) if kv_descale is None else call.input(kv_descale),
+                no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))
     return o, lse
@@ -701,11 +724,13 @@ def _outputs(call, s, o, lse, return_lse):
 DECODE_KERNELS = ("auto", "simt", "mma")
 
 
-def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, arrays):
+def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, arrays,
+                gather=False):
     """Whether :func:`decode` runs MLA's tensor-core kernel (:mod:`numba_flash.kernels.
     mla_decode`): ``kernel="auto"`` takes it for every call it serves (a latent cache,
     ``v_cache=None``; float16 or bfloat16; ``d`` and ``head_dim_v`` multiples of 64; no
-    softcap, ALiBi or user functions; 16-byte aligned ``q`` and cache on a GPU), ``"mma"``
+    softcap, ALiBi, user functions or ``kv_indices``; 16-byte aligned ``q`` and cache on a
+    GPU), ``"mma"``
     asks for it (a ValueError naming ``kernel`` with the reason where it cannot), ``"simt"``
     keeps the split-KV SIMT kernel."""
     if not isinstance(kernel, str) or kernel not in DECODE_KERNELS:
@@ -721,6 +746,8 @@ def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, a
         why = f"head dims that are multiples of 64 (got {d} and head_dim_v={d_v})"
     elif softcap > 0 or alibi_slopes is not None or variant is not None:
         why = "no softcap, ALiBi, score_mod or mask_mod"
+    elif gather:
+        why = "no kv_indices (token-sparse decode runs on the SIMT kernel)"
     elif not vector_copies(d, d, *(x for x in arrays if hasattr(x, "__cuda_array_interface__"))):
         why = "16-byte aligned q and k_cache"
     if why is not None and kernel == "mma":

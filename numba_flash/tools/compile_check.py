@@ -170,7 +170,8 @@ def in_suite(cfg):
     :mod:`numba_flash.kernels.core.config`) are selected by its fields, never by name, so a retuned
     tile stays in.  In: the static goals (:func:`goal_config`, :func:`wgmma_goal_config`);
     the tensor-core forward's every-flag float16 build at ``HEAD_DIM`` 128; decode at 128,
-    paged, 16-byte loads, in float16 (plain and a user's variant) and float32; the SIMT
+    paged, 16-byte loads, in float16 (plain, a user's variant, the e4m3 caches, the token-sparse
+    gather) and float32; the SIMT
     forward in float32 at 64 (also element-wise loads), 128 and 256, in float64 at 64,
     bfloat16 with every flag, a user's variant and the varlen paged prefill once each; MLA's
     decode in float16; by name, the teaching kernels at d = 64, the SIMT backward at d = 64

@@ -26,7 +26,9 @@ class DecodeConfig(KernelConfig):
     ``USER`` (a user's ``(score_mod, mask_mod)``), ``OWN_V`` (V read at a width of its own,
     ``d_v = o.shape[3]``: a ``v_cache [.., d_v]`` or MLA's latent cache read twice; off, the
     element loads test one bound for K and V), ``KV_FP8`` (an e4m3 cache, ``VEC`` only: 16
-    values per 16-byte load, widened in registers and scaled by the kernel's ``kv_descale``)."""
+    values per 16-byte load, widened in registers and scaled by the kernel's ``kv_descale``),
+    ``GATHER`` (token-sparse: each query token's keys are the positions its index list gives,
+    a block per token)."""
 
     VEC: bool = True
     PAGED: bool = True
@@ -35,6 +37,7 @@ class DecodeConfig(KernelConfig):
     SPLIT_PAGES: bool = False
     OWN_V: bool = False
     KV_FP8: bool = False
+    GATHER: bool = False
     THREADS: int
     LANES: int
     CHUNK: int

@@ -46,7 +46,7 @@ import math
 from collections import namedtuple
 
 import numpy as np
-from numba import cuda, int32, int64, types, uint32
+from numba import cuda, int32, int64, types, uint32, uint64
 
 from ..core.common import FULL_MASK, acc_dtype, compute_type, numba_array_type
 from ..core.elements import (
@@ -68,8 +68,9 @@ _SHIFT16 = uint32(16)
 
 
 #: the block's rows: sequence ``b``, kv head ``kvh`` (its GQA ``group`` of query heads), the
-#: chunk's first row ``row0`` of the group's ``n_rows = group * nq``, the split of ``n_splits``
-DecodeRows = namedtuple("DecodeRows", "b kvh group row0 n_rows nq split n_splits")
+#: chunk's first row ``row0`` of the group's ``n_rows = group * nq``, the split of ``n_splits``;
+#: with ``GATHER`` the block's one query token ``tok`` (its rows are heads: ``n_rows = group``)
+DecodeRows = namedtuple("DecodeRows", "b kvh group row0 n_rows nq split n_splits tok")
 #: the sequence's keys: ``[pad, seqlen)``, row ``i`` at key column ``i + offset``, the window
 #: ``(left, right)`` and ``khi``, the end of the keys some row sees
 SeqKeys = namedtuple("SeqKeys", "seqlen pad offset left right khi")
@@ -83,7 +84,8 @@ KeyCursor = namedtuple("KeyCursor", "j_blk slot")
 CacheLayout = namedtuple("CacheLayout", "kvh_rows row_stride blk_elems col0_v last_entry")
 #: the stages of the kernel (:func:`make_key_loads`, :func:`make_own_row_stages`,
 #: :func:`make_decode_epilogue`)
-KeyLoads = namedtuple("KeyLoads", "first_keys next_keys cache_layout locate_keys load_keys")
+KeyLoads = namedtuple("KeyLoads",
+                      "first_keys next_keys cache_layout locate_keys gather_keys load_keys")
 OwnRowStages = namedtuple("OwnRowStages",
                           "own_row own_score_args own_scores own_softmax accumulate")
 DecodeEpilogue = namedtuple("DecodeEpilogue", "merge_groups write_split combine")
@@ -100,12 +102,33 @@ def _types(cfg):
 
 
 @functools.lru_cache(maxsize=None)
+def make_row_coords(cfg):
+    """The stage ``row_coords(rows, row, nq)``: ``(h, tok)``, the query head and token of row
+    ``row`` of the block's GQA group: rows ``g * nq + i`` (head ``g`` of the group, token
+    ``i``), or with ``GATHER`` the heads of the block's one token (an index list per token:
+    every row of the block walks the same keys).  ``nq``: the caller's own ``Nq`` (a shape of
+    the array it indexes: with one more value live across the kernel, a dense build's step
+    took 3 instructions more)."""
+    if cfg.GATHER:
+        @_stage
+        def row_coords(rows, row, nq):
+            return rows.kvh * rows.group + row, rows.tok
+    else:
+        @_stage
+        def row_coords(rows, row, nq):
+            return rows.kvh * rows.group + row // nq, row % nq
+    return row_coords
+
+
+@functools.lru_cache(maxsize=None)
 def make_load_q_rows(cfg):
     """The prologue's stage ``load_q_rows``: the block's pre-scaled q rows into shared memory."""
     LANES, CHUNK, ROWS, HEAD_DIM, DPL = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL
     NCH, COL, V4, QP, Q_VEC, USER_FN = cfg.NCH, cfg.COL, cfg.V4, cfg.QP, cfg.Q_VEC, cfg.USER_FN
+    GATHER = cfg.GATHER
     acc_t, load, _store = _types(cfg)
     ZERO = acc_t(0.0)
+    row_coords = make_row_coords(cfg)
 
     @_stage
     def load_q_rows(q, q_sh, acc, rows, seq, lo, hi, scale, lane, grp, col0):
@@ -119,11 +142,10 @@ def make_load_q_rows(cfg):
         nq = q.shape[2]
         d = q.shape[3]
         q_val = cuda.local.array(DPL, acc_t)
-        full = not USER_FN
+        full = not USER_FN and not GATHER   # (a list's keys: -1, hidden or repeated)
         for r in range(ROWS):
             row = row0 + r
-            tok = row % nq
-            h = kvh * group + row // nq
+            h, tok = row_coords(rows, row, nq)
             live_row = row < n_rows
             if grp == 0:
                 if Q_VEC:
@@ -301,6 +323,54 @@ def make_key_loads(cfg):
             step_ok = step_ok and key_ok[u] != 0
         return step_ok, bad
 
+    # [docs:decode-gather]
+    @_stage
+    def gather_keys(key_ok, key_at, key_pos, listed, block_table, rows, t0, lo32, hi32,
+                    seqlen, n_cache_blocks, block_size, page_div, keys):
+        """``GATHER``: my group's ``U`` keys are entries ``t0 ..`` of the block's index list
+        ``listed`` (int32 ``kv_indices[b, kvh or 0, tok]``, live in ``[lo32, hi32)``);
+        ``key_pos[u]`` gets the
+        key's position in its sequence (-1: none), ``key_ok[u]`` and ``key_at[u]`` as
+        :func:`locate_keys` (each key finds its own page: a multiply and a shift by
+        ``page_div``, :func:`_page_divisor`).  An entry
+        outside ``[-1, seqlen)`` or a bad table entry sets ``bad`` and is never dereferenced.
+        Returns ``(step_ok, bad)``."""
+        kvh_rows, row_stride, blk_elems = keys.kvh_rows, keys.row_stride, keys.blk_elems
+        bad = False
+        step_ok = True
+        for u in range(U):
+            t = int32(t0 + u)
+            j = int32(-1)
+            if lo32 <= t and t < hi32:
+                j = int32(listed[t])
+            ok = 0 <= j and j < seqlen
+            if j < -1 or j >= seqlen:
+                bad = True                            # never dereferenced
+            if not ok:
+                j = int32(-1)
+            blk = int32(rows.b)
+            slot = j
+            if PAGED and ok:
+                j_blk = uint32((uint64(j) * page_div[0]) >> page_div[1])   # j // block_size
+                slot = int32(uint32(j) - j_blk * uint32(block_size))
+                entry = block_table[uint32(rows.b), j_blk]
+                if 0 <= entry and entry < n_cache_blocks:
+                    blk = int32(entry)
+                else:
+                    ok = False
+                    bad = True
+            key_ok[u] = ok
+            key_pos[u] = j
+            in_row = int32(kvh_rows + slot)
+            if VEC:
+                key_at[u] = (int64(uint32(blk)) * blk_elems
+                             + (int64(in_row) * (HEAD_DIM // EW) + keys.col0_v))
+            else:
+                key_at[u] = int64(uint32(blk)) * row_stride + in_row
+            step_ok = step_ok and ok
+        return step_ok, bad
+    # [/docs:decode-gather]
+
     @_stage
     def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d, d_v):
         """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``
@@ -333,7 +403,7 @@ def make_key_loads(cfg):
                     v_reg[u * DPL + j] = vv
     # [/docs:decode-tile-load]
 
-    return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, load_keys)
+    return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, gather_keys, load_keys)
 
 
 @functools.lru_cache(maxsize=None)
@@ -355,6 +425,16 @@ def make_own_row_stages(cfg):
     # functions) and the online softmax of a lane's own row (rescaled only when its max moved)
     score_fn = make_score_fn(False, SOFTCAP, ALIBI, cfg.USER, acc_t, True)
     _init, softmax_update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
+    row_coords = make_row_coords(cfg)
+    # key u's position in its sequence: its list entry (GATHER), or t0 + u of the cache walk
+    if cfg.GATHER:
+        @_stage
+        def key_position(key_pos, t0, u):
+            return key_pos[u]
+    else:
+        @_stage
+        def key_position(key_pos, t0, u):
+            return int32(t0 + u)
 
 
     @_stage
@@ -369,18 +449,16 @@ def make_own_row_stages(cfg):
             upper_at[i] = (lane & (LANES >> (i + 1))) != 0
             if upper_at[i]:
                 r_own += ROWS >> (i + 1)
-        nq = rows.nq
         row_own = rows.row0 + r_own
         live_own = row_own < rows.n_rows
-        lo_own, hi_own = key_bounds(row_own % nq, seq.offset, seq.seqlen, seq.left, seq.right)
+        h_own, tok_own = row_coords(rows, row_own, rows.nq)
+        lo_own, hi_own = key_bounds(tok_own, seq.offset, seq.seqlen, seq.left, seq.right)
         lo_own = int32(max(lo_own, seq.pad))  # (pad >= 0 when the length is good)
         hi_own = int32(min(hi_own, seq.khi))
         if not live_own:                      # a padding row sees every key (never written)
             lo_own = int32(0)
             hi_own = int32(2**31 - 1)
-        return OwnRow(r_own, live_own, lo_own, hi_own,
-                      int32(rows.kvh * rows.group + row_own // nq),
-                      int32(row_own % nq + seq.offset))
+        return OwnRow(r_own, live_own, lo_own, hi_own, int32(h_own), int32(tok_own + seq.offset))
 
     @_stage
     def own_score_args(va, rows, own):
@@ -429,16 +507,17 @@ def make_own_row_stages(cfg):
             s_own[0, u] = sc
 
     @_stage
-    def own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own):
+    def own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own):
         """The online softmax of my row (:mod:`~numba_flash.kernels.mainloop.online_softmax`, one
-        row per lane: one exp per key per lane, not per row): the rule (two int32 compares per key),
+        row per lane: one exp per key per lane, not per row): the rule on key ``u``'s position
+        (``t0 + u``, or ``key_pos[u]`` with ``GATHER``; two int32 compares per key),
         the score modifiers, then the update; ``s_own`` leaves holding ``p``, or ``NOT_SEEN``
         (-1) for a key the row does not see (a visible key's NaN p stays NaN).  Returns
         ``alpha``."""
         live_own, lo_own, hi_own, q_own = own.live, own.lo, own.hi, own.q_col
         vis_own = cuda.local.array(U, types.boolean)
         for u in range(U):
-            t = int32(t0 + u)
+            t = key_position(key_pos, t0, u)
             vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
             # the query's column q_own (sa.offset = 0): ALiBi's distance |q_own - t| and the
             # user's q_idx; the user's functions never see a padding row
@@ -498,6 +577,7 @@ def make_decode_epilogue(cfg):
                                              cfg.NG)
     KV_FP8 = cfg.KV_FP8
     acc_t, _load, store = _types(cfg)
+    row_coords = make_row_coords(cfg)
     NEG_INF = acc_t(-math.inf)
     NAN = acc_t(math.nan)
     ZERO = acc_t(0.0)
@@ -556,7 +636,7 @@ def make_decode_epilogue(cfg):
                 lse_r = big_m + math.log(big_l)
             sink = NEG_INF
             if n_splits == 1 and not bad and row0 + tid < n_rows:
-                sink = acc_t(sink_of(sinks, kvh * group + (row0 + tid) // nq))
+                sink = acc_t(sink_of(sinks, row_coords(rows, row0 + tid, nq)[0]))
             if sink != NEG_INF:               # a key with no value: in lse, and in o's divisor
                 if big_l == ZERO:             # no key: o = 0, lse = sink
                     lse_r = sink
@@ -579,18 +659,17 @@ def make_decode_epilogue(cfg):
                     out = acc_sh[r, c] / big_l
                     if KV_FP8:
                         out *= v_scale
-                h = kvh * group + row // nq
+                h, tok = row_coords(rows, row, nq)
                 if n_splits == 1:
-                    o[b, h, row % nq, c] = store(out)
+                    o[b, h, tok, c] = store(out)
                 elif not empty_split:         # the merge never reads o of a -inf part
-                    o_part[split, (b * n_heads + h) * nq + row % nq, c] = out
+                    o_part[split, (b * n_heads + h) * nq + tok, c] = out
         if tid < ROWS and row0 + tid < n_rows:
-            row = row0 + tid
-            h = kvh * group + row // nq
+            h, tok = row_coords(rows, row0 + tid, nq)
             if n_splits == 1:
-                lse[b, h, row % nq] = stat_sh[2, tid]
+                lse[b, h, tok] = stat_sh[2, tid]
             else:
-                lse_part[split, (b * n_heads + h) * nq + row % nq] = stat_sh[2, tid]
+                lse_part[split, (b * n_heads + h) * nq + tok] = stat_sh[2, tid]
 
     # [docs:decode-combine]
     @_stage
@@ -613,21 +692,21 @@ def make_decode_epilogue(cfg):
             return
         cuda.threadfence()    # the other blocks' partials are read after their tickets
         if tid < ROWS and row0 + tid < n_rows:
-            row = row0 + tid
-            grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
-            mm, tot, lse_row = merge_stats(lse_part, grow,
-                                           sink_of(sinks, kvh * group + row // nq))
+            h, tok = row_coords(rows, row0 + tid, nq)
+            grow = (b * n_heads + h) * nq + tok
+            mm, tot, lse_row = merge_stats(lse_part, grow, sink_of(sinks, h))
             stat_sh[0, tid] = mm
             stat_sh[1, tid] = tot
-            lse[b, kvh * group + row // nq, row % nq] = lse_row
+            lse[b, h, tok] = lse_row
         cuda.syncthreads()  # each row's merge weights are in stat_sh before the elements use them
         for e in range(tid, ROWS * HEAD_DIM, THREADS):
             r = e // HEAD_DIM
             c = e % HEAD_DIM
             row = row0 + r
             if row < n_rows and c < d:
-                grow = (b * n_heads + kvh * group + row // nq) * nq + row % nq
-                o[b, kvh * group + row // nq, row % nq, c] = store(merge_element(
+                h, tok = row_coords(rows, row, nq)
+                grow = (b * n_heads + h) * nq + tok
+                o[b, h, tok, c] = store(merge_element(
                     o_part, lse_part, grow, c, stat_sh[0, r], stat_sh[1, r]))
         if tid == 0:
             counters[bx] = 0    # ready for the next call (a captured CUDA graph replays it)
@@ -644,12 +723,14 @@ def decode_kernel(cfg):
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part, lse_part,
     counters, va, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
-    split_min)``
+    split_min, kv_descale, kv_indices)``
 
     ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and ``CHUNK``
     of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table (``paged`` must
     agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not divide (a step's keys
-    may lie in two pages).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
+    may lie in two pages); ``GATHER``: token-sparse attention, each query token's keys listed
+    in ``kv_indices`` ``[B, Hkv or 1, Nq, topk]`` (key positions, -1 none; a block per token,
+    its splits over the list; an entry outside ``[-1, L)`` makes the token's rows NaN).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
     caches ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size,
     d]`` views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
     ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
@@ -672,7 +753,7 @@ def decode_kernel(cfg):
     keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
-    HEAD_DIM, USER, PAGED, KV_FP8 = cfg.HEAD_DIM, cfg.USER, cfg.PAGED, cfg.KV_FP8
+    HEAD_DIM, USER, PAGED, KV_FP8, GATHER = cfg.HEAD_DIM, cfg.USER, cfg.PAGED, cfg.KV_FP8, cfg.GATHER
     NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
@@ -691,12 +772,13 @@ def decode_kernel(cfg):
     walk = make_key_loads(cfg)            # the key walk: block table, K/V rows
     mine = make_own_row_stages(cfg)       # a lane's own row: scores, softmax, p v
     epilogue = make_decode_epilogue(cfg)  # group merge, the split's write, the combine
+    block_of, split_range, page_divisor, list_of = _block_stages(GATHER)
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part,
                      lse_part, counters, va, paged, n_cache_blocks, n_kv_heads,
-                     cache_block_size, split_target, split_min, kv_descale):
+                     cache_block_size, split_target, split_min, kv_descale, kv_indices):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
@@ -707,11 +789,12 @@ def decode_kernel(cfg):
         hkv = n_kv_heads
         group = n_heads // hkv
         n_rows = group * nq                   # query rows of this GQA group
+        if GATHER:                            # a block per query token: its heads share a list
+            n_rows = group
         chunks = (n_rows + ROWS - 1) // ROWS
         bx = cuda.blockIdx.x
         z = bx % chunks
-        b = bx // chunks // hkv
-        kvh = bx // chunks % hkv
+        b, kvh, tok = block_of(bx // chunks, hkv, nq)
         split = cuda.blockIdx.y
         n_splits = cuda.gridDim.y
         row0 = z * ROWS                       # first row of this block's chunk
@@ -729,14 +812,17 @@ def decode_kernel(cfg):
         klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
         klo = max(klo, pad)
         khi = max(khi, klo)
+        klo, khi, seq_end = split_range(klo, khi, seqlen, kv_indices)
+        page_div = page_divisor(cache_block_size)   # (GATHER: j // block_size by a multiply)
+        listed = list_of(kv_indices, b, kvh, tok)   # (GATHER: the block's index list)
         size = max(split_min, (khi - klo + split_target - 1) // split_target)
         size = (size + STEP - 1) // STEP * STEP   # whole block steps
         lo = klo + split * size
         hi = min(lo + size, khi)              # lo >= hi: an empty split
         if bad_len:
             hi = lo                           # read nothing; the output is NaN
-        rows = DecodeRows(b, kvh, group, row0, n_rows, nq, split, n_splits)
-        seq = SeqKeys(seqlen, pad, offset, left, right, khi)
+        rows = DecodeRows(b, kvh, group, row0, n_rows, nq, split, n_splits, tok)
+        seq = SeqKeys(seqlen, pad, offset, left, right, seq_end)
         # [/docs:decode-block-coords]
 
         acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
@@ -768,6 +854,7 @@ def decode_kernel(cfg):
         v_reg = cuda.local.array(UD, acc_t)
         key_ok = cuda.local.array(U, int32)   # key u is live and readable (1) or not (0)
         key_at = cuda.local.array(U, int64)   # key u: view element (VEC) or cache row
+        key_pos = cuda.local.array(U, int32)  # GATHER: key u's position in its sequence
         s_own = cuda.local.array((1, U), acc_t)
         for j in range(UD):                   # (the stale registers of a dead key are finite)
             k_reg[j] = ZERO
@@ -776,15 +863,21 @@ def decode_kernel(cfg):
         base = lo_step
         while base < int32(hi):               # the same trip count on every lane (shuffles)
             t0 = int32(base + grp * U)
-            step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
-                                            int32(lo), int32(hi), n_cache_blocks, block_size,
-                                            keys)
+            if GATHER:
+                step_ok, bad = walk.gather_keys(key_ok, key_at, key_pos, listed,
+                                                block_table, rows, t0, int32(lo), int32(hi),
+                                                seqlen, n_cache_blocks, block_size, page_div,
+                                                keys)
+            else:
+                step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
+                                                int32(lo), int32(hi), n_cache_blocks,
+                                                block_size, keys)
             bad_entry = bad_entry or bad
             walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
                            q.shape[3], o.shape[3])
             j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
             mine.own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
-            alpha = mine.own_softmax(s_own, key_ok, t0, own, sa, va, m_own, l_own)
+            alpha = mine.own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own)
             mine.accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
             base = int32(base + STEP)
 
@@ -808,6 +901,61 @@ def decode_kernel(cfg):
     return decode_split
 
 
+@functools.lru_cache(maxsize=None)
+def _block_stages(GATHER):
+    """``(block_of, split_range, page_divisor, list_of)``: the block's ``(b, kvh, tok)`` from ``bx // chunks`` (grid x
+    is ``((b * Hkv + kvh) * Nq + tok) * chunks + z`` with ``GATHER``, else without ``tok``),
+    and the range the splits divide with the end of the keys a row may see: the keys
+    ``[klo, khi)`` some row sees, or with ``GATHER`` the index list's entries ``[0, topk)``
+    (rows then see up to ``seqlen``), :func:`_page_divisor` (dense builds: unused zeros) and
+    the block's index list (``kv_indices[b, kvh or 0, tok]``, a 1-D view made once).
+    Chosen here, not by a branch in the kernel, so that
+    a dense build's types (and machine code) are those it had before ``GATHER``."""
+    if GATHER:
+        @_stage
+        def block_of(seq_head, hkv, nq):
+            return seq_head // nq // hkv, seq_head // nq % hkv, seq_head % nq
+
+        @_stage
+        def split_range(klo, khi, seqlen, kv_indices):
+            return 0, kv_indices.shape[3], seqlen
+
+        page_divisor = _page_divisor
+
+        @_stage
+        def list_of(kv_indices, b, kvh, tok):
+            return kv_indices[b, kvh if kv_indices.shape[1] > 1 else 0, tok]
+    else:
+        @_stage
+        def block_of(seq_head, hkv, nq):
+            return seq_head // hkv, seq_head % hkv, 0
+
+        @_stage
+        def split_range(klo, khi, seqlen, kv_indices):
+            return klo, khi, khi
+
+        @_stage
+        def page_divisor(block_size):
+            return uint64(0), uint64(0)
+
+        @_stage
+        def list_of(kv_indices, b, kvh, tok):
+            return kv_indices[0, 0, 0]
+    return block_of, split_range, page_divisor, list_of
+
+
+@_stage
+def _page_divisor(block_size):
+    """``(m, s)`` with ``j // block_size == (j * m) >> s`` for every ``0 <= j < 2**31``
+    (Granlund and Montgomery's division by an invariant integer: ``l = ceil(log2 d)``, ``s =
+    31 + l``, ``m = ceil(2**s / d) < 2**32``): the gather divides each key's position by the
+    page size with a multiply and a shift, the magic number made once a block (ptxas's
+    division routine recomputed its reciprocal for every key)."""
+    d = uint64(block_size)
+    shift = uint64(31 + 32 - cuda.clz(uint32(block_size - 1)))
+    return ((uint64(1) << shift) + d - uint64(1)) // d, shift
+
+
 def cache_views(dtype, VEC, k_rows, v_rows):
     """The K/V cache arrays as the kernel reads them, from their ``[rows, d]`` device views:
     as they are, except bfloat16 with 16-byte loads (``VEC``): ``float32`` ``[rows, d / 2]``
@@ -819,9 +967,10 @@ def cache_views(dtype, VEC, k_rows, v_rows):
 
 
 def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=(), KV_FP8=False):
-    """Numba argument types of :func:`decode_kernel` for int32 tables and lengths; ``aux``: the
-    Numba types of a user build's aux arrays (``()``: no kernel parameter); ``KV_FP8``: e4m3
-    caches (float32 word views)."""
+    """Numba argument types of :func:`decode_kernel` for int32 tables, lengths and index lists
+    (``kv_indices``: a ``[1, 1, 1, 1]`` stand-in without ``GATHER``); ``aux``: the Numba types
+    of a user build's aux arrays (``()``: no kernel parameter); ``KV_FP8``: e4m3 caches
+    (float32 word views)."""
     acc_np = acc_dtype(dtype)
     acc_t = compute_type(dtype)
     i32 = types.int32
@@ -834,4 +983,4 @@ def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=(), KV_FP8=False):
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
             variant_type(acc_t, False, user), i32, i32, i32, i32, i32, i32,
-            numba_array_type(np.float32, 3))
+            numba_array_type(np.float32, 3), numba_array_type(np.int32, 4))

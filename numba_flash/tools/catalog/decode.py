@@ -24,18 +24,19 @@ def split_kv_configs():
     are the same source with other constants and compile on first use.  A user's variant
     (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
     def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None,
-            own_v=None, kv_fp8=False, rows=None):
+            own_v=None, kv_fp8=False, rows=None, gather=False):
         dtype = np.dtype(dtype)
         fns, aux = (None, ()) if user is None else user
         rows = rows or dconfig.gpu_rows_max(np.uint8 if kv_fp8 else dtype, HEAD_DIM)
         config = dconfig.launch_shape(dtype, HEAD_DIM, rows, False, VEC=vec, PAGED=paged,
                                       SOFTCAP=softcap, ALIBI=alibi, USER=fns,
-                                      OWN_V=own_v is not None, KV_FP8=kv_fp8)
+                                      OWN_V=own_v is not None, KV_FP8=kv_fp8, GATHER=gather)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
         tag += "" if user is None else " score_mod mask_mod"
         tag += "" if own_v is None else f" {own_v}"
         tag += " e4m3 cache" if kv_fp8 else ""
+        tag += " kv_indices" if gather else ""
         return {
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={config.ROWS} U={config.U}{tag}",
             "config": config,
@@ -68,6 +69,8 @@ def split_kv_configs():
     # of two rows (the most a block holds) and one row (MHA)
     yield cfg(np.float16, 128, kv_fp8=True)
     yield cfg(np.float16, 128, kv_fp8=True, rows=1)
+    # token-sparse decode (issue 47): each key found through its list entry (and its page)
+    yield cfg(np.float16, 128, gather=True)
     # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
     # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
     yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
