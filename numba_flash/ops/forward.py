@@ -17,6 +17,7 @@ from ..kernels.forward.config import (
     choose_tiles, explicit_tiles, forward_simt_config, vector_tiles,
 )
 from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
+from .sparse import sparse_forward
 
 
 def _tensor_core_launch(choice):
@@ -29,7 +30,7 @@ def _tensor_core_launch(choice):
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
-            aux_tensors=(), learnable_sink=None):
+            aux_tensors=(), learnable_sink=None, kv_indices=None):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -94,7 +95,23 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     a key with no value: ``o_i = sum_j e^{s_ij} v_j / (e^{sink_h} + sum_j e^{s_ij})``, ``lse_i =
     log(e^{sink_h} + sum_j e^{s_ij})``; a row that sees no key gets ``o = 0``, ``lse =
     sink_h``.  Both kernel families, every variant (the sink is added once, in the epilogue).
+
+    ``kv_indices`` (token-sparse attention, DeepSeek V3.2's DSA, FA4's ``gather_kv_indices``):
+    integer ``[B, Hkv or 1, Nq, topk]``, query token ``i`` sees only the keys
+    ``kv_indices[b, kvh or 0, i]`` lists (``-1``: none; each key at most once per list, entries
+    in ``[-1, Nk)``: a ``ValueError`` naming ``kv_indices``), and-ed with ``causal``, the window,
+    softcap, ALiBi and the sink.  Runs the gathering decode kernel
+    (:mod:`numba_flash.ops.sparse`: ``O(Nq * topk)`` work); not with dropout, ``block_m`` /
+    ``block_n``, the user's functions or a tensor-core ``kernel``.  The reference:
+    :func:`numba_flash.reference.sparse_attention`.
     """
+    if kv_indices is not None:
+        return sparse_forward(q, k, v, kv_indices, causal=causal, softmax_scale=softmax_scale,
+                              return_lse=return_lse, window_size=window_size, softcap=softcap,
+                              alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+                              kernel=kernel, dropout_p=dropout_p, block_m=block_m,
+                              block_n=block_n, score_mod=score_mod, mask_mod=mask_mod,
+                              block_mask=block_mask, aux_tensors=aux_tensors)
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
                               window_size, softcap, alibi_slopes, learnable_sink)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype

@@ -19,7 +19,8 @@ outside the cache is read.
 lanes), ``CHUNK`` (elements of 16 bytes), ``U`` (keys a group takes per step), ``ROWS`` (the
 smallest of 1, 2, 4, 8 that holds ``G * Nq`` within a register budget), ``HEAD_DIM``, the dtype and
 the flags ``VEC`` (16-byte loads), ``PAGED``, ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size
-``U`` does not divide), ``USER``, ``OWN_V``.
+``U`` does not divide), ``USER``, ``OWN_V``, ``KV_FP8``, ``GATHER`` (token-sparse: a block per
+query token, its keys the positions of its list, docs/sparse-attention.md).
 
 Grid ``(B * Hkv * chunks, splits)``: x is ``(b * Hkv + kvh) * chunks + z``, y the split; block
 ``(THREADS,)``.  Block ``(x, s)`` serves the query rows ``r = g * Nq + i`` of kv head ``kvh``'s GQA
@@ -137,7 +138,7 @@ def make_load_q_rows(cfg):
         ``acc = 0``; returns ``full``: every row sees every key of ``[lo, hi)`` (no mask; never
         with a user's function: its mask may hide any key, its score may be -inf, and either
         makes p "not seen")."""
-        b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
+        b, row0, n_rows = rows.b, rows.row0, rows.n_rows
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
@@ -621,7 +622,7 @@ def make_decode_epilogue(cfg):
         rows' learnable sink here (``sinks``,
         :func:`~numba_flash.kernels.mainloop.online_softmax.sink_of`); with several, the combine
         adds it once, never a split."""
-        b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
+        b, row0, n_rows = rows.b, rows.row0, rows.n_rows
         split, n_splits = rows.split, rows.n_splits
         n_heads = o.shape[1]
         nq = o.shape[2]
@@ -677,7 +678,7 @@ def make_decode_epilogue(cfg):
         """The fused combine: the last block of ``(b, kvh, z)`` to finish merges every split
         and the rows' learnable sink, once (:func:`~.merge.make_merge_functions`), then resets
         its counter."""
-        b, kvh, group, row0, n_rows = rows.b, rows.kvh, rows.group, rows.row0, rows.n_rows
+        b, row0, n_rows = rows.b, rows.row0, rows.n_rows
         n_splits = rows.n_splits
         n_heads = o.shape[1]
         nq = o.shape[2]
@@ -730,7 +731,8 @@ def decode_kernel(cfg):
     agree); ``SPLIT_PAGES``: ``PAGED`` with a block size that ``U`` does not divide (a step's keys
     may lie in two pages); ``GATHER``: token-sparse attention, each query token's keys listed
     in ``kv_indices`` ``[B, Hkv or 1, Nq, topk]`` (key positions, -1 none; a block per token,
-    its splits over the list; an entry outside ``[-1, L)`` makes the token's rows NaN).  ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
+    its splits over the list; an entry outside ``[-1, L)`` makes the token's rows NaN).
+    ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
     caches ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size,
     d]`` views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
     ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
@@ -753,7 +755,8 @@ def decode_kernel(cfg):
     keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
-    HEAD_DIM, USER, PAGED, KV_FP8, GATHER = cfg.HEAD_DIM, cfg.USER, cfg.PAGED, cfg.KV_FP8, cfg.GATHER
+    HEAD_DIM, USER, PAGED = cfg.HEAD_DIM, cfg.USER, cfg.PAGED
+    KV_FP8, GATHER = cfg.KV_FP8, cfg.GATHER
     NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
@@ -903,8 +906,9 @@ def decode_kernel(cfg):
 
 @functools.lru_cache(maxsize=None)
 def _block_stages(GATHER):
-    """``(block_of, split_range, page_divisor, list_of)``: the block's ``(b, kvh, tok)`` from ``bx // chunks`` (grid x
-    is ``((b * Hkv + kvh) * Nq + tok) * chunks + z`` with ``GATHER``, else without ``tok``),
+    """``(block_of, split_range, page_divisor, list_of)``: the block's ``(b, kvh, tok)`` from
+    ``bx // chunks`` (grid x is ``((b * Hkv + kvh) * Nq + tok) * chunks + z`` with ``GATHER``,
+    else without ``tok``),
     and the range the splits divide with the end of the keys a row may see: the keys
     ``[klo, khi)`` some row sees, or with ``GATHER`` the index list's entries ``[0, topk)``
     (rows then see up to ``seqlen``), :func:`_page_divisor` (dense builds: unused zeros) and

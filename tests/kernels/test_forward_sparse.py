@@ -1,0 +1,94 @@
+"""numba_flash.forward with ``kv_indices`` (issue 47, token-sparse prefill): the gathering decode
+kernel over k/v as a contiguous cache, against reference.sparse_attention in float64 on fresh
+inputs, NaN-poisoned outputs (conftest); keys no list names are NaN, so a read of an unlisted
+key fails.  Tolerances: helpers.atol of the compute dtype (the decode kernel's arithmetic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numba_flash
+from numba_flash import reference as ref
+from helpers import assert_close, randn
+from test_decode_sparse import check
+
+
+def lists(rng, b, g, nq, nk, topk, fill=0.8):
+    """Distinct random key positions per list (about ``fill`` of them), the rest -1."""
+    idx = np.full((b, g, nq, topk), -1, np.int32)
+    for i in np.ndindex(b, g, nq):
+        m = int(rng.binomial(topk, fill))
+        idx[i][:m] = rng.choice(nk, m, replace=False)
+    return idx
+
+
+def unlisted_nan(k, v, idx, h_kv):
+    """k and v with every key no list of its sequence names set to NaN."""
+    k, v = k.copy(), v.copy()
+    for b in range(k.shape[0]):
+        named = set(int(j) for j in idx[b].ravel() if j >= 0)
+        dead = [j for j in range(k.shape[2]) if j not in named]
+        k[b, :, dead] = np.nan
+        v[b, :, dead] = np.nan
+    return k, v
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_random_lists_ragged_gqa(rng, dtype, causal, shared):
+    b, h, hkv, nq, nk, d, topk = 2, 4, 2, 7, 19, 16, 6
+    q = randn(rng, (b, h, nq, d), dtype)
+    k = randn(rng, (b, hkv, nk, d), dtype)
+    v = randn(rng, (b, hkv, nk, d), dtype)
+    idx = lists(rng, b, 1 if shared else hkv, nq, nk, topk)
+    k, v = unlisted_nan(k, v, idx, hkv)
+    o, lse = numba_flash.forward(q, k, v, kv_indices=idx, causal=causal, return_lse=True)
+    assert o.shape == q.shape and o.dtype == np.dtype(dtype)
+    check(o, lse, *ref.sparse_attention(q, k, v, idx, causal=causal), dtype)
+
+
+def test_window_softcap_alibi_sink_and_own_value_dim(rng):
+    b, h, hkv, nq, nk, d, d_v, topk = 1, 2, 1, 6, 21, 32, 16, 9
+    q = randn(rng, (b, h, nq, d), np.float32)
+    k = randn(rng, (b, hkv, nk, d), np.float32)
+    v = randn(rng, (b, hkv, nk, d_v), np.float32)
+    idx = lists(rng, b, hkv, nq, nk, topk)
+    sink = rng.standard_normal(h).astype(np.float32)
+    slopes = rng.uniform(0.1, 0.4, h).astype(np.float32)
+    kw = dict(window_size=(8, 2), softcap=4.0, alibi_slopes=slopes, learnable_sink=sink)
+    o, lse = numba_flash.forward(q, k, v, kv_indices=idx, return_lse=True, **kw)
+    assert o.shape == (b, h, nq, d_v)
+    check(o, lse, *ref.sparse_attention(q, k, v, idx, **kw), np.float32)
+
+
+def test_every_key_listed_is_the_dense_forward(rng):
+    b, h, nq, nk, d = 2, 2, 5, 12, 16
+    q = randn(rng, (b, h, nq, d), np.float32)
+    k = randn(rng, (b, 1, nk, d), np.float32)
+    v = randn(rng, (b, 1, nk, d), np.float32)
+    idx = np.broadcast_to(np.arange(nk, dtype=np.int32), (b, 1, nq, nk)).copy()
+    o, lse = numba_flash.forward(q, k, v, kv_indices=idx, causal=True, return_lse=True)
+    want_o, want_lse = ref.attention(q, k, v, causal=True)
+    check(o, lse, want_o, want_lse, np.float32)
+    o_dense = numba_flash.forward(q, k, v, causal=True)
+    assert_close(o, o_dense.astype(np.float64), np.float32, name="o vs the dense kernel")
+
+
+def test_dense_only_options_and_bad_lists_are_named(rng):
+    q = randn(rng, (1, 2, 3, 16), np.float32)
+    k = randn(rng, (1, 1, 8, 16), np.float32)
+    idx = np.zeros((1, 1, 3, 2), np.int32)
+    idx[..., 1] = -1
+    for kw, name in [(dict(dropout_p=0.1), "dropout_p"), (dict(block_m=16), "block_m"),
+                     (dict(kernel="mma"), "kernel"),
+                     (dict(mask_mod=lambda b, h, qi, ki: True), "mask_mod")]:
+        with pytest.raises(ValueError, match=f"^{name}: expected .* with kv_indices"):
+            numba_flash.forward(q, k, k, kv_indices=idx, **kw)
+    with pytest.raises(ValueError, match=r"kv_indices: expected entries in \[-1"):
+        numba_flash.forward(q, k, k, kv_indices=idx + 8)
+    with pytest.raises(TypeError, match="kv_indices: expected an integer array"):
+        numba_flash.forward(q, k, k, kv_indices=idx.astype(np.float64))
+    with pytest.raises(TypeError, match="q: expected dtype"):
+        numba_flash.forward(q.astype(np.int32), k, k, kv_indices=idx)
