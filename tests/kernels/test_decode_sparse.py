@@ -201,3 +201,32 @@ def test_unvalidated_bad_entry_is_a_nan_row_never_read(rng):
     assert np.isnan(o[0, :, 0]).all() and np.isnan(lse[0, :, 0]).all()
     want_o, want_lse = ref.paged_decode(q[:, :, 1:], k, v, lens, table, kv_indices=idx[:, :, 1:])
     check(o[:, :, 1:], lse[:, :, 1:], want_o, want_lse, np.float32)
+
+
+def test_e4m3_cache_with_lists_each_lane_on_its_own(rng):
+    """An e4m3 cache (FlashMLA's sparse decode reads fp8) at d = 16: one lane a key group, so a
+    warp's key groups outnumber its lanes and each lane resolves its own keys (gather_keys, not
+    share_keys); against the dequantised cache's sparse reference."""
+    b, h, hkv, d = 2, 4, 2, 16
+    lens = np.array([13, 30])
+    k, v, table = paged_cache(rng, b, hkv, d, lens, 8, np.float32)
+    k8, v8 = k.astype(ml_dtypes.float8_e4m3fn), v.astype(ml_dtypes.float8_e4m3fn)
+    kd = rng.uniform(0.5, 2.0, (b, hkv)).astype(np.float32)
+    vd = rng.uniform(0.5, 2.0, (b, hkv)).astype(np.float32)
+    q = randn(rng, (b, h, d), np.float16)
+    idx = random_lists(rng, lens, hkv, 1, 9)
+    o, lse = numba_flash.decode(q, k8, v8, cache_seqlens=lens, block_table=table, kv_indices=idx,
+                                k_descale=kd, v_descale=vd, return_lse=True)
+    want = ref.paged_decode(q, _dequantised(k8, kd, table, lens),
+                            _dequantised(v8, vd, table, lens), lens, table,
+                            kv_indices=idx[:, :, 0])
+    check(o, lse, *want, np.float16)
+
+
+def _dequantised(cache, descale, table, lens):
+    """A paged e4m3 cache times each sequence's descale (every page serves one sequence)."""
+    out = cache.astype(np.float64)
+    for b, n in enumerate(lens):
+        for page in table[b, :-(-int(n) // cache.shape[2])]:
+            out[page] *= descale[b][:, None, None]
+    return out

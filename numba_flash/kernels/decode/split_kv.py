@@ -86,7 +86,8 @@ CacheLayout = namedtuple("CacheLayout", "kvh_rows row_stride blk_elems col0_v la
 #: the stages of the kernel (:func:`make_key_loads`, :func:`make_own_row_stages`,
 #: :func:`make_decode_epilogue`)
 KeyLoads = namedtuple("KeyLoads",
-                      "first_keys next_keys cache_layout locate_keys gather_keys load_keys")
+                      "first_keys next_keys cache_layout locate_keys resolve_key gather_keys "
+                      "share_keys load_keys")
 OwnRowStages = namedtuple("OwnRowStages",
                           "own_row own_score_args own_scores own_softmax accumulate")
 DecodeEpilogue = namedtuple("DecodeEpilogue", "merge_groups write_split combine")
@@ -326,50 +327,71 @@ def make_key_loads(cfg):
 
     # [docs:decode-gather]
     @_stage
+    def resolve_key(listed, block_table, b, t, lo32, hi32, seqlen, n_cache_blocks, block_size,
+                    page_div, keys):
+        """``GATHER``: where entry ``t`` of the block's index list ``listed`` (int32
+        ``kv_indices[b, kvh or 0, tok]``; live in ``[lo32, hi32)``) lives: ``(pos, row_at,
+        bad)``, the key's position in its sequence (-1: none, or not readable), its first view
+        element (``VEC``; a lane adds its column) or cache row, and whether the entry is bad
+        (outside ``[-1, seqlen)``, or a bad table entry: never dereferenced).  The page is
+        ``pos // block_size`` by a multiply and a shift (``page_div``, :func:`_page_divisor`)."""
+        j = int32(-1)
+        if lo32 <= t and t < hi32:
+            j = int32(listed[t])
+        ok = 0 <= j and j < seqlen
+        bad = j < -1 or j >= seqlen
+        blk = int32(b)
+        slot = j
+        if PAGED and ok:
+            j_blk = uint32((uint64(j) * page_div[0]) >> page_div[1])   # j // block_size
+            slot = int32(uint32(j) - j_blk * uint32(block_size))
+            entry = block_table[uint32(b), j_blk]
+            if 0 <= entry and entry < n_cache_blocks:
+                blk = int32(entry)
+            else:
+                ok = False
+                bad = True
+        in_row = int32(keys.kvh_rows + slot)
+        if VEC:
+            row_at = int64(uint32(blk)) * keys.blk_elems + int64(in_row) * (HEAD_DIM // EW)
+        else:
+            row_at = int64(uint32(blk)) * keys.row_stride + in_row
+        return (j if ok else int32(-1)), row_at, bad
+
+    @_stage
     def gather_keys(key_ok, key_at, key_pos, listed, block_table, rows, t0, lo32, hi32,
                     seqlen, n_cache_blocks, block_size, page_div, keys):
-        """``GATHER``: my group's ``U`` keys are entries ``t0 ..`` of the block's index list
-        ``listed`` (int32 ``kv_indices[b, kvh or 0, tok]``, live in ``[lo32, hi32)``);
-        ``key_pos[u]`` gets the
-        key's position in its sequence (-1: none), ``key_ok[u]`` and ``key_at[u]`` as
-        :func:`locate_keys` (each key finds its own page: a multiply and a shift by
-        ``page_div``, :func:`_page_divisor`).  An entry
-        outside ``[-1, seqlen)`` or a bad table entry sets ``bad`` and is never dereferenced.
-        Returns ``(step_ok, bad)``."""
-        kvh_rows, row_stride, blk_elems = keys.kvh_rows, keys.row_stride, keys.blk_elems
+        """``GATHER``, each lane on its own (a warp too narrow for :func:`share_keys`): my
+        group's ``U`` keys are list entries ``t0 ..`` (:func:`resolve_key`); fills ``key_pos``,
+        ``key_ok``, ``key_at`` as :func:`locate_keys`; returns ``(step_ok, bad)``."""
         bad = False
         step_ok = True
         for u in range(U):
-            t = int32(t0 + u)
-            j = int32(-1)
-            if lo32 <= t and t < hi32:
-                j = int32(listed[t])
-            ok = 0 <= j and j < seqlen
-            if j < -1 or j >= seqlen:
-                bad = True                            # never dereferenced
-            if not ok:
-                j = int32(-1)
-            blk = int32(rows.b)
-            slot = j
-            if PAGED and ok:
-                j_blk = uint32((uint64(j) * page_div[0]) >> page_div[1])   # j // block_size
-                slot = int32(uint32(j) - j_blk * uint32(block_size))
-                entry = block_table[uint32(rows.b), j_blk]
-                if 0 <= entry and entry < n_cache_blocks:
-                    blk = int32(entry)
-                else:
-                    ok = False
-                    bad = True
-            key_ok[u] = ok
-            key_pos[u] = j
-            in_row = int32(kvh_rows + slot)
-            if VEC:
-                key_at[u] = (int64(uint32(blk)) * blk_elems
-                             + (int64(in_row) * (HEAD_DIM // EW) + keys.col0_v))
-            else:
-                key_at[u] = int64(uint32(blk)) * row_stride + in_row
-            step_ok = step_ok and ok
+            pos, row_at, bad_u = resolve_key(listed, block_table, rows.b, int32(t0 + u), lo32,
+                                             hi32, seqlen, n_cache_blocks, block_size, page_div,
+                                             keys)
+            bad = bad or bad_u
+            key_pos[u] = pos
+            key_ok[u] = pos >= 0
+            key_at[u] = row_at + (keys.col0_v if VEC else 0)
+            step_ok = step_ok and pos >= 0
         return step_ok, bad
+
+    @_stage
+    def share_keys(key_ok, key_at, key_pos, res_pos, res_at, src, keys):
+        """``GATHER`` in a warp of ``KW`` keys a step: lane ``src + u`` of my warp resolved my
+        group's key ``u`` of this step (:func:`resolve_key`, ``KW`` keys of ``WARP // KW``
+        steps at once, one key a lane); fetch its position and row by shuffles (one
+        resolution a warp for ``WARP`` keys, not one a lane per key); returns ``step_ok``."""
+        step_ok = True
+        for u in range(U):
+            pos = cuda.shfl_sync(FULL_MASK, res_pos, src + u)
+            row_at = cuda.shfl_sync(FULL_MASK, res_at, src + u)
+            key_pos[u] = pos
+            key_ok[u] = pos >= 0
+            key_at[u] = row_at + (keys.col0_v if VEC else 0)
+            step_ok = step_ok and pos >= 0
+        return step_ok
     # [/docs:decode-gather]
 
     @_stage
@@ -404,7 +426,8 @@ def make_key_loads(cfg):
                     v_reg[u * DPL + j] = vv
     # [/docs:decode-tile-load]
 
-    return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, gather_keys, load_keys)
+    return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, resolve_key, gather_keys,
+                    share_keys, load_keys)
 
 
 @functools.lru_cache(maxsize=None)
@@ -768,6 +791,13 @@ def decode_kernel(cfg):
     assert U <= 2, "a key's slot carries into the next table entry at most once"
     assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
     N_UPPER = max(1, cfg.LOG_ROWS)
+    # GATHER: a warp's GW groups take KW keys a step; its WARP lanes resolve BS steps' keys at
+    # once, one key a lane (SHARE; a warp narrower than KW keys resolves per lane)
+    WARP = min(32, THREADS)
+    GW = max(1, WARP // LANES)
+    KW = GW * U
+    SHARE = cfg.GATHER and WARP % LANES == 0 and KW <= WARP
+    BS = WARP // KW if SHARE else 1   # steps a batch (dense builds: 1, the loop unchanged)
     ZERO = acc_t(0.0)
     ONE = acc_t(1.0)
     softmax_init, _update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
@@ -776,6 +806,19 @@ def decode_kernel(cfg):
     mine = make_own_row_stages(cfg)       # a lane's own row: scores, softmax, p v
     epilogue = make_decode_epilogue(cfg)  # group merge, the split's write, the combine
     block_of, split_range, page_divisor, list_of = _block_stages(GATHER)
+
+    @_stage
+    def one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims, s_own,
+                 q_sh, upper_at, lane, t0, own, sa, va, m_own, l_own, acc, warp_base, full):
+        """One block step once my group's keys are located (``key_ok``, ``key_at``,
+        ``key_pos``, ``step_ok``): their K and V rows into registers, the scores, my row's
+        online softmax, ``acc = alpha acc + p v`` (FA4's ``compute_one_n_block``: load, GEMM,
+        softmax update, GEMM); ``dims``: ``(col0, d, d_v)``."""
+        walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, dims[0],
+                       dims[1], dims[2])
+        mine.own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
+        alpha = mine.own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own)
+        mine.accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
@@ -864,25 +907,45 @@ def decode_kernel(cfg):
             v_reg[j] = ZERO
         keys = walk.cache_layout(kvh, hkv, block_size, lane, block_table)
         base = lo_step
-        while base < int32(hi):               # the same trip count on every lane (shuffles)
-            t0 = int32(base + grp * U)
-            if GATHER:
-                step_ok, bad = walk.gather_keys(key_ok, key_at, key_pos, listed,
-                                                block_table, rows, t0, int32(lo), int32(hi),
-                                                seqlen, n_cache_blocks, block_size, page_div,
-                                                keys)
-            else:
-                step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot,
-                                                int32(lo), int32(hi), n_cache_blocks,
-                                                block_size, keys)
-            bad_entry = bad_entry or bad
-            walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0,
-                           q.shape[3], o.shape[3])
-            j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
-            mine.own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
-            alpha = mine.own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own)
-            mine.accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
-            base = int32(base + STEP)
+        w_lane = int32(tid % WARP)            # GATHER and SHARE: my lane in my warp,
+        w_grp0 = int32(tid // WARP * GW)      # my warp's first key group
+        res_pos = int32(-1)                   # and the key I resolved for this batch
+        res_at = int64(0)
+        dims = (col0, q.shape[3], o.shape[3])   # my first column, K's and V's widths
+        if SHARE:   # GATHER: batches of BS steps, my warp's lanes resolve a batch's keys
+            while base < int32(hi):           # the same trip count on every lane (shuffles)
+                entry = int32(base + (w_lane // KW) * STEP + w_grp0 * U + w_lane % KW)
+                res_pos, res_at, bad = walk.resolve_key(
+                    listed, block_table, b, entry, int32(lo), int32(hi), seqlen,
+                    n_cache_blocks, block_size, page_div, keys)
+                bad_entry = bad_entry or bad
+                batch_step = int32(0)
+                while batch_step < BS and base < int32(hi):   # the steady state: shuffles
+                    step_ok = walk.share_keys(key_ok, key_at, key_pos, res_pos, res_at,
+                                              batch_step * KW + (grp - w_grp0) * U, keys)
+                    one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg,
+                             dims, s_own, q_sh, upper_at, lane, int32(base + grp * U), own, sa,
+                             va, m_own, l_own, acc, warp_base, full)
+                    base = int32(base + STEP)
+                    batch_step = int32(batch_step + 1)
+        else:       # the cache's keys in order (or GATHER in a warp too narrow to share)
+            while base < int32(hi):           # the same trip count on every lane (shuffles)
+                t0 = int32(base + grp * U)
+                if GATHER:
+                    step_ok, bad = walk.gather_keys(key_ok, key_at, key_pos, listed,
+                                                    block_table, rows, t0, int32(lo), int32(hi),
+                                                    seqlen, n_cache_blocks, block_size,
+                                                    page_div, keys)
+                else:
+                    step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk,
+                                                    slot, int32(lo), int32(hi), n_cache_blocks,
+                                                    block_size, keys)
+                bad_entry = bad_entry or bad
+                j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
+                one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims,
+                         s_own, q_sh, upper_at, lane, t0, own, sa, va, m_own, l_own, acc,
+                         warp_base, full)
+                base = int32(base + STEP)
 
         if bad_entry:
             flag_sh[0] = 1
