@@ -387,15 +387,28 @@ def sparse_attention(q, k, v, kv_indices, *, causal=False, softmax_scale=None,
     if idx.size and (idx.min() < -1 or idx.max() >= nk):
         raise ValueError(f"kv_indices: expected entries in [-1, {nk}), got {idx.min()} .. "
                          f"{idx.max()}")
-    listed = np.zeros(idx.shape[:3] + (nk,), bool)
-    bi, gi, qi, ti = np.nonzero(idx >= 0)
-    listed[bi, gi, qi, idx[bi, gi, qi, ti]] = True
-    listed = np.repeat(listed, h // idx.shape[1], axis=1)
+    listed = _listed(idx, h, nk)
     s, vis, _ = _scores(q, k, _scale(q.shape[-1], softmax_scale), causal, window_size, softcap,
                         alibi_slopes)
     vis = vis & listed
     p, lse = _softmax_rows(np.where(vis, s, -np.inf), learnable_sink)
     return _pv(p, v, vis), lse
+
+
+def _listed(idx, h, nk):
+    """``[B, H, Nq, Nk]`` bool: key ``j`` is in query ``i``'s list (of head ``h``'s kv head)."""
+    listed = np.zeros(idx.shape[:3] + (nk,), bool)
+    bi, gi, qi, ti = np.nonzero(idx >= 0)
+    listed[bi, gi, qi, idx[bi, gi, qi, ti]] = True
+    return np.repeat(listed, h // idx.shape[1], axis=1)
+
+
+def sparse_attention_backward(do, q, k, v, kv_indices, **kw):
+    """Gradients of :func:`sparse_attention` (``kw``: its variants; ``(dq, dk, dv)``, ``dsink``
+    with a ``learnable_sink``): :func:`attention_backward` with the lists as its mask."""
+    listed = _listed(np.asarray(kv_indices), np.shape(q)[1], np.shape(k)[2])
+    return attention_backward(do, q, k, v, mask_mod=lambda b, h, i, j: bool(listed[b, h, i, j]),
+                              **kw)
 
 
 def attention_backward(

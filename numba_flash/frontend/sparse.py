@@ -1,4 +1,5 @@
-"""Token-sparse attention's index lists on the host: the checks of ``kv_indices``.
+"""Token-sparse attention on the host: the checks of ``kv_indices``, the forward's route
+(:func:`sparse_forward`) and the backward's mask (:func:`sparse_mask`).
 
 ``kv_indices`` (DeepSeek V3.2's DSA, FA4's ``gather_kv_indices``) is an integer ``[B, G, Nq,
 topk]`` array: query token ``i`` of sequence ``b`` attends to the key positions
@@ -10,15 +11,29 @@ cache: token ``t``, found through the block table as any other, never a physical
 Repeats are rejected (``validate``): a key listed twice would count twice in the kernels'
 softmax, while :func:`numba_flash.reference.sparse_attention` counts it once.  Without
 validation (device inputs) an entry outside ``[-1, L)`` makes its token's rows NaN and is
-never dereferenced; a repeat then counts twice.  The story: docs/sparse-attention.md.
+never dereferenced; a repeat then counts twice.
+
+The forward (``numba_flash.forward(..., kv_indices=)``) runs as the token-sparse decode does
+(:func:`numba_flash.decode` with ``kv_indices``): ``k`` and ``v`` read as a contiguous cache of
+``Nk`` keys per sequence, a block per query token whose rows are the heads of one kv head
+(they share the list, as DSA's indexer and FlashMLA's sparse prefill have it), the list split
+over blocks, the key rows gathered into registers: ``O(Nq * topk)`` work.  The backward is not
+gathered yet: :func:`sparse_mask` gives the dense backward kernels the lists as a ``mask_mod``
+over a dense ``[B, G, Nq, Nk]`` table of listed keys (correct gradients, the dense ``O(Nq *
+Nk)`` work and memory).  The story and its machine-code count: docs/sparse-attention.md.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from .arrays import host_ints
-from .validate import INT_DTYPES, array_info, array_module, check_array
+from .validate import (
+    ATTENTION_DTYPES, INT_DTYPES, array_info, array_module, check_array, check_qkv,
+    is_device_array,
+)
 
 
 def check_kv_indices(kv_indices, b, hkv, nq, name="kv_indices"):
@@ -65,3 +80,75 @@ def kernel_indices(call, kv_indices):
         return call.input(kv_indices)
     xp = array_module(kv_indices)
     return call.input(xp.clip(kv_indices, -2, np.iinfo(np.int32).max).astype(np.int32))
+
+
+#: forward's arguments a token-sparse call does not take, with the value that means "off"
+_DENSE_ONLY = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": None,
+               "mask_mod": None, "block_mask": None, "aux_tensors": ()}
+
+
+def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, window_size,
+                   softcap, alibi_slopes, learnable_sink, kernel, **dense_only):
+    """:func:`numba_flash.forward` with ``kv_indices`` (see there); ``dense_only``: the
+    arguments of :data:`_DENSE_ONLY`, each a ``ValueError`` naming it when set."""
+    for name, off in _DENSE_ONLY.items():
+        given = dense_only.get(name, off)
+        if not (given is off or (isinstance(off, (tuple, float)) and given == off)):
+            raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
+                             f"runs the gathering decode kernel), got {given!r}")
+    if kernel not in ("auto", "simt"):
+        raise ValueError(f"kernel: expected 'auto' or 'simt' with kv_indices (the gather runs on "
+                         f"the SIMT decode kernel), got {kernel!r}")
+    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
+    xp = array_module(q)
+    lengths = xp.full((s.b,), s.nk, dtype=np.int32)   # every sequence: Nk keys
+    # the decode op imported by name, as the kernel choice imports the tensor-core ops
+    # (frontend/kernel_choice.py): the front end routes between ops, no op imports another
+    decode = importlib.import_module("numba_flash.ops.decode").decode
+    return decode(q, k, v, cache_seqlens=lengths, causal=causal, softmax_scale=softmax_scale,
+                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                  learnable_sink=learnable_sink, return_lse=return_lse, kv_indices=kv_indices,
+                  kernel="simt")
+
+
+def listed_keys(b, h, q_idx, kv_idx, listed, list_of_head):
+    """The backward's ``mask_mod``: key ``kv_idx`` is in query ``q_idx``'s list (``listed``:
+    int8 ``[B, G, Nq, Nk]``, ``list_of_head[h]`` the list of query head ``h``)."""
+    return listed[b, list_of_head[h], q_idx, kv_idx] != 0
+
+
+def listed_table(kv_indices, nk, h):
+    """``(listed, list_of_head)``: the lists as a dense int8 ``[B, G, Nq, Nk]`` table (1 where
+    listed) and each query head's list, int32 ``[H]`` (``h // (H / G)``), on the lists' own
+    device."""
+    xp = array_module(kv_indices)
+    idx = xp.asarray(kv_indices).astype(np.int64)
+    rows = int(np.prod(idx.shape[:3]))
+    table = xp.zeros((rows, nk + 1), dtype=np.int8)   # column nk: where the -1 entries go
+    where = xp.where(idx >= 0, idx, nk).reshape(rows, -1)
+    table[xp.arange(rows)[:, None], where] = 1        # (a fancy-index store: NumPy and CuPy)
+    listed = xp.ascontiguousarray(table[:, :nk]).reshape(idx.shape[:3] + (nk,))
+    heads = (xp.arange(h, dtype=np.int32) // (h // idx.shape[1])).astype(np.int32)
+    return listed, heads
+
+
+def sparse_mask(q, k, v, kv_indices, *, validate=None, **user):
+    """The backward of :func:`sparse_forward`'s lists: ``(mask_mod, aux_tensors)`` for the
+    dense backward (:func:`listed_keys` over :func:`listed_table`), the lists checked as the
+    forward checks them.  ``user``: the caller's ``mask_mod``, ``block_mask``, ``score_mod``,
+    ``aux_grad``, ``aux_tensors`` (each a ``ValueError`` naming it when given: the lists are
+    the mask)."""
+    for name in ("mask_mod", "block_mask", "score_mod", "aux_grad"):
+        if user.get(name) is not None:
+            raise ValueError(f"{name}: expected None with kv_indices (the lists are the "
+                             f"backward's mask), got {user[name]!r}")
+    if tuple(user.get("aux_tensors") or ()) != ():
+        raise ValueError("aux_tensors: expected () with kv_indices, got "
+                         f"{len(user['aux_tensors'])} arrays")
+    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
+    check_kv_indices(kv_indices, s.b, s.hkv, s.nq)
+    if validate is None:
+        validate = not is_device_array(kv_indices)
+    if validate:
+        validate_kv_indices(kv_indices, [s.nk] * s.b)
+    return listed_keys, listed_table(kv_indices, s.nk, s.h)

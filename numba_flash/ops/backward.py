@@ -15,12 +15,14 @@ from ..frontend.variants import check_sink
 from ..frontend.aux_grad import aux_gradients, prepare_aux_grad
 from ..frontend.kernel_choice import choose_backward_kernel
 from ..frontend.backward_launch import launch_backward, sink_gradient
+from ..frontend.sparse import sparse_mask
 
 
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
              dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
              kernel="auto", score_mod=None, mask_mod=None, score_mod_grad=None,
-             block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None):
+             block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None,
+             kv_indices=None):
     """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do`` (with a
     ``learnable_sink``, ``(dq, dk, dv, dsink)``; with ``aux_grad``, the aux tensors' gradients
     after them).
@@ -75,8 +77,17 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     exp(sink_h - lse_bhi) D_bhi`` (``D = rowsum(dO * O)``) is summed on the host in float64
     (float32 ``[H]``, the sink's kind).
 
+    ``kv_indices``: the token-sparse forward's lists (:func:`numba_flash.forward`): the
+    gradients of that forward.  Not gathered yet: the dense kernels with the lists as a
+    ``mask_mod`` (:func:`numba_flash.frontend.sparse.sparse_mask`; ``O(Nq * Nk)`` work and a
+    dense int8 table of listed keys); not with a ``score_mod``, ``mask_mod`` or ``block_mask``.
+
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
+    if kv_indices is not None:   # (not gathered yet: the lists as the dense kernels' mask)
+        mask_mod, aux_tensors = sparse_mask(q, k, v, kv_indices, mask_mod=mask_mod,
+                                            block_mask=block_mask, score_mod=score_mod,
+                                            aux_grad=aux_grad, aux_tensors=aux_tensors)
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                             seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
                             score_mod_grad, block_mask, aux_tensors)

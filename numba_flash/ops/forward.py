@@ -17,7 +17,7 @@ from ..kernels.forward.config import (
     choose_tiles, explicit_tiles, forward_simt_config, vector_tiles,
 )
 from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
-from .sparse import sparse_forward
+from ..frontend.sparse import sparse_forward
 
 
 def _tensor_core_launch(choice):
@@ -101,9 +101,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``kv_indices[b, kvh or 0, i]`` lists (``-1``: none; each key at most once per list, entries
     in ``[-1, Nk)``: a ``ValueError`` naming ``kv_indices``), and-ed with ``causal``, the window,
     softcap, ALiBi and the sink.  Runs the gathering decode kernel
-    (:mod:`numba_flash.ops.sparse`: ``O(Nq * topk)`` work); not with dropout, ``block_m`` /
-    ``block_n``, the user's functions or a tensor-core ``kernel``.  The reference:
-    :func:`numba_flash.reference.sparse_attention`.
+    (:func:`numba_flash.frontend.sparse.sparse_forward`: ``O(Nq * topk)`` work); not with
+    dropout, ``block_m`` / ``block_n``, the user's functions or a tensor-core ``kernel``.
+    The reference: :func:`numba_flash.reference.sparse_attention`.
     """
     if kv_indices is not None:
         return sparse_forward(q, k, v, kv_indices, causal=causal, softmax_scale=softmax_scale,

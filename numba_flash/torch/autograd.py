@@ -38,8 +38,8 @@ def _sink_grad(ctx, index, dsink):
 
 
 #: What :class:`FlashAttnFunc`'s forward saves for its backward (``save_for_backward``'s order):
-#: the inputs, the outputs, the dropout seed and the sink (or None).
-_DenseSaved = namedtuple("_DenseSaved", "q k v out lse rng_state sink")
+#: the inputs, the outputs, the dropout seed, the sink and FA4's token-sparse lists (or None).
+_DenseSaved = namedtuple("_DenseSaved", "q k v out lse rng_state sink lists")
 
 
 #: :class:`FlashAttnFunc`'s scalar arguments (and ALiBi slopes) its backward needs.
@@ -53,12 +53,13 @@ class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                 alibi_slopes, deterministic, return_softmax, is_grad_enabled,
-                learnable_sink=None):
+                learnable_sink=None, gather_kv_indices=None):
         out, lse, s_dmask, rng_state = torch.ops.numba_flash.fwd(
             q, k, v, dropout_p, softmax_scale, causal, window_size[0], window_size[1], softcap,
-            alibi_slopes, return_softmax and dropout_p > 0, learnable_sink)
+            alibi_slopes, return_softmax and dropout_p > 0, learnable_sink, gather_kv_indices)
         if is_grad_enabled and _wants_grad(q, k, v, learnable_sink):
-            ctx.save_for_backward(*_DenseSaved(q, k, v, out, lse, rng_state, learnable_sink))
+            ctx.save_for_backward(*_DenseSaved(q, k, v, out, lse, rng_state, learnable_sink,
+                                               gather_kv_indices))
             ctx.args = _DenseArgs(dropout_p, softmax_scale, causal, window_size[0],
                                   window_size[1], softcap, alibi_slopes, deterministic)
         return _finish(ctx, out, lse, s_dmask, return_softmax)
@@ -69,8 +70,8 @@ class FlashAttnFunc(torch.autograd.Function):
         s, a = _DenseSaved(*ctx.saved_tensors), ctx.args
         dq, dk, dv, dsink = torch.ops.numba_flash.bwd(
             dout, s.q, s.k, s.v, s.out, s.lse, a.dropout_p, a.scale, a.causal, a.left, a.right,
-            a.softcap, a.alibi_slopes, a.deterministic, s.rng_state, s.sink)
-        return (dq, dk, dv) + (None,) * 9 + (_sink_grad(ctx, -1, dsink),)
+            a.softcap, a.alibi_slopes, a.deterministic, s.rng_state, s.sink, s.lists)
+        return (dq, dk, dv) + (None,) * 9 + (_sink_grad(ctx, -2, dsink), None)
 
 
 class _VarlenSaved(NamedTuple):

@@ -53,18 +53,19 @@ def _distinct(*tensors):
 
 
 def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-           deterministic, return_attn_probs, learnable_sink=None):
+           deterministic, return_attn_probs, learnable_sink=None, gather_kv_indices=None):
     """Check and run dense attention; ``names`` are the user's names for q, k, v."""
     opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
                                 softcap, deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, q.shape[2])
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, "alibi_slopes": alibi_slopes,
-                         "learnable_sink": learnable_sink})
+                         "learnable_sink": learnable_sink, "gather_kv_indices": gather_kv_indices})
     q, k, v = _distinct(q, k, v)
     return FlashAttnFunc.apply(q, k, v, opts.dropout_p, opts.softmax_scale, opts.causal,
                                opts.window_size, opts.softcap, alibi_slopes, opts.deterministic,
-                               opts.return_attn_probs, torch.is_grad_enabled(), learnable_sink)
+                               opts.return_attn_probs, torch.is_grad_enabled(), learnable_sink,
+                               gather_kv_indices)
 
 
 def _check_dense(q, k, v, q_name="q", k_name="k", v_name="v"):
@@ -205,7 +206,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, score_mod=None, score_mod_bwd=None,
                     mask_mod=None, aux_tensors=None, block_sparse_tensors=None,
-                    score_mod_grad=None, aux_grad=None, learnable_sink=None):
+                    score_mod_grad=None, aux_grad=None, learnable_sink=None,
+                    gather_kv_indices=None):
     """Attention of ``q [batch_size, seqlen_q, nheads, headdim]`` over ``k``, ``v``
     ``[batch_size, seqlen_k, nheads_k, headdim]`` (GQA/MQA: ``nheads`` a multiple of
     ``nheads_k``; query head ``h`` reads kv head ``h // (nheads // nheads_k)``).
@@ -231,8 +233,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``score_mod_grad`` and ``aux_grad``.  FlashAttention-4's ``learnable_sink``: float32
     ``(nheads,)`` attention-sink logits (gpt-oss; :func:`numba_flash.forward`), with a gradient
     when it requires grad (``softmax_lse`` then includes the sink).
+
+    FlashAttention-4's ``gather_kv_indices``: integer ``(batch_size, seqlen_q, topk)``, query
+    ``i`` sees only the keys its row lists (-1: none; token-sparse attention,
+    :func:`numba_flash.forward`'s ``kv_indices`` shared by every head), with autograd (the
+    backward: the dense kernels masked by the lists); not with dropout or the variant
+    arguments.
     """
     _check_dense(q, k, v)
+    if gather_kv_indices is not None:
+        checks.check_gather_indices(gather_kv_indices, q.shape[0], q.shape[1], dropout_p,
+                                    _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors,
+                                                 block_sparse_tensors, score_mod_grad,
+                                                 aux_grad))
     if _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
                     score_mod_grad, aux_grad):
         return _variant("bnhd", q, k, v, ("q", "k", "v"), (), (), dropout_p, softmax_scale,
@@ -240,7 +253,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                         return_attn_probs, score_mod, score_mod_bwd, mask_mod, aux_tensors,
                         block_sparse_tensors, score_mod_grad, aux_grad, learnable_sink)
     return _dense(q, k, v, ("q", "k", "v"), dropout_p, softmax_scale, causal, window_size,
-                  softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink)
+                  softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink,
+                  gather_kv_indices)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,

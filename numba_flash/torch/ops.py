@@ -6,7 +6,8 @@ Layouts are flash-attn's: dense ``[B, N, H, d]``, packed ``[total, H, d]``; ``ls
 ``[B, H, Nq]`` (dense) or ``[H, total_q]`` (packed), float32 (float64 for float64 inputs).
 ``rng_state`` is an int64 ``[1]`` CPU tensor holding the dropout seed (drawn by the forward
 from torch's generator, read back by the backward).  ``learnable_sink`` (float32 ``[H]`` or
-None, attention sinks) is every op's last argument; the backward ops return ``dsink`` fourth
+None, attention sinks) is every op's last argument (the dense ops': ``gather_kv_indices``, FA4's
+token-sparse lists ``[B, Nq, topk]`` or None, after it); the backward ops return ``dsink`` fourth
 (empty without a sink).  The ops take checked arguments (:mod:`numba_flash.torch.checks`); the
 front end checks the rest (values of ``cu_seqlens``, ``alibi_slopes``' and
 ``learnable_sink``'s dtype and shape) before any launch.
@@ -102,16 +103,18 @@ def _forward_op(q, dropout_p, return_softmax, run, s_dmask):
 def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float, causal: bool,
         window_size_left: int, window_size_right: int, softcap: float,
         alibi_slopes: Optional[Tensor], return_softmax: bool,
-        learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        learnable_sink: Optional[Tensor] = None, gather_kv_indices: Optional[Tensor] = None
+        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward`."""
     window = (window_size_left, window_size_right)
+    extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
 
     def run(seed):
         o, lse = numba_flash.forward(
             *(bridge.as_heads_first(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
-            learnable_sink=bridge.optional_array(learnable_sink))
+            learnable_sink=bridge.optional_array(learnable_sink), **extra)
         return bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
@@ -123,7 +126,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
 
 @fwd.register_fake
 def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-      alibi_slopes, return_softmax, learnable_sink=None):
+      alibi_slopes, return_softmax, learnable_sink=None, gather_kv_indices=None):
     b, nq, h, d = q.shape
     lse = q.new_empty((b, h, nq), dtype=_acc_dtype(q.dtype))
     s_dmask = q.new_empty((b, h, nq, k.shape[1]) if return_softmax else (0,))
@@ -135,24 +138,32 @@ def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_r
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
         dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
         window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-        deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None
-        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None,
+        gather_kv_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
     def arrays():
         return [*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
                 bridge.as_array(softmax_lse)]
 
+    sizes = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
     return _run_backward(numba_flash.backward, arrays, bridge.seq_first, q, learnable_sink,
                          (dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-                          softcap, alibi_slopes, deterministic, rng_state))
+                          softcap, alibi_slopes, deterministic, rng_state), **sizes)
 
 
 @bwd.register_fake
 def _(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal, window_size_left,
-      window_size_right, softcap, alibi_slopes, deterministic, rng_state, learnable_sink=None):
+      window_size_right, softcap, alibi_slopes, deterministic, rng_state, learnable_sink=None,
+      gather_kv_indices=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_dsink(
         learnable_sink, q)
+
+
+def _lists(gather_kv_indices):
+    """FA4's ``gather_kv_indices [B, Nq, topk]`` (one list per query token for every head) as
+    the front end's ``kv_indices [B, 1, Nq, topk]`` view."""
+    return bridge.as_array(gather_kv_indices)[:, None]
 
 
 def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, seed, dropout_p, scale, causal, window,

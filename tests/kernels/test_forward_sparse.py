@@ -92,3 +92,30 @@ def test_dense_only_options_and_bad_lists_are_named(rng):
         numba_flash.forward(q, k, k, kv_indices=idx.astype(np.float64))
     with pytest.raises(TypeError, match="q: expected dtype"):
         numba_flash.forward(q.astype(np.int32), k, k, kv_indices=idx)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_from_the_sparse_forward(rng, causal):
+    """numba_flash.backward(kv_indices=): the gradients of the token-sparse forward (the dense
+    backward kernels with the lists as their mask), with GQA, a sink and rows whose list is
+    empty, against reference.sparse_attention_backward."""
+    b, h, hkv, nq, nk, d, topk = 2, 4, 2, 5, 14, 16, 6
+    q = randn(rng, (b, h, nq, d), np.float64)
+    k = randn(rng, (b, hkv, nk, d), np.float64)
+    v = randn(rng, (b, hkv, nk, d), np.float64)
+    do = randn(rng, (b, h, nq, d), np.float64)
+    idx = lists(rng, b, hkv, nq, nk, topk)
+    idx[0, 1, 2] = -1                 # heads 2, 3 of token 2: no key
+    sink = rng.standard_normal(h).astype(np.float32)
+    kw = dict(causal=causal, learnable_sink=sink)
+    o, lse = numba_flash.forward(q, k, v, kv_indices=idx, return_lse=True, **kw)
+    got = numba_flash.backward(do, q, k, v, o, lse, kv_indices=idx, **kw)
+    want = ref.sparse_attention_backward(do, q, k, v, idx, **kw)
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
+        assert g.shape == np.shape(w)
+        assert_close(g, w, np.float64 if name != "dsink" else np.float32, name=name)
+    with pytest.raises(ValueError, match="mask_mod: expected None with kv_indices"):
+        numba_flash.backward(do, q, k, v, o, lse, kv_indices=idx,
+                             mask_mod=lambda b, h, i, j: True)
+    with pytest.raises(ValueError, match="kv_indices: expected each key at most once"):
+        numba_flash.backward(do, q, k, v, o, lse, kv_indices=np.zeros_like(idx))
