@@ -17,10 +17,11 @@ The forward (``numba_flash.forward(..., kv_indices=)``) runs as the token-sparse
 (:func:`numba_flash.decode` with ``kv_indices``): ``k`` and ``v`` read as a contiguous cache of
 ``Nk`` keys per sequence, a block per query token whose rows are the heads of one kv head
 (they share the list, as DSA's indexer and FlashMLA's sparse prefill have it), the list split
-over blocks, the key rows gathered into registers: ``O(Nq * topk)`` work.  The backward is not
-gathered yet: :func:`sparse_mask` gives the dense backward kernels the lists as a ``mask_mod``
-over a dense ``[B, G, Nq, Nk]`` table of listed keys (correct gradients, the dense ``O(Nq *
-Nk)`` work and memory).  The story and its machine-code count: docs/sparse-attention.md.
+over blocks, the key rows gathered into registers: ``O(Nq * topk)`` work.  The backward reads
+the listed keys too (:mod:`numba_flash.kernels.backward.sparse`); a ``deterministic`` one gets
+the lists as the dense kernels' ``mask_mod`` (:func:`sparse_mask`: a dense ``[B, G, Nq, Nk]``
+int8 table of listed keys, the dense ``O(Nq * Nk)`` work).  The story and its machine-code
+count: docs/sparse-attention.md.
 """
 
 from __future__ import annotations
@@ -132,12 +133,10 @@ def listed_table(kv_indices, nk, h):
     return listed, heads
 
 
-def sparse_mask(q, k, v, kv_indices, *, validate=None, **user):
-    """The backward of :func:`sparse_forward`'s lists: ``(mask_mod, aux_tensors)`` for the
-    dense backward (:func:`listed_keys` over :func:`listed_table`), the lists checked as the
-    forward checks them.  ``user``: the caller's ``mask_mod``, ``block_mask``, ``score_mod``,
-    ``aux_grad``, ``aux_tensors`` (each a ``ValueError`` naming it when given: the lists are
-    the mask)."""
+def check_sparse_options(**user):
+    """The backward's user arguments a token-sparse call does not take: ``mask_mod``,
+    ``block_mask``, ``score_mod``, ``aux_grad``, ``aux_tensors`` (each a ``ValueError`` naming
+    it when given: the lists are the mask)."""
     for name in ("mask_mod", "block_mask", "score_mod", "aux_grad"):
         if user.get(name) is not None:
             raise ValueError(f"{name}: expected None with kv_indices (the lists are the "
@@ -145,10 +144,28 @@ def sparse_mask(q, k, v, kv_indices, *, validate=None, **user):
     if tuple(user.get("aux_tensors") or ()) != ():
         raise ValueError("aux_tensors: expected () with kv_indices, got "
                          f"{len(user['aux_tensors'])} arrays")
-    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
-    check_kv_indices(kv_indices, s.b, s.hkv, s.nq)
+
+
+def validate_lists(kv_indices, b, hkv, nq, lengths, validate=None):
+    """:func:`check_kv_indices`, then (``validate``; default: host lists)
+    :func:`validate_kv_indices` against ``lengths``."""
+    check_kv_indices(kv_indices, b, hkv, nq)
     if validate is None:
         validate = not is_device_array(kv_indices)
     if validate:
-        validate_kv_indices(kv_indices, [s.nk] * s.b)
+        validate_kv_indices(kv_indices, lengths)
+
+
+def as_dtype(x, dtype):
+    """A compute-type result (NumPy or CuPy) in the inputs' element type."""
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+def sparse_mask(q, k, v, kv_indices, *, validate=None, **user):
+    """The deterministic backward of :func:`sparse_forward`'s lists: ``(mask_mod,
+    aux_tensors)`` for the dense backward (:func:`listed_keys` over :func:`listed_table`), the
+    lists and ``user`` (:func:`check_sparse_options`) checked as the forward checks them."""
+    check_sparse_options(**user)
+    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
+    validate_lists(kv_indices, s.b, s.hkv, s.nq, [s.nk] * s.b, validate)
     return listed_keys, listed_table(kv_indices, s.nk, s.h)

@@ -15,7 +15,15 @@ from ..frontend.variants import check_sink
 from ..frontend.aux_grad import aux_gradients, prepare_aux_grad
 from ..frontend.kernel_choice import choose_backward_kernel
 from ..frontend.backward_launch import launch_backward, sink_gradient
-from ..frontend.sparse import sparse_mask
+from ..frontend.sparse import (
+    as_dtype, check_sparse_options, kernel_indices, sparse_mask, validate_lists,
+)
+from ..frontend.kernel_args import kernel_variant
+from ..frontend.sim_time import SimWork
+from ..frontend.validate import array_info
+from ..kernels.backward.config import sparse_backward_config
+from ..kernels.backward.sparse import sparse_backward_kernel
+from ..kernels.core.common import acc_dtype, cdiv
 
 
 def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, deterministic=False,
@@ -78,13 +86,23 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     (float32 ``[H]``, the sink's kind).
 
     ``kv_indices``: the token-sparse forward's lists (:func:`numba_flash.forward`): the
-    gradients of that forward.  Not gathered yet: the dense kernels with the lists as a
-    ``mask_mod`` (:func:`numba_flash.frontend.sparse.sparse_mask`; ``O(Nq * Nk)`` work and a
-    dense int8 table of listed keys); not with a ``score_mod``, ``mask_mod`` or ``block_mask``.
+    gradients of that forward, from the listed keys only (:mod:`numba_flash.kernels.backward.
+    sparse`: ``dk`` / ``dv`` added with atomics, the SIMT kernel); with ``deterministic=True``
+    the dense kernels with the lists as their ``mask_mod`` instead (bitwise reproducible, the
+    dense ``O(Nq * Nk)`` work and an int8 table of listed keys,
+    :func:`numba_flash.frontend.sparse.sparse_mask`).  Not with dropout, a ``score_mod``,
+    ``mask_mod`` or ``block_mask``.
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
-    if kv_indices is not None:   # (not gathered yet: the lists as the dense kernels' mask)
+    if kv_indices is not None and not deterministic:   # the gathering kernel
+        return _sparse_backward(do, q, k, v, o, lse, kv_indices, causal=causal,
+                                softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed,
+                                window_size=window_size, softcap=softcap,
+                                alibi_slopes=alibi_slopes, kernel=kernel, score_mod=score_mod,
+                                mask_mod=mask_mod, block_mask=block_mask, aux_grad=aux_grad,
+                                aux_tensors=aux_tensors, learnable_sink=learnable_sink)
+    if kv_indices is not None:   # deterministic: the dense kernels, the lists as their mask
         mask_mod, aux_tensors = sparse_mask(q, k, v, kv_indices, mask_mod=mask_mod,
                                             block_mask=block_mask, score_mod=score_mod,
                                             aux_grad=aux_grad, aux_tensors=aux_tensors)
@@ -118,3 +136,43 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     return tuple(grads) + aux_gradients(aux, do, q, k, v, o, lse, max_nq=a.nq, max_nk=a.nk,
                                         dtype=a.dtype, scale=a.scale, left=a.left,
                                         right=a.right, softcap=a.softcap, alibi=a.alibi)
+
+
+def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, dropout_p,
+                     seed, window_size, softcap, alibi_slopes, kernel, learnable_sink, **user):
+    """:func:`backward` with ``kv_indices``, not ``deterministic``: the lists checked as the
+    forward checks them (:func:`~numba_flash.frontend.sparse.sparse_mask`'s rules), then the
+    token-sparse kernel (:mod:`numba_flash.kernels.backward.sparse`): ``dq`` written per block,
+    ``dk`` / ``dv`` summed in compute-type buffers (atomics) and cast to the inputs' dtype."""
+    check_sparse_options(**user)
+    if dropout_p:
+        raise ValueError(f"dropout_p: expected 0.0 with kv_indices (the token-sparse forward "
+                         f"takes no dropout), got {dropout_p!r}")
+    if kernel not in ("auto", "simt"):
+        raise ValueError(f"kernel: expected 'auto' or 'simt' with kv_indices (the token-sparse "
+                         f"backward is a SIMT kernel), got {kernel!r}")
+    a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, False, 0.0, seed,
+                            window_size, softcap, alibi_slopes, None, None, None, None, ())
+    sink = check_sink(learnable_sink, a.h)
+    validate_lists(kv_indices, a.b, a.hkv, a.nq, [a.nk] * a.b)
+    acc_t = acc_dtype(a.dtype)
+    call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
+                      "kv_indices": kv_indices})
+    ins = [call.input(x) for x in (q, k, v, o, do, lse)]
+    dq = call.empty((a.b, a.h, a.nq, a.d), a.dtype)
+    dk_acc = call.zeros((a.b, a.hkv, a.nk, a.d), acc_t)
+    dv_acc = call.zeros((a.b, a.hkv, a.nk, a.d_v), acc_t)
+    cfg = sparse_backward_config(max(a.d, a.d_v), a.dtype, softcap=a.softcap > 0.0,
+                                 alibi=a.alibi is not None)
+    va = kernel_variant(call, acc_t, a.scale, a.left, a.right, a.softcap, a.alibi)
+    topk = int(array_info("kv_indices", kv_indices)[0][3])
+    blocks = a.b * a.hkv * a.nq * cdiv(a.h // a.hkv, cfg.ROWS)
+    call.launch(sparse_backward_kernel(cfg), (blocks,), (cfg.THREADS,), *ins,
+                kernel_indices(call, kv_indices), dq, dk_acc, dv_acc, va,
+                work=SimWork("backward", blocks * max(topk, cfg.THREADS) * cfg.ROWS,
+                             blocks * cfg.ROWS * cfg.HEAD_DIM))
+    grads = (call.result(dq), as_dtype(call.result(dk_acc), a.dtype),
+             as_dtype(call.result(dv_acc), a.dtype))
+    if sink is not None:
+        grads += (sink_gradient(do, o, lse, sink),)
+    return grads

@@ -163,26 +163,26 @@ def wgmma_goal_config(c):
 
 
 def in_suite(cfg):
-    """Whether the test suite's compile tier builds this configuration (``numba-flash
-    compile-check`` and docs/resources.md build every one).  The selection keeps every static
-    goal and one build of each kernel family's code paths, so the suite stays fast on two
-    cores: the families with a configuration named tuple (``cfg["config"]``:
-    :mod:`numba_flash.kernels.core.config`) are selected by its fields, never by name, so a retuned
-    tile stays in.  In: the static goals (:func:`goal_config`, :func:`wgmma_goal_config`);
-    the tensor-core forward's every-flag float16 build at ``HEAD_DIM`` 128; decode at 128,
-    paged, 16-byte loads, in float16 (plain, a user's variant, the e4m3 caches, the token-sparse
-    gather) and float32; the SIMT
-    forward in float32 at 64 (also element-wise loads), 128 and 256, in float64 at 64,
-    bfloat16 with every flag, a user's variant and the varlen paged prefill once each; MLA's
-    decode in float16; by name, the teaching kernels at d = 64, the SIMT backward at d = 64
-    in float32 (plain and dropout), float16 (the float32 kernel with 16-bit element loads)
-    and float64 and at 128 in float32, its row-mass kernel at 64, the wgmma probes' chained
-    products; every small kernel (softmax, merge, rotary, the KV cache, the stage probes).
-    Out: the rest, among them the SIMT forward at head dims 16 and 32, its plain float16 and
-    non-paged varlen builds, decode in bfloat16 and float64 and MLA's decode in bfloat16, whose
-    code the kept builds compile.  The selection's size: docs/compile-tier.md; its build time
-    with and without :mod:`numba_flash.numba_inline`: README.md."""
-    from numba_flash.kernels.backward.config import BackwardMmaConfig
+    """Whether the test suite's compile tier builds this configuration
+    (``numba-flash compile-check`` and docs/resources.md build every one). The selection keeps
+    every static goal and one build of each kernel family's code paths, so the suite stays fast
+    on two cores: the families with a configuration named tuple (``cfg["config"]``:
+    :mod:`numba_flash.kernels.core.config`) are selected by its fields, never by name, so a
+    retuned tile stays in. In: the static goals (:func:`goal_config`,
+    :func:`wgmma_goal_config`); the tensor-core forward's every-flag float16 build at
+    ``HEAD_DIM`` 128; decode at 128, paged, 16-byte loads, in float16 (plain, a user's variant,
+    the e4m3 caches, the token-sparse gather) and float32; the SIMT forward in float32 at 64
+    (also element-wise loads), 128 and 256, in float64 at 64, bfloat16 with every flag, a user's
+    variant and the varlen paged prefill once each; MLA's decode in float16; the token-sparse
+    backward with softcap and ALiBi; by name, the teaching kernels at d = 64, the SIMT backward
+    at d = 64 in float32 (plain and dropout), float16 (the float32 kernel with 16-bit element
+    loads) and float64 and at 128 in float32, its row-mass kernel at 64, the wgmma probes'
+    chained products; every small kernel (softmax, merge, rotary, the KV cache, the stage
+    probes). Out: the rest, among them the SIMT forward at head dims 16 and 32, its plain
+    float16 and non-paged varlen builds, decode in bfloat16 and float64 and MLA's decode in
+    bfloat16, whose code the kept builds compile. The selection's size: docs/compile-tier.md;
+    its build time with and without :mod:`numba_flash.numba_inline`: README.md."""
+    from numba_flash.kernels.backward.config import BackwardMmaConfig, SparseBackwardConfig
     from numba_flash.kernels.decode.config import DecodeConfig
     from numba_flash.kernels.forward.config import (
         ForwardSimtConfig, ForwardMmaConfig, ForwardWgmmaConfig,
@@ -195,6 +195,8 @@ def in_suite(cfg):
         if isinstance(c, BackwardMmaConfig):   # the goals alone (a dK/dV build is minutes)
             return goal_config(c)
         return goal_config(c) or (_every_flag(c) and c.HEAD_DIM == 128 and c.DTYPE == "float16")
+    if isinstance(c, SparseBackwardConfig):   # the token-sparse backward: every flag, once
+        return c.SOFTCAP and c.ALIBI
     if isinstance(c, DecodeConfig):   # float16 (the goal) and a user's variant; float32
         if not (c.HEAD_DIM == 128 and c.VEC and c.PAGED and not (c.SOFTCAP or c.ALIBI)):
             return False

@@ -95,10 +95,11 @@ def test_dense_only_options_and_bad_lists_are_named(rng):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_from_the_sparse_forward(rng, causal):
-    """numba_flash.backward(kv_indices=): the gradients of the token-sparse forward (the dense
-    backward kernels with the lists as their mask), with GQA, a sink and rows whose list is
-    empty, against reference.sparse_attention_backward."""
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_from_the_sparse_forward(rng, causal, deterministic):
+    """numba_flash.backward(kv_indices=): the gradients of the token-sparse forward (the
+    gathering kernel; deterministic: the dense kernels with the lists as their mask), with
+    GQA, a sink and rows whose list is empty, against reference.sparse_attention_backward."""
     b, h, hkv, nq, nk, d, topk = 2, 4, 2, 5, 14, 16, 6
     q = randn(rng, (b, h, nq, d), np.float64)
     k = randn(rng, (b, hkv, nk, d), np.float64)
@@ -109,7 +110,8 @@ def test_backward_from_the_sparse_forward(rng, causal):
     sink = rng.standard_normal(h).astype(np.float32)
     kw = dict(causal=causal, learnable_sink=sink)
     o, lse = numba_flash.forward(q, k, v, kv_indices=idx, return_lse=True, **kw)
-    got = numba_flash.backward(do, q, k, v, o, lse, kv_indices=idx, **kw)
+    got = numba_flash.backward(do, q, k, v, o, lse, kv_indices=idx, deterministic=deterministic,
+                               **kw)
     want = ref.sparse_attention_backward(do, q, k, v, idx, **kw)
     for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
         assert g.shape == np.shape(w)
@@ -119,3 +121,51 @@ def test_backward_from_the_sparse_forward(rng, causal):
                              mask_mod=lambda b, h, i, j: True)
     with pytest.raises(ValueError, match="kv_indices: expected each key at most once"):
         numba_flash.backward(do, q, k, v, o, lse, kv_indices=np.zeros_like(idx))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gathered_backward_variants_and_chunks(rng, dtype):
+    """The gathering backward with a window, softcap, ALiBi, a value head dim of its own, a
+    GQA group of 12 (two chunks of 8 rows, the second partial) and lists of 11 (more entries
+    than the simulator block's 8 threads); float16/float32 at the dtype's bound."""
+    b, h, hkv, nq, nk, d, d_v, topk = 1, 12, 1, 4, 17, 16, 8, 11
+    q = randn(rng, (b, h, nq, d), dtype)
+    k = randn(rng, (b, hkv, nk, d), dtype)
+    v = randn(rng, (b, hkv, nk, d_v), dtype)
+    do = randn(rng, (b, h, nq, d_v), dtype)
+    idx = lists(rng, b, hkv, nq, nk, topk)
+    slopes = rng.uniform(0.1, 0.4, h).astype(np.float32)
+    kw = dict(window_size=(9, 1), softcap=3.0, alibi_slopes=slopes)
+    o, lse = numba_flash.forward(q, k, v, kv_indices=idx, return_lse=True, **kw)
+    got = numba_flash.backward(do, q, k, v, o, lse, kv_indices=idx, **kw)
+    want = ref.sparse_attention_backward(do, q, k, v, idx, **kw)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.dtype == np.dtype(dtype) and g.shape == w.shape
+        assert_close(g, w, dtype, scale=4.0, name=name)
+
+
+def test_gathered_backward_unvalidated_bad_entry_is_nan_dq(rng):
+    """validate=False lists (device-style): an entry past Nk is never dereferenced, its token's
+    dq rows are NaN; the other token's rows and every dk, dv stay exact."""
+    b, h, nq, nk, d = 1, 2, 2, 6, 16
+    q, k, v, do = (randn(rng, s, np.float64) for s in ((b, h, nq, d), (b, 1, nk, d),
+                                                       (b, 1, nk, d), (b, h, nq, d)))
+    good = np.array([[[[0, 3, -1], [1, 5, 2]]]], np.int32)
+    o, lse = numba_flash.forward(q, k, v, kv_indices=good, return_lse=True)
+    bad = good.copy()
+    bad[0, 0, 0, 2] = 99
+    dq, dk, dv = _unvalidated_backward(do, q, k, v, o, lse, bad)
+    want = ref.sparse_attention_backward(do, q, k, v, good)
+    assert np.isnan(dq[0, :, 0]).all()
+    assert_close(dq[:, :, 1], want[0][:, :, 1], np.float64, name="dq")
+    assert_close(dk, want[1], np.float64, name="dk")
+    assert_close(dv, want[2], np.float64, name="dv")
+
+
+def _unvalidated_backward(do, q, k, v, o, lse, lists):
+    """The backward of ``lists`` without the host's value checks (as a device call makes it)."""
+    from numba_flash.frontend import sparse
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sparse, "validate_kv_indices", lambda *a, **kw: None)
+        return numba_flash.backward(do, q, k, v, o, lse, kv_indices=lists)

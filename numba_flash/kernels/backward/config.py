@@ -1,10 +1,13 @@
 """The backward's kernel configurations: the SIMT kernels' (:class:`BackwardSimtConfig`; their
 tile choices, :data:`~numba_flash.kernels.backward.config.GPU_TILES`) and the tensor-core kernels'
-(:class:`BackwardMmaConfig`), each tile choice commented with the limit it hits.  Shared limits
+(:class:`BackwardMmaConfig`) and the token-sparse backward's (:class:`SparseBackwardConfig`), each
+tile choice commented with the limit it hits.  Shared limits
 and helpers: :mod:`numba_flash.kernels.core.config`.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ...backend import on_simulator
 from ..core.common import padded_head_dim
@@ -290,3 +293,38 @@ def backward_mma_config(head_dim, kind, dtype="float16", simulator=None, head_di
                              HEAD_DIM=round16(head_dim), STAGES=stages, DTYPE=dtype, OWN_V=True,
                              HEAD_DIM_V=round16(head_dim_v),
                              PAD_COLS=bool(head_dim % 16 or head_dim_v % 16), **flags)
+
+
+# -- the token-sparse backward ------------------------------------------------------------------
+@kernel_config
+class SparseBackwardConfig(KernelConfig):
+    """The token-sparse backward's configuration (:mod:`numba_flash.kernels.backward.sparse`):
+    blocks of ``THREADS`` threads, each block the ``ROWS`` query heads of one token and kv head
+    (they share the list), ``dq`` accumulated in shared ``[ROWS, HEAD_DIM]``; flags ``SOFTCAP``,
+    ``ALIBI``."""
+
+    THREADS: int
+    ROWS: int
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+
+
+#: GPU block: 4 warps, a list entry a thread (DSA's top-k, 2048, is 16 entries a thread)
+SPARSE_BWD_THREADS = 128
+#: the simulator's: few Python threads, but more than one entry each and a partial last chunk
+SIM_SPARSE_BWD_THREADS = 8
+#: query heads a block holds: the shared dq accumulator, ROWS x HEAD_DIM compute words, is 8 KiB
+#: at 8 x 256 float32 (16 KiB in float64): far from the 48 KiB limit, and a GQA group of 8 (or a
+#: chunk of MLA's 128 heads) in one block reads each listed key once per 8 rows
+SPARSE_BWD_ROWS = 8
+
+
+def sparse_backward_config(head_dim, dtype, softcap=False, alibi=False, simulator=None):
+    """The :class:`SparseBackwardConfig` of a call: ``HEAD_DIM`` the next power of two of
+    ``max(d, d_v)`` (at least 16), the dtype's name, the flags."""
+    if simulator is None:
+        simulator = on_simulator()
+    return SparseBackwardConfig(
+        THREADS=SIM_SPARSE_BWD_THREADS if simulator else SPARSE_BWD_THREADS,
+        ROWS=SPARSE_BWD_ROWS, HEAD_DIM=max(16, 1 << (int(head_dim) - 1).bit_length()),
+        DTYPE=np.dtype(dtype).name, SOFTCAP=bool(softcap), ALIBI=bool(alibi))

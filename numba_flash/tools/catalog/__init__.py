@@ -13,6 +13,7 @@ SOURCES = (
     backward.aux_grad_configs,
     backward.simt_configs,
     backward.mma_configs,
+    backward.sparse_configs,
     decode.split_kv_configs,
     ptx.elements_configs,
     ptx.fp8_configs,

@@ -1,5 +1,5 @@
-"""The backward kernels' compile-tier configurations: the SIMT backward, mma.sync and the user-
-function gradients."""
+"""The backward kernels' compile-tier configurations: the SIMT backward, mma.sync, the
+token-sparse backward and the user-function gradients."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from numba_flash.kernels.backward.config import backward_simt_config
 from numba_flash.kernels.backward import mma
 from numba_flash.kernels.backward import config as bconfig
 from numba_flash.kernels.backward import simt
+from numba_flash.kernels.backward import sparse
 
 
 def _example_user(dtype):
@@ -141,3 +142,25 @@ def _user_build():
 
     return (device_function(biased), device_function(documents), device_function(biased_grad),
             (128, 128))
+
+
+def sparse_configs():
+    """The token-sparse backward (:mod:`numba_flash.kernels.backward.sparse`) at ``HEAD_DIM =
+    128``: float16 plain and with softcap and ALiBi, float32 plain (the head dim and the flags
+    are the only constants; float64 and bfloat16 are the same source)."""
+    for dtype, flags in ((np.dtype(np.float16), {}),
+                         (np.dtype(np.float16), {"softcap": True, "alibi": True}),
+                         (np.dtype(np.float32), {})):
+        cfg = bconfig.sparse_backward_config(128, dtype, simulator=False, **flags)
+        acc = acc_dtype(dtype)
+        a4 = numba_array_type(dtype, 4)
+        acc4 = numba_array_type(acc, 4)
+        tag = "".join(f" {f}" for f in flags)
+        yield {"name": f"backward sparse T{cfg.THREADS} R{cfg.ROWS} D{cfg.HEAD_DIM} "
+                       f"{dtype.name}{tag}",
+               "config": cfg,
+               "kernel": sparse.sparse_backward_kernel(cfg),
+               "args": (a4, a4, a4, a4, a4, numba_array_type(acc, 3),
+                        numba_array_type(np.int32, 4), a4, acc4, acc4,
+                        variant_type(compute_type(dtype), False)),
+               "float64_ok": False}
