@@ -169,3 +169,60 @@ def sparse_mask(q, k, v, kv_indices, *, validate=None, **user):
     s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
     validate_lists(kv_indices, s.b, s.hkv, s.nq, [s.nk] * s.b, validate)
     return listed_keys, listed_table(kv_indices, s.nk, s.h)
+
+
+def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, block_table,
+                          causal, softmax_scale, return_lse, window_size, softcap, alibi_slopes,
+                          learnable_sink, validate, **dense_only):
+    """:func:`numba_flash.forward_varlen` with ``kv_indices`` (integer ``[total_q, Hkv or 1,
+    topk]``: query row ``r``'s keys, positions within its sequence).  Run as the token-sparse
+    decode of a padded batch: ``q`` right-aligned into ``[B, H, max_q, d]`` (row ``i`` of
+    sequence ``b`` at ``max_q - nq_b + i``, so the bottom-right alignment of each sequence
+    holds: its key column is ``i + nk_b - nq_b``), the padded rows listing no key; packed
+    ``k`` / ``v`` read in place as a paged cache of one-key pages (a ``[B, max_k]`` table of
+    packed rows, ``cu_seqlens_k[b] + t``), or through the caller's ``block_table``.  Returns
+    ``o [total_q, H, d_v]`` (and ``lse [H, total_q]``)."""
+    for name, off in _DENSE_ONLY.items():
+        given = dense_only.get(name, off)
+        if name in dense_only and not (given is off or (isinstance(off, (tuple, float))
+                                                       and given == off)):
+            raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
+                             f"runs the gathering decode kernel), got {given!r}")
+    xp = array_module(q)
+    qs = array_info("q", q)[0]       # (q, k, v and cu_seqlens checked by forward_varlen)
+    cu_q = np.asarray(host_ints(cu_seqlens_q), np.int64)
+    cu_k = np.asarray(host_ints(cu_seqlens_k), np.int64)
+    n_seq = len(cu_q) - 1
+    len_q, len_k = np.diff(cu_q), np.diff(cu_k)
+    shape, _ = array_info("kv_indices", kv_indices)
+    if len(shape) != 3 or shape[0] != qs[0]:
+        raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = [{qs[0]}, "
+                         f"Hkv or 1, topk] with cu_seqlens, got {list(shape)}")
+    max_q = max(1, int(len_q.max(initial=0)))
+    seq_of = np.repeat(np.arange(n_seq), len_q)                 # each packed row's sequence
+    pos = max_q - len_q[seq_of] + (np.arange(qs[0]) - cu_q[seq_of])   # its padded row
+    at = (xp.asarray(seq_of), xp.asarray(pos))
+    q_pad = xp.zeros((n_seq, max_q) + tuple(qs[1:]), q.dtype)
+    q_pad[at] = q
+    lists = xp.full((n_seq, max_q) + tuple(shape[1:]), -1, np.int32)
+    lists[at] = xp.asarray(kv_indices).astype(np.int64).clip(-2, np.iinfo(np.int32).max)
+    if block_table is None:   # packed rows as one-key pages: no copy of k or v
+        ks = array_info("k", k)[0]
+        k_cache = k.reshape(ks[0], ks[1], 1, ks[2])
+        v_cache = v.reshape(ks[0], ks[1], 1, array_info("v", v)[0][2])
+        table = np.zeros((n_seq, max(1, int(len_k.max(initial=0)))), np.int32)
+        for b in range(n_seq):
+            table[b, :len_k[b]] = cu_k[b] + np.arange(len_k[b])
+        block_table = xp.asarray(table)
+    else:
+        k_cache, v_cache = k, v
+    decode = importlib.import_module("numba_flash.ops.decode").decode
+    o, lse = decode(xp.ascontiguousarray(q_pad.transpose(0, 2, 1, 3)), k_cache, v_cache,
+                    cache_seqlens=xp.asarray(len_k.astype(np.int32)), block_table=block_table,
+                    causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                    softcap=softcap, alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+                    return_lse=True, validate=validate,
+                    kv_indices=xp.ascontiguousarray(lists.transpose(0, 2, 1, 3)), kernel="simt")
+    o = o.transpose(0, 2, 1, 3)[at]
+    lse = xp.ascontiguousarray(lse.transpose(0, 2, 1)[at].T)
+    return (o, lse) if return_lse else o

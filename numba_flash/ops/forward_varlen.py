@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info,
@@ -137,7 +138,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                    softmax_scale=None, dropout_p=0.0, seed=0, return_lse=False,
                    block_table=None, validate=None, score_mod=None, mask_mod=None,
-                   block_mask=None, aux_tensors=(), learnable_sink=None):
+                   block_mask=None, aux_tensors=(), learnable_sink=None, kv_indices=None):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -197,6 +198,12 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     never calls the functions there).  EMPTY tiles are never loaded, as in ``forward``.  A
     variant runs on the SIMT forward (the only varlen kernel), the paged prefill
     (``block_table``) included.
+
+    ``kv_indices`` (token-sparse, as :func:`numba_flash.forward`'s): integer ``[total_q, Hkv or
+    1, topk]``, packed row ``r``'s keys as positions within its sequence (-1: none), with or
+    without ``block_table``; the gathering decode kernel over a right-aligned padded copy of
+    ``q`` (:func:`numba_flash.frontend.sparse.sparse_forward_varlen`; ``k`` and ``v`` read in
+    place).  Not with dropout or the user's functions.
     """
     paged = block_table is not None
     if paged:
@@ -216,6 +223,13 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     b = len(len_q)
     if paged:
         _check_block_table(block_table, b)
+    if kv_indices is not None:   # token-sparse: the gathering decode kernel, padded rows
+        return sparse_forward_varlen(
+            q, k, v, cu_q, cu_k, kv_indices, block_table=block_table, causal=causal,
+            softmax_scale=softmax_scale, return_lse=return_lse, window_size=window_size,
+            softcap=softcap, alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+            validate=validate, dropout_p=dropout_p, score_mod=score_mod, mask_mod=mask_mod,
+            block_mask=block_mask, aux_tensors=aux_tensors)
     if validate is None:
         validate = not is_device_array(q)
     validate = check_bool("validate", validate)

@@ -169,3 +169,72 @@ def _unvalidated_backward(do, q, k, v, o, lse, lists):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sparse, "validate_kv_indices", lambda *a, **kw: None)
         return numba_flash.backward(do, q, k, v, o, lse, kv_indices=lists)
+
+
+def _varlen_reference(q, k, v, cu_q, cu_k, idx, **kw):
+    """Each sequence's reference.sparse_attention, packed back: ``(o, lse [H, total_q])``."""
+    o = np.zeros(q.shape[:2] + v.shape[-1:])
+    lse = np.zeros((q.shape[1], q.shape[0]))
+    for b in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if rows.stop == rows.start:
+            continue
+        ob, lb = ref.sparse_attention(q[rows].transpose(1, 0, 2)[None],
+                                      k[keys].transpose(1, 0, 2)[None],
+                                      v[keys].transpose(1, 0, 2)[None],
+                                      idx[rows].transpose(1, 0, 2)[None], **kw)
+        o[rows], lse[:, rows] = ob[0].transpose(1, 0, 2), lb[0]
+    return o, lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_packed_lists(rng, causal):
+    """forward_varlen(kv_indices=): ragged sequences (one with no query row), GQA, lists per kv
+    head, causal aligned per sequence; the unlisted keys of every sequence NaN."""
+    h, hkv, d, topk = 4, 2, 16, 5
+    len_q, len_k = np.array([3, 0, 6, 2]), np.array([7, 4, 9, 2])
+    cu_q = np.concatenate([[0], np.cumsum(len_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(len_k)]).astype(np.int32)
+    q = randn(rng, (cu_q[-1], h, d), np.float32)
+    k = randn(rng, (cu_k[-1], hkv, d), np.float32)
+    v = randn(rng, (cu_k[-1], hkv, d), np.float32)
+    idx = np.full((cu_q[-1], hkv, topk), -1, np.int32)
+    named = np.zeros(cu_k[-1], bool)
+    for b in range(len(len_q)):
+        for r in range(cu_q[b], cu_q[b + 1]):
+            for g in range(hkv):
+                m = int(rng.integers(0, min(topk, len_k[b]) + 1))
+                idx[r, g, :m] = rng.choice(len_k[b], m, replace=False)
+                named[cu_k[b] + idx[r, g, :m]] = True
+    k[~named], v[~named] = np.nan, np.nan
+    o, lse = numba_flash.forward_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=6, max_seqlen_k=9,
+                                        kv_indices=idx, causal=causal, return_lse=True)
+    want_o, want_lse = _varlen_reference(q, k, v, cu_q, cu_k, idx, causal=causal)
+    assert o.shape == q.shape and lse.shape == (h, cu_q[-1])
+    check(o, lse, want_o, want_lse, np.float32)
+    with pytest.raises(ValueError, match=r"kv_indices: expected entries in \[-1"):
+        numba_flash.forward_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=6, max_seqlen_k=9,
+                                   kv_indices=idx + 9)
+
+
+def test_varlen_lists_over_a_paged_cache(rng):
+    """forward_varlen(kv_indices=, block_table=): the paged prefill's keys through shuffled
+    pages (stale slots NaN), against the same lists over the keys gathered into packed rows."""
+    from test_decode_kernel import paged_cache
+
+    h, d, topk = 2, 16, 4
+    len_q, len_k = np.array([2, 3]), np.array([6, 11])
+    cu_q = np.concatenate([[0], np.cumsum(len_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(len_k)]).astype(np.int32)
+    k_cache, v_cache, table = paged_cache(rng, 2, 1, d, len_k, 4, np.float32)
+    q = randn(rng, (cu_q[-1], h, d), np.float32)
+    idx = np.full((cu_q[-1], 1, topk), -1, np.int32)
+    for b in range(2):
+        for r in range(cu_q[b], cu_q[b + 1]):
+            idx[r, 0, :3] = rng.choice(len_k[b], 3, replace=False)
+    o, lse = numba_flash.forward_varlen(q, k_cache, v_cache, cu_q, cu_k, max_seqlen_q=3,
+                                        max_seqlen_k=11, block_table=table, kv_indices=idx,
+                                        causal=True, return_lse=True)
+    packed = [np.concatenate([ref.gather_paged(c, table, n, b).transpose(1, 0, 2)
+                              for b, n in enumerate(len_k)]) for c in (k_cache, v_cache)]
+    check(o, lse, *_varlen_reference(q, *packed, cu_q, cu_k, idx, causal=True), np.float32)
