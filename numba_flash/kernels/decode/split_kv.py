@@ -325,6 +325,38 @@ def make_key_loads(cfg):
             step_ok = step_ok and key_ok[u] != 0
         return step_ok, bad
 
+    @_stage
+    def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d, d_v):
+        """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``
+        (V: ``d_v``, its own head dim or ``d``; ``VEC`` builds have ``d == d_v == HEAD_DIM``,
+        or an MLA cache read twice, where V's columns past ``d_v`` are loaded and never
+        written out): a dead or bad key reads nothing and keeps its stale registers (its p is
+        "not seen")."""
+        if VEC and step_ok:                   # every key readable: one branch, no test per key
+            for u in range(U):
+                load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        elif VEC:                             # each key on its own
+            for u in range(U):
+                if key_ok[u] != 0:
+                    load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        else:                                 # padded head dim: element loads, zero past d
+            for u in range(U):
+                ok = key_ok[u] != 0
+                kv_row = key_at[u]
+                for j in range(DPL):
+                    c = col0 + COL[j]
+                    kv = ZERO
+                    vv = ZERO
+                    if ok and c < d:
+                        kv = load(k_cache[kv_row, c])
+                        if not OWN_V:
+                            vv = load(v_cache[kv_row, c])
+                    if OWN_V and ok and c < d_v:
+                        vv = load(v_cache[kv_row, c])
+                    k_reg[u * DPL + j] = kv
+                    v_reg[u * DPL + j] = vv
+    # [/docs:decode-tile-load]
+
     # [docs:decode-gather]
     @_stage
     def resolve_key(listed, block_table, b, t, lo32, hi32, seqlen, n_cache_blocks, block_size,
@@ -393,38 +425,6 @@ def make_key_loads(cfg):
             step_ok = step_ok and pos >= 0
         return step_ok
     # [/docs:decode-gather]
-
-    @_stage
-    def load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, col0, d, d_v):
-        """My group's K and V rows into registers, ``LANES`` lanes side by side along ``d``
-        (V: ``d_v``, its own head dim or ``d``; ``VEC`` builds have ``d == d_v == HEAD_DIM``,
-        or an MLA cache read twice, where V's columns past ``d_v`` are loaded and never
-        written out): a dead or bad key reads nothing and keeps its stale registers (its p is
-        "not seen")."""
-        if VEC and step_ok:                   # every key readable: one branch, no test per key
-            for u in range(U):
-                load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
-        elif VEC:                             # each key on its own
-            for u in range(U):
-                if key_ok[u] != 0:
-                    load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
-        else:                                 # padded head dim: element loads, zero past d
-            for u in range(U):
-                ok = key_ok[u] != 0
-                kv_row = key_at[u]
-                for j in range(DPL):
-                    c = col0 + COL[j]
-                    kv = ZERO
-                    vv = ZERO
-                    if ok and c < d:
-                        kv = load(k_cache[kv_row, c])
-                        if not OWN_V:
-                            vv = load(v_cache[kv_row, c])
-                    if OWN_V and ok and c < d_v:
-                        vv = load(v_cache[kv_row, c])
-                    k_reg[u * DPL + j] = kv
-                    v_reg[u * DPL + j] = vv
-    # [/docs:decode-tile-load]
 
     return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, resolve_key, gather_keys,
                     share_keys, load_keys)
