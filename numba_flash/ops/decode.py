@@ -218,8 +218,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       reads only the listed rows (a block per query token, its heads sharing the list; the
       splits divide the list).  Validated: entries in ``[-1, L)`` (``L`` after the append), no
       key twice in a list (:mod:`numba_flash.frontend.sparse`); without validation a bad
-      entry makes its token's rows NaN.  The SIMT kernel (``kernel="mma"`` is a
-      ``ValueError``).  The reference: :func:`numba_flash.reference.sparse_attention`.
+      entry makes its token's rows NaN.  The SIMT kernel, or MLA's tensor-core one (a tile of
+      16 list entries gathered into shared memory, each through its page).  The reference:
+      :func:`numba_flash.reference.sparse_attention`.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
@@ -316,7 +317,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
             call, dev.q, dev.k, dev.table, dev.paged, dev.lengths, dev.leftpad, plan.mla,
             shape=MlaShape(s.b, s.h, s.hkv, s.nq, s.d, s.d_v),
             dtype=s.dtype, scale=opts.scale, window=(plan.left, plan.right), sink=opts.sink,
-            n_cache=s.n_cache, n_slots=s.n_slots, lengths=lengths)
+            n_cache=s.n_cache, n_slots=s.n_slots,
+            lengths=lengths if s.topk is None else [s.topk] * s.b,
+            lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices))
         return _outputs(call, s, o, lse, opts.return_lse)
     o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
@@ -500,7 +503,7 @@ def _check_options(s, arrays, q, k_cache, *, causal, return_lse, softmax_scale, 
         alibi = _alibi(alibi_slopes, s.b, s.h, check_values=validate or not on_device)
     sink = check_sink(learnable_sink, s.h, check_values=validate or not on_device)
     mla_mma = _mla_kernel(kernel, s.latent, s.dtype, s.d, s.d_v, softcap, alibi_slopes, variant,
-                          (q, k_cache), gather=s.topk is not None)
+                          (q, k_cache))
     return DecodeOptions(causal, return_lse, scale, window, softcap, num_splits, variant,
                          validate, alibi, sink, mla_mma)
 
@@ -583,7 +586,8 @@ def _launch_plan(s, opts, capacity):
     left, right = window_bounds(opts.causal, clamp_window(*opts.window, nq, capacity))
     grid = mla = None
     if opts.mla_mma:   # MLA's tensor-core kernel: its own grid, splits and partials
-        mla = _mla_plan(d, d_v, s.dtype, num_splits, b, h, hkv, nq, capacity, opts.sink)
+        mla = _mla_plan(d, d_v, s.dtype, num_splits, b, h, hkv, nq,
+                        s.topk if gather else capacity, opts.sink, gather)
         n_parts = mla.n_splits if mla.partial else 0
     else:
         # [docs:decode-grid]
@@ -724,13 +728,12 @@ def _outputs(call, s, o, lse, return_lse):
 DECODE_KERNELS = ("auto", "simt", "mma")
 
 
-def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, arrays,
-                gather=False):
+def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, arrays):
     """Whether :func:`decode` runs MLA's tensor-core kernel (:mod:`numba_flash.kernels.
     mla_decode`): ``kernel="auto"`` takes it for every call it serves (a latent cache,
     ``v_cache=None``; float16 or bfloat16; ``d`` and ``head_dim_v`` multiples of 64; no
-    softcap, ALiBi, user functions or ``kv_indices``; 16-byte aligned ``q`` and cache on a
-    GPU), ``"mma"``
+    softcap, ALiBi or user functions; 16-byte aligned ``q`` and cache on a GPU; with or
+    without ``kv_indices``), ``"mma"``
     asks for it (a ValueError naming ``kernel`` with the reason where it cannot), ``"simt"``
     keeps the split-KV SIMT kernel."""
     if not isinstance(kernel, str) or kernel not in DECODE_KERNELS:
@@ -746,8 +749,6 @@ def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, a
         why = f"head dims that are multiples of 64 (got {d} and head_dim_v={d_v})"
     elif softcap > 0 or alibi_slopes is not None or variant is not None:
         why = "no softcap, ALiBi, score_mod or mask_mod"
-    elif gather:
-        why = "no kv_indices (token-sparse decode runs on the SIMT kernel)"
     elif not vector_copies(d, d, *(x for x in arrays if hasattr(x, "__cuda_array_interface__"))):
         why = "16-byte aligned q and k_cache"
     if why is not None and kernel == "mma":
@@ -780,9 +781,9 @@ class MlaShape(NamedTuple):
     d_v: int
 
 
-def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink):
+def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=False):
     """The :class:`MlaPlan` of a call (a ValueError past CUDA's grid limits)."""
-    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name)
+    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name, gather)
     split_target, split_min = split_policy(num_splits, hkv, cfg.BLOCK_N)
     n_splits = split_grid(split_target, split_min, capacity)
     grid = mla_decode_grid(b, hkv, nq, h // hkv, n_splits)
@@ -790,11 +791,12 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink):
 
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
-                    window, sink, n_cache, n_slots, lengths):
+                    window, sink, n_cache, n_slots, lengths, lists):
     """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
     ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
-    d]``): the kernel, then, with several splits or a learnable sink, the merge of its float32
-    partials (which adds the sink once).  Returns device ``(o, lse)``."""
+    d]``; ``lists``: the int32 ``kv_indices``, or the kernel's stand-in): the kernel, then,
+    with several splits or a learnable sink, the merge of its float32 partials (which adds the
+    sink once).  Returns device ``(o, lse)``."""
     b, h, hkv, nq = shape.b, shape.h, shape.hkv, shape.nq
     d_v = shape.d_v
     cfg, n_splits, partial = plan.cfg, plan.n_splits, plan.partial
@@ -811,7 +813,7 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
                 cache.view(np.uint16), table, seqlens, leftpad, o.reshape(-1), lse.reshape(-1),
                 o_part, lse_part, va, np.int32(paged), np.int32(n_cache), np.int32(hkv),
                 np.int32(n_slots), np.int32(plan.split_target), np.int32(plan.split_min),
-                np.int32(partial), work=SimWork("forward_mma", trips * cfg.THREADS))
+                np.int32(partial), lists, work=SimWork("forward_mma", trips * cfg.THREADS))
     if partial:
         xp = array_module(sink) if sink is not None else np
         row_sinks = (no_sink(call) if sink is None else call.input(xp.ascontiguousarray(

@@ -173,15 +173,16 @@ def in_suite(cfg):
     ``HEAD_DIM`` 128; decode at 128, paged, 16-byte loads, in float16 (plain, a user's variant,
     the e4m3 caches, the token-sparse gather) and float32; the SIMT forward in float32 at 64
     (also element-wise loads), 128 and 256, in float64 at 64, bfloat16 with every flag, a user's
-    variant and the varlen paged prefill once each; MLA's decode in float16; the token-sparse
-    backward with softcap and ALiBi; by name, the teaching kernels at d = 64, the SIMT backward
-    at d = 64 in float32 (plain and dropout), float16 (the float32 kernel with 16-bit element
-    loads) and float64 and at 128 in float32, its row-mass kernel at 64, the wgmma probes'
-    chained products; every small kernel (softmax, merge, rotary, the KV cache, the stage
-    probes). Out: the rest, among them the SIMT forward at head dims 16 and 32, its plain
-    float16 and non-paged varlen builds, decode in bfloat16 and float64 and MLA's decode in
-    bfloat16, whose code the kept builds compile. The selection's size: docs/compile-tier.md;
-    its build time with and without :mod:`numba_flash.numba_inline`: README.md."""
+    variant and the varlen paged prefill once each; MLA's decode in float16, dense and with
+    lists; the token-sparse backward with softcap and ALiBi; by name, the teaching kernels at d
+    = 64, the SIMT backward at d = 64 in float32 (plain and dropout), float16 (the float32
+    kernel with 16-bit element loads) and float64 and at 128 in float32, its row-mass kernel at
+    64, the wgmma probes' chained products; every small kernel (softmax, merge, rotary, the KV
+    cache, the stage probes). Out: the rest, among them the SIMT forward at head dims 16 and 32,
+    its plain float16 and non-paged varlen builds, decode in bfloat16 and float64 and MLA's
+    decode in bfloat16, whose code the kept builds compile. The selection's size:
+    docs/compile-tier.md; its build time with and without :mod:`numba_flash.numba_inline`:
+    README.md."""
     from numba_flash.kernels.backward.config import BackwardMmaConfig, SparseBackwardConfig
     from numba_flash.kernels.decode.config import DecodeConfig
     from numba_flash.kernels.forward.config import (
@@ -219,7 +220,7 @@ def in_suite(cfg):
     if name.startswith("wgmma"):  # the warpgroup stages' probes: the chained products
         return "chain" in name
     if name.startswith("mla_decode"):  # MLA's tensor-core decode: float16 (bfloat16: the same)
-        return name.endswith(" float16")
+        return name.endswith((" float16", " float16 kv_indices"))
     if name.startswith(("naive_forward", "row_forward", "tiled_forward_teach")):
         return "=64 " in name or " D64 " in name
     if name.startswith("backward row_mass"):   # the float32 backward's first kernel: at 64

@@ -122,7 +122,7 @@ def test_empty_lists_give_zero_or_the_sink(rng):
 
 def test_mla_latent_cache_576_512(rng):
     """MLA's absorbed decode over a latent cache (v_cache=None, the value its first 512
-    columns) with lists per token: the SIMT kernel (the tensor-core one takes no lists)."""
+    columns) with lists per token, on the SIMT kernel (the tensor-core one: below)."""
     b, h, d, d_v = 1, 4, 576, 512
     lens = np.array([21])
     k, _v, table = paged_cache(rng, b, 1, d, lens, 8, np.float32)
@@ -131,13 +131,31 @@ def test_mla_latent_cache_576_512(rng):
     idx = random_lists(rng, lens, 1, 1, 8)
     o, lse = numba_flash.decode(q, k, None, head_dim_v=d_v, cache_seqlens=lens,
                                 block_table=table, kv_indices=idx, return_lse=True,
-                                softmax_scale=d ** -0.5)
+                                softmax_scale=d ** -0.5, kernel="simt")
     want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table, kv_indices=idx[:, :, 0],
                                         softmax_scale=d ** -0.5)
     check(o, lse, want_o, want_lse, np.float16)
-    with pytest.raises(ValueError, match="kernel: 'mma'.*kv_indices"):
-        numba_flash.decode(q, k, None, head_dim_v=d_v, cache_seqlens=lens, block_table=table,
-                           kv_indices=idx, kernel="mma")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_mla_tensor_core_gather_576_512(rng, num_splits):
+    """MLA's tensor-core decode with lists: tiles of 16 list entries gathered through shuffled
+    pages into shared memory, 20 heads (a full and a partial chunk of 16), two query tokens
+    (causal: some listed keys hidden), entries -1, one split or two; against the SIMT kernel's
+    reference at float16's bound."""
+    b, h, nq, d, d_v = 1, 20, 2, 576, 512
+    lens = np.array([45])
+    k, _v, table = paged_cache(rng, b, 1, d, lens, 8, np.float32)
+    k = k.astype(np.float16)
+    q = randn(rng, (b, h, nq, d), np.float16)
+    idx = random_lists(rng, lens, 1, nq, 21)
+    o, lse = numba_flash.decode(q, k, None, head_dim_v=d_v, cache_seqlens=lens,
+                                block_table=table, kv_indices=idx, return_lse=True,
+                                causal=True, softmax_scale=d ** -0.5, kernel="mma",
+                                num_splits=num_splits)
+    want_o, want_lse = ref.paged_decode(q, k, k[..., :d_v], lens, table, kv_indices=idx,
+                                        causal=True, softmax_scale=d ** -0.5)
+    check(o, lse, want_o, want_lse, np.float16, scale=2.0)
 
 
 def test_generation_loop_lists_the_new_tokens(rng):

@@ -362,6 +362,9 @@ class MlaDecodeConfig:
     D_V: int = 512
     BLOCK_N: int = 16
     DTYPE: str = "float16"
+    #: token-sparse: a tile's keys are ``BLOCK_N`` entries of the query token's list, each row
+    #: found through its own page (:mod:`numba_flash.kernels.decode.mla`)
+    GATHER: bool = False
 
     #: tile n + 1 is copied under tile n's math (one stage would leave the copy unoverlapped;
     #: a third 16-key tile of 576 passes 48 KiB with the partial scores)
@@ -403,13 +406,13 @@ class MlaDecodeConfig:
     @property
     def name(self):
         return (f"mla_decode W{self.NUM_WARPS} N{self.BLOCK_N} D{self.D_QK}/{self.D_V} "
-                f"S{self.STAGES} {self.DTYPE}")
+                f"S{self.STAGES} {self.DTYPE}{' kv_indices' if self.GATHER else ''}")
 
 
-def mla_decode_config(d_qk, d_v, dtype="float16"):
+def mla_decode_config(d_qk, d_v, dtype="float16", gather=False):
     """The :class:`MlaDecodeConfig` of a call: 16-key tiles, two in flight (2 x 16 x 1168 B of
     keys + 6 KiB of partial scores = 42.5 KiB at 576 / 512: 32-key tiles in two stages would
     pass the 48 KiB static limit, and one stage leaves the copy unoverlapped).  ``d_qk`` a
     multiple of 64 (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column
     ``B`` pairs split four ways), ``d_v <= d_qk``."""
-    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=16, DTYPE=dtype)
+    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=16, DTYPE=dtype, GATHER=gather)

@@ -8,7 +8,8 @@ window aligned bottom-right at ``L = cache_seqlens[b]``, no key before ``cache_l
 ``o = 0``, ``lse = -inf``; a NaN / inf in ``q`` or in a key row it sees: NaN (the forward's
 rule).  A sequence with a bad length or table entry: ``o = lse = NaN``, nothing outside the
 cache read.  16-bit operands, float32 accumulation and softmax; ``P`` rounded to the input type
-(as the tensor-core forward).
+(as the tensor-core forward).  ``GATHER``: the keys are the token's list ``kv_indices[b, kvh or
+0, i]``, a tile's rows gathered through their pages, masked by row flags (sparse-attention.md).
 
 Grid / block (:class:`~numba_flash.kernels.decode.config.MlaDecodeConfig`)
 -----------------------------------------------------------------
@@ -105,7 +106,7 @@ def make_row_copy(THREADS_PER_ROW, ROW_CHUNKS):
 
 
 #: the MLA decode's key-tile stages (:func:`make_mla_tile_stages`)
-MlaTileStages = namedtuple("MlaTileStages", "load_tile exchange_s")
+MlaTileStages = namedtuple("MlaTileStages", "load_tile load_listed_tile mask_listed exchange_s")
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,6 +121,7 @@ def make_mla_tile_stages(cfg):
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
     ROWS = 2                                 # a lane's rows: g and g + 8
     KEYS = BLOCK_N // 4                      # a lane's scores per row
+    NEG_INF = float32(-math.inf)
     copy_key = make_row_copy(THREADS // BLOCK_N, D_QK // 8)
 
     @_stage
@@ -147,6 +149,49 @@ def make_mla_tile_stages(cfg):
         cp_async_commit()
         return bad
 
+    # [docs:mla-gather]
+    @_stage
+    def load_listed_tile(smem, seen, stage, cache, t_start, t_end, kc, listed, keys, tid):
+        """``GATHER``: the key rows of list entries ``t_start ..`` (below ``t_end``) into
+        ``stage``, each through its own page; ``seen[stage, row]`` says whether the row's
+        key is one the block's rows see (``keys``: ``(lo, hi)``, the window and causal bounds
+        of the token, the pad and the length folded in; -1, hidden and bad entries: a zero row
+        and 0).  An entry outside ``[-1, seqlen)`` or a bad table entry is never read and is
+        returned as bad."""
+        block_size, b = kc.block_size, kc.b
+        row = tid // (THREADS // BLOCK_N)
+        t = t_start + row
+        j = int32(-1)
+        if t < t_end:
+            j = int32(listed[t])
+        bad = j < -1 or j >= kc.seqlen
+        ok = keys[0] <= j and j < keys[1]
+        elem = int64(0)
+        if ok:
+            page = j // block_size
+            blk = int64(b)
+            if kc.paged:
+                blk = int64(kc.table[b, page])
+            if blk < 0 or blk >= kc.n_blocks:
+                ok = False
+                bad = True
+            elem = ((blk * kc.hkv + kc.kvh) * block_size + (j - page * block_size)) * D_QK
+        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
+        if tid % (THREADS // BLOCK_N) == 0:
+            seen[stage, row] = 1 if ok else 0
+        cp_async_commit()
+        return bad
+
+    @_stage
+    def mask_listed(s, seen, stage, t):
+        """``GATHER``: ``S = -inf`` for the tile's keys the rows do not see (a zero key row
+        scores 0, not ``-inf``); the lane's key ``c`` is column ``8 (c >> 1) + 2 t + (c & 1)``."""
+        for r in range(ROWS):
+            for c in range(KEYS):
+                if seen[stage, 8 * (c >> 1) + 2 * t + (c & 1)] == 0:
+                    s[r, c] = NEG_INF
+    # [/docs:mla-gather]
+
     @_stage
     def exchange_s(sp, s, warp, g, t):
         """Write this warp's partial ``S`` to shared memory (``sp``), then (after the barrier)
@@ -164,23 +209,24 @@ def make_mla_tile_stages(cfg):
                     total += sp[off + w * SP_WARP]
                 s[r, c] = total
 
-    return MlaTileStages(load_tile, exchange_s)
+    return MlaTileStages(load_tile, load_listed_tile, mask_listed, exchange_s)
 
 
 #: the cache rows a block reads (``load_tile``): the block table, batch ``b``, kv head, kv
-#: heads, block size, paged (0/1), the cache's blocks
-CacheRows = namedtuple("CacheRows", "table b kvh hkv block_size paged n_blocks")
+#: heads, block size, paged (0/1), the cache's blocks, the sequence's length
+CacheRows = namedtuple("CacheRows", "table b kvh hkv block_size paged n_blocks seqlen")
 #: the MLA step's context: shared memory (the key tiles, the warps' partial S), the cache and
 #: its rows, the score arguments; the lane's register arrays and the bad-entry flag; its
-#: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor
+#: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor;
+#: ``GATHER``: the token's list, the tiles' seen flags and the keys ``(lo, hi)`` the rows see
 MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid warp g t k_b v_b "
-                     "token bounds exp_scale")
+                     "token bounds exp_scale listed seen keys")
 
 
 @functools.lru_cache(maxsize=None)
 def mla_decode_kernel(cfg):
     """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
-    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial)`` for the
+    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial, kv_indices)`` for the
     :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
 
     ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache as
@@ -190,10 +236,13 @@ def mla_decode_kernel(cfg):
     flat view of ``[B, H, Nq, D_V]`` (float16, or bfloat16's uint16 words), ``lse`` float32
     ``[B H Nq]``; with ``partial`` = 1, ``o_part`` float32 ``[splits B H Nq D_V]`` and
     ``lse_part`` ``[splits B H Nq]`` (flat) instead; ``va``: the
-    :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``)."""
+    :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
+    ``kv_indices``: int32 ``[B, Hkv or 1, Nq, topk]`` with ``GATHER``, else a ``[1, 1, 1, 1]``
+    stand-in."""
     assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
     assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and cfg.D_V <= cfg.D_QK
     D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
+    GATHER = cfg.GATHER
     NUM_WARPS, THREADS, RB = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES
     K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
     assert THREADS % BLOCK_N == 0
@@ -226,7 +275,7 @@ def mla_decode_kernel(cfg):
                                   float32, True)
     copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
 
-    load_tile, exchange_s = make_mla_tile_stages(cfg)
+    load_tile, load_listed_tile, mask_listed, exchange_s = make_mla_tile_stages(cfg)
 
     def make_step(MASKED):
         """One key tile; ``MASKED`` (compile time): the tile reaches past the block's last key
@@ -262,9 +311,34 @@ def mla_decode_kernel(cfg):
     step_full = make_step(False)
     step_masked = make_step(True)
 
+    @_stage
+    def step_listed(n, t_start, x):   # x: the MlaStep
+        """``GATHER``: one tile of ``BLOCK_N`` list entries (:func:`make_step`'s stages, the
+        copy through :func:`load_listed_tile`, the mask from its seen flags)."""
+        smem, sp, cache, kc = x.smem, x.sp, x.cache, x.kc
+        qf, s, acc, m_i, l_i, bad_sh = x.qf, x.s, x.acc, x.m_i, x.l_i, x.bad_sh
+        tid, warp, g, t, k_b, v_b = x.tid, x.warp, x.g, x.t, x.k_b, x.v_b
+        t_end = x.bounds[0]
+        kb = (n % STAGES) * TILE_BYTES
+        cp_async_wait_all()
+        cuda.syncthreads()  # tile n landed for all; every warp is done with tile n - 1
+        if t_start + BLOCK_N < t_end:     # tile n + 1 lands under this one
+            if load_listed_tile(smem, x.seen, (n + 1) % STAGES, cache, t_start + BLOCK_N, t_end,
+                                kc, x.listed, x.keys, tid):
+                bad_sh[0] = 1
+        for r in range(ROWS):
+            for c in range(KEYS):
+                s[r, c] = ZERO
+        gemm_s(s, qf, smem, 0, kb + k_b)                             # S_w = Q_w K_w^T
+        exchange_s(sp, s, warp, g, t)                                # S = sum_w S_w
+        mask_listed(s, x.seen, n % STAGES, t)                        # keys the rows do not see
+        softmax_update(s, acc, m_i, l_i, x.exp_scale)                # m_i, l_i, P, acc *= a
+        gemm_pv(acc, s, smem, 0, kb + v_b)                           # acc_w += P V_w
+
     @kernel_jit
     def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
-                   n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial):
+                   n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial,
+                   kv_indices):
         # -- which rows, keys and split
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -301,12 +375,21 @@ def mla_decode_kernel(cfg):
         row_lo, row_hi = key_bounds(token, offset, seqlen, left, right)
         r_lo = int32(max(lo, row_lo, pad))
         r_hi = int32(min(lo + size, khi, row_hi))
+        listed = kv_indices[0, 0, 0]
+        if GATHER:   # the split takes list entries [r_lo, r_hi); the rows see keys [k_lo, k_hi)
+            listed = kv_indices[b, kvh if kv_indices.shape[1] > 1 else 0, token]
+            topk = kv_indices.shape[3]
+            size = max(split_min, (topk + split_target - 1) // split_target)
+            size = (size + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+            r_lo = int32(split * size)
+            r_hi = int32(min(r_lo + size, topk))
         if bad_len:
             r_hi = r_lo                           # read nothing; the output is NaN
 
         smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         sp = cuda.shared.array(SP_WORDS, float32)
         bad_sh = cuda.shared.array(1, int32)
+        seen = cuda.shared.array((STAGES, BLOCK_N), int32)   # GATHER: a tile row's key is seen
         qf = cuda.local.array((1, K_STEPS_W, 4), uint32)
         s = cuda.local.array((ROWS, KEYS), float32)
         acc = cuda.local.array((ROWS, COLS), float32)
@@ -326,11 +409,18 @@ def mla_decode_kernel(cfg):
         cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
         load_q(qf, smem, lane_offset(lane, RB, KIND_A) + 32 * K_STEPS_W * warp)
         cuda.syncthreads()  # every warp holds its fragments: stage 0 takes the first key tile
-        kc = CacheRows(table, b, kvh, hkv, block_size, paged, n_cache_blocks)
-        if r_lo < r_hi and load_tile(smem, 0, cache, r_lo, r_hi, kc, tid):
+        kc = CacheRows(table, b, kvh, hkv, block_size, paged, n_cache_blocks, seqlen)
+        keys = (int32(max(row_lo, pad)), int32(min(row_hi, seqlen)))
+        if GATHER:
+            if r_lo < r_hi and load_listed_tile(smem, seen, 0, cache, r_lo, r_hi, kc, listed, keys,
+                                                tid):
+                bad_sh[0] = 1
+        elif r_lo < r_hi and load_tile(smem, 0, cache, r_lo, r_hi, kc, tid):
             bad_sh[0] = 1
-        if paged and not bad_len:   # every page of the split's keys (all tokens): a bad entry
-            s_hi = min(lo + size, khi)   # any token reads makes the whole sequence NaN
+        # every page of the split's keys (all tokens): a bad entry any token reads makes the
+        # whole sequence NaN (GATHER: each listed key's page, as it is read)
+        if paged and not bad_len and not GATHER:
+            s_hi = min(lo + size, khi)
             if lo < s_hi:
                 j = lo // block_size + tid
                 while j <= (s_hi - 1) // block_size:
@@ -342,17 +432,23 @@ def mla_decode_kernel(cfg):
         ctx = MlaStep(smem, sp, cache, kc, sa, qf, s, acc, m_i, l_i, bad_sh, tid, warp, g, t,
                       lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's
                       lane_offset(lane, RB, KIND_A) + 2 * V_COLS_W * warp,     # V: its columns
-                      token, (r_hi, left, right), va.scale * LOG2E_F)
+                      token, (r_hi, left, right), va.scale * LOG2E_F, listed, seen, keys)
 
         # -- the key tiles: whole ones unmasked, the last (past r_hi) masked
         n = 0
         k_start = r_lo
-        while k_start + BLOCK_N <= r_hi:
-            step_full(n, k_start, ctx)
-            n += 1
-            k_start += BLOCK_N
-        if k_start < r_hi:
-            step_masked(n, k_start, ctx)
+        if GATHER:   # tiles of list entries, each masked by its seen flags
+            while k_start < r_hi:
+                step_listed(n, k_start, ctx)
+                n += 1
+                k_start += BLOCK_N
+        else:
+            while k_start + BLOCK_N <= r_hi:
+                step_full(n, k_start, ctx)
+                n += 1
+                k_start += BLOCK_N
+            if k_start < r_hi:
+                step_masked(n, k_start, ctx)
         cuda.syncthreads()  # every thread's bad-entry flag is in shared memory
         if bad_len or bad_sh[0] != 0:
             for r in range(ROWS):
