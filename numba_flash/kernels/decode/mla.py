@@ -125,15 +125,10 @@ def make_mla_tile_stages(cfg):
     copy_key = make_row_copy(THREADS // BLOCK_N, D_QK // 8)
 
     @_stage
-    def load_tile(smem, stage, cache, k_start, k_end, kc, tid):
-        """The key rows ``k_start ..`` (those below ``k_end``; the rest zeros) into ``stage``:
-        thread ``tid`` copies its chunks of row ``tid // (THREADS / BLOCK_N)``, looking up the
-        row's page; a table entry outside the cache is not read (zeros) and returned as bad.
-        One copy group (empty past the last tile)."""
+    def key_row(kc, key, ok):
+        """``(elem, ok, bad)``: the first cache element of key ``key``'s row (when ``ok``), found
+        through its page; a table entry outside the cache clears ``ok`` and sets ``bad``."""
         block_size, b = kc.block_size, kc.b
-        row = tid // (THREADS // BLOCK_N)
-        key = k_start + row
-        ok = key < k_end
         bad = False
         elem = int64(0)
         if ok:
@@ -145,6 +140,17 @@ def make_mla_tile_stages(cfg):
                 ok = False
                 bad = True
             elem = ((blk * kc.hkv + kc.kvh) * block_size + (key - j * block_size)) * D_QK
+        return elem, ok, bad
+
+    @_stage
+    def load_tile(smem, stage, cache, k_start, k_end, kc, tid):
+        """The key rows ``k_start ..`` (those below ``k_end``; the rest zeros) into ``stage``:
+        thread ``tid`` copies its chunks of row ``tid // (THREADS / BLOCK_N)``, looking up the
+        row's page; a table entry outside the cache is not read (zeros) and returned as bad.
+        One copy group (empty past the last tile)."""
+        row = tid // (THREADS // BLOCK_N)
+        key = k_start + row
+        elem, ok, bad = key_row(kc, key, key < k_end)
         copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
         cp_async_commit()
         return bad
@@ -158,24 +164,13 @@ def make_mla_tile_stages(cfg):
         of the token, the pad and the length folded in; -1, hidden and bad entries: a zero row
         and 0).  An entry outside ``[-1, seqlen)`` or a bad table entry is never read and is
         returned as bad."""
-        block_size, b = kc.block_size, kc.b
         row = tid // (THREADS // BLOCK_N)
         t = t_start + row
         j = int32(-1)
         if t < t_end:
             j = int32(listed[t])
-        bad = j < -1 or j >= kc.seqlen
-        ok = keys[0] <= j and j < keys[1]
-        elem = int64(0)
-        if ok:
-            page = j // block_size
-            blk = int64(b)
-            if kc.paged:
-                blk = int64(kc.table[b, page])
-            if blk < 0 or blk >= kc.n_blocks:
-                ok = False
-                bad = True
-            elem = ((blk * kc.hkv + kc.kvh) * block_size + (j - page * block_size)) * D_QK
+        elem, ok, bad_page = key_row(kc, j, keys[0] <= j and j < keys[1])
+        bad = bad_page or j < -1 or j >= kc.seqlen
         copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
         if tid % (THREADS // BLOCK_N) == 0:
             seen[stage, row] = 1 if ok else 0
