@@ -226,3 +226,55 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
     o = o.transpose(0, 2, 1, 3)[at]
     lse = xp.ascontiguousarray(lse.transpose(0, 2, 1)[at].T)
     return (o, lse) if return_lse else o
+
+
+def _padded_rows(cu, n_pad):
+    """``(seq_of, pos)``: each packed row's sequence and its row in a right-aligned padded batch
+    of ``n_pad`` rows a sequence (host int64 arrays)."""
+    lens = np.diff(cu)
+    seq_of = np.repeat(np.arange(len(lens)), lens)
+    return seq_of, n_pad - lens[seq_of] + (np.arange(int(cu[-1])) - cu[seq_of])
+
+
+def sparse_backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, kv_indices, *,
+                           validate=None, **kw):
+    """:func:`numba_flash.backward_varlen` with the forward's packed ``kv_indices``: queries
+    and keys right-aligned into a padded batch (each sequence keeps its key-query distances, so
+    the causal, window and ALiBi rules hold), the lists validated against each sequence's keys
+    and shifted by its padding, :func:`numba_flash.backward` with them (``kw``: its arguments),
+    the gradients packed back.  Padded rows have ``lse = +inf``: ``P = 0`` there, so they add
+    nothing (to ``dsink`` either; ``-inf`` would make it ``inf * 0``)."""
+    xp = array_module(q)
+    cu_q = np.asarray(host_ints(cu_seqlens_q), np.int64)
+    cu_k = np.asarray(host_ints(cu_seqlens_k), np.int64)
+    n_seq = len(cu_q) - 1
+    len_k = np.diff(cu_k)
+    max_q = max(1, int(np.diff(cu_q).max(initial=0)))
+    max_k = max(1, int(len_k.max(initial=0)))
+    shape, _ = array_info("kv_indices", kv_indices)
+    if len(shape) != 3 or shape[0] != int(cu_q[-1]):
+        raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = "
+                         f"[{int(cu_q[-1])}, Hkv or 1, topk], got {list(shape)}")
+    at_q = tuple(xp.asarray(a) for a in _padded_rows(cu_q, max_q))
+    at_k = tuple(xp.asarray(a) for a in _padded_rows(cu_k, max_k))
+
+    def padded(x, at, n, fill=0.0):
+        out = xp.full((n_seq, n) + tuple(x.shape[1:]), fill, x.dtype)
+        out[at] = x
+        return xp.ascontiguousarray(out.transpose(0, 2, 1, 3))   # [B, H, N, d]
+
+    lists = xp.full((n_seq, max_q) + tuple(shape[1:]), -1, np.int64)
+    lists[at_q] = xp.asarray(kv_indices).astype(np.int64)
+    lists = lists.transpose(0, 2, 1, 3)
+    validate_lists(lists, n_seq, shape[1], max_q, len_k, validate)   # before the shift
+    shift = xp.asarray((max_k - len_k).reshape(-1, 1, 1, 1))
+    lists = xp.ascontiguousarray(xp.where(lists >= 0, lists + shift, lists)).astype(np.int32)
+    lse_pad = xp.full((n_seq, max_q, lse.shape[0]), np.inf, lse.dtype)
+    lse_pad[at_q] = xp.asarray(lse).T
+    backward = importlib.import_module("numba_flash.ops.backward").backward
+    grads = backward(padded(do, at_q, max_q), padded(q, at_q, max_q), padded(k, at_k, max_k),
+                     padded(v, at_k, max_k), padded(o, at_q, max_q),
+                     xp.ascontiguousarray(lse_pad.transpose(0, 2, 1)), kv_indices=lists,
+                     **kw)
+    dq, dk, dv = (g.transpose(0, 2, 1, 3)[at] for g, at in zip(grads[:3], (at_q, at_k, at_k)))
+    return (dq, dk, dv) + tuple(grads[3:])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.sparse import sparse_backward_varlen
 from ..frontend.validate import (ATTENTION_DTYPES, check_array, check_bool, check_same_dtype,
                                  check_same_kind, check_scale)
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
@@ -34,10 +35,13 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
                     max_seqlen_k, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, softmax_scale=None, dropout_p=0.0, seed=0,
                     deterministic=False, score_mod=None, mask_mod=None, score_mod_grad=None,
-                    block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None):
+                    block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None,
+                    kv_indices=None):
     """Gradients ``(dq, dk, dv)`` of :func:`numba_flash.forward_varlen`, packed like the inputs
     (with the forward's ``learnable_sink``, ``(dq, dk, dv, dsink)``: see
-    :func:`numba_flash.backward`).
+    :func:`numba_flash.backward`).  ``kv_indices``: the token-sparse forward's packed lists
+    (:func:`numba_flash.forward_varlen`): :func:`numba_flash.backward` with them over a
+    right-aligned padded batch (:func:`numba_flash.frontend.sparse.sparse_backward_varlen`).
 
     ``q``, ``o``, ``do`` are ``[total_q, H, d]``, ``k``, ``v`` ``[total_k, Hkv, d]`` (GQA: ``H`` a
     multiple of ``Hkv``), ``lse`` ``[H, total_q]`` (float32; float64 for float64 inputs); sequence
@@ -87,6 +91,14 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
                                                      max_seqlen_q, max_seqlen_k)
     n_seq = len(len_q)
+    if kv_indices is not None:   # token-sparse: numba_flash.backward over a padded batch
+        return sparse_backward_varlen(
+            do, q, k, v, o, lse, cu_q, cu_k, kv_indices, causal=causal,
+            softmax_scale=softmax_scale, deterministic=deterministic, dropout_p=dropout_p,
+            seed=seed, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+            score_mod=score_mod, mask_mod=mask_mod, score_mod_grad=score_mod_grad,
+            block_mask=block_mask, aux_tensors=aux_tensors, aux_grad=aux_grad,
+            learnable_sink=learnable_sink)
     causal = check_bool("causal", causal)
     deterministic = check_bool("deterministic", deterministic)
     scale = check_scale(softmax_scale, d, dtype)

@@ -87,6 +87,7 @@ class _VarlenSaved(NamedTuple):
     cu_k: torch.Tensor
     rng_state: torch.Tensor
     sink: object
+    lists: object = None
 
 
 #: :class:`FlashAttnVarlenFunc`'s scalar arguments (and ALiBi slopes) its backward needs.
@@ -101,14 +102,14 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                return_softmax, is_grad_enabled, learnable_sink=None):
+                return_softmax, is_grad_enabled, learnable_sink=None, gather_kv_indices=None):
         out, lse, s_dmask, rng_state = torch.ops.numba_flash.varlen_fwd(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size[0], window_size[1], softcap, alibi_slopes,
-            return_softmax and dropout_p > 0, learnable_sink)
+            return_softmax and dropout_p > 0, learnable_sink, gather_kv_indices)
         if is_grad_enabled and _wants_grad(q, k, v, learnable_sink):
             ctx.save_for_backward(*_VarlenSaved(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                rng_state, learnable_sink))
+                                                rng_state, learnable_sink, gather_kv_indices))
             ctx.args = _VarlenArgs(max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                                    window_size[0], window_size[1], softcap, alibi_slopes,
                                    deterministic)
@@ -122,5 +123,5 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
         dq, dk, dv, dsink = torch.ops.numba_flash.varlen_bwd(
             dout, s.q, s.k, s.v, s.out, s.lse, s.cu_q, s.cu_k, a.max_q, a.max_k, a.dropout_p,
             a.scale, a.causal, a.left, a.right, a.softcap, a.alibi_slopes, a.deterministic,
-            s.rng_state, s.sink)
-        return (dq, dk, dv) + (None,) * 13 + (_sink_grad(ctx, -1, dsink),)
+            s.rng_state, s.sink, s.lists)
+        return (dq, dk, dv) + (None,) * 13 + (_sink_grad(ctx, -2, dsink), None)

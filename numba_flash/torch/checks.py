@@ -71,18 +71,25 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 def check_gather_indices(lists, b, nq, dropout_p, variant):
     """FA4's ``gather_kv_indices``: a dense int32 / int64 tensor ``(batch_size, seqlen_q,
-    topk)``, without dropout or a variant (``TypeError`` / ``ValueError`` naming it; the
-    values are the front end's checks, :mod:`numba_flash.frontend.sparse`)."""
-    shape = check_tensor("gather_kv_indices", lists, 3, "(batch_size, seqlen_q, topk)",
-                         INDEX_DTYPES)
-    if shape[:2] != (b, nq):
-        raise ValueError(f"gather_kv_indices: expected shape ({b}, {nq}, topk) (batch_size and "
-                         f"seqlen_q of q), got {shape}")
+    topk)`` (``nq`` None: packed, ``(total_q, topk)`` with ``b = total_q``), without dropout or
+    a variant (or, packed, a ``block_table``): ``TypeError`` / ``ValueError`` naming it; the
+    values are the front end's checks, :mod:`numba_flash.frontend.sparse`."""
+    if nq is None:
+        shape = check_tensor("gather_kv_indices", lists, 2, "(total_q, topk)", INDEX_DTYPES)
+        if shape[0] != b:
+            raise ValueError(f"gather_kv_indices: expected shape ({b}, topk) (total_q of q), "
+                             f"got {shape}")
+    else:
+        shape = check_tensor("gather_kv_indices", lists, 3, "(batch_size, seqlen_q, topk)",
+                             INDEX_DTYPES)
+        if shape[:2] != (b, nq):
+            raise ValueError(f"gather_kv_indices: expected shape ({b}, {nq}, topk) (batch_size "
+                             f"and seqlen_q of q), got {shape}")
     if dropout_p or variant:
         raise ValueError("gather_kv_indices: expected no dropout_p and no variant arguments "
-                         "(score_mod, mask_mod, aux_tensors, block_sparse_tensors) with the "
-                         "token-sparse lists, got " + ("dropout_p > 0" if dropout_p else
-                                                       "a variant argument"))
+                         "(score_mod, mask_mod, aux_tensors, block_sparse_tensors, a "
+                         "block_table) with the token-sparse lists, got "
+                         + ("dropout_p > 0" if dropout_p else "another of them"))
 
 
 def check_device(named):

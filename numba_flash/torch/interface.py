@@ -92,7 +92,7 @@ def _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-            return_attn_probs, learnable_sink=None):
+            return_attn_probs, learnable_sink=None, gather_kv_indices=None):
     _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     opts = checks.check_options(q.shape[-1], dropout_p, softmax_scale, causal, window_size,
                                 softcap, deterministic, return_attn_probs)
@@ -100,14 +100,14 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     checks.check_sink(learnable_sink, q.shape[1])
     checks.check_device({names[0]: q, names[1]: k, names[2]: v, names[3]: cu_seqlens_q,
                          names[4]: cu_seqlens_k, "alibi_slopes": alibi_slopes,
-                         "learnable_sink": learnable_sink})
+                         "learnable_sink": learnable_sink, "gather_kv_indices": gather_kv_indices})
     # q, k, v, cu_seqlens_q, cu_seqlens_k: the first five arguments of the apply
     tensors = _distinct(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return FlashAttnVarlenFunc.apply(*tensors, max_seqlen_q, max_seqlen_k, opts.dropout_p,
                                      opts.softmax_scale, opts.causal, opts.window_size,
                                      opts.softcap, alibi_slopes, opts.deterministic,
                                      opts.return_attn_probs, torch.is_grad_enabled(),
-                                     learnable_sink)
+                                     learnable_sink, gather_kv_indices)
 
 
 def _has_variant(*args):
@@ -300,7 +300,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
                            block_sparse_tensors=None, score_mod_grad=None, aux_grad=None,
-                           learnable_sink=None):
+                           learnable_sink=None, gather_kv_indices=None):
     """Attention over a packed batch: sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b +
     1]`` of ``q [total_q, nheads, headdim]`` against rows ``cu_seqlens_k[b]:cu_seqlens_k[b +
     1]`` of ``k``, ``v [total_k, nheads_k, headdim]``, each with its own bottom-right alignment.
@@ -318,11 +318,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     FlashAttention-4's variant arguments and ``learnable_sink`` as :func:`flash_attn_func`
     (``b`` the sequence, positions within it; not with ``block_table``).
 
+    FlashAttention-4's ``gather_kv_indices``: integer ``(total_q, topk)``, packed row ``r``'s
+    keys as positions within its sequence (-1: none), with autograd, as :func:`flash_attn_func`'s
+    (not with ``block_table``, dropout or the variant arguments).
+
     Returns ``out [total_q, nheads, headdim]``, or ``(out, softmax_lse [nheads, total_q],
     S_dmask)`` with ``return_attn_probs=True``.
     """
     variant = _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
                            score_mod_grad, aux_grad)
+    if gather_kv_indices is not None:
+        checks.check_gather_indices(gather_kv_indices, q.shape[0], None, dropout_p,
+                                    variant or block_table is not None)
     if block_table is not None:
         if learnable_sink is not None:
             raise ValueError("learnable_sink: expected None with block_table (the paged varlen "
@@ -347,4 +354,5 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         score_mod_grad, aux_grad, learnable_sink)
     return _varlen(q, k, v, _VARLEN_NAMES, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap,
-                   alibi_slopes, deterministic, return_attn_probs, learnable_sink)
+                   alibi_slopes, deterministic, return_attn_probs, learnable_sink,
+                   gather_kv_indices)

@@ -161,9 +161,11 @@ def _(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal, window_
 
 
 def _lists(gather_kv_indices):
-    """FA4's ``gather_kv_indices [B, Nq, topk]`` (one list per query token for every head) as
-    the front end's ``kv_indices [B, 1, Nq, topk]`` view."""
-    return bridge.as_array(gather_kv_indices)[:, None]
+    """FA4's ``gather_kv_indices`` ``[B, Nq, topk]`` (or packed ``[total_q, topk]``: one list
+    per query token for every head) as the front end's ``kv_indices`` ``[B, 1, Nq, topk]`` (or
+    ``[total_q, 1, topk]``) view."""
+    lists = bridge.as_array(gather_kv_indices)
+    return lists[:, None]
 
 
 def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, seed, dropout_p, scale, causal, window,
@@ -193,9 +195,12 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float,
                causal: bool, window_size_left: int, window_size_right: int, softcap: float,
                alibi_slopes: Optional[Tensor], return_softmax: bool,
-               learnable_sink: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+               learnable_sink: Optional[Tensor] = None,
+               gather_kv_indices: Optional[Tensor] = None
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(out, softmax_lse, S_dmask, rng_state)`` of :func:`numba_flash.forward_varlen`."""
     window = (window_size_left, window_size_right)
+    extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
 
     def run(seed):
         o, lse = numba_flash.forward_varlen(
@@ -203,7 +208,7 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,
-            learnable_sink=bridge.optional_array(learnable_sink))
+            learnable_sink=bridge.optional_array(learnable_sink), **extra)
         return bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
@@ -217,7 +222,7 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
       causal, window_size_left, window_size_right, softcap, alibi_slopes, return_softmax,
-      learnable_sink=None):
+      learnable_sink=None, gather_kv_indices=None):
     total_q, h, _d = q.shape
     lse = q.new_empty((h, total_q), dtype=_acc_dtype(q.dtype))
     shape = ((cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k) if return_softmax
@@ -231,9 +236,11 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                dropout_p: float, softmax_scale: float, causal: bool, window_size_left: int,
                window_size_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-               deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None
+               deterministic: bool, rng_state: Tensor, learnable_sink: Optional[Tensor] = None,
+               gather_kv_indices: Optional[Tensor] = None
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
+    extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
     def arrays():
         return [bridge.as_array(x)
                 for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
@@ -242,12 +249,12 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                          learnable_sink, (dropout_p, softmax_scale, causal, window_size_left,
                                           window_size_right, softcap, alibi_slopes,
                                           deterministic, rng_state),
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **extra)
 
 
 @varlen_bwd.register_fake
 def _(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
       dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-      alibi_slopes, deterministic, rng_state, learnable_sink=None):
+      alibi_slopes, deterministic, rng_state, learnable_sink=None, gather_kv_indices=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _fake_dsink(
         learnable_sink, q)

@@ -238,3 +238,41 @@ def test_varlen_lists_over_a_paged_cache(rng):
     packed = [np.concatenate([ref.gather_paged(c, table, n, b).transpose(1, 0, 2)
                               for b, n in enumerate(len_k)]) for c in (k_cache, v_cache)]
     check(o, lse, *_varlen_reference(q, *packed, cu_q, cu_k, idx, causal=True), np.float32)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_backward_packed_lists(rng, deterministic):
+    """backward_varlen(kv_indices=): the gradients of forward_varlen's lists, per sequence
+    against reference.sparse_attention_backward, ragged sequences (one with no query row),
+    causal, a sink (dsink summed over the real rows only)."""
+    h, hkv, d, topk = 2, 1, 16, 4
+    len_q, len_k = np.array([3, 0, 4]), np.array([6, 3, 9])
+    cu_q = np.concatenate([[0], np.cumsum(len_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(len_k)]).astype(np.int32)
+    q, do = (randn(rng, (cu_q[-1], h, d), np.float64) for _ in range(2))
+    k, v = (randn(rng, (cu_k[-1], hkv, d), np.float64) for _ in range(2))
+    idx = np.full((cu_q[-1], hkv, topk), -1, np.int32)
+    for b in range(3):
+        for r in range(cu_q[b], cu_q[b + 1]):
+            idx[r, 0, :3] = rng.choice(len_k[b], 3, replace=False)
+    sink = rng.standard_normal(h).astype(np.float32)
+    kw = dict(max_seqlen_q=4, max_seqlen_k=9, causal=True, learnable_sink=sink)
+    o, lse = numba_flash.forward_varlen(q, k, v, cu_q, cu_k, kv_indices=idx, return_lse=True,
+                                        **kw)
+    got = numba_flash.backward_varlen(do, q, k, v, o, lse, cu_q, cu_k, kv_indices=idx,
+                                      deterministic=deterministic, **kw)
+    want = [np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), np.zeros(h)]
+    for b in range(3):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if rows.stop == rows.start:
+            continue
+        batch = [x[rows].transpose(1, 0, 2)[None] for x in (do, q)]
+        kb, vb = (x[keys].transpose(1, 0, 2)[None] for x in (k, v))
+        gq, gk, gv, gs = ref.sparse_attention_backward(
+            batch[0], batch[1], kb, vb, idx[rows].transpose(1, 0, 2)[None], causal=True,
+            learnable_sink=sink)
+        want[0][rows], want[1][keys] = gq[0].transpose(1, 0, 2), gk[0].transpose(1, 0, 2)
+        want[2][keys] = gv[0].transpose(1, 0, 2)
+        want[3] += gs
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
+        assert_close(g, w, np.float64 if name != "dsink" else np.float32, name=name)

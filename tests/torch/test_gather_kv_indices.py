@@ -78,3 +78,31 @@ def test_bad_lists_are_named(rng):
         nft.flash_attn_func(q, k, k, dropout_p=0.1, gather_kv_indices=good)
     with pytest.raises(ValueError, match=r"kv_indices: expected entries in \[-1"):
         nft.flash_attn_func(q, k, k, gather_kv_indices=good + 8)
+
+
+def test_varlen_out_and_gradients(rng):
+    """flash_attn_varlen_func(gather_kv_indices=) with FA4's packed (total_q, topk) lists:
+    each sequence against the dense form of that sequence alone."""
+    len_q, len_k, h, d, topk = [2, 4], [5, 9], 2, 16, 4
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(len_q)]), dtype=torch.int32)
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(len_k)]), dtype=torch.int32)
+    q = randn(rng, (sum(len_q), h, d)).requires_grad_()
+    k = randn(rng, (sum(len_k), 1, d)).requires_grad_()
+    v = randn(rng, (sum(len_k), 1, d)).requires_grad_()
+    lists = torch.cat([_lists(rng, 1, nq, nk, topk)[0] for nq, nk in zip(len_q, len_k)])
+    out = nft.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 9, causal=True,
+                                     gather_kv_indices=lists)
+    dout = randn(rng, tuple(out.shape))
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for b in range(2):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        keys = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        qb, kb, vb = (x[s][None].detach().requires_grad_() for x, s in
+                      ((q, rows), (k, keys), (v, keys)))
+        want_out, _ = masked_reference(qb, kb, vb, lists[rows][None], True)
+        want = torch.autograd.grad(want_out, (qb, kb, vb), dout[rows][None].double())
+        for name, got, w in [("out", out[rows], want_out[0]),
+                             *zip(("dq", "dk", "dv"), (grads[0][rows], grads[1][keys],
+                                                       grads[2][keys]), (x[0] for x in want))]:
+            err = (got.double() - w.detach()).abs().max().item()
+            assert err <= TOL * max(1.0, w.abs().max().item()), (name, b, err)
