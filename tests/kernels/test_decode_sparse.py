@@ -265,3 +265,22 @@ def test_batch_invariant(rng):
                                         return_lse=True)
     np.testing.assert_array_equal(o_all[:1], o_one)
     np.testing.assert_array_equal(lse_all[:1], lse_one)
+
+
+def test_mla_tensor_core_gather_bfloat16_and_a_bad_entry(rng):
+    """MLA's tensor-core gather in bfloat16, and validate=False: token 1's list holds a key past
+    the sequence (never read: its rows NaN), token 0's rows exact."""
+    b, h, nq, d, d_v = 1, 16, 2, 576, 512
+    lens = np.array([30])
+    k, _v, table = paged_cache(rng, b, 1, d, lens, 8, np.float32)
+    k = k.astype(BF16)
+    q = randn(rng, (b, h, nq, d), np.float32).astype(BF16)
+    idx = random_lists(rng, lens, 1, nq, 10)
+    idx[0, 0, 1, 0] = 31                       # past L = 30
+    o, lse = numba_flash.decode(q, k, None, head_dim_v=d_v, cache_seqlens=lens,
+                                block_table=table, kv_indices=idx, return_lse=True,
+                                softmax_scale=d ** -0.5, kernel="mma", validate=False)
+    assert np.isnan(o[0, :, 1].astype(np.float32)).all() and np.isnan(lse[0, :, 1]).all()
+    want_o, want_lse = ref.paged_decode(q[:, :, :1], k, k[..., :d_v], lens, table,
+                                        kv_indices=idx[:, :, :1], softmax_scale=d ** -0.5)
+    check(o[:, :, :1], lse[:, :, :1], want_o, want_lse, BF16)
