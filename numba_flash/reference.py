@@ -723,8 +723,8 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
     positions; otherwise the cache is paged ``[num_blocks, Hkv, block_size, d]`` (see
     :func:`gather_paged`).  Each sequence is then plain :func:`attention` (bottom-right
     alignment, window, softcap, ALiBi ``[H]`` or ``[B, H]``, ``learnable_sink``) against its
-    ``cache_seqlens[b]`` keys; with ``kv_indices`` (``[B, Hkv or 1, Nq, topk]``) it is
-    :func:`sparse_attention` over those keys instead.
+    ``cache_seqlens[b]`` keys; with ``kv_indices`` (``[B, Hkv or 1, Nq, topk]``, or ``[B, Hkv or
+    1, topk]`` for a ``[B, H, d]`` q) it is :func:`sparse_attention` over those keys instead.
     """
     q = np.asarray(q, dtype=np.float64)
     single = q.ndim == 3
@@ -744,9 +744,9 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
         if kv_indices is None:
             o, lse = attention(q4[b : b + 1], kb[None], vb[None], **kw)
         else:
-            lists = np.asarray(kv_indices)[b : b + 1]
+            lists = np.asarray(kv_indices)[b : b + 1]   # [1, G, (Nq,) topk]
             o, lse = sparse_attention(q4[b : b + 1], kb[None], vb[None],
-                                      lists[:, :, None] if single else lists, **kw)
+                                      lists[:, :, None] if lists.ndim == 3 else lists, **kw)
         outs.append(o[0])
         lses.append(lse[0])
     o = np.stack(outs)

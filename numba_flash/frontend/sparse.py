@@ -57,7 +57,11 @@ def validate_kv_indices(kv_indices, lengths, name="kv_indices"):
     """The value checks on a host copy: every entry in ``[-1, lengths[b])`` (the keys sequence
     ``b`` has) and no key listed twice in one list; a ``ValueError`` naming ``name``, the first
     bad entry and where it is."""
-    idx = host_ints(kv_indices).astype(np.int64)
+    raw = host_ints(kv_indices)
+    if raw.dtype.kind == "u" and raw.size and raw.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{name}: expected entries in [-1, cache_seqlens[b]) (key positions of "
+                         f"the sequence, -1 for none), got {int(raw.max())}")
+    idx = raw.astype(np.int64)
     lengths = np.asarray(lengths, np.int64).reshape(-1, 1, 1, 1)
     bad = (idx < -1) | (idx >= lengths)
     if bad.any():
@@ -88,13 +92,23 @@ _DENSE_ONLY = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": 
                "mask_mod": None, "block_mask": None, "aux_tensors": ()}
 
 
+def _is_off(given, off):
+    """``given`` is the value of :data:`_DENSE_ONLY` that means off (an empty list or tuple of
+    aux tensors, a zero dropout, None)."""
+    if off is None:
+        return given is None
+    if isinstance(off, tuple):
+        return given is not None and len(tuple(given)) == 0
+    return given == off
+
+
 def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, window_size,
                    softcap, alibi_slopes, learnable_sink, kernel, **dense_only):
     """:func:`numba_flash.forward` with ``kv_indices`` (see there); ``dense_only``: the
     arguments of :data:`_DENSE_ONLY`, each a ``ValueError`` naming it when set."""
     for name, off in _DENSE_ONLY.items():
         given = dense_only.get(name, off)
-        if not (given is off or (isinstance(off, (tuple, float)) and given == off)):
+        if not _is_off(given, off):
             raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
                              f"runs the gathering decode kernel), got {given!r}")
     if kernel not in ("auto", "simt"):
@@ -134,16 +148,20 @@ def listed_table(kv_indices, nk, h):
 
 
 def check_sparse_options(**user):
-    """The backward's user arguments a token-sparse call does not take: ``mask_mod``,
-    ``block_mask``, ``score_mod``, ``aux_grad``, ``aux_tensors`` (each a ``ValueError`` naming
-    it when given: the lists are the mask)."""
-    for name in ("mask_mod", "block_mask", "score_mod", "aux_grad"):
+    """The backward's arguments a token-sparse call does not take: ``mask_mod``,
+    ``block_mask``, ``score_mod``, ``score_mod_grad``, ``aux_grad``, ``aux_tensors`` (the lists
+    are the mask) and ``dropout_p`` (the forward takes none): each a ``ValueError`` naming it
+    when given."""
+    for name in ("mask_mod", "block_mask", "score_mod", "score_mod_grad", "aux_grad"):
         if user.get(name) is not None:
             raise ValueError(f"{name}: expected None with kv_indices (the lists are the "
                              f"backward's mask), got {user[name]!r}")
     if tuple(user.get("aux_tensors") or ()) != ():
         raise ValueError("aux_tensors: expected () with kv_indices, got "
                          f"{len(user['aux_tensors'])} arrays")
+    if user.get("dropout_p"):
+        raise ValueError(f"dropout_p: expected 0.0 with kv_indices (the token-sparse forward "
+                         f"takes no dropout), got {user['dropout_p']!r}")
 
 
 def validate_lists(kv_indices, b, hkv, nq, lengths, validate=None):
@@ -161,14 +179,24 @@ def as_dtype(x, dtype):
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-def sparse_mask(q, k, v, kv_indices, *, validate=None, **user):
+def sparse_mask(q, k, v, kv_indices):
     """The deterministic backward of :func:`sparse_forward`'s lists: ``(mask_mod,
     aux_tensors)`` for the dense backward (:func:`listed_keys` over :func:`listed_table`), the
-    lists and ``user`` (:func:`check_sparse_options`) checked as the forward checks them."""
-    check_sparse_options(**user)
+    lists always validated on the host (device lists included: a dense table of a bad entry
+    would mark another key, not a NaN row)."""
     s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
-    validate_lists(kv_indices, s.b, s.hkv, s.nq, [s.nk] * s.b, validate)
+    validate_lists(kv_indices, s.b, s.hkv, s.nq, [s.nk] * s.b, validate=True)
     return listed_keys, listed_table(kv_indices, s.nk, s.h)
+
+
+def _packed_lists_shape(kv_indices):
+    """The shape of packed lists, after the dtype check (a float array: ``TypeError`` naming
+    ``kv_indices``, before any cast could truncate it)."""
+    shape, dtype = array_info("kv_indices", kv_indices)
+    if dtype not in INT_DTYPES:
+        raise TypeError(f"kv_indices: expected an integer array (int32 key positions, -1 for "
+                        f"none), got dtype {dtype}")
+    return shape
 
 
 def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, block_table,
@@ -184,8 +212,7 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
     ``o [total_q, H, d_v]`` (and ``lse [H, total_q]``)."""
     for name, off in _DENSE_ONLY.items():
         given = dense_only.get(name, off)
-        if name in dense_only and not (given is off or (isinstance(off, (tuple, float))
-                                                       and given == off)):
+        if not _is_off(given, off):
             raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
                              f"runs the gathering decode kernel), got {given!r}")
     xp = array_module(q)
@@ -194,7 +221,7 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
     cu_k = np.asarray(host_ints(cu_seqlens_k), np.int64)
     n_seq = len(cu_q) - 1
     len_q, len_k = np.diff(cu_q), np.diff(cu_k)
-    shape, _ = array_info("kv_indices", kv_indices)
+    shape = _packed_lists_shape(kv_indices)
     if len(shape) != 3 or shape[0] != qs[0]:
         raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = [{qs[0]}, "
                          f"Hkv or 1, topk] with cu_seqlens, got {list(shape)}")
@@ -251,7 +278,7 @@ def sparse_backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, kv_i
     len_k = np.diff(cu_k)
     max_q = max(1, int(np.diff(cu_q).max(initial=0)))
     max_k = max(1, int(len_k.max(initial=0)))
-    shape, _ = array_info("kv_indices", kv_indices)
+    shape = _packed_lists_shape(kv_indices)
     if len(shape) != 3 or shape[0] != int(cu_q[-1]):
         raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = "
                          f"[{int(cu_q[-1])}, Hkv or 1, topk], got {list(shape)}")
@@ -264,11 +291,12 @@ def sparse_backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, kv_i
         return xp.ascontiguousarray(out.transpose(0, 2, 1, 3))   # [B, H, N, d]
 
     lists = xp.full((n_seq, max_q) + tuple(shape[1:]), -1, np.int64)
-    lists[at_q] = xp.asarray(kv_indices).astype(np.int64)
+    lists[at_q] = xp.asarray(kv_indices).astype(np.int64).clip(-2, np.iinfo(np.int32).max)
     lists = lists.transpose(0, 2, 1, 3)
     validate_lists(lists, n_seq, shape[1], max_q, len_k, validate)   # before the shift
     shift = xp.asarray((max_k - len_k).reshape(-1, 1, 1, 1))
-    lists = xp.ascontiguousarray(xp.where(lists >= 0, lists + shift, lists)).astype(np.int32)
+    lists = xp.where(lists >= 0, lists + shift, lists)      # (clipped: no entry wraps in int32)
+    lists = xp.ascontiguousarray(lists.clip(-2, np.iinfo(np.int32).max)).astype(np.int32)
     lse_pad = xp.full((n_seq, max_q, lse.shape[0]), np.inf, lse.dtype)
     lse_pad[at_q] = xp.asarray(lse).T
     backward = importlib.import_module("numba_flash.ops.backward").backward

@@ -95,17 +95,18 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
+    if kv_indices is not None:   # the user's functions and dropout: not with the lists
+        check_sparse_options(mask_mod=mask_mod, block_mask=block_mask, score_mod=score_mod,
+                             score_mod_grad=score_mod_grad, aux_grad=aux_grad,
+                             aux_tensors=aux_tensors, dropout_p=dropout_p)
     if kv_indices is not None and not deterministic:   # the gathering kernel
         return _sparse_backward(do, q, k, v, o, lse, kv_indices, causal=causal,
-                                softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed,
+                                softmax_scale=softmax_scale, seed=seed,
                                 window_size=window_size, softcap=softcap,
-                                alibi_slopes=alibi_slopes, kernel=kernel, score_mod=score_mod,
-                                mask_mod=mask_mod, block_mask=block_mask, aux_grad=aux_grad,
-                                aux_tensors=aux_tensors, learnable_sink=learnable_sink)
+                                alibi_slopes=alibi_slopes, kernel=kernel,
+                                learnable_sink=learnable_sink)
     if kv_indices is not None:   # deterministic: the dense kernels, the lists as their mask
-        mask_mod, aux_tensors = sparse_mask(q, k, v, kv_indices, mask_mod=mask_mod,
-                                            block_mask=block_mask, score_mod=score_mod,
-                                            aux_grad=aux_grad, aux_tensors=aux_tensors)
+        mask_mod, aux_tensors = sparse_mask(q, k, v, kv_indices)
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                             seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
                             score_mod_grad, block_mask, aux_tensors)
@@ -138,16 +139,12 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
                                         right=a.right, softcap=a.softcap, alibi=a.alibi)
 
 
-def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, dropout_p,
-                     seed, window_size, softcap, alibi_slopes, kernel, learnable_sink, **user):
+def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, seed,
+                     window_size, softcap, alibi_slopes, kernel, learnable_sink):
     """:func:`backward` with ``kv_indices``, not ``deterministic``: the lists checked as the
     forward checks them (:func:`~numba_flash.frontend.sparse.sparse_mask`'s rules), then the
     token-sparse kernel (:mod:`numba_flash.kernels.backward.sparse`): ``dq`` written per block,
     ``dk`` / ``dv`` summed in compute-type buffers (atomics) and cast to the inputs' dtype."""
-    check_sparse_options(**user)
-    if dropout_p:
-        raise ValueError(f"dropout_p: expected 0.0 with kv_indices (the token-sparse forward "
-                         f"takes no dropout), got {dropout_p!r}")
     if kernel not in ("auto", "simt"):
         raise ValueError(f"kernel: expected 'auto' or 'simt' with kv_indices (the token-sparse "
                          f"backward is a SIMT kernel), got {kernel!r}")

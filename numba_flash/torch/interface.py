@@ -237,8 +237,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     FlashAttention-4's ``gather_kv_indices``: integer ``(batch_size, seqlen_q, topk)``, query
     ``i`` sees only the keys its row lists (-1: none; token-sparse attention,
     :func:`numba_flash.forward`'s ``kv_indices`` shared by every head), with autograd (the
-    backward: the dense kernels masked by the lists); not with dropout or the variant
-    arguments.
+    backward reads the listed keys only; ``deterministic``: the dense kernels masked by the
+    lists); not with dropout or the variant arguments.
     """
     _check_dense(q, k, v)
     if gather_kv_indices is not None:

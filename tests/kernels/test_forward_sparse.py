@@ -276,3 +276,30 @@ def test_varlen_backward_packed_lists(rng, deterministic):
         want[3] += gs
     for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
         assert_close(g, w, np.float64 if name != "dsink" else np.float32, name=name)
+
+
+def test_review_holes_are_closed(rng):
+    """A review's findings (2026-12-05): dropout and score_mod_grad rejected by the backward on
+    both paths, float packed lists a TypeError (not truncated), an empty aux_tensors list taken,
+    an unsigned entry past int32 a ValueError."""
+    q, k, do = (randn(rng, s, np.float64) for s in ((1, 2, 3, 16), (1, 1, 6, 16), (1, 2, 3, 16)))
+    idx = np.array([[[[0, 4, -1], [1, -1, -1], [5, 2, 3]]]], np.int32)
+    o, lse = numba_flash.forward(q, k, k, kv_indices=idx, return_lse=True, aux_tensors=[])
+    for det in (False, True):
+        with pytest.raises(ValueError, match="^dropout_p: expected 0.0 with kv_indices"):
+            numba_flash.backward(do, q, k, k, o, lse, kv_indices=idx, dropout_p=0.3,
+                                 deterministic=det)
+        with pytest.raises(ValueError, match="^score_mod_grad: expected None with kv_indices"):
+            numba_flash.backward(do, q, k, k, o, lse, kv_indices=idx, deterministic=det,
+                                 score_mod_grad=lambda s, b, h, i, j: 1.0)
+    with pytest.raises(ValueError, match=r"kv_indices: expected entries in .* got 9223372036854775808"):
+        numba_flash.forward(q, k, k, kv_indices=idx.astype(np.uint64) * np.uint64(2**63))
+    cu_q, cu_k = np.array([0, 3], np.int32), np.array([0, 6], np.int32)
+    qp, kp, dop = (x[0].transpose(1, 0, 2) for x in (q, k, do))
+    packed = idx[0].transpose(1, 0, 2).astype(np.float32) + 0.7
+    with pytest.raises(TypeError, match="kv_indices: expected an integer array"):
+        numba_flash.forward_varlen(qp, kp, kp, cu_q, cu_k, max_seqlen_q=3, max_seqlen_k=6,
+                                   kv_indices=packed)
+    with pytest.raises(TypeError, match="kv_indices: expected an integer array"):
+        numba_flash.backward_varlen(dop, qp, kp, kp, qp, lse[0], cu_q, cu_k, max_seqlen_q=3,
+                                    max_seqlen_k=6, kv_indices=packed)

@@ -336,8 +336,9 @@ def decode_grid(b, hkv, chunks, splits):
     with ``B * Hkv`` past 65535)."""
     x = int(b) * int(hkv) * int(chunks)
     if x > GRID_X_MAX:
-        raise ValueError(f"q: expected B * Hkv * row chunks <= {GRID_X_MAX} (the CUDA grid's x "
-                         f"limit), got {b} * {hkv} * {chunks} = {x}")
+        raise ValueError(f"q: expected B * Hkv * row chunks (times Nq with kv_indices) <= "
+                         f"{GRID_X_MAX} (the CUDA grid's x limit), got {b} * {hkv} * {chunks} "
+                         f"= {x}")
     if not 1 <= splits <= GRID_YZ_MAX:
         raise ValueError(f"num_splits: expected 1..{GRID_YZ_MAX} splits in the grid, got {splits}")
     return (x, int(splits))
