@@ -292,7 +292,7 @@ def test_review_holes_are_closed(rng):
         with pytest.raises(ValueError, match="^score_mod_grad: expected None with kv_indices"):
             numba_flash.backward(do, q, k, k, o, lse, kv_indices=idx, deterministic=det,
                                  score_mod_grad=lambda s, b, h, i, j: 1.0)
-    with pytest.raises(ValueError, match=r"kv_indices: expected entries in .* got 9223372036854775808"):
+    with pytest.raises(ValueError, match=r"expected entries in .* got 9223372036854775808"):
         numba_flash.forward(q, k, k, kv_indices=idx.astype(np.uint64) * np.uint64(2**63))
     cu_q, cu_k = np.array([0, 3], np.int32), np.array([0, 6], np.int32)
     qp, kp, dop = (x[0].transpose(1, 0, 2) for x in (q, k, do))
