@@ -226,9 +226,7 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
         raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = [{qs[0]}, "
                          f"Hkv or 1, topk] with cu_seqlens, got {list(shape)}")
     max_q = max(1, int(len_q.max(initial=0)))
-    seq_of = np.repeat(np.arange(n_seq), len_q)                 # each packed row's sequence
-    pos = max_q - len_q[seq_of] + (np.arange(qs[0]) - cu_q[seq_of])   # its padded row
-    at = (xp.asarray(seq_of), xp.asarray(pos))
+    at = tuple(xp.asarray(a) for a in _padded_rows(cu_q, max_q))   # (sequence, padded row)
     q_pad = xp.zeros((n_seq, max_q) + tuple(qs[1:]), q.dtype)
     q_pad[at] = q
     lists = xp.full((n_seq, max_q) + tuple(shape[1:]), -1, np.int32)

@@ -272,32 +272,51 @@ def mla_decode_kernel(cfg):
 
     load_tile, load_listed_tile, mask_listed, exchange_s = make_mla_tile_stages(cfg)
 
-    def make_step(MASKED):
+    def make_step(MASKED, LISTED=False):
         """One key tile; ``MASKED`` (compile time): the tile reaches past the block's last key
-        (the split's end or the row's), so its scores are masked per key."""
+        (the split's end or the row's), so its scores are masked per key; ``LISTED``
+        (``GATHER``): the tile is ``BLOCK_N`` list entries, copied through
+        :func:`load_listed_tile` and masked by their seen flags."""
         tile_scores = scores_masked if MASKED else scores_full
+
+        if LISTED:
+            @_stage
+            def load_next(smem, stage, k_start, x):
+                return load_listed_tile(smem, x.seen, stage, x.cache, k_start, x.bounds[0],
+                                        x.kc, x.listed, x.keys, x.tid)
+
+            @_stage
+            def mask_scores(s, n, k_start, x):     # keys the rows do not see
+                mask_listed(s, x.seen, n % STAGES, x.t)
+        else:
+            @_stage
+            def load_next(smem, stage, k_start, x):
+                return load_tile(smem, stage, x.cache, k_start, x.bounds[0], x.kc, x.tid)
+
+            @_stage
+            def mask_scores(s, n, k_start, x):     # mask the tile's end
+                tile_scores(s, x.sa, x.token, k_start + 2 * x.t, x.bounds, False)
 
         # [docs:mla-step]
         @_stage
         def step(n, k_start, x):   # x: the MlaStep
-            smem, sp, cache, kc, sa = x.smem, x.sp, x.cache, x.kc, x.sa
+            smem, sp = x.smem, x.sp
             qf, s, acc, m_i, l_i, bad_sh = x.qf, x.s, x.acc, x.m_i, x.l_i, x.bad_sh
-            tid, warp, g, t, k_b, v_b = x.tid, x.warp, x.g, x.t, x.k_b, x.v_b
-            token, bounds, exp_scale = x.token, x.bounds, x.exp_scale
-            r_hi = bounds[0]
+            warp, g, t, k_b, v_b = x.warp, x.g, x.t, x.k_b, x.v_b
+            r_hi = x.bounds[0]
             kb = (n % STAGES) * TILE_BYTES
             cp_async_wait_all()
             cuda.syncthreads()  # tile n landed for all; every warp is done with tile n - 1
             if k_start + BLOCK_N < r_hi:   # tile n + 1 lands under this one
-                if load_tile(smem, (n + 1) % STAGES, cache, k_start + BLOCK_N, r_hi, kc, tid):
+                if load_next(smem, (n + 1) % STAGES, k_start + BLOCK_N, x):
                     bad_sh[0] = 1
             for r in range(ROWS):
                 for c in range(KEYS):
                     s[r, c] = ZERO
             gemm_s(s, qf, smem, 0, kb + k_b)                             # S_w = Q_w K_w^T
             exchange_s(sp, s, warp, g, t)                                # S = sum_w S_w
-            tile_scores(s, sa, token, k_start + 2 * t, bounds, False)    # mask the tile's end
-            softmax_update(s, acc, m_i, l_i, exp_scale)                  # m_i, l_i, P, acc *= a
+            mask_scores(s, n, k_start, x)                                # the tile's mask
+            softmax_update(s, acc, m_i, l_i, x.exp_scale)                # m_i, l_i, P, acc *= a
             gemm_pv(acc, s, smem, 0, kb + v_b)                           # acc_w += P V_w
         # [/docs:mla-step]
 
@@ -305,30 +324,7 @@ def mla_decode_kernel(cfg):
 
     step_full = make_step(False)
     step_masked = make_step(True)
-
-    @_stage
-    def step_listed(n, t_start, x):   # x: the MlaStep
-        """``GATHER``: one tile of ``BLOCK_N`` list entries (:func:`make_step`'s stages, the
-        copy through :func:`load_listed_tile`, the mask from its seen flags)."""
-        smem, sp, cache, kc = x.smem, x.sp, x.cache, x.kc
-        qf, s, acc, m_i, l_i, bad_sh = x.qf, x.s, x.acc, x.m_i, x.l_i, x.bad_sh
-        tid, warp, g, t, k_b, v_b = x.tid, x.warp, x.g, x.t, x.k_b, x.v_b
-        t_end = x.bounds[0]
-        kb = (n % STAGES) * TILE_BYTES
-        cp_async_wait_all()
-        cuda.syncthreads()  # tile n landed for all; every warp is done with tile n - 1
-        if t_start + BLOCK_N < t_end:     # tile n + 1 lands under this one
-            if load_listed_tile(smem, x.seen, (n + 1) % STAGES, cache, t_start + BLOCK_N, t_end,
-                                kc, x.listed, x.keys, tid):
-                bad_sh[0] = 1
-        for r in range(ROWS):
-            for c in range(KEYS):
-                s[r, c] = ZERO
-        gemm_s(s, qf, smem, 0, kb + k_b)                             # S_w = Q_w K_w^T
-        exchange_s(sp, s, warp, g, t)                                # S = sum_w S_w
-        mask_listed(s, x.seen, n % STAGES, t)                        # keys the rows do not see
-        softmax_update(s, acc, m_i, l_i, x.exp_scale)                # m_i, l_i, P, acc *= a
-        gemm_pv(acc, s, smem, 0, kb + v_b)                           # acc_w += P V_w
+    step_listed = make_step(False, LISTED=True)
 
     @kernel_jit
     def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
