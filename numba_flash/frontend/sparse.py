@@ -17,7 +17,12 @@ The forward (``numba_flash.forward(..., kv_indices=)``) runs as the token-sparse
 (:func:`numba_flash.decode` with ``kv_indices``): ``k`` and ``v`` read as a contiguous cache of
 ``Nk`` keys per sequence, a block per query token whose rows are the heads of one kv head
 (they share the list, as DSA's indexer and FlashMLA's sparse prefill have it), the list split
-over blocks, the key rows gathered into registers: ``O(Nq * topk)`` work.  The backward reads
+over blocks: ``O(Nq * topk)`` work.  On tensor cores (float16 / bfloat16, head dims multiples
+of 64, no softcap or ALiBi; ``kernel="auto"`` with at least 8 heads a kv head) a tile of 16
+list entries is gathered by ``cp.async`` into shared memory, K and V rows each through their
+page (:mod:`numba_flash.kernels.decode.mla`, ``OWN_V``); on the SIMT kernel each key row is
+gathered into the registers of the lanes that use it (:mod:`numba_flash.kernels.decode.split_kv`,
+``GATHER``).  The backward reads
 the listed keys too (:mod:`numba_flash.kernels.backward.sparse`); a ``deterministic`` one gets
 the lists as the dense kernels' ``mask_mod`` (:func:`sparse_mask`: a dense ``[B, G, Nq, Nk]``
 int8 table of listed keys, the dense ``O(Nq * Nk)`` work).  The story and its machine-code
@@ -87,6 +92,11 @@ def kernel_indices(call, kv_indices):
     return call.input(xp.clip(kv_indices, -2, np.iinfo(np.int32).max).astype(np.int32))
 
 
+#: the kernels a token-sparse forward runs on: ``"auto"`` (the tensor-core decode where it
+#: applies, :func:`numba_flash.ops.decode._mma_decode`), ``"simt"`` (the split-KV SIMT decode),
+#: ``"mma"`` (the tensor-core decode, a ValueError naming ``kernel`` where it cannot)
+SPARSE_KERNELS = ("auto", "simt", "mma")
+
 #: forward's arguments a token-sparse call does not take, with the value that means "off"
 _DENSE_ONLY = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": None,
                "mask_mod": None, "block_mask": None, "aux_tensors": ()}
@@ -111,9 +121,9 @@ def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, wi
         if not _is_off(given, off):
             raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
                              f"runs the gathering decode kernel), got {given!r}")
-    if kernel not in ("auto", "simt"):
-        raise ValueError(f"kernel: expected 'auto' or 'simt' with kv_indices (the gather runs on "
-                         f"the SIMT decode kernel), got {kernel!r}")
+    if kernel not in SPARSE_KERNELS:
+        raise ValueError(f"kernel: expected one of {SPARSE_KERNELS} with kv_indices (the gather "
+                         f"runs on the decode kernels), got {kernel!r}")
     s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
     xp = array_module(q)
     lengths = xp.full((s.b,), s.nk, dtype=np.int32)   # every sequence: Nk keys
@@ -123,7 +133,7 @@ def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, wi
     return decode(q, k, v, cache_seqlens=lengths, causal=causal, softmax_scale=softmax_scale,
                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                   learnable_sink=learnable_sink, return_lse=return_lse, kv_indices=kv_indices,
-                  kernel="simt")
+                  kernel=kernel)
 
 
 def listed_keys(b, h, q_idx, kv_idx, listed, list_of_head):
@@ -247,7 +257,7 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
                     causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                     softcap=softcap, alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
                     return_lse=True, validate=validate,
-                    kv_indices=xp.ascontiguousarray(lists.transpose(0, 2, 1, 3)), kernel="simt")
+                    kv_indices=xp.ascontiguousarray(lists.transpose(0, 2, 1, 3)), kernel="auto")
     o = o.transpose(0, 2, 1, 3)[at]
     lse = xp.ascontiguousarray(lse.transpose(0, 2, 1)[at].T)
     return (o, lse) if return_lse else o

@@ -191,12 +191,14 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       absorbed decode: ``v_cache=None`` and ``head_dim_v=d_v``: the value is the first
       ``d_v`` columns of ``k_cache`` itself (one latent cache ``[.., d]``, ``d`` up to 576 as
       DeepSeek's ``512 + 64``, read twice, never copied); not with ``k_new``.
-    * ``kernel``: ``"auto"`` (default), ``"mma"`` or ``"simt"``.  MLA's absorbed decode in
-      float16 / bfloat16 with ``d`` and ``head_dim_v`` multiples of 64 and no softcap, ALiBi or
-      user functions runs on tensor cores (:mod:`numba_flash.kernels.decode.mla`: 16 heads of
-      one query token per block share each read of the latent cache); ``"auto"`` takes it
-      wherever it applies, ``"mma"`` asks for it (a ``ValueError`` naming ``kernel`` says why
-      it cannot), ``"simt"`` keeps the split-KV SIMT kernel every other call runs.
+    * ``kernel``: ``"auto"`` (default), ``"mma"`` or ``"simt"``.  The tensor-core decode
+      (:mod:`numba_flash.kernels.decode.mla`: 16 heads of one query token per block share each
+      read of the cache) takes float16 / bfloat16 caches with ``d`` and ``d_v`` multiples of
+      64 and no softcap, ALiBi or user functions: MLA's latent cache, or K and V caches of
+      their own.  ``"auto"`` takes it for every latent-cache call it serves and for
+      token-sparse calls (``kv_indices``) with at least 8 query heads a kv head (half its
+      16-row tile); ``"mma"`` asks for it (a ``ValueError`` naming ``kernel`` says why it
+      cannot), ``"simt"`` keeps the split-KV SIMT kernel every other call runs.
     * ``learnable_sink``: float32 ``[H]`` (gpt-oss's attention sinks, as
       :func:`numba_flash.forward`): a key with no value in every row's denominator, ``lse``
       included; a row that sees no key gets ``o = 0``, ``lse = sink_h``.  With several splits
@@ -218,8 +220,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       reads only the listed rows (a block per query token, its heads sharing the list; the
       splits divide the list).  Validated: entries in ``[-1, L)`` (``L`` after the append), no
       key twice in a list (:mod:`numba_flash.frontend.sparse`); without validation a bad
-      entry makes its token's rows NaN.  The SIMT kernel, or MLA's tensor-core one (a tile of
-      16 list entries gathered into shared memory, each through its page).  The reference:
+      entry makes its token's rows NaN.  The SIMT kernel, or the tensor-core one (a tile of
+      16 list entries' K and V rows gathered into shared memory, each through its page).  The reference:
       :func:`numba_flash.reference.sparse_attention`.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
@@ -312,16 +314,17 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                          kv_descale=kv_descale)
     lengths = seqlens if opts.validate else [capacity] * s.b
-    if plan.mla is not None:   # MLA's absorbed decode on tensor cores (kernels/decode/mla.py)
+    if plan.mla is not None:   # the tensor-core decode (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(
             call, dev.q, dev.k, dev.table, dev.paged, dev.lengths, dev.leftpad, plan.mla,
             shape=MlaShape(s.b, s.h, s.hkv, s.nq, s.d, s.d_v),
             dtype=s.dtype, scale=opts.scale, window=(plan.left, plan.right), sink=opts.sink,
             n_cache=s.n_cache, n_slots=s.n_slots,
             lengths=lengths if s.topk is None else [s.topk] * s.b,
-            lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices))
-        return _outputs(call, s, o, lse, opts.return_lse)
-    o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices)
+            lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
+            v_cache=None if s.latent else dev.v)
+    else:
+        o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, k_cache, dev.k)
         write_back(call, v_cache, dev.v)
@@ -466,8 +469,8 @@ def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
 
 class DecodeOptions(NamedTuple):
     """The scalar options of a :func:`decode` call, checked (:func:`_check_options`); ``alibi``
-    float32 ``[B, H]`` or None, ``sink`` float32 ``[H]`` or None, ``mla_mma``: MLA's
-    tensor-core kernel runs the call."""
+    float32 ``[B, H]`` or None, ``sink`` float32 ``[H]`` or None, ``mla_mma``: the
+    tensor-core decode (MLA's kernel, :func:`_mma_decode`) runs the call."""
 
     causal: bool
     return_lse: bool
@@ -502,8 +505,8 @@ def _check_options(s, arrays, q, k_cache, *, causal, return_lse, softmax_scale, 
     if alibi_slopes is not None:
         alibi = _alibi(alibi_slopes, s.b, s.h, check_values=validate or not on_device)
     sink = check_sink(learnable_sink, s.h, check_values=validate or not on_device)
-    mla_mma = _mla_kernel(kernel, s.latent, s.dtype, s.d, s.d_v, softcap, alibi_slopes, variant,
-                          (q, k_cache))
+    mla_mma = _mma_decode(kernel, s, softcap, alibi_slopes, variant,
+                          [arrays[n] for n in ("q", "k_cache", "v_cache") if n in arrays])
     return DecodeOptions(causal, return_lse, scale, window, softcap, num_splits, variant,
                          validate, alibi, sink, mla_mma)
 
@@ -587,7 +590,7 @@ def _launch_plan(s, opts, capacity):
     grid = mla = None
     if opts.mla_mma:   # MLA's tensor-core kernel: its own grid, splits and partials
         mla = _mla_plan(d, d_v, s.dtype, num_splits, b, h, hkv, nq,
-                        s.topk if gather else capacity, opts.sink, gather)
+                        s.topk if gather else capacity, opts.sink, gather, not s.latent)
         n_parts = mla.n_splits if mla.partial else 0
     else:
         # [docs:decode-grid]
@@ -728,32 +731,41 @@ def _outputs(call, s, o, lse, return_lse):
 DECODE_KERNELS = ("auto", "simt", "mma")
 
 
-def _mla_kernel(kernel, latent, dtype, d, d_v, softcap, alibi_slopes, variant, arrays):
-    """Whether :func:`decode` runs MLA's tensor-core kernel (:mod:`numba_flash.kernels.
-    mla_decode`): ``kernel="auto"`` takes it for every call it serves (a latent cache,
-    ``v_cache=None``; float16 or bfloat16; ``d`` and ``head_dim_v`` multiples of 64; no
-    softcap, ALiBi or user functions; 16-byte aligned ``q`` and cache on a GPU; with or
-    without ``kv_indices``), ``"mma"``
-    asks for it (a ValueError naming ``kernel`` with the reason where it cannot), ``"simt"``
-    keeps the split-KV SIMT kernel."""
+#: the fewest query heads of a kv head for which ``kernel="auto"`` takes the tensor-core
+#: decode with a value cache of its own and ``kv_indices``: half of the 16 rows of its tile
+#: (fewer leave most of each ``mma`` to padding; the SIMT kernel then reads as few bytes)
+MMA_MIN_GROUP = 8
+
+
+def _mma_decode(kernel, s, softcap, alibi_slopes, variant, arrays):
+    """Whether :func:`decode` runs the tensor-core decode (:mod:`numba_flash.kernels.decode.mla`,
+    16 heads of one query token a block): it takes float16 / bfloat16 (not e4m3) caches, ``d``
+    and ``d_v`` multiples of 64, no softcap, ALiBi or user functions, 16-byte aligned ``q`` and
+    caches on a GPU.  ``kernel="auto"`` takes it for MLA's latent cache (``v_cache=None``) and
+    for token-sparse calls (``kv_indices``) with a value cache of its own and at least
+    :data:`MMA_MIN_GROUP` query heads a kv head; ``"mma"`` asks for it (a ValueError naming
+    ``kernel`` with the reason where it cannot), ``"simt"`` keeps the split-KV SIMT kernel."""
     if not isinstance(kernel, str) or kernel not in DECODE_KERNELS:
         raise ValueError(f"kernel: expected one of {DECODE_KERNELS}, got {kernel!r}")
     if kernel == "simt":
         return False
+    d, d_v = s.d, s.d_v
     why = None
-    if not latent:
-        why = "a latent cache (v_cache=None, head_dim_v=)"
-    elif np.dtype(dtype).name not in MMA_DTYPES:
-        why = f"float16 or bfloat16 (got {np.dtype(dtype).name})"
+    if s.kv_fp8:
+        why = "float16 or bfloat16 caches (got e4m3)"
+    elif np.dtype(s.dtype).name not in MMA_DTYPES:
+        why = f"float16 or bfloat16 (got {np.dtype(s.dtype).name})"
     elif d % 64 or d_v % 64:
-        why = f"head dims that are multiples of 64 (got {d} and head_dim_v={d_v})"
+        why = f"head dims that are multiples of 64 (got d = {d} and d_v = {d_v})"
     elif softcap > 0 or alibi_slopes is not None or variant is not None:
         why = "no softcap, ALiBi, score_mod or mask_mod"
     elif not vector_copies(d, d, *(x for x in arrays if hasattr(x, "__cuda_array_interface__"))):
-        why = "16-byte aligned q and k_cache"
+        why = "16-byte aligned q and caches"
     if why is not None and kernel == "mma":
-        raise ValueError(f"kernel: 'mma' (MLA's tensor-core decode) takes {why}; pass "
+        raise ValueError(f"kernel: 'mma' (the tensor-core decode) takes {why}; pass "
                          f"kernel='auto' or 'simt'")
+    if kernel == "auto" and not s.latent:   # GQA's own V: only token-sparse, a full tile
+        return why is None and s.topk is not None and s.h // s.hkv >= MMA_MIN_GROUP
     return why is None
 
 
@@ -781,9 +793,10 @@ class MlaShape(NamedTuple):
     d_v: int
 
 
-def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=False):
+def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=False,
+              own_v=False):
     """The :class:`MlaPlan` of a call (a ValueError past CUDA's grid limits)."""
-    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name, gather)
+    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name, gather, own_v)
     split_target, split_min = split_policy(num_splits, hkv, cfg.BLOCK_N)
     n_splits = split_grid(split_target, split_min, capacity)
     grid = mla_decode_grid(b, hkv, nq, h // hkv, n_splits)
@@ -791,10 +804,11 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=F
 
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
-                    window, sink, n_cache, n_slots, lengths, lists):
+                    window, sink, n_cache, n_slots, lengths, lists, v_cache=None):
     """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
     ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
-    d]``; ``lists``: the int32 ``kv_indices``, or the kernel's stand-in): the kernel, then,
+    d]``; ``v_cache``: a value cache's rows ``[.., d_v]``, None for the latent cache;
+    ``lists``: the int32 ``kv_indices``, or the kernel's stand-in): the kernel, then,
     with several splits or a learnable sink, the merge of its float32 partials (which adds the
     sink once).  Returns device ``(o, lse)``."""
     b, h, hkv, nq = shape.b, shape.h, shape.hkv, shape.nq
@@ -813,7 +827,9 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
                 cache.view(np.uint16), table, seqlens, leftpad, o.reshape(-1), lse.reshape(-1),
                 o_part, lse_part, va, np.int32(paged), np.int32(n_cache), np.int32(hkv),
                 np.int32(n_slots), np.int32(plan.split_target), np.int32(plan.split_min),
-                np.int32(partial), lists, work=SimWork("forward_mma", trips * cfg.THREADS))
+                np.int32(partial), lists,
+                cache.view(np.uint16) if v_cache is None else v_cache.view(np.uint16),
+                work=SimWork("forward_mma", trips * cfg.THREADS))
     if partial:
         xp = array_module(sink) if sink is not None else np
         row_sinks = (no_sink(call) if sink is None else call.input(xp.ascontiguousarray(

@@ -100,9 +100,12 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     integer ``[B, Hkv or 1, Nq, topk]``, query token ``i`` sees only the keys
     ``kv_indices[b, kvh or 0, i]`` lists (``-1``: none; each key at most once per list, entries
     in ``[-1, Nk)``: a ``ValueError`` naming ``kv_indices``), and-ed with ``causal``, the window,
-    softcap, ALiBi and the sink.  Runs the gathering decode kernel
-    (:func:`numba_flash.frontend.sparse.sparse_forward`: ``O(Nq * topk)`` work); not with
-    dropout, ``block_m`` / ``block_n``, the user's functions or a tensor-core ``kernel``.
+    softcap, ALiBi and the sink.  Runs the gathering decode kernels
+    (:func:`numba_flash.frontend.sparse.sparse_forward`: ``O(Nq * topk)`` work; ``kernel``
+    ``"auto"``, ``"simt"`` or ``"mma"``: the tensor-core gather of 16 listed K / V rows into
+    shared memory, float16 / bfloat16 with head dims multiples of 64, no softcap or ALiBi;
+    ``"auto"`` takes it with at least 8 query heads a kv head); not with dropout, ``block_m`` /
+    ``block_n`` or the user's functions.
     The reference: :func:`numba_flash.reference.sparse_attention`.
     """
     if kv_indices is not None:

@@ -201,9 +201,10 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
 
     ``kv_indices`` (token-sparse, as :func:`numba_flash.forward`'s): integer ``[total_q, Hkv or
     1, topk]``, packed row ``r``'s keys as positions within its sequence (-1: none), with or
-    without ``block_table``; the gathering decode kernel over a right-aligned padded copy of
+    without ``block_table``; the gathering decode kernels over a right-aligned padded copy of
     ``q`` (:func:`numba_flash.frontend.sparse.sparse_forward_varlen`; ``k`` and ``v`` read in
-    place).  Not with dropout or the user's functions.
+    place; the tensor-core gather where :func:`numba_flash.forward`'s ``kernel="auto"`` takes
+    it).  Not with dropout or the user's functions.
     """
     paged = block_table is not None
     if paged:

@@ -82,7 +82,7 @@ def test_dense_only_options_and_bad_lists_are_named(rng):
     idx = np.zeros((1, 1, 3, 2), np.int32)
     idx[..., 1] = -1
     for kw, name in [(dict(dropout_p=0.1), "dropout_p"), (dict(block_m=16), "block_m"),
-                     (dict(kernel="mma"), "kernel"),
+                     (dict(kernel="wgmma"), "kernel"),
                      (dict(mask_mod=lambda b, h, qi, ki: True), "mask_mod")]:
         with pytest.raises(ValueError, match=f"^{name}: expected .* with kv_indices"):
             numba_flash.forward(q, k, k, kv_indices=idx, **kw)

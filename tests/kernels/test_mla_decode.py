@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ml_dtypes import bfloat16
+from ml_dtypes import bfloat16, float8_e4m3fn
 
 import numba_flash
 from numba_flash import reference as ref
@@ -109,7 +109,7 @@ def test_kernel_choice_is_named(rng, kw, words):
     with pytest.raises(ValueError, match="^kernel: ") as info:
         numba_flash.decode(q, k, None, head_dim_v=64, cache_seqlens=np.array([3]), **kw)
     assert words in str(info.value)
-    with pytest.raises(ValueError, match="^kernel: 'mma'.*latent cache"):
-        numba_flash.decode(np.zeros((1, 2, 64), np.float16), np.zeros((1, 1, 8, 64), np.float16),
-                           np.zeros((1, 1, 8, 64), np.float16), cache_seqlens=np.array([3]),
-                           kernel="mma")
+    e4m3 = np.zeros((1, 1, 8, 64), float8_e4m3fn)
+    with pytest.raises(ValueError, match="^kernel: 'mma'.*e4m3"):
+        numba_flash.decode(np.zeros((1, 2, 64), np.float16), e4m3, e4m3,
+                           cache_seqlens=np.array([3]), kernel="mma")

@@ -350,14 +350,15 @@ def launch_bounds(THREADS, dtype, HEAD_DIM):
     return (THREADS, gpu_min_blocks(dtype, HEAD_DIM))
 
 
-# -- MLA's absorbed decode on tensor cores ---------------------------------------------------
+# -- MLA's absorbed decode on tensor cores (and a cache with values of its own) ------------
 @kernel_config
 class MlaDecodeConfig:
     """The tensor-core decode of one latent cache read as keys (``D_QK`` columns) and values
-    (its first ``D_V``) (:mod:`numba_flash.kernels.decode.mla`): ``NUM_WARPS`` warps hold the
-    same 16 query heads; warp ``w`` computes ``S``'s share of k-steps ``w K_STEPS_W ..`` and
-    accumulates ``o``'s columns ``w D_V / NUM_WARPS ..``; key tiles of ``BLOCK_N`` rows,
-    ``STAGES`` of them in flight."""
+    (its first ``D_V``), or with ``OWN_V`` of a key cache and a value cache of its own
+    (:mod:`numba_flash.kernels.decode.mla`): ``NUM_WARPS`` warps hold the same 16 query heads;
+    warp ``w`` computes ``S``'s share of k-steps ``w K_STEPS_W ..`` and accumulates ``o``'s
+    columns ``w D_V / NUM_WARPS ..``; key tiles of ``BLOCK_N`` rows, ``STAGES`` of them in
+    flight."""
 
     D_QK: int = 576
     D_V: int = 512
@@ -366,6 +367,9 @@ class MlaDecodeConfig:
     #: token-sparse: a tile's keys are ``BLOCK_N`` entries of the query token's list, each row
     #: found through its own page (:mod:`numba_flash.kernels.decode.mla`)
     GATHER: bool = False
+    #: the values are rows of a cache of their own, ``D_V`` wide (GQA's K and V caches, the
+    #: token-sparse forward's ``k`` and ``v``): a stage holds a V tile after its K tile
+    OWN_V: bool = False
 
     #: tile n + 1 is copied under tile n's math (one stage would leave the copy unoverlapped;
     #: a third 16-key tile of 576 passes 48 KiB with the partial scores)
@@ -381,6 +385,17 @@ class MlaDecodeConfig:
     def ROW_BYTES(self):
         """Bytes of a shared key row (:func:`mma_row_bytes` of ``D_QK``)."""
         return mma_row_bytes(self.D_QK)
+
+    @property
+    def V_ROW_BYTES(self):
+        """Bytes of a shared value row: ``OWN_V``: :func:`mma_row_bytes` of ``D_V``; else the
+        key row (the values are its first ``D_V`` columns)."""
+        return mma_row_bytes(self.D_V) if self.OWN_V else self.ROW_BYTES
+
+    @property
+    def STAGE_BYTES(self):
+        """Bytes of a stage: the K tile, then (``OWN_V``) the V tile."""
+        return self.BLOCK_N * (self.ROW_BYTES + (self.V_ROW_BYTES if self.OWN_V else 0))
 
     @property
     def K_STEPS_W(self):
@@ -400,20 +415,23 @@ class MlaDecodeConfig:
 
     @property
     def SMEM_BYTES(self):
-        """``STAGES`` key tiles (Q is staged through the first before the loop), then the
-        warps' partial ``S`` (float32, 16 rows each)."""
-        return self.STAGES * self.BLOCK_N * self.ROW_BYTES + self.NUM_WARPS * 16 * self.SP_ROW * 4
+        """``STAGES`` stages (Q is staged through the first before the loop), then the warps'
+        partial ``S`` (float32, 16 rows each)."""
+        return self.STAGES * self.STAGE_BYTES + self.NUM_WARPS * 16 * self.SP_ROW * 4
 
     @property
     def name(self):
         return (f"mla_decode W{self.NUM_WARPS} N{self.BLOCK_N} D{self.D_QK}/{self.D_V} "
-                f"S{self.STAGES} {self.DTYPE}{' kv_indices' if self.GATHER else ''}")
+                f"S{self.STAGES} {self.DTYPE}{' own_v' if self.OWN_V else ''}"
+                f"{' kv_indices' if self.GATHER else ''}")
 
 
-def mla_decode_config(d_qk, d_v, dtype="float16", gather=False):
+def mla_decode_config(d_qk, d_v, dtype="float16", gather=False, own_v=False):
     """The :class:`MlaDecodeConfig` of a call: 16-key tiles, two in flight (2 x 16 x 1168 B of
     keys + 6 KiB of partial scores = 42.5 KiB at 576 / 512: 32-key tiles in two stages would
-    pass the 48 KiB static limit, and one stage leaves the copy unoverlapped).  ``d_qk`` a
-    multiple of 64 (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column
-    ``B`` pairs split four ways), ``d_v <= d_qk``."""
-    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=16, DTYPE=dtype, GATHER=gather)
+    pass the 48 KiB static limit, and one stage leaves the copy unoverlapped; ``own_v`` with
+    ``d_qk = d_v = 256``: 2 x 16 x (528 + 528) B + 6 KiB = 39 KiB).  ``d_qk`` a multiple of 64
+    (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column ``B`` pairs split
+    four ways), ``d_v <= d_qk`` for a latent cache, both at most 256 with ``own_v``."""
+    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=16, DTYPE=dtype, GATHER=gather,
+                           OWN_V=own_v)

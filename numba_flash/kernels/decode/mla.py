@@ -1,10 +1,12 @@
-"""MLA's absorbed decode on tensor cores: one latent cache read as keys and again as values.
+"""MLA's absorbed decode on tensor cores: one latent cache read as keys and again as values
+(or, ``OWN_V``, a key cache and a value cache of its own: GQA and the token-sparse forward).
 
 Contract (as :func:`numba_flash.decode` with ``v_cache=None, head_dim_v=D_V``, for the calls
 :mod:`numba_flash.ops.decode` sends here): per sequence ``b``, query token ``i`` and head ``h``,
 ``o = softmax(scale q K^T) V`` and ``lse`` over the keys ``[lo, hi)`` the row sees (causal and
 window aligned bottom-right at ``L = cache_seqlens[b]``, no key before ``cache_leftpad[b]``),
-``K`` the ``D_QK``-wide cache rows and ``V`` their first ``D_V`` columns.  A row that sees no key:
+``K`` the ``D_QK``-wide cache rows and ``V`` their first ``D_V`` columns (``OWN_V``: the
+``D_V``-wide rows of the value cache, the same slots).  A row that sees no key:
 ``o = 0``, ``lse = -inf``; a NaN / inf in ``q`` or in a key row it sees: NaN (the forward's
 rule).  A sequence with a bad length or table entry: ``o = lse = NaN``, nothing outside the
 cache read.  16-bit operands, float32 accumulation and softmax; ``P`` rounded to the input type
@@ -35,9 +37,10 @@ Output: one split and no sink: the epilogue writes ``o`` and ``lse``; else float
 a learnable sink once.  ``[docs: flash-decoding.md]`` (MLA) and ``[docs: tensor-cores.md]``
 (the fragments).
 
-Shared memory: ``STAGES`` key tiles of ``BLOCK_N`` rows of ``2 D_QK + 16`` bytes (Q is staged
-through the first before the loop), then the warps' float32 partial ``S`` (16 rows of ``SP_ROW``
-words each): 42.5 KiB at 576 / 512.
+Shared memory: ``STAGES`` key tiles of ``BLOCK_N`` rows of ``2 D_QK + 16`` bytes (``OWN_V``: each
+followed by its value tile, rows of ``2 D_V + 16`` bytes; Q is staged through the first before the
+loop), then the warps' float32 partial ``S`` (16 rows of ``SP_ROW`` words each): 42.5 KiB at 576 /
+512, 39 KiB at 256 / 256 with ``OWN_V``.
 """
 
 from __future__ import annotations
@@ -105,6 +108,12 @@ def make_row_copy(THREADS_PER_ROW, ROW_CHUNKS):
     return copy_row
 
 
+@_stage
+def skip_copy(smem, dst_byte, src, src_elem, ok, part):
+    """No copy (a latent cache's value rows are its key rows, already in the tile)."""
+    pass
+
+
 #: the MLA decode's key-tile stages (:func:`make_mla_tile_stages`)
 MlaTileStages = namedtuple("MlaTileStages", "load_tile load_listed_tile mask_listed exchange_s")
 
@@ -117,20 +126,26 @@ def make_mla_tile_stages(cfg):
     D_QK, BLOCK_N, NUM_WARPS, THREADS, RB = (cfg.D_QK, cfg.BLOCK_N, cfg.NUM_WARPS, cfg.THREADS,
                                              cfg.ROW_BYTES)
     SP_ROW = cfg.SP_ROW
-    TILE_BYTES = BLOCK_N * RB
+    OWN_V, D_V, RBV = cfg.OWN_V, cfg.D_V, cfg.V_ROW_BYTES
+    TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
+    V_TILE = BLOCK_N * RB                    # OWN_V: the V tile's offset in its stage
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
     ROWS = 2                                 # a lane's rows: g and g + 8
     KEYS = BLOCK_N // 4                      # a lane's scores per row
     NEG_INF = float32(-math.inf)
     copy_key = make_row_copy(THREADS // BLOCK_N, D_QK // 8)
+    # OWN_V: a tile row's value row after its key row (else the key rows are the values)
+    copy_value = make_row_copy(THREADS // BLOCK_N, D_V // 8) if OWN_V else skip_copy
 
     @_stage
     def key_row(kc, key, ok):
-        """``(elem, ok, bad)``: the first cache element of key ``key``'s row (when ``ok``), found
-        through its page; a table entry outside the cache clears ``ok`` and sets ``bad``."""
+        """``(elem, v_elem, ok, bad)``: the first element of key ``key``'s cache row (when
+        ``ok``) and of its value row (``OWN_V``), found through its page; a table entry outside
+        the cache clears ``ok`` and sets ``bad``."""
         block_size, b = kc.block_size, kc.b
         bad = False
         elem = int64(0)
+        v_elem = int64(0)
         if ok:
             j = key // block_size
             blk = int64(b)
@@ -139,8 +154,10 @@ def make_mla_tile_stages(cfg):
             if blk < 0 or blk >= kc.n_blocks:
                 ok = False
                 bad = True
-            elem = ((blk * kc.hkv + kc.kvh) * block_size + (key - j * block_size)) * D_QK
-        return elem, ok, bad
+            row = (blk * kc.hkv + kc.kvh) * block_size + (key - j * block_size)
+            elem = row * D_QK
+            v_elem = row * D_V
+        return elem, v_elem, ok, bad
 
     @_stage
     def load_tile(smem, stage, cache, k_start, k_end, kc, tid):
@@ -150,8 +167,10 @@ def make_mla_tile_stages(cfg):
         One copy group (empty past the last tile)."""
         row = tid // (THREADS // BLOCK_N)
         key = k_start + row
-        elem, ok, bad = key_row(kc, key, key < k_end)
-        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
+        elem, v_elem, ok, bad = key_row(kc, key, key < k_end)
+        part = tid % (THREADS // BLOCK_N)   # spelled out: a named constant gives 6 more SASS
+        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, part)
+        copy_value(smem, stage * TILE_BYTES + V_TILE + row * RBV, kc.v, v_elem, ok, part)
         cp_async_commit()
         return bad
 
@@ -169,9 +188,11 @@ def make_mla_tile_stages(cfg):
         j = int32(-1)
         if t < t_end:
             j = int32(listed[t])
-        elem, ok, bad_page = key_row(kc, j, keys[0] <= j and j < keys[1])
+        elem, v_elem, ok, bad_page = key_row(kc, j, keys[0] <= j and j < keys[1])
         bad = bad_page or j < -1 or j >= kc.seqlen
-        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, tid % (THREADS // BLOCK_N))
+        part = tid % (THREADS // BLOCK_N)   # spelled out: a named constant gives 6 more SASS
+        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, part)
+        copy_value(smem, stage * TILE_BYTES + V_TILE + row * RBV, kc.v, v_elem, ok, part)
         if tid % (THREADS // BLOCK_N) == 0:
             seen[stage, row] = 1 if ok else 0
         cp_async_commit()
@@ -208,8 +229,9 @@ def make_mla_tile_stages(cfg):
 
 
 #: the cache rows a block reads (``load_tile``): the block table, batch ``b``, kv head, kv
-#: heads, block size, paged (0/1), the cache's blocks, the sequence's length
-CacheRows = namedtuple("CacheRows", "table b kvh hkv block_size paged n_blocks seqlen")
+#: heads, block size, paged (0/1), the cache's blocks, the sequence's length, the value cache
+#: (``OWN_V``; else the latent cache again, unread)
+CacheRows = namedtuple("CacheRows", "table b kvh hkv block_size paged n_blocks seqlen v")
 #: the MLA step's context: shared memory (the key tiles, the warps' partial S), the cache and
 #: its rows, the score arguments; the lane's register arrays and the bad-entry flag; its
 #: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor;
@@ -221,8 +243,8 @@ MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid
 @functools.lru_cache(maxsize=None)
 def mla_decode_kernel(cfg):
     """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
-    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial, kv_indices)`` for the
-    :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
+    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial, kv_indices,
+    v_cache)`` for the :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
 
     ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache as
     rows ``[num_blocks * Hkv * block_size, D_QK]`` (row ``(blk * Hkv + kvh) * block_size +
@@ -233,15 +255,17 @@ def mla_decode_kernel(cfg):
     ``lse_part`` ``[splits B H Nq]`` (flat) instead; ``va``: the
     :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
     ``kv_indices``: int32 ``[B, Hkv or 1, Nq, topk]`` with ``GATHER``, else a ``[1, 1, 1, 1]``
-    stand-in."""
+    stand-in; ``v_cache``: ``OWN_V``: the uint16 view of the value cache as rows ``[num_blocks *
+    Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again (unread)."""
     assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
-    assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and cfg.D_V <= cfg.D_QK
+    assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and (cfg.OWN_V or cfg.D_V <= cfg.D_QK)
     D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
     GATHER = cfg.GATHER
-    NUM_WARPS, THREADS, RB = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES
+    NUM_WARPS, THREADS, RB, RBV = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES, cfg.V_ROW_BYTES
     K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
     assert THREADS % BLOCK_N == 0
-    TILE_BYTES = BLOCK_N * RB
+    TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
+    V_TILE = BLOCK_N * RB if cfg.OWN_V else 0   # the V tile's offset in its stage
     SMEM_WORDS = STAGES * TILE_BYTES // 4    # the key tiles (16-bit pairs)
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
     SP_WORDS = NUM_WARPS * SP_WARP           # the warps' partial S (float32)
@@ -258,7 +282,7 @@ def mla_decode_kernel(cfg):
     # -- the stages
     load_q = make_load_a(1, K_STEPS_W, RB)
     gemm_s = make_gemm(1, BLOCK_N // 16, K_STEPS_W, "regs", False, RB, RB, DTYPE)  # Q K^T
-    gemm_pv = make_gemm(1, V_COLS_W // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)  # P V
+    gemm_pv = make_gemm(1, V_COLS_W // 16, BLOCK_N // 16, "acc", True, RB, RBV, DTYPE)  # P V
     scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, SAME_ROW, ACC_COLS, True,
                                                        False, False, None, float32)
     softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
@@ -329,7 +353,7 @@ def mla_decode_kernel(cfg):
     @kernel_jit
     def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
                    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial,
-                   kv_indices):
+                   kv_indices, v_cache):
         # -- which rows, keys and split
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -400,7 +424,7 @@ def mla_decode_kernel(cfg):
         cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
         load_q(qf, smem, lane_offset(lane, RB, KIND_A) + 32 * K_STEPS_W * warp)
         cuda.syncthreads()  # every warp holds its fragments: stage 0 takes the first key tile
-        kc = CacheRows(table, b, kvh, hkv, block_size, paged, n_cache_blocks, seqlen)
+        kc = CacheRows(table, b, kvh, hkv, block_size, paged, n_cache_blocks, seqlen, v_cache)
         keys = (int32(max(row_lo, pad)), int32(min(row_hi, seqlen)))
         if GATHER:
             if r_lo < r_hi and load_listed_tile(smem, seen, 0, cache, r_lo, r_hi, kc, listed, keys,
@@ -422,7 +446,8 @@ def mla_decode_kernel(cfg):
         sa = score_args(va, b, offset, nq)
         ctx = MlaStep(smem, sp, cache, kc, sa, qf, s, acc, m_i, l_i, bad_sh, tid, warp, g, t,
                       lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's
-                      lane_offset(lane, RB, KIND_A) + 2 * V_COLS_W * warp,     # V: its columns
+                      # V: the warp's columns (OWN_V: in the stage's V tile)
+                      lane_offset(lane, RBV, KIND_A) + 2 * V_COLS_W * warp + V_TILE,
                       token, (r_hi, left, right), va.scale * LOG2E_F, listed, seen, keys)
 
         # -- the key tiles: whole ones unmasked, the last (past r_hi) masked

@@ -109,7 +109,8 @@ def merge_configs():
 
 def mla_configs():
     """The compile tier's builds: 576 / 512 (DeepSeek's latent cache) in float16 and
-    bfloat16, and float16 with token-sparse lists (``GATHER``)."""
+    bfloat16, float16 with token-sparse lists (``GATHER``), and the token-sparse forward's
+    128 / 128 with a value cache of its own (``OWN_V``)."""
     from numba_flash.kernels.core.variant import variant_type
 
     u16_4 = types.Array(types.uint16, 4, "C")
@@ -118,14 +119,16 @@ def mla_configs():
     i32_2 = types.Array(types.int32, 2, "C")
     f32_1 = types.Array(types.float32, 1, "C")
     va_t = variant_type(types.float32, False, ())
-    for dtype, gather in [(t, False) for t in MMA_DTYPES] + [("float16", True)]:
-        cfg = mla_decode_config(576, 512, dtype, gather)
+    builds = ([(576, 512, t, False, False) for t in MMA_DTYPES]
+              + [(576, 512, "float16", True, False), (128, 128, "float16", True, True)])
+    for d_qk, d_v, dtype, gather, own_v in builds:
+        cfg = mla_decode_config(d_qk, d_v, dtype, gather, own_v)
         pairs = cfg.BLOCK_N // 16
         o_t = types.Array(types.float16 if dtype == "float16" else types.uint16, 1, "C")
         yield {"name": cfg.name, "config": cfg, "kernel": mla.mla_decode_kernel(cfg),
                "args": (u16_4, u16_2, i32_2, i32_1, i32_1, o_t, f32_1, f32_1, f32_1, va_t,
                         types.int32, types.int32, types.int32, types.int32, types.int32,
-                        types.int32, types.int32, types.Array(types.int32, 4, "C")),
+                        types.int32, types.int32, types.Array(types.int32, 4, "C"), u16_2),
                "float64_ok": False, "mma": True,
                # a key tile, a warp: S (2 mma per B pair and k-step), P V (2 per pair, k-step)
                "sass": {"expect_mma": 2 * pairs * cfg.K_STEPS_W + 2 * (cfg.V_COLS_W // 16)
