@@ -29,7 +29,7 @@ def test_gqa_decode_on_tensor_cores(rng, dtype, h, hkv, nq, num_splits, sink):
     """A dense paged decode (shuffled pages of 8, stale slots NaN) with K and V caches of their
     own and d_v != d: the same results as the reference at the kernels' bound."""
     b, d, d_v = 2, 64, 128
-    lens = np.array([29, 6])
+    lens = np.array([45, 6])
     k, _, table = paged_cache(rng, b, hkv, d, lens, 8, np.float32)
     v = randn(rng, k.shape[:3] + (d_v,), np.float32)
     v[np.isnan(k[..., 0])] = np.nan              # the same stale slots
@@ -64,7 +64,7 @@ def test_append_then_decode_on_tensor_cores(rng):
     check(o, lse, want_o, want_lse, np.float16)
 
 
-def sparse_inputs(rng, dtype, b=1, h=16, hkv=2, nq=3, nk=40, d=64, d_v=128, topk=19):
+def sparse_inputs(rng, dtype, b=1, h=16, hkv=2, nq=3, nk=48, d=64, d_v=128, topk=37):
     q = randn(rng, (b, h, nq, d), np.float32).astype(dtype)
     k = randn(rng, (b, hkv, nk, d), np.float32).astype(dtype)
     v = randn(rng, (b, hkv, nk, d_v), np.float32).astype(dtype)
@@ -77,7 +77,7 @@ def sparse_inputs(rng, dtype, b=1, h=16, hkv=2, nq=3, nk=40, d=64, d_v=128, topk
                                             (bfloat16, dict(causal=True, sink=True))])
 def test_sparse_forward_gathers_on_tensor_cores(rng, dtype, variant):
     """forward(kv_indices=, kernel="mma"): GQA 16 : 2 (a list per kv head), d_v != d, lists of
-    19 with -1 entries (two tiles of 16), the causal or window mask hiding some listed keys,
+    37 with -1 entries (two tiles of 32), the causal or window mask hiding some listed keys,
     a sink; against reference.sparse_attention."""
     q, k, v, idx = sparse_inputs(rng, dtype)
     kw = dict(variant)

@@ -370,16 +370,17 @@ class MlaDecodeConfig:
     #: the values are rows of a cache of their own, ``D_V`` wide (GQA's K and V caches, the
     #: token-sparse forward's ``k`` and ``v``): a stage holds a V tile after its K tile
     OWN_V: bool = False
+    #: the warps sharing a block's 16 rows (:func:`mla_decode_config` picks it by the head dims)
+    NUM_WARPS: int = 4
 
     #: tile n + 1 is copied under tile n's math (one stage would leave the copy unoverlapped;
     #: a third 16-key tile of 576 passes 48 KiB with the partial scores)
     STAGES = 2
-    #: four warps: ``o``'s 16 x 512 float32 accumulator is 64 registers a lane split four
-    #: ways (one warp: 256, past the 255-register file), and S's 36 k-steps of Q fragments
-    #: are 36 registers a lane split four ways (all in one warp: 144)
-    NUM_WARPS = 4
     M_TILES = 1
-    THREADS = 32 * NUM_WARPS
+
+    @property
+    def THREADS(self):
+        return 32 * self.NUM_WARPS
 
     @property
     def ROW_BYTES(self):
@@ -416,8 +417,9 @@ class MlaDecodeConfig:
     @property
     def SMEM_BYTES(self):
         """``STAGES`` stages (Q is staged through the first before the loop), then the warps'
-        partial ``S`` (float32, 16 rows each)."""
-        return self.STAGES * self.STAGE_BYTES + self.NUM_WARPS * 16 * self.SP_ROW * 4
+        partial ``S`` (float32, 16 rows each; one warp: none)."""
+        sp = self.NUM_WARPS * 16 * self.SP_ROW * 4 if self.NUM_WARPS > 1 else 4
+        return self.STAGES * self.STAGE_BYTES + sp
 
     @property
     def name(self):
@@ -427,11 +429,20 @@ class MlaDecodeConfig:
 
 
 def mla_decode_config(d_qk, d_v, dtype="float16", gather=False, own_v=False):
-    """The :class:`MlaDecodeConfig` of a call: 16-key tiles, two in flight (2 x 16 x 1168 B of
-    keys + 6 KiB of partial scores = 42.5 KiB at 576 / 512: 32-key tiles in two stages would
-    pass the 48 KiB static limit, and one stage leaves the copy unoverlapped; ``own_v`` with
-    ``d_qk = d_v = 256``: 2 x 16 x (528 + 528) B + 6 KiB = 39 KiB).  ``d_qk`` a multiple of 64
+    """The :class:`MlaDecodeConfig` of a call: four warps and 16-key tiles, two in flight (2 x
+    16 x 1168 B of keys + 6 KiB of partial scores = 42.5 KiB at 576 / 512: 32-key tiles in two
+    stages would pass the 48 KiB static limit, and one stage leaves the copy unoverlapped;
+    ``own_v`` with ``d_qk = d_v = 256``: 2 x 16 x (528 + 528) B + 6 KiB = 39 KiB); one warp
+    and 32-key tiles up to 128 / 128.  ``d_qk`` a multiple of 64
     (16-column k-steps split four ways), ``d_v`` a multiple of 64 (16-column ``B`` pairs split
     four ways), ``d_v <= d_qk`` for a latent cache, both at most 256 with ``own_v``."""
-    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=16, DTYPE=dtype, GATHER=gather,
-                           OWN_V=own_v)
+    # warps: a lane holds 16 D_V / (32 W) accumulator floats and D_QK / (4 W) registers of Q
+    # fragments; four at 576 / 512 (one warp: 256 + 144, past the 255-register file), one up
+    # to 128 / 128 (64 + 32: no partial-S exchange, no softmax repeated in four warps; 245
+    # SASS a 16-key tile at four warps, 258 at one: the issue bound 140 -> 531 TFLOP/s)
+    warps = 1 if max(d_qk, d_v) <= 128 else 4
+    # one warp: 32-key tiles (the per-tile copy set-up, barrier and softmax over twice the
+    # keys: 368 SASS for 64 mma, the mma.sync ceiling; 2 x 32 x 544 B = 34 KiB at 128 / 128)
+    block_n = 32 if warps == 1 else 16
+    return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=block_n, DTYPE=dtype, GATHER=gather,
+                           OWN_V=own_v, NUM_WARPS=warps)

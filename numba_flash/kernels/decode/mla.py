@@ -225,7 +225,13 @@ def make_mla_tile_stages(cfg):
                     total += sp[off + w * SP_WARP]
                 s[r, c] = total
 
-    return MlaTileStages(load_tile, load_listed_tile, mask_listed, exchange_s)
+    @_stage
+    def own_s(sp, s, warp, g, t):
+        """One warp: its ``S`` is the whole product (nothing to exchange)."""
+        pass
+
+    return MlaTileStages(load_tile, load_listed_tile, mask_listed,
+                         exchange_s if NUM_WARPS > 1 else own_s)
 
 
 #: the cache rows a block reads (``load_tile``): the block table, batch ``b``, kv head, kv
@@ -268,7 +274,7 @@ def mla_decode_kernel(cfg):
     V_TILE = BLOCK_N * RB if cfg.OWN_V else 0   # the V tile's offset in its stage
     SMEM_WORDS = STAGES * TILE_BYTES // 4    # the key tiles (16-bit pairs)
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
-    SP_WORDS = NUM_WARPS * SP_WARP           # the warps' partial S (float32)
+    SP_WORDS = NUM_WARPS * SP_WARP if NUM_WARPS > 1 else 1   # the warps' partial S (float32)
     ROWS = 2                                 # a lane's rows: g and g + 8
     KEYS = BLOCK_N // 4                      # a lane's scores per row
     COLS = V_COLS_W // 4                     # a lane's output columns per row
