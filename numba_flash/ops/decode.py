@@ -221,8 +221,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       splits divide the list).  Validated: entries in ``[-1, L)`` (``L`` after the append), no
       key twice in a list (:mod:`numba_flash.frontend.sparse`); without validation a bad
       entry makes its token's rows NaN.  The SIMT kernel, or the tensor-core one (a tile of
-      16 list entries' K and V rows gathered into shared memory, each through its page).  The reference:
-      :func:`numba_flash.reference.sparse_attention`.
+      16 or 32 list entries' K and V rows gathered into shared memory, each through its page).
+      The reference: :func:`numba_flash.reference.sparse_attention`.
     * ``num_splits``: ``None`` (enough splits to fill the GPU, from each sequence's own length),
       ``1`` (no split) or any ``S`` in ``[1, 2**31 - 1]`` (clamped to the key tiles of the
       cache's capacity).
