@@ -3,7 +3,7 @@ window, softcap, ALiBi, GQA, dropout) and the choice between the SIMT and tensor
 
 from __future__ import annotations
 
-
+import importlib
 
 from ..frontend import ArrayCall
 from ..frontend.kernel_args import (
@@ -18,6 +18,8 @@ from ..kernels.forward.config import (
 )
 from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
 from ..frontend.sparse import sparse_forward
+from ..frontend.fp8 import is_e4m3
+from ..frontend.validate import array_info
 
 
 def _tensor_core_launch(choice):
@@ -30,7 +32,8 @@ def _tensor_core_launch(choice):
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
-            aux_tensors=(), learnable_sink=None, kv_indices=None):
+            aux_tensors=(), learnable_sink=None, kv_indices=None, q_descale=None,
+            k_descale=None, v_descale=None, out_dtype=None):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -107,7 +110,29 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``"auto"`` takes it with at least 8 query heads a kv head); not with dropout, ``block_m`` /
     ``block_n`` or the user's functions.
     The reference: :func:`numba_flash.reference.sparse_attention`.
+
+    fp8 (FA3's API): e4m3 ``q``, ``k``, ``v`` (``ml_dtypes.float8_e4m3fn``, ``d`` a multiple of
+    32 up to 256) with ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[B, Hkv]``, None:
+    1) and ``out_dtype`` (``"bfloat16"``, the default, or ``"float16"``): the scores are ``(q8
+    k8^T) q_descale k_descale softmax_scale``, ``o = P v8 v_descale``; causal, window, softcap,
+    ALiBi, GQA and sinks (:mod:`numba_flash.ops.forward_fp8`, ``mma.sync.m16n8k32``, sm_89+).
     """
+    if any(is_e4m3(array_info(n, x)[1]) for n, x in (("q", q), ("k", k), ("v", v))):
+        # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
+        # front end routes between ops, no op imports another
+        forward_fp8 = importlib.import_module("numba_flash.ops.forward_fp8").forward_fp8
+        return forward_fp8(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                           return_lse=return_lse, window_size=window_size, softcap=softcap,
+                           alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
+                           kernel=kernel, q_descale=q_descale, k_descale=k_descale,
+                           v_descale=v_descale, out_dtype=out_dtype, dropout_p=dropout_p,
+                           block_m=block_m, block_n=block_n, score_mod=score_mod,
+                           mask_mod=mask_mod, block_mask=block_mask, aux_tensors=aux_tensors)
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
+                    ("v_descale", v_descale), ("out_dtype", out_dtype)):
+        if x is not None:
+            raise ValueError(f"{name}: expected None without e4m3 inputs (FA3's fp8 API), got "
+                             f"{x!r}")
     if kv_indices is not None:
         return sparse_forward(q, k, v, kv_indices, causal=causal, softmax_scale=softmax_scale,
                               return_lse=return_lse, window_size=window_size, softcap=softcap,

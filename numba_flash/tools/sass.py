@@ -59,7 +59,10 @@ SMEM_BYTES_PER_CLK = 128
 LDSM_BYTES = {"ldsm": 512, "ldsm_x2": 256, "ldsm_x1": 128}
 
 #: floating-point operations of one warp-level MMA instruction
-MMA_FLOP = {"HMMA.16816": 2 * 16 * 8 * 16, "HMMA.1688": 2 * 16 * 8 * 8}
+MMA_FLOP = {"HMMA.16816": 2 * 16 * 8 * 16, "HMMA.1688": 2 * 16 * 8 * 8,
+            # sm_89's native e4m3 mma.sync.m16n8k32 (Hopper has none: ptxas turns it into
+            # e4m3 -> float16 conversions and HMMA.16816, the fp8 forward's sm_90 build)
+            "QMMA.16832": 2 * 16 * 8 * 32}
 
 #: the dense float16 peak of an H200's tensor cores (wgmma): an issue-bound ceiling of an HGMMA
 #: kernel above it is reported as this bound
@@ -157,7 +160,7 @@ def _width(op):
 def classify(op):
     """The class an instruction counts in (the column names of the SASS table)."""
     base = op.split(".")[0]
-    if base in ("HMMA", "HGMMA", "IMMA", "DMMA", "BMMA"):
+    if base in ("HMMA", "HGMMA", "IMMA", "DMMA", "BMMA", "QMMA"):
         return "mma"
     if base == "FFMA":
         return "ffma"
@@ -606,7 +609,9 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, s
     issue = WARP_IPS * flop / total / 1e12
     row["issue_tflops"] = round(issue, 1)
     if mma:
-        cap = WGMMA_TFLOPS if mma_kind.startswith("HGMMA") else MMA_SYNC_TFLOPS
+        # (QMMA, sm_89's e4m3: no H200 figure caps it, the issue bound is the ceiling)
+        cap = (WGMMA_TFLOPS if mma_kind.startswith("HGMMA") else
+               float("inf") if mma_kind.startswith("QMMA") else MMA_SYNC_TFLOPS)
         row["ceiling_tflops"] = round(min(issue, cap), 1)
         row["bound"] = "issue" if issue < cap else ("wgmma" if cap == WGMMA_TFLOPS else
                                                      "mma.sync")

@@ -583,3 +583,69 @@ def forward_wgmma_config(head_dim, dtype="float16", simulator=None, **flags):
         wg, bn, overlap = (FORWARD_WGMMA_MODS_TILES if mods else FORWARD_WGMMA_TILES)[hd]
     return ForwardWgmmaConfig(WARPGROUPS=wg, BLOCK_N=bn, HEAD_DIM=hd, OVERLAP=overlap, DTYPE=dtype,
                               **flags)
+
+
+# -- the fp8 (e4m3) forward on mma.sync m16n8k32 ---------------------------------------------
+@kernel_config
+class ForwardFp8Config:
+    """The e4m3 forward (:mod:`numba_flash.kernels.forward.fp8`): four warps of 16 query rows
+    each (``BLOCK_M = 64``), ``BLOCK_N``-key tiles, ``HEAD_DIM`` (``d``, a multiple of 32: one
+    ``m16n8k32`` k-step), the output type ``OUT`` (``"bfloat16"`` or ``"float16"``) and the
+    flags ``SOFTCAP``, ``ALIBI``.  ``P`` is packed to e4m3 as ``P 2**P_OFFSET``, ``P`` itself at
+    most ``2**RESCALE`` (the lazy rescale's threshold): ``RESCALE + P_OFFSET <= log2(448)``
+    keeps every packed ``P`` finite and unsaturated."""
+
+    HEAD_DIM: int
+    BLOCK_N: int = 64
+    OUT: str = "bfloat16"
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    #: P's exponent offset for the e4m3 cast: the largest P lands at 2**8 = 256 of 448,
+    #: values down to 2**-13 keep e4m3's 3 mantissa bits (unscaled: down to 2**-6 only)
+    P_OFFSET: int = 4
+    #: the lazy rescale's threshold (log2): P <= 2**4 before the offset (FA4's fp8 fix,
+    #: flash-attention #2694: 4 + 4 <= log2(448) = 8.8; the 16-bit forward's 8 would clip)
+    RESCALE: float = 4.0
+
+    BLOCK_M = 64
+    NUM_WARPS = 4
+    THREADS = 128
+    M_TILES = 1
+
+    @property
+    def Q_IN_REGS(self):
+        """Q's fragments in registers up to d = 128 (32 a lane; at 256 the 128 accumulator
+        floats and 64 fragment registers would pass the 255-register file: read from shared
+        memory each tile)."""
+        return self.HEAD_DIM <= 64
+
+    @property
+    def ROW_BYTES(self):
+        """Bytes of a shared Q or K row: ``d`` e4m3 bytes, padded by 16 (``ldmatrix`` rows in
+        eight distinct 16-byte bank groups)."""
+        return self.HEAD_DIM + 16
+
+    @property
+    def VT_ROW_BYTES(self):
+        """Bytes of a shared row of ``V^T`` (one value column over the tile's keys)."""
+        return self.BLOCK_N + 16
+
+    @property
+    def SMEM_BYTES(self):
+        """The Q tile, the K tile, the ``V^T`` tile (no pipeline: one K/V tile at a time)."""
+        return ((self.BLOCK_M + self.BLOCK_N) * self.ROW_BYTES
+                + self.HEAD_DIM * self.VT_ROW_BYTES)
+
+    @property
+    def name(self):
+        flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
+        return (f"forward_fp8 W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} "
+                f"D{self.HEAD_DIM} e4m3->{self.OUT}{flags}")
+
+
+def forward_fp8_config(head_dim, out="bfloat16", **flags):
+    """The :class:`ForwardFp8Config` of a call: 64-key tiles (64 x 144 B of Q, as much of K and
+    128 x 80 B of ``V^T`` = 28 KiB at d = 128), 32-key tiles at d = 256 (64 keys: 2 x 64 x 272
+    + 256 x 80 B = 55 KiB, past the 48 KiB static limit; 32: 38 KiB)."""
+    return ForwardFp8Config(HEAD_DIM=head_dim, BLOCK_N=32 if head_dim > 64 else 64, OUT=out,
+                            **flags)

@@ -165,6 +165,62 @@ def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE):
 # [/docs:warp-gemm]
 
 
+# [docs:warp-gemm-e4m3]
+@functools.lru_cache(maxsize=None)
+def make_gemm_e4m3(M_TILES, N_PAIRS, K_STEPS, A_SRC, RB_A, RB_B, P_SCALE=1.0):
+    """:func:`make_gemm` on e4m3 operands (``mma.sync.m16n8k32``,
+    :mod:`~numba_flash.kernels.ptx.mma_fp8`): ``gemm(acc, a, smem, a_byte, b_byte)``, ``acc +=
+    A B`` over ``32 K_STEPS`` of the inner dimension.  Rows of e4m3 bytes, a k-step 32 of them:
+    the byte addresses of the 16-bit stage hold (``A`` blocks at ``a_byte + 16 RB_A mt + 32
+    kc``, ``B`` stored as ``N`` rows of ``K`` at ``b_byte + 16 RB_B p + 32 kc``: K-major, so
+    ``P V`` takes ``V^T``).  ``A_SRC``: ``"regs"`` (``a`` uint32 ``[M_TILES, K_STEPS, 4]``),
+    ``"smem"``, or ``"acc"``: ``P`` from a float32 accumulator view, each register four of the
+    lane's own values times ``P_SCALE`` (accumulator columns ``8 kc .. 8 kc + 3`` and ``+ 4 ..
+    + 7``: keys ``p_key_of_k`` of the k-step, which the ``V^T`` tile's key order matches)."""
+    from ..ptx.mma_fp8 import mma_m16n8k32_e4m3 as mma, pack_e4m3x4 as pack4
+    assert A_SRC in ("regs", "smem", "acc")
+    A_REGS = A_SRC == "regs"
+    A_ACC = A_SRC == "acc"
+    PS = float32(P_SCALE)
+
+    @_device
+    def gemm(acc, a, smem, a_byte, b_byte):
+        af = cuda.local.array((M_TILES, 4), uint32)  # this k-step's A blocks (registers)
+        for kc in range(K_STEPS):
+            for mt in range(M_TILES):
+                if A_REGS:
+                    for i in range(4):
+                        af[mt, i] = a[mt, kc, i]
+                elif A_ACC:  # four C columns (two 8-key fragments) are one A register
+                    r = 2 * mt
+                    c = 8 * kc
+                    af[mt, 0] = pack4(a[r, c] * PS, a[r, c + 1] * PS, a[r, c + 2] * PS,
+                                      a[r, c + 3] * PS)
+                    af[mt, 1] = pack4(a[r + 1, c] * PS, a[r + 1, c + 1] * PS,
+                                      a[r + 1, c + 2] * PS, a[r + 1, c + 3] * PS)
+                    af[mt, 2] = pack4(a[r, c + 4] * PS, a[r, c + 5] * PS, a[r, c + 6] * PS,
+                                      a[r, c + 7] * PS)
+                    af[mt, 3] = pack4(a[r + 1, c + 4] * PS, a[r + 1, c + 5] * PS,
+                                      a[r + 1, c + 6] * PS, a[r + 1, c + 7] * PS)
+                else:
+                    af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3] = ldmatrix_x4(
+                        smem, a_byte + 16 * RB_A * mt + 32 * kc)
+            for p in range(N_PAIRS):
+                b0, b1, b2, b3 = ldmatrix_x4(smem, b_byte + 16 * RB_B * p + 32 * kc)
+                for mt in range(M_TILES):
+                    r = 2 * mt
+                    c = 4 * p
+                    acc[r, c], acc[r, c + 1], acc[r + 1, c], acc[r + 1, c + 1] = mma(
+                        af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3], b0, b1,
+                        acc[r, c], acc[r, c + 1], acc[r + 1, c], acc[r + 1, c + 1])
+                    acc[r, c + 2], acc[r, c + 3], acc[r + 1, c + 2], acc[r + 1, c + 3] = mma(
+                        af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3], b2, b3,
+                        acc[r, c + 2], acc[r, c + 3], acc[r + 1, c + 2], acc[r + 1, c + 3])
+
+    return gemm
+# [/docs:warp-gemm-e4m3]
+
+
 @functools.lru_cache(maxsize=None)
 def make_nan_columns(ROWS, COLS):
     """``nan_columns(acc, bits)``: ``acc[r, c] = NaN`` for every column ``c`` whose bit is set in

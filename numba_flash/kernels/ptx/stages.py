@@ -74,8 +74,9 @@ LOG2E = math.log2(math.e)
 
 _EXP16 = 0x7C00  # float16 exponent bits: all set = inf or NaN
 
-#: exponent bits of a 16-bit element type: all set = inf or NaN
-EXP_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80}
+#: exponent bits of a 16-bit element type: all set = inf or NaN (e4m3fn: exponent and mantissa
+#: bits all set = NaN, its only non-finite value)
+EXP_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80, "e4m3": 0x7F}
 
 
 def row_bytes(head_dim):

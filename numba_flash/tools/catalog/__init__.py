@@ -20,6 +20,7 @@ SOURCES = (
     forward.simt_configs,
     forward.mma_configs,
     forward.wgmma_configs,
+    forward.fp8_configs,
     cache.append_configs,
     decode.merge_configs,
     decode.mla_configs,

@@ -8,7 +8,7 @@ import numpy as np
 from numba import types
 from numba_flash.kernels.core import elements
 from numba_flash.kernels.mainloop import warp_gemm
-from numba_flash.kernels.ptx import fp8
+from numba_flash.kernels.ptx import fp8, mma_fp8
 from numba_flash.kernels.ptx import mma
 from numba_flash.kernels.ptx import stages
 from numba_flash.kernels.ptx import wgmma
@@ -77,6 +77,10 @@ def fp8_configs():
            "args": (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 2, "C"),
                     types.Array(types.float32, 1, "C"), types.Array(types.uint8, 1, "C")),
            "float64_ok": False}
+    u32_2 = types.Array(types.uint32, 2, "C")
+    f32_2 = types.Array(types.float32, 2, "C")
+    yield {"name": "fp8 warp_gemm e4m3 K64", "kernel": mma_fp8.warp_gemm_e4m3_kernel(64),
+           "cc": fp8.CC, "args": (u32_2, u32_2, f32_2, f32_2), "float64_ok": False}
 
 
 def warp_gemm_configs():

@@ -1,0 +1,289 @@
+"""FlashAttention forward on fp8 tensor cores: e4m3 ``Q K^T`` and ``P V`` on
+``mma.sync.m16n8k32`` (sm_89+), FA3's descales, ``o`` in bfloat16 or float16.
+
+Contract (the tensor-core forward's, :func:`numba_flash.reference.attention`, on the dequantised
+inputs): with ``q = q8 q_descale[b, kvh]``, ``k = k8 k_descale[b, kvh]``, ``v = v8 v_descale[b,
+kvh]`` (``kvh`` the query head's kv head), per ``(b, h)`` and query row ``i``, ``o_i =
+softmax(s_i) V`` and ``lse_i`` over the keys the row sees (causal / window bottom-right,
+:mod:`numba_flash.kernels.mainloop.visibility`), ``s = scale q . k`` through softcap and ALiBi;
+a learnable sink joins the denominator; a row that sees no key gets ``o = 0``, ``lse = -inf``
+(or the sink); a NaN in ``q`` or in a key the row sees makes ``o`` and ``lse`` NaN, a NaN
+``v[j, c]`` of a key it sees makes ``o[i, c]`` NaN (e4m3fn has no inf).  ``Q K^T`` and ``P V``
+multiply e4m3 bytes and accumulate in float32; ``P`` is packed to e4m3 as ``P 2**P_OFFSET``
+with ``P <= 2**RESCALE`` (:class:`~numba_flash.kernels.forward.config.ForwardFp8Config`: the
+largest ``P`` lands at 256 of e4m3's 448, never clipped), the offset and ``v_descale`` undone in
+the epilogue.
+
+:func:`forward_fp8_kernel` ``(cfg)`` builds ``kernel(q, k, v, v8, o, lse, descale, va)``: ``q``,
+``k`` uint16 views of the e4m3 ``[B, H(kv), N, d]`` (byte pairs: the 16-bit tile copies move
+them unchanged), ``v`` its uint32 view ``[B, Hkv, N, d / 4]`` (four values a word), ``v8`` its
+uint8 view (the NaN fix-up's reads), ``o`` the flat view of ``[B, H, Nq, d]`` (float16, or
+bfloat16's uint16 words), ``lse`` flat float32, ``descale`` float32 ``[3, B, Hkv]`` (q, k, v),
+``va`` the :class:`~numba_flash.kernels.core.variant.Variant`.  Grid ``(ceil(Nq / 64) B H,)``
+(Q tiles fastest), block 128 threads: warp ``w`` owns rows ``16 w ..`` of the Q tile.
+
+Shared memory (``cfg.SMEM_BYTES``): the Q tile and the K tile (rows of ``d + 16`` bytes, by
+``cp.async``) and the ``V^T`` tile: row ``c`` holds value column ``c`` of the tile's keys in the
+order the ``P`` registers pack them (:func:`~numba_flash.kernels.ptx.mma_fp8.p_key_of_k`),
+written by the threads from 32-bit loads of four keys' words, their bytes transposed in
+registers (:func:`make_vt_fill`).  One K/V tile at a time (no pipeline yet: the readable
+first build; the SASS tier counts it).
+
+The per-tile step reads as its stages: K and ``V^T`` in, ``S = Q K^T``, the tile's scores
+(:func:`~numba_flash.kernels.mainloop.tile_scores.make_tile_scores`), the online softmax
+(threshold ``RESCALE``), ``acc += P V`` (:func:`~numba_flash.kernels.mainloop.warp_gemm.
+make_gemm_e4m3`).  ``[docs: fp8.md]``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import namedtuple
+
+from numba import cuda, float32, int64, types, uint32
+
+from ..core.common import SMEM_LIMIT
+from ..core.elements import element_ops
+from ..core.jit import device_jit, kernel_jit
+from ..core.variant import variant_type
+from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_softmax, sink_of
+from ..mainloop.tile_scores import ScoreArgs, make_tile_scores_pair
+from ..mainloop.visibility import make_tile_span
+from ..mainloop.warp_gemm import (
+    ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm_e4m3, make_load_a,
+)
+from ..ptx.stages import LOG2E, SHARED_ALIGN, cp_async_commit, cp_async_wait_all, make_tile_copy
+from .config import ForwardFp8Config, forward_fp8_config
+from .mma import make_row_stages
+
+__all__ = ["ForwardFp8Config", "forward_fp8_config", "forward_fp8_kernel", "make_vt_fill",
+           "compile_config"]
+
+_stage = functools.partial(device_jit, own_module=True, inline=True)
+
+#: e4m3fn's NaN: all exponent and mantissa bits set (``S.1111.111``)
+NAN_BITS = 0x7F
+
+
+# [docs:vt-fill]
+@functools.lru_cache(maxsize=None)
+def make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS):
+    """``fill(smem, vt_byte, v, row0, nk, tid) -> bad``: the ``V^T`` tile of keys ``row0 ..
+    row0 + BLOCK_N - 1`` (row ``row0`` of ``v``'s word view ``[rows, HEAD_DIM / 4]``; keys
+    ``>= nk`` zeros): shared row ``c`` at ``vt_byte + c RBT`` holds column ``c``'s bytes in the
+    ``P`` packing's key order (byte ``k`` of each 32-key step: key ``p_key_of_k(k)``).  A thread
+    takes four such bytes ``k .. k + 3`` (keys ``2t, 2t + 1, 2t + 8, 2t + 9`` of a 16-key half)
+    for four columns: four 32-bit loads, a 4 x 4 byte transpose in registers, four 32-bit
+    stores.  A NaN byte is stored as 0 and reported (``bad``): the kernel's fix-up reads it
+    from global memory for the rows that see it."""
+    QUADS = BLOCK_N // 4                 # groups of four key bytes a column
+    WORDS = HEAD_DIM // 4                # groups of four columns (a word of each key row)
+    ITEMS = QUADS * WORDS
+    BYTE = uint32(0xFF)
+
+    @_stage
+    def fill(smem, vt_byte, v, row0, nk, tid):
+        bad = False
+        for item in range(tid, ITEMS, THREADS):
+            quad = item // WORDS         # key bytes 4 quad .. 4 quad + 3 (consecutive threads:
+            col4 = item % WORDS          # consecutive words of the same keys: coalesced)
+            k0 = 4 * quad
+            base = k0 - k0 % 16 + (k0 % 16) // 2     # 16 h + 2 t: keys base, +1, +8, +9
+            w = cuda.local.array(4, uint32)
+            for j in range(4):
+                key = base + (j & 1) + 8 * (j >> 1)
+                w[j] = v[row0 + key, col4] if key < nk else uint32(0)
+            for i in range(4):           # output word i: column 4 col4 + i, its four keys
+                out = uint32(0)
+                for j in range(4):
+                    byte = (w[j] >> uint32(8 * i)) & BYTE
+                    if (byte & uint32(NAN_BITS)) == uint32(NAN_BITS):
+                        byte = uint32(0)
+                        bad = True
+                    out |= byte << uint32(8 * j)
+                smem[(vt_byte + (4 * col4 + i) * RBT + k0) // 4] = out
+        return bad
+    # [/docs:vt-fill]
+
+    return fill
+
+
+#: the fp8 step's context: shared memory; K's word view and its first element, V's word view
+#: and first row, its byte view (the NaN fix-up), the kv head; the score arguments and the
+#: bounds ``(nk, left, right)``; the lane's register arrays; its coordinates and fragment
+#: offsets; the exponent factor
+Fp8Tile = namedtuple("Fp8Tile", "smem k v v8 kv_elem v_row hk sa bounds qf s acc m_i l_i tid t "
+                     "row0 q_a k_b v_b exp_scale")
+
+
+@functools.lru_cache(maxsize=None)
+def forward_fp8_kernel(cfg):
+    """Build ``kernel(q, k, v, v8, o, lse, descale, va)`` for the
+    :class:`~numba_flash.kernels.forward.config.ForwardFp8Config` ``cfg`` (the module
+    docstring's contract and views)."""
+    assert isinstance(cfg, ForwardFp8Config) and cfg.HEAD_DIM % 32 == 0
+    assert cfg.SMEM_BYTES <= SMEM_LIMIT
+    BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
+    SOFTCAP, ALIBI, Q_IN_REGS = cfg.SOFTCAP, cfg.ALIBI, cfg.Q_IN_REGS
+    RB, RBT = cfg.ROW_BYTES, cfg.VT_ROW_BYTES
+    K_BYTE = BLOCK_M * RB                # the K tile after the Q tile
+    VT_BYTE = K_BYTE + BLOCK_N * RB      # the V^T tile after the K tile
+    SMEM_WORDS = cfg.SMEM_BYTES // 4
+    ROWS = 2                             # a lane's rows: g, g + 8 of its warp's 16
+    KEYS = BLOCK_N // 4                  # a lane's scores a row
+    COLS = HEAD_DIM // 4                 # a lane's output columns a row
+    K_STEPS = HEAD_DIM // 32             # Q K^T's k-steps (32 bytes each)
+    RAW = not (SOFTCAP or ALIBI)         # the scale folded into the exponent
+    ZERO = float32(0.0)
+    ONE = float32(1.0)
+    LOG2E_F = float32(LOG2E)
+    XOR = (1, 2)                         # a row's four lanes (its quad)
+    UNDO_P = float32(2.0 ** -cfg.P_OFFSET)
+
+    load_q = make_load_a(1, K_STEPS, RB)
+    gemm_qk = make_gemm_e4m3(1, BLOCK_N // 16, K_STEPS, "regs" if Q_IN_REGS else "smem", RB, RB)
+    gemm_pv = make_gemm_e4m3(1, HEAD_DIM // 16, BLOCK_N // 32, "acc", RB, RBT,
+                             P_SCALE=2.0 ** cfg.P_OFFSET)
+    scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
+                                                       SOFTCAP, ALIBI, None, float32)
+    softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
+                                                             float32, cfg.RESCALE)
+    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(cfg.OUT)[1],
+                             float32)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM // 2, RB, THREADS, True)   # byte pairs
+    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM // 2, RB, THREADS, True)
+    fill_vt = make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS)
+    tile_span = make_tile_span(BLOCK_N)
+    _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
+                                                  SOFTCAP, ALIBI, None)
+
+    def make_step(MASKED):
+        """One K/V tile; ``MASKED``: the tile is not inside the keys every row of the Q tile
+        sees, so its scores are masked per element."""
+        tile_scores = scores_masked if MASKED else scores_full
+
+        # [docs:fp8-step]
+        @_stage
+        def step(kt, x):   # x: the Fp8Tile
+            smem, s, acc, m_i, l_i = x.smem, x.s, x.acc, x.m_i, x.l_i
+            k_start = kt * BLOCK_N
+            nk = x.bounds[0]
+            cuda.syncthreads()  # every warp is done with tile kt - 1's K and V^T
+            copy_k(smem, K_BYTE, x.k, x.kv_elem + k_start * (HEAD_DIM // 2), nk - k_start,
+                   HEAD_DIM // 2, x.tid)
+            cp_async_commit()
+            v_bad = fill_vt(smem, VT_BYTE, x.v, x.v_row + k_start, nk - k_start, x.tid)
+            cp_async_wait_all()
+            v_bad = cuda.syncthreads_or(1 if v_bad else 0)  # K, V^T landed; any NaN in V?
+            for r in range(ROWS):
+                for c in range(KEYS):
+                    s[r, c] = ZERO
+            gemm_qk(s, x.qf, smem, x.q_a, K_BYTE + x.k_b)                     # S = Q K^T
+            tile_scores(s, x.sa, x.row0, k_start + 2 * x.t, x.bounds, True)   # masks, mods
+            softmax_update(s, acc, m_i, l_i, x.exp_scale)                     # m_i, l_i, P
+            gemm_pv(acc, s, smem, 0, VT_BYTE + x.v_b)                         # acc += P V
+            if v_bad:
+                nonfinite_v_fixup(acc, x.v8, x.hk, x.sa, x.row0, x.bounds, k_start, x.t, True)
+        # [/docs:fp8-step]
+
+        return step
+
+    step_masked = make_step(True)
+    step_full = make_step(False)
+
+    @kernel_jit
+    def flash_forward_fp8(q, k, v, v8, o, lse, descale, va):
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2
+        t = lane & 3
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        nk = k.shape[2]
+        hkv = k.shape[1]
+        n_qt = (nq + BLOCK_M - 1) // BLOCK_M
+        block = cuda.blockIdx.x
+        bh = block // n_qt
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // (n_heads // hkv)
+        q_start = (block % n_qt) * BLOCK_M
+        q_end = min(q_start + BLOCK_M, nq)
+        offset = nk - nq
+        left, right = va.window
+        # the scores' scale: softmax_scale q_descale k_descale (FA3's), per (b, kv head)
+        scale = va.scale * descale[0, b, hk] * descale[1, b, hk]
+        slope = ZERO
+        if ALIBI:
+            slope = va.alibi[b, h]
+        sa = ScoreArgs(scale, va.softcap, va.inv_softcap, slope, offset, nq, b, h, ())
+        row0 = q_start + 16 * warp + g
+
+        smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
+        qf = cuda.local.array((1, K_STEPS, 4), uint32)
+        s = cuda.local.array((ROWS, KEYS), float32)
+        acc = cuda.local.array((ROWS, COLS), float32)
+        m_i = cuda.local.array(ROWS, float32)
+        l_i = cuda.local.array(ROWS, float32)
+
+        # -- prologue: the Q tile (and its fragments into registers)
+        copy_q(smem, 0, q, ((b * n_heads + h) * nq + q_start) * (HEAD_DIM // 2),
+               q_end - q_start, HEAD_DIM // 2, tid)
+        cp_async_commit()
+        cp_async_wait_all()
+        cuda.syncthreads()  # the Q tile is complete before any warp reads its fragments
+        q_a = 16 * RB * warp + lane_offset(lane, RB, KIND_A)
+        if Q_IN_REGS:
+            load_q(qf, smem, q_a)
+        softmax_init(m_i, l_i, acc)
+
+        # -- the K/V tiles the rows visit: masked at the edges, plain inside
+        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
+        x = Fp8Tile(smem, k, v, v8, (b * hkv + hk) * int64(nk) * (HEAD_DIM // 2),
+                    (b * hkv + hk) * int64(nk), hk, sa, (nk, left, right), qf, s, acc, m_i, l_i,
+                    tid, t, row0, q_a, lane_offset(lane, RB, KIND_B),
+                    lane_offset(lane, RBT, KIND_B),
+                    scale * LOG2E_F if RAW else LOG2E_F)
+        for kt in range(t_lo, t_hi):
+            if kt < f_lo or kt >= f_hi:
+                step_masked(kt, x)
+            else:
+                step_full(kt, x)
+
+        # -- epilogue: o = acc v_descale 2**-P_OFFSET / l, lse (raw-unit m times the scale)
+        undo = descale[2, b, hk] * UNDO_P
+        for r in range(ROWS):
+            for c in range(COLS):
+                acc[r, c] *= undo
+        row_base = int64(bh) * nq
+        epilogue(o, lse, acc, m_i, l_i, scale if RAW else ONE,
+                 EpilogueRows(row0, nq, row_base * HEAD_DIM, HEAD_DIM, row_base, t == 0, 1),
+                 (2 * t, HEAD_DIM), sink_of(va.sink, h))
+
+    return flash_forward_fp8
+
+
+def compile_args(cfg):
+    """The Numba argument types of :func:`forward_fp8_kernel` ``(q, k, v, v8, o, lse, descale,
+    va)``."""
+    u16 = types.Array(types.uint16, 4, "C")
+    o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16, 1, "C")
+    return (u16, u16, types.Array(types.uint32, 2, "C"), types.Array(types.uint8, 4, "C"), o_t,
+            types.Array(types.float32, 1, "C"), types.Array(types.float32, 3, "C"),
+            variant_type(types.float32, False, ()))
+
+
+def compile_config(cfg):
+    """The compile tier's entry of one configuration (sm_90 only: e4m3 needs sm_89+)."""
+    return {
+        "name": cfg.name,
+        "config": cfg,
+        "kernel": forward_fp8_kernel(cfg),
+        "args": compile_args(cfg),
+        "float64_ok": False,
+        "mma": True,
+        # one K/V tile a warp: Q K^T (BLOCK_N / 8) (d / 32) mma and P V (d / 8) (BLOCK_N / 32)
+        "sass": {"expect_mma": 2 * (cfg.BLOCK_N // 8) * (cfg.HEAD_DIM // 32)},
+    }
+

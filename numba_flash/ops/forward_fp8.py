@@ -1,0 +1,100 @@
+"""The fp8 forward: :func:`numba_flash.forward` with e4m3 ``q``, ``k``, ``v`` (FA3's fp8 API).
+
+``q``, ``k``, ``v``: ``ml_dtypes.float8_e4m3fn`` ``[B, H(kv), N, d]`` (d a multiple of 32, at
+most 256; ``v`` as wide as ``k``), their real values the stored ones times FA3's descales
+``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[B, Hkv]``, None: 1): the scores are
+``(q8 k8^T) q_descale k_descale softmax_scale``, ``o = (P v8) v_descale``.  ``o`` in
+``out_dtype`` (``"bfloat16"``, FA3's, or ``"float16"``), ``lse`` float32.  Causal, window,
+softcap, ALiBi, GQA and a learnable sink; not dropout, the user's functions, ``block_m`` /
+``block_n`` (a ``ValueError`` naming each).  The kernel: :mod:`numba_flash.kernels.forward.
+fp8` (``mma.sync.m16n8k32`` e4m3, sm_89+; ``P`` packed with an exponent offset so the
+largest lands at 256 of e4m3's 448).  The reference: :func:`numba_flash.reference.attention` of
+:func:`numba_flash.reference.dequantize`'d inputs times their descales; the story and the
+error table: docs/fp8.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend import ArrayCall
+from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
+from ..frontend.kernel_args import kernel_variant
+from ..frontend.sim_time import tiled_work
+from ..frontend.validate import BFLOAT16, check_bool, check_qkv, check_scale
+from ..frontend.variants import check_sink, check_variants
+from ..kernels.forward.fp8 import forward_fp8_config, forward_fp8_kernel
+from ..kernels.forward.mma import forward_grid
+
+#: the output types of the fp8 forward (FA3 writes bfloat16)
+FP8_OUT_DTYPES = ("bfloat16", "float16")
+#: the kernels an fp8 call runs on (only the ``mma.sync`` build exists)
+FP8_KERNELS = ("auto", "mma")
+
+#: forward's arguments an fp8 call does not take, with the value that means "off"
+_NOT_FP8 = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": None,
+            "mask_mod": None, "block_mask": None, "aux_tensors": ()}
+
+
+def _out_dtype(out_dtype):
+    """The output element type's name: None -> ``"bfloat16"``; a name or a NumPy dtype in
+    :data:`FP8_OUT_DTYPES`, else a ``ValueError`` naming ``out_dtype``."""
+    if out_dtype is None:
+        return "bfloat16"
+    try:
+        name = np.dtype(out_dtype).name
+    except TypeError:
+        name = repr(out_dtype)
+    if name not in FP8_OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected one of {FP8_OUT_DTYPES} for e4m3 inputs, got "
+                         f"{name}")
+    return name
+
+
+def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, softcap,
+                alibi_slopes, learnable_sink, kernel, q_descale, k_descale, v_descale,
+                out_dtype, **not_fp8):
+    """:func:`numba_flash.forward` on e4m3 inputs (the module docstring); ``not_fp8``: the
+    arguments of :data:`_NOT_FP8`, each a ``ValueError`` naming it when set."""
+    for name, off in _NOT_FP8.items():
+        given = not_fp8.get(name, off)
+        if (tuple(given) != () if isinstance(off, tuple) else given != off):
+            raise ValueError(f"{name}: expected {off!r} with e4m3 inputs (the fp8 forward "
+                             f"takes no {name}), got {given!r}")
+    if not isinstance(kernel, str) or kernel not in FP8_KERNELS:
+        raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs (the fp8 "
+                         f"forward is the mma.sync build), got {kernel!r}")
+    s = check_qkv(q, k, v, dtypes=(E4M3,))
+    if s.d % 32 or s.d > 256:
+        raise ValueError(f"q: expected a head dim that is a multiple of 32 up to 256 for e4m3 "
+                         f"inputs (one m16n8k32 k-step is 32 values), got {s.d}")
+    out = _out_dtype(out_dtype)
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
+    scale = check_scale(softmax_scale, s.d, np.float32)
+    var = check_variants(causal, window_size, softcap, alibi_slopes, s.b, s.h, nq=s.nq,
+                         nk=s.nk)
+    sink = check_sink(learnable_sink, s.h)
+    descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
+                              "v_descale": v_descale}, s.b, s.hkv, True)
+    check_fp8_gpu("q")
+    cfg = forward_fp8_config(s.d, out, SOFTCAP=var.softcap > 0.0, ALIBI=var.alibi is not None)
+
+    call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_fp8")
+    call.reserve({"o": ((s.b, s.h, s.nq, s.d), np.float16), "lse": ((s.b, s.h, s.nq),
+                                                                     np.float32)})
+    # e4m3 travels as its bytes (Numba has no fp8 type): uint16 pairs for the tile copies,
+    # uint32 words of V for the transposing fill, V's bytes for the NaN fix-up
+    dq, dk, dv = (call.input(x.view(np.uint8) if x.dtype == E4M3 else x) for x in (q, k, v))
+    o = call.empty((s.b, s.h, s.nq, s.d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
+    lse = call.empty((s.b, s.h, s.nq), np.float32)
+    va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,
+                        sink=sink)
+    call.launch(forward_fp8_kernel(cfg), forward_grid(s.nq, s.b, s.h, cfg.BLOCK_M),
+                (cfg.THREADS,), dq.view(np.uint16), dk.view(np.uint16),
+                dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32), dv, o.reshape(-1),
+                lse.reshape(-1), call.input(descale), va,
+                work=tiled_work(call.op, [(s.nq, s.nk)] * s.b, s.h, cfg.BLOCK_M, cfg.BLOCK_N,
+                                var.left, var.right, cfg.THREADS, s.d, mma=True))
+    o = call.result(o)   # (bfloat16: its uint16 words viewed back)
+    return (o, call.result(lse)) if return_lse else o
