@@ -63,6 +63,9 @@ _stage = functools.partial(device_jit, own_module=True, inline=True)
 
 #: e4m3fn's NaN: all exponent and mantissa bits set (``S.1111.111``)
 NAN_BITS = 0x7F
+#: the compute capability the compile tier builds this kernel for: sm_89's native e4m3
+#: ``mma.sync`` (QMMA.16832); sm_90 has none (ptxas emulates it: conversions and HMMA.16816)
+CC = (8, 9)
 
 
 # [docs:vt-fill]
@@ -275,7 +278,7 @@ def compile_args(cfg):
 
 
 def compile_config(cfg):
-    """The compile tier's entry of one configuration (sm_90 only: e4m3 needs sm_89+)."""
+    """The compile tier's entry of one configuration (the catalog builds it for :data:`CC`)."""
     return {
         "name": cfg.name,
         "config": cfg,
