@@ -64,12 +64,13 @@ def check_cache_array(name, x, kv_cache_dtype):
     return shape, cache_dtype_as_given(name, dtype, kv_cache_dtype)
 
 
-def check_fp8_gpu(name):
-    """On a GPU, compute capability >= 8.9 (the e4m3 conversions), else a ``ValueError`` naming
-    ``name``; nothing in the simulator.  Asked only of calls that have e4m3 arrays."""
+def check_fp8_gpu(name, what="an e4m3 cache"):
+    """On a GPU, compute capability >= 8.9 (the e4m3 conversions and ``mma.sync``), else a
+    ``ValueError`` naming ``name`` (``what``: the thing that needs it); nothing in the
+    simulator.  Asked only of calls that have e4m3 arrays."""
     cc = None if on_simulator() else cuda_cc()
     if cc is not None and tuple(cc) < FP8_MIN_CC:
-        raise ValueError(f"{name}: an e4m3 cache needs a GPU of compute capability >= 8.9 "
+        raise ValueError(f"{name}: {what} needs a GPU of compute capability >= 8.9 "
                          f"(the e4m3 conversions), got {cc[0]}.{cc[1]}")
 
 

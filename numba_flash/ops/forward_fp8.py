@@ -77,7 +77,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     sink = check_sink(learnable_sink, s.h)
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
                               "v_descale": v_descale}, s.b, s.hkv, True)
-    check_fp8_gpu("q")
+    check_fp8_gpu("q", "the e4m3 forward (mma.sync.m16n8k32)")
     cfg = forward_fp8_config(s.d, out, SOFTCAP=var.softcap > 0.0, ALIBI=var.alibi is not None)
 
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_fp8")

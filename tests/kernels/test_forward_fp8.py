@@ -156,3 +156,14 @@ def test_bad_fp8_inputs_are_named(rng):
     with pytest.raises(ValueError, match="^v_descale: expected None without e4m3 inputs"):
         numba_flash.forward(*(x.astype(np.float16) for x in (q, k, v)),
                             v_descale=np.ones((1, 1), np.float32))
+
+
+def test_gpu_below_sm89_is_refused_before_a_launch(rng, monkeypatch):
+    """On a (pretended) sm_80: a ValueError naming q from the host checks."""
+    from numba_flash.frontend import fp8 as host_fp8
+
+    monkeypatch.setattr(host_fp8, "on_simulator", lambda: False)
+    monkeypatch.setattr(host_fp8, "cuda_cc", lambda: (8, 0))
+    q, k, v, _ = fp8_inputs(rng, h=2, hkv=1, nq=4, nk=8)
+    with pytest.raises(ValueError, match="^q: the e4m3 forward .* compute capability >= 8.9"):
+        numba_flash.forward(q, k, v)
