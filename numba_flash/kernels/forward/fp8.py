@@ -32,7 +32,7 @@ first build; the SASS tier counts it).
 The per-tile step reads as its stages: K and ``V^T`` in, ``S = Q K^T``, the tile's scores
 (:func:`~numba_flash.kernels.mainloop.tile_scores.make_tile_scores`), the online softmax
 (threshold ``RESCALE``), ``acc += P V`` (:func:`~numba_flash.kernels.mainloop.warp_gemm.
-make_gemm_e4m3`).  ``[docs: fp8.md]``.
+make_gemm` with ``DTYPE = "e4m3"``).  ``[docs: fp8.md]``.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_s
 from ..mainloop.tile_scores import ScoreArgs, make_tile_scores_pair
 from ..mainloop.visibility import make_tile_span
 from ..mainloop.warp_gemm import (
-    ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm_e4m3, make_load_a,
+    ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm, make_load_a,
 )
 from ..ptx.stages import LOG2E, SHARED_ALIGN, cp_async_commit, cp_async_wait_all, make_tile_copy
 from .config import ForwardFp8Config, forward_fp8_config
-from .mma import make_row_stages
+from .mma import make_forward_block, make_row_stages
 
 __all__ = ["ForwardFp8Config", "forward_fp8_config", "forward_fp8_kernel", "make_vt_fill",
            "compile_config"]
@@ -144,9 +144,10 @@ def forward_fp8_kernel(cfg):
     UNDO_P = float32(2.0 ** -cfg.P_OFFSET)
 
     load_q = make_load_a(1, K_STEPS, RB)
-    gemm_qk = make_gemm_e4m3(1, BLOCK_N // 16, K_STEPS, "regs" if Q_IN_REGS else "smem", RB, RB)
-    gemm_pv = make_gemm_e4m3(1, HEAD_DIM // 16, BLOCK_N // 32, "acc", RB, RBT,
-                             P_SCALE=2.0 ** cfg.P_OFFSET)
+    gemm_qk = make_gemm(1, BLOCK_N // 16, K_STEPS, "regs" if Q_IN_REGS else "smem", False, RB,
+                        RB, "e4m3")
+    gemm_pv = make_gemm(1, HEAD_DIM // 16, BLOCK_N // 32, "acc", False, RB, RBT, "e4m3",
+                        P_SCALE=2.0 ** cfg.P_OFFSET)
     scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
                                                        SOFTCAP, ALIBI, None, float32)
     softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
@@ -157,6 +158,7 @@ def forward_fp8_kernel(cfg):
     copy_k = make_tile_copy(BLOCK_N, HEAD_DIM // 2, RB, THREADS, True)
     fill_vt = make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS)
     tile_span = make_tile_span(BLOCK_N)
+    forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
                                                   SOFTCAP, ALIBI, None)
 
@@ -197,31 +199,14 @@ def forward_fp8_kernel(cfg):
     @kernel_jit
     def flash_forward_fp8(q, k, v, v8, o, lse, descale, va):
         tid = cuda.threadIdx.x
-        warp = tid >> 5
-        lane = tid & 31
-        g = lane >> 2
-        t = lane & 3
-        n_heads = q.shape[1]
-        nq = q.shape[2]
-        nk = k.shape[2]
+        fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
+        b, h, hk, nq, nk, warp, lane, t = fb.b, fb.h, fb.hk, fb.nq, fb.nk, fb.warp, fb.lane, fb.t
         hkv = k.shape[1]
-        n_qt = (nq + BLOCK_M - 1) // BLOCK_M
-        block = cuda.blockIdx.x
-        bh = block // n_qt
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // (n_heads // hkv)
-        q_start = (block % n_qt) * BLOCK_M
-        q_end = min(q_start + BLOCK_M, nq)
-        offset = nk - nq
-        left, right = va.window
         # the scores' scale: softmax_scale q_descale k_descale (FA3's), per (b, kv head)
         scale = va.scale * descale[0, b, hk] * descale[1, b, hk]
-        slope = ZERO
-        if ALIBI:
-            slope = va.alibi[b, h]
-        sa = ScoreArgs(scale, va.softcap, va.inv_softcap, slope, offset, nq, b, h, ())
-        row0 = q_start + 16 * warp + g
+        sa = ScoreArgs(scale, fb.sa.softcap, fb.sa.inv_softcap, fb.sa.slope, fb.offset, nq, b, h,
+                       ())
+        row0 = fb.row0
 
         smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         qf = cuda.local.array((1, K_STEPS, 4), uint32)
@@ -231,8 +216,8 @@ def forward_fp8_kernel(cfg):
         l_i = cuda.local.array(ROWS, float32)
 
         # -- prologue: the Q tile (and its fragments into registers)
-        copy_q(smem, 0, q, ((b * n_heads + h) * nq + q_start) * (HEAD_DIM // 2),
-               q_end - q_start, HEAD_DIM // 2, tid)
+        copy_q(smem, 0, q, (fb.bh * nq + fb.q_start) * (HEAD_DIM // 2), fb.q_end - fb.q_start,
+               HEAD_DIM // 2, tid)
         cp_async_commit()
         cp_async_wait_all()
         cuda.syncthreads()  # the Q tile is complete before any warp reads its fragments
@@ -242,11 +227,12 @@ def forward_fp8_kernel(cfg):
         softmax_init(m_i, l_i, acc)
 
         # -- the K/V tiles the rows visit: masked at the edges, plain inside
-        t_lo, t_hi, f_lo, f_hi = tile_span(q_start, q_end, offset, nk, left, right)
-        x = Fp8Tile(smem, k, v, v8, (b * hkv + hk) * int64(nk) * (HEAD_DIM // 2),
-                    (b * hkv + hk) * int64(nk), hk, sa, (nk, left, right), qf, s, acc, m_i, l_i,
-                    tid, t, row0, q_a, lane_offset(lane, RB, KIND_B),
-                    lane_offset(lane, RBT, KIND_B),
+        t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, nk, fb.left,
+                                           fb.right)
+        kv_row = (b * hkv + hk) * int64(nk)      # the kv head's first key row
+        x = Fp8Tile(smem, k, v, v8, kv_row * (HEAD_DIM // 2), kv_row, hk, sa,
+                    (nk, fb.left, fb.right), qf, s, acc, m_i, l_i, tid, t, row0, q_a,
+                    lane_offset(lane, RB, KIND_B), lane_offset(lane, RBT, KIND_B),
                     scale * LOG2E_F if RAW else LOG2E_F)
         for kt in range(t_lo, t_hi):
             if kt < f_lo or kt >= f_hi:
@@ -259,7 +245,7 @@ def forward_fp8_kernel(cfg):
         for r in range(ROWS):
             for c in range(COLS):
                 acc[r, c] *= undo
-        row_base = int64(bh) * nq
+        row_base = int64(fb.bh) * nq
         epilogue(o, lse, acc, m_i, l_i, scale if RAW else ONE,
                  EpilogueRows(row0, nq, row_base * HEAD_DIM, HEAD_DIM, row_base, t == 0, 1),
                  (2 * t, HEAD_DIM), sink_of(va.sink, h))

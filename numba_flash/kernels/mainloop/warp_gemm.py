@@ -49,6 +49,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ..core.jit import device_jit, kernel_jit, static_for
 from ..ptx.mma import WARP, mma_ops
+from ..ptx.mma_fp8 import mma_m16n8k32_e4m3, pack_e4m3x4
 from ..ptx.stages import ldmatrix_x4, ldmatrix_x4_trans
 from .tile_scores import Layout
 
@@ -108,9 +109,50 @@ def make_load_a(M_TILES, K_STEPS, RB, TRANS=False):
     return load_a
 
 
+@functools.lru_cache(maxsize=None)
+def make_pack_a(DTYPE, P_SCALE=1.0):
+    """``pack_a(af, a, mt, kc)``: ``A`` block ``(mt, kc)`` from the float32 accumulator view
+    ``a`` into ``af[mt, 0:4]``.  16-bit: two ``C`` fragments (8 columns each) are one ``A``
+    block of 16, packed in pairs (``C``'s layout is ``A``'s).  ``"e4m3"``: a k-step is 32 keys,
+    four ``C`` fragments; each register packs four of the lane's own columns times ``P_SCALE``
+    (columns ``8 kc .. 8 kc + 3``, then ``+ 4 .. + 7``: keys ``p_key_of_k`` of the k-step,
+    :mod:`~numba_flash.kernels.ptx.mma_fp8`, an order the ``B`` tile must share)."""
+    if DTYPE != "e4m3":
+        _mma, pack2 = mma_ops(DTYPE)
+
+        @_device
+        def pack_a(af, a, mt, kc):
+            r = 2 * mt
+            c = 4 * kc
+            af[mt, 0] = pack2(a[r, c], a[r, c + 1])
+            af[mt, 1] = pack2(a[r + 1, c], a[r + 1, c + 1])
+            af[mt, 2] = pack2(a[r, c + 2], a[r, c + 3])
+            af[mt, 3] = pack2(a[r + 1, c + 2], a[r + 1, c + 3])
+
+        return pack_a
+    PS = float32(P_SCALE)
+
+    # [docs:pack-p-e4m3]
+    @_device
+    def pack_a_e4m3(af, a, mt, kc):
+        r = 2 * mt
+        c = 8 * kc
+        af[mt, 0] = pack_e4m3x4(a[r, c] * PS, a[r, c + 1] * PS, a[r, c + 2] * PS,
+                                a[r, c + 3] * PS)
+        af[mt, 1] = pack_e4m3x4(a[r + 1, c] * PS, a[r + 1, c + 1] * PS, a[r + 1, c + 2] * PS,
+                                a[r + 1, c + 3] * PS)
+        af[mt, 2] = pack_e4m3x4(a[r, c + 4] * PS, a[r, c + 5] * PS, a[r, c + 6] * PS,
+                                a[r, c + 7] * PS)
+        af[mt, 3] = pack_e4m3x4(a[r + 1, c + 4] * PS, a[r + 1, c + 5] * PS,
+                                a[r + 1, c + 6] * PS, a[r + 1, c + 7] * PS)
+    # [/docs:pack-p-e4m3]
+
+    return pack_a_e4m3
+
+
 # [docs:warp-gemm]
 @functools.lru_cache(maxsize=None)
-def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE):
+def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE, P_SCALE=1.0):
     """``gemm(acc, a, smem, a_byte, b_byte)``: ``acc += A B`` for the warp's ``16 M_TILES`` rows
     and ``16 N_PAIRS`` columns over ``16 K_STEPS`` of the inner dimension (the views and
     addresses of the module docstring).  ``A_SRC``: ``"regs"`` (``a`` uint32 ``[M_TILES,
@@ -118,9 +160,13 @@ def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE):
     packed to ``DTYPE``), ``"smem"`` / ``"smem_t"`` (``A`` at ``a_byte``; ``a`` unused);
     ``B_TRANS``: ``B`` row-major (``.trans``), else ``N`` rows of ``K``.  The loop order is
     k-step, then ``B`` fragment pair, then row tile: each ``B`` ``ldmatrix`` feeds ``2
-    M_TILES`` ``mma``."""
+    M_TILES`` ``mma``.  ``DTYPE = "e4m3"``: ``mma.sync.m16n8k32`` on bytes, a k-step 32 of them
+    (the same byte addresses; ``B`` K-major only), ``"acc"`` packed by :func:`make_pack_a`
+    times ``P_SCALE``."""
     assert A_SRC in A_SOURCES
-    mma, pack2 = mma_ops(DTYPE)
+    mma = mma_m16n8k32_e4m3 if DTYPE == "e4m3" else mma_ops(DTYPE)[0]
+    assert DTYPE != "e4m3" or not (B_TRANS or A_SRC == "smem_t")   # no .trans for bytes
+    pack_a = make_pack_a(DTYPE, P_SCALE)
     A_REGS = A_SRC == "regs"
     A_ACC = A_SRC == "acc"
     A_TRANS = A_SRC == "smem_t"
@@ -133,13 +179,8 @@ def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE):
                 if A_REGS:
                     for i in range(4):
                         af[mt, i] = a[mt, kc, i]
-                elif A_ACC:  # two C fragments (8 columns each) are one A block of 16
-                    r = 2 * mt
-                    c = 4 * kc
-                    af[mt, 0] = pack2(a[r, c], a[r, c + 1])
-                    af[mt, 1] = pack2(a[r + 1, c], a[r + 1, c + 1])
-                    af[mt, 2] = pack2(a[r, c + 2], a[r, c + 3])
-                    af[mt, 3] = pack2(a[r + 1, c + 2], a[r + 1, c + 3])
+                elif A_ACC:  # P (or dS) from the previous product's accumulator
+                    pack_a(af, a, mt, kc)
                 elif A_TRANS:
                     af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3] = ldmatrix_x4_trans(
                         smem, a_byte + 16 * RB_A * kc + 32 * mt)
@@ -164,61 +205,6 @@ def make_gemm(M_TILES, N_PAIRS, K_STEPS, A_SRC, B_TRANS, RB_A, RB_B, DTYPE):
     return gemm
 # [/docs:warp-gemm]
 
-
-# [docs:warp-gemm-e4m3]
-@functools.lru_cache(maxsize=None)
-def make_gemm_e4m3(M_TILES, N_PAIRS, K_STEPS, A_SRC, RB_A, RB_B, P_SCALE=1.0):
-    """:func:`make_gemm` on e4m3 operands (``mma.sync.m16n8k32``,
-    :mod:`~numba_flash.kernels.ptx.mma_fp8`): ``gemm(acc, a, smem, a_byte, b_byte)``, ``acc +=
-    A B`` over ``32 K_STEPS`` of the inner dimension.  Rows of e4m3 bytes, a k-step 32 of them:
-    the byte addresses of the 16-bit stage hold (``A`` blocks at ``a_byte + 16 RB_A mt + 32
-    kc``, ``B`` stored as ``N`` rows of ``K`` at ``b_byte + 16 RB_B p + 32 kc``: K-major, so
-    ``P V`` takes ``V^T``).  ``A_SRC``: ``"regs"`` (``a`` uint32 ``[M_TILES, K_STEPS, 4]``),
-    ``"smem"``, or ``"acc"``: ``P`` from a float32 accumulator view, each register four of the
-    lane's own values times ``P_SCALE`` (accumulator columns ``8 kc .. 8 kc + 3`` and ``+ 4 ..
-    + 7``: keys ``p_key_of_k`` of the k-step, which the ``V^T`` tile's key order matches)."""
-    from ..ptx.mma_fp8 import mma_m16n8k32_e4m3 as mma, pack_e4m3x4 as pack4
-    assert A_SRC in ("regs", "smem", "acc")
-    A_REGS = A_SRC == "regs"
-    A_ACC = A_SRC == "acc"
-    PS = float32(P_SCALE)
-
-    @_device
-    def gemm(acc, a, smem, a_byte, b_byte):
-        af = cuda.local.array((M_TILES, 4), uint32)  # this k-step's A blocks (registers)
-        for kc in range(K_STEPS):
-            for mt in range(M_TILES):
-                if A_REGS:
-                    for i in range(4):
-                        af[mt, i] = a[mt, kc, i]
-                elif A_ACC:  # four C columns (two 8-key fragments) are one A register
-                    r = 2 * mt
-                    c = 8 * kc
-                    af[mt, 0] = pack4(a[r, c] * PS, a[r, c + 1] * PS, a[r, c + 2] * PS,
-                                      a[r, c + 3] * PS)
-                    af[mt, 1] = pack4(a[r + 1, c] * PS, a[r + 1, c + 1] * PS,
-                                      a[r + 1, c + 2] * PS, a[r + 1, c + 3] * PS)
-                    af[mt, 2] = pack4(a[r, c + 4] * PS, a[r, c + 5] * PS, a[r, c + 6] * PS,
-                                      a[r, c + 7] * PS)
-                    af[mt, 3] = pack4(a[r + 1, c + 4] * PS, a[r + 1, c + 5] * PS,
-                                      a[r + 1, c + 6] * PS, a[r + 1, c + 7] * PS)
-                else:
-                    af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3] = ldmatrix_x4(
-                        smem, a_byte + 16 * RB_A * mt + 32 * kc)
-            for p in range(N_PAIRS):
-                b0, b1, b2, b3 = ldmatrix_x4(smem, b_byte + 16 * RB_B * p + 32 * kc)
-                for mt in range(M_TILES):
-                    r = 2 * mt
-                    c = 4 * p
-                    acc[r, c], acc[r, c + 1], acc[r + 1, c], acc[r + 1, c + 1] = mma(
-                        af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3], b0, b1,
-                        acc[r, c], acc[r, c + 1], acc[r + 1, c], acc[r + 1, c + 1])
-                    acc[r, c + 2], acc[r, c + 3], acc[r + 1, c + 2], acc[r + 1, c + 3] = mma(
-                        af[mt, 0], af[mt, 1], af[mt, 2], af[mt, 3], b2, b3,
-                        acc[r, c + 2], acc[r, c + 3], acc[r + 1, c + 2], acc[r + 1, c + 3])
-
-    return gemm
-# [/docs:warp-gemm-e4m3]
 
 
 @functools.lru_cache(maxsize=None)
