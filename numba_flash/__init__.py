@@ -46,6 +46,7 @@ _LAZY = {
     "append_kv": "numba_flash.ops.kv_cache",
     "apply_rotary": "numba_flash.ops.rotary",
     "dropout_mask": "numba_flash.ops.dropout",
+    "quantize_e4m3": "numba_flash.quantize",
 }
 
 __all__ = ["backend", "reference", "poisoned_outputs", "BackendError", "SimulatorWarning",
