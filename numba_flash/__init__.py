@@ -15,6 +15,7 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :func:`append_kv` - write new tokens' K/V into a contiguous or paged KV cache, in place
 * :func:`apply_rotary` - rotary position embedding (flash-attn's ``apply_rotary_emb``)
 * :func:`dropout_mask` - the exact keep-mask the kernels draw from a Philox seed
+* :func:`quantize_e4m3` - e4m3 inputs and FA3's descales for the fp8 forward (host)
 * :mod:`reference` - the float64 NumPy oracle
 * :func:`backend` - ``"cuda"`` or ``"simulator"``: where the kernels run
 * :func:`poisoned_outputs` - a context in which outputs start as NaN (for tests)
