@@ -17,9 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .frontend.validate import ATTENTION_DTYPES, check_bool, check_qkv, is_device_array
-
-#: largest finite e4m3 value: the quantiser maps each group's amax to it
-E4M3_MAX = 448.0
+from .kernels.ptx.fp8 import E4M3_MAX   # the largest finite e4m3: each group's amax maps to it
 
 
 def hadamard(d):

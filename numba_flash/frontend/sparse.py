@@ -18,12 +18,12 @@ The forward (``numba_flash.forward(..., kv_indices=)``) runs as the token-sparse
 ``Nk`` keys per sequence, a block per query token whose rows are the heads of one kv head
 (they share the list, as DSA's indexer and FlashMLA's sparse prefill have it), the list split
 over blocks: ``O(Nq * topk)`` work.  On tensor cores (float16 / bfloat16, head dims multiples
-of 64, no softcap or ALiBi; ``kernel="auto"`` with at least 8 heads a kv head) a tile of 16
-list entries is gathered by ``cp.async`` into shared memory, K and V rows each through their
-page (:mod:`numba_flash.kernels.decode.mla`, ``OWN_V``); on the SIMT kernel each key row is
-gathered into the registers of the lanes that use it (:mod:`numba_flash.kernels.decode.split_kv`,
-``GATHER``).  The backward reads
-the listed keys too (:mod:`numba_flash.kernels.backward.sparse`); a ``deterministic`` one gets
+of 64, no softcap or ALiBi; ``kernel="auto"`` with at least 8 heads a kv head) a tile of 32
+list entries (16 past head dims 128) is gathered by ``cp.async`` into shared memory, K and V
+rows each through their page (:mod:`numba_flash.kernels.decode.mla`, ``OWN_V``); on the SIMT
+kernel each key row is gathered into the registers of the lanes that use it
+(:mod:`numba_flash.kernels.decode.split_kv`, ``GATHER``).  The backward reads the listed keys
+too (:mod:`numba_flash.kernels.backward.sparse`); a ``deterministic`` one gets
 the lists as the dense kernels' ``mask_mod`` (:func:`sparse_mask`: a dense ``[B, G, Nq, Nk]``
 int8 table of listed keys, the dense ``O(Nq * Nk)`` work).  The story and its machine-code
 count: docs/sparse-attention.md.
@@ -37,8 +37,8 @@ import numpy as np
 
 from .arrays import host_ints
 from .validate import (
-    ATTENTION_DTYPES, INT_DTYPES, array_info, array_module, check_array, check_qkv,
-    is_device_array,
+    ATTENTION_DTYPES, INT_DTYPES, array_info, array_module, check_array,
+    check_dense_options_off, check_qkv, is_device_array,
 )
 
 
@@ -97,30 +97,16 @@ def kernel_indices(call, kv_indices):
 #: ``"mma"`` (the tensor-core decode, a ValueError naming ``kernel`` where it cannot)
 SPARSE_KERNELS = ("auto", "simt", "mma")
 
-#: forward's arguments a token-sparse call does not take, with the value that means "off"
-_DENSE_ONLY = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": None,
-               "mask_mod": None, "block_mask": None, "aux_tensors": ()}
-
-
-def _is_off(given, off):
-    """``given`` is the value of :data:`_DENSE_ONLY` that means off (an empty list or tuple of
-    aux tensors, a zero dropout, None)."""
-    if off is None:
-        return given is None
-    if isinstance(off, tuple):
-        return given is not None and len(tuple(given)) == 0
-    return given == off
+#: what :func:`check_dense_options_off` says a token-sparse call is
+_SPARSE_CONTEXT = "kv_indices (token-sparse attention runs the gathering decode kernels)"
 
 
 def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, window_size,
                    softcap, alibi_slopes, learnable_sink, kernel, **dense_only):
     """:func:`numba_flash.forward` with ``kv_indices`` (see there); ``dense_only``: the
-    arguments of :data:`_DENSE_ONLY`, each a ``ValueError`` naming it when set."""
-    for name, off in _DENSE_ONLY.items():
-        given = dense_only.get(name, off)
-        if not _is_off(given, off):
-            raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
-                             f"runs the gathering decode kernel), got {given!r}")
+    options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS`, each a
+    ``ValueError`` naming it when set."""
+    check_dense_options_off(dense_only, _SPARSE_CONTEXT)
     if kernel not in SPARSE_KERNELS:
         raise ValueError(f"kernel: expected one of {SPARSE_KERNELS} with kv_indices (the gather "
                          f"runs on the decode kernels), got {kernel!r}")
@@ -220,11 +206,7 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
     ``k`` / ``v`` read in place as a paged cache of one-key pages (a ``[B, max_k]`` table of
     packed rows, ``cu_seqlens_k[b] + t``), or through the caller's ``block_table``.  Returns
     ``o [total_q, H, d_v]`` (and ``lse [H, total_q]``)."""
-    for name, off in _DENSE_ONLY.items():
-        given = dense_only.get(name, off)
-        if not _is_off(given, off):
-            raise ValueError(f"{name}: expected {off!r} with kv_indices (token-sparse attention "
-                             f"runs the gathering decode kernel), got {given!r}")
+    check_dense_options_off(dense_only, _SPARSE_CONTEXT)
     xp = array_module(q)
     qs = array_info("q", q)[0]       # (q, k, v and cu_seqlens checked by forward_varlen)
     cu_q = np.asarray(host_ints(cu_seqlens_q), np.int64)

@@ -323,3 +323,28 @@ def check_value_shape(ks, vs, value_dim, k_name="k", v_name="v", d_v_max=256):
     if vs[-1] > d_v_max:
         raise ValueError(f"{v_name}: expected a value head dim d_v in 1..{d_v_max}, got "
                          f"{vs[-1]}")
+
+
+#: forward's options only the dense kernels take (dropout, tile shapes, the user's functions),
+#: with the value that means "off" (the token-sparse and the fp8 forwards take none of them)
+DENSE_FORWARD_OPTIONS = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": None,
+                         "mask_mod": None, "block_mask": None, "aux_tensors": ()}
+
+
+def _is_off(given, off):
+    """``given`` is the value of :data:`DENSE_FORWARD_OPTIONS` that means off (None, a zero
+    dropout, an empty list or tuple of aux tensors)."""
+    if off is None:
+        return given is None
+    if isinstance(off, tuple):
+        return given is not None and len(tuple(given)) == 0
+    return given == off
+
+
+def check_dense_options_off(given, context):
+    """Each of :data:`DENSE_FORWARD_OPTIONS` in ``given`` (a dict of the call's values) off,
+    else a ``ValueError`` naming it: ``"{name}: expected {off} with {context}, got ..."``."""
+    for name, off in DENSE_FORWARD_OPTIONS.items():
+        value = given.get(name, off)
+        if not _is_off(value, off):
+            raise ValueError(f"{name}: expected {off!r} with {context}, got {value!r}")

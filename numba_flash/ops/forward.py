@@ -105,10 +105,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     in ``[-1, Nk)``: a ``ValueError`` naming ``kv_indices``), and-ed with ``causal``, the window,
     softcap, ALiBi and the sink.  Runs the gathering decode kernels
     (:func:`numba_flash.frontend.sparse.sparse_forward`: ``O(Nq * topk)`` work; ``kernel``
-    ``"auto"``, ``"simt"`` or ``"mma"``: the tensor-core gather of 16 listed K / V rows into
-    shared memory, float16 / bfloat16 with head dims multiples of 64, no softcap or ALiBi;
-    ``"auto"`` takes it with at least 8 query heads a kv head); not with dropout, ``block_m`` /
-    ``block_n`` or the user's functions.
+    ``"auto"``, ``"simt"`` or ``"mma"``: the tensor-core gather of 32 listed K / V rows (16 past
+    head dims 128) into shared memory, float16 / bfloat16 with head dims multiples of 64, no
+    softcap or ALiBi; ``"auto"`` takes it with at least 8 query heads a kv head); not with
+    dropout, ``block_m`` / ``block_n`` or the user's functions.
     The reference: :func:`numba_flash.reference.sparse_attention`.
 
     fp8 (FA3's API): e4m3 ``q``, ``k``, ``v`` (``ml_dtypes.float8_e4m3fn``, ``d`` a multiple of

@@ -21,7 +21,9 @@ from ..frontend import ArrayCall
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
 from ..frontend.kernel_args import kernel_variant
 from ..frontend.sim_time import tiled_work
-from ..frontend.validate import BFLOAT16, check_bool, check_qkv, check_scale
+from ..frontend.validate import (
+    BFLOAT16, check_bool, check_dense_options_off, check_qkv, check_scale,
+)
 from ..frontend.variants import check_sink, check_variants
 from ..kernels.forward.fp8 import forward_fp8_config, forward_fp8_kernel
 from ..kernels.forward.mma import forward_grid
@@ -31,9 +33,6 @@ FP8_OUT_DTYPES = ("bfloat16", "float16")
 #: the kernels an fp8 call runs on (only the ``mma.sync`` build exists)
 FP8_KERNELS = ("auto", "mma")
 
-#: forward's arguments an fp8 call does not take, with the value that means "off"
-_NOT_FP8 = {"dropout_p": 0.0, "block_m": None, "block_n": None, "score_mod": None,
-            "mask_mod": None, "block_mask": None, "aux_tensors": ()}
 
 
 def _out_dtype(out_dtype):
@@ -55,12 +54,9 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
                 alibi_slopes, learnable_sink, kernel, q_descale, k_descale, v_descale,
                 out_dtype, **not_fp8):
     """:func:`numba_flash.forward` on e4m3 inputs (the module docstring); ``not_fp8``: the
-    arguments of :data:`_NOT_FP8`, each a ``ValueError`` naming it when set."""
-    for name, off in _NOT_FP8.items():
-        given = not_fp8.get(name, off)
-        if (tuple(given) != () if isinstance(off, tuple) else given != off):
-            raise ValueError(f"{name}: expected {off!r} with e4m3 inputs (the fp8 forward "
-                             f"takes no {name}), got {given!r}")
+    options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS`, each a
+    ``ValueError`` naming it when set."""
+    check_dense_options_off(not_fp8, "e4m3 inputs (the fp8 forward takes none)")
     if not isinstance(kernel, str) or kernel not in FP8_KERNELS:
         raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs (the fp8 "
                          f"forward is the mma.sync build), got {kernel!r}")
@@ -85,7 +81,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
                                                                      np.float32)})
     # e4m3 travels as its bytes (Numba has no fp8 type): uint16 pairs for the tile copies,
     # uint32 words of V for the transposing fill, V's bytes for the NaN fix-up
-    dq, dk, dv = (call.input(x.view(np.uint8) if x.dtype == E4M3 else x) for x in (q, k, v))
+    dq, dk, dv = (call.input(x.view(np.uint8)) for x in (q, k, v))
     o = call.empty((s.b, s.h, s.nq, s.d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
     lse = call.empty((s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,

@@ -394,6 +394,12 @@ class MlaDecodeConfig:
         return mma_row_bytes(self.D_V) if self.OWN_V else self.ROW_BYTES
 
     @property
+    def V_TILE(self):
+        """The V tile's byte offset in its stage: after the K tile (``OWN_V``), else 0 (the
+        values are the key rows)."""
+        return self.BLOCK_N * self.ROW_BYTES if self.OWN_V else 0
+
+    @property
     def STAGE_BYTES(self):
         """Bytes of a stage: the K tile, then (``OWN_V``) the V tile."""
         return self.BLOCK_N * (self.ROW_BYTES + (self.V_ROW_BYTES if self.OWN_V else 0))

@@ -128,7 +128,7 @@ def make_mla_tile_stages(cfg):
     SP_ROW = cfg.SP_ROW
     OWN_V, D_V, RBV = cfg.OWN_V, cfg.D_V, cfg.V_ROW_BYTES
     TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
-    V_TILE = BLOCK_N * RB                    # OWN_V: the V tile's offset in its stage
+    V_TILE = cfg.V_TILE                      # the V tile's offset in its stage (OWN_V)
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
     ROWS = 2                                 # a lane's rows: g and g + 8
     KEYS = BLOCK_N // 4                      # a lane's scores per row
@@ -271,7 +271,7 @@ def mla_decode_kernel(cfg):
     K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
     assert THREADS % BLOCK_N == 0
     TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
-    V_TILE = BLOCK_N * RB if cfg.OWN_V else 0   # the V tile's offset in its stage
+    V_TILE = cfg.V_TILE                      # the V tile's offset in its stage (OWN_V)
     SMEM_WORDS = STAGES * TILE_BYTES // 4    # the key tiles (16-bit pairs)
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
     SP_WORDS = NUM_WARPS * SP_WARP if NUM_WARPS > 1 else 1   # the warps' partial S (float32)

@@ -614,9 +614,9 @@ class ForwardFp8Config:
 
     @property
     def Q_IN_REGS(self):
-        """Q's fragments in registers up to d = 128 (32 a lane; at 256 the 128 accumulator
-        floats and 64 fragment registers would pass the 255-register file: read from shared
-        memory each tile)."""
+        """Q's fragments in registers up to d = 64 (8 a lane); past it read from shared memory
+        each tile (the d = 128 build with Q in registers and 64-key tiles passed 255 registers
+        and spilled on sm_90)."""
         return self.HEAD_DIM <= 64
 
     @property
@@ -644,8 +644,9 @@ class ForwardFp8Config:
 
 
 def forward_fp8_config(head_dim, out="bfloat16", **flags):
-    """The :class:`ForwardFp8Config` of a call: 64-key tiles (64 x 144 B of Q, as much of K and
-    128 x 80 B of ``V^T`` = 28 KiB at d = 128), 32-key tiles at d = 256 (64 keys: 2 x 64 x 272
-    + 256 x 80 B = 55 KiB, past the 48 KiB static limit; 32: 38 KiB)."""
+    """The :class:`ForwardFp8Config` of a call: 64-key tiles at d = 64 (15 KiB of shared
+    memory), 32-key tiles past it (d = 128: 64 keys spilled with Q in registers; 32 keys, Q from
+    shared memory, 168 registers on sm_89, 20 KiB; d = 256: 64 keys would need 2 x 64 x 272 +
+    256 x 80 B = 55 KiB, past the 48 KiB static limit; 32: 38 KiB)."""
     return ForwardFp8Config(HEAD_DIM=head_dim, BLOCK_N=32 if head_dim > 64 else 64, OUT=out,
                             **flags)
