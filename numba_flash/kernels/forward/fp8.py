@@ -52,7 +52,9 @@ from ..mainloop.visibility import make_tile_span
 from ..mainloop.warp_gemm import (
     ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm, make_load_a,
 )
-from ..ptx.stages import LOG2E, SHARED_ALIGN, cp_async_commit, cp_async_wait_all, make_tile_copy
+from ..ptx.stages import (
+    EXP_BITS, LOG2E, SHARED_ALIGN, cp_async_commit, cp_async_wait_all, make_tile_copy,
+)
 from .config import ForwardFp8Config, forward_fp8_config
 from .mma import make_forward_block, make_row_stages
 
@@ -61,8 +63,8 @@ __all__ = ["ForwardFp8Config", "forward_fp8_config", "forward_fp8_kernel", "make
 
 _stage = functools.partial(device_jit, own_module=True, inline=True)
 
-#: e4m3fn's NaN: all exponent and mantissa bits set (``S.1111.111``)
-NAN_BITS = 0x7F
+#: e4m3fn's NaN: all exponent and mantissa bits set (``S.1111.111``; the NaN fix-up's mask)
+NAN_BITS = EXP_BITS["e4m3"]
 #: the compute capability the compile tier builds this kernel for: sm_89's native e4m3
 #: ``mma.sync`` (QMMA.16832); sm_90 has none (ptxas emulates it: conversions and HMMA.16816)
 CC = (8, 9)
