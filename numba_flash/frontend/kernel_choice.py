@@ -200,6 +200,12 @@ def _check_wgmma(dt, op):
     if dt.name not in TENSOR_CORE_DTYPES:
         raise ValueError(f"kernel: 'wgmma' (tensor cores) takes float16 or bfloat16 inputs, "
                          f"got {dt.name}; use kernel='simt' or 'auto'")
+    check_wgmma_gpu()
+
+
+def check_wgmma_gpu():
+    """On a GPU, compute capability 9.0 (``wgmma`` is sm_90a), else a ``ValueError`` naming
+    ``kernel``; nothing in the simulator."""
     cc = cuda_cc()
     if cc is not None and cc[:2] != (9, 0):
         raise ValueError(f"kernel: 'wgmma' needs a GPU of compute capability 9.0 (Hopper: "

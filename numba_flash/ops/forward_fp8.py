@@ -6,11 +6,13 @@ most 256; ``v`` as wide as ``k``), their real values the stored ones times FA3's
 ``(q8 k8^T) q_descale k_descale softmax_scale``, ``o = (P v8) v_descale``.  ``o`` in
 ``out_dtype`` (``"bfloat16"``, FA3's, or ``"float16"``), ``lse`` float32.  Causal, window,
 softcap, ALiBi, GQA and a learnable sink; not dropout, the user's functions, ``block_m`` /
-``block_n`` (a ``ValueError`` naming each).  The kernel: :mod:`numba_flash.kernels.forward.
-fp8` (``mma.sync.m16n8k32`` e4m3, sm_89+; ``P`` packed with an exponent offset so the
-largest lands at 256 of e4m3's 448).  The reference: :func:`numba_flash.reference.attention` of
-:func:`numba_flash.reference.dequantize`'d inputs times their descales; the story and the
-error table: docs/fp8.md.
+``block_n`` (a ``ValueError`` naming each).  The kernels: ``kernel="mma"`` (and ``"auto"``)
+:mod:`numba_flash.kernels.forward.fp8` (``mma.sync.m16n8k32`` e4m3, sm_89+; ``P`` packed with
+an exponent offset so the largest lands at 256 of e4m3's 448); ``kernel="wgmma"``
+:mod:`numba_flash.kernels.forward.wgmma_fp8` (Hopper's e4m3 ``wgmma``, sm_90a, head dims 64,
+128, 256; ``"auto"`` does not choose it until a GPU record says it is faster).  The
+reference: :func:`numba_flash.reference.attention` of :func:`numba_flash.reference.dequantize`'d
+inputs times their descales; the story and the error table: docs/fp8.md.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from ..frontend.validate import (
     BFLOAT16, check_bool, check_dense_options_off, check_qkv, check_scale,
 )
 from ..frontend.variants import check_sink, check_variants
+from ..frontend.kernel_choice import check_wgmma_gpu
+from ..kernels.forward.config import WGMMA_FP8_HEAD_DIMS
 from ..kernels.forward.fp8 import forward_fp8_config, forward_fp8_kernel
+from ..kernels.forward.wgmma_fp8 import forward_wgmma_fp8_config, forward_wgmma_fp8_kernel
 from ..kernels.forward.mma import forward_grid
 
 #: the output types of the fp8 forward (FA3 writes bfloat16)
 FP8_OUT_DTYPES = ("bfloat16", "float16")
-#: the kernels an fp8 call runs on (only the ``mma.sync`` build exists)
-FP8_KERNELS = ("auto", "mma")
+#: the kernels an fp8 call runs on: ``mma.sync`` (``"auto"``'s) or Hopper's ``wgmma``
+FP8_KERNELS = ("auto", "mma", "wgmma")
 
 
 
@@ -58,8 +63,8 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     ``ValueError`` naming it when set."""
     check_dense_options_off(not_fp8, "e4m3 inputs (the fp8 forward takes none)")
     if not isinstance(kernel, str) or kernel not in FP8_KERNELS:
-        raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs (the fp8 "
-                         f"forward is the mma.sync build), got {kernel!r}")
+        raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs, got "
+                         f"{kernel!r}")
     s = check_qkv(q, k, v, dtypes=(E4M3,))
     if s.d % 32 or s.d > 256:
         raise ValueError(f"q: expected a head dim that is a multiple of 32 up to 256 for e4m3 "
@@ -73,8 +78,17 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     sink = check_sink(learnable_sink, s.h)
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
                               "v_descale": v_descale}, s.b, s.hkv, True)
-    check_fp8_gpu("q", "the e4m3 forward (mma.sync.m16n8k32)")
-    cfg = forward_fp8_config(s.d, out, SOFTCAP=var.softcap > 0.0, ALIBI=var.alibi is not None)
+    wgmma = kernel == "wgmma"
+    if wgmma:
+        if s.d not in WGMMA_FP8_HEAD_DIMS:
+            raise ValueError(f"q: kernel='wgmma' takes e4m3 head dims {WGMMA_FP8_HEAD_DIMS}, "
+                             f"got {s.d}; use kernel='mma'")
+        check_wgmma_gpu()
+    else:
+        check_fp8_gpu("q", "the e4m3 forward (mma.sync.m16n8k32)")
+    flags = dict(SOFTCAP=var.softcap > 0.0, ALIBI=var.alibi is not None)
+    cfg = (forward_wgmma_fp8_config(s.d, out, **flags) if wgmma else
+           forward_fp8_config(s.d, out, **flags))
 
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_fp8")
     call.reserve({"o": ((s.b, s.h, s.nq, s.d), np.float16), "lse": ((s.b, s.h, s.nq),
@@ -86,10 +100,14 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     lse = call.empty((s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,
                         sink=sink)
-    call.launch(forward_fp8_kernel(cfg), forward_grid(s.nq, s.b, s.h, cfg.BLOCK_M),
+    # V's words: [rows, d / 4] for the mma.sync fill, flat for the warpgroup's
+    words = dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32)
+    call.launch((forward_wgmma_fp8_kernel if wgmma else forward_fp8_kernel)(cfg),
+                forward_grid(s.nq, s.b, s.h, cfg.BLOCK_M),
                 (cfg.THREADS,), dq.view(np.uint16), dk.view(np.uint16),
-                dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32), dv, o.reshape(-1),
+                words.reshape(-1) if wgmma else words, dv, o.reshape(-1),
                 lse.reshape(-1), call.input(descale), va,
+                shared=cfg.SMEM_BYTES if wgmma else 0,
                 work=tiled_work(call.op, [(s.nq, s.nk)] * s.b, s.h, cfg.BLOCK_M, cfg.BLOCK_N,
                                 var.left, var.right, cfg.THREADS, s.d, mma=True))
     o = call.result(o)   # (bfloat16: its uint16 words viewed back)

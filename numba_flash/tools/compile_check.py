@@ -219,6 +219,8 @@ def in_suite(cfg):
         return not flags and c.DTYPE in ("float32", "float64") and (c.VEC or c.DTYPE != "float64")
     if name.startswith("wgmma"):  # the warpgroup stages' probes: the chained products
         return "chain" in name
+    if name.startswith("forward_wgmma_fp8"):   # the e4m3 warpgroup forward: its goal, d = 128
+        return " D128 " in name and name.endswith("bfloat16")
     if name.startswith("forward_fp8"):   # the e4m3 forward (sm_89): its d = 128 build
         return " D128 " in name and name.endswith("bfloat16")
     if name.startswith("mla_decode"):  # MLA's tensor-core decode: float16 (bfloat16: the same)
@@ -724,7 +726,9 @@ def sass_markdown(rows):
              "The e4m3 forward's rows (`forward_fp8`) count sm_89's code, its native e4m3 "
              "mma.sync (`QMMA.16832`, 8192 flops; Hopper has none: ptxas turns it into e4m3 "
              "conversions and HMMA.16816), at the H200's issue rate as the yardstick and "
-             "without a cap.", "",
+             "without a cap; the e4m3 warpgroup forward's (`forward_wgmma_fp8`, sm_90a) count "
+             "e4m3 `QGMMA.64xNx32` flops, capped at the H200's e4m3 wgmma peak "
+             f"({sass.WGMMA_FP8_TFLOPS:.0f} TFLOP/s).", "",
              "| configuration | " + " | ".join(SASS_COLUMNS) + " |",
              "|---|" + "---|" * len(SASS_COLUMNS)]
     for r in rows:

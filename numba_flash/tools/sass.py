@@ -64,6 +64,10 @@ MMA_FLOP = {"HMMA.16816": 2 * 16 * 8 * 16, "HMMA.1688": 2 * 16 * 8 * 8,
             # e4m3 -> float16 conversions and HMMA.16816, the fp8 forward's sm_90 build)
             "QMMA.16832": 2 * 16 * 8 * 32}
 
+#: ... and the e4m3 peak of an H200's wgmma (``QGMMA``, twice the float16 rate): the cap of
+#: an e4m3 warpgroup kernel's issue bound
+WGMMA_FP8_TFLOPS = 1979.0
+
 #: the dense float16 peak of an H200's tensor cores (wgmma): an issue-bound ceiling of an HGMMA
 #: kernel above it is reported as this bound
 WGMMA_TFLOPS = 989.0
@@ -73,7 +77,7 @@ def mma_flop(op):
     """Flops one warp's issue of a tensor-core instruction stands for: ``HMMA.16816`` 4096;
     ``HGMMA.64xNx16`` is issued by each of the warpgroup's 4 warps for a 64 x N x 16 product, so
     ``2 * 64 * N * 16 / 4`` per warp instruction."""
-    if op.startswith("HGMMA."):
+    if op.startswith(("HGMMA.", "QGMMA.")):   # m64nNk16 16-bit, m64nNk32 e4m3
         m, n, k = (int(x) for x in op.split(".")[1].split("x"))
         return 2 * m * n * k // 4
     return MMA_FLOP[".".join(op.split(".")[:2])]
@@ -160,7 +164,7 @@ def _width(op):
 def classify(op):
     """The class an instruction counts in (the column names of the SASS table)."""
     base = op.split(".")[0]
-    if base in ("HMMA", "HGMMA", "IMMA", "DMMA", "BMMA", "QMMA"):
+    if base in ("HMMA", "HGMMA", "IMMA", "DMMA", "BMMA", "QMMA", "QGMMA"):
         return "mma"
     if base == "FFMA":
         return "ffma"
@@ -611,9 +615,11 @@ def analyse(listing, expect_mma=None, trips=None, work=None, share=WORK_SHARE, s
     if mma:
         # (QMMA, sm_89's e4m3: no H200 figure caps it, the issue bound is the ceiling)
         cap = (WGMMA_TFLOPS if mma_kind.startswith("HGMMA") else
+               WGMMA_FP8_TFLOPS if mma_kind.startswith("QGMMA") else
                float("inf") if mma_kind.startswith("QMMA") else MMA_SYNC_TFLOPS)
         row["ceiling_tflops"] = round(min(issue, cap), 1)
-        row["bound"] = "issue" if issue < cap else ("wgmma" if cap == WGMMA_TFLOPS else
+        row["bound"] = "issue" if issue < cap else ("wgmma" if cap in (WGMMA_TFLOPS,
+                                                                         WGMMA_FP8_TFLOPS) else
                                                      "mma.sync")
     else:
         row["ceiling_tflops"] = round(issue, 1)

@@ -5,9 +5,9 @@ float64 reference on the dequantised inputs, outputs NaN-poisoned (conftest).
 Tolerance, from measurement (docs/fp8.md's table, the simulator, seeds 1-3): the largest
 ``|o - ref|`` over ``max |v|`` was 0.5 to 1.3 % at unit logits and up to 2.8 % at wide ones (q
 x 8, d = 256): ``P``'s three mantissa bits.  The bound is 4 %; ``lse`` (float32, no e4m3
-rounding of its own) within 2e-5 of the reference.  A build whose packed ``P`` can pass 448
-(``P_OFFSET = 8`` over the threshold 4: FA4's first fp8 build) misses the bound by 3x to 8x,
-so the wide-logit test fails if ``P`` is clipped.
+rounding of its own) within 2e-5 of the reference plus 3 float32 ulps of its size.  A build
+whose packed ``P`` can pass 448 (``P_OFFSET = 8`` over the threshold 4: FA4's first fp8 build)
+misses the bound by 3x to 8x, so the wide-logit test fails if ``P`` is clipped.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ E4M3 = float8_e4m3fn
 #: the bound on max |o - ref| / max |v| (the module docstring's measurement)
 O_BOUND = 0.04
 LSE_ATOL = 2e-5
+#: ... plus 3 float32 ulps of |lse| (wide logits put lse near 100, where an ulp is 7.6e-6)
+LSE_RTOL = 4e-7
 
 
 def fp8_inputs(rng, b=1, h=2, hkv=1, nq=20, nk=41, d=64, q_scale=1.0):
@@ -51,7 +53,7 @@ def check(o, lse, q, k, v, scales, **kw):
     err = np.abs(o.astype(np.float64) - want_o).max() / vmax
     assert not np.isnan(err), "o has a NaN (an unwritten element or a leak)"
     assert err <= O_BOUND, f"max |o - ref| / max |v| = {err:.4f} > {O_BOUND}"
-    np.testing.assert_allclose(lse, want_lse, rtol=0, atol=LSE_ATOL)
+    np.testing.assert_allclose(lse, want_lse, rtol=LSE_RTOL, atol=LSE_ATOL)
     return err
 
 
@@ -132,7 +134,7 @@ def test_nan_in_v_reaches_only_the_rows_that_see_it(rng):
     (dict(k_descale=np.ones((1, 1), np.float64)), TypeError, "k_descale: expected dtype float32"),
     (dict(out_dtype="float32"), ValueError, "out_dtype: expected one of"),
     (dict(dropout_p=0.1), ValueError, "dropout_p: expected 0.0 with e4m3 inputs"),
-    (dict(kernel="simt"), ValueError, "kernel: expected one of ('auto', 'mma')"),
+    (dict(kernel="simt"), ValueError, "kernel: expected one of ('auto', 'mma', 'wgmma')"),
     (dict(score_mod=lambda s, b, h, i, j: s), ValueError, "score_mod: expected None"),
 ])
 def test_bad_fp8_arguments_are_named(rng, kw, error, words):

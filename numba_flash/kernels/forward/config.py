@@ -650,3 +650,99 @@ def forward_fp8_config(head_dim, out="bfloat16", **flags):
     256 x 80 B = 55 KiB, past the 48 KiB static limit; 32: 38 KiB)."""
     return ForwardFp8Config(HEAD_DIM=head_dim, BLOCK_N=32 if head_dim > 64 else 64, OUT=out,
                             **flags)
+
+
+# -- the fp8 (e4m3) forward on Hopper's wgmma -------------------------------------------------
+@kernel_config
+class ForwardWgmmaFp8Config:
+    """The e4m3 warpgroup forward (:mod:`numba_flash.kernels.forward.wgmma_fp8`):
+    ``WARPGROUPS`` warpgroups of 64 query rows, ``BLOCK_N``-key tiles, ``HEAD_DIM`` (64, 128 or
+    256), the output type ``OUT`` and the flags ``SOFTCAP``, ``ALIBI``; ``P`` packed as
+    :class:`ForwardFp8Config` packs it (``P_OFFSET``, ``RESCALE``).  Every tile is e4m3 bytes
+    in a swizzled :class:`~numba_flash.kernels.ptx.wgmma.TileLayout` counted in byte pairs
+    (a 32-byte ``k32`` step is a 16-bit ``k16`` step's bytes): Q and K K-major (rows of ``d``
+    bytes), ``V^T`` K-major (``d`` rows of ``BLOCK_N`` bytes, keys in ``P``'s packing order)."""
+
+    HEAD_DIM: int
+    BLOCK_N: int = 128
+    WARPGROUPS: int = 2
+    OUT: str = "bfloat16"
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    #: P's exponent offset and the lazy rescale's threshold: :class:`ForwardFp8Config`'s
+    P_OFFSET: int = 4
+    RESCALE: float = 4.0
+
+    STAGES = 2   # K_j and K_{j+1}, V^T_{j-1} and V^T_j (the 16-bit warpgroup forward's pipeline)
+
+    @property
+    def NUM_WARPS(self):
+        return 4 * self.WARPGROUPS
+
+    @property
+    def THREADS(self):
+        return 128 * self.WARPGROUPS
+
+    @property
+    def BLOCK_M(self):
+        return 64 * self.WARPGROUPS
+
+    @property
+    def SWIZZLE_QK(self):
+        """Q's and K's swizzle: their rows are ``d`` bytes (64 at d = 64, else 128)."""
+        return min(128, self.HEAD_DIM)
+
+    @property
+    def SWIZZLE_VT(self):
+        """``V^T``'s swizzle: its rows are ``BLOCK_N`` bytes (32, 64 or 128)."""
+        return min(128, self.BLOCK_N)
+
+    @property
+    def Q_BYTES(self):
+        return self.BLOCK_M * self.HEAD_DIM
+
+    @property
+    def TILE_BYTES(self):
+        """One K tile, or one ``V^T`` tile (the same bytes, transposed)."""
+        return self.BLOCK_N * self.HEAD_DIM
+
+    @property
+    def SMEM_BYTES(self):
+        """Dynamic shared memory: Q, ``STAGES`` x (K, ``V^T``), the alignment slack."""
+        return self.Q_BYTES + 2 * self.STAGES * self.TILE_BYTES + ARENA_SLACK
+
+    @property
+    def name(self):
+        flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
+        return (f"forward_wgmma_fp8 WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
+                f"D{self.HEAD_DIM} e4m3->{self.OUT}{flags}")
+
+
+#: the e4m3 warpgroup forward's head dims (its tiles hold whole rows of d bytes)
+WGMMA_FP8_HEAD_DIMS = (64, 128, 256)
+
+#: its tiles on a GPU: ``BLOCK_N`` by head dim, two warpgroups (128 rows) sharing each K / V^T
+#: tile.  64 and 128: 128 keys (S: 64 float32 a thread beside d / 2 of O; the V^T rows are one
+#: 128-byte swizzle row); 256: 64 keys (O alone is 128 registers a thread: S at 128 keys would
+#: pass 255).  Shared memory: d = 128 16 + 2 x (16 + 16) = 80 KiB; d = 256 32 + 2 x 32 = 96 KiB
+FORWARD_WGMMA_FP8_TILES = {64: 128, 128: 128, 256: 32}
+
+#: ... with softcap or ALiBi (per-score work beside S: more live registers a key)
+FORWARD_WGMMA_FP8_MODS_TILES = {64: 64, 128: 64, 256: 32}
+
+#: the simulator's tiles: one warpgroup (128 Python threads), 32 keys (one k32 step of P V)
+FORWARD_WGMMA_FP8_SIM_TILES = (1, 32)
+
+
+def forward_wgmma_fp8_config(head_dim, out="bfloat16", simulator=None, **flags):
+    """The :class:`ForwardWgmmaFp8Config` of a call (``head_dim`` one of
+    :data:`WGMMA_FP8_HEAD_DIMS`: the tiles hold whole rows, no padding)."""
+    if simulator is None:
+        simulator = on_simulator()
+    if head_dim not in WGMMA_FP8_HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {WGMMA_FP8_HEAD_DIMS}, got {head_dim}")
+    hd = head_dim
+    mods = flags.get("SOFTCAP") or flags.get("ALIBI")
+    wg, bn = FORWARD_WGMMA_FP8_SIM_TILES if simulator else (
+        2, (FORWARD_WGMMA_FP8_MODS_TILES if mods else FORWARD_WGMMA_FP8_TILES)[hd])
+    return ForwardWgmmaFp8Config(HEAD_DIM=hd, BLOCK_N=bn, WARPGROUPS=wg, OUT=out, **flags)

@@ -47,11 +47,13 @@ import weakref
 from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, int32, types, uint32, uint64
+from numba import cuda, float32, int32, types, uint32, uint64
 
 from ...backend import on_simulator
 from ..core.jit import device_jit, kernel_jit, static_fold
+from .fp8 import e4m3_to_float64
 from .mma import dtype_name, half2_bits, halves_to_float64, mma_ops
+from .mma_fp8 import pack_e4m3x4
 from .stages import (
     cp_async16, cp_async_commit, cp_async_wait_all, load_u16, make_zero_nonfinite_word,
 )
@@ -73,7 +75,10 @@ ARENA_ALIGN = 1024
 #: the twin's :func:`smem_address` (16-byte aligned, not 1024: the pad is exercised)
 SIM_SMEM_BASE = 0x2010
 
-_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16", "e4m3": "e4m3"}
+#: the element types of :func:`make_wgmma`: the 16-bit pair (``k = 16``) and e4m3 (``k = 32``,
+#: both operands K-major: the ISA has no transpose for 8-bit types)
+WGMMA_DTYPES = ("float16", "bfloat16", "e4m3")
 
 
 # ------------------------------------------------------------------------------------------
@@ -402,8 +407,9 @@ def _gpu_primitives():
     # [docs:wgmma-intrinsic]
     def make_mma(N, ptype, A_SRC, TRANS_A, TRANS_B):
         n = N // 2
-        name = f"wgmma m64n{N}k16 {ptype} {A_SRC}"
-        ptx = f"wgmma.mma_async.sync.aligned.m64n{N}k16.f32.{ptype}.{ptype}"
+        K = 32 if ptype == "e4m3" else 16       # a k-step is 32 bytes either way
+        name = f"wgmma m64n{N}k{K} {ptype} {A_SRC}"
+        ptx = f"wgmma.mma_async.sync.aligned.m64n{N}k{K}.f32.{ptype}.{ptype}"
         acc_ty = types.UniTuple(types.float32, n)
         a_ty = types.uint64 if A_SRC == "smem" else types.UniTuple(types.uint32, 4)
 
@@ -428,10 +434,12 @@ def _gpu_primitives():
                     a_cons, a_txt = ["r"] * 4, "{" + ", ".join(f"${n + i}" for i in range(4)) + "}"
                 ib = n + len(a_ops)  # desc_b, then scale_d
                 sd32 = context.cast(builder, sd, sig.args[4], types.int32)
-                trans = f"{TRANS_A}, {TRANS_B}" if A_SRC == "smem" else f"{TRANS_B}"
+                # the transpose immediates exist for 16-bit types only (e4m3: K-major)
+                trans = ("" if ptype == "e4m3" else
+                         f", {TRANS_A}, {TRANS_B}" if A_SRC == "smem" else f", {TRANS_B}")
                 text = ("{ .reg .pred p; setp.ne.b32 p, $" + str(ib + 1) + ", 0; " + ptx
                         + " {" + ", ".join(f"${i}" for i in range(n)) + "}, " + a_txt
-                        + f", ${ib}, p, 1, 1, {trans}; }}")
+                        + f", ${ib}, p, 1, 1{trans}; }}")
                 cons = ",".join(["=f"] * n + a_cons + ["l", "r"] + [str(i) for i in range(n)])
                 ins = a_ops + [db, sd32] + [builder.extract_value(acc_val, i) for i in range(n)]
                 fnty = ir.FunctionType(ir.LiteralStructType([f32] * n), [x.type for x in ins])
@@ -519,8 +527,24 @@ def _read(smem, addrs):
 
 
 def _to_float64(words, dtype):
-    """16-bit element bits (an even number a row) as float64."""
+    """16-bit words (an even number a row) as float64 elements: one a word, or for ``"e4m3"``
+    two (low byte first: ``[rows, 2 cols]``)."""
+    if dtype == "e4m3":
+        return e4m3_to_float64(np.ascontiguousarray(words, np.uint16).view(np.uint8))
     return halves_to_float64(np.ascontiguousarray(words, np.uint16).view(np.uint32), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def a8_tables():
+    """``(rows, cols)``, int arrays ``[128, 16]``: the element of the 64 x 32 8-bit ``A`` in
+    byte ``i`` (register ``i >> 2``, byte ``i & 3``) of warpgroup thread ``r`` (CUTLASS's
+    ``ALayout_64x32``; per warp the ``mma.m16n8k32`` ``A`` layout of
+    :mod:`~numba_flash.kernels.ptx.mma_fp8`): row ``16 w + g + 8 ((i >> 2) & 1)``, column
+    ``4 t + (i & 3) + 16 (i >> 3)``."""
+    r = np.arange(WARPGROUP)[:, None]
+    i = np.arange(16)[None, :]
+    w, g, t = r >> 5, (r & 31) >> 2, r & 3
+    return 16 * w + g + 8 * ((i >> 2) & 1), 4 * t + (i & 3) + 16 * (i >> 3)
 
 
 class _Op:
@@ -535,12 +559,20 @@ class _Op:
         if spec["a_src"] == "smem":
             self.a_addr = operand_addresses(a, "MN" if spec["trans_a"] else "K", 64)
             a_words = _read(smem, self.a_addr)
+        elif dtype == "e4m3":  # a: every thread's four registers of four bytes
+            rows, cols = a8_tables()
+            a_bytes = np.zeros((64, 32), np.uint8)
+            a_bytes[rows, cols] = np.array(a, np.uint32).view(np.uint8).reshape(128, 16)
+            a_words = a_bytes.view(np.uint16)
         else:  # a: every thread's four registers
             rows, cols = acc_tables(16)
             a_words = np.zeros((64, 16), np.uint16)
             a_words[rows, cols] = np.array(a, np.uint32).view(np.uint16).reshape(128, 8)
         self.a_words, self.b_words = a_words, _read(smem, self.b_addr)
-        self.a, self.b = _to_float64(a_words, dtype), _to_float64(self.b_words, dtype)
+        # B [k, N]: e4m3 bytes are decoded along each column's words (its K-major row)
+        self.a = _to_float64(a_words, dtype)
+        self.b = (_to_float64(self.b_words.T, dtype).T if dtype == "e4m3" else
+                  _to_float64(self.b_words, dtype))
         self.d = None
 
     def complete(self):
@@ -579,8 +611,7 @@ def _sim_mma(spec, smem, a, desc_b, acc, scale_d):
     st = _thread_state()
     n = spec["N"] // 2
     if len(acc) != n:
-        raise TypeError(f"wgmma m64n{spec['N']}k16: expected acc as {n} float32, got "
-                        f"{len(acc)}")
+        raise TypeError(f"wgmma m64n{spec['N']}: expected acc as {n} float32, got {len(acc)}")
     if not st.fenced:
         raise RuntimeError("wgmma: mma_async without a wgmma_fence() since this thread's last "
                            "wgmma_wait_group")
@@ -677,10 +708,15 @@ else:
 @functools.lru_cache(maxsize=None)
 def make_wgmma(N, DTYPE="float16", A_SRC="smem", TRANS_A=0, TRANS_B=0):
     """``mma(smem, a, desc_b, acc, scale_d)``: one ``wgmma.mma_async...m64nNk16.f32`` of
-    ``DTYPE`` (``"float16"`` / ``"bfloat16"``) operands, ``A`` from shared memory (``A_SRC``
-    ``"smem"``, ``a`` a descriptor) or registers (``"regs"``, ``a`` four ``uint32``), read
-    MN-major when ``TRANS_A`` / ``TRANS_B`` is 1 (module docstring)."""
-    dtype = dtype_name(DTYPE)
+    ``DTYPE`` (``"float16"`` / ``"bfloat16"``) operands, or ``m64nNk32`` of ``"e4m3"`` ones
+    (32 bytes a k-step, as 16 16-bit elements: the same descriptors), ``A`` from shared memory
+    (``A_SRC`` ``"smem"``, ``a`` a descriptor) or registers (``"regs"``, ``a`` four ``uint32``:
+    two 16-bit or four e4m3 elements each, :func:`a8_tables`), read MN-major when ``TRANS_A`` /
+    ``TRANS_B`` is 1 (16-bit only; module docstring)."""
+    dtype = "e4m3" if DTYPE == "e4m3" else dtype_name(DTYPE)
+    if dtype == "e4m3" and (TRANS_A or TRANS_B):
+        raise ValueError("TRANS_A, TRANS_B: e4m3 operands are K-major only (0), got "
+                         f"{TRANS_A!r}, {TRANS_B!r}")
     if N not in WGMMA_N:
         raise ValueError(f"N: expected one of {WGMMA_N}, got {N!r}")
     if A_SRC not in ("smem", "regs"):
@@ -846,25 +882,37 @@ def make_fragment_view(N):
 
 
 @functools.lru_cache(maxsize=None)
-def make_a_pack(K_STEPS, DTYPE="float16"):
+def make_a_pack(K_STEPS, DTYPE="float16", P_SCALE=1.0):
     """``(a_pack, a_words)``: ``a_pack(v, pa)`` packs the ``A`` registers of all ``K_STEPS``
     k-blocks of the fragment view ``v`` (float32 ``[2, 4 K_STEPS]``, rounded to ``DTYPE``)
     into ``pa`` (uint32 ``[4 K_STEPS]``; k-block ``j``: ``pa[4 j .. 4 j + 3]``, the order of
     :func:`make_a_from_acc` and ``warp_gemm``'s ``"acc"`` packing); ``a_words(pa)`` is ``pa``
     as one ``UniTuple(uint32, 4 K_STEPS)``, so that one :func:`fence_operand` and one
     :func:`wgmma_fence` order them all before the first ``mma``.  Generated straight-line
-    code, as :func:`make_fragment_view`: constant indices only."""
-    _mma, pack2 = mma_ops(DTYPE)
+    code, as :func:`make_fragment_view`: constant indices only.
+
+    ``"e4m3"``: a k-block is 32 keys (``v``'s columns ``8 j .. 8 j + 7``); each register packs
+    four of the lane's own columns times ``P_SCALE`` (``warp_gemm``'s e4m3 packing: keys in
+    :func:`~numba_flash.kernels.ptx.mma_fp8.p_key_of_k` order, which ``B`` must share)."""
     lines = []
-    for j in range(K_STEPS):
-        c = 4 * j
-        for q, (r, cc) in enumerate(((0, c), (1, c), (0, c + 2), (1, c + 2))):
-            lines.append(f"    pa[{4 * j + q}] = pack2(v[{r}, {cc}], v[{r}, {cc + 1}])\n")
+    if DTYPE == "e4m3":
+        pack2 = None
+        for j in range(K_STEPS):
+            c = 8 * j
+            for q, (r, cc) in enumerate(((0, c), (1, c), (0, c + 4), (1, c + 4))):
+                vals = ", ".join(f"v[{r}, {cc + e}] * PS" for e in range(4))
+                lines.append(f"    pa[{4 * j + q}] = pack4({vals})\n")
+    else:
+        _mma, pack2 = mma_ops(DTYPE)
+        for j in range(K_STEPS):
+            c = 4 * j
+            for q, (r, cc) in enumerate(((0, c), (1, c), (0, c + 2), (1, c + 2))):
+                lines.append(f"    pa[{4 * j + q}] = pack2(v[{r}, {cc}], v[{r}, {cc + 1}])\n")
     src = ("def a_pack(v, pa):\n" + "".join(lines) + "\n\n"
            "def a_words(pa):\n    return (" + ", ".join(f"pa[{i}]" for i in range(4 * K_STEPS))
            + ",)\n")
-    ns = {"pack2": pack2}
-    exec(compile(src, f"<wgmma A registers K_STEPS={K_STEPS}>", "exec"), ns)
+    ns = {"pack2": pack2, "pack4": pack_e4m3x4, "PS": float32(P_SCALE)}
+    exec(compile(src, f"<wgmma A registers K_STEPS={K_STEPS} {DTYPE}>", "exec"), ns)
     return _device(ns["a_pack"]), _device(ns["a_words"])
 
 
@@ -889,7 +937,8 @@ def make_warpgroup_gemm(N, B_LAYOUT, B_MAJOR, DTYPE="float16", A_LAYOUT=None, AC
     ``B_MAJOR`` (``"K"``: ``N`` rows of ``K``, a K tile; ``"MN"``: ``K`` rows of ``N``, a V
     tile); ``A`` (``64 x K``) from the ``A_LAYOUT`` tile at shared address ``a_addr`` (SS;
     ``a`` unused), or with ``A_LAYOUT`` None from registers (RS, ``P`` for ``P V``).
-    ``ACCUMULATE`` False: ``acc = A B``."""
+    ``ACCUMULATE`` False: ``acc = A B``.  ``"e4m3"``: k-blocks of 32 bytes, ``B`` K-major
+    (``V^T`` for ``P V``), ``a`` packed by ``make_a_pack(K, "e4m3", ...)``."""
     SS = A_LAYOUT is not None
     TRANS_B = 1 if B_MAJOR == "MN" else 0
     K_STEPS = (B_LAYOUT.COLS if B_MAJOR == "K" else B_LAYOUT.ROWS) // 16
@@ -1000,6 +1049,17 @@ def load_a_reg(a, tid, kk, reg):
     return half2_bits(a[row, 16 * kk + col], a[row, 16 * kk + col + 1])
 
 
+@_device
+def load_a_reg8(a, tid, kk, reg):
+    """A register ``reg`` (0..3) of k-block ``kk`` (32 bytes) of thread ``tid`` from e4m3 bytes
+    ``a`` (viewed as byte pairs ``[64 WARPGROUPS, K / 2]``, :func:`a8_tables`: four consecutive
+    bytes of row ``16 w + g + 8 (reg & 1)`` from column ``4 t + 16 (reg >> 1)``)."""
+    r = tid & 127
+    row = 16 * (r >> 5) + ((r & 31) >> 2) + 8 * (reg & 1) + 64 * (tid >> 7)
+    col = 32 * kk + 4 * (r & 3) + 16 * (reg >> 1)
+    return half2_bits(a[row, col >> 1], a[row, (col >> 1) + 1])
+
+
 def _store_acc(NH):
     """``store(out, acc, tid, add)``: ``out[row, col] = acc[i] (+ add[row, col])`` by the
     fragment layout, warpgroup ``tid >> 7`` on rows ``64 (tid >> 7) ..`` (``add`` None: plain
@@ -1029,19 +1089,26 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
     (``"MN"``, as ``V`` is).  ``a`` and ``b`` go to shared memory by :func:`make_tile_copy`
     (``cp.async``) in :class:`TileLayout` tiles of ``SWIZZLE``; ``K / 16`` ``wgmma`` steps (``A``
     by descriptor, or with ``A_SRC="regs"`` from registers loaded from ``a``) accumulate, one
-    commit and wait, then each thread stores its accumulators by :func:`acc_coords`."""
+    commit and wait, then each thread stores its accumulators by :func:`acc_coords`.
+
+    ``DTYPE="e4m3"``: ``a``, ``b`` e4m3 bytes viewed as byte pairs (``uint16 [M, K / 2]``,
+    ``[N, K / 2]``; ``B_MAJOR="K"`` only), ``K / 32`` ``m64nNk32`` steps, ``A`` registers by
+    :func:`a8_tables`."""
     mma = make_wgmma(N, DTYPE, A_SRC, 0, 1 if B_MAJOR == "MN" else 0)
     zeros = make_acc_zeros(N)
-    if K % 16 or K <= 0:
-        raise ValueError(f"K: expected a positive multiple of 16, got {K}")
+    E8 = DTYPE == "e4m3"
+    KSTEP = 32 if E8 else 16            # elements of a k-step (32 bytes or 16 halves)
+    if K % KSTEP or K <= 0:
+        raise ValueError(f"K: expected a positive multiple of {KSTEP}, got {K}")
+    KU = K // 2 if E8 else K            # 16-bit units of a row of K elements
     M, THREADS = 64 * WARPGROUPS, WARPGROUP * WARPGROUPS
-    A_LAY = TileLayout(M, K, SWIZZLE).check()
-    B_LAY = (TileLayout(N, K, SWIZZLE) if B_MAJOR == "K" else TileLayout(K, N, SWIZZLE)).check()
+    A_LAY = TileLayout(M, KU, SWIZZLE).check()
+    B_LAY = (TileLayout(N, KU, SWIZZLE) if B_MAJOR == "K" else TileLayout(K, N, SWIZZLE)).check()
     B_ROWS, B_COLS = B_LAY.ROWS, B_LAY.COLS
     B_OFF = _round_up(A_LAY.BYTES, ARENA_ALIGN)
     WORDS = (B_OFF + _round_up(B_LAY.BYTES, ARENA_ALIGN) + ARENA_ALIGN) // 4  # + align slack
-    A_START = tuple(A_LAY.descriptor("K", kk).start for kk in range(K // 16))
-    B_START = tuple(B_LAY.descriptor(B_MAJOR, kk).start for kk in range(K // 16))
+    A_START = tuple(A_LAY.descriptor("K", kk).start for kk in range(K // KSTEP))
+    B_START = tuple(B_LAY.descriptor(B_MAJOR, kk).start for kk in range(K // KSTEP))
     A_WG = A_LAY.descriptor("K", 0, mn0=64).start - A_START[0] if WARPGROUPS > 1 else 0
     A_HI, B_HI = A_LAY.desc_hi("K"), B_LAY.desc_hi(B_MAJOR)
     copy_a = make_tile_copy(A_LAY, THREADS)
@@ -1055,16 +1122,21 @@ def wgmma_gemm_kernel(N, K, DTYPE="float16", SWIZZLE=128, A_SRC="smem", B_MAJOR=
         smem = cuda.shared.array(WORDS, types.uint32)
         pad = align_pad(smem)  # the tiles start on a 1024-byte boundary (the swizzle's pattern)
         if not REGS:
-            copy_a(smem, pad, a, 0, K, M, K, tid)
+            copy_a(smem, pad, a, 0, KU, M, KU, tid)
         copy_b(smem, pad + B_OFF, b, 0, B_COLS, B_ROWS, B_COLS, tid)
         tiles_ready()
         base = smem_address(smem) + pad
         a_base = base + (tid >> 7) * A_WG  # this warpgroup's 64 rows of the A tile
         acc = fence_operand(zeros())
         wgmma_fence()
-        for kk in range(K // 16):
+        for kk in range(K // KSTEP):
             db = make_desc(base + B_OFF + B_START[kk], B_HI)
-            if REGS:  # this thread's A registers of k-block kk, then the fence that orders them
+            if REGS and E8:  # e4m3: four bytes a register
+                ra = fence_operand((load_a_reg8(a, tid, kk, 0), load_a_reg8(a, tid, kk, 1),
+                                    load_a_reg8(a, tid, kk, 2), load_a_reg8(a, tid, kk, 3)))
+                wgmma_fence()
+                acc = mma(smem, ra, db, acc, kk)
+            elif REGS:  # this thread's A registers of k-block kk, then the fence that orders them
                 ra = fence_operand((load_a_reg(a, tid, kk, 0), load_a_reg(a, tid, kk, 1),
                                     load_a_reg(a, tid, kk, 2), load_a_reg(a, tid, kk, 3)))
                 wgmma_fence()
@@ -1151,7 +1223,7 @@ __all__ = ["WARPGROUP", "WGMMA_N", "SWIZZLES", "MAJORS", "CC", "Descriptor", "Ti
            "swizzle_address", "canonical_offsets", "operand_addresses", "chunk_offset",
            "make_wgmma", "make_acc_zeros", "make_a_from_acc", "make_tile_copy", "make_desc",
            "make_fragment_view", "make_a_pack", "make_warpgroup_gemm",
-           "make_tile_scan",
+           "make_tile_scan", "a8_tables", "WGMMA_DTYPES",
            "tiles_ready", "align_pad", "desc_pack", "warp_uniform", "wgmma_fence",
            "wgmma_commit_group", "wgmma_wait_group",
            "fence_operand", "fence_proxy_async", "smem_address", "wgmma_gemm_kernel",

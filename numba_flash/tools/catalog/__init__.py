@@ -21,6 +21,7 @@ SOURCES = (
     forward.mma_configs,
     forward.wgmma_configs,
     forward.fp8_configs,
+    forward.wgmma_fp8_configs,
     cache.append_configs,
     decode.merge_configs,
     decode.mla_configs,

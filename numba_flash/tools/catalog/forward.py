@@ -142,3 +142,15 @@ def fp8_configs():
     plan += [fp8.forward_fp8_config(128, "float16", SOFTCAP=True, ALIBI=True)]
     for cfg in plan:
         yield {**fp8.compile_config(cfg), "cc": fp8.CC}
+
+
+def wgmma_fp8_configs():
+    """The e4m3 warpgroup forward's builds (sm_90a): the tile table's d = 64, 128, 256 with
+    bfloat16 ``o``, and 128 with softcap and ALiBi into float16."""
+    from numba_flash.kernels.forward import wgmma_fp8
+
+    plan = [wgmma_fp8.forward_wgmma_fp8_config(hd, simulator=False) for hd in (64, 128, 256)]
+    plan += [wgmma_fp8.forward_wgmma_fp8_config(128, "float16", simulator=False, SOFTCAP=True,
+                                                ALIBI=True)]
+    for cfg in plan:
+        yield wgmma_fp8.compile_config(cfg)
