@@ -112,3 +112,61 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
                                 var.left, var.right, cfg.THREADS, s.d, mma=True))
     o = call.result(o)   # (bfloat16: its uint16 words viewed back)
     return (o, call.result(lse)) if return_lse else o
+
+
+def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                       causal, window_size, softcap, alibi_slopes, softmax_scale, return_lse,
+                       learnable_sink, kernel, q_descale, k_descale, v_descale, out_dtype,
+                       block_table, kv_indices, **not_fp8):
+    """:func:`numba_flash.forward_varlen` on e4m3 ``q [total_q, H, d]``, ``k``, ``v [total_k,
+    Hkv, d]`` with FA3's descales per sequence and kv head (``[B, Hkv]``, ``B`` the number of
+    sequences): ``o [total_q, H, d]`` in ``out_dtype``, ``lse [H, total_q]`` float32.  Each
+    sequence is :func:`forward_fp8` on its rows (one launch a sequence: the fp8 kernels have no
+    packed-batch build yet), with its own descales, ALiBi row (``[B, H]`` slopes) and
+    bottom-right alignment; a sequence without keys gives ``o = 0``, ``lse = -inf`` (or its
+    sink's logit).  Not paged (``block_table``) or token-sparse (``kv_indices``), nor the
+    options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS` (a ``ValueError``
+    naming each)."""
+    from ..frontend.validate import array_module, check_array
+    from ..frontend.variants import check_cu_seqlens_pair
+
+    check_dense_options_off(not_fp8, "e4m3 inputs (the fp8 forward takes none)")
+    for name, x in (("block_table", block_table), ("kv_indices", kv_indices)):
+        if x is not None:
+            raise ValueError(f"{name}: expected None with e4m3 inputs (the fp8 varlen forward "
+                             "is dense, packed K/V), got an array")
+    (total_q, h, d), _ = check_array("q", q, 3, (E4M3,))
+    (total_k, hkv, _dk), _ = check_array("k", k, 3, (E4M3,))
+    vs, _ = check_array("v", v, 3, (E4M3,))
+    if tuple(vs) != (total_k, hkv, _dk):
+        raise ValueError(f"v: expected shape {(total_k, hkv, _dk)} (k's), got {tuple(vs)}")
+    cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q,
+                                                     total_k, max_seqlen_q, max_seqlen_k)
+    b = len(len_q)
+    descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
+                              "v_descale": v_descale}, b, hkv, True)
+    out = _out_dtype(out_dtype)
+    alibi = None if alibi_slopes is None else np.asarray(alibi_slopes)
+    if alibi is not None and alibi.ndim == 2 and alibi.shape[0] != b:
+        raise ValueError(f"alibi_slopes: expected shape ({h},) or ({b}, {h}) = [B, H] (B the "
+                         f"number of sequences), got {alibi.shape}")
+    xp = array_module(q)
+    o = xp.zeros((total_q, h, d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
+    lse = xp.full((h, total_q), -np.inf, np.float32)
+    if learnable_sink is not None:   # a sequence without keys: the sink's logit
+        lse[:] = xp.asarray(np.asarray(learnable_sink, np.float32))[:, None]
+    per_seq = lambda x, lo, hi: xp.ascontiguousarray(x[lo:hi].transpose(1, 0, 2)[None])  # noqa
+    for i in range(b):
+        q0, q1, k0, k1 = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        slopes = alibi[i] if alibi is not None and alibi.ndim == 2 else alibi
+        oi, li = forward_fp8(per_seq(q, q0, q1), per_seq(k, k0, k1), per_seq(v, k0, k1),
+                             causal=causal, softmax_scale=softmax_scale, return_lse=True,
+                             window_size=window_size, softcap=softcap, alibi_slopes=slopes,
+                             learnable_sink=learnable_sink, kernel=kernel,
+                             q_descale=descale[0, i:i + 1], k_descale=descale[1, i:i + 1],
+                             v_descale=descale[2, i:i + 1], out_dtype=out)
+        o[q0:q1] = oi[0].transpose(1, 0, 2)
+        lse[:, q0:q1] = li[0]
+    return (o, lse) if return_lse else o

@@ -6,10 +6,12 @@ in the tiled forward kernel, not the decode kernel), and with a user's variant (
 
 from __future__ import annotations
 
+import importlib
 from typing import NamedTuple
 
 import numpy as np
 
+from ..frontend.fp8 import is_e4m3
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
@@ -138,7 +140,9 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                    softmax_scale=None, dropout_p=0.0, seed=0, return_lse=False,
                    block_table=None, validate=None, score_mod=None, mask_mod=None,
-                   block_mask=None, aux_tensors=(), learnable_sink=None, kv_indices=None):
+                   block_mask=None, aux_tensors=(), learnable_sink=None, kv_indices=None,
+                   kernel="auto", q_descale=None, k_descale=None, v_descale=None,
+                   out_dtype=None):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -205,7 +209,34 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     ``q`` (:func:`numba_flash.frontend.sparse.sparse_forward_varlen`; ``k`` and ``v`` read in
     place; the tensor-core gather where :func:`numba_flash.forward`'s ``kernel="auto"`` takes
     it).  Not with dropout or the user's functions.
+
+    fp8 (FA3's API, as :func:`numba_flash.forward`'s): e4m3 ``q``, ``k``, ``v`` with
+    ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[B, Hkv]``, a row per sequence),
+    ``out_dtype`` and ``kernel`` (``"auto"`` / ``"mma"``, or ``"wgmma"`` for Hopper's e4m3
+    build), causal, window, softcap, ALiBi, GQA and sinks; one launch a sequence
+    (:func:`numba_flash.ops.forward_fp8.forward_varlen_fp8`).  ``kernel`` is ``"auto"``
+    otherwise.
     """
+    if any(is_e4m3(array_info(n, x)[1]) for n, x in (("q", q), ("k", k), ("v", v))):
+        # fp8 (FA3's API, as numba_flash.forward's): the fp8 op, imported by name (no op
+        # imports another)
+        fp8 = importlib.import_module("numba_flash.ops.forward_fp8").forward_varlen_fp8
+        return fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                   max_seqlen_k=max_seqlen_k, causal=causal, window_size=window_size,
+                   softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+                   return_lse=return_lse, learnable_sink=learnable_sink, kernel=kernel,
+                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                   out_dtype=out_dtype, block_table=block_table, kv_indices=kv_indices,
+                   dropout_p=dropout_p, score_mod=score_mod, mask_mod=mask_mod,
+                   block_mask=block_mask, aux_tensors=aux_tensors)
+    for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
+                    ("v_descale", v_descale), ("out_dtype", out_dtype)):
+        if x is not None:
+            raise ValueError(f"{name}: expected None without e4m3 inputs (FA3's fp8 API), got "
+                             f"{x!r}")
+    if kernel != "auto":
+        raise ValueError(f"kernel: expected 'auto' (the varlen forward chooses its kernel; "
+                         f"'mma' / 'wgmma' are for e4m3 inputs), got {kernel!r}")
     paged = block_table is not None
     if paged:
         qkv = _check_paged_qkv(q, k, v)

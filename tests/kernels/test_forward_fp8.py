@@ -169,3 +169,56 @@ def test_gpu_below_sm89_is_refused_before_a_launch(rng, monkeypatch):
     q, k, v, _ = fp8_inputs(rng, h=2, hkv=1, nq=4, nk=8)
     with pytest.raises(ValueError, match="^q: the e4m3 forward .* compute capability >= 8.9"):
         numba_flash.forward(q, k, v)
+
+
+@pytest.mark.parametrize("kernel, d, kw", [
+    ("mma", 64, dict(causal=True)),
+    ("mma", 128, dict(window_size=(5, 2), learnable_sink=np.array([0.5, -1.0], np.float32))),
+    ("wgmma", 64, dict(causal=True, alibi_slopes=np.array([[0.3, 0.1], [0.2, 0.05],
+                                                           [0.1, 0.1]], np.float32))),
+    ("wgmma", 256, dict(softcap=3.0)),
+])
+def test_fp8_varlen_matches_the_reference(rng, kernel, d, kw):
+    """A packed batch of three sequences (10 / 0 / 23 queries against 17 / 5 / 40 keys: an
+    empty one), GQA 2 : 1, each with its own descales: ``forward_varlen`` on e4m3 inputs
+    against ``reference.attention_varlen`` of the dequantised sequences, on both kernel
+    families."""
+    len_q, len_k = np.array([10, 0, 23]), np.array([17, 5, 40])
+    cu_q = np.concatenate([[0], np.cumsum(len_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(len_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], 2, d)).astype(E4M3)
+    k = rng.standard_normal((cu_k[-1], 1, d)).astype(E4M3)
+    v = rng.standard_normal((cu_k[-1], 1, d)).astype(E4M3)
+    scales = [rng.uniform(0.5, 2.0, (3, 1)).astype(np.float32) for _ in range(3)]
+    o, lse = numba_flash.forward_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=23, max_seqlen_k=40,
+                                        return_lse=True, q_descale=scales[0],
+                                        k_descale=scales[1], v_descale=scales[2],
+                                        kernel=kernel, **kw)
+    assert o.shape == q.shape and o.dtype == np.dtype(bfloat16) and lse.shape == (2, 33)
+    row_q = np.repeat(np.arange(3), len_q)
+    row_k = np.repeat(np.arange(3), len_k)
+    qd = q.astype(np.float64) * scales[0][row_q][:, :, None]
+    kd = k.astype(np.float64) * scales[1][row_k][:, :, None]
+    vd = v.astype(np.float64) * scales[2][row_k][:, :, None]
+    want_o, want_lse = ref.attention_varlen(qd, kd, vd, cu_q, cu_k, **kw)
+    err = np.abs(o.astype(np.float64) - want_o).max() / np.abs(vd).max()
+    assert err <= O_BOUND, err
+    np.testing.assert_allclose(lse, want_lse, rtol=LSE_RTOL, atol=LSE_ATOL)
+
+
+def test_fp8_varlen_refusals_are_named(rng):
+    q = rng.standard_normal((8, 2, 64)).astype(E4M3)
+    k = rng.standard_normal((8, 1, 64)).astype(E4M3)
+    cu = np.array([0, 8], np.int32)
+    call = dict(max_seqlen_q=8, max_seqlen_k=8)
+    with pytest.raises(ValueError, match="^block_table: expected None with e4m3 inputs"):
+        numba_flash.forward_varlen(q, k, k, cu, cu, block_table=np.zeros((1, 1), np.int32),
+                                   **call)
+    with pytest.raises(ValueError, match="^q_descale: expected shape \\(1, 1\\)"):
+        numba_flash.forward_varlen(q, k, k, cu, cu, q_descale=np.ones((2, 1), np.float32),
+                                   **call)
+    with pytest.raises(ValueError, match="^v: expected shape"):
+        numba_flash.forward_varlen(q, k, k[:4], cu, cu, **call)
+    with pytest.raises(ValueError, match="^kernel: expected 'auto'"):
+        numba_flash.forward_varlen(*(x.astype(np.float16) for x in (q, k, k)), cu, cu,
+                                   kernel="mma", **call)
