@@ -17,11 +17,13 @@ inputs times their descales; the story and the error table: docs/fp8.md.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..frontend import ArrayCall
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
-from ..frontend.kernel_args import kernel_variant
+from ..frontend.kernel_args import check_forward_variant, kernel_variant, user_build
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (
     BFLOAT16, check_bool, check_dense_options_off, check_qkv, check_scale,
@@ -37,6 +39,19 @@ from ..kernels.forward.mma import forward_grid
 FP8_OUT_DTYPES = ("bfloat16", "float16")
 #: the kernels an fp8 call runs on: ``mma.sync`` (``"auto"``'s) or Hopper's ``wgmma``
 FP8_KERNELS = ("auto", "mma", "wgmma")
+#: the user's functions (FlexAttention's), taken by the warpgroup build, and their "off"
+USER_OPTIONS = {"score_mod": None, "mask_mod": None, "block_mask": None, "aux_tensors": ()}
+
+
+class _Shape(NamedTuple):
+    """What :func:`~numba_flash.frontend.kernel_args.check_forward_variant` reads of a call:
+    the compute type (float32 for e4m3) and the dims."""
+
+    dtype: np.dtype
+    b: int
+    h: int
+    nq: int
+    nk: int
 
 
 
@@ -57,11 +72,15 @@ def _out_dtype(out_dtype):
 
 def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, softcap,
                 alibi_slopes, learnable_sink, kernel, q_descale, k_descale, v_descale,
-                out_dtype, **not_fp8):
+                out_dtype, kv_indices=None, **not_fp8):
     """:func:`numba_flash.forward` on e4m3 inputs (the module docstring); ``not_fp8``: the
     options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS`, each a
     ``ValueError`` naming it when set."""
+    user = {n: not_fp8.pop(n, off) for n, off in USER_OPTIONS.items()}
     check_dense_options_off(not_fp8, "e4m3 inputs (the fp8 forward takes none)")
+    if kv_indices is not None:
+        raise ValueError("kv_indices: expected None with e4m3 inputs (the token-sparse forward "
+                         "takes 16-bit or float32 inputs), got an array")
     if not isinstance(kernel, str) or kernel not in FP8_KERNELS:
         raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs, got "
                          f"{kernel!r}")
@@ -79,6 +98,12 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
                               "v_descale": v_descale}, s.b, s.hkv, True)
     wgmma = kernel == "wgmma"
+    if not wgmma:   # the user's functions: the warpgroup build's only
+        check_dense_options_off(user, "e4m3 inputs on kernel='mma' (the user's functions on "
+                                "e4m3 run on kernel='wgmma')")
+    variant = check_forward_variant(_Shape(np.dtype(np.float32), s.b, s.h, s.nq, s.nk),
+                                    user["score_mod"], user["mask_mod"], user["block_mask"],
+                                    user["aux_tensors"]) if wgmma else None
     if wgmma:
         if s.d not in WGMMA_FP8_HEAD_DIMS:
             raise ValueError(f"q: kernel='wgmma' takes e4m3 head dims {WGMMA_FP8_HEAD_DIMS}, "
@@ -87,6 +112,8 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     else:
         check_fp8_gpu("q", "the e4m3 forward (mma.sync.m16n8k32)")
     flags = dict(SOFTCAP=var.softcap > 0.0, ALIBI=var.alibi is not None)
+    if variant is not None:
+        flags["USER"] = user_build(variant)
     cfg = (forward_wgmma_fp8_config(s.d, out, **flags) if wgmma else
            forward_fp8_config(s.d, out, **flags))
 
@@ -99,7 +126,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     o = call.empty((s.b, s.h, s.nq, s.d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
     lse = call.empty((s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,
-                        sink=sink)
+                        variant=variant, sink=sink)
     # V's words: [rows, d / 4] for the mma.sync fill, flat for the warpgroup's
     words = dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32)
     call.launch((forward_wgmma_fp8_kernel if wgmma else forward_fp8_kernel)(cfg),

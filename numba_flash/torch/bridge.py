@@ -3,7 +3,10 @@
 * CPU tensors become NumPy views (``t.detach().numpy()``, zero copy, any strides); the front end
   copies them once to where the kernels run (the simulator's "device" memory, or the GPU).
   A bfloat16 tensor (which NumPy cannot hold) is viewed as its int16 words and those as
-  ``ml_dtypes.bfloat16`` (still zero copy); a bfloat16 result goes back the same way.
+  ``ml_dtypes.bfloat16`` (still zero copy); a bfloat16 result goes back the same way.  A
+  ``float8_e4m3fn`` tensor (``.numpy()`` refuses it) is viewed as its bytes and those as
+  ``ml_dtypes.float8_e4m3fn`` (zero copy; CPU only: CUDA fp8 tensors are refused by the
+  callers, CuPy having no fp8 dtype).
 * CUDA tensors become CuPy views through ``__cuda_array_interface__`` (zero copy), and the
   kernels run on the tensor's device on torch's current stream there: :func:`on_device` makes
   that stream CuPy's current stream, which numba_flash launches on.  Results come back through
@@ -25,7 +28,7 @@ import torch
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-#: torch's e4m3 (an fp8 KV cache; CPU tensors only so far)
+#: torch's e4m3 (an fp8 KV cache, FA3's fp8 q / k / v; CPU tensors only so far)
 E4M3_TORCH = getattr(torch, "float8_e4m3fn", None)
 
 

@@ -11,7 +11,10 @@ Layouts (flash-attn's): dense ``q [batch_size, seqlen_q, nheads, headdim]``, ``k
 Where numba_flash goes further than flash-attn: float32 and float64 as well as float16 and
 bfloat16 (the kernels compute float16 and bfloat16 in float32, float64 in float64;
 ``softmax_lse`` is float64 for float64 inputs, float32 otherwise), any head dim 1..256 (no
-padding to a multiple of 8), CPU tensors (in the Numba CUDA simulator: slow, tiny shapes). Where
+padding to a multiple of 8), CPU tensors (in the Numba CUDA simulator: slow, tiny shapes),
+and FlashAttention-3's fp8 forward (``torch.float8_e4m3fn`` ``q``, ``k``, ``v`` with
+``q_descale``, ``k_descale``, ``v_descale``; ``out`` bfloat16; :mod:`numba_flash.torch.fp8`)
+in :func:`flash_attn_func`, its packed forms and :func:`flash_attn_varlen_func`. Where
 it differs: a query row that sees no key has ``out = 0`` as in flash-attn and ``softmax_lse =
 -inf`` (flash-attn stores +inf there); dropout masks come from numba_flash's Philox counter
 layout (reproducible with ``torch.manual_seed``, not the same bits as flash-attn's); ``S_dmask``
@@ -32,6 +35,7 @@ import torch
 
 from . import checks
 from .autograd import FlashAttnFunc, FlashAttnVarlenFunc
+from .fp8 import DTYPES as fp8_DTYPES, check_format, fp8_call, fp8_dense, fp8_varlen
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
@@ -159,9 +163,9 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
     return (out, lse, q.new_empty((0,))) if probs else out
 
 
-def _check_packed(name, x, ndim, axis, count, layout):
+def _check_packed(name, x, ndim, axis, count, layout, dtypes=checks.DTYPES):
     """A packed tensor (qkv: ``count`` 3, kv: 2 along ``axis``); returns its shape."""
-    shape = checks.check_tensor(name, x, ndim, layout)
+    shape = checks.check_tensor(name, x, ndim, layout, dtypes)
     if shape[axis] != count:
         raise ValueError(f"{name}: expected {count} along dim {axis} of {layout}, got shape "
                          f"{shape}")
@@ -171,13 +175,24 @@ def _check_packed(name, x, ndim, axis, count, layout):
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False, *,
-                              learnable_sink=None):
+                              learnable_sink=None, q_descale=None, k_descale=None,
+                              v_descale=None):
     """Attention of ``qkv [batch_size, seqlen, 3, nheads, headdim]`` (q, k, v stacked on dim 2).
 
     Returns ``out [batch_size, seqlen, nheads, headdim]``, or ``(out, softmax_lse, S_dmask)``
     with ``return_attn_probs=True``; arguments as :func:`flash_attn_func` (``learnable_sink``
-    too).  The gradient is ``dqkv`` of qkv's shape.
+    and FA3's fp8: a ``torch.float8_e4m3fn`` qkv with ``q_descale``, ``k_descale``,
+    ``v_descale``, forward only, ``out`` bfloat16).  The gradient is ``dqkv`` of qkv's shape.
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8_call((qkv,), descales):
+        check_format("qkv", qkv)
+        _check_packed("qkv", qkv, 5, 2, 3, "(batch_size, seqlen, 3, nheads, headdim)",
+                      fp8_DTYPES)
+        q, k, v = qkv.unbind(2)
+        return fp8_dense(q, k, v, ("qkv", "qkv", "qkv"), descales, dropout_p, softmax_scale,
+                         causal, window_size, softcap, alibi_slopes, deterministic,
+                         return_attn_probs, learnable_sink)
     _check_packed("qkv", qkv, 5, 2, 3, "(batch_size, seqlen, 3, nheads, headdim)")
     q, k, v = qkv.unbind(2)
     _check_dense(q, k, v, "qkv", "qkv", "qkv")
@@ -188,13 +203,24 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False, *,
-                             learnable_sink=None):
+                             learnable_sink=None, q_descale=None, k_descale=None,
+                             v_descale=None):
     """Attention of ``q [batch_size, seqlen_q, nheads, headdim]`` over ``kv [batch_size,
     seqlen_k, 2, nheads_k, headdim]`` (k, v stacked on dim 2; GQA when ``nheads_k < nheads``).
 
-    Returns as :func:`flash_attn_func` (``learnable_sink`` too); the gradients are ``dq`` and
-    ``dkv`` of kv's shape.
+    Returns as :func:`flash_attn_func` (``learnable_sink`` and FA3's fp8 too: ``q``, ``kv``
+    ``torch.float8_e4m3fn`` with ``q_descale``, ``k_descale``, ``v_descale``); the gradients
+    are ``dq`` and ``dkv`` of kv's shape (none for fp8).
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8_call((q, kv), descales):
+        check_format("kv", kv)
+        _check_packed("kv", kv, 5, 2, 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)",
+                      fp8_DTYPES)
+        k, v = kv.unbind(2)
+        return fp8_dense(q, k, v, ("q", "kv", "kv"), descales, dropout_p, softmax_scale,
+                         causal, window_size, softcap, alibi_slopes, deterministic,
+                         return_attn_probs, learnable_sink)
     _check_packed("kv", kv, 5, 2, 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(2)
     _check_dense(q, k, v, "q", "kv", "kv")
@@ -207,7 +233,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     return_attn_probs=False, *, score_mod=None, score_mod_bwd=None,
                     mask_mod=None, aux_tensors=None, block_sparse_tensors=None,
                     score_mod_grad=None, aux_grad=None, learnable_sink=None,
-                    gather_kv_indices=None):
+                    gather_kv_indices=None, q_descale=None, k_descale=None, v_descale=None):
     """Attention of ``q [batch_size, seqlen_q, nheads, headdim]`` over ``k``, ``v``
     ``[batch_size, seqlen_k, nheads_k, headdim]`` (GQA/MQA: ``nheads`` a multiple of
     ``nheads_k``; query head ``h`` reads kv head ``h // (nheads // nheads_k)``).
@@ -225,8 +251,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``S_dmask`` (testing only; see the module docstring).
 
     Returns ``out [batch_size, seqlen_q, nheads, headdim]`` in q's dtype, or ``(out,
-    softmax_lse, S_dmask)``.  dtypes float16, bfloat16, float32, float64; CPU tensors
-    run in the simulator, CUDA tensors on the GPU on torch's current stream.
+    softmax_lse, S_dmask)``.  dtypes float16, bfloat16, float32, float64, and
+    float8_e4m3fn (FA3's fp8, below); CPU tensors run in the simulator, CUDA tensors on the
+    GPU on torch's current stream.
+
+    FlashAttention-3's fp8 (keyword only; :mod:`numba_flash.torch.fp8`): ``q``, ``k``, ``v``
+    ``torch.float8_e4m3fn`` (headdim a multiple of 32 up to 256) with ``q_descale``,
+    ``k_descale``, ``v_descale`` float32 ``(batch_size, nheads_k)`` (None: 1): scores ``(q k^T)
+    * q_descale * k_descale * softmax_scale``, ``out = (P v) * v_descale``; ``out`` bfloat16
+    (FA3's), ``softmax_lse`` float32.  Causal, window, softcap, ALiBi, GQA and
+    ``learnable_sink`` as above; not dropout, the variant arguments or ``gather_kv_indices``.
+    Forward only, as FA3: a backward through an fp8 call raises ``NotImplementedError``.  CPU
+    tensors only so far.  A descale with 16-bit inputs is the NumPy front end's ``ValueError``.
 
     FlashAttention-4's variant arguments (keyword only; :func:`_variant`): ``score_mod``,
     ``score_mod_bwd``, ``mask_mod``, ``aux_tensors``, ``block_sparse_tensors``, and ours,
@@ -240,6 +276,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     backward reads the listed keys only; ``deterministic``: the dense kernels masked by the
     lists); not with dropout or the variant arguments.
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8_call((q, k, v), descales):
+        return fp8_dense(q, k, v, ("q", "k", "v"), descales, dropout_p, softmax_scale, causal,
+                         window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                         learnable_sink, gather_kv_indices,
+                         dict(score_mod=score_mod, score_mod_bwd=score_mod_bwd,
+                              mask_mod=mask_mod, aux_tensors=aux_tensors,
+                              block_sparse_tensors=block_sparse_tensors,
+                              score_mod_grad=score_mod_grad, aux_grad=aux_grad))
     _check_dense(q, k, v)
     if gather_kv_indices is not None:
         checks.check_gather_indices(gather_kv_indices, q.shape[0], q.shape[1], dropout_p,
@@ -300,7 +345,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
                            block_sparse_tensors=None, score_mod_grad=None, aux_grad=None,
-                           learnable_sink=None, gather_kv_indices=None):
+                           learnable_sink=None, gather_kv_indices=None, q_descale=None,
+                           k_descale=None, v_descale=None):
     """Attention over a packed batch: sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b +
     1]`` of ``q [total_q, nheads, headdim]`` against rows ``cu_seqlens_k[b]:cu_seqlens_k[b +
     1]`` of ``k``, ``v [total_k, nheads_k, headdim]``, each with its own bottom-right alignment.
@@ -322,9 +368,25 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     keys as positions within its sequence (-1: none), with autograd, as :func:`flash_attn_func`'s
     (not with ``block_table``, dropout or the variant arguments).
 
+    FlashAttention-3's fp8 as :func:`flash_attn_func`'s: ``q``, ``k``, ``v``
+    ``torch.float8_e4m3fn`` with ``q_descale``, ``k_descale``, ``v_descale`` float32
+    ``(batch_size, nheads_k)`` (a row per sequence); ``out`` bfloat16, forward only, not with
+    ``block_table`` (an fp8 paged cache: :func:`numba_flash.torch.flash_attn_with_kvcache`) or
+    ``gather_kv_indices``.
+
     Returns ``out [total_q, nheads, headdim]``, or ``(out, softmax_lse [nheads, total_q],
     S_dmask)`` with ``return_attn_probs=True``.
     """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    if fp8_call((q, k, v), descales):
+        return fp8_varlen(q, k, v, _VARLEN_NAMES, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, descales, dropout_p, softmax_scale, causal, window_size,
+                          softcap, alibi_slopes, deterministic, return_attn_probs,
+                          learnable_sink, gather_kv_indices,
+                          dict(score_mod=score_mod, score_mod_bwd=score_mod_bwd,
+                               mask_mod=mask_mod, aux_tensors=aux_tensors,
+                               block_sparse_tensors=block_sparse_tensors,
+                               score_mod_grad=score_mod_grad, aux_grad=aux_grad), block_table)
     variant = _has_variant(score_mod, score_mod_bwd, mask_mod, aux_tensors, block_sparse_tensors,
                            score_mod_grad, aux_grad)
     if gather_kv_indices is not None:

@@ -159,16 +159,16 @@ def test_decode_at_least_6_bytes_of_kv_per_instruction(table):
 
 
 #: issue 46's static goal for an e4m3 cache, d = 128: one warp step moves 2 groups x U = 2 keys x
-#: (K + V) x 128 B = 2048 B.  Held by the one-row build (MHA: 281 instructions, 7.29 B); the
-#: two-row build (a GQA pair) is 369 instructions, 5.55 B: not yet (the widening, 1.5
-#: instructions a value, is the cost), so only its build is checked.
+#: (K + V) x 128 B = 2048 B, at least 6 B per instruction for the one-row build (MHA: 279
+#: instructions, 7.80 B) and the two-row build (a GQA pair: 353, 6.16 B; it issued 369, 5.90,
+#: while its reduce-scatter selected each shuffle's half by the lane's row bit and the padding
+#: row's flag split the per-key code: on which this fails).
 def test_e4m3_decode_at_least_6_bytes_of_cache_per_instruction(table):
-    one = table[("decode float16 D=128 ROWS=1 U=2 e4m3 cache", "sm_90")]
-    s = one["sass"]
-    assert 32 * 16 * s["counts"]["ldg16"] / s["instructions"] >= 6.0, s
-    assert not one["spill_stores"] and not one["stack"], one
-    two = table[("decode float16 D=128 ROWS=2 U=2 e4m3 cache", "sm_90")]
-    assert two["ptxas_rc"] == 0 and not two["spill_stores"], two
+    for rows in (1, 2):
+        row = table[(f"decode float16 D=128 ROWS={rows} U=2 e4m3 cache", "sm_90")]
+        s = row["sass"]
+        assert 32 * 16 * s["counts"]["ldg16"] / s["instructions"] >= 6.0, s
+        assert not row["spill_stores"] and not row["stack"], row
 
 
 #: issue 47's static goal for token-sparse decode (the kv_indices build, float16 d = 128 paged,

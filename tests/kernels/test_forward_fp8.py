@@ -222,3 +222,10 @@ def test_fp8_varlen_refusals_are_named(rng):
     with pytest.raises(ValueError, match="^kernel: expected 'auto'"):
         numba_flash.forward_varlen(*(x.astype(np.float16) for x in (q, k, k)), cu, cu,
                                    kernel="mma", **call)
+
+
+def test_fp8_with_token_lists_is_refused(rng):
+    """kv_indices with e4m3 inputs: a ValueError naming it (it was once dropped silently)."""
+    q, k, v, _ = fp8_inputs(rng, h=2, hkv=1, nq=4, nk=8)
+    with pytest.raises(ValueError, match="^kv_indices: expected None with e4m3 inputs"):
+        numba_flash.forward(q, k, v, kv_indices=np.zeros((1, 1, 4, 2), np.int32))

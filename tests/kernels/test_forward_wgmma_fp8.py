@@ -203,3 +203,31 @@ def test_bad_wgmma_fp8_calls_are_named(rng, monkeypatch):
         numba_flash.forward(q, k, v, kernel="wgmma")
     with pytest.raises(ValueError, match="^head_dim: expected one of"):
         fconfig.forward_wgmma_fp8_config(96)
+
+
+def test_a_users_score_mod_mask_mod_and_block_mask(rng):
+    """test_forward_wgmma.py's relative bias and document mask (aux arrays) on e4m3 inputs with
+    descales != 1, every tile through mask_mod and then with a block mask (EMPTY tiles skipped,
+    FULL ones unmasked): the reference of the dequantised inputs with the same functions."""
+    from numba_flash.flex import create_block_mask
+
+    from tests.kernels.test_forward_wgmma import _doc_mask, _rel
+
+    q, k, v, scales = fp8_inputs(rng, h=2, hkv=1, nq=24, nk=40, d=64)
+    bias = rng.standard_normal((2, 80)).astype(np.float32)
+    doc = np.repeat(np.arange(3, dtype=np.int32), [10, 14, 16])[None]
+
+    def both(score, b, h, q_idx, kv_idx, bias, doc):
+        return _rel(score, b, h, q_idx, kv_idx, bias)
+
+    def docs(b, h, q_idx, kv_idx, bias, doc):
+        return _doc_mask(b, h, q_idx, kv_idx, doc)
+
+    kw = dict(score_mod=both, mask_mod=docs, aux_tensors=(bias, doc))
+    bm = create_block_mask(docs, 1, None, 24, 40, aux_tensors=(bias, doc), BLOCK_SIZE=32)
+    for mask in (None, bm):
+        o, lse = wgmma_fp8(q, k, v, scales, block_mask=mask, **kw)
+        check(o, lse, q, k, v, scales, **kw)
+    with pytest.raises(ValueError, match="^score_mod: expected None with e4m3 inputs on "
+                                         "kernel='mma'"):
+        numba_flash.forward(q, k, v, kernel="mma", **kw)

@@ -27,11 +27,13 @@ Grid ``(B * Hkv * chunks, splits)``: x is ``(b * Hkv + kvh) * chunks + z``, y th
 group in chunk ``z`` of ``ROWS`` rows.  ``NG = THREADS // LANES`` key groups; lane ``l`` of a group
 holds the ``DPL = HEAD_DIM // LANES`` elements ``l * CHUNK + LANES * CHUNK * i + e`` of a K or V
 row (:mod:`~numba_flash.kernels.decode.config`'s ``lane_layout``) and a ``ROWS x DPL``
-accumulator in registers.  Shared memory: ``q_sh`` and ``acc_sh [ROWS, HEAD_DIM]`` (compute type),
-``m_sh``, ``l_sh [NG, ROWS]``, per-row ``M``, ``W``, ``lse`` and two flags: 2.6-8.4 KiB, never the
-limit; registers are (``gpu_min_blocks``).  The float32 workspace ``o_part``, ``lse_part`` and
-the int32 ``counters`` hold the splits' partials and tickets.  float16 and bfloat16 caches compute
-in float32 (bfloat16 through float32 views, :func:`cache_views`), float64 in float64.
+accumulator in registers.  Shared memory: ``q_sh`` (each lane's pieces of the rows, in the
+lane's own row order: :func:`make_own_row_of`) and ``acc_sh [ROWS, HEAD_DIM]`` (compute
+type), ``m_sh``, ``l_sh [NG, ROWS]``, per-row ``M``, ``W``, ``lse`` and two flags: 2.6-8.4
+KiB, never the limit; registers are (``gpu_min_blocks``).  The float32 workspace ``o_part``,
+``lse_part`` and the int32 ``counters`` hold the splits' partials and tickets.  float16 and
+bfloat16 caches compute in float32 (bfloat16 through float32 views, :func:`cache_views`),
+float64 in float64.
 
 File: the kernel's contexts (:data:`DecodeRows`, :data:`SeqKeys`, :data:`OwnRow`), its stage
 factories (:func:`make_load_q_rows`, :func:`make_key_loads`, :func:`make_own_row_stages`,
@@ -123,6 +125,26 @@ def make_row_coords(cfg):
 
 
 @functools.lru_cache(maxsize=None)
+def make_own_row_of(cfg):
+    """The stage ``own_row_of(lane)``: ``r_own``, the row of the block's chunk that lane
+    ``lane`` of a key group owns after the reduce-scatter (:func:`make_own_row_stages`): the
+    lane's top ``LOG_ROWS`` offset bits (butterfly step ``i`` keeps the half of the rows whose
+    bit ``ROWS >> (i + 1)`` is the lane's bit ``LANES >> (i + 1)``); 0 with one row (a
+    constant: the one-row build's code does not change).  It is also the lane's row order in
+    ``q_sh`` (:func:`make_load_q_rows`)."""
+    SHIFT = cfg.LOG_LANES - cfg.LOG_ROWS
+    if cfg.ROWS == 1:
+        @_stage
+        def own_row_of(lane):
+            return int32(0)
+    else:
+        @_stage
+        def own_row_of(lane):
+            return int32(lane >> SHIFT)
+    return own_row_of
+
+
+@functools.lru_cache(maxsize=None)
 def make_load_q_rows(cfg):
     """The prologue's stage ``load_q_rows``: the block's pre-scaled q rows into shared memory."""
     LANES, CHUNK, ROWS, HEAD_DIM, DPL = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL
@@ -131,6 +153,7 @@ def make_load_q_rows(cfg):
     acc_t, load, _store = _types(cfg)
     ZERO = acc_t(0.0)
     row_coords = make_row_coords(cfg)
+    own_row_of = make_own_row_of(cfg)
 
     @_stage
     def load_q_rows(q, q_sh, acc, rows, seq, lo, hi, scale, lane, grp, col0):
@@ -138,13 +161,17 @@ def make_load_q_rows(cfg):
         of ``V4`` values per lane and row, lane-interleaved, read back 16 bytes at a time),
         ``acc = 0``; returns ``full``: every row sees every key of ``[lo, hi)`` (no mask; never
         with a user's function: its mask may hide any key, its score may be -inf, and either
-        makes p "not seen")."""
+        makes p "not seen").  A lane's rows go in its own order: row ``r`` into slot ``r ^
+        r_own`` (:func:`make_own_row_of`; only the lane reads its pieces), so that its
+        reduce-scatter keeps the lower half of its slots at every step and selects nothing
+        (:func:`make_own_row_stages`' ``own_scores``)."""
         b, row0, n_rows = rows.b, rows.row0, rows.n_rows
         n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
         q_val = cuda.local.array(DPL, acc_t)
         full = not USER_FN and not GATHER   # (a list's keys: -1, hidden or repeated)
+        r_own = own_row_of(lane)              # my rows' order in q_sh
         for r in range(ROWS):
             row = row0 + r
             h, tok = row_coords(rows, row, nq)
@@ -171,7 +198,7 @@ def make_load_q_rows(cfg):
                         val = ZERO
                         if pc * V4 + e < DPL:
                             val = q_val[pc * V4 + e]
-                        q_sh[((r * QP + pc) * LANES + lane) * V4 + e] = val
+                        q_sh[(((r ^ r_own) * QP + pc) * LANES + lane) * V4 + e] = val
             for j in range(DPL):
                 acc[r * DPL + j] = ZERO
             lo_r, hi_r = key_bounds(tok, seq.offset, seq.seqlen, seq.left, seq.right)
@@ -450,6 +477,7 @@ def make_own_row_stages(cfg):
     score_fn = make_score_fn(False, SOFTCAP, ALIBI, cfg.USER, acc_t, True)
     _init, softmax_update, _fin = make_online_softmax(1, U, 0, (), "exp", acc_t, "moved")
     row_coords = make_row_coords(cfg)
+    own_row_of = make_own_row_of(cfg)
     # key u's position in its sequence: its list entry (GATHER), or t0 + u of the cache walk
     if cfg.GATHER:
         @_stage
@@ -462,17 +490,13 @@ def make_own_row_stages(cfg):
 
 
     @_stage
-    def own_row(upper_at, lane, rows, seq):
+    def own_row(lane, rows, seq):
         """My own row: after the reduce-scatter, lane ``l`` holds the scores of row ``r_own``,
-        the row whose bits are the lane's top ``LOG_ROWS`` offset bits (``upper_at[i]``: my half
-        at butterfly step ``i``); returns its :class:`OwnRow`: the keys ``[lo, hi)`` it sees
-        (int32 from here: key positions fit, the host checks the lengths) and the user's
-        coordinates of it (query head ``h``, the query's column ``q_col``)."""
-        r_own = 0
-        for i in range(LOG_ROWS):
-            upper_at[i] = (lane & (LANES >> (i + 1))) != 0
-            if upper_at[i]:
-                r_own += ROWS >> (i + 1)
+        the row whose bits are the lane's top ``LOG_ROWS`` offset bits (:func:`make_own_row_of`);
+        returns its :class:`OwnRow`: the keys ``[lo, hi)`` it sees (int32 from here: key
+        positions fit, the host checks the lengths) and the user's coordinates of it (query
+        head ``h``, the query's column ``q_col``)."""
+        r_own = own_row_of(lane)
         row_own = rows.row0 + r_own
         live_own = row_own < rows.n_rows
         h_own, tok_own = row_coords(rows, row_own, rows.nq)
@@ -497,34 +521,35 @@ def make_own_row_stages(cfg):
 
     # [docs:decode-scores]
     @_stage
-    def own_scores(s_own, q_sh, k_reg, upper_at, q_byte):
+    def own_scores(s_own, q_sh, k_reg, q_byte):
         """Partial dots over my elements, then a reduce-scatter over the group's lanes: each
         butterfly step halves the rows a lane carries (it sends the half its partner keeps),
-        the last steps are plain sums; ``s_own[0, u]``: my row's score of key ``u``."""
+        the last steps are plain sums; ``s_own[0, u]``: my row's score of key ``u``.  My slot
+        ``s`` holds row ``s ^ r_own`` (``q_sh`` is in my row order, :func:`make_load_q_rows`):
+        at step ``i`` my partner's ``r_own`` differs in bit ``half = ROWS >> (i + 1)`` alone,
+        so its slot ``j + half`` holds my slot ``j``'s row, and every lane keeps its lower
+        ``half`` slots and sends the upper ones.  (Rows in one order for all lanes need a
+        select by my half on both sides of every shuffle: 2 FSEL a shuffle, and ptxas re-read
+        my half's bit from a packed register every step: 8 of a ROWS=2 step's instructions.)"""
         dots = cuda.local.array(UR, acc_t)
         part = cuda.local.array(ROWS, acc_t)
         for u in range(U):
-            for r in range(ROWS):
-                dots[u * ROWS + r] = ZERO
-        for r in range(ROWS):                 # q read 16 bytes at a time, shared by the U keys
+            for s in range(ROWS):
+                dots[u * ROWS + s] = ZERO
+        for s in range(ROWS):                 # q read 16 bytes at a time, shared by the U keys
             for pc in range(QP):
-                qv = lds16(q_sh, q_byte + (r * QP + pc) * (LANES * 16))
+                qv = lds16(q_sh, q_byte + (s * QP + pc) * (LANES * 16))
                 for e in range(V4):
                     if pc * V4 + e < DPL:
                         for u in range(U):
-                            dots[u * ROWS + r] += qv[e] * k_reg[u * DPL + pc * V4 + e]
+                            dots[u * ROWS + s] += qv[e] * k_reg[u * DPL + pc * V4 + e]
         for u in range(U):
-            for r in range(ROWS):
-                part[r] = dots[u * ROWS + r]
+            for s in range(ROWS):
+                part[s] = dots[u * ROWS + s]
             for i in range(LOG_ROWS):
                 half = ROWS >> (i + 1)
-                upper = upper_at[i]
                 for j in range(half):
-                    lo_v = part[j]
-                    hi_v = part[j + half]
-                    send = lo_v if upper else hi_v
-                    keep = hi_v if upper else lo_v
-                    part[j] = keep + shfl_xor(send, int32(LANES >> (i + 1)))
+                    part[j] += shfl_xor(part[j + half], int32(LANES >> (i + 1)))
             sc = part[0]
             for i in range(LOG_ROWS, LOG_LANES):
                 sc += shfl_xor(sc, int32(LANES >> (i + 1)))
@@ -544,8 +569,10 @@ def make_own_row_stages(cfg):
             t = key_position(key_pos, t0, u)
             vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
             # the query's column q_own (sa.offset = 0): ALiBi's distance |q_own - t| and the
-            # user's q_idx; the user's functions never see a padding row
-            if vis and live_own:
+            # user's q_idx; the user's functions never see a padding row.  Without them
+            # score_fn is score_mod: one path, and live_own stays out of the loop (ptxas kept
+            # no predicate for it and redid its 64-bit compare every key of a ROWS=2 build)
+            if vis and USER_FN and live_own:
                 vis, x, _g = score_fn(s_own[0, u], q_own, t, sa, USER_FN)
                 s_own[0, u] = x
             elif vis:
@@ -790,7 +817,6 @@ def decode_kernel(cfg):
     assert cfg.VEC or not KV_FP8, "an e4m3 cache is read 16 bytes at a time"
     assert U <= 2, "a key's slot carries into the next table entry at most once"
     assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
-    N_UPPER = max(1, cfg.LOG_ROWS)
     # GATHER: a warp's GW groups take KW keys a step; its WARP lanes resolve BS steps' keys at
     # once, one key a lane (SHARE; a warp narrower than KW keys resolves per lane)
     WARP = min(32, THREADS)
@@ -809,14 +835,14 @@ def decode_kernel(cfg):
 
     @_stage
     def one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims, s_own,
-                 q_sh, upper_at, lane, t0, own, sa, va, m_own, l_own, acc, warp_base, full):
+                 q_sh, lane, t0, own, sa, va, m_own, l_own, acc, warp_base, full):
         """One block step once my group's keys are located (``key_ok``, ``key_at``,
         ``key_pos``, ``step_ok``): their K and V rows into registers, the scores, my row's
         online softmax, ``acc = alpha acc + p v`` (FA4's ``compute_one_n_block``: load, GEMM,
         softmax update, GEMM); ``dims``: ``(col0, d, d_v)``."""
         walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, dims[0],
                        dims[1], dims[2])
-        mine.own_scores(s_own, q_sh, k_reg, upper_at, lane * 16)
+        mine.own_scores(s_own, q_sh, k_reg, lane * 16)
         alpha = mine.own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own)
         mine.accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
 
@@ -878,12 +904,11 @@ def decode_kernel(cfg):
         flag_sh = cuda.shared.array(2, int32)
         q_sh = cuda.shared.array(Q_WORDS, acc_t, alignment=SHARED_ALIGN)   # read by lds16
         acc = cuda.local.array(RD, acc_t)
-        upper_at = cuda.local.array(N_UPPER, types.boolean)
         q_scale = va.scale                    # an e4m3 cache: K's descale folds into q's
         if KV_FP8:
             q_scale = va.scale * kv_descale[0, b, kvh]
         full = load_q_rows(q, q_sh, acc, rows, seq, lo, hi, q_scale, lane, grp, col0)
-        own = mine.own_row(upper_at, lane, rows, seq)
+        own = mine.own_row(lane, rows, seq)
         sa = mine.own_score_args(va, rows, own)
         m_own = cuda.local.array(1, acc_t)
         l_own = cuda.local.array(1, acc_t)
@@ -924,7 +949,7 @@ def decode_kernel(cfg):
                     step_ok = walk.share_keys(key_ok, key_at, key_pos, res_pos, res_at,
                                               batch_step * KW + (grp - w_grp0) * U, keys)
                     one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg,
-                             dims, s_own, q_sh, upper_at, lane, int32(base + grp * U), own, sa,
+                             dims, s_own, q_sh, lane, int32(base + grp * U), own, sa,
                              va, m_own, l_own, acc, warp_base, full)
                     base = int32(base + STEP)
                     batch_step = int32(batch_step + 1)
@@ -943,7 +968,7 @@ def decode_kernel(cfg):
                 bad_entry = bad_entry or bad
                 j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
                 one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims,
-                         s_own, q_sh, upper_at, lane, t0, own, sa, va, m_own, l_own, acc,
+                         s_own, q_sh, lane, t0, own, sa, va, m_own, l_own, acc,
                          warp_base, full)
                 base = int32(base + STEP)
 

@@ -669,6 +669,9 @@ class ForwardWgmmaFp8Config:
     OUT: str = "bfloat16"
     SOFTCAP: bool = False
     ALIBI: bool = False
+    #: a user's variant: ``(score_mod, mask_mod, BLOCKS)`` device code (the 16-bit builds'
+    #: ``USER``), or None
+    USER: object = None
     #: P's exponent offset and the lazy rescale's threshold: :class:`ForwardFp8Config`'s
     P_OFFSET: int = 4
     RESCALE: float = 4.0
@@ -714,6 +717,9 @@ class ForwardWgmmaFp8Config:
     @property
     def name(self):
         flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
+        if self.USER is not None:
+            flags += "".join(f" {n}" for n, f in zip(("score_mod", "mask_mod", "block_mask"),
+                                                     self.USER) if f is not None)
         return (f"forward_wgmma_fp8 WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
                 f"D{self.HEAD_DIM} e4m3->{self.OUT}{flags}")
 
@@ -742,7 +748,7 @@ def forward_wgmma_fp8_config(head_dim, out="bfloat16", simulator=None, **flags):
     if head_dim not in WGMMA_FP8_HEAD_DIMS:
         raise ValueError(f"head_dim: expected one of {WGMMA_FP8_HEAD_DIMS}, got {head_dim}")
     hd = head_dim
-    mods = flags.get("SOFTCAP") or flags.get("ALIBI")
+    mods = flags.get("SOFTCAP") or flags.get("ALIBI") or flags.get("USER") is not None
     wg, bn = FORWARD_WGMMA_FP8_SIM_TILES if simulator else (
         2, (FORWARD_WGMMA_FP8_MODS_TILES if mods else FORWARD_WGMMA_FP8_TILES)[hd])
     return ForwardWgmmaFp8Config(HEAD_DIM=hd, BLOCK_N=bn, WARPGROUPS=wg, OUT=out, **flags)

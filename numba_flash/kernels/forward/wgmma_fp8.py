@@ -207,12 +207,15 @@ def forward_wgmma_fp8_kernel(cfg):
     docstring's contract and views)."""
     assert isinstance(cfg, ForwardWgmmaFp8Config) and cfg.STAGES == 2
     WARPGROUPS, BLOCK_M, BLOCK_N, HEAD_DIM = cfg.WARPGROUPS, cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM
-    THREADS, SOFTCAP, ALIBI = cfg.THREADS, cfg.SOFTCAP, cfg.ALIBI
+    THREADS, SOFTCAP, ALIBI, USER = cfg.THREADS, cfg.SOFTCAP, cfg.ALIBI, cfg.USER
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    FNS = (user_score, user_mask) if USER is not None else None
+    MASK_MOD = user_mask is not None
     ROWS = 2                        # a lane's rows: g and g + 8 of its warp's 16
     KEYS = BLOCK_N // 4             # a lane's scores a row
     COLS = HEAD_DIM // 4            # a lane's output columns a row
     HALF = HEAD_DIM // 2            # byte pairs of a Q / K row (the 16-bit copies' elements)
-    RAW = not (SOFTCAP or ALIBI)    # the scale folded into the exponent
+    RAW = not (SOFTCAP or ALIBI or user_score is not None)   # scale folded into the exponent
     ONE = float32(1.0)
     LOG2E_F = float32(1.4426950408889634)
     UNDO_P = float32(2.0 ** -cfg.P_OFFSET)
@@ -235,14 +238,14 @@ def forward_wgmma_fp8_kernel(cfg):
     operands_pv, issue_pv, complete_pv = make_warpgroup_gemm(HEAD_DIM, VT_LAY, "K", "e4m3")
     p_pack, _p_words = make_a_pack(BLOCK_N // 32, "e4m3", 2.0 ** cfg.P_OFFSET)
     scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
-                                                       SOFTCAP, ALIBI, None, float32)
+                                                       SOFTCAP, ALIBI, FNS, float32)
     softmax_init, softmax_update, _finalize = make_online_softmax(
         ROWS, KEYS, COLS, XOR, "ex2", float32, cfg.RESCALE, ALPHA_OUT=True)
     rescale = make_rescale(ROWS, COLS)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(cfg.OUT)[1],
                              float32)
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
-                                                  SOFTCAP, ALIBI, None)
+                                                  SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, True)
     copy_k = make_tile_copy(K_LAY, THREADS, True)
     fill_masked = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, True)
@@ -322,10 +325,11 @@ def forward_wgmma_fp8_kernel(cfg):
 
         return step
 
-    walk, nxt = make_kv_walk(make_step(False), make_step(True), None, False, BLOCK_N,
+    walk, nxt = make_kv_walk(make_step(False), make_step(True), BLOCKS, MASK_MOD, BLOCK_N,
                              cfg.STAGES, 1)
 
-    @kernel_jit(launch_bounds=THREADS)
+    # a user's functions stay out of the on-disk kernel cache (as the 16-bit builds)
+    @kernel_jit(cache=USER is None, launch_bounds=THREADS)
     def flash_forward_wgmma_fp8(q, k, v, v8, o, lse, descale, va):
         tid = int32(cuda.threadIdx.x)
         fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
@@ -333,7 +337,7 @@ def forward_wgmma_fp8_kernel(cfg):
         # the scores' scale: softmax_scale q_descale k_descale (FA3's), per (b, kv head)
         scale = va.scale * descale[0, b, hk] * descale[1, b, hk]
         sa = ScoreArgs(scale, fb.sa.softcap, fb.sa.inv_softcap, fb.sa.slope, fb.offset, nq, b,
-                       fb.h, ())
+                       fb.h, fb.sa.aux)
 
         smem = cuda.shared.array(0, uint32)   # dynamic: cfg.SMEM_BYTES
         pad = align_pad(smem)                 # the tiles from a 1024-byte boundary
@@ -352,7 +356,7 @@ def forward_wgmma_fp8_kernel(cfg):
         t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, nk, fb.left,
                                            fb.right)
         kv_row = (b * k.shape[1] + hk) * int64(nk)    # the kv head's first key row
-        w = KvWalk(None, b, fb.h, fb.q_start, fb.q_end, nk, t_hi, f_lo, f_hi, tid)
+        w = KvWalk(va.user, b, fb.h, fb.q_start, fb.q_end, nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, K of the first tile, the zero V^T of "tile -1"
         copy_q(smem, pad, q, (fb.bh * nq + fb.q_start) * HALF, HALF, fb.q_end - fb.q_start,
@@ -398,9 +402,13 @@ def compile_args(cfg):
     descale, va)``."""
     u16 = types.Array(types.uint16, 4, "C")
     o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16, 1, "C")
+    user_t = ()
+    if cfg.USER is not None:   # the catalog's user build: kinds, then its two aux arrays
+        user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
+                  types.Array(types.int32, 2, "C"))
     return (u16, u16, types.Array(types.uint32, 1, "C"), types.Array(types.uint8, 4, "C"), o_t,
             types.Array(types.float32, 1, "C"), types.Array(types.float32, 3, "C"),
-            variant_type(types.float32, False, ()))
+            variant_type(types.float32, False, user_t))
 
 
 def compile_config(cfg):

@@ -146,11 +146,12 @@ def fp8_configs():
 
 def wgmma_fp8_configs():
     """The e4m3 warpgroup forward's builds (sm_90a): the tile table's d = 64, 128, 256 with
-    bfloat16 ``o``, and 128 with softcap and ALiBi into float16."""
+    bfloat16 ``o``, 128 with softcap and ALiBi into float16, and 64 with a user's variant."""
     from numba_flash.kernels.forward import wgmma_fp8
 
     plan = [wgmma_fp8.forward_wgmma_fp8_config(hd, simulator=False) for hd in (64, 128, 256)]
     plan += [wgmma_fp8.forward_wgmma_fp8_config(128, "float16", simulator=False, SOFTCAP=True,
-                                                ALIBI=True)]
+                                                ALIBI=True),
+             wgmma_fp8.forward_wgmma_fp8_config(64, simulator=False, USER=_user_build())]
     for cfg in plan:
         yield wgmma_fp8.compile_config(cfg)
