@@ -179,9 +179,9 @@ def in_suite(cfg):
     kernel with 16-bit element loads) and float64 and at 128 in float32, its row-mass kernel at
     64, the wgmma probes' chained products; the e4m3 forwards' d = 128 builds (sm_89's
     ``mma.sync`` and sm_90a's warpgroup build, a static goal); every small kernel (softmax,
-    merge, rotary, the KV cache, the stage probes). Out: the rest, among them the SIMT forward at head dims 16 and 32,
-    its plain float16 and non-paged varlen builds, decode in bfloat16 and float64 and MLA's
-    decode in bfloat16, whose code the kept builds compile. The selection's size:
+    merge, rotary, the KV cache, the stage probes). Out: the rest, among them the SIMT forward
+    at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode in bfloat16
+    and float64 and MLA's decode in bfloat16, whose code the kept builds compile. The selection's size:
     docs/compile-tier.md; its build time with and without :mod:`numba_flash.numba_inline`:
     README.md."""
     from numba_flash.kernels.backward.config import BackwardMmaConfig, SparseBackwardConfig
