@@ -181,8 +181,8 @@ def in_suite(cfg):
     ``mma.sync`` and sm_90a's warpgroup build, a static goal); every small kernel (softmax,
     merge, rotary, the KV cache, the stage probes). Out: the rest, among them the SIMT forward
     at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode in bfloat16
-    and float64 and MLA's decode in bfloat16, whose code the kept builds compile. The selection's size:
-    docs/compile-tier.md; its build time with and without :mod:`numba_flash.numba_inline`:
+    and float64 and MLA's decode in bfloat16, whose code the kept builds compile. The
+    selection's size: docs/compile-tier.md; its build time with and without :mod:`numba_flash.numba_inline`:
     README.md."""
     from numba_flash.kernels.backward.config import BackwardMmaConfig, SparseBackwardConfig
     from numba_flash.kernels.decode.config import DecodeConfig
