@@ -182,8 +182,8 @@ def in_suite(cfg):
     merge, rotary, the KV cache, the stage probes). Out: the rest, among them the SIMT forward
     at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode in bfloat16
     and float64 and MLA's decode in bfloat16, whose code the kept builds compile. The
-    selection's size: docs/compile-tier.md; its build time with and without :mod:`numba_flash.numba_inline`:
-    README.md."""
+    selection's size: docs/compile-tier.md; its build time with and without
+    :mod:`numba_flash.numba_inline`: README.md."""
     from numba_flash.kernels.backward.config import BackwardMmaConfig, SparseBackwardConfig
     from numba_flash.kernels.decode.config import DecodeConfig
     from numba_flash.kernels.forward.config import (
