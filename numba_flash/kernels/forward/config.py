@@ -476,8 +476,28 @@ SMEM_LIMIT_SM90 = 227 * 1024
 ARENA_SLACK = 1024
 
 
+class WarpgroupBlock:
+    """A block of ``WARPGROUPS`` warpgroups (the warpgroup forwards' configurations), each
+    owning 64 query rows, a warp 16 of them."""
+
+    @property
+    def NUM_WARPS(self):
+        """Warps of a block: 4 a warpgroup."""
+        return 4 * self.WARPGROUPS
+
+    @property
+    def THREADS(self):
+        """Threads of a block: 128 a warpgroup."""
+        return 128 * self.WARPGROUPS
+
+    @property
+    def BLOCK_M(self):
+        """Query rows of a block: 64 a warpgroup."""
+        return 64 * self.WARPGROUPS
+
+
 @kernel_config
-class ForwardWgmmaConfig(TensorCoreConfig):
+class ForwardWgmmaConfig(WarpgroupBlock, TensorCoreConfig):
     """The warpgroup forward's kernel configuration (:mod:`numba_flash.kernels.forward.wgmma`).
 
     ``WARPGROUPS`` warpgroups of 128 threads, each owning 64 query rows (a warp 16 of them:
@@ -494,21 +514,6 @@ class ForwardWgmmaConfig(TensorCoreConfig):
 
     SWIZZLE = 128
     STAGES = 2   # K_j and K_{j+1}, V_{j-1} and V_j (kernels/forward/wgmma.py's pipeline)
-
-    @property
-    def NUM_WARPS(self):
-        """Warps of a block: 4 a warpgroup."""
-        return 4 * self.WARPGROUPS
-
-    @property
-    def THREADS(self):
-        """Threads of a block: 128 a warpgroup."""
-        return 128 * self.WARPGROUPS
-
-    @property
-    def BLOCK_M(self):
-        """Query rows of a block: 64 a warpgroup."""
-        return 64 * self.WARPGROUPS
 
     @property
     def Q_BYTES(self):
@@ -654,7 +659,7 @@ def forward_fp8_config(head_dim, out="bfloat16", **flags):
 
 # -- the fp8 (e4m3) forward on Hopper's wgmma -------------------------------------------------
 @kernel_config
-class ForwardWgmmaFp8Config:
+class ForwardWgmmaFp8Config(WarpgroupBlock):
     """The e4m3 warpgroup forward (:mod:`numba_flash.kernels.forward.wgmma_fp8`):
     ``WARPGROUPS`` warpgroups of 64 query rows, ``BLOCK_N``-key tiles, ``HEAD_DIM`` (64, 128 or
     256), the output type ``OUT`` and the flags ``SOFTCAP``, ``ALIBI``; ``P`` packed as
@@ -677,18 +682,6 @@ class ForwardWgmmaFp8Config:
     RESCALE: float = 4.0
 
     STAGES = 2   # K_j and K_{j+1}, V^T_{j-1} and V^T_j (the 16-bit warpgroup forward's pipeline)
-
-    @property
-    def NUM_WARPS(self):
-        return 4 * self.WARPGROUPS
-
-    @property
-    def THREADS(self):
-        return 128 * self.WARPGROUPS
-
-    @property
-    def BLOCK_M(self):
-        return 64 * self.WARPGROUPS
 
     @property
     def SWIZZLE_QK(self):
