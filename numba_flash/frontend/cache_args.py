@@ -1,7 +1,8 @@
 """The KV cache's host pieces shared by :func:`numba_flash.append_kv`,
 :func:`numba_flash.apply_rotary` and :func:`numba_flash.decode` (which appends ``k_new`` /
 ``v_new`` and rotates them): the shape and value checks of an append, its launch and write-back,
-and the rotary tables' checks and launch.
+and the rotary tables' checks and launch; and the paged prefill's table checks
+(:func:`numba_flash.forward_varlen` with ``block_table``, 16-bit and e4m3).
 """
 
 from __future__ import annotations
@@ -10,15 +11,56 @@ import numpy as np
 
 from ..kernels.cache.append import append_grid, append_kernel
 from ..kernels.cache.append import default_threads as append_threads
-from .arrays import kernel_ints
+from .arrays import host_ints, kernel_ints
 from .fp8 import FP8_QUERY_DTYPES
 from .kernel_args import no_descale
 from .sim_time import SimWork
 from .validate import (
-    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_same_dtype, is_device_array,
+    ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_same_dtype,
+    is_device_array,
 )
 from ..kernels.cache.rotary import default_threads as rotary_threads
 from ..kernels.cache.rotary import rotary_grid, rotary_kernel
+
+
+def cumulative_total(name, cu_seqlens):
+    """The last entry of ``cu_seqlens`` (the packed length it must end with), or -1 where the
+    array is not one :func:`~numba_flash.frontend.variants.check_cu_seqlens` accepts (which
+    then says why)."""
+    shape, dtype = array_info(name, cu_seqlens)
+    if dtype.kind not in "iu" or len(shape) != 1 or shape[0] < 2:
+        return -1
+    return int(host_ints(cu_seqlens)[-1])
+
+
+def check_prefill_table(block_table, b):
+    """``block_table``: an integer ``[B, max_blocks]`` array; returns its shape."""
+    ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
+    if ts[0] != b:
+        raise ValueError(f"block_table: expected {b} rows (B, from cu_seqlens_q), got shape "
+                         f"{ts}")
+    return ts
+
+
+def validate_prefill_table(table, len_k, block_size, n_blocks):
+    """Host checks of a paged prefill's table (``forward_varlen(..., block_table=)``, 16-bit and
+    e4m3): room for each sequence's keys, and every entry that holds one of them in ``[0,
+    num_blocks)``; a ``ValueError`` naming ``block_table``."""
+    max_blocks = table.shape[1]
+    need = (np.asarray(len_k, np.int64) + block_size - 1) // block_size
+    for b, n in enumerate(need):
+        if n > max_blocks:
+            raise ValueError(
+                f"block_table: sequence {b} has {int(len_k[b])} keys (cu_seqlens_k), which need "
+                f"{int(n)} blocks of {block_size} tokens, but block_table has {max_blocks} per "
+                f"sequence")
+        entries = table[b, :n]
+        out = np.flatnonzero((entries < 0) | (entries >= n_blocks))
+        if out.size:
+            j = int(out[0])
+            raise ValueError(
+                f"block_table: expected the entries holding a sequence's keys in [0, "
+                f"{n_blocks}) (num_blocks, dim 0 of k), got {int(entries[j])} at [{b}, {j}]")
 
 
 def check_writable_cache(name, x):

@@ -5,8 +5,9 @@ most 256; ``v`` as wide as ``k``), their real values the stored ones times FA3's
 ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[B, Hkv]``, None: 1): the scores are
 ``(q8 k8^T) q_descale k_descale softmax_scale``, ``o = (P v8) v_descale``.  ``o`` in
 ``out_dtype`` (``"bfloat16"``, FA3's, or ``"float16"``), ``lse`` float32.  Causal, window,
-softcap, ALiBi, GQA and a learnable sink; not dropout, the user's functions, ``block_m`` /
-``block_n`` (a ``ValueError`` naming each).  The kernels: ``kernel="mma"`` (and ``"auto"``)
+softcap, ALiBi, GQA, a learnable sink and the user's functions (``score_mod``, ``mask_mod``,
+``block_mask``, ``aux_tensors``: :mod:`numba_flash.flex`, the score being the descaled one);
+not dropout, ``block_m`` / ``block_n`` (a ``ValueError`` naming each).  The kernels: ``kernel="mma"`` (and ``"auto"``)
 :mod:`numba_flash.kernels.forward.fp8` (``mma.sync.m16n8k32`` e4m3, sm_89+; ``P`` packed with
 an exponent offset so the largest lands at 256 of e4m3's 448); ``kernel="wgmma"``
 :mod:`numba_flash.kernels.forward.wgmma_fp8` (Hopper's e4m3 ``wgmma``, sm_90a, head dims 64,
@@ -39,7 +40,7 @@ from ..kernels.forward.mma import forward_grid
 FP8_OUT_DTYPES = ("bfloat16", "float16")
 #: the kernels an fp8 call runs on: ``mma.sync`` (``"auto"``'s) or Hopper's ``wgmma``
 FP8_KERNELS = ("auto", "mma", "wgmma")
-#: the user's functions (FlexAttention's), taken by the warpgroup build, and their "off"
+#: the user's functions (FlexAttention's), taken by both fp8 builds, and their "off"
 USER_OPTIONS = {"score_mod": None, "mask_mod": None, "block_mask": None, "aux_tensors": ()}
 
 
@@ -98,12 +99,9 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
                               "v_descale": v_descale}, s.b, s.hkv, True)
     wgmma = kernel == "wgmma"
-    if not wgmma:   # the user's functions: the warpgroup build's only
-        check_dense_options_off(user, "e4m3 inputs on kernel='mma' (the user's functions on "
-                                "e4m3 run on kernel='wgmma')")
     variant = check_forward_variant(_Shape(np.dtype(np.float32), s.b, s.h, s.nq, s.nk),
                                     user["score_mod"], user["mask_mod"], user["block_mask"],
-                                    user["aux_tensors"]) if wgmma else None
+                                    user["aux_tensors"])
     if wgmma:
         if s.d not in WGMMA_FP8_HEAD_DIMS:
             raise ValueError(f"q: kernel='wgmma' takes e4m3 head dims {WGMMA_FP8_HEAD_DIMS}, "
@@ -144,32 +142,51 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
 def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                        causal, window_size, softcap, alibi_slopes, softmax_scale, return_lse,
                        learnable_sink, kernel, q_descale, k_descale, v_descale, out_dtype,
-                       block_table, kv_indices, **not_fp8):
+                       block_table, kv_indices, validate=None, **not_fp8):
     """:func:`numba_flash.forward_varlen` on e4m3 ``q [total_q, H, d]``, ``k``, ``v [total_k,
     Hkv, d]`` with FA3's descales per sequence and kv head (``[B, Hkv]``, ``B`` the number of
     sequences): ``o [total_q, H, d]`` in ``out_dtype``, ``lse [H, total_q]`` float32.  Each
     sequence is :func:`forward_fp8` on its rows (one launch a sequence: the fp8 kernels have no
     packed-batch build yet), with its own descales, ALiBi row (``[B, H]`` slopes) and
     bottom-right alignment; a sequence without keys gives ``o = 0``, ``lse = -inf`` (or its
-    sink's logit).  Not paged (``block_table``) or token-sparse (``kv_indices``), nor the
-    options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS` (a ``ValueError``
-    naming each)."""
+    sink's logit).  Paged (``block_table``, the prefill over an e4m3 cache ``[num_blocks, Hkv,
+    block_size, d]``): a sequence's keys are gathered from its table row (``k[table[b, :n]]``,
+    the entries checked on the host first, whatever ``validate`` says: the gather reads through
+    them) and run as above.  Not token-sparse (``kv_indices``), nor the options of
+    :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS` (a ``ValueError`` naming
+    each)."""
+    from ..frontend.arrays import host_ints
+    from ..frontend.cache_args import (
+        check_prefill_table, cumulative_total, validate_prefill_table,
+    )
     from ..frontend.validate import array_module, check_array
     from ..frontend.variants import check_cu_seqlens_pair
 
     check_dense_options_off(not_fp8, "e4m3 inputs (the fp8 forward takes none)")
-    for name, x in (("block_table", block_table), ("kv_indices", kv_indices)):
-        if x is not None:
-            raise ValueError(f"{name}: expected None with e4m3 inputs (the fp8 varlen forward "
-                             "is dense, packed K/V), got an array")
+    if kv_indices is not None:
+        raise ValueError("kv_indices: expected None with e4m3 inputs (the token-sparse forward "
+                         "takes 16-bit or float32 inputs), got an array")
+    if validate is not None:
+        check_bool("validate", validate)
+    paged = block_table is not None
     (total_q, h, d), _ = check_array("q", q, 3, (E4M3,))
-    (total_k, hkv, _dk), _ = check_array("k", k, 3, (E4M3,))
-    vs, _ = check_array("v", v, 3, (E4M3,))
-    if tuple(vs) != (total_k, hkv, _dk):
-        raise ValueError(f"v: expected shape {(total_k, hkv, _dk)} (k's), got {tuple(vs)}")
+    if paged:   # caches [num_blocks, Hkv, block_size, d]; cu_seqlens_k counts keys
+        (n_blocks, hkv, block_size, _dk), _ = check_array("k", k, 4, (E4M3,))
+        want_v = (n_blocks, hkv, block_size, _dk)
+        total_k = cumulative_total("cu_seqlens_k", cu_seqlens_k)
+    else:
+        (total_k, hkv, _dk), _ = check_array("k", k, 3, (E4M3,))
+        want_v = (total_k, hkv, _dk)
+    vs, _ = check_array("v", v, len(want_v), (E4M3,))
+    if tuple(vs) != want_v:
+        raise ValueError(f"v: expected shape {want_v} (k's), got {tuple(vs)}")
     cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q,
                                                      total_k, max_seqlen_q, max_seqlen_k)
     b = len(len_q)
+    if paged:
+        check_prefill_table(block_table, b)
+        table = host_ints(block_table)
+        validate_prefill_table(table, len_k, block_size, n_blocks)
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
                               "v_descale": v_descale}, b, hkv, True)
     out = _out_dtype(out_dtype)
@@ -182,13 +199,22 @@ def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max
     lse = xp.full((h, total_q), -np.inf, np.float32)
     if learnable_sink is not None:   # a sequence without keys: the sink's logit
         lse[:] = xp.asarray(np.asarray(learnable_sink, np.float32))[:, None]
-    per_seq = lambda x, lo, hi: xp.ascontiguousarray(x[lo:hi].transpose(1, 0, 2)[None])  # noqa
+    def per_seq(x, lo, hi):   # rows [lo, hi) of a packed array as [1, H, n, d]
+        return xp.ascontiguousarray(x[lo:hi].transpose(1, 0, 2)[None])
+
+    def gathered(cache, i, n):   # sequence i's n keys through its table row: [1, Hkv, n, d]
+        pages = xp.asarray(table[i, :-(-n // block_size)].astype(np.int64))
+        rows = cache[pages].transpose(1, 0, 2, 3).reshape(hkv, -1, _dk)
+        return xp.ascontiguousarray(rows[None, :, :n])
+
     for i in range(b):
         q0, q1, k0, k1 = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
         if q1 == q0 or k1 == k0:
             continue
         slopes = alibi[i] if alibi is not None and alibi.ndim == 2 else alibi
-        oi, li = forward_fp8(per_seq(q, q0, q1), per_seq(k, k0, k1), per_seq(v, k0, k1),
+        ki, vi = ((gathered(k, i, k1 - k0), gathered(v, i, k1 - k0)) if paged else
+                  (per_seq(k, k0, k1), per_seq(v, k0, k1)))
+        oi, li = forward_fp8(per_seq(q, q0, q1), ki, vi,
                              causal=causal, softmax_scale=softmax_scale, return_lse=True,
                              window_size=window_size, softcap=softcap, alibi_slopes=slopes,
                              learnable_sink=learnable_sink, kernel=kernel,

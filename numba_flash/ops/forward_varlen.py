@@ -11,11 +11,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..frontend.cache_args import check_prefill_table, cumulative_total, validate_prefill_table
 from ..frontend.fp8 import is_e4m3
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
-from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info,
+from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale, is_device_array)
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
@@ -66,44 +67,6 @@ def _check_paged_qkv(q, k, v):
         raise ValueError(f"k: expected num_blocks * Hkv * block_size <= 2**31 - 1 (32-bit cache "
                          f"rows), got {n_blocks} * {hkv} * {block_size} = {rows}")
     return PagedQKVShape(total_q, h, hkv, n_blocks, block_size, d, vs[3], dtype)
-
-
-def _cumulative_total(name, cu_seqlens):
-    """The last entry of ``cu_seqlens`` (the packed length it must end with), or -1 where the
-    array is not one :func:`check_cu_seqlens` accepts (which then says why)."""
-    shape, dtype = array_info(name, cu_seqlens)
-    if dtype.kind not in "iu" or len(shape) != 1 or shape[0] < 2:
-        return -1
-    return int(host_ints(cu_seqlens)[-1])
-
-
-def _check_block_table(block_table, b):
-    """``block_table``: an integer ``[B, max_blocks]`` array; returns its shape."""
-    ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
-    if ts[0] != b:
-        raise ValueError(f"block_table: expected {b} rows (B, from cu_seqlens_q), got shape "
-                         f"{ts}")
-    return ts
-
-
-def _validate_table(table, len_k, block_size, n_blocks):
-    """Host checks of a paged prefill's table: room for each sequence's keys, and every entry
-    that holds one of them in ``[0, num_blocks)``."""
-    max_blocks = table.shape[1]
-    need = (np.asarray(len_k, np.int64) + block_size - 1) // block_size
-    for b, n in enumerate(need):
-        if n > max_blocks:
-            raise ValueError(
-                f"block_table: sequence {b} has {int(len_k[b])} keys (cu_seqlens_k), which need "
-                f"{int(n)} blocks of {block_size} tokens, but block_table has {max_blocks} per "
-                f"sequence")
-        entries = table[b, :n]
-        out = np.flatnonzero((entries < 0) | (entries >= n_blocks))
-        if out.size:
-            j = int(out[0])
-            raise ValueError(
-                f"block_table: expected the entries holding a sequence's keys in [0, "
-                f"{n_blocks}) (num_blocks, dim 0 of k), got {int(entries[j])} at [{b}, {j}]")
 
 
 def _table_int32(call, block_table):
@@ -213,7 +176,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     fp8 (FA3's API, as :func:`numba_flash.forward`'s): e4m3 ``q``, ``k``, ``v`` with
     ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[B, Hkv]``, a row per sequence),
     ``out_dtype`` and ``kernel`` (``"auto"`` / ``"mma"``, or ``"wgmma"`` for Hopper's e4m3
-    build), causal, window, softcap, ALiBi, GQA and sinks; one launch a sequence
+    build), causal, window, softcap, ALiBi, GQA and sinks, packed or paged (the prefill over an
+    e4m3 cache: each sequence's keys gathered through its table row); one launch a sequence
     (:func:`numba_flash.ops.forward_fp8.forward_varlen_fp8`).  ``kernel`` is ``"auto"``
     otherwise.
     """
@@ -227,7 +191,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    return_lse=return_lse, learnable_sink=learnable_sink, kernel=kernel,
                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                    out_dtype=out_dtype, block_table=block_table, kv_indices=kv_indices,
-                   dropout_p=dropout_p, score_mod=score_mod, mask_mod=mask_mod,
+                   validate=validate, dropout_p=dropout_p, score_mod=score_mod, mask_mod=mask_mod,
                    block_mask=block_mask, aux_tensors=aux_tensors)
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
                     ("v_descale", v_descale), ("out_dtype", out_dtype)):
@@ -240,7 +204,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     paged = block_table is not None
     if paged:
         qkv = _check_paged_qkv(q, k, v)
-        total_k = _cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
+        total_k = cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
     else:
         qkv = check_packed_qkv(q, k, v, value_dim=True)
         total_k = qkv.total_k
@@ -254,7 +218,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     check_same_kind(kinds)
     b = len(len_q)
     if paged:
-        _check_block_table(block_table, b)
+        check_prefill_table(block_table, b)
     if kv_indices is not None:   # token-sparse: the gathering decode kernel, padded rows
         return sparse_forward_varlen(
             q, k, v, cu_q, cu_k, kv_indices, block_table=block_table, causal=causal,
@@ -278,7 +242,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
                              len_q, len_k, max_seqlen_q, max_seqlen_k, paged)
     if paged and validate:  # after every other check, before any launch
-        _validate_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
+        validate_prefill_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})

@@ -135,7 +135,7 @@ def test_nan_in_v_reaches_only_the_rows_that_see_it(rng):
     (dict(out_dtype="float32"), ValueError, "out_dtype: expected one of"),
     (dict(dropout_p=0.1), ValueError, "dropout_p: expected 0.0 with e4m3 inputs"),
     (dict(kernel="simt"), ValueError, "kernel: expected one of ('auto', 'mma', 'wgmma')"),
-    (dict(score_mod=lambda s, b, h, i, j: s), ValueError, "score_mod: expected None"),
+    (dict(block_m=32), ValueError, "block_m: expected None with e4m3 inputs"),
 ])
 def test_bad_fp8_arguments_are_named(rng, kw, error, words):
     q, k, v, _ = fp8_inputs(rng, h=2, hkv=1, nq=4, nk=8)
@@ -211,9 +211,11 @@ def test_fp8_varlen_refusals_are_named(rng):
     k = rng.standard_normal((8, 1, 64)).astype(E4M3)
     cu = np.array([0, 8], np.int32)
     call = dict(max_seqlen_q=8, max_seqlen_k=8)
-    with pytest.raises(ValueError, match="^block_table: expected None with e4m3 inputs"):
-        numba_flash.forward_varlen(q, k, k, cu, cu, block_table=np.zeros((1, 1), np.int32),
+    with pytest.raises(ValueError, match="^kv_indices: expected None with e4m3 inputs"):
+        numba_flash.forward_varlen(q, k, k, cu, cu, kv_indices=np.zeros((8, 1, 2), np.int32),
                                    **call)
+    with pytest.raises(ValueError, match="^dropout_p: expected 0.0 with e4m3 inputs"):
+        numba_flash.forward_varlen(q, k, k, cu, cu, dropout_p=0.1, **call)
     with pytest.raises(ValueError, match="^q_descale: expected shape \\(1, 1\\)"):
         numba_flash.forward_varlen(q, k, k, cu, cu, q_descale=np.ones((2, 1), np.float32),
                                    **call)
@@ -229,3 +231,43 @@ def test_fp8_with_token_lists_is_refused(rng):
     q, k, v, _ = fp8_inputs(rng, h=2, hkv=1, nq=4, nk=8)
     with pytest.raises(ValueError, match="^kv_indices: expected None with e4m3 inputs"):
         numba_flash.forward(q, k, v, kv_indices=np.zeros((1, 1, 4, 2), np.int32))
+
+
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_fp8_paged_prefill_equals_the_packed_call(rng, kernel):
+    """The prefill over an e4m3 paged cache (pages of 8, shuffled, stale pages NaN, -1 past a
+    sequence's keys): bit for bit the packed call on the keys gathered by hand, which the
+    reference checks; a table entry outside the cache is a ValueError naming block_table."""
+    len_q, len_k, bs = np.array([7, 19]), np.array([13, 30]), 8
+    cu_q = np.concatenate([[0], np.cumsum(len_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(len_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], 2, 64)).astype(E4M3)
+    k = rng.standard_normal((cu_k[-1], 1, 64)).astype(E4M3)
+    v = rng.standard_normal((cu_k[-1], 1, 64)).astype(E4M3)
+    pages = -(-len_k // bs)                       # 2 and 4 pages
+    n_blocks = 9
+    order = rng.permutation(n_blocks)[:pages.sum()]
+    table = np.full((2, 5), -1, np.int32)
+    k_cache = np.full((n_blocks, 1, bs, 64), np.nan, np.float32).astype(E4M3)
+    v_cache = k_cache.copy()
+    at = 0
+    for b in range(2):
+        for p in range(pages[b]):
+            blk = order[at]
+            at += 1
+            table[b, p] = blk
+            rows = slice(cu_k[b] + p * bs, min(cu_k[b] + (p + 1) * bs, cu_k[b + 1]))
+            n = rows.stop - rows.start
+            k_cache[blk, :, :n] = k[rows].transpose(1, 0, 2)
+            v_cache[blk, :, :n] = v[rows].transpose(1, 0, 2)
+    scales = [rng.uniform(0.5, 2.0, (2, 1)).astype(np.float32) for _ in range(3)]
+    kw = dict(max_seqlen_q=19, max_seqlen_k=30, return_lse=True, causal=True, kernel=kernel,
+              q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+    o, lse = numba_flash.forward_varlen(q, k_cache, v_cache, cu_q, cu_k, block_table=table, **kw)
+    o_packed, lse_packed = numba_flash.forward_varlen(q, k, v, cu_q, cu_k, **kw)
+    np.testing.assert_array_equal(o.view(np.uint16), o_packed.view(np.uint16))
+    np.testing.assert_array_equal(lse, lse_packed)
+    bad = table.copy()
+    bad[1, 3] = n_blocks
+    with pytest.raises(ValueError, match="^block_table: expected the entries holding"):
+        numba_flash.forward_varlen(q, k_cache, v_cache, cu_q, cu_k, block_table=bad, **kw)

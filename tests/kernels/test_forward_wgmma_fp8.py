@@ -105,10 +105,10 @@ def test_vt_fill_is_the_transpose_in_p_key_order(rng):
 
 
 # -- the forward ------------------------------------------------------------------------------
-def wgmma_fp8(q, k, v, scales, **kw):
+def wgmma_fp8(q, k, v, scales, kernel="wgmma", **kw):
     qd, kd, vd = scales
     return numba_flash.forward(q, k, v, return_lse=True, q_descale=qd, k_descale=kd,
-                               v_descale=vd, kernel="wgmma", **kw)
+                               v_descale=vd, kernel=kernel, **kw)
 
 
 @pytest.mark.parametrize("d, out, kw", [
@@ -225,9 +225,7 @@ def test_a_users_score_mod_mask_mod_and_block_mask(rng):
 
     kw = dict(score_mod=both, mask_mod=docs, aux_tensors=(bias, doc))
     bm = create_block_mask(docs, 1, None, 24, 40, aux_tensors=(bias, doc), BLOCK_SIZE=32)
-    for mask in (None, bm):
-        o, lse = wgmma_fp8(q, k, v, scales, block_mask=mask, **kw)
-        check(o, lse, q, k, v, scales, **kw)
-    with pytest.raises(ValueError, match="^score_mod: expected None with e4m3 inputs on "
-                                         "kernel='mma'"):
-        numba_flash.forward(q, k, v, kernel="mma", **kw)
+    for kernel in ("wgmma", "mma"):   # both fp8 builds
+        for mask in (None, bm):
+            o, lse = wgmma_fp8(q, k, v, scales, block_mask=mask, **{**kw, "kernel": kernel})
+            check(o, lse, q, k, v, scales, **kw)

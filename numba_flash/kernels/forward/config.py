@@ -605,6 +605,8 @@ class ForwardFp8Config:
     OUT: str = "bfloat16"
     SOFTCAP: bool = False
     ALIBI: bool = False
+    #: a user's variant: ``(score_mod, mask_mod, BLOCKS)`` device code, or None
+    USER: object = None
     #: P's exponent offset for the e4m3 cast: the largest P lands at 2**8 = 256 of 448,
     #: values down to 2**-13 keep e4m3's 3 mantissa bits (unscaled: down to 2**-6 only)
     P_OFFSET: int = 4
@@ -644,6 +646,9 @@ class ForwardFp8Config:
     @property
     def name(self):
         flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
+        if self.USER is not None:
+            flags += "".join(f" {n}" for n, f in zip(("score_mod", "mask_mod", "block_mask"),
+                                                     self.USER) if f is not None)
         return (f"forward_fp8 W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} "
                 f"D{self.HEAD_DIM} e4m3->{self.OUT}{flags}")
 

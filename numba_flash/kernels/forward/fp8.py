@@ -48,6 +48,7 @@ from ..core.jit import device_jit, kernel_jit
 from ..core.variant import variant_type
 from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_softmax, sink_of
 from ..mainloop.tile_scores import ScoreArgs, make_tile_scores_pair
+from ..mainloop.tile_walk import KvWalk, make_kv_walk
 from ..mainloop.visibility import make_tile_span
 from ..mainloop.warp_gemm import (
     ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm, make_load_a,
@@ -129,7 +130,10 @@ def forward_fp8_kernel(cfg):
     assert isinstance(cfg, ForwardFp8Config) and cfg.HEAD_DIM % 32 == 0
     assert cfg.SMEM_BYTES <= SMEM_LIMIT
     BLOCK_M, BLOCK_N, HEAD_DIM, THREADS = cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS
-    SOFTCAP, ALIBI, Q_IN_REGS = cfg.SOFTCAP, cfg.ALIBI, cfg.Q_IN_REGS
+    SOFTCAP, ALIBI, Q_IN_REGS, USER = cfg.SOFTCAP, cfg.ALIBI, cfg.Q_IN_REGS, cfg.USER
+    user_score, user_mask, BLOCKS = USER if USER is not None else (None, None, None)
+    FNS = (user_score, user_mask) if USER is not None else None
+    MASK_MOD = user_mask is not None
     RB, RBT = cfg.ROW_BYTES, cfg.VT_ROW_BYTES
     K_BYTE = BLOCK_M * RB                # the K tile after the Q tile
     VT_BYTE = K_BYTE + BLOCK_N * RB      # the V^T tile after the K tile
@@ -138,7 +142,7 @@ def forward_fp8_kernel(cfg):
     KEYS = BLOCK_N // 4                  # a lane's scores a row
     COLS = HEAD_DIM // 4                 # a lane's output columns a row
     K_STEPS = HEAD_DIM // 32             # Q K^T's k-steps (32 bytes each)
-    RAW = not (SOFTCAP or ALIBI)         # the scale folded into the exponent
+    RAW = not (SOFTCAP or ALIBI or user_score is not None)   # scale folded into the exponent
     ZERO = float32(0.0)
     ONE = float32(1.0)
     LOG2E_F = float32(LOG2E)
@@ -151,7 +155,7 @@ def forward_fp8_kernel(cfg):
     gemm_pv = make_gemm(1, HEAD_DIM // 16, BLOCK_N // 32, "acc", False, RB, RBT, "e4m3",
                         P_SCALE=2.0 ** cfg.P_OFFSET)
     scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, ACC_ROWS, ACC_COLS, RAW,
-                                                       SOFTCAP, ALIBI, None, float32)
+                                                       SOFTCAP, ALIBI, FNS, float32)
     softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                              float32, cfg.RESCALE)
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(cfg.OUT)[1],
@@ -162,7 +166,7 @@ def forward_fp8_kernel(cfg):
     tile_span = make_tile_span(BLOCK_N)
     forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
-                                                  SOFTCAP, ALIBI, None)
+                                                  SOFTCAP, ALIBI, FNS)
 
     def make_step(MASKED):
         """One K/V tile; ``MASKED``: the tile is not inside the keys every row of the Q tile
@@ -171,7 +175,7 @@ def forward_fp8_kernel(cfg):
 
         # [docs:fp8-step]
         @_stage
-        def step(kt, x):   # x: the Fp8Tile
+        def step(kt, x, umask):   # x: the Fp8Tile; umask: the tile needs the user's mask_mod
             smem, s, acc, m_i, l_i = x.smem, x.s, x.acc, x.m_i, x.l_i
             k_start = kt * BLOCK_N
             nk = x.bounds[0]
@@ -186,11 +190,11 @@ def forward_fp8_kernel(cfg):
                 for c in range(KEYS):
                     s[r, c] = ZERO
             gemm_qk(s, x.qf, smem, x.q_a, K_BYTE + x.k_b)                     # S = Q K^T
-            tile_scores(s, x.sa, x.row0, k_start + 2 * x.t, x.bounds, True)   # masks, mods
+            tile_scores(s, x.sa, x.row0, k_start + 2 * x.t, x.bounds, umask)  # masks, mods
             softmax_update(s, acc, m_i, l_i, x.exp_scale)                     # m_i, l_i, P
             gemm_pv(acc, s, smem, 0, VT_BYTE + x.v_b)                         # acc += P V
             if v_bad:
-                nonfinite_v_fixup(acc, x.v8, x.hk, x.sa, x.row0, x.bounds, k_start, x.t, True)
+                nonfinite_v_fixup(acc, x.v8, x.hk, x.sa, x.row0, x.bounds, k_start, x.t, umask)
         # [/docs:fp8-step]
 
         return step
@@ -198,7 +202,35 @@ def forward_fp8_kernel(cfg):
     step_masked = make_step(True)
     step_full = make_step(False)
 
-    @kernel_jit
+    # a user's variant: the tile walk's verdicts (a block mask's EMPTY tiles skipped, its FULL
+    # ones unmasked, mask_mod on the others); without one the plain loop below
+    def walk_full(t, ahead, stage, t_hi, x, umask):
+        step_full(t, x, umask)
+
+    def walk_masked(t, ahead, stage, t_hi, x, umask):
+        step_masked(t, x, umask)
+
+    if USER is None:
+        @_stage
+        def run_tiles(t_lo, t_hi, f_lo, f_hi, w, x):
+            """The K/V tiles the rows visit: masked at the edges, plain inside."""
+            for kt in range(t_lo, t_hi):
+                if kt < f_lo or kt >= f_hi:
+                    step_masked(kt, x, True)
+                else:
+                    step_full(kt, x, True)
+    else:
+        walk, nxt = make_kv_walk(_stage(walk_full), _stage(walk_masked), BLOCKS, MASK_MOD,
+                                 BLOCK_N, 1, 1)
+
+        @_stage
+        def run_tiles(t_lo, t_hi, f_lo, f_hi, w, x):
+            """The tiles by the walk's verdicts (``w``: its :data:`KvWalk`)."""
+            kt = nxt(t_lo - 1, w)
+            walk(kt, nxt(kt, w), t_hi, w, x)
+
+    # a user's functions stay out of the on-disk kernel cache (as the 16-bit builds)
+    @kernel_jit(cache=USER is None)
     def flash_forward_fp8(q, k, v, v8, o, lse, descale, va):
         tid = cuda.threadIdx.x
         fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
@@ -207,7 +239,7 @@ def forward_fp8_kernel(cfg):
         # the scores' scale: softmax_scale q_descale k_descale (FA3's), per (b, kv head)
         scale = va.scale * descale[0, b, hk] * descale[1, b, hk]
         sa = ScoreArgs(scale, fb.sa.softcap, fb.sa.inv_softcap, fb.sa.slope, fb.offset, nq, b, h,
-                       ())
+                       fb.sa.aux)
         row0 = fb.row0
 
         smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
@@ -236,11 +268,8 @@ def forward_fp8_kernel(cfg):
                     (nk, fb.left, fb.right), qf, s, acc, m_i, l_i, tid, t, row0, q_a,
                     lane_offset(lane, RB, KIND_B), lane_offset(lane, RBT, KIND_B),
                     scale * LOG2E_F if RAW else LOG2E_F)
-        for kt in range(t_lo, t_hi):
-            if kt < f_lo or kt >= f_hi:
-                step_masked(kt, x)
-            else:
-                step_full(kt, x)
+        run_tiles(t_lo, t_hi, f_lo, f_hi,
+                  KvWalk(va.user, b, h, fb.q_start, fb.q_end, nk, t_hi, f_lo, f_hi, tid), x)
 
         # -- epilogue: o = acc v_descale 2**-P_OFFSET / l, lse (raw-unit m times the scale)
         undo = descale[2, b, hk] * UNDO_P
@@ -260,9 +289,13 @@ def compile_args(cfg):
     va)``."""
     u16 = types.Array(types.uint16, 4, "C")
     o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16, 1, "C")
+    user_t = ()
+    if cfg.USER is not None:   # the catalog's user build: kinds, then its two aux arrays
+        user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
+                  types.Array(types.int32, 2, "C"))
     return (u16, u16, types.Array(types.uint32, 2, "C"), types.Array(types.uint8, 4, "C"), o_t,
             types.Array(types.float32, 1, "C"), types.Array(types.float32, 3, "C"),
-            variant_type(types.float32, False, ()))
+            variant_type(types.float32, False, user_t))
 
 
 def compile_config(cfg):
