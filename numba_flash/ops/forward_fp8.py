@@ -7,11 +7,12 @@ most 256; ``v`` as wide as ``k``), their real values the stored ones times FA3's
 ``out_dtype`` (``"bfloat16"``, FA3's, or ``"float16"``), ``lse`` float32.  Causal, window,
 softcap, ALiBi, GQA, a learnable sink and the user's functions (``score_mod``, ``mask_mod``,
 ``block_mask``, ``aux_tensors``: :mod:`numba_flash.flex`, the score being the descaled one);
-not dropout, ``block_m`` / ``block_n`` (a ``ValueError`` naming each).  The kernels: ``kernel="mma"`` (and ``"auto"``)
-:mod:`numba_flash.kernels.forward.fp8` (``mma.sync.m16n8k32`` e4m3, sm_89+; ``P`` packed with
-an exponent offset so the largest lands at 256 of e4m3's 448); ``kernel="wgmma"``
-:mod:`numba_flash.kernels.forward.wgmma_fp8` (Hopper's e4m3 ``wgmma``, sm_90a, head dims 64,
-128, 256; ``"auto"`` does not choose it until a GPU record says it is faster).  The
+not dropout, ``block_m`` / ``block_n`` (a ``ValueError`` naming each).  The kernels:
+``kernel="mma"`` (and ``"auto"``) :mod:`numba_flash.kernels.forward.fp8`
+(``mma.sync.m16n8k32`` e4m3, sm_89+; ``P`` packed with an exponent offset so the largest lands
+at 256 of e4m3's 448); ``kernel="wgmma"`` :mod:`numba_flash.kernels.forward.wgmma_fp8`
+(Hopper's e4m3 ``wgmma``, sm_90a, head dims 64, 128, 256; ``"auto"`` does not choose it until
+a GPU record says it is faster).  The
 reference: :func:`numba_flash.reference.attention` of :func:`numba_flash.reference.dequantize`'d
 inputs times their descales; the story and the error table: docs/fp8.md.
 """
