@@ -246,7 +246,8 @@ def part_ceilings(dry):
 
 #: the warpgroup forward's tests (issue 33): never run on a GPU before the first lent session, so
 #: they run apart from the -x run of the other kernels' (a failure there must not stop those)
-WGMMA_TESTS = "tests/kernels/test_forward_wgmma.py"
+WGMMA_TESTS = ("tests/kernels/test_forward_wgmma.py",
+               "tests/kernels/test_forward_wgmma_fp8.py")   # the e4m3 warpgroup forward too
 
 
 def run_within(args, budget_s):
@@ -279,10 +280,10 @@ def part_tests(dry, budget_s, wgmma_budget_s=120):
 
         if importlib.util.find_spec("xdist") is not None:  # JIT spread over the cores
             xdist = ["-n", "8"]
-        args += ["--ignore", WGMMA_TESTS] + xdist
+        args += [f"--ignore={path}" for path in WGMMA_TESTS] + xdist
     res = _pytest(args, budget_s)
     if not dry and wgmma_budget_s:   # the warpgroup forward (cc 9.0 only) in a run of its own
-        res["wgmma"] = _pytest([sys.executable, "-m", "pytest", "-q", WGMMA_TESTS, "-p",
+        res["wgmma"] = _pytest([sys.executable, "-m", "pytest", "-q", *WGMMA_TESTS, "-p",
                                 "no:cacheprovider"] + xdist, wgmma_budget_s)
     return res
 

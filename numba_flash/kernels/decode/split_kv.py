@@ -288,7 +288,7 @@ def make_key_loads(cfg):
 
     # [docs:decode-tile-load]
     @_stage
-    def locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
+    def locate_keys(key_ok, key_at, table_row, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
                     block_size, keys):
         """Where my group's ``U`` keys ``t0 ..`` live: ``key_ok[u]`` (live and readable) and
         ``key_at[u]`` (view element with ``VEC``, else cache row); returns ``(step_ok,
@@ -308,7 +308,7 @@ def make_key_loads(cfg):
                 some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
                 # (no branch: an index clamped into the table is always safe to read, and
                 # only a live key's entry is used)
-                entry = block_table[uint32(b), min(uint32(j_blk), keys.last_entry)]
+                entry = table_row[min(uint32(j_blk), keys.last_entry)]
                 page_ok = 0 <= entry and entry < n_cache_blocks
                 if some_live and not page_ok:
                     bad = True                # never dereferenced
@@ -335,7 +335,7 @@ def make_key_loads(cfg):
                 ok = live
                 blk = int32(b)
                 if PAGED and live:
-                    entry = block_table[uint32(b), uint32(jj)]
+                    entry = table_row[uint32(jj)]
                     ok = 0 <= entry and entry < n_cache_blocks
                     blk = int32(entry)
                 if live and not ok:
@@ -931,6 +931,7 @@ def decode_kernel(cfg):
             k_reg[j] = ZERO
             v_reg[j] = ZERO
         keys = walk.cache_layout(kvh, hkv, block_size, lane, block_table)
+        table_row = block_table[uint32(b)]   # my sequence's table row, made once
         base = lo_step
         w_lane = int32(tid % WARP)            # GATHER and SHARE: my lane in my warp,
         w_grp0 = int32(tid // WARP * GW)      # my warp's first key group
@@ -962,7 +963,7 @@ def decode_kernel(cfg):
                                                     seqlen, n_cache_blocks, block_size,
                                                     page_div, keys)
                 else:
-                    step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk,
+                    step_ok, bad = walk.locate_keys(key_ok, key_at, table_row, b, t0, j_blk,
                                                     slot, int32(lo), int32(hi), n_cache_blocks,
                                                     block_size, keys)
                 bad_entry = bad_entry or bad
