@@ -61,7 +61,7 @@ from ..mainloop.online_softmax import make_online_softmax, sink_of
 from ..mainloop.tile_scores import ScoreArgs, make_score_fn
 from ..mainloop.visibility import key_bounds, make_score_mod, tile_key_range
 from ..ptx.fp8 import e4m3x4_to_float32
-from ..ptx.stages import SHARED_ALIGN, lds16, load16, shfl_xor
+from ..ptx.stages import SHARED_ALIGN, in_loop, lds16, load16, load_at, shfl_xor
 from .config import launch_bounds
 from .merge import make_merge_functions, make_state_merge
 
@@ -83,13 +83,16 @@ OwnRow = namedtuple("OwnRow", "r live lo hi h q_col")
 #: a key's place in the block table: entry ``j_blk``, ``slot`` in the page (or a step of them)
 KeyCursor = namedtuple("KeyCursor", "j_blk slot")
 #: per-lane constants of the cache layout: a block's rows before my head's, cache rows and view
-#: elements per physical block, my first view element of a row, the table's last column
-CacheLayout = namedtuple("CacheLayout", "kvh_rows row_stride blk_elems col0_v last_entry")
+#: elements per physical block, my first view element of a row, the table's last column, my
+#: first view element in a physical block (``VEC``) and my sequence's first table element
+#: (``PAGED``)
+CacheLayout = namedtuple("CacheLayout",
+                         "kvh_rows row_stride blk_elems col0_v last_entry lane_elem0 table0")
 #: the stages of the kernel (:func:`make_key_loads`, :func:`make_own_row_stages`,
 #: :func:`make_decode_epilogue`)
 KeyLoads = namedtuple("KeyLoads",
                       "first_keys next_keys cache_layout locate_keys resolve_key gather_keys "
-                      "share_keys load_keys")
+                      "share_keys load_keys widen")
 OwnRowStages = namedtuple("OwnRowStages",
                           "own_row own_score_args own_scores own_softmax accumulate")
 DecodeEpilogue = namedtuple("DecodeEpilogue", "merge_groups write_split combine")
@@ -235,17 +238,28 @@ def make_key_loads(cfg):
                     v_reg[j0] = float32_from_bits(uint32(vb << _SHIFT16))
                     k_reg[j0 + 1] = float32_from_bits(uint32(kb & _HI_WORD))
                     v_reg[j0 + 1] = float32_from_bits(uint32(vb & _HI_WORD))
-            elif KV_FP8:                      # 4 float32 = 16 e4m3 bytes (byte 0 first)
+            elif KV_FP8:                      # 4 words = 16 e4m3 bytes, widened by widen()
                 for e in range(CHUNK // 4):
-                    kw = e4m3x4_to_float32(float32_bits(kc[e]))
-                    vw = e4m3x4_to_float32(float32_bits(vc[e]))
-                    for w in range(4):
-                        k_reg[u * DPL + i * CHUNK + 4 * e + w] = kw[w]
-                        v_reg[u * DPL + i * CHUNK + 4 * e + w] = vw[w]
+                    k_reg[u * DPL + i * (CHUNK // 4) + e] = kc[e]
+                    v_reg[u * DPL + i * (CHUNK // 4) + e] = vc[e]
             else:
                 for e in range(CHUNK):
                     k_reg[u * DPL + i * CHUNK + e] = kc[e]
                     v_reg[u * DPL + i * CHUNK + e] = vc[e]
+
+    @_stage
+    def widen(raw, out):
+        """``KV_FP8``: the e4m3 words :func:`load_key` left in ``raw`` (key ``u``'s ``DPL //
+        4`` words from ``u * DPL``) as float32 values in ``out`` (``u * DPL + j``).  Called
+        after :func:`load_keys`' branches, not in them: 16 words of a ROWS=2 step live across
+        the branches instead of 64 float32 (168 registers, the cap, down to 138; the step's
+        instructions the same, one ROWS=1 step one more)."""
+        for u in range(U):
+            for i in range(NCH):
+                for e in range(CHUNK // 4):
+                    vals = e4m3x4_to_float32(float32_bits(raw[u * DPL + i * (CHUNK // 4) + e]))
+                    for w in range(4):
+                        out[u * DPL + i * CHUNK + 4 * e + w] = vals[w]
 
     # [docs:decode-token-lookup]
     @_stage
@@ -267,28 +281,37 @@ def make_key_loads(cfg):
     def next_keys(j_blk, slot, step, block_size):
         """``(j_blk, slot)`` of my keys of the next block step: ``step`` further, one carry at
         most (scalars, not a :class:`KeyCursor`: with a tuple carried by the loop, ptxas built a
-        step 4 instructions longer)."""
-        slot = int32(slot + step.slot)
-        j_blk = int32(j_blk + step.j_blk)
-        if slot >= block_size:
-            slot = int32(slot - block_size)
-            j_blk = int32(j_blk + 1)
+        step 4 instructions longer).  No branch: ``past``, the slot less a block, is negative
+        (no carry: its sign adds -1 to ``j_blk + 1``) or the new slot (the smaller as uint32:
+        a negative ``past`` is past ``2**31``); 3 instructions fewer than the test and two
+        moves, which ptxas built with the compare twice."""
+        slot = int32(slot + step.slot)        # < 2 block_size: exact as uint32
+        past = int32(slot - block_size)
+        j_blk = int32(j_blk + (step.j_blk + 1) + (past >> 31))
+        slot = int32(min(uint32(slot), uint32(past)))
         return j_blk, slot
     # [/docs:decode-token-lookup]
 
     @_stage
-    def cache_layout(kvh, hkv, block_size, lane, block_table):
-        """The :class:`CacheLayout` of my lane (constants of the walk)."""
+    def cache_layout(b, kvh, hkv, block_size, lane, block_table):
+        """The :class:`CacheLayout` of my lane (constants of the walk); the 64-bit ones that
+        :func:`locate_keys` reads every step are :func:`_kept64` (NVVM re-derived them in the
+        loop: 8 instructions of the e4m3 ROWS=2 step, 9 of the float16 ROWS=4 one)."""
+        blk_elems = int64(hkv) * block_size * (HEAD_DIM // EW)    # view elements per block
+        lane_elem0 = int64(kvh * block_size) * (HEAD_DIM // EW) + lane * (CHUNK // EW)
+        table0 = int64(uint32(b)) * block_table.shape[1]
         return CacheLayout(
             kvh_rows=int32(kvh * block_size),                     # a block's rows before my head's
             row_stride=int64(hkv) * block_size,                   # cache rows per physical block
-            blk_elems=int64(hkv) * block_size * (HEAD_DIM // EW),   # view elements per block
+            blk_elems=_kept64(blk_elems) if VEC else blk_elems,
             col0_v=lane * (CHUNK // EW),                          # my first view element of a row
-            last_entry=uint32(block_table.shape[1] - 1))          # (PAGED: >= 1 column)
+            last_entry=uint32(block_table.shape[1] - 1),          # (PAGED: >= 1 column)
+            lane_elem0=_kept64(lane_elem0) if VEC and not SPLIT_PAGES else lane_elem0,
+            table0=_kept64(table0) if PAGED else table0)
 
     # [docs:decode-tile-load]
     @_stage
-    def locate_keys(key_ok, key_at, table_row, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
+    def locate_keys(key_ok, key_at, block_table, b, t0, j_blk, slot, lo32, hi32, n_cache_blocks,
                     block_size, keys):
         """Where my group's ``U`` keys ``t0 ..`` live: ``key_ok[u]`` (live and readable) and
         ``key_at[u]`` (view element with ``VEC``, else cache row); returns ``(step_ok,
@@ -307,18 +330,17 @@ def make_key_loads(cfg):
             if PAGED:
                 some_live = t0 < hi32 and int32(t0 + (U - 1)) >= lo32
                 # (no branch: an index clamped into the table is always safe to read, and
-                # only a live key's entry is used)
-                entry = table_row[min(uint32(j_blk), keys.last_entry)]
+                # only a live key's entry is used; my row's first element is held, table0)
+                entry = load_at(block_table, keys.table0 + min(uint32(j_blk), keys.last_entry))
                 page_ok = 0 <= entry and entry < n_cache_blocks
                 if some_live and not page_ok:
                     bad = True                # never dereferenced
                 blk = int32(entry)
-            in_row = int32(kvh_rows + slot)   # key 0's row inside its physical block
-            if VEC:
+            if VEC:                           # key 0's view element: its slot from mine
                 first = (int64(uint32(blk)) * blk_elems
-                         + (int64(in_row) * (HEAD_DIM // EW) + keys.col0_v))
-            else:
-                first = int64(uint32(blk)) * row_stride + in_row
+                         + (keys.lane_elem0 + int64(slot) * (HEAD_DIM // EW)))
+            else:                             # key 0's row inside its physical block
+                first = int64(uint32(blk)) * row_stride + int32(kvh_rows + slot)
             for u in range(U):
                 t = int32(t0 + u)
                 key_ok[u] = lo32 <= t and t < hi32 and page_ok
@@ -335,7 +357,7 @@ def make_key_loads(cfg):
                 ok = live
                 blk = int32(b)
                 if PAGED and live:
-                    entry = table_row[uint32(jj)]
+                    entry = load_at(block_table, keys.table0 + uint32(jj))
                     ok = 0 <= entry and entry < n_cache_blocks
                     blk = int32(entry)
                 if live and not ok:
@@ -454,7 +476,7 @@ def make_key_loads(cfg):
     # [/docs:decode-gather]
 
     return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, resolve_key, gather_keys,
-                    share_keys, load_keys)
+                    share_keys, load_keys, widen)
 
 
 @functools.lru_cache(maxsize=None)
@@ -463,7 +485,7 @@ def make_own_row_stages(cfg):
     reduce-scatter and its :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs`, the
     scores by reduce-scatter, the online softmax, ``acc = alpha acc + p v``."""
     LANES, U, ROWS, SOFTCAP, ALIBI = cfg.LANES, cfg.U, cfg.ROWS, cfg.SOFTCAP, cfg.ALIBI
-    DPL, V4, QP, LANE_OF, USER_FN = cfg.DPL, cfg.V4, cfg.QP, cfg.LANE_OF, cfg.USER_FN
+    DPL, V4, QP, USER_FN = cfg.DPL, cfg.V4, cfg.QP, cfg.USER_FN
     LOG_ROWS, LOG_LANES = cfg.LOG_ROWS, cfg.LOG_LANES
     UR = U * ROWS                         # scores of one step: U keys x ROWS rows
     acc_t = compute_type(cfg.np_dtype)
@@ -559,23 +581,31 @@ def make_own_row_stages(cfg):
     def own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own):
         """The online softmax of my row (:mod:`~numba_flash.kernels.mainloop.online_softmax`, one
         row per lane: one exp per key per lane, not per row): the rule on key ``u``'s position
-        (``t0 + u``, or ``key_pos[u]`` with ``GATHER``; two int32 compares per key),
-        the score modifiers, then the update; ``s_own`` leaves holding ``p``, or ``NOT_SEEN``
-        (-1) for a key the row does not see (a visible key's NaN p stays NaN).  Returns
-        ``alpha``."""
+        (``t0 + u``, or ``key_pos[u]`` with ``GATHER``; ``lo <= t < hi`` as one unsigned
+        compare, ``t - lo < hi - lo``: a key before ``lo`` wraps past ``2**31``, and two
+        signed compares and their AND took a ROWS=2 step 2 instructions more), the score
+        modifiers, then the update; ``s_own`` leaves holding ``p``, or ``NOT_SEEN`` (-1) for
+        a key the row does not see (a visible key's NaN p stays NaN).  Returns ``alpha``."""
         live_own, lo_own, hi_own, q_own = own.live, own.lo, own.hi, own.q_col
         vis_own = cuda.local.array(U, types.boolean)
         for u in range(U):
             t = key_position(key_pos, t0, u)
-            vis = key_ok[u] != 0 and lo_own <= t and t < hi_own
+            vis = key_ok[u] != 0 and uint32(t - lo_own) < uint32(max(hi_own - lo_own, 0))
             # the query's column q_own (sa.offset = 0): ALiBi's distance |q_own - t| and the
             # user's q_idx; the user's functions never see a padding row.  Without them
             # score_fn is score_mod: one path, and live_own stays out of the loop (ptxas kept
-            # no predicate for it and redid its 64-bit compare every key of a ROWS=2 build)
-            if vis and USER_FN and live_own:
-                vis, x, _g = score_fn(s_own[0, u], q_own, t, sa, USER_FN)
-                s_own[0, u] = x
-            elif vis:
+            # no predicate for it and redid its 64-bit compare every key of a ROWS=2 build),
+            # taken for every key (no side effect; a key not seen gets -inf below): no
+            # predicated moves (2 instructions of the e4m3 ROWS=2 step, 9 with softcap and
+            # ALiBi)
+            if USER_FN:
+                if vis and live_own:
+                    vis, x, _g = score_fn(s_own[0, u], q_own, t, sa, USER_FN)
+                    s_own[0, u] = x
+                elif vis:
+                    s_own[0, u] = score_mod(s_own[0, u], q_own, t, sa.offset, sa.softcap,
+                                            sa.inv_softcap, sa.slope)
+            else:
                 s_own[0, u] = score_mod(s_own[0, u], q_own, t, sa.offset, sa.softcap,
                                         sa.inv_softcap, sa.slope)
             vis_own[u] = vis
@@ -588,14 +618,15 @@ def make_own_row_stages(cfg):
         return alpha
 
     @_stage
-    def accumulate(acc, s_own, v_reg, alpha, warp_base, full):
-        """``acc = alpha acc + p v``: each row's alpha and p from a lane that owns the row
-        (alpha is exactly 1 when the max did not move: the product changes nothing)."""
+    def accumulate(acc, s_own, v_reg, alpha, row_lane, full):
+        """``acc = alpha acc + p v``: each row's alpha and p from ``row_lane[r]``, a lane of
+        my warp that owns row ``r`` (alpha is exactly 1 when the max did not move: the
+        product changes nothing)."""
         a_row = cuda.local.array(ROWS, acc_t)
         p_row = cuda.local.array(UR, acc_t)
         moved = False
         for r in range(ROWS):                 # all shuffles first, in one straight run
-            src = warp_base + LANE_OF[r]
+            src = row_lane[r]
             a_row[r] = cuda.shfl_sync(FULL_MASK, alpha, src)
             moved = moved or a_row[r] != ONE
             for u in range(U):
@@ -808,6 +839,7 @@ def decode_kernel(cfg):
     HEAD_DIM, USER, PAGED = cfg.HEAD_DIM, cfg.USER, cfg.PAGED
     KV_FP8, GATHER = cfg.KV_FP8, cfg.GATHER
     NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
+    LANE_OF = cfg.LANE_OF
     assert LANES & (LANES - 1) == 0 and LANES <= 32 and THREADS % LANES == 0
     assert HEAD_DIM % (LANES * CHUNK) == 0 and ROWS <= THREADS
     dtype = cfg.np_dtype
@@ -835,16 +867,26 @@ def decode_kernel(cfg):
 
     @_stage
     def one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims, s_own,
-                 q_sh, lane, t0, own, sa, va, m_own, l_own, acc, warp_base, full):
+                 q_sh, lane, t0, own, sa, va, m_own, l_own, acc, row_lane, full):
         """One block step once my group's keys are located (``key_ok``, ``key_at``,
         ``key_pos``, ``step_ok``): their K and V rows into registers, the scores, my row's
         online softmax, ``acc = alpha acc + p v`` (FA4's ``compute_one_n_block``: load, GEMM,
-        softmax update, GEMM); ``dims``: ``(col0, d, d_v)``."""
+        softmax update, GEMM); ``dims``: ``(col0, d, d_v)``; ``full``: an int32 (1: every
+        row sees every key of the split).  An e4m3 cache's words are widened here, after
+        the loads' branches (:func:`~make_key_loads`' ``widen``)."""
         walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, dims[0],
                        dims[1], dims[2])
-        mine.own_scores(s_own, q_sh, k_reg, lane * 16)
+        k_val = k_reg
+        v_val = v_reg
+        if KV_FP8:
+            k_val = cuda.local.array(UD, acc_t)
+            walk.widen(k_reg, k_val)
+        mine.own_scores(s_own, q_sh, k_val, lane * 16)
         alpha = mine.own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own)
-        mine.accumulate(acc, s_own, v_reg, alpha, warp_base, full and step_ok)
+        if KV_FP8:
+            v_val = cuda.local.array(UD, acc_t)
+            walk.widen(v_reg, v_val)
+        mine.accumulate(acc, s_own, v_val, alpha, row_lane, full != 0 and step_ok)
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
@@ -907,13 +949,19 @@ def decode_kernel(cfg):
         q_scale = va.scale                    # an e4m3 cache: K's descale folds into q's
         if KV_FP8:
             q_scale = va.scale * kv_descale[0, b, kvh]
-        full = load_q_rows(q, q_sh, acc, rows, seq, lo, hi, q_scale, lane, grp, col0)
+        # the loop's constants, made here and held in registers (in_loop, _kept64: a
+        # volatile mov NVVM cannot re-derive in the loop): full as an int32 (as a bool ptxas
+        # kept it as a bit of a packed register, extracted every step), each row's lane
+        full = in_loop(int32(load_q_rows(q, q_sh, acc, rows, seq, lo, hi, q_scale, lane, grp,
+                                         col0)))
         own = mine.own_row(lane, rows, seq)
         sa = mine.own_score_args(va, rows, own)
         m_own = cuda.local.array(1, acc_t)
         l_own = cuda.local.array(1, acc_t)
         softmax_init(m_own, l_own, acc_sh)
-        warp_base = tid % 32 - lane           # lane 0 of my group, as a lane of the warp
+        row_lane = cuda.local.array(ROWS, int32)   # the lane of my warp that owns row r
+        for r in range(ROWS):
+            row_lane[r] = in_loop(int32(tid % 32 - lane + LANE_OF[r]))
         if tid == 0:
             flag_sh[0] = 0                    # a bad table entry was met
         cuda.syncthreads()  # q_sh is written and flag_sh cleared before any group uses them
@@ -930,8 +978,7 @@ def decode_kernel(cfg):
         for j in range(UD):                   # (the stale registers of a dead key are finite)
             k_reg[j] = ZERO
             v_reg[j] = ZERO
-        keys = walk.cache_layout(kvh, hkv, block_size, lane, block_table)
-        table_row = block_table[uint32(b)]   # my sequence's table row, made once
+        keys = walk.cache_layout(b, kvh, hkv, block_size, lane, block_table)
         base = lo_step
         w_lane = int32(tid % WARP)            # GATHER and SHARE: my lane in my warp,
         w_grp0 = int32(tid // WARP * GW)      # my warp's first key group
@@ -951,27 +998,28 @@ def decode_kernel(cfg):
                                               batch_step * KW + (grp - w_grp0) * U, keys)
                     one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg,
                              dims, s_own, q_sh, lane, int32(base + grp * U), own, sa,
-                             va, m_own, l_own, acc, warp_base, full)
+                             va, m_own, l_own, acc, row_lane, full)
                     base = int32(base + STEP)
                     batch_step = int32(batch_step + 1)
         else:       # the cache's keys in order (or GATHER in a warp too narrow to share)
-            while base < int32(hi):           # the same trip count on every lane (shuffles)
-                t0 = int32(base + grp * U)
+            t0 = int32(base + grp * U)        # my first key; the loop's variable (base, and
+            t_end = int32(hi + grp * U)       # t0 from it, took one more instruction a step)
+            while t0 < t_end:                 # the same trip count on every lane (shuffles)
                 if GATHER:
                     step_ok, bad = walk.gather_keys(key_ok, key_at, key_pos, listed,
                                                     block_table, rows, t0, int32(lo), int32(hi),
                                                     seqlen, n_cache_blocks, block_size,
                                                     page_div, keys)
                 else:
-                    step_ok, bad = walk.locate_keys(key_ok, key_at, table_row, b, t0, j_blk,
+                    step_ok, bad = walk.locate_keys(key_ok, key_at, block_table, b, t0, j_blk,
                                                     slot, int32(lo), int32(hi), n_cache_blocks,
                                                     block_size, keys)
                 bad_entry = bad_entry or bad
                 j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
                 one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims,
                          s_own, q_sh, lane, t0, own, sa, va, m_own, l_own, acc,
-                         warp_base, full)
-                base = int32(base + STEP)
+                         row_lane, full)
+                t0 = int32(t0 + STEP)
 
         if bad_entry:
             flag_sh[0] = 1
@@ -1047,6 +1095,18 @@ def _page_divisor(block_size):
     d = uint64(block_size)
     shift = uint64(31 + 32 - cuda.clz(uint32(block_size - 1)))
     return ((uint64(1) << shift) + d - uint64(1)) // d, shift
+
+
+@_stage
+def _kept64(x):
+    """The int64 ``x``, through two volatile ``mov`` (:func:`~numba_flash.kernels.ptx.stages.
+    in_loop`), for a constant of the key loop made before it: NVVM moves a loop-invariant
+    product back into the loop (``hkv * block_size * HEAD_DIM / EW``, ``b`` times the
+    table's columns: multiplied again every step), and a value a volatile ``mov`` made it
+    can only hold in its two registers."""
+    lo = in_loop(int32(x))
+    hi = in_loop(int32(x >> 32))
+    return (int64(hi) << 32) | int64(uint32(lo))
 
 
 def cache_views(dtype, VEC, k_rows, v_rows):
