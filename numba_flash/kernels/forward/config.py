@@ -590,9 +590,39 @@ def forward_wgmma_config(head_dim, dtype="float16", simulator=None, **flags):
                               **flags)
 
 
-# -- the fp8 (e4m3) forward on mma.sync m16n8k32 ---------------------------------------------
+# -- the fp8 (e4m3) forwards ------------------------------------------------------------------
 @kernel_config
-class ForwardFp8Config:
+class Fp8ForwardOptions:
+    """What both e4m3 forwards take beside their tiles: the output type ``OUT`` (``"bfloat16"``
+    or ``"float16"``), the flags ``SOFTCAP``, ``ALIBI``, a user's variant ``USER`` and how
+    ``P`` is packed (``P_OFFSET``, ``RESCALE``)."""
+
+    OUT: str = "bfloat16"
+    SOFTCAP: bool = False
+    ALIBI: bool = False
+    #: a user's variant: ``(score_mod, mask_mod, BLOCKS)`` device code (the 16-bit builds'
+    #: ``USER``), or None
+    USER: object = None
+    #: P's exponent offset for the e4m3 cast: the largest P lands at 2**8 = 256 of 448,
+    #: values down to 2**-13 keep e4m3's 3 mantissa bits (unscaled: down to 2**-6 only)
+    P_OFFSET: int = 4
+    #: the lazy rescale's threshold (log2): P <= 2**4 before the offset (FA4's fp8 fix,
+    #: flash-attention #2694: 4 + 4 <= log2(448) = 8.8; the 16-bit forward's 8 would clip)
+    RESCALE: float = 4.0
+
+    @property
+    def fp8_flags(self):
+        """The name's flags: `` SOFTCAP ALIBI`` and the user's functions given."""
+        flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
+        if self.USER is not None:
+            flags += "".join(f" {n}" for n, f in zip(("score_mod", "mask_mod", "block_mask"),
+                                                     self.USER) if f is not None)
+        return flags
+
+
+# the e4m3 forward on mma.sync m16n8k32
+@kernel_config
+class ForwardFp8Config(Fp8ForwardOptions):
     """The e4m3 forward (:mod:`numba_flash.kernels.forward.fp8`): four warps of 16 query rows
     each (``BLOCK_M = 64``), ``BLOCK_N``-key tiles, ``HEAD_DIM`` (``d``, a multiple of 32: one
     ``m16n8k32`` k-step), the output type ``OUT`` (``"bfloat16"`` or ``"float16"``) and the
@@ -602,17 +632,6 @@ class ForwardFp8Config:
 
     HEAD_DIM: int
     BLOCK_N: int = 64
-    OUT: str = "bfloat16"
-    SOFTCAP: bool = False
-    ALIBI: bool = False
-    #: a user's variant: ``(score_mod, mask_mod, BLOCKS)`` device code, or None
-    USER: object = None
-    #: P's exponent offset for the e4m3 cast: the largest P lands at 2**8 = 256 of 448,
-    #: values down to 2**-13 keep e4m3's 3 mantissa bits (unscaled: down to 2**-6 only)
-    P_OFFSET: int = 4
-    #: the lazy rescale's threshold (log2): P <= 2**4 before the offset (FA4's fp8 fix,
-    #: flash-attention #2694: 4 + 4 <= log2(448) = 8.8; the 16-bit forward's 8 would clip)
-    RESCALE: float = 4.0
 
     BLOCK_M = 64
     NUM_WARPS = 4
@@ -645,12 +664,8 @@ class ForwardFp8Config:
 
     @property
     def name(self):
-        flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
-        if self.USER is not None:
-            flags += "".join(f" {n}" for n, f in zip(("score_mod", "mask_mod", "block_mask"),
-                                                     self.USER) if f is not None)
         return (f"forward_fp8 W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} "
-                f"D{self.HEAD_DIM} e4m3->{self.OUT}{flags}")
+                f"D{self.HEAD_DIM} e4m3->{self.OUT}{self.fp8_flags}")
 
 
 def forward_fp8_config(head_dim, out="bfloat16", **flags):
@@ -664,7 +679,7 @@ def forward_fp8_config(head_dim, out="bfloat16", **flags):
 
 # -- the fp8 (e4m3) forward on Hopper's wgmma -------------------------------------------------
 @kernel_config
-class ForwardWgmmaFp8Config(WarpgroupBlock):
+class ForwardWgmmaFp8Config(WarpgroupBlock, Fp8ForwardOptions):
     """The e4m3 warpgroup forward (:mod:`numba_flash.kernels.forward.wgmma_fp8`):
     ``WARPGROUPS`` warpgroups of 64 query rows, ``BLOCK_N``-key tiles, ``HEAD_DIM`` (64, 128 or
     256), the output type ``OUT`` and the flags ``SOFTCAP``, ``ALIBI``; ``P`` packed as
@@ -676,15 +691,6 @@ class ForwardWgmmaFp8Config(WarpgroupBlock):
     HEAD_DIM: int
     BLOCK_N: int = 128
     WARPGROUPS: int = 2
-    OUT: str = "bfloat16"
-    SOFTCAP: bool = False
-    ALIBI: bool = False
-    #: a user's variant: ``(score_mod, mask_mod, BLOCKS)`` device code (the 16-bit builds'
-    #: ``USER``), or None
-    USER: object = None
-    #: P's exponent offset and the lazy rescale's threshold: :class:`ForwardFp8Config`'s
-    P_OFFSET: int = 4
-    RESCALE: float = 4.0
 
     STAGES = 2   # K_j and K_{j+1}, V^T_{j-1} and V^T_j (the 16-bit warpgroup forward's pipeline)
 
@@ -714,12 +720,8 @@ class ForwardWgmmaFp8Config(WarpgroupBlock):
 
     @property
     def name(self):
-        flags = "".join(f" {f}" for f in ("SOFTCAP", "ALIBI") if getattr(self, f))
-        if self.USER is not None:
-            flags += "".join(f" {n}" for n, f in zip(("score_mod", "mask_mod", "block_mask"),
-                                                     self.USER) if f is not None)
         return (f"forward_wgmma_fp8 WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
-                f"D{self.HEAD_DIM} e4m3->{self.OUT}{flags}")
+                f"D{self.HEAD_DIM} e4m3->{self.OUT}{self.fp8_flags}")
 
 
 #: the e4m3 warpgroup forward's head dims (its tiles hold whole rows of d bytes)
