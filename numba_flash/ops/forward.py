@@ -115,8 +115,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     32 up to 256) with ``q_descale``, ``k_descale``, ``v_descale`` (float32 ``[B, Hkv]``, None:
     1) and ``out_dtype`` (``"bfloat16"``, the default, or ``"float16"``): the scores are ``(q8
     k8^T) q_descale k_descale softmax_scale``, ``o = P v8 v_descale``; causal, window, softcap,
-    ALiBi, GQA and sinks (:mod:`numba_flash.ops.forward_fp8`: ``mma.sync.m16n8k32``, sm_89+;
-    ``kernel="wgmma"``: Hopper's e4m3 warpgroup build, sm_90a, d = 64, 128, 256).
+    ALiBi, GQA, sinks and the user's functions (:mod:`numba_flash.ops.forward_fp8`:
+    ``mma.sync.m16n8k32``, sm_89+; ``kernel="wgmma"``: Hopper's e4m3 warpgroup build, sm_90a,
+    d = 64, 128, 256).
     """
     if any(is_e4m3(array_info(n, x)[1]) for n, x in (("q", q), ("k", k), ("v", v))):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the

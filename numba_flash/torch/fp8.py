@@ -18,7 +18,8 @@ Forward only, as FA3's fp8 path: the call runs when inputs require grad (in grad
 a backward through its output raises ``NotImplementedError``.  Not taken here, each a
 ``TypeError`` / ``ValueError`` naming the argument before anything runs: ``float8_e5m2`` (and
 the other fp8 formats), a mix of fp8 and another dtype, CUDA fp8 tensors (not built: CuPy has
-no fp8 dtype), FlashAttention-4's variant arguments, ``gather_kv_indices`` and ``block_table``.
+no fp8 dtype), FlashAttention-4's variant arguments, ``gather_kv_indices`` and ``block_table``
+(the NumPy front end takes the first and the last on e4m3; this path does not pass them yet).
 Descales with 16-bit inputs reach the NumPy front end, whose ``ValueError`` ("q_descale:
 expected None without e4m3 inputs") the caller gets unchanged.  Eager mode: this path has no
 ``torch.library`` custom op, and ``torch.compile`` over it is untested.
@@ -101,8 +102,8 @@ def _refuse(q, variant, gather_kv_indices):
     if gather_kv_indices is not None:
         given.append("gather_kv_indices")
     if given:
-        raise ValueError(f"{given[0]}: expected None with float8_e4m3fn inputs (the fp8 forward "
-                         f"takes no user variant or token-sparse lists), got "
+        raise ValueError(f"{given[0]}: expected None with float8_e4m3fn inputs (the torch fp8 "
+                         f"path passes no user variant or token-sparse lists yet), got "
                          f"{type(variant.get(given[0], gather_kv_indices)).__name__}")
 
 
@@ -185,10 +186,11 @@ def fp8_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     """:func:`numba_flash.torch.flash_attn_varlen_func` on the fp8 path: packed e4m3 ``q
     [total_q, nheads, headdim]``, ``k``, ``v [total_k, nheads_k, headdim]``, the descales
     ``(batch_size, nheads_k)`` with a row per sequence; ``out [total_q, nheads, headdim]``
-    bfloat16, ``softmax_lse [nheads, total_q]``.  Not with ``block_table`` (a paged fp8 cache:
+    bfloat16, ``softmax_lse [nheads, total_q]``.  Not with ``block_table`` here (the NumPy
+    ``forward_varlen`` takes an e4m3 paged cache in its own layout; a torch one:
     :func:`numba_flash.torch.flash_attn_with_kvcache`)."""
     if block_table is not None:
-        raise ValueError("block_table: expected None with fp8 inputs (the fp8 varlen forward "
+        raise ValueError("block_table: expected None with fp8 inputs (the torch fp8 varlen path "
                          "reads packed k, v; an fp8 paged cache: flash_attn_with_kvcache), got "
                          f"{type(block_table).__name__}")
     qs, ks, vs = _check_inputs(names[:3], (q, k, v), 3, checks.PACKED)

@@ -284,16 +284,17 @@ def forward_fp8_kernel(cfg):
     return flash_forward_fp8
 
 
-def compile_args(cfg):
+def compile_args(cfg, V_NDIM=2):
     """The Numba argument types of :func:`forward_fp8_kernel` ``(q, k, v, v8, o, lse, descale,
-    va)``."""
+    va)`` (and of the warpgroup build's, whose ``v`` word view is flat: ``V_NDIM`` 1)."""
     u16 = types.Array(types.uint16, 4, "C")
     o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16, 1, "C")
     user_t = ()
     if cfg.USER is not None:   # the catalog's user build: kinds, then its two aux arrays
         user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
                   types.Array(types.int32, 2, "C"))
-    return (u16, u16, types.Array(types.uint32, 2, "C"), types.Array(types.uint8, 4, "C"), o_t,
+    return (u16, u16, types.Array(types.uint32, V_NDIM, "C"), types.Array(types.uint8, 4, "C"),
+            o_t,
             types.Array(types.float32, 1, "C"), types.Array(types.float32, 3, "C"),
             variant_type(types.float32, False, user_t))
 

@@ -37,11 +37,10 @@ from __future__ import annotations
 import functools
 from collections import namedtuple
 
-from numba import cuda, float32, int32, int64, types, uint32
+from numba import cuda, float32, int32, int64, uint32
 
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit, static_fold
-from ..core.variant import variant_type
 from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_softmax, \
     make_rescale, sink_of
 from ..mainloop.tile_scores import ScoreArgs, make_tile_scores_pair
@@ -55,6 +54,7 @@ from ..ptx.wgmma import (
     make_tile_copy, make_warpgroup_gemm, smem_address, warp_uniform, wgmma_wait_group,
 )
 from .config import ForwardWgmmaFp8Config, forward_wgmma_fp8_config
+from .fp8 import compile_args as fp8_compile_args
 from .mma import make_forward_block, make_row_stages
 
 __all__ = ["ForwardWgmmaFp8Config", "forward_wgmma_fp8_config", "forward_wgmma_fp8_kernel",
@@ -399,16 +399,8 @@ def forward_wgmma_fp8_kernel(cfg):
 
 def compile_args(cfg):
     """The Numba argument types of :func:`forward_wgmma_fp8_kernel` ``(q, k, v, v8, o, lse,
-    descale, va)``."""
-    u16 = types.Array(types.uint16, 4, "C")
-    o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16, 1, "C")
-    user_t = ()
-    if cfg.USER is not None:   # the catalog's user build: kinds, then its two aux arrays
-        user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
-                  types.Array(types.int32, 2, "C"))
-    return (u16, u16, types.Array(types.uint32, 1, "C"), types.Array(types.uint8, 4, "C"), o_t,
-            types.Array(types.float32, 1, "C"), types.Array(types.float32, 3, "C"),
-            variant_type(types.float32, False, user_t))
+    descale, va)``: the ``mma.sync`` fp8 forward's, ``v`` a flat word view."""
+    return fp8_compile_args(cfg, V_NDIM=1)
 
 
 def compile_config(cfg):
