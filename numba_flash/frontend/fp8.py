@@ -79,18 +79,17 @@ def is_e4m3(dtype):
     return E4M3 is not None and np.dtype(dtype) == E4M3
 
 
-def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, latent):
-    """With e4m3 caches: both caches e4m3, ``q`` float16 / bfloat16 / float32, a separate
-    ``v_cache``, ``d`` a power of two >= 16 (the kernel reads 16 e4m3 per load), and a GPU of
-    compute capability >= 8.9 (:func:`check_fp8_gpu`).  Returns whether the caches are
-    e4m3; a ``TypeError`` (a mix, ``q``'s dtype) or ``ValueError`` names the argument (e5m2
-    never gets here: :data:`CACHE_DTYPES` leaves it out)."""
+def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, d_v, d_v_name="v_cache"):
+    """With e4m3 caches: both caches e4m3 (MLA's latent cache, ``v_cache=None``: ``k_cache``),
+    ``q`` float16 / bfloat16 / float32, ``d`` at least 16 and ``d``, ``d_v`` multiples of 4
+    (the kernel reads 4 e4m3 per 32-bit word, 16 per 16-byte load where ``d`` is its padded
+    head dim; ``d_v_name``: the argument ``d_v`` comes from), and a GPU of compute capability
+    >= 8.9 (:func:`check_fp8_gpu`).  Returns whether the caches are e4m3; a ``TypeError`` (a
+    mix, ``q``'s dtype) or ``ValueError`` names the argument (e5m2 never gets here:
+    :data:`CACHE_DTYPES` leaves it out)."""
     k8, v8 = is_e4m3(k_dtype), is_e4m3(v_dtype)
     if not (k8 or v8):
         return False
-    if latent:
-        raise ValueError("v_cache: expected a v_cache of its own with an e4m3 k_cache (MLA's "
-                         "latent e4m3 cache is not built), got None")
     if k8 != v8:
         odd, other = ("v_cache", "k_cache") if k8 else ("k_cache", "v_cache")
         raise TypeError(f"{odd}: expected float8_e4m3fn (the dtype of {other}), got "
@@ -98,9 +97,12 @@ def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, latent):
     if np.dtype(q_dtype).name not in FP8_QUERY_DTYPES:
         raise TypeError(f"q: expected dtype in {FP8_QUERY_DTYPES} with an e4m3 cache, got "
                         f"{np.dtype(q_dtype).name}")
-    if d < 16 or d & (d - 1):
-        raise ValueError(f"k_cache: expected a head dim that is a power of two >= 16 for an e4m3 "
-                         f"cache (16 values per load), got {d}")
+    if d < 16 or d % 4:
+        raise ValueError(f"k_cache: expected a head dim that is a multiple of 4, at least 16, "
+                         f"for an e4m3 cache (4 values per 32-bit load), got {d}")
+    if d_v % 4:
+        raise ValueError(f"{d_v_name}: expected a value head dim that is a multiple of 4 for an "
+                         f"e4m3 cache (4 values per 32-bit load), got {d_v}")
     check_fp8_gpu("k_cache")
     return True
 

@@ -42,7 +42,8 @@ from ..frontend.variants import (check_alibi, check_sink, check_sink_values, che
                                  check_value_shape, check_window, clamp_window, sink_logits)
 from ..kernels.core.common import acc_dtype, cdiv
 from ..kernels.decode.config import (
-    block_step, decode_grid, launch_shape, padded_head_dim, split_grid, split_policy, vector_loads,
+    aligned_to, block_step, decode_grid, launch_shape, padded_head_dim, split_grid, split_policy,
+    vector_loads,
 )
 from ..kernels.decode.split_kv import cache_views, decode_kernel
 from ..kernels.decode.merge import default_threads as merge_threads, merge_grid, merge_kernel
@@ -204,12 +205,14 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       included; a row that sees no key gets ``o = 0``, ``lse = sink_h``.  With several splits
       the combine adds it once (a split's partial is the softmax of its own keys alone).
     * an fp8 cache: ``k_cache`` and ``v_cache`` of dtype ``ml_dtypes.float8_e4m3fn`` (NumPy)
-      beside a float16, bfloat16 or float32 ``q`` (``o`` in ``q``'s dtype), ``d`` a power of
-      two >= 16, and FA3's descale factors ``k_descale``, ``v_descale`` float32 ``[B, Hkv]``
-      (None: 1): key ``j``'s values are ``k_cache * k_descale[b, kvh]`` (the same for V).
-      Widened exactly in registers (a GPU of compute capability >= 8.9); ``k_new`` / ``v_new``
-      (in ``q``'s dtype) are written as the e4m3 of ``x / descale`` (round to nearest even,
-      saturated to +-448); not MLA's ``v_cache=None``; e5m2 is a ``TypeError``.  The
+      beside a float16, bfloat16 or float32 ``q`` (``o`` in ``q``'s dtype), ``d`` and ``d_v``
+      multiples of 4 (``d`` at least 16), and FA3's descale factors ``k_descale``,
+      ``v_descale`` float32 ``[B, Hkv]`` (None: 1): key ``j``'s values are ``k_cache *
+      k_descale[b, kvh]`` (the same for V).  Widened exactly in registers (a GPU of compute
+      capability >= 8.9; the SIMT kernel); ``k_new`` / ``v_new`` (in ``q``'s dtype) are written
+      as the e4m3 of ``x / descale`` (round to nearest even, saturated to +-448).  MLA's
+      latent cache in e4m3 (``v_cache=None``): ``k_descale`` scales keys and values (the same
+      bytes; ``v_descale`` must be None).  e5m2 is a ``TypeError``.  The
       reference: :func:`numba_flash.reference.dequantize`.  ``kv_cache_dtype="fp8_e4m3"``
       (vLLM's name; default ``"auto"``): uint8 caches read as e4m3 bytes, the form a CuPy
       array (no fp8 dtype) carries them in.
@@ -277,6 +280,11 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                       cache_batch_idx=cache_batch_idx, kv_cache_dtype=kv_cache_dtype)
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
                                 s.kv_fp8)
+    if s.kv_fp8 and s.latent:   # MLA: the value is the latent cache's bytes, K's descale
+        if v_descale is not None:
+            raise ValueError("v_descale: expected None with v_cache=None (the value is k_cache's "
+                             "first head_dim_v columns, scaled by k_descale), got an array")
+        kv_descale[1] = kv_descale[0]
     if kv_indices is not None:
         s = s._replace(topk=check_kv_indices(kv_indices, s.b, s.hkv, s.nq))
     arrays = _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
@@ -379,7 +387,8 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
         if head_dim_v is not None:
             raise ValueError(f"head_dim_v: expected None with a v_cache (its head dim, "
                              f"{vs[3]}, is the value's), got {head_dim_v!r}")
-    kv_fp8 = check_fp8_cache(kd, vd, dtype, ks[3], latent)
+    kv_fp8 = check_fp8_cache(kd, vd, dtype, ks[3], vs[3],
+                             "head_dim_v" if latent else "v_cache")
     if not kv_fp8:
         dtype = check_same_dtype({"q": dtype, "k_cache": kd, "v_cache": vd})
     paged = block_table is not None
@@ -638,7 +647,8 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
     # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
     # * block_size + slot): one index per key row, fewer registers than four
     if s.kv_fp8 and not is_device_array(k_cache):   # e4m3 travels as its bytes (Numba has no
-        k_cache, v_cache = k_cache.view(np.uint8), v_cache.view(np.uint8)   # fp8 dtype)
+        k_cache = k_cache.view(np.uint8)                # fp8 dtype)
+        v_cache = None if s.latent else v_cache.view(np.uint8)
     dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
     # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
     dv_ = dk_ if s.latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
@@ -689,9 +699,9 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     # 16-byte loads of q, K, V: d == HEAD_DIM, and V as wide (or the K rows themselves)
     vec = (d_v == d or latent) and vector_loads(np.uint8 if s.kv_fp8 else dtype, d, HEAD_DIM,
                                                 chunk, dev.q, dev.k, dev.v)
-    if s.kv_fp8 and not vec:   # (host caches are copied aligned; a device view may not be)
-        raise ValueError("k_cache: expected 16-byte aligned e4m3 caches with d == "
-                         f"{HEAD_DIM} (16 values per load), got d = {d} or an unaligned view")
+    if s.kv_fp8 and not vec and not aligned_to(4, dev.k, dev.v):   # 32-bit word loads
+        raise ValueError("k_cache: expected 4-byte aligned e4m3 caches (4 values per load), "
+                         "got an unaligned view")   # (host caches are copied aligned)
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(dev.paged) and s.n_slots % keys_per_step != 0
     # the user's arrays: (a stand-in for kinds,) + aux

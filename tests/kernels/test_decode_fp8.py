@@ -113,8 +113,19 @@ def test_bad_fp8_arguments_are_named(rng):
         numba_flash.decode(q, k8, v.astype(np.float16), **call)
     with pytest.raises(TypeError, match="q: expected dtype in"):
         numba_flash.decode(q.astype(np.float64), k8, v8, **call)
-    with pytest.raises(ValueError, match="k_cache: expected a head dim that is a power of two"):
+    with pytest.raises(ValueError, match="k_cache: expected a head dim that is a multiple of 4, "
+                                         "at least 16"):
         numba_flash.decode(q[..., :12], k8[..., :12], v8[..., :12], **call)
+    with pytest.raises(ValueError, match="v_cache: expected a value head dim that is a multiple"):
+        numba_flash.decode(q, k8, v8[..., :6], **call)
+    with pytest.raises(ValueError, match="head_dim_v: expected a value head dim that is a "
+                                         "multiple of 4"):
+        numba_flash.decode(q, k8, None, head_dim_v=10, **call)
+    with pytest.raises(ValueError, match="v_descale: expected None with v_cache=None"):
+        numba_flash.decode(q, k8, None, head_dim_v=8, v_descale=kd, **call)
+    with pytest.raises(ValueError, match=r"kernel: 'mma' \(the tensor-core decode\) takes "
+                                         r"float16 or bfloat16 caches \(got e4m3\)"):
+        numba_flash.decode(q, k8, None, head_dim_v=8, kernel="mma", **call)
     with pytest.raises(TypeError, match=r"k_new: expected dtype float16 \(the dtype of q\)"):
         numba_flash.decode(q, k8, v8, k_new=k[:, :, :1].astype(np.float32),
                            v_new=v[:, :, :1].astype(np.float32), **call)
@@ -122,9 +133,61 @@ def test_bad_fp8_arguments_are_named(rng):
         numba_flash.append_kv(k8, v8, k[:, :, :1].astype(np.float64), v[:, :, :1], lens)
     with pytest.raises(TypeError, match=r"v_new: expected dtype float32 \(the dtype of k_new\)"):
         numba_flash.append_kv(k8, v8, k[:, :, :1], v[:, :, :1].astype(np.float64), lens)
-    with pytest.raises(ValueError, match="v_cache: expected a v_cache of its own"):
-        numba_flash.decode(q, k8, None, head_dim_v=16, **call)
     assert np.array_equal(k8.view(np.uint8), k_bytes)   # inputs untouched
+
+
+@pytest.mark.parametrize("dtype, d, d_v, hkv, nq, num_splits, paged", [
+    (np.float16, 48, 32, 2, 1, 2, True),          # GQA 2:1, shuffled pages, two splits
+    (np.float32, 80, 64, 1, 2, None, False),      # two causal tokens, contiguous
+    (ml_dtypes.bfloat16, 576, 512, 1, 1, 1, True)])   # DeepSeek's latent: 512 + 64
+def test_mla_latent_e4m3_cache(rng, dtype, d, d_v, hkv, nq, num_splits, paged):
+    """MLA's absorbed decode over an e4m3 latent cache (v_cache=None): K is the row, V its
+    first d_v columns, both scaled by k_descale; head dims that are no power of two take the
+    32-bit word loads (4 e4m3 a word, zero past d)."""
+    b, h = 2, 2 * hkv
+    lens = np.array([int(rng.integers(1, 30)), 37])
+    if paged:
+        k, _, table = paged_cache(rng, b, hkv, d, lens, 8, np.float32)   # NaN slots and pages
+    else:
+        k, _ = contiguous_cache(rng, b, hkv, 40, d, lens, np.float32)
+        table = None
+    k8 = k.astype(E4M3)
+    kd, _ = descales(rng, b, hkv)
+    q = randn(rng, (b, h, nq, d), np.float32, scale=d ** -0.25 * 2).astype(dtype)
+    o, lse = numba_flash.decode(q, k8, None, head_dim_v=d_v, cache_seqlens=lens,
+                                block_table=table, causal=nq > 1, num_splits=num_splits,
+                                return_lse=True, k_descale=kd)
+    assert o.shape == (b, h, nq, d_v) and o.dtype == np.dtype(dtype)
+    if paged:   # a page serves one sequence: dequantise each after its gather
+        kk = np.stack([_pad(ref.gather_paged(k8, table, n, i), 37) for i, n in enumerate(lens)])
+        kk = kk * kd[:, :, None, None]
+    else:
+        kk = ref.dequantize(k8, kd)
+    want_o, want_lse = ref.paged_decode(q.astype(np.float64), kk, kk[..., :d_v], lens,
+                                        causal=nq > 1)
+    tol = np.float16 if dtype != np.float32 else np.float32
+    assert_close(o.astype(np.float64), want_o, tol, scale=4.0 if dtype != np.float32 else 1.0,
+                 name="o")
+    assert_close(lse, want_lse, np.float32, name="lse")
+
+
+def test_own_value_width_and_head_dims_not_powers_of_two(rng):
+    """A v_cache of its own width (d = 96, d_v = 40: word loads, neither a power of two), two
+    causal tokens, a sink: against the float64 decode of the dequantised caches."""
+    b, h, hkv, d, d_v = 2, 4, 2, 96, 40
+    lens = np.array([17, 33])
+    k, _ = contiguous_cache(rng, b, hkv, 40, d, lens, np.float32)
+    _, v = contiguous_cache(rng, b, hkv, 40, d_v, lens, np.float32)
+    k8, v8 = fp8_caches(k, v)
+    kd, vd = descales(rng, b, hkv)
+    sink = rng.standard_normal(h).astype(np.float32)
+    q = randn(rng, (b, h, 2, d), np.float32)
+    o, lse = numba_flash.decode(q, k8, v8, cache_seqlens=lens, causal=True, return_lse=True,
+                                k_descale=kd, v_descale=vd, learnable_sink=sink, num_splits=2)
+    want_o, want_lse = reference(q, k8, v8, kd, vd, lens, causal=True, learnable_sink=sink)
+    assert o.shape == (b, h, 2, d_v)
+    assert_close(o, want_o, np.float32, name="o")
+    assert_close(lse, want_lse, np.float32, name="lse")
 
 
 def _quantised(x, descale):

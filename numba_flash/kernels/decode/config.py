@@ -25,8 +25,10 @@ class DecodeConfig(KernelConfig):
     table), ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size ``U`` does not divide),
     ``USER`` (a user's ``(score_mod, mask_mod)``), ``OWN_V`` (V read at a width of its own,
     ``d_v = o.shape[3]``: a ``v_cache [.., d_v]`` or MLA's latent cache read twice; off, the
-    element loads test one bound for K and V), ``KV_FP8`` (an e4m3 cache, ``VEC`` only: 16
-    values per 16-byte load, widened in registers and scaled by the kernel's ``kv_descale``),
+    element loads test one bound for K and V), ``KV_FP8`` (an e4m3 cache read as 32-bit
+    words: 16 values per 16-byte load with ``VEC``, else 4 per word load with ``d`` and
+    ``d_v`` multiples of 4, as MLA's 576-wide latent cache; widened in registers and scaled by
+    the kernel's ``kv_descale``),
     ``GATHER`` (token-sparse: each query token's keys are the positions its index list gives,
     a block per token)."""
 
@@ -219,9 +221,14 @@ def vector_loads(dtype, d, HEAD_DIM, CHUNK, *arrays):
     bytes and, on the GPU, every cache's data 16-byte aligned (rows then are too)."""
     if d != HEAD_DIM or CHUNK * np.dtype(dtype).itemsize != CHUNK_BYTES:
         return False
+    return aligned_to(CHUNK_BYTES, *arrays)
+
+
+def aligned_to(n_bytes, *arrays):
+    """Every device array's data ``n_bytes``-aligned (in the simulator: True)."""
     if on_simulator():
         return True
-    return all(x.__cuda_array_interface__["data"][0] % CHUNK_BYTES == 0 for x in arrays)
+    return all(x.__cuda_array_interface__["data"][0] % n_bytes == 0 for x in arrays)
 
 
 def gpu_rows_max(dtype, HEAD_DIM):

@@ -388,6 +388,22 @@ def make_key_loads(cfg):
             for u in range(U):
                 if key_ok[u] != 0:
                     load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
+        elif KV_FP8:                          # padded head dim, e4m3: 32-bit words of 4
+            for u in range(U):                # values (d, d_v multiples of 4), zero past d;
+                ok = key_ok[u] != 0           # widen() reads them as the VEC build's words
+                kv_row = key_at[u]
+                for j in range(DPL // 4):
+                    c = col0 + COL[4 * j]     # the word's first column
+                    kw = ZERO                 # (+0.0: four e4m3 zeros)
+                    vw = ZERO
+                    if ok and c < d:
+                        kw = k_cache[kv_row, c >> 2]
+                        if not OWN_V:
+                            vw = v_cache[kv_row, c >> 2]
+                    if OWN_V and ok and c < d_v:
+                        vw = v_cache[kv_row, c >> 2]
+                    k_reg[u * DPL + j] = kw
+                    v_reg[u * DPL + j] = vw
         else:                                 # padded head dim: element loads, zero past d
             for u in range(U):
                 ok = key_ok[u] != 0
@@ -846,7 +862,7 @@ def decode_kernel(cfg):
     acc_t = compute_type(dtype)
     assert not cfg.VEC or CHUNK * (1 if KV_FP8 else dtype.itemsize) == 16, \
         "a VEC chunk is one 16-byte load"
-    assert cfg.VEC or not KV_FP8, "an e4m3 cache is read 16 bytes at a time"
+    assert not KV_FP8 or CHUNK % 4 == 0, "an e4m3 cache is read in 32-bit words"
     assert U <= 2, "a key's slot carries into the next table entry at most once"
     assert ROWS & (ROWS - 1) == 0 and ROWS <= LANES, "the reduce-scatter gives each row a lane"
     # GATHER: a warp's GW groups take KW keys a step; its WARP lanes resolve BS steps' keys at
@@ -1114,7 +1130,7 @@ def cache_views(dtype, VEC, k_rows, v_rows):
     as they are, except bfloat16 with 16-byte loads (``VEC``): ``float32`` ``[rows, d / 2]``
     views of the words (no copy; the kernel splits each float32's bits into its two bfloat16),
     and an e4m3 cache (1-byte elements, ``KV_FP8``): ``float32`` ``[rows, d / 4]`` views."""
-    if VEC and (is_bfloat16(dtype) or np.dtype(k_rows.dtype).itemsize == 1):
+    if (VEC and is_bfloat16(dtype)) or np.dtype(k_rows.dtype).itemsize == 1:
         return k_rows.view(np.float32), v_rows.view(np.float32)
     return k_rows, v_rows
 
@@ -1127,7 +1143,7 @@ def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=(), KV_FP8=False):
     acc_np = acc_dtype(dtype)
     acc_t = compute_type(dtype)
     i32 = types.int32
-    cache_t = (numba_array_type(np.float32, 2) if VEC and (is_bfloat16(dtype) or KV_FP8)
+    cache_t = (numba_array_type(np.float32, 2) if (VEC and is_bfloat16(dtype)) or KV_FP8
                else numba_array_type(dtype, 2))
     user = (types.Array(types.int8, 4, "C"),) + tuple(aux) if aux else ()
     return (numba_array_type(dtype, 4), cache_t, cache_t,

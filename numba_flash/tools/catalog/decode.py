@@ -32,7 +32,8 @@ def split_kv_configs():
                                       SOFTCAP=softcap, ALIBI=alibi, USER=fns,
                                       OWN_V=own_v is not None, KV_FP8=kv_fp8, GATHER=gather)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
-        tag += ("" if vec else " element loads") + ("" if paged else " contiguous")
+        tag += ("" if vec else " word loads" if kv_fp8 else " element loads")
+        tag += "" if paged else " contiguous"
         tag += "" if user is None else " score_mod mask_mod"
         tag += "" if own_v is None else f" {own_v}"
         tag += " e4m3 cache" if kv_fp8 else ""
@@ -74,6 +75,8 @@ def split_kv_configs():
     # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
     # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
     yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
+    # the same over an e4m3 latent cache: 32-bit words of 4 values (576 = 144 words)
+    yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512", kv_fp8=True)
 
 
 def _user_config():
