@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backend import on_simulator
 from .kernel_choice import cuda_cc
-from .validate import ATTENTION_DTYPES, array_info, check_array
+from .validate import ATTENTION_DTYPES, array_info, array_module, check_array, is_device_array
 
 try:  # ml_dtypes is a dependency (bfloat16 on the host); guard the names for older versions
     import ml_dtypes
@@ -40,19 +40,28 @@ FP8_MIN_CC = (8, 9)
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
-def cache_dtype_as_given(name, dtype, kv_cache_dtype):
+def cache_dtype_as_given(name, dtype, kv_cache_dtype, flag="kv_cache_dtype"):
     """The cache's element type with ``kv_cache_dtype`` applied: ``"fp8_e4m3"`` reads a uint8
     (or e4m3) cache as e4m3; ``"auto"`` keeps it.  ``ValueError`` / ``TypeError`` name the
-    argument."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype: expected one of {KV_CACHE_DTYPES}, got "
-                         f"{kv_cache_dtype!r}")
+    argument (``flag``: the option's name, ``qkv_dtype`` for the forward's inputs)."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"{flag}: expected one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
     if kv_cache_dtype == "auto":
         return dtype
     if np.dtype(dtype) not in (np.dtype(np.uint8), E4M3):
         raise TypeError(f"{name}: expected uint8 (or float8_e4m3fn) with "
-                        f"kv_cache_dtype='fp8_e4m3', got {np.dtype(dtype).name}")
+                        f"{flag}='fp8_e4m3', got {np.dtype(dtype).name}")
     return E4M3
+
+
+def fp8_inputs(named, qkv_dtype):
+    """Whether a forward's ``q``, ``k``, ``v`` (``{name: array}``) take the fp8 path: any of them
+    e4m3, or ``qkv_dtype="fp8_e4m3"`` (each then uint8 or e4m3: how a CuPy array, which has no
+    fp8 dtype, carries e4m3 bytes; a ``TypeError`` names the one that is not).  A bad
+    ``qkv_dtype`` is a ``ValueError`` naming it."""
+    given = [cache_dtype_as_given(n, array_info(n, x)[1], qkv_dtype, "qkv_dtype")
+             for n, x in named.items()]
+    return any(is_e4m3(dt) for dt in given)
 
 
 def check_cache_array(name, x, kv_cache_dtype):
@@ -109,9 +118,12 @@ def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, d_v, d_v_name="v_cache"):
 
 def check_descales(named, b, hkv, fp8):
     """FA3's descale factors ``{name: array or None}`` for ``(k, v)``: each float32 ``[B, Hkv]``
-    (host), only with e4m3 inputs.  Returns the kernels' ``[len(named), B, Hkv]`` float32
-    array (ones where None), or None without e4m3."""
-    out = np.ones((len(named), b, hkv), np.float32)
+    (NumPy, or device arrays: FA3's CUDA tensors; read on the device, never copied to the
+    host), only with e4m3 inputs.  Returns the kernels' ``[len(named), B, Hkv]`` float32 array
+    (ones where None; a CuPy array when a descale is a device array), or None without e4m3."""
+    device = [x for x in named.values() if x is not None and is_device_array(x)]
+    xp = array_module(device[0]) if device else np
+    out = xp.ones((len(named), b, hkv), np.float32)
     for i, (name, x) in enumerate(named.items()):
         if x is None:
             continue
@@ -119,13 +131,10 @@ def check_descales(named, b, hkv, fp8):
             raise ValueError(f"{name}: expected None without e4m3 inputs (a descale factor "
                              f"scales fp8 values), got an array")
         shape, dtype = array_info(name, x)
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name}: expected a NumPy array (host descales), got "
-                            f"{type(x).__name__}")
         if dtype != np.float32:
             raise TypeError(f"{name}: expected dtype float32, got {dtype}")
         if tuple(shape) != (b, hkv):
             raise ValueError(f"{name}: expected shape ({b}, {hkv}) = [B, Hkv], got "
                              f"{tuple(shape)}")
-        out[i] = x
+        out[i] = xp.asarray(x)
     return out if fp8 else None

@@ -18,8 +18,7 @@ from ..kernels.forward.config import (
 )
 from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
 from ..frontend.sparse import sparse_forward
-from ..frontend.fp8 import is_e4m3
-from ..frontend.validate import array_info
+from ..frontend.fp8 import fp8_inputs
 
 
 def _tensor_core_launch(choice):
@@ -33,7 +32,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
             aux_tensors=(), learnable_sink=None, kv_indices=None, q_descale=None,
-            k_descale=None, v_descale=None, out_dtype=None):
+            k_descale=None, v_descale=None, out_dtype=None, qkv_dtype="auto"):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -117,9 +116,12 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     k8^T) q_descale k_descale softmax_scale``, ``o = P v8 v_descale``; causal, window, softcap,
     ALiBi, GQA, sinks and the user's functions (:mod:`numba_flash.ops.forward_fp8`:
     ``mma.sync.m16n8k32``, sm_89+; ``kernel="wgmma"``: Hopper's e4m3 warpgroup build, sm_90a,
-    d = 64, 128, 256).
+    d = 64, 128, 256).  ``qkv_dtype="fp8_e4m3"`` (default ``"auto"``: the arrays' own dtype):
+    uint8 ``q``, ``k``, ``v`` read as e4m3 bytes, the form a CuPy array (no fp8 dtype) or a
+    CUDA ``torch.float8_e4m3fn`` tensor's bytes carry them in; the descales may then be device
+    arrays too.
     """
-    if any(is_e4m3(array_info(n, x)[1]) for n, x in (("q", q), ("k", k), ("v", v))):
+    if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
         # front end routes between ops, no op imports another
         forward_fp8 = importlib.import_module("numba_flash.ops.forward_fp8").forward_fp8
@@ -127,7 +129,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
                            return_lse=return_lse, window_size=window_size, softcap=softcap,
                            alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
                            kernel=kernel, q_descale=q_descale, k_descale=k_descale,
-                           v_descale=v_descale, out_dtype=out_dtype, dropout_p=dropout_p,
+                           v_descale=v_descale, out_dtype=out_dtype, qkv_dtype=qkv_dtype,
+                           dropout_p=dropout_p,
                            block_m=block_m, block_n=block_n, score_mod=score_mod,
                            mask_mod=mask_mod, block_mask=block_mask, aux_tensors=aux_tensors,
                            kv_indices=kv_indices)

@@ -57,6 +57,12 @@ class _Shape(NamedTuple):
 
 
 
+def _input_dtypes(qkv_dtype):
+    """The dtypes ``q``, ``k``, ``v`` may have: e4m3, and uint8 (its bytes) under
+    ``qkv_dtype="fp8_e4m3"`` (:func:`~numba_flash.frontend.fp8.fp8_inputs` checked the value)."""
+    return (E4M3,) + ((np.dtype(np.uint8),) if qkv_dtype == "fp8_e4m3" else ())
+
+
 def _out_dtype(out_dtype):
     """The output element type's name: None -> ``"bfloat16"``; a name or a NumPy dtype in
     :data:`FP8_OUT_DTYPES`, else a ``ValueError`` naming ``out_dtype``."""
@@ -74,7 +80,7 @@ def _out_dtype(out_dtype):
 
 def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, softcap,
                 alibi_slopes, learnable_sink, kernel, q_descale, k_descale, v_descale,
-                out_dtype, kv_indices=None, **not_fp8):
+                out_dtype, kv_indices=None, qkv_dtype="auto", **not_fp8):
     """:func:`numba_flash.forward` on e4m3 inputs (the module docstring); ``not_fp8``: the
     options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS`, each a
     ``ValueError`` naming it when set."""
@@ -86,7 +92,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     if not isinstance(kernel, str) or kernel not in FP8_KERNELS:
         raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs, got "
                          f"{kernel!r}")
-    s = check_qkv(q, k, v, dtypes=(E4M3,))
+    s = check_qkv(q, k, v, dtypes=_input_dtypes(qkv_dtype))
     if s.d % 32 or s.d > 256:
         raise ValueError(f"q: expected a head dim that is a multiple of 32 up to 256 for e4m3 "
                          f"inputs (one m16n8k32 k-step is 32 values), got {s.d}")
@@ -143,7 +149,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
 def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                        causal, window_size, softcap, alibi_slopes, softmax_scale, return_lse,
                        learnable_sink, kernel, q_descale, k_descale, v_descale, out_dtype,
-                       block_table, kv_indices, validate=None, **not_fp8):
+                       block_table, kv_indices, validate=None, qkv_dtype="auto", **not_fp8):
     """:func:`numba_flash.forward_varlen` on e4m3 ``q [total_q, H, d]``, ``k``, ``v [total_k,
     Hkv, d]`` with FA3's descales per sequence and kv head (``[B, Hkv]``, ``B`` the number of
     sequences): ``o [total_q, H, d]`` in ``out_dtype``, ``lse [H, total_q]`` float32.  Each
@@ -170,15 +176,16 @@ def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max
     if validate is not None:
         check_bool("validate", validate)
     paged = block_table is not None
-    (total_q, h, d), _ = check_array("q", q, 3, (E4M3,))
+    dtypes = _input_dtypes(qkv_dtype)
+    (total_q, h, d), _ = check_array("q", q, 3, dtypes)
     if paged:   # caches [num_blocks, Hkv, block_size, d]; cu_seqlens_k counts keys
-        (n_blocks, hkv, block_size, _dk), _ = check_array("k", k, 4, (E4M3,))
+        (n_blocks, hkv, block_size, _dk), _ = check_array("k", k, 4, dtypes)
         want_v = (n_blocks, hkv, block_size, _dk)
         total_k = cumulative_total("cu_seqlens_k", cu_seqlens_k)
     else:
-        (total_k, hkv, _dk), _ = check_array("k", k, 3, (E4M3,))
+        (total_k, hkv, _dk), _ = check_array("k", k, 3, dtypes)
         want_v = (total_k, hkv, _dk)
-    vs, _ = check_array("v", v, len(want_v), (E4M3,))
+    vs, _ = check_array("v", v, len(want_v), dtypes)
     if tuple(vs) != want_v:
         raise ValueError(f"v: expected shape {want_v} (k's), got {tuple(vs)}")
     cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q,
@@ -220,7 +227,7 @@ def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max
                              window_size=window_size, softcap=softcap, alibi_slopes=slopes,
                              learnable_sink=learnable_sink, kernel=kernel,
                              q_descale=descale[0, i:i + 1], k_descale=descale[1, i:i + 1],
-                             v_descale=descale[2, i:i + 1], out_dtype=out)
+                             v_descale=descale[2, i:i + 1], out_dtype=out, qkv_dtype=qkv_dtype)
         o[q0:q1] = oi[0].transpose(1, 0, 2)
         lse[:, q0:q1] = li[0]
     return (o, lse) if return_lse else o

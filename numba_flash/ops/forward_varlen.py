@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..frontend.cache_args import check_prefill_table, cumulative_total, validate_prefill_table
-from ..frontend.fp8 import is_e4m3
+from ..frontend.fp8 import fp8_inputs
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
@@ -105,7 +105,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    block_table=None, validate=None, score_mod=None, mask_mod=None,
                    block_mask=None, aux_tensors=(), learnable_sink=None, kv_indices=None,
                    kernel="auto", q_descale=None, k_descale=None, v_descale=None,
-                   out_dtype=None):
+                   out_dtype=None, qkv_dtype="auto"):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -178,10 +178,11 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     ``out_dtype`` and ``kernel`` (``"auto"`` / ``"mma"``, or ``"wgmma"`` for Hopper's e4m3
     build), causal, window, softcap, ALiBi, GQA and sinks, packed or paged (the prefill over an
     e4m3 cache: each sequence's keys gathered through its table row); one launch a sequence
-    (:func:`numba_flash.ops.forward_fp8.forward_varlen_fp8`).  ``kernel`` is ``"auto"``
-    otherwise.
+    (:func:`numba_flash.ops.forward_fp8.forward_varlen_fp8`); ``qkv_dtype="fp8_e4m3"``: uint8
+    inputs read as e4m3 (CuPy's form, as :func:`numba_flash.forward`'s).  ``kernel`` is
+    ``"auto"`` otherwise.
     """
-    if any(is_e4m3(array_info(n, x)[1]) for n, x in (("q", q), ("k", k), ("v", v))):
+    if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # fp8 (FA3's API, as numba_flash.forward's): the fp8 op, imported by name (no op
         # imports another)
         fp8 = importlib.import_module("numba_flash.ops.forward_fp8").forward_varlen_fp8
@@ -190,7 +191,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
                    return_lse=return_lse, learnable_sink=learnable_sink, kernel=kernel,
                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                   out_dtype=out_dtype, block_table=block_table, kv_indices=kv_indices,
+                   out_dtype=out_dtype, qkv_dtype=qkv_dtype, block_table=block_table,
+                   kv_indices=kv_indices,
                    validate=validate, dropout_p=dropout_p, score_mod=score_mod, mask_mod=mask_mod,
                    block_mask=block_mask, aux_tensors=aux_tensors)
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale),

@@ -21,8 +21,9 @@ Also :func:`flash_attn_with_kvcache` and ``flash_attn_varlen_func(..., block_tab
 float16, bfloat16, float32 and float64 tensors (bfloat16 reaches the kernels as its 16-bit words:
 no copy), and FlashAttention-3's fp8: ``torch.float8_e4m3fn`` ``q``, ``k``, ``v`` with
 ``q_descale``, ``k_descale``, ``v_descale`` in :func:`flash_attn_func` (its packed forms and
-:func:`flash_attn_varlen_func` too; ``out`` bfloat16, forward only, CPU tensors so far:
-:mod:`numba_flash.torch.fp8`) and an e4m3 KV cache in :func:`flash_attn_with_kvcache`.
+:func:`flash_attn_varlen_func` too; ``out`` bfloat16, forward only; CUDA tensors by the CPU
+ones' route, not yet run on a GPU: :mod:`numba_flash.torch.fp8`) and an e4m3 KV cache in
+:func:`flash_attn_with_kvcache`.
 Needs ``torch>=2.4``: torch first (its CPU build on a machine without a GPU, ``pip install
 'torch==2.13.*' --index-url https://download.pytorch.org/whl/cpu``), then ``pip install
 '.[torch]'`` in the numba_flash clone (it is not on PyPI; the README's "PyTorch" section).

@@ -5,8 +5,8 @@
   A bfloat16 tensor (which NumPy cannot hold) is viewed as its int16 words and those as
   ``ml_dtypes.bfloat16`` (still zero copy); a bfloat16 result goes back the same way.  A
   ``float8_e4m3fn`` tensor (``.numpy()`` refuses it) is viewed as its bytes and those as
-  ``ml_dtypes.float8_e4m3fn`` (zero copy; CPU only: CUDA fp8 tensors are refused by the
-  callers, CuPy having no fp8 dtype).
+  ``ml_dtypes.float8_e4m3fn`` (zero copy); the fp8 callers pass :func:`fp8_bytes` instead,
+  uint8 on either device (CuPy has no fp8 dtype), with the front end's ``"fp8_e4m3"`` flag.
 * CUDA tensors become CuPy views through ``__cuda_array_interface__`` (zero copy), and the
   kernels run on the tensor's device on torch's current stream there: :func:`on_device` makes
   that stream CuPy's current stream, which numba_flash launches on.  Results come back through
@@ -28,7 +28,7 @@ import torch
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-#: torch's e4m3 (an fp8 KV cache, FA3's fp8 q / k / v; CPU tensors only so far)
+#: torch's e4m3 (an fp8 KV cache, FA3's fp8 q / k / v)
 E4M3_TORCH = getattr(torch, "float8_e4m3fn", None)
 
 
@@ -49,6 +49,13 @@ def as_array(t):
 
     a = cupy.asarray(t)
     return a.view(BFLOAT16) if bf16 else a
+
+
+def fp8_bytes(t):
+    """A ``float8_e4m3fn`` tensor's bytes as a zero-copy uint8 NumPy (CPU) or CuPy (CUDA) view,
+    same shape and strides: the form the front end reads as e4m3 under ``qkv_dtype`` /
+    ``kv_cache_dtype="fp8_e4m3"`` (CuPy has no fp8 dtype; one path for both devices)."""
+    return as_array(t.view(torch.uint8))
 
 
 def optional_array(t):

@@ -7,9 +7,10 @@ The stored values times their descales are the real ones (FA3's meaning): the sc
 k8^T) * q_descale * k_descale * softmax_scale`` and ``out = (P v8) * v_descale``, each descale
 float32 ``(batch_size, nheads_k)`` (one factor per sequence and kv head; None: 1).  ``out`` is
 bfloat16 (FA3's output type for fp8 inputs), ``softmax_lse`` float32.  The call is
-:func:`numba_flash.forward` / :func:`numba_flash.forward_varlen` on e4m3 NumPy views of the
-tensors' bytes (``t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)``: no copy, nothing
-written), so the head dim (a multiple of 32 up to 256), the descales' dtype and shape and the
+:func:`numba_flash.forward` / :func:`numba_flash.forward_varlen` on the tensors' bytes (uint8
+NumPy or CuPy views, ``t.view(torch.uint8)``: no copy, nothing written) with
+``qkv_dtype="fp8_e4m3"``, one route for CPU and CUDA tensors (the CUDA one has not run on a
+GPU), so the head dim (a multiple of 32 up to 256), the descales' dtype and shape and the
 options the fp8 kernels refuse (``dropout_p > 0``) are the front end's checks and messages
 (docs/fp8.md).  Causal, ``window_size``, ``softcap``, ``alibi_slopes``, GQA/MQA and
 ``learnable_sink`` work as with 16-bit inputs.
@@ -17,9 +18,9 @@ options the fp8 kernels refuse (``dropout_p > 0``) are the front end's checks an
 Forward only, as FA3's fp8 path: the call runs when inputs require grad (in grad mode too), and
 a backward through its output raises ``NotImplementedError``.  Not taken here, each a
 ``TypeError`` / ``ValueError`` naming the argument before anything runs: ``float8_e5m2`` (and
-the other fp8 formats), a mix of fp8 and another dtype, CUDA fp8 tensors (not built: CuPy has
-no fp8 dtype), FlashAttention-4's variant arguments, ``gather_kv_indices`` and ``block_table``
-(the NumPy front end takes the first and the last on e4m3; this path does not pass them yet).
+the other fp8 formats), a mix of fp8 and another dtype, FlashAttention-4's variant arguments,
+``gather_kv_indices`` and ``block_table`` (the NumPy front end takes the first and the last on
+e4m3; this path does not pass them yet).
 Descales with 16-bit inputs reach the NumPy front end, whose ``ValueError`` ("q_descale:
 expected None without e4m3 inputs") the caller gets unchanged.  Eager mode: this path has no
 ``torch.library`` custom op, and ``torch.compile`` over it is untested.
@@ -107,17 +108,15 @@ def _refuse(q, variant, gather_kv_indices):
                          f"{type(variant.get(given[0], gather_kv_indices)).__name__}")
 
 
-def _device(named):
-    """The call's device (:func:`numba_flash.torch.checks.check_device`); CUDA fp8 tensors are
-    refused (a ``ValueError`` naming the first fp8 one)."""
-    device = checks.check_device(named)
-    if device.type != "cpu":
-        name = next((n for n, x in named.items()
-                     if isinstance(x, torch.Tensor) and x.dtype == E4M3), next(iter(named)))
-        raise ValueError(f"{name}: expected a CPU tensor for fp8 inputs (CUDA float8_e4m3fn "
-                         f"tensors are not built yet: CuPy has no fp8 dtype), got one on "
-                         f"{device}")
-    return device
+def _inputs(tensors, heads_first):
+    """``(arrays, qkv_dtype)`` for the front end: e4m3 tensors as their bytes
+    (:func:`~numba_flash.torch.bridge.fp8_bytes`, CPU or CUDA) with ``"fp8_e4m3"``; 16-bit
+    ones (descales given: the front end refuses those) as they are, ``"auto"``."""
+    fp8 = tensors[0].dtype == E4M3
+    arrays = [bridge.fp8_bytes(x) if fp8 else bridge.as_array(x) for x in tensors]
+    if heads_first:
+        arrays = [a.transpose(0, 2, 1, 3) for a in arrays]
+    return arrays, "fp8_e4m3" if fp8 else "auto"
 
 
 class Fp8ForwardFunc(torch.autograd.Function):
@@ -162,13 +161,15 @@ def fp8_dense(q, k, v, names, descales, dropout_p, softmax_scale, causal, window
                                 deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, qs[2])
-    device = _device({names[0]: q, names[1]: k, names[2]: v, **descales,
-                      "alibi_slopes": alibi_slopes, "learnable_sink": learnable_sink})
+    device = checks.check_device({names[0]: q, names[1]: k, names[2]: v, **descales,
+                                  "alibi_slopes": alibi_slopes,
+                                  "learnable_sink": learnable_sink})
 
     def run():
+        arrays, qkv_dtype = _inputs((q, k, v), heads_first=True)
         with bridge.on_device(device):
             o, lse = numba_flash.forward(
-                *(bridge.as_heads_first(x) for x in (q, k, v)), causal=opts.causal,
+                *arrays, qkv_dtype=qkv_dtype, causal=opts.causal,
                 softmax_scale=opts.softmax_scale, return_lse=True, dropout_p=opts.dropout_p,
                 window_size=opts.window_size, softcap=opts.softcap,
                 alibi_slopes=bridge.optional_array(alibi_slopes),
@@ -206,14 +207,17 @@ def fp8_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                 deterministic, return_attn_probs)
     checks.check_alibi(alibi_slopes)
     checks.check_sink(learnable_sink, qs[1])
-    device = _device({names[0]: q, names[1]: k, names[2]: v, names[3]: cu_seqlens_q,
-                      names[4]: cu_seqlens_k, **descales, "alibi_slopes": alibi_slopes,
-                      "learnable_sink": learnable_sink})
+    device = checks.check_device({names[0]: q, names[1]: k, names[2]: v,
+                                  names[3]: cu_seqlens_q, names[4]: cu_seqlens_k, **descales,
+                                  "alibi_slopes": alibi_slopes,
+                                  "learnable_sink": learnable_sink})
 
     def run():
+        arrays, qkv_dtype = _inputs((q, k, v), heads_first=False)
         with bridge.on_device(device):
             o, lse = numba_flash.forward_varlen(
-                *(bridge.as_array(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
+                *arrays, bridge.as_array(cu_seqlens_q), bridge.as_array(cu_seqlens_k),
+                qkv_dtype=qkv_dtype,
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=opts.causal,
                 softmax_scale=opts.softmax_scale, return_lse=True, dropout_p=opts.dropout_p,
                 window_size=opts.window_size, softcap=opts.softcap,

@@ -117,10 +117,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
       the first ``head_dim_v`` columns of ``k_cache`` (one latent cache, ``headdim`` up to 576;
       no ``k``, ``v``; :func:`numba_flash.decode`, whose tensor-core kernel it runs for
       float16 / bfloat16 head dims that are multiples of 64).
-    * an fp8 cache (FA3's keywords): ``k_cache``, ``v_cache`` ``torch.float8_e4m3fn`` (CPU
-      tensors so far) beside a float16 / bfloat16 / float32 ``q``, ``k``, ``v``; ``k_descale``,
-      ``v_descale`` float32 ``(batch_size, nheads_k)`` (None: 1); ``q_descale`` must be None
-      (``q`` is not fp8 here).  :func:`numba_flash.decode`'s e4m3 cache.
+    * an fp8 cache (FA3's keywords): ``k_cache``, ``v_cache`` ``torch.float8_e4m3fn`` beside a
+      float16 / bfloat16 / float32 ``q``, ``k``, ``v``; ``k_descale``, ``v_descale`` float32
+      ``(batch_size, nheads_k)`` (None: 1); ``q_descale`` must be None (``q`` is not fp8
+      here); MLA's latent cache in e4m3 (``v_cache=None``: ``k_descale`` scales both).
+      :func:`numba_flash.decode`'s e4m3 cache, the tensors passed as their bytes with
+      ``kv_cache_dtype="fp8_e4m3"`` (CPU or CUDA alike; the CUDA path has not run on a GPU).
 
     Returns ``out (batch_size, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse``
     also ``softmax_lse (batch_size, nheads, seqlen_q)`` (float32; float64 for float64; ``-inf``
@@ -180,10 +182,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if q_descale is not None:
         raise ValueError("q_descale: expected None (q is float16, bfloat16 or float32 here; only "
                          "the cache is fp8), got a tensor")
-    if fp8 and k_cache.device.type != "cpu":
-        raise TypeError("k_cache: expected a CPU tensor for an fp8 cache (CUDA float8_e4m3fn "
-                        "caches are not built yet), got a tensor on "
-                        f"{k_cache.device}")
+    if fp8:   # the caches as their bytes (any device, any strides: a view, written in place),
+        k_cache = k_cache.view(torch.uint8)     # read as e4m3 under kv_cache_dtype
+        v_cache = None if v_cache is None else v_cache.view(torch.uint8)
     capacity = ks[1] * (block_table.shape[1] if paged else 1)
     seqlens = _seqlens(cache_seqlens, qs[0], capacity, q.device)
     device = checks.check_device({**named, **ints, "cache_seqlens": seqlens,
@@ -212,7 +213,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
             cache_leftpad=arr(cache_leftpad),
             learnable_sink=arr(learnable_sink), head_dim_v=head_dim_v,
-            k_descale=arr(k_descale), v_descale=arr(v_descale))
+            k_descale=arr(k_descale), v_descale=arr(v_descale),
+            kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
         out = bridge.seq_first(o, device)
         lse = bridge.to_tensor(lse, device)
     for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):

@@ -271,3 +271,32 @@ def test_fp8_paged_prefill_equals_the_packed_call(rng, kernel):
     bad[1, 3] = n_blocks
     with pytest.raises(ValueError, match="^block_table: expected the entries holding"):
         numba_flash.forward_varlen(q, k_cache, v_cache, cu_q, cu_k, block_table=bad, **kw)
+
+
+def test_uint8_inputs_with_qkv_dtype_fp8_e4m3(rng):
+    """``qkv_dtype="fp8_e4m3"``: uint8 q, k, v (how a CuPy array or a CUDA float8 tensor's
+    bytes carry e4m3) read as e4m3, bit for bit the float8_e4m3fn call, forward and varlen;
+    "auto" keeps uint8 out, a bad value or a 16-bit input under the flag is named."""
+    q, k, v, scales = fp8_inputs(rng, h=2, hkv=1, nq=12, nk=21, d=32)
+    call = dict(q_descale=scales[0], k_descale=scales[1], v_descale=scales[2], causal=True,
+                return_lse=True)
+    want = numba_flash.forward(q, k, v, **call)
+    got = numba_flash.forward(*(x.view(np.uint8) for x in (q, k, v)), qkv_dtype="fp8_e4m3",
+                              **call)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8))
+    cu = np.array([0, 12], np.int32), np.array([0, 21], np.int32)
+    packed = [x[0].transpose(1, 0, 2).copy() for x in (q, k, v)]
+    want = numba_flash.forward_varlen(*packed, *cu, max_seqlen_q=12, max_seqlen_k=21, **call)
+    got = numba_flash.forward_varlen(*(x.view(np.uint8) for x in packed), *cu, max_seqlen_q=12,
+                                     max_seqlen_k=21, qkv_dtype="fp8_e4m3", **call)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8))
+    u8 = [x.view(np.uint8) for x in (q, k, v)]
+    with pytest.raises(TypeError, match="^q: expected dtype in"):
+        numba_flash.forward(*u8)
+    with pytest.raises(ValueError, match="^qkv_dtype: expected one of \\('auto', 'fp8_e4m3'\\)"):
+        numba_flash.forward(*u8, qkv_dtype="e4m3")
+    with pytest.raises(TypeError, match="^k: expected uint8 \\(or float8_e4m3fn\\) with "
+                                        "qkv_dtype='fp8_e4m3', got float16"):
+        numba_flash.forward(u8[0], k.astype(np.float16), u8[2], qkv_dtype="fp8_e4m3")

@@ -135,3 +135,32 @@ def test_bfloat16_cupy_in_and_out_matches_numpy(cp, rng, kernel):
     for a, b in zip(g, g_np):
         assert a.dtype == bf16
         np.testing.assert_array_equal(a.get().view(np.uint16), b.view(np.uint16))
+
+
+def test_fp8_forward_and_decode_cupy_uint8(cp, rng):
+    """e4m3 on CuPy (no fp8 dtype): uint8 q, k, v with qkv_dtype="fp8_e4m3" and device
+    descales, and a uint8 cache with kv_cache_dtype="fp8_e4m3": the NumPy e4m3 calls' bits."""
+    from ml_dtypes import float8_e4m3fn
+
+    q, k, v = (rng.standard_normal(s).astype(float8_e4m3fn)
+               for s in ((1, 4, 40, 64), (1, 2, 70, 64), (1, 2, 70, 64)))
+    scales = [rng.uniform(0.5, 2.0, (1, 2)).astype(np.float32) for _ in range(3)]
+    names = ("q_descale", "k_descale", "v_descale")
+    want = numba_flash.forward(q, k, v, causal=True, return_lse=True, out_dtype="float16",
+                               **dict(zip(names, scales)))
+    got = numba_flash.forward(*(cp.asarray(x.view(np.uint8)) for x in (q, k, v)),
+                              qkv_dtype="fp8_e4m3", causal=True, return_lse=True,
+                              out_dtype="float16",
+                              **{n: cp.asarray(s) for n, s in zip(names, scales)})
+    for g, w in zip(got, want):
+        assert isinstance(g, cp.ndarray)
+        np.testing.assert_array_equal(g.get(), w)
+    lens = np.array([70], np.int32)
+    qd = randn(rng, (1, 4, 64), np.float16)
+    want = numba_flash.decode(qd, k, v, cache_seqlens=lens, k_descale=scales[1],
+                              v_descale=scales[2])
+    got = numba_flash.decode(cp.asarray(qd), cp.asarray(k.view(np.uint8)),
+                             cp.asarray(v.view(np.uint8)), cache_seqlens=cp.asarray(lens),
+                             kv_cache_dtype="fp8_e4m3", k_descale=cp.asarray(scales[1]),
+                             v_descale=cp.asarray(scales[2]))
+    np.testing.assert_array_equal(got.get(), want)

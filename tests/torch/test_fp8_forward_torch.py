@@ -227,10 +227,17 @@ def test_descales_without_fp8_inputs_are_the_front_ends_error(gen, no_launch):
     assert str(got.value) == str(numpy_call.value)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_fp8_is_refused(gen):
-    """CUDA float8_e4m3fn tensors are not built: a ValueError naming q (in the simulator, the
-    device check's own ValueError naming q)."""
-    q, k, v, qd, kd, vd = (x.cuda() for x in _small(gen))
-    with pytest.raises(ValueError, match="^q: "):
-        flash_attn_func(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd)
+def test_cuda_fp8_matches_the_cpu_call(gen):
+    """CUDA float8_e4m3fn tensors and descales (their bytes as CuPy uint8 with
+    qkv_dtype="fp8_e4m3", the CPU path's route): the CPU call's bits, on the same GPU."""
+    pytest.importorskip("cupy")
+    q, k, v, qd, kd, vd = _small(gen)
+    want, want_lse, _ = flash_attn_func(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd,
+                                        return_attn_probs=True)
+    got, lse, _ = flash_attn_func(*(x.cuda() for x in (q, k, v)), q_descale=qd.cuda(),
+                                  k_descale=kd.cuda(), v_descale=vd.cuda(),
+                                  return_attn_probs=True)
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), want) and torch.equal(lse.cpu(), want_lse)

@@ -71,3 +71,39 @@ def test_fp8_arguments_are_checked(gen):
         flash_attn_with_kvcache(q, k_cache, v_cache.to(torch.float16), **call)
     with pytest.raises(ValueError, match=r"k_descale: expected shape \(2, 2\)"):
         flash_attn_with_kvcache(q, k_cache, v_cache, k_descale=kd[:, :1], **call)
+
+
+def test_latent_fp8_cache_matches_the_numpy_call(gen):
+    """MLA's absorbed decode over an e4m3 latent cache (v_cache=None, head_dim_v; k_descale
+    scales keys and values): the NumPy call's bits."""
+    q, k_cache, _, table, lens, kd, _ = _case(gen, hkv=1, h=4, d=48)
+    out, lse = flash_attn_with_kvcache(q, k_cache, None, cache_seqlens=lens, block_table=table,
+                                       k_descale=kd[:, :1], head_dim_v=32,
+                                       return_softmax_lse=True)
+    want_o, want_lse = numba_flash.decode(
+        q.numpy().transpose(0, 2, 1, 3), _np(k_cache).transpose(0, 2, 1, 3), None,
+        head_dim_v=32, cache_seqlens=lens.numpy(), block_table=table.numpy(),
+        k_descale=kd[:, :1].numpy(), return_lse=True)
+    assert out.shape == q.shape[:3] + (32,)
+    assert np.array_equal(out.numpy(), want_o.transpose(0, 2, 1, 3))
+    assert np.array_equal(lse.numpy(), want_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_fp8_cache_matches_the_cpu_call(gen):
+    """A CUDA float8_e4m3fn cache (its bytes as CuPy uint8 with kv_cache_dtype="fp8_e4m3", the
+    CPU path's route), a token appended in place: the CPU call's bits and bytes."""
+    pytest.importorskip("cupy")
+    q, k_cache, v_cache, table, lens, kd, vd = _case(gen)
+    k = torch.randn(2, 1, 2, 16, generator=gen).to(torch.float16)
+    caches = [c.clone() for c in (k_cache, v_cache)]
+    want = flash_attn_with_kvcache(q, *caches, k=k, v=k, cache_seqlens=lens, block_table=table,
+                                   k_descale=kd, v_descale=vd)
+    on_gpu = [c.cuda() for c in (k_cache, v_cache)]
+    got = flash_attn_with_kvcache(q.cuda(), *on_gpu, k=k.cuda(), v=k.cuda(),
+                                  cache_seqlens=lens.cuda(), block_table=table.cuda(),
+                                  k_descale=kd.cuda(), v_descale=vd.cuda())
+    assert torch.equal(got.cpu(), want)
+    for c, w in zip(on_gpu, caches):
+        assert torch.equal(c.cpu().view(torch.uint8), w.view(torch.uint8))
