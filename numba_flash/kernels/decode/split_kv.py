@@ -389,19 +389,24 @@ def make_key_loads(cfg):
                 if key_ok[u] != 0:
                     load_key(k_cache, v_cache, key_at[u], u, k_reg, v_reg)
         elif KV_FP8:                          # padded head dim, e4m3: 32-bit words of 4
-            for u in range(U):                # values (d, d_v multiples of 4), zero past d;
-                ok = key_ok[u] != 0           # widen() reads them as the VEC build's words
-                kv_row = key_at[u]
+            k_words = k_cache.shape[1]        # values (d, d_v multiples of 4), zero past d;
+            v_words = v_cache.shape[1]        # widen() reads them as the VEC build's words
+            for u in range(U):                # (a latent V: K's rows, d / 4 words each)
+                ok = key_ok[u] != 0
+                # the row's first word of mine once, then constant offsets (indexing [row,
+                # word] reloaded the strides and redid the 64-bit address for every word)
+                k_at = key_at[u] * k_words + (col0 >> 2)
+                v_at = key_at[u] * v_words + (col0 >> 2)
                 for j in range(DPL // 4):
                     c = col0 + COL[4 * j]     # the word's first column
                     kw = ZERO                 # (+0.0: four e4m3 zeros)
                     vw = ZERO
                     if ok and c < d:
-                        kw = k_cache[kv_row, c >> 2]
+                        kw = load_at(k_cache, k_at + (COL[4 * j] >> 2))
                         if not OWN_V:
-                            vw = v_cache[kv_row, c >> 2]
+                            vw = load_at(v_cache, v_at + (COL[4 * j] >> 2))
                     if OWN_V and ok and c < d_v:
-                        vw = v_cache[kv_row, c >> 2]
+                        vw = load_at(v_cache, v_at + (COL[4 * j] >> 2))
                     k_reg[u * DPL + j] = kw
                     v_reg[u * DPL + j] = vw
         else:                                 # padded head dim: element loads, zero past d
