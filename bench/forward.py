@@ -8,6 +8,10 @@ and a naive CuPy attention (``matmul + softmax + matmul``, skipped where its N x
 fit the memory budget) when they are installed.  Each row also gives ``max|o - ref|`` against
 torch SDPA (or CuPy) as a spot check of the result.
 
+``--dtype e4m3`` times FA3's fp8 forward (CuPy uint8 inputs with ``qkv_dtype="fp8_e4m3"``,
+``o`` float16; ``--kernel wgmma`` for the Hopper build, else ``mma.sync``) beside the peers on
+float16 copies of the same values, TFLOP/s by the same convention.
+
 ``--kernel simt|mma|wgmma|auto`` picks the kernel (``numba_flash.forward(kernel=...)``;
 ``auto``, the default, runs float16 on tensor cores on compute capability >= 8.0; ``wgmma`` the
 warpgroup forward, compute capability 9.0); each row names the kernel that ran.
@@ -77,12 +81,32 @@ def sweep(args):
     if args.d:
         ds = [int(x) for x in args.d.split(",")]
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]
-    dtypes = [np.dtype(x) for x in args.dtype.split(",")]
+    dtypes = [bench_dtype(x) for x in args.dtype.split(",")]
     for dtype in dtypes:
         for d in ds:
             for causal in causals:
                 for n in ns:
                     yield dtype, d, causal, n
+
+
+def bench_dtype(name):
+    """A ``--dtype`` entry as a NumPy dtype: ``e4m3`` is ``ml_dtypes.float8_e4m3fn`` (FA3's fp8
+    inputs, on the device as uint8 bytes with ``qkv_dtype="fp8_e4m3"``)."""
+    if name == "e4m3":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.float8_e4m3fn)
+    return np.dtype(name)
+
+
+def fp8_inputs(rng_host, shape):
+    """``(bytes, float16)``: e4m3 values of a standard normal as CuPy uint8 (ours) and the same
+    values in float16 for the peers (every e4m3 value is a float16 one)."""
+    import cupy as cp
+    import ml_dtypes
+
+    x = rng_host.standard_normal(shape, dtype=np.float32).astype(ml_dtypes.float8_e4m3fn)
+    return cp.asarray(x.view(np.uint8)), cp.asarray(x.astype(np.float16))
 
 
 WINDOWS = (128, 512, 2048)
@@ -164,15 +188,25 @@ def run_gpu(args):
             break
         b = max(1, TOKENS // n)
         rng = cp.random.default_rng(0)
-        q, k, v = (rng.standard_normal((b, HEADS, n, d), dtype=cp.float32).astype(dtype)
-                   for _ in range(3))
         scale = 1.0 / math.sqrt(d)
         flops = attention_flops(b, HEADS, n, n, d, causal=causal)
-        ours = functools.partial(numba_flash.forward, q, k, v, causal=causal, kernel=args.kernel)
+        if dtype.itemsize == 1:   # e4m3: ours on the bytes, the peers on float16 of the values
+            host = np.random.default_rng(0)
+            (q8, q), (k8, k), (v8, v) = (fp8_inputs(host, (b, HEADS, n, d)) for _ in range(3))
+            ours = functools.partial(numba_flash.forward, q8, k8, v8, causal=causal,
+                                     kernel=args.kernel, qkv_dtype="fp8_e4m3",
+                                     out_dtype="float16")
+            ran = "wgmma e4m3" if args.kernel == "wgmma" else "mma e4m3"
+        else:
+            q, k, v = (rng.standard_normal((b, HEADS, n, d), dtype=cp.float32).astype(dtype)
+                       for _ in range(3))
+            ours = functools.partial(numba_flash.forward, q, k, v, causal=causal,
+                                     kernel=args.kernel)
+            ran = kernel_ran(args, dtype)
         o = ours()
         ms = time_gpu(ours, repeat=args.repeat)
         row = {"dtype": dtype.name, "d": d, "causal": causal, "B": b, "H": HEADS, "N": n,
-               "kernel": kernel_ran(args, dtype), "ms": ms, "TFLOP/s": flops / ms / 1e9}
+               "kernel": ran, "ms": ms, "TFLOP/s": flops / ms / 1e9}
         ref_out = None
         if "torch" in have:
             fn = torch_sdpa(q, k, v, causal, scale)

@@ -299,8 +299,8 @@ def part_bench(name, dry, outdir, budget_s):
                  "--max-seconds", str(max(10, budget_s - 30))]  # stop sweeping, keep the rows
     if name == "decode":  # issue 46: the e4m3 cache's rows beside float16's (no torch peer)
         args += ["--fp8"]
-    if name == "wgmma":  # issue 33: the warpgroup forward beside torch SDPA, float16 (sm_90a)
-        args += ["--kernel", "wgmma", "--dtype", "float16"]
+    if name == "wgmma":  # issue 33: the warpgroup forward beside torch SDPA (sm_90a), float16
+        args += ["--kernel", "wgmma", "--dtype", "float16,e4m3"]   # issue 46: e4m3 too
         if not dry:
             args += ["--n", "4096", "--d", "64,128", "--max-seconds", str(max(10, budget_s - 20))]
     if name == "windowed":  # issue 14: time grows with the window, not with N (float16)
