@@ -195,8 +195,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     * ``kernel``: ``"auto"`` (default), ``"mma"`` or ``"simt"``.  The tensor-core decode
       (:mod:`numba_flash.kernels.decode.mla`: 16 heads of one query token per block share each
       read of the cache) takes float16 / bfloat16 caches with ``d`` and ``d_v`` multiples of
-      64 and no softcap, ALiBi or user functions: MLA's latent cache, or K and V caches of
-      their own.  ``"auto"`` takes it for every latent-cache call it serves and for
+      64 and no softcap, ALiBi or user functions: MLA's latent cache (e4m3 too), or K and V
+      caches of their own.  ``"auto"`` takes it for every latent-cache call it serves and for
       token-sparse calls (``kv_indices``) with at least 8 query heads a kv head (half its
       16-row tile); ``"mma"`` asks for it (a ``ValueError`` naming ``kernel`` says why it
       cannot), ``"simt"`` keeps the split-KV SIMT kernel every other call runs.
@@ -212,7 +212,9 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       capability >= 8.9; the SIMT kernel); ``k_new`` / ``v_new`` (in ``q``'s dtype) are written
       as the e4m3 of ``x / descale`` (round to nearest even, saturated to +-448).  MLA's
       latent cache in e4m3 (``v_cache=None``): ``k_descale`` scales keys and values (the same
-      bytes; ``v_descale`` must be None).  e5m2 is a ``TypeError``.  The
+      bytes; ``v_descale`` must be None); with a float16 / bfloat16 ``q`` and head dims
+      multiples of 64 the tensor-core decode (its tiles widened to 16 bits in shared memory).
+      e5m2 is a ``TypeError``.  The
       reference: :func:`numba_flash.reference.dequantize`.  ``kv_cache_dtype="fp8_e4m3"``
       (vLLM's name; default ``"auto"``): uint8 caches read as e4m3 bytes, the form a CuPy
       array (no fp8 dtype) carries them in.
@@ -330,7 +332,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
             n_cache=s.n_cache, n_slots=s.n_slots,
             lengths=lengths if s.topk is None else [s.topk] * s.b,
             lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
-            v_cache=None if s.latent else dev.v)
+            v_cache=None if s.latent else dev.v,
+            kv_descale=None if kv_descale is None else call.input(kv_descale))
     else:
         o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
@@ -599,7 +602,8 @@ def _launch_plan(s, opts, capacity):
     grid = mla = None
     if opts.mla_mma:   # MLA's tensor-core kernel: its own grid, splits and partials
         mla = _mla_plan(d, d_v, s.dtype, num_splits, b, h, hkv, nq,
-                        s.topk if gather else capacity, opts.sink, gather, not s.latent)
+                        s.topk if gather else capacity, opts.sink, gather, not s.latent,
+                        s.kv_fp8)
         n_parts = mla.n_splits if mla.partial else 0
     else:
         # [docs:decode-grid]
@@ -749,8 +753,9 @@ MMA_MIN_GROUP = 8
 
 def _mma_decode(kernel, s, softcap, alibi_slopes, variant, arrays):
     """Whether :func:`decode` runs the tensor-core decode (:mod:`numba_flash.kernels.decode.mla`,
-    16 heads of one query token a block): it takes float16 / bfloat16 (not e4m3) caches, ``d``
-    and ``d_v`` multiples of 64, no softcap, ALiBi or user functions, 16-byte aligned ``q`` and
+    16 heads of one query token a block): it takes float16 / bfloat16 caches, or an e4m3
+    latent cache beside a float16 / bfloat16 ``q`` (widened in shared memory), ``d`` and
+    ``d_v`` multiples of 64, no softcap, ALiBi or user functions, 16-byte aligned ``q`` and
     caches on a GPU.  ``kernel="auto"`` takes it for MLA's latent cache (``v_cache=None``) and
     for token-sparse calls (``kv_indices``) with a value cache of its own and at least
     :data:`MMA_MIN_GROUP` query heads a kv head; ``"mma"`` asks for it (a ValueError naming
@@ -761,8 +766,8 @@ def _mma_decode(kernel, s, softcap, alibi_slopes, variant, arrays):
         return False
     d, d_v = s.d, s.d_v
     why = None
-    if s.kv_fp8:
-        why = "float16 or bfloat16 caches (got e4m3)"
+    if s.kv_fp8 and not s.latent:
+        why = "float16 or bfloat16 caches, or an e4m3 latent cache (got e4m3 K and V caches)"
     elif np.dtype(s.dtype).name not in MMA_DTYPES:
         why = f"float16 or bfloat16 (got {np.dtype(s.dtype).name})"
     elif d % 64 or d_v % 64:
@@ -804,9 +809,9 @@ class MlaShape(NamedTuple):
 
 
 def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=False,
-              own_v=False):
+              own_v=False, kv_fp8=False):
     """The :class:`MlaPlan` of a call (a ValueError past CUDA's grid limits)."""
-    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name, gather, own_v)
+    cfg = mla_decode_config(d, d_v, np.dtype(dtype).name, gather, own_v, kv_fp8)
     split_target, split_min = split_policy(num_splits, hkv, cfg.BLOCK_N)
     n_splits = split_grid(split_target, split_min, capacity)
     grid = mla_decode_grid(b, hkv, nq, h // hkv, n_splits)
@@ -814,11 +819,13 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=F
 
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
-                    window, sink, n_cache, n_slots, lengths, lists, v_cache=None):
+                    window, sink, n_cache, n_slots, lengths, lists, v_cache=None,
+                    kv_descale=None):
     """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
     ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
     d]``; ``v_cache``: a value cache's rows ``[.., d_v]``, None for the latent cache;
-    ``lists``: the int32 ``kv_indices``, or the kernel's stand-in): the kernel, then,
+    ``lists``: the int32 ``kv_indices``, or the kernel's stand-in; ``kv_descale``: an e4m3
+    latent cache's device ``[2, B, Hkv]`` descales, ``cache`` its bytes): the kernel, then,
     with several splits or a learnable sink, the merge of its float32 partials (which adds the
     sink once).  Returns device ``(o, lse)``."""
     b, h, hkv, nq = shape.b, shape.h, shape.hkv, shape.nq
@@ -839,6 +846,7 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
                 np.int32(n_slots), np.int32(plan.split_target), np.int32(plan.split_min),
                 np.int32(partial), lists,
                 cache.view(np.uint16) if v_cache is None else v_cache.view(np.uint16),
+                no_descale(call) if kv_descale is None else kv_descale,
                 work=SimWork("forward_mma", trips * cfg.THREADS))
     if partial:
         xp = array_module(sink) if sink is not None else np

@@ -124,7 +124,10 @@ def test_bad_fp8_arguments_are_named(rng):
     with pytest.raises(ValueError, match="v_descale: expected None with v_cache=None"):
         numba_flash.decode(q, k8, None, head_dim_v=8, v_descale=kd, **call)
     with pytest.raises(ValueError, match=r"kernel: 'mma' \(the tensor-core decode\) takes "
-                                         r"float16 or bfloat16 caches \(got e4m3\)"):
+                                         r"float16 or bfloat16 caches, or an e4m3 latent cache "
+                                         r"\(got e4m3 K and V caches\)"):
+        numba_flash.decode(q, k8, v8, kernel="mma", **call)
+    with pytest.raises(ValueError, match=r"kernel: 'mma' .* multiples of 64"):
         numba_flash.decode(q, k8, None, head_dim_v=8, kernel="mma", **call)
     with pytest.raises(TypeError, match=r"k_new: expected dtype float16 \(the dtype of q\)"):
         numba_flash.decode(q, k8, v8, k_new=k[:, :, :1].astype(np.float32),

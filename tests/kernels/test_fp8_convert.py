@@ -14,17 +14,32 @@ from numba_flash.kernels.ptx import fp8
 
 
 def _probe(words, x):
-    """``(out, bits)`` of the probe kernel: ``words`` widened, ``x`` rounded to e4m3."""
+    """``(out, bits, pairs)`` of the probe kernel: ``words`` widened (to float32, and to
+    float16 pairs), ``x`` rounded to e4m3."""
     out = cuda.to_device(np.full((words.size, 4), np.nan, np.float32))   # poisoned
     bits = cuda.to_device(np.full(x.size, 0xAA, np.uint8))   # 0xAA: -0.0703125, never expected
+    pairs = cuda.to_device(np.full((words.size, 2), 0x7E007E00, np.uint32))   # float16 NaNs
     n = max(words.size, x.size)
     fp8.e4m3_probe_kernel()[(n + 31) // 32, 32](cuda.to_device(words), out,
-                                               cuda.to_device(x.astype(np.float32)), bits)
-    return out.copy_to_host(), bits.copy_to_host()
+                                               cuda.to_device(x.astype(np.float32)), bits, pairs)
+    return out.copy_to_host(), bits.copy_to_host(), pairs.copy_to_host()
 
 
 def _widen(words):
     return _probe(words, np.zeros(0, np.float32))[0]
+
+
+@pytest.mark.parametrize("shift", [0, 2])
+def test_every_bit_pattern_to_float16_pairs(shift):
+    """e4m3x4_to_f16x2: byte i of a word is float16 i of its two pairs (lower value in the
+    lower half), bit for bit the float16 of the value (NaN: a NaN)."""
+    data = np.roll(np.arange(256, dtype=np.uint8), shift)
+    pairs = _probe(data.view(np.uint32), np.zeros(0, np.float32))[2]
+    got = pairs.reshape(-1).view(np.float16)
+    want = data.view(ml_dtypes.float8_e4m3fn).astype(np.float16)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and nan.sum() == 2
+    assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
 def _round(x):

@@ -21,6 +21,17 @@ from helpers import assert_close, randn
 from test_decode_kernel import contiguous_cache, paged_cache
 
 
+def dequantised_rows(k8, kd, table, lens):
+    """The float64 latent rows each sequence sees: its keys gathered through its table row
+    (contiguous: its own rows) times its descale, zeros past its length."""
+    n = int(max(lens))
+    out = np.zeros((len(lens), k8.shape[1], n, k8.shape[3]))
+    for i, m in enumerate(lens):
+        rows = ref.gather_paged(k8, table, m, i) if table is not None else k8[i, :, :m]
+        out[i, :, :m] = rows.astype(np.float64) * kd[i][:, None, None]
+    return out
+
+
 def latent_decode(q, cache, d_v, lens, table, **kw):
     return numba_flash.decode(q, cache, None, head_dim_v=d_v, cache_seqlens=lens,
                               block_table=table, return_lse=True, kernel="mma", **kw)
@@ -113,3 +124,56 @@ def test_kernel_choice_is_named(rng, kw, words):
     with pytest.raises(ValueError, match="^kernel: 'mma'.*e4m3"):
         numba_flash.decode(np.zeros((1, 2, 64), np.float16), e4m3, e4m3,
                            cache_seqlens=np.array([3]), kernel="mma")
+
+
+@pytest.mark.parametrize("dtype, h, hkv, nq, num_splits, d, d_v", [
+    (np.float16, 18, 1, 2, 2, 128, 64),     # two blocks of heads, two causal tokens, one warp
+    (bfloat16, 4, 2, 1, 3, 256, 128)])      # GQA, three splits, four warps
+def test_e4m3_latent_cache_on_tensor_cores(rng, dtype, h, hkv, nq, num_splits, d, d_v):
+    """An e4m3 latent cache (k_descale != 1): each tile's bytes copied into a stage, widened
+    into the 16-bit tile the GEMMs read; shuffled pages of 16 with NaN slots and spare pages
+    (never read), causal, merged splits; against the float64 decode of the dequantised cache,
+    and the SIMT kernel's answer within the same bounds."""
+    from helpers import assert_scaled_close
+    b = 2
+    lens = np.array([37, 5])
+    k, _, table = paged_cache(rng, b, hkv, d, lens, 16, np.float32)
+    k8 = k.astype(float8_e4m3fn)
+    kd = rng.uniform(0.25, 2.0, (b, hkv)).astype(np.float32)
+    q = randn(rng, (b, h, nq, d), np.float32, scale=0.3).astype(dtype)
+    o, lse = latent_decode(q, k8, d_v, lens, table, causal=True, num_splits=num_splits,
+                           k_descale=kd)
+    assert o.shape == (b, h, nq, d_v) and o.dtype == dtype
+    rows = dequantised_rows(k8, kd, table, lens)
+    want_o, want_lse = ref.paged_decode(q.astype(np.float64), rows, rows[..., :d_v], lens,
+                                        causal=True)
+    if dtype == np.float16:
+        assert_close(o, want_o, np.float16, name="o")
+    else:   # P rounded to bfloat16, as the 16-bit build
+        assert_scaled_close(np.asarray(o, np.float64), want_o, 1.6e-2, name="o")
+    assert_close(lse, want_lse, np.float32, name="lse")
+    auto = numba_flash.decode(q, k8, None, head_dim_v=d_v, cache_seqlens=lens,
+                              block_table=table, causal=True, num_splits=num_splits,
+                              k_descale=kd)
+    assert np.array_equal(np.asarray(auto).view(np.uint16), np.asarray(o).view(np.uint16))
+
+
+def test_e4m3_latent_cache_with_token_lists_on_tensor_cores(rng):
+    """DeepSeek V3.2's sparse MLA over an e4m3 latent cache: each query token's listed keys
+    (-1 entries, one past its causal edge) gathered as bytes through their pages and widened;
+    against reference.sparse_attention of the dequantised cache."""
+    b, h, d, d_v, nq, topk = 1, 8, 64, 64, 2, 20
+    lens = np.array([45])
+    k, _, table = paged_cache(rng, b, 1, d, lens, 16, np.float32)
+    k8 = k.astype(float8_e4m3fn)
+    kd = np.array([[0.75]], np.float32)
+    q = randn(rng, (b, h, nq, d), np.float32, scale=0.3).astype(np.float16)
+    lists = np.stack([rng.permutation(45)[:topk] for _ in range(nq)]).astype(np.int32)
+    lists[0, :3] = -1
+    lists[0, 3] = 44                            # past token 0's causal edge (column 43)
+    lists = lists[None, None]
+    o = numba_flash.decode(q, k8, None, head_dim_v=d_v, cache_seqlens=lens, block_table=table,
+                           causal=True, k_descale=kd, kv_indices=lists, kernel="mma")
+    rows = dequantised_rows(k8, kd, table, lens)
+    want, _ = ref.sparse_attention(q, rows, rows[..., :d_v], lists, causal=True)
+    assert_close(o, want, np.float16, name="o")

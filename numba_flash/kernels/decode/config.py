@@ -379,6 +379,9 @@ class MlaDecodeConfig:
     OWN_V: bool = False
     #: the warps sharing a block's 16 rows (:func:`mla_decode_config` picks it by the head dims)
     NUM_WARPS: int = 4
+    #: an e4m3 latent cache (not with ``OWN_V``): the stages hold the tiles' bytes
+    #: (``cp.async``), widened after each tile lands into one 16-bit tile the GEMMs read
+    KV_FP8: bool = False
 
     #: tile n + 1 is copied under tile n's math (one stage would leave the copy unoverlapped;
     #: a third 16-key tile of 576 passes 48 KiB with the partial scores)
@@ -408,8 +411,17 @@ class MlaDecodeConfig:
 
     @property
     def STAGE_BYTES(self):
-        """Bytes of a stage: the K tile, then (``OWN_V``) the V tile."""
+        """Bytes of a stage: the K tile, then (``OWN_V``) the V tile; ``KV_FP8``: the K tile's
+        e4m3 bytes (``D_QK`` a row, unpadded: only the widening reads them)."""
+        if self.KV_FP8:
+            return self.BLOCK_N * self.D_QK
         return self.BLOCK_N * (self.ROW_BYTES + (self.V_ROW_BYTES if self.OWN_V else 0))
+
+    @property
+    def WIDE_BYTES(self):
+        """``KV_FP8``: the one 16-bit key tile the stages are widened into, before the stages
+        (Q is staged through it before the loop); else 0 (the GEMMs read the stages)."""
+        return self.BLOCK_N * self.ROW_BYTES if self.KV_FP8 else 0
 
     @property
     def K_STEPS_W(self):
@@ -432,16 +444,16 @@ class MlaDecodeConfig:
         """``STAGES`` stages (Q is staged through the first before the loop), then the warps'
         partial ``S`` (float32, 16 rows each; one warp: none)."""
         sp = self.NUM_WARPS * 16 * self.SP_ROW * 4 if self.NUM_WARPS > 1 else 4
-        return self.STAGES * self.STAGE_BYTES + sp
+        return self.WIDE_BYTES + self.STAGES * self.STAGE_BYTES + sp
 
     @property
     def name(self):
         return (f"mla_decode W{self.NUM_WARPS} N{self.BLOCK_N} D{self.D_QK}/{self.D_V} "
                 f"S{self.STAGES} {self.DTYPE}{' own_v' if self.OWN_V else ''}"
-                f"{' kv_indices' if self.GATHER else ''}")
+                f"{' kv_indices' if self.GATHER else ''}{' e4m3 cache' if self.KV_FP8 else ''}")
 
 
-def mla_decode_config(d_qk, d_v, dtype="float16", gather=False, own_v=False):
+def mla_decode_config(d_qk, d_v, dtype="float16", gather=False, own_v=False, kv_fp8=False):
     """The :class:`MlaDecodeConfig` of a call: four warps and 16-key tiles, two in flight (2 x
     16 x 1168 B of keys + 6 KiB of partial scores = 42.5 KiB at 576 / 512: 32-key tiles in two
     stages would pass the 48 KiB static limit, and one stage leaves the copy unoverlapped;
@@ -457,5 +469,8 @@ def mla_decode_config(d_qk, d_v, dtype="float16", gather=False, own_v=False):
     # one warp: 32-key tiles (the per-tile copy set-up, barrier and softmax over twice the
     # keys: 368 SASS for 64 mma, the mma.sync ceiling; 2 x 32 x 544 B = 34 KiB at 128 / 128)
     block_n = 32 if warps == 1 else 16
+    # kv_fp8 (a latent cache): one 16-bit tile (18.3 KiB at 576) + two stages of bytes (2 x 9
+    # KiB) + the partial scores (6 KiB) = 42.5 KiB, as the 16-bit build's two 16-bit stages
+    assert not (kv_fp8 and own_v), "an e4m3 cache on tensor cores: MLA's latent one"
     return MlaDecodeConfig(D_QK=d_qk, D_V=d_v, BLOCK_N=block_n, DTYPE=dtype, GATHER=gather,
-                           OWN_V=own_v, NUM_WARPS=warps)
+                           OWN_V=own_v, NUM_WARPS=warps, KV_FP8=kv_fp8)

@@ -12,6 +12,9 @@ rule).  A sequence with a bad length or table entry: ``o = lse = NaN``, nothing 
 cache read.  16-bit operands, float32 accumulation and softmax; ``P`` rounded to the input type
 (as the tensor-core forward).  ``GATHER``: the keys are the token's list ``kv_indices[b, kvh or
 0, i]``, a tile's rows gathered through their pages, masked by row flags (sparse-attention.md).
+``KV_FP8``: an e4m3 latent cache (``kv_descale[0]`` folded into the scale, ``kv_descale[1]``
+into ``o``): each stage holds a tile's bytes, widened after it lands into one 16-bit tile the
+GEMMs read (:func:`make_widen_word`; exact, NaN kept).
 
 Grid / block (:class:`~numba_flash.kernels.decode.config.MlaDecodeConfig`)
 -----------------------------------------------------------------
@@ -40,7 +43,9 @@ a learnable sink once.  ``[docs: flash-decoding.md]`` (MLA) and ``[docs: tensor-
 Shared memory: ``STAGES`` key tiles of ``BLOCK_N`` rows of ``2 D_QK + 16`` bytes (``OWN_V``: each
 followed by its value tile, rows of ``2 D_V + 16`` bytes; Q is staged through the first before the
 loop), then the warps' float32 partial ``S`` (16 rows of ``SP_ROW`` words each): 42.5 KiB at 576 /
-512, 39 KiB at 256 / 256 with ``OWN_V``.
+512, 39 KiB at 256 / 256 with ``OWN_V``.  ``KV_FP8``: one 16-bit key tile (Q staged through
+it), then ``STAGES`` tiles of e4m3 rows (``D_QK`` bytes each), then the partial ``S``: 42.3 KiB
+at 576 / 512.
 """
 
 from __future__ import annotations
@@ -53,10 +58,12 @@ from numba import cuda, float32, int32, int64, uint32
 
 from ..core.common import GRID_X_MAX
 from ..core.elements import element_ops
-from ..core.jit import device_jit, kernel_jit
+from ..core.jit import device_jit, kernel_jit, static_for
 from ..mainloop.online_softmax import (
     RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax,
 )
+from ..ptx.fp8 import e4m3x4_to_f16x2, e4m3x4_to_float32
+from ..ptx.mma import mma_ops
 from ..ptx.stages import (
     LOG2E, SHARED_ALIGN, cp_async16, cp_async_commit, cp_async_wait_all,
 )
@@ -91,10 +98,12 @@ def mla_decode_grid(b, hkv, nq, group, splits):
 def make_row_copy(THREADS_PER_ROW, ROW_CHUNKS):
     """``copy_row(smem, dst_byte, src, src_elem, ok, part)``: this thread's 16-byte chunks
     ``part, part + THREADS_PER_ROW, ...`` of one ``ROW_CHUNKS``-chunk row (consecutive threads
-    on consecutive chunks: coalesced) from element ``src_elem`` of ``src`` to ``dst_byte``, by
-    ``cp.async``; zeros when not ``ok`` (nothing read)."""
-    assert ROW_CHUNKS % THREADS_PER_ROW == 0
-    PER_THREAD = ROW_CHUNKS // THREADS_PER_ROW
+    on consecutive chunks: coalesced) from element ``src_elem`` of ``src`` (16-bit elements: 8
+    a chunk) to ``dst_byte``, by ``cp.async``; zeros when not ``ok`` (nothing read).  A row
+    whose chunks the threads do not divide (an e4m3 row of 576 bytes: 36 chunks, 8 threads)
+    gives the last pass to the first threads only."""
+    PER_THREAD = -(-ROW_CHUNKS // THREADS_PER_ROW)
+    EVEN = ROW_CHUNKS % THREADS_PER_ROW == 0
 
     @_stage
     def copy_row(smem, dst_byte, src, src_elem, ok, part):
@@ -102,8 +111,9 @@ def make_row_copy(THREADS_PER_ROW, ROW_CHUNKS):
         n_bytes = 16 if ok else 0
         dst0 = dst_byte + 16 * part
         for c in range(PER_THREAD):
-            cp_async16(smem, dst0 + 16 * THREADS_PER_ROW * c, src, elem0 + 8 * THREADS_PER_ROW * c,
-                       n_bytes)
+            if EVEN or c < PER_THREAD - 1 or part + THREADS_PER_ROW * c < ROW_CHUNKS:
+                cp_async16(smem, dst0 + 16 * THREADS_PER_ROW * c, src,
+                           elem0 + 8 * THREADS_PER_ROW * c, n_bytes)
 
     return copy_row
 
@@ -114,8 +124,34 @@ def skip_copy(smem, dst_byte, src, src_elem, ok, part):
     pass
 
 
+@functools.lru_cache(maxsize=None)
+def make_widen_word(DTYPE, TPR):
+    """``widen_word(i, ctx)``, ``ctx = (smem, src, dst)``: word ``src + TPR i`` of ``smem``
+    (four e4m3) as the two 16-bit pairs at ``dst + 2 TPR i``: exact (every e4m3 value is a
+    float16 and a bfloat16 one; NaN stays NaN, a zero-filled row zeros).  float16: the two
+    ``cvt.rn.f16x2.e4m3x2`` alone; bfloat16: through float32 (``pack_bf16x2``)."""
+    _mma, pack2 = mma_ops(DTYPE)
+
+    # unsigned indices: a signed one gets Numba's negative-index fix-up (a compare, a select
+    # and a multiply-add an access: 104 IMAD in the float16 build's tile step, 36 words)
+    if DTYPE == "float16":
+        def widen_word(i, ctx):
+            smem, src, dst = ctx
+            lo, hi = e4m3x4_to_f16x2(smem[src + uint32(TPR * i)])
+            smem[dst + uint32(2 * TPR * i)] = lo
+            smem[dst + uint32(2 * TPR * i + 1)] = hi
+    else:
+        def widen_word(i, ctx):
+            smem, src, dst = ctx
+            vals = e4m3x4_to_float32(smem[src + uint32(TPR * i)])
+            smem[dst + uint32(2 * TPR * i)] = pack2(vals[0], vals[1])
+            smem[dst + uint32(2 * TPR * i + 1)] = pack2(vals[2], vals[3])
+    return widen_word
+
+
 #: the MLA decode's key-tile stages (:func:`make_mla_tile_stages`)
-MlaTileStages = namedtuple("MlaTileStages", "load_tile load_listed_tile mask_listed exchange_s")
+MlaTileStages = namedtuple("MlaTileStages",
+                           "load_tile load_listed_tile mask_listed exchange_s widen_tile")
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +169,15 @@ def make_mla_tile_stages(cfg):
     ROWS = 2                                 # a lane's rows: g and g + 8
     KEYS = BLOCK_N // 4                      # a lane's scores per row
     NEG_INF = float32(-math.inf)
-    copy_key = make_row_copy(THREADS // BLOCK_N, D_QK // 8)
+    KV_FP8 = cfg.KV_FP8
+    STAGE0 = cfg.WIDE_BYTES                  # the first stage (KV_FP8: after the 16-bit tile)
+    ROW_STAGED = D_QK if KV_FP8 else RB      # bytes of a staged key row (e4m3: unpadded)
+    ROW_ELEMS = D_QK // 2 if KV_FP8 else D_QK   # 16-bit elements of a cache row
+    copy_key = make_row_copy(THREADS // BLOCK_N, D_QK // (16 if KV_FP8 else 8))
+    TPR = THREADS // BLOCK_N                 # threads a tile row (its copy's and widening's)
+    F8_ROW_WORDS = D_QK // 4                 # KV_FP8: words of a staged row (4 e4m3 each)
+    assert not KV_FP8 or F8_ROW_WORDS % TPR == 0
+    widen_words = static_for(F8_ROW_WORDS // TPR, make_widen_word(cfg.DTYPE, TPR))
     # OWN_V: a tile row's value row after its key row (else the key rows are the values)
     copy_value = make_row_copy(THREADS // BLOCK_N, D_V // 8) if OWN_V else skip_copy
 
@@ -155,7 +199,7 @@ def make_mla_tile_stages(cfg):
                 ok = False
                 bad = True
             row = (blk * kc.hkv + kc.kvh) * block_size + (key - j * block_size)
-            elem = row * D_QK
+            elem = row * ROW_ELEMS
             v_elem = row * D_V
         return elem, v_elem, ok, bad
 
@@ -169,7 +213,7 @@ def make_mla_tile_stages(cfg):
         key = k_start + row
         elem, v_elem, ok, bad = key_row(kc, key, key < k_end)
         part = tid % (THREADS // BLOCK_N)   # spelled out: a named constant gives 6 more SASS
-        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, part)
+        copy_key(smem, STAGE0 + stage * TILE_BYTES + row * ROW_STAGED, cache, elem, ok, part)
         copy_value(smem, stage * TILE_BYTES + V_TILE + row * RBV, kc.v, v_elem, ok, part)
         cp_async_commit()
         return bad
@@ -191,7 +235,7 @@ def make_mla_tile_stages(cfg):
         elem, v_elem, ok, bad_page = key_row(kc, j, keys[0] <= j and j < keys[1])
         bad = bad_page or j < -1 or j >= kc.seqlen
         part = tid % (THREADS // BLOCK_N)   # spelled out: a named constant gives 6 more SASS
-        copy_key(smem, stage * TILE_BYTES + row * RB, cache, elem, ok, part)
+        copy_key(smem, STAGE0 + stage * TILE_BYTES + row * ROW_STAGED, cache, elem, ok, part)
         copy_value(smem, stage * TILE_BYTES + V_TILE + row * RBV, kc.v, v_elem, ok, part)
         if tid % (THREADS // BLOCK_N) == 0:
             seen[stage, row] = 1 if ok else 0
@@ -230,8 +274,18 @@ def make_mla_tile_stages(cfg):
         """One warp: its ``S`` is the whole product (nothing to exchange)."""
         pass
 
+    @_stage
+    def widen_tile(smem, stage, tid):
+        """``KV_FP8``: the e4m3 bytes of ``stage`` into the 16-bit key tile at byte 0 (rows of
+        ``RB`` bytes, as a 16-bit stage's): the ``TPR`` threads of a row (those that copied it)
+        take its words ``part, part + TPR, ...``, unrolled (:func:`make_widen_word`)."""
+        row = tid // (THREADS // BLOCK_N)
+        part = tid % (THREADS // BLOCK_N)   # spelled out: a named constant gives 6 more SASS
+        widen_words((smem, uint32((STAGE0 + stage * TILE_BYTES) // 4 + row * F8_ROW_WORDS
+                                  + part), uint32(row * (RB // 4) + 2 * part)))
+
     return MlaTileStages(load_tile, load_listed_tile, mask_listed,
-                         exchange_s if NUM_WARPS > 1 else own_s)
+                         exchange_s if NUM_WARPS > 1 else own_s, widen_tile)
 
 
 #: the cache rows a block reads (``load_tile``): the block table, batch ``b``, kv head, kv
@@ -262,7 +316,9 @@ def mla_decode_kernel(cfg):
     :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
     ``kv_indices``: int32 ``[B, Hkv or 1, Nq, topk]`` with ``GATHER``, else a ``[1, 1, 1, 1]``
     stand-in; ``v_cache``: ``OWN_V``: the uint16 view of the value cache as rows ``[num_blocks *
-    Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again (unread)."""
+    Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again (unread);
+    ``kv_descale``: float32 ``[2, B, Hkv]``, ``KV_FP8``'s K and V descales (``cache`` then the
+    uint16 view of the e4m3 bytes, rows ``[.., D_QK / 2]``), else unread."""
     assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
     assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and (cfg.OWN_V or cfg.D_V <= cfg.D_QK)
     D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
@@ -272,7 +328,8 @@ def mla_decode_kernel(cfg):
     assert THREADS % BLOCK_N == 0
     TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
     V_TILE = cfg.V_TILE                      # the V tile's offset in its stage (OWN_V)
-    SMEM_WORDS = STAGES * TILE_BYTES // 4    # the key tiles (16-bit pairs)
+    SMEM_WORDS = (cfg.WIDE_BYTES + STAGES * TILE_BYTES) // 4   # the key tiles (16-bit pairs;
+    # KV_FP8: the widened tile, then the stages' bytes)
     SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
     SP_WORDS = NUM_WARPS * SP_WARP if NUM_WARPS > 1 else 1   # the warps' partial S (float32)
     ROWS = 2                                 # a lane's rows: g and g + 8
@@ -300,7 +357,8 @@ def mla_decode_kernel(cfg):
                                   float32, True)
     copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
 
-    load_tile, load_listed_tile, mask_listed, exchange_s = make_mla_tile_stages(cfg)
+    load_tile, load_listed_tile, mask_listed, exchange_s, widen_tile = make_mla_tile_stages(cfg)
+    KV_FP8 = cfg.KV_FP8
 
     def make_step(MASKED, LISTED=False):
         """One key tile; ``MASKED`` (compile time): the tile reaches past the block's last key
@@ -334,12 +392,15 @@ def mla_decode_kernel(cfg):
             qf, s, acc, m_i, l_i, bad_sh = x.qf, x.s, x.acc, x.m_i, x.l_i, x.bad_sh
             warp, g, t, k_b, v_b = x.warp, x.g, x.t, x.k_b, x.v_b
             r_hi = x.bounds[0]
-            kb = (n % STAGES) * TILE_BYTES
+            kb = 0 if KV_FP8 else (n % STAGES) * TILE_BYTES   # (KV_FP8: the widened tile)
             cp_async_wait_all()
             cuda.syncthreads()  # tile n landed for all; every warp is done with tile n - 1
             if k_start + BLOCK_N < r_hi:   # tile n + 1 lands under this one
                 if load_next(smem, (n + 1) % STAGES, k_start + BLOCK_N, x):
                     bad_sh[0] = 1
+            if KV_FP8:                                                   # e4m3 -> 16-bit
+                widen_tile(smem, n % STAGES, x.tid)
+                cuda.syncthreads()  # the widened tile is whole before any warp's ldmatrix
             for r in range(ROWS):
                 for c in range(KEYS):
                     s[r, c] = ZERO
@@ -359,7 +420,7 @@ def mla_decode_kernel(cfg):
     @kernel_jit
     def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
                    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial,
-                   kv_indices, v_cache):
+                   kv_indices, v_cache, kv_descale):
         # -- which rows, keys and split
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -449,12 +510,15 @@ def mla_decode_kernel(cfg):
                         bad_sh[0] = 1
                     j += THREADS
         softmax_init(m_i, l_i, acc)
-        sa = score_args(va, b, offset, nq)
+        scale = va.scale                          # KV_FP8: K's descale folds into the scale
+        if KV_FP8:
+            scale = va.scale * kv_descale[0, b, kvh]
+        sa = score_args(scale, b, offset, nq)
         ctx = MlaStep(smem, sp, cache, kc, sa, qf, s, acc, m_i, l_i, bad_sh, tid, warp, g, t,
                       lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's
                       # V: the warp's columns (OWN_V: in the stage's V tile)
                       lane_offset(lane, RBV, KIND_A) + 2 * V_COLS_W * warp + V_TILE,
-                      token, (r_hi, left, right), va.scale * LOG2E_F, listed, seen, keys)
+                      token, (r_hi, left, right), scale * LOG2E_F, listed, seen, keys)
 
         # -- the key tiles: whole ones unmasked, the last (past r_hi) masked
         n = 0
@@ -476,6 +540,11 @@ def mla_decode_kernel(cfg):
             for r in range(ROWS):
                 m_i[r] = NAN                      # o = lse = NaN (finalize's NaN path)
                 l_i[r] = NAN
+        if KV_FP8:                                # V's descale scales o (linear in acc)
+            v_scale = kv_descale[1, b, kvh]
+            for r in range(ROWS):
+                for c in range(COLS):
+                    acc[r, c] *= v_scale
 
         # -- epilogue: o = acc / l and lse, or float32 partials for the merge
         cols = (2 * t + V_COLS_W * warp, D_V)
@@ -483,11 +552,11 @@ def mla_decode_kernel(cfg):
         elem0 = b * n_heads * nq + token          # (b, h, i) is element elem0 + h nq
         if partial:
             part0 = split * (o_part.shape[0] // (n_splits * D_V))
-            epilogue_part(o_part, lse_part, acc, m_i, l_i, va.scale,
+            epilogue_part(o_part, lse_part, acc, m_i, l_i, scale,
                           EpilogueRows(row0, h_end, (part0 + elem0) * D_V, nq * D_V,
                                        part0 + elem0, t == 0 and warp == 0, nq), cols, NEG_INF)
         else:
-            epilogue_o(o, lse, acc, m_i, l_i, va.scale,
+            epilogue_o(o, lse, acc, m_i, l_i, scale,
                        EpilogueRows(row0, h_end, elem0 * D_V, nq * D_V, elem0,
                                     t == 0 and warp == 0, nq),
                        cols, NEG_INF)
@@ -496,9 +565,9 @@ def mla_decode_kernel(cfg):
 
 
 @device_jit(inline=True)
-def score_args(va, b, offset, nq):
+def score_args(scale, b, offset, nq):
     """The tile-scores stage's :class:`~numba_flash.kernels.mainloop.tile_scores.ScoreArgs` of a
     block (no softcap, ALiBi or user functions on this path: only ``offset`` and ``nq`` are
     read)."""
     zero = float32(0.0)
-    return ScoreArgs(va.scale, zero, zero, zero, offset, nq, int32(b), int32(0), ())
+    return ScoreArgs(scale, zero, zero, zero, offset, nq, int32(b), int32(0), ())

@@ -10,6 +10,8 @@ value is a float16 value (subnormals included), so the widening is exact.
   ``word`` (element ``i`` of the array in memory order) is value ``i``.  On the GPU: two
   ``cvt.rn.f16x2.e4m3x2`` (sm_89+: the upper byte of a 16-bit half goes to the upper float16)
   and four ``cvt.f32.f16``; in the simulator a twin that reads the bytes through ml_dtypes.
+* :func:`e4m3x4_to_f16x2` ``(word)`` -> 2 uint32: the same values as two float16 pairs (the
+  two ``cvt`` alone): how an e4m3 tile is widened into a float16 one in shared memory.
 * :func:`float32_to_e4m3` ``(x)`` -> the e4m3 bits of ``x`` (a uint32 below 256), rounded to
   nearest even and saturated to +-448 (``cvt.rn.satfinite.e4m3x2.f32``; NaN stays NaN): how
   an append writes new tokens into an e4m3 cache.
@@ -71,6 +73,9 @@ _WIDEN_ASM = ("{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h01, h23;\n mov.b32 {lo
               " mov.b32 {a, b}, h01;\n mov.b32 {c, d}, h23;\n"
               " cvt.f32.f16 $0, a;\n cvt.f32.f16 $1, b;\n cvt.f32.f16 $2, c;\n"
               " cvt.f32.f16 $3, d; }")
+#: ... of :func:`e4m3x4_to_f16x2`: the two ``cvt`` alone, their float16 pairs the outputs
+_WIDEN_F16_ASM = ("{ .reg .b16 lo, hi;\n mov.b32 {lo, hi}, $2;\n"
+                  f" {CVT_E4M3X2_PTX} $0, lo;\n {CVT_E4M3X2_PTX} $1, hi; }}")
 #: ... of :func:`float32_to_e4m3`: ``$1`` into the low byte (0 into the high), widened to 32 bits
 _ROUND_ASM = ("{ .reg .b16 pair; .reg .f32 zero; mov.f32 zero, 0f00000000;\n"
               f" {CVT_F32_E4M3X2_PTX} pair, zero, $1;\n cvt.u32.u16 $0, pair; }}")
@@ -90,6 +95,12 @@ def _gpu_primitives():
                                         "=f,=f,=f,=f,r"), list(args))
         return context.make_tuple(builder, sig.return_type,
                                   [builder.extract_value(res, i) for i in range(4)])
+
+    def widen_f16(context, builder, sig, args):
+        res = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 2), [i32]),
+                                        _WIDEN_F16_ASM, "=r,=r,r"), list(args))
+        return context.make_tuple(builder, sig.return_type,
+                                  [builder.extract_value(res, i) for i in range(2)])
 
     def round_(context, builder, sig, args):
         return builder.call(ir.InlineAsm(ir.FunctionType(i32, [f32]), _ROUND_ASM, "=r,f"),
@@ -115,13 +126,22 @@ def _gpu_primitives():
         return types.UniTuple(types.float32, 4)(word), widen
 
     @intrinsic
+    def e4m3x4_to_f16x2(typingctx, word):
+        """The four e4m3 bytes of ``word`` as two float16 pairs (uint32: bytes 0, 1 then 2, 3,
+        the lower value in the lower half): a 16-bit tile's words, two ``cvt`` a word."""
+        if word != types.uint32:
+            raise type_error(f"e4m3x4_to_f16x2: expected a uint32 word (four e4m3 bytes), "
+                             f"got {word}")
+        return types.UniTuple(types.uint32, 2)(word), widen_f16
+
+    @intrinsic
     def float32_to_e4m3(typingctx, x):
         """The e4m3 bits of the float32 ``x`` (saturating, round to nearest even), a uint32."""
         if x != types.float32:
             raise type_error(f"float32_to_e4m3: expected a float32, got {x}")
         return types.uint32(x), round_
 
-    return e4m3x4_to_float32, float32_to_e4m3, byte_perm
+    return e4m3x4_to_float32, e4m3x4_to_f16x2, float32_to_e4m3, byte_perm
 
 
 def _sim_e4m3x4_to_float32(word):
@@ -129,6 +149,13 @@ def _sim_e4m3x4_to_float32(word):
     e4m3 (exact in float32, as in float16)."""
     vals = e4m3_to_float64(np.array([word], dtype=np.uint32).view(np.uint8)).astype(np.float32)
     return vals[0], vals[1], vals[2], vals[3]
+
+
+def _sim_e4m3x4_to_f16x2(word):
+    """Simulator twin of :func:`e4m3x4_to_f16x2`: the bytes read as e4m3, as float16 words."""
+    vals = e4m3_to_float64(np.array([word], dtype=np.uint32).view(np.uint8)).astype(np.float16)
+    pairs = vals.view(np.uint32)
+    return pairs[0], pairs[1]
 
 
 def _sim_float32_to_e4m3(x):
@@ -151,20 +178,21 @@ def _sim_byte_perm(a, b, sel):
 
 if on_simulator():
     e4m3x4_to_float32 = _sim_e4m3x4_to_float32
+    e4m3x4_to_f16x2 = _sim_e4m3x4_to_f16x2
     float32_to_e4m3 = _sim_float32_to_e4m3
     byte_perm = _sim_byte_perm
 else:
-    e4m3x4_to_float32, float32_to_e4m3, byte_perm = _gpu_primitives()
+    e4m3x4_to_float32, e4m3x4_to_f16x2, float32_to_e4m3, byte_perm = _gpu_primitives()
 
 
 @functools.lru_cache(maxsize=None)
 def e4m3_probe_kernel():
-    """``probe(words, out, x, bits)``: thread ``i`` widens ``words[i]`` (uint32) into ``out[i,
-    0:4]`` (float32) and rounds ``x[i]`` (float32) into ``bits[i]`` (uint8); threads past the
-    arrays write nothing."""
+    """``probe(words, out, x, bits, pairs)``: thread ``i`` widens ``words[i]`` (uint32) into
+    ``out[i, 0:4]`` (float32) and ``pairs[i, 0:2]`` (float16 pairs) and rounds ``x[i]``
+    (float32) into ``bits[i]`` (uint8); threads past the arrays write nothing."""
 
     @kernel_jit
-    def e4m3_probe(words, out, x, bits):
+    def e4m3_probe(words, out, x, bits, pairs):
         i = cuda.grid(1)
         if i < words.shape[0]:
             v0, v1, v2, v3 = e4m3x4_to_float32(words[i])
@@ -172,6 +200,9 @@ def e4m3_probe_kernel():
             out[i, 1] = v1
             out[i, 2] = v2
             out[i, 3] = v3
+            lo, hi = e4m3x4_to_f16x2(words[i])
+            pairs[i, 0] = lo
+            pairs[i, 1] = hi
         if i < x.shape[0]:
             bits[i] = float32_to_e4m3(x[i])
 

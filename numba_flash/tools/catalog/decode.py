@@ -112,8 +112,10 @@ def merge_configs():
 
 def mla_configs():
     """The compile tier's builds: 576 / 512 (DeepSeek's latent cache) in float16 and
-    bfloat16, float16 with token-sparse lists (``GATHER``), and the token-sparse forward's
-    128 / 128 with a value cache of its own (``OWN_V``)."""
+    bfloat16, float16 with token-sparse lists (``GATHER``), the token-sparse forward's
+    128 / 128 with a value cache of its own (``OWN_V``), and 576 / 512 over an e4m3 latent
+    cache (``KV_FP8``, float16 and bfloat16 ``q``: two widenings; sm_89+ for the
+    conversions)."""
     from numba_flash.kernels.core.variant import variant_type
 
     u16_4 = types.Array(types.uint16, 4, "C")
@@ -122,17 +124,23 @@ def mla_configs():
     i32_2 = types.Array(types.int32, 2, "C")
     f32_1 = types.Array(types.float32, 1, "C")
     va_t = variant_type(types.float32, False, ())
-    builds = ([(576, 512, t, False, False) for t in MMA_DTYPES]
-              + [(576, 512, "float16", True, False), (128, 128, "float16", True, True)])
-    for d_qk, d_v, dtype, gather, own_v in builds:
-        cfg = mla_decode_config(d_qk, d_v, dtype, gather, own_v)
+    f32_3 = types.Array(types.float32, 3, "C")
+    builds = ([(576, 512, t, False, False, False) for t in MMA_DTYPES]
+              + [(576, 512, "float16", True, False, False),
+                 (128, 128, "float16", True, True, False),
+                 (576, 512, "float16", False, False, True),
+                 (576, 512, "bfloat16", False, False, True)])
+    for d_qk, d_v, dtype, gather, own_v, kv_fp8 in builds:
+        cfg = mla_decode_config(d_qk, d_v, dtype, gather, own_v, kv_fp8)
         pairs = cfg.BLOCK_N // 16
         o_t = types.Array(types.float16 if dtype == "float16" else types.uint16, 1, "C")
         yield {"name": cfg.name, "config": cfg, "kernel": mla.mla_decode_kernel(cfg),
                "args": (u16_4, u16_2, i32_2, i32_1, i32_1, o_t, f32_1, f32_1, f32_1, va_t,
                         types.int32, types.int32, types.int32, types.int32, types.int32,
-                        types.int32, types.int32, types.Array(types.int32, 4, "C"), u16_2),
+                        types.int32, types.int32, types.Array(types.int32, 4, "C"), u16_2,
+                        f32_3),
                "float64_ok": False, "mma": True,
+               **({"cc": fp8.CC} if kv_fp8 else {}),   # e4m3 conversions: sm_89+
                # a key tile, a warp: S (2 mma per B pair and k-step), P V (2 per pair, k-step)
                "sass": {"expect_mma": 2 * pairs * cfg.K_STEPS_W + 2 * (cfg.V_COLS_W // 16)
                         * pairs, "streaming": True}}

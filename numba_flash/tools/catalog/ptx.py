@@ -75,7 +75,8 @@ def fp8_configs():
     alone)."""
     yield {"name": "fp8 e4m3 conversions", "kernel": fp8.e4m3_probe_kernel(), "cc": fp8.CC,
            "args": (types.Array(types.uint32, 1, "C"), types.Array(types.float32, 2, "C"),
-                    types.Array(types.float32, 1, "C"), types.Array(types.uint8, 1, "C")),
+                    types.Array(types.float32, 1, "C"), types.Array(types.uint8, 1, "C"),
+                    types.Array(types.uint32, 2, "C")),
            "float64_ok": False}
     u32_2 = types.Array(types.uint32, 2, "C")
     f32_2 = types.Array(types.float32, 2, "C")
