@@ -191,7 +191,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       1..256 (``o`` has ``d_v`` columns; the default scale stays ``1/sqrt(d)``).  MLA's
       absorbed decode: ``v_cache=None`` and ``head_dim_v=d_v``: the value is the first
       ``d_v`` columns of ``k_cache`` itself (one latent cache ``[.., d]``, ``d`` up to 576 as
-      DeepSeek's ``512 + 64``, read twice, never copied); not with ``k_new``.
+      DeepSeek's ``512 + 64``, read twice, never copied); not with ``k_new``: new tokens'
+      rows go in with ``numba_flash.append_kv(k_cache, None, rows, None, ...)`` first.
     * ``kernel``: ``"auto"`` (default), ``"mma"`` or ``"simt"``.  The tensor-core decode
       (:mod:`numba_flash.kernels.decode.mla`: 16 heads of one query token per block share each
       read of the cache) takes float16 / bfloat16 caches with ``d`` and ``d_v`` multiples of

@@ -35,7 +35,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
       of :func:`numba_flash.decode`).  Written in place.
     * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, the caches' dtype (float16/32/64 or
       ``ml_dtypes.bfloat16``: copied as their 16-bit words).  ``v_cache`` and ``v_new`` may
-      have a head dim of their own, ``d_v`` (MLA-style caches).
+      have a head dim of their own, ``d_v``.  MLA's latent cache (:func:`numba_flash.decode`
+      with ``v_cache=None``): ``v_cache=None``, ``v_new=None`` and ``k_new`` the new tokens'
+      whole latent rows (e4m3: ``k_descale`` alone).
     * ``cache_seqlens``: integer ``[B]``, the tokens each sequence holds; token ``i`` of
       sequence ``b`` goes to position ``cache_seqlens[b] + i``.
     * ``cache_batch_idx``: integer ``[B]``, the cache row of each sequence (contiguous caches
@@ -59,20 +61,30 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
     """
     ks, dtype = check_cache_array("k_cache", k_cache, kv_cache_dtype)
-    vs, vd = check_cache_array("v_cache", v_cache, kv_cache_dtype)
-    check_same_dtype({"k_cache": dtype, "v_cache": vd})
-    check_value_shape(ks, vs, True, "k_cache", "v_cache")   # v_cache: d_v of its own or d
+    latent = v_cache is None                  # MLA: one latent cache, k_new its whole rows
+    if latent:
+        for name, x in (("v_new", v_new), ("v_descale", v_descale)):
+            if x is not None:
+                raise ValueError(f"{name}: expected None with v_cache=None (a latent cache: "
+                                 f"k_new holds each token's whole row), got an array")
+        vs = ks
+    else:
+        vs, vd = check_cache_array("v_cache", v_cache, kv_cache_dtype)
+        check_same_dtype({"k_cache": dtype, "v_cache": vd})
+        check_value_shape(ks, vs, True, "k_cache", "v_cache")   # v_cache: d_v of its own or d
     n_cache, hkv, n_slots, d = ks
     d_v = vs[3]
     (b,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
     fp8 = is_e4m3(dtype)
     if fp8:
         check_fp8_gpu("k_cache")
-    nnew = check_new_kv(k_new, v_new, b, hkv, d, None if fp8 else dtype, d_v=d_v)
+    nnew = check_new_kv(k_new, k_new if latent else v_new, b, hkv, d, None if fp8 else dtype,
+                        d_v=d_v)
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, b, hkv, fp8)
     paged = block_table is not None
-    arrays = {"k_cache": k_cache, "v_cache": v_cache, "k_new": k_new, "v_new": v_new,
-              "cache_seqlens": cache_seqlens}
+    arrays = {"k_cache": k_cache, "k_new": k_new, "cache_seqlens": cache_seqlens}
+    if not latent:
+        arrays.update(v_cache=v_cache, v_new=v_new)
     if paged:
         ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
         if ts[0] != b:
@@ -87,7 +99,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
                          f"contiguous cache without cache_batch_idx, got {n_cache}")
     check_same_kind(arrays)
     check_writable_cache("k_cache", k_cache)
-    check_writable_cache("v_cache", v_cache)
+    if not latent:
+        check_writable_cache("v_cache", v_cache)
     on_device = any(is_device_array(x) for x in arrays.values())
     validate = check_bool("validate", (not on_device) if validate is None else validate)
 
@@ -96,17 +109,21 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
         validate_append(host_ints(cache_seqlens), host_ints(block_table) if paged else None,
                         host_ints(cache_batch_idx) if cache_batch_idx is not None else None,
                         nnew, n_cache, n_slots, paged)
-    if fp8 and not on_device:   # e4m3 travels as its bytes (Numba has no fp8 dtype)
-        dk = call.input(k_cache.view(np.uint8)).reshape(n_cache * hkv * n_slots, d)
-        dv = call.input(v_cache.view(np.uint8)).reshape(n_cache * hkv * n_slots, d_v)
+    as_bytes = fp8 and not on_device   # e4m3 travels as its bytes (Numba has no fp8 dtype)
+    rows = n_cache * hkv * n_slots
+    dk = call.input(k_cache.view(np.uint8) if as_bytes else k_cache).reshape(rows, d)
+    new_dtype = array_info("k_new", k_new)[1]
+    dkn = call.input(k_new)
+    if latent:   # no value rows: a zero-wide v_new, so the kernel's V loop writes nothing
+        dv, dvn = dk, call.empty((b, hkv, nnew, 0), new_dtype)
     else:
-        dk = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
-        dv = call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
+        dv = call.input(v_cache.view(np.uint8) if as_bytes else v_cache).reshape(rows, d_v)
+        dvn = call.input(v_new)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
-    new_lens = launch_append(call, dk, dv, call.input(k_new), call.input(v_new), d_len, d_table,
-                             is_paged, n_cache, n_slots, b, hkv, nnew, d,
-                             array_info("k_new", k_new)[1], kv_descale)
+    new_lens = launch_append(call, dk, dv, dkn, dvn, d_len, d_table, is_paged, n_cache,
+                             n_slots, b, hkv, nnew, d, new_dtype, kv_descale)
     write_back(call, k_cache, dk)
-    write_back(call, v_cache, dv)
+    if not latent:
+        write_back(call, v_cache, dv)
     return call.result(new_lens)

@@ -177,3 +177,39 @@ def test_e4m3_latent_cache_with_token_lists_on_tensor_cores(rng):
     rows = dequantised_rows(k8, kd, table, lens)
     want, _ = ref.sparse_attention(q, rows, rows[..., :d_v], lists, causal=True)
     assert_close(o, want, np.float16, name="o")
+
+
+@pytest.mark.parametrize("e4m3", [False, True])
+def test_latent_generation_loop_appends_and_decodes(rng, e4m3):
+    """MLA's generation loop: append_kv(latent, None, row, None) writes each new token's whole
+    latent row (e4m3: the saturating rounding of x / k_descale, tests/kernels/test_decode_fp8's
+    rule), then the tensor-core decode reads it; three steps against the float64 decode of the
+    cache as written, every other slot untouched."""
+    from test_decode_fp8 import _quantised
+    b, h, d, d_v = 2, 4, 128, 64
+    lens = np.array([5, 14])
+    k, _, table = paged_cache(rng, b, 1, d, lens + 3, 8, np.float32, poison=False)
+    cache = k.astype(float8_e4m3fn if e4m3 else np.float16)
+    kd = np.array([[0.5], [1.5]], np.float32) if e4m3 else None
+    for _ in range(3):
+        row = randn(rng, (b, 1, 1, d), np.float16)
+        before = cache.copy()
+        new_lens = numba_flash.append_kv(cache, None, row, None, lens, table, k_descale=kd)
+        assert new_lens.tolist() == (lens + 1).tolist()
+        want_row = _quantised(row, kd) if e4m3 else row
+        written = np.zeros(cache.shape[:3], bool)
+        for i in range(b):
+            blk, slot = table[i, lens[i] // 8], lens[i] % 8
+            written[blk, :, slot] = True
+            assert np.array_equal(cache[blk, :, slot].view(np.uint8),
+                                  want_row[i, :, 0].view(np.uint8))
+        assert np.array_equal(cache.view(np.uint8)[~written], before.view(np.uint8)[~written])
+        lens = new_lens
+        q = randn(rng, (b, h, d), np.float16, scale=0.3)
+        o = numba_flash.decode(q, cache, None, head_dim_v=d_v, cache_seqlens=lens,
+                               block_table=table, k_descale=kd)
+        rows = dequantised_rows(cache, kd if e4m3 else np.ones((b, 1), np.float32), table, lens)
+        want, _ = ref.paged_decode(q, rows, rows[..., :d_v], lens)
+        assert_close(o, want, np.float16, name="o")
+    with pytest.raises(ValueError, match="^v_new: expected None with v_cache=None"):
+        numba_flash.append_kv(cache, None, row, row, lens, table)
