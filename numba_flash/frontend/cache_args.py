@@ -221,18 +221,20 @@ def check_paged_writes(seqlens, table, nnew, n_cache, n_slots):
 
 
 def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
-                  nnew, d, dtype, kv_descale=None):
+                  nnew, d, dtype, kv_descale=None, write_v=True):
     """One append launch on device arrays (the caches as their ``[rows, d]`` views); returns
     the device array of new lengths (``d_len``'s dtype).  ``kv_descale``: e4m3 caches' float32
-    ``[2, B, Hkv]`` descales (host; the new values are rounded into e4m3), None: a copy."""
+    ``[2, B, Hkv]`` descales (host; the new values are rounded into e4m3), None: a copy;
+    ``write_v=False``: a latent cache (``dv``, ``dvn`` unread)."""
     threads = append_threads()
     grid = append_grid(b, hkv, nnew)
     new_lens = call.empty((b,), d_len.dtype)
     fp8 = kv_descale is not None
     descale = call.input(kv_descale) if fp8 else no_descale(call)
-    call.launch(append_kernel(threads, np.dtype(dtype), bool(paged), fp8), grid, (threads,), dk,
-                dv, dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache), np.int32(n_slots),
-                descale, work=SimWork("merge", b * hkv * nnew * max(d, threads)))
+    call.launch(append_kernel(threads, np.dtype(dtype), bool(paged), fp8, write_v), grid,
+                (threads,), dk, dv, dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache),
+                np.int32(n_slots), descale,
+                work=SimWork("merge", b * hkv * nnew * max(d, threads)))
     return new_lens
 
 

@@ -114,15 +114,15 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
     dk = call.input(k_cache.view(np.uint8) if as_bytes else k_cache).reshape(rows, d)
     new_dtype = array_info("k_new", k_new)[1]
     dkn = call.input(k_new)
-    if latent:   # no value rows: a zero-wide v_new, so the kernel's V loop writes nothing
-        dv, dvn = dk, call.empty((b, hkv, nnew, 0), new_dtype)
+    if latent:   # no value rows (the kernel built without them; dv, dvn unread)
+        dv, dvn = dk, dkn
     else:
         dv = call.input(v_cache.view(np.uint8) if as_bytes else v_cache).reshape(rows, d_v)
         dvn = call.input(v_new)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     new_lens = launch_append(call, dk, dv, dkn, dvn, d_len, d_table, is_paged, n_cache,
-                             n_slots, b, hkv, nnew, d, new_dtype, kv_descale)
+                             n_slots, b, hkv, nnew, d, new_dtype, kv_descale, not latent)
     write_back(call, k_cache, dk)
     if not latent:
         write_back(call, v_cache, dv)

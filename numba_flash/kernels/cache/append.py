@@ -58,7 +58,7 @@ def append_grid(b, hkv, nnew):
 
 
 @functools.lru_cache(maxsize=None)
-def append_kernel(THREADS, dtype, PAGED, FP8=False):
+def append_kernel(THREADS, dtype, PAGED, FP8=False, WRITE_V=True):
     """Build (once per configuration) ``kernel(k_cache, v_cache, k_new, v_new, seqlens, table,
     new_lens, n_cache_blocks, block_size, descale)``.
 
@@ -70,7 +70,8 @@ def append_kernel(THREADS, dtype, PAGED, FP8=False):
     ``x`` (``dtype``: float16, bfloat16 as its words, float32) is written as the e4m3 of ``x /
     descale[0 or 1, b, kvh]`` (K, V; float32 ``[2, B, Hkv]``), rounded to nearest even and
     saturated (:func:`~numba_flash.kernels.ptx.fp8.float32_to_e4m3`); else copied as it is
-    (``descale`` unread).
+    (``descale`` unread).  ``WRITE_V=False``: MLA's latent cache, ``k_new`` the whole rows
+    (``v_cache``, ``v_new`` unread).
     """
     load, _store = element_ops(dtype) if FP8 else (None, None)
 
@@ -109,14 +110,16 @@ def append_kernel(THREADS, dtype, PAGED, FP8=False):
             v_div = descale[1, b, kvh]
             for c in range(tid, d, THREADS):
                 k_cache[row, c] = float32_to_e4m3(float32(load(k_new[b, kvh, i, c])) / k_div)
-            for c in range(tid, v_new.shape[3], THREADS):
-                v_cache[row, c] = float32_to_e4m3(float32(load(v_new[b, kvh, i, c])) / v_div)
+            if WRITE_V:
+                for c in range(tid, v_new.shape[3], THREADS):
+                    v_cache[row, c] = float32_to_e4m3(float32(load(v_new[b, kvh, i, c])) / v_div)
         elif ok:                              # a bad token is skipped: nothing outside is written
             row = (blk * hkv + kvh) * block_size + slot
             for c in range(tid, d, THREADS):
                 k_cache[row, c] = k_new[b, kvh, i, c]
-            for c in range(tid, v_new.shape[3], THREADS):   # d_v: v's own head dim (or d)
-                v_cache[row, c] = v_new[b, kvh, i, c]
+            if WRITE_V:
+                for c in range(tid, v_new.shape[3], THREADS):   # d_v: v's own head dim (or d)
+                    v_cache[row, c] = v_new[b, kvh, i, c]
 
     return append_kv
 
