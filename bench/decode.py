@@ -18,6 +18,11 @@ GPU (CuPy inputs, so a call never waits for the host):
   ``--fp8``       also e4m3 caches (uint8 bytes, ``kv_cache_dtype="fp8_e4m3"``) beside a float16
                   q: the bytes read per second against the float16 rows (no peer: torch SDPA
                   takes no fp8 cache).
+  ``--mla``       also MLA's absorbed decode (DeepSeek's shapes: H = 128 query heads over one
+                  576-wide latent cache, the value its first 512 columns, paged by 64,
+                  bfloat16 q): a bfloat16 and an e4m3 latent cache (the tensor-core decode,
+                  ``kernel="auto"``), GB/s of latent bytes read and TFLOP/s (``2 B H L (576 +
+                  512)``; no peer here).
 Simulator (``--dry-run``, or no GPU): the same rows at toy sizes, timed on the host, to check
 that the script runs (this times the simulator, not a GPU).
 
@@ -158,6 +163,52 @@ def bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat, fp8=False):
     return rows
 
 
+#: MLA's rows (``--mla``): DeepSeek V3's 128 heads over one latent cache of 576 (512 + 64)
+MLA_GPU = dict(B=16, H=128, D=576, D_V=512, BLOCK_SIZE=64, contexts=(4096, 32768),
+               quick=(4096,))
+MLA_DRY = dict(B=1, H=16, D=128, D_V=64, BLOCK_SIZE=16, contexts=(16, 64), quick=(16,))
+
+
+def mla_rows(cfg, contexts, xp, timer, repeat):
+    """MLA's absorbed decode, ``decode(q, latent, None, head_dim_v=D_V)`` over a paged latent
+    cache: bfloat16 and e4m3 (uint8 with ``kv_cache_dtype``, ``k_descale`` 0.5) beside a
+    bfloat16 ``q``; GB/s of the latent bytes a call reads once (each block of 16 heads reads
+    them again, mostly from L2) and TFLOP/s of its two products."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(2)
+    b, h, d, d_v, bs = cfg["B"], cfg["H"], cfg["D"], cfg["D_V"], cfg["BLOCK_SIZE"]
+    up = xp.asarray if xp is not None else (
+        (lambda x: x) if not common.on_gpu() else cuda.to_device)
+    rows = []
+    for dtype in ("bfloat16", "e4m3"):
+        e4m3 = dtype == "e4m3"
+        for ctx in contexts:
+            n_blk = -(-ctx // bs)
+            shape = (b * n_blk, 1, bs, d)
+            cache = up(e4m3_bytes(xp, shape, rng) if e4m3 else
+                       (0.3 * rng.standard_normal(shape, dtype=np.float32)).astype(
+                           ml_dtypes.bfloat16))
+            q = up((0.3 * rng.standard_normal((b, h, d), dtype=np.float32)).astype(
+                ml_dtypes.bfloat16))
+            lens = up(np.full(b, ctx, np.int32))
+            table = up(rng.permutation(b * n_blk).astype(np.int32).reshape(b, n_blk))
+            extra = dict(kv_cache_dtype="fp8_e4m3", k_descale=up(np.full((b, 1), 0.5,
+                                                                          np.float32))) \
+                if e4m3 else {}
+            ms = timer(lambda: numba_flash.decode(q, cache, None, head_dim_v=d_v,
+                                                  cache_seqlens=lens, block_table=table,
+                                                  **extra), repeat)
+            nbytes = b * ctx * d * (1 if e4m3 else 2)
+            row = {"dtype": dtype, "cache": f"MLA latent, paged/{bs}", "heads": h,
+                   "head dims": f"{d}/{d_v}", "context": ctx,
+                   "ms": ms, "GB/s": nbytes / ms / 1e6,
+                   "TFLOP/s": 2 * b * h * ctx * (d + d_v) / ms / 1e9}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def latency_rows(cfg, ctx, xp, timer, repeat):
     rng = np.random.default_rng(1)
     rows = []
@@ -181,6 +232,8 @@ def main(argv=None):
                     help="toy sizes (the default without a GPU): checks the script, times nothing")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     ap.add_argument("--fp8", action="store_true", help="also e4m3 caches (beside a float16 q)")
+    ap.add_argument("--mla", action="store_true",
+                    help="also MLA's latent decode, bfloat16 and e4m3 caches")
     args = ap.parse_args(argv)
     dry = args.dry_run or not common.on_gpu()
     cfg = DRY if dry else GPU
@@ -206,6 +259,11 @@ def main(argv=None):
         repeat = 1
     rows = bandwidth_rows(cfg, contexts, xp, copy_gbs, timer, repeat, fp8=args.fp8)
     lat = latency_rows(cfg, LATENCY_CONTEXT["dry" if dry else "gpu"], xp, timer, repeat)
+    mla = []
+    if args.mla:
+        mcfg = MLA_DRY if dry else MLA_GPU
+        mla = mla_rows(mcfg, mcfg["quick"] if args.quick else mcfg["contexts"], xp, timer,
+                       repeat)
     where = "GPU" if common.on_gpu() else "Numba CUDA SIMULATOR (host wall-clock, not a GPU figure)"
     print(f"\nnumba_flash.decode on the {where}: B={cfg['B']} H={cfg['H']} Hkv={cfg['HKV']} "
           f"d={cfg['D']}; GB/s = K/V bytes read / time"
@@ -217,9 +275,13 @@ def main(argv=None):
     cols = ["dtype", "cache", "B", "context", "us per call", "torch SDPA contiguous us",
             "torch gather + SDPA us"]
     common.print_table(lat, [c for c in cols if any(c in r for r in lat)])
+    if mla:
+        print()
+        common.print_table(mla, ["dtype", "cache", "heads", "head dims", "context", "ms",
+                                 "GB/s", "TFLOP/s"])
     out = {"backend": numba_flash.backend(), "dry_run": dry, "copy_GBps": copy_gbs,
            "config": {k: v for k, v in cfg.items() if k not in ("contexts", "quick")},
-           "rows": rows + lat}
+           "rows": rows + lat + mla}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

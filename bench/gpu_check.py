@@ -297,8 +297,8 @@ def part_bench(name, dry, outdir, budget_s):
     if name == "forward" and not dry:  # the goal shapes: N = 4096, d = 64 and 128 (issue 13)
         args += ["--n", "4096", "--d", "64,128",
                  "--max-seconds", str(max(10, budget_s - 30))]  # stop sweeping, keep the rows
-    if name == "decode":  # issue 46: the e4m3 cache's rows beside float16's (no torch peer)
-        args += ["--fp8"]
+    if name == "decode":  # issue 46: the e4m3 cache's rows beside float16's (no torch peer),
+        args += ["--fp8", "--mla"]   # and MLA's latent decode, bfloat16 and e4m3
     if name == "wgmma":  # issue 33: the warpgroup forward beside torch SDPA (sm_90a), float16
         args += ["--kernel", "wgmma", "--dtype", "float16,e4m3"]   # issue 46: e4m3 too
         if not dry:
