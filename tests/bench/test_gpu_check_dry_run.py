@@ -27,15 +27,17 @@ def test_gpu_check_dry_run(tmp_path):
     for name in ("forward", "backward", "decode"):
         assert report[f"bench_{name}"]["rows"], name
     # bench/decode.py as this run ran it (--quick: on a CPU the dry contexts, 16 and 64, so the
-    # same run as `decode.py --dry-run --fp8`): every bandwidth row (float16/float32/e4m3, paged
-    # and contiguous) and the latency rows, timed
+    # same run as `decode.py --dry-run --fp8 --mla`): every bandwidth row (float16/float32/e4m3,
+    # paged and contiguous), the latency rows and MLA's (bfloat16, e4m3 latent caches), timed
     data = json.loads((tmp_path / "decode.json").read_text())
     if data["dry_run"]:  # no GPU here (on a GPU, --quick is the GPU sweep)
-        bw = [r for r in data["rows"] if "GB/s" in r]
+        bw = [r for r in data["rows"] if "GB/s" in r and "heads" not in r]
         lat = [r for r in data["rows"] if "us per call" in r]
+        mla = [r for r in data["rows"] if "heads" in r]   # --mla: MLA's latent decode
         assert {(r["dtype"], r["cache"].split("/")[0]) for r in bw} == {
             (dt, c) for dt in ("float16", "float32", "e4m3") for c in ("paged", "contiguous")}
-        assert all(r["GB/s"] > 0 and r["ms"] > 0 for r in bw)
+        assert all(r["GB/s"] > 0 and r["ms"] > 0 for r in bw + mla)
+        assert {r["dtype"] for r in mla} == {"bfloat16", "e4m3"}
         assert {r["cache"].split("/")[0] for r in lat} == {"paged", "contiguous"}
         assert all(r["B"] == 1 for r in lat)
         assert "| dtype | cache | context |" in "\n".join(report["bench_decode"]["stdout_tail"])
