@@ -193,8 +193,9 @@ def run_gpu(args):
         if dtype.itemsize == 1:   # e4m3: ours on the bytes, the peers on float16 of the values
             host = np.random.default_rng(0)
             (q8, q), (k8, k), (v8, v) = (fp8_inputs(host, (b, HEADS, n, d)) for _ in range(3))
+            fp8_kernel = args.kernel if args.kernel in ("mma", "wgmma") else "auto"   # (no simt)
             ours = functools.partial(numba_flash.forward, q8, k8, v8, causal=causal,
-                                     kernel=args.kernel, qkv_dtype="fp8_e4m3",
+                                     kernel=fp8_kernel, qkv_dtype="fp8_e4m3",
                                      out_dtype="float16")
             ran = "wgmma e4m3" if args.kernel == "wgmma" else "mma e4m3"
         else:

@@ -224,8 +224,8 @@ def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slot
                   nnew, d, dtype, kv_descale=None, write_v=True):
     """One append launch on device arrays (the caches as their ``[rows, d]`` views); returns
     the device array of new lengths (``d_len``'s dtype).  ``kv_descale``: e4m3 caches' float32
-    ``[2, B, Hkv]`` descales (host; the new values are rounded into e4m3), None: a copy;
-    ``write_v=False``: a latent cache (``dv``, ``dvn`` unread)."""
+    ``[2, B, Hkv]`` descales (host or device; the new values are rounded into e4m3), None: a
+    copy; ``write_v=False``: a latent cache (``dv``, ``dvn`` unread)."""
     threads = append_threads()
     grid = append_grid(b, hkv, nnew)
     new_lens = call.empty((b,), d_len.dtype)

@@ -1,11 +1,13 @@
 """fp8 (e4m3) inputs on the host: which arrays may be e4m3, and FA3's descale factors.
 
-An e4m3 array is ``ml_dtypes.float8_e4m3fn`` (NumPy; ``torch.float8_e4m3fn`` through
-:mod:`numba_flash.torch` later).  Its values are scaled: the real value is the stored one times
-its *descale*, float32 ``[B, Hkv]`` as FA3's ``k_descale`` / ``v_descale`` (one factor per
+An e4m3 array is ``ml_dtypes.float8_e4m3fn`` (NumPy), or uint8 bytes under ``qkv_dtype`` /
+``kv_cache_dtype="fp8_e4m3"`` (a CuPy array's form; :mod:`numba_flash.torch` passes
+``torch.float8_e4m3fn`` tensors so).  Its values are scaled: the real value is the stored one
+times its *descale*, float32 ``[B, Hkv]`` as FA3's ``k_descale`` / ``v_descale`` (one factor per
 sequence and kv head; a per-tensor scale is that array filled with one value).  The kernels
-widen e4m3 exactly in registers (:mod:`numba_flash.kernels.ptx.fp8`, sm_89+) and fold the
-descales into a scale they already apply; new values are written as the e4m3 of ``x /
+widen e4m3 exactly (in registers, or into a 16-bit shared-memory tile: MLA's tensor-core
+decode; :mod:`numba_flash.kernels.ptx.fp8`, sm_89+) and fold the descales into a scale they
+already apply; new values are written as the e4m3 of ``x /
 descale``, saturated (:func:`numba_flash.append_kv`).  e5m2 is not built (a ``TypeError`` naming the
 array).  The reference: :func:`numba_flash.reference.dequantize`; the story:
 docs/flash-decoding.md#an-fp8-e4m3-cache.
@@ -116,25 +118,34 @@ def check_fp8_cache(k_dtype, v_dtype, q_dtype, d, d_v, d_v_name="v_cache"):
     return True
 
 
-def check_descales(named, b, hkv, fp8):
+def check_descales(named, b, hkv, fp8, inputs=()):
     """FA3's descale factors ``{name: array or None}`` for ``(k, v)``: each float32 ``[B, Hkv]``
-    (NumPy, or device arrays: FA3's CUDA tensors; read on the device, never copied to the
-    host), only with e4m3 inputs.  Returns the kernels' ``[len(named), B, Hkv]`` float32 array
-    (ones where None; a CuPy array when a descale is a device array), or None without e4m3."""
-    device = [x for x in named.values() if x is not None and is_device_array(x)]
-    xp = array_module(device[0]) if device else np
-    out = xp.ones((len(named), b, hkv), np.float32)
-    for i, (name, x) in enumerate(named.items()):
-        if x is None:
-            continue
+    (NumPy, or with device ``inputs`` device arrays too: FA3's CUDA tensors, read on the
+    device, never copied to the host; a device descale beside host inputs is a ``TypeError``
+    naming it), only with e4m3 inputs.  Returns the kernels' ``[len(named), B, Hkv]`` float32
+    array (ones where None; a CuPy array when a descale is a device array), or None without
+    e4m3."""
+    on_device = any(is_device_array(x) for x in inputs)
+    given = {name: x for name, x in named.items() if x is not None}
+    for name, x in given.items():
         if not fp8:
             raise ValueError(f"{name}: expected None without e4m3 inputs (a descale factor "
                              f"scales fp8 values), got an array")
         shape, dtype = array_info(name, x)
+        if is_device_array(x) and not on_device:
+            raise TypeError(f"{name}: expected a NumPy array with NumPy inputs (device "
+                            f"descales go with device arrays), got a device array")
         if dtype != np.float32:
             raise TypeError(f"{name}: expected dtype float32, got {dtype}")
         if tuple(shape) != (b, hkv):
             raise ValueError(f"{name}: expected shape ({b}, {hkv}) = [B, Hkv], got "
                              f"{tuple(shape)}")
-        out[i] = xp.asarray(x)
-    return out if fp8 else None
+    if not fp8:
+        return None
+    device = [x for x in given.values() if is_device_array(x)]
+    xp = array_module(device[0]) if device else np
+    out = xp.ones((len(named), b, hkv), np.float32)
+    for i, name in enumerate(named):
+        if name in given:
+            out[i] = xp.asarray(given[name])
+    return out

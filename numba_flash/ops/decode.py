@@ -282,7 +282,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                       cache_seqlens=cache_seqlens, block_table=block_table,
                       cache_batch_idx=cache_batch_idx, kv_cache_dtype=kv_cache_dtype)
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
-                                s.kv_fp8)
+                                s.kv_fp8, (q, k_cache, v_cache))
     if s.kv_fp8 and s.latent:   # MLA: the value is the latent cache's bytes, K's descale
         if v_descale is not None:
             raise ValueError("v_descale: expected None with v_cache=None (the value is k_cache's "
@@ -704,9 +704,10 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     # 16-byte loads of q, K, V: d == HEAD_DIM, and V as wide (or the K rows themselves)
     vec = (d_v == d or latent) and vector_loads(np.uint8 if s.kv_fp8 else dtype, d, HEAD_DIM,
                                                 chunk, dev.q, dev.k, dev.v)
-    if s.kv_fp8 and not vec and not aligned_to(4, dev.k, dev.v):   # 32-bit word loads
-        raise ValueError("k_cache: expected 4-byte aligned e4m3 caches (4 values per load), "
-                         "got an unaligned view")   # (host caches are copied aligned)
+    for name, x in (("k_cache", dev.k), ("v_cache", dev.v)):   # 32-bit word loads (host
+        if s.kv_fp8 and not vec and not aligned_to(4, x):     # caches are copied aligned)
+            raise ValueError(f"{name}: expected a 4-byte aligned e4m3 cache (4 values per "
+                             f"load), got an unaligned view")
     # a block size that keys_per_step does not divide: a step's keys may straddle two pages
     split_pages = bool(dev.paged) and s.n_slots % keys_per_step != 0
     # the user's arrays: (a stand-in for kinds,) + aux

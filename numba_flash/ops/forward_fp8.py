@@ -104,7 +104,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
                          nk=s.nk)
     sink = check_sink(learnable_sink, s.h)
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
-                              "v_descale": v_descale}, s.b, s.hkv, True)
+                              "v_descale": v_descale}, s.b, s.hkv, True, (q, k, v))
     wgmma = kernel == "wgmma"
     variant = check_forward_variant(_Shape(np.dtype(np.float32), s.b, s.h, s.nq, s.nk),
                                     user["score_mod"], user["mask_mod"], user["block_mask"],
@@ -196,17 +196,17 @@ def forward_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max
         table = host_ints(block_table)
         validate_prefill_table(table, len_k, block_size, n_blocks)
     descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
-                              "v_descale": v_descale}, b, hkv, True)
+                              "v_descale": v_descale}, b, hkv, True, (q, k, v))
     out = _out_dtype(out_dtype)
-    alibi = None if alibi_slopes is None else np.asarray(alibi_slopes)
+    xp = array_module(q)   # (CuPy inputs: the slopes and the sink may be CuPy arrays too)
+    alibi = None if alibi_slopes is None else xp.asarray(alibi_slopes)
     if alibi is not None and alibi.ndim == 2 and alibi.shape[0] != b:
         raise ValueError(f"alibi_slopes: expected shape ({h},) or ({b}, {h}) = [B, H] (B the "
                          f"number of sequences), got {alibi.shape}")
-    xp = array_module(q)
     o = xp.zeros((total_q, h, d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
     lse = xp.full((h, total_q), -np.inf, np.float32)
     if learnable_sink is not None:   # a sequence without keys: the sink's logit
-        lse[:] = xp.asarray(np.asarray(learnable_sink, np.float32))[:, None]
+        lse[:] = xp.asarray(learnable_sink, dtype=np.float32)[:, None]
     def per_seq(x, lo, hi):   # rows [lo, hi) of a packed array as [1, H, n, d]
         return xp.ascontiguousarray(x[lo:hi].transpose(1, 0, 2)[None])
 

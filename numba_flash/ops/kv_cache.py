@@ -80,7 +80,8 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
         check_fp8_gpu("k_cache")
     nnew = check_new_kv(k_new, k_new if latent else v_new, b, hkv, d, None if fp8 else dtype,
                         d_v=d_v)
-    kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, b, hkv, fp8)
+    kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, b, hkv, fp8,
+                                (k_cache, k_new))
     paged = block_table is not None
     arrays = {"k_cache": k_cache, "k_new": k_new, "cache_seqlens": cache_seqlens}
     if not latent:

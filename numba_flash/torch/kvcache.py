@@ -188,6 +188,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     capacity = ks[1] * (block_table.shape[1] if paged else 1)
     seqlens = _seqlens(cache_seqlens, qs[0], capacity, q.device)
     device = checks.check_device({**named, **ints, "cache_seqlens": seqlens,
+                                  "k_cache": k_cache, "v_cache": v_cache,   # (fp8: not in named)
                                   "alibi_slopes": alibi_slopes, "learnable_sink": learnable_sink,
                                   "k_descale": k_descale, "v_descale": v_descale})
     splits = _num_splits(num_splits)

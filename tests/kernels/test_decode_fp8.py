@@ -129,6 +129,13 @@ def test_bad_fp8_arguments_are_named(rng):
         numba_flash.decode(q, k8, v8, kernel="mma", **call)
     with pytest.raises(ValueError, match=r"kernel: 'mma' .* multiples of 64"):
         numba_flash.decode(q, k8, None, head_dim_v=8, kernel="mma", **call)
+
+    class DeviceDescale:   # a device array's interface, beside NumPy inputs
+        __cuda_array_interface__ = {"shape": (1, 1), "typestr": "<f4", "data": (0, False),
+                                    "version": 3}
+
+    with pytest.raises(TypeError, match="^k_descale: expected a NumPy array with NumPy inputs"):
+        numba_flash.decode(q, k8, v8, k_descale=DeviceDescale(), **call)
     with pytest.raises(TypeError, match=r"k_new: expected dtype float16 \(the dtype of q\)"):
         numba_flash.decode(q, k8, v8, k_new=k[:, :, :1].astype(np.float32),
                            v_new=v[:, :, :1].astype(np.float32), **call)
@@ -144,9 +151,10 @@ def test_bad_fp8_arguments_are_named(rng):
     (np.float32, 80, 64, 1, 2, None, False),      # two causal tokens, contiguous
     (ml_dtypes.bfloat16, 576, 512, 1, 1, 1, True)])   # DeepSeek's latent: 512 + 64
 def test_mla_latent_e4m3_cache(rng, dtype, d, d_v, hkv, nq, num_splits, paged):
-    """MLA's absorbed decode over an e4m3 latent cache (v_cache=None): K is the row, V its
-    first d_v columns, both scaled by k_descale; head dims that are no power of two take the
-    32-bit word loads (4 e4m3 a word, zero past d)."""
+    """MLA's absorbed decode over an e4m3 latent cache (v_cache=None) on the SIMT kernel (the
+    tensor-core one: test_mla_decode.py): K is the row, V its first d_v columns, both scaled by
+    k_descale; head dims that are no power of two take the 32-bit word loads (4 e4m3 a word,
+    zero past d)."""
     b, h = 2, 2 * hkv
     lens = np.array([int(rng.integers(1, 30)), 37])
     if paged:
@@ -159,7 +167,7 @@ def test_mla_latent_e4m3_cache(rng, dtype, d, d_v, hkv, nq, num_splits, paged):
     q = randn(rng, (b, h, nq, d), np.float32, scale=d ** -0.25 * 2).astype(dtype)
     o, lse = numba_flash.decode(q, k8, None, head_dim_v=d_v, cache_seqlens=lens,
                                 block_table=table, causal=nq > 1, num_splits=num_splits,
-                                return_lse=True, k_descale=kd)
+                                return_lse=True, k_descale=kd, kernel="simt")
     assert o.shape == (b, h, nq, d_v) and o.dtype == np.dtype(dtype)
     if paged:   # a page serves one sequence: dequantise each after its gather
         kk = np.stack([_pad(ref.gather_paged(k8, table, n, i), 37) for i, n in enumerate(lens)])
@@ -306,3 +314,22 @@ def test_a_gpu_below_sm89_is_named_before_any_launch(rng, monkeypatch):
         numba_flash.append_kv(k8, v8, k[:, :, :1].astype(np.float16),
                               v[:, :, :1].astype(np.float16), lens)
     assert np.array_equal(k8.astype(np.float32), k.astype(E4M3).astype(np.float32))  # unwritten
+
+
+def test_latent_word_loads_with_token_lists(rng):
+    """The SIMT kernel's word loads over an e4m3 latent cache (d = 80) through token lists
+    (-1 entries, GQA of 4 heads a list): against reference.sparse_attention of the dequantised
+    cache."""
+    b, h, d, d_v, nq, topk = 1, 4, 80, 64, 2, 9
+    lens = np.array([30])
+    k, _, table = paged_cache(rng, b, 1, d, lens, 8, np.float32)
+    k8 = k.astype(E4M3)
+    kd = np.array([[1.25]], np.float32)
+    q = randn(rng, (b, h, nq, d), np.float32)
+    lists = np.stack([rng.permutation(30)[:topk] for _ in range(nq)]).astype(np.int32)
+    lists[1, :2] = -1
+    o = numba_flash.decode(q, k8, None, head_dim_v=d_v, cache_seqlens=lens, block_table=table,
+                           causal=True, k_descale=kd, kv_indices=lists[None, None])
+    rows = _pad(ref.gather_paged(k8, table, 30, 0), 30)[None] * 1.25
+    want, _ = ref.sparse_attention(q, rows, rows[..., :d_v], lists[None, None], causal=True)
+    assert_close(o, want, np.float32, name="o")

@@ -155,6 +155,21 @@ def test_fp8_forward_and_decode_cupy_uint8(cp, rng):
     for g, w in zip(got, want):
         assert isinstance(g, cp.ndarray)
         np.testing.assert_array_equal(g.get(), w)
+    # varlen with CuPy slopes and sink (the per-sequence path's xp arrays)
+    packed = [x[0].transpose(1, 0, 2).copy() for x in (q, k, v)]
+    cu_q, cu_k = np.array([0, 15, 40], np.int32), np.array([0, 30, 70], np.int32)
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    sink = np.array([0.5, -1.0, 0.0, 2.0], np.float32)
+    kw = dict(max_seqlen_q=25, max_seqlen_k=40, causal=True, return_lse=True,
+              out_dtype="float16")
+    want = numba_flash.forward_varlen(*packed, cu_q, cu_k, alibi_slopes=slopes,
+                                      learnable_sink=sink, **kw)
+    got = numba_flash.forward_varlen(*(cp.asarray(x.view(np.uint8)) for x in packed),
+                                     cp.asarray(cu_q), cp.asarray(cu_k), qkv_dtype="fp8_e4m3",
+                                     alibi_slopes=cp.asarray(slopes),
+                                     learnable_sink=cp.asarray(sink), **kw)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.get(), w)
     lens = np.array([70], np.int32)
     qd = randn(rng, (1, 4, 64), np.float16)
     want = numba_flash.decode(qd, k, v, cache_seqlens=lens, k_descale=scales[1],

@@ -128,6 +128,7 @@ def test_kernel_choice_is_named(rng, kw, words):
 
 @pytest.mark.parametrize("dtype, h, hkv, nq, num_splits, d, d_v", [
     (np.float16, 18, 1, 2, 2, 128, 64),     # two blocks of heads, two causal tokens, one warp
+    (np.float16, 4, 1, 1, 2, 192, 128),     # four warps, 12 chunks a row over 8 threads
     (bfloat16, 4, 2, 1, 3, 256, 128)])      # GQA, three splits, four warps
 def test_e4m3_latent_cache_on_tensor_cores(rng, dtype, h, hkv, nq, num_splits, d, d_v):
     """An e4m3 latent cache (k_descale != 1): each tile's bytes copied into a stage, widened
@@ -152,10 +153,13 @@ def test_e4m3_latent_cache_on_tensor_cores(rng, dtype, h, hkv, nq, num_splits, d
     else:   # P rounded to bfloat16, as the 16-bit build
         assert_scaled_close(np.asarray(o, np.float64), want_o, 1.6e-2, name="o")
     assert_close(lse, want_lse, np.float32, name="lse")
-    auto = numba_flash.decode(q, k8, None, head_dim_v=d_v, cache_seqlens=lens,
-                              block_table=table, causal=True, num_splits=num_splits,
-                              k_descale=kd)
+    call = dict(head_dim_v=d_v, cache_seqlens=lens, block_table=table, causal=True,
+                num_splits=num_splits, k_descale=kd)
+    auto = numba_flash.decode(q, k8, None, **call)
     assert np.array_equal(np.asarray(auto).view(np.uint16), np.asarray(o).view(np.uint16))
+    simt = numba_flash.decode(q, k8, None, kernel="simt", **call)   # the other kernel's answer
+    assert_close(np.asarray(simt, np.float64), want_o, np.float16, name="o (simt)",
+                 scale=1.0 if dtype == np.float16 else 4.0)   # (bfloat16 o: test_decode_fp8's)
 
 
 def test_e4m3_latent_cache_with_token_lists_on_tensor_cores(rng):

@@ -203,7 +203,8 @@ def lane_layout(dtype, HEAD_DIM, simulator=None):
     CHUNK`` lanes, at most 32 (then each lane holds several chunks, ``LANES * CHUNK`` columns
     apart).  The simulator keeps ``SIM_LANES`` lanes and a chunk of at most 16 bytes
     (``HEAD_DIM / SIM_LANES`` elements when that is fewer: element loads, not 16-byte ones);
-    a 1-byte element (an e4m3 cache, 16-byte loads only) keeps whole chunks there too."""
+    a 1-byte element (an e4m3 cache, read 16 bytes or 4 at a time) keeps whole chunks there
+    too."""
     if simulator is None:
         simulator = on_simulator()
     full = CHUNK_BYTES // np.dtype(dtype).itemsize
@@ -441,8 +442,9 @@ class MlaDecodeConfig:
 
     @property
     def SMEM_BYTES(self):
-        """``STAGES`` stages (Q is staged through the first before the loop), then the warps'
-        partial ``S`` (float32, 16 rows each; one warp: none)."""
+        """``KV_FP8``'s widened 16-bit tile (:attr:`WIDE_BYTES`), ``STAGES`` stages (Q is staged
+        through the first shared bytes before the loop), then the warps' partial ``S``
+        (float32, 16 rows each; one warp: none)."""
         sp = self.NUM_WARPS * 16 * self.SP_ROW * 4 if self.NUM_WARPS > 1 else 4
         return self.WIDE_BYTES + self.STAGES * self.STAGE_BYTES + sp
 

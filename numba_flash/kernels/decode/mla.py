@@ -304,7 +304,8 @@ MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid
 def mla_decode_kernel(cfg):
     """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
     n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial, kv_indices,
-    v_cache)`` for the :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
+    v_cache, kv_descale)`` for the :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig`
+    ``cfg``.
 
     ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache as
     rows ``[num_blocks * Hkv * block_size, D_QK]`` (row ``(blk * Hkv + kvh) * block_size +
