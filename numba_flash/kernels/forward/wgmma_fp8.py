@@ -137,10 +137,12 @@ def make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, SWIZZLE, MASKED):
         ya = byte_perm(w[0], w[1], sel_b)       # bytes r + 1, r + 3
         yb = byte_perm(w[2], w[3], sel_b)
         k = j * STORE_STEP
-        smem[(store[0] + k) >> 2] = byte_perm(xa, xb, uint32(0x5410))
-        smem[(store[1] + k) >> 2] = byte_perm(ya, yb, uint32(0x5410))
-        smem[(store[2] + k) >> 2] = byte_perm(xa, xb, uint32(0x7632))
-        smem[(store[3] + k) >> 2] = byte_perm(ya, yb, uint32(0x7632))
+        # unsigned word indices: a signed one gets Numba's negative-index fix-up (a compare
+        # and a select a store)
+        smem[uint32((store[0] + k) >> 2)] = byte_perm(xa, xb, uint32(0x5410))
+        smem[uint32((store[1] + k) >> 2)] = byte_perm(ya, yb, uint32(0x5410))
+        smem[uint32((store[2] + k) >> 2)] = byte_perm(xa, xb, uint32(0x7632))
+        smem[uint32((store[3] + k) >> 2)] = byte_perm(ya, yb, uint32(0x7632))
         return bad
 
     items = static_fold(ITEMS, item)
