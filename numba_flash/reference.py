@@ -489,7 +489,9 @@ def attention_backward(
         return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv)
     sink = np.asarray(learnable_sink, np.float64)
     with np.errstate(invalid="ignore"):
-        dsink = -(np.exp(sink[None, :, None] - lse) * d_row[..., 0]).sum(axis=(0, 2))
+        # a -inf sink's weight is 0, also in a row with no key (lse = -inf: exp would be NaN)
+        w = np.where(sink[None, :, None] == -np.inf, 0.0, np.exp(sink[None, :, None] - lse))
+        dsink = 0.0 - (w * d_row[..., 0]).sum(axis=(0, 2))
     return dq, _fold_groups(dk, hkv), _fold_groups(dv, hkv), dsink
 
 

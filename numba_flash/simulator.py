@@ -164,3 +164,11 @@ def install():
 
     simulator_warp.install()  # warp shuffles, syncwarp, activemask (see numba_flash.simulator_warp)
     _installed = True
+
+
+def device_view(ary):
+    """The simulator's device array over ``ary``'s own memory (no copy): what ``cuda.to_device``
+    gives, but at the host array's address (``cuda.to_device`` copies into a fresh buffer)."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray(ary)

@@ -310,6 +310,11 @@ class ArrayCall:
         if not self.on_device or isinstance(x, np.ndarray):
             # a host array: the user's NumPy input, or one the op made on the host beside device
             # inputs (the [-inf] of no sink, integers checked on the host): copied to the device
+            if on_simulator() and x.flags.c_contiguous:
+                # the simulator's device memory is the host's: the kernel gets the view itself,
+                # at its own address, as a GPU gets a CuPy view (zero copy), so an offset view
+                # meets the alignment rules there as it would on the GPU
+                return simulator.device_view(_words(x))
             self._check("an input copy", x.shape, x.dtype)
             with self.device():
                 return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)

@@ -32,9 +32,12 @@ def sink_gradient(do, o, lse, sink, accumulate=False):
     if d_row.ndim == 2:        # packed: D [T, H] against lse [H, T]
         d_row = d_row.T[None]
         lse = lse[None]
+    sink = xp.asarray(sink).astype(f64)[None, :, None]
     with np.errstate(invalid="ignore"):
-        w = xp.exp(xp.asarray(sink).astype(f64)[None, :, None] - lse)
-    total = -(w * d_row).sum(axis=(0, 2))
+        # a -inf sink is no sink: its weight is 0 (exp(-inf - lse) is NaN where lse = -inf, a
+        # row that sees no key)
+        w = xp.where(sink == -xp.inf, 0.0, xp.exp(sink - lse))
+    total = 0.0 - (w * d_row).sum(axis=(0, 2))  # 0.0 - x: a sink with no weight gets +0
     return total if accumulate else total.astype(xp.float32)
 
 
