@@ -12,6 +12,14 @@ and scatters the result back (padded query positions get 0).  Sequences packed i
 without padding (``position_ids`` that restart, or ``cu_seq_lens_q/k`` from
 ``DataCollatorWithFlattening``) run as a packed batch too, as in transformers' own flash path.
 GQA models pass their kv heads as they are (no repeat).
+
+Every keyword the attention modules of the causal LMs served here (Llama, Mistral, Qwen2,
+Gemma2, GPT-OSS; BERT-style encoders too) pass is either honoured (``dropout``, ``scaling``,
+``sliding_window``, ``softcap``, ``is_causal``, GPT-OSS's sinks ``s_aux`` as
+``learnable_sink``, ``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``,
+``deterministic``), refused (``output_attentions=True``: no attention weights here), or on the
+list :data:`HARMLESS_KWARGS` of keywords that cannot change the attention; any other keyword is
+a ``TypeError`` naming it, never silently dropped.
 """
 
 from __future__ import annotations
@@ -21,29 +29,62 @@ import torch
 from .bert_padding import pad_input, unpad_input
 from .interface import flash_attn_func, flash_attn_varlen_func
 
-__all__ = ["register_transformers", "attention_forward"]
+__all__ = ["register_transformers", "attention_forward", "HARMLESS_KWARGS"]
+
+#: Keywords transformers passes down to the attention function (through the layers' ``**kwargs``)
+#: that cannot change the attention output; :func:`attention_forward` takes and ignores them.
+HARMLESS_KWARGS = frozenset({
+    "use_cache",  # the cache was updated before the call: key/value already hold it
+    "output_hidden_states",  # which per-layer hidden states the model returns, not their values
+    "output_router_logits",  # MoE router outputs (GPT-OSS, Mixtral), not the attention
+    "num_items_in_batch",  # the loss's normaliser (gradient accumulation), read by the loss
+    "encoder_hidden_states",  # BERT-style layers hand it on: the module projected key/value from
+    #                           it already (cross-attention) or does not use it (self-attention)
+    "seq_idx",  # Mamba layers' packed-sequence index; attention reads packing from
+    #             cu_seq_lens_q/k or position_ids (as transformers' flash path, which ignores it)
+})
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                      sliding_window=None, softcap=None, is_causal=None, **kwargs):
+                      sliding_window=None, softcap=None, is_causal=None, s_aux=None,
+                      position_ids=None, cu_seq_lens_q=None, cu_seq_lens_k=None,
+                      max_length_q=None, max_length_k=None, output_attentions=False,
+                      deterministic=False, **kwargs):
     """transformers' attention-function contract: ``query [B, H, Nq, d]``, ``key``/``value``
     ``[B, Hkv, Nk, d]``, ``attention_mask`` None or 2-D ``[B, Nk]`` (1 = token) from the mask
     function; returns ``(attn_output [B, Nq, H, d], None)`` (no attention weights).
 
     ``is_causal`` (default ``module.is_causal``) is bottom-right aligned as in flash-attn;
     ``sliding_window`` ``w`` becomes ``window_size=(w - 1, w - 1)`` as transformers' own
-    flash-attention path does; ``softcap`` and ``scaling`` pass through.
+    flash-attention path does; ``softcap``, ``scaling``, ``dropout`` and ``deterministic`` pass
+    through.  ``s_aux`` (GPT-OSS's ``sinks``, one logit per query head) is the kernels'
+    ``learnable_sink``, cast to float32 (the cast is differentiable: the gradient reaches the
+    parameter in its own dtype).  ``position_ids`` / ``cu_seq_lens_q/k`` / ``max_length_q/k``
+    split a row of packed sequences (:func:`_packed_sequences`).  ``output_attentions=True`` is
+    a ``ValueError``; a keyword not named here nor in :data:`HARMLESS_KWARGS` is a
+    ``TypeError`` naming it.
     """
-    if kwargs.get("output_attentions", False):
+    unexpected = sorted(set(kwargs) - HARMLESS_KWARGS)
+    if unexpected:
+        names = ", ".join(repr(n) for n in unexpected)
+        plural = "s" if len(unexpected) > 1 else ""
+        raise TypeError(f"attention_forward: unexpected keyword argument{plural} {names} "
+                        f"(numba_flash does not know what it would change, so it "
+                        f"refuses it rather than drop it; known harmless: "
+                        f"{', '.join(sorted(HARMLESS_KWARGS))})")
+    if output_attentions:
         raise ValueError("output_attentions: numba_flash computes no attention weights; use "
                          "attn_implementation='eager' to get them")
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1)
+    sink = None if s_aux is None else s_aux.float()  # the kernels' sink is float32
     opts = dict(dropout_p=float(dropout), softmax_scale=scaling, causal=causal,
-                window_size=window, softcap=float(softcap or 0.0))
+                window_size=window, softcap=float(softcap or 0.0),
+                deterministic=bool(deterministic), learnable_sink=sink)
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [B, N, heads, d]
     if attention_mask is None:
-        packed = _packed_sequences(q, k, kwargs)
+        packed = _packed_sequences(q, k, position_ids, cu_seq_lens_q, cu_seq_lens_k,
+                                   max_length_q, max_length_k)
         if packed is None:
             return flash_attn_func(q, k, v, **opts), None
         heads = (q.shape[2:], k.shape[2:])
@@ -53,7 +94,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (k.shape[0], k.shape[1]):
         raise ValueError(f"attention_mask: expected the 2-D padding mask [batch, kv_len] "
                          f"{(k.shape[0], k.shape[1])} that the numba_flash mask function "
-                         f"gives, got shape {tuple(attention_mask.shape)}")
+                         f"gives, got shape {tuple(attention_mask.shape)} (a mask shorter than "
+                         f"the keys comes from a StaticCache: use the default DynamicCache)")
     # [docs:torch-padded-batch]
     b, nq = q.shape[:2]
     mask_k = attention_mask.bool()
@@ -67,17 +109,22 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # [/docs:torch-padded-batch]
 
 
-def _packed_sequences(q, k, kwargs):
+def _packed_sequences(q, k, pos, cu_q, cu_k, max_q, max_k):
     """``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` of several sequences packed
     into one row without padding, or None: from transformers' ``cu_seq_lens_q/k`` and
-    ``max_length_q/k`` keywords (``DataCollatorWithFlattening``), or, as transformers' own flash
-    path does, from ``position_ids`` of a batch of one that restart (each sequence starts at the
-    smallest position id)."""
-    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if cu_q is not None and cu_k is not None:
-        return (cu_q.to(torch.int32), cu_k.to(torch.int32), int(kwargs["max_length_q"]),
-                int(kwargs["max_length_k"]))
-    pos = kwargs.get("position_ids")
+    ``max_length_q/k`` keywords (``DataCollatorWithFlattening``; a missing maximum is read off
+    the offsets, one offset tensor without the other is a ValueError), or, as transformers' own
+    flash path does, from ``position_ids`` ``pos`` of a batch of one that restart (each sequence
+    starts at the smallest position id)."""
+    if (cu_q is None) != (cu_k is None):
+        given, missing = ("cu_seq_lens_q", "cu_seq_lens_k") if cu_k is None else (
+            "cu_seq_lens_k", "cu_seq_lens_q")
+        raise ValueError(f"{missing}: expected a tensor with {given} (the offsets of a packed "
+                         f"row come in pairs), got None")
+    if cu_q is not None:
+        cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+        return (cu_q, cu_k, int(max_q if max_q is not None else cu_q.diff().max()),
+                int(max_k if max_k is not None else cu_k.diff().max()))
     if (pos is None or q.shape[0] != 1 or q.shape[1] == 1 or q.shape[1] != k.shape[1]
             or pos.numel() != q.shape[1]):
         return None

@@ -1,6 +1,10 @@
 """register_transformers: tiny transformers models built from small configs with random
 weights (no download) on attn_implementation="numba_fa" against the same weights on "eager":
-a BERT-style encoder on a padded batch, a Llama-style causal LM with GQA (padded and not)."""
+a BERT-style encoder on a padded batch, a Llama-style causal LM with GQA (padded and not).
+attention_forward's keywords (issue 59): GPT-OSS's sinks ``s_aux`` (a bfloat16 parameter, decode
+with and without padding) against transformers' own GPT-OSS eager attention, dropout,
+``is_causal``, the packed-row keywords, the harmless ones, and a TypeError naming any other.
+The five decoder LLMs end to end: test_transformers_decoders.py."""
 
 from __future__ import annotations
 
@@ -121,6 +125,116 @@ def test_flattening_collator_keywords(gen):
         alone = nft.flash_attn_func(*(x[:, :, s:e].transpose(1, 2) for x in (query, key, value)),
                                     causal=True)
         torch.testing.assert_close(out[:, s:e], alone, atol=1e-6, rtol=0)
+    # without max_length_q/k they are read off the offsets; one offset tensor alone is refused
+    again = attention_forward(SimpleNamespace(is_causal=True), query, key, value, None,
+                              cu_seq_lens_q=cu, cu_seq_lens_k=cu)[0]
+    torch.testing.assert_close(again, out, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="cu_seq_lens_k: expected a tensor with cu_seq_lens_q"):
+        attention_forward(SimpleNamespace(is_causal=True), query, key, value, None,
+                          cu_seq_lens_q=cu)
+
+
+def _qkv(gen, nq=3, nk=5):
+    """transformers' layout: query ``[B, H, Nq, d]``, key/value ``[B, Hkv, Nk, d]`` (GQA 2:1)."""
+    from torch_helpers import randn
+
+    return randn(gen, 2, 2, nq, 8), randn(gen, 2, 1, nk, 8), randn(gen, 2, 1, nk, 8)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["dense", "left-padded"])
+def test_s_aux_is_the_learnable_sink(gen, padded):
+    """GPT-OSS's ``s_aux=self.sinks`` (here a bfloat16 parameter) against transformers' own
+    GPT-OSS eager attention on a decode-like call (3 queries, the last of 5 keys; causal):
+    output, and gradients for q, k, v and the sinks, which arrive in the parameter's dtype."""
+    from types import SimpleNamespace
+
+    from numba_flash.torch.transformers import attention_forward
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    query, key, value = (x.requires_grad_() for x in _qkv(gen))
+    sinks = torch.nn.Parameter(torch.tensor([1.5, -0.75], dtype=torch.bfloat16))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    if padded:
+        mask[1, :3] = 0
+    module = SimpleNamespace(is_causal=True, sinks=sinks)
+    out = attention_forward(module, query, key, value, mask if padded else None, scaling=8**-0.5,
+                            s_aux=sinks, deterministic=True)[0]
+    # the reference: the additive 4-D mask eager gets (causal, bottom-right, padded keys)
+    qr, kr, vr = (x.detach().clone().requires_grad_() for x in (query, key, value))
+    sinks_ref = torch.nn.Parameter(sinks.detach().float())
+    visible = (torch.arange(5)[None, :] <= torch.arange(3)[:, None] + 2) & mask.bool()[:, None]
+    additive = torch.zeros(2, 1, 3, 5).masked_fill(~visible[:, None], torch.finfo().min)
+    ref_module = SimpleNamespace(num_key_value_groups=2, sinks=sinks_ref, training=False)
+    want = eager_attention_forward(ref_module, qr, kr, vr, additive, scaling=8**-0.5)[0]
+    rows = mask.bool()[:, -3:]  # the padded row's first query is padding: 0 here, eager's mix
+    # measured over three seeds, both paths: out 2.4e-7, q/k/v gradients 7.2e-7
+    torch.testing.assert_close(out[rows], want[rows], atol=1e-6, rtol=0)
+    weights = torch.randn(out.shape, generator=gen)[rows]
+    (out[rows] * weights).sum().backward()
+    (want[rows] * weights).sum().backward()
+    for got, ref in ((query, qr), (key, kr), (value, vr)):
+        torch.testing.assert_close(got.grad, ref.grad, atol=3e-6, rtol=0)
+    # the float32 dsink rounded once to bfloat16 (at most 2**-9 relative)
+    assert sinks.grad.dtype == torch.bfloat16 and sinks.grad.abs().min() > 0
+    torch.testing.assert_close(sinks.grad.float(), sinks_ref.grad, atol=0, rtol=2**-8)
+
+
+def test_dropout_and_is_causal_reach_the_kernel(gen):
+    """``dropout`` is the kernel's dropout_p (the same draw as flash_attn_func's from the same
+    seed); ``is_causal`` overrides ``module.is_causal``."""
+    from types import SimpleNamespace
+
+    from numba_flash.torch.transformers import attention_forward
+
+    query, key, value = _qkv(gen, nq=5)
+    flash = [x.transpose(1, 2) for x in (query, key, value)]
+    module = SimpleNamespace(is_causal=True)
+    torch.manual_seed(7)
+    dropped = attention_forward(module, query, key, value, None, dropout=0.5)[0]
+    torch.manual_seed(7)
+    want = nft.flash_attn_func(*flash, dropout_p=0.5, causal=True)
+    torch.testing.assert_close(dropped, want, atol=0, rtol=0)
+    assert not torch.allclose(dropped, nft.flash_attn_func(*flash, causal=True))
+    full = attention_forward(module, query, key, value, None, is_causal=False)[0]
+    torch.testing.assert_close(full, nft.flash_attn_func(*flash), atol=0, rtol=0)
+
+
+def test_harmless_keywords_change_nothing(gen):
+    from types import SimpleNamespace
+
+    from numba_flash.torch.transformers import HARMLESS_KWARGS, attention_forward
+
+    query, key, value = _qkv(gen)
+    module = SimpleNamespace(is_causal=True)
+    plain = attention_forward(module, query, key, value, None)[0]
+    harmless = dict.fromkeys(HARMLESS_KWARGS, True) | dict(num_items_in_batch=torch.tensor(4),
+                                                           encoder_hidden_states=None)
+    with_all = attention_forward(module, query, key, value, None, output_attentions=False,
+                                 **harmless)[0]
+    torch.testing.assert_close(with_all, plain, atol=0, rtol=0)
+
+
+def test_unknown_keywords_are_a_type_error_naming_them(gen):
+    """A keyword that might change the result is refused by name, not dropped (issue 59: GPT-OSS's
+    s_aux fell into **kwargs and vanished); output_attentions=True is refused too."""
+    from types import SimpleNamespace
+
+    from numba_flash.torch.transformers import attention_forward
+
+    query, key, value = _qkv(gen)
+    module = SimpleNamespace(is_causal=True)
+    with pytest.raises(TypeError, match="attention_forward: unexpected keyword argument 'sinks'"):
+        attention_forward(module, query, key, value, None, sinks=torch.zeros(2))
+    with pytest.raises(TypeError, match="arguments 'block_table', 'k_cache' "):
+        attention_forward(module, query, key, value, None, k_cache=key, block_table=None)
+    with pytest.raises(ValueError, match="output_attentions: numba_flash computes no attention"):
+        attention_forward(module, query, key, value, None, output_attentions=True)
+    # through a model: eager ignores a stray keyword, numba_fa names it
+    ours, eager = _pair(transformers.AutoModelForCausalLM.from_config, _llama_config())
+    ids = torch.randint(1, 40, (1, 4), generator=gen)
+    eager(input_ids=ids, some_new_keyword=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'some_new_keyword'"):
+        ours(input_ids=ids, some_new_keyword=1)
 
 
 def test_register_then_from_config():
