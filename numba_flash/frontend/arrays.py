@@ -48,6 +48,7 @@ from numba import cuda
 
 from .. import simulator
 from ..backend import on_simulator
+from .launch import INT_DIVIDE_BY_ZERO  # noqa: F401  (re-exported: tests import it here)
 from .sim_time import SimWork, simulator_seconds, warn_if_slow
 from .validate import BFLOAT16, array_info, is_device_array
 
@@ -56,9 +57,6 @@ __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator
 
 _POISON = False
 
-#: NumPy's warning for an integer ``//`` or ``%`` by zero (the simulator's indices are NumPy
-#: integers), made an error inside a simulator launch; on a GPU the result is undefined
-INT_DIVIDE_BY_ZERO = r"divide by zero encountered in scalar (floor_divide|remainder)"
 
 _ESTIMATES = None  # the list estimate_only() records into, or None
 GIB = 2**30
@@ -206,73 +204,144 @@ _SHARED_DEFAULT = 48 * 1024
 
 def opt_in_shared(kernel, args, nbytes):
     """Let ``kernel`` (a dispatcher, compiled here for ``args`` if it is not yet) launch with
-    ``nbytes`` of dynamic shared memory past 48 KiB: the driver attribute
-    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``, which numba-cuda has no public way to
-    set (its issue 94), set as its own ``shared_memory_carveout`` sets another attribute.  The
-    attribute is per kernel and device; setting it again is one driver call.  Nothing to do
-    under 48 KiB or in the simulator (whose dynamic array is as large as asked).  The build it
-    sets is the one ``typeof_pyval`` of ``args`` selects, which is the one the launch then uses
-    (numba-cuda 0.30 types launch arguments the same way); were they ever to differ, the launch
-    would fail for its shared-memory size, loudly.  Unmeasured: no GPU has run it yet."""
+    ``nbytes`` of dynamic shared memory past 48 KiB (the NumPy-input path on a GPU, which
+    launches through Numba's dispatcher).  The build it sets is the one ``typeof_pyval`` of
+    ``args`` selects, which is the one the launch then uses (numba-cuda 0.30 types launch
+    arguments the same way); were they ever to differ, the launch would fail for its
+    shared-memory size, loudly."""
     if nbytes <= _SHARED_DEFAULT or on_simulator():
         return
-    from numba.cuda.cudadrv.driver import binding, driver
+    from .launch import set_max_dynamic_shared
 
     compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-    cufunc = compiled._codelibrary.get_cufunc()
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+    set_max_dynamic_shared(compiled._codelibrary.get_cufunc(), nbytes)
+
+
+_CUDA_DRIVER = None
+
+
+def device_module(x, name="array"):
+    """The array library that runs a device call on ``x``: the stand-in device for its arrays
+    (:mod:`numba_flash.standin`), else CuPy (CuPy arrays, and any other
+    ``__cuda_array_interface__`` object, imported as a CuPy view).  A ``TypeError`` in the
+    simulator (no GPU to run on), an ``ImportError`` naming the wheel without CuPy."""
+    if type(x).__module__ == "numba_flash.standin":
+        from .. import standin
+
+        return standin
+    if on_simulator():
+        raise TypeError(
+            f"{name}: GPU arrays (CuPy / __cuda_array_interface__) need the CUDA backend, "
+            "but kernels run in the simulator here; pass numpy.ndarray instead"
+        )
+    try:
+        import cupy
+    except ImportError as exc:
+        from ..install_hints import pip_extra
+
+        raise ImportError(f"{name}: device arrays are run through CuPy, which is not "
+                          f"installed: {pip_extra('cupy12')}") from exc
+    return cupy
+
+
+def device_driver(xp):
+    """The launcher of a device call on ``xp``'s arrays: the stand-in's own, or CUDA's
+    (:class:`~numba_flash.frontend.launch.CudaDriver`)."""
+    driver = getattr(xp, "DRIVER", None)
+    if driver is not None:
+        return driver
+    global _CUDA_DRIVER
+    if _CUDA_DRIVER is None:
+        from .launch import CudaDriver
+
+        _CUDA_DRIVER = CudaDriver()
+    return _CUDA_DRIVER
+
+
+def import_cai(xp, x):
+    """``x`` (any ``__cuda_array_interface__`` object: a Numba device array, a torch tensor)
+    as an ``xp`` array over the same memory: no copy and no synchronisation (the call runs on
+    ``xp``'s current stream; ordering it after the producer's work is the caller's part, as
+    numba_flash.torch does by making torch's current stream CuPy's)."""
+    cai = x.__cuda_array_interface__
+    dtype = getattr(x, "dtype", None)
+    dtype = dtype if dtype == BFLOAT16 else np.dtype(cai["typestr"])
+    shape = tuple(int(n) for n in cai["shape"])
+    strides = cai.get("strides")
+    if strides is None:
+        strides, step = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(1, n)
+        strides = tuple(reversed(strides))
+    ptr = int(cai["data"][0])
+    lo = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0 and n > 0)
+    hi = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0 and n > 0) + dtype.itemsize
+    mem = xp.cuda.UnownedMemory(ptr + lo, hi - lo, x)
+    return xp.ndarray(shape, dtype, memptr=xp.cuda.MemoryPointer(mem, -lo), strides=strides)
 
 
 class ArrayCall:
     """Array handling for one public call; ``inputs`` are the user's arrays, by name.
 
     ``op`` names the call in error messages (default: the calling function's name).
+
+    With device arrays (``on_device``) the call runs on ``xp``, the array library (CuPy, or the
+    stand-in device), on its current stream: inputs are views (no copy, no synchronisation),
+    outputs ``xp.empty`` (zeroed or poisoned by a memset on the stream), launches go through
+    :class:`~numba_flash.frontend.launch.PreparedLaunch` and the library's ``driver``, and a
+    call being recorded for a launch plan (:mod:`numba_flash.frontend.plans`) reports each
+    allocation, memset and launch to its ``trace``.
     """
 
     def __init__(self, inputs, op=None):
         self.op = op or sys._getframe(1).f_code.co_name
         self._inputs = dict(inputs)
-        arrays = list(inputs.values())
-        self.on_device = any(is_device_array(x) for x in arrays)
-        if self.on_device and on_simulator():
-            name = next(n for n, x in inputs.items() if is_device_array(x))
-            raise TypeError(
-                f"{name}: GPU arrays (CuPy / __cuda_array_interface__) need the CUDA backend, "
-                "but kernels run in the simulator here; pass numpy.ndarray instead"
-            )
-        self._cupy = None
         # the outputs allocated as bfloat16 words, by id, held so that no id is reused: a freed
         # intermediate's id given to a later float32 output made result() view it as bfloat16
         self._bf16 = {}
         self._guards = []  # (device copy, host guard) of NUMBA_FLASH_CHECK_AUX's aux guards
         self.device_id = None
         self.stream = 0
-        if self.on_device:
-            first_name, first = next((n, x) for n, x in inputs.items() if is_device_array(x))
-            if type(first).__module__.split(".")[0] == "cupy":
-                import cupy
+        self.xp = self.driver = self.trace = None
+        device = [(n, x) for n, x in inputs.items() if is_device_array(x)]
+        self.on_device = bool(device)
+        if not self.on_device:
+            return
+        first_name, first = device[0]
+        xp = self.xp = device_module(first, first_name)
+        self.driver = device_driver(xp)
+        from .plans import DEVICE_MODULES
 
-                self._cupy = cupy
-                self.device_id = int(first.device.id)
-                for name, x in inputs.items():
-                    dev = getattr(getattr(x, "device", None), "id", None)
-                    if is_device_array(x) and dev is not None and int(dev) != self.device_id:
-                        raise ValueError(
-                            f"{name}: expected an array on GPU {self.device_id} (the device of "
-                            f"{first_name}), got one on GPU {dev}"
-                        )
-                with self.device():
-                    ptr = cupy.cuda.get_current_stream().ptr
-                # CuPy's current stream on that device; 0 is the legacy default stream, numba's
-                # stream 0 too
-                self.stream = cuda.external_stream(ptr) if ptr else 0
+        DEVICE_MODULES[xp.ndarray] = xp   # the ops' fast path knows the library from now on
+        ids = {n: getattr(getattr(x, "device", None), "id", None) for n, x in device}
+        self.device_id = int(ids[first_name]) if ids[first_name] is not None else None
+        for name, dev in ids.items():
+            if dev is not None and self.device_id is not None and int(dev) != self.device_id:
+                raise ValueError(
+                    f"{name}: expected an array on GPU {self.device_id} (the device of "
+                    f"{first_name}), got one on GPU {dev}"
+                )
+        with self.device():
+            # the library's current stream on that device (0: the legacy default stream)
+            self.stream = int(xp.cuda.get_current_stream().ptr)
+        from .plans import active_trace
+
+        self.trace = active_trace()
+        if self.trace is not None:
+            self.trace.device(xp, self.driver, self.stream)
+
+    @property
+    def _cupy(self):
+        """The device array library (CuPy, or the stand-in device), None for host arrays."""
+        return self.xp
 
     def device(self):
-        """Context manager: CuPy's current device is the inputs' device (no-op otherwise)."""
-        if self._cupy is None:
+        """Context manager: the array library's current device is the inputs' device (no-op
+        otherwise)."""
+        if self.xp is None or self.device_id is None:
             return contextlib.nullcontext()
-        return self._cupy.cuda.Device(self.device_id)
+        return self.xp.cuda.Device(self.device_id)
 
     # -- sizes -------------------------------------------------------------------------------
     def reserve(self, buffers, work_bytes=0):
@@ -288,7 +357,7 @@ class ArrayCall:
             contiguous = getattr(getattr(x, "flags", None), "c_contiguous", True)
             if not self.on_device:
                 copies += int(size) * (1 if contiguous else 2)
-            elif self._cupy is not None and not contiguous:
+            elif not contiguous:
                 copies += int(size)
         with self.device():
             return check_memory(self.op, buffers, device=True, work_bytes=copies + work_bytes,
@@ -307,29 +376,33 @@ class ArrayCall:
         return dx
 
     def _input(self, x):
-        if not self.on_device or isinstance(x, np.ndarray):
-            # a host array: the user's NumPy input, or one the op made on the host beside device
-            # inputs (the [-inf] of no sink, integers checked on the host): copied to the device
+        if not self.on_device:
+            # the user's NumPy input, or one the op made on the host: where the kernels run
             if on_simulator() and x.flags.c_contiguous:
                 # the simulator's device memory is the host's: the kernel gets the view itself,
                 # at its own address, as a GPU gets a CuPy view (zero copy), so an offset view
                 # meets the alignment rules there as it would on the GPU
                 return simulator.device_view(_words(x))
             self._check("an input copy", x.shape, x.dtype)
+            return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
+        xp = self.xp
+        if isinstance(x, np.ndarray):
+            # a host array beside device inputs (made by the op, or given by the user): copied
+            # to the device, every call (a launch plan cannot replay it)
+            if self.trace is not None:
+                self.trace.fail(f"a host array {list(x.shape)} is copied to the device")
+            self._check("an input copy", x.shape, x.dtype)
             with self.device():
-                return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
-        with self.device():
-            if self._cupy is not None:
-                if not x.flags.c_contiguous:
-                    self._check("a contiguous input copy", x.shape, x.dtype)
-                return cuda.as_cuda_array(_words(self._cupy.ascontiguousarray(x)))
-            dx = cuda.as_cuda_array(x)
-            if not dx.is_c_contiguous():
-                self._check("a contiguous input copy", dx.shape, dx.dtype)
-                out = cuda.device_array(dx.shape, dx.dtype, stream=self.stream)
-                out.copy_to_device(dx, stream=self.stream)  # strided copy on device
-                dx = out
-            return dx
+                return _words(xp.asarray(np.ascontiguousarray(x)))
+        if type(x) is not xp.ndarray:   # another producer's array: a view, no synchronisation
+            x = import_cai(xp, x)
+        if not x.flags.c_contiguous:
+            self._check("a contiguous input copy", x.shape, x.dtype)
+            if self.trace is not None:
+                self.trace.fail("a non-contiguous input is copied")
+            with self.device():
+                x = xp.ascontiguousarray(x)
+        return _words(x)
 
     # -- outputs -----------------------------------------------------------------------------
     def empty(self, shape, dtype):
@@ -337,44 +410,23 @@ class ArrayCall:
         uint16 words (:meth:`result` views it back)."""
         dtype = np.dtype(dtype)
         self._check("an output", shape, dtype)
-        if dtype == BFLOAT16:
-            out = self._empty_words(shape)
-            self._bf16[id(out)] = out
-            return out
-        if not self.on_device:
-            host = np.empty(shape, dtype)
+        bf16 = dtype == BFLOAT16
+        alloc = np.dtype(np.uint16) if bf16 else dtype
+        if self.on_device:
+            with self.device():
+                arr = self.xp.empty(shape, alloc)
+            if self.trace is not None:
+                self.trace.alloc(arr)
+            if _POISON:   # every byte 0xFF: a NaN in every float format (-1 in an integer)
+                self._memset(arr, 0xFF)
+        else:
+            host = np.empty(shape, alloc)
             if _POISON:
-                host.fill(_poison_value(dtype))
-            return cuda.to_device(host, stream=self.stream)
-        with self.device():
-            if self._cupy is not None:
-                arr = self._cupy.empty(shape, dtype)
-                if _POISON:
-                    arr.fill(_poison_value(dtype))
-                return cuda.as_cuda_array(arr)
-            arr = cuda.device_array(shape, dtype, stream=self.stream)
-            if _POISON:
-                arr.copy_to_device(np.full(shape, _poison_value(dtype), dtype), stream=self.stream)
-            return arr
-
-    def _empty_words(self, shape):
-        """uint16 words for a bfloat16 output, poisoned with a NaN's bits."""
-        u16 = np.dtype(np.uint16)
-        if not self.on_device:
-            host = np.empty(shape, u16)
-            if _POISON:
-                host.fill(BF16_NAN_BITS)
-            return cuda.to_device(host, stream=self.stream)
-        with self.device():
-            if self._cupy is not None:
-                arr = self._cupy.empty(shape, u16)
-                if _POISON:
-                    arr.fill(BF16_NAN_BITS)
-                return cuda.as_cuda_array(arr)
-            arr = cuda.device_array(shape, u16, stream=self.stream)
-            if _POISON:
-                arr.copy_to_device(np.full(shape, BF16_NAN_BITS, u16), stream=self.stream)
-            return arr
+                host.fill(BF16_NAN_BITS if bf16 else _poison_value(dtype))
+            arr = cuda.to_device(host, stream=self.stream)
+        if bf16:
+            self._bf16[id(arr)] = arr
+        return arr
 
     def zeros(self, shape, dtype):
         """A zero-filled work buffer (for atomics)."""
@@ -382,22 +434,30 @@ class ArrayCall:
         if not self.on_device:
             return cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
         with self.device():
-            if self._cupy is not None:
-                return cuda.as_cuda_array(self._cupy.zeros(shape, dtype))
-            return cuda.to_device(np.zeros(shape, dtype), stream=self.stream)
+            arr = self.xp.empty(shape, dtype)
+        if self.trace is not None:
+            self.trace.alloc(arr)
+        self._memset(arr, 0)
+        return arr
+
+    def _memset(self, arr, byte):
+        """Every byte of device array ``arr`` set to ``byte``, on the call's stream."""
+        from .launch import data_pointer
+
+        self.driver.memset(data_pointer(arr), byte, arr.nbytes, self.stream)
+        if self.trace is not None:
+            self.trace.memset(arr, byte, arr.nbytes)
 
     def result(self, x):
         """Give a kernel output back in the kind the caller passed in (a bfloat16 output,
-        allocated as words by :meth:`empty`, viewed as bfloat16 again: no copy on the GPU)."""
+        allocated as words by :meth:`empty`, viewed as bfloat16 again: no copy on the GPU).
+        Device calls give the array library's arrays (CuPy's, also for another producer's
+        inputs)."""
         bf16 = self._bf16.get(id(x)) is x
         if not self.on_device:
             host = x.copy_to_host(stream=self.stream)
             return host.view(BFLOAT16) if bf16 else host
-        if self._cupy is not None:
-            with self.device():
-                arr = self._cupy.asarray(x)
-                return arr.view(BFLOAT16) if bf16 else arr
-        return x  # a Numba device array of bfloat16 words (Numba has no bfloat16 dtype)
+        return x.view(BFLOAT16) if bf16 else x
 
     def launch(self, kernel, grid, block, *args, work=None, shared=0):
         """Launch ``kernel[grid, block, stream, shared](*args)`` (on the inputs' device).
@@ -405,8 +465,20 @@ class ArrayCall:
         ``work`` (a :class:`~numba_flash.frontend.sim_time.SimWork`) describes what the threads
         do, for the simulator's time estimate and its warning before a long launch; it changes
         nothing on the GPU.  ``shared``: bytes of dynamic shared memory (past 48 KiB opted into
-        first: :func:`opt_in_shared`)."""
-        if not on_simulator():
+        first).  Device calls launch through a
+        :class:`~numba_flash.frontend.launch.PreparedLaunch` (reported to the call's trace)."""
+        if self.on_device:
+            from .launch import PreparedLaunch, arg_type
+
+            with self.device():
+                prep = PreparedLaunch(self.driver, kernel, [arg_type(a) for a in args], args,
+                                      grid, block, shared, self.stream)
+                if self.trace is not None:
+                    self.trace.launch(prep)
+                prep.run_direct()
+            self._check_guards()
+            return
+        if not on_simulator():   # NumPy inputs on a GPU: Numba's dispatcher
             with self.device(), warnings.catch_warnings():
                 # numba warns on every grid under 128 blocks; a small problem is not a mistake
                 warnings.simplefilter("ignore", _performance_warning())
@@ -419,26 +491,22 @@ class ArrayCall:
             _ESTIMATES.append((name, simulator_seconds(grid, block, work)))
             return
         warn_if_slow(kernel, grid, block, work)
-        try:
-            with simulator.fast_switching(), warnings.catch_warnings():  # see numba_flash.simulator
-                # an integer division by zero (a NumPy integer: 0 and a warning; a Python int
-                # raises) is an error wherever it happens, a user's function or a kernel
-                warnings.filterwarnings("error", INT_DIVIDE_BY_ZERO, RuntimeWarning)
-                kernel[grid, block, self.stream, shared](*args)
-        except Exception as exc:  # raised in a user's score_mod / mask_mod: told in its terms
-            from ..flex.errors import user_error
+        from .launch import simulate_launch
 
-            mapped = user_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from None
+        simulate_launch(kernel, grid, block, shared, args, self.stream)
         self._check_guards()
 
     def _check_guards(self):
         """NUMBA_FLASH_CHECK_AUX=1: an aux read out of range in the launch is an IndexError
         (:mod:`numba_flash.flex.aux_check`; one synchronisation per launch)."""
         for dev, guard in self._guards:
-            with self.device():
+            if self.on_device:
+                from .plans import note_host_read
+
+                note_host_read("NUMBA_FLASH_CHECK_AUX's guard")
+                with self.device():
+                    found = self.xp.asnumpy(dev)
+            else:
                 found = dev.copy_to_host()
             if found[0]:
                 raise guard.report(found)
@@ -449,11 +517,17 @@ class ArrayCall:
 KERNEL_INTS = (np.dtype(np.int32), np.dtype(np.int64))
 
 
-def host_ints(x):
+def host_ints(x, name="an integer array"):
     """Host copy of a small integer array (NumPy as is; a device array is copied to the host:
-    only in the validating mode)."""
+    only in the validating mode, a synchronisation)."""
     if is_device_array(x):
-        return cuda.as_cuda_array(x).copy_to_host()
+        from .plans import note_host_read
+
+        note_host_read(name)
+        xp = device_module(x, name)
+        if type(x) is not xp.ndarray:
+            x = import_cai(xp, x)
+        return xp.asnumpy(x)
     return np.asarray(x)
 
 
