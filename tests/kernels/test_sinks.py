@@ -196,3 +196,49 @@ def test_varlen_forward_and_backward_with_a_sink(rng):
     want = reference.attention_backward_varlen(do, q, k, v, cu_q, cu_k, **kw)
     for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
         assert_scaled_close(np.asarray(g, np.float64), w, 4e-6, name=name)
+
+
+# -- a -inf sink is no sink: its gradient is 0, also where a row sees no key (issue 59) ----------
+def _no_key_rows(rng):
+    """Two queries against one key, causal: query 0 sees no key (its lse is the sink's, or
+    -inf); head 0's sink is -inf (none), head 1's finite."""
+    q = rng.standard_normal((1, 2, 2, 4)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 1, 4)).astype(np.float32)
+    return q, k, k.copy(), np.array([-np.inf, 0.5], np.float32)
+
+
+@pytest.mark.parametrize("kernel", ["simt", "mma"])
+def test_a_minus_inf_sink_gets_a_zero_gradient(rng, kernel):
+    """The fuzzer's repro: dsink was NaN for the -inf head (exp(-inf - -inf)); it is 0, the
+    finite head's as the reference's, in the backward and the reference."""
+    q, k, v, sink = _no_key_rows(rng)
+    dtype = np.float16 if kernel == "mma" else np.float32
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, learnable_sink=sink,
+                                 kernel=kernel)
+    do = np.ones_like(o)
+    got = numba_flash.backward(do, q, k, v, o, lse, causal=True, learnable_sink=sink,
+                               kernel=kernel)[3]
+    want = reference.attention_backward(do, q, k, v, causal=True, learnable_sink=sink)[3]
+    assert got[0] == 0 and want[0] == 0
+    assert np.isfinite(got).all() and got[1] != 0
+    np.testing.assert_allclose(got, want, atol=2e-3 if kernel == "mma" else 1e-6)
+
+
+def test_a_minus_inf_sink_gets_a_zero_gradient_varlen(rng):
+    """The same in a packed batch (a sequence whose first row sees no key beside one with no
+    keys at all): backward_varlen and the reference's varlen backward."""
+    cu_q = np.array([0, 2, 4], np.int32)
+    cu_k = np.array([0, 1, 1], np.int32)
+    q = rng.standard_normal((4, 2, 4)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 4)).astype(np.float32)
+    sink = np.array([-np.inf, 0.5], np.float32)
+    kw = dict(causal=True, learnable_sink=sink)
+    o, lse = numba_flash.forward_varlen(q, k, k, cu_q, cu_k, max_seqlen_q=2, max_seqlen_k=1,
+                                        return_lse=True, **kw)
+    do = np.ones_like(o)
+    got = numba_flash.backward_varlen(do, q, k, k, o, lse, cu_q, cu_k, max_seqlen_q=2,
+                                      max_seqlen_k=1, **kw)[3]
+    want = reference.attention_backward_varlen(do, q, k, k, cu_q, cu_k, **kw)[3]
+    assert got[0] == 0 and want[0] == 0 and np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=1e-6)

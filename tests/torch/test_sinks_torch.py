@@ -171,3 +171,18 @@ def test_a_bad_sink_tensor_is_named(gen, sink, err, words):
     with pytest.raises(err) as info:
         nft.flash_attn_func(q, q, q, learnable_sink=sink)
     assert "learnable_sink" in str(info.value) and words in str(info.value)
+
+
+def test_a_minus_inf_sink_gets_a_zero_gradient(gen):
+    """Issue 59's repro through autograd (flash_attn_func and the user-variant path): a row that
+    sees no key beside a -inf sink gave dsink = NaN; it is 0."""
+    q = randn(gen, 1, 2, 2, 4, requires_grad=True)
+    k = randn(gen, 1, 1, 2, 4, requires_grad=True)
+    sink = torch.tensor([-float("inf"), 0.5], requires_grad=True)
+    outs = {"custom op": nft.flash_attn_func(q, k, k, causal=True, learnable_sink=sink),
+            "variant": nft.flash_attn_func(q, k, k, causal=True, learnable_sink=sink,
+                                           score_mod=lambda s, b, h, i, j: s,
+                                           score_mod_grad=lambda s, b, h, i, j: 1.0)}
+    for name, out in outs.items():
+        (dsink,) = torch.autograd.grad(out.sum(), (sink,))
+        assert dsink[0].item() == 0.0 and torch.isfinite(dsink).all(), (name, dsink)
