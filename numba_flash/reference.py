@@ -346,6 +346,9 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, dropout_mask=None, d
     every row's denominator as a key with no value, ``o_i = sum_j e^{S_ij} v_j / (e^{sink_h} +
     sum_j e^{S_ij})`` and ``lse_i = log(e^{sink_h} + sum_j e^{S_ij})``; a row that sees no key
     has ``o = 0``, ``lse = sink_h``.  Dropout acts on the keys' probabilities as without it.
+
+    Empty batches: ``B``, ``Nq`` or ``Nk`` 0 gives outputs of those shapes, every row ``o = 0``,
+    ``lse = -inf`` (or ``sink_h``) when ``Nk = 0``, as :func:`numba_flash.forward` answers them.
     """
     q = np.asarray(q, dtype=np.float64)
     h = q.shape[1]
@@ -440,7 +443,7 @@ def attention_backward(
 
     A sink changes ``P`` (its denominator) and nothing else of the formulas (it has no value:
     its ``dP`` is 0); its own gradient is :math:`dsink_h = -\sum_{b,i} e^{sink_h -
-    lse_{bhi}} D_{bhi}`, ``[H]``.
+    lse_{bhi}} D_{bhi}`, ``[H]``.  ``B``, ``Nq`` or ``Nk`` 0: zero gradients (and ``dsink``).
     """
     if score_mod is not None and score_mod_grad is None:
         raise ValueError("score_mod_grad: the backward of a score_mod needs its derivative "
@@ -530,7 +533,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, softm
     its own bottom-right alignment.  ``alibi_slopes`` is ``[H]`` or ``[B, H]``;
     ``dropout_masks`` is ``None`` or a list of per-sequence keep masks ``[H, nq_b, nk_b]``;
     ``learnable_sink`` ``[H]`` as :func:`attention` (a sequence's rows that see no key: ``lse =
-    sink``).
+    sink``; ``total_q`` or ``total_k`` 0, every sequence empty on that side: the same rule).
     """
     q = np.asarray(q, dtype=np.float64)
     o = np.zeros(q.shape[:2] + np.shape(v)[-1:])     # v's head dim (its own, or d)
@@ -725,7 +728,8 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
     positions; otherwise the cache is paged ``[num_blocks, Hkv, block_size, d]`` (see
     :func:`gather_paged`).  Each sequence is then plain :func:`attention` (bottom-right
     alignment, window, softcap, ALiBi ``[H]`` or ``[B, H]``, ``learnable_sink``) against its
-    ``cache_seqlens[b]`` keys; with ``kv_indices`` (``[B, Hkv or 1, Nq, topk]``, or ``[B, Hkv or
+    ``cache_seqlens[b]`` keys (none: ``o = 0``, ``lse = -inf`` or the sink; ``B = 0``: empty
+    outputs); with ``kv_indices`` (``[B, Hkv or 1, Nq, topk]``, or ``[B, Hkv or
     1, topk]`` for a ``[B, H, d]`` q) it is :func:`sparse_attention` over those keys instead.
     """
     q = np.asarray(q, dtype=np.float64)
@@ -751,11 +755,18 @@ def paged_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal
                                       lists[:, :, None] if lists.ndim == 3 else lists, **kw)
         outs.append(o[0])
         lses.append(lse[0])
-    o = np.stack(outs)
-    lse = np.stack(lses)
+    o, lse = _stack_rows(outs, lses, q4.shape[1:3], np.shape(v_cache)[-1])
     if single:
         return o[:, :, 0], lse[:, :, 0]
     return o, lse
+
+
+def _stack_rows(outs, lses, rows, d_v):
+    """Each sequence's ``o [H, Nq, d_v]`` and ``lse [H, Nq]`` stacked into a batch; an empty
+    batch (no sequence) gives ``o [0, H, Nq, d_v]`` and ``lse [0, H, Nq]``."""
+    if not outs:
+        return np.zeros((0, *rows, d_v)), np.zeros((0, *rows))
+    return np.stack(outs), np.stack(lses)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -838,7 +849,8 @@ def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None
     ``score_mod`` / ``mask_mod`` (:func:`attention`'s) see the positions of the sequence as
     :func:`numba_flash.decode` gives them: ``b`` the sequence, ``q_idx = L - Nq + i`` for
     query token ``i`` (``L = cache_seqlens[b] + Nnew``) and ``kv_idx`` the key's cache position
-    (``cache_leftpad[b] + j`` for key ``j`` of the slice)."""
+    (``cache_leftpad[b] + j`` for key ``j`` of the slice).  A sequence with no key: ``o = 0``,
+    ``lse = -inf`` (or the sink); ``B = 0``: empty ``o`` and ``lse``."""
     q = np.asarray(q, dtype=np.float64)
     single = q.ndim == 3
     q4 = q[:, :, None, :] if single else q
@@ -891,7 +903,7 @@ def kvcache_decode(q, k_cache, v_cache, cache_seqlens, *, k_new=None, v_new=None
                            **at_positions(s, n - nq, lp))
         outs.append(o[0])
         lses.append(lse[0])
-    o, lse = np.stack(outs), np.stack(lses)
+    o, lse = _stack_rows(outs, lses, q4.shape[1:3], v_c.shape[-1])
     if single:
         o, lse = o[:, :, 0], lse[:, :, 0]
     return o, lse, k_c, v_c

@@ -51,10 +51,12 @@ class ForwardArgs(NamedTuple):
 
 
 def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
-                       softcap, alibi_slopes, learnable_sink=None):
+                       softcap, alibi_slopes, learnable_sink=None, empty=False):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
-    share (raising before any launch) and return them as a :class:`ForwardArgs`."""
-    qkv = check_qkv(q, k, v, value_dim=True)
+    share (raising before any launch) and return them as a :class:`ForwardArgs`.  ``empty``:
+    ``B``, ``Nq``, ``Nk`` may be 0 (:func:`numba_flash.forward` answers those without a launch,
+    :mod:`numba_flash.frontend.empty`)."""
+    qkv = check_qkv(q, k, v, value_dim=True, empty=empty)
     b, h, nq, nk = qkv.b, qkv.h, qkv.nq, qkv.nk
     d, dtype = qkv.d, qkv.dtype
     causal = check_bool("causal", causal)
@@ -205,13 +207,14 @@ class BackwardArgs(NamedTuple):
 
 def check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                         seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
-                        score_mod_grad, block_mask, aux_tensors, check_dtype=None):
+                        score_mod_grad, block_mask, aux_tensors, check_dtype=None, empty=False):
     """Check every argument :func:`backward` and
     :func:`~numba_flash.ops.backward_mma.backward_mma` share (raising before any launch), in
     one order: the arrays, then ``check_dtype(dtype)`` when given, the flags, the scale,
     ``dropout_p`` and ``seed``, the built-in variants, the user's variant; return them as a
-    :class:`BackwardArgs`."""
-    qkv = check_backward_arrays(do, q, k, v, o, lse, value_dim=True)
+    :class:`BackwardArgs`.  ``empty``: ``B``, ``Nq``, ``Nk`` may be 0 (:func:`numba_flash.backward`
+    answers those with zero gradients, :mod:`numba_flash.frontend.empty`)."""
+    qkv = check_backward_arrays(do, q, k, v, o, lse, value_dim=True, empty=empty)
     b, h, nq, nk = qkv.b, qkv.h, qkv.nq, qkv.nk
     d, dtype = qkv.d, qkv.dtype
     if check_dtype is not None:

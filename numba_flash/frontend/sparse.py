@@ -44,13 +44,14 @@ from .validate import (
 
 def check_kv_indices(kv_indices, b, hkv, nq, name="kv_indices"):
     """Shape and dtype of an index list array (before any copy): integers ``[B, Hkv or 1, Nq,
-    topk]`` (``topk >= 1``).  Returns ``topk``.  A float array is a ``TypeError``, a shape
-    that does not fit a ``ValueError``, both naming ``name``."""
+    topk]`` (``topk >= 1``; ``B`` and ``Nq`` may be 0, an empty batch).  Returns ``topk``.  A
+    float array is a ``TypeError``, a shape that does not fit a ``ValueError``, both naming
+    ``name``."""
     shape, dtype = array_info(name, kv_indices)
     if dtype not in INT_DTYPES:
         raise TypeError(f"{name}: expected an integer array (int32 key positions, -1 for none), "
                         f"got dtype {dtype}")
-    shape, _ = check_array(name, kv_indices, 4, INT_DTYPES)
+    shape, _ = check_array(name, kv_indices, 4, INT_DTYPES, (0, 2))
     heads = (hkv,) if hkv == 1 else (hkv, 1)
     if shape[0] != b or shape[1] not in heads or shape[2] != nq:
         raise ValueError(f"{name}: expected shape [B, Hkv or 1, Nq, topk] = [{b}, "
@@ -110,7 +111,8 @@ def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, wi
     if kernel not in SPARSE_KERNELS:
         raise ValueError(f"kernel: expected one of {SPARSE_KERNELS} with kv_indices (the gather "
                          f"runs on the decode kernels), got {kernel!r}")
-    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
+    # an empty batch, query block or key set: decode's answer (o = 0, lse = -inf or the sink)
+    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True, empty=True)
     xp = array_module(q)
     lengths = xp.full((s.b,), s.nk, dtype=np.int32)   # every sequence: Nk keys
     # the decode op imported by name, as the kernel choice imports the tensor-core ops
@@ -136,7 +138,7 @@ def listed_table(kv_indices, nk, h):
     idx = xp.asarray(kv_indices).astype(np.int64)
     rows = int(np.prod(idx.shape[:3]))
     table = xp.zeros((rows, nk + 1), dtype=np.int8)   # column nk: where the -1 entries go
-    where = xp.where(idx >= 0, idx, nk).reshape(rows, -1)
+    where = xp.where(idx >= 0, idx, nk).reshape(rows, idx.shape[3])
     table[xp.arange(rows)[:, None], where] = 1        # (a fancy-index store: NumPy and CuPy)
     listed = xp.ascontiguousarray(table[:, :nk]).reshape(idx.shape[:3] + (nk,))
     heads = (xp.arange(h, dtype=np.int32) // (h // idx.shape[1])).astype(np.int32)
@@ -180,7 +182,7 @@ def sparse_mask(q, k, v, kv_indices):
     aux_tensors)`` for the dense backward (:func:`listed_keys` over :func:`listed_table`), the
     lists always validated on the host (device lists included: a dense table of a bad entry
     would mark another key, not a NaN row)."""
-    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True)
+    s = check_qkv(q, k, v, dtypes=ATTENTION_DTYPES, value_dim=True, empty=True)
     validate_lists(kv_indices, s.b, s.hkv, s.nq, [s.nk] * s.b, validate=True)
     return listed_keys, listed_table(kv_indices, s.nk, s.h)
 
@@ -217,7 +219,7 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
     if len(shape) != 3 or shape[0] != qs[0]:
         raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = [{qs[0]}, "
                          f"Hkv or 1, topk] with cu_seqlens, got {list(shape)}")
-    max_q = max(1, int(len_q.max(initial=0)))
+    max_q = int(len_q.max(initial=0))   # 0: no query row, decode's empty answer
     at = tuple(xp.asarray(a) for a in _padded_rows(cu_q, max_q))   # (sequence, padded row)
     q_pad = xp.zeros((n_seq, max_q) + tuple(qs[1:]), q.dtype)
     q_pad[at] = q
@@ -266,8 +268,9 @@ def sparse_backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, kv_i
     cu_k = np.asarray(host_ints(cu_seqlens_k), np.int64)
     n_seq = len(cu_q) - 1
     len_k = np.diff(cu_k)
-    max_q = max(1, int(np.diff(cu_q).max(initial=0)))
-    max_k = max(1, int(len_k.max(initial=0)))
+    # 0 rows or keys (every sequence empty on that side): the backward's zero gradients
+    max_q = int(np.diff(cu_q).max(initial=0))
+    max_k = int(len_k.max(initial=0))
     shape = _packed_lists_shape(kv_indices)
     if len(shape) != 3 or shape[0] != int(cu_q[-1]):
         raise ValueError(f"kv_indices: expected shape [total_q, Hkv or 1, topk] = "

@@ -8,6 +8,8 @@ and what came.  Nothing here copies or modifies an input.
 from __future__ import annotations
 
 from collections import namedtuple
+import contextlib
+import contextvars
 import math
 import numbers
 
@@ -65,11 +67,30 @@ def _rank_text(ndims):
     return " or ".join(f"{n}-D" for n in ranks)
 
 
-def check_array(name, x, ndim, dtypes=FLOAT_DTYPES):
+#: the axes each named array may have empty within :func:`allow_empty` (``{name: axes}``)
+_EMPTY_AXES = contextvars.ContextVar("numba_flash_empty_axes", default={})
+
+
+@contextlib.contextmanager
+def allow_empty(**axes):
+    """Within the block, :func:`check_array` of an array named as a keyword takes zero on the
+    axes given (``allow_empty(k_cache=(0, 2))``), where its caller passes no ``empty_axes``: how
+    an op that answers empty batches (:mod:`numba_flash.frontend.empty`) lets the shared checks
+    of its arguments (a cache, ``k_new``) take them."""
+    token = _EMPTY_AXES.set({**_EMPTY_AXES.get(), **axes})
+    try:
+        yield
+    finally:
+        _EMPTY_AXES.reset(token)
+
+
+def check_array(name, x, ndim, dtypes=FLOAT_DTYPES, empty_axes=None):
     """Check type, dtype, rank and non-emptiness; return ``(shape, dtype)``.
 
     ``ndim`` is one rank or several (a tuple or a ``range``: ``range(2, 10)`` reads "a 2-D to 9-D
-    array" in the message)."""
+    array" in the message).  ``empty_axes``: the axes that may be 0 (an empty batch or key set,
+    :mod:`numba_flash.frontend.empty`); any other empty axis is a ``ValueError`` ("expected no
+    empty dimension").  None: the axes :func:`allow_empty` gives ``name``, else none."""
     shape, dtype = array_info(name, x)
     if dtype not in dtypes:
         allowed = ", ".join(str(d) for d in dtypes)
@@ -78,7 +99,9 @@ def check_array(name, x, ndim, dtypes=FLOAT_DTYPES):
     if len(shape) not in ndims:
         raise ValueError(f"{name}: expected a {_rank_text(ndims)} array, got shape {shape} "
                          f"({len(shape)}-D)")
-    if any(s == 0 for s in shape):
+    if empty_axes is None:
+        empty_axes = _EMPTY_AXES.get().get(name, ())
+    if any(s == 0 and i not in empty_axes for i, s in enumerate(shape)):
         raise ValueError(f"{name}: expected no empty dimension, got shape {shape}")
     return shape, dtype
 
@@ -102,6 +125,10 @@ def check_same_kind(named):
         raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
 
 
+#: the axes of a ``[B, H, N, d]`` array that an empty batch or key set leaves 0 (``B``, ``N``)
+BATCH_AND_SEQ = (0, 2)
+
+
 #: What :func:`check_qkv` finds: the dims of ``q [B, H, Nq, d]`` and ``k [B, Hkv, Nk, d]`` and the
 #: dtype the three share.
 QKVShape = namedtuple("QKVShape", "b h hkv nq nk d dtype")
@@ -113,18 +140,21 @@ QKVShapeDv = namedtuple("QKVShapeDv", "b h hkv nq nk d d_v dtype")
 
 
 def check_qkv(q, k, v, q_name="q", k_name="k", v_name="v", dtypes=ATTENTION_DTYPES,
-              value_dim=False):
+              value_dim=False, empty=False):
     """Check the ``[B, H, Nq, d]`` / ``[B, Hkv, Nk, d]`` attention contract (``dtypes``: the
     element dtypes allowed, one for all three; mixing bfloat16 with another is a ``TypeError``
     naming the odd argument).  ``value_dim``: ``v`` may have a head dim of its own,
-    ``[B, Hkv, Nk, d_v]`` with ``d_v`` in 1..256.
+    ``[B, Hkv, Nk, d_v]`` with ``d_v`` in 1..256.  ``empty``: ``B``, ``Nq`` and ``Nk`` may be 0
+    (an op that answers empty batches, :mod:`numba_flash.frontend.empty`); ``H`` and ``d``
+    never.
 
     Returns a :class:`QKVShape` ``(B, H, Hkv, Nq, Nk, d, dtype)`` (``value_dim``: a
     :class:`QKVShapeDv` ``(B, H, Hkv, Nq, Nk, d, d_v, dtype)``).
     """
-    (qs, qd) = check_array(q_name, q, 4, dtypes)
-    (ks, kd) = check_array(k_name, k, 4, dtypes)
-    (vs, vd) = check_array(v_name, v, 4, dtypes)
+    axes = BATCH_AND_SEQ if empty else ()
+    (qs, qd) = check_array(q_name, q, 4, dtypes, axes)
+    (ks, kd) = check_array(k_name, k, 4, dtypes, axes)
+    (vs, vd) = check_array(v_name, v, 4, dtypes, axes)
     dtype = check_same_dtype({q_name: qd, k_name: kd, v_name: vd})
     check_same_kind({q_name: q, k_name: k, v_name: v})
     b, h, nq, d = qs
@@ -280,17 +310,19 @@ def int_values(name, values):
     return values.astype(np.int64)
 
 
-def check_backward_arrays(do, q, k, v, o, lse, value_dim=False):
+def check_backward_arrays(do, q, k, v, o, lse, value_dim=False, empty=False):
     """The backward's arrays: :func:`check_qkv` for ``q, k, v``; ``do`` and ``o`` of ``q``'s
     shape and dtype (``value_dim``: ``v`` may have a head dim of its own, ``d_v``, and so do
     ``do`` and ``o``); ``lse [B, H, Nq]`` in the compute dtype (float32, float64 for float64);
-    all on one side (host or GPU).  Returns what :func:`check_qkv` returns."""
-    checked = check_qkv(q, k, v, value_dim=value_dim)
+    all on one side (host or GPU).  ``empty``: ``B``, ``Nq``, ``Nk`` may be 0 (as
+    :func:`check_qkv`'s).  Returns what :func:`check_qkv` returns."""
+    checked = check_qkv(q, k, v, value_dim=value_dim, empty=empty)
+    axes = BATCH_AND_SEQ if empty else ()
     b, h, nq, d = checked.b, checked.h, checked.nq, checked.d
     dtype = checked.dtype
     d_v = checked.d_v if value_dim else d
-    do_shape, do_dtype = check_array("do", do, 4, ATTENTION_DTYPES)
-    o_shape, o_dtype = check_array("o", o, 4, ATTENTION_DTYPES)
+    do_shape, do_dtype = check_array("do", do, 4, ATTENTION_DTYPES, axes)
+    o_shape, o_dtype = check_array("o", o, 4, ATTENTION_DTYPES, axes)
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != (b, h, nq, d_v):
@@ -299,7 +331,7 @@ def check_backward_arrays(do, q, k, v, o, lse, value_dim=False):
                              f"{shape}")
     from ..kernels.core.common import acc_dtype  # the compute dtype, which lse is stored in
 
-    lse_shape, _ = check_array("lse", lse, 3, dtypes=(acc_dtype(dtype),))
+    lse_shape, _ = check_array("lse", lse, 3, (acc_dtype(dtype),), axes)
     if lse_shape != (b, h, nq):
         raise ValueError(f"lse: expected shape {(b, h, nq)} ([B, H, Nq] of q), got {lse_shape}")
     check_same_kind({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})

@@ -231,14 +231,17 @@ class PackedQKVShapeDv(NamedTuple):
     dtype: np.dtype
 
 
-def check_packed_qkv(q, k, v, value_dim=False):
+def check_packed_qkv(q, k, v, value_dim=False, empty=False):
     """``q [total_q, H, d]``, ``k`` and ``v [total_k, Hkv, d]``; returns a
     :class:`PackedQKVShape` ``(total_q, H, Hkv, total_k, d, dtype)``.  ``value_dim``: ``v
     [total_k, Hkv, d_v]`` may have a head dim of its own (1..256), and the return is a
-    :class:`PackedQKVShapeDv` ``(total_q, H, Hkv, total_k, d, d_v, dtype)``."""
-    (qs, qd) = check_array("q", q, 3, ATTENTION_DTYPES)
-    (ks, kd) = check_array("k", k, 3, ATTENTION_DTYPES)
-    (vs, vd) = check_array("v", v, 3, ATTENTION_DTYPES)
+    :class:`PackedQKVShapeDv` ``(total_q, H, Hkv, total_k, d, d_v, dtype)``.  ``empty``:
+    ``total_q`` and ``total_k`` may be 0 (every sequence empty on that side: the varlen ops
+    answer it without a launch, :mod:`numba_flash.frontend.empty`)."""
+    axes = (0,) if empty else ()
+    (qs, qd) = check_array("q", q, 3, ATTENTION_DTYPES, axes)
+    (ks, kd) = check_array("k", k, 3, ATTENTION_DTYPES, axes)
+    (vs, vd) = check_array("v", v, 3, ATTENTION_DTYPES, axes)
     dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
     check_same_kind({"q": q, "k": k, "v": v})
     total_q, h, d = qs

@@ -7,8 +7,6 @@ packed arrays as one batch and the ``cu_seqlens``).
 
 from __future__ import annotations
 
-
-
 from ..frontend import ArrayCall
 from ..frontend.kernel_args import check_backward_args
 from ..frontend.variants import check_sink
@@ -21,6 +19,7 @@ from ..frontend.sparse import (
 from ..frontend.kernel_args import kernel_variant
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import array_info
+from ..frontend.empty import is_empty, no_key_gradients
 from ..kernels.backward.config import sparse_backward_config
 from ..kernels.backward.sparse import sparse_backward_kernel
 from ..kernels.core.common import acc_dtype, cdiv
@@ -93,6 +92,11 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     :func:`numba_flash.frontend.sparse.sparse_mask`).  Not with dropout, a ``score_mod``,
     ``mask_mod`` or ``block_mask``.
 
+    Empty batches (:mod:`numba_flash.frontend.empty`): ``B``, ``Nq`` or ``Nk`` 0 is answered
+    after every check, without a launch: ``dq``, ``dk``, ``dv`` (and the aux gradients) zero,
+    ``dsink`` from its formula (0 for the forward's ``o`` and ``lse``); ``H = 0`` or ``d = 0``
+    is a ``ValueError``.
+
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
     """
     if kv_indices is not None:   # the user's functions and dropout: not with the lists
@@ -109,13 +113,15 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
         mask_mod, aux_tensors = sparse_mask(q, k, v, kv_indices)
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
                             seed, window_size, softcap, alibi_slopes, score_mod, mask_mod,
-                            score_mod_grad, block_mask, aux_tensors)
+                            score_mod_grad, block_mask, aux_tensors, empty=True)
     aux = prepare_aux_grad(aux_grad, a.variant, a.dtype, dropout_p)
     sink = check_sink(learnable_sink, a.h)
     if a.d_v != a.d and aux is not None:
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
                          f"not {a.d}): the aux gradients take d_v == d only so far")
     choice = choose_backward_kernel(kernel, a.dtype)
+    if is_empty(a.b, a.nq, a.nk):   # no row or no key: zero gradients, no launch
+        return no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype)
     if choice.kernel == "mma":  # validated above, once: straight to the launches
         grads = choice.launcher()(
             do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,
@@ -149,9 +155,12 @@ def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, 
         raise ValueError(f"kernel: expected 'auto' or 'simt' with kv_indices (the token-sparse "
                          f"backward is a SIMT kernel), got {kernel!r}")
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, False, 0.0, seed,
-                            window_size, softcap, alibi_slopes, None, None, None, None, ())
+                            window_size, softcap, alibi_slopes, None, None, None, None, (),
+                            empty=True)
     sink = check_sink(learnable_sink, a.h)
     validate_lists(kv_indices, a.b, a.hkv, a.nq, [a.nk] * a.b)
+    if is_empty(a.b, a.nq, a.nk):
+        return no_key_gradients(do, q, k, v, o, lse, sink, None, a.dtype)
     acc_t = acc_dtype(a.dtype)
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
                       "kv_indices": kv_indices})

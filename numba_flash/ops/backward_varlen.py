@@ -15,6 +15,7 @@ from ..kernels.core.common import acc_dtype
 from ..philox import dropout_params
 from ..frontend.aux_grad import aux_gradients, prepare_aux_grad
 from ..frontend.backward_launch import launch_backward, sink_gradient
+from ..frontend.empty import no_key_gradients
 
 
 def _as_batch(x):
@@ -69,20 +70,24 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     mask's EMPTY tiles are not skipped in the backward yet).  ``aux_grad`` as in
     :func:`numba_flash.backward` (``b`` the sequence, positions within it): the call then
     returns ``(dq, dk, dv, *aux_grads)``.
+
+    Empty batches: ``total_q = 0`` or ``total_k = 0`` (every sequence empty on that side) is
+    answered after every check, without a launch: zero gradients (``dsink`` and the aux
+    gradients as :func:`numba_flash.backward` gives them there).
     """
-    qkv = check_packed_qkv(q, k, v, value_dim=True)
+    qkv = check_packed_qkv(q, k, v, value_dim=True, empty=True)
     total_q, h, total_k = qkv.total_q, qkv.h, qkv.total_k
     d, d_v, dtype = qkv.d, qkv.d_v, qkv.dtype
     q_shape = (total_q, h, d_v)       # do and o: v's head dim (d, or its own)
-    do_shape, do_dtype = check_array("do", do, 3, ATTENTION_DTYPES)
-    o_shape, o_dtype = check_array("o", o, 3, ATTENTION_DTYPES)
+    do_shape, do_dtype = check_array("do", do, 3, ATTENTION_DTYPES, (0,))
+    o_shape, o_dtype = check_array("o", o, 3, ATTENTION_DTYPES, (0,))
     check_same_dtype({"q": dtype, "do": do_dtype, "o": o_dtype})
     for name, shape in (("do", do_shape), ("o", o_shape)):
         if shape != q_shape:
             what = "q" if d_v == d else "q with v's head dim"
             raise ValueError(f"{name}: expected the shape of {what} {q_shape}, got {shape}")
     lse_dtype = acc_dtype(dtype)
-    lse_shape, _ = check_array("lse", lse, 2, dtypes=(lse_dtype,))
+    lse_shape, _ = check_array("lse", lse, 2, (lse_dtype,), (1,))
     if lse_shape != (h, total_q):
         raise ValueError(f"lse: expected shape {(h, total_q)} ([H, total_q] of q), got "
                          f"{lse_shape}")
@@ -121,6 +126,8 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({d_v}, "
                          f"not {d}): the aux gradients take d_v == d only so far")
     sink = check_sink(learnable_sink, h)
+    if total_q == 0 or total_k == 0:   # every sequence empty on one side: no launch
+        return no_key_gradients(do, q, k, v, o, lse, sink, aux, dtype)
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
     ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]

@@ -12,6 +12,14 @@ kernel on ``q`` and ``k_new`` (:mod:`numba_flash.ops.rotary`), the append kernel
 the decode kernel, which reads ``cache_leftpad`` itself and ``cache_batch_idx`` as a
 one-column block table.
 
+Empty batches (:mod:`numba_flash.frontend.empty`) are answered after every check (and the
+validation) without a launch: ``B = 0`` (``q [0, H, (Nq,) d]``, ``cache_seqlens [0]``) or
+``Nq = 0`` gives empty outputs; a cache that holds no key (a contiguous one with ``Nmax = 0``,
+a paged one with no block; every length then 0, which ``validate`` checks) gives ``o = 0``,
+``lse = -inf`` (``sink_h`` with a learnable sink; unvalidated, a length other than 0 makes its
+rows NaN, as the kernel would); ``k_new`` into such a cache is the room error.  ``H = 0`` or
+``d = 0`` is a ``ValueError``.
+
 Split policy (batch invariance)
 -------------------------------
 Each sequence's split boundaries come from its own length only (computed in the kernel, see
@@ -35,9 +43,11 @@ from ..frontend import ArrayCall
 from ..frontend.arrays import host_ints, kernel_ints
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
-    ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, array_info, array_module, check_array,
-    check_bool, check_int, check_same_dtype, check_same_kind, check_scale, is_device_array,
+    ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, allow_empty, array_info, array_module,
+    check_array, check_bool, check_int, check_same_dtype, check_same_kind, check_scale,
+    is_device_array,
 )
+from ..frontend.empty import is_empty, no_key_outputs
 from ..frontend.variants import (check_alibi, check_sink, check_sink_values, check_softcap,
                                  check_value_shape, check_window, clamp_window, sink_logits)
 from ..kernels.core.common import acc_dtype, cdiv
@@ -276,7 +286,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     ``[B, H, Nq]``, float32; float64 for float64 inputs).  NumPy in, NumPy out; CuPy in, CuPy out.
     Element types: float16, float32, float64 and bfloat16 (``ml_dtypes.bfloat16``; computed in
     float32, ``o`` bfloat16); ``q``, the caches, ``k_new``/``v_new`` and the rotary tables share
-    one (a mix is a ``TypeError`` naming the argument).
+    one (a mix is a ``TypeError`` naming the argument).  Empty batches (``B`` or ``Nq`` 0, a
+    cache that holds no key): no launch, ``o = 0``, ``lse = -inf`` / ``sink_h`` (module doc).
     """
     s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
                       cache_seqlens=cache_seqlens, block_table=block_table,
@@ -284,10 +295,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
                                 s.kv_fp8, (q, k_cache, v_cache))
     if s.kv_fp8 and s.latent:   # MLA: the value is the latent cache's bytes, K's descale
-        if v_descale is not None:
-            raise ValueError("v_descale: expected None with v_cache=None (the value is k_cache's "
-                             "first head_dim_v columns, scaled by k_descale), got an array")
-        kv_descale[1] = kv_descale[0]
+        _latent_descale(kv_descale, v_descale)
     if kv_indices is not None:
         s = s._replace(topk=check_kv_indices(kv_indices, s.b, s.hkv, s.nq))
     arrays = _decode_arrays(s, q, k_cache, v_cache, cache_seqlens, block_table=block_table,
@@ -317,6 +325,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                                     cache_leftpad=cache_leftpad)
         if kv_indices is not None:
             validate_kv_indices(kv_indices, seqlens)
+    if is_empty(s.b, s.nq, s.n_cache, capacity):   # no row, or no key: no launch
+        return _no_key_answer(s, arrays, opts, new, cache_seqlens, cache_batch_idx, cache_leftpad)
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
     dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
@@ -367,11 +377,59 @@ class DecodeShape(NamedTuple):
     topk: object = None
 
 
+def _latent_descale(kv_descale, v_descale):
+    """An e4m3 latent cache's descales (``[2, B, Hkv]``): the value is the key's bytes, scaled by
+    ``k_descale``, so ``v_descale`` must be None."""
+    if v_descale is not None:
+        raise ValueError("v_descale: expected None with v_cache=None (the value is k_cache's "
+                         "first head_dim_v columns, scaled by k_descale), got an array")
+    kv_descale[1] = kv_descale[0]
+
+
+def _no_key_answer(s, arrays, opts, new, cache_seqlens, cache_batch_idx, cache_leftpad):
+    """:func:`decode` of no row (``B`` or ``Nq`` 0) or of a cache that holds no key (checked
+    and, with ``validate``, validated): ``o = 0``, ``lse = -inf`` or the sink's logit
+    (:mod:`numba_flash.frontend.empty`), no launch.  Unvalidated, the rows the kernels would
+    make NaN are NaN: a length (after the append) other than 0, a left pad other than 0, a
+    ``cache_batch_idx`` entry outside ``[0, Bc)`` (computed on the arrays' own device)."""
+    def bad(xp):   # on the arrays' own device: no host copy
+        rows = (xp.asarray(cache_seqlens) != 0) | (new.nnew > 0)
+        if cache_leftpad is not None:
+            rows |= xp.asarray(cache_leftpad) != 0
+        if cache_batch_idx is not None:
+            cbi = xp.asarray(cache_batch_idx)
+            rows |= (cbi < 0) | (cbi >= s.n_cache)
+        return rows.reshape((s.b, 1) if s.single else (s.b, 1, 1))
+
+    lse_shape = s.qs[:-1]
+    o, lse = no_key_outputs(arrays, lse_shape + (s.d_v,), s.dtype, lse_shape, acc_dtype(s.dtype),
+                            opts.sink, bad=None if opts.validate else bad)
+    return (o, lse) if opts.return_lse else o
+
+
+#: the axes of decode's arrays an empty batch (``B``, ``Nq``) or an empty cache (``Bc``,
+#: ``Nmax``; paged: ``num_blocks``, a table of no column) leaves 0
+_EMPTY_CACHE_AXES, _EMPTY_PAGED_AXES = (0, 2), (0,)
+
+
 def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlens, block_table,
                   cache_batch_idx, kv_cache_dtype="auto"):
     """The shape and dtype checks of ``q``, the caches, ``cache_seqlens``, ``block_table`` and
-    ``cache_batch_idx`` (in :func:`decode`'s order); returns a :class:`DecodeShape`."""
-    qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES)
+    ``cache_batch_idx`` (in :func:`decode`'s order); returns a :class:`DecodeShape`.  Empty
+    batches and caches pass (:func:`_no_key_answer` answers them)."""
+    q_rank = len(array_info("q", q)[0])
+    qs, dtype = check_array("q", q, (3, 4), ATTENTION_DTYPES, (0,) if q_rank == 3 else (0, 2))
+    cache_axes = _EMPTY_CACHE_AXES if block_table is None else _EMPTY_PAGED_AXES
+    with allow_empty(k_cache=cache_axes, v_cache=cache_axes, cache_batch_idx=(0,)):
+        return _check_cache_shapes(qs, dtype, k_cache, v_cache, head_dim_v=head_dim_v,
+                                   k_new=k_new, v_new=v_new, cache_seqlens=cache_seqlens,
+                                   block_table=block_table, cache_batch_idx=cache_batch_idx,
+                                   kv_cache_dtype=kv_cache_dtype)
+
+
+def _check_cache_shapes(qs, dtype, k_cache, v_cache, *, head_dim_v, k_new, v_new,
+                        cache_seqlens, block_table, cache_batch_idx, kv_cache_dtype):
+    """:func:`_check_caches` after ``q``'s own check (``qs``, ``dtype``)."""
     ks, kd = check_cache_array("k_cache", k_cache, kv_cache_dtype)
     latent = v_cache is None                  # MLA: the value is k_cache's first head_dim_v
     if latent:
@@ -413,11 +471,11 @@ def _check_caches(q, k_cache, v_cache, *, head_dim_v, k_new, v_new, cache_seqlen
     if not paged and cache_batch_idx is None and n_cache != b:
         raise ValueError(f"k_cache: expected batch size {b} (from q) in dim 0 of a contiguous "
                          f"cache, got {n_cache}")
-    (ls,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES)
+    (ls,), _ = check_array("cache_seqlens", cache_seqlens, 1, INT_DTYPES, (0,))
     if ls != b:
         raise ValueError(f"cache_seqlens: expected shape ({b},) (batch of q), got ({ls},)")
     if paged:
-        ts, _ = check_array("block_table", block_table, 2, INT_DTYPES)
+        ts, _ = check_array("block_table", block_table, 2, INT_DTYPES, (0, 1))
         if ts[0] != b:
             raise ValueError(f"block_table: expected {b} rows (batch of q), got shape {ts}")
     return DecodeShape(qs, dtype, b, h, nq, d, d_v, hkv, n_cache, n_slots, single, latent, paged,
@@ -455,8 +513,9 @@ def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
         raise ValueError(f"{miss}: expected an array with {have} (both or neither), got None")
     nnew = 0
     if k_new is not None:
-        nnew = check_new_kv(k_new, v_new, s.b, s.hkv, s.d, s.dtype, d_v=s.d_v,
-                            dtype_of="q" if s.kv_fp8 else "k_cache")
+        with allow_empty(k_new=(0,), v_new=(0,)):   # B = 0: an empty batch appends nothing
+            nnew = check_new_kv(k_new, v_new, s.b, s.hkv, s.d, s.dtype, d_v=s.d_v,
+                                dtype_of="q" if s.kv_fp8 else "k_cache")
         check_writable_cache("k_cache", k_cache)
         check_writable_cache("v_cache", v_cache)
     rotary = rotary_cos is not None or rotary_sin is not None
@@ -474,7 +533,7 @@ def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                                               names=("rotary_cos", "rotary_sin"))
     rotary_interleaved = check_bool("rotary_interleaved", rotary_interleaved)
     if cache_leftpad is not None:
-        (lp,), _ = check_array("cache_leftpad", cache_leftpad, 1, INT_DTYPES)
+        (lp,), _ = check_array("cache_leftpad", cache_leftpad, 1, INT_DTYPES, (0,))
         if lp != s.b:
             raise ValueError(f"cache_leftpad: expected shape ({s.b},) (batch of q), got ({lp},)")
     return NewTokens(k_new is not None, nnew, rotary, max_position, rotary_interleaved)

@@ -19,6 +19,7 @@ from ..kernels.forward.config import (
 from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
 from ..frontend.sparse import sparse_forward
 from ..frontend.fp8 import fp8_inputs
+from ..frontend.empty import is_empty, no_key_outputs
 
 
 def _tensor_core_launch(choice):
@@ -26,6 +27,15 @@ def _tensor_core_launch(choice):
     ``launch_forward_wgmma`` of its op module, which take already validated
     :class:`ForwardArgs`)."""
     return choice.launcher()
+
+
+def _no_key_answer(q, k, v, args):
+    """:func:`forward` of an empty batch, query block or key set (``B``, ``Nq`` or ``Nk`` 0,
+    every argument checked): ``o = 0`` and ``lse = -inf`` (or the sink's logit) without a
+    launch (:mod:`numba_flash.frontend.empty`)."""
+    return no_key_outputs({"q": q, "k": k, "v": v}, (args.b, args.h, args.nq, args.d_v),
+                          args.dtype, (args.b, args.h, args.nq), acc_dtype(args.dtype),
+                          args.sink, return_lse=args.return_lse)
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
@@ -120,6 +130,11 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     uint8 ``q``, ``k``, ``v`` read as e4m3 bytes, the form a CuPy array (no fp8 dtype) or a
     CUDA ``torch.float8_e4m3fn`` tensor's bytes carry them in; the descales may then be device
     arrays too.
+
+    Empty batches (:mod:`numba_flash.frontend.empty`): ``B``, ``Nq`` or ``Nk`` 0 is answered
+    after every check, without a launch, on every route but e4m3 inputs: ``o = 0`` and ``lse =
+    -inf`` (``sink_h`` with a learnable sink) in the shapes and dtypes above (flash-attn fills
+    ``lse`` with ``+inf`` there); ``H = 0`` or ``d = 0`` is a ``ValueError``.
     """
     if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
@@ -147,13 +162,16 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
                               block_n=block_n, score_mod=score_mod, mask_mod=mask_mod,
                               block_mask=block_mask, aux_tensors=aux_tensors)
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
-                              window_size, softcap, alibi_slopes, learnable_sink)
+                              window_size, softcap, alibi_slopes, learnable_sink, empty=True)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
     choice = choose_forward_kernel(kernel, dtype, block_m is not None or block_n is not None)
     d_v = args.d_v
+    empty = is_empty(b, nq, args.nk)   # answered after the checks, without a launch
     if choice.kernel != "simt":  # hands on the validated arguments: nothing checked twice
+        if empty:
+            return _no_key_answer(q, k, v, args)
         return _tensor_core_launch(choice)(q, k, v, args, variant)
     use_dropout = args.dropout_p > 0.0  # dropout_p = 0: the plain kernel, nothing drawn
     # a user's variant rides on the score-modifier build (softcap / ALiBi switched at run time)
@@ -163,6 +181,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     block_m = check_tile("block_m", block_m, {bm for bm, _ in allowed})
     block_n = check_tile("block_n", block_n, {bn for _, bn in allowed})
     tiles = choose_tiles(d_tile, dtype, block_m, block_n, mods=use_mods)
+    if empty:
+        return _no_key_answer(q, k, v, args)
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
 
     call = ArrayCall({"q": q, "k": k, "v": v})

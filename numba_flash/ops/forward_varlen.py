@@ -16,9 +16,10 @@ from ..frontend.fp8 import fp8_inputs
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
-from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, array_info,
+from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, allow_empty, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_scale, is_device_array)
+from ..frontend.empty import no_key_outputs
 from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
                                  check_value_shape, check_variants)
 from ..kernels.core.common import acc_dtype, cdiv
@@ -45,10 +46,12 @@ class PagedQKVShape(NamedTuple):
 
 def _check_paged_qkv(q, k, v):
     """``q [total_q, H, d]``, ``k`` and ``v`` paged caches ``[num_blocks, Hkv, block_size, d]``
-    (``v``: ``d_v``); returns a :class:`PagedQKVShape`."""
-    qs, qd = check_array("q", q, 3, ATTENTION_DTYPES)
-    ks, kd = check_array("k", k, 4, ATTENTION_DTYPES)
-    vs, vd = check_array("v", v, 4, ATTENTION_DTYPES)
+    (``v``: ``d_v``); returns a :class:`PagedQKVShape`.  ``total_q`` and ``num_blocks`` may be
+    0 (an empty batch; a cache of no block holds no key: :func:`forward_varlen` then asks
+    ``cu_seqlens_k`` to count none)."""
+    qs, qd = check_array("q", q, 3, ATTENTION_DTYPES, (0,))
+    ks, kd = check_array("k", k, 4, ATTENTION_DTYPES, (0,))
+    vs, vd = check_array("v", v, 4, ATTENTION_DTYPES, (0,))
     dtype = check_same_dtype({"q": qd, "k": kd, "v": vd})
     check_same_kind({"q": q, "k": k, "v": v})
     total_q, h, d = qs
@@ -181,20 +184,27 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     (:func:`numba_flash.ops.forward_fp8.forward_varlen_fp8`); ``qkv_dtype="fp8_e4m3"``: uint8
     inputs read as e4m3 (CuPy's form, as :func:`numba_flash.forward`'s).  ``kernel`` is
     ``"auto"`` otherwise.
+
+    Empty batches (:mod:`numba_flash.frontend.empty`): ``total_q = 0`` or ``total_k = 0`` (every
+    sequence empty on that side; ``cu_seqlens`` of zeros) is answered after every check, without
+    a launch: ``o = 0``, ``lse = -inf`` (``sink_h`` with a learnable sink; flash-attn stores
+    ``+inf``), packed or paged (a cache of no block then too); ``H = 0`` or ``d = 0`` is a
+    ``ValueError``.
     """
     if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # fp8 (FA3's API, as numba_flash.forward's): the fp8 op, imported by name (no op
         # imports another)
         fp8 = importlib.import_module("numba_flash.ops.forward_fp8").forward_varlen_fp8
-        return fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                   max_seqlen_k=max_seqlen_k, causal=causal, window_size=window_size,
-                   softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-                   return_lse=return_lse, learnable_sink=learnable_sink, kernel=kernel,
-                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                   out_dtype=out_dtype, qkv_dtype=qkv_dtype, block_table=block_table,
-                   kv_indices=kv_indices,
-                   validate=validate, dropout_p=dropout_p, score_mod=score_mod, mask_mod=mask_mod,
-                   block_mask=block_mask, aux_tensors=aux_tensors)
+        with allow_empty(q=(0,), k=(0,), v=(0,)):   # it skips sequences without rows or keys
+            return fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                       max_seqlen_k=max_seqlen_k, causal=causal, window_size=window_size,
+                       softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+                       return_lse=return_lse, learnable_sink=learnable_sink, kernel=kernel,
+                       q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                       out_dtype=out_dtype, qkv_dtype=qkv_dtype, block_table=block_table,
+                       kv_indices=kv_indices, validate=validate, dropout_p=dropout_p,
+                       score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+                       aux_tensors=aux_tensors)
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
                     ("v_descale", v_descale), ("out_dtype", out_dtype)):
         if x is not None:
@@ -208,7 +218,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
         qkv = _check_paged_qkv(q, k, v)
         total_k = cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
     else:
-        qkv = check_packed_qkv(q, k, v, value_dim=True)
+        qkv = check_packed_qkv(q, k, v, value_dim=True, empty=True)
         total_k = qkv.total_k
     total_q, h, hkv = qkv.total_q, qkv.h, qkv.hkv
     d, d_v, dtype = qkv.d, qkv.d_v, qkv.dtype
@@ -219,8 +229,9 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
         kinds["block_table"] = block_table
     check_same_kind(kinds)
     b = len(len_q)
-    if paged:
-        check_prefill_table(block_table, b)
+    if paged:   # (a table of no column for no key)
+        with allow_empty(block_table=(1,) if total_k == 0 else ()):
+            check_prefill_table(block_table, b)
     if kv_indices is not None:   # token-sparse: the gathering decode kernel, padded rows
         return sparse_forward_varlen(
             q, k, v, cu_q, cu_k, kv_indices, block_table=block_table, causal=causal,
@@ -245,6 +256,13 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                              len_q, len_k, max_seqlen_q, max_seqlen_k, paged)
     if paged and validate:  # after every other check, before any launch
         validate_prefill_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
+    if paged and qkv.n_blocks == 0 and total_k > 0:   # (unvalidated: nothing to read from)
+        raise ValueError(f"k: expected a paged cache of at least one block for the {total_k} "
+                         f"keys cu_seqlens_k counts, got shape {array_info('k', k)[0]}")
+    if total_q == 0 or total_k == 0:   # every sequence without rows or keys: no launch
+        return no_key_outputs({"q": q, "k": k, "v": v, "block_table": block_table},
+                              (total_q, h, d_v), dtype, (h, total_q), acc_dtype(dtype), sink,
+                              head_axis=0, return_lse=return_lse)
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})

@@ -22,6 +22,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 DENSE = "(batch_size, seqlen, nheads, headdim)"
 PACKED = "(total, nheads, headdim)"
+#: the axes an empty batch or key set leaves 0: dense ``batch_size`` and ``seqlen``, packed
+#: ``total`` (every sequence empty on that side)
+DENSE_EMPTY, PACKED_EMPTY = (0, 1), (0,)
 
 
 def _dtype_text(dtypes):
@@ -47,9 +50,11 @@ def check_dense(name, x):
                     f"pass {fix}")
 
 
-def check_tensor(name, x, ndim, layout, dtypes=DTYPES):
+def check_tensor(name, x, ndim, layout, dtypes=DTYPES, empty_axes=()):
     """``x`` is a dense torch tensor (:func:`check_dense`) of rank ``ndim`` (``layout`` names its
-    axes), a dtype in ``dtypes``, no empty dimension.  Returns its shape as a tuple."""
+    axes), a dtype in ``dtypes``, no empty dimension but on ``empty_axes`` (an empty batch or
+    key set, which the NumPy front end answers without a launch).  Returns its shape as a
+    tuple."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor {layout}, got "
                         f"{type(x).__module__}.{type(x).__qualname__}")
@@ -60,7 +65,7 @@ def check_tensor(name, x, ndim, layout, dtypes=DTYPES):
     if x.dim() != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D tensor {layout}, got shape "
                          f"{tuple(x.shape)} ({x.dim()}-D)")
-    if any(s == 0 for s in x.shape):
+    if any(s == 0 and i not in empty_axes for i, s in enumerate(x.shape)):
         raise ValueError(f"{name}: expected no empty dimension, got shape {tuple(x.shape)}")
     return tuple(x.shape)
 
@@ -75,13 +80,14 @@ def check_gather_indices(lists, b, nq, dropout_p, variant):
     a variant (or, packed, a ``block_table``): ``TypeError`` / ``ValueError`` naming it; the
     values are the front end's checks, :mod:`numba_flash.frontend.sparse`."""
     if nq is None:
-        shape = check_tensor("gather_kv_indices", lists, 2, "(total_q, topk)", INDEX_DTYPES)
+        shape = check_tensor("gather_kv_indices", lists, 2, "(total_q, topk)", INDEX_DTYPES,
+                             PACKED_EMPTY)
         if shape[0] != b:
             raise ValueError(f"gather_kv_indices: expected shape ({b}, topk) (total_q of q), "
                              f"got {shape}")
     else:
         shape = check_tensor("gather_kv_indices", lists, 3, "(batch_size, seqlen_q, topk)",
-                             INDEX_DTYPES)
+                             INDEX_DTYPES, DENSE_EMPTY)
         if shape[:2] != (b, nq):
             raise ValueError(f"gather_kv_indices: expected shape ({b}, {nq}, topk) (batch_size "
                              f"and seqlen_q of q), got {shape}")

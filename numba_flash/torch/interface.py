@@ -16,7 +16,9 @@ and FlashAttention-3's fp8 forward (``torch.float8_e4m3fn`` ``q``, ``k``, ``v`` 
 ``q_descale``, ``k_descale``, ``v_descale``; ``out`` bfloat16; :mod:`numba_flash.torch.fp8`)
 in :func:`flash_attn_func`, its packed forms and :func:`flash_attn_varlen_func`. Where
 it differs: a query row that sees no key has ``out = 0`` as in flash-attn and ``softmax_lse =
--inf`` (flash-attn stores +inf there); dropout masks come from numba_flash's Philox counter
+-inf`` (flash-attn stores +inf there), an empty batch or key set (``batch_size``, ``seqlen_q``
+or ``seqlen_k`` 0; varlen ``total_q`` or ``total_k`` 0) included, answered without a launch
+with zero gradients; dropout masks come from numba_flash's Philox counter
 layout (reproducible with ``torch.manual_seed``, not the same bits as flash-attn's); ``S_dmask``
 (``return_attn_probs`` with ``dropout_p > 0``; empty otherwise, as flash-attn) is exact
 ``[batch_size, nheads, seqlen_q, seqlen_k]`` (varlen: ``[batch_size, nheads, max_seqlen_q,
@@ -73,18 +75,18 @@ def _dense(q, k, v, names, dropout_p, softmax_scale, causal, window_size, softca
 
 
 def _check_dense(q, k, v, q_name="q", k_name="k", v_name="v"):
-    qs = checks.check_tensor(q_name, q, 4, checks.DENSE)
-    ks = checks.check_tensor(k_name, k, 4, checks.DENSE)
-    vs = checks.check_tensor(v_name, v, 4, checks.DENSE)
+    qs = checks.check_tensor(q_name, q, 4, checks.DENSE, empty_axes=checks.DENSE_EMPTY)
+    ks = checks.check_tensor(k_name, k, 4, checks.DENSE, empty_axes=checks.DENSE_EMPTY)
+    vs = checks.check_tensor(v_name, v, 4, checks.DENSE, empty_axes=checks.DENSE_EMPTY)
     checks.check_same_dtype({q_name: q, k_name: k, v_name: v})
     checks.check_kv_shapes(qs, ks, vs, k_name, v_name, q_name=q_name)
 
 
 def _check_varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """The packed tensors, ``cu_seqlens`` and ``max_seqlen`` of a varlen call."""
-    qs = checks.check_tensor(names[0], q, 3, checks.PACKED)
-    ks = checks.check_tensor(names[1], k, 3, checks.PACKED)
-    vs = checks.check_tensor(names[2], v, 3, checks.PACKED)
+    qs = checks.check_tensor(names[0], q, 3, checks.PACKED, empty_axes=checks.PACKED_EMPTY)
+    ks = checks.check_tensor(names[1], k, 3, checks.PACKED, empty_axes=checks.PACKED_EMPTY)
+    vs = checks.check_tensor(names[2], v, 3, checks.PACKED, empty_axes=checks.PACKED_EMPTY)
     checks.check_same_dtype({names[0]: q, names[1]: k, names[2]: v})
     checks.check_kv_shapes(qs, ks, vs, names[1], names[2], dense=False, q_name=names[0])
     checks.check_cu_seqlens(names[3], cu_seqlens_q)
@@ -164,8 +166,10 @@ def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax
 
 
 def _check_packed(name, x, ndim, axis, count, layout, dtypes=checks.DTYPES):
-    """A packed tensor (qkv: ``count`` 3, kv: 2 along ``axis``); returns its shape."""
-    shape = checks.check_tensor(name, x, ndim, layout, dtypes)
+    """A packed tensor (qkv: ``count`` 3, kv: 2 along ``axis``); returns its shape.  The axes
+    before ``axis`` (``batch_size``, ``seqlen``; varlen ``total``) may be 0, an empty batch."""
+    empty = tuple(range(axis)) if dtypes is checks.DTYPES else ()   # (e4m3: not yet)
+    shape = checks.check_tensor(name, x, ndim, layout, dtypes, empty)
     if shape[axis] != count:
         raise ValueError(f"{name}: expected {count} along dim {axis} of {layout}, got shape "
                          f"{shape}")
@@ -251,7 +255,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``S_dmask`` (testing only; see the module docstring).
 
     Returns ``out [batch_size, seqlen_q, nheads, headdim]`` in q's dtype, or ``(out,
-    softmax_lse, S_dmask)``.  dtypes float16, bfloat16, float32, float64, and
+    softmax_lse, S_dmask)``.  ``batch_size``, ``seqlen_q`` or ``seqlen_k`` 0: no launch, ``out =
+    0``, ``softmax_lse = -inf`` (the sink's logit with ``learnable_sink``; flash-attn: +inf),
+    zero gradients (not with fp8 inputs yet).  dtypes float16, bfloat16, float32, float64, and
     float8_e4m3fn (FA3's fp8, below); CPU tensors run in the simulator, CUDA tensors on the
     GPU on torch's current stream.
 
@@ -375,7 +381,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``gather_kv_indices``.
 
     Returns ``out [total_q, nheads, headdim]``, or ``(out, softmax_lse [nheads, total_q],
-    S_dmask)`` with ``return_attn_probs=True``.
+    S_dmask)`` with ``return_attn_probs=True``.  ``total_q`` or ``total_k`` 0 (every sequence
+    empty on that side): no launch, ``out = 0``, ``softmax_lse = -inf`` (or the sink's logit),
+    zero gradients.
     """
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     if fp8_call((q, k, v), descales):

@@ -40,11 +40,12 @@ _PAGED = "(num_blocks, page_block_size, nheads_k, headdim)"
 _INTS = (torch.int32, torch.int64)
 
 
-def _int_tensor(name, x, ndim, layout):
-    """An integer tensor of rank ``ndim`` (int32 as flash-attn; int64 taken too) or None."""
+def _int_tensor(name, x, ndim, layout, empty_axes=(0,)):
+    """An integer tensor of rank ``ndim`` (int32 as flash-attn; int64 taken too) or None; its
+    ``empty_axes`` may be 0 (``batch_size``: an empty batch)."""
     if x is None:
         return None
-    checks.check_tensor(name, x, ndim, layout, dtypes=_INTS)
+    checks.check_tensor(name, x, ndim, layout, dtypes=_INTS, empty_axes=empty_axes)
     return x
 
 
@@ -127,19 +128,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Returns ``out (batch_size, seqlen_q, nheads, headdim)``, and with ``return_softmax_lse``
     also ``softmax_lse (batch_size, nheads, seqlen_q)`` (float32; float64 for float64; ``-inf``
     for a row that sees no key, where flash-attn stores +inf).  No gradient (as flash-attn).
+    An empty batch (``batch_size`` or ``seqlen_q`` 0) gives empty outputs, a cache that holds
+    no key (``seqlen_cache = 0``, a paged one of no block; every length 0) ``out = 0`` and
+    ``softmax_lse = -inf`` (or the sink's logit), without a launch (:func:`numba_flash.decode`).
     Every index and length is checked on the host before anything is launched or written (a
     ``ValueError`` naming the argument: flash-attn raises ``RuntimeError``).
     """
-    qs = checks.check_tensor("q", q, 4, "(batch_size, seqlen_q, nheads, headdim)")
+    qs = checks.check_tensor("q", q, 4, "(batch_size, seqlen_q, nheads, headdim)",
+                             empty_axes=checks.DENSE_EMPTY)
     paged = block_table is not None
     layout = _PAGED if paged else _CACHE
     cache_dtypes = checks.DTYPES + ((bridge.E4M3_TORCH,) if bridge.E4M3_TORCH else ())
-    ks = checks.check_tensor("k_cache", k_cache, 4, layout, cache_dtypes)
+    cache_empty = (0,) if paged else (0, 1)   # no block; no row or no slot
+    ks = checks.check_tensor("k_cache", k_cache, 4, layout, cache_dtypes, cache_empty)
     fp8 = k_cache.dtype == bridge.E4M3_TORCH
     named = {"q": q} if fp8 else {"q": q, "k_cache": k_cache}
     vs = ks
     if v_cache is not None:
-        vs = checks.check_tensor("v_cache", v_cache, 4, layout, cache_dtypes)
+        vs = checks.check_tensor("v_cache", v_cache, 4, layout, cache_dtypes, cache_empty)
         if fp8 and v_cache.dtype != k_cache.dtype:
             raise TypeError(f"v_cache: expected dtype float8_e4m3fn (the dtype of k_cache), got "
                             f"{str(v_cache.dtype).replace('torch.', '')}")
@@ -159,8 +165,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          f"{'k' if v is None else 'v'} (both or neither), got None")
     if k is not None:
         new = "(batch_size, seqlen_new, nheads_k, headdim)"
-        kns = checks.check_tensor("k", k, 4, new)
-        if checks.check_tensor("v", v, 4, new) != kns[:3] + (vs[3],):
+        kns = checks.check_tensor("k", k, 4, new, empty_axes=(0,))
+        if checks.check_tensor("v", v, 4, new, empty_axes=(0,)) != kns[:3] + (vs[3],):
             raise ValueError(f"v: expected shape {kns[:3] + (vs[3],)} (k's, with v_cache's "
                              f"headdim), got {tuple(v.shape)}")
         if (kns[0], kns[2], kns[3]) != (qs[0], ks[2], ks[3]):
@@ -173,7 +179,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             checks.check_tensor(name, x, 2, "(seqlen_ro, rotary_dim / 2)")
             named[name] = x
     ints = {"block_table": _int_tensor("block_table", block_table, 2,
-                                       "(batch_size, max_num_blocks_per_seq)"),
+                                       "(batch_size, max_num_blocks_per_seq)", (0, 1)),
             "cache_batch_idx": _int_tensor("cache_batch_idx", cache_batch_idx, 1,
                                            "(batch_size,)"),
             "cache_leftpad": _int_tensor("cache_leftpad", cache_leftpad, 1, "(batch_size,)")}
@@ -261,12 +267,12 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     row (flash-attn's meaning of ``cu_seqlens_k`` with a table).  Forward only."""
     from .ops import _varlen_s_dmask
 
-    checks.check_tensor("q", q, 3, checks.PACKED)
-    ks = checks.check_tensor("k", k, 4, _PAGED)
-    if checks.check_tensor("v", v, 4, _PAGED) != ks:
+    checks.check_tensor("q", q, 3, checks.PACKED, empty_axes=checks.PACKED_EMPTY)
+    ks = checks.check_tensor("k", k, 4, _PAGED, empty_axes=(0,))   # (no block: no key)
+    if checks.check_tensor("v", v, 4, _PAGED, empty_axes=(0,)) != ks:
         raise ValueError(f"v: expected the shape of k {ks}, got {tuple(v.shape)}")
     checks.check_same_dtype({"q": q, "k": k, "v": v})
-    _int_tensor("block_table", block_table, 2, "(batch_size, max_num_blocks_per_seq)")
+    _int_tensor("block_table", block_table, 2, "(batch_size, max_num_blocks_per_seq)", (1,))
     checks.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
     checks.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
