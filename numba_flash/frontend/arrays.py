@@ -444,9 +444,11 @@ class ArrayCall:
         """Every byte of device array ``arr`` set to ``byte``, on the call's stream."""
         from .launch import data_pointer
 
-        self.driver.memset(data_pointer(arr), byte, arr.nbytes, self.stream)
         if self.trace is not None:
             self.trace.memset(arr, byte, arr.nbytes)
+            if self.trace.dry:
+                return
+        self.driver.memset(data_pointer(arr), byte, arr.nbytes, self.stream)
 
     def result(self, x):
         """Give a kernel output back in the kind the caller passed in (a bfloat16 output,
@@ -475,6 +477,8 @@ class ArrayCall:
                                       grid, block, shared, self.stream)
                 if self.trace is not None:
                     self.trace.launch(prep)
+                    if self.trace.dry:   # a plan made ahead: recorded, not run
+                        return
                 prep.run_direct()
             self._check_guards()
             return

@@ -92,8 +92,9 @@ def user_arrays(call, variant):
     dummy a build without one never reads), or ``()`` without a variant."""
     if variant is None:
         return ()
-    kinds = variant.kinds if variant.kinds is not None else np.ones((1, 1, 1, 1), np.int8)
-    return (call.input(kinds),) + tuple(call.input(a) for a in variant.aux)
+    kinds = (call.input(variant.kinds) if variant.kinds is not None
+             else device_constant(call, "no_kinds", np.ones((1, 1, 1, 1), np.int8)))
+    return (kinds,) + tuple(call.input(a) for a in variant.aux)
 
 
 def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=(1, 1),
@@ -107,7 +108,8 @@ def kernel_variant(call, acc_t, scale, left, right, softcap=0.0, alibi=None, bh=
     logits or None (then ``[-inf]``: none)."""
     acc_t = np.dtype(acc_t).type
     softcap = float(softcap)
-    slopes = call.input(alibi) if alibi is not None else call.zeros(bh, np.float32)
+    slopes = (call.input(alibi) if alibi is not None
+              else device_constant(call, ("no_slopes", tuple(bh)), np.zeros(bh, np.float32)))
     drop = () if dropout is None else (*dropout[:3], acc_t(dropout[3]))
     return Variant(acc_t(scale), (np.int32(left), np.int32(right)), acc_t(softcap),
                    acc_t(1.0 / softcap if softcap > 0.0 else 0.0), slopes, drop,
@@ -122,16 +124,28 @@ _CONSTANTS = {}
 
 def device_constant(call, name, value):
     """The host array ``value`` on the call's device, copied once per (name, library, device):
-    the same pointer every call, so a captured CUDA graph replays it (the simulator: a copy)."""
-    if on_simulator():
-        return call.input(value)
-    from numba import cuda
+    the same pointer every call, so a captured CUDA graph replays it, and a launch plan records
+    it as a constant (:mod:`numba_flash.frontend.plans`).  NumPy calls in the simulator: a
+    view of ``value``."""
+    if not call.on_device:
+        if on_simulator():
+            return call.input(value)
+        from numba import cuda
 
-    device = call.device_id if call.device_id is not None else cuda.get_current_device().id
-    key = (name, call._cupy is not None, device)
-    if key not in _CONSTANTS:
-        _CONSTANTS[key] = call.input(value)
-    return _CONSTANTS[key]
+        key = (name, None, cuda.get_current_device().id)
+    else:
+        key = (name, id(call.xp), call.device_id or 0)
+    fresh = key not in _CONSTANTS
+    if fresh:
+        if call.on_device:
+            with call.device():
+                _CONSTANTS[key] = call.xp.asarray(value)
+        else:
+            _CONSTANTS[key] = call.input(value)
+    arr = _CONSTANTS[key]
+    if call.trace is not None:
+        call.trace.constant(arr, fresh)
+    return arr
 
 
 def no_sink(call):

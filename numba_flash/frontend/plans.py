@@ -119,10 +119,12 @@ class _Buffer:
 class Trace:
     """The record of one call on device arrays: ``arrays`` are the call's own arrays (its
     inputs and ``out=`` arrays, None where not given), in the order :meth:`Plan.run` gets
-    them."""
+    them; ``dry``: launches and memsets are recorded, not run (a plan made before its first
+    call: :func:`trace_plan`)."""
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, dry=False):
         self.arrays = tuple(arrays)
+        self.dry = dry           # record without launching (a plan made ahead of its calls)
         self.buffers = []
         self.ops = []            # ("launch", prep, relocs) / ("memset", buf, offset, byte, n)
         self.failed = None
@@ -320,29 +322,46 @@ def _build(t, arrays, out, base, xp, n_inputs):
     return None
 
 
+def _record(trace, fn, args, kwargs):
+    """Run ``fn(*args, **kwargs)`` with ``trace`` recording it (on the stand-in device also
+    counting what the call does outside its launches); return what ``fn`` returned."""
+    counters = _standin_counters(trace.arrays)
+    _STATE.trace = trace
+    try:
+        if counters is None:
+            return fn(*args, **kwargs)
+        with counters as c:
+            result = fn(*args, **kwargs)
+        if c.syncs or c.d2h or c.foreign or c.h2d > trace_constants(trace):
+            trace.fail(f"the call synchronises or works on the device outside its launches "
+                       f"({c})")
+        return result
+    finally:
+        _STATE.trace = None
+
+
 def build(key, fn, arrays, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` (an op's ordinary code) recording it, keep the plan (or why
     there is none) under ``key``, and return what ``fn`` returned."""
     trace = Trace(arrays)
-    counters = _standin_counters(arrays)
-    _STATE.trace = trace
-    try:
-        if counters is not None:
-            with counters as c:
-                result = fn(*args, **kwargs)
-            if c.syncs or c.d2h or c.foreign or c.h2d > trace_constants(trace):
-                trace.fail(f"the call synchronises or works on the device outside its launches "
-                           f"({c})")
-        else:
-            result = fn(*args, **kwargs)
-    finally:
-        _STATE.trace = None
+    result = _record(trace, fn, args, kwargs)
     plan = trace.plan(result)
     if plan is not None or not trace.per_call:
         if len(PLANS) >= MAX_PLANS:
             PLANS.pop(next(iter(PLANS)))
         PLANS[key] = plan if plan is not None else Unplanned(trace.failed)
     return result
+
+
+def trace_plan(fn, arrays, *args, **kwargs):
+    """A :class:`Plan` of ``fn(*args, **kwargs)`` on ``arrays`` made without running it (a dry
+    trace: nothing launched, nothing written), or raise ``ValueError`` saying why the call
+    cannot be planned."""
+    trace = Trace(arrays, dry=True)
+    plan = trace.plan(_record(trace, fn, args, kwargs))
+    if plan is None:
+        raise ValueError(f"this call cannot be planned: {trace.failed}")
+    return plan
 
 
 def trace_constants(trace):

@@ -181,7 +181,7 @@ def _qkv32(h=2, hkv=1, nq=4, nk=5, d=8):
     (lambda q, k, v: (q[0], k, v), ValueError, r"^q: expected a 4-D array"),
     (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, r"^v: expected shape \(.*'d_v'\)"),
     (lambda q, k, v: (q, k[..., :4], v[..., :4]), ValueError, r"^k: expected head dim 8"),
-    (lambda q, k, v: (q[:, :, :0], k, v), ValueError, r"^q: expected no empty dimension"),
+    (lambda q, k, v: (q[:, :0], k, v), ValueError, r"^q: expected no empty dimension"),
     (lambda q, k, v: (np.zeros((1, 3, 4, 8), np.float32), np.zeros((1, 2, 5, 8), np.float32),
                       np.zeros((1, 2, 5, 8), np.float32)), ValueError,
      r"^k: expected a number of kv heads"),
