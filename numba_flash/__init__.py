@@ -11,6 +11,8 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :func:`backward` - attention backward recomputed from lse
 * :func:`backward_varlen` - the backward over a packed batch of variable-length sequences
 * :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
+* :func:`decode_plan` - a :class:`DecodePlan`: the decode planned once per batch layout, run
+  every step with no allocation or synchronisation (FlashInfer's plan / run; CUDA graphs)
 * :func:`merge_states` - merge partial attention states with the log-sum-exp rule
 * :func:`append_kv` - write new tokens' K/V into a contiguous or paged KV cache, in place
 * :func:`apply_rotary` - rotary position embedding (flash-attn's ``apply_rotary_emb``)
@@ -44,6 +46,8 @@ _LAZY = {
     "backward_varlen": "numba_flash.ops.backward_varlen",
     "decode": "numba_flash.ops.decode",
     "merge_states": "numba_flash.ops.decode",
+    "decode_plan": "numba_flash.frontend.decode_plan",
+    "DecodePlan": "numba_flash.frontend.decode_plan",
     "append_kv": "numba_flash.ops.kv_cache",
     "apply_rotary": "numba_flash.ops.rotary",
     "dropout_mask": "numba_flash.ops.dropout",

@@ -301,6 +301,7 @@ class ArrayCall:
         # intermediate's id given to a later float32 output made result() view it as bfloat16
         self._bf16 = {}
         self._guards = []  # (device copy, host guard) of NUMBA_FLASH_CHECK_AUX's aux guards
+        self._outs = {}    # id(kernel's array) -> (it, the caller's out= array)
         self.device_id = None
         self.stream = 0
         self.xp = self.driver = self.trace = None
@@ -428,6 +429,26 @@ class ArrayCall:
             self._bf16[id(arr)] = arr
         return arr
 
+    def output(self, out, shape, dtype):
+        """The array a result is written into: the caller's ``out=`` (checked with
+        :func:`~numba_flash.frontend.validate.check_out`), written in place, or a new output
+        (:meth:`empty`) when None; :meth:`result` gives ``out`` itself back."""
+        if out is None:
+            return self.empty(shape, dtype)
+        if self.on_device:
+            xp = self.xp
+            dev = _words(out if type(out) is xp.ndarray else import_cai(xp, out))
+            if _POISON:
+                self._memset(dev, 0xFF)
+        elif on_simulator():   # the simulator writes the caller's memory itself
+            if _POISON:
+                out.fill(np.nan)
+            dev = simulator.device_view(_words(out))
+        else:                  # NumPy on a GPU: a device array, copied back by result()
+            dev = self.empty(shape, dtype)
+        self._outs[id(dev)] = (dev, out)
+        return dev
+
     def zeros(self, shape, dtype):
         """A zero-filled work buffer (for atomics)."""
         self._check("a work buffer", shape, dtype)
@@ -455,6 +476,11 @@ class ArrayCall:
         allocated as words by :meth:`empty`, viewed as bfloat16 again: no copy on the GPU).
         Device calls give the array library's arrays (CuPy's, also for another producer's
         inputs)."""
+        given = self._outs.get(id(x))
+        if given is not None and given[0] is x:   # the caller's out=: written, returned
+            if not self.on_device and not on_simulator():
+                x.copy_to_host(_words(given[1]), stream=self.stream)
+            return given[1]
         bf16 = self._bf16.get(id(x)) is x
         if not self.on_device:
             host = x.copy_to_host(stream=self.stream)

@@ -18,7 +18,7 @@ from ..kernels.core.common import acc_dtype
 from ..kernels.core.variant import Variant
 from ..philox import dropout_params
 from .sim_time import tiled_work
-from .validate import check_backward_arrays, check_bool, check_qkv, check_scale
+from .validate import check_backward_arrays, check_bool, check_out, check_qkv, check_scale
 from .variants import check_sink, check_variants
 
 
@@ -48,10 +48,12 @@ class ForwardArgs(NamedTuple):
     sink: object = None
     #: the value head dim (``v``'s and ``o``'s last dim): ``d`` unless ``v`` has its own
     d_v: int = 0
+    #: the caller's ``out=`` (checked), or None
+    out: object = None
 
 
 def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
-                       softcap, alibi_slopes, learnable_sink=None, empty=False):
+                       softcap, alibi_slopes, learnable_sink=None, empty=False, out=None):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
     share (raising before any launch) and return them as a :class:`ForwardArgs`.  ``empty``:
     ``B``, ``Nq``, ``Nk`` may be 0 (:func:`numba_flash.forward` answers those without a launch,
@@ -64,9 +66,10 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
     scale = check_scale(softmax_scale, d, dtype)
     dropout = dropout_params(dropout_p, seed)
     var = check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=nq, nk=nk)
+    out = check_out("out", out, (b, h, nq, qkv.d_v), dtype, q)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
                        float(dropout_p), dropout, var.window, var.left, var.right, var.softcap,
-                       var.alibi, check_sink(learnable_sink, h), qkv.d_v)
+                       var.alibi, check_sink(learnable_sink, h), qkv.d_v, out)
 
 
 def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
@@ -173,7 +176,7 @@ def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
 def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, shared=0):
     """Launch a tensor-core forward build (``mma.sync`` or warpgroup) on ``words`` (q, k, v as
     uint16 words) and return ``o`` ``[B, H, Nq, d_v]`` (and ``lse``, with ``return_lse``)."""
-    o = call.empty((args.b, args.h, args.nq, d_v), args.dtype)  # bfloat16: uint16, viewed back
+    o = call.output(args.out, (args.b, args.h, args.nq, d_v), args.dtype)  # bf16: uint16 words
     lse = call.empty((args.b, args.h, args.nq), np.float32)
     call.launch(kernel, grid, (cfg.THREADS,), *words, o.reshape(-1), lse.reshape(-1),
                 forward_variant(call, args, variant, np.float32), shared=shared,

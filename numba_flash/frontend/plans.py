@@ -395,6 +395,8 @@ def plan_key(op, arrays, options):
     strides, dtype, device and address modulo 16 (a build's vector loads depend on it), and the
     library's current stream."""
     xp = DEVICE_MODULES.get(type(arrays[0]))
+    if xp is None:
+        xp = _library_of(type(arrays[0]))
     if xp is None or getattr(_STATE, "trace", None) is not None:
         return None
     nd = xp.ndarray
@@ -406,6 +408,25 @@ def plan_key(op, arrays, options):
             for a in arrays]))
     except (AttributeError, TypeError):
         return None
+
+
+_HOST_TYPES = set()
+
+
+def _library_of(t):
+    """The array library of array type ``t`` (CuPy's ndarray, the stand-in's), registered in
+    :data:`DEVICE_MODULES`; None for other types (remembered)."""
+    if t in _HOST_TYPES:
+        return None
+    import sys
+
+    name = t.__module__.split(".")[0] if t.__module__ != "numba_flash.standin" else t.__module__
+    mod = sys.modules.get(name) if name in ("cupy", "numba_flash.standin") else None
+    if mod is None or getattr(mod, "ndarray", None) is not t:
+        _HOST_TYPES.add(t)
+        return None
+    DEVICE_MODULES[t] = mod
+    return mod
 
 
 def run_or_build(key, fn, arrays, *args, **kwargs):

@@ -125,6 +125,30 @@ def check_same_kind(named):
         raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
 
 
+def check_out(name, out, shape, dtype, like, like_name="q"):
+    """``out=``: None, or an array the op writes its result into and returns: of ``like``'s
+    kind (NumPy, or a device array), dtype ``dtype``, shape ``shape`` and C-contiguous
+    (a ``TypeError`` / ``ValueError`` naming ``name`` otherwise)."""
+    if out is None:
+        return None
+    got, got_dtype = array_info(name, out)
+    if is_device_array(out) != is_device_array(like):
+        kind = "a device" if is_device_array(like) else "a NumPy"
+        raise TypeError(f"{name}: expected {kind} array, as {like_name}, got "
+                        f"{type(out).__module__}.{type(out).__qualname__}")
+    if got_dtype != np.dtype(dtype):
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got_dtype}")
+    if tuple(got) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(got)}")
+    flags = getattr(out, "flags", None)
+    contiguous = (flags.c_contiguous if flags is not None
+                  else out.__cuda_array_interface__.get("strides") is None)
+    if not contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (written in place), got "
+                         f"strides {getattr(out, 'strides', None)}")
+    return out
+
+
 #: the axes of a ``[B, H, N, d]`` array that an empty batch or key set leaves 0 (``B``, ``N``)
 BATCH_AND_SEQ = (0, 2)
 

@@ -40,11 +40,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.plans import plan_key, run_or_build
 from ..frontend.arrays import host_ints, kernel_ints
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
     ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, allow_empty, array_info, array_module,
-    check_array, check_bool, check_int, check_same_dtype, check_same_kind, check_scale,
+    check_array, check_bool, check_int, check_out, check_same_dtype, check_same_kind, check_scale,
     is_device_array,
 )
 from ..frontend.empty import is_empty, no_key_outputs
@@ -62,7 +63,8 @@ from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
 from ..kernels.mainloop.visibility import window_bounds
 from ..frontend.fp8 import check_cache_array, check_descales, check_fp8_cache
-from ..frontend.kernel_args import kernel_variant, no_descale, no_indices, no_sink
+from ..frontend.kernel_args import (device_constant, kernel_variant, no_descale, no_indices,
+                                     no_sink)
 from ..frontend.sparse import check_kv_indices, kernel_indices, validate_kv_indices
 from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_batch_rows, check_new_kv, check_writable_cache,
@@ -158,7 +160,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
            learnable_sink=None, head_dim_v=None, kernel="auto", k_descale=None, v_descale=None,
-           kv_cache_dtype="auto", kv_indices=None):
+           kv_cache_dtype="auto", kv_indices=None, out=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -288,7 +290,84 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     float32, ``o`` bfloat16); ``q``, the caches, ``k_new``/``v_new`` and the rotary tables share
     one (a mix is a ``TypeError`` naming the argument).  Empty batches (``B`` or ``Nq`` 0, a
     cache that holds no key): no launch, ``o = 0``, ``lse = -inf`` / ``sink_h`` (module doc).
+
+    ``out``: an array of ``o``'s shape and dtype (C-contiguous, of ``q``'s kind) that ``o`` is
+    written into and returned as.  With device arrays and ``validate`` off a call never waits
+    for the GPU, and a call of a signature seen before (shapes, strides, dtypes, address
+    alignment, options, stream) replays its launch plan (:mod:`numba_flash.frontend.plans`):
+    its work arrays (split partials, counters) are the plan's, so with ``out`` it allocates
+    nothing.  :func:`numba_flash.decode_plan` makes such a plan ahead of the first call
+    (FlashInfer's plan / run), for a loop a CUDA graph captures.
     """
+    kw = dict(cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+              softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+              alibi_slopes=alibi_slopes, num_splits=num_splits, return_lse=return_lse,
+              validate=validate, k_new=k_new, v_new=v_new, rotary_cos=rotary_cos,
+              rotary_sin=rotary_sin, rotary_interleaved=rotary_interleaved,
+              cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, score_mod=score_mod,
+              mask_mod=mask_mod, block_mask=block_mask, aux_tensors=aux_tensors,
+              learnable_sink=learnable_sink, head_dim_v=head_dim_v, kernel=kernel,
+              k_descale=k_descale, v_descale=v_descale, kv_cache_dtype=kv_cache_dtype,
+              kv_indices=kv_indices, out=out)
+    if block_mask is None and type(aux_tensors) is tuple:
+        arrays = (q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, rotary_cos,
+                  rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes, learnable_sink,
+                  k_descale, v_descale, kv_indices, out) + aux_tensors
+        key = plan_key("decode", arrays, (causal, softmax_scale, window_size, softcap,
+                                          num_splits, return_lse, validate, rotary_interleaved,
+                                          score_mod, mask_mod, block_mask, head_dim_v, kernel,
+                                          kv_cache_dtype))
+        if key is not None:
+            return run_or_build(key, _decode, arrays, q, k_cache, v_cache, **kw)
+    return _decode(q, k_cache, v_cache, **kw)
+
+
+#: :func:`decode`'s array arguments in a launch plan's order (its ``aux_tensors`` follow)
+DECODE_ARRAYS = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "k_new", "v_new",
+                 "rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "alibi_slopes",
+                 "learnable_sink", "k_descale", "v_descale", "kv_indices", "out")
+#: its other arguments, in the plan key's order
+DECODE_OPTIONS = ("causal", "softmax_scale", "window_size", "softcap", "num_splits",
+                  "return_lse", "validate", "rotary_interleaved", "score_mod", "mask_mod",
+                  "block_mask", "head_dim_v", "kernel", "kv_cache_dtype")
+
+
+def _defaults():
+    import inspect
+
+    return {n: p.default for n, p in inspect.signature(decode).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def decode_options_key(options):
+    """The plan key's options tuple of a :func:`decode` call with keyword ``options`` (the
+    rest at their defaults), as :func:`decode` builds it."""
+    full = {**_defaults(), **options}
+    return tuple(full[n] for n in DECODE_OPTIONS)
+
+
+def decode_unplanned(q, k_cache, v_cache, **options):
+    """:func:`decode`'s checks and launches with keyword ``options`` (the rest at their
+    defaults): the ordinary path, which :func:`numba_flash.decode_plan` records."""
+    return _decode(q, k_cache, v_cache, **{**_defaults(), **options})
+
+
+def decode_output(q, k_cache, v_cache, options):
+    """A new ``o`` for a call on ``q`` (an array of ``q``'s library, shape ``q.shape[:-1] +
+    (d_v,)``, ``q``'s dtype): the ``out`` of a plan's runs."""
+    from ..frontend.arrays import device_module
+
+    d_v = options.get("head_dim_v") if v_cache is None else v_cache.shape[-1]
+    xp = device_module(q, "q")
+    return xp.empty(tuple(q.shape[:-1]) + (int(d_v),), q.dtype)
+
+
+def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_scale,
+            window_size, softcap, alibi_slopes, num_splits, return_lse, validate, k_new, v_new,
+            rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad,
+            score_mod, mask_mod, block_mask, aux_tensors, learnable_sink, head_dim_v, kernel,
+            k_descale, v_descale, kv_cache_dtype, kv_indices, out):
+    """:func:`decode`'s checks and launches (its ordinary path, and what a plan records)."""
     s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
                       cache_seqlens=cache_seqlens, block_table=block_table,
                       cache_batch_idx=cache_batch_idx, kv_cache_dtype=kv_cache_dtype)
@@ -306,6 +385,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     new = _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                             rotary_interleaved, cache_leftpad)
     check_same_kind(arrays)
+    out = check_out("out", out, s.qs[:-1] + (s.d_v,), s.dtype, q)
     opts = _check_options(s, arrays, q, k_cache, causal=causal, return_lse=return_lse,
                           softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
                           num_splits=num_splits, score_mod=score_mod, mask_mod=mask_mod,
@@ -326,7 +406,12 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
         if kv_indices is not None:
             validate_kv_indices(kv_indices, seqlens)
     if is_empty(s.b, s.nq, s.n_cache, capacity):   # no row, or no key: no launch
-        return _no_key_answer(s, arrays, opts, new, cache_seqlens, cache_batch_idx, cache_leftpad)
+        answer = _no_key_answer(s, arrays, opts, new, cache_seqlens, cache_batch_idx,
+                                cache_leftpad)
+        if out is None:
+            return answer
+        out[...] = answer[0] if opts.return_lse else answer
+        return (out, answer[1]) if opts.return_lse else out
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
     dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
@@ -335,6 +420,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                          kv_descale=kv_descale)
     lengths = seqlens if opts.validate else [capacity] * s.b
+    out4 = None if out is None else out.reshape(s.b, s.h, s.nq, s.d_v)
     if plan.mla is not None:   # the tensor-core decode (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(
             call, dev.q, dev.k, dev.table, dev.paged, dev.lengths, dev.leftpad, plan.mla,
@@ -344,13 +430,14 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
             lengths=lengths if s.topk is None else [s.topk] * s.b,
             lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
             v_cache=None if s.latent else dev.v,
-            kv_descale=None if kv_descale is None else call.input(kv_descale))
+            kv_descale=None if kv_descale is None else call.input(kv_descale), out=out4)
     else:
-        o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices)
+        o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices,
+                                  out4)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, k_cache, dev.k)
         write_back(call, v_cache, dev.v)
-    return _outputs(call, s, o, lse, opts.return_lse)
+    return _outputs(call, s, o, lse, opts.return_lse, out)
 
 
 class DecodeShape(NamedTuple):
@@ -734,11 +821,12 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
         d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
                               n_slots, b, hkv, nnew, d, dtype, kv_descale)
     d_pad = (kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
-             else call.zeros((b,), np.int32))
+             else device_constant(call, ("no_leftpad", b), np.zeros((b,), np.int32)))
     return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad)
 
 
-def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indices=None):
+def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indices=None,
+                     out=None):
     """The split-KV SIMT decode launch (:mod:`numba_flash.kernels.decode.split_kv`): each split
     block, and the last of each (sequence, kv head) to finish merges the splits.  ``lengths``:
     each sequence's key count for the simulator's estimate; ``kv_descale``: an e4m3 cache's
@@ -750,7 +838,7 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     threads, chunk, keys_per_step = shape.THREADS, shape.CHUNK, shape.U
     acc_t = acc_dtype(dtype)
     rows_total = b * h * nq
-    o = call.empty((b, h, nq, d_v), dtype)
+    o = call.output(out, (b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)
     if n_splits > 1:
         o_part = call.empty((n_splits, rows_total, d_v), acc_t)
@@ -793,13 +881,14 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     return o, lse
 
 
-def _outputs(call, s, o, lse, return_lse):
-    """``o`` in ``q``'s shape (``d_v`` columns), and ``lse`` with ``return_lse``, as the
-    caller's kind of array."""
-    out = call.result(o).reshape(s.qs[:-1] + (s.d_v,))
+def _outputs(call, s, o, lse, return_lse, out=None):
+    """``o`` in ``q``'s shape (``d_v`` columns; the caller's ``out`` itself when given), and
+    ``lse`` with ``return_lse``, as the caller's kind of array."""
+    o = call.result(o)
+    o = out if out is not None else o.reshape(s.qs[:-1] + (s.d_v,))
     if not return_lse:
-        return out
-    return out, call.result(lse).reshape(s.qs[:-1])
+        return o
+    return o, call.result(lse).reshape(s.qs[:-1])
 
 
 #: the kernel choices of :func:`decode`
@@ -881,7 +970,7 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=F
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
                     window, sink, n_cache, n_slots, lengths, lists, v_cache=None,
-                    kv_descale=None):
+                    kv_descale=None, out=None):
     """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
     ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
     d]``; ``v_cache``: a value cache's rows ``[.., d_v]``, None for the latent cache;
@@ -894,7 +983,7 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     cfg, n_splits, partial = plan.cfg, plan.n_splits, plan.partial
     rows = b * h * nq
     f32 = np.float32
-    o = call.empty((b, h, nq, d_v), dtype)
+    o = call.output(out, (b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), f32)
     o_part = call.empty((n_splits * rows * d_v,) if partial else (1,), f32)
     lse_part = call.empty((n_splits * rows,) if partial else (1,), f32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 from ..frontend import ArrayCall
+from ..frontend.plans import plan_key, run_or_build
 from ..frontend.kernel_args import (
     check_forward_args, check_forward_variant, forward_variant, user_build,
 )
@@ -33,16 +34,20 @@ def _no_key_answer(q, k, v, args):
     """:func:`forward` of an empty batch, query block or key set (``B``, ``Nq`` or ``Nk`` 0,
     every argument checked): ``o = 0`` and ``lse = -inf`` (or the sink's logit) without a
     launch (:mod:`numba_flash.frontend.empty`)."""
-    return no_key_outputs({"q": q, "k": k, "v": v}, (args.b, args.h, args.nq, args.d_v),
-                          args.dtype, (args.b, args.h, args.nq), acc_dtype(args.dtype),
-                          args.sink, return_lse=args.return_lse)
+    o, lse = no_key_outputs({"q": q, "k": k, "v": v}, (args.b, args.h, args.nq, args.d_v),
+                            args.dtype, (args.b, args.h, args.nq), acc_dtype(args.dtype),
+                            args.sink)
+    if args.out is not None:   # the caller's out= holds the zeros
+        args.out[...] = 0
+        o = args.out
+    return (o, lse) if args.return_lse else o
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
             aux_tensors=(), learnable_sink=None, kv_indices=None, q_descale=None,
-            k_descale=None, v_descale=None, out_dtype=None, qkv_dtype="auto"):
+            k_descale=None, v_descale=None, out_dtype=None, qkv_dtype="auto", out=None):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -135,7 +140,44 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     after every check, without a launch, on every route but e4m3 inputs: ``o = 0`` and ``lse =
     -inf`` (``sink_h`` with a learnable sink) in the shapes and dtypes above (flash-attn fills
     ``lse`` with ``+inf`` there); ``H = 0`` or ``d = 0`` is a ``ValueError``.
+
+    ``out``: an array of ``o``'s shape and dtype (C-contiguous, of the inputs' kind) that ``o``
+    is written into and returned as (not with e4m3 inputs or ``kv_indices`` yet).
+
+    Device arrays (CuPy): the call runs on the current stream and returns before the GPU
+    finishes (no synchronisation, no host copy).  A call of a signature seen before (shapes,
+    strides, dtypes, address alignment, options, stream) replays its launch plan
+    (:mod:`numba_flash.frontend.plans`): no checks or configuration again, only the results
+    allocated (nothing with ``out``) and the launches made; dropout and a ``block_mask`` run
+    the ordinary path every call.
     """
+    kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+              block_m=block_m, block_n=block_n, dropout_p=dropout_p, seed=seed,
+              window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+              kernel=kernel, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+              aux_tensors=aux_tensors, learnable_sink=learnable_sink, kv_indices=kv_indices,
+              q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+              out_dtype=out_dtype, qkv_dtype=qkv_dtype, out=out)
+    if dropout_p == 0.0 and block_mask is None and type(aux_tensors) is tuple:
+        arrays = (q, k, v, alibi_slopes, learnable_sink, q_descale, k_descale, v_descale,
+                  kv_indices, out) + aux_tensors
+        key = plan_key("forward", arrays, (causal, softmax_scale, return_lse, block_m,
+                                           block_n, window_size, softcap, kernel, score_mod,
+                                           mask_mod, out_dtype, qkv_dtype))
+        if key is not None:
+            return run_or_build(key, _forward, arrays, q, k, v, **kw)
+    return _forward(q, k, v, **kw)
+
+
+def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dropout_p, seed,
+             window_size, softcap, alibi_slopes, kernel, score_mod, mask_mod, block_mask,
+             aux_tensors, learnable_sink, kv_indices, q_descale, k_descale, v_descale,
+             out_dtype, qkv_dtype, out):
+    """:func:`forward`'s checks and launches (its ordinary path, and what a plan records)."""
+    if out is not None and (kv_indices is not None or fp8_inputs({"q": q, "k": k, "v": v},
+                                                                  qkv_dtype)):
+        raise ValueError("out: expected None with e4m3 inputs or kv_indices (not taken there "
+                         "yet), got an array")
     if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
         # front end routes between ops, no op imports another
@@ -162,7 +204,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
                               block_n=block_n, score_mod=score_mod, mask_mod=mask_mod,
                               block_mask=block_mask, aux_tensors=aux_tensors)
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
-                              window_size, softcap, alibi_slopes, learnable_sink, empty=True)
+                              window_size, softcap, alibi_slopes, learnable_sink, empty=True,
+                              out=out)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
@@ -192,7 +235,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
            and vector_tiles(dtype, d_v, tiles[2]))
     cfg = forward_simt_config(d_tile, dtype, use_dropout, use_mods, tiles=tiles, vec=vec,
                          user=user_build(variant), own_v=d_v != d)
-    o = call.empty((b, h, nq, d_v), dtype)
+    o = call.output(args.out, (b, h, nq, d_v), dtype)
     lse = call.empty((b, h, nq), acc_t)
     block = (cfg.THREADS_N, cfg.THREADS_M)
     work = tiled_work("forward", [(nq, args.nk)] * b, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,
