@@ -43,8 +43,8 @@ import weakref
 
 import numpy as np
 
-__all__ = ["ndarray", "asarray", "asnumpy", "empty", "zeros", "count", "Counters", "DRIVER",
-           "CaptureError", "device", "CAIArray", "cuda"]
+__all__ = ["ndarray", "asarray", "asnumpy", "adopt", "empty", "zeros", "count", "Counters",
+           "DRIVER", "CaptureError", "device", "CAIArray", "cuda"]
 
 #: cudaMalloc's alignment, which the stand-in's allocations keep
 ALIGNMENT = 256
@@ -119,6 +119,24 @@ class _Memory:
         bisect.insort(self.starts, addr)
         self.buffers[addr] = (weakref.ref(raw), buf, nbytes)
         return buf
+
+    def adopt(self, a):
+        """Register host memory ``a`` (a NumPy array, any strides) as device memory, in place:
+        its whole buffer (``a.base``'s, or its own) becomes an allocation."""
+        owner = a
+        while isinstance(owner.base, np.ndarray):
+            owner = owner.base
+        base = owner.__array_interface__["data"][0]
+        nbytes = owner.nbytes
+        if base not in self.buffers or self.buffers[base][0]() is not owner:
+            flat = owner.reshape(-1).view(np.uint8) if owner.flags.c_contiguous else None
+            if flat is None:
+                raise ValueError("standin.adopt: expected memory a C-contiguous array owns")
+            if base in self.buffers:
+                self.starts.remove(base)
+            bisect.insort(self.starts, base)
+            self.buffers[base] = (weakref.ref(owner), flat, nbytes)
+        return a
 
     def _forget(self):
         live = [a for a in self.starts if self.buffers[a][0]() is not None]
@@ -567,6 +585,13 @@ def asarray(x, dtype=None, order=None):
     out = _alloc(host.shape, host.dtype)
     out[...] = host
     return ndarray._of(out)
+
+
+def adopt(a):
+    """A stand-in array over host memory ``a`` itself (no copy): what a device tensor's view is
+    to CuPy (``numba_flash.torch`` runs CPU tensors through the device path this way in its
+    tests).  The memory stays ``a``'s; writes through the stand-in array land in ``a``."""
+    return ndarray._of(MEMORY.adopt(np.asarray(a)))
 
 
 def ascontiguousarray(x, dtype=None):

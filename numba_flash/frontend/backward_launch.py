@@ -16,7 +16,7 @@ from ..kernels.backward.simt import (
 from ..kernels.backward.config import default_tiles, elem_threads, row_lanes
 from ..kernels.core.common import acc_dtype, cdiv
 from ..philox import dropout_params
-from .kernel_args import backward_user_build, kernel_variant
+from .kernel_args import backward_user_build, device_constant, kernel_variant
 from .sim_time import SimWork, tiled_work
 from .validate import array_module
 
@@ -43,7 +43,8 @@ def sink_gradient(do, o, lse, sink, accumulate=False):
 
 def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_nq, max_nk,
                     cu_q, cu_k, varlen, dtype, scale, left, right, softcap, alibi,
-                    deterministic, dropout_p, seed, lens=None, user_variant=None, sink=None):
+                    deterministic, dropout_p, seed, lens=None, user_variant=None, sink=None,
+                    outs=None):
     """Run preprocess, dK/dV (+ atomic dQ), deterministic dQ and the reductions on 4-D device
     arrays ``[Ba, H, N, d]`` (``Ba = B``, or 1 for a packed batch); return device ``(dq, dk, dv)``
     of the inputs' shapes and dtype.
@@ -53,7 +54,8 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     default ``n_seq`` times the longest); ``alibi`` a validated ``[n_seq, H]`` float32 array or
     None; the rest as the kernels take them (:mod:`numba_flash.kernels.backward.simt`);
     ``user_variant``: a user's variant (:func:`numba_flash.flex.launch.prepare_variant`) or
-    None; ``sink``: the learnable sink logits (float32 ``[H]`` device array) or None.
+    None; ``sink``: the learnable sink logits (float32 ``[H]`` device array) or None;
+    ``outs``: the caller's ``(dq, dk, dv)`` to write into (checked, these shapes), or None.
 
     float32 runs :func:`~numba_flash.kernels.backward.simt.row_mass_kernel` first: every later
     kernel reads its ``dO`` with each row divided by that row's ``c_i = sum_j exp(S_ij -
@@ -67,9 +69,10 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     dropout = float(dropout_p) > 0.0  # compile-time: p = 0 runs the plain kernels, bit for bit
 
     d_v = v_in.shape[3]  # dv, do, o: the value head dim (d, or v's own)
-    dk = call.empty(k_in.shape, dtype)
-    dv = call.empty(v_in.shape, dtype)
-    dq = call.empty(q_in.shape, dtype)
+    outs = (None, None, None) if outs is None else outs
+    dk = call.output(outs[1], k_in.shape, dtype)
+    dv = call.output(outs[2], v_in.shape, dtype)
+    dq = call.output(outs[0], q_in.shape, dtype)
     # float32 / float64 accumulate straight into dq; float16 / bfloat16 through a float32 buffer
     dq_accum = dq if dtype == acc_t else call.empty(q_in.shape, acc_t)
     # each query head's dK/dV share: straight into dk/dv when there is no group to sum and no
@@ -79,7 +82,7 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
     dv_out = dv if direct else call.empty((ba, h, nk_rows, d_v), acc_t)
     delta = call.empty(lse_in.shape, acc_t)
     if cu_q is None:  # dense: never read, but the kernels take an int32 array there
-        cu_q = cu_k = call.zeros((1,), np.int32)
+        cu_q = cu_k = device_constant(call, "no_cu_seqlens", np.zeros((1,), np.int32))
     # the variant (kernels/core/variant.py): ALiBi slopes always (zeros when off), () for no dropout
     # and no user variant (no kernel parameter); the sink, read by row_mass_kernel alone
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (n_seq, h),

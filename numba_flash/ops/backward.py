@@ -8,6 +8,7 @@ packed arrays as one batch and the ``cu_seqlens``).
 from __future__ import annotations
 
 from ..frontend import ArrayCall
+from ..frontend.plans import plan_key, run_or_build
 from ..frontend.kernel_args import check_backward_args
 from ..frontend.variants import check_sink
 from ..frontend.aux_grad import aux_gradients, prepare_aux_grad
@@ -18,7 +19,7 @@ from ..frontend.sparse import (
 )
 from ..frontend.kernel_args import kernel_variant
 from ..frontend.sim_time import SimWork
-from ..frontend.validate import array_info
+from ..frontend.validate import array_info, check_out
 from ..frontend.empty import is_empty, no_key_gradients
 from ..kernels.backward.config import sparse_backward_config
 from ..kernels.backward.sparse import sparse_backward_kernel
@@ -29,7 +30,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
              dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
              kernel="auto", score_mod=None, mask_mod=None, score_mod_grad=None,
              block_mask=None, aux_tensors=(), aux_grad=None, learnable_sink=None,
-             kv_indices=None):
+             kv_indices=None, out=None):
     """Gradients ``(dq, dk, dv)`` of attention for the upstream gradient ``do`` (with a
     ``learnable_sink``, ``(dq, dk, dv, dsink)``; with ``aux_grad``, the aux tensors' gradients
     after them).
@@ -98,7 +99,50 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     is a ``ValueError``.
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
+
+    ``out``: ``(dq, dk, dv)`` arrays of the gradients' shapes and dtypes (C-contiguous, of the
+    inputs' kind) written in place and returned (not with ``kv_indices`` yet).  Device arrays:
+    no synchronisation, and a call of a signature seen before replays its launch plan
+    (:mod:`numba_flash.frontend.plans`; its work arrays are kept, so with ``out`` a call
+    allocates nothing); dropout, a ``block_mask``, a learnable sink (its gradient is summed
+    with CuPy operations) and ``aux_grad`` run the ordinary path every call.
     """
+    kw = dict(causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+              dropout_p=dropout_p, seed=seed, window_size=window_size, softcap=softcap,
+              alibi_slopes=alibi_slopes, kernel=kernel, score_mod=score_mod, mask_mod=mask_mod,
+              score_mod_grad=score_mod_grad, block_mask=block_mask, aux_tensors=aux_tensors,
+              aux_grad=aux_grad, learnable_sink=learnable_sink, kv_indices=kv_indices, out=out)
+    if (dropout_p == 0.0 and block_mask is None and aux_grad is None
+            and type(aux_tensors) is tuple and (out is None or type(out) is tuple)):
+        arrays = (do, q, k, v, o, lse, alibi_slopes, learnable_sink, kv_indices) + (
+            out or (None, None, None)) + aux_tensors
+        key = plan_key("backward", arrays, (causal, softmax_scale, deterministic, window_size,
+                                            softcap, kernel, score_mod, mask_mod,
+                                            score_mod_grad))
+        if key is not None:
+            return run_or_build(key, _backward, arrays, do, q, k, v, o, lse, **kw)
+    return _backward(do, q, k, v, o, lse, **kw)
+
+
+def _check_grad_outs(out, q, k, v, dtype):
+    """``out=`` of the backward: None, or ``(dq, dk, dv)`` of ``q``'s, ``k``'s and ``v``'s
+    shapes (the gradients' dtype ``dtype``)."""
+    if out is None:
+        return None
+    if not isinstance(out, tuple) or len(out) != 3:
+        raise TypeError(f"out: expected None or a tuple (dq, dk, dv), got "
+                        f"{type(out).__name__}")
+    return tuple(check_out(f"out[{i}] ({n})", x, array_info(n, like)[0], dtype, q)
+                 for i, (n, x, like) in enumerate(zip(("dq", "dk", "dv"), out, (q, k, v))))
+
+
+def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, dropout_p, seed,
+              window_size, softcap, alibi_slopes, kernel, score_mod, mask_mod, score_mod_grad,
+              block_mask, aux_tensors, aux_grad, learnable_sink, kv_indices, out):
+    """:func:`backward`'s checks and launches (its ordinary path, and what a plan records)."""
+    if kv_indices is not None and out is not None:
+        raise ValueError("out: expected None with kv_indices (not taken there yet), got a "
+                         "tuple")
     if kv_indices is not None:   # the user's functions and dropout: not with the lists
         check_sparse_options(mask_mod=mask_mod, block_mask=block_mask, score_mod=score_mod,
                              score_mod_grad=score_mod_grad, aux_grad=aux_grad,
@@ -120,13 +164,19 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
                          f"not {a.d}): the aux gradients take d_v == d only so far")
     choice = choose_backward_kernel(kernel, a.dtype)
+    outs = _check_grad_outs(out, q, k, v, a.dtype)
     if is_empty(a.b, a.nq, a.nk):   # no row or no key: zero gradients, no launch
-        return no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype)
+        grads = no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype)
+        if outs is None:
+            return grads
+        for dst in outs:
+            dst[...] = 0
+        return outs + tuple(grads[3:])
     if choice.kernel == "mma":  # validated above, once: straight to the launches
         grads = choice.launcher()(
             do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,
             dropout_p=dropout_p, seed=seed, left=a.left, right=a.right, softcap=a.softcap,
-            alibi=a.alibi, variant=a.variant)
+            alibi=a.alibi, variant=a.variant, outs=outs)
     else:
         call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
         ins = [call.input(x) for x in (do, q, k, v, o, lse)]
@@ -134,7 +184,7 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
             call, *ins, n_seq=a.b, max_nq=a.nq, max_nk=a.nk, cu_q=None, cu_k=None, varlen=False,
             dtype=a.dtype, scale=a.scale, left=a.left, right=a.right, softcap=a.softcap,
             alibi=a.alibi, deterministic=a.deterministic, dropout_p=dropout_p, seed=seed,
-            user_variant=a.variant, sink=None if sink is None else call.input(sink))
+            user_variant=a.variant, sink=None if sink is None else call.input(sink), outs=outs)
         grads = (call.result(dq), call.result(dk), call.result(dv))
     if sink is not None:
         grads = tuple(grads) + (sink_gradient(do, o, lse, sink),)

@@ -60,12 +60,13 @@ def check_mma_dtype(dtype):
 
 
 def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dropout_p, seed,
-                        left, right, softcap, alibi, variant=None):
+                        left, right, softcap, alibi, variant=None, outs=None):
     """The launches of :func:`backward_mma` on arguments already checked (``shape``: a
     :class:`~numba_flash.frontend.kernel_args.BackwardShape` or a tuple ``(B, H, Hkv, Nq, Nk,
     d)``, ``left``/``right`` the kernels' window bounds, ``alibi`` float32 ``[B, H]`` or None;
     ``variant``: a user's variant from :func:`~numba_flash.flex.launch.prepare_variant`, or
-    None): :func:`numba_flash.backward` validates once and calls this."""
+    None; ``outs``: the caller's ``(dq, dk, dv)``, checked, or None): :func:`numba_flash.backward`
+    validates once and calls this."""
     shape = BackwardShape._make(shape)
     b, h, hkv = shape.b, shape.h, shape.hkv
     nq, nk, d = shape.nq, shape.nk, shape.d
@@ -84,9 +85,10 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     do_in, q_in, k_in = (call.input(x) for x in (do, q, k))
     v_in, o_in, lse_in = (call.input(x) for x in (v, o, lse))
     f32 = np.float32
-    dq = call.empty(q_in.shape, dtype)
-    dk = call.empty(k_in.shape, dtype)
-    dv = call.empty(v_in.shape, dtype)
+    outs = (None, None, None) if outs is None else outs
+    dq = call.output(outs[0], q_in.shape, dtype)
+    dk = call.output(outs[1], k_in.shape, dtype)
+    dv = call.output(outs[2], v_in.shape, dtype)
     dq_accum = call.empty(q_in.shape, f32)        # zeroed by the preprocess kernel
     dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
     dv_heads = call.empty((b, h, nk, d_v), f32)
