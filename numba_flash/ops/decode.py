@@ -1031,7 +1031,20 @@ def merge_states(o_parts, lse_parts, learnable_sink=None):
     as one more part with ``lse_p = sink`` and ``o_p = 0`` (the parts being the plain softmax
     of their own keys): the merge of split partials with the sink is the unsplit attention with
     it (a row whose parts are all empty gets ``o = 0``, ``lse = sink``).
+
+    Device arrays: no synchronisation, and a call of a signature seen before replays its
+    launch plan (:mod:`numba_flash.frontend.plans`).
     """
+    arrays = (o_parts, lse_parts, learnable_sink)
+    key = plan_key("merge_states", arrays, ())
+    if key is not None:
+        return run_or_build(key, _merge_states, arrays, *arrays)
+    return _merge_states(*arrays)
+
+
+def _merge_states(o_parts, lse_parts, learnable_sink):
+    """:func:`merge_states`'s checks and launch (its ordinary path, and what a plan
+    records)."""
     shape, _ = array_info("o_parts", o_parts)
     if not 2 <= len(shape) <= 9:
         raise ValueError(f"o_parts: expected a 2-D to 9-D array [P, ..., d], got shape {shape} "

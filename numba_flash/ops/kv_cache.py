@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.plans import plan_key, run_or_build
 from ..frontend.arrays import host_ints, kernel_ints
 from ..frontend.cache_args import (
     cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
@@ -59,7 +60,22 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
 
     Returns the new lengths ``cache_seqlens + Nnew`` as a new array (int32 for int32 lengths,
     else int64); ``cache_seqlens`` itself is not modified.  One kernel launch.
+
+    Device arrays without ``validate``: no synchronisation, and a call of a signature seen
+    before replays its launch plan (:mod:`numba_flash.frontend.plans`).
     """
+    args = (k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, cache_batch_idx)
+    kw = dict(validate=validate, k_descale=k_descale, v_descale=v_descale,
+              kv_cache_dtype=kv_cache_dtype)
+    key = plan_key("append_kv", args + (k_descale, v_descale), (validate, kv_cache_dtype))
+    if key is not None:
+        return run_or_build(key, _append_kv, args + (k_descale, v_descale), *args, **kw)
+    return _append_kv(*args, **kw)
+
+
+def _append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, cache_batch_idx, *,
+               validate, k_descale, v_descale, kv_cache_dtype):
+    """:func:`append_kv`'s checks and launches (its ordinary path, and what a plan records)."""
     ks, dtype = check_cache_array("k_cache", k_cache, kv_cache_dtype)
     latent = v_cache is None                  # MLA: one latent cache, k_new its whole rows
     if latent:

@@ -10,7 +10,9 @@ import numbers
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.plans import plan_key, run_or_build
 from ..frontend.arrays import host_ints, kernel_ints
+from ..frontend.kernel_args import device_constant
 from ..frontend.cache_args import check_positions, check_rotary_tables, launch_rotary
 from ..frontend.validate import (
     ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, check_array, check_bool, check_int, check_same_kind,
@@ -39,7 +41,22 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=N
 
     Returns a new array of ``x``'s shape and dtype (computed in float32, float64 for float64);
     ``x`` is not modified.
+
+    Device arrays without ``validate``: no synchronisation, and a call of a signature seen
+    before replays its launch plan (:mod:`numba_flash.frontend.plans`); with
+    ``seqlen_offsets`` an int (a new plan per value) the ordinary path runs every call.
     """
+    kw = dict(interleaved=interleaved, seqlen_offsets=seqlen_offsets, validate=validate)
+    if not isinstance(seqlen_offsets, numbers.Integral):
+        arrays = (x, cos, sin, seqlen_offsets)
+        key = plan_key("apply_rotary", arrays, (interleaved, validate))
+        if key is not None:
+            return run_or_build(key, _apply_rotary, arrays, x, cos, sin, **kw)
+    return _apply_rotary(x, cos, sin, **kw)
+
+
+def _apply_rotary(x, cos, sin, *, interleaved, seqlen_offsets, validate):
+    """:func:`apply_rotary`'s checks and launches (its ordinary path, and what a plan records)."""
     xs, dtype = check_array("x", x, 4, ATTENTION_DTYPES)
     b, h, n, d = xs
     max_position, _ = check_rotary_tables(cos, sin, d, dtype)
@@ -78,7 +95,7 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=N
         check_positions("cos", np.minimum(last, 2.0**62), max_position,
                         "seqlen_offsets[b] + N - 1")
     d_off = (kernel_ints(call, seqlen_offsets, "seqlen_offsets") if per_seq
-             else call.empty((1,), np.int32))
+             else device_constant(call, "no_offsets", np.zeros((1,), np.int32)))
     out = launch_rotary(call, call.input(x), call.input(cos), call.input(sin), d_off, offset0,
                         1, per_seq, interleaved, dtype)
     return call.result(out)
