@@ -117,7 +117,7 @@ class _Memory:
         if addr in self.buffers:
             self.starts.remove(addr)
         bisect.insort(self.starts, addr)
-        self.buffers[addr] = (weakref.ref(raw), buf, nbytes)
+        self.buffers[addr] = (weakref.ref(raw), start, nbytes)   # no strong reference
         return buf
 
     def adopt(self, a):
@@ -129,13 +129,12 @@ class _Memory:
         base = owner.__array_interface__["data"][0]
         nbytes = owner.nbytes
         if base not in self.buffers or self.buffers[base][0]() is not owner:
-            flat = owner.reshape(-1).view(np.uint8) if owner.flags.c_contiguous else None
-            if flat is None:
+            if not owner.flags.c_contiguous:
                 raise ValueError("standin.adopt: expected memory a C-contiguous array owns")
             if base in self.buffers:
                 self.starts.remove(base)
             bisect.insort(self.starts, base)
-            self.buffers[base] = (weakref.ref(owner), flat, nbytes)
+            self.buffers[base] = (weakref.ref(owner), 0, nbytes)
         return a
 
     def _forget(self):
@@ -148,9 +147,11 @@ class _Memory:
         i = bisect.bisect_right(self.starts, ptr) - 1
         if i >= 0:
             start = self.starts[i]
-            ref, buf, nbytes = self.buffers[start]
-            if ref() is not None and ptr - start <= nbytes:
-                return buf, ptr - start
+            ref, skip, nbytes = self.buffers[start]
+            owner = ref()
+            if owner is not None and ptr - start <= nbytes:
+                flat = owner.reshape(-1).view(np.uint8)
+                return flat[skip:skip + nbytes], ptr - start
         raise ValueError(f"stand-in device: address {ptr:#x} is in no allocation (freed, or "
                          f"host memory)")
 

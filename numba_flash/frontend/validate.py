@@ -33,9 +33,14 @@ def is_device_array(x) -> bool:
 
 
 def array_module(x):
-    """The array module of ``x``: numpy, or cupy for a device array (on the GPU backend CuPy is
-    the array library)."""
+    """The array module of ``x``: numpy, the stand-in device for its arrays
+    (:mod:`numba_flash.standin`), or cupy for any other device array (on the GPU backend CuPy
+    is the array library)."""
     if is_device_array(x):
+        if type(x).__module__ == "numba_flash.standin":
+            import numba_flash.standin as standin
+
+            return standin
         import cupy
 
         return cupy
