@@ -399,6 +399,11 @@ class ndarray:
         _note("syncs", "get() waits for the stream")
         return self._a.copy()
 
+    def set(self, arr, stream=None):
+        """Copy the host array ``arr`` in (a host-to-device copy; CuPy's ``ndarray.set``)."""
+        _note("h2d", f"set() {self.dtype.name}{list(self.shape)}")
+        self._a[...] = arr
+
     def item(self):
         return self.get().item()
 
