@@ -53,7 +53,7 @@ def _cases(xp, rng):
     b, h, hkv, n, d = 1, 16, 4, 1024, 64
     q, k, v = dev((b, h, n, d)), dev((b, hkv, n, d)), dev((b, hkv, n, d))
     q32, k32, v32 = (dev(x.shape, f32) for x in (q, k, v))
-    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True)
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True, kernel="mma")
     do = dev(o.shape)
     # decode: one token per sequence over a paged cache (pages of 64, 16 pages each)
     bd, pages, page = 4, 16, 64
@@ -71,11 +71,11 @@ def _cases(xp, rng):
     kn, vn = dev((bd, hkv, 1, 128)), dev((bd, hkv, 1, 128))
     cos, sin = dev((4096, 32)), dev((4096, 32))
     return {
-        "forward": lambda: numba_flash.forward(q, k, v, causal=True),
+        "forward": lambda: numba_flash.forward(q, k, v, causal=True, kernel="mma"),
         "forward_simt_f32": lambda: numba_flash.forward(q32, k32, v32, causal=True),
         "forward_varlen": lambda: numba_flash.forward_varlen(
             qp, kp, vp, cu, cu, max_seqlen_q=724, max_seqlen_k=724, causal=True),
-        "backward": lambda: numba_flash.backward(do, q, k, v, o, lse, causal=True),
+        "backward": lambda: numba_flash.backward(do, q, k, v, o, lse, causal=True, kernel="mma"),
         "decode": lambda: numba_flash.decode(qd, kc, vc, cache_seqlens=lens,
                                              block_table=table),
         "decode_contiguous": lambda: numba_flash.decode(qd, kcc, vcc, cache_seqlens=lens),
