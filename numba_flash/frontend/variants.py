@@ -16,8 +16,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .validate import (ATTENTION_DTYPES, INT32_MAX, INT64_MAX, array_info, array_module,
-                       check_array, check_int, check_int_array, check_same_dtype, check_same_kind,
-                       check_value_shape)
+                       check_array, check_bool, check_int, check_int_array, check_same_dtype,
+                       check_same_kind, check_value_shape, is_device_array)
 
 
 #: The bound past which a window edge is clamped to unbounded when the caller does not pass its
@@ -139,21 +139,35 @@ def check_sink_values(s):
                          "or +inf")
 
 
-def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
+def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name, read=True):
     """``cu_seqlens`` of a packed batch: an integer 1-D array ``[B + 1]`` of entries in
     ``[0, 2**31 - 1]`` (int32 offsets), 0 first, ``total`` (the packed length of the matching
     tensor) last, non-decreasing, no sequence longer than ``max_seqlen`` (an int in
     ``[0, 2**31 - 1]``).
 
-    Returns ``(cu_int32, lengths)``: a new C-contiguous int32 array of the same kind (NumPy or
-    CuPy) for the kernels, and the host NumPy int64 sequence lengths (a CuPy ``cu_seqlens`` is
-    copied to the host once to check it, as flash-attn's varlen API needs ``max_seqlen`` there).
+    Returns ``(cu_int32, lengths)``: a C-contiguous int32 array of the same kind (NumPy or
+    CuPy) for the kernels (the array itself when it is one already), and the host NumPy int64
+    sequence lengths (a device ``cu_seqlens`` is copied to the host once to check it: a
+    synchronisation, which a launch plan cannot replay).
+
+    ``read=False`` (a device ``cu_seqlens`` the caller does not validate): only the dtype, the
+    shape and ``max_seqlen`` are checked, nothing is read on the host, and ``lengths`` is None;
+    the caller sizes the launch by ``max_seqlen``.  A non-int32 or non-contiguous array is
+    converted on the device (entries outside the int32 range do not survive it).
     """
     shape, dtype = array_info(name, cu_seqlens)
     if dtype.kind not in "iu":
         raise TypeError(f"{name}: expected an integer array (int32), got dtype {dtype}")
     if len(shape) != 1 or shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array [B + 1] with B >= 1, got shape {shape}")
+    xp = array_module(cu_seqlens)
+    if not read:
+        check_int(max_name, max_seqlen, 0, INT32_MAX)
+        return xp.ascontiguousarray(xp.asarray(cu_seqlens), dtype=xp.int32), None
+    if xp is not np:
+        from .plans import note_host_read
+
+        note_host_read(name)
     host = cu_seqlens.get() if hasattr(cu_seqlens, "get") else np.asarray(cu_seqlens)
     # the range first (compared in the array's own dtype): no uint64 or int64 entry can wrap or
     # overflow in the checks below, and the int32 cast of the kernels' copy is exact
@@ -171,7 +185,6 @@ def check_cu_seqlens(name, cu_seqlens, total, max_seqlen, max_name):
     if max_seqlen < int(lengths.max()):
         raise ValueError(f"{max_name}: expected at least the longest sequence of {name} "
                          f"({int(lengths.max())}), got {max_seqlen}")
-    xp = array_module(cu_seqlens)
     return xp.ascontiguousarray(xp.asarray(cu_seqlens), dtype=xp.int32), lengths
 
 
@@ -259,15 +272,61 @@ def check_packed_qkv(q, k, v, value_dim=False, empty=False):
     return PackedQKVShape(total_q, h, hkv, total_k, d, dtype)
 
 
+class CuSeqlens(NamedTuple):
+    """What :func:`check_seqlens` returns: the kernels' int32 ``cu_seqlens``, the host int64
+    lengths (None where the arrays were not read) and the longest sequences."""
+
+    cu_q: object
+    len_q: object
+    cu_k: object
+    len_k: object
+    #: the longest query / key sequence: from the lengths when read, else ``max_seqlen_q`` /
+    #: ``max_seqlen_k`` (flash-attn's contract: at least the longest), capped at the totals
+    max_q: int
+    max_k: int
+
+    @property
+    def n_seq(self):
+        """The number of sequences ``B``."""
+        return int(self.cu_q.shape[0]) - 1
+
+
+def check_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k,
+                  read=True):
+    """Both ``cu_seqlens`` of a packed batch (:func:`check_cu_seqlens`, ``read`` as there), with
+    the same number of sequences; a :class:`CuSeqlens`.  Not read, the longest sequences are
+    taken as ``max_seqlen_q`` / ``max_seqlen_k``, capped at the packed totals (``total_k``
+    None: unknown, a paged cache's count)."""
+    cu_q, len_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q,
+                                   "max_seqlen_q", read)
+    cu_k, len_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k,
+                                   "max_seqlen_k", read)
+    if cu_q.shape[0] != cu_k.shape[0]:
+        raise ValueError(f"cu_seqlens_k: expected {cu_q.shape[0]} entries (B + 1, from "
+                         f"cu_seqlens_q), got {cu_k.shape[0]}")
+    if read:
+        return CuSeqlens(cu_q, len_q, cu_k, len_k, int(len_q.max()), int(len_k.max()))
+    # not read: no sequence is longer than max_seqlen, nor (good offsets) than its packed total
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    return CuSeqlens(cu_q, None, cu_k, None, min(max_q, total_q),
+                     max_k if total_k is None else min(max_k, total_k))
+
+
 def check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
                           max_seqlen_k):
-    """Both ``cu_seqlens`` of a packed batch (:func:`check_cu_seqlens`), with the same number of
-    sequences.  Returns ``(cu_q, len_q, cu_k, len_k)``."""
-    cu_q, len_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q,
-                                   "max_seqlen_q")
-    cu_k, len_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k,
-                                   "max_seqlen_k")
-    if len(len_q) != len(len_k):
-        raise ValueError(f"cu_seqlens_k: expected {len(len_q) + 1} entries (B + 1, from "
-                         f"cu_seqlens_q), got {len(len_k) + 1}")
-    return cu_q, len_q, cu_k, len_k
+    """Both ``cu_seqlens`` of a packed batch read and checked on the host
+    (:func:`check_seqlens`).  Returns ``(cu_q, len_q, cu_k, len_k)``."""
+    return check_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
+                         max_seqlen_k)[:4]
+
+
+def reads_seqlens(q, cu_seqlens_q, cu_seqlens_k, validate, *needs):
+    """Whether a varlen op reads its ``cu_seqlens`` on the host and checks them
+    (:func:`check_cu_seqlens`): NumPy ones always; device ones with ``validate=True`` (a bool;
+    None: True for NumPy ``q``, False for a device one) or when an argument of ``needs`` (a
+    ``block_mask``, ``kv_indices``: they need the lengths) is given."""
+    if not (is_device_array(cu_seqlens_q) and is_device_array(cu_seqlens_k)):
+        return True
+    if any(x is not None for x in needs):
+        return True
+    return check_bool("validate", not is_device_array(q) if validate is None else validate)

@@ -15,6 +15,12 @@ at 256 of e4m3's 448); ``kernel="wgmma"`` :mod:`numba_flash.kernels.forward.wgmm
 a GPU record says it is faster).  The
 reference: :func:`numba_flash.reference.attention` of :func:`numba_flash.reference.dequantize`'d
 inputs times their descales; the story and the error table: docs/fp8.md.
+
+Alignment: the kernels copy ``q`` and ``k`` tiles with 16-byte ``cp.async`` and read ``v`` as
+32-bit words, so a GPU faults (``CUDA_ERROR_MISALIGNED_ADDRESS``) on a ``q`` or ``k`` whose data
+is not 16-byte aligned or a ``v`` not 4-byte aligned (an offset view of a byte buffer).  Such an
+input is first copied into an aligned buffer (:func:`aligned_input`: one copy of that array, on
+its own device; the result is the same), and an aligned one is used in place.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
 from ..frontend.kernel_args import check_forward_variant, kernel_variant, user_build
@@ -36,6 +43,7 @@ from ..kernels.forward.config import WGMMA_FP8_HEAD_DIMS
 from ..kernels.forward.fp8 import forward_fp8_config, forward_fp8_kernel
 from ..kernels.forward.wgmma_fp8 import forward_wgmma_fp8_config, forward_wgmma_fp8_kernel
 from ..kernels.forward.mma import forward_grid
+from ..kernels.ptx.address import data_pointer
 
 #: the output types of the fp8 forward (FA3 writes bfloat16)
 FP8_OUT_DTYPES = ("bfloat16", "float16")
@@ -43,6 +51,9 @@ FP8_OUT_DTYPES = ("bfloat16", "float16")
 FP8_KERNELS = ("auto", "mma", "wgmma")
 #: the user's functions (FlexAttention's), taken by both fp8 builds, and their "off"
 USER_OPTIONS = {"score_mod": None, "mask_mod": None, "block_mask": None, "aux_tensors": ()}
+#: the alignment (bytes) each e4m3 input's data needs: ``q`` and ``k`` are copied into shared
+#: memory 16 bytes at a time (``cp.async``), ``v`` is read as 32-bit words
+FP8_ALIGN = {"q": 16, "k": 16, "v": 4}
 
 
 class _Shape(NamedTuple):
@@ -55,6 +66,31 @@ class _Shape(NamedTuple):
     nq: int
     nk: int
 
+
+
+def aligned_input(x, align):
+    """``x`` (an e4m3 array's ``uint8`` bytes, NumPy or device) itself when its data is
+    ``align``-byte aligned, else a C-contiguous copy that is (NumPy: placed on a 64-byte
+    boundary of a fresh buffer, in the simulator, whose kernels read a NumPy input in place; on
+    a GPU its device copy is the aligned copy; CuPy: a fresh allocation of its memory pool,
+    256-byte aligned; another device array: a fresh ``cuda.device_array``)."""
+    if data_pointer(x) % align == 0:
+        return x
+    if isinstance(x, np.ndarray) and not on_simulator():
+        return x                    # its device copy is a fresh allocation: aligned
+    if isinstance(x, np.ndarray):
+        buf = np.empty(x.nbytes + 64, np.uint8)
+        at = -buf.__array_interface__["data"][0] % 64
+        out = buf[at:at + x.nbytes].view(x.dtype).reshape(x.shape)
+        out[...] = x
+        return out
+    if hasattr(x, "copy"):          # CuPy
+        return x.copy()
+    from numba import cuda
+
+    out = cuda.device_array(x.shape, x.dtype)
+    out.copy_to_device(x)
+    return out
 
 
 def _input_dtypes(qkv_dtype):
@@ -122,12 +158,15 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     cfg = (forward_wgmma_fp8_config(s.d, out, **flags) if wgmma else
            forward_fp8_config(s.d, out, **flags))
 
+    # e4m3 travels as its bytes (Numba has no fp8 type); a misaligned view is copied aligned
+    # (q, k: 16-byte cp.async copies; v: 32-bit word loads), where a GPU would fault
+    q, k, v = (aligned_input(x.view(np.uint8), FP8_ALIGN[n]) for n, x in zip("qkv", (q, k, v)))
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_fp8")
     call.reserve({"o": ((s.b, s.h, s.nq, s.d), np.float16), "lse": ((s.b, s.h, s.nq),
                                                                      np.float32)})
-    # e4m3 travels as its bytes (Numba has no fp8 type): uint16 pairs for the tile copies,
-    # uint32 words of V for the transposing fill, V's bytes for the NaN fix-up
-    dq, dk, dv = (call.input(x.view(np.uint8)) for x in (q, k, v))
+    # the bytes as uint16 pairs for the tile copies, uint32 words of V for the transposing fill,
+    # V's bytes for the NaN fix-up
+    dq, dk, dv = (call.input(x) for x in (q, k, v))
     o = call.empty((s.b, s.h, s.nq, s.d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
     lse = call.empty((s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,

@@ -18,10 +18,11 @@ from ..frontend import ArrayCall
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, allow_empty, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
-                                 check_scale, is_device_array)
+                                 check_out, check_scale, is_device_array)
 from ..frontend.empty import no_key_outputs
-from ..frontend.variants import (check_cu_seqlens_pair, check_packed_qkv, check_sink,
-                                 check_value_shape, check_variants)
+from ..frontend.plans import plan_key, run_or_build
+from ..frontend.variants import (check_packed_qkv, check_seqlens, check_sink, check_value_shape,
+                                 check_variants, reads_seqlens)
 from ..kernels.core.common import acc_dtype, cdiv
 from ..kernels.forward.simt import forward_grid, forward_kernel
 from ..kernels.forward.config import default_tiles, forward_simt_config, vector_tiles
@@ -87,18 +88,18 @@ def _table_int32(call, block_table):
     return call.input(x.astype(xp.int32))
 
 
-def _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h, len_q, len_k,
-                   max_seqlen_q, max_seqlen_k, paged):
+def _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h, max_q, max_k,
+                   max_seqlen_q, max_seqlen_k):
     """A user's variant of a packed batch (:func:`numba_flash.flex.launch.prepare_variant`),
     checked before any launch: ``B`` the number of sequences, a block mask's ``Nq`` / ``Nk``
-    from the longest sequence's lengths up to ``max_seqlen_q`` / ``max_seqlen_k``; ``None``
-    without one."""
+    from the longest sequence's lengths (``max_q`` / ``max_k``: read on the host whenever there
+    is a block mask) up to ``max_seqlen_q`` / ``max_seqlen_k``; ``None`` without one."""
     if score_mod is None and mask_mod is None and block_mask is None and not aux_tensors:
         return None
     from ..flex.launch import prepare_variant
     return prepare_variant(score_mod, mask_mod, aux_tensors, block_mask,
                            compute_dtype=acc_dtype(dtype),
-                           shape=(b, h, int(len_q.max()), int(len_k.max())),
+                           shape=(b, h, max_q, max_k),
                            max_seqlens=(int(max_seqlen_q), int(max_seqlen_k)))
 
 
@@ -108,7 +109,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    block_table=None, validate=None, score_mod=None, mask_mod=None,
                    block_mask=None, aux_tensors=(), learnable_sink=None, kv_indices=None,
                    kernel="auto", q_descale=None, k_descale=None, v_descale=None,
-                   out_dtype=None, qkv_dtype="auto"):
+                   out_dtype=None, qkv_dtype="auto", out=None):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -190,8 +191,64 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     a launch: ``o = 0``, ``lse = -inf`` (``sink_h`` with a learnable sink; flash-attn stores
     ``+inf``), packed or paged (a cache of no block then too); ``H = 0`` or ``d = 0`` is a
     ``ValueError``.
+
+    ``out``: an array of ``o``'s shape ``[total_q, H, d_v]`` and dtype (C-contiguous, of the
+    inputs' kind) that ``o`` is written into and returned as (not with e4m3 inputs or
+    ``kv_indices`` yet: a ``ValueError`` naming ``out``).
+
+    Device arrays (CuPy): the call runs on the current stream and returns before the GPU
+    finishes.  Device ``cu_seqlens`` are read and checked on the host (as NumPy ones always
+    are; a synchronisation) only with ``validate=True``, or with a ``block_mask`` or
+    ``kv_indices`` (which need the lengths); otherwise only their dtype and shape are checked
+    (a non-int32 one is converted on the device), the launch is sized by ``max_seqlen_q`` /
+    ``max_seqlen_k`` (flash-attn's contract: at least the longest sequence; a window edge at or
+    past them is unbounded, the same result as at or past the longest) and nothing waits for
+    the GPU.  An unvalidated bad ``cu_seqlens`` is not caught: the kernels take the offsets as
+    they are, so offsets past ``total_q`` / ``total_k`` or an unordered ``cu_seqlens`` read and
+    write outside ``q``, ``k``, ``v``, ``o`` and ``lse`` (the paged cache and its table stay
+    bounded: each entry is checked before use), and the rows of a sequence longer than
+    ``max_seqlen_q`` are left unwritten; pass ``validate=True`` for offsets not known to be
+    good.  A call of a signature seen before (shapes, strides, dtypes, address alignment,
+    options, ``max_seqlen_q`` / ``max_seqlen_k``, the stream) replays its launch plan
+    (:mod:`numba_flash.frontend.plans`): no checks or configuration again, only the results
+    allocated (nothing with ``out`` and without ``return_lse``) and the launch made, with the
+    ``cu_seqlens`` (and ``block_table``) of this call; dropout, a ``block_mask``, ``validate=True``
+    and a non-int32 ``cu_seqlens`` or table run the ordinary path every call.
     """
-    if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
+    kw = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+              window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+              softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed,
+              return_lse=return_lse, block_table=block_table, validate=validate,
+              score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+              aux_tensors=aux_tensors, learnable_sink=learnable_sink, kv_indices=kv_indices,
+              kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+              out_dtype=out_dtype, qkv_dtype=qkv_dtype, out=out)
+    if dropout_p == 0.0 and block_mask is None and type(aux_tensors) is tuple:
+        # one array as both cu_seqlens (self-attention): once (a plan's arrays never overlap)
+        cu_k = None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k
+        arrays = (q, k, v, cu_seqlens_q, cu_k, block_table, alibi_slopes, learnable_sink,
+                  q_descale, k_descale, v_descale, kv_indices, out) + aux_tensors
+        key = plan_key("forward_varlen", arrays, (
+            max_seqlen_q, max_seqlen_k, causal, window_size, softcap, softmax_scale,
+            return_lse, validate, score_mod, mask_mod, kernel, out_dtype, qkv_dtype))
+        if key is not None:
+            return run_or_build(key, _forward_varlen, arrays, q, k, v, cu_seqlens_q,
+                                cu_seqlens_k, **kw)
+    return _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+
+
+def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k, causal,
+                    window_size, softcap, alibi_slopes, softmax_scale, dropout_p, seed,
+                    return_lse, block_table, validate, score_mod, mask_mod, block_mask,
+                    aux_tensors, learnable_sink, kv_indices, kernel, q_descale, k_descale,
+                    v_descale, out_dtype, qkv_dtype, out):
+    """:func:`forward_varlen`'s checks and launch (its ordinary path, and what a plan
+    records)."""
+    fp8 = fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype)
+    if out is not None and (fp8 or kv_indices is not None):
+        raise ValueError("out: expected None with e4m3 inputs or kv_indices (not taken there "
+                         "yet), got an array")
+    if fp8:
         # fp8 (FA3's API, as numba_flash.forward's): the fp8 op, imported by name (no op
         # imports another)
         fp8 = importlib.import_module("numba_flash.ops.forward_fp8").forward_varlen_fp8
@@ -214,23 +271,29 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
         raise ValueError(f"kernel: expected 'auto' (the varlen forward chooses its kernel; "
                          f"'mma' / 'wgmma' are for e4m3 inputs), got {kernel!r}")
     paged = block_table is not None
+    # NumPy cu_seqlens are read and checked on the host; device ones only when validated
+    read = reads_seqlens(q, cu_seqlens_q, cu_seqlens_k, validate, block_mask, kv_indices)
     if paged:
         qkv = _check_paged_qkv(q, k, v)
-        total_k = cumulative_total("cu_seqlens_k", cu_seqlens_k)  # a count: no packed k
+        # a count, no packed k (None: unknown, a device cu_seqlens_k not read)
+        total_k = cumulative_total("cu_seqlens_k", cu_seqlens_k) if read else None
     else:
         qkv = check_packed_qkv(q, k, v, value_dim=True, empty=True)
         total_k = qkv.total_k
     total_q, h, hkv = qkv.total_q, qkv.h, qkv.hkv
     d, d_v, dtype = qkv.d, qkv.d_v, qkv.dtype
-    cu_q, len_q, cu_k, len_k = check_cu_seqlens_pair(cu_seqlens_q, cu_seqlens_k, total_q, total_k,
-                                                     max_seqlen_q, max_seqlen_k)
+    seqlens = check_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
+                            max_seqlen_k, read)
+    cu_q, len_q, cu_k, len_k = seqlens[:4]
     kinds = {"q": q, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
     if paged:
         kinds["block_table"] = block_table
     check_same_kind(kinds)
-    b = len(len_q)
+    b = seqlens.n_seq
+    # no sequence has a key (not read: max_seqlen_k = 0 says so)
+    no_keys = total_k == 0 if total_k is not None else seqlens.max_k == 0
     if paged:   # (a table of no column for no key)
-        with allow_empty(block_table=(1,) if total_k == 0 else ()):
+        with allow_empty(block_table=(1,) if no_keys else ()):
             check_prefill_table(block_table, b)
     if kv_indices is not None:   # token-sparse: the gathering decode kernel, padded rows
         return sparse_forward_varlen(
@@ -247,22 +310,29 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     scale = check_scale(softmax_scale, d, dtype)
     seed_lo, seed_hi, threshold, keep_scale = dropout_params(dropout_p, seed)
     var = check_variants(
-        causal, window_size, softcap, alibi_slopes, b, h, nq=int(len_q.max()),
-        nk=int(len_k.max()))  # window edges past the longest sequence: unbounded
+        causal, window_size, softcap, alibi_slopes, b, h, nq=seqlens.max_q,
+        nk=seqlens.max_k)  # window edges past the longest sequence: unbounded
     left, right, softcap, alibi = var.left, var.right, var.softcap, var.alibi
     use_dropout = float(dropout_p) > 0.0
-    sink = check_sink(learnable_sink, h)
+    # a device sink's values are checked with the lengths (reading them is a synchronisation)
+    sink = check_sink(learnable_sink, h, check_values=read)
     variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
-                             len_q, len_k, max_seqlen_q, max_seqlen_k, paged)
+                             seqlens.max_q, seqlens.max_k, max_seqlen_q, max_seqlen_k)
+    out = check_out("out", out, (total_q, h, d_v), dtype, q)
     if paged and validate:  # after every other check, before any launch
         validate_prefill_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
-    if paged and qkv.n_blocks == 0 and total_k > 0:   # (unvalidated: nothing to read from)
+    if paged and qkv.n_blocks == 0 and not no_keys and total_k is not None:
+        # (unvalidated: nothing to read from; not read: every key's entry is bad, NaN rows)
         raise ValueError(f"k: expected a paged cache of at least one block for the {total_k} "
                          f"keys cu_seqlens_k counts, got shape {array_info('k', k)[0]}")
-    if total_q == 0 or total_k == 0:   # every sequence without rows or keys: no launch
-        return no_key_outputs({"q": q, "k": k, "v": v, "block_table": block_table},
-                              (total_q, h, d_v), dtype, (h, total_q), acc_dtype(dtype), sink,
-                              head_axis=0, return_lse=return_lse)
+    if total_q == 0 or no_keys:   # every sequence without rows or keys: no launch
+        o, lse = no_key_outputs({"q": q, "k": k, "v": v, "block_table": block_table},
+                                (total_q, h, d_v), dtype, (h, total_q), acc_dtype(dtype), sink,
+                                head_axis=0)
+        if out is not None:   # the caller's out= holds the zeros
+            out[...] = 0
+            o = out
+        return (o, lse) if return_lse else o
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
@@ -284,13 +354,15 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (b, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
                         variant, sink)
-    o = call.empty((total_q, h, d_v), dtype)
+    o = call.output(out, (total_q, h, d_v), dtype)
     lse = call.empty((h, total_q), acc_t)
-    n_q_tiles = cdiv(max(1, int(len_q.max())), cfg.BLOCK_M)  # the longest sequence's Q tiles
+    n_q_tiles = cdiv(max(1, seqlens.max_q), cfg.BLOCK_M)  # the longest sequence's Q tiles
+    # (the simulator's time estimate: each sequence, or b of the longest when not read)
+    lens = zip(len_q, len_k) if read else [(seqlens.max_q, seqlens.max_k)] * b
     call.launch(forward_kernel(cfg), forward_grid(n_q_tiles, b * h),
                 (cfg.THREADS_N, cfg.THREADS_M), dq, dk, dv, o.reshape(-1), lse.reshape(-1), va,
-                seqs, work=tiled_work("forward", zip(len_q, len_k), h, cfg.BLOCK_M, cfg.BLOCK_N,
-                                      left, right, cfg.THREADS, cfg.HEAD_DIM))
+                seqs, work=tiled_work("forward", lens, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,
+                                      cfg.THREADS, cfg.HEAD_DIM))
     if return_lse:
         return call.result(o), call.result(lse)
     return call.result(o)

@@ -12,6 +12,7 @@ from ...backend import on_simulator
 from ..core.common import GRID_X_MAX, GRID_YZ_MAX
 from ..core.elements import BFLOAT16
 from ..core.config import KernelConfig, kernel_config, mma_row_bytes
+from ..ptx.address import is_aligned
 
 
 # -- decode ----------------------------------------------------------------------------------
@@ -219,17 +220,18 @@ def lane_layout(dtype, HEAD_DIM, simulator=None):
 
 def vector_loads(dtype, d, HEAD_DIM, CHUNK, *arrays):
     """The ``VEC`` build (16-byte loads, no per-element test): ``d == HEAD_DIM``, a chunk of 16
-    bytes and, on the GPU, every cache's data 16-byte aligned (rows then are too)."""
+    bytes and every array's data 16-byte aligned (rows then are too; checked in the simulator
+    too)."""
     if d != HEAD_DIM or CHUNK * np.dtype(dtype).itemsize != CHUNK_BYTES:
         return False
     return aligned_to(CHUNK_BYTES, *arrays)
 
 
 def aligned_to(n_bytes, *arrays):
-    """Every device array's data ``n_bytes``-aligned (in the simulator: True)."""
-    if on_simulator():
-        return True
-    return all(x.__cuda_array_interface__["data"][0] % n_bytes == 0 for x in arrays)
+    """Every device array's data ``n_bytes``-aligned: the real pointers, in the simulator too
+    (its twins raise :class:`~numba_flash.kernels.ptx.address.MisalignedAddressError` where a
+    GPU faults)."""
+    return is_aligned(n_bytes, *arrays)
 
 
 def gpu_rows_max(dtype, HEAD_DIM):

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...backend import on_simulator
 from ..core.common import HEAD_DIMS, SMEM_LIMIT, acc_dtype, padded_head_dim
+from ..ptx.address import is_aligned
 from ..core.config import (
     KernelConfig, TensorCoreConfig, WarpMmaConfig, kernel_config, round16,
 )
@@ -251,13 +252,12 @@ def vector_tiles(dtype, d, head_dim, *arrays):
     16-byte chunks (``d`` a multiple of 4 float32 / 2 float64; chunks past ``d`` up to
     ``head_dim`` are zero-filled) and every array's data 16-byte aligned, so each tile row is
     copied by ``cp.async``; else element by element (float16 and bfloat16 inputs are widened to
-    float32 on the way)."""
+    float32 on the way).  The pointers are checked in the simulator too (its ``cp.async`` twin
+    raises on a misaligned address, as the GPU faults)."""
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)) or d % (VEC_BYTES // dt.itemsize):
         return False
-    if on_simulator():
-        return True
-    return all(x.__cuda_array_interface__["data"][0] % VEC_BYTES == 0 for x in arrays)
+    return is_aligned(VEC_BYTES, *arrays)
 
 
 def explicit_tiles(head_dim, dtype, simulator=None, mods=False):

@@ -55,6 +55,7 @@ from ..core.jit import device_jit, kernel_jit, static_for
 from ..mainloop.online_softmax import (
     RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax, sink_of,
 )
+from ..ptx.address import is_aligned
 from ..ptx.stages import (
     SHARED_ALIGN,
     EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan,
@@ -78,17 +79,18 @@ _stage = functools.partial(device_jit, own_module=True, inline=True)
 
 def vector_copies(d, head_dim, *arrays, d_v=None):
     """The ``VEC`` build: ``d == head_dim`` and every array's data 16-byte aligned (the
-    ``cp.async`` path; on the simulator alignment does not matter).  With a value head dim of
-    its own (``d_v``, ``OWN_V``): ``d`` and ``d_v`` multiples of 8 (16-byte chunks, the rest of
-    ``head_dim`` zero-filled: :func:`~numba_flash.kernels.ptx.stages.make_tile_copy`'s ``PAD``)."""
+    ``cp.async`` path), checked on the real pointers in the simulator too (where the twins
+    raise :class:`~numba_flash.kernels.ptx.address.MisalignedAddressError` as the GPU faults):
+    an offset view takes the element-wise build.  With a value head dim of its own (``d_v``,
+    ``OWN_V``): ``d`` and ``d_v`` multiples of 8 (16-byte chunks, the rest of ``head_dim``
+    zero-filled: :func:`~numba_flash.kernels.ptx.stages.make_tile_copy`'s ``PAD``).  ``arrays``:
+    device arrays, or (simulator) NumPy arrays the kernel will read at their own address."""
     if d_v is not None and d_v != d:
         if d % 8 or d_v % 8:
             return False
     elif d != head_dim:
         return False
-    if on_simulator():
-        return True
-    return all(x.__cuda_array_interface__["data"][0] % 16 == 0 for x in arrays)
+    return is_aligned(16, *arrays)
 
 
 def forward_grid(nq, b, h, block_m):

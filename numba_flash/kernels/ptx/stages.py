@@ -32,6 +32,13 @@ float32 or float64 array as a tuple in the compute type), :func:`red_add` ``(dst
 caller's loop), :func:`lds16` ``(smem, smem_byte)`` (``ld.shared.v4.f32`` / ``.v2.f64``).  For the
 SIMT kernels: :func:`make_exp_e`, :func:`make_row_dot`.
 
+Alignment: every twin checks the real byte address against its instruction's rule (16 for
+``cp.async``, ``ldmatrix``, ``load16``, ``lds16``; 4 for ``red_add``; the element's size for
+``load_u16``, ``load_at``) and raises
+:class:`~numba_flash.kernels.ptx.address.MisalignedAddressError` where a GPU faults
+(:mod:`~numba_flash.kernels.ptx.address`: global addresses are the arrays' own pointers, shared
+ones the offset in the allocation from a 16-byte aligned base).
+
 File: the host helpers, the GPU intrinsics, the twins, the stage factories, and the probe kernels
 the compile tier builds for sm_80 and sm_90 (the catalog's ``stages_configs``,
 ``tools/catalog/ptx.py``).  Every stage's semantics, twin and reason:
@@ -51,6 +58,7 @@ from numba import cuda, int32, types, uint32
 
 from ...backend import on_simulator
 from ..core.jit import device_jit, kernel_jit
+from . import address
 from .mma import WARP
 from ..core.config import mma_row_bytes
 
@@ -64,7 +72,8 @@ RED_ADD_PTX = "red.global.add.f32"
 CP_ASYNC_MAX_PENDING = 6
 
 #: the alignment of a shared array read or written 16 bytes at a time (``cp.async``,
-#: ``ldmatrix``, :func:`lds16`): 16, or None in the simulator (no ``alignment`` argument there).
+#: ``ldmatrix``, :func:`lds16`): 16, or None in the simulator (no ``alignment`` argument there:
+#: its twins take a shared allocation to start 16-byte aligned, ``address.SHARED_BASE``).
 #: Without it NVVM declares ``.align 4`` and the linker may place the array at 8 mod 16.
 SHARED_ALIGN = None if on_simulator() else 16
 #: element types :func:`load16` reads
@@ -430,15 +439,17 @@ def _read_flat(src, elem, n):
 
 def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
     """Twin of :func:`cp_async16`: the 16 bytes land at once (zero past ``src_bytes``); any
-    element types (the copy moves bytes), ``elem`` counted in ``src``'s elements."""
+    element types (the copy moves bytes), ``elem`` counted in ``src``'s elements.  Both
+    addresses 16-byte aligned (the source's even when ``src_bytes`` is 0: the ISA's rule for
+    the operand), else :class:`~numba_flash.kernels.ptx.address.MisalignedAddressError`."""
+    b = int(smem_byte)
+    address.check_shared(smem, b, 16, "cp_async16", CP_ASYNC_PTX, "the destination smem")
+    address.check_global(src, elem, 16, "cp_async16", CP_ASYNC_PTX, "the source src")
     n = int(src_bytes)
     data = np.zeros(16, np.uint8)
     if n:
         size = np.dtype(src.dtype).itemsize
         data[:n] = np.ascontiguousarray(_read_flat(src, elem, n // size)).view(np.uint8)
-    b = int(smem_byte)
-    if b % 16:
-        raise ValueError(f"cp_async16: expected a 16-byte aligned shared byte offset, got {b}")
     dst = smem.reshape(-1)
     size = dst.itemsize
     dst[b // size:(b + 16) // size] = data.view(dst.dtype)
@@ -457,6 +468,7 @@ def _sim_red_add(dst, elem, val):
     simulator's threads are Python threads)."""
     if np.dtype(dst.dtype) != np.float32:
         raise TypeError(f"red_add: expected dst as a float32 array, got {dst.dtype}")
+    address.check_global(dst, elem, 4, "red_add", RED_ADD_PTX, "dst")
     flat = _host_flat(dst)
     with _RED_LOCK:
         flat[int(elem)] = np.float32(flat[int(elem)] + np.float32(val))
@@ -474,6 +486,8 @@ def _sim_ldmatrix(smem, smem_byte, trans):
     ``2w + 1``."""
     from ... import simulator_warp
 
+    address.check_shared(smem, smem_byte, 16, "ldmatrix",
+                         LDMATRIX_T_PTX if trans else LDMATRIX_PTX, "smem (this lane's row)")
     w = int(smem_byte) >> 2
     row = np.asarray(smem[w:w + 4], np.uint32).view(np.uint16).copy()
     rows = simulator_warp.exchange(row)
@@ -540,10 +554,17 @@ def _sim_warp_any(pred):
 
 
 def _sim_load_u16(src, elem):
+    """Twin of :func:`load_u16`: one 2-byte load (2-byte aligned)."""
+    address.check_global(src, elem, 2, "load_u16", "ld.global.u16", "src")
     return _read_flat(src, elem, 1)[0]
 
 
 def _sim_load_at(src, elem):
+    """Twin of :func:`load_at`: one element (aligned to its size: an e4m3 cache's uint32
+    words to 4)."""
+    _ptr, size = address.pointer_and_size(src)
+    address.check_global(src, elem, min(size, 16), "load_at", f"ld.global.b{8 * size}",
+                         "src")
     return _read_flat(src, elem, 1)[0]
 
 
@@ -557,7 +578,9 @@ def _sim_load16(src, elem):
         raise TypeError(f"load16: expected src as a float16, float32 or float64 array, got "
                         f"{dtype}")
     e = int(elem)
-    if e % n or not 0 <= e <= size - n:
+    address.check_global(src, e, 16, "load16", LOAD16_PTX, "src",
+                         expect="a multiple of 16 bytes as the global address")
+    if not 0 <= e <= size - n:
         raise ValueError(f"load16: expected a multiple of {n} (16 bytes from the array's "
                          f"start) with {n} elements inside the array ({size}), got {e}")
     acc = np.float64 if dtype == np.float64 else np.float32
@@ -568,8 +591,7 @@ def _sim_lds16(smem, smem_byte):
     """Twin of :func:`lds16`: the 16 bytes from byte ``smem_byte`` (16-byte aligned)."""
     size = np.dtype(smem.dtype).itemsize
     b = int(smem_byte)
-    if b % 16:
-        raise ValueError(f"lds16: expected a 16-byte aligned byte offset, got {b}")
+    address.check_shared(smem, b, 16, "lds16", f"ld.shared.v{16 // size}", "smem")
     w = b // size
     flat = smem.reshape(-1)
     return tuple(flat[w + i] for i in range(16 // size))

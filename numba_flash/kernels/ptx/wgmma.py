@@ -51,6 +51,7 @@ from numba import cuda, float32, int32, types, uint32, uint64
 
 from ...backend import on_simulator
 from ..core.jit import device_jit, kernel_jit, static_fold
+from . import address
 from .fp8 import e4m3_to_float64
 from .mma import dtype_name, half2_bits, halves_to_float64, mma_ops
 from .mma_fp8 import pack_e4m3x4
@@ -72,8 +73,10 @@ MAJORS = ("K", "MN")
 CC = (9, 0, "a")
 #: the alignment :func:`align_pad` gives: the 128-byte swizzle's repeating pattern
 ARENA_ALIGN = 1024
-#: the twin's :func:`smem_address` (16-byte aligned, not 1024: the pad is exercised)
-SIM_SMEM_BASE = 0x2010
+#: the twin's :func:`smem_address` (16-byte aligned, not 1024: the pad is exercised; the
+#: simulator's model of a shared allocation's address, :data:`~numba_flash.kernels.ptx.address.
+#: SHARED_BASE`)
+SIM_SMEM_BASE = address.SHARED_BASE
 
 _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16", "e4m3": "e4m3"}
 #: the element types of :func:`make_wgmma`: the 16-bit pair (``k = 16``) and e4m3 (``k = 32``,
@@ -219,16 +222,21 @@ def canonical_offsets(major, swizzle, lbo, sbo, mn, k, elem_bytes=2):
 
 def operand_addresses(desc, major, mn, k=16, elem_bytes=2):
     """Byte addresses ``[mn, k]`` of the ``mn x k`` operand that descriptor ``desc`` describes,
-    stored ``major``: what the instruction reads.  ValueError for a base offset other than 0 or a
-    swizzled start that is not in the first row of its repeating pattern (the twin does not
-    model those)."""
+    stored ``major``: what the instruction reads.  ValueError for a base offset other than 0 (the
+    twin does not model it); :class:`~numba_flash.kernels.ptx.address.MisalignedAddressError`
+    (a ValueError too) for a swizzled start that is not in the first row of its repeating
+    pattern (with base offset 0 the hardware reads another row's chunks).  Starts, LBO and SBO
+    are 16-byte aligned by the encoding (it drops the low four bits)."""
     d = decode_descriptor(desc)
     if d.base_offset:
         raise ValueError(f"descriptor: base offset {d.base_offset} is not modelled; start "
                          "swizzled tiles on their pattern boundary")
     if d.swizzle and d.start % (8 * d.swizzle) >= d.swizzle:
-        raise ValueError(f"descriptor: start {d.start:#x} is not in the first {d.swizzle}-byte "
-                         f"row of its {8 * d.swizzle}-byte swizzle pattern")
+        # the pattern repeats every 8 rows from an 8 x swizzle aligned address: with base offset
+        # 0 a start past its first row reads another row's chunks (the ISA's alignment rule)
+        raise address.misaligned(f"wgmma descriptor: start {d.start:#x} is not in the first "
+                                 f"{d.swizzle}-byte row of its {8 * d.swizzle}-byte aligned "
+                                 f"swizzle pattern (base offset 0)")
     off = canonical_offsets(major, d.swizzle, d.lbo, d.sbo, mn, k, elem_bytes)
     return swizzle_address(d.start + off, d.swizzle)
 
@@ -670,7 +678,8 @@ def _sim_fence_proxy_async():
 
 
 def _sim_smem_address(smem):
-    return uint32(SIM_SMEM_BASE)
+    """The shared address of ``smem[0]`` (the allocation at :data:`SIM_SMEM_BASE`)."""
+    return uint32(address.shared_address(smem))
 
 
 def _sim_desc_pack(lo, hi):
