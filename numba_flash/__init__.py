@@ -11,8 +11,9 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :func:`backward` - attention backward recomputed from lse
 * :func:`backward_varlen` - the backward over a packed batch of variable-length sequences
 * :func:`decode` - FlashDecoding split-KV decode over a contiguous or paged KV cache
-* :func:`decode_plan` - a :class:`DecodePlan`: the decode planned once per batch layout, run
-  every step with no allocation or synchronisation (FlashInfer's plan / run; CUDA graphs)
+* :func:`decode_plan` - the decode planned once per batch layout, run every step with no
+  allocation or synchronisation (FlashInfer's plan / run; CUDA graphs)
+* :class:`DecodePlan` - what :func:`decode_plan` returns: ``run(q, k_cache, v_cache, ...)``
 * :func:`merge_states` - merge partial attention states with the log-sum-exp rule
 * :func:`append_kv` - write new tokens' K/V into a contiguous or paged KV cache, in place
 * :func:`apply_rotary` - rotary position embedding (flash-attn's ``apply_rotary_emb``)

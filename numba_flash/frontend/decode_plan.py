@@ -41,8 +41,9 @@ def _decode_op():
 class DecodePlan:
     """A planned :func:`numba_flash.decode` (see :func:`decode_plan`)."""
 
-    def __init__(self, plan, key, names, options, extra):
+    def __init__(self, plan, key, names, options, extra, raw_options):
         self._plan, self._key, self._names, self._options = plan, key, names, options
+        self._raw_options = raw_options   # the options tuple of the plan's key
         self._extra = extra   # arrays given besides q, the caches, lengths, table and out
         self._middle = (None,) * (len(names) - 6)
         self._aux = tuple(options.get("aux_tensors", ()))
@@ -62,7 +63,7 @@ class DecodePlan:
         else:
             ordered = (q, k_cache, v_cache, cache_seqlens, block_table) + self._middle + (
                 out,) + self._aux
-        key = plan_key("decode", ordered, self._key[2])
+        key = plan_key("decode", ordered, self._raw_options)
         if key != self._key:
             raise ValueError(f"DecodePlan.run: {_first_difference(key, self._key, self._names)}"
                              f"; make a plan for this layout with numba_flash.decode_plan")
@@ -108,7 +109,8 @@ def decode_plan(q, k_cache, v_cache, *, cache_seqlens, block_table=None, out=Non
     names = op.DECODE_ARRAYS
     aux = options.get("aux_tensors", ())
     ordered = tuple([named.get(n) for n in names]) + tuple(aux)
-    key = plan_key("decode", ordered, op.decode_options_key(options))
+    raw_options = op.decode_options_key(options)
+    key = plan_key("decode", ordered, raw_options)
     if key is None:
         raise ValueError("decode_plan: expected device arrays (CuPy, or the stand-in device's) "
                          "and hashable options: a plan replays launches on the device")
@@ -116,4 +118,4 @@ def decode_plan(q, k_cache, v_cache, *, cache_seqlens, block_table=None, out=Non
     plan = trace_plan(op.decode_unplanned, ordered, q, k_cache, v_cache, **kwargs, **options)
     usual = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "out")
     extra = [n for n in names if n not in usual and named.get(n) is not None]
-    return DecodePlan(plan, key, names, options, extra)
+    return DecodePlan(plan, key, names, options, extra, raw_options)

@@ -400,8 +400,9 @@ def plan_key(op, arrays, options):
     if xp is None or getattr(_STATE, "trace", None) is not None:
         return None
     nd = xp.ndarray
-    try:
-        return (op, xp.cuda.get_current_stream().ptr, options, tuple([
+    try:   # each option with its type: 1 is not True, 5.0 not 5 (the checks tell them apart)
+        return (op, xp.cuda.get_current_stream().ptr, tuple([(o.__class__, o) for o in options]),
+                tuple([
             None if a is None else
             (nd, a.shape, a.strides, a.dtype, a.device.id, a.data.ptr & 15) if type(a) is nd
             else (type(a), getattr(a, "shape", None), getattr(a, "dtype", None))

@@ -14,7 +14,8 @@ import host_overhead
 BOUNDS = {"forward": 60, "forward_simt_f32": 60, "decode_run": 40, "decode": 80,
           "decode_contiguous": 80, "backward": 150}
 #: results a call allocates (outputs; no out= in the benchmark but decode_run's)
-ALLOCATIONS = {"forward": 1, "forward_simt_f32": 1, "decode_run": 0, "decode": 1,
+ALLOCATIONS = {"forward": 1, "forward_simt_f32": 1, "forward_varlen": 1, "decode_run": 0,
+               "decode": 1,
                "decode_contiguous": 1, "backward": 3, "decode_append_rotary": 1,
                "append_kv": 1, "apply_rotary": 1, "merge_states": 2}
 
