@@ -6,7 +6,8 @@ layouts and return values (:mod:`numba_flash.torch.interface`), with autograd
 (:mod:`numba_flash.torch.autograd`) and ``torch.library`` custom ops with fake implementations
 for ``torch.compile`` (:mod:`numba_flash.torch.ops`).  CPU tensors run in the Numba CUDA
 simulator (zero-copy NumPy views; slow: tiny shapes), CUDA tensors on the GPU (zero-copy CuPy
-views, torch's current stream; needs CuPy).  Also flash-attn's ``bert_padding`` helpers
+views, torch's current stream, outputs from torch's allocator, no synchronisation; needs CuPy:
+:mod:`numba_flash.torch.bridge`).  Also flash-attn's ``bert_padding`` helpers
 (:func:`unpad_input`, :func:`pad_input`) and :func:`register_transformers`, which makes
 ``attn_implementation="numba_fa"`` work in Hugging Face transformers.
 

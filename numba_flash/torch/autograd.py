@@ -29,7 +29,7 @@ def _finish(ctx, out, lse, s_dmask, return_softmax):
 
 
 def _wants_grad(q, k, v, learnable_sink):
-    return any(x is not None and x.requires_grad for x in (q, k, v, learnable_sink))
+    return any([x is not None and x.requires_grad for x in (q, k, v, learnable_sink)])
 
 
 def _sink_grad(ctx, index, dsink):

@@ -65,9 +65,10 @@ def check_tensor(name, x, ndim, layout, dtypes=DTYPES, empty_axes=()):
     if x.dim() != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D tensor {layout}, got shape "
                          f"{tuple(x.shape)} ({x.dim()}-D)")
-    if any(s == 0 and i not in empty_axes for i, s in enumerate(x.shape)):
-        raise ValueError(f"{name}: expected no empty dimension, got shape {tuple(x.shape)}")
-    return tuple(x.shape)
+    shape = tuple(x.shape)
+    if 0 in shape and any([s == 0 and i not in empty_axes for i, s in enumerate(shape)]):
+        raise ValueError(f"{name}: expected no empty dimension, got shape {shape}")
+    return shape
 
 
 #: the integer dtypes of FA4's ``gather_kv_indices``

@@ -57,8 +57,8 @@ def _name(dtype):
 def fp8_call(tensors, descales):
     """True when a call takes the fp8 path: a ``q``, ``k`` or ``v`` of an fp8 dtype (e4m3, or
     another to be refused by name) or a descale given."""
-    return (any(isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in tensors)
-            or any(d is not None for d in descales.values()))
+    return (any([isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES for t in tensors])
+            or any([d is not None for d in descales.values()]))
 
 
 def check_format(name, x):

@@ -118,7 +118,7 @@ def _varlen(q, k, v, names, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 def _has_variant(*args):
     """True when any of FlashAttention-4's variant arguments (or ours) is given."""
-    return any(a is not None for a in args)
+    return any([a is not None for a in args])
 
 
 def _variant(layout, q, k, v, names, cu_seqlens, max_seqlens, dropout_p, softmax_scale, causal,

@@ -6,16 +6,20 @@ Layouts (flash-attn's): ``q [batch_size, seqlen_q, nheads, headdim]``; a contigu
 ``[num_blocks, page_block_size, nheads_k, headdim]`` with ``block_table`` int32 ``[batch_size,
 max_num_blocks_per_seq]`` (any ``page_block_size``: flash-attn asks for a multiple of 256);
 new tokens ``k``, ``v`` ``[batch_size, seqlen_new, nheads_k, headdim]``.  The kernels read the
-caches heads-first (``[blocks, nheads_k, slots, headdim]``): each tensor is handed over as that
+caches heads-first (``[blocks, nheads_k, slots, headdim]``): a CPU tensor is handed over as that
 view of its own memory (:func:`numba_flash.torch.bridge.as_heads_first`), no copy.
 
 :func:`flash_attn_with_kvcache` is one :func:`numba_flash.decode` call (rotary on ``q`` and
 ``k``, the append of ``k``, ``v`` into the caches, the split-KV decode), which validates every
-index and length on the host first.  The caches are written in place (the appended tokens and
-nothing else changes); no other tensor is written.  On a CPU the simulator's result is written
-back into the caches' own memory; a CUDA cache must be a transposed heads-first buffer
-(``k_cache.transpose(1, 2).is_contiguous()``) to be written where it lies, or it is copied to
-that layout and back (``O(cache)`` traffic per call: allocate the cache heads-first and pass
+index and length on the host first for CPU tensors (for CUDA tensors only with
+``validate=True``: it reads them back, a synchronisation).  The caches are written in place (the
+appended tokens and nothing else changes); no other tensor is written.  On a CPU the
+simulator's result is written back into the caches' own memory.  On the device path (CUDA
+tensors: :mod:`numba_flash.torch.bridge`; no synchronisation, ``out`` allocated by torch) the
+kernels take C-contiguous heads-first caches: a cache that is a transposed heads-first buffer
+(``k_cache.transpose(1, 2).is_contiguous()``) is read and written where it lies; any other is
+copied by torch to that layout every call, and back after an append (``O(cache)`` traffic per
+call, until the kernels read strides, issue 61: allocate the cache heads-first and pass
 ``cache.transpose(1, 2)`` to avoid it).
 
 :func:`paged_varlen` is ``flash_attn_varlen_func(..., block_table=...)``: packed queries over a
@@ -53,9 +57,9 @@ def _seqlens(cache_seqlens, b, capacity, device):
     """``cache_seqlens``: an int (every sequence), an integer tensor ``(batch_size,)``, or None
     (every sequence fills its cache, as flash-attn)."""
     if cache_seqlens is None:
-        return torch.full((b,), capacity, dtype=torch.int32, device=device)
+        return bridge.empty((b,), torch.int32, device).fill_(capacity)
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        return torch.full((b,), int(cache_seqlens), dtype=torch.int32, device=device)
+        return bridge.empty((b,), torch.int32, device).fill_(int(cache_seqlens))
     if not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens: expected an int or an int32 torch.Tensor (batch_size,), "
                         f"got {type(cache_seqlens).__name__}")
@@ -72,16 +76,20 @@ def _num_splits(num_splits):
     return None if num_splits == 0 else int(num_splits)
 
 
-def _writable_view(cache, device):
-    """``(array, copy)``: the heads-first array the kernels write, and the tensor to copy back
-    into ``cache`` afterwards (None when the array is ``cache``'s own memory)."""
-    if device.type == "cpu":  # NumPy: numba_flash writes the result back into this strided view
+def _cache_view(cache, writes):
+    """``(array, copy)``: the heads-first array the kernels read (and, with ``writes``, write),
+    and the tensor to copy back into ``cache`` afterwards (None when the array is ``cache``'s
+    own memory).  On the host a strided view (numba_flash writes the result back into it); on
+    the device path ``cache``'s own memory when it is a transposed heads-first buffer
+    (``cache.transpose(1, 2).is_contiguous()``), else torch's contiguous heads-first copy
+    (``O(cache)``; written back when ``writes``)."""
+    if not bridge.is_device(cache.device):
         return bridge.as_heads_first(cache), None
     heads_first = cache.transpose(1, 2)
     if heads_first.is_contiguous():
-        return bridge.as_array(heads_first), None
-    tmp = heads_first.contiguous()
-    return bridge.as_array(tmp), tmp
+        return bridge.device_array(heads_first), None
+    tmp = bridge.contiguous(heads_first)
+    return bridge.device_array(tmp), tmp if writes else None
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -90,7 +98,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, learnable_sink=None, head_dim_v=None,
-                            q_descale=None, k_descale=None, v_descale=None):
+                            q_descale=None, k_descale=None, v_descale=None, validate=None):
     """flash-attn's ``flash_attn_with_kvcache``: attention of ``q`` against a KV cache, after
     appending ``k``, ``v`` to it in place (rotated by ``rotary_cos``/``rotary_sin`` first).
 
@@ -131,8 +139,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     An empty batch (``batch_size`` or ``seqlen_q`` 0) gives empty outputs, a cache that holds
     no key (``seqlen_cache = 0``, a paged one of no block; every length 0) ``out = 0`` and
     ``softmax_lse = -inf`` (or the sink's logit), without a launch (:func:`numba_flash.decode`).
-    Every index and length is checked on the host before anything is launched or written (a
-    ``ValueError`` naming the argument: flash-attn raises ``RuntimeError``).
+    ``validate`` (keyword; None: True for CPU tensors, False for CUDA ones): every index and
+    length is checked on the host before anything is launched or written (a ``ValueError``
+    naming the argument: flash-attn raises ``RuntimeError``).  On CUDA tensors that reads them
+    back (a synchronisation every call), so by default they are not checked there: a bad one
+    gives NaN rows and nothing outside the caches is read or written
+    (:func:`numba_flash.decode`'s ``validate``), and the call never waits for the GPU.
     """
     qs = checks.check_tensor("q", q, 4, "(batch_size, seqlen_q, nheads, headdim)",
                              empty_axes=checks.DENSE_EMPTY)
@@ -200,33 +212,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     splits = _num_splits(num_splits)
     checks.check_options(qs[3], 0.0, softmax_scale, causal, window_size, softcap, False, False)
 
-    def arr(x):
-        return None if x is None else bridge.as_array(x)
+    on_device = bridge.is_device(device)
+    if validate is None:
+        validate = not on_device
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate: expected None, True or False, got {type(validate).__name__}")
 
-    kc, k_copy = (_writable_view(k_cache, device) if k is not None
-                  else (bridge.as_heads_first(k_cache), None))
-    vc, v_copy = (None, None) if v_cache is None else (
-        _writable_view(v_cache, device) if k is not None
-        else (bridge.as_heads_first(v_cache), None))
+    def arr(x):
+        return None if x is None else bridge.packed(x)
+
     with bridge.on_device(device):
+        kc, k_copy = _cache_view(k_cache, k is not None)
+        vc, v_copy = (None, None) if v_cache is None else _cache_view(v_cache, k is not None)
+        d_v = vs[3] if v_cache is not None else head_dim_v
+        res = bridge.SeqFirstOut((qs[0], qs[1], qs[2], d_v), q.dtype, device)
         o, lse = numba_flash.decode(
-            bridge.as_heads_first(q), kc, vc, cache_seqlens=arr(seqlens),
+            bridge.heads_first(q), kc, vc, cache_seqlens=arr(seqlens),
             block_table=arr(block_table), causal=causal, softmax_scale=softmax_scale,
             window_size=window_size, softcap=softcap, alibi_slopes=arr(alibi_slopes),
-            num_splits=splits, return_lse=True, validate=True,
-            k_new=None if k is None else bridge.as_heads_first(k),
-            v_new=None if v is None else bridge.as_heads_first(v),
+            num_splits=splits, return_lse=True, validate=validate,
+            k_new=None if k is None else bridge.heads_first(k),
+            v_new=None if v is None else bridge.heads_first(v),
             rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
             cache_leftpad=arr(cache_leftpad),
             learnable_sink=arr(learnable_sink), head_dim_v=head_dim_v,
             k_descale=arr(k_descale), v_descale=arr(v_descale),
-            kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
-        out = bridge.seq_first(o, device)
+            kv_cache_dtype="fp8_e4m3" if fp8 else "auto", out=res.array)
+        out = res.result()
         lse = bridge.to_tensor(lse, device)
-    for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):
-        if copy is not None:  # CUDA, a cache not heads-first in memory: written back
-            cache.copy_(copy.transpose(1, 2))
+        for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):
+            if copy is not None:  # a cache not heads-first in memory: written back
+                bridge.copy_into(cache, copy.transpose(1, 2))
     return (out, lse) if return_softmax_lse else out
 
 
@@ -289,15 +306,20 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     seed = int(bridge.draw_seed(p)[0])
 
     def run():
+        from .ops import varlen_out
+
         with bridge.on_device(device):
+            out = bridge.empty(q.shape, q.dtype, device) if varlen_out() else None
             o, lse = numba_flash.forward_varlen(
-                bridge.as_array(q), bridge.as_heads_first(k), bridge.as_heads_first(v),
-                bridge.as_array(cu_seqlens_q), bridge.as_array(cu_seqlens_k),
+                bridge.packed(q), _cache_view(k, False)[0], _cache_view(v, False)[0],
+                *bridge.packed_arrays(cu_seqlens_q, cu_seqlens_k),
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                 window_size=window, softcap=softcap, softmax_scale=scale,
-                alibi_slopes=None if alibi_slopes is None else bridge.as_array(alibi_slopes),
-                dropout_p=p, seed=seed, return_lse=True, block_table=bridge.as_array(block_table))
-            return bridge.to_tensor(o, device), bridge.to_tensor(lse, device)
+                alibi_slopes=bridge.optional_array(alibi_slopes), dropout_p=p, seed=seed,
+                return_lse=True, block_table=bridge.packed(block_table),
+                **({} if out is None else {"out": bridge.as_array(out)}))
+            return (bridge.to_tensor(o, device) if out is None else out,
+                    bridge.to_tensor(lse, device))
 
     out, lse = PagedVarlenFunc.apply(run, q, k, v)
     if not probs:

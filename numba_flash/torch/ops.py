@@ -11,8 +11,16 @@ token-sparse lists ``[B, Nq, topk]`` or None, after it); the backward ops return
 (empty without a sink).  The ops take checked arguments (:mod:`numba_flash.torch.checks`); the
 front end checks the rest (values of ``cu_seqlens``, ``alibi_slopes``' and
 ``learnable_sink``'s dtype and shape) before any launch.
+
+On the device path (CUDA tensors; :mod:`numba_flash.torch.bridge`) the outputs ``out`` and
+``dq, dk, dv`` are torch tensors the kernels write (``out=``; the varlen ops' once
+:func:`varlen_out` finds they take it), ``softmax_lse`` the op's own array through DLPack, and
+nothing waits for the GPU; ``[B, N, H, d]`` tensors are copied heads-first by torch where the
+transpose is not contiguous (issue 61).
 """
 
+import functools
+import inspect
 from typing import Optional
 
 import numpy as np
@@ -48,15 +56,26 @@ def _backward_options(dropout_p, softmax_scale, causal, window_size_left, window
                 learnable_sink=bridge.optional_array(learnable_sink))
 
 
-def _run_backward(backward, arrays, to_tensor, q, learnable_sink, options, **sizes):
+def _run_backward(backward, arrays, outs, q, learnable_sink, options, **sizes):
     """``(dq, dk, dv, dsink)`` of a backward op: ``backward(*arrays(), **sizes)`` with the op's
     shared ``options`` (:func:`_backward_options`'s arguments but the sink), the inputs
-    converted and the backward run on ``q``'s device, the three gradients through
-    ``to_tensor(g, device)`` (``dsink``: float32 ``[H]``, empty without a sink)."""
+    converted and the backward run on ``q``'s device.  ``outs()``: the three gradients'
+    ``(out=, results)``: ``out`` the arrays the backward writes (None: it allocates them) and
+    ``results(grads)`` the gradient tensors (``dsink``: float32 ``[H]``, empty without a
+    sink)."""
     kw = _backward_options(*options, learnable_sink)
     with bridge.on_device(q.device):
-        grads = backward(*arrays(), **sizes, **kw)
-        return (*(to_tensor(g, q.device) for g in grads[:3]), _dsink(grads, learnable_sink, q))
+        out, results = outs()
+        grads = backward(*arrays(), **sizes, **kw, **({} if out is None else {"out": out}))
+        return (*results(grads), _dsink(grads, learnable_sink, q))
+
+
+@functools.cache
+def varlen_out(backward=False):
+    """Whether ``numba_flash.forward_varlen`` (``backward_varlen``) takes ``out=`` (``o``;
+    ``(dq, dk, dv)``): the varlen ops write into the wrappers' torch tensors once they do."""
+    fn = numba_flash.backward_varlen if backward else numba_flash.forward_varlen
+    return "out" in inspect.signature(fn).parameters
 
 
 def _fake_dsink(learnable_sink, q):
@@ -74,7 +93,7 @@ def _probs(q, k, scale, causal, window, softcap, alibi):
 
 
 def _host(t):
-    return bridge.as_array(t.detach().cpu())
+    return bridge.host_array(t.detach().cpu())
 
 
 def _s_dmask(q, k, seed, dropout_p, scale, causal, window, softcap, alibi_slopes):
@@ -110,12 +129,17 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
     extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
 
     def run(seed):
+        # out= written by the kernel (not taken with the token lists yet)
+        res = None if extra else bridge.SeqFirstOut(q.shape[:-1] + v.shape[-1:], q.dtype,
+                                                   q.device)
         o, lse = numba_flash.forward(
-            *(bridge.as_heads_first(x) for x in (q, k, v)), causal=causal,
+            *(bridge.heads_first(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
-            learnable_sink=bridge.optional_array(learnable_sink), **extra)
-        return bridge.seq_first(o, q.device), bridge.to_tensor(lse, q.device)
+            learnable_sink=bridge.optional_array(learnable_sink),
+            **(extra if res is None else {"out": res.array}))
+        out = bridge.seq_first(o, q.device) if res is None else res.result()
+        return out, bridge.to_tensor(lse, q.device)
 
     def s_dmask(seed):
         return _s_dmask(q, k, seed, dropout_p, softmax_scale, causal, window, softcap,
@@ -143,11 +167,17 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
     def arrays():
-        return [*(bridge.as_heads_first(x) for x in (dout, q, k, v, out)),
-                bridge.as_array(softmax_lse)]
+        return [*(bridge.heads_first(x) for x in (dout, q, k, v, out)),
+                bridge.packed(softmax_lse)]
+
+    def outs():
+        if gather_kv_indices is not None:   # (out= not taken with the token lists yet)
+            return None, lambda grads: (bridge.seq_first(g, q.device) for g in grads[:3])
+        res = [bridge.SeqFirstOut(x.shape, x.dtype, x.device) for x in (q, k, v)]
+        return tuple(r.array for r in res), lambda grads: (r.result() for r in res)
 
     sizes = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
-    return _run_backward(numba_flash.backward, arrays, bridge.seq_first, q, learnable_sink,
+    return _run_backward(numba_flash.backward, arrays, outs, q, learnable_sink,
                          (dropout_p, softmax_scale, causal, window_size_left, window_size_right,
                           softcap, alibi_slopes, deterministic, rng_state), **sizes)
 
@@ -203,13 +233,18 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
     extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
 
     def run(seed):
+        # out= when forward_varlen takes it (not with the token lists)
+        out = (None if extra or not varlen_out()
+               else bridge.empty(q.shape[:-1] + v.shape[-1:], q.dtype, q.device))
         o, lse = numba_flash.forward_varlen(
-            *(bridge.as_array(x) for x in (q, k, v, cu_seqlens_q, cu_seqlens_k)),
+            *bridge.packed_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,
-            learnable_sink=bridge.optional_array(learnable_sink), **extra)
-        return bridge.to_tensor(o, q.device), bridge.to_tensor(lse, q.device)
+            learnable_sink=bridge.optional_array(learnable_sink),
+            **(extra if out is None else {"out": bridge.as_array(out)}))
+        return (bridge.to_tensor(o, q.device) if out is None else out,
+                bridge.to_tensor(lse, q.device))
 
     def s_dmask(seed):
         return _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -242,10 +277,16 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
     extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
     def arrays():
-        return [bridge.as_array(x)
-                for x in (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)]
+        return bridge.packed_arrays(dout, q, k, v, out, softmax_lse, cu_seqlens_q,
+                                    cu_seqlens_k)
 
-    return _run_backward(numba_flash.backward_varlen, arrays, bridge.to_tensor, q,
+    def outs():
+        if gather_kv_indices is not None or not varlen_out(backward=True):
+            return None, lambda grads: (bridge.to_tensor(g, q.device) for g in grads[:3])
+        res = tuple(bridge.empty(x.shape, x.dtype, x.device) for x in (q, k, v))
+        return tuple(bridge.as_array(r) for r in res), lambda grads: res
+
+    return _run_backward(numba_flash.backward_varlen, arrays, outs, q,
                          learnable_sink, (dropout_p, softmax_scale, causal, window_size_left,
                                           window_size_right, softcap, alibi_slopes,
                                           deterministic, rng_state),

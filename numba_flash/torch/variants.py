@@ -51,7 +51,7 @@ class VariantSpec(NamedTuple):
 
 def _heads_first(t, layout):
     """A q/k/v/o tensor as the ``[B, H, N, d]`` array (``"varlen"``: packed as it is)."""
-    return bridge.as_heads_first(t) if layout == "bnhd" else bridge.as_array(t)
+    return bridge.heads_first(t) if layout == "bnhd" else bridge.packed(t)
 
 
 def _out(a, layout, device):
