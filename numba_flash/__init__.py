@@ -22,6 +22,8 @@ Public API (the ops are imported on first use, so ``import numba_flash`` stays l
 * :mod:`reference` - the float64 NumPy oracle
 * :func:`backend` - ``"cuda"`` or ``"simulator"``: where the kernels run
 * :func:`poisoned_outputs` - a context in which outputs start as NaN (for tests)
+* :class:`MisalignedAddressError` - an access at an address its instruction cannot take (what
+  a GPU reports as a misaligned address; the simulator raises it too)
 * :class:`BackendError` - no backend can run kernels in this process
 * :class:`SimulatorWarning` - kernels run in the simulator (no GPU found)
 * :class:`SlowSimulatorWarning` - a simulator launch is estimated to take 30 s of CPU or more
@@ -53,6 +55,7 @@ _LAZY = {
     "apply_rotary": "numba_flash.ops.rotary",
     "dropout_mask": "numba_flash.ops.dropout",
     "quantize_e4m3": "numba_flash.quantize",
+    "MisalignedAddressError": "numba_flash.kernels.ptx.address",
 }
 
 __all__ = ["backend", "reference", "poisoned_outputs", "BackendError", "SimulatorWarning",

@@ -163,6 +163,9 @@ def install():
     from . import simulator_warp
 
     simulator_warp.install()  # warp shuffles, syncwarp, activemask (see numba_flash.simulator_warp)
+    from .kernels.ptx import address
+
+    address.install()   # every launch's arrays aligned to their elements, as a GPU needs
     _installed = True
 
 

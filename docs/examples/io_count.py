@@ -58,6 +58,12 @@ class CountingArray:
 
     def __len__(self):
         return len(self._a)
+
+    @property
+    def __array_interface__(self):
+        """Where the memory is (the simulator's alignment checks read the address; not a read
+        of the elements, so not counted)."""
+        return self._a.__array_interface__
 # [/docs:counting-array]
 
 

@@ -379,10 +379,11 @@ class ArrayCall:
     def _input(self, x):
         if not self.on_device:
             # the user's NumPy input, or one the op made on the host: where the kernels run
-            if on_simulator() and x.flags.c_contiguous:
+            if on_simulator() and x.flags.c_contiguous and x.flags.aligned:
                 # the simulator's device memory is the host's: the kernel gets the view itself,
                 # at its own address, as a GPU gets a CuPy view (zero copy), so an offset view
-                # meets the alignment rules there as it would on the GPU
+                # meets the alignment rules there as it would on the GPU (a view not aligned
+                # to its elements is copied, as a device call copies one)
                 return simulator.device_view(_words(x))
             self._check("an input copy", x.shape, x.dtype)
             return cuda.to_device(_words(np.ascontiguousarray(x)), stream=self.stream)
@@ -397,12 +398,13 @@ class ArrayCall:
                 return _words(xp.asarray(np.ascontiguousarray(x)))
         if type(x) is not xp.ndarray:   # another producer's array: a view, no synchronisation
             x = import_cai(xp, x)
-        if not x.flags.c_contiguous:
+        misaligned = x.data.ptr % x.dtype.itemsize != 0   # every element load would fault
+        if not x.flags.c_contiguous or misaligned:
             self._check("a contiguous input copy", x.shape, x.dtype)
             if self.trace is not None:
-                self.trace.fail("a non-contiguous input is copied")
+                self.trace.fail("a non-contiguous or misaligned input is copied")
             with self.device():
-                x = xp.ascontiguousarray(x)
+                x = xp.ascontiguousarray(x) if not misaligned else x.copy()
         return _words(x)
 
     # -- outputs -----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.plans import plan_key, run_or_build
 from ..frontend.arrays import host_ints, kernel_ints
@@ -924,7 +925,8 @@ def _mma_decode(kernel, s, softcap, alibi_slopes, variant, arrays):
         why = f"head dims that are multiples of 64 (got d = {d} and d_v = {d_v})"
     elif softcap > 0 or alibi_slopes is not None or variant is not None:
         why = "no softcap, ALiBi, score_mod or mask_mod"
-    elif not vector_copies(d, d, *(x for x in arrays if hasattr(x, "__cuda_array_interface__"))):
+    elif not vector_copies(d, d, *(x for x in arrays
+                                   if on_simulator() or hasattr(x, "__cuda_array_interface__"))):
         why = "16-byte aligned q and caches"
     if why is not None and kernel == "mma":
         raise ValueError(f"kernel: 'mma' (the tensor-core decode) takes {why}; pass "

@@ -82,8 +82,8 @@ MEASURED = {
 }
 
 #: cases that fail on a known defect: id -> the defect and its repro (marked
-#: xfail(strict=True)); none among the default cases at present (the one defect found so far
-#: is test_known_decode_sink_depends_on_the_grid, whose check the decode cases leave out)
+#: xfail(strict=True)); none at present (the one defect found so far, a decode's bits with a
+#: sink depending on the grid's split count, is fixed: test_decode_sink_bits_do_not_depend_on_...)
 KNOWN = {}
 
 
@@ -495,9 +495,9 @@ def test_decode(case_id, cfg):
         want_k, want_v, _ = ref.append_kv(kc, vc, k_new, v_new, lens, table, bidx)
         _bitwise("appended k_cache", kc2, want_k)
         _bitwise("appended v_cache", vc2, want_v)
-    # the other layout of the same tokens: bitwise the same (not with a sink: the known defect
-    # of test_known_decode_sink_depends_on_the_grid, whose capacities differ here)
-    if cfg["both"] and kw["learnable_sink"] is None:
+    # the other layout of the same tokens (another capacity: another split count): bitwise
+    # the same, with a sink too (test_decode_sink_bits_do_not_depend_on_the_grid)
+    if cfg["both"]:
         other = pages if not cfg["paged"] else (k, v, None)
         o2, lse2, _, _ = _decode(cfg, q, *other[:2], lens, other[2], k_new, v_new, leftpad,
                                  None, kw)
@@ -525,16 +525,12 @@ def test_decode(case_id, cfg):
         _bitwise("alone vs batched lse", lse1, lse[one])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "decode with a learnable sink: the bits of a sequence depend on the grid's split count "
-    "(cuda.gridDim.y, from the cache's capacity and the batch), not on its own length alone: "
-    "one split adds the sink in write_split, several add it in the combine, which rounds "
-    "differently (numba_flash/kernels/decode/split_kv.py:741 and :800)"))
-def test_known_decode_sink_depends_on_the_grid():
+def test_decode_sink_bits_do_not_depend_on_the_grid():
     """Found by this fuzzer (decode11, decode139 of NUMBA_FLASH_FUZZ_SEED=0: paged vs
     contiguous): a sequence of 8 keys alone (a one-page table: one split in the grid) and
-    beside one of 40 keys (a five-page table: several splits) gives other bits with a sink,
-    the same bits without one."""
+    beside one of 40 keys (a five-page table: several splits) gave other bits with a sink (one
+    split added it in write_split, several in the combine, which rounded differently); the
+    one split now adds it with the combine's arithmetic: the same bits, with and without."""
     rng = np.random.default_rng(1)
     q = rng.standard_normal((2, 1, 4)).astype(np.float32)              # [B, H, d], Hkv = 1
     k, v = (rng.standard_normal((6, 1, 8, 4)).astype(np.float32) for _ in range(2))

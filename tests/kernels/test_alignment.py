@@ -238,9 +238,7 @@ def one_byte_call(fn):
     """``fn()`` on an input 1 byte off (for 2-byte elements, misaligned for every access): the
     front end copies it (the result is checked by the caller) or raises a ValueError naming the
     argument (returns None)."""
-    if frontend_takes_misaligned_elements():
-        pytest.xfail("the front end passes a view misaligned for its element size to the "
-                     "kernel (numba_flash/frontend/arrays.py ArrayCall._input)")
+    assert not frontend_takes_misaligned_elements()   # it copies such a view
     try:
         return fn()
     except ValueError as exc:
@@ -412,12 +410,8 @@ def test_decode_mla(rng, monkeypatch):
         with pytest.raises(MisalignedAddressError, match=r"cp_async16.*kernel argument 'q'.*"
                                                           r"kernel mla_decode, block"):
             numba_flash.decode(offset_view(q, 8), lat, None, kernel="mma", **kw)
-    try:
-        o = numba_flash.decode(offset_view(q, 8), offset_view(lat, 4), None, **kw)
-    except MisalignedAddressError as exc:
-        pytest.xfail(f"numba_flash/ops/decode.py _mma_decode checks only device arrays' "
-                     f"pointers, not NumPy inputs the simulator passes at their address: {exc}")
-    assert_close(o, want_o, np.float16, name="o")
+    o = numba_flash.decode(offset_view(q, 8), offset_view(lat, 4), None, **kw)
+    assert_close(o, want_o, np.float16, name="o")   # auto: _mma_decode sees the offsets
 
 
 @pytest.mark.parametrize("dtype", [np.float16, bfloat16])

@@ -723,7 +723,10 @@ def make_decode_epilogue(cfg):
         (V's descale, before the merge: the merge is linear in ``o``).  One split adds the
         rows' learnable sink here (``sinks``,
         :func:`~numba_flash.kernels.mainloop.online_softmax.sink_of`); with several, the combine
-        adds it once, never a split."""
+        adds it once, never a split.  The one split adds it with the combine's very arithmetic
+        (:func:`~.merge.make_merge_functions`: its normalised ``o`` and ``lse`` merged with the
+        sink as one part), so a sequence's result is the same bits whatever the grid's split
+        count (a sequence alone, or beside a longer one whose cache needs more splits)."""
         b, row0, n_rows = rows.b, rows.row0, rows.n_rows
         split, n_splits = rows.split, rows.n_splits
         n_heads = o.shape[1]
@@ -740,13 +743,19 @@ def make_decode_epilogue(cfg):
             sink = NEG_INF
             if n_splits == 1 and not bad and row0 + tid < n_rows:
                 sink = acc_t(sink_of(sinks, row_coords(rows, row0 + tid, nq)[0]))
+            stat_sh[3, tid] = ZERO            # no sink to merge
             if sink != NEG_INF:               # a key with no value: in lse, and in o's divisor
                 if big_l == ZERO:             # no key: o = 0, lse = sink
                     lse_r = sink
-                else:                         # l' = l e^(m - m_f) + e^(sink - m_f), m_f = max
-                    m_f = big_m if big_m > sink else sink
-                    lse_r = m_f + math.log(big_l * math.exp(big_m - m_f) + math.exp(sink - m_f))
-                    stat_sh[1, tid] = big_l + math.exp(sink - big_m)   # o = acc / l' e^(m_f - m)
+                else:                         # the combine's merge of (o, lse_r) and the sink
+                    m_f = sink
+                    if lse_r > m_f:
+                        m_f = lse_r
+                    w_0 = math.exp(lse_r - m_f)
+                    total = w_0 + math.exp(sink - m_f)
+                    lse_r = m_f + math.log(total)
+                    stat_sh[0, tid] = w_0     # o = (0 + w_0 o_split) / total
+                    stat_sh[3, tid] = total
             stat_sh[2, tid] = lse_r
         cuda.syncthreads()  # stat_sh holds each row's W and lse before the writes read them
         for e in range(tid, ROWS * HEAD_DIM, THREADS):
@@ -762,6 +771,8 @@ def make_decode_epilogue(cfg):
                     out = acc_sh[r, c] / big_l
                     if KV_FP8:
                         out *= v_scale
+                    if stat_sh[3, r] != ZERO:  # one split, a sink: as the combine merges it
+                        out = (ZERO + stat_sh[0, r] * out) / stat_sh[3, r]
                 h, tok = row_coords(rows, row, nq)
                 if n_splits == 1:
                     o[b, h, tok, c] = store(out)
@@ -963,7 +974,7 @@ def decode_kernel(cfg):
         acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
         m_sh = cuda.shared.array((NG, ROWS), acc_t)
         l_sh = cuda.shared.array((NG, ROWS), acc_t)
-        stat_sh = cuda.shared.array((3, ROWS), acc_t)
+        stat_sh = cuda.shared.array((4, ROWS), acc_t)
         flag_sh = cuda.shared.array(2, int32)
         q_sh = cuda.shared.array(Q_WORDS, acc_t, alignment=SHARED_ALIGN)   # read by lds16
         acc = cuda.local.array(RD, acc_t)
