@@ -145,13 +145,16 @@ class _Memory:
     def find(self, ptr):
         """``(uint8 buffer, offset)`` of device address ``ptr``."""
         i = bisect.bisect_right(self.starts, ptr) - 1
-        if i >= 0:
+        while i >= 0:   # the nearest live allocation below (a freed one may lie inside it)
             start = self.starts[i]
             ref, skip, nbytes = self.buffers[start]
             owner = ref()
-            if owner is not None and ptr - start <= nbytes:
-                flat = owner.reshape(-1).view(np.uint8)
-                return flat[skip:skip + nbytes], ptr - start
+            if owner is not None:
+                if ptr - start <= nbytes:
+                    flat = owner.reshape(-1).view(np.uint8)
+                    return flat[skip:skip + nbytes], ptr - start
+                break
+            i -= 1
         raise ValueError(f"stand-in device: address {ptr:#x} is in no allocation (freed, or "
                          f"host memory)")
 

@@ -253,6 +253,7 @@ class Plan:
             if op[0] == "launch":
                 prep, relocs = op[1], op[2]
                 prep.relocs = [(slot, where[b], off) for slot, b, off in relocs]
+                prep.arrays = None   # the traced call's arrays: not held alive by the plan
                 self.ops.append(prep)
             else:
                 self.ops.append(_Memset(where[op[1]], op[2], op[3], op[4]))

@@ -83,11 +83,14 @@ def check_softcap(softcap):
     return s
 
 
-def check_alibi(alibi_slopes, b, h):
+def check_alibi(alibi_slopes, b, h, check_values=None):
     """``alibi_slopes``: ``None``, or float32 ``[H]`` or ``[B, H]``, finite.
 
-    Returns ``None`` or a new C-contiguous float32 ``[B, H]`` array of the same kind (NumPy or
-    CuPy) that the kernels read as ``slope = alibi[b, h]``.
+    Returns ``None`` or a C-contiguous float32 ``[B, H]`` array of the same kind (NumPy or
+    CuPy) that the kernels read as ``slope = alibi[b, h]`` (``[B, H]`` slopes already so: the
+    same memory, no copy; ``[H]`` ones broadcast into a new array).  ``check_values`` (default:
+    for host arrays only) refuses NaN / inf slopes; a device array's values are not read (that
+    would wait for the GPU): a non-finite slope gives non-finite scores.
     """
     if alibi_slopes is None:
         return None
@@ -99,8 +102,12 @@ def check_alibi(alibi_slopes, b, h):
                          f"{shape}")
     xp = array_module(alibi_slopes)
     a = xp.asarray(alibi_slopes)
-    if not bool(xp.isfinite(a).all()):
+    if check_values is None:
+        check_values = not is_device_array(alibi_slopes)
+    if check_values and not bool(xp.isfinite(a).all()):
         raise ValueError("alibi_slopes: expected finite values, got a NaN or inf")
+    if shape == (b, h) and a.flags.c_contiguous:
+        return a
     return xp.ascontiguousarray(xp.broadcast_to(a, (b, h)), dtype=xp.float32)
 
 
@@ -114,13 +121,16 @@ def sink_logits(learnable_sink, why):
     return shape, xp, xp.asarray(learnable_sink)
 
 
-def check_sink(learnable_sink, h, check_values=True):
+def check_sink(learnable_sink, h, check_values=None):
     """``learnable_sink``: ``None``, or one logit per query head, float32 ``[H]``, finite or
-    ``-inf`` (a head without a sink).  Returns ``None`` or a new C-contiguous float32 ``[H]``
-    array of the same kind (NumPy or CuPy).  ``check_values=False`` (a device array in a call
-    that never waits for the GPU) checks the dtype and shape only: a NaN logit gives NaN rows."""
+    ``-inf`` (a head without a sink).  Returns ``None`` or a C-contiguous float32 ``[H]``
+    array of the same kind (NumPy or CuPy).  ``check_values=False`` (default for a device
+    array: a call that never waits for the GPU) checks the dtype and shape only: a NaN logit
+    gives NaN rows."""
     if learnable_sink is None:
         return None
+    if check_values is None:
+        check_values = not is_device_array(learnable_sink)
     shape, xp, s = sink_logits(learnable_sink, "one logit per head, as flash-attn")
     if shape != (h,):
         raise ValueError(f"learnable_sink: expected shape ({h},) (one per query head), got "

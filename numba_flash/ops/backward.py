@@ -105,7 +105,10 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     no synchronisation, and a call of a signature seen before replays its launch plan
     (:mod:`numba_flash.frontend.plans`; its work arrays are kept, so with ``out`` a call
     allocates nothing); dropout, a ``block_mask``, a learnable sink (its gradient is summed
-    with CuPy operations) and ``aux_grad`` run the ordinary path every call.
+    with CuPy operations) and ``aux_grad`` run the ordinary path every call.  A device array's
+    values (ALiBi slopes, sink logits) are not read on the host (that would wait for the GPU):
+    a NaN or inf slope or logit there gives NaN rows instead of the ``ValueError`` a host array
+    gets.
     """
     kw = dict(causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
               dropout_p=dropout_p, seed=seed, window_size=window_size, softcap=softcap,

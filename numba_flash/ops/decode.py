@@ -125,18 +125,11 @@ def _check_lengths_and_table(seqlens, table, n_cache, block_size, n_blocks, page
 
 
 def _alibi(alibi_slopes, b, h, check_values):
-    """``alibi_slopes`` as float32 ``[B, H]``.  ``check_values`` also rejects NaN/inf slopes
-    (:func:`~numba_flash.frontend.variants.check_alibi`), which reads device values on the host;
-    without it (CuPy, ``validate=False``) only the dtype and shape are checked, on the host, and
-    the slopes are broadcast on the device: a non-finite slope gives non-finite scores."""
-    if check_values or type(alibi_slopes).__module__.split(".")[0] != "cupy":
-        return check_alibi(alibi_slopes, b, h)
-    import cupy
-
-    shape, dtype = array_info("alibi_slopes", alibi_slopes)
-    if dtype != np.float32 or shape not in ((h,), (b, h)):
-        return check_alibi(alibi_slopes, b, h)  # raises its TypeError / ValueError
-    return cupy.ascontiguousarray(cupy.broadcast_to(alibi_slopes, (b, h)))
+    """``alibi_slopes`` as float32 ``[B, H]`` (:func:`~numba_flash.frontend.variants.check_alibi`;
+    ``check_values``: also reject NaN/inf slopes, which reads device values on the host;
+    without it only the dtype and shape are checked, on the host, and a non-finite slope gives
+    non-finite scores)."""
+    return check_alibi(alibi_slopes, b, h, check_values=check_values)
 
 
 def _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype):

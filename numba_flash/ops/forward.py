@@ -149,7 +149,9 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     strides, dtypes, address alignment, options, stream) replays its launch plan
     (:mod:`numba_flash.frontend.plans`): no checks or configuration again, only the results
     allocated (nothing with ``out``) and the launches made; dropout and a ``block_mask`` run
-    the ordinary path every call.
+    the ordinary path every call.  A device array's values (ALiBi slopes, sink logits) are not
+    read on the host (that would wait for the GPU): a NaN or inf slope or logit there gives NaN
+    rows instead of the ``ValueError`` a host array gets.
     """
     kw = dict(causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
               block_m=block_m, block_n=block_n, dropout_p=dropout_p, seed=seed,
