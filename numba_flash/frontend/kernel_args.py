@@ -50,10 +50,13 @@ class ForwardArgs(NamedTuple):
     d_v: int = 0
     #: the caller's ``out=`` (checked), or None
     out: object = None
+    #: the caller's ``lse_out=`` (checked), or None
+    lse_out: object = None
 
 
 def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed, window_size,
-                       softcap, alibi_slopes, learnable_sink=None, empty=False, out=None):
+                       softcap, alibi_slopes, learnable_sink=None, empty=False, out=None,
+                       lse_out=None):
     """Check every argument :func:`forward` and :func:`~numba_flash.ops.forward_mma.forward_mma`
     share (raising before any launch) and return them as a :class:`ForwardArgs`.  ``empty``:
     ``B``, ``Nq``, ``Nk`` may be 0 (:func:`numba_flash.forward` answers those without a launch,
@@ -67,9 +70,10 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
     dropout = dropout_params(dropout_p, seed)
     var = check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=nq, nk=nk)
     out = check_out("out", out, (b, h, nq, qkv.d_v), dtype, q)
+    lse_out = check_out("lse_out", lse_out, (b, h, nq), acc_dtype(dtype), q)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
                        float(dropout_p), dropout, var.window, var.left, var.right, var.softcap,
-                       var.alibi, check_sink(learnable_sink, h), qkv.d_v, out)
+                       var.alibi, check_sink(learnable_sink, h), qkv.d_v, out, lse_out)
 
 
 def check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors):
@@ -177,7 +181,7 @@ def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, share
     """Launch a tensor-core forward build (``mma.sync`` or warpgroup) on ``words`` (q, k, v as
     uint16 words) and return ``o`` ``[B, H, Nq, d_v]`` (and ``lse``, with ``return_lse``)."""
     o = call.output(args.out, (args.b, args.h, args.nq, d_v), args.dtype)  # bf16: uint16 words
-    lse = call.empty((args.b, args.h, args.nq), np.float32)
+    lse = call.output(args.lse_out, (args.b, args.h, args.nq), np.float32)
     call.launch(kernel, grid, (cfg.THREADS,), *words, o.reshape(-1), lse.reshape(-1),
                 forward_variant(call, args, variant, np.float32), shared=shared,
                 work=tiled_work(call.op, [(args.nq, args.nk)] * args.b, args.h, cfg.BLOCK_M,

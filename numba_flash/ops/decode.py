@@ -154,7 +154,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
            rotary_cos=None, rotary_sin=None, rotary_interleaved=True, cache_batch_idx=None,
            cache_leftpad=None, score_mod=None, mask_mod=None, block_mask=None, aux_tensors=(),
            learnable_sink=None, head_dim_v=None, kernel="auto", k_descale=None, v_descale=None,
-           kv_cache_dtype="auto", kv_indices=None, out=None):
+           kv_cache_dtype="auto", kv_indices=None, out=None, lse_out=None):
     """Attention of a few new query tokens against a KV cache (FlashDecoding split-KV), with
     flash-attn's ``flash_attn_with_kvcache`` extras (append, rotary, batch indices, left pad).
 
@@ -286,7 +286,8 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     cache that holds no key): no launch, ``o = 0``, ``lse = -inf`` / ``sink_h`` (module doc).
 
     ``out``: an array of ``o``'s shape and dtype (C-contiguous, of ``q``'s kind) that ``o`` is
-    written into and returned as.  With device arrays and ``validate`` off a call never waits
+    written into and returned as; ``lse_out``: the same for ``lse`` (written, and returned with
+    ``return_lse``).  With device arrays and ``validate`` off a call never waits
     for the GPU, and a call of a signature seen before (shapes, strides, dtypes, address
     alignment, options, stream) replays its launch plan (:mod:`numba_flash.frontend.plans`):
     its work arrays (split partials, counters) are the plan's, so with ``out`` it allocates
@@ -302,11 +303,11 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
               mask_mod=mask_mod, block_mask=block_mask, aux_tensors=aux_tensors,
               learnable_sink=learnable_sink, head_dim_v=head_dim_v, kernel=kernel,
               k_descale=k_descale, v_descale=v_descale, kv_cache_dtype=kv_cache_dtype,
-              kv_indices=kv_indices, out=out)
+              kv_indices=kv_indices, out=out, lse_out=lse_out)
     if block_mask is None and type(aux_tensors) is tuple:
         arrays = (q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new, rotary_cos,
                   rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes, learnable_sink,
-                  k_descale, v_descale, kv_indices, out) + aux_tensors
+                  k_descale, v_descale, kv_indices, lse_out, out) + aux_tensors
         key = plan_key("decode", arrays, (causal, softmax_scale, window_size, softcap,
                                           num_splits, return_lse, validate, rotary_interleaved,
                                           score_mod, mask_mod, block_mask, head_dim_v, kernel,
@@ -319,7 +320,7 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
 #: :func:`decode`'s array arguments in a launch plan's order (its ``aux_tensors`` follow)
 DECODE_ARRAYS = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table", "k_new", "v_new",
                  "rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "alibi_slopes",
-                 "learnable_sink", "k_descale", "v_descale", "kv_indices", "out")
+                 "learnable_sink", "k_descale", "v_descale", "kv_indices", "lse_out", "out")
 #: its other arguments, in the plan key's order
 DECODE_OPTIONS = ("causal", "softmax_scale", "window_size", "softcap", "num_splits",
                   "return_lse", "validate", "rotary_interleaved", "score_mod", "mask_mod",
@@ -360,7 +361,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
             window_size, softcap, alibi_slopes, num_splits, return_lse, validate, k_new, v_new,
             rotary_cos, rotary_sin, rotary_interleaved, cache_batch_idx, cache_leftpad,
             score_mod, mask_mod, block_mask, aux_tensors, learnable_sink, head_dim_v, kernel,
-            k_descale, v_descale, kv_cache_dtype, kv_indices, out):
+            k_descale, v_descale, kv_cache_dtype, kv_indices, out, lse_out):
     """:func:`decode`'s checks and launches (its ordinary path, and what a plan records)."""
     s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
                       cache_seqlens=cache_seqlens, block_table=block_table,
@@ -380,6 +381,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
                             rotary_interleaved, cache_leftpad)
     check_same_kind(arrays)
     out = check_out("out", out, s.qs[:-1] + (s.d_v,), s.dtype, q)
+    lse_out = check_out("lse_out", lse_out, s.qs[:-1], acc_dtype(s.dtype), q)
     opts = _check_options(s, arrays, q, k_cache, causal=causal, return_lse=return_lse,
                           softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
                           num_splits=num_splits, score_mod=score_mod, mask_mod=mask_mod,
@@ -402,10 +404,14 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
     if is_empty(s.b, s.nq, s.n_cache, capacity):   # no row, or no key: no launch
         answer = _no_key_answer(s, arrays, opts, new, cache_seqlens, cache_batch_idx,
                                 cache_leftpad)
-        if out is None:
-            return answer
-        out[...] = answer[0] if opts.return_lse else answer
-        return (out, answer[1]) if opts.return_lse else out
+        o, lse = answer if opts.return_lse else (answer, None)
+        if out is not None:
+            out[...] = o
+            o = out
+        if lse_out is not None and lse is not None:
+            lse_out[...] = lse
+            lse = lse_out
+        return (o, lse) if opts.return_lse else o
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
     dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
@@ -415,6 +421,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
                          kv_descale=kv_descale)
     lengths = seqlens if opts.validate else [capacity] * s.b
     out4 = None if out is None else out.reshape(s.b, s.h, s.nq, s.d_v)
+    lse4 = None if lse_out is None else lse_out.reshape(s.b, s.h, s.nq)
     if plan.mla is not None:   # the tensor-core decode (kernels/decode/mla.py)
         o, lse = _mla_decode_mma(
             call, dev.q, dev.k, dev.table, dev.paged, dev.lengths, dev.leftpad, plan.mla,
@@ -424,14 +431,15 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
             lengths=lengths if s.topk is None else [s.topk] * s.b,
             lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
             v_cache=None if s.latent else dev.v,
-            kv_descale=None if kv_descale is None else call.input(kv_descale), out=out4)
+            kv_descale=None if kv_descale is None else call.input(kv_descale), out=out4,
+            lse_out=lse4)
     else:
         o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices,
-                                  out4)
+                                  out4, lse4)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, k_cache, dev.k)
         write_back(call, v_cache, dev.v)
-    return _outputs(call, s, o, lse, opts.return_lse, out)
+    return _outputs(call, s, o, lse, opts.return_lse, out, lse_out)
 
 
 class DecodeShape(NamedTuple):
@@ -820,7 +828,7 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
 
 
 def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indices=None,
-                     out=None):
+                     out=None, lse_out=None):
     """The split-KV SIMT decode launch (:mod:`numba_flash.kernels.decode.split_kv`): each split
     block, and the last of each (sequence, kv head) to finish merges the splits.  ``lengths``:
     each sequence's key count for the simulator's estimate; ``kv_descale``: an e4m3 cache's
@@ -833,7 +841,7 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     acc_t = acc_dtype(dtype)
     rows_total = b * h * nq
     o = call.output(out, (b, h, nq, d_v), dtype)
-    lse = call.empty((b, h, nq), acc_t)
+    lse = call.output(lse_out, (b, h, nq), acc_t)
     if n_splits > 1:
         o_part = call.empty((n_splits, rows_total, d_v), acc_t)
         lse_part = call.empty((n_splits, rows_total), acc_t)
@@ -875,14 +883,16 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     return o, lse
 
 
-def _outputs(call, s, o, lse, return_lse, out=None):
+def _outputs(call, s, o, lse, return_lse, out=None, lse_out=None):
     """``o`` in ``q``'s shape (``d_v`` columns; the caller's ``out`` itself when given), and
-    ``lse`` with ``return_lse``, as the caller's kind of array."""
+    ``lse`` with ``return_lse`` (``lse_out`` itself when given), as the caller's kind of
+    array."""
     o = call.result(o)
     o = out if out is not None else o.reshape(s.qs[:-1] + (s.d_v,))
     if not return_lse:
         return o
-    return o, call.result(lse).reshape(s.qs[:-1])
+    lse = call.result(lse)
+    return o, lse_out if lse_out is not None else lse.reshape(s.qs[:-1])
 
 
 #: the kernel choices of :func:`decode`
@@ -965,7 +975,7 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=F
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
                     window, sink, n_cache, n_slots, lengths, lists, v_cache=None,
-                    kv_descale=None, out=None):
+                    kv_descale=None, out=None, lse_out=None):
     """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
     ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
     d]``; ``v_cache``: a value cache's rows ``[.., d_v]``, None for the latent cache;
@@ -979,7 +989,7 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     rows = b * h * nq
     f32 = np.float32
     o = call.output(out, (b, h, nq, d_v), dtype)
-    lse = call.empty((b, h, nq), f32)
+    lse = call.output(lse_out, (b, h, nq), f32)
     o_part = call.empty((n_splits * rows * d_v,) if partial else (1,), f32)
     lse_part = call.empty((n_splits * rows,) if partial else (1,), f32)
     va = kernel_variant(call, f32, scale, *window)   # the sink joins in the merge, once

@@ -40,6 +40,9 @@ def _no_key_answer(q, k, v, args):
     if args.out is not None:   # the caller's out= holds the zeros
         args.out[...] = 0
         o = args.out
+    if args.lse_out is not None:
+        args.lse_out[...] = lse
+        lse = args.lse_out
     return (o, lse) if args.return_lse else o
 
 
@@ -47,7 +50,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
             block_n=None, dropout_p=0.0, seed=0, window_size=(-1, -1), softcap=0.0,
             alibi_slopes=None, kernel="auto", score_mod=None, mask_mod=None, block_mask=None,
             aux_tensors=(), learnable_sink=None, kv_indices=None, q_descale=None,
-            k_descale=None, v_descale=None, out_dtype=None, qkv_dtype="auto", out=None):
+            k_descale=None, v_descale=None, out_dtype=None, qkv_dtype="auto", out=None,
+            lse_out=None):
     """Attention forward: ``o``, or ``(o, lse)`` with ``return_lse=True``.
 
     ``q`` is ``[B, H, Nq, d]``, ``k`` and ``v`` are ``[B, Hkv, Nk, d]`` with ``H`` a multiple of
@@ -142,7 +146,8 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``lse`` with ``+inf`` there); ``H = 0`` or ``d = 0`` is a ``ValueError``.
 
     ``out``: an array of ``o``'s shape and dtype (C-contiguous, of the inputs' kind) that ``o``
-    is written into and returned as (not with e4m3 inputs or ``kv_indices`` yet).
+    is written into and returned as; ``lse_out``: the same for ``lse`` (written, and returned
+    with ``return_lse``); not with e4m3 inputs or ``kv_indices`` yet.
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes (no synchronisation, no host copy).  A call of a signature seen before (shapes,
@@ -159,10 +164,10 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
               kernel=kernel, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
               aux_tensors=aux_tensors, learnable_sink=learnable_sink, kv_indices=kv_indices,
               q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-              out_dtype=out_dtype, qkv_dtype=qkv_dtype, out=out)
+              out_dtype=out_dtype, qkv_dtype=qkv_dtype, out=out, lse_out=lse_out)
     if dropout_p == 0.0 and block_mask is None and type(aux_tensors) is tuple:
         arrays = (q, k, v, alibi_slopes, learnable_sink, q_descale, k_descale, v_descale,
-                  kv_indices, out) + aux_tensors
+                  kv_indices, out, lse_out) + aux_tensors
         key = plan_key("forward", arrays, (causal, softmax_scale, return_lse, block_m,
                                            block_n, window_size, softcap, kernel, score_mod,
                                            mask_mod, out_dtype, qkv_dtype))
@@ -174,12 +179,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
 def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dropout_p, seed,
              window_size, softcap, alibi_slopes, kernel, score_mod, mask_mod, block_mask,
              aux_tensors, learnable_sink, kv_indices, q_descale, k_descale, v_descale,
-             out_dtype, qkv_dtype, out):
+             out_dtype, qkv_dtype, out, lse_out):
     """:func:`forward`'s checks and launches (its ordinary path, and what a plan records)."""
-    if out is not None and (kv_indices is not None or fp8_inputs({"q": q, "k": k, "v": v},
-                                                                  qkv_dtype)):
-        raise ValueError("out: expected None with e4m3 inputs or kv_indices (not taken there "
-                         "yet), got an array")
+    for name, x in (("out", out), ("lse_out", lse_out)):
+        if x is not None and (kv_indices is not None or fp8_inputs({"q": q, "k": k, "v": v},
+                                                                   qkv_dtype)):
+            raise ValueError(f"{name}: expected None with e4m3 inputs or kv_indices (not taken "
+                             f"there yet), got an array")
     if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
         # front end routes between ops, no op imports another
@@ -207,7 +213,7 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
                               block_mask=block_mask, aux_tensors=aux_tensors)
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
                               window_size, softcap, alibi_slopes, learnable_sink, empty=True,
-                              out=out)
+                              out=out, lse_out=lse_out)
     b, h, nq, d, dtype = args.b, args.h, args.nq, args.d, args.dtype
     left, right, softcap, alibi = args.left, args.right, args.softcap, args.alibi
     variant = check_forward_variant(args, score_mod, mask_mod, block_mask, aux_tensors)
@@ -238,7 +244,7 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
     cfg = forward_simt_config(d_tile, dtype, use_dropout, use_mods, tiles=tiles, vec=vec,
                          user=user_build(variant), own_v=d_v != d)
     o = call.output(args.out, (b, h, nq, d_v), dtype)
-    lse = call.empty((b, h, nq), acc_t)
+    lse = call.output(args.lse_out, (b, h, nq), acc_t)
     block = (cfg.THREADS_N, cfg.THREADS_M)
     work = tiled_work("forward", [(nq, args.nk)] * b, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,
                       cfg.THREADS, cfg.HEAD_DIM)

@@ -109,7 +109,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    block_table=None, validate=None, score_mod=None, mask_mod=None,
                    block_mask=None, aux_tensors=(), learnable_sink=None, kv_indices=None,
                    kernel="auto", q_descale=None, k_descale=None, v_descale=None,
-                   out_dtype=None, qkv_dtype="auto", out=None):
+                   out_dtype=None, qkv_dtype="auto", out=None, lse_out=None):
     """Attention over a packed batch: ``o [total_q, H, d]``, or ``(o, lse)`` with
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
@@ -193,8 +193,9 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     ``ValueError``.
 
     ``out``: an array of ``o``'s shape ``[total_q, H, d_v]`` and dtype (C-contiguous, of the
-    inputs' kind) that ``o`` is written into and returned as (not with e4m3 inputs or
-    ``kv_indices`` yet: a ``ValueError`` naming ``out``).
+    inputs' kind) that ``o`` is written into and returned as; ``lse_out``: the same for ``lse``
+    (written, and returned with ``return_lse``); not with e4m3 inputs or ``kv_indices`` yet
+    (a ``ValueError`` naming the argument).
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes.  Device ``cu_seqlens`` are read and checked on the host (as NumPy ones always
@@ -222,12 +223,12 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
               score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
               aux_tensors=aux_tensors, learnable_sink=learnable_sink, kv_indices=kv_indices,
               kernel=kernel, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-              out_dtype=out_dtype, qkv_dtype=qkv_dtype, out=out)
+              out_dtype=out_dtype, qkv_dtype=qkv_dtype, out=out, lse_out=lse_out)
     if dropout_p == 0.0 and block_mask is None and type(aux_tensors) is tuple:
         # one array as both cu_seqlens (self-attention): once (a plan's arrays never overlap)
         cu_k = None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k
         arrays = (q, k, v, cu_seqlens_q, cu_k, block_table, alibi_slopes, learnable_sink,
-                  q_descale, k_descale, v_descale, kv_indices, out) + aux_tensors
+                  q_descale, k_descale, v_descale, kv_indices, out, lse_out) + aux_tensors
         key = plan_key("forward_varlen", arrays, (
             max_seqlen_q, max_seqlen_k, causal, window_size, softcap, softmax_scale,
             return_lse, validate, score_mod, mask_mod, kernel, out_dtype, qkv_dtype))
@@ -241,10 +242,13 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                     window_size, softcap, alibi_slopes, softmax_scale, dropout_p, seed,
                     return_lse, block_table, validate, score_mod, mask_mod, block_mask,
                     aux_tensors, learnable_sink, kv_indices, kernel, q_descale, k_descale,
-                    v_descale, out_dtype, qkv_dtype, out):
+                    v_descale, out_dtype, qkv_dtype, out, lse_out):
     """:func:`forward_varlen`'s checks and launch (its ordinary path, and what a plan
     records)."""
     fp8 = fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype)
+    if lse_out is not None and (fp8 or kv_indices is not None):
+        raise ValueError("lse_out: expected None with e4m3 inputs or kv_indices (not taken "
+                         "there yet), got an array")
     if out is not None and (fp8 or kv_indices is not None):
         raise ValueError("out: expected None with e4m3 inputs or kv_indices (not taken there "
                          "yet), got an array")
@@ -319,6 +323,7 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
                              seqlens.max_q, seqlens.max_k, max_seqlen_q, max_seqlen_k)
     out = check_out("out", out, (total_q, h, d_v), dtype, q)
+    lse_out = check_out("lse_out", lse_out, (h, total_q), acc_dtype(dtype), q)
     if paged and validate:  # after every other check, before any launch
         validate_prefill_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
     if paged and qkv.n_blocks == 0 and not no_keys and total_k is not None:
@@ -332,6 +337,9 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
         if out is not None:   # the caller's out= holds the zeros
             out[...] = 0
             o = out
+        if lse_out is not None:
+            lse_out[...] = lse
+            lse = lse_out
         return (o, lse) if return_lse else o
 
     acc_t = acc_dtype(dtype)
@@ -355,7 +363,7 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                         (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
                         variant, sink)
     o = call.output(out, (total_q, h, d_v), dtype)
-    lse = call.empty((h, total_q), acc_t)
+    lse = call.output(lse_out, (h, total_q), acc_t)
     n_q_tiles = cdiv(max(1, seqlens.max_q), cfg.BLOCK_M)  # the longest sequence's Q tiles
     # (the simulator's time estimate: each sequence, or b of the longest when not read)
     lens = zip(len_q, len_k) if read else [(seqlens.max_q, seqlens.max_k)] * b

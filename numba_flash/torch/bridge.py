@@ -196,6 +196,14 @@ def empty(shape, dtype, device):
     return t
 
 
+def lse_out(shape, q):
+    """A ``softmax_lse`` tensor for an op's ``lse_out=`` (allocated by torch: :func:`empty`),
+    float32 (float64 for float64 ``q``), and its array for the front end: ``(tensor,
+    array)``."""
+    t = empty(shape, torch.float64 if q.dtype == torch.float64 else torch.float32, q.device)
+    return t, as_array(t)
+
+
 def contiguous(t):
     """``t`` itself when C-contiguous, else torch's contiguous copy of it."""
     if t.is_contiguous():

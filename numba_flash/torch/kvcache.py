@@ -226,6 +226,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         vc, v_copy = (None, None) if v_cache is None else _cache_view(v_cache, k is not None)
         d_v = vs[3] if v_cache is not None else head_dim_v
         res = bridge.SeqFirstOut((qs[0], qs[1], qs[2], d_v), q.dtype, device)
+        lse_t, lse_a = bridge.lse_out((qs[0], qs[2], qs[1]), q)
         o, lse = numba_flash.decode(
             bridge.heads_first(q), kc, vc, cache_seqlens=arr(seqlens),
             block_table=arr(block_table), causal=causal, softmax_scale=softmax_scale,
@@ -238,9 +239,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_leftpad=arr(cache_leftpad),
             learnable_sink=arr(learnable_sink), head_dim_v=head_dim_v,
             k_descale=arr(k_descale), v_descale=arr(v_descale),
-            kv_cache_dtype="fp8_e4m3" if fp8 else "auto", out=res.array)
+            kv_cache_dtype="fp8_e4m3" if fp8 else "auto", out=res.array, lse_out=lse_a)
         out = res.result()
-        lse = bridge.to_tensor(lse, device)
+        lse = lse_t
         for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):
             if copy is not None:  # a cache not heads-first in memory: written back
                 bridge.copy_into(cache, copy.transpose(1, 2))

@@ -132,14 +132,16 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
         # out= written by the kernel (not taken with the token lists yet)
         res = None if extra else bridge.SeqFirstOut(q.shape[:-1] + v.shape[-1:], q.dtype,
                                                    q.device)
+        lse_t, lse_a = (None, None) if extra else bridge.lse_out(
+            (q.shape[0], q.shape[2], q.shape[1]), q)
         o, lse = numba_flash.forward(
             *(bridge.heads_first(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             learnable_sink=bridge.optional_array(learnable_sink),
-            **(extra if res is None else {"out": res.array}))
+            **(extra if res is None else {"out": res.array, "lse_out": lse_a}))
         out = bridge.seq_first(o, q.device) if res is None else res.result()
-        return out, bridge.to_tensor(lse, q.device)
+        return out, bridge.to_tensor(lse, q.device) if lse_t is None else lse_t
 
     def s_dmask(seed):
         return _s_dmask(q, k, seed, dropout_p, softmax_scale, causal, window, softcap,
@@ -236,15 +238,17 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
         # out= when forward_varlen takes it (not with the token lists)
         out = (None if extra or not varlen_out()
                else bridge.empty(q.shape[:-1] + v.shape[-1:], q.dtype, q.device))
+        lse_t, lse_a = (None, None) if out is None else bridge.lse_out(
+            (q.shape[1], q.shape[0]), q)
         o, lse = numba_flash.forward_varlen(
             *bridge.packed_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,
             learnable_sink=bridge.optional_array(learnable_sink),
-            **(extra if out is None else {"out": bridge.as_array(out)}))
+            **(extra if out is None else {"out": bridge.as_array(out), "lse_out": lse_a}))
         return (bridge.to_tensor(o, q.device) if out is None else out,
-                bridge.to_tensor(lse, q.device))
+                bridge.to_tensor(lse, q.device) if lse_t is None else lse_t)
 
     def s_dmask(seed):
         return _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

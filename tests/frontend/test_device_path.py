@@ -68,6 +68,7 @@ def _cases(rng):
                    _rand(rng, (b, hkv, n, d)))
     qh, kh, vh = (sd.asarray(x.get().astype(F16)) for x in (q, k, v))
     o_out = sd.empty((b, h, n, d), F32)
+    lse_out = sd.empty((b, h, n), F32)
     oh_out = sd.empty((b, h, n, d), F16)
     o, lse = numba_flash.forward(q.get(), k.get(), v.get(), causal=True, return_lse=True)
     do, o, lse = _dev(_rand(rng, o.shape), o, lse)
@@ -93,6 +94,8 @@ def _cases(rng):
     return {
         "forward simt": (lambda: numba_flash.forward(q, k, v, causal=True, out=o_out), 0),
         "forward simt, no out": (lambda: numba_flash.forward(q, k, v, return_lse=True), 2),
+        "forward simt, lse_out": (lambda: numba_flash.forward(
+            q, k, v, return_lse=True, out=o_out, lse_out=lse_out), 0),
         "forward mma": (lambda: numba_flash.forward(qh, kh, vh, causal=True, kernel="mma",
                                                     out=oh_out), 0),
         "forward wgmma": (lambda: numba_flash.forward(qh, kh, vh, kernel="wgmma",
@@ -122,7 +125,8 @@ def cases():
     return _cases(np.random.default_rng(60))
 
 
-NAMES = ["forward simt", "forward simt, no out", "forward mma", "forward wgmma",
+NAMES = ["forward simt", "forward simt, no out", "forward simt, lse_out", "forward mma",
+         "forward wgmma",
          "backward simt", "backward mma", "decode paged", "decode contiguous, splits",
          "decode k_new rotary", "decode mla", "decode plan run", "append_kv", "apply_rotary",
          "merge_states"]
