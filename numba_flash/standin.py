@@ -522,6 +522,13 @@ class CAIArray:
     def dtype(self):
         return self._x.dtype
 
+    def reshape(self, *shape):
+        """A view of another shape (as a Numba device array gives)."""
+        return CAIArray(self._x.reshape(*shape), self._stream)
+
+    def view(self, dtype):
+        return CAIArray(self._x.view(dtype), self._stream)
+
 
 def _unwrap(x):
     if isinstance(x, ndarray):

@@ -323,6 +323,9 @@ class ArrayCall:
                     f"{name}: expected an array on GPU {self.device_id} (the device of "
                     f"{first_name}), got one on GPU {dev}"
                 )
+        # another producer's arrays (a Numba device array, a torch tensor): results go back as
+        # that producer's kind where the library knows one (result())
+        self._foreign = type(first) is not xp.ndarray
         with self.device():
             # the library's current stream on that device (0: the legacy default stream)
             self.stream = int(xp.cuda.get_current_stream().ptr)
@@ -476,8 +479,8 @@ class ArrayCall:
     def result(self, x):
         """Give a kernel output back in the kind the caller passed in (a bfloat16 output,
         allocated as words by :meth:`empty`, viewed as bfloat16 again: no copy on the GPU).
-        Device calls give the array library's arrays (CuPy's, also for another producer's
-        inputs)."""
+        Device calls give the array library's arrays (CuPy's), or for another producer's inputs
+        (a Numba device array...) Numba device arrays over the same memory."""
         given = self._outs.get(id(x))
         if given is not None and given[0] is x:   # the caller's out=: written, returned
             if not self.on_device and not on_simulator():
@@ -487,7 +490,17 @@ class ArrayCall:
         if not self.on_device:
             host = x.copy_to_host(stream=self.stream)
             return host.view(BFLOAT16) if bf16 else host
+        if self._foreign:   # the producer's kind: a Numba device array (bfloat16 as its words)
+            return self._as_producer(x)
         return x.view(BFLOAT16) if bf16 else x
+
+    def _as_producer(self, x):
+        """A result for another producer's inputs: a Numba device array over the same memory
+        (no copy, no synchronisation), or the stand-in's ``CAIArray`` there."""
+        maker = getattr(self.xp, "CAIArray", None)
+        if maker is not None:
+            return maker(x)
+        return cuda.as_cuda_array(x, sync=False)
 
     def launch(self, kernel, grid, block, *args, work=None, shared=0):
         """Launch ``kernel[grid, block, stream, shared](*args)`` (on the inputs' device).

@@ -179,3 +179,56 @@ def test_fp8_forward_and_decode_cupy_uint8(cp, rng):
                              kv_cache_dtype="fp8_e4m3", k_descale=cp.asarray(scales[1]),
                              v_descale=cp.asarray(scales[2]))
     np.testing.assert_array_equal(got.get(), want)
+
+
+def test_decode_plan_in_a_cuda_graph_over_a_growing_cache(cp, rng):
+    """Issue 60 on a GPU: a decode plan's run captured in a CUDA graph (CuPy's stream capture:
+    a synchronisation or an allocation inside would fail the capture) and replayed step after
+    step, the step's query and new token written into the captured arrays and the lengths
+    advanced on the device between replays, equals the eager decode of the same cache."""
+    b, h, hkv, d, cap = 2, 8, 2, 64, 96
+    k0, v0 = randn(rng, (b, hkv, cap, d), np.float16), randn(rng, (b, hkv, cap, d), np.float16)
+    lens0 = np.array([5, 40], np.int32)
+    q, kn, vn = (cp.asarray(randn(rng, s, np.float16))
+                 for s in ((b, h, d), (b, hkv, 1, d), (b, hkv, 1, d)))
+    kc, vc, lens = cp.asarray(k0), cp.asarray(v0), cp.asarray(lens0)
+    out = cp.empty((b, h, d), np.float16)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        plan = numba_flash.decode_plan(q, kc, vc, cache_seqlens=lens, k_new=kn, v_new=vn,
+                                       causal=True, out=out)
+        plan.run(q, kc, vc, lens, k_new=kn, v_new=vn, out=out)   # the first run: compiled
+        stream.synchronize()
+        kc[...], vc[...] = cp.asarray(k0), cp.asarray(v0)        # the cache as it was
+        stream.begin_capture()
+        plan.run(q, kc, vc, lens, k_new=kn, v_new=vn, out=out)
+        graph = stream.end_capture()
+        kk, vv, ll = k0.copy(), v0.copy(), lens0.copy()
+        for step in range(4):
+            host = [randn(rng, x.shape, np.float16) for x in (q, kn, vn)]
+            for x, y in zip((q, kn, vn), host):
+                x.set(y, stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            want = ref.kvcache_decode(host[0], kk, vv, ll, k_new=host[1], v_new=host[2],
+                                      causal=True)
+            assert_close(out.get(), want[0], np.float16, name=f"o at step {step}")
+            kk, vv = want[2].astype(np.float16), want[3].astype(np.float16)
+            lens += 1
+            ll = ll + 1
+
+
+def test_steady_calls_never_synchronise(cp, rng, monkeypatch):
+    """Issue 60 on a GPU: after a call of a signature (its plan built), a call of the same
+    signature makes no synchronisation the driver sees: cudaStreamSynchronize, a
+    device-to-host copy (both through CuPy here) are counted by patching CuPy's."""
+    q, k, v = (cp.asarray(randn(rng, (1, 8, 256, 64), np.float16)) for _ in range(3))
+    numba_flash.forward(q, k, v, causal=True)
+    calls = []
+    monkeypatch.setattr(cp.cuda.Stream, "synchronize",
+                        lambda self: calls.append("Stream.synchronize"))
+    monkeypatch.setattr(cp.ndarray, "get", lambda self, *a, **k: calls.append("get"))
+    out = cp.empty_like(q)
+    numba_flash.forward(q, k, v, causal=True, out=out)
+    numba_flash.forward(q, k, v, causal=True, out=out)
+    assert calls == []
