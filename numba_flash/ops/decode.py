@@ -4,8 +4,11 @@
 The decode is one launch (:mod:`numba_flash.kernels.decode.split_kv`): split-KV blocks, and the last
 block of each (sequence, kv head) to finish merges the splits.  With CuPy inputs and the default
 ``validate=False`` a call only enqueues work on the current stream (no host copy of
-``cache_seqlens`` or ``block_table``, no synchronisation), so a serving loop can capture it in a
-CUDA graph; the kernel itself checks every table entry and length it uses.  With
+``cache_seqlens`` or ``block_table``, no synchronisation), and a call of a signature seen before
+replays its launch plan (:mod:`numba_flash.frontend.plans`: its split partials and counters are
+the plan's); with ``out=`` (and ``lse_out=``) it allocates nothing, so a serving loop can capture
+it in a CUDA graph after a first call, or make its plan ahead with
+:func:`numba_flash.decode_plan`; the kernel itself checks every table entry and length it uses.  With
 flash_attn_with_kvcache's extras the call composes launches on the same stream: the rotary
 kernel on ``q`` and ``k_new`` (:mod:`numba_flash.ops.rotary`), the append kernel
 (:mod:`numba_flash.ops.kv_cache`; its new lengths feed the decode launch on the device), then
