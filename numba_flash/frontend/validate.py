@@ -154,6 +154,18 @@ def check_out(name, out, shape, dtype, like, like_name="q"):
     return out
 
 
+def check_grad_outs(out, q, k, v, dtype):
+    """``out=`` of a backward: None, or ``(dq, dk, dv)`` of ``q``'s, ``k``'s and ``v``'s
+    shapes and the gradients' dtype ``dtype`` (each checked by :func:`check_out`)."""
+    if out is None:
+        return None
+    if not isinstance(out, tuple) or len(out) != 3:
+        raise TypeError(f"out: expected None or a tuple (dq, dk, dv), got "
+                        f"{type(out).__name__}")
+    return tuple(check_out(f"out[{i}] ({n})", x, array_info(n, like)[0], dtype, q)
+                 for i, (n, x, like) in enumerate(zip(("dq", "dk", "dv"), out, (q, k, v))))
+
+
 #: the axes of a ``[B, H, N, d]`` array that an empty batch or key set leaves 0 (``B``, ``N``)
 BATCH_AND_SEQ = (0, 2)
 

@@ -19,7 +19,7 @@ from ..frontend.sparse import (
 )
 from ..frontend.kernel_args import kernel_variant
 from ..frontend.sim_time import SimWork
-from ..frontend.validate import array_info, check_out
+from ..frontend.validate import array_info, check_grad_outs
 from ..frontend.empty import is_empty, no_key_gradients
 from ..kernels.backward.config import sparse_backward_config
 from ..kernels.backward.sparse import sparse_backward_kernel
@@ -127,18 +127,6 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     return _backward(do, q, k, v, o, lse, **kw)
 
 
-def _check_grad_outs(out, q, k, v, dtype):
-    """``out=`` of the backward: None, or ``(dq, dk, dv)`` of ``q``'s, ``k``'s and ``v``'s
-    shapes (the gradients' dtype ``dtype``)."""
-    if out is None:
-        return None
-    if not isinstance(out, tuple) or len(out) != 3:
-        raise TypeError(f"out: expected None or a tuple (dq, dk, dv), got "
-                        f"{type(out).__name__}")
-    return tuple(check_out(f"out[{i}] ({n})", x, array_info(n, like)[0], dtype, q)
-                 for i, (n, x, like) in enumerate(zip(("dq", "dk", "dv"), out, (q, k, v))))
-
-
 def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, dropout_p, seed,
               window_size, softcap, alibi_slopes, kernel, score_mod, mask_mod, score_mod_grad,
               block_mask, aux_tensors, aux_grad, learnable_sink, kv_indices, out):
@@ -167,7 +155,7 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
                          f"not {a.d}): the aux gradients take d_v == d only so far")
     choice = choose_backward_kernel(kernel, a.dtype)
-    outs = _check_grad_outs(out, q, k, v, a.dtype)
+    outs = check_grad_outs(out, q, k, v, a.dtype)
     if is_empty(a.b, a.nq, a.nk):   # no row or no key: zero gradients, no launch
         grads = no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype)
         if outs is None:

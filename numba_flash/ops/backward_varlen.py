@@ -8,8 +8,9 @@ import numpy as np
 from ..frontend import ArrayCall
 from ..frontend.sparse import sparse_backward_varlen
 from ..frontend.plans import plan_key, run_or_build
-from ..frontend.validate import (ATTENTION_DTYPES, array_info, check_array, check_bool, check_out,
-                                 check_same_dtype, check_same_kind, check_scale)
+from ..frontend.validate import (ATTENTION_DTYPES, array_info, check_array, check_bool,
+                                 check_grad_outs, check_same_dtype, check_same_kind,
+                                 check_scale)
 from ..frontend.variants import (check_packed_qkv, check_seqlens, check_sink, check_variants,
                                  reads_seqlens)
 from ..kernels.core.common import acc_dtype
@@ -182,7 +183,7 @@ def _backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seq
                          f"not {d}): the aux gradients take d_v == d only so far")
     # a device sink's values are checked with the lengths (reading them is a synchronisation)
     sink = check_sink(learnable_sink, h, check_values=read)
-    outs = _check_grad_outs(out, q, k, v, dtype)
+    outs = check_grad_outs(out, q, k, v, dtype)
     if total_q == 0 or total_k == 0:   # every sequence empty on one side: no launch
         grads = no_key_gradients(do, q, k, v, o, lse, sink, aux, dtype)
         if outs is None:
@@ -226,14 +227,3 @@ def _backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seq
         max_nq=max_q, max_nk=max_k, dtype=dtype, scale=scale, left=left, right=right,
         softcap=softcap, alibi=alibi)
 
-
-def _check_grad_outs(out, q, k, v, dtype):
-    """``out=`` of the backward: None, or ``(dq, dk, dv)`` of ``q``'s, ``k``'s and ``v``'s
-    shapes (the gradients' dtype ``dtype``)."""
-    if out is None:
-        return None
-    if not isinstance(out, tuple) or len(out) != 3:
-        raise TypeError(f"out: expected None or a tuple (dq, dk, dv), got "
-                        f"{type(out).__name__}")
-    return tuple(check_out(f"out[{i}] ({n})", x, array_info(n, like)[0], dtype, q)
-                 for i, (n, x, like) in enumerate(zip(("dq", "dk", "dv"), out, (q, k, v))))
