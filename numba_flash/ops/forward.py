@@ -141,7 +141,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     arrays too.
 
     Empty batches (:mod:`numba_flash.frontend.empty`): ``B``, ``Nq`` or ``Nk`` 0 is answered
-    after every check, without a launch, on every route but e4m3 inputs: ``o = 0`` and ``lse =
+    after every check, without a launch, on every route (e4m3 inputs too): ``o = 0`` and ``lse =
     -inf`` (``sink_h`` with a learnable sink) in the shapes and dtypes above (flash-attn fills
     ``lse`` with ``+inf`` there); ``H = 0`` or ``d = 0`` is a ``ValueError``.
 

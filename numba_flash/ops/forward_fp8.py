@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backend import on_simulator
 from ..frontend import ArrayCall
+from ..frontend.empty import is_empty, no_key_outputs
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
 from ..frontend.kernel_args import check_forward_variant, kernel_variant, user_build
 from ..frontend.sim_time import tiled_work
@@ -128,7 +129,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     if not isinstance(kernel, str) or kernel not in FP8_KERNELS:
         raise ValueError(f"kernel: expected one of {FP8_KERNELS} with e4m3 inputs, got "
                          f"{kernel!r}")
-    s = check_qkv(q, k, v, dtypes=_input_dtypes(qkv_dtype))
+    s = check_qkv(q, k, v, dtypes=_input_dtypes(qkv_dtype), empty=True)
     if s.d % 32 or s.d > 256:
         raise ValueError(f"q: expected a head dim that is a multiple of 32 up to 256 for e4m3 "
                          f"inputs (one m16n8k32 k-step is 32 values), got {s.d}")
@@ -157,6 +158,10 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
         flags["USER"] = user_build(variant)
     cfg = (forward_wgmma_fp8_config(s.d, out, **flags) if wgmma else
            forward_fp8_config(s.d, out, **flags))
+    if is_empty(s.b, s.nq, s.nk):   # after every check: o = 0, lse = -inf or the sink
+        return no_key_outputs({"q": q, "k": k, "v": v}, (s.b, s.h, s.nq, s.d),
+                              np.dtype(BFLOAT16 if out == "bfloat16" else out),
+                              (s.b, s.h, s.nq), np.float32, sink, return_lse=return_lse)
 
     # e4m3 travels as its bytes (Numba has no fp8 type); a misaligned view is copied aligned
     # (q, k: 16-byte cp.async copies; v: 32-bit word loads), where a GPU would fault

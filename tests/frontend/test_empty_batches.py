@@ -136,11 +136,20 @@ def test_forward_checks_everything_first(rng, bad, exc, match):
         nf.forward(q, k, v, **kw)
 
 
-def test_forward_e4m3_is_not_answered_yet():
-    """The fp8 forward (numba_flash/ops/forward_fp8.py) checks its inputs with no empty axis."""
-    q = np.ones((0, H, 3, 32), E4M3)
+@pytest.mark.parametrize("shape", [(0, 3, 5), (2, 0, 5), (2, 3, 0)], ids=["B0", "Nq0", "Nk0"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_forward_e4m3_answered(shape, kernel):
+    """The fp8 forward answers as the others after its checks (both kernels, a sink): o = 0
+    in out_dtype, lse = -inf or the sink; H = 0 stays refused."""
+    b, nq, nk = shape
+    q = np.ones((b, H, nq, 64), E4M3)
+    k = np.ones((b, 1, nk, 64), E4M3)
+    o, lse = nf.forward(q, k, k, return_lse=True, kernel=kernel, learnable_sink=SINK,
+                        out_dtype="float16")
+    same(o, np.zeros((b, H, nq, 64)), np.float16, "o")
+    same(lse, np.broadcast_to(SINK[None, :, None], (b, H, nq)), np.float32, "lse")
     with pytest.raises(ValueError, match=r"q: " + NO_DIM):
-        nf.forward(q, q, q)
+        nf.forward(np.ones((1, 0, 3, 32), E4M3), k[:1], k[:1], kernel=kernel)
 
 
 # -- backward --------------------------------------------------------------------------------
