@@ -155,6 +155,16 @@ def device_constant(call, name, value):
     return arr
 
 
+def descale_input(call, descale, named):
+    """The kernels' ``[n, B, Hkv]`` descales (:func:`~numba_flash.frontend.fp8.check_descales`)
+    on the call's device: with none given (``named``'s values all None: ones) a device constant
+    (the same memory every call: a launch plan replays it, no copy), else the array itself
+    (copied in when it was made on the host)."""
+    if all(x is None for x in named.values()):
+        return device_constant(call, ("unit_descale",) + tuple(descale.shape), descale)
+    return call.input(descale)
+
+
 def no_sink(call):
     """:class:`~numba_flash.kernels.core.variant.Variant`'s ``sink`` without one: ``[-inf]``."""
     return device_constant(call, "no_sink", np.full(1, -np.inf, np.float32))

@@ -147,7 +147,7 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
 
     ``out``: an array of ``o``'s shape and dtype (C-contiguous, of the inputs' kind) that ``o``
     is written into and returned as; ``lse_out``: the same for ``lse`` (written, and returned
-    with ``return_lse``); not with e4m3 inputs or ``kv_indices`` yet.
+    with ``return_lse``); not with ``kv_indices`` yet.
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes (no synchronisation, no host copy).  A call of a signature seen before (shapes,
@@ -182,10 +182,9 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
              out_dtype, qkv_dtype, out, lse_out):
     """:func:`forward`'s checks and launches (its ordinary path, and what a plan records)."""
     for name, x in (("out", out), ("lse_out", lse_out)):
-        if x is not None and (kv_indices is not None or fp8_inputs({"q": q, "k": k, "v": v},
-                                                                   qkv_dtype)):
-            raise ValueError(f"{name}: expected None with e4m3 inputs or kv_indices (not taken "
-                             f"there yet), got an array")
+        if x is not None and kv_indices is not None:
+            raise ValueError(f"{name}: expected None with kv_indices (not taken there yet), "
+                             f"got an array")
     if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
         # front end routes between ops, no op imports another
@@ -198,7 +197,7 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
                            dropout_p=dropout_p,
                            block_m=block_m, block_n=block_n, score_mod=score_mod,
                            mask_mod=mask_mod, block_mask=block_mask, aux_tensors=aux_tensors,
-                           kv_indices=kv_indices)
+                           kv_indices=kv_indices, out=out, lse_out=lse_out)
     for name, x in (("q_descale", q_descale), ("k_descale", k_descale),
                     ("v_descale", v_descale), ("out_dtype", out_dtype)):
         if x is not None:

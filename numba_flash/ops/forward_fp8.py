@@ -33,7 +33,9 @@ from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.empty import is_empty, no_key_outputs
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
-from ..frontend.kernel_args import check_forward_variant, kernel_variant, user_build
+from ..frontend.validate import check_out
+from ..frontend.kernel_args import (check_forward_variant, descale_input, kernel_variant,
+                                     user_build)
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (
     BFLOAT16, check_bool, check_dense_options_off, check_qkv, check_scale,
@@ -117,10 +119,13 @@ def _out_dtype(out_dtype):
 
 def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, softcap,
                 alibi_slopes, learnable_sink, kernel, q_descale, k_descale, v_descale,
-                out_dtype, kv_indices=None, qkv_dtype="auto", **not_fp8):
+                out_dtype, kv_indices=None, qkv_dtype="auto", out=None, lse_out=None,
+                **not_fp8):
     """:func:`numba_flash.forward` on e4m3 inputs (the module docstring); ``not_fp8``: the
     options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS`, each a
-    ``ValueError`` naming it when set."""
+    ``ValueError`` naming it when set; ``out``, ``lse_out``: the caller's arrays for ``o`` and
+    ``lse`` (checked), written and returned."""
+    out_arr = out   # (out is the output dtype's name below)
     user = {n: not_fp8.pop(n, off) for n, off in USER_OPTIONS.items()}
     check_dense_options_off(not_fp8, "e4m3 inputs (the fp8 forward takes none)")
     if kv_indices is not None:
@@ -140,8 +145,8 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     var = check_variants(causal, window_size, softcap, alibi_slopes, s.b, s.h, nq=s.nq,
                          nk=s.nk)
     sink = check_sink(learnable_sink, s.h)
-    descale = check_descales({"q_descale": q_descale, "k_descale": k_descale,
-                              "v_descale": v_descale}, s.b, s.hkv, True, (q, k, v))
+    named_descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    descale = check_descales(named_descales, s.b, s.hkv, True, (q, k, v))
     wgmma = kernel == "wgmma"
     variant = check_forward_variant(_Shape(np.dtype(np.float32), s.b, s.h, s.nq, s.nk),
                                     user["score_mod"], user["mask_mod"], user["block_mask"],
@@ -158,10 +163,19 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
         flags["USER"] = user_build(variant)
     cfg = (forward_wgmma_fp8_config(s.d, out, **flags) if wgmma else
            forward_fp8_config(s.d, out, **flags))
+    o_dtype = np.dtype(BFLOAT16 if out == "bfloat16" else out)
+    out_arr = check_out("out", out_arr, (s.b, s.h, s.nq, s.d), o_dtype, q)
+    lse_out = check_out("lse_out", lse_out, (s.b, s.h, s.nq), np.float32, q)
     if is_empty(s.b, s.nq, s.nk):   # after every check: o = 0, lse = -inf or the sink
-        return no_key_outputs({"q": q, "k": k, "v": v}, (s.b, s.h, s.nq, s.d),
-                              np.dtype(BFLOAT16 if out == "bfloat16" else out),
-                              (s.b, s.h, s.nq), np.float32, sink, return_lse=return_lse)
+        o, lse = no_key_outputs({"q": q, "k": k, "v": v}, (s.b, s.h, s.nq, s.d), o_dtype,
+                                (s.b, s.h, s.nq), np.float32, sink)
+        if out_arr is not None:
+            out_arr[...] = 0
+            o = out_arr
+        if lse_out is not None:
+            lse_out[...] = lse
+            lse = lse_out
+        return (o, lse) if return_lse else o
 
     # e4m3 travels as its bytes (Numba has no fp8 type); a misaligned view is copied aligned
     # (q, k: 16-byte cp.async copies; v: 32-bit word loads), where a GPU would fault
@@ -172,8 +186,8 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     # the bytes as uint16 pairs for the tile copies, uint32 words of V for the transposing fill,
     # V's bytes for the NaN fix-up
     dq, dk, dv = (call.input(x) for x in (q, k, v))
-    o = call.empty((s.b, s.h, s.nq, s.d), np.dtype(BFLOAT16 if out == "bfloat16" else out))
-    lse = call.empty((s.b, s.h, s.nq), np.float32)
+    o = call.output(out_arr, (s.b, s.h, s.nq, s.d), o_dtype)
+    lse = call.output(lse_out, (s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,
                         variant=variant, sink=sink)
     # V's words: [rows, d / 4] for the mma.sync fill, flat for the warpgroup's
@@ -182,7 +196,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
                 forward_grid(s.nq, s.b, s.h, cfg.BLOCK_M),
                 (cfg.THREADS,), dq.view(np.uint16), dk.view(np.uint16),
                 words.reshape(-1) if wgmma else words, dv, o.reshape(-1),
-                lse.reshape(-1), call.input(descale), va,
+                lse.reshape(-1), descale_input(call, descale, named_descales), va,
                 shared=cfg.SMEM_BYTES if wgmma else 0,
                 work=tiled_work(call.op, [(s.nq, s.nk)] * s.b, s.h, cfg.BLOCK_M, cfg.BLOCK_N,
                                 var.left, var.right, cfg.THREADS, s.d, mma=True))

@@ -18,6 +18,7 @@ launch, counted and checked.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -90,6 +91,10 @@ def _cases(rng):
     ql = sd.asarray(_rand(rng, (bd, 16, 128), F16))
     ol = sd.empty((bd, 16, 64), F16)
     po, pl = _dev(_rand(rng, (3, bd, h, d)), _rand(rng, (3, bd, h)))
+    e4m3 = ml_dtypes.float8_e4m3fn   # CuPy's form: uint8 bytes with qkv_dtype="fp8_e4m3"
+    q8, k8, v8 = (sd.asarray(_rand(rng, x.shape).astype(e4m3).view(np.uint8))
+                  for x in (q, k, v))
+    o8 = sd.empty((b, h, n, d), ml_dtypes.bfloat16)
     plan = numba_flash.decode_plan(qd, kc, vc, cache_seqlens=lens, block_table=table)
     return {
         "forward simt": (lambda: numba_flash.forward(q, k, v, causal=True, out=o_out), 0),
@@ -100,6 +105,8 @@ def _cases(rng):
                                                     out=oh_out), 0),
         "forward wgmma": (lambda: numba_flash.forward(qh, kh, vh, kernel="wgmma",
                                                       out=oh_out), 0),
+        "forward e4m3": (lambda: numba_flash.forward(q8, k8, v8, causal=True, out=o8,
+                                                     qkv_dtype="fp8_e4m3"), 0),
         "backward simt": (lambda: numba_flash.backward(do, q, k, v, o, lse, causal=True,
                                                        out=grads), 0),
         "backward mma": (lambda: numba_flash.backward(doh, qh, kh, vh, oh, lseh, causal=True,
@@ -126,7 +133,7 @@ def cases():
 
 
 NAMES = ["forward simt", "forward simt, no out", "forward simt, lse_out", "forward mma",
-         "forward wgmma",
+         "forward wgmma", "forward e4m3",
          "backward simt", "backward mma", "decode paged", "decode contiguous, splits",
          "decode k_new rotary", "decode mla", "decode plan run", "append_kv", "apply_rotary",
          "merge_states"]
@@ -188,7 +195,8 @@ def test_every_launch_matches_its_ptx_parameters(cases, request):
     sigs = [sig for _, sig, _ in LAUNCHES.values()]
     want = entry_param_sizes(sigs, cache=None if cache is None else str(cache))
     names = {n for n, _, _ in LAUNCHES.values()}
-    assert {"flash_forward", "flash_forward_mma", "flash_forward_wgmma", "decode_split",
+    assert {"flash_forward", "flash_forward_mma", "flash_forward_wgmma", "flash_forward_fp8",
+            "decode_split",
             "append_kv", "merge_states"} <= names, names
     for name, sig, sizes in LAUNCHES.values():
         assert sizes == want[repr(sig)], f"{name}: packed {sizes} != PTX {want[repr(sig)]}"

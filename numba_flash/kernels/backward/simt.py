@@ -53,7 +53,7 @@ from ...backend import on_simulator
 from ...philox import philox_keep_bits4
 from ..core.jit import device_jit, kernel_jit, range_for, static_for
 from ..core.common import (
-    FULL_MASK, GRID_X_MAX, SMEM_LIMIT, compute_type, log_tile,
+    FULL_MASK, GRID_X_MAX, SMEM_LIMIT, clamp_rows, compute_type, log_tile,
 )
 from ..core.elements import BFLOAT16, element_ops
 from ..mainloop.online_softmax import sink_of
@@ -437,11 +437,10 @@ def make_block_stages(cfg):
         """Sequence ``b``'s :class:`Sequence`: the array batch index, first row and length of its
         queries and keys (dense: ``b``, 0, Nq, 0, Nk; varlen: the packed arrays are one batch
         ``[1, H, total, d]`` and sequence ``b`` is rows ``cu[b]:cu[b + 1]``)."""
-        if varlen:
-            q0 = cu_q[b]
-            k0 = cu_k[b]
-            return Sequence(int64(0), int64(q0), int64(cu_q[b + 1] - q0), int64(k0),
-                            int64(cu_k[b + 1] - k0))
+        if varlen:   # clamped into the packed arrays (an unvalidated cu_seqlens stays inside)
+            q0, nq = clamp_rows(cu_q[b], cu_q[b + 1], q.shape[2])
+            k0, nk = clamp_rows(cu_k[b], cu_k[b + 1], k.shape[2])
+            return Sequence(int64(0), q0, nq, k0, nk)
         return Sequence(int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2]))
 
     return BlockStages(shared_tiles, block_setup)

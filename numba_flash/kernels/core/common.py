@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32, float64, types
+from numba import float32, float64, int64, types
 
 from ...backend import on_simulator
+from .jit import device_jit
 
 _NUMBA_DTYPE = {
     np.dtype(np.float16): types.float16,
@@ -106,3 +107,14 @@ def log_tile(b, h, q_start, kt):
     """Record one computed tile in :data:`TILE_LOG` (plain Python: the simulator only)."""
     if TILE_LOG is not None:
         TILE_LOG.append((int(b), int(h), int(q_start), int(kt)))
+
+
+@device_jit(inline=True)
+def clamp_rows(start, end, total):
+    """``(first row, rows)`` of a packed batch's rows ``[start, end)`` (a sequence's, from
+    ``cu_seqlens``) kept inside ``[0, total)``: a bad ``cu_seqlens`` (unvalidated device
+    arrays) makes a kernel read and write nothing outside its packed arrays; a good one is
+    unchanged."""
+    first = min(max(int64(start), int64(0)), int64(total))
+    last = min(max(int64(end), first), int64(total))
+    return first, last - first

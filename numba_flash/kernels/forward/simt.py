@@ -51,7 +51,7 @@ from numba import cuda, int32, types, uint32
 from ...backend import on_simulator
 from ...philox import philox_keep_bits4
 from ..core.common import (
-    GRID_YZ_MAX, acc_dtype, compute_type, log_tile, numba_array_type,
+    GRID_YZ_MAX, acc_dtype, clamp_rows, compute_type, log_tile, numba_array_type,
 )
 from ..ptx.stages import (
     cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16, load_at,
@@ -371,10 +371,10 @@ def make_simt_rows(cfg):
         return FlatRows(q_row, q_elem0, kv_row, kv_elem0, v_row, v_elem0)
 
     @_device
-    def epilogue_rows(row0, write_lse, nq, q0, h, bh, d_v, n_heads, n_batch, seqs):
+    def epilogue_rows(row0, write_lse, nq, q0, h, bh, d_v, n_heads, total_q):
         if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
             return EpilogueRows(row0, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
-                                np.int64(h) * seqs[0][n_batch] + q0, write_lse, 1)
+                                np.int64(h) * total_q + q0, write_lse, 1)
         return EpilogueRows(row0, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq,
                             write_lse, 1)
 
@@ -565,10 +565,11 @@ def forward_kernel(cfg):
         h = bh % n_heads
         hk = h // (n_heads // n_kv_heads)  # GQA: query head h reads kv head h // group
         if VARLEN:  # sequence b: rows [q0, q0 + nq) of q, [k0, k0 + nk) of k and v
-            q0 = seqs[0][b]
-            k0 = seqs[1][b]
-            nq = seqs[0][b + 1] - q0
-            nk = seqs[1][b + 1] - k0
+            # clamped into the packed arrays: an unvalidated cu_seqlens never sends a block
+            # outside them (the paged keys are positions, bounded by their table instead)
+            q0, nq = clamp_rows(seqs[0][b], seqs[0][b + 1], q.shape[0])
+            k0, nk = clamp_rows(seqs[1][b], seqs[1][b + 1],
+                                k.shape[0] if not PAGED else 2**31 - 1)
             d = q.shape[2]
         else:
             q0 = 0
@@ -655,7 +656,7 @@ def forward_kernel(cfg):
         # [docs:fwd-epilogue]
         # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
         # lane gets the same bits); O = acc / l, lse = m + log(l)
-        rows = epilogue_rows(q_start + ty, tx == 0, nq, q0, h, bh, d_v, n_heads, n_batch, seqs)
+        rows = epilogue_rows(q_start + ty, tx == 0, nq, q0, h, bh, d_v, n_heads, q.shape[0])
         epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d_v), sink_of(va.sink, h))
         # [/docs:fwd-epilogue]
 
