@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32, float64, int64, types
+from numba import float32, float64, int32, types
 
 from ...backend import on_simulator
 from .jit import device_jit
@@ -111,10 +111,10 @@ def log_tile(b, h, q_start, kt):
 
 @device_jit(inline=True)
 def clamp_rows(start, end, total):
-    """``(first row, rows)`` of a packed batch's rows ``[start, end)`` (a sequence's, from
-    ``cu_seqlens``) kept inside ``[0, total)``: a bad ``cu_seqlens`` (unvalidated device
+    """``(first row, rows)``, int32 as ``cu_seqlens``, of a packed batch's rows ``[start,
+    end)`` (a sequence's) kept inside ``[0, total)``: a bad ``cu_seqlens`` (unvalidated device
     arrays) makes a kernel read and write nothing outside its packed arrays; a good one is
     unchanged."""
-    first = min(max(int64(start), int64(0)), int64(total))
-    last = min(max(int64(end), first), int64(total))
-    return first, last - first
+    first = min(max(int32(start), int32(0)), int32(total))
+    last = min(max(int32(end), first), int32(total))
+    return first, int32(last - first)

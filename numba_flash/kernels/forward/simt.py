@@ -568,8 +568,11 @@ def forward_kernel(cfg):
             # clamped into the packed arrays: an unvalidated cu_seqlens never sends a block
             # outside them (the paged keys are positions, bounded by their table instead)
             q0, nq = clamp_rows(seqs[0][b], seqs[0][b + 1], q.shape[0])
-            k0, nk = clamp_rows(seqs[1][b], seqs[1][b + 1],
-                                k.shape[0] if not PAGED else 2**31 - 1)
+            if PAGED:   # key positions, each bounded by the table (int32: a page's division)
+                k0 = seqs[1][b]
+                nk = seqs[1][b + 1] - k0
+            else:
+                k0, nk = clamp_rows(seqs[1][b], seqs[1][b + 1], k.shape[0])
             d = q.shape[2]
         else:
             q0 = 0
