@@ -5,6 +5,8 @@
   warmup        compile the common kernel configurations ahead, into the on-disk cache (GPU)
   compile-check build every kernel configuration to PTX and assemble it (no GPU needed)
   pictures      draw the tile map, block table and split-KV figures (needs matplotlib)
+  profile       one call of an op in the simulator, every memory access recorded: per kernel
+                site the global sectors and shared-memory bank conflicts of a warp's request
 
 Errors end in one line (numba-flash: error: ...), not a traceback.
 """
@@ -173,6 +175,12 @@ def _pictures(args):
     return 0
 
 
+def _profile(args):
+    from numba_flash.tools import memory_profile
+
+    return memory_profile.main(args.rest)
+
+
 def main(argv=None):
     """Run the command line; return the exit status (errors: one line on stderr, status 1)."""
     try:
@@ -246,8 +254,20 @@ def _main(argv):
     p.add_argument("--out", default="docs/img", help="output folder (default docs/img)")
     p.set_defaults(func=_pictures)
 
+    p = sub.add_parser("profile", help="run one call of an op (mma, wgmma, backward, decode, "
+                                       "forward, teach, demo:NAME) in the simulator with every "
+                                       "memory access recorded and print per kernel site the "
+                                       "sectors, lines, wavefronts and bank-conflict ways of a "
+                                       "warp's request (--goal-builds: docs/resources.md's "
+                                       "tables)",
+                       add_help=False)   # -h goes to the module's own parser
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="passed to numba_flash.tools.memory_profile (OP, --head-dim, --seqlen, "
+                        "--tiles gpu, --lines, --markdown, --goal-builds; -h there lists them)")
+    p.set_defaults(func=_profile)
+
     args, extra = parser.parse_known_args(argv)
-    if args.command == "compile-check":  # its options belong to numba_flash.tools.compile_check
+    if args.command in ("compile-check", "profile"):  # their options belong to their modules
         args.rest = extra + args.rest
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

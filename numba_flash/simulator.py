@@ -11,7 +11,9 @@ The simulator runs every CUDA thread of a block as a Python thread.
    interpreter switches threads between the check and the set, two threads of one block create
    two different arrays for the same line, and a thread then writes into memory the others never
    read (seen here as a rare wrong decode result, more often with a short switch interval).
-   :func:`install` replaces the method with the same logic under a lock.
+   :func:`install` replaces the method with the same logic under a lock.  In the recording
+   mode (:mod:`numba_flash.kernels.ptx.record`, off unless ``record.RECORDER`` is set) it hands
+   the allocation to the recorder, which returns it as a recording array.
 
 3. **Barriers without polling.**  The simulator's block manager (``BlockManager.run``,
    numba-cuda 0.30) releases a ``syncthreads`` by polling: the launching thread loops over the
@@ -141,21 +143,26 @@ def install():
     from numba.np import numpy_support
     from numba.core import types
 
+    from .kernels.ptx import record
+
     lock = threading.Lock()
     original = _ORIGINAL_SHARED_ARRAY = kernelapi.FakeCUDAShared.array
 
     def array(self, shape, dtype, alignment=None):
-        if alignment is not None or shape == 0:  # errors and dynamic shared memory: unchanged
-            return original(self, shape, dtype, alignment)
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
         frame = sys._getframe(1)
-        caller = (frame.f_code.co_filename, frame.f_lineno)  # one allocation per source line
-        with lock:
-            res = self._allocations.get(caller)
-            if res is None:
-                res = np.empty(shape, dtype)
-                self._allocations[caller] = res
+        if alignment is not None or shape == 0:  # errors and dynamic shared memory: unchanged
+            res = original(self, shape, dtype, alignment)
+        else:
+            if isinstance(dtype, types.Type):
+                dtype = numpy_support.as_dtype(dtype)
+            caller = (frame.f_code.co_filename, frame.f_lineno)  # one allocation per line
+            with lock:
+                res = self._allocations.get(caller)
+                if res is None:
+                    res = np.empty(shape, dtype)
+                    self._allocations[caller] = res
+        if record.RECORDER is not None:  # the recording mode (issue 63): a recording array
+            return record.RECORDER.shared_array(res, frame.f_code.co_filename, frame.f_lineno)
         return res
 
     kernelapi.FakeCUDAShared.array = array

@@ -23,7 +23,12 @@
   :func:`tree_levels`) and ``smem_banks.png`` (a column of a ``[32][32]`` and a ``[32][33]``
   float32 tile over the 32 banks, :func:`bank_of`);
 * ``loop_order.png``: the FlashAttention-1 (K/V outer) and -2 (Q outer) forward loop orders and
-  what each reads and writes in HBM per step, for docs/loop-order.md.
+  what each reads and writes in HBM per step, for docs/loop-order.md;
+* for docs/memory-access.md, drawn from requests recorded in the simulator
+  (:mod:`numba_flash.tools.memory_profile`): ``memory_coalescing.png`` (a warp's float32 row
+  load and column load over 128-byte lines and 32-byte sectors, :func:`_sector_panel`) and
+  ``memory_banks.png`` (a tile's column read without and with an XOR swizzle, ``ldmatrix`` on
+  plain and swizzled 128-byte rows, on the 32 banks: :func:`bank_cells`).
 
 The tile classification comes from :func:`tile_kinds`, the same rule as
 :func:`numba_flash.reference.blocked_attention`'s loop (tested in tests/docs).
@@ -765,6 +770,134 @@ def draw_loop_order(path, tr=3, tc=3):
     _save(fig, path)
 
 
+# -- memory access, drawn from recorded requests (docs/memory-access.md) ------------------------
+def bank_cells(lanes, width=None):
+    """Where one warp's shared request lands: ``[(phase, bank, slot, lane)]`` for every 4-byte
+    word a lane touches (``lanes``: ``(lane, byte address, bytes)``); ``slot``: the word's rank
+    among the different words of its bank in its phase (the wavefront that serves it)."""
+    from .memory_profile import WORD, lanes_per_phase
+
+    width = width or max(n for _, _, n in lanes)
+    per = lanes_per_phase(width)
+    words = {}
+    for lane, a, n in lanes:
+        for w in range(a // WORD, (a + n - 1) // WORD + 1):
+            words.setdefault((lane // per, w % 32), {}).setdefault(w, []).append(lane)
+    cells = []
+    for (phase, bank), ws in sorted(words.items()):
+        for slot, w in enumerate(sorted(ws)):
+            cells += [(phase, bank, slot, lane) for lane in ws[w]]
+    return cells
+
+
+def _bank_panel(ax, lanes, title, width=None, height=None):
+    """One warp's shared request on the 32 banks: a column per bank, a row per wavefront (the
+    phases one above the other), each cell the lane(s) whose word it is (addresses from the
+    allocation's start: its byte 0 in bank 0; ``height``: rows the panel has room for)."""
+    from matplotlib.patches import Rectangle
+
+    from ..kernels.ptx.address import SHARED_BASE
+
+    cmap = _plt().get_cmap("hsv")
+    cells = bank_cells([(ln, a - SHARED_BASE, n) for ln, a, n in lanes], width)
+    phases = sorted({c[0] for c in cells})
+    depth = {ph: 1 + max(c[2] for c in cells if c[0] == ph) for ph in phases}
+    base, y0 = {}, 0
+    for ph in phases:
+        base[ph] = y0
+        y0 += depth[ph] + 0.6
+    for ph, bank, slot, lane in cells:
+        y = base[ph] + slot
+        ax.add_patch(Rectangle((bank, -y - 1), 0.92, 0.88, facecolor=cmap(lane / 32), alpha=0.75,
+                               edgecolor="black", linewidth=0.4))
+        ax.text(bank + 0.46, -y - 0.55, str(lane), ha="center", va="center", fontsize=5.5)
+    for ph in phases:
+        ax.text(-0.6, -base[ph] - depth[ph] / 2, f"phase {ph}: {depth[ph]}", ha="right",
+                va="center", fontsize=7)
+    for b in range(32):
+        ax.text(b + 0.46, 0.4, str(b), ha="center", va="bottom", fontsize=5.5)
+    ax.text(16, 1.6, "bank", ha="center", fontsize=7.5)
+    ax.set_xlim(-6.5, 32.5)
+    ax.set_ylim(-max(y0, height or 0) - 0.5, 2.4)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+
+
+def _sector_panel(ax, lanes, title, max_lines=32, height=None):
+    """One warp's global request over 128-byte lines (rows) of four 32-byte sectors: each lane's
+    bytes at their offset in the line, the sectors touched shaded."""
+    from matplotlib.patches import Rectangle
+
+    from .memory_profile import LINE, SECTOR
+
+    cmap = _plt().get_cmap("hsv")
+    lines = sorted({a // LINE for _, a, _ in lanes})[:max_lines]
+    row = {ln: i for i, ln in enumerate(lines)}
+    touched = {(a // SECTOR) for _, a, n in lanes}
+    for ln in lines:
+        y = -row[ln]
+        for s in range(LINE // SECTOR):
+            hit = (ln * LINE // SECTOR + s) in touched
+            ax.add_patch(Rectangle((s * SECTOR, y - 0.9), SECTOR, 0.8,
+                                   facecolor="#fdd49e" if hit else "white", edgecolor="#888888",
+                                   linewidth=0.6))
+        ax.text(-3, y - 0.5, f"line {row[ln]}", ha="right", va="center", fontsize=6)
+    for lane, a, n in lanes:
+        if a // LINE in row:
+            x, y = a % LINE, -row[a // LINE]
+            ax.add_patch(Rectangle((x, y - 0.8), n, 0.6, facecolor=cmap(lane / 32),
+                                   edgecolor="black", linewidth=0.3))
+            if len(lines) <= 2:
+                ax.text(x + n / 2, y - 0.5, str(lane), ha="center", va="center", fontsize=5)
+    for s in range(LINE // SECTOR):
+        ax.text(s * SECTOR + SECTOR / 2, 0.25, f"sector {s}", ha="center", fontsize=6.5)
+    ax.set_xlim(-26, LINE + 2)
+    ax.set_ylim(-max(len(lines), 2, height or 0) - 0.3, 0.9)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+
+
+def _demo_site(name, space, op):
+    """The first request of the demo ``name``'s site of ``space`` and ``op`` (recorded now)."""
+    from .memory_profile import demo
+
+    _, prof = demo(name)
+    return prof.launches[0].find(space=space, op=op)[0]
+
+
+def draw_memory_coalescing(path):
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw={"width_ratios": [1, 1]})
+    for ax, name in zip(axes, ("rows", "columns")):
+        s = _demo_site(name, "global", "ld")
+        _sector_panel(ax, s.example,
+                      f"sum_{name}: x[{'r, c' if name == 'rows' else 'r, c'}] with lane = "
+                      f"{'c' if name == 'rows' else 'r'}\none request: "
+                      f"{s.sectors // s.requests} sectors, {s.lines // s.requests} line"
+                      f"{'s' if s.lines // s.requests > 1 else ''} for 128 bytes", height=32)
+    fig.suptitle("A warp's float32 load over 128-byte lines of 32-byte sectors (recorded in the "
+                 "simulator; colour: the lane): a row is 4 sectors, a column 32", fontsize=10)
+    _save(fig, path, rect=(0, 0, 1, 0.95))
+
+
+def draw_memory_banks(path):
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(14, 11), gridspec_kw={"height_ratios": [1.7, 1]})
+    cases = [("transpose", "ld", "tile[32][32] read by columns (row-major)"),
+             ("transpose_swizzled", "ld", "the same read, tile[32 r + (c ^ r)] (XOR swizzle)"),
+             ("ldmatrix_row-major", "ldsm", "ldmatrix .x4 on 128-byte rows (row-major)"),
+             ("ldmatrix_swizzled", "ldsm", "ldmatrix .x4, the 128-byte swizzle")]
+    for i, (ax, (name, op, what)) in enumerate(zip(axes.flat, cases)):
+        s = _demo_site(name, "shared", op)
+        waves = s.wavefronts // s.requests
+        _bank_panel(ax, s.example, f"{what}:\n{waves} wavefront{'s' if waves > 1 else ''} "
+                    f"({s.ways}-way)", s.width, height=32.6 if i < 2 else 34.4)
+    fig.suptitle("One warp's shared-memory request on the 32 banks (recorded in the simulator; "
+                 "a cell: a 4-byte word and the lane that reads it; a row: one wavefront; "
+                 "phase k: wavefronts)", fontsize=10)
+    _save(fig, path, rect=(0, 0, 1, 0.96))
+
+
 PICTURES = {
     "causal_tiles.png": draw_causal_tiles,
     "paged_block_table.png": draw_paged_block_table,
@@ -778,6 +911,8 @@ PICTURES = {
     "tree_reduction.png": draw_tree_reduction,
     "smem_banks.png": draw_smem_banks,
     "loop_order.png": draw_loop_order,
+    "memory_coalescing.png": draw_memory_coalescing,
+    "memory_banks.png": draw_memory_banks,
 }
 
 

@@ -52,6 +52,8 @@ WRONG = {
          "    return kv_idx < params[0] or q_idx - params[1] < kv_idx <= q_idx")]),
     "p_tile_banks": ("a pad of one 16-byte chunk (4 words)", [
         ("    while stride % 32 not in (8, 24):", "    while stride % 32 not in (4, 28):")]),
+    "swizzle_tile": ("the tensor-core tiles' 128-byte swizzle, XOR with r % 8 (4-way)", [
+        ("    return r * 32 + (c ^ r)", "    return r * 32 + (c ^ (r % 8))")]),
 }
 NAMES = sorted(WRONG)
 

@@ -58,7 +58,7 @@ from numba import cuda, int32, types, uint32
 
 from ...backend import on_simulator
 from ..core.jit import device_jit, kernel_jit
-from . import address
+from . import address, record
 from .mma import WARP
 from ..core.config import mma_row_bytes
 
@@ -443,6 +443,8 @@ def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
     addresses 16-byte aligned (the source's even when ``src_bytes`` is 0: the ISA's rule for
     the operand), else :class:`~numba_flash.kernels.ptx.address.MisalignedAddressError`."""
     b = int(smem_byte)
+    if record.RECORDER is not None:   # recording mode (numba_flash.tools.memory_profile)
+        smem, src = record.RECORDER.twin_cp_async(smem, b, src, elem, int(src_bytes))
     address.check_shared(smem, b, 16, "cp_async16", CP_ASYNC_PTX, "the destination smem")
     address.check_global(src, elem, 16, "cp_async16", CP_ASYNC_PTX, "the source src")
     n = int(src_bytes)
@@ -468,6 +470,8 @@ def _sim_red_add(dst, elem, val):
     simulator's threads are Python threads)."""
     if np.dtype(dst.dtype) != np.float32:
         raise TypeError(f"red_add: expected dst as a float32 array, got {dst.dtype}")
+    if record.RECORDER is not None:
+        dst = record.RECORDER.twin_global(dst, elem, 4, "red")
     address.check_global(dst, elem, 4, "red_add", RED_ADD_PTX, "dst")
     flat = _host_flat(dst)
     with _RED_LOCK:
@@ -505,10 +509,14 @@ def _sim_ldmatrix(smem, smem_byte, trans):
 
 
 def _sim_ldmatrix_x4(smem, smem_byte):
+    if record.RECORDER is not None:   # recording mode (numba_flash.tools.memory_profile)
+        smem = record.RECORDER.twin_shared(smem, smem_byte, 16, "ldsm")
     return _sim_ldmatrix(smem, smem_byte, False)
 
 
 def _sim_ldmatrix_x4_trans(smem, smem_byte):
+    if record.RECORDER is not None:
+        smem = record.RECORDER.twin_shared(smem, smem_byte, 16, "ldsm")
     return _sim_ldmatrix(smem, smem_byte, True)
 
 
@@ -555,6 +563,8 @@ def _sim_warp_any(pred):
 
 def _sim_load_u16(src, elem):
     """Twin of :func:`load_u16`: one 2-byte load (2-byte aligned)."""
+    if record.RECORDER is not None:
+        src = record.RECORDER.twin_global(src, elem, 2, "ld")
     address.check_global(src, elem, 2, "load_u16", "ld.global.u16", "src")
     return _read_flat(src, elem, 1)[0]
 
@@ -562,6 +572,8 @@ def _sim_load_u16(src, elem):
 def _sim_load_at(src, elem):
     """Twin of :func:`load_at`: one element (aligned to its size: an e4m3 cache's uint32
     words to 4)."""
+    if record.RECORDER is not None:
+        src = record.RECORDER.twin_global(src, elem, np.dtype(src.dtype).itemsize, "ld")
     _ptr, size = address.pointer_and_size(src)
     address.check_global(src, elem, min(size, 16), "load_at", f"ld.global.b{8 * size}",
                          "src")
@@ -571,6 +583,8 @@ def _sim_load_at(src, elem):
 def _sim_load16(src, elem):
     """Twin of :func:`load16`: the 16 bytes from element ``elem`` (the address must be
     16-byte aligned, as on the device), in the compute type."""
+    if record.RECORDER is not None:
+        src = record.RECORDER.twin_global(src, elem, 16, "ld")
     dtype = np.dtype(src.dtype)
     size = int(np.prod(src.shape))
     n = 16 // dtype.itemsize
@@ -589,6 +603,8 @@ def _sim_load16(src, elem):
 
 def _sim_lds16(smem, smem_byte):
     """Twin of :func:`lds16`: the 16 bytes from byte ``smem_byte`` (16-byte aligned)."""
+    if record.RECORDER is not None:
+        smem = record.RECORDER.twin_shared(smem, smem_byte, 16, "ld")
     size = np.dtype(smem.dtype).itemsize
     b = int(smem_byte)
     address.check_shared(smem, b, 16, "lds16", f"ld.shared.v{16 // size}", "smem")

@@ -51,7 +51,7 @@ from numba import cuda, float32, int32, types, uint32, uint64
 
 from ...backend import on_simulator
 from ..core.jit import device_jit, kernel_jit, static_fold
-from . import address
+from . import address, record
 from .fp8 import e4m3_to_float64
 from .mma import dtype_name, half2_bits, halves_to_float64, mma_ops
 from .mma_fp8 import pack_e4m3x4
@@ -564,6 +564,12 @@ class _Op:
         N, dtype = spec["N"], spec["dtype"]
         self.b_addr = operand_addresses(desc_b, "MN" if spec["trans_b"] else "K", N).T
         self.a_addr = None
+        if record.RECORDER is not None:   # recording mode: the operands' shared reads
+            if spec["a_src"] == "smem":
+                record.RECORDER.wgmma_operand(
+                    smem, operand_addresses(a, "MN" if spec["trans_a"] else "K", 64))
+            record.RECORDER.wgmma_operand(smem, self.b_addr.T)
+            smem = self.smem = record.raw(smem)
         if spec["a_src"] == "smem":
             self.a_addr = operand_addresses(a, "MN" if spec["trans_a"] else "K", 64)
             a_words = _read(smem, self.a_addr)
