@@ -625,6 +625,22 @@ def format_table(rows):
     return "\n".join(lines)
 
 
+#: where the page's part written by ``numba-flash profile --goal-builds`` starts: the
+#: resource and SASS tables are rewritten, this part kept
+MEMORY_TIER = "\n## Memory tier"
+
+
+def _kept_tail(path):
+    """The part of ``path`` from :data:`MEMORY_TIER` on (the memory tier's tables), or "" ."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    i = text.find(MEMORY_TIER)
+    return "" if i < 0 else text[i:]
+
+
 def markdown_table(rows, ptxas):
     """The resource table as Markdown, one row per configuration (sm_80 | sm_90 side by side),
     stamped with the tool versions that produced it."""
@@ -791,8 +807,10 @@ def main(argv=None):
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
     if args.markdown:
+        kept = _kept_tail(args.markdown)
         with open(args.markdown, "w") as fh:
-            fh.write(markdown_table(rows, ptxas) + (sass_markdown(rows) if nvdisasm else ""))
+            fh.write(markdown_table(rows, ptxas) + (sass_markdown(rows) if nvdisasm else "")
+                     + kept)
     return 1 if any(r["problems"] for r in rows) else 0
 
 
