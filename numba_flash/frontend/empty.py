@@ -75,6 +75,18 @@ def no_key_outputs(arrays, o_shape, dtype, lse_shape, lse_dtype, sink=None, head
     return (o, lse) if return_lse else o
 
 
+def into_outs(o, lse, out, lse_out, return_lse):
+    """An empty call's answer ``(o, lse)`` as the op returns it: written into the caller's
+    ``out`` / ``lse_out`` when given (and those returned), ``lse`` only with ``return_lse``."""
+    if out is not None:
+        out[...] = o
+        o = out
+    if lse_out is not None:
+        lse_out[...] = lse
+        lse = lse_out
+    return (o, lse) if return_lse else o
+
+
 def zero_gradients(arrays, like):
     """Zero gradients of the arrays ``like`` (a sequence of ``(shape, dtype)``), of the kind of
     the call's inputs ``arrays`` (by name): what a backward over no row or no key gives."""

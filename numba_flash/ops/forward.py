@@ -20,7 +20,7 @@ from ..kernels.forward.config import (
 from ..frontend.kernel_choice import KERNELS, choose_forward_kernel  # noqa: F401  (KERNELS)
 from ..frontend.sparse import sparse_forward
 from ..frontend.fp8 import fp8_inputs
-from ..frontend.empty import is_empty, no_key_outputs
+from ..frontend.empty import into_outs, is_empty, no_key_outputs
 
 
 def _tensor_core_launch(choice):
@@ -37,13 +37,7 @@ def _no_key_answer(q, k, v, args):
     o, lse = no_key_outputs({"q": q, "k": k, "v": v}, (args.b, args.h, args.nq, args.d_v),
                             args.dtype, (args.b, args.h, args.nq), acc_dtype(args.dtype),
                             args.sink)
-    if args.out is not None:   # the caller's out= holds the zeros
-        args.out[...] = 0
-        o = args.out
-    if args.lse_out is not None:
-        args.lse_out[...] = lse
-        lse = args.lse_out
-    return (o, lse) if args.return_lse else o
+    return into_outs(o, lse, args.out, args.lse_out, args.return_lse)
 
 
 def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, block_m=None,

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backend import on_simulator
 from ..frontend import ArrayCall
-from ..frontend.empty import is_empty, no_key_outputs
+from ..frontend.empty import into_outs, is_empty, no_key_outputs
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
 from ..frontend.validate import check_out
 from ..frontend.kernel_args import (check_forward_variant, descale_input, kernel_variant,
@@ -169,13 +169,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     if is_empty(s.b, s.nq, s.nk):   # after every check: o = 0, lse = -inf or the sink
         o, lse = no_key_outputs({"q": q, "k": k, "v": v}, (s.b, s.h, s.nq, s.d), o_dtype,
                                 (s.b, s.h, s.nq), np.float32, sink)
-        if out_arr is not None:
-            out_arr[...] = 0
-            o = out_arr
-        if lse_out is not None:
-            lse_out[...] = lse
-            lse = lse_out
-        return (o, lse) if return_lse else o
+        return into_outs(o, lse, out_arr, lse_out, return_lse)
 
     # e4m3 travels as its bytes (Numba has no fp8 type); a misaligned view is copied aligned
     # (q, k: 16-byte cp.async copies; v: 32-bit word loads), where a GPU would fault

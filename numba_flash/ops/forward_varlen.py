@@ -19,7 +19,7 @@ from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, allow_empty, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
                                  check_out, check_scale, is_device_array)
-from ..frontend.empty import no_key_outputs
+from ..frontend.empty import into_outs, no_key_outputs
 from ..frontend.plans import plan_key, run_or_build
 from ..frontend.variants import (check_packed_qkv, check_seqlens, check_sink, check_value_shape,
                                  check_variants, reads_seqlens)
@@ -334,13 +334,7 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
         o, lse = no_key_outputs({"q": q, "k": k, "v": v, "block_table": block_table},
                                 (total_q, h, d_v), dtype, (h, total_q), acc_dtype(dtype), sink,
                                 head_axis=0)
-        if out is not None:   # the caller's out= holds the zeros
-            out[...] = 0
-            o = out
-        if lse_out is not None:
-            lse_out[...] = lse
-            lse = lse_out
-        return (o, lse) if return_lse else o
+        return into_outs(o, lse, out, lse_out, return_lse)
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
