@@ -238,6 +238,12 @@ def part_versions(dry):
 
 
 
+def _missing(pr, tool):
+    """A part whose tool is not on the machine: failed, saying which."""
+    pr.failed = True
+    pr.res["error"] = f"{tool} not found"
+
+
 def find_tool(name):
     """An NVIDIA tool on PATH, or where the CUDA image keeps it (None if absent)."""
     exe = shutil.which(name)
@@ -1102,9 +1108,7 @@ def run_ncu(pr, sections):
         pr.res["note"] = "dry run: ncu not run; its commands printed, its target run"
         return
     if exe is None:
-        pr.failed = True
-        pr.res["error"] = "ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)"
-        return
+        return _missing(pr, "ncu (PATH, /usr/local/cuda/bin, /opt/nvidia/nsight-compute)")
     for i, case in enumerate(cases):
         left = pr.remaining()
         share = None if left is None else max(20.0, 1.5 * left / (len(cases) - i))
@@ -1212,9 +1216,7 @@ def run_sanitizer(pr):
         pr.res["note"] = "dry run: compute-sanitizer not run; its commands printed, its target run"
         return
     if exe is None:
-        pr.failed = True
-        pr.res["error"] = "compute-sanitizer not found"
-        return
+        return _missing(pr, "compute-sanitizer")
     for tool, args, share in SANITIZER_TOOLS:
         results, summaries, left, tries = {}, [], list(cases), 0
         while left and tries < 4:

@@ -260,30 +260,17 @@ def target_sanitizer(cases, dry, out):
 
 
 def event_ms(fn, arrays, repeat, warmup=2):
-    """Median ms of ``fn()`` between CUDA events (a GPU), or wall-clock ms of one call (the
-    simulator: the figure says nothing, the call checks the path)."""
-    if not arrays.gpu:
-        warmup, repeat = 0, 1
-    for _ in range(warmup):
-        fn()
-    arrays.sync()
-    times = []
+    """Median ms of ``fn()`` between CUDA events (a GPU: bench/common.py's ``time_gpu``), or
+    wall-clock ms of one call (the simulator: the figure says nothing, the call checks the
+    path)."""
     if arrays.gpu:
-        from numba import cuda
+        from common import time_gpu
 
-        for _ in range(repeat):
-            start, end = cuda.event(), cuda.event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cuda.event_elapsed_time(start, end))
-    else:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        arrays.sync()
+        return time_gpu(fn, repeat=repeat, warmup=warmup)
+    from common import time_host
+
+    return time_host(fn, repeat=1, warmup=0)
 
 
 def host_ms(fn, arrays, calls):
