@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from numba_flash import reference
+
 #: absolute error bound per compute dtype for outputs of magnitude ~1 (probabilities, attention
 #: outputs of unit-variance V).  float16 is dominated by the final rounding to float16
 #: (2**-11 relative), float32 by accumulation in float32, float64 by accumulation in float64.
@@ -71,3 +73,31 @@ def check_forward_against_reference(op, rng, dtype, causal, shape):
     o_scale = max(1.0, np.abs(o_ref).max()) if dtype == np.float16 else 1.0
     assert_close(o, o_ref, dtype, scale=o_scale, name="o")
     assert_close(lse, lse_ref, LSE_DTYPE[dtype], name="lse")
+
+
+def paged_cache(rng, k, v, cu_k, block_size, spare_cols=1, spare_blocks=2, stale=np.nan,
+                table_dtype=np.int32):
+    """``k``/``v`` scattered into caches of shuffled blocks: key t of sequence b at block
+    ``table[b, t // block_size]``, slot ``t % block_size``; every other slot (a sequence's last
+    block's tail, spare blocks) is ``stale``, table entries past a sequence's blocks are -1."""
+    lens = np.diff(cu_k)
+    need = [-(-int(n) // block_size) for n in lens]
+    n_blocks = sum(need) + spare_blocks
+    max_blocks = max(need) + spare_cols
+    perm = rng.permutation(n_blocks)
+    table = np.full((len(lens), max_blocks), -1, np.int64)
+    kc = np.full((n_blocks, k.shape[1], block_size, k.shape[2]), stale, np.float64)
+    kc = kc.astype(k.dtype)
+    vc = kc.copy()
+    nxt = 0
+    for b, n in enumerate(lens):
+        table[b, :need[b]] = perm[nxt:nxt + need[b]]
+        nxt += need[b]
+        t = np.arange(n)
+        kc[table[b, t // block_size], :, t % block_size] = k[cu_k[b]:cu_k[b] + n]
+        vc[table[b, t // block_size], :, t % block_size] = v[cu_k[b]:cu_k[b] + n]
+        # the reference's reading of the layout is the one we wrote
+        np.testing.assert_array_equal(reference.gather_paged(kc, table, n, b),
+                                      np.asarray(k[cu_k[b]:cu_k[b] + n], np.float64)
+                                      .transpose(1, 0, 2))
+    return kc, vc, table.astype(table_dtype)

@@ -22,7 +22,7 @@ import numba_flash
 import numba_flash.standin as sd
 from numba_flash import reference as ref
 from numba_flash.frontend import plans
-from helpers import assert_scaled_close, randn
+from helpers import assert_scaled_close, paged_cache, randn
 
 O_TOL, LSE_TOL, GRAD_TOL = 2e-6, 8e-7, 6e-6
 
@@ -60,25 +60,6 @@ def compare_forward(o, lse, want_o, want_lse):
     assert rel <= LSE_TOL, f"lse: max relative error {rel:.3e}"
 
 
-def paged_cache(rng, k, v, block_size=3):
-    """``k``/``v`` scattered into shuffled blocks of a cache whose other slots are NaN (a stale
-    slot read shows up); table entries past a sequence's blocks are -1."""
-    need = [-(-n // block_size) for n in LENS_K]
-    n_blocks = sum(need) + 2
-    perm = rng.permutation(n_blocks)
-    table = np.full((len(LENS_K), max(need) + 1), -1, np.int32)
-    kc = np.full((n_blocks, HKV, block_size, D), np.nan, np.float32)
-    vc = kc.copy()
-    nxt = 0
-    for b, n in enumerate(LENS_K):
-        table[b, :need[b]] = perm[nxt:nxt + need[b]]
-        nxt += need[b]
-        t = np.arange(n)
-        kc[table[b, t // block_size], :, t % block_size] = k[CU_K[b]:CU_K[b] + n]
-        vc[table[b, t // block_size], :, t % block_size] = v[CU_K[b]:CU_K[b] + n]
-    return kc, vc, table
-
-
 def steady(call, arrays):
     """Run ``call()`` once counted by the stand-in; assert it waited, copied back, allocated
     and worked outside its launches not at all and left ``arrays`` as they were."""
@@ -99,7 +80,7 @@ def test_forward_varlen(rng, paged):
         q, k, v = packed(rng)
         want = ref.attention_varlen(q, k, v, CU_Q, CU_K, causal=True)
         if paged:
-            kc, vc, table = paged_cache(rng, k, v)
+            kc, vc, table = paged_cache(rng, k, v, CU_K, 3, spare_cols=1, spare_blocks=2)
             args = [sd.asarray(x) for x in (q, kc, vc, CU_Q, CU_K)]
             kw["block_table"] = sd.asarray(table)
         else:

@@ -22,7 +22,7 @@ import numba_flash
 from numba_flash import reference as ref
 from numba_flash.kernels.forward.config import default_tiles
 from numba_flash.ops import forward_varlen as varlen_op
-from helpers import randn
+from helpers import paged_cache, randn
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
@@ -53,34 +53,6 @@ def packed(rng, dtype, lens_q=LENS_Q, lens_k=LENS_K, h=H, hkv=HKV, d=D):
     k = randn(rng, (int(cu_k[-1]), hkv, d), dtype)
     v = randn(rng, (int(cu_k[-1]), hkv, d), dtype)
     return q, k, v, cu_q, cu_k
-
-
-def paged_cache(rng, k, v, cu_k, block_size, spare_cols=1, spare_blocks=2, stale=np.nan,
-                table_dtype=np.int32):
-    """``k``/``v`` scattered into caches of shuffled blocks: key t of sequence b at block
-    ``table[b, t // block_size]``, slot ``t % block_size``; every other slot (a sequence's last
-    block's tail, spare blocks) is ``stale``, table entries past a sequence's blocks are -1."""
-    lens = np.diff(cu_k)
-    need = [-(-int(n) // block_size) for n in lens]
-    n_blocks = sum(need) + spare_blocks
-    max_blocks = max(need) + spare_cols
-    perm = rng.permutation(n_blocks)
-    table = np.full((len(lens), max_blocks), -1, np.int64)
-    kc = np.full((n_blocks, k.shape[1], block_size, k.shape[2]), stale, np.float64)
-    kc = kc.astype(k.dtype)
-    vc = kc.copy()
-    nxt = 0
-    for b, n in enumerate(lens):
-        table[b, :need[b]] = perm[nxt:nxt + need[b]]
-        nxt += need[b]
-        t = np.arange(n)
-        kc[table[b, t // block_size], :, t % block_size] = k[cu_k[b]:cu_k[b] + n]
-        vc[table[b, t // block_size], :, t % block_size] = v[cu_k[b]:cu_k[b] + n]
-        # the reference's reading of the layout is the one we wrote
-        np.testing.assert_array_equal(ref.gather_paged(kc, table, n, b),
-                                      np.asarray(k[cu_k[b]:cu_k[b] + n], np.float64)
-                                      .transpose(1, 0, 2))
-    return kc, vc, table.astype(table_dtype)
 
 
 def call(q, k, v, cu_q, cu_k, **kw):
