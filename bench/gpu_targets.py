@@ -195,21 +195,20 @@ def target_ncu(cases, dry, out):
 # -- compute-sanitizer: one small case of each kernel family --------------------------------
 
 #: name -> (op, dims on a GPU, dims in the simulator); small: a few blocks, ragged tiles
+def _attention(op, dtype, kernel, n=(80, 12), d=(64, 16), causal=True):
+    """An attention family's case: ``(op, its dims on a GPU, in the simulator)``."""
+    mask = dict(causal=True) if causal else {}
+    return (op, dict(dtype=dtype, b=1, h=2, n=n[0], d=d[0], kernel=kernel, **mask),
+            dict(dtype=dtype, b=1, h=1, n=n[1], d=d[1], kernel=kernel, **mask))
+
+
 SANITIZER_CASES = {
-    "forward_simt": ("forward", dict(dtype="float32", b=1, h=2, n=80, d=64, causal=True,
-                                     kernel="simt"),
-                     dict(dtype="float32", b=1, h=1, n=12, d=16, causal=True, kernel="simt")),
-    "forward_mma": ("forward", dict(dtype="float16", b=1, h=2, n=80, d=64, causal=True,
-                                    kernel="mma"),
-                    dict(dtype="float16", b=1, h=1, n=20, d=16, causal=True, kernel="mma")),
-    "forward_wgmma": ("forward", dict(dtype="float16", b=1, h=2, n=130, d=64, kernel="wgmma"),
-                      dict(dtype="float16", b=1, h=1, n=20, d=64, kernel="wgmma")),
-    "backward_simt": ("backward", dict(dtype="float32", b=1, h=2, n=80, d=64, causal=True,
-                                       kernel="simt"),
-                      dict(dtype="float32", b=1, h=1, n=12, d=16, causal=True, kernel="simt")),
-    "backward_mma": ("backward", dict(dtype="float16", b=1, h=2, n=80, d=64, causal=True,
-                                      kernel="mma"),
-                     dict(dtype="float16", b=1, h=1, n=20, d=16, causal=True, kernel="mma")),
+    "forward_simt": _attention("forward", "float32", "simt"),
+    "forward_mma": _attention("forward", "float16", "mma", n=(80, 20)),
+    "forward_wgmma": _attention("forward", "float16", "wgmma", n=(130, 20), d=(64, 64),
+                                causal=False),
+    "backward_simt": _attention("backward", "float32", "simt"),
+    "backward_mma": _attention("backward", "float16", "mma", n=(80, 20)),
     "decode_split_kv": ("decode", dict(dtype="float16", b=2, h=4, hkv=2, d=128, block=16,
                                        ctx=100),
                         dict(dtype="float16", b=1, h=2, hkv=1, d=16, block=4, ctx=10)),

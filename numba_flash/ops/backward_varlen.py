@@ -98,13 +98,9 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     gradient is summed with CuPy operations), ``aux_grad`` and ``validate=True`` run the
     ordinary path every call.
     """
-    kw = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-              window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-              softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed,
-              deterministic=deterministic, score_mod=score_mod, mask_mod=mask_mod,
-              score_mod_grad=score_mod_grad, block_mask=block_mask, aux_tensors=aux_tensors,
-              aux_grad=aux_grad, learnable_sink=learnable_sink, kv_indices=kv_indices,
-              validate=validate, out=out)
+    kw = dict(locals())   # the keyword arguments (the first thing done: only they are here)
+    for name in ("do", "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k"):
+        del kw[name]
     if (dropout_p == 0.0 and block_mask is None and aux_grad is None
             and type(aux_tensors) is tuple and (out is None or type(out) is tuple)):
         # one array as both cu_seqlens (self-attention): once (a plan's arrays never overlap)

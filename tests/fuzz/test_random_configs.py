@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -45,44 +46,20 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 #: float16 / bfloat16 gradients are loose on purpose: D = rowsum(dO * O) is taken from the
 #: rounded O (as in flash-attn), and dP - D cancels where a row sees one key or a few (P near
 #: 1): dS is then rounding noise of |dO . V| 2**-11 (2**-8), times 1 / (1 - p) with dropout
-#: quantity, dtype, kernel: the bound, then the worst error measured by hand and over how many
-#: comparisons (MEASURED's, below); dsink is summed on the host in float64 from o and lse and
-#: returned in float32 (the sink's)
-_BOUNDS = """
-o      float16   simt  0.002    0.000472  980
-o      float16   mma   0.002    0.00051   225
-o      bfloat16  simt  0.016    0.00385   1078
-o      bfloat16  mma   0.021    0.00531   252
-o      float32   simt  3.6e-06  8.89e-07  1343
-o      float64   simt  1.2e-14  3.07e-15  1345
-lse    float16   simt  5e-06    1.2e-06   952
-lse    float16   mma   1.2e-06  2.96e-07  224
-lse    bfloat16  simt  3.2e-06  7.89e-07  1043
-lse    bfloat16  mma   2.4e-06  5.91e-07  245
-lse    float32   simt  4e-06    9.82e-07  1313
-lse    float64   simt  8e-15    1.96e-15  1306
-grad   float16   simt  0.045    0.0112    1348
-grad   float16   mma   0.045    0.00431   468
-grad   bfloat16  simt  0.17     0.0432    1542
-grad   bfloat16  mma   0.17     0.024     477
-grad   float32   simt  2.4e-05  6.12e-06  2100
-grad   float64   simt  1e-13    2.65e-14  1989
-dsink  float16   simt  0.004    0.00101   135
-dsink  float16   mma   0.004    0.000814  41
-dsink  bfloat16  simt  0.024    0.00574   184
-dsink  bfloat16  mma   0.024    0.00449   41
-dsink  float32   simt  4.6e-06  1.15e-06  224
-dsink  float64   simt  2.1e-07  5.23e-08  195
-"""
-TOL = {tuple(r.split()[:3]): float(r.split()[3]) for r in _BOUNDS.strip().splitlines()}
+#: tests/fuzz/bounds.txt: quantity, dtype, kernel, the bound, then the worst error measured by
+#: hand and over how many comparisons (MEASURED's, below); dsink is summed on the host in
+#: float64 from o and lse and returned in float32 (the sink's)
+_BOUNDS = [line.split() for line in
+           (Path(__file__).parent / "bounds.txt").read_text().splitlines()
+           if line.strip() and not line.startswith("#")]
+TOL = {tuple(r[:3]): float(r[3]) for r in _BOUNDS}
 
 #: the worst error of each key measured by hand, and over how many comparisons (2026-12-07,
 #: simulator: NUMBA_FLASH_FUZZ_CASES=150 with NUMBA_FLASH_FUZZ_SEED 0, 1, 2, 3, i.e. 4800 cases,
 #: and NUMBA_FLASH_FUZZ_MAX_N=48 with 60 cases an op, seed 5).  The tensor-core gradients share
 #: the SIMT bounds: the cancellation above is the kernels' common arithmetic, and its worst
 #: case (one key, dropout: float16 dq 1.1e-2) was met on SIMT
-MEASURED = {tuple(r.split()[:3]): (float(r.split()[4]), int(r.split()[5]))
-            for r in _BOUNDS.strip().splitlines()}
+MEASURED = {tuple(r[:3]): (float(r[4]), int(r[5])) for r in _BOUNDS}
 
 #: cases that fail on a known defect: id -> the defect and its repro (marked
 #: xfail(strict=True)); none at present (the one defect found so far, a decode's bits with a
