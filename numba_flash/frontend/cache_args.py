@@ -1,11 +1,16 @@
 """The KV cache's host pieces shared by :func:`numba_flash.append_kv`,
 :func:`numba_flash.apply_rotary` and :func:`numba_flash.decode` (which appends ``k_new`` /
-``v_new`` and rotates them): the shape and value checks of an append, its launch and write-back,
-and the rotary tables' checks and launch; and the paged prefill's table checks
-(:func:`numba_flash.forward_varlen` with ``block_table``, 16-bit and e4m3).
+``v_new`` and rotates them): the caches' memory order (:func:`cache_memory`: heads-first,
+tokens-first or any other order of the three outer axes, read where it lies), the shape and
+value checks of an append, its launch and write-back, and the rotary tables' checks and launch;
+and the paged prefill's table checks (:func:`numba_flash.forward_varlen` with ``block_table``,
+16-bit and e4m3).
 """
 
 from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,24 +69,141 @@ def validate_prefill_table(table, len_k, block_size, n_blocks):
 
 
 def check_writable_cache(name, x):
-    """A cache written in place: a writable NumPy array, or a C-contiguous device array (a
-    strided one would be copied and the writes lost)."""
+    """A cache written in place: a writable NumPy array, or a device array the kernels write
+    where it lies (:func:`cache_memory`: its last dim contiguous and its three outer axes, in
+    some order, C-contiguous; another one would be copied and the writes lost)."""
     if isinstance(x, np.ndarray):
         if not x.flags.writeable:
             raise ValueError(f"{name}: expected a writable array (it is written in place), got "
                              "a read-only one")
     elif is_device_array(x):
+        shape, strides, itemsize = _geometry(x)
+        if memory_order(shape, strides, itemsize) is None:
+            raise ValueError(f"{name}: expected a device array whose memory is its axes in some "
+                             f"order of the first three, the last contiguous (heads-first "
+                             f"[.., Hkv, N, d], tokens-first [.., N, Hkv, d]: it is written in "
+                             f"place), got shape {tuple(shape)} and strides {tuple(strides)}")
+
+
+# [docs:cache-memory-order]
+#: a cache's axes ``(blocks, kv heads, slots)`` from the outermost in memory: heads-first
+#: ``[num_blocks, Hkv, block_size, d]`` (numba_flash's documented order) and tokens-first
+#: ``[num_blocks, block_size, Hkv, d]`` (flash-attn's, vLLM's), passed as its
+#: ``transpose(0, 2, 1, 3)`` view
+HEADS_FIRST = (0, 1, 2)
+TOKENS_FIRST = (0, 2, 1)
+_ORDERS = (HEADS_FIRST, TOKENS_FIRST) + tuple(
+    o for o in itertools.permutations(range(3)) if o not in (HEADS_FIRST, TOKENS_FIRST))
+
+
+def in_order(shape, strides, itemsize, order):
+    """Whether a ``[n, Hkv, N, d]`` array's ``transpose(order + (3,))`` is C-contiguous (byte
+    ``strides``, or element strides with ``itemsize`` 1; an axis of one element takes any
+    stride; an empty array is in every order)."""
+    if any(int(n) == 0 for n in shape):
+        return True
+    want = itemsize
+    for ax in reversed(tuple(order) + (3,)):
+        if int(shape[ax]) != 1 and int(strides[ax]) != want:
+            return False
+        want *= int(shape[ax])
+    return True
+
+
+def memory_order(shape, strides, itemsize):
+    """The order of a ``[n, Hkv, N, d]`` cache's outer axes in memory (outermost first) for
+    which its ``transpose(order + (3,))`` is C-contiguous (:func:`in_order`; heads-first
+    first, then tokens-first, where axes of one element make several true), or None: the
+    memory is not one such order (gaps between rows, or a last dim that is not
+    contiguous)."""
+    for order in _ORDERS:
+        if in_order(shape, strides, itemsize, order):
+            return order
+    return None
+
+
+def row_strides(shape, order):
+    """``(block, head, slot)``: the rows (``d`` elements) between consecutive physical blocks,
+    kv heads and slots of a ``[n, Hkv, N, d]`` cache whose memory is in ``order``: the key row
+    of slot ``s`` of kv head ``h`` in block ``n`` is row ``n * block + h * head + s * slot``
+    of its memory (heads-first: ``(Hkv N, N, 1)``; tokens-first: ``(N Hkv, 1, Hkv)``)."""
+    strides = [0, 0, 0]
+    rows = 1
+    for ax in reversed(order):
+        strides[ax] = rows
+        rows *= int(shape[ax])
+    return tuple(strides)
+# [/docs:cache-memory-order]
+
+
+class CacheMemory(NamedTuple):
+    """The caches as the kernels take them (:func:`cache_memory`): ``k``, ``v`` the callers'
+    arrays in their memory order (C-contiguous views, or a copy where no order is one; ``v``
+    None for a latent cache), ``order`` that order and ``strides`` the :func:`row_strides`
+    the kernels read them through (launch parameters: :func:`kernel_strides`)."""
+
+    k: object
+    v: object
+    order: tuple
+    strides: tuple
+
+
+def _geometry(x):
+    """``(shape, byte strides, itemsize)`` of a NumPy or device array (a
+    ``__cuda_array_interface__`` without strides is C-contiguous)."""
+    strides = getattr(x, "strides", None)
+    if strides is None:
         cai = x.__cuda_array_interface__
+        itemsize = np.dtype(cai["typestr"]).itemsize
         strides = cai.get("strides")
-        if strides is not None:
-            itemsize = np.dtype(cai["typestr"]).itemsize
-            want, acc = [], itemsize
-            for s in reversed(cai["shape"]):
-                want.insert(0, acc)
-                acc *= s
-            if tuple(strides) != tuple(want):
-                raise ValueError(f"{name}: expected a C-contiguous device array (it is written "
-                                 f"in place), got strides {tuple(strides)}")
+        if strides is None:
+            strides, acc = [], itemsize
+            for n in reversed(cai["shape"]):
+                strides.insert(0, acc)
+                acc *= n
+        return tuple(cai["shape"]), tuple(strides), itemsize
+    return tuple(x.shape), tuple(strides), np.dtype(x.dtype).itemsize
+
+
+def check_same_order(k_cache, v_cache):
+    """Device caches written in place (an append) share a memory order (the kernels number
+    both caches' rows alike, :func:`cache_memory`; a value cache in another order would be
+    copied and its writes lost)."""
+    if v_cache is None or not is_device_array(k_cache):
+        return
+    order = memory_order(*_geometry(k_cache)) or HEADS_FIRST
+    if not in_order(*_geometry(v_cache), order):
+        raise ValueError(f"v_cache: expected the memory order of k_cache (outer axes "
+                         f"{order}, as its strides say: both are written in place through "
+                         f"one row numbering), got strides {_geometry(v_cache)[1]}")
+
+
+def _in_order(x, order):
+    """``x`` transposed to ``order`` (no copy); ``x`` itself for heads-first."""
+    return x if order == HEADS_FIRST else x.transpose(order + (3,))
+
+
+def cache_memory(k_cache, v_cache=None):
+    """:class:`CacheMemory` of a call's caches (``[n, Hkv, N, d]``, ``v_cache`` ``[.., d_v]`` or
+    None): both read in ``k_cache``'s memory order where it is one (:func:`memory_order`),
+    ``v_cache`` in the same order (they share the kernels' row numbering: a value cache in
+    another order is transposed to the key cache's and copied by :meth:`ArrayCall.input`);
+    else heads-first, the array :meth:`ArrayCall.input` copies to C order.  Heads-first too
+    for another producer's arrays (no ``transpose``) and an order whose elements inside a
+    block do not fit int32 (``((Hkv - 1) head + (N - 1) slot + 1) d``: the kernels' offsets
+    in a block; heads-first's are what the kernels always assumed)."""
+    shape, strides, itemsize = _geometry(k_cache)
+    order = memory_order(shape, strides, itemsize)
+    if order is None or not all(hasattr(x, "transpose") for x in (k_cache, v_cache)
+                                if x is not None):
+        order = HEADS_FIRST
+    rows = row_strides(shape, order)
+    if ((int(shape[1]) - 1) * rows[1] + (int(shape[2]) - 1) * rows[2] + 1) * int(shape[3]) \
+            >= 2**31:
+        order = HEADS_FIRST
+        rows = row_strides(shape, order)
+    return CacheMemory(_in_order(k_cache, order),
+                       None if v_cache is None else _in_order(v_cache, order), order, rows)
 
 
 def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new", d_v=None,
@@ -221,9 +343,10 @@ def check_paged_writes(seqlens, table, nnew, n_cache, n_slots):
 
 
 def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
-                  nnew, d, dtype, kv_descale=None, write_v=True):
-    """One append launch on device arrays (the caches as their ``[rows, d]`` views); returns
-    the device array of new lengths (``d_len``'s dtype).  ``kv_descale``: e4m3 caches' float32
+                  nnew, d, dtype, kv_descale=None, write_v=True, strides=None):
+    """One append launch on device arrays (the caches as their ``[rows, d]`` views in their
+    memory order, ``strides`` their :func:`row_strides`; None: heads-first); returns the
+    device array of new lengths (``d_len``'s dtype).  ``kv_descale``: e4m3 caches' float32
     ``[2, B, Hkv]`` descales (host or device; the new values are rounded into e4m3), None: a
     copy; ``write_v=False``: a latent cache (``dv``, ``dvn`` unread)."""
     threads = append_threads()
@@ -231,11 +354,18 @@ def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slot
     new_lens = call.empty((b,), d_len.dtype)
     fp8 = kv_descale is not None
     descale = call.input(kv_descale) if fp8 else no_descale(call)
+    if strides is None:
+        strides = row_strides((n_cache, hkv, n_slots), HEADS_FIRST)
     call.launch(append_kernel(threads, np.dtype(dtype), bool(paged), fp8, write_v), grid,
                 (threads,), dk, dv, dkn, dvn, d_len, d_table, new_lens, np.int32(n_cache),
-                np.int32(n_slots), descale,
+                np.int32(n_slots), kernel_strides(strides), descale,
                 work=SimWork("merge", b * hkv * nnew * max(d, threads)))
     return new_lens
+
+
+def kernel_strides(strides):
+    """:func:`row_strides` as the kernels' launch parameter: a tuple of three int64."""
+    return tuple(np.int64(s) for s in strides)
 
 
 def cache_tables(call, block_table, cache_batch_idx, b):
@@ -250,9 +380,14 @@ def cache_tables(call, block_table, cache_batch_idx, b):
 
 
 def write_back(call, user, dev):
-    """NumPy caches are written in place: the device copy back into the caller's array (a
-    bfloat16 cache's words into its words: bits, not a uint16 -> bfloat16 value conversion)."""
+    """NumPy caches are written in place: the device copy back into the caller's array
+    (``user``: in its memory order, :attr:`CacheMemory.k`; a bfloat16 cache's words into its
+    words: bits, not a uint16 -> bfloat16 value conversion).  Nothing to do where the
+    simulator's kernels wrote the caller's memory itself (a zero-copy view of it)."""
     if not call.on_device:
+        ary = getattr(dev, "_ary", None)      # the simulator's device array: a NumPy array
+        if ary is not None and np.may_share_memory(ary, user):
+            return
         host = dev.copy_to_host().reshape(user.shape)
         (user.view(host.dtype) if user.dtype != host.dtype else user)[...] = host
 

@@ -8,9 +8,9 @@ block of each (sequence, kv head) to finish merges the splits.  With CuPy inputs
 replays its launch plan (:mod:`numba_flash.frontend.plans`: its split partials and counters are
 the plan's); with ``out=`` (and ``lse_out=``) it allocates nothing, so a serving loop can capture
 it in a CUDA graph after a first call, or make its plan ahead with
-:func:`numba_flash.decode_plan`; the kernel itself checks every table entry and length it uses.  With
-flash_attn_with_kvcache's extras the call composes launches on the same stream: the rotary
-kernel on ``q`` and ``k_new`` (:mod:`numba_flash.ops.rotary`), the append kernel
+:func:`numba_flash.decode_plan`; the kernel itself checks every table entry and length it
+uses.  With flash_attn_with_kvcache's extras the call composes launches on the same stream:
+the rotary kernel on ``q`` and ``k_new`` (:mod:`numba_flash.ops.rotary`), the append kernel
 (:mod:`numba_flash.ops.kv_cache`; its new lengths feed the decode launch on the device), then
 the decode kernel, which reads ``cache_leftpad`` itself and ``cache_batch_idx`` as a
 one-column block table.
@@ -71,8 +71,9 @@ from ..frontend.kernel_args import (device_constant, kernel_variant, no_descale,
                                      no_sink)
 from ..frontend.sparse import check_kv_indices, kernel_indices, validate_kv_indices
 from ..frontend.cache_args import (
-    cache_tables, check_batch_idx, check_batch_rows, check_new_kv, check_writable_cache,
-    launch_append, validate_append, write_back,
+    HEADS_FIRST, cache_memory, cache_tables, check_batch_idx, check_batch_rows, check_new_kv,
+    check_same_order, check_writable_cache, kernel_strides, launch_append, row_strides,
+    validate_append, write_back,
 )
 from ..frontend.cache_args import check_positions, check_rotary_tables, launch_rotary
 
@@ -169,6 +170,12 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       size) and an integer ``block_table`` ``[B, max_blocks]``: token ``t`` of sequence ``b`` is
       in physical block ``block_table[b, t // block_size]`` at slot ``t % block_size``.  Entries
       past a sequence's live blocks are ignored (may be -1).
+    * the caches' memory: the axis order above is the arguments', the memory's is read from
+      their strides: heads-first (C-contiguous), tokens-first (flash-attn's, vLLM's ``[n, N,
+      Hkv, d]`` memory passed as its ``transpose(0, 2, 1, 3)`` view) or any other order of the
+      three outer axes with the last dim contiguous, read (and appended to) where it lies, no
+      copy (:func:`numba_flash.frontend.cache_args.cache_memory`; ``v_cache`` in ``k_cache``'s
+      order, else it is copied into it; a cache with gaps between its rows is copied).
     * ``cache_seqlens``: integer ``[B]``, each in ``[0, Nmax]`` (paged: within the table); a
       length of 0 is an empty cache: every row gets ``o = 0``, ``lse = -inf``.
     * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, appended to the caches at ``cache_seqlens``
@@ -383,6 +390,12 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
     new = _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                             rotary_interleaved, cache_leftpad)
     check_same_kind(arrays)
+    # the caches in their memory order (heads-first, tokens-first, ...): C-contiguous views
+    # the kernels read (and the append writes) through row strides, no copy
+    mem = cache_memory(k_cache, None if s.latent else v_cache)
+    arrays["k_cache"] = mem.k
+    if not s.latent:
+        arrays["v_cache"] = mem.v
     out = check_out("out", out, s.qs[:-1] + (s.d_v,), s.dtype, q)
     lse_out = check_out("lse_out", lse_out, s.qs[:-1], acc_dtype(s.dtype), q)
     opts = _check_options(s, arrays, q, k_cache, causal=causal, return_lse=return_lse,
@@ -417,7 +430,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
         return (o, lse) if opts.return_lse else o
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
-    dev = _device_inputs(call, s, new, q_step, q=q, k_cache=k_cache, v_cache=v_cache,
+    dev = _device_inputs(call, s, new, q_step, q=q, mem=mem,
                          k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                          cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
@@ -430,7 +443,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
             call, dev.q, dev.k, dev.table, dev.paged, dev.lengths, dev.leftpad, plan.mla,
             shape=MlaShape(s.b, s.h, s.hkv, s.nq, s.d, s.d_v),
             dtype=s.dtype, scale=opts.scale, window=(plan.left, plan.right), sink=opts.sink,
-            n_cache=s.n_cache, n_slots=s.n_slots,
+            n_cache=s.n_cache, n_slots=s.n_slots, strides=dev.strides,
             lengths=lengths if s.topk is None else [s.topk] * s.b,
             lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
             v_cache=None if s.latent else dev.v,
@@ -440,8 +453,8 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
         o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices,
                                   out4, lse4)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
-        write_back(call, k_cache, dev.k)
-        write_back(call, v_cache, dev.v)
+        write_back(call, mem.k, dev.k)   # (nothing to do where the kernels wrote them there)
+        write_back(call, mem.v, dev.v)
     return _outputs(call, s, o, lse, opts.return_lse, out, lse_out)
 
 
@@ -610,6 +623,7 @@ def _check_new_tokens(s, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
                                 dtype_of="q" if s.kv_fp8 else "k_cache")
         check_writable_cache("k_cache", k_cache)
         check_writable_cache("v_cache", v_cache)
+        check_same_order(k_cache, v_cache)
     rotary = rotary_cos is not None or rotary_sin is not None
     max_position = None
     if rotary:
@@ -777,9 +791,11 @@ def _reserve(call, s, new, plan):
 
 class DeviceCache(NamedTuple):
     """A call's device arrays as the decode kernels read them (:func:`_device_inputs`): ``q``
-    ``[B, H, Nq, d]`` (rotated), the caches as rows ``k`` ``[n_cache * Hkv * n_slots, d]``, ``v``
-    (``d_v`` wide; ``k`` itself for a latent cache), the ``lengths`` the attention sees (after
-    the append), the block ``table`` (``paged``: read through it), the left pads."""
+    ``[B, H, Nq, d]`` (rotated), the caches' memory as rows ``k`` ``[n_cache * Hkv * n_slots,
+    d]``, ``v`` (``d_v`` wide; ``k`` itself for a latent cache), the ``lengths`` the attention
+    sees (after the append), the block ``table`` (``paged``: read through it), the left pads,
+    and ``strides``, the rows between the caches' blocks, kv heads and slots
+    (:func:`~numba_flash.frontend.cache_args.row_strides` of their memory order)."""
 
     q: object
     k: object
@@ -788,20 +804,24 @@ class DeviceCache(NamedTuple):
     paged: bool
     table: object
     leftpad: object
+    strides: tuple
 
 
-def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, rotary_cos,
+def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
                    rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
                    kv_descale=None):
     """The inputs on the device, with ``q`` and ``k_new`` rotated and ``k_new`` / ``v_new``
-    appended (those launches on the call's stream): a :class:`DeviceCache`."""
+    appended (those launches on the call's stream): a :class:`DeviceCache`.  ``mem``: the
+    caches in their memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`)."""
     b, hkv, nnew, d, d_v = s.b, s.hkv, new.nnew, s.d, s.d_v
     n_cache, n_slots, dtype = s.n_cache, s.n_slots, s.dtype
     dq = call.input(q)
     if s.single:  # [B, H, d] -> [B, H, 1, d] after the copy: Numba device arrays take no None index
         dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
-    # the kernel reads the caches as [num_blocks * Hkv * block_size, d] (row (blk * Hkv + kvh)
-    # * block_size + slot): one index per key row, fewer registers than four
+    # the kernel reads the caches' memory as rows [num_blocks * Hkv * block_size, d] (in
+    # their memory order: row blk * strides[0] + kvh * strides[1] + slot * strides[2]), one
+    # index per key row, fewer registers than four; a view, no copy
+    k_cache, v_cache = mem.k, mem.v
     if s.kv_fp8 and not is_device_array(k_cache):   # e4m3 travels as its bytes (Numba has no
         k_cache = k_cache.view(np.uint8)                # fp8 dtype)
         v_cache = None if s.latent else v_cache.view(np.uint8)
@@ -824,10 +844,10 @@ def _device_inputs(call, s, new, q_step, *, q, k_cache, v_cache, k_new, v_new, r
             dkn = launch_rotary(call, dkn, d_cos, d_sin, d_len, 0, 1, 1, new.interleaved,
                                 dtype)
         d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
-                              n_slots, b, hkv, nnew, d, dtype, kv_descale)
+                              n_slots, b, hkv, nnew, d, dtype, kv_descale, strides=mem.strides)
     d_pad = (kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else device_constant(call, ("no_leftpad", b), np.zeros((b,), np.int32)))
-    return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad)
+    return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad, mem.strides)
 
 
 def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indices=None,
@@ -870,6 +890,7 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
         shape, VEC=vec, PAGED=bool(dev.paged), SOFTCAP=opts.softcap > 0,
         ALIBI=opts.alibi is not None, SPLIT_PAGES=split_pages and kv_indices is None,
         OWN_V=d_v != d or latent, GATHER=kv_indices is not None,
+        SLOT_STRIDE=dev.strides[2] != 1,   # (tokens-first: a slot is Hkv rows)
         USER=None if variant is None else (variant.score_mod, variant.mask_mod)))
     # the simulator's estimate: each block's steps of `step` keys, over each sequence's keys
     trips = sum(-(-int(n if s.topk is None else s.topk) // step) + n_splits - 1
@@ -878,7 +899,8 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     call.launch(kernel, grid, (threads,), dev.q, dk_read, dv_read, dev.table, dev.lengths,
                 dev.leftpad, o, lse, o_part, lse_part, counters, va, np.int32(dev.paged),
                 np.int32(s.n_cache), np.int32(hkv), np.int32(s.n_slots),
-                np.int32(plan.split_target), np.int32(plan.split_min),
+                kernel_strides(dev.strides), np.int32(plan.split_target),
+                np.int32(plan.split_min),
                 no_descale(call) if kv_descale is None else call.input(kv_descale),
                 no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
                 work=SimWork("decode", trips * threads,
@@ -978,10 +1000,11 @@ def _mla_plan(d, d_v, dtype, num_splits, b, h, hkv, nq, capacity, sink, gather=F
 
 def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, shape, dtype, scale,
                     window, sink, n_cache, n_slots, lengths, lists, v_cache=None,
-                    kv_descale=None, out=None, lse_out=None):
+                    kv_descale=None, out=None, lse_out=None, strides=None):
     """The launches of MLA's tensor-core decode (:class:`MlaPlan` ``plan``, :class:`MlaShape`
     ``shape``) on validated device arrays (``cache``: the rows ``[n_cache * Hkv * n_slots,
-    d]``; ``v_cache``: a value cache's rows ``[.., d_v]``, None for the latent cache;
+    d]`` of its memory, ``strides`` their row strides, None: heads-first; ``v_cache``: a value
+    cache's rows ``[.., d_v]`` (the same order), None for the latent cache;
     ``lists``: the int32 ``kv_indices``, or the kernel's stand-in; ``kv_descale``: an e4m3
     latent cache's device ``[2, B, Hkv]`` descales, ``cache`` its bytes): the kernel, then,
     with several splits or a learnable sink, the merge of its float32 partials (which adds the
@@ -998,11 +1021,13 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     va = kernel_variant(call, f32, scale, *window)   # the sink joins in the merge, once
     trips = sum(-(-int(n) // cfg.BLOCK_N) + n_splits for n in lengths) * hkv * nq * \
         -(-(h // hkv) // 16)
+    if strides is None:
+        strides = row_strides((n_cache, hkv, n_slots), HEADS_FIRST)
     call.launch(mla_decode_kernel(cfg), plan.grid, (cfg.THREADS,), dq.view(np.uint16),
                 cache.view(np.uint16), table, seqlens, leftpad, o.reshape(-1), lse.reshape(-1),
                 o_part, lse_part, va, np.int32(paged), np.int32(n_cache), np.int32(hkv),
-                np.int32(n_slots), np.int32(plan.split_target), np.int32(plan.split_min),
-                np.int32(partial), lists,
+                np.int32(n_slots), kernel_strides(strides), np.int32(plan.split_target),
+                np.int32(plan.split_min), np.int32(partial), lists,
                 cache.view(np.uint16) if v_cache is None else v_cache.view(np.uint16),
                 no_descale(call) if kv_descale is None else kv_descale,
                 work=SimWork("forward_mma", trips * cfg.THREADS))

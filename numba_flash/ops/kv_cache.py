@@ -1,9 +1,11 @@
 """``numba_flash.append_kv``: write new tokens' K/V into a contiguous or paged KV cache.
 
 One launch (:mod:`numba_flash.kernels.cache.append`) copies the new rows and writes the new
-lengths.  The caches are written in place (NumPy caches: the device copy is written back into
-them; a CuPy cache must be C-contiguous, it is written where it lies); every other input is left
-as it came.  The shape and host value checks and the launch live in
+lengths.  The caches are written in place, in their own memory order (heads-first, or
+tokens-first: flash-attn's ``[.., N, Hkv, d]`` memory passed as its ``transpose(0, 2, 1, 3)``
+view; :func:`~numba_flash.frontend.cache_args.cache_memory`): a device cache where it lies, no
+copy; a NumPy cache in the simulator too, and on a GPU through a device copy written back into
+it.  Every other input is left as it came.  The shape and host value checks and the launch live in
 :mod:`numba_flash.frontend.cache_args`, which :func:`numba_flash.decode` (``k_new``/``v_new``)
 shares.
 """
@@ -16,8 +18,8 @@ from ..frontend import ArrayCall
 from ..frontend.plans import plan_key, run_or_build
 from ..frontend.arrays import host_ints, kernel_ints
 from ..frontend.cache_args import (
-    cache_tables, check_batch_idx, check_new_kv, check_writable_cache, launch_append,
-    validate_append, write_back,
+    cache_memory, cache_tables, check_batch_idx, check_new_kv, check_same_order,
+    check_writable_cache, launch_append, validate_append, write_back,
 )
 from ..frontend.fp8 import check_cache_array, check_descales, check_fp8_gpu, is_e4m3
 from ..frontend.validate import (
@@ -33,7 +35,11 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table=None,
 
     * ``k_cache``, ``v_cache``: contiguous ``[Bc, Hkv, Nmax, d]`` (``block_table=None``) or paged
       ``[num_blocks, Hkv, block_size, d]`` with ``block_table`` ``[B, max_blocks]`` (the layouts
-      of :func:`numba_flash.decode`).  Written in place.
+      of :func:`numba_flash.decode`), in that order in memory (heads-first) or tokens-first
+      (``[Bc, Nmax, Hkv, d]`` / ``[num_blocks, block_size, Hkv, d]`` memory, flash-attn's,
+      passed as its ``transpose(0, 2, 1, 3)`` view), or any other order of the three outer
+      axes with the last dim contiguous: written in place where they lie (no copy; a device
+      cache in none of those orders is refused, as its writes would be lost).
     * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, the caches' dtype (float16/32/64 or
       ``ml_dtypes.bfloat16``: copied as their 16-bit words).  ``v_cache`` and ``v_new`` may
       have a head dim of their own, ``d_v``.  MLA's latent cache (:func:`numba_flash.decode`
@@ -118,6 +124,7 @@ def _append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, cache
     check_writable_cache("k_cache", k_cache)
     if not latent:
         check_writable_cache("v_cache", v_cache)
+        check_same_order(k_cache, v_cache)
     on_device = any(is_device_array(x) for x in arrays.values())
     validate = check_bool("validate", (not on_device) if validate is None else validate)
 
@@ -128,19 +135,22 @@ def _append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, cache
                         nnew, n_cache, n_slots, paged)
     as_bytes = fp8 and not on_device   # e4m3 travels as its bytes (Numba has no fp8 dtype)
     rows = n_cache * hkv * n_slots
-    dk = call.input(k_cache.view(np.uint8) if as_bytes else k_cache).reshape(rows, d)
+    mem = cache_memory(*((x.view(np.uint8) if as_bytes else x) if x is not None else None
+                         for x in (k_cache, None if latent else v_cache)))
+    dk = call.input(mem.k).reshape(rows, d)   # the caches' memory as rows: no copy
     new_dtype = array_info("k_new", k_new)[1]
     dkn = call.input(k_new)
     if latent:   # no value rows (the kernel built without them; dv, dvn unread)
         dv, dvn = dk, dkn
     else:
-        dv = call.input(v_cache.view(np.uint8) if as_bytes else v_cache).reshape(rows, d_v)
+        dv = call.input(mem.v).reshape(rows, d_v)
         dvn = call.input(v_new)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     new_lens = launch_append(call, dk, dv, dkn, dvn, d_len, d_table, is_paged, n_cache,
-                             n_slots, b, hkv, nnew, d, new_dtype, kv_descale, not latent)
-    write_back(call, k_cache, dk)
+                             n_slots, b, hkv, nnew, d, new_dtype, kv_descale, not latent,
+                             mem.strides)
+    write_back(call, mem.k, dk)
     if not latent:
-        write_back(call, v_cache, dv)
+        write_back(call, mem.v, dv)
     return call.result(new_lens)

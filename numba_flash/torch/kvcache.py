@@ -5,22 +5,24 @@ Layouts (flash-attn's): ``q [batch_size, seqlen_q, nheads, headdim]``; a contigu
 ``k_cache``, ``v_cache`` ``[batch_size_cache, seqlen_cache, nheads_k, headdim]``; a paged one
 ``[num_blocks, page_block_size, nheads_k, headdim]`` with ``block_table`` int32 ``[batch_size,
 max_num_blocks_per_seq]`` (any ``page_block_size``: flash-attn asks for a multiple of 256);
-new tokens ``k``, ``v`` ``[batch_size, seqlen_new, nheads_k, headdim]``.  The kernels read the
-caches heads-first (``[blocks, nheads_k, slots, headdim]``): a CPU tensor is handed over as that
-view of its own memory (:func:`numba_flash.torch.bridge.as_heads_first`), no copy.
+new tokens ``k``, ``v`` ``[batch_size, seqlen_new, nheads_k, headdim]``.  The caches are handed
+to :func:`numba_flash.decode` as their heads-first views (``cache.transpose(1, 2)``,
+``[blocks, nheads_k, slots, headdim]``: its documented axis order), whose strides say that the
+memory is tokens-first; the kernels read (and the append writes) flash-attn's memory where it
+lies, through its strides (:func:`numba_flash.frontend.cache_args.cache_memory`): no copy, on
+the CPU and on the device path alike, for flash-attn's layout, a heads-first buffer passed as
+``cache.transpose(1, 2)``, or any other order of the three outer axes with a contiguous last
+dim.
 
 :func:`flash_attn_with_kvcache` is one :func:`numba_flash.decode` call (rotary on ``q`` and
 ``k``, the append of ``k``, ``v`` into the caches, the split-KV decode), which validates every
 index and length on the host first for CPU tensors (for CUDA tensors only with
 ``validate=True``: it reads them back, a synchronisation).  The caches are written in place (the
-appended tokens and nothing else changes); no other tensor is written.  On a CPU the
-simulator's result is written back into the caches' own memory.  On the device path (CUDA
-tensors: :mod:`numba_flash.torch.bridge`; no synchronisation, ``out`` allocated by torch) the
-kernels take C-contiguous heads-first caches: a cache that is a transposed heads-first buffer
-(``k_cache.transpose(1, 2).is_contiguous()``) is read and written where it lies; any other is
-copied by torch to that layout every call, and back after an append (``O(cache)`` traffic per
-call, until the kernels read strides, issue 61: allocate the cache heads-first and pass
-``cache.transpose(1, 2)`` to avoid it).
+appended tokens and nothing else changes), where they lie; no other tensor is written.  On
+the device path (CUDA tensors: :mod:`numba_flash.torch.bridge`; no synchronisation, ``out``
+allocated by torch) a cache whose memory is no such order (rows with gaps between them, a
+last dim that is not contiguous) is copied by torch to a heads-first buffer every call, and
+back after an append (``O(cache)`` traffic per call).
 
 :func:`paged_varlen` is ``flash_attn_varlen_func(..., block_table=...)``: packed queries over a
 paged cache in the tiled forward kernel (:func:`numba_flash.forward_varlen`), forward only as
@@ -34,6 +36,7 @@ import numbers
 import torch
 
 import numba_flash
+from numba_flash.frontend.cache_args import HEADS_FIRST, in_order, memory_order
 
 from . import bridge, checks
 
@@ -82,7 +85,8 @@ def _cache_view(cache, writes):
     own memory).  On the host a strided view (numba_flash writes the result back into it); on
     the device path ``cache``'s own memory when it is a transposed heads-first buffer
     (``cache.transpose(1, 2).is_contiguous()``), else torch's contiguous heads-first copy
-    (``O(cache)``; written back when ``writes``)."""
+    (``O(cache)``; written back when ``writes``).  The paged prefill's (:func:`paged_varlen`:
+    the tiled forward takes C-contiguous caches)."""
     if not bridge.is_device(cache.device):
         return bridge.as_heads_first(cache), None
     heads_first = cache.transpose(1, 2)
@@ -90,6 +94,27 @@ def _cache_view(cache, writes):
         return bridge.device_array(heads_first), None
     tmp = bridge.contiguous(heads_first)
     return bridge.device_array(tmp), tmp if writes else None
+
+
+def _decode_cache(cache, writes, order=None):
+    """``(array, copy, order)`` as :func:`_cache_view`, for :func:`numba_flash.decode`, which
+    reads a cache in its own memory order (:func:`~numba_flash.frontend.cache_args.
+    cache_memory`): the heads-first view of ``cache``'s own memory (flash-attn's tokens-first
+    layout, a heads-first buffer, any order of the outer axes with a contiguous last dim), no
+    copy.  On the device path a cache in no such order, or not in ``order`` (the key cache's:
+    a value cache shares its row numbering), is torch's copy in that order (heads-first when
+    None), written back when ``writes``; ``order``: the memory order of the array given."""
+    heads_first = cache.transpose(1, 2)
+    own = memory_order(tuple(heads_first.shape), heads_first.stride(), 1)
+    if not bridge.is_device(cache.device):
+        return bridge.as_heads_first(cache), None, own
+    if own is not None and (order is None or in_order(tuple(heads_first.shape),
+                                                      heads_first.stride(), 1, order)):
+        return bridge.device_array(heads_first), None, order or own
+    order = order or HEADS_FIRST
+    back = tuple(order.index(a) for a in range(3)) + (3,)
+    tmp = bridge.contiguous(heads_first.permute(*order, 3)).permute(*back)
+    return bridge.device_array(tmp), tmp if writes else None, order
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -222,8 +247,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         return None if x is None else bridge.packed(x)
 
     with bridge.on_device(device):
-        kc, k_copy = _cache_view(k_cache, k is not None)
-        vc, v_copy = (None, None) if v_cache is None else _cache_view(v_cache, k is not None)
+        kc, k_copy, order = _decode_cache(k_cache, k is not None)
+        vc, v_copy, _ = ((None, None, None) if v_cache is None
+                         else _decode_cache(v_cache, k is not None, order))
         d_v = vs[3] if v_cache is not None else head_dim_v
         res = bridge.SeqFirstOut((qs[0], qs[1], qs[2], d_v), q.dtype, device)
         lse_t, lse_a = bridge.lse_out((qs[0], qs[2], qs[1]), q)
@@ -243,7 +269,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out = res.result()
         lse = lse_t
         for cache, copy in ((k_cache, k_copy), (v_cache, v_copy)):
-            if copy is not None:  # a cache not heads-first in memory: written back
+            if copy is not None:  # a cache in no memory order the kernels read: written back
                 bridge.copy_into(cache, copy.transpose(1, 2))
     return (out, lse) if return_softmax_lse else out
 

@@ -255,32 +255,36 @@ def test_flash_attn_varlen_func_forward_backward(gen):
 
 
 # -- flash_attn_with_kvcache ----------------------------------------------------------------------
-def _kvcache_case(gen, nq, nnew, heads_first_cache):
+def _kvcache_case(gen, nq, nnew, heads_first_cache, paged=False):
     b, h, hkv, cap, d = 2, 4, 2, 12, 16
     q = randn(gen, b, nq, h, d)
+    n, slots = (6, 4) if paged else (b, cap)   # paged: 6 pages of 4 slots, 3 a sequence
     if heads_first_cache:   # heads-first buffers, handed over as flash-attn's layout
-        kc, vc = (randn(gen, b, hkv, cap, d).transpose(1, 2) for _ in range(2))
+        kc, vc = (randn(gen, n, hkv, slots, d).transpose(1, 2) for _ in range(2))
     else:
-        kc, vc = randn(gen, b, cap, hkv, d), randn(gen, b, cap, hkv, d)
+        kc, vc = randn(gen, n, slots, hkv, d), randn(gen, n, slots, hkv, d)
     new = {} if not nnew else dict(k=randn(gen, b, nnew, hkv, d), v=randn(gen, b, nnew, hkv, d))
+    if paged:
+        new["block_table"] = torch.tensor([[4, 0, 2], [1, 5, 3]], dtype=torch.int32)
     return q, kc, vc, new, torch.tensor([5, 9], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("nq, nnew, heads_first_cache, counts", [
+@pytest.mark.parametrize("nq, nnew, heads_first_cache, paged, counts", [
     # (torch allocations, torch copies): out ([B, 1, H, d]: its heads-first view is
-    # C-contiguous, written in place) and the lse; flash-attn's cache layout: a heads-first
-    # copy of each cache (O(cache), issue 61), written back after an append
-    (1, 0, False, (2, 2)),
-    (1, 1, False, (2, 4)),
+    # C-contiguous, written in place) and the lse; flash-attn's cache layout is read and
+    # appended to where it lies (the kernels read its strides): no copy, no write-back
+    (1, 0, False, False, (2, 0)),
+    (1, 1, False, False, (2, 0)),
+    (1, 1, False, True, (2, 0)),
     # heads-first caches: no copy; two query tokens: the heads-first out and its copy to
     # [B, 2, H, d], copies of q and of k, v (two new tokens each)
-    (2, 2, True, (2, 4)),
-], ids=["decode", "append", "append-2-heads-first-cache"])
-def test_flash_attn_with_kvcache(gen, nq, nnew, heads_first_cache, counts):
+    (2, 2, True, False, (2, 4)),
+], ids=["decode", "append", "paged-append", "append-2-heads-first-cache"])
+def test_flash_attn_with_kvcache(gen, nq, nnew, heads_first_cache, paged, counts):
     """Decode (with and without appending k / v, in place): as the host path and the float64
     reference; a steady call replays decode's plan (1 launch, +1 with an append): no sync,
-    only the lse the op allocates on the stand-in."""
-    q, kc, vc, new, lens = _kvcache_case(gen, nq, nnew, heads_first_cache)
+    only the lse the op allocates on the stand-in, and no copy of a cache."""
+    q, kc, vc, new, lens = _kvcache_case(gen, nq, nnew, heads_first_cache, paged)
     caches = {}
 
     def run(where):
@@ -298,12 +302,13 @@ def test_flash_attn_with_kvcache(gen, nq, nnew, heads_first_cache, counts):
         k, v = caches["device"]
         c, allocs, copies = _steady(mode, lambda: nft.flash_attn_with_kvcache(
             q, k, v, cache_seqlens=lens, causal=True, **new))
-        assert (c.allocations, c.launches) == (0, 1 + bool(nnew)), c.log
+        assert (c.allocations, c.launches) == (0, 1 + ("k" in new)), c.log
         assert (allocs, copies) == counts, mode.log
-    want = reference.kvcache_decode(
-        _hf(q), _hf(kc), _hf(vc), lens.numpy(), causal=True,
-        **{n: _hf(x) for n, x in (("k_new", new.get("k")), ("v_new", new.get("v")))
-           if x is not None})
+    table = new.get("block_table")
+    kw = {n: _hf(x) for n, x in (("k_new", new.get("k")), ("v_new", new.get("v")))
+          if x is not None}
+    want = reference.kvcache_decode(_hf(q), _hf(kc), _hf(vc), lens.numpy(), causal=True,
+                                    block_table=None if table is None else table.numpy(), **kw)
     assert_close(_hf(dev[0]), want[0], np.float32)
     assert_close(dev[1].numpy(), want[1], np.float32)
     assert_close(_hf(caches["device"][0]), want[2], np.float32)

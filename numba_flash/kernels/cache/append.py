@@ -13,8 +13,11 @@ i]`` go to positions ``t = L + i`` of the sequence, and the new length is ``L + 
 
 Both are one layout here: a contiguous cache is ``Bc`` blocks of ``block_size = Nmax`` slots,
 and ``cache_batch_idx`` is then a one-column block table (``PAGED`` with ``[B, 1]``).  The kernel
-reads the caches as ``[num_blocks * Hkv * block_size, d]`` views (row ``(blk * Hkv + kvh) *
-block_size + slot``), as decode does.
+writes the caches through ``[rows, d]`` views of their memory, as decode reads them: slot
+``slot`` of kv head ``kvh`` in block ``blk`` is row ``blk * block + kvh * head + slot * slot``
+(``strides``: heads-first memory ``[.., Hkv, N, d]`` has ``(Hkv N, N, 1)``, tokens-first
+``[.., N, Hkv, d]``, flash-attn's, ``(N Hkv, 1, Hkv)``;
+:func:`numba_flash.frontend.cache_args.row_strides`).
 
 Every write is checked on the device: a token whose position is negative or past the capacity
 (``Nmax``, or ``max_blocks * block_size``), or whose table entry is outside ``[0,
@@ -60,9 +63,11 @@ def append_grid(b, hkv, nnew):
 @functools.lru_cache(maxsize=None)
 def append_kernel(THREADS, dtype, PAGED, FP8=False, WRITE_V=True):
     """Build (once per configuration) ``kernel(k_cache, v_cache, k_new, v_new, seqlens, table,
-    new_lens, n_cache_blocks, block_size, descale)``.
+    new_lens, n_cache_blocks, block_size, strides, descale)``.
 
-    ``k_cache``, ``v_cache``: the caches' ``[num_blocks * Hkv * block_size, d]`` views (written);
+    ``k_cache``, ``v_cache``: the caches' ``[num_blocks * Hkv * block_size, d]`` views of their
+    memory (written), ``strides`` int64 ``(block, head, slot)``: their rows between
+    consecutive physical blocks, kv heads and slots (both caches alike);
     ``k_new``, ``v_new`` ``[B, Hkv, Nnew, d]``; ``seqlens`` and ``new_lens`` (written) ``[B]``
     ints; ``table`` ``[B, max_blocks]`` ints when ``PAGED`` (else unused, sequence ``b`` is
     block ``b``); ``n_cache_blocks`` (``num_blocks``, or ``Bc``) and ``block_size`` (``Nmax``
@@ -77,7 +82,7 @@ def append_kernel(THREADS, dtype, PAGED, FP8=False, WRITE_V=True):
 
     @kernel_jit
     def append_kv(k_cache, v_cache, k_new, v_new, seqlens, table, new_lens, n_cache_blocks,
-                  block_size, descale):
+                  block_size, strides, descale):
         tid = cuda.threadIdx.x
         bx = cuda.blockIdx.x
         hkv = k_new.shape[1]
@@ -104,8 +109,9 @@ def append_kernel(THREADS, dtype, PAGED, FP8=False, WRITE_V=True):
             slot = t - j * block_size
         else:
             ok = ok and t < block_size
+        # the token's row of the caches' memory (its order's strides)
+        row = blk * strides[0] + int64(kvh) * strides[1] + slot * strides[2]
         if ok and FP8:                        # quantised: e4m3 of x / descale
-            row = (blk * hkv + kvh) * block_size + slot
             k_div = descale[0, b, kvh]
             v_div = descale[1, b, kvh]
             for c in range(tid, d, THREADS):
@@ -114,7 +120,6 @@ def append_kernel(THREADS, dtype, PAGED, FP8=False, WRITE_V=True):
                 for c in range(tid, v_new.shape[3], THREADS):
                     v_cache[row, c] = float32_to_e4m3(float32(load(v_new[b, kvh, i, c])) / v_div)
         elif ok:                              # a bad token is skipped: nothing outside is written
-            row = (blk * hkv + kvh) * block_size + slot
             for c in range(tid, d, THREADS):
                 k_cache[row, c] = k_new[b, kvh, i, c]
             if WRITE_V:
@@ -133,4 +138,4 @@ def kernel_args_types(dtype, int_dtype=np.int32, FP8=False):
     return (cache, cache, numba_array_type(dtype, 4), numba_array_type(dtype, 4),
             numba_array_type(int_dtype, 1), numba_array_type(int_dtype, 2),
             numba_array_type(int_dtype, 1), types.int32, types.int32,
-            numba_array_type(np.float32, 3))
+            types.UniTuple(types.int64, 3), numba_array_type(np.float32, 3))

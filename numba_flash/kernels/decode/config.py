@@ -31,7 +31,9 @@ class DecodeConfig(KernelConfig):
     ``d_v`` multiples of 4, as MLA's 576-wide latent cache; widened in registers and scaled by
     the kernel's ``kv_descale``),
     ``GATHER`` (token-sparse: each query token's keys are the positions its index list gives,
-    a block per token)."""
+    a block per token), ``SLOT_STRIDE`` (a page's consecutive slots are not consecutive rows of
+    the cache's memory, as in a tokens-first cache ``[.., N, Hkv, d]``: the slot stride is the
+    launch parameter's; off, it is one row, a constant: heads-first memory)."""
 
     VEC: bool = True
     PAGED: bool = True
@@ -41,6 +43,7 @@ class DecodeConfig(KernelConfig):
     OWN_V: bool = False
     KV_FP8: bool = False
     GATHER: bool = False
+    SLOT_STRIDE: bool = False
     THREADS: int
     LANES: int
     CHUNK: int

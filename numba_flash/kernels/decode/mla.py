@@ -198,7 +198,8 @@ def make_mla_tile_stages(cfg):
             if blk < 0 or blk >= kc.n_blocks:
                 ok = False
                 bad = True
-            row = (blk * kc.hkv + kc.kvh) * block_size + (key - j * block_size)
+            # the row of the cache's memory (its order's strides; kvh's rows made once)
+            row = blk * kc.strides[0] + (kc.kvh_rows + (key - j * block_size) * kc.strides[2])
             elem = row * ROW_ELEMS
             v_elem = row * D_V
         return elem, v_elem, ok, bad
@@ -288,10 +289,11 @@ def make_mla_tile_stages(cfg):
                          exchange_s if NUM_WARPS > 1 else own_s, widen_tile)
 
 
-#: the cache rows a block reads (``load_tile``): the block table, batch ``b``, kv head, kv
-#: heads, block size, paged (0/1), the cache's blocks, the sequence's length, the value cache
-#: (``OWN_V``; else the latent cache again, unread)
-CacheRows = namedtuple("CacheRows", "table b kvh hkv block_size paged n_blocks seqlen v")
+#: the cache rows a block reads (``load_tile``): the block table, batch ``b``, the rows before
+#: its kv head's in a block (``kvh * strides[1]``), block size, paged (0/1), the cache's blocks,
+#: the sequence's length, the value cache (``OWN_V``; else the latent cache again, unread), the
+#: cache's row strides ``(block, head, slot)`` (its memory order's: both caches alike)
+CacheRows = namedtuple("CacheRows", "table b kvh_rows block_size paged n_blocks seqlen v strides")
 #: the MLA step's context: shared memory (the key tiles, the warps' partial S), the cache and
 #: its rows, the score arguments; the lane's register arrays and the bad-entry flag; its
 #: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor;
@@ -303,13 +305,15 @@ MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid
 @functools.lru_cache(maxsize=None)
 def mla_decode_kernel(cfg):
     """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
-    n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial, kv_indices,
-    v_cache, kv_descale)`` for the :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig`
-    ``cfg``.
+    n_cache_blocks, n_kv_heads, block_size, strides, split_target, split_min, partial,
+    kv_indices, v_cache, kv_descale)`` for the
+    :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
 
-    ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache as
-    rows ``[num_blocks * Hkv * block_size, D_QK]`` (row ``(blk * Hkv + kvh) * block_size +
-    slot``); ``table``: int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block
+    ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache's
+    memory as rows ``[num_blocks * Hkv * block_size, D_QK]`` (slot ``s`` of kv head ``h`` in
+    block ``n`` at row ``n * strides[0] + h * strides[1] + s * strides[2]``, int64: heads-first
+    memory ``(Hkv block_size, block_size, 1)``, tokens-first ``(block_size Hkv, 1, Hkv)``);
+    ``table``: int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block
     ``b`` of ``block_size = Nmax`` slots); ``seqlens``, ``leftpad``: int32 ``[B]``; ``o``: the
     flat view of ``[B, H, Nq, D_V]`` (float16, or bfloat16's uint16 words), ``lse`` float32
     ``[B H Nq]``; with ``partial`` = 1, ``o_part`` float32 ``[splits B H Nq D_V]`` and
@@ -420,8 +424,8 @@ def mla_decode_kernel(cfg):
 
     @kernel_jit
     def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
-                   n_cache_blocks, n_kv_heads, block_size, split_target, split_min, partial,
-                   kv_indices, v_cache, kv_descale):
+                   n_cache_blocks, n_kv_heads, block_size, strides, split_target, split_min,
+                   partial, kv_indices, v_cache, kv_descale):
         # -- which rows, keys and split
         tid = cuda.threadIdx.x
         warp = tid >> 5
@@ -492,7 +496,8 @@ def mla_decode_kernel(cfg):
         cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
         load_q(qf, smem, lane_offset(lane, RB, KIND_A) + 32 * K_STEPS_W * warp)
         cuda.syncthreads()  # every warp holds its fragments: stage 0 takes the first key tile
-        kc = CacheRows(table, b, kvh, hkv, block_size, paged, n_cache_blocks, seqlen, v_cache)
+        kc = CacheRows(table, b, kvh * strides[1], block_size, paged, n_cache_blocks, seqlen,
+                       v_cache, strides)
         keys = (int32(max(row_lo, pad)), int32(min(row_hi, seqlen)))
         if GATHER:
             if r_lo < r_hi and load_listed_tile(smem, seen, 0, cache, r_lo, r_hi, kc, listed, keys,

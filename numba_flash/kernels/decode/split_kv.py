@@ -20,7 +20,9 @@ lanes), ``CHUNK`` (elements of 16 bytes), ``U`` (keys a group takes per step), `
 smallest of 1, 2, 4, 8 that holds ``G * Nq`` within a register budget), ``HEAD_DIM``, the dtype and
 the flags ``VEC`` (16-byte loads), ``PAGED``, ``SOFTCAP``, ``ALIBI``, ``SPLIT_PAGES`` (a block size
 ``U`` does not divide), ``USER``, ``OWN_V``, ``KV_FP8``, ``GATHER`` (token-sparse: a block per
-query token, its keys the positions of its list, docs/sparse-attention.md).
+query token, its keys the positions of its list, docs/sparse-attention.md), ``SLOT_STRIDE`` (a
+cache whose consecutive slots are not consecutive rows of its memory: tokens-first; the caches
+are read through launch-time row strides, docs/paged-attention.md).
 
 Grid ``(B * Hkv * chunks, splits)``: x is ``(b * Hkv + kvh) * chunks + z``, y the split; block
 ``(THREADS,)``.  Block ``(x, s)`` serves the query rows ``r = g * Nq + i`` of kv head ``kvh``'s GQA
@@ -84,10 +86,12 @@ OwnRow = namedtuple("OwnRow", "r live lo hi h q_col")
 KeyCursor = namedtuple("KeyCursor", "j_blk slot")
 #: per-lane constants of the cache layout: a block's rows before my head's, cache rows and view
 #: elements per physical block, my first view element of a row, the table's last column, my
-#: first view element in a physical block (``VEC``) and my sequence's first table element
-#: (``PAGED``)
+#: first view element in a physical block (``VEC``), my sequence's first table element
+#: (``PAGED``), and the rows (``slot_rows``) and view elements (``slot_elems``) from a slot to
+#: the next (1 and a row heads-first, ``Hkv`` rows tokens-first: the cache's memory order)
 CacheLayout = namedtuple("CacheLayout",
-                         "kvh_rows row_stride blk_elems col0_v last_entry lane_elem0 table0")
+                         "kvh_rows row_stride blk_elems col0_v last_entry lane_elem0 table0 "
+                         "slot_rows slot_elems slot_step")
 #: the stages of the kernel (:func:`make_key_loads`, :func:`make_own_row_stages`,
 #: :func:`make_decode_epilogue`)
 KeyLoads = namedtuple("KeyLoads",
@@ -219,6 +223,7 @@ def make_key_loads(cfg):
     LANES, CHUNK, U, HEAD_DIM = cfg.LANES, cfg.CHUNK, cfg.U, cfg.HEAD_DIM
     VEC, PAGED, SPLIT_PAGES, OWN_V = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.OWN_V
     DPL, NCH, COL, STEP, EW = cfg.DPL, cfg.NCH, cfg.COL, cfg.STEP, cfg.EW
+    SLOT_STRIDE = cfg.SLOT_STRIDE
     BF16_PAIRS, KV_FP8 = cfg.BF16_PAIRS, cfg.KV_FP8
     acc_t, load, _store = _types(cfg)
     ZERO = acc_t(0.0)
@@ -293,21 +298,32 @@ def make_key_loads(cfg):
     # [/docs:decode-token-lookup]
 
     @_stage
-    def cache_layout(b, kvh, hkv, block_size, lane, block_table):
-        """The :class:`CacheLayout` of my lane (constants of the walk); the 64-bit ones that
-        :func:`locate_keys` reads every step are :func:`_kept64` (NVVM re-derived them in the
-        loop: 8 instructions of the e4m3 ROWS=2 step, 9 of the float16 ROWS=4 one)."""
-        blk_elems = int64(hkv) * block_size * (HEAD_DIM // EW)    # view elements per block
-        lane_elem0 = int64(kvh * block_size) * (HEAD_DIM // EW) + lane * (CHUNK // EW)
+    def cache_layout(b, kvh, lane, block_table, strides):
+        """The :class:`CacheLayout` of my lane (constants of the walk) for a cache whose row of
+        slot ``s`` of kv head ``h`` in physical block ``n`` is ``n * strides[0] + h *
+        strides[1] + s * strides[2]`` (its memory order's; int64, the offsets in a block
+        int32: the host checks them); the 64-bit ones that :func:`locate_keys` reads every
+        step are :func:`_kept64` (NVVM re-derived them in the loop: 8 instructions of the
+        e4m3 ROWS=2 step, 9 of the float16 ROWS=4 one)."""
+        blk_rows, head_rows, slot_rows = strides
+        if not SLOT_STRIDE:                                       # heads-first: a slot a row
+            slot_rows = int64(1)
+        kvh_rows = int32(kvh * int32(head_rows))                  # a block's rows before my head's
+        blk_elems = blk_rows * (HEAD_DIM // EW)                   # view elements per block
+        lane_elem0 = int64(kvh_rows) * (HEAD_DIM // EW) + lane * (CHUNK // EW)
+        slot_elems = int32(slot_rows) * (HEAD_DIM // EW)         # (a block's offsets: int32)
         table0 = int64(uint32(b)) * block_table.shape[1]
         return CacheLayout(
-            kvh_rows=int32(kvh * block_size),                     # a block's rows before my head's
-            row_stride=int64(hkv) * block_size,                   # cache rows per physical block
+            kvh_rows=kvh_rows,
+            row_stride=blk_rows,                                  # cache rows per physical block
             blk_elems=_kept64(blk_elems) if VEC else blk_elems,
             col0_v=lane * (CHUNK // EW),                          # my first view element of a row
             last_entry=uint32(block_table.shape[1] - 1),          # (PAGED: >= 1 column)
             lane_elem0=_kept64(lane_elem0) if VEC and not SPLIT_PAGES else lane_elem0,
-            table0=_kept64(table0) if PAGED else table0)
+            table0=_kept64(table0) if PAGED else table0,
+            slot_rows=int32(slot_rows),
+            slot_elems=int32(slot_elems),
+            slot_step=_kept64(int64(slot_elems)) if VEC and SLOT_STRIDE else int64(slot_elems))
 
     # [docs:decode-tile-load]
     @_stage
@@ -318,9 +334,11 @@ def make_key_loads(cfg):
         bad)``: every key of the step readable, and a live key met a bad table entry (never
         dereferenced).  A group's ``U`` keys are consecutive from a multiple of ``U``, so when
         ``U`` divides the block size (not ``SPLIT_PAGES``) they share one page: one table entry
-        and one base address serve them all (key ``u`` is ``u`` rows further: an immediate
-        offset); with ``SPLIT_PAGES`` (an odd block size) each key finds its own page (one
-        carry at most).  ``j_blk``, ``slot``: key ``t0``'s table entry and slot; ``keys``: the
+        and one base address serve them all (key ``u`` is ``u`` slots further: ``u`` rows, an
+        immediate offset, heads-first; with ``SLOT_STRIDE``, tokens-first, one add of the slot
+        stride, a launch constant); with ``SPLIT_PAGES`` (an odd block size) each key finds its
+        own page (one carry at most).
+        ``j_blk``, ``slot``: key ``t0``'s table entry and slot; ``keys``: the
         :class:`CacheLayout`, per-lane constants."""
         kvh_rows, row_stride, blk_elems = keys.kvh_rows, keys.row_stride, keys.blk_elems
         bad = False
@@ -336,15 +354,29 @@ def make_key_loads(cfg):
                 if some_live and not page_ok:
                     bad = True                # never dereferenced
                 blk = int32(entry)
-            if VEC:                           # key 0's view element: its slot from mine
+            if VEC and SLOT_STRIDE:           # key 0's view element: its slot from mine
+                # (unsigned and the stride made in the step: slot * stride is one
+                # IMAD.WIDE.U32 with mine added; a stride widened before the loop made it a
+                # 64-bit product, 5 instructions, or left a zero high word added, 2)
+                slot_elems = in_loop(keys.slot_elems)
+                first = int64(uint64(uint32(blk)) * uint64(blk_elems)
+                              + (uint64(keys.lane_elem0)
+                                 + uint64(uint32(slot)) * uint64(uint32(slot_elems))))
+            elif VEC:                         # (heads-first: a slot is a row, a constant)
                 first = (int64(uint32(blk)) * blk_elems
                          + (keys.lane_elem0 + int64(slot) * (HEAD_DIM // EW)))
-            else:                             # key 0's row inside its physical block
+            elif SLOT_STRIDE:                 # key 0's row inside its physical block
+                first = (int64(uint32(blk)) * row_stride
+                         + int32(kvh_rows + slot * keys.slot_rows))
+            else:
                 first = int64(uint32(blk)) * row_stride + int32(kvh_rows + slot)
             for u in range(U):
                 t = int32(t0 + u)
                 key_ok[u] = lo32 <= t and t < hi32 and page_ok
-                key_at[u] = first + u * ((HEAD_DIM // EW) if VEC else 1)
+                if SLOT_STRIDE:               # key u: u slot strides further (one add)
+                    key_at[u] = first + u * (keys.slot_step if VEC else keys.slot_rows)
+                else:                         # key u: u rows further (an immediate offset)
+                    key_at[u] = first + u * ((HEAD_DIM // EW) if VEC else 1)
         else:
             for u in range(U):
                 t = int32(t0 + u)
@@ -363,7 +395,7 @@ def make_key_loads(cfg):
                 if live and not ok:
                     bad = True
                 key_ok[u] = ok
-                in_row = int32(kvh_rows + ss)
+                in_row = int32(kvh_rows + ss * keys.slot_rows)
                 if VEC:
                     key_at[u] = (int64(uint32(blk)) * blk_elems
                                  + (int64(in_row) * (HEAD_DIM // EW) + keys.col0_v))
@@ -453,7 +485,7 @@ def make_key_loads(cfg):
             else:
                 ok = False
                 bad = True
-        in_row = int32(keys.kvh_rows + slot)
+        in_row = int32(keys.kvh_rows + slot * keys.slot_rows)
         if VEC:
             row_at = int64(uint32(blk)) * keys.blk_elems + int64(in_row) * (HEAD_DIM // EW)
         else:
@@ -836,8 +868,8 @@ def decode_kernel(cfg):
     decode kernel
 
     ``kernel(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part, lse_part,
-    counters, va, paged, n_cache_blocks, n_kv_heads, cache_block_size, split_target,
-    split_min, kv_descale, kv_indices)``
+    counters, va, paged, n_cache_blocks, n_kv_heads, cache_block_size, cache_strides,
+    split_target, split_min, kv_descale, kv_indices)``
 
     ``VEC``: 16-byte loads of q, K and V (``d == HEAD_DIM``, 16-byte aligned arrays and ``CHUNK``
     of 16 bytes: :func:`vector_loads`); ``PAGED``: read through the block table (``paged`` must
@@ -846,11 +878,15 @@ def decode_kernel(cfg):
     in ``kv_indices`` ``[B, Hkv or 1, Nq, topk]`` (key positions, -1 none; a block per token,
     its splits over the list; an entry outside ``[-1, L)`` makes the token's rows NaN).
     ``q``, ``o`` ``[B, H, Nq, d]``; ``lse`` ``[B, H, Nq]`` (compute type);
-    caches ``[num_blocks, Hkv, block_size, d]`` passed as their ``[num_blocks * Hkv * block_size,
-    d]`` views (the three sizes as ints), read through ``block_table`` ``[B, max_blocks]`` when
-    ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``, ``block_size = Nmax``,
-    ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each sequence's keys) and
-    ``leftpad`` ``[B]`` (their start: keys before it are not part of the sequence); ``o_part``
+    caches ``[num_blocks, Hkv, block_size, d]`` passed as ``[num_blocks * Hkv * block_size, d]``
+    views of their memory (the three sizes as ints), slot ``s`` of kv head ``h`` in block
+    ``n`` at row ``n * cache_strides[0] + h * cache_strides[1] + s * cache_strides[2]`` (int64:
+    heads-first memory ``(Hkv block_size, block_size, 1)``, tokens-first ``[.., block_size,
+    Hkv, d]``, flash-attn's, ``(block_size Hkv, 1, Hkv)``), read through ``block_table`` ``[B,
+    max_blocks]`` when ``paged`` is 1, or ``[B, Hkv, Nmax, d]`` (``num_blocks = B``,
+    ``block_size = Nmax``, ``block_table`` unused) when 0; ``seqlens`` ``[B]`` (the end of each
+    sequence's keys) and ``leftpad`` ``[B]`` (their start: keys before it are not part of the
+    sequence); ``o_part``
     ``[splits, B * H * Nq, d]`` and ``lse_part`` ``[splits, B * H * Nq]`` (compute type, unused
     with one split) and ``counters`` int32 ``[grid x]``, zero; ``va`` the
     :class:`~numba_flash.kernels.core.variant.Variant`: ``scale``, ``softcap``, ``inv_softcap`` in
@@ -924,7 +960,8 @@ def decode_kernel(cfg):
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
     def decode_split(q, k_cache, v_cache, block_table, seqlens, leftpad, o, lse, o_part,
                      lse_part, counters, va, paged, n_cache_blocks, n_kv_heads,
-                     cache_block_size, split_target, split_min, kv_descale, kv_indices):
+                     cache_block_size, cache_strides, split_target, split_min, kv_descale,
+                     kv_indices):
         # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
@@ -1010,7 +1047,7 @@ def decode_kernel(cfg):
         for j in range(UD):                   # (the stale registers of a dead key are finite)
             k_reg[j] = ZERO
             v_reg[j] = ZERO
-        keys = walk.cache_layout(b, kvh, hkv, block_size, lane, block_table)
+        keys = walk.cache_layout(b, kvh, lane, block_table, cache_strides)
         base = lo_step
         w_lane = int32(tid % WARP)            # GATHER and SHARE: my lane in my warp,
         w_grp0 = int32(tid // WARP * GW)      # my warp's first key group
@@ -1167,5 +1204,6 @@ def kernel_args_types(dtype, ALIBI=False, VEC=True, aux=(), KV_FP8=False):
             numba_array_type(np.int32, 1), numba_array_type(dtype, 4),
             numba_array_type(acc_np, 3), numba_array_type(acc_np, 3),
             numba_array_type(acc_np, 2), numba_array_type(np.int32, 1),
-            variant_type(acc_t, False, user), i32, i32, i32, i32, i32, i32,
+            variant_type(acc_t, False, user), i32, i32, i32, i32,
+            types.UniTuple(types.int64, 3), i32, i32,
             numba_array_type(np.float32, 3), numba_array_type(np.int32, 4))

@@ -22,15 +22,17 @@ def split_kv_configs():
     and at 256, the softcap + ALiBi variant, and float64 at 128, all with 16-byte loads
     (``VEC``), and float16 at 128 with element loads (a padded head dim).  Other combinations
     are the same source with other constants and compile on first use.  A user's variant
-    (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays."""
+    (:func:`_user_config`): float16 at 128 with a score_mod and a mask_mod reading aux arrays.
+    A tokens-first cache (``SLOT_STRIDE``): float16 at 128, 16-bit and e4m3."""
     def cfg(dtype, HEAD_DIM, softcap=False, alibi=False, vec=True, paged=True, user=None,
-            own_v=None, kv_fp8=False, rows=None, gather=False):
+            own_v=None, kv_fp8=False, rows=None, gather=False, tokens_first=False):
         dtype = np.dtype(dtype)
         fns, aux = (None, ()) if user is None else user
         rows = rows or dconfig.gpu_rows_max(np.uint8 if kv_fp8 else dtype, HEAD_DIM)
         config = dconfig.launch_shape(dtype, HEAD_DIM, rows, False, VEC=vec, PAGED=paged,
                                       SOFTCAP=softcap, ALIBI=alibi, USER=fns,
-                                      OWN_V=own_v is not None, KV_FP8=kv_fp8, GATHER=gather)
+                                      OWN_V=own_v is not None, KV_FP8=kv_fp8, GATHER=gather,
+                                      SLOT_STRIDE=tokens_first)
         tag = (" softcap" if softcap else "") + (" alibi" if alibi else "")
         tag += ("" if vec else " word loads" if kv_fp8 else " element loads")
         tag += "" if paged else " contiguous"
@@ -38,6 +40,7 @@ def split_kv_configs():
         tag += "" if own_v is None else f" {own_v}"
         tag += " e4m3 cache" if kv_fp8 else ""
         tag += " kv_indices" if gather else ""
+        tag += " tokens-first" if tokens_first else ""
         return {
             "name": f"decode {dtype.name} D={HEAD_DIM} ROWS={config.ROWS} U={config.U}{tag}",
             "config": config,
@@ -72,6 +75,10 @@ def split_kv_configs():
     yield cfg(np.float16, 128, kv_fp8=True, rows=1)
     # token-sparse decode (issue 47): each key found through its list entry (and its page)
     yield cfg(np.float16, 128, gather=True)
+    # a tokens-first cache (flash-attn's [.., N, Hkv, d] memory, issue 61): the slot stride a
+    # launch parameter (key u of a step u strides further, not an immediate offset)
+    yield cfg(np.float16, 128, tokens_first=True)
+    yield cfg(np.float16, 128, kv_fp8=True, tokens_first=True)
     # MLA's absorbed decode: the 576-wide latent cache read twice (V: its first 512 columns)
     # in the 1024-wide build (element loads: 576 is not a whole lane layout yet)
     yield cfg(np.float16, 1024, vec=False, own_v="MLA 576/512")
@@ -136,8 +143,9 @@ def mla_configs():
         o_t = types.Array(types.float16 if dtype == "float16" else types.uint16, 1, "C")
         yield {"name": cfg.name, "config": cfg, "kernel": mla.mla_decode_kernel(cfg),
                "args": (u16_4, u16_2, i32_2, i32_1, i32_1, o_t, f32_1, f32_1, f32_1, va_t,
-                        types.int32, types.int32, types.int32, types.int32, types.int32,
-                        types.int32, types.int32, types.Array(types.int32, 4, "C"), u16_2,
+                        types.int32, types.int32, types.int32, types.int32,
+                        types.UniTuple(types.int64, 3), types.int32, types.int32, types.int32,
+                        types.Array(types.int32, 4, "C"), u16_2,
                         f32_3),
                "float64_ok": False, "mma": True,
                **({"cc": fp8.CC} if kv_fp8 else {}),   # e4m3 conversions: sm_89+
