@@ -285,7 +285,7 @@ def test_append_kv_in_place(rng, launched, order, paged, dtype):
 def test_append_latent_e4m3_tokens_first(rng, launched):
     """append_kv into an e4m3 cache tokens-first: the new slots hold the e4m3 of x / descale,
     every other byte as it was."""
-    from test_decode_fp8 import _quantised, descales
+    from test_decode_fp8 import _quantised, check_e4m3_append, descales
 
     b, hkv, d, nnew = 2, 2, 16, 2
     lens = np.array([3, 9])
@@ -297,17 +297,8 @@ def test_append_latent_e4m3_tokens_first(rng, launched):
     vn = randn(rng, (b, hkv, nnew, d), np.float16)
     before_k, before_v = k8.copy(), v8.copy()
     numba_flash.append_kv(k8, v8, kn, vn, lens, table, k_descale=kd, v_descale=vd)
-    written = np.zeros(k8.shape[:3], bool)
-    wk, wv = _quantised(kn, kd), _quantised(vn, vd)
-    for i in range(b):
-        for j in range(nnew):
-            t = lens[i] + j
-            blk, slot = table[i, t // 4], t % 4
-            written[blk, :, slot] = True
-            assert np.array_equal(k8[blk, :, slot].view(np.uint8), wk[i, :, j].view(np.uint8))
-            assert np.array_equal(v8[blk, :, slot].view(np.uint8), wv[i, :, j].view(np.uint8))
-    assert np.array_equal(k8.view(np.uint8)[~written], before_k.view(np.uint8)[~written])
-    assert np.array_equal(v8.view(np.uint8)[~written], before_v.view(np.uint8)[~written])
+    check_e4m3_append(k8, v8, before_k, before_v, _quantised(kn, kd), _quantised(vn, vd),
+                      lens, table, 4)
     _launched_caches(launched, k8, v8)
 
 

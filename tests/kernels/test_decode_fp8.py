@@ -201,6 +201,22 @@ def test_own_value_width_and_head_dims_not_powers_of_two(rng):
     assert_close(lse, want_lse, np.float32, name="lse")
 
 
+def check_e4m3_append(k8, v8, before_k, before_v, want_k, want_v, lens, table, page):
+    """After an append of ``want_k`` / ``want_v`` (e4m3 ``[B, Hkv, Nnew, d]``) into paged
+    e4m3 caches at ``lens``: each new token's slot holds its bytes, every other byte is as in
+    ``before_k`` / ``before_v``."""
+    written = np.zeros(k8.shape[:3], bool)
+    for i in range(want_k.shape[0]):
+        for j in range(want_k.shape[2]):
+            t = lens[i] + j
+            blk, slot = table[i, t // page], t % page
+            written[blk, :, slot] = True
+            assert np.array_equal(k8[blk, :, slot].view(np.uint8), want_k[i, :, j].view(np.uint8))
+            assert np.array_equal(v8[blk, :, slot].view(np.uint8), want_v[i, :, j].view(np.uint8))
+    assert np.array_equal(k8.view(np.uint8)[~written], before_k.view(np.uint8)[~written])
+    assert np.array_equal(v8.view(np.uint8)[~written], before_v.view(np.uint8)[~written])
+
+
 def _quantised(x, descale):
     """The host's e4m3 of ``x / descale[b, kvh]`` (float32 division, then the saturating
     round to nearest even of kernels/ptx/fp8.py), as e4m3 values."""
@@ -225,17 +241,8 @@ def test_append_rounds_new_tokens_into_e4m3(rng, dtype):
     new_lens = numba_flash.append_kv(k8, v8, k_new, v_new, lens, table, k_descale=kd,
                                      v_descale=vd)
     assert new_lens.tolist() == (lens + nnew).tolist()
-    want_k, want_v = _quantised(k_new, kd), _quantised(v_new, vd)
-    written = np.zeros(k8.shape[:3], bool)
-    for i in range(b):
-        for j in range(nnew):
-            t = lens[i] + j
-            blk, slot = table[i, t // 4], t % 4
-            written[blk, :, slot] = True
-            assert np.array_equal(k8[blk, :, slot].view(np.uint8), want_k[i, :, j].view(np.uint8))
-            assert np.array_equal(v8[blk, :, slot].view(np.uint8), want_v[i, :, j].view(np.uint8))
-    assert np.array_equal(k8.view(np.uint8)[~written], before_k.view(np.uint8)[~written])
-    assert np.array_equal(v8.view(np.uint8)[~written], before_v.view(np.uint8)[~written])
+    check_e4m3_append(k8, v8, before_k, before_v, _quantised(k_new, kd),
+                      _quantised(v_new, vd), lens, table, 4)
     assert (np.abs(k8.astype(np.float32)) == 448).any()   # the x 500 keys saturated, not NaN
 
 

@@ -45,6 +45,19 @@ def device_path():
         yield mode, driver
 
 
+@contextlib.contextmanager
+def same_on_device(run):
+    """``run()`` on the host path, then on the device path: the same results, every launch on
+    torch's stream; yields ``(mode, driver, results)`` (:func:`device_path`'s, and the device
+    path's results) for the steady counts."""
+    host = run()
+    with device_path() as (mode, driver):
+        dev = run()
+        _on_stream(driver)
+        _equal(dev, host)
+        yield mode, driver, dev
+
+
 def _steady(mode, call, pre=None):
     """``call()`` twice (the first builds the launch plans), then once counted: ``(stand-in
     counters, torch allocations, torch copies)`` of that call (``pre()`` before each call,
@@ -93,11 +106,7 @@ def test_flash_attn_func_forward_backward(gen, dtype):
         out, lse, _ = nft.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
         return (out, lse, *torch.autograd.grad(out, (q, k, v), g))
 
-    host = run()
-    with device_path() as (mode, driver):
-        dev = run()
-        _on_stream(driver)
-        _equal(dev, host)
+    with same_on_device(run) as (mode, driver, dev):
         state = {}
 
         def forward():
@@ -218,12 +227,8 @@ def test_flash_attn_varlen_func_forward_backward(gen):
                                                  return_attn_probs=True)
         return (out, lse, *torch.autograd.grad(out.sum(), (q, k, v)))
 
-    host = run()
     fwd_out, bwd_out = ops.varlen_out(), ops.varlen_out(backward=True)
-    with device_path() as (mode, driver):
-        dev = run()
-        _on_stream(driver)
-        _equal(dev, host)
+    with same_on_device(run) as (mode, driver, dev):
         state = {}
 
         def forward():
