@@ -18,7 +18,7 @@ from ..kernels.cache.append import append_grid, append_kernel
 from ..kernels.cache.append import default_threads as append_threads
 from .arrays import host_ints, kernel_ints
 from .fp8 import FP8_QUERY_DTYPES
-from .kernel_args import no_descale
+from .kernel_args import device_constant, no_descale
 from .sim_time import SimWork
 from .validate import (
     ATTENTION_DTYPES, INT32_MAX, INT_DTYPES, array_info, check_array, check_same_dtype,
@@ -343,17 +343,24 @@ def check_paged_writes(seqlens, table, nnew, n_cache, n_slots):
 
 
 def launch_append(call, dk, dv, dkn, dvn, d_len, d_table, paged, n_cache, n_slots, b, hkv,
-                  nnew, d, dtype, kv_descale=None, write_v=True, strides=None):
+                  nnew, d, dtype, kv_descale=None, write_v=True, strides=None,
+                  unit_descale=False):
     """One append launch on device arrays (the caches as their ``[rows, d]`` views in their
     memory order, ``strides`` their :func:`row_strides`; None: heads-first); returns the
     device array of new lengths (``d_len``'s dtype).  ``kv_descale``: e4m3 caches' float32
     ``[2, B, Hkv]`` descales (host or device; the new values are rounded into e4m3), None: a
-    copy; ``write_v=False``: a latent cache (``dv``, ``dvn`` unread)."""
+    copy; ``unit_descale``: none was given (ones: a device constant, no copy each call);
+    ``write_v=False``: a latent cache (``dv``, ``dvn`` unread)."""
     threads = append_threads()
     grid = append_grid(b, hkv, nnew)
     new_lens = call.empty((b,), d_len.dtype)
     fp8 = kv_descale is not None
-    descale = call.input(kv_descale) if fp8 else no_descale(call)
+    if not fp8:
+        descale = no_descale(call)
+    elif unit_descale:
+        descale = device_constant(call, ("unit_descale",) + tuple(kv_descale.shape), kv_descale)
+    else:
+        descale = call.input(kv_descale)
     if strides is None:
         strides = row_strides((n_cache, hkv, n_slots), HEADS_FIRST)
     call.launch(append_kernel(threads, np.dtype(dtype), bool(paged), fp8, write_v), grid,

@@ -376,6 +376,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
     s = _check_caches(q, k_cache, v_cache, head_dim_v=head_dim_v, k_new=k_new, v_new=v_new,
                       cache_seqlens=cache_seqlens, block_table=block_table,
                       cache_batch_idx=cache_batch_idx, kv_cache_dtype=kv_cache_dtype)
+    unit_descale = k_descale is None and v_descale is None   # ones: a device constant
     kv_descale = check_descales({"k_descale": k_descale, "v_descale": v_descale}, s.b, s.hkv,
                                 s.kv_fp8, (q, k_cache, v_cache))
     if s.kv_fp8 and s.latent:   # MLA: the value is the latent cache's bytes, K's descale
@@ -434,7 +435,7 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
                          k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                          cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                         kv_descale=kv_descale)
+                         kv_descale=kv_descale, unit_descale=unit_descale)
     lengths = seqlens if opts.validate else [capacity] * s.b
     out4 = None if out is None else out.reshape(s.b, s.h, s.nq, s.d_v)
     lse4 = None if lse_out is None else lse_out.reshape(s.b, s.h, s.nq)
@@ -447,10 +448,12 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
             lengths=lengths if s.topk is None else [s.topk] * s.b,
             lists=no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
             v_cache=None if s.latent else dev.v,
-            kv_descale=None if kv_descale is None else call.input(kv_descale), out=out4,
+            kv_descale=None if kv_descale is None else _descale(call, kv_descale, unit_descale),
+            out=out4,
             lse_out=lse4)
     else:
-        o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale, kv_indices,
+        d_descale = None if kv_descale is None else _descale(call, kv_descale, unit_descale)
+        o, lse = _launch_split_kv(call, dev, s, opts, plan, lengths, d_descale, kv_indices,
                                   out4, lse4)
     if k_new is not None:  # NumPy caches: the appended tokens back into the caller's arrays
         write_back(call, mem.k, dev.k)   # (nothing to do where the kernels wrote them there)
@@ -809,7 +812,7 @@ class DeviceCache(NamedTuple):
 
 def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
                    rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                   kv_descale=None):
+                   kv_descale=None, unit_descale=False):
     """The inputs on the device, with ``q`` and ``k_new`` rotated and ``k_new`` / ``v_new``
     appended (those launches on the call's stream): a :class:`DeviceCache`.  ``mem``: the
     caches in their memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`)."""
@@ -844,10 +847,20 @@ def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
             dkn = launch_rotary(call, dkn, d_cos, d_sin, d_len, 0, 1, 1, new.interleaved,
                                 dtype)
         d_len = launch_append(call, dk_, dv_, dkn, dvn, d_len, d_table, paged_kernel, n_cache,
-                              n_slots, b, hkv, nnew, d, dtype, kv_descale, strides=mem.strides)
+                              n_slots, b, hkv, nnew, d, dtype, kv_descale, strides=mem.strides,
+                              unit_descale=unit_descale)
     d_pad = (kernel_ints(call, cache_leftpad, "cache_leftpad") if cache_leftpad is not None
              else device_constant(call, ("no_leftpad", b), np.zeros((b,), np.int32)))
     return DeviceCache(dq, dk_, dv_, d_len, paged_kernel, d_table, d_pad, mem.strides)
+
+
+def _descale(call, kv_descale, unit):
+    """An e4m3 cache's ``[2, B, Hkv]`` descales on the device: a device constant of ones when
+    none was given (``unit``: the same memory every call, so a plan replays it), else copied
+    in as given."""
+    if unit:
+        return device_constant(call, ("unit_descale",) + tuple(kv_descale.shape), kv_descale)
+    return call.input(kv_descale)
 
 
 def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indices=None,
@@ -901,7 +914,7 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
                 np.int32(s.n_cache), np.int32(hkv), np.int32(s.n_slots),
                 kernel_strides(dev.strides), np.int32(plan.split_target),
                 np.int32(plan.split_min),
-                no_descale(call) if kv_descale is None else call.input(kv_descale),
+                no_descale(call) if kv_descale is None else kv_descale,
                 no_indices(call) if kv_indices is None else kernel_indices(call, kv_indices),
                 work=SimWork("decode", trips * threads,
                              grid[0] * grid[1] * threads * HEAD_DIM))

@@ -149,7 +149,7 @@ def _append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, cache
     is_paged, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     new_lens = launch_append(call, dk, dv, dkn, dvn, d_len, d_table, is_paged, n_cache,
                              n_slots, b, hkv, nnew, d, new_dtype, kv_descale, not latent,
-                             mem.strides)
+                             mem.strides, unit_descale=k_descale is None and v_descale is None)
     write_back(call, mem.k, dk)
     if not latent:
         write_back(call, mem.v, dv)

@@ -95,6 +95,7 @@ def _cases(rng):
     q8, k8, v8 = (sd.asarray(_rand(rng, x.shape).astype(e4m3).view(np.uint8))
                   for x in (q, k, v))
     o8 = sd.empty((b, h, n, d), ml_dtypes.bfloat16)
+    kc8, vc8 = (sd.asarray(_rand(rng, x.shape).astype(e4m3).view(np.uint8)) for x in (kc, vc))
     plan = numba_flash.decode_plan(qd, kc, vc, cache_seqlens=lens, block_table=table)
     return {
         "forward simt": (lambda: numba_flash.forward(q, k, v, causal=True, out=o_out), 0),
@@ -118,6 +119,9 @@ def _cases(rng):
         "decode k_new rotary": (lambda: numba_flash.decode(
             qd, kcc, vcc, cache_seqlens=lens, k_new=kn, v_new=vn, rotary_cos=cos,
             rotary_sin=sin, causal=True, out=od), 0),
+        "decode e4m3 cache": (lambda: numba_flash.decode(
+            qd, kc8, vc8, cache_seqlens=lens, block_table=table, kv_cache_dtype="fp8_e4m3",
+            out=od), 0),
         "decode mla": (lambda: numba_flash.decode(ql, lat, None, cache_seqlens=lens,
                                                   block_table=table, head_dim_v=64, out=ol), 0),
         "decode plan run": (lambda: plan.run(qd, kc, vc, lens, table, out=od), 0),
@@ -135,8 +139,8 @@ def cases():
 NAMES = ["forward simt", "forward simt, no out", "forward simt, lse_out", "forward mma",
          "forward wgmma", "forward e4m3",
          "backward simt", "backward mma", "decode paged", "decode contiguous, splits",
-         "decode k_new rotary", "decode mla", "decode plan run", "append_kv", "apply_rotary",
-         "merge_states"]
+         "decode k_new rotary", "decode e4m3 cache", "decode mla", "decode plan run",
+         "append_kv", "apply_rotary", "merge_states"]
 
 
 def test_the_cases_are_every_op(cases):
@@ -190,8 +194,8 @@ def test_every_launch_matches_its_ptx_parameters(cases, request):
     pytest's cache)."""
     for call, results in cases.values():   # (again: the tests above may run elsewhere)
         _steady(call, results)
-    cache = request.config.cache.mkdir("entry-params") / "sizes.json" \
-        if request.config.cache is not None else None
+    store = getattr(request.config, "cache", None)   # (none under -p no:cacheprovider)
+    cache = None if store is None else store.mkdir("entry-params") / "sizes.json"
     sigs = [sig for _, sig, _ in LAUNCHES.values()]
     want = entry_param_sizes(sigs, cache=None if cache is None else str(cache))
     names = {n for n, _, _ in LAUNCHES.values()}
