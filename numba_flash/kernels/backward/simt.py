@@ -440,7 +440,7 @@ def make_block_stages(cfg):
         if varlen:   # clamped into the packed arrays (an unvalidated cu_seqlens stays inside)
             q0, nq = clamp_rows(cu_q[b], cu_q[b + 1], q.shape[2])
             k0, nk = clamp_rows(cu_k[b], cu_k[b + 1], k.shape[2])
-            return Sequence(int64(0), q0, nq, k0, nk)
+            return Sequence(int64(0), int64(q0), int64(nq), int64(k0), int64(nk))
         return Sequence(int64(b), int64(0), int64(q.shape[2]), int64(0), int64(k.shape[2]))
 
     return BlockStages(shared_tiles, block_setup)
