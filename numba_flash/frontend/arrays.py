@@ -99,6 +99,30 @@ def _poison_value(dtype):
 BF16_NAN_BITS = np.uint16(0x7FC0)
 
 
+def is_c_contiguous(x):
+    """Whether the (host or device) array ``x`` is C-contiguous."""
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        return bool(flags.c_contiguous)
+    return x.__cuda_array_interface__.get("strides") is None
+
+
+def strided_view(x):
+    """Whether a kernel that reads strides takes the non-empty array ``x`` as it lies: its last
+    dim contiguous (stride one element, or length one), every stride >= 0 and in whole
+    elements (flash-attn's rule, ``stride(-1) == 1``: ``[B, N, H, d]`` memory read as ``[B, H,
+    N, d]``, a fused projection's slices, a head or batch slice at an offset)."""
+    size = x.dtype.itemsize
+    strides = tuple(int(s) for s in x.strides)
+    if not strides or 0 in x.shape:
+        return False
+    if x.shape[-1] > 1 and strides[-1] != size:
+        return False
+    if len(strides) > 1 and strides[-2] // size >= 2**31:   # the kernels' int32 row stride
+        return False
+    return all(s >= 0 and s % size == 0 for s in strides)
+
+
 def _words(x):
     """A bfloat16 array (NumPy or CuPy) as its uint16 words, zero copy; others unchanged."""
     if getattr(x, "dtype", None) == BFLOAT16:
@@ -302,6 +326,7 @@ class ArrayCall:
         self._bf16 = {}
         self._guards = []  # (device copy, host guard) of NUMBA_FLASH_CHECK_AUX's aux guards
         self._outs = {}    # id(kernel's array) -> (it, the caller's out= array)
+        self._copy_back = set()   # ids of those result() copies into a strided out=
         self.device_id = None
         self.stream = 0
         self.xp = self.driver = self.trace = None
@@ -372,17 +397,20 @@ class ArrayCall:
             check_memory(self.op, {what: (shape, dtype)}, device=True)
 
     # -- inputs ------------------------------------------------------------------------------
-    def input(self, x):
-        """The array as the kernel takes it: C-contiguous, on the backend's memory."""
-        dx = self._input(x)
+    def input(self, x, strided=False):
+        """The array as the kernel takes it: C-contiguous, on the backend's memory; with
+        ``strided`` (a kernel that reads its strides) a view whose last dim is contiguous
+        (:func:`strided_view`) as it is, on the device and in the simulator."""
+        dx = self._input(x, strided)
         if getattr(x, "aux_guard_sites", None) is not None:  # read back after each launch
             self._guards.append((dx, x))
         return dx
 
-    def _input(self, x):
+    def _input(self, x, strided=False):
         if not self.on_device:
             # the user's NumPy input, or one the op made on the host: where the kernels run
-            if on_simulator() and x.flags.c_contiguous and x.flags.aligned:
+            if on_simulator() and x.flags.aligned and (
+                    x.flags.c_contiguous or (strided and strided_view(x))):
                 # the simulator's device memory is the host's: the kernel gets the view itself,
                 # at its own address, as a GPU gets a CuPy view (zero copy), so an offset view
                 # meets the alignment rules there as it would on the GPU (a view not aligned
@@ -402,7 +430,7 @@ class ArrayCall:
         if type(x) is not xp.ndarray:   # another producer's array: a view, no synchronisation
             x = import_cai(xp, x)
         misaligned = x.data.ptr % x.dtype.itemsize != 0   # every element load would fault
-        if not x.flags.c_contiguous or misaligned:
+        if (not x.flags.c_contiguous and not (strided and strided_view(x))) or misaligned:
             self._check("a contiguous input copy", x.shape, x.dtype)
             if self.trace is not None:
                 self.trace.fail("a non-contiguous or misaligned input is copied")
@@ -434,16 +462,29 @@ class ArrayCall:
             self._bf16[id(arr)] = arr
         return arr
 
-    def output(self, out, shape, dtype):
+    def output(self, out, shape, dtype, strided=None):
         """The array a result is written into: the caller's ``out=`` (checked with
         :func:`~numba_flash.frontend.validate.check_out`), written in place, or a new output
-        (:meth:`empty`) when None; :meth:`result` gives ``out`` itself back."""
+        (:meth:`empty`) when None; :meth:`result` gives ``out`` itself back.  A user's strided
+        ``out`` (``check_out(strided=True)``) is written in place by a kernel that writes
+        through strides (``strided=True``), or (``strided=False``) into a new output that
+        :meth:`result` copies into it; ``None``: ``out`` as it is (an op's own view, e.g. the
+        varlen backward's ``[1, H, total, d]`` views of whole packed arrays)."""
         if out is None:
             return self.empty(shape, dtype)
+        contiguous = is_c_contiguous(out)
+        if not contiguous and strided is False:
+            dev = self.empty(shape, dtype)
+            self._outs[id(dev)] = (dev, out)
+            self._copy_back.add(id(dev))
+            return dev
         if self.on_device:
             xp = self.xp
             dev = _words(out if type(out) is xp.ndarray else import_cai(xp, out))
-            if _POISON:
+            # (a strided out= is not poisoned on a device: a memset would write the caller's
+            # memory between its rows, and a fill is work a launch plan does not replay; the
+            # simulator's host path poisons it, element by element, below)
+            if _POISON and (contiguous or strided is None):
                 self._memset(dev, 0xFF)
         elif on_simulator():   # the simulator writes the caller's memory itself
             if _POISON:
@@ -483,7 +524,9 @@ class ArrayCall:
         (a Numba device array...) Numba device arrays over the same memory."""
         given = self._outs.get(id(x))
         if given is not None and given[0] is x:   # the caller's out=: written, returned
-            if not self.on_device and not on_simulator():
+            if id(x) in self._copy_back:          # a strided out= a kernel wrote elsewhere
+                self._copy_into(given[1], x)
+            elif not self.on_device and not on_simulator():
                 x.copy_to_host(_words(given[1]), stream=self.stream)
             return given[1]
         bf16 = self._bf16.get(id(x)) is x
@@ -493,6 +536,18 @@ class ArrayCall:
         if self._foreign:   # the producer's kind: a Numba device array (bfloat16 as its words)
             return self._as_producer(x)
         return x.view(BFLOAT16) if bf16 else x
+
+    def _copy_into(self, out, x):
+        """The kernel's output ``x`` copied into the caller's strided ``out=`` (an op whose
+        kernel writes only C-contiguous arrays)."""
+        if not self.on_device:
+            _words(out)[...] = x.copy_to_host(stream=self.stream)
+            return
+        if self.trace is not None:
+            self.trace.fail("a strided out= is copied into")
+        xp = self.xp
+        with self.device():
+            _words(out if type(out) is xp.ndarray else import_cai(xp, out))[...] = x
 
     def _as_producer(self, x):
         """A result for another producer's inputs: a Numba device array over the same memory

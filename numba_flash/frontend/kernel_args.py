@@ -69,7 +69,7 @@ def check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, se
     scale = check_scale(softmax_scale, d, dtype)
     dropout = dropout_params(dropout_p, seed)
     var = check_variants(causal, window_size, softcap, alibi_slopes, b, h, nq=nq, nk=nk)
-    out = check_out("out", out, (b, h, nq, qkv.d_v), dtype, q)
+    out = check_out("out", out, (b, h, nq, qkv.d_v), dtype, q, strided=True)
     lse_out = check_out("lse_out", lse_out, (b, h, nq), acc_dtype(dtype), q)
     return ForwardArgs(b, h, nq, nk, d, np.dtype(dtype), causal, return_lse, scale,
                        float(dropout_p), dropout, var.window, var.left, var.right, var.softcap,
@@ -187,12 +187,17 @@ def forward_variant(call, args, variant, acc_t, bh=(1, 1)):
                           variant, args.sink)
 
 
-def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, shared=0):
+def launch_tensor_core(call, args, variant, kernel, grid, cfg, words, d_v, shared=0, o=None):
     """Launch a tensor-core forward build (``mma.sync`` or warpgroup) on ``words`` (q, k, v as
-    uint16 words) and return ``o`` ``[B, H, Nq, d_v]`` (and ``lse``, with ``return_lse``)."""
-    o = call.output(args.out, (args.b, args.h, args.nq, d_v), args.dtype)  # bf16: uint16 words
+    uint16 words) and return ``o`` ``[B, H, Nq, d_v]`` (and ``lse``, with ``return_lse``):
+    the given ``o`` (:meth:`ArrayCall.output`'s), else one made here; a ``STRIDED`` build
+    takes the 4-D ``o`` with its strides."""
+    if o is None:   # (a strided out=: this build writes a new o, copied into it)
+        o = call.output(args.out, (args.b, args.h, args.nq, d_v), args.dtype, strided=False)
     lse = call.output(args.lse_out, (args.b, args.h, args.nq), np.float32)
-    call.launch(kernel, grid, (cfg.THREADS,), *words, o.reshape(-1), lse.reshape(-1),
+    strided = getattr(cfg, "STRIDED", False)
+    call.launch(kernel, grid, (cfg.THREADS,), *words, o if strided else o.reshape(-1),
+                lse.reshape(-1),
                 forward_variant(call, args, variant, np.float32), shared=shared,
                 work=tiled_work(call.op, [(args.nq, args.nk)] * args.b, args.h, cfg.BLOCK_M,
                                 cfg.BLOCK_N, args.left, args.right, cfg.THREADS, cfg.HEAD_DIM,

@@ -130,10 +130,12 @@ def check_same_kind(named):
         raise TypeError(f"expected all arrays on the host (NumPy) or all on the GPU, got {desc}")
 
 
-def check_out(name, out, shape, dtype, like, like_name="q"):
+def check_out(name, out, shape, dtype, like, like_name="q", strided=False):
     """``out=``: None, or an array the op writes its result into and returns: of ``like``'s
     kind (NumPy, or a device array), dtype ``dtype``, shape ``shape`` and C-contiguous
-    (a ``TypeError`` / ``ValueError`` naming ``name`` otherwise)."""
+    (a ``TypeError`` / ``ValueError`` naming ``name`` otherwise).  ``strided``: a view whose
+    last dim is contiguous and whose elements do not overlap (:func:`disjoint_view`) will do
+    too (the op writes it through its strides, or copies into it)."""
     if out is None:
         return None
     got, got_dtype = array_info(name, out)
@@ -148,10 +150,32 @@ def check_out(name, out, shape, dtype, like, like_name="q"):
     flags = getattr(out, "flags", None)
     contiguous = (flags.c_contiguous if flags is not None
                   else out.__cuda_array_interface__.get("strides") is None)
-    if not contiguous:
+    if strided and not contiguous:
+        if not disjoint_view(out):
+            raise ValueError(f"{name}: expected a view whose last dim is contiguous and whose "
+                             f"elements do not overlap (written in place), got shape "
+                             f"{tuple(got)} with strides {getattr(out, 'strides', None)}")
+    elif not contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array (written in place), got "
                          f"strides {getattr(out, 'strides', None)}")
     return out
+
+
+def disjoint_view(x):
+    """Whether the array ``x`` (with ``strides``) is a view a kernel can write through its
+    strides: its last dim contiguous, every stride positive and in whole elements, and no two
+    elements at one address (each axis, by increasing stride, steps past the whole extent of
+    the axes below it)."""
+    size = np.dtype(x.dtype).itemsize
+    dims = sorted((int(st), int(n)) for n, st in zip(x.shape, x.strides) if int(n) > 1)
+    if x.shape[-1] > 1 and int(x.strides[-1]) != size:
+        return False
+    extent = size
+    for st, n in dims:
+        if st <= 0 or st % size or st < extent:
+            return False
+        extent = st * n
+    return True
 
 
 def check_grad_outs(out, q, k, v, dtype):

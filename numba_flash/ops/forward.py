@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 from ..frontend import ArrayCall
+from ..frontend.arrays import is_c_contiguous
 from ..frontend.plans import plan_key, run_or_build
 from ..frontend.kernel_args import (
     check_forward_args, check_forward_variant, forward_variant, user_build,
@@ -139,9 +140,15 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     -inf`` (``sink_h`` with a learnable sink) in the shapes and dtypes above (flash-attn fills
     ``lse`` with ``+inf`` there); ``H = 0`` or ``d = 0`` is a ``ValueError``.
 
-    ``out``: an array of ``o``'s shape and dtype (C-contiguous, of the inputs' kind) that ``o``
-    is written into and returned as; ``lse_out``: the same for ``lse`` (written, and returned
-    with ``return_lse``); not with ``kv_indices`` yet.
+    ``out``: an array of ``o``'s shape and dtype (of the inputs' kind) that ``o`` is written
+    into and returned as: C-contiguous, or a view whose last dim is contiguous and whose
+    elements do not overlap (flash-attn's ``[B, Nq, H, d]`` memory as its ``transpose(0, 2, 1,
+    3)``: the SIMT and ``mma`` kernels write it through its strides, the others into a new
+    array copied into it); ``lse_out``: the same for ``lse``, C-contiguous (written, and
+    returned with ``return_lse``); not with ``kv_indices`` yet.  ``q``, ``k``, ``v``: views
+    whose last dim is contiguous (flash-attn's memory, a fused projection's slices) are read
+    where they lie by the SIMT and ``mma`` kernels (docs/tensor-cores.md, strided views), and
+    copied C-contiguous for the others.
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes (no synchronisation, no host copy).  A call of a signature seen before (shapes,
@@ -231,18 +238,20 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
 
     call = ArrayCall({"q": q, "k": k, "v": v})
     call.reserve({"o": ((b, h, nq, d_v), dtype), "lse": ((b, h, nq), acc_t)})
-    dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    # views whose last dim is contiguous are read (and out= written) through their strides
+    dq, dk, dv = (call.input(x, strided=True) for x in (q, k, v))
+    o = call.output(args.out, (b, h, nq, d_v), dtype, strided=True)
+    strided = not all(is_c_contiguous(x) for x in (dq, dk, dv, o))
     vec = (vector_tiles(dtype, d, tiles[2], dq, dk, dv)       # cp.async copies
            and vector_tiles(dtype, d_v, tiles[2]))
     cfg = forward_simt_config(d_tile, dtype, use_dropout, use_mods, tiles=tiles, vec=vec,
-                         user=user_build(variant), own_v=d_v != d)
-    o = call.output(args.out, (b, h, nq, d_v), dtype)
+                              user=user_build(variant), own_v=d_v != d, strided=strided)
     lse = call.output(args.lse_out, (b, h, nq), acc_t)
     block = (cfg.THREADS_N, cfg.THREADS_M)
     work = tiled_work("forward", [(nq, args.nk)] * b, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,
                       cfg.THREADS, cfg.HEAD_DIM)
     call.launch(forward_kernel(cfg), forward_grid(cdiv(nq, cfg.BLOCK_M), b * h), block, dq, dk,
-                dv, o.reshape(-1), lse.reshape(-1),
+                dv, o if strided else o.reshape(-1), lse.reshape(-1),
                 forward_variant(call, args, variant, acc_t, (b, h) if use_mods else (1, 1)),
                 (), work=work)
     if args.return_lse:

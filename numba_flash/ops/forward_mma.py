@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.arrays import is_c_contiguous
 from ..kernels.forward.mma import (
     MMA_DTYPES, forward_grid, forward_mma_config, forward_mma_kernel, vector_copies,
 )
@@ -59,12 +60,15 @@ def launch_forward_mma(q, k, v, args, variant=None):
     b, h, nq, d = args.b, args.h, args.nq, args.d
     d_v = args.d_v or d
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_mma")
-    dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    # views whose last dim is contiguous are read (and out= written) through their strides
+    dq, dk, dv = (call.input(x, strided=True) for x in (q, k, v))
+    o = call.output(args.out, (b, h, nq, d_v), args.dtype, strided=True)  # bf16: words
     # a value head dim of its own: K / Q tiles and V tiles each of their own width (OWN_V)
     cfg = forward_mma_config(d, args.dtype.name, head_dim_v=d_v if d_v != d else None,
                              DROPOUT=args.dropout_p > 0.0, SOFTCAP=args.softcap > 0.0,
                              ALIBI=args.alibi is not None, USER=user_build(variant))
-    cfg = dataclasses.replace(cfg, VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v))
+    cfg = dataclasses.replace(cfg, VEC=vector_copies(d, cfg.HEAD_DIM, dq, dk, dv, d_v=d_v),
+                              STRIDED=not all(is_c_contiguous(x) for x in (dq, dk, dv, o)))
     return launch_tensor_core(call, args, variant, forward_mma_kernel(cfg),
                               forward_grid(nq, b, h, cfg.BLOCK_M), cfg,
-                              [x.view(np.uint16) for x in (dq, dk, dv)], d_v)
+                              [x.view(np.uint16) for x in (dq, dk, dv)], d_v, o=o)

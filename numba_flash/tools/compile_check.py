@@ -126,7 +126,18 @@ def all_configs(selector=None, suite=False):
 
     for cfg in catalog.configs():
         if (selector is None or selector in cfg["name"]) and (not suite or in_suite(cfg)):
-            yield cfg
+            yield suite_target(cfg) if suite else cfg
+
+
+def suite_target(cfg):
+    """The suite's build of a configuration: the ``mma.sync`` kernels (their base architecture
+    is sm_80, where their register allocation and spills differ) for sm_80 and sm_90, the
+    others for sm_90 alone (a ``cc`` of their own: the SASS tier's architecture; sm_80's build
+    of a SIMT kernel is the same code, scheduled by another ptxas target, and ``compile-check``
+    without ``--suite`` builds it for docs/resources.md)."""
+    if "cc" in cfg or cfg.get("mma") or cfg["name"].startswith("mla_decode"):
+        return cfg
+    return dict(cfg, cc=(9, 0))
 
 
 def _plain(c):
@@ -149,7 +160,8 @@ def goal_config(c):
 
     if isinstance(c, (ForwardMmaConfig, BackwardMmaConfig)):
         whole = not isinstance(c, BackwardMmaConfig) or c.ACC == c.HEAD_DIM
-        return _plain(c) and c.HEAD_DIM in (64, 128) and whole
+        return (_plain(c) and c.HEAD_DIM in (64, 128) and whole
+                and not getattr(c, "STRIDED", False))
     return False
 
 
@@ -196,7 +208,8 @@ def in_suite(cfg):
     if isinstance(c, (ForwardMmaConfig, BackwardMmaConfig)):
         if isinstance(c, BackwardMmaConfig):   # the goals alone (a dK/dV build is minutes)
             return goal_config(c)
-        return goal_config(c) or (_every_flag(c) and c.HEAD_DIM == 128 and c.DTYPE == "float16")
+        return (goal_config(c) or (_every_flag(c) and c.HEAD_DIM == 128 and c.DTYPE == "float16")
+                or (c.STRIDED and c.HEAD_DIM == 64))   # read through strides: once
     if isinstance(c, SparseBackwardConfig):   # the token-sparse backward: every flag, once
         return c.SOFTCAP and c.ALIBI
     if isinstance(c, DecodeConfig):   # float16 (the goal) and a user's variant; float32
@@ -207,6 +220,8 @@ def in_suite(cfg):
         flags = c.DROPOUT or c.SCORE_MOD
         if c.OWN_V:   # a value head dim of its own: docs/resources.md only
             return False
+        if c.STRIDED:   # read through strides: float32 (cp.async) once
+            return c.DTYPE == "float32"
         if c.USER is not None:   # a user's variant: once, without paging
             return not (c.PAGED or c.VARLEN)
         if c.PAGED:   # varlen and the paged prefill at once

@@ -231,6 +231,15 @@ def heads_first(t):
     return device_array(contiguous(t.detach().transpose(1, 2)))
 
 
+def heads_first_view(t):
+    """``[B, N, H, d]`` tensor ``t`` as the ``[B, H, N, d]`` view an op that reads strides
+    takes (:func:`numba_flash.forward`: the SIMT and tensor-core kernels read flash-attn's
+    memory where it lies): a view of ``t`` on the host and on the device path, no copy."""
+    if not is_device(t.device):
+        return as_heads_first(t)
+    return device_array(t.detach().transpose(1, 2))
+
+
 def packed(t):
     """A packed ``[total, H, d]`` tensor (or any other input) as the array an op reads: on the
     device path C-contiguous (a view of ``t``, or of torch's contiguous copy of a strided one,
@@ -251,15 +260,15 @@ def packed_arrays(*tensors):
 
 class SeqFirstOut:
     """A ``[B, N, H, d]`` result (contiguous, flash-attn's layout) that an op writes as the
-    C-contiguous ``[B, H, N, d]`` array :attr:`array` (``out=``): in place when that is a view
-    of the result (``N == 1`` or ``H == 1``), else into a heads-first tensor that
-    :meth:`result` copies to the result's layout (issue 61 will let the kernels write it)."""
+    ``[B, H, N, d]`` array :attr:`array` (``out=``): in place when the op writes through
+    strides (``strided``: the dense forward) or that view is C-contiguous (``N == 1`` or ``H ==
+    1``), else into a heads-first tensor that :meth:`result` copies to the result's layout."""
 
     __slots__ = ("tensor", "heads_first", "array")
 
-    def __init__(self, shape, dtype, device):
+    def __init__(self, shape, dtype, device, strided=False):
         b, n, h, d = shape
-        if n == 1 or h == 1 or b * n * h * d == 0:   # the transposed view is C-contiguous
+        if strided or n == 1 or h == 1 or b * n * h * d == 0:   # (else: no view C-ordered)
             self.tensor = empty((b, n, h, d), dtype, device)
             self.heads_first = self.tensor.transpose(1, 2)
         else:

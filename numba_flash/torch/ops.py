@@ -131,11 +131,13 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
     def run(seed):
         # out= written by the kernel (not taken with the token lists yet)
         res = None if extra else bridge.SeqFirstOut(q.shape[:-1] + v.shape[-1:], q.dtype,
-                                                   q.device)
+                                                   q.device, strided=True)
         lse_t, lse_a = (None, None) if extra else bridge.lse_out(
             (q.shape[0], q.shape[2], q.shape[1]), q)
         o, lse = numba_flash.forward(
-            *(bridge.heads_first(x) for x in (q, k, v)), causal=causal,
+            # flash-attn's [B, N, H, d] memory where it lies: the dense kernels read strides
+            *((bridge.heads_first if extra else bridge.heads_first_view)(x) for x in (q, k, v)),
+            causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             learnable_sink=bridge.optional_array(learnable_sink),

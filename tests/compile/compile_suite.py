@@ -26,7 +26,8 @@ from numba_flash.tools.compile_check import (
 #: the suite's selection (compile_check.in_suite); `numba-flash compile-check` builds them all
 SUITE = list(all_configs(suite=True))
 NAMES = [cfg["name"] for cfg in SUITE]
-#: (name, arch) of every build: sm_80 and sm_90, or the configuration's own target (sm_90a)
+#: (name, arch) of every build: sm_80 and sm_90, or the configuration's own target (sm_90a; in
+#: the suite, sm_90 for every kernel but the mma.sync ones: compile_check.suite_target)
 BUILDS = [(cfg["name"], arch) for cfg in SUITE
           for arch in ([arch_name(cfg["cc"])] if "cc" in cfg else ["sm_80", "sm_90"])]
 #: the architecture whose SASS each configuration's row counts

@@ -1,5 +1,6 @@
-"""Compile tier: every kernel configuration of the suite's selection, built to PTX for sm_80
-and sm_90 and assembled by ptxas (``compile_suite.py`` runs the build, the ``table`` fixture of
+"""Compile tier: every kernel configuration of the suite's selection, built to PTX (the
+``mma.sync`` kernels for sm_80 and sm_90, the others for sm_90: ``compile_check.suite_target``)
+and assembled by ptxas (``compile_suite.py`` runs the build, the ``table`` fixture of
 conftest.py shares it).  Fails on float64 instructions in float16/float32 kernels, on register
 spills, on a stack frame and on static shared memory over 48 KiB.  The SASS tier
 (test_sass_tier.py) counts the same builds.  The resource table is printed (run ``pytest

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from numba import float32, float64, int32, types
+from numba import float32, float64, int32, int64, types
 
 from ...backend import on_simulator
 from .jit import device_jit
@@ -95,6 +96,24 @@ def numba_array_type(dtype, ndim):
 def cdiv(a, b):
     """Ceiling division, for grid sizes."""
     return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def make_elem_strides(ITEMSIZE):
+    """``elem_strides(x) -> (s0, s1, s2)``: the element strides of the three outer axes of a
+    4-D array of ``ITEMSIZE``-byte elements as a kernel gets it (a strided view's own strides,
+    non-negative, its last axis contiguous: checked at launch, so a shift divides them); the
+    row stride ``s2`` an int32 (below 2**31 elements: checked at launch, one register held
+    across the K/V loop, not two)."""
+    SHIFT = ITEMSIZE.bit_length() - 1
+    assert 1 << SHIFT == ITEMSIZE
+
+    @device_jit(inline=True)
+    def elem_strides(x):
+        return (int64(x.strides[0]) >> SHIFT, int64(x.strides[1]) >> SHIFT,
+                int32(int64(x.strides[2]) >> SHIFT))
+
+    return elem_strides
 
 
 #: simulator only: when a list, each block's thread 0 of an attention forward appends

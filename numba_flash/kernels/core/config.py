@@ -83,7 +83,9 @@ class TensorCoreConfig(KernelConfig):
                                              ("alibi", self.ALIBI), ("ld16", not self.VEC),
                                              ("score_mod mask_mod block_mask",
                                               self.USER is not None),
-                                             ("own d_v", getattr(self, "OWN_V", False))) if f)
+                                             ("own d_v", getattr(self, "OWN_V", False)),
+                                             ("strided", getattr(self, "STRIDED", False)))
+                       if f)
 
 
 @kernel_config

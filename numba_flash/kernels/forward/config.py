@@ -29,7 +29,9 @@ class ForwardSimtConfig(KernelConfig):
     ``VARLEN`` (packed sequences), ``PAGED`` (K/V through a block table, varlen only),
     ``USER`` (a user's ``(score_mod, mask_mod, BLOCKS)``), ``VEC`` (16-byte ``cp.async`` tile
     copies), ``OWN_V`` (``v`` has a head dim of its own, ``d_v``: V and ``o`` addressed at
-    their width; off, V shares K's addresses, the build of every ``d_v == d`` call)."""
+    their width; off, V shares K's addresses, the build of every ``d_v == d`` call),
+    ``STRIDED`` (batched only: ``q``, ``k``, ``v`` and ``o`` read and written through their own
+    strides, views whose last dim is contiguous; off, C-contiguous)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -41,6 +43,7 @@ class ForwardSimtConfig(KernelConfig):
     PAGED: bool = False
     VEC: bool = False
     OWN_V: bool = False
+    STRIDED: bool = False
 
     @property
     def THREADS(self):
@@ -322,7 +325,7 @@ def launch_config(BLOCK_M, BLOCK_N, HEAD_DIM, simulator):
 
 
 def forward_simt_config(head_dim, dtype, dropout=False, score_mod=False, varlen=False, paged=False,
-                   vec=False, user=None, tiles=None, simulator=None, own_v=False):
+                   vec=False, user=None, tiles=None, simulator=None, own_v=False, strided=False):
     """The :class:`~numba_flash.kernels.forward.config.ForwardSimtConfig` of a launch: the backend's
     default tiles (``score_mod``: the score-modifier build's, :data:`GPU_MODS_TILES`) or
     ``tiles = (BLOCK_M, BLOCK_N, HEAD_DIM)`` (:func:`choose_tiles`), their threads
@@ -337,7 +340,7 @@ def forward_simt_config(head_dim, dtype, dropout=False, score_mod=False, varlen=
     return ForwardSimtConfig(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=hd, DTYPE=np.dtype(dtype).name,
                              THREADS_M=tm_, THREADS_N=tn_, DROPOUT=dropout,
                              SCORE_MOD=score_mod or user is not None, VARLEN=varlen, PAGED=paged,
-                             USER=user, VEC=vec, OWN_V=own_v)
+                             USER=user, VEC=vec, OWN_V=own_v, STRIDED=strided)
 
 
 # -- the tensor-core forward -----------------------------------------------------------------
@@ -352,10 +355,13 @@ class ForwardMmaConfig(WarpMmaConfig):
     zero-padded to it unless ``VEC``); the element type and the compile-time variant flags;
     ``USER``: a user's ``(score_mod, mask_mod, BLOCKS)`` or None; ``OWN_V``: ``v`` (and ``o``)
     have a head dim of their own, ``d_v``, in V tiles ``HEAD_DIM_V`` wide (0: ``HEAD_DIM``;
-    off, V shares K's addresses and width)."""
+    off, V shares K's addresses and width); ``STRIDED``: ``q``, ``k``, ``v`` and ``o`` are read
+    and written through their own strides (views whose last dim is contiguous: flash-attn's
+    ``[B, N, H, d]`` memory, a fused QKV projection's slices), off C-contiguous."""
 
     BLOCK_N: int
     Q_IN_REGS: bool = True
+    STRIDED: bool = False
 
     @property
     def BLOCK_M(self):

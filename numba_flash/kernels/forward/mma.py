@@ -49,7 +49,7 @@ from numba import cuda, float32, int64, types, uint32, uint64
 
 from ...backend import on_simulator
 from ...philox import philox_keep_bits4
-from ..core.common import GRID_X_MAX, SMEM_LIMIT
+from ..core.common import GRID_X_MAX, SMEM_LIMIT, make_elem_strides
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit, static_for
 from ..mainloop.online_softmax import (
@@ -254,6 +254,72 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
     return static_for(ROWS, dropout_row), nonfinite_v_fixup
 
 
+@functools.lru_cache(maxsize=None)
+def make_row_stride(STRIDED):
+    """``row_stride(d)``: the elements between two rows of a tile's source, from what the
+    stages pass as ``d``: the head dim of a C-contiguous array, or (``STRIDED``) the pair
+    ``(d, row stride)`` of a strided view."""
+    if STRIDED:
+        @_stage
+        def row_stride(dd):
+            return dd[1]
+    else:
+        @_stage
+        def row_stride(dd):
+            return dd
+
+    return row_stride
+
+
+#: where a block's operands start (:func:`make_operand_bases`): Q's first row and its ``d``
+#: (``STRIDED``: ``(d, row stride)``, as :func:`make_row_stride` reads it), K's (b, hk) base and
+#: ``d``, ``v_at = (V's base, its d)``, and the value head dim ``d_v``
+OperandBases = namedtuple("OperandBases", "q_elem0 q_d kv_base k_d v_at d_v")
+
+
+@functools.lru_cache(maxsize=None)
+def make_operand_bases(STRIDED, OWN_V):
+    """``(operand_bases, o_start)``: ``operand_bases(q, k, v, o, fb) ->`` :data:`OperandBases` of
+    the block ``fb`` (:class:`ForwardBlock`), and ``o_start(o, bh, row_base, d_v) -> (o_elem0,
+    o_row)``, where its ``o`` rows start and their stride (after the K/V loop: nothing held
+    across it).  C-contiguous ``[B, H(kv), N, d]`` arrays, or (``STRIDED``) views read through
+    their strides (:func:`~numba_flash.kernels.core.common.make_elem_strides`)."""
+    strides = make_elem_strides(2)   # 16-bit elements
+
+    if STRIDED:
+        @_stage
+        def operand_bases(q, k, v, o, fb):
+            qs, ks, vs = strides(q), strides(k), strides(v)
+            d_v = v.shape[3] if OWN_V else fb.d
+            return OperandBases(fb.b * qs[0] + fb.h * qs[1] + fb.q_start * qs[2], (fb.d, qs[2]),
+                                fb.b * ks[0] + fb.hk * ks[1], (fb.d, ks[2]),
+                                (fb.b * vs[0] + fb.hk * vs[1], (d_v, vs[2])), d_v)
+
+        @_stage
+        def o_start(o, bh, row_base, d_v):
+            os_ = strides(o)
+            n_heads = uint32(o.shape[1])
+            return (int64(uint32(bh) // n_heads) * os_[0] + int64(uint32(bh) % n_heads) * os_[1],
+                    os_[2])
+    else:
+        @_stage
+        def operand_bases(q, k, v, o, fb):
+            kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
+            v_at = (kv_base, fb.d)         # V's base and head dim: K's, or (OWN_V) its own
+            d_v = fb.d
+            if OWN_V:
+                d_v = v.shape[3]
+                v_at = ((fb.b * k.shape[1] + fb.hk) * fb.nk * d_v, d_v)
+            return OperandBases(((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d, fb.d,
+                                kv_base, fb.d, v_at, d_v)
+
+        @_stage
+        def o_start(o, bh, row_base, d_v):
+            return row_base * d_v, d_v
+
+    return operand_bases, o_start
+
+
 #: the mma forward's K/V tile loads (:func:`make_kv_loads`)
 KvLoads = namedtuple("KvLoads", "load_tile load_v_tile load_kv")
 
@@ -266,17 +332,20 @@ def make_kv_loads(cfg):
     BLOCK_N, HEAD_DIM, THREADS, VEC, OWN_V = (cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS, cfg.VEC,
                                               cfg.OWN_V)
     HEAD_DIM_V, RB_V, RB = cfg.V_DIM, cfg.V_ROW_BYTES, cfg.ROW_BYTES
-    STAGE_BYTES = cfg.STAGE_BYTES
+    STAGE_BYTES, STRIDED = cfg.STAGE_BYTES, cfg.STRIDED
     KV_BYTES = BLOCK_N * RB         # one K tile (V's follows it)
-    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)   # (OWN_V: two widths)
-    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)
+    copy_kv = make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V,   # (OWN_V: two widths)
+                             STRIDED)
+    copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V, STRIDED)
+    row_stride = make_row_stride(STRIDED)
 
     @_stage
     def load_tile(smem, smem_byte, x, kv_base, kt, t_hi, nk, d, tid):
         """Issue the copy of K (or V) tile ``kt`` to ``smem_byte`` as one copy group (an empty
-        one past ``t_hi``: every step commits as many, so the waits count constants)."""
+        one past ``t_hi``: every step commits as many, so the waits count constants).  ``d``:
+        the head dim, or (``STRIDED``) the pair ``(d, row stride)``."""
         if kt < t_hi:
-            copy_kv(smem, smem_byte, x, kv_base + kt * BLOCK_N * d,
+            copy_kv(smem, smem_byte, x, kv_base + kt * BLOCK_N * row_stride(d),
                     min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
         cp_async_commit()
 
@@ -284,7 +353,7 @@ def make_kv_loads(cfg):
     def load_v_tile(smem, smem_byte, v, v_base, kt, t_hi, nk, d_v, tid):
         """:func:`load_tile` of a V tile (its own width with ``OWN_V``)."""
         if kt < t_hi:
-            copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * d_v,
+            copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * row_stride(d_v),
                    min(BLOCK_N, nk - kt * BLOCK_N), d_v, tid)
         cp_async_commit()
 
@@ -347,8 +416,10 @@ def forward_mma_kernel(cfg):
                                                        SOFTCAP, ALIBI, FNS, float32)
     softmax_init, softmax_update, _finalize = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                                   float32, RESCALE)
-    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V)
+    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32,
+                             STRIDED_O=cfg.STRIDED)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V, cfg.STRIDED)
+    operand_bases, o_start = make_operand_bases(cfg.STRIDED, OWN_V)
     zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, DTYPE)
     # the groups a thread may leave in flight (docs/tensor-cores.md, the pipeline): at K_j, V_j
     # and the K/V of the STAGES - 2 tiles after it; at V_j, those tiles; in the prologue, Q's
@@ -435,26 +506,23 @@ def forward_mma_kernel(cfg):
         # the K/V tiles rows [q_start, q_end) visit, and the unmasked ones [f_lo, f_hi)
         t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, fb.nk, fb.left,
                                            fb.right)
-        kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
-        v_at = (kv_base, fb.d)         # V's base and head dim: K's, or (OWN_V) its own
-        d_v = fb.d
-        if OWN_V:
-            d_v = v.shape[3]
-            v_at = ((fb.b * k.shape[1] + fb.hk) * fb.nk * d_v, d_v)
+        # where this block's rows of q, k, v and o start, and their head dims (STRIDED: with
+        # their row strides)
+        ob = operand_bases(q, k, v, o, fb)
+        kv_base, k_d, v_at, d_v = ob.kv_base, ob.k_d, ob.v_at, ob.d_v
         # the walk's context
         w = KvWalk(va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, then K/V tiles 0 .. STAGES - 2 (tiles the block mask lets through)
-        copy_q(smem, Q_BYTE, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d,
-               fb.q_end - fb.q_start, fb.d, tid)
+        copy_q(smem, Q_BYTE, q, ob.q_elem0, fb.q_end - fb.q_start, ob.q_d, tid)
         cp_async_commit()
         kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
         ahead = kt
         if STAGES == 1:  # K of the first tile (V follows in the loop)
-            load_tile(smem, 0, k, kv_base, ahead, t_hi, fb.nk, fb.d, tid)
+            load_tile(smem, 0, k, kv_base, ahead, t_hi, fb.nk, k_d, tid)
             ahead = nxt(ahead, w)
         for i in range(STAGES - 1):
-            load_kv(smem, i, k, v, kv_base, ahead, t_hi, fb.nk, fb.d, tid, v_at)
+            load_kv(smem, i, k, v, kv_base, ahead, t_hi, fb.nk, k_d, tid, v_at)
             ahead = nxt(ahead, w)
         wait_q()
         cuda.syncthreads()  # Q's tile is complete before any warp reads its fragments
@@ -465,7 +533,7 @@ def forward_mma_kernel(cfg):
 
         # -- the K/V tiles in key order (and, with a block mask, those it does not call EMPTY)
         ctx = ForwardMmaStep(smem, va, fb.sa,
-                             k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right), v_at,
+                             k, v, kv_base, fb.nk, k_d, fb.hk, (fb.nk, fb.left, fb.right), v_at,
                              qf, s, acc, m_i, l_i,
                              tid, fb.t, fb.row0, q_a, lane_offset(fb.lane, RB, KIND_B),
                              lane_offset(fb.lane, RB_V, KIND_A), fb.exp_scale)
@@ -474,8 +542,9 @@ def forward_mma_kernel(cfg):
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         # (b, h) as a uint32 (the grid has < 2**31 blocks): one register across the loop
         row_base = int64(uint32(fb.bh)) * fb.nq
+        o_elem0, o_row = o_start(o, fb.bh, row_base, d_v)
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 EpilogueRows(fb.row0, fb.nq, row_base * d_v, d_v, row_base, fb.t == 0, 1),
+                 EpilogueRows(fb.row0, fb.nq, o_elem0, o_row, row_base, fb.t == 0, 1),
                  (2 * fb.t, d_v),
                  sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))   # (h from bh: no reg)
 
@@ -487,8 +556,10 @@ def compile_args(cfg):
     kernel's and the warpgroup forward's): 16-bit inputs as uint16, ``o`` float16 (bfloat16 as
     uint16), float32 ``lse``; a user's variant gets :func:`_user_build`'s kinds and aux
     arrays."""
-    u16 = types.Array(types.uint16, 4, "C")
-    o_t = types.Array(types.float16 if cfg.DTYPE == "float16" else types.uint16, 1, "C")
+    layout = "A" if getattr(cfg, "STRIDED", False) else "C"   # (a view's strides)
+    u16 = types.Array(types.uint16, 4, layout)
+    o_t = types.Array(types.float16 if cfg.DTYPE == "float16" else types.uint16,
+                      4 if layout == "A" else 1, layout)
     user_t = ()
     if cfg.USER is not None:
         user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),

@@ -51,13 +51,14 @@ from numba import cuda, int32, types, uint32
 from ...backend import on_simulator
 from ...philox import philox_keep_bits4
 from ..core.common import (
-    GRID_YZ_MAX, acc_dtype, clamp_rows, compute_type, log_tile, numba_array_type,
+    GRID_YZ_MAX, acc_dtype, clamp_rows, compute_type, log_tile, make_elem_strides,
+    numba_array_type,
 )
 from ..ptx.stages import (
     cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16, load_at,
     make_row_dot,
 )
-from ..core.elements import element_ops
+from ..core.elements import element_ops, kernel_dtype
 from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import EpilogueRows, make_epilogue, make_online_softmax, sink_of
 from ..mainloop.tile_scores import Layout, make_score_args, make_score_fn, make_tile_scores_pair
@@ -352,31 +353,25 @@ def make_simt_rows(cfg):
     total_q]``); ``side_tiles(...)``: dropout's ``keep_tile`` and a paged tile's ``page_sh``
     (shared arrays; stand-ins a build without them never reads) and the :data:`PagedKv`."""
     BLOCK_M, BLOCK_N, VARLEN, OWN_V = cfg.BLOCK_M, cfg.BLOCK_N, cfg.VARLEN, cfg.OWN_V
-    DROPOUT, PAGED = cfg.DROPOUT, cfg.PAGED
+    DROPOUT, PAGED, STRIDED = cfg.DROPOUT, cfg.PAGED, cfg.STRIDED
     KEEP_STRIDE = cfg.GROUPS + 1  # padded row length of keep_tile
+    assert not (STRIDED and VARLEN)
+    strides = make_elem_strides(np.dtype(kernel_dtype(cfg.np_dtype)).itemsize)
 
-    @_device
-    def flat_rows(b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads):
-        q_row = n_heads * d if VARLEN else d
-        kv_row = n_kv_heads * d if VARLEN else d
-        q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
-        kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
-                    else np.int64(b * n_kv_heads + hk) * nk * d)
-        v_row = kv_row                        # V at K's addresses, unless it has its own width
-        v_elem0 = kv_elem0
-        if OWN_V:
-            v_row = n_kv_heads * d_v if VARLEN else d_v
-            v_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d_v if VARLEN
-                       else np.int64(b * n_kv_heads + hk) * nk * d_v)
-        return FlatRows(q_row, q_elem0, kv_row, kv_elem0, v_row, v_elem0)
+    if STRIDED:   # views read through their own strides (batched [B, H, N, d] only)
+        @_device
+        def flat_rows(q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads):
+            qs, ks, vs = strides(q), strides(k), strides(v)
+            return FlatRows(qs[2], b * qs[0] + h * qs[1], ks[2], b * ks[0] + hk * ks[1],
+                            vs[2], b * vs[0] + hk * vs[1])
 
-    @_device
-    def epilogue_rows(row0, write_lse, nq, q0, h, bh, d_v, n_heads, total_q):
-        if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
-            return EpilogueRows(row0, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
-                                np.int64(h) * total_q + q0, write_lse, 1)
-        return EpilogueRows(row0, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq,
-                            write_lse, 1)
+        @_device
+        def epilogue_rows(o, row0, write_lse, nq, q0, h, bh, d_v, n_heads, total_q):
+            os_ = strides(o)
+            return EpilogueRows(row0, nq, (bh // n_heads) * os_[0] + h * os_[1], os_[2],
+                                np.int64(bh) * nq, write_lse, 1)
+    else:
+        flat_rows, epilogue_rows = make_contiguous_rows(VARLEN, OWN_V)
 
     @_device
     def side_tiles(q_tile, p_tile, seqs, n_kv_heads, hk):
@@ -393,6 +388,37 @@ def make_simt_rows(cfg):
         return keep_tile, page_sh, paged
 
     return SimtRows(flat_rows, epilogue_rows, side_tiles)
+
+
+@functools.lru_cache(maxsize=None)
+def make_contiguous_rows(VARLEN, OWN_V):
+    """:func:`make_simt_rows`'s ``(flat_rows, epilogue_rows)`` of C-contiguous arrays (the
+    arrays themselves unread: their shapes, given, say where each row lies)."""
+
+    @_device
+    def flat_rows(q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads):
+        q_row = n_heads * d if VARLEN else d
+        kv_row = n_kv_heads * d if VARLEN else d
+        q_elem0 = (np.int64(q0) * n_heads + h) * d if VARLEN else np.int64(bh) * nq * d
+        kv_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d if VARLEN
+                    else np.int64(b * n_kv_heads + hk) * nk * d)
+        v_row = kv_row                        # V at K's addresses, unless it has its own width
+        v_elem0 = kv_elem0
+        if OWN_V:
+            v_row = n_kv_heads * d_v if VARLEN else d_v
+            v_elem0 = ((np.int64(k0) * n_kv_heads + hk) * d_v if VARLEN
+                       else np.int64(b * n_kv_heads + hk) * nk * d_v)
+        return FlatRows(q_row, q_elem0, kv_row, kv_elem0, v_row, v_elem0)
+
+    @_device
+    def epilogue_rows(o, row0, write_lse, nq, q0, h, bh, d_v, n_heads, total_q):
+        if VARLEN:  # o [total_q, H, d_v], lse [H, total_q]
+            return EpilogueRows(row0, nq, (np.int64(q0) * n_heads + h) * d_v, n_heads * d_v,
+                                np.int64(h) * total_q + q0, write_lse, 1)
+        return EpilogueRows(row0, nq, np.int64(bh) * nq * d_v, d_v, np.int64(bh) * nq,
+                            write_lse, 1)
+
+    return flat_rows, epilogue_rows
 
 
 @functools.lru_cache(maxsize=None)
@@ -530,7 +556,8 @@ def forward_kernel(cfg):
     # and its epilogue (online_softmax.py)
     score_args = make_score_args(SCORE_MOD, acc_t)   # the slope read with SCORE_MOD
     softmax_init, _update, _fin = make_online_softmax(TM, TN, TD, XOR, "exp", acc_t)
-    epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t)
+    epilogue = make_epilogue(TM, TD, XOR, ROWS, Layout(VW, THREADS_N * VW, 1), store, acc_t,
+                             STRIDED_O=cfg.STRIDED)
     page_rows, copy_q, _copy_k, _copy_v = make_simt_loads(cfg)
     flat_rows, epilogue_rows, side_tiles = make_simt_rows(cfg)
 
@@ -605,7 +632,7 @@ def forward_kernel(cfg):
         # dropout's keep bits, a paged tile's cache rows (stand-ins when the build has none)
         keep_tile, page_sh, paged = side_tiles(q_tile, p_tile, seqs, n_kv_heads, hk)
         # the flat element of row 0 of this (b, h)'s Q and K/V, and the row strides
-        fr = flat_rows(b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads)
+        fr = flat_rows(q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads)
         q_row, q_elem0, kv_row, kv_elem0 = fr.q_row, fr.q_elem0, fr.kv_row, fr.kv_elem0
         v_row, v_elem0 = fr.v_row, fr.v_elem0
 
@@ -659,7 +686,7 @@ def forward_kernel(cfg):
         # [docs:fwd-epilogue]
         # -- epilogue: l = sum of the row's partial l_i (a butterfly of warp shuffles: every
         # lane gets the same bits); O = acc / l, lse = m + log(l)
-        rows = epilogue_rows(q_start + ty, tx == 0, nq, q0, h, bh, d_v, n_heads, q.shape[0])
+        rows = epilogue_rows(o, q_start + ty, tx == 0, nq, q0, h, bh, d_v, n_heads, q.shape[0])
         epilogue(o, lse, acc, m_i, l_i, acc_t(1.0), rows, (tx * VW, d_v), sink_of(va.sink, h))
         # [/docs:fwd-epilogue]
 
@@ -697,6 +724,9 @@ def kernel_arg_types(cfg, user=()):
     dt = cfg.np_dtype
     acc = compute_type(dt)
     arr = numba_array_type(dt, 3 if cfg.VARLEN else 4)
+    o_t = numba_array_type(dt, 1)
+    if cfg.STRIDED:   # views: their own strides
+        arr = o_t = types.Array(arr.dtype, 4, "A")
     kv = numba_array_type(dt, 2) if cfg.PAGED else arr
     seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if cfg.VARLEN
               else types.Tuple(()))
@@ -704,7 +734,7 @@ def kernel_arg_types(cfg, user=()):
         cu_t = numba_array_type(np.int32, 1)
         seqs_t = types.Tuple((cu_t, cu_t, numba_array_type(np.int32, 2), types.int32,
                               types.int32, types.int32))
-    return (arr, kv, kv, numba_array_type(dt, 1), numba_array_type(acc_dtype(dt), 1),
+    return (arr, kv, kv, o_t, numba_array_type(acc_dtype(dt), 1),
             variant_type(acc, cfg.DROPOUT, user), seqs_t)
 
 
@@ -743,7 +773,7 @@ def compile_config(cfg, name_suffix="", user=()):
     return {
         "name": config_name(cfg.BLOCK_M, cfg.BLOCK_N, cfg.HEAD_DIM, cfg.THREADS_M, cfg.THREADS_N,
                             cfg.np_dtype, cfg.DROPOUT, cfg.SCORE_MOD, cfg.VARLEN,
-                            cfg.PAGED) + name_suffix,
+                            cfg.PAGED) + (" strided" if cfg.STRIDED else "") + name_suffix,
         "config": cfg,
         "kernel": forward_kernel(cfg),
         "args": kernel_arg_types(cfg, user),

@@ -39,7 +39,7 @@ from collections import namedtuple
 from numba import cuda, float32, int32
 
 from ..core.jit import device_jit, static_for
-from ..ptx.stages import ex2, fma, fmax, make_exp_e, shfl_xor, warp_any
+from ..ptx.stages import ex2, fma, fmax, make_exp_e, shfl_xor, store_at, warp_any
 
 _device = functools.partial(device_jit, inline=True)
 
@@ -274,7 +274,7 @@ def sink_of(sinks, h):
 
 @functools.lru_cache(maxsize=None)
 def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
-                  LSE_STRIDE=False):
+                  LSE_STRIDE=False, STRIDED_O=False):
     """``epilogue(o, lse, acc, m_i, l_i, lse_scale, rows, cols, sink)``: ``o = acc / l`` and ``lse``
     of the lane's rows (:func:`make_online_softmax`'s ``finalize``), written through flat views.
     ``rows``: :data:`EpilogueRows` ``(row0, nq, o_elem0, o_row, lse_elem0, write_lse, lse_row)``:
@@ -283,7 +283,9 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
     (``lse_row = 1`` without ``LSE_STRIDE``; written by the lanes with ``write_lse``); ``cols =
     (col0, d)``: accumulator column ``c`` is ``col0 + offset(COL_LAYOUT, c)`` (written if ``< d``);
     ``sink``: the rows' learnable sink logit (``-inf``: none; see ``finalize``).  ``store``: the
-    element type's store (``elements.element_ops``). Layouts:
+    element type's store (``elements.element_ops``).  ``STRIDED_O``: ``o`` is the caller's
+    strided view (any shape), its elements counted in memory from its first one
+    (:func:`~numba_flash.kernels.ptx.stages.store_at`). Layouts:
     :class:`~numba_flash.kernels.mainloop.tile_scores.Layout`."""
     _init, _update, finalize = make_online_softmax(ROWS, 0, ACC_COLS, XOR, "exp", acc_t)
     R_IN, R_OUT, R_STEP = ROW_LAYOUT
@@ -303,7 +305,10 @@ def make_epilogue(ROWS, ACC_COLS, XOR, ROW_LAYOUT, COL_LAYOUT, store, acc_t,
                 for ce in range(C_IN):
                     col = col0 + ci * C_OUT + ce * C_STEP
                     if col < d:
-                        o[base + col] = store(acc[r, ci * C_IN + ce] * inv_l)
+                        if STRIDED_O:
+                            store_at(o, base + col, store(acc[r, ci * C_IN + ce] * inv_l))
+                        else:
+                            o[base + col] = store(acc[r, ci * C_IN + ce] * inv_l)
             if rows.write_lse:
                 if LSE_STRIDE:
                     x.lse[lse_elem0 + row * rows.lse_row] = row_lse

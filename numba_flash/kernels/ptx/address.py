@@ -101,8 +101,13 @@ def data_pointer(x):
 
 
 def is_aligned(n_bytes, *arrays):
-    """Every array's data ``n_bytes``-aligned (host check: simulator and GPU alike)."""
-    return all(data_pointer(x) % n_bytes == 0 for x in arrays)
+    """Every array's data ``n_bytes``-aligned and (a strided view's) every stride of an axis
+    longer than one a multiple of ``n_bytes``, so each row starts aligned (host check:
+    simulator and GPU alike)."""
+    return all(data_pointer(x) % n_bytes == 0 and
+               all(int(st) % n_bytes == 0 for n, st in zip(x.shape[:-1], x.strides[:-1])
+                   if int(n) > 1)
+               for x in arrays)
 
 
 def pointer_and_size(src):

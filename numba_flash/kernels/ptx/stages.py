@@ -253,6 +253,25 @@ def _gpu_memory_stages(h):
         check_int("load_at", "elem", elem)
         return src.dtype(src, elem), flat_load
 
+    @intrinsic
+    def store_at(typingctx, dst, elem, val):
+        """``dst`` (any dtype, any shape or strides) at flat element ``elem`` (counted in
+        memory from its first element, as :func:`load_at`) takes ``val``: one plain store (a
+        strided output's epilogue, where ``dst[i]`` would need a 1-D C array)."""
+        if not isinstance(dst, types.Array):
+            raise NumbaTypeError(f"store_at: expected dst as an array, got {dst}")
+        check_int("store_at", "elem", elem)
+        sig = types.none(dst, elem, val)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            value = context.cast(builder, args[2], sig.args[2], sig.args[0].dtype)
+            builder.store(value, builder.gep(
+                data, [as_i(context, builder, sig.args[1], args[1], 64)]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     # [docs:load16-intrinsic]
     @intrinsic
     def load16(typingctx, src, elem):
@@ -323,6 +342,7 @@ def _gpu_memory_stages(h):
         cp_async16=cp_async16,
         load_u16=load_u16,
         load_at=load_at,
+        store_at=store_at,
         red_add=red_add,
     )
 
@@ -416,11 +436,31 @@ def _gpu_stages():
 # ------------------------------------------------------------------------------------------
 # simulator twins: the PTX ISA's definitions in NumPy
 # ------------------------------------------------------------------------------------------
-def _host_flat(arr):
-    """The flat NumPy view of a simulator kernel argument (or of a plain ndarray)."""
+def _host_array(arr):
+    """The NumPy array behind a simulator kernel argument (or a plain ndarray)."""
     item = arr.__dict__.get("_item", arr) if hasattr(arr, "__dict__") else arr
-    ary = getattr(item, "_ary", item)
-    return np.asarray(ary).reshape(-1)
+    return np.asarray(getattr(item, "_ary", item))
+
+
+def memory_flat(ary):
+    """The 1-D view of the memory the NumPy array ``ary`` spans, from its first element: flat
+    element ``e`` of a kernel's array is ``e`` elements past its first one in memory, as the
+    GPU's loads address it (a strided view included: element ``(i, j, ..)`` is flat element
+    ``i s0 + j s1 + ..``, ``s`` its strides in elements, each >= 0)."""
+    size = ary.dtype.itemsize
+    if any(s < 0 or s % size for s in ary.strides):
+        raise ValueError(f"memory_flat: expected non-negative strides in whole elements, got "
+                         f"{ary.strides} ({size}-byte elements)")
+    extent = 1 + sum((n - 1) * (s // size) for n, s in zip(ary.shape, ary.strides)) \
+        if ary.size else 0
+    return np.lib.stride_tricks.as_strided(ary, shape=(extent,), strides=(size,))
+
+
+def _host_flat(arr):
+    """The flat NumPy view of a simulator kernel argument (or of a plain ndarray): its memory
+    (:func:`memory_flat`), the C-order view where it is C-contiguous."""
+    ary = _host_array(arr)
+    return ary.reshape(-1) if ary.flags.c_contiguous else memory_flat(ary)
 
 
 def _read_flat(src, elem, n):
@@ -428,8 +468,10 @@ def _read_flat(src, elem, n):
     array's own indexing: one slice of its last axis (the chunks the kernels copy never cross a
     row), so a wrapper that counts element accesses (docs/examples/io_count.py) sees exactly
     these elements; a chunk that does cross a row is read from the flat view."""
-    shape = tuple(src.shape)  # (the simulator's FakeShape refuses negative indices)
     e = int(elem)
+    if not _host_array(src).flags.c_contiguous:   # a strided view: its memory (memory_flat)
+        return _host_flat(src)[e:e + n]
+    shape = tuple(src.shape)  # (the simulator's FakeShape refuses negative indices)
     idx = np.unravel_index(e, shape)
     if idx[-1] + n <= shape[-1]:
         out = src[tuple(int(i) for i in idx[:-1]) + (slice(int(idx[-1]), int(idx[-1]) + n),)]
@@ -580,13 +622,29 @@ def _sim_load_at(src, elem):
     return _read_flat(src, elem, 1)[0]
 
 
+def _sim_store_at(dst, elem, val):
+    """Twin of :func:`store_at`: one element written at its memory place (aligned to its
+    size, inside the memory the array spans, else the error the GPU's fault would be)."""
+    size = np.dtype(dst.dtype).itemsize
+    if record.RECORDER is not None:
+        dst = record.RECORDER.twin_global(dst, elem, size, "st")
+    address.check_global(dst, elem, min(size, 16), "store_at", f"st.global.b{8 * size}",
+                         "dst")
+    flat = _host_flat(dst)
+    e = int(elem)
+    if not 0 <= e < flat.shape[0]:
+        raise IndexError(f"store_at: element {e} lies outside dst's memory ({flat.shape[0]} "
+                         "elements): an illegal address on the GPU")
+    flat[e] = val
+
+
 def _sim_load16(src, elem):
     """Twin of :func:`load16`: the 16 bytes from element ``elem`` (the address must be
     16-byte aligned, as on the device), in the compute type."""
     if record.RECORDER is not None:
         src = record.RECORDER.twin_global(src, elem, 16, "ld")
     dtype = np.dtype(src.dtype)
-    size = int(np.prod(src.shape))
+    size = _host_flat(src).shape[0]   # the memory it spans (a strided view's too)
     n = 16 // dtype.itemsize
     if dtype not in (np.float16, np.float32, np.float64):
         raise TypeError(f"load16: expected src as a float16, float32 or float64 array, got "
@@ -628,6 +686,7 @@ if on_simulator():
     warp_any = _sim_warp_any
     load_u16 = _sim_load_u16
     load_at = _sim_load_at
+    store_at = _sim_store_at
     load16 = _sim_load16
     lds16 = _sim_lds16
     red_add = _sim_red_add
@@ -641,6 +700,7 @@ else:
     cp_async_wait_one = _g["cp_async_wait_one"]
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
     load16, lds16, load_at, red_add = _g["load16"], _g["lds16"], _g["load_at"], _g["red_add"]
+    store_at = _g["store_at"]
     in_loop = _g["in_loop"]
     del _g
 
@@ -750,7 +810,7 @@ def _chunk_plan(ROWS, HEAD_DIM, THREADS):
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
+def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=False):
     """``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``: rows
     ``0 .. ROWS-1`` of the tile whose row 0 is element ``elem_base`` of ``src`` (row stride
     ``d``) into shared rows ``smem_byte + row * ROW_BYTES``; rows ``>= rows_valid`` (and, with
@@ -759,17 +819,28 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
     ``PAD`` (with ``VEC``): ``d`` is any multiple of 8 up to ``HEAD_DIM`` (16-byte aligned
     rows of ``d``): the 16-byte chunks past ``d`` are zero-filled without a read (a thread's
     chunk column is fixed, so one test a tile), the stride is ``d``: two widths of one tile
-    (a value head dim of its own) at ``cp.async`` speed."""
+    (a value head dim of its own) at ``cp.async`` speed.  ``STRIDED``: ``d`` is the pair ``(d,
+    row_stride)``, rows ``row_stride`` elements apart in memory (a strided view's; with
+    ``VEC`` a multiple of 8)."""
     plan = _chunk_plan(ROWS, HEAD_DIM, THREADS)
     CT, STEP, COPIES, EXACT, PER_ROW = plan.CT, plan.STEP, plan.COPIES, plan.EXACT, plan.PER_ROW
     assert ROW_BYTES % 16 == 0 and ROW_BYTES >= 2 * HEAD_DIM
 
+    if STRIDED:
+        @_device
+        def width_and_stride(dd):
+            return dd[0], dd[1]
+    else:
+        @_device
+        def width_and_stride(dd):   # a contiguous tile's row stride: its width (HEAD_DIM: VEC)
+            return dd, (HEAD_DIM if VEC and not PAD else dd)
+
     @_device
-    def copy_column(smem, smem_byte, src, elem_base, rows_valid, d, row0, col):
+    def copy_column(smem, smem_byte, src, elem_base, rows_valid, dd, row0, col):
         """Chunk column ``col`` of this thread's rows ``row0 + STEP i``."""
+        d, stride = width_and_stride(dd)
         dst0 = smem_byte + row0 * ROW_BYTES + 16 * col
         if VEC:
-            stride = d if PAD else HEAD_DIM
             src0 = elem_base + row0 * stride + 8 * col
             live = 8 * col < d if PAD else True   # (PAD) this thread's chunk holds data
             if rows_valid >= ROWS:          # full tile: no per-row test
@@ -781,7 +852,7 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
                                        16 if live else 0)
                         else:
                             cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
-                                       src0 + i * STEP * HEAD_DIM, 16)
+                                       src0 + i * STEP * stride, 16)
             else:                           # boundary tile: rows past the end read nothing
                 for i in range(COPIES):
                     row = row0 + i * STEP
@@ -794,7 +865,7 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
             for i in range(COPIES):
                 row = row0 + i * STEP
                 if EXACT or row < ROWS:
-                    base = elem_base + row * d
+                    base = elem_base + row * stride
                     w0 = (dst0 + i * STEP * ROW_BYTES) >> 2
                     for w in range(4):
                         c = 8 * col + 2 * w

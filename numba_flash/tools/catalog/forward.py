@@ -48,6 +48,11 @@ def simt_configs():
         yield simt.compile_config(fconfig.forward_simt_config(256, dt, False, varlen, varlen,
                                             vec=dt in simt.VEC_DTYPES, simulator=False, own_v=True),
                              " own d_v")
+    for dt in (np.dtype(np.float32), np.dtype(np.float16)):
+        # read through strides (flash-attn's [B, N, H, d] memory): float32 (cp.async) and
+        # float16 (widened element by element)
+        yield simt.compile_config(fconfig.forward_simt_config(
+            64, dt, vec=dt in simt.VEC_DTYPES, simulator=False, strided=True))
     yield from _user_configs()
 
 
@@ -95,6 +100,9 @@ def mma_configs():
     # (d, d_v) = (192, 128), DeepSeek's MLA prefill: K and Q tiles 192 wide, V tiles 128
     plan += [forward_mma_config(192, simulator=False, head_dim_v=128)]
     plan += [forward_mma_config(64, simulator=False, USER=_user_build())]
+    # read through strides (flash-attn's [B, N, H, d] memory, fused QKV slices): the goal
+    # head dims
+    plan += [forward_mma_config(hd, simulator=False, STRIDED=True) for hd in (64, 128)]
     for cfg in plan:
         yield mma.compile_config(cfg)
 
