@@ -61,16 +61,17 @@ def check(o, lse, q, k, v, scales, **kw):
     (64, "bfloat16", dict(causal=True)),                      # GQA 4 : 2 below
     (64, "float16", dict(window_size=(9, 3))),
     (64, "bfloat16", dict(softcap=3.0)),
-    (64, "bfloat16", dict(alibi_slopes=np.array([0.3, 0.1, 0.2, 0.05], np.float32))),
-    (64, "float16", dict(learnable_sink=np.array([0.5, -1.0, 2.0, 0.0], np.float32))),
+    (64, "bfloat16", dict(alibi_slopes=np.array([0.3, 0.05], np.float32))),
+    (64, "float16", dict(learnable_sink=np.array([0.5, -1.0], np.float32))),
     (128, "bfloat16", dict(causal=True)),
     (256, "bfloat16", dict()),
 ])
 def test_fp8_forward_matches_the_reference(rng, d, out, kw):
     """Ragged Nq = 20 of Nk = 41 (a partial key tile), GQA 4 : 2, descales != 1, o in the
-    chosen type: the reference of the dequantised inputs at the measured bound."""
-    h = 4 if d == 64 else 2
-    q, k, v, scales = fp8_inputs(rng, h=h, hkv=2 if d == 64 else 1, d=d)
+    chosen type: the reference of the dequantised inputs at the measured bound (GQA 4 : 2 in
+    the first case, 2 : 1 in the others: the simulator's time goes by heads)."""
+    gqa42 = d == 64 and kw.get("causal")
+    q, k, v, scales = fp8_inputs(rng, h=4 if gqa42 else 2, hkv=2 if gqa42 else 1, d=d)
     qd, kd, vd = scales
     o, lse = numba_flash.forward(q, k, v, return_lse=True, q_descale=qd, k_descale=kd,
                                  v_descale=vd, out_dtype=out, **kw)
@@ -92,7 +93,7 @@ def test_wide_logits_keep_p_unclipped(rng, monkeypatch):
     rescale's threshold, so the running max lags) and a value per tile (-2, 0, 2): within the
     bound, while a build whose packed P reaches 2**(8 + 2.9) (offset 8 over the threshold 4:
     clipped at 448) is off by about half of max |v|, so this test fails if P is clipped."""
-    q, k, v, scales = fp8_inputs(rng, nq=16, nk=192, q_scale=20.0)   # three key tiles
+    q, k, v, scales = fp8_inputs(rng, h=1, nq=16, nk=192, q_scale=20.0)   # three key tiles
     qd, kd, vd = scales
     o, lse = numba_flash.forward(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd,
                                  return_lse=True)

@@ -456,6 +456,24 @@ def memory_flat(ary):
     return np.lib.stride_tricks.as_strided(ary, shape=(extent,), strides=(size,))
 
 
+_STRIDED = "_numba_flash_strided"   # the cache key in a simulator device array's __dict__
+
+
+def _is_strided(src):
+    """Whether the array behind ``src`` is not C-contiguous, cached on the simulator's device
+    array as :func:`~numba_flash.kernels.ptx.address.pointer_and_size` caches its pointer (a
+    twin asks at every load: a few dict lookups, not a NumPy call)."""
+    d = getattr(src, "__dict__", None)
+    if d is None:
+        return not np.asarray(src).flags.c_contiguous
+    item = d.get("_item")
+    fake = d if item is None else item.__dict__
+    got = fake.get(_STRIDED)
+    if got is None:
+        got = fake[_STRIDED] = not _host_array(src).flags.c_contiguous
+    return got
+
+
 def _host_flat(arr):
     """The flat NumPy view of a simulator kernel argument (or of a plain ndarray): its memory
     (:func:`memory_flat`), the C-order view where it is C-contiguous."""
@@ -469,7 +487,7 @@ def _read_flat(src, elem, n):
     row), so a wrapper that counts element accesses (docs/examples/io_count.py) sees exactly
     these elements; a chunk that does cross a row is read from the flat view."""
     e = int(elem)
-    if not _host_array(src).flags.c_contiguous:   # a strided view: its memory (memory_flat)
+    if _is_strided(src):   # a strided view: its memory (memory_flat)
         return _host_flat(src)[e:e + n]
     shape = tuple(src.shape)  # (the simulator's FakeShape refuses negative indices)
     idx = np.unravel_index(e, shape)
