@@ -17,10 +17,11 @@
   with torch (:func:`empty`: torch's caching allocator, on the current stream) and pass them to
   the ops as ``out=``, so results are torch tensors from the start; an output an op allocates
   itself (``softmax_lse``: the ops take no ``out=`` for it) comes back through DLPack (zero
-  copy, no synchronisation on one stream).  Where an op needs a C-contiguous heads-first
-  array of a ``[B, N, H, d]`` tensor, the wrappers make that copy with torch
+  copy, no synchronisation on one stream).  The dense forward's kernels read a ``[B, N, H,
+  d]`` tensor through its strides (:func:`heads_first_view`: no copy); where an op needs a
+  C-contiguous heads-first array (the backward), the wrappers make that copy with torch
   (:func:`heads_first`, :func:`contiguous`: one allocation and one copy kernel each, on the
-  stream; kernels that read strides, issue 61, will make them go away).
+  stream).
 * :func:`standin_tensors` (tests): CPU tensors take the device path on numba_flash's stand-in
   device (:mod:`numba_flash.standin`): their memory adopted as stand-in device memory in place
   (zero copy), outputs allocated by torch on the CPU and adopted, so the wrappers' device code

@@ -15,8 +15,9 @@ front end checks the rest (values of ``cu_seqlens``, ``alibi_slopes``' and
 On the device path (CUDA tensors; :mod:`numba_flash.torch.bridge`) the outputs ``out`` and
 ``dq, dk, dv`` are torch tensors the kernels write (``out=``; the varlen ops' once
 :func:`varlen_out` finds they take it), ``softmax_lse`` the op's own array through DLPack, and
-nothing waits for the GPU; ``[B, N, H, d]`` tensors are copied heads-first by torch where the
-transpose is not contiguous (issue 61).
+nothing waits for the GPU; the forward reads ``[B, N, H, d]`` tensors where they lie (the
+dense kernels read strides: :func:`bridge.heads_first_view`), the backward's are copied
+heads-first by torch where the transpose is not contiguous (issue 61's remainder).
 """
 
 import functools
