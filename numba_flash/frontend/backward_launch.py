@@ -70,9 +70,10 @@ def launch_backward(call, do_in, q_in, k_in, v_in, o_in, lse_in, *, n_seq, max_n
 
     d_v = v_in.shape[3]  # dv, do, o: the value head dim (d, or v's own)
     outs = (None, None, None) if outs is None else outs
-    dk = call.output(outs[1], k_in.shape, dtype)
-    dv = call.output(outs[2], v_in.shape, dtype)
-    dq = call.output(outs[0], q_in.shape, dtype)
+    # the SIMT kernels write through strides (Numba's indexing): a strided out= in place
+    dk = call.output(outs[1], k_in.shape, dtype, strided=True)
+    dv = call.output(outs[2], v_in.shape, dtype, strided=True)
+    dq = call.output(outs[0], q_in.shape, dtype, strided=True)
     # float32 / float64 accumulate straight into dq; float16 / bfloat16 through a float32 buffer
     dq_accum = dq if dtype == acc_t else call.empty(q_in.shape, acc_t)
     # each query head's dK/dV share: straight into dk/dv when there is no group to sum and no

@@ -17,13 +17,14 @@ configuration is rebuilt, nothing is copied or synchronised.
 A call is not planned (and runs its ordinary code every time, as before) when its trace sees
 what a replay could not repeat: a value read back from the device (``validate=True``), a host
 array copied in that is not a constant, device work outside the launches (an elementwise
-CuPy operation), or its inputs overlapping in memory (a replay could not tell which to
-relocate); :func:`plan_stats` says which and why.  Work arrays of a plan (split-KV partials,
-counters, accumulation buffers) are kept by the plan and reused by its replays (zeroed by a
-memset each time where the op zeroes them), so a replay on the same stream allocates only its
-results; plans are per stream, so two streams never share work arrays.  At most
-:data:`MAX_PLANS` plans are kept (the oldest dropped first), and work arrays over
-:data:`KEEP_BYTES` a plan are allocated afresh by each replay instead of kept.
+CuPy operation), or two of its arrays starting at one address (a replay could not tell which
+to relocate; arrays that overlap but start apart, a fused projection's q, k, v slices, are
+told apart by their start); :func:`plan_stats` says which and why.  Work arrays of a plan
+(split-KV partials, counters, accumulation buffers) are kept by the plan and reused by its
+replays (zeroed by a memset each time where the op zeroes them), so a replay on the same
+stream allocates only its results; plans are per stream, so two streams never share work
+arrays.  At most :data:`MAX_PLANS` plans are kept (the oldest dropped first), and work arrays
+over :data:`KEEP_BYTES` a plan are allocated afresh by each replay instead of kept.
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ class Trace:
         for pos, x in enumerate(self.arrays):
             if x is not None:
                 self.buffers.append(_Buffer("input", x, pos))
-        spans = sorted((b.lo, b.hi) for b in self.buffers if b.hi > b.lo)
-        if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
-            self.fail("the call's arrays overlap in memory", per_call=True)
+        starts = [b.ptr for b in self.buffers if b.hi > b.lo]
+        if len(set(starts)) < len(starts):
+            self.fail("two of the call's arrays start at one address", per_call=True)
 
     def fail(self, why, per_call=False):
         if self.failed is None:
@@ -165,7 +166,10 @@ class Trace:
         """``(buffer index, byte offset)`` of array ``x``, or None (the trace then fails)."""
         lo, hi = _extent(x)
         ptr = data_pointer(x)
-        for i, b in enumerate(self.buffers):
+        for i, b in enumerate(self.buffers):   # the array itself (or a view of it at its start)
+            if b.ptr == ptr and b.lo <= lo and hi <= b.hi:
+                return i, 0
+        for i, b in enumerate(self.buffers):   # a part of one
             if b.lo <= lo and hi <= b.hi and (b.hi > b.lo or ptr == b.ptr):
                 return i, ptr - b.ptr
         self.fail(f"{what} lies in no buffer of the call (device work outside the launches)")

@@ -178,15 +178,17 @@ def disjoint_view(x):
     return True
 
 
-def check_grad_outs(out, q, k, v, dtype):
+def check_grad_outs(out, q, k, v, dtype, strided=False):
     """``out=`` of a backward: None, or ``(dq, dk, dv)`` of ``q``'s, ``k``'s and ``v``'s
-    shapes and the gradients' dtype ``dtype`` (each checked by :func:`check_out`)."""
+    shapes and the gradients' dtype ``dtype`` (each checked by :func:`check_out`; ``strided``:
+    non-overlapping strided views too)."""
     if out is None:
         return None
     if not isinstance(out, tuple) or len(out) != 3:
         raise TypeError(f"out: expected None or a tuple (dq, dk, dv), got "
                         f"{type(out).__name__}")
-    return tuple(check_out(f"out[{i}] ({n})", x, array_info(n, like)[0], dtype, q)
+    return tuple(check_out(f"out[{i}] ({n})", x, array_info(n, like)[0], dtype, q,
+                           strided=strided)
                  for i, (n, x, like) in enumerate(zip(("dq", "dk", "dv"), out, (q, k, v))))
 
 

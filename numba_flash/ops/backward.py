@@ -155,7 +155,7 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
         raise ValueError(f"aux_grad: expected None with a value head dim of its own ({a.d_v}, "
                          f"not {a.d}): the aux gradients take d_v == d only so far")
     choice = choose_backward_kernel(kernel, a.dtype)
-    outs = check_grad_outs(out, q, k, v, a.dtype)
+    outs = check_grad_outs(out, q, k, v, a.dtype, strided=True)
     if is_empty(a.b, a.nq, a.nk):   # no row or no key: zero gradients, no launch
         grads = no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype)
         if outs is None:
@@ -170,7 +170,9 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
             alibi=a.alibi, variant=a.variant, outs=outs)
     else:
         call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-        ins = [call.input(x) for x in (do, q, k, v, o, lse)]
+        # the SIMT kernels index their arrays through their strides (Numba's own indexing):
+        # views whose last dim is contiguous (flash-attn's [B, N, H, d] memory) as they lie
+        ins = [call.input(x, strided=True) for x in (do, q, k, v, o)] + [call.input(lse)]
         dq, dk, dv = launch_backward(
             call, *ins, n_seq=a.b, max_nq=a.nq, max_nk=a.nk, cu_q=None, cu_k=None, varlen=False,
             dtype=a.dtype, scale=a.scale, left=a.left, right=a.right, softcap=a.softcap,

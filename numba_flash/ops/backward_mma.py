@@ -86,9 +86,9 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     v_in, o_in, lse_in = (call.input(x) for x in (v, o, lse))
     f32 = np.float32
     outs = (None, None, None) if outs is None else outs
-    dq = call.output(outs[0], q_in.shape, dtype)
-    dk = call.output(outs[1], k_in.shape, dtype)
-    dv = call.output(outs[2], v_in.shape, dtype)
+    # (a strided out=: these kernels write C-contiguous arrays, copied into it)
+    dq, dk, dv = (call.output(x, shape, dtype, strided=False)
+                  for x, shape in zip(outs, (q_in.shape, k_in.shape, v_in.shape)))
     dq_accum = call.empty(q_in.shape, f32)        # zeroed by the preprocess kernel
     dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
     dv_heads = call.empty((b, h, nk, d_v), f32)

@@ -54,6 +54,11 @@ _NP_DTYPES = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.fl
 if E4M3_TORCH is not None:
     _NP_DTYPES[E4M3_TORCH] = E4M3
 
+def numpy_dtype(dtype):
+    """The NumPy dtype of a torch dtype's arrays (bfloat16: ``ml_dtypes.bfloat16``)."""
+    return _NP_DTYPES[dtype]
+
+
 #: the :class:`StandInTensors` of an active :func:`standin_tensors` block, or None
 _STANDIN = None
 
@@ -235,9 +240,13 @@ def heads_first(t):
 def heads_first_view(t):
     """``[B, N, H, d]`` tensor ``t`` as the ``[B, H, N, d]`` view an op that reads strides
     takes (:func:`numba_flash.forward`: the SIMT and tensor-core kernels read flash-attn's
-    memory where it lies): a view of ``t`` on the host and on the device path, no copy."""
+    memory where it lies): a view of ``t`` on the host and on the device path, no copy; a
+    tensor whose last dim is not contiguous (an expanded ``dout``: stride 0) is
+    :func:`heads_first`'s copy, as the op would copy it anyway."""
     if not is_device(t.device):
         return as_heads_first(t)
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        return heads_first(t)
     return device_array(t.detach().transpose(1, 2))
 
 
@@ -252,8 +261,8 @@ def packed(t):
 
 def packed_arrays(*tensors):
     """:func:`packed` of each tensor, one array for a tensor given twice (``cu_seqlens_q is
-    cu_seqlens_k``): two views of one memory would read as overlapping arrays to a launch
-    plan, which then never replays the call."""
+    cu_seqlens_k``): two arrays starting at one address would be ambiguous to a launch plan,
+    which then never replays the call."""
     seen = {}
     return [seen[id(t)] if id(t) in seen else seen.setdefault(id(t), packed(t))
             for t in tensors]
