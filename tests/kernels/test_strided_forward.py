@@ -26,7 +26,8 @@ from tests.helpers import assert_scaled_close
 SENTINEL = 7.0
 #: the bound on max |o - o_ref| / max(1, max |o_ref|) per input dtype (the kernels' own tests'
 #: bounds: tests/helpers.ATOL, test_mma_forward.O_TOL; bfloat16 8x float16's, 3 fewer bits)
-O_TOL = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 2e-3, BFLOAT16: 1.6e-2}
+O_TOL = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 2e-3, BFLOAT16: 1.6e-2,
+         np.dtype(np.float64): 1e-12}
 LSE_TOL = 2e-6
 
 
@@ -88,6 +89,8 @@ def test_forward_reads_views_through_strides(kernel, dtype, layout, rng):
 
 @pytest.mark.parametrize("kernel,dtype,d", [
     ("simt", np.float16, 16),     # widened element by element (no cp.async)
+    ("simt", BFLOAT16, 16),       # its uint16 words, strides halved
+    ("simt", np.float64, 16),     # 8-byte elements: strides / 8, cp.async of 2
     ("simt", np.float32, 18),     # a head dim that is no whole 16-byte chunk
     ("mma", BFLOAT16, 16),
     ("mma", np.float16, 20),      # the 16-bit element loads (ld16) of a padded head dim
