@@ -15,6 +15,7 @@ from ..frontend.cache_args import check_prefill_table, cumulative_total, validat
 from ..frontend.fp8 import fp8_inputs
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
+from ..frontend.arrays import is_c_contiguous
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, allow_empty, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
@@ -322,7 +323,7 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     sink = check_sink(learnable_sink, h, check_values=read)
     variant = _check_variant(score_mod, mask_mod, block_mask, aux_tensors, dtype, b, h,
                              seqlens.max_q, seqlens.max_k, max_seqlen_q, max_seqlen_k)
-    out = check_out("out", out, (total_q, h, d_v), dtype, q)
+    out = check_out("out", out, (total_q, h, d_v), dtype, q, strided=True)
     lse_out = check_out("lse_out", lse_out, (h, total_q), acc_dtype(dtype), q)
     if paged and validate:  # after every other check, before any launch
         validate_prefill_table(host_ints(block_table), len_k, qkv.block_size, qkv.n_blocks)
@@ -339,13 +340,19 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
     call.reserve({"o": ((total_q, h, d_v), dtype), "lse": ((h, total_q), acc_t)})
-    dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    # packed views whose last dim is contiguous (a fused projection's q, k, v) are read, and
+    # out= written, through their strides (the paged build takes C-contiguous arrays)
+    dq = call.input(q, strided=not paged)
+    dk, dv = call.input(k, strided=not paged), call.input(v, strided=not paged)
+    o = call.output(out, (total_q, h, d_v), dtype, strided=not paged)
+    strided = not paged and not all(is_c_contiguous(x) for x in (dq, dk, dv, o))
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
     # user's variant rides on it; one HEAD_DIM holds d and d_v
     head_dim = default_tiles(max(d, d_v), dtype, mods=True)[2]
     vec = vector_tiles(dtype, d, head_dim, dq, dk, dv) and vector_tiles(dtype, d_v, head_dim)
     cfg = forward_simt_config(max(d, d_v), dtype, use_dropout, True, True, paged,
-                         user=user_build(variant), vec=vec, own_v=d_v != d)  # cp.async copies
+                              user=user_build(variant), vec=vec, own_v=d_v != d,
+                              strided=strided)   # cp.async copies
     seqs = (call.input(cu_q), call.input(cu_k))
     if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
         n_blocks, block_size = qkv.n_blocks, qkv.block_size
@@ -356,13 +363,13 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (b, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
                         variant, sink)
-    o = call.output(out, (total_q, h, d_v), dtype)
     lse = call.output(lse_out, (h, total_q), acc_t)
     n_q_tiles = cdiv(max(1, seqlens.max_q), cfg.BLOCK_M)  # the longest sequence's Q tiles
     # (the simulator's time estimate: each sequence, or b of the longest when not read)
     lens = zip(len_q, len_k) if read else [(seqlens.max_q, seqlens.max_k)] * b
     call.launch(forward_kernel(cfg), forward_grid(n_q_tiles, b * h),
-                (cfg.THREADS_N, cfg.THREADS_M), dq, dk, dv, o.reshape(-1), lse.reshape(-1), va,
+                (cfg.THREADS_N, cfg.THREADS_M), dq, dk, dv, o if strided else o.reshape(-1),
+                lse.reshape(-1), va,
                 seqs, work=tiled_work("forward", lens, h, cfg.BLOCK_M, cfg.BLOCK_N, left, right,
                                       cfg.THREADS, cfg.HEAD_DIM))
     if return_lse:

@@ -259,6 +259,17 @@ def packed(t):
     return device_array(contiguous(t.detach()))
 
 
+def packed_view(t):
+    """A packed ``[total, H, d]`` tensor as the view an op that reads strides takes
+    (:func:`numba_flash.forward_varlen`: a fused projection's ``qkv.unbind(1)`` slices where
+    they lie); a tensor whose last dim is not contiguous is :func:`packed`'s copy."""
+    if not is_device(t.device):
+        return as_array(t)
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        return packed(t)
+    return device_array(t.detach())
+
+
 def packed_arrays(*tensors):
     """:func:`packed` of each tensor, one array for a tensor given twice (``cu_seqlens_q is
     cu_seqlens_k``): two arrays starting at one address would be ambiguous to a launch plan,

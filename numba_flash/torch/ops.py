@@ -257,8 +257,11 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                else bridge.empty(q.shape[:-1] + v.shape[-1:], q.dtype, q.device))
         lse_t, lse_a = (None, None) if out is None else bridge.lse_out(
             (q.shape[1], q.shape[0]), q)
+        # q, k, v where they lie (the varlen kernel reads strides; not with the token lists)
+        qkv = (bridge.packed_arrays(q, k, v) if extra
+               else [bridge.packed_view(x) for x in (q, k, v)])
         o, lse = numba_flash.forward_varlen(
-            *bridge.packed_arrays(q, k, v, cu_seqlens_q, cu_seqlens_k),
+            *qkv, *bridge.packed_arrays(cu_seqlens_q, cu_seqlens_k),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,

@@ -169,3 +169,27 @@ def test_device_path_takes_views_without_a_copy(dtype, rng):
                                   causal=True)
     got = out_mem._a.transpose(0, 2, 1, 3).astype(np.float64)
     assert_scaled_close(got, want, O_TOL[np.dtype(dtype)], name="o")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_varlen_reads_a_fused_projection_in_place(dtype, rng):
+    """``forward_varlen`` on a packed ``[total, 3, H, d]`` projection's q, k, v slices (token
+    stride 3 H d), ``out=`` a view of ``[total, H + 1, d]`` memory: the SIMT varlen kernel reads
+    and writes them where they lie; the reference per sequence, gaps kept, inputs unchanged."""
+    h, d = 2, 16
+    cu = np.array([0, 7, 7, 20], np.int32)   # three sequences, one empty
+    total = int(cu[-1])
+    qkv = rng.standard_normal((total, 3, h, d)).astype(dtype)
+    q, k, v = (qkv[:, i] for i in range(3))
+    before = qkv.copy()
+    mem = np.full((total, h + 1, d), SENTINEL, dtype)
+    out = mem[:, 1:]
+    o, lse = numba_flash.forward_varlen(q, k, v, cu, cu, max_seqlen_q=13, max_seqlen_k=13,
+                                        causal=True, return_lse=True, out=out)
+    assert o is out
+    want_o, want_lse = reference.attention_varlen(*(x.astype(np.float64) for x in (q, k, v)),
+                                                  cu, cu, causal=True)
+    assert_scaled_close(o.astype(np.float64), want_o, O_TOL[np.dtype(dtype)], name="o")
+    assert_scaled_close(lse, want_lse, LSE_TOL, name="lse")
+    assert (mem[:, 0].astype(np.float64) == SENTINEL).all(), "out: a gap element written"
+    np.testing.assert_array_equal(qkv, before)

@@ -116,6 +116,21 @@ def make_elem_strides(ITEMSIZE):
     return elem_strides
 
 
+@functools.lru_cache(maxsize=None)
+def make_packed_strides(ITEMSIZE):
+    """``packed_strides(x) -> (s_token, s_head)``: the element strides of a packed ``[total, H,
+    d]`` view's first two axes (:func:`make_elem_strides`' rules: non-negative, the last axis
+    contiguous; the token stride an int64: ``total`` rows of it are the array)."""
+    SHIFT = ITEMSIZE.bit_length() - 1
+    assert 1 << SHIFT == ITEMSIZE
+
+    @device_jit(inline=True)
+    def packed_strides(x):
+        return int64(x.strides[0]) >> SHIFT, int64(x.strides[1]) >> SHIFT
+
+    return packed_strides
+
+
 #: simulator only: when a list, each block's thread 0 of an attention forward appends
 #: ``(b, h, q_start, kt)`` for every K/V tile it computes (tests count the tiles a block mask
 #: lets through); the kernels call :func:`log_tile` only in their simulator builds

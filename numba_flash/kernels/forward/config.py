@@ -30,8 +30,9 @@ class ForwardSimtConfig(KernelConfig):
     ``USER`` (a user's ``(score_mod, mask_mod, BLOCKS)``), ``VEC`` (16-byte ``cp.async`` tile
     copies), ``OWN_V`` (``v`` has a head dim of its own, ``d_v``: V and ``o`` addressed at
     their width; off, V shares K's addresses, the build of every ``d_v == d`` call),
-    ``STRIDED`` (batched only: ``q``, ``k``, ``v`` and ``o`` read and written through their own
-    strides, views whose last dim is contiguous; off, C-contiguous)."""
+    ``STRIDED`` (``q``, ``k``, ``v`` and ``o`` read and written through their own strides,
+    views whose last dim is contiguous: batched ``[B, H, N, d]`` or, ``VARLEN``, packed
+    ``[total, H, d]``; not ``PAGED``; off, C-contiguous)."""
 
     BLOCK_M: int
     BLOCK_N: int

@@ -52,7 +52,7 @@ from ...backend import on_simulator
 from ...philox import philox_keep_bits4
 from ..core.common import (
     GRID_YZ_MAX, acc_dtype, clamp_rows, compute_type, log_tile, make_elem_strides,
-    numba_array_type,
+    make_packed_strides, numba_array_type,
 )
 from ..ptx.stages import (
     cp_async16, cp_async_commit, cp_async_wait_all, cp_async_wait_one, lds16, load_at,
@@ -355,10 +355,26 @@ def make_simt_rows(cfg):
     BLOCK_M, BLOCK_N, VARLEN, OWN_V = cfg.BLOCK_M, cfg.BLOCK_N, cfg.VARLEN, cfg.OWN_V
     DROPOUT, PAGED, STRIDED = cfg.DROPOUT, cfg.PAGED, cfg.STRIDED
     KEEP_STRIDE = cfg.GROUPS + 1  # padded row length of keep_tile
-    assert not (STRIDED and VARLEN)
-    strides = make_elem_strides(np.dtype(kernel_dtype(cfg.np_dtype)).itemsize)
+    assert not (STRIDED and PAGED)
+    ITEM = np.dtype(kernel_dtype(cfg.np_dtype)).itemsize
+    strides = make_elem_strides(ITEM)
 
-    if STRIDED:   # views read through their own strides (batched [B, H, N, d] only)
+    if STRIDED and VARLEN:   # packed [total, H, d] views: token and head strides
+        packed_strides = make_packed_strides(ITEM)
+
+        @_device
+        def flat_rows(q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads):
+            qs, ks, vs = packed_strides(q), packed_strides(k), packed_strides(v)
+            return FlatRows(qs[0], np.int64(q0) * qs[0] + h * qs[1], ks[0],
+                            np.int64(k0) * ks[0] + hk * ks[1], vs[0],
+                            np.int64(k0) * vs[0] + hk * vs[1])
+
+        @_device
+        def epilogue_rows(o, row0, write_lse, nq, q0, h, bh, d_v, n_heads, total_q):
+            os_ = packed_strides(o)   # o [total_q, H, d_v], lse [H, total_q]
+            return EpilogueRows(row0, nq, np.int64(q0) * os_[0] + h * os_[1], os_[0],
+                                np.int64(h) * total_q + q0, write_lse, 1)
+    elif STRIDED:   # batched [B, H, N, d] views read through their own strides
         @_device
         def flat_rows(q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads):
             qs, ks, vs = strides(q), strides(k), strides(v)
@@ -726,7 +742,7 @@ def kernel_arg_types(cfg, user=()):
     arr = numba_array_type(dt, 3 if cfg.VARLEN else 4)
     o_t = numba_array_type(dt, 1)
     if cfg.STRIDED:   # views: their own strides
-        arr = o_t = types.Array(arr.dtype, 4, "A")
+        arr = o_t = types.Array(arr.dtype, arr.ndim, "A")
     kv = numba_array_type(dt, 2) if cfg.PAGED else arr
     seqs_t = (types.UniTuple(numba_array_type(np.int32, 1), 2) if cfg.VARLEN
               else types.Tuple(()))

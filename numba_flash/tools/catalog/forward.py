@@ -53,6 +53,9 @@ def simt_configs():
         # float16 (widened element by element)
         yield simt.compile_config(fconfig.forward_simt_config(
             64, dt, vec=dt in simt.VEC_DTYPES, simulator=False, strided=True))
+    # the varlen build on packed views (a fused projection's q, k, v slices)
+    yield simt.compile_config(fconfig.forward_simt_config(
+        64, np.dtype(np.float32), False, True, True, vec=True, simulator=False, strided=True))
     yield from _user_configs()
 
 
