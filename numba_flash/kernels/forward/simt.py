@@ -583,8 +583,7 @@ def forward_kernel(cfg):
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, **jit_options(BLOCK_M, BLOCK_N, HEAD_DIM, dtype))
     def flash_forward(q, k, v, o, lse, va, seqs):
-        # `& (T - 1)` changes nothing (tx < THREADS_N, ty < THREADS_M) but tells the compiler
-        # both are >= 0, so shared-memory indexing needs no negative-index wraparound code
+        # `& (T - 1)`: a no-op telling the compiler tx, ty >= 0 (no negative-index fix-up)
         # [docs:fwd-index]
         tx = cuda.threadIdx.x & (THREADS_N - 1)
         ty = cuda.threadIdx.y & (THREADS_M - 1)
@@ -647,10 +646,9 @@ def forward_kernel(cfg):
         # [/docs:fwd-arrays]
         # dropout's keep bits, a paged tile's cache rows (stand-ins when the build has none)
         keep_tile, page_sh, paged = side_tiles(q_tile, p_tile, seqs, n_kv_heads, hk)
-        # the flat element of row 0 of this (b, h)'s Q and K/V, and the row strides
-        fr = flat_rows(q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads)
-        q_row, q_elem0, kv_row, kv_elem0 = fr.q_row, fr.q_elem0, fr.kv_row, fr.kv_elem0
-        v_row, v_elem0 = fr.v_row, fr.v_elem0
+        # the flat element of row 0 of this (b, h)'s Q, K and V, and their row strides
+        q_row, q_elem0, kv_row, kv_elem0, v_row, v_elem0 = flat_rows(
+            q, k, v, b, h, hk, bh, q0, k0, nq, nk, d, d_v, n_heads, n_kv_heads)
 
         # [docs:fwd-load-q]
         # -- load q_tile = Q_i (unscaled: the score contract scales q . k), zero past Nq and
