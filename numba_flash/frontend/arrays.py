@@ -50,7 +50,7 @@ from .. import simulator
 from ..backend import on_simulator
 from .launch import INT_DIVIDE_BY_ZERO  # noqa: F401  (re-exported: tests import it here)
 from .sim_time import SimWork, simulator_seconds, warn_if_slow
-from .validate import BFLOAT16, array_info, is_device_array
+from .validate import BFLOAT16, array_info, is_c_contiguous, is_device_array
 
 __all__ = ["ArrayCall", "poisoned_outputs", "check_memory", "nbytes", "simulator_seconds",
            "SimWork", "estimate_only"]
@@ -97,14 +97,6 @@ def _poison_value(dtype):
 
 #: a bfloat16 output's poison: the bits of a quiet NaN
 BF16_NAN_BITS = np.uint16(0x7FC0)
-
-
-def is_c_contiguous(x):
-    """Whether the (host or device) array ``x`` is C-contiguous."""
-    flags = getattr(x, "flags", None)
-    if flags is not None:
-        return bool(flags.c_contiguous)
-    return x.__cuda_array_interface__.get("strides") is None
 
 
 def strided_view(x):
@@ -373,11 +365,12 @@ class ArrayCall:
         return self.xp.cuda.Device(self.device_id)
 
     # -- sizes -------------------------------------------------------------------------------
-    def reserve(self, buffers, work_bytes=0):
+    def reserve(self, buffers, work_bytes=0, strided=False):
         """Check that ``buffers`` (``{name: (shape, dtype)}``: every output and workspace of the
         call) fit, together with the device copies of NumPy inputs (and contiguous copies of
-        non-contiguous ones) and ``work_bytes``, before allocating any of them.  Call it before
-        the first :meth:`input`."""
+        non-contiguous ones, but for the views :meth:`input` with ``strided`` hands over as they
+        lie) and ``work_bytes``, before allocating any of them.  Call it before the first
+        :meth:`input`."""
         copies = 0
         for x in self._inputs.values():
             size = getattr(x, "nbytes", None)
@@ -386,7 +379,7 @@ class ArrayCall:
             contiguous = getattr(getattr(x, "flags", None), "c_contiguous", True)
             if not self.on_device:
                 copies += int(size) * (1 if contiguous else 2)
-            elif not contiguous:
+            elif not contiguous and not (strided and strided_view(x)):
                 copies += int(size)
         with self.device():
             return check_memory(self.op, buffers, device=True, work_bytes=copies + work_bytes,

@@ -147,9 +147,7 @@ def check_out(name, out, shape, dtype, like, like_name="q", strided=False):
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {got_dtype}")
     if tuple(got) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(got)}")
-    flags = getattr(out, "flags", None)
-    contiguous = (flags.c_contiguous if flags is not None
-                  else out.__cuda_array_interface__.get("strides") is None)
+    contiguous = is_c_contiguous(out)
     if strided and not contiguous:
         if not disjoint_view(out):
             raise ValueError(f"{name}: expected a view whose last dim is contiguous and whose "
@@ -159,6 +157,14 @@ def check_out(name, out, shape, dtype, like, like_name="q", strided=False):
         raise ValueError(f"{name}: expected a C-contiguous array (written in place), got "
                          f"strides {getattr(out, 'strides', None)}")
     return out
+
+
+def is_c_contiguous(x):
+    """Whether the (host or device) array ``x`` is C-contiguous."""
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        return bool(flags.c_contiguous)
+    return x.__cuda_array_interface__.get("strides") is None
 
 
 def disjoint_view(x):

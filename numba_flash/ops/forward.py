@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 
 from ..frontend import ArrayCall
-from ..frontend.arrays import is_c_contiguous
+from ..frontend.validate import is_c_contiguous
 from ..frontend.plans import plan_key, run_or_build
 from ..frontend.kernel_args import (
     check_forward_args, check_forward_variant, forward_variant, user_build,
@@ -237,7 +237,7 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
     acc_t = acc_dtype(dtype)  # lse and scalars in the compute type: no float64 in f32 kernels
 
     call = ArrayCall({"q": q, "k": k, "v": v})
-    call.reserve({"o": ((b, h, nq, d_v), dtype), "lse": ((b, h, nq), acc_t)})
+    call.reserve({"o": ((b, h, nq, d_v), dtype), "lse": ((b, h, nq), acc_t)}, strided=True)
     # views whose last dim is contiguous are read (and out= written) through their strides
     dq, dk, dv = (call.input(x, strided=True) for x in (q, k, v))
     o = call.output(args.out, (b, h, nq, d_v), dtype, strided=True)

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from ..frontend import ArrayCall
-from ..frontend.arrays import is_c_contiguous
+from ..frontend.validate import is_c_contiguous
 from ..kernels.forward.mma import (
     MMA_DTYPES, forward_grid, forward_mma_config, forward_mma_kernel, vector_copies,
 )

@@ -15,7 +15,7 @@ from ..frontend.cache_args import check_prefill_table, cumulative_total, validat
 from ..frontend.fp8 import fp8_inputs
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
-from ..frontend.arrays import is_c_contiguous
+from ..frontend.validate import is_c_contiguous
 from ..frontend.sim_time import tiled_work
 from ..frontend.validate import (ATTENTION_DTYPES, INT32_MAX, allow_empty, array_info,
                                  check_array, check_bool, check_same_dtype, check_same_kind,
@@ -339,7 +339,8 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
 
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
-    call.reserve({"o": ((total_q, h, d_v), dtype), "lse": ((h, total_q), acc_t)})
+    call.reserve({"o": ((total_q, h, d_v), dtype), "lse": ((h, total_q), acc_t)},
+                 strided=not paged)
     # packed views whose last dim is contiguous (a fused projection's q, k, v) are read, and
     # out= written, through their strides (the paged build takes C-contiguous arrays)
     dq = call.input(q, strided=not paged)
