@@ -25,8 +25,11 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=N
     seqlen_offsets=...)``, on this package's layout.
 
     * ``x``: ``[B, H, N, d]`` (heads before tokens, the layout of ``q`` and of the caches in
-      :func:`numba_flash.decode`; flash-attn's ``apply_rotary_emb`` takes ``[B, N, H, d]``:
-      pass ``x.transpose(0, 2, 1, 3)``).  float16/32/64 or ``ml_dtypes.bfloat16``.
+      :func:`numba_flash.decode`), float16/32/64 or ``ml_dtypes.bfloat16``.  It is read
+      through its strides where it lies, with no copy, when its last dim is contiguous:
+      flash-attn's ``[B, N, H, d]`` memory passed as its ``x.transpose(0, 2, 1, 3)`` view, a
+      fused QKV projection's slice, a head or batch slice at an offset (another view is
+      copied first).
     * ``cos``, ``sin``: ``[max_position, rotary_dim / 2]``, ``x``'s dtype, ``rotary_dim <= d``;
       the dims past ``rotary_dim`` pass through unchanged.
     * ``interleaved``: ``False`` (default, GPT-NeoX): pairs ``(x[i], x[i + rotary_dim / 2])``;
@@ -39,8 +42,8 @@ def apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, validate=N
       for NumPy inputs; a ``ValueError`` naming ``cos``).  Without it (device arrays) a position
       outside the tables gives NaN in the rotated dims and reads nothing outside them.
 
-    Returns a new array of ``x``'s shape and dtype (computed in float32, float64 for float64);
-    ``x`` is not modified.
+    Returns a new C-contiguous array ``[B, H, N, d]`` of ``x``'s dtype (computed in float32,
+    float64 for float64); ``x`` is not modified.
 
     Device arrays without ``validate``: no synchronisation, and a call of a signature seen
     before replays its launch plan (:mod:`numba_flash.frontend.plans`); with
@@ -96,6 +99,8 @@ def _apply_rotary(x, cos, sin, *, interleaved, seqlen_offsets, validate):
                         "seqlen_offsets[b] + N - 1")
     d_off = (kernel_ints(call, seqlen_offsets, "seqlen_offsets") if per_seq
              else device_constant(call, "no_offsets", np.zeros((1,), np.int32)))
-    out = launch_rotary(call, call.input(x), call.input(cos), call.input(sin), d_off, offset0,
-                        1, per_seq, interleaved, dtype)
+    # the kernel indexes x through its strides (Numba's own indexing): a view whose last dim
+    # is contiguous (flash-attn's [B, N, H, d] memory, a fused projection's slice) as it lies
+    out = launch_rotary(call, call.input(x, strided=True), call.input(cos), call.input(sin),
+                        d_off, offset0, 1, per_seq, interleaved, dtype)
     return call.result(out)

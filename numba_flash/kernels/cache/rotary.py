@@ -55,7 +55,9 @@ def rotary_grid(b, h, n, name="x"):
 @functools.lru_cache(maxsize=None)
 def rotary_kernel(THREADS, dtype, INTERLEAVED):
     """Build (once per configuration) ``kernel(x, cos, sin, offsets, out, offset0, step,
-    per_seq)``: ``x``, ``out`` ``[B, H, N, d]``; ``cos``, ``sin`` ``[max_position, R]`` in
+    per_seq)``: ``x``, ``out`` ``[B, H, N, d]`` (indexed through their own strides: ``x`` may be a
+    view whose last dim is contiguous, flash-attn's ``[B, N, H, d]`` memory transposed, each
+    layout its own specialisation); ``cos``, ``sin`` ``[max_position, R]`` in
     ``x``'s dtype; ``offsets`` ``[B]`` ints read when ``per_seq`` is 1 (else ``offset0`` is every
     row's offset); ``step`` 1 or 0 (see the module docstring).  int32 scalars."""
     acc_t = compute_type(dtype)
@@ -106,9 +108,13 @@ def rotary_kernel(THREADS, dtype, INTERLEAVED):
     return apply_rotary
 
 
-def kernel_args_types(dtype, int_dtype=np.int32):
+def kernel_args_types(dtype, int_dtype=np.int32, strided=False):
+    """The launch signature; ``strided``: ``x`` a view (layout "A", read through its strides)."""
     from numba import types
 
-    return (numba_array_type(dtype, 4), numba_array_type(dtype, 2), numba_array_type(dtype, 2),
+    x_t = numba_array_type(dtype, 4)
+    if strided:
+        x_t = types.Array(x_t.dtype, 4, "A")
+    return (x_t, numba_array_type(dtype, 2), numba_array_type(dtype, 2),
             numba_array_type(int_dtype, 1), numba_array_type(dtype, 4), types.int32,
             types.int32, types.int32)
