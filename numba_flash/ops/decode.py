@@ -45,12 +45,12 @@ import numpy as np
 from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.plans import plan_key, run_or_build
-from ..frontend.arrays import host_ints, kernel_ints
+from ..frontend.arrays import host_ints, kernel_ints, strided_view
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import (
     ATTENTION_DTYPES, FLOAT_DTYPES, INT32_MAX, INT_DTYPES, allow_empty, array_info, array_module,
     check_array, check_bool, check_int, check_out, check_same_dtype, check_same_kind, check_scale,
-    is_device_array,
+    is_c_contiguous, is_device_array,
 )
 from ..frontend.empty import is_empty, no_key_outputs
 from ..frontend.variants import (check_alibi, check_sink, check_sink_values, check_softcap,
@@ -61,7 +61,9 @@ from ..kernels.decode.config import (
     vector_loads,
 )
 from ..kernels.decode.split_kv import cache_views, decode_kernel
-from ..kernels.decode.merge import default_threads as merge_threads, merge_grid, merge_kernel
+from ..kernels.decode.merge import (
+    default_threads as merge_threads, fold_rows, merge_grid, merge_kernel,
+)
 from ..kernels.decode.mla import mla_decode_config, mla_decode_grid, mla_decode_kernel
 from ..kernels.forward.mma import vector_copies
 from ..kernels.core.config import MMA_DTYPES
@@ -1078,6 +1080,13 @@ def merge_states(o_parts, lse_parts, learnable_sink=None):
     of their own keys): the merge of split partials with the sink is the unsplit attention with
     it (a row whose parts are all empty gets ``o = 0``, ``lse = sink``).
 
+    Views are read where they lie, through their strides, when ``o_parts``' last dim is
+    contiguous and its row axes (``shape[1:-1]``) fold into at most three (neighbours whose
+    strides chain merged, axes of one element dropped): parts stacked from flash-attn's ``[B,
+    N, H, d]`` outputs and viewed ``[P, B, H, N, d]``, a head or batch slice; ``lse_parts``
+    likewise when its last dim is contiguous.  Other views are copied first, as is a
+    ``lse_parts`` whose last dim is strided.  ``o`` and ``lse`` are new C-contiguous arrays.
+
     Device arrays: no synchronisation, and a call of a signature seen before replays its
     launch plan (:mod:`numba_flash.frontend.plans`).
     """
@@ -1113,15 +1122,40 @@ def _merge_states(o_parts, lse_parts, learnable_sink):
     sink = _row_sinks(learnable_sink, ls_[1:])
 
     call = ArrayCall(arrays)
-    d_o = call.input(o_parts).reshape(n_parts, rows, d)
-    d_l = call.input(lse_parts).reshape(n_parts, rows)
+    folded = _strided_rows(o_parts, lse_parts)
+    if folded is None:   # C-contiguous parts (or views copied to C order): rows flattened
+        d_o = call.input(o_parts).reshape(n_parts, rows, d)
+        d_l = call.input(lse_parts).reshape(n_parts, rows)
+    else:                # views read where they lie, their rows folded into three axes
+        d_o = call.input(o_parts, strided=True).reshape((n_parts,) + folded + (d,))
+        d_l = call.input(lse_parts, strided=True).reshape((n_parts,) + folded)
     d_s = no_sink(call) if sink is None else call.input(sink)
     o = call.empty((rows, d), dtype)
     lse = call.empty((rows,), acc_t)
     threads = merge_threads()
-    call.launch(merge_kernel(threads, dtype, dtype), grid, (threads,), d_o, d_l, d_s, o, lse,
-                work=SimWork("merge", n_parts * rows * d))
+    call.launch(merge_kernel(threads, dtype, dtype, folded is not None), grid, (threads,), d_o,
+                d_l, d_s, o, lse, work=SimWork("merge", n_parts * rows * d))
     return call.result(o).reshape(os_[1:]), call.result(lse).reshape(ls_[1:])
+
+
+def _strided_rows(o_parts, lse_parts):
+    """The row axes of :func:`merge_states`' parts folded into three (:func:`fold_rows`) when
+    ``o_parts`` is a view the strided merge reads where it lies (its last dim contiguous:
+    :func:`~numba_flash.frontend.arrays.strided_view`, e.g. parts stacked from flash-attn's
+    ``[B, N, H, d]`` outputs viewed as ``[P, B, H, N, d]``), with ``lse_parts``' strides (its
+    own where it too is such a view, else C order: it is copied); None for C-contiguous parts
+    (the flat build), another producer's arrays (no strides) and views whose rows do not fold
+    into three axes (copied to C order, as before)."""
+    if is_c_contiguous(o_parts) and is_c_contiguous(lse_parts):
+        return None
+    o_st, l_st = getattr(o_parts, "strides", None), getattr(lse_parts, "strides", None)
+    if o_st is None or l_st is None or not strided_view(o_parts):
+        return None
+    shape = tuple(int(n) for n in o_parts.shape[1:-1])
+    if not strided_view(lse_parts):   # copied: C order (in elements: any unit will do)
+        l_st = tuple(int(np.prod(lse_parts.shape[i + 1:], dtype=np.int64))
+                     for i in range(len(lse_parts.shape)))
+    return fold_rows(shape, tuple(o_st[1:-1]), tuple(l_st[1:]))
 
 
 def _row_sinks(learnable_sink, row_shape):

@@ -20,6 +20,7 @@ from numba_flash import reference as ref
 from numba_flash import standin as sd
 from numba_flash.frontend import plans
 from numba_flash.kernels.core.elements import BFLOAT16
+from numba_flash.ops.decode import _strided_rows
 from tests.helpers import assert_scaled_close
 
 #: test_rotary.TOL (bfloat16: 8x float16's, 3 fewer bits)
@@ -83,3 +84,76 @@ def test_rotary_device_path_takes_the_view_without_a_copy(rng):
     want = ref.apply_rotary(mem.transpose(0, 2, 1, 3).astype(np.float64), cos, sin,
                             seqlen_offsets=np.array([3]))
     assert_scaled_close(got.get().astype(np.float64), want, ROT_TOL[np.dtype(np.float32)])
+
+
+# -- merge_states ---------------------------------------------------------------------------------
+#: test_merge_kernel's bounds (helpers.ATOL), float16's scaled by max |o|
+MERGE_TOL = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 2e-3}
+
+
+def _merge_views(rng, p, b, h, n, d, dtype):
+    """``o_parts`` ``[P, B, H, N, d]`` viewing ``[P, B, N, H, d]`` memory (flash-attn's outputs
+    stacked; rows fold into three axes), ``lse_parts`` ``[P, B, H, N]`` viewing ``[B, H, P, N]``
+    memory (its last dim contiguous: read in place too); and both memories."""
+    o_mem = rng.standard_normal((p, b, n, h, d)).astype(dtype)
+    l_mem = (rng.standard_normal((b, h, p, n)) * 4).astype(np.float32)
+    return o_mem.transpose(0, 1, 3, 2, 4), l_mem.transpose(2, 0, 1, 3), o_mem, l_mem
+
+
+def _check_merge(o_parts, lse_parts, dtype, sink=None):
+    dtype = np.dtype(dtype)
+    o, lse = numba_flash.merge_states(o_parts, lse_parts, learnable_sink=sink)
+    assert o.shape == o_parts.shape[1:] and o.dtype == dtype
+    want_o, want_lse = ref.merge_states(o_parts.astype(np.float64), lse_parts.astype(np.float64),
+                                        learnable_sink=sink)
+    assert_scaled_close(o.astype(np.float64), want_o, MERGE_TOL[dtype], name="o")
+    live = np.isfinite(want_lse)   # (a row whose parts are all empty: lse -inf exactly)
+    assert_scaled_close(lse[live], want_lse[live], 2e-6, name="lse")
+    np.testing.assert_array_equal(lse[~live], want_lse[~live])
+
+
+@pytest.mark.parametrize("dtype,sink", [(np.float32, False), (np.float16, True)])
+def test_merge_reads_strided_parts_in_place(dtype, sink, rng):
+    p, b, h, n, d = 3, 2, 3, 4, 8
+    o_parts, lse_parts, o_mem, l_mem = _merge_views(rng, p, b, h, n, d, dtype)
+    lse_parts[1, 0, 1] = -np.inf          # a part empty in some rows
+    lse_parts[:, 1, 2, 3] = -np.inf       # a row with every part empty
+    assert not o_parts.flags.c_contiguous and not lse_parts.flags.c_contiguous
+    before = o_mem.copy(), l_mem.copy()
+    s = np.linspace(-1, 1, h).astype(np.float32)[:, None] if sink else None
+    assert _strided_rows(o_parts, lse_parts) == (b, h, n)   # the strided build, three axes
+    _check_merge(o_parts, lse_parts, dtype, s)
+    np.testing.assert_array_equal(o_mem.view(np.uint8), before[0].view(np.uint8))
+    np.testing.assert_array_equal(l_mem.view(np.uint8), before[1].view(np.uint8))
+
+
+def test_merge_rows_that_do_not_fold_are_copied(rng):
+    """Four row axes no pair of which merges: copied to C order (the flat build), same values."""
+    mem = rng.standard_normal((2, 2, 2, 2, 3, 8)).astype(np.float32)
+    o_parts = mem.transpose(0, 4, 1, 3, 2, 5)      # [P, 3, 2, 2, 2, d]
+    lse_parts = rng.standard_normal((2, 3, 2, 2, 2)).astype(np.float32)
+    assert _strided_rows(o_parts, lse_parts) is None
+    _check_merge(o_parts, lse_parts, np.float32)
+
+
+def test_merge_device_path_takes_the_views_without_a_copy(rng):
+    """Stand-in device arrays: strided ``o_parts`` and ``lse_parts`` reach the launch as they
+    lie (layout "A", no foreign device work; two allocations, ``o`` and ``lse``), and the steady
+    call replays its plan."""
+    p, b, h, n, d = 2, 1, 2, 3, 8
+    o_parts, lse_parts, o_mem, l_mem = _merge_views(rng, p, b, h, n, d, np.float32)
+    do = sd.adopt(o_mem).transpose(0, 1, 3, 2, 4)
+    dl = sd.adopt(l_mem).transpose(2, 0, 1, 3)
+    with sd.device(execute=True) as drv:
+        numba_flash.merge_states(do, dl)
+        before = plans.plan_stats()["plans"]
+        with sd.count() as c:
+            o, lse = numba_flash.merge_states(do, dl)
+        assert plans.plan_stats()["plans"] == before
+        sig = drv.launches[-1].sig
+    assert (c.syncs, c.d2h, c.h2d, c.foreign, c.launches) == (0, 0, 0, 0, 1), c.log
+    assert c.allocations <= 2, c.log
+    assert (sig[0].layout, sig[0].ndim, sig[1].layout) == ("A", 5, "A")
+    want_o, want_lse = ref.merge_states(o_parts.astype(np.float64), lse_parts.astype(np.float64))
+    assert_scaled_close(o.get().astype(np.float64), want_o, 2e-5, name="o")
+    assert_scaled_close(lse.get(), want_lse, 2e-6, name="lse")

@@ -155,16 +155,40 @@ def make_merge_functions(acc_t, part_dtype=None):
 
 
 @functools.lru_cache(maxsize=None)
-def merge_kernel(THREADS, part_dtype, out_dtype):
+def merge_kernel(THREADS, part_dtype, out_dtype, STRIDED=False):
     """Build (once per configuration) ``kernel(o_parts, lse_parts, sink, o, lse)``.
 
     ``o_parts`` ``[P, rows, d]`` in ``part_dtype``; ``lse_parts`` ``[P, rows]`` and ``lse``
     ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``;
     ``sink`` float32 ``[rows]`` (each row's learnable sink logit) or ``[1]`` (``[-inf]``: none).
+    ``STRIDED``: the rows as three axes read through the arrays' own strides, ``o_parts`` ``[P,
+    R0, R1, R2, d]`` and ``lse_parts`` ``[P, R0, R1, R2]`` views (``rows = R0 R1 R2``, row
+    ``(r0 R1 + r1) R2 + r2``: :func:`fold_rows`), e.g. parts stacked from flash-attn's ``[B, N,
+    H, d]`` outputs; ``o``, ``lse`` as above.
     """
     merge_stats, merge_element = make_merge_functions(compute_type(part_dtype),
                                                       np.dtype(part_dtype))
     _, store = element_ops(out_dtype)
+
+    if STRIDED:
+        @kernel_jit
+        def merge_states_strided(o_parts, lse_parts, sink, o, lse):
+            row = cuda.blockIdx.x
+            tid = cuda.threadIdx.x
+            n1, n2 = o_parts.shape[2], o_parts.shape[3]
+            r2 = row % n2
+            r1 = row // n2 % n1
+            r0 = row // n2 // n1
+            # the row's parts as [P, R2, d] and [P, R2] views (strides kept: no copy), row r2
+            o_row, lse_row_parts = o_parts[:, r0, r1], lse_parts[:, r0, r1]
+            m, total, lse_row = merge_stats(lse_row_parts, r2,
+                                            sink[row if sink.shape[0] > 1 else 0])
+            for c in range(tid, o_parts.shape[4], THREADS):
+                o[row, c] = store(merge_element(o_row, lse_row_parts, r2, c, m, total))
+            if tid == 0:
+                lse[row] = lse_row
+
+        return merge_states_strided
 
     @kernel_jit
     def merge_states(o_parts, lse_parts, sink, o, lse):
@@ -178,6 +202,26 @@ def merge_kernel(THREADS, part_dtype, out_dtype):
             lse[row] = lse_row
 
     return merge_states
+
+
+def fold_rows(shape, *strides):
+    """The row axes ``shape`` (``o_parts.shape[1:-1]``) folded for the ``STRIDED`` build: axes
+    of one element dropped and neighbours merged where every array's ``strides`` (its row axes'
+    strides, one tuple per array) allow (the outer stride is the inner one times the inner
+    length): a tuple of at most three lengths, padded with ones in front, whose C order is the
+    rows' C order, or None where more than three axes remain (the caller copies)."""
+    axes = [i for i, n in enumerate(shape) if int(n) != 1]
+    groups = []
+    for i in axes:
+        if groups and all(int(st[groups[-1][-1]]) == int(st[i]) * int(shape[i])
+                          for st in strides):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) > 3:
+        return None
+    lengths = [int(np.prod([int(shape[i]) for i in g])) for g in groups]
+    return (1,) * (3 - len(lengths)) + tuple(lengths)
 
 
 #: (part dtype, output dtype) pairs the package launches: merge_states keeps the parts' dtype;
