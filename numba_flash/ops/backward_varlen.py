@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.sparse import sparse_backward_varlen
 from ..frontend.plans import plan_key, run_or_build
@@ -22,8 +23,8 @@ from ..frontend.empty import no_key_gradients
 
 def _as_batch(x):
     """A packed ``[total, H, d]`` array as the kernels' one batch ``[1, H, total, d]`` (a strided
-    view: a NumPy one is copied contiguous by its ``call.input``, a device one given to the
-    kernels as it is)."""
+    view, given to the kernels as it is: they index through strides; a NumPy one is copied
+    contiguous by its ``call.input`` only on a GPU)."""
     return x[None].transpose(0, 2, 1, 3)
 
 
@@ -61,11 +62,14 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     of :func:`numba_flash.dropout_mask`, i.e. ``dropout_mask(seed, B, H, nq_b, nk_b, p)[b]``.
 
     The kernels are those of :func:`numba_flash.backward`, reading the packed batch as one
-    ``[1, H, total, d]`` batch: NumPy inputs are transposed into that layout once and the
-    gradients back (O(total * d) copies next to the O(total * max_seqlen * d) work); device
-    arrays are read and written in place through ``[1, H, total, d]`` strided views of the
-    packed arrays (no copy: the kernels index every array by ``[b, h, row, column]``, so their
-    builds for strided arrays take the views as they are).
+    ``[1, H, total, d]`` batch: ``do``, ``q``, ``k``, ``v``, ``o`` and ``out`` are read and
+    written in place through ``[1, H, total, d]`` strided views of the packed arrays (no copy:
+    the kernels index every array by ``[b, h, row, column]``, so their builds for strided
+    arrays take the views as they are), device arrays and, in the simulator, NumPy ones; so
+    are packed views whose last dim is contiguous (a fused projection's ``qkv[:, i]`` of
+    ``[total, 3, H, d]``, rows with gaps, a head slice).  NumPy arrays on a GPU are copied into
+    that layout and the gradients back (O(total * d) copies next to the O(total * max_seqlen *
+    d) work).
 
     A user's variant: the forward's ``score_mod``, ``mask_mod``, ``block_mask`` and
     ``aux_tensors`` (:func:`numba_flash.forward_varlen`: ``b`` the sequence index, ``q_idx`` /
@@ -82,8 +86,10 @@ def backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seql
     gradients as :func:`numba_flash.backward` gives them there).
 
     ``out``: ``(dq, dk, dv)`` arrays of ``q``'s, ``k``'s and ``v``'s shapes and the inputs'
-    dtype (C-contiguous, of the inputs' kind) written in place and returned (not with
-    ``kv_indices`` yet: a ``ValueError`` naming ``out``).
+    dtype, of the inputs' kind, written in place and returned: C-contiguous, or views whose
+    last dim is contiguous and no two elements share an address (the caller's data between
+    their rows is left as it is); not with ``kv_indices`` yet (a ``ValueError`` naming
+    ``out``).
 
     Device arrays (CuPy): no synchronisation.  ``validate`` (default ``True`` for NumPy inputs,
     ``False`` for device arrays) as in :func:`numba_flash.forward_varlen`: device
@@ -179,7 +185,7 @@ def _backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seq
                          f"not {d}): the aux gradients take d_v == d only so far")
     # a device sink's values are checked with the lengths (reading them is a synchronisation)
     sink = check_sink(learnable_sink, h, check_values=read)
-    outs = check_grad_outs(out, q, k, v, dtype)
+    outs = check_grad_outs(out, q, k, v, dtype, strided=True)
     if total_q == 0 or total_k == 0:   # every sequence empty on one side: no launch
         grads = no_key_gradients(do, q, k, v, o, lse, sink, aux, dtype)
         if outs is None:
@@ -189,16 +195,20 @@ def _backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seq
         return outs + tuple(grads[3:])
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    if call.on_device:   # [1, H, total, d] views of the packed arrays: no copy
-        ins = [_as_batch(call.input(x)) for x in (do, q, k, v, o)]
-        packed = outs or tuple(call.empty(array_info(n, x)[0], dtype)
-                               for n, x in (("q", q), ("k", k), ("v", v)))
-        batch_outs = tuple(_as_batch(x) for x in packed)
+    shapes = [array_info(n, x)[0] for n, x in (("q", q), ("k", k), ("v", v))]
+    # [1, H, total, d] views of the packed arrays (and of packed views whose last dim is
+    # contiguous: a fused projection's qkv[:, i]), read and written through their strides
+    in_place = call.on_device or on_simulator()
+    if call.on_device:
+        ins = [_as_batch(call.input(x, strided=True)) for x in (do, q, k, v, o)]
+        packed = outs or tuple(call.empty(shape, dtype) for shape in shapes)
         lse_in = call.input(lse).reshape(1, h, total_q)   # C-contiguous, as lse[None] is not
-    else:                # NumPy: copied into that layout (and the gradients back)
-        ins = [call.input(_as_batch(x)) for x in (do, q, k, v, o)]
-        batch_outs = None
+    else:   # NumPy: the simulator's memory is the host's; on a GPU copied (and the gradients
+        ins = [call.input(_as_batch(x), strided=True) for x in (do, q, k, v, o)]   # back)
+        packed = (outs or tuple(np.empty(shape, dtype) for shape in shapes)) if in_place \
+            else None
         lse_in = call.input(lse[None])
+    batch_outs = tuple(_as_batch(x) for x in packed) if in_place else None
     lens = zip(len_q, len_k) if read else None   # (the simulator's time estimate)
     dq, dk, dv = launch_backward(
         call, *ins, lse_in, n_seq=n_seq, max_nq=max_q, max_nk=max_k, cu_q=call.input(cu_q),
@@ -208,6 +218,8 @@ def _backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *, max_seq
         sink=None if sink is None else call.input(sink), outs=batch_outs)
     if call.on_device:
         grads = outs or tuple(call.result(x) for x in packed)
+    elif in_place:   # (the simulator wrote the packed arrays themselves)
+        grads = packed
     else:
         grads = tuple(_unpack(call.result(x)) for x in (dq, dk, dv))
         if outs is not None:   # the caller's out=: written, returned
