@@ -100,8 +100,12 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
 
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
 
-    ``out``: ``(dq, dk, dv)`` arrays of the gradients' shapes and dtypes (C-contiguous, of the
-    inputs' kind) written in place and returned (not with ``kv_indices`` yet).  Device arrays:
+    ``out``: ``(dq, dk, dv)`` arrays of the gradients' shapes and dtypes (of the inputs' kind)
+    written in place and returned (not with ``kv_indices`` yet): C-contiguous, or views whose
+    last dim is contiguous and whose elements do not overlap (flash-attn's ``[B, N, H, d]``
+    memory as its ``transpose(0, 2, 1, 3)``), written through their strides.  ``do``, ``q``,
+    ``k``, ``v``, ``o``: such views are read where they lie by the SIMT and the tensor-core
+    kernels (docs/tensor-cores.md, strided views), copied with ``kv_indices``.  Device arrays:
     no synchronisation, and a call of a signature seen before replays its launch plan
     (:mod:`numba_flash.frontend.plans`; its work arrays are kept, so with ``out`` a call
     allocates nothing); dropout, a ``block_mask``, a learnable sink (its gradient is summed

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend import ArrayCall
+from ..frontend.validate import is_c_contiguous
 from ..frontend.sim_time import SimWork, tiled_work
 from ..kernels.backward.simt import fold_grid, preprocess_kernel, reduce_kernel
 from ..kernels.backward.config import elem_threads, row_lanes
@@ -35,7 +36,8 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
 
     float16 or bfloat16 (``ml_dtypes.bfloat16``) ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and ``k``
     ``[B, Hkv, Nk, d]``, ``v`` ``[B, Hkv, Nk, d_v]`` (GQA; ``o``, ``do`` ``[.., d_v]``: a value head
-    dim of its own, any ``d_v`` the forward takes), float32 ``lse [B, H, Nq]`` from the forward, and
+    dim of its own, any ``d_v`` the forward takes; views whose last dim is contiguous are read
+    where they lie, the kernels' ``STRIDED`` build), float32 ``lse [B, H, Nq]`` from the forward, and
     the forward's ``causal``, ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``,
     ``dropout_p`` and ``seed``.  Each gradient comes in its input's shape and dtype; ``dk``, ``dv``
     are summed over each GQA group.  dQ is summed over K/V tiles with float32 atomic adds, or, with
@@ -82,12 +84,14 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
         flags["head_dim_v"] = d_v
 
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse})
-    do_in, q_in, k_in = (call.input(x) for x in (do, q, k))
-    v_in, o_in, lse_in = (call.input(x) for x in (v, o, lse))
+    # views whose last dim is contiguous (flash-attn's [B, N, H, d] memory) are read where they
+    # lie: the tensor-core kernels' STRIDED build, the SIMT preprocess and reduce kernels' own
+    # strided indexing, which also writes a strided out= in place
+    do_in, q_in, k_in, v_in, o_in = (call.input(x, strided=True) for x in (do, q, k, v, o))
+    lse_in = call.input(lse)
     f32 = np.float32
     outs = (None, None, None) if outs is None else outs
-    # (a strided out=: these kernels write C-contiguous arrays, copied into it)
-    dq, dk, dv = (call.output(x, shape, dtype, strided=False)
+    dq, dk, dv = (call.output(x, shape, dtype, strided=True)
                   for x, shape in zip(outs, (q_in.shape, k_in.shape, v_in.shape)))
     dq_accum = call.empty(q_in.shape, f32)        # zeroed by the preprocess kernel
     dk_heads = call.empty((b, h, nk, d), f32)     # each query head's share of dK, dV
@@ -97,6 +101,7 @@ def launch_backward_mma(do, q, k, v, o, lse, *, shape, scale, deterministic, dro
     shape_cfg = backward_mma_config(d, "dq", **flags)   # the compiled widths
     head_dim, head_dim_v = shape_cfg.HEAD_DIM, shape_cfg.HEAD_DIM_V or None
     flags["VEC"] = vector_copies(d, head_dim, *u16, d_v=d_v)
+    flags["STRIDED"] = not all(is_c_contiguous(x) for x in u16)
     # flat views: the kernels index lse, D and dq_accum by one 64-bit base per tile
     lse_flat, delta_flat = lse_in.reshape(-1), delta.reshape(-1)
     dq_flat, dk_flat, dv_flat = (x.reshape(-1) for x in (dq_accum, dk_heads, dv_heads))

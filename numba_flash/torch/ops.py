@@ -15,10 +15,10 @@ front end checks the rest (values of ``cu_seqlens``, ``alibi_slopes``' and
 On the device path (CUDA tensors; :mod:`numba_flash.torch.bridge`) the outputs ``out`` and
 ``dq, dk, dv`` are torch tensors the kernels write (``out=``; the varlen ops' once
 :func:`varlen_out` finds they take it), ``softmax_lse`` the op's own array through DLPack, and
-nothing waits for the GPU; the forward and the SIMT backward read ``[B, N, H, d]`` tensors
-where they lie (their kernels read strides: :func:`bridge.heads_first_view`), the tensor-core
-backward's are copied heads-first by torch where the transpose is not contiguous (issue 61's
-remainder).
+nothing waits for the GPU; the forward and the backward (SIMT and tensor cores) read ``[B, N,
+H, d]`` tensors where they lie and write the gradients in place (their kernels read strides:
+:func:`bridge.heads_first_view`); the token-sparse backward (``gather_kv_indices``) takes
+heads-first copies.
 """
 
 import functools
@@ -172,9 +172,9 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
         gather_kv_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
-    # the SIMT backward (float32 / float64, the simulator) reads and writes [B, N, H, d] memory
-    # through its strides; the tensor-core one takes heads-first copies
-    strided = gather_kv_indices is None and _simt_backward(q)
+    # the backward's kernels (SIMT and tensor cores) read and write [B, N, H, d] memory through
+    # its strides; the token-sparse one takes heads-first copies
+    strided = gather_kv_indices is None
 
     def arrays():
         view = bridge.heads_first_view if strided else bridge.heads_first
@@ -191,14 +191,6 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
     return _run_backward(numba_flash.backward, arrays, outs, q, learnable_sink,
                          (dropout_p, softmax_scale, causal, window_size_left, window_size_right,
                           softcap, alibi_slopes, deterministic, rng_state), **sizes)
-
-
-def _simt_backward(q):
-    """Whether ``numba_flash.backward`` (``kernel="auto"``) runs the SIMT kernels for ``q``'s
-    dtype on this backend (they index through strides; the tensor-core ones do not yet)."""
-    from ..frontend.kernel_choice import choose_backward_kernel
-
-    return choose_backward_kernel("auto", bridge.numpy_dtype(q.dtype)).kernel == "simt"
 
 
 @bwd.register_fake

@@ -120,8 +120,8 @@ def test_flash_attn_func_forward_backward(gen, dtype):
         assert (c.allocations, c.launches, allocs, copies) == (0, 1, 2, 0), (c.log, mode.log)
         # backward: no allocation on the stand-in (dq, dk, dv are out=, the work arrays the
         # plan's, zeroed by memsets); torch: dq, dk, dv ([B, N, H, d]) and no copy (the SIMT
-        # backward, the simulator's, reads and writes through strides; the tensor-core one
-        # takes heads-first copies of dout, q, k, v, out and copies the three gradients back)
+        # backward, the simulator's, reads and writes through strides, as the tensor-core one
+        # does on a GPU: tests/kernels/test_strided_backward_mma.py counts it)
         c, allocs, copies = _steady(mode, lambda: state["out"].backward(g), forward)
         assert (c.allocations, allocs, copies) == (0, 3, 0), (c.log, mode.log)
     want_o, want_lse = reference.attention(*(_hf(x) for x in (q, k, v)), causal=True)

@@ -146,7 +146,9 @@ class BackwardMmaConfig(WarpMmaConfig):
     ``VEC``, else 16-bit loads; off, V and dO share K's and Q's width and addresses).
     ``PAD_COLS`` (``OWN_V``): ``d`` or ``d_v`` is not a multiple of 16, so a tile has columns
     past its array's width (zero-filled chunks, every output column tested); without it
-    (DeepSeek's (192, 128)) every tile column is its array's, as in a ``d_v = d`` build."""
+    (DeepSeek's (192, 128)) every tile column is its array's, as in a ``d_v = d`` build.
+    ``STRIDED``: ``q``, ``k``, ``v`` and ``do`` are read through their own strides (views whose
+    last dim is contiguous: flash-attn's ``[B, N, H, d]`` memory); off, C-contiguous."""
 
     KIND: str
     STEP: int
@@ -156,6 +158,7 @@ class BackwardMmaConfig(WarpMmaConfig):
     COL0: int = 0
     ACC_DIM: int = 0
     PAD_COLS: bool = False
+    STRIDED: bool = False
 
     @property
     def BLOCK(self):

@@ -31,7 +31,8 @@ Kernels (a :class:`~numba_flash.kernels.backward.config.BackwardMmaConfig`, tile
 
 Compile time besides the tiles: ``DROPOUT``, ``SOFTCAP``, ``ALIBI``, ``VEC`` (16-byte copies),
 ``USER`` (:mod:`numba_flash.flex`), ``OWN_V`` / ``HEAD_DIM_V`` (``v``, ``do``, ``dv`` of ``d_v``
-columns; :data:`ONE_PASS_COLUMNS`), ``PAD_COLS``.  Shared memory: one static ``uint32`` arena of
+columns; :data:`ONE_PASS_COLUMNS`), ``PAD_COLS``, ``STRIDED`` (``q``, ``k``, ``v``, ``do`` read
+through their strides: :func:`make_backward_bases`).  Shared memory: one static ``uint32`` arena of
 rows of ``2 HEAD_DIM + 16`` bytes (V and dO ``2 HEAD_DIM_V + 16``; the pad: conflict-free
 ``ldmatrix``), ``BackwardMmaConfig.SMEM_BYTES``, at most 48 KiB.
 
@@ -50,12 +51,12 @@ from numba import cuda, float32, int32, types, uint32, uint64
 from ...backend import on_simulator
 from ...philox import philox_keep
 from .simt import unfold_block
-from ..core.common import SMEM_LIMIT, log_tile
+from ..core.common import SMEM_LIMIT, log_tile, make_elem_strides
 from ..core.jit import device_jit, kernel_jit, static_for
 from ..ptx.stages import (
     SHARED_ALIGN,
     EXP_BITS, LOG2E, cp_async_wait_all, ex2, fma, in_loop, load_u16, make_pair_load,
-    make_tile_copy, make_tile_scan, red_add,
+    make_row_stride, make_tile_copy, make_tile_scan, red_add,
 )
 from ..mainloop.tile_scores import make_score_args, make_score_fn
 from .config import BACKWARD_MMA_TILES, BackwardMmaConfig, backward_mma_config, backward_mma_tiles
@@ -181,6 +182,49 @@ def make_backward_block(ALIBI):
                              right, score_args(va, b, h, nk - nq, nq))
 
     return backward_block
+
+
+#: where a block's operands start (:func:`make_backward_bases`): Q's row ``q_row0`` and the
+#: ``d`` its tile copies take (``STRIDED``: the pair ``(d, row stride)``), ``do_at = (dO's
+#: base, its d)``, K's row ``k_row0`` and its ``d``, ``v_at = (V's base, its d)``, and the
+#: value head dim ``d_v``
+BackwardBases = namedtuple("BackwardBases", "q_base q_d do_at k_base k_d v_at d_v")
+
+
+@functools.lru_cache(maxsize=None)
+def make_backward_bases(STRIDED, OWN_V):
+    """``backward_bases(q, k, v, do, blk, q_row0, k_row0) ->`` :data:`BackwardBases` of the block
+    ``blk`` (:data:`BackwardBlock`): C-contiguous ``[B, H(kv), N, d]`` arrays, or (``STRIDED``)
+    views read through their strides (:func:`~numba_flash.kernels.core.common.make_elem_strides`:
+    each operand starts at ``b s0 + h s1``, its rows ``s2`` apart, dO's and V's strides their
+    own)."""
+    strides = make_elem_strides(2)   # 16-bit elements
+
+    if STRIDED:
+        @_stage
+        def backward_bases(q, k, v, do, blk, q_row0, k_row0):
+            qs, ks, vs, ds = strides(q), strides(k), strides(v), strides(do)
+            d_v = v.shape[3] if OWN_V else blk.d
+            return BackwardBases(
+                blk.b * qs[0] + blk.h * qs[1] + q_row0 * qs[2], (blk.d, qs[2]),
+                (blk.b * ds[0] + blk.h * ds[1] + q_row0 * ds[2], (d_v, ds[2])),
+                blk.b * ks[0] + blk.hk * ks[1] + k_row0 * ks[2], (blk.d, ks[2]),
+                (blk.b * vs[0] + blk.hk * vs[1] + k_row0 * vs[2], (d_v, vs[2])), d_v)
+    else:
+        @_stage
+        def backward_bases(q, k, v, do, blk, q_row0, k_row0):
+            q_rows = (blk.b * q.shape[1] + blk.h) * blk.nq + q_row0    # rows before Q's first
+            k_rows = (blk.b * k.shape[1] + blk.hk) * blk.nk + k_row0
+            d_v = blk.d     # V's and dO's head dim and bases: K's and Q's, or their own
+            v_at = (k_rows * blk.d, blk.d)
+            do_at = (q_rows * blk.d, blk.d)
+            if OWN_V:
+                d_v = v.shape[3]
+                v_at = (k_rows * d_v, d_v)
+                do_at = (q_rows * d_v, d_v)
+            return BackwardBases(q_rows * blk.d, blk.d, do_at, k_rows * blk.d, blk.d, v_at, d_v)
+
+    return backward_bases
 
 
 def _user_parts(USER):
@@ -336,15 +380,17 @@ def make_dkdv_rows(cfg):
     ZERO = float32(0.0)
     RAW = not (cfg.SOFTCAP or cfg.ALIBI or (FNS is not None and FNS[0] is not None))
     score_fn = make_score_fn(RAW, cfg.SOFTCAP, cfg.ALIBI, FNS, float32)
+    row_stride = make_row_stride(cfg.STRIDED)
 
     @_stage
-    def bad_do_fixup(dv_acc, do, do_base, q_start, key0, g, t, sa, bounds, umask):
+    def bad_do_fixup(dv_acc, do, do_at, q_start, key0, g, t, sa, bounds, umask):
         """Rare: a non-finite ``dO[i, c]`` (zeroed in the tile) makes ``dV[j, c]`` NaN for every
         key ``j`` row ``i`` sees (the reference's ``P * NaN``); read from global memory.  Bit
         ``c`` of ``bad[r]``: the lane's column ``c`` for its key ``r`` (bits, not array
         indices, in the run-time loop: ``dv_acc`` stays in registers)."""
         nk, left, right = bounds
         d = do.shape[3]
+        do_base, do_row = do_at[0], row_stride(do_at[1])   # (STRIDED: dO's own row stride)
         bad = cuda.local.array(ROWS, uint64)
         for r in range(ROWS):
             bad[r] = uint64(0)
@@ -353,7 +399,7 @@ def make_dkdv_rows(cfg):
             cols = uint64(0)
             for c in range(ACOLS_V):
                 col = COL0 + 2 * t + 8 * (c >> 1) + (c & 1)
-                x = uint32(load_u16(do, do_base + row * d + col)) if col < d else uint32(0)
+                x = uint32(load_u16(do, do_base + row * do_row + col)) if col < d else uint32(0)
                 if (x & EXP_MASK) == EXP_MASK:
                     cols |= uint64(1) << uint64(c)
             if cols != uint64(0):
@@ -418,7 +464,7 @@ def make_dkdv_rows(cfg):
 #: the dK/dV step's context: shared memory, the variant and score arguments; the global inputs;
 #: the lane's register arrays; its coordinates and shared-memory offsets
 DkdvStep = namedtuple("DkdvStep", "smem va sa "
-                      "q do lse delta dq_accum qo_base row_base d bounds do_at "
+                      "q do lse delta dq_accum qo_base q_d row_base d bounds do_at "
                       "st dpt dk_acc dv_acc nlse2 dl da dqc "
                       "tid warp g t key0 a_lane q_b ds_lane")
 #: the keys a non-finite dO row marks (``bad_do_fixup``'s row stage)
@@ -445,10 +491,11 @@ def make_dkdv_loads(cfg):
     # 255 registers they spilled otherwise; a user's build (registers of its own) spilled more
     # with them
     PER_TILE = cfg.USER is None
+    STRIDED = cfg.STRIDED
     load_pair = make_pair_load(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, BLOCK_M * RB, PER_TILE,
-                               cfg.OWN_V, cfg.HEAD_DIM_V, PAD)
-    return DkdvLoads(copy_k=make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, PAD),
-                     copy_v=make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, PAD),
+                               cfg.OWN_V, cfg.HEAD_DIM_V, PAD, STRIDED)
+    return DkdvLoads(copy_k=make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, PAD, STRIDED),
+                     copy_v=make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, PAD, STRIDED),
                      scan_k=make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE),
                      scan_q=make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE),
                      scan_do=make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE),
@@ -509,6 +556,7 @@ def make_dkdv_step(cfg, MASKED):
         q, do, lse, delta, dq_accum = x.q, x.do, x.lse, x.delta, x.dq_accum
         smem, va, sa = x.smem, x.va, x.sa
         qo_base, row_base, d, bounds, do_at = x.qo_base, x.row_base, x.d, x.bounds, x.do_at
+        q_d = x.q_d     # the loads' d (STRIDED: with Q's row stride); d: dq_accum's
         st, dpt, dk_acc, dv_acc = x.st, x.dpt, x.dk_acc, x.dv_acc
         nlse2, dl, da, dqc = x.nlse2, x.dl, x.da, x.dqc
         tid, warp, g, t, key0 = x.tid, x.warp, x.g, x.t, x.key0
@@ -547,7 +595,7 @@ def make_dkdv_step(cfg, MASKED):
         else:
             cuda.syncthreads()  # Q/dO tile qt landed for all; all warps are done with qt - 1
         if Q_STAGES > 1:  # the next Q tile's copy runs under this tile's math
-            load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
+            load_q(smem, stage ^ 1, q, do, qo_base, qt_next, t_hi, sa.nq, q_d, tid, do_at)
         for r in range(ROWS):
             for c in range(QCOLS):
                 st[r, c] = ZERO
@@ -560,7 +608,7 @@ def make_dkdv_step(cfg, MASKED):
         if WANT_DV:
             gemm_dv(dv_acc, st, smem, 0, qb + DO_OFF + do_t)          # dV += (P Z)^T dO
             if MASKED and do_bad:
-                bad_do_fixup(dv_acc, do, do_at[0], q_start, key0, g, t, sa, bounds, umask)
+                bad_do_fixup(dv_acc, do, do_at, q_start, key0, g, t, sa, bounds, umask)
         if WANT_DK:
             gemm_dk(dk_acc, dpt, smem, 0, qb + q_t)                    # dK += dS^T Q
         if DQ_ATOMIC:
@@ -568,7 +616,7 @@ def make_dkdv_step(cfg, MASKED):
         if DQ_ATOMIC or Q_STAGES == 1:
             cuda.syncthreads()  # dS^T complete for every warp; all are done with Q/dO of qt
         if Q_STAGES == 1:
-            load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, d, tid, do_at)
+            load_q(smem, 0, q, do, qo_base, qt_next, t_hi, sa.nq, q_d, tid, do_at)
         if DQ_ATOMIC:  # dQ += scale dS K: the warps split dQ's column pairs
             load_ds(da, smem, ds_a)
             for i in range(PAIRS_PER_WARP):
@@ -617,6 +665,7 @@ def dkdv_mma_kernel(cfg):
     next_q, visit = make_query_walk(cfg)
     store_dkdv = make_dkdv_rows(cfg).store_dkdv
     backward_block = make_backward_block(cfg.ALIBI)
+    backward_bases = make_backward_bases(cfg.STRIDED, OWN_V)
     step_masked = make_dkdv_step(cfg, True)
     step_full = make_dkdv_step(cfg, False)
     walk = make_tile_walk(step_full, step_masked, visit, next_q, Q_STAGES,
@@ -628,7 +677,6 @@ def dkdv_mma_kernel(cfg):
     def backward_dkdv_mma(q, k, v, do, lse, delta, dq_accum, dk_out, dv_out, va, tiles):
         tid = cuda.threadIdx.x
         blk = backward_block(q, k, va, tid, tiles)   # this block's K/V tile, this lane
-        n_heads = q.shape[1]
         k_start = blk.tile * BLOCK_N
         k_end = min(k_start + BLOCK_N, blk.nk)
         key0 = k_start + 16 * M_TILES * blk.warp + blk.g   # the lane's first key (rows of S^T)
@@ -658,17 +706,10 @@ def dkdv_mma_kernel(cfg):
 
         # -- prologue: K and V (K's inf / NaN zeroed: it multiplies dS = 0 in dQ), the first
         # query tile (the block mask's first non-EMPTY one) into stage 0
-        kv_base = ((blk.b * k.shape[1] + blk.hk) * blk.nk + k_start) * blk.d
-        qo_base = (blk.b * n_heads + blk.h) * blk.nq * blk.d
-        d_v = blk.d               # V's and dO's head dim and bases: K's and Q's, or their own
-        v_base = kv_base
-        do_at = (qo_base, blk.d)
-        if OWN_V:
-            d_v = v.shape[3]
-            v_base = ((blk.b * k.shape[1] + blk.hk) * blk.nk + k_start) * d_v
-            do_at = ((blk.b * n_heads + blk.h) * blk.nq * d_v, d_v)
-        copy_k(smem, K_BYTE, k, kv_base, k_end - k_start, blk.d, tid)
-        copy_v(smem, V_BYTE, v, v_base, k_end - k_start, d_v, tid)
+        # this block's K and V rows, the (b, h) start of Q and dO (STRIDED: with row strides)
+        ob = backward_bases(q, k, v, do, blk, 0, k_start)
+        copy_k(smem, K_BYTE, k, ob.k_base, k_end - k_start, ob.k_d, tid)
+        copy_v(smem, V_BYTE, v, ob.v_at[0], k_end - k_start, ob.v_at[1], tid)
         # the unmasked Q tiles' bounds live in shared memory: read once per tile, they cost
         # no register across the loop (at 255, ptxas spilled them to local memory)
         span = cuda.shared.array(2, int32)
@@ -677,7 +718,7 @@ def dkdv_mma_kernel(cfg):
             span[1] = f_hi
         w = QueryWalk(va.user, blk.b, blk.h, blk.tile, blk.nq, blk.nk, t_hi, span, tid)
         qt = next_q(t_lo - 1, w)   # the first query tile (the block mask's first non-EMPTY one)
-        load_q(smem, 0, q, do, qo_base, qt, t_hi, blk.nq, blk.d, tid, do_at)
+        load_q(smem, 0, q, do, ob.q_base, qt, t_hi, blk.nq, ob.q_d, tid, ob.do_at)
         cp_async_wait_all()
         if DQ_ATOMIC:
             scan_k(smem, K_BYTE, k_end - k_start, tid)   # own chunks: no barrier before
@@ -685,9 +726,9 @@ def dkdv_mma_kernel(cfg):
 
         # (b, h) as a uint32: the grid has < 2**31 blocks, and a 32-bit value is one register
         ctx = DkdvStep(smem, va, blk.sa,
-                       q, do, lse, delta, dq_accum, qo_base,
+                       q, do, lse, delta, dq_accum, ob.q_base, ob.q_d,
                        uint64(uint32(blk.bh)) * uint64(blk.nq), blk.d,
-                       (blk.nk, blk.left, blk.right), do_at,
+                       (blk.nk, blk.left, blk.right), ob.do_at,
                        st, dpt, dk_acc, dv_acc, nlse2, dl, da, dqc,
                        tid, blk.warp, blk.g, blk.t, key0, lane_offset(blk.lane, RB, KIND_A),
                        lane_offset(blk.lane, RB, KIND_B), lane_offset(blk.lane, DS_RB, KIND_B))
@@ -695,7 +736,7 @@ def dkdv_mma_kernel(cfg):
 
         # -- this query head's dK (times scale) and dV, in float32
         store_dkdv(dk_out, dv_out, dk_acc, dv_acc, uint64(uint32(blk.bh)) * uint64(blk.nk), key0,
-                   blk.nk, (blk.d, d_v), blk.t, va.scale)
+                   blk.nk, (blk.d, ob.d_v), blk.t, va.scale)
 
     return backward_dkdv_mma
 
@@ -745,14 +786,16 @@ def dq_mma_kernel(cfg):
     gemm_s = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS, A_SRC, False, RB, RB, DTYPE)      # Q K^T
     gemm_dp = make_gemm(M_TILES, BLOCK_N // 16, K_STEPS_V, A_SRC, False, RB_V, RB_V, DTYPE)
     gemm_dq = make_gemm(M_TILES, ACC // 16, BLOCK_N // 16, "acc", True, RB, RB, DTYPE)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, cfg.PAD_COLS)
-    copy_do = make_tile_copy(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, cfg.VEC, cfg.PAD_COLS)
+    STRIDED = cfg.STRIDED
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, cfg.PAD_COLS, STRIDED)
+    copy_do = make_tile_copy(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, cfg.VEC, cfg.PAD_COLS, STRIDED)
     scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
     tile_span = make_tile_span(BLOCK_N)
     backward_block = make_backward_block(cfg.ALIBI)
+    backward_bases = make_backward_bases(STRIDED, OWN_V)
 
     load_pair = make_pair_load(BLOCK_N, HEAD_DIM, RB, THREADS, cfg.VEC, KV_TILE, False, OWN_V,
-                               cfg.HEAD_DIM_V, cfg.PAD_COLS)
+                               cfg.HEAD_DIM_V, cfg.PAD_COLS, STRIDED)
 
     load_kv = make_stage_load(load_pair, KV_BYTE, STAGE_BYTES)   # K and V of a key tile
 
@@ -821,7 +864,6 @@ def dq_mma_kernel(cfg):
     def backward_dq_mma(q, k, v, do, lse, delta, dq_accum, va, tiles):
         tid = cuda.threadIdx.x
         blk = backward_block(q, k, va, tid, tiles)   # this block's Q tile, this lane
-        n_heads = q.shape[1]
         q_start = blk.tile * BLOCK_M
         q_end = min(q_start + BLOCK_M, blk.nq)
         row0 = q_start + 16 * M_TILES * blk.warp + blk.g   # the lane's first row
@@ -850,18 +892,12 @@ def dq_mma_kernel(cfg):
 
         # -- prologue: Q and dO of the block's rows (their fragments into registers), the
         # first K/V tile
-        kv_base = (blk.b * k.shape[1] + blk.hk) * blk.nk * blk.d
-        qo_base = ((blk.b * n_heads + blk.h) * blk.nq + q_start) * blk.d
-        v_at = (kv_base, blk.d)      # V's and dO's bases and head dim: K's and Q's, or their own
-        do_base, d_v = qo_base, blk.d
-        if OWN_V:
-            d_v = v.shape[3]
-            v_at = ((blk.b * k.shape[1] + blk.hk) * blk.nk * d_v, d_v)
-            do_base = ((blk.b * n_heads + blk.h) * blk.nq + q_start) * d_v
-        copy_q(smem, Q_BYTE, q, qo_base, q_end - q_start, blk.d, tid)
-        copy_do(smem, DO_BYTE, do, do_base, q_end - q_start, d_v, tid)
+        # (STRIDED: the bases and row strides of each operand's own view)
+        ob = backward_bases(q, k, v, do, blk, q_start, 0)
+        copy_q(smem, Q_BYTE, q, ob.q_base, q_end - q_start, ob.q_d, tid)
+        copy_do(smem, DO_BYTE, do, ob.do_at[0], q_end - q_start, ob.do_at[1], tid)
         kt = nxt(t_lo - 1, w)   # the first tile (a block mask's EMPTY tiles are never loaded)
-        load_kv(smem, 0, k, v, kv_base, kt, t_hi, blk.nk, blk.d, tid, v_at)   # commits Q, dO too
+        load_kv(smem, 0, k, v, ob.k_base, kt, t_hi, blk.nk, ob.k_d, tid, ob.v_at)   # + Q, dO
         cp_async_wait_all()
         cuda.syncthreads()  # Q and dO landed for all before any warp reads its fragments
         a_off = 16 * M_TILES * RB * blk.warp + lane_offset(blk.lane, RB, KIND_A)
@@ -871,7 +907,7 @@ def dq_mma_kernel(cfg):
             load_a_v(dof, smem, DO_BYTE + do_off)
 
         ctx = DqStep(smem, va, blk.sa,
-                     k, v, kv_base, blk.nk, blk.d, (blk.nk, blk.left, blk.right), v_at,
+                     k, v, ob.k_base, blk.nk, ob.k_d, (blk.nk, blk.left, blk.right), ob.v_at,
                      qf, dof, s, dp, acc, nlse2, dl,
                      tid, blk.t, row0, a_off, lane_offset(blk.lane, RB, KIND_B),
                      lane_offset(blk.lane, RB, KIND_A) + 32 * (COL0 // 16), do_off,
@@ -886,7 +922,7 @@ def dq_mma_kernel(cfg):
 
 def compile_config(cfg):
     """The compile tier's entry of one configuration (its Numba argument types)."""
-    u16 = types.Array(types.uint16, 4, "C")
+    u16 = types.Array(types.uint16, 4, "A" if cfg.STRIDED else "C")   # (a view's strides)
     f32_1 = types.Array(types.float32, 1, "C")
     user_t = ()
     if cfg.USER is not None:  # kinds and the two aux arrays of _user_build

@@ -58,7 +58,8 @@ from ..mainloop.online_softmax import (
 from ..ptx.address import is_aligned
 from ..ptx.stages import (
     SHARED_ALIGN,
-    EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_tile_copy, make_tile_scan,
+    EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_row_stride, make_tile_copy,
+    make_tile_scan,
 )
 from ..mainloop.tile_scores import make_score_args, make_score_fn, make_tile_scores_pair
 from ..mainloop.tile_walk import KvWalk, make_kv_walk
@@ -252,23 +253,6 @@ def make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW, SOFTCAP, ALIBI, FNS):
         nan_columns(acc, row_bad)
 
     return static_for(ROWS, dropout_row), nonfinite_v_fixup
-
-
-@functools.lru_cache(maxsize=None)
-def make_row_stride(STRIDED):
-    """``row_stride(d)``: the elements between two rows of a tile's source, from what the
-    stages pass as ``d``: the head dim of a C-contiguous array, or (``STRIDED``) the pair
-    ``(d, row stride)`` of a strided view."""
-    if STRIDED:
-        @_stage
-        def row_stride(dd):
-            return dd[1]
-    else:
-        @_stage
-        def row_stride(dd):
-            return dd
-
-    return row_stride
 
 
 #: where a block's operands start (:func:`make_operand_bases`): Q's first row and its ``d``

@@ -911,8 +911,25 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=F
 
 
 @functools.lru_cache(maxsize=None)
+def make_row_stride(STRIDED):
+    """``row_stride(d)``: the elements between two rows of a tile's source, from the ``d`` a
+    tile copy takes (:func:`make_tile_copy`): the head dim of a C-contiguous array, or
+    (``STRIDED``) the pair ``(d, row stride)`` of a strided view."""
+    if STRIDED:
+        @_device
+        def row_stride(dd):
+            return dd[1]
+    else:
+        @_device
+        def row_stride(dd):
+            return dd
+
+    return row_stride
+
+
+@functools.lru_cache(maxsize=None)
 def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=False,
-                   OWN_Y=False, Y_DIM=0, PAD=None):
+                   OWN_Y=False, Y_DIM=0, PAD=None, STRIDED=False):
     """``load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at)``: rows ``t ROWS ..``
     of ``x`` to ``byte`` and of ``y`` to ``byte + SECOND`` (:func:`make_tile_copy`; both ``[..,
     n, d]`` from element ``elem_base``), as one copy group, an empty one once ``t >= t_hi`` (so
@@ -920,25 +937,30 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=Fal
     n, d_y]`` from its own element ``y_base``, ``y_at = (y_base, d_y)`` (ignored without), in a
     tile ``Y_DIM`` wide (0: ``HEAD_DIM``; its rows :func:`~numba_flash.kernels.core.config.
     mma_row_bytes` of it); ``PAD`` (default ``OWN_Y``): a width may lie below its tile's, the
-    copies' chunk-granular zero fill (:func:`make_tile_copy`'s ``PAD``).  ``PER_TILE``: the
+    copies' chunk-granular zero fill (:func:`make_tile_copy`'s ``PAD``).  ``STRIDED``: ``d``
+    and ``y_at[1]`` are the pairs ``(width, row stride)`` of strided views, ``y`` always from
+    ``y_at`` (its strides are its own).  ``PER_TILE``: the
     thread's chunk offsets are computed per call (:func:`in_loop`), not held in registers
     across the caller's loop (the dK/dV kernel at 255 registers; elsewhere they cost 10% more
     instructions for nothing)."""
     PAD = OWN_Y if PAD is None else PAD
-    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD)
+    copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD, STRIDED)
     copy_y = copy if not Y_DIM else make_tile_copy(ROWS, Y_DIM, mma_row_bytes(Y_DIM), THREADS,
-                                                   VEC, PAD)
+                                                   VEC, PAD, STRIDED)
+    row_stride = make_row_stride(STRIDED)
+    OWN_AT = OWN_Y or STRIDED   # y from its own base (and stride)
 
     @_device
     def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at):
         if t < t_hi:
             rows = int32(min(ROWS, n - t * ROWS))   # in 1 .. ROWS: 32-bit row tests
-            base = elem_base + t * ROWS * d
+            base = elem_base + t * ROWS * row_stride(d)
             if PER_TILE:
                 tid = in_loop(int32(tid))
             copy(smem, byte, x, base, rows, d, tid)
-            if OWN_Y:
-                copy_y(smem, byte + SECOND, y, y_at[0] + t * ROWS * y_at[1], rows, y_at[1], tid)
+            if OWN_AT:
+                copy_y(smem, byte + SECOND, y, y_at[0] + t * ROWS * row_stride(y_at[1]), rows,
+                       y_at[1], tid)
             else:
                 copy(smem, byte + SECOND, y, base, rows, d, tid)
         cp_async_commit()

@@ -99,7 +99,8 @@ def mma_configs():
     dQ) at every head dim (256: two of its four passes, the dV half and the dK half with dQ), the
     deterministic dQ kernel at 64, 128 and 256 (one half), every flag (dropout, softcap,
     ALiBi) at 128 in both, the 16-bit-load build (``VEC`` off) and bfloat16 at 64, a user's
-    variant at 64, and a value head dim of its own, (192, 128) (``OWN_V``; both kernels).
+    variant at 64, a value head dim of its own, (192, 128) (``OWN_V``; both kernels), and the
+    strided builds at 64 and 128 (both kernels).
     Causal and windows are run-time arguments."""
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
 
@@ -120,6 +121,8 @@ def mma_configs():
     # dK/dV kernel (one pass, atomic dQ) and the deterministic dQ
     plan += [dkdv(192, head_dim_v=128, **mma.dkdv_passes(192, False, 128)[0]),
              dq(192, head_dim_v=128)]
+    # read through strides (flash-attn's [B, N, H, d] memory): the goal head dims, both kernels
+    plan += [f(hd, STRIDED=True) for hd in (64, 128) for f in (dkdv, dq)]
     for cfg in plan:
         yield mma.compile_config(cfg)
 
