@@ -18,6 +18,7 @@ from ..kernels.forward.wgmma import (
 from ..kernels.forward.config import wgmma_head_dim
 from ..kernels.forward.mma import vector_copies
 from ..frontend.kernel_args import launch_tensor_core, user_build
+from ..frontend.validate import is_c_contiguous
 
 
 def launch_forward_wgmma(q, k, v, args, variant=None):
@@ -36,12 +37,15 @@ def launch_forward_wgmma(q, k, v, args, variant=None):
         raise ValueError(f"v: kernel='wgmma' takes v with q's head dim {d}, got {args.d_v}; "
                          "use kernel='mma' for a value head dim of its own")
     call = ArrayCall({"q": q, "k": k, "v": v}, op="forward_wgmma")
-    dq, dk, dv = call.input(q), call.input(k), call.input(v)
+    # views whose last dim is contiguous are read (and out= written) through their strides
+    dq, dk, dv = (call.input(x, strided=True) for x in (q, k, v))
+    o = call.output(args.out, (b, h, nq, d), args.dtype, strided=True)  # bf16: words
     cfg = forward_wgmma_config(d, args.dtype.name, DROPOUT=args.dropout_p > 0.0,
                                SOFTCAP=args.softcap > 0.0, ALIBI=args.alibi is not None,
                                USER=user_build(variant),
-                               VEC=vector_copies(d, wgmma_head_dim(d), dq, dk, dv))
+                               VEC=vector_copies(d, wgmma_head_dim(d), dq, dk, dv),
+                               STRIDED=not all(is_c_contiguous(x) for x in (dq, dk, dv, o)))
     return launch_tensor_core(call, args, variant, forward_wgmma_kernel(cfg),
                               forward_grid(nq, b, h, cfg.BLOCK_M), cfg,
                               [x.view(np.uint16) for x in (dq, dk, dv)], d,
-                              shared=cfg.SMEM_BYTES)
+                              shared=cfg.SMEM_BYTES, o=o)

@@ -513,11 +513,13 @@ class ForwardWgmmaConfig(WarpgroupBlock, TensorCoreConfig):
     ``VEC``), every tile in the 128-byte swizzle; the element type and the variant flags as
     :class:`ForwardMmaConfig`.  Shared memory is dynamic (Q for the whole loop, then two
     stages of K and V: the pipeline's K and V buffers alternate by tile parity), past 48 KiB
-    opted into at launch."""
+    opted into at launch.  ``STRIDED``: ``q``, ``k``, ``v`` and ``o`` read and written through
+    their own strides (as :class:`ForwardMmaConfig`'s)."""
 
     WARPGROUPS: int
     BLOCK_N: int
     OVERLAP: bool = True
+    STRIDED: bool = False
 
     SWIZZLE = 128
     STAGES = 2   # K_j and K_{j+1}, V_{j-1} and V_j (kernels/forward/wgmma.py's pipeline)

@@ -10,8 +10,10 @@ input type, the softmax in float32.  Head dims up to 128
 :func:`forward_wgmma_kernel` ``(cfg)`` builds ``kernel(q, k, v, o, lse, va)`` (the arguments of
 :func:`~numba_flash.kernels.forward.mma.forward_mma_kernel`) for a
 :class:`~numba_flash.kernels.forward.config.ForwardWgmmaConfig` (tiles: ``FORWARD_WGMMA_TILES``):
-``WARPGROUPS``, ``BLOCK_N``, ``HEAD_DIM``, ``DTYPE``, the variant flags, ``VEC`` and ``OVERLAP``
-(FA3's intra-warpgroup overlap: tile ``j``'s softmax under tile ``j - 1``'s ``P V``).  Grid
+``WARPGROUPS``, ``BLOCK_N``, ``HEAD_DIM``, ``DTYPE``, the variant flags, ``VEC``, ``OVERLAP``
+(FA3's intra-warpgroup overlap: tile ``j``'s softmax under tile ``j - 1``'s ``P V``) and
+``STRIDED`` (``q``, ``k``, ``v``, ``o`` through their strides: the ``mma.sync`` forward's
+:func:`~numba_flash.kernels.forward.mma.make_operand_bases`).  Grid
 ``(ceil(Nq / BLOCK_M) B H,)`` (Q tiles fastest), block ``128 WARPGROUPS`` threads; warpgroup ``wg``
 owns rows ``64 wg ..`` of the Q tile, warp ``w`` of the block rows ``16 w ..``.
 
@@ -43,12 +45,15 @@ from numba import cuda, float32, int32, int64, uint32
 
 from ...backend import on_simulator
 from ..core.elements import element_ops
-from .mma import DropoutRows, compile_args, forward_grid, make_forward_block, make_row_stages
+from .mma import (
+    DropoutRows, compile_args, forward_grid, make_forward_block, make_operand_bases,
+    make_row_stages,
+)
 from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import (
     RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax, make_rescale, sink_of,
 )
-from ..ptx.stages import cp_async_commit, cp_async_wait_all
+from ..ptx.stages import cp_async_commit, cp_async_wait_all, make_row_stride
 from ..mainloop.tile_scores import make_tile_scores_pair
 from ..mainloop.tile_walk import KvWalk, make_kv_walk
 from ..core.config import MMA_DTYPES
@@ -64,7 +69,8 @@ from ..ptx.wgmma import (
 #: arena's alignment pad; the K/V inputs; the lane's register arrays (``pa``: P's A
 #: fragments, ``prev``: the P V in flight); its coordinates, descriptor base, exponent factor
 ForwardWgmmaStep = namedtuple("ForwardWgmmaStep", "smem va sa pad k v kv_base nk d hk bounds "
-                              "s acc m_i l_i pa alpha prev tid t row0 q_addr base exp_scale")
+                              "v_at s acc m_i l_i pa alpha prev tid t row0 q_addr base "
+                              "exp_scale")
 
 __all__ = ["MMA_DTYPES", "WGMMA_HEAD_DIMS", "ForwardWgmmaConfig", "forward_wgmma_config",
            "forward_grid", "forward_wgmma_kernel"]
@@ -87,24 +93,36 @@ def make_wgmma_kv_loads(cfg):
     TILE = cfg.TILE_BYTES
     copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
 
+    if cfg.STRIDED:
+        @_stage
+        def stride_and_width(dd):   # a strided view's: the pair (d, row stride)
+            return dd[1], dd[0]
+    else:
+        @_stage
+        def stride_and_width(dd):   # VEC (d == HEAD_DIM): a compile-time row stride
+            return (HEAD_DIM if VEC else dd), dd
+
     @_stage
     def load_tile(smem, tile_byte, x, kv_base, kt, nk, d, tid):
         """Issue the copy of K (or V) tile ``kt``: 32-bit row counts and, with ``VEC`` (``d ==
-        HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants)."""
+        HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants);
+        ``STRIDED``: ``d`` is the pair ``(d, row stride)``, the stride a run-time one."""
         rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
-        base = kv_base + kt * (BLOCK_N * HEAD_DIM) if VEC else kv_base + kt * BLOCK_N * d
-        copy_kv(smem, tile_byte, x, base, HEAD_DIM if VEC else d, rows, d, tid)
+        stride, width = stride_and_width(d)
+        copy_kv(smem, tile_byte, x, kv_base + kt * BLOCK_N * stride, stride, rows, width, tid)
 
     @_stage
-    def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid):
+    def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid, v_at):
         """At tile ``kt`` (in ``stage``): K of the next tile ``kt_ahead`` into the other stage
         (its K was tile ``kt - 1``'s, whose ``S`` is complete), V of tile ``kt`` into this
         stage (its V was tile ``kt - 2``'s, whose ``P V`` is complete): one copy group, which
-        the next step waits for whole."""
+        the next step waits for whole.  ``v_at``: V's base and ``d`` (K's without
+        ``STRIDED``)."""
         if kt_ahead < t_hi:
             load_tile(smem, pad + KV_BYTE + 2 * TILE * (1 - stage), k, kv_base, kt_ahead, nk, d,
                       tid)
-        load_tile(smem, pad + KV_BYTE + 2 * TILE * stage + TILE, v, kv_base, kt, nk, d, tid)
+        load_tile(smem, pad + KV_BYTE + 2 * TILE * stage + TILE, v, v_at[0], kt, nk, v_at[1],
+                  tid)
         cp_async_commit()
 
     @_stage
@@ -162,7 +180,10 @@ def forward_wgmma_kernel(cfg):
     softmax_init, softmax_update, _finalize = make_online_softmax(
         ROWS, KEYS, COLS, XOR, "ex2", float32, RESCALE_LOG2, ALPHA_OUT=True)
     rescale = make_rescale(ROWS, COLS)
-    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32)
+    epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1], float32,
+                             STRIDED_O=cfg.STRIDED)
+    operand_bases, o_start = make_operand_bases(cfg.STRIDED, False)
+    row_stride = make_row_stride(cfg.STRIDED)
     dropout_rows, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, DTYPE, RAW,
                                                       SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, VEC)
@@ -212,7 +233,7 @@ def forward_wgmma_kernel(cfg):
             k_byte = pad + KV_BYTE + 2 * TILE * stage           # K_j (V_j lands after it)
             v_prev = pad + KV_BYTE + 2 * TILE * (1 - stage) + TILE  # V_{j-1}
             v_bad = publish(smem, v_prev, prev, nk, tid)
-            load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid)
+            load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid, x.v_at)
             d_o, p_regs = operands_pv(acc, pa)    # P V's registers, before any mma is issued
             d_s, _ = operands_qk(s, s)
             d_s = issue_qk(d_s, None, smem, q_addr, base + k_byte)    # S_j = Q K_j^T
@@ -265,23 +286,24 @@ def forward_wgmma_kernel(cfg):
 
         t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, fb.nk, fb.left,
                                            fb.right)
-        kv_base = (fb.b * k.shape[1] + fb.hk) * fb.nk * fb.d
+        # where this block's rows of q, k, v start, and their d (STRIDED: with row strides)
+        ob = operand_bases(q, k, v, o, fb)
         # the walk's context
         w = KvWalk(va.user, fb.b, fb.h, fb.q_start, fb.q_end, fb.nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, and K of the first tile (a block mask's EMPTY tiles are never loaded)
-        copy_q(smem, pad, q, ((fb.b * q.shape[1] + fb.h) * fb.nq + fb.q_start) * fb.d, fb.d,
-               fb.q_end - fb.q_start, fb.d, tid)
+        copy_q(smem, pad, q, ob.q_elem0, row_stride(ob.q_d), fb.q_end - fb.q_start, fb.d, tid)
         kt = nxt(t_lo - 1, w)
         if kt < t_hi:
-            load_tile(smem, pad + KV_BYTE, k, kv_base, kt, fb.nk, fb.d, tid)
+            load_tile(smem, pad + KV_BYTE, k, ob.kv_base, kt, fb.nk, ob.k_d, tid)
         cp_async_commit()   # the first step's barrier publishes Q and K_0 with its wait
         zero_tile(smem, pad + KV_BYTE + 3 * TILE, tid)   # stage 1's V: the first P V's
         softmax_init(m_i, l_i, acc)
 
         q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
         ctx = ForwardWgmmaStep(smem, va, fb.sa, pad,
-                               k, v, kv_base, fb.nk, fb.d, fb.hk, (fb.nk, fb.left, fb.right),
+                               k, v, ob.kv_base, fb.nk, ob.k_d, fb.hk,
+                               (fb.nk, fb.left, fb.right), ob.v_at,
                                s, acc, m_i, l_i, pa, alpha, prev,
                                tid, fb.t, fb.row0, q_addr, base, fb.exp_scale)
         walk(kt, nxt(kt, w), t_hi, w, ctx)
@@ -296,8 +318,9 @@ def forward_wgmma_kernel(cfg):
 
         # -- epilogue: o = acc / l, lse = m lse_scale + log(l) (m in raw units without mods)
         row_base = int64(uint32(fb.bh)) * fb.nq
+        o_elem0, o_row = o_start(o, fb.bh, row_base, fb.d)
         epilogue(o, lse, acc, m_i, l_i, va.scale if RAW else ONE,
-                 EpilogueRows(fb.row0, fb.nq, row_base * fb.d, fb.d, row_base, fb.t == 0, 1),
+                 EpilogueRows(fb.row0, fb.nq, o_elem0, o_row, row_base, fb.t == 0, 1),
                  (2 * fb.t, fb.d),
                  sink_of(va.sink, uint32(fb.bh) % uint32(q.shape[1])))
 

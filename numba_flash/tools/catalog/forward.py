@@ -129,7 +129,7 @@ def _user_build():
 def wgmma_configs():
     """The compile tier's builds, for sm_90a: d = 64 and 128 plain, each also with the other
     choice of ``OVERLAP``; bfloat16 at 64; every flag at once at 128; the 16-bit-load build at
-    64; a user's variant at 64."""
+    64; a user's variant at 64; the strided builds at 64 and 128."""
 
     every = dict(DROPOUT=True, SOFTCAP=True, ALIBI=True)
     plan = [forward_wgmma_config(hd, simulator=False) for hd in WGMMA_HEAD_DIMS]
@@ -139,6 +139,8 @@ def wgmma_configs():
              forward_wgmma_config(128, simulator=False, **every),
              forward_wgmma_config(64, simulator=False, VEC=False),
              forward_wgmma_config(64, simulator=False, USER=_user_build())]
+    # read through strides (flash-attn's [B, N, H, d] memory): the goal head dims
+    plan += [forward_wgmma_config(hd, simulator=False, STRIDED=True) for hd in (64, 128)]
     for cfg in plan:
         yield wgmma.compile_config(cfg)
 
