@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..frontend.cache_args import check_prefill_table, cumulative_total, validate_prefill_table
+from ..frontend.cache_args import (cache_memory, check_prefill_table, cumulative_total,
+                                   validate_prefill_table)
 from ..frontend.fp8 import fp8_inputs
 from ..frontend.sparse import sparse_forward_varlen
 from ..frontend import ArrayCall
@@ -137,7 +138,11 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
 
     Paged K/V (``block_table`` given; the prefill of a paged KV cache): ``k`` and ``v`` are
     caches ``[num_blocks, Hkv, block_size, d]`` in :func:`numba_flash.decode`'s layout (any
-    ``block_size``) and ``block_table`` an integer ``[B, max_blocks]`` array: key ``t`` of
+    ``block_size``; read in their memory order, as :func:`numba_flash.decode` reads them, with
+    no copy: heads-first, flash-attn's / vLLM's tokens-first ``[num_blocks, block_size, Hkv,
+    d]`` memory passed as its ``cache.transpose(0, 2, 1, 3)`` view, or any order of the outer
+    axes with the last dim contiguous; a cache whose rows have gaps is copied) and
+    ``block_table`` an integer ``[B, max_blocks]`` array: key ``t`` of
     sequence ``b`` is in physical block ``block_table[b, t // block_size]`` at slot
     ``t % block_size``.  ``cu_seqlens_k`` keeps its meaning as a cumulative count, as in
     flash-attn's ``flash_attn_varlen_func(..., block_table=...)`` (its ``varlen_fwd`` takes
@@ -340,11 +345,18 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     acc_t = acc_dtype(dtype)
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
     call.reserve({"o": ((total_q, h, d_v), dtype), "lse": ((h, total_q), acc_t)},
-                 strided=not paged)
+                 strided=True)
     # packed views whose last dim is contiguous (a fused projection's q, k, v) are read, and
-    # out= written, through their strides (the paged build takes C-contiguous arrays)
+    # out= written, through their strides; the paged build's caches are read in their memory
+    # order through row strides (heads-first, flash-attn's tokens-first [.., N, Hkv, d] passed
+    # as its transpose(0, 2, 1, 3) view, any order of the outer axes: no copy), and its q and
+    # out= are C-contiguous (a view is copied)
     dq = call.input(q, strided=not paged)
-    dk, dv = call.input(k, strided=not paged), call.input(v, strided=not paged)
+    if paged:
+        mem = cache_memory(k, v)
+        dk, dv = call.input(mem.k), call.input(mem.v)
+    else:
+        dk, dv = call.input(k, strided=True), call.input(v, strided=True)
     o = call.output(out, (total_q, h, d_v), dtype, strided=not paged)
     strided = not paged and not all(is_c_contiguous(x) for x in (dq, dk, dv, o))
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
@@ -355,12 +367,13 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                               user=user_build(variant), vec=vec, own_v=d_v != d,
                               strided=strided)   # cp.async copies
     seqs = (call.input(cu_q), call.input(cu_k))
-    if paged:  # the caches as [num_blocks * Hkv * block_size, d] (row (blk Hkv + hk) bs + slot)
+    if paged:  # the caches' memory as [num_blocks * Hkv * block_size, d] (row blk strides[0]
+        # + hk strides[1] + slot strides[2], in its memory order: C-contiguous views, no copy)
         n_blocks, block_size = qkv.n_blocks, qkv.block_size
         rows = n_blocks * hkv * block_size
         dk, dv = dk.reshape(rows, d), dv.reshape(rows, d_v)
         seqs += (_table_int32(call, block_table), np.int32(block_size), np.int32(hkv),
-                 np.int32(n_blocks))
+                 np.int32(n_blocks), tuple(np.int32(x) for x in mem.strides))
     va = kernel_variant(call, acc_t, scale, left, right, softcap, alibi, (b, h),
                         (seed_lo, seed_hi, threshold, keep_scale) if use_dropout else None,
                         variant, sink)

@@ -20,8 +20,11 @@ tile by tile, never stored; ``lse`` stays undropped.
 [B, Hkv, Nk, d]`` (kv head ``h // (H // Hkv)``); ``VARLEN``: ``q [total_q, H, d]``, ``k``/``v
 [total_k, Hkv, d]``, ``lse [H, total_q]``, sequence ``b`` the rows ``cu_seqlens[b]:cu_seqlens[b
 + 1]``; ``PAGED`` (varlen only): ``k``/``v`` caches ``[num_blocks, Hkv, block_size, d]`` read as
-``[num_blocks * Hkv * block_size, d]`` views, key ``t`` of sequence ``b`` at slot ``t %
-block_size`` of block ``block_table[b, t // block_size]``; an entry outside ``[0, num_blocks)``
+``[num_blocks * Hkv * block_size, d]`` views of their memory, key ``t`` of sequence ``b`` at slot
+``s = t % block_size`` of block ``n = block_table[b, t // block_size]``, memory row ``n
+strides[0] + hk strides[1] + s strides[2]`` (the cache's memory order's row strides, launch
+parameters: heads-first ``(Hkv block_size, block_size, 1)``, flash-attn's tokens-first
+``(block_size Hkv, 1, Hkv)``, frontend/cache_args.row_strides); an entry outside ``[0, num_blocks)``
 makes that key's ``k`` NaN and ``v`` 0, without a read.  float16 and bfloat16 compute in
 float32, float64 in float64 (:mod:`~numba_flash.kernels.core.elements`); ``lse`` is stored in
 the compute type.
@@ -84,8 +87,9 @@ ForwardTiles = namedtuple("ForwardTiles", "q_tile k_tile v_tile p_tile keep_tile
 #: ``d``, the bounds ``(nk, left, right)``, the paged cache (:data:`PagedKv`, or ``()``), the
 #: last tile, and V's ``(elem0, row, d_v)``
 KvSource = namedtuple("KvSource", "k v kv_elem0 kv_row d bounds paged kt_end v_at")
-#: a paged cache: the block table, block size, kv heads, blocks, this block's kv head
-PagedKv = namedtuple("PagedKv", "block_table block_size n_kv_heads n_blocks hk")
+#: a paged cache: the block table, block size, its row strides ``(block, head, slot)``, blocks,
+#: this block's kv head
+PagedKv = namedtuple("PagedKv", "block_table block_size row_strides n_blocks hk")
 #: the thread's register arrays: S, the output accumulator, a V row, m_i, l_i
 ForwardFrags = namedtuple("ForwardFrags", "s acc vr m_i l_i")
 
@@ -108,12 +112,14 @@ def make_simt_loads(cfg):
     load = element_ops(dtype)[0]
 
     @_device
-    def page_rows(page_sh, block_table, b, hk, k_start, nk, block_size, n_kv_heads, n_blocks,
+    def page_rows(page_sh, block_table, b, hk, k_start, nk, block_size, row_strides, n_blocks,
                   tid):
         """PAGED: ``page_sh[r]`` = the row of key ``k_start + r`` in the ``[num_blocks * Hkv *
-        block_size, d]`` cache view, or -1 where its table entry is outside ``[0, num_blocks)``
-        or past the table (never dereferenced); keys past ``nk`` are not loaded at all.  One
-        lookup (a 32-bit division, one table read) per key row of the tile, 32-bit indices."""
+        block_size, d]`` view of the cache's memory (``row_strides``: ``(block, head, slot)``
+        rows, int32, in its memory order), or -1 where its table entry is outside ``[0,
+        num_blocks)`` or past the table (never dereferenced); keys past ``nk`` are not loaded at
+        all.  One lookup (a 32-bit division, one table read) per key row of the tile, 32-bit
+        indices."""
         for r in range(tid, BLOCK_N, THREADS):
             key = int32(k_start + r)
             row = int32(-1)
@@ -124,8 +130,8 @@ def make_simt_loads(cfg):
                 if j_blk < block_table.shape[1]:
                     entry = block_table[uint32(b), uint32(j_blk)]
                     if 0 <= entry and entry < n_blocks:
-                        row = int32((entry * n_kv_heads + int32(hk)) * block_size
-                                    + (key - j_blk * block_size))
+                        row = int32(entry * row_strides[0] + int32(hk) * row_strides[1]
+                                    + (key - j_blk * block_size) * row_strides[2])
             page_sh[r] = row
 
     def make_copy_rows(N_ROWS, STRIDE, PAGED_ROWS):
@@ -397,7 +403,7 @@ def make_simt_rows(cfg):
             keep_tile = p_tile  # unused: store_p reads it only with DROPOUT
         if PAGED:  # the cache row of each key of the K/V tile (page_rows)
             page_sh = cuda.shared.array(BLOCK_N, int32)
-            paged = PagedKv(seqs[2], seqs[3], n_kv_heads, seqs[5], hk)
+            paged = PagedKv(seqs[2], seqs[3], seqs[6], seqs[5], hk)
         else:
             page_sh = q_tile  # unused: copy_k / copy_v read it only when PAGED
             paged = ()
@@ -501,7 +507,7 @@ def make_simt_step(cfg):
             # the next loads come after two more barriers (no barrier of its own)
             if kt + 1 < kt_end:
                 page_rows(page_sh, paged.block_table, sa.b, paged.hk, k_start + BLOCK_N, nk,
-                          paged.block_size, paged.n_kv_heads, paged.n_blocks, tid)
+                          paged.block_size, paged.row_strides, paged.n_blocks, tid)
         softmax_update(s, acc, m_i, l_i, acc_t(0.0))                    # m_i, l_i, P, acc
         store_p(s, p_tile, keep_tile, ty, tx, va)
         if VEC:
@@ -531,10 +537,11 @@ def forward_kernel(cfg):
     * ``seqs``: ``()`` for the batched layout (``q [B, H, Nq, d]``), else ``(cu_seqlens_q,
       cu_seqlens_k)`` (int32 ``[B + 1]``) for the packed layout ``VARLEN`` (``q [total_q, H,
       d]``, ``k``/``v [total_k, Hkv, d]``); with ``PAGED`` (varlen only) ``(cu_seqlens_q,
-      cu_seqlens_k, block_table, block_size, n_kv_heads, num_blocks)``: ``k``/``v`` are the
-      paged caches ``[num_blocks, Hkv, block_size, d]`` as their ``[num_blocks * Hkv *
-      block_size, d]`` views, ``block_table`` int32 ``[B, max_blocks]`` and the three sizes
-      ``np.int32`` (see the module docstring).
+      cu_seqlens_k, block_table, block_size, n_kv_heads, num_blocks, row_strides)``: ``k``/``v``
+      are the paged caches ``[num_blocks, Hkv, block_size, d]`` as ``[num_blocks * Hkv *
+      block_size, d]`` views of their memory, ``block_table`` int32 ``[B, max_blocks]``, the
+      three sizes ``np.int32`` and ``row_strides`` three ``np.int32``, the memory's ``(block,
+      head, slot)`` row strides (see the module docstring).
 
     An empty tuple adds no kernel parameter, so a flag that is off costs nothing.
     """
@@ -673,7 +680,7 @@ def forward_kernel(cfg):
         kt_end = (kv_hi + BLOCK_N - 1) // BLOCK_N if kv_hi > kv_lo else kt_first
         # [/docs:fwd-tile-range]
         if PAGED:
-            page_rows(page_sh, seqs[2], b, hk, kt_first * BLOCK_N, nk, seqs[3], n_kv_heads,
+            page_rows(page_sh, seqs[2], b, hk, kt_first * BLOCK_N, nk, seqs[3], seqs[6],
                       seqs[5], tid)
             cuda.syncthreads()  # page_sh holds the first tile's rows before its loads read them
 
@@ -747,7 +754,7 @@ def kernel_arg_types(cfg, user=()):
     if cfg.PAGED:
         cu_t = numba_array_type(np.int32, 1)
         seqs_t = types.Tuple((cu_t, cu_t, numba_array_type(np.int32, 2), types.int32,
-                              types.int32, types.int32))
+                              types.int32, types.int32, types.UniTuple(types.int32, 3)))
     return (arr, kv, kv, o_t, numba_array_type(acc_dtype(dt), 1),
             variant_type(acc, cfg.DROPOUT, user), seqs_t)
 
