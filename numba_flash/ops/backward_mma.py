@@ -36,9 +36,9 @@ def backward_mma(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, dropo
 
     float16 or bfloat16 (``ml_dtypes.bfloat16``) ``q``, ``o``, ``do`` ``[B, H, Nq, d]`` and ``k``
     ``[B, Hkv, Nk, d]``, ``v`` ``[B, Hkv, Nk, d_v]`` (GQA; ``o``, ``do`` ``[.., d_v]``: a value head
-    dim of its own, any ``d_v`` the forward takes; views whose last dim is contiguous are read
-    where they lie, the kernels' ``STRIDED`` build), float32 ``lse [B, H, Nq]`` from the forward, and
-    the forward's ``causal``, ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``,
+    dim of its own, any ``d_v`` the forward takes; views whose last dim is contiguous are read where
+    they lie, the kernels' ``STRIDED`` build), float32 ``lse [B, H, Nq]`` from the forward, and the
+    forward's ``causal``, ``softmax_scale``, ``window_size``, ``softcap``, ``alibi_slopes``,
     ``dropout_p`` and ``seed``.  Each gradient comes in its input's shape and dtype; ``dk``, ``dv``
     are summed over each GQA group.  dQ is summed over K/V tiles with float32 atomic adds, or, with
     ``deterministic=True``, by a second kernel without atomics (bitwise reproducible).
