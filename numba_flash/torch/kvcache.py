@@ -79,31 +79,18 @@ def _num_splits(num_splits):
     return None if num_splits == 0 else int(num_splits)
 
 
-def _cache_view(cache, writes):
-    """``(array, copy)``: the heads-first array the kernels read (and, with ``writes``, write),
-    and the tensor to copy back into ``cache`` afterwards (None when the array is ``cache``'s
-    own memory).  On the host a strided view (numba_flash writes the result back into it); on
-    the device path ``cache``'s own memory when it is a transposed heads-first buffer
-    (``cache.transpose(1, 2).is_contiguous()``), else torch's contiguous heads-first copy
-    (``O(cache)``; written back when ``writes``).  The paged prefill's (:func:`paged_varlen`:
-    the tiled forward takes C-contiguous caches)."""
-    if not bridge.is_device(cache.device):
-        return bridge.as_heads_first(cache), None
-    heads_first = cache.transpose(1, 2)
-    if heads_first.is_contiguous():
-        return bridge.device_array(heads_first), None
-    tmp = bridge.contiguous(heads_first)
-    return bridge.device_array(tmp), tmp if writes else None
-
-
 def _decode_cache(cache, writes, order=None):
-    """``(array, copy, order)`` as :func:`_cache_view`, for :func:`numba_flash.decode`, which
-    reads a cache in its own memory order (:func:`~numba_flash.frontend.cache_args.
-    cache_memory`): the heads-first view of ``cache``'s own memory (flash-attn's tokens-first
-    layout, a heads-first buffer, any order of the outer axes with a contiguous last dim), no
-    copy.  On the device path a cache in no such order, or not in ``order`` (the key cache's:
-    a value cache shares its row numbering), is torch's copy in that order (heads-first when
-    None), written back when ``writes``; ``order``: the memory order of the array given."""
+    """``(array, copy, order)``: the heads-first array the kernels read (and, with ``writes``,
+    write), the tensor to copy back into ``cache`` afterwards (None when the array is
+    ``cache``'s own memory) and the array's memory order, for :func:`numba_flash.decode` and
+    the paged prefill (:func:`numba_flash.forward_varlen` with ``block_table``), which read a
+    cache in its own memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`): the
+    heads-first view of ``cache``'s own memory (flash-attn's tokens-first layout, a
+    heads-first buffer, any order of the outer axes with a contiguous last dim), no copy; on
+    the host a strided view (numba_flash writes the result back into it).  On the device
+    path a cache in no such order, or not in ``order`` (the key cache's: a value cache shares
+    its row numbering), is torch's copy in that order (heads-first when None), written back
+    when ``writes``; ``order``: the memory order of the array given."""
     heads_first = cache.transpose(1, 2)
     own = memory_order(tuple(heads_first.shape), heads_first.stride(), 1)
     if not bridge.is_device(cache.device):
@@ -337,8 +324,11 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
         with bridge.on_device(device):
             out = bridge.empty(q.shape, q.dtype, device) if varlen_out() else None
+            # the caches in their own memory order (flash-attn's tokens-first: no copy)
+            kc, _, order = _decode_cache(k, False)
+            vc = _decode_cache(v, False, order)[0]
             o, lse = numba_flash.forward_varlen(
-                bridge.packed(q), _cache_view(k, False)[0], _cache_view(v, False)[0],
+                bridge.packed(q), kc, vc,
                 *bridge.packed_arrays(cu_seqlens_q, cu_seqlens_k),
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                 window_size=window, softcap=softcap, softmax_scale=scale,

@@ -292,9 +292,14 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward_varlen`, packed like the inputs."""
     extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
+
     def arrays():
-        return bridge.packed_arrays(dout, q, k, v, out, softmax_lse, cu_seqlens_q,
-                                    cu_seqlens_k)
+        if extra:   # (the token lists' backward takes C-contiguous arrays)
+            return bridge.packed_arrays(dout, q, k, v, out, softmax_lse, cu_seqlens_q,
+                                        cu_seqlens_k)
+        # dout, q, k, v, out where they lie (the varlen backward reads token and head strides)
+        return [*(bridge.packed_view(x) for x in (dout, q, k, v, out)),
+                *bridge.packed_arrays(softmax_lse, cu_seqlens_q, cu_seqlens_k)]
 
     def outs():
         if gather_kv_indices is not None or not varlen_out(backward=True):

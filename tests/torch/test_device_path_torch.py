@@ -261,6 +261,69 @@ def test_flash_attn_varlen_func_forward_backward(gen):
     assert_close(dev[1].numpy(), want_lse, np.float32)
 
 
+def test_varlen_fused_projection_forward_backward_without_a_copy(gen):
+    """A fused projection's packed slices (``qkv.unbind(1)`` of ``[total, 3, H, d]``) through
+    ``flash_attn_varlen_func`` and autograd with a contiguous gradient: the forward and the
+    backward read q, k, v, out and dout where they lie and write dq, dk, dv in place (no torch
+    copy; 0 allocations on the stand-in); the results are the host path's and the
+    reference's."""
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    qkv = randn(gen, 5, 3, 2, 8, requires_grad=True)
+    g = randn(gen, 5, 2, 8)
+
+    def run():
+        q, k, v = qkv.unbind(1)
+        out = nft.flash_attn_varlen_func(q, k, v, cu, cu, 3, 3, causal=True)
+        return (out, *torch.autograd.grad(out, (qkv,), g))
+
+    with same_on_device(run) as (mode, driver, dev):
+        state = {}
+
+        def forward():
+            state["out"] = nft.flash_attn_varlen_func(*qkv.unbind(1), cu, cu, 3, 3, causal=True)
+
+        c, allocs, copies = _steady(mode, forward)
+        assert copies == 0, mode.log
+        c, allocs, copies = _steady(mode, lambda: state["out"].backward(g), forward)
+        assert copies == 0, mode.log
+    x = qkv.detach().double().numpy()
+    want_o, _ = reference.attention_varlen(x[:, 0], x[:, 1], x[:, 2], cu.numpy(), cu.numpy(),
+                                           causal=True)
+    assert_close(dev[0].detach().numpy(), want_o, np.float32)
+    want_g = reference.attention_backward_varlen(g.double().numpy(), x[:, 0], x[:, 1], x[:, 2],
+                                                 cu.numpy(), cu.numpy(), causal=True)
+    for i, w in enumerate(want_g):
+        assert_scaled_close(dev[1][:, i].numpy(), w, 4e-6)
+
+
+def test_paged_varlen_prefill_reads_flash_attn_caches_in_place(gen):
+    """``flash_attn_varlen_func(..., block_table=)`` over caches in flash-attn's tokens-first
+    ``[num_blocks, page, Hkv, d]`` memory: read where they lie (the paged prefill reads their
+    row strides: no torch copy), as the host path and the reference."""
+    hkv, d, page = 2, 8, 4
+    kc, vc = (randn(gen, 6, page, hkv, d) for _ in range(2))
+    table = torch.tensor([[4, 0], [1, 5]], dtype=torch.int32)
+    cu_q = torch.tensor([0, 3, 5], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 13], dtype=torch.int32)
+    q = randn(gen, 5, 4, d)
+
+    def run():
+        return (nft.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 3, 7, causal=True,
+                                           block_table=table),)
+
+    with same_on_device(run) as (mode, driver, dev):
+        c, allocs, copies = _steady(mode, run)
+        assert copies == 0, mode.log
+    b_rows = [torch.cat([kv[table[b].long()].reshape(-1, hkv, d) for b in range(2)])
+              for kv in (kc, vc)]
+    k_packed = torch.cat([b_rows[0][8 * b:8 * b + n] for b, n in ((0, 6), (1, 7))])
+    v_packed = torch.cat([b_rows[1][8 * b:8 * b + n] for b, n in ((0, 6), (1, 7))])
+    want, _ = reference.attention_varlen(q.double().numpy(), k_packed.double().numpy(),
+                                         v_packed.double().numpy(), cu_q.numpy(), cu_k.numpy(),
+                                         causal=True)
+    assert_close(dev[0].numpy(), want, np.float32)
+
+
 # -- flash_attn_with_kvcache ----------------------------------------------------------------------
 def _kvcache_case(gen, nq, nnew, heads_first_cache, paged=False):
     b, h, hkv, cap, d = 2, 4, 2, 12, 16
