@@ -180,22 +180,27 @@ def in_suite(cfg):
     every static goal and one build of each kernel family's code paths, so the suite stays fast
     on two cores: the families with a configuration named tuple (``cfg["config"]``:
     :mod:`numba_flash.kernels.core.config`) are selected by its fields, never by name, so a
-    retuned tile stays in. In: the static goals (:func:`goal_config`,
-    :func:`wgmma_goal_config`); the tensor-core forward's every-flag float16 build at
-    ``HEAD_DIM`` 128; decode at 128, paged, 16-byte loads, in float16 (plain, a user's variant,
-    the e4m3 caches, the token-sparse gather) and float32; the SIMT forward in float32 at 64
-    (also element-wise loads), 128 and 256, in float64 at 64, bfloat16 with every flag, a user's
-    variant and the varlen paged prefill once each; MLA's decode in float16, dense and with
-    lists; the token-sparse backward with softcap and ALiBi; by name, the teaching kernels at d
-    = 64, the SIMT backward at d = 64 in float32 (plain and dropout), float16 (the float32
-    kernel with 16-bit element loads) and float64 and at 128 in float32, its row-mass kernel at
-    64, the wgmma probes' chained products; the e4m3 forwards' d = 128 builds (sm_89's
-    ``mma.sync`` and sm_90a's warpgroup build, a static goal); every small kernel (softmax,
-    merge, rotary, the KV cache, the stage probes). Out: the rest, among them the SIMT forward
-    at head dims 16 and 32, its plain float16 and non-paged varlen builds, decode in bfloat16
-    and float64 and MLA's decode in bfloat16, whose code the kept builds compile. The
-    selection's size: docs/compile-tier.md; its build time with and without
-    :mod:`numba_flash.numba_inline`: README.md."""
+    retuned tile stays in. Where one build's flags are a superset of another's (causal over
+    non-causal, dropout over plain), the superset build compiles the other's code and stands
+    for it. In: the static goals (:func:`goal_config`, :func:`wgmma_goal_config`); the
+    tensor-core forward's every-flag float16 build at ``HEAD_DIM`` 128; decode at 128, paged,
+    16-byte loads, in float16 (plain, a user's variant, the e4m3 caches, tokens-first with the
+    e4m3 cache, the token-sparse gather) and float32; the SIMT forward in float32 at 64 (also
+    element-wise loads) and 128, in float64 at 64, bfloat16 with every flag, a user's variant
+    and the varlen paged prefill once each; MLA's decode in float16, dense at 576/512 and with
+    lists (at 128 with a value head dim of its own); the token-sparse backward with softcap and
+    ALiBi; by name, the teaching kernels at d = 64 (causal in each type; the row kernel's
+    float64 build is non-causal), the SIMT backward at d = 64 in float32 (plain, and dK/dV with
+    dropout), float16 and float64 (dQ: the float32 kernels with 16-bit and 64-bit element
+    loads) and at 128 in float32, its row-mass kernel at 64, the wgmma probes' chained products;
+    the e4m3 forwards' d = 128 builds (sm_89's ``mma.sync`` and sm_90a's warpgroup build, a
+    static goal); every small kernel (softmax, merge, rotary, the KV cache, the stage probes),
+    without the float64 builds of merge, rotary and the KV cache. Out: the rest, among them the
+    SIMT forward at head dims 16, 32 and 256, its plain float16 and non-paged varlen builds,
+    decode in bfloat16 and float64, its float16 tokens-first build, MLA's decode in bfloat16
+    and its 576/512 build with lists, whose code the kept builds compile. The selection's size:
+    docs/compile-tier.md; its build time with and without :mod:`numba_flash.numba_inline`:
+    README.md."""
     from numba_flash.kernels.backward.config import BackwardMmaConfig, SparseBackwardConfig
     from numba_flash.kernels.decode.config import DecodeConfig
     from numba_flash.kernels.forward.config import (
@@ -215,6 +220,8 @@ def in_suite(cfg):
     if isinstance(c, DecodeConfig):   # float16 (the goal) and a user's variant; float32
         if not (c.HEAD_DIM == 128 and c.VEC and c.PAGED and not (c.SOFTCAP or c.ALIBI)):
             return False
+        if c.SLOT_STRIDE and not c.KV_FP8:   # tokens-first: the e4m3 cache's build has it
+            return False
         return c.DTYPE == "float16" or (c.USER is None and c.DTYPE == "float32")
     if isinstance(c, ForwardSimtConfig):
         flags = c.DROPOUT or c.SCORE_MOD
@@ -228,8 +235,8 @@ def in_suite(cfg):
             return c.HEAD_DIM == 64 and c.DTYPE == "float32"
         if c.VARLEN:  # the paged build has it
             return False
-        if c.HEAD_DIM != 64:   # the goal at 128 and the widest, 256
-            return c.HEAD_DIM in (128, 256) and c.DTYPE == "float32" and c.VEC and not flags
+        if c.HEAD_DIM != 64:   # the goal at 128 (256: the same code, a wider tile)
+            return c.HEAD_DIM == 128 and c.DTYPE == "float32" and c.VEC and not flags
         if c.DTYPE == "bfloat16":   # 16-bit element loads and every flag
             return c.DROPOUT and c.SCORE_MOD
         return not flags and c.DTYPE in ("float32", "float64") and (c.VEC or c.DTYPE != "float64")
@@ -240,17 +247,24 @@ def in_suite(cfg):
     if name.startswith("forward_fp8"):   # the e4m3 forward (sm_89): its d = 128 build
         return " D128 " in name and name.endswith("bfloat16")
     if name.startswith("mla_decode"):  # MLA's tensor-core decode: float16 (bfloat16: the same)
-        return name.endswith((" float16", " kv_indices"))
+        return name.endswith((" float16", " own_v kv_indices"))   # lists: once, at 128
     if name.startswith(("naive_forward", "row_forward", "tiled_forward_teach")):
-        return "=64 " in name or " D64 " in name
+        # at 64, causal (its code holds the non-causal one's) in each type; row_forward's
+        # float64 build is its non-causal one
+        return (("=64 " in name or " D64 " in name)
+                and ("CAUSAL=1" in name or name.startswith("row_forward") and "float64" in name))
     if name.startswith("backward row_mass"):   # the float32 backward's first kernel: at 64
         return " D64 " in name
     if name.startswith(("backward dkdv", "backward dq")):
-        if "dropout" in name:
-            return " D64 " in name and "float32" in name
+        if "dropout" in name:   # dK/dV's dropout (P's and dP's masks; dQ's is dP's alone)
+            return " D64 " in name and "float32" in name and name.startswith("backward dkdv")
         if " D128 " in name:
             return "float32" in name
+        if "float16" in name or "float64" in name:   # 16-/64-bit element loads: dQ once
+            return " D64 " in name and name.startswith("backward dq") and "bfloat16" not in name
         return " D64 " in name and "bfloat16" not in name
+    if name.startswith(("merge", "rotary", "append_kv")) and "float64" in name:
+        return False   # float64: no f64 scan to make, and no pressure a small kernel could spill
     return True
 
 
