@@ -387,10 +387,20 @@ def printed_below(token, tol):
 
 
 # -- pages ----------------------------------------------------------------------------------
-def render(text, root=ROOT, mode="check"):
+def render(text, root=ROOT, mode="check", runs=None):
     """Return ``(new_text, problems)``: every directive's block regenerated.  ``mode`` "check"
     runs commands in the foreign environment; "write" runs them natively and again foreign, and
-    reports a block whose outputs differ (it depends on the machine)."""
+    reports a block whose outputs differ (it depends on the machine).  ``runs``: a dict of the
+    outputs already run in this pass, by (command, root, foreign): a command quoted on several
+    pages runs once."""
+    def run_once(arg, foreign):
+        if runs is None:
+            return run_text(arg, root, foreign=foreign)
+        key = (arg, str(root), foreign)
+        if key not in runs:
+            runs[key] = run_text(arg, root, foreign=foreign)
+        return runs[key]
+
     lines = text.split("\n")
     out, problems, i, fence = [], [], 0, None
     while i < len(lines):
@@ -418,8 +428,8 @@ def render(text, root=ROOT, mode="check"):
             if kind == "include":
                 block = include_text(arg, root)
             else:
-                block = run_text(arg, root, foreign=(mode == "check"))
-                if mode == "write" and (other := run_text(arg, root, foreign=True)) != block:
+                block = run_once(arg, foreign=(mode == "check"))
+                if mode == "write" and (other := run_once(arg, foreign=True)) != block:
                     problems.append(f"run: {arg!r} prints different output on another machine's "
                                     f"arithmetic (foreign_env()):\n" + "\n".join(
                                         difflib.unified_diff(block.split("\n"),
@@ -499,9 +509,10 @@ def check_links(page, text, root=ROOT, pending=PENDING):
 def process(pages, write=False, root=ROOT, pending=PENDING):
     """Regenerate (``write``) or compare every page; check links; return a :class:`Report`."""
     rep = Report()
+    runs = {}   # a command quoted on several pages (or twice on one) runs once per pass
     for page in pages:
         text = page.read_text()
-        new, problems = render(text, root, mode="write" if write else "check")
+        new, problems = render(text, root, mode="write" if write else "check", runs=runs)
         rel = page.relative_to(root)
         rep.problems += [f"{rel}: {p}" for p in problems]
         if new != text:
