@@ -289,81 +289,94 @@ def make_mla_tile_stages(cfg):
                          exchange_s if NUM_WARPS > 1 else own_s, widen_tile)
 
 
-#: the cache rows a block reads (``load_tile``): the block table, batch ``b``, the rows before
-#: its kv head's in a block (``kvh * strides[1]``), block size, paged (0/1), the cache's blocks,
-#: the sequence's length, the value cache (``OWN_V``; else the latent cache again, unread), the
-#: cache's row strides ``(block, head, slot)`` (its memory order's: both caches alike)
-CacheRows = namedtuple("CacheRows", "table b kvh_rows block_size paged n_blocks seqlen v strides")
-#: the MLA step's context: shared memory (the key tiles, the warps' partial S), the cache and
-#: its rows, the score arguments; the lane's register arrays and the bad-entry flag; its
-#: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor;
-#: ``GATHER``: the token's list, the tiles' seen flags and the keys ``(lo, hi)`` the rows see
-MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid warp g t k_b v_b "
-                     "token bounds exp_scale listed seen keys")
+#: the MLA block's place (:func:`make_mla_block`): sequence ``b``, kv head ``kvh``, query token
+#: ``token``, ``split``; its heads ``[h0, h_end)`` (a head at or past ``h_end`` is a zero row);
+#: the sequence's length, ``bad_len``, ``offset`` (token i at key column i + offset) and the
+#: window ``(left, right)``; the split's keys ``[lo, s_hi)`` (all tokens: the pages checked),
+#: the entries the block reads ``[r_lo, r_hi)`` (its row's keys, or ``GATHER``'s list entries),
+#: the keys ``(lo, hi)`` its rows see and ``GATHER``'s index list
+MlaBlock = namedtuple("MlaBlock", "b kvh token split h0 h_end seqlen bad_len offset left right "
+                      "lo s_hi r_lo r_hi keys listed")
 
 
 @functools.lru_cache(maxsize=None)
-def mla_decode_kernel(cfg):
-    """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
-    n_cache_blocks, n_kv_heads, block_size, strides, split_target, split_min, partial,
-    kv_indices, v_cache, kv_descale)`` for the
-    :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
+def make_mla_block(cfg):
+    """The prologue's stage ``block_keys(q, table, seqlens, leftpad, va, paged, n_kv_heads,
+    block_size, split_target, split_min, kv_indices)``: the :data:`MlaBlock` of block ``(x,
+    s)``, which rows, keys and split (the decode's split rule, from ``L`` and the pad alone)."""
+    BLOCK_N, GATHER = cfg.BLOCK_N, cfg.GATHER
 
-    ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache's
-    memory as rows ``[num_blocks * Hkv * block_size, D_QK]`` (slot ``s`` of kv head ``h`` in
-    block ``n`` at row ``n * strides[0] + h * strides[1] + s * strides[2]``, int64: heads-first
-    memory ``(Hkv block_size, block_size, 1)``, tokens-first ``(block_size Hkv, 1, Hkv)``);
-    ``table``: int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block
-    ``b`` of ``block_size = Nmax`` slots); ``seqlens``, ``leftpad``: int32 ``[B]``; ``o``: the
-    flat view of ``[B, H, Nq, D_V]`` (float16, or bfloat16's uint16 words), ``lse`` float32
-    ``[B H Nq]``; with ``partial`` = 1, ``o_part`` float32 ``[splits B H Nq D_V]`` and
-    ``lse_part`` ``[splits B H Nq]`` (flat) instead; ``va``: the
-    :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
-    ``kv_indices``: int32 ``[B, Hkv or 1, Nq, topk]`` with ``GATHER``, else a ``[1, 1, 1, 1]``
-    stand-in; ``v_cache``: ``OWN_V``: the uint16 view of the value cache as rows ``[num_blocks *
-    Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again (unread);
-    ``kv_descale``: float32 ``[2, B, Hkv]``, ``KV_FP8``'s K and V descales (``cache`` then the
-    uint16 view of the e4m3 bytes, rows ``[.., D_QK / 2]``), else unread."""
-    assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
-    assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and (cfg.OWN_V or cfg.D_V <= cfg.D_QK)
-    D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
-    GATHER = cfg.GATHER
-    NUM_WARPS, THREADS, RB, RBV = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES, cfg.V_ROW_BYTES
-    K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
-    assert THREADS % BLOCK_N == 0
+    @_stage
+    def block_keys(q, table, seqlens, leftpad, va, paged, n_kv_heads, block_size, split_target,
+                   split_min, kv_indices):
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        hkv = n_kv_heads
+        group = n_heads // hkv
+        chunks = (group + 15) // 16
+        bx = cuda.blockIdx.x
+        z = bx % chunks
+        token = int32(bx // chunks % nq)          # every row of the block is query token i
+        kvh = bx // chunks // nq % hkv
+        b = bx // chunks // nq // hkv
+        split = cuda.blockIdx.y
+        h0 = kvh * group + z * 16                 # the block's first head
+        h_end = kvh * group + group               # heads at or past it are zero rows
+        seqlen = seqlens[b]
+        pad = leftpad[b]
+        capacity = block_size * (table.shape[1] if paged else 1)
+        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
+        offset = seqlen - nq                      # bottom-right: token i at key column i + offset
+        left, right = va.window
+        # the split's keys (decode's rule, from L and the pad alone), then this row's share
+        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        klo = max(klo, pad)
+        khi = max(khi, klo)
+        size = max(split_min, (khi - klo + split_target - 1) // split_target)
+        size = (size + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo = klo + split * size
+        s_hi = min(lo + size, khi)                # the split's keys end (all tokens)
+        row_lo, row_hi = key_bounds(token, offset, seqlen, left, right)
+        r_lo = int32(max(lo, row_lo, pad))
+        r_hi = int32(min(lo + size, khi, row_hi))
+        listed = kv_indices[0, 0, 0]
+        if GATHER:   # the split takes list entries [r_lo, r_hi); the rows see keys [k_lo, k_hi)
+            listed = kv_indices[b, kvh if kv_indices.shape[1] > 1 else 0, token]
+            topk = kv_indices.shape[3]
+            size = max(split_min, (topk + split_target - 1) // split_target)
+            size = (size + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+            r_lo = int32(split * size)
+            r_hi = int32(min(r_lo + size, topk))
+        if bad_len:
+            r_hi = r_lo                           # read nothing; the output is NaN
+        keys = (int32(max(row_lo, pad)), int32(min(row_hi, seqlen)))   # (GATHER) the rows see
+        return MlaBlock(b, kvh, token, split, h0, h_end, seqlen, bad_len, offset, left, right,
+                        lo, s_hi, r_lo, r_hi, keys, listed)
+
+    return block_keys
+
+
+@functools.lru_cache(maxsize=None)
+def make_mla_steps(cfg):
+    """``(step_full, step_masked, step_listed)``: the MLA decode's per-tile stage ``step(n,
+    k_start, x)`` (``x``: the :data:`MlaStep`) for a whole key tile, the block's last tile
+    (masked per key) and, ``GATHER``, a tile of list entries: copy, GEMM, partial-sum exchange,
+    tile scores, softmax update, GEMM."""
+    BLOCK_N, STAGES, DTYPE, KV_FP8 = cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE, cfg.KV_FP8
+    RB, RBV, K_STEPS_W, V_COLS_W = cfg.ROW_BYTES, cfg.V_ROW_BYTES, cfg.K_STEPS_W, cfg.V_COLS_W
     TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
-    V_TILE = cfg.V_TILE                      # the V tile's offset in its stage (OWN_V)
-    SMEM_WORDS = (cfg.WIDE_BYTES + STAGES * TILE_BYTES) // 4   # the key tiles (16-bit pairs;
-    # KV_FP8: the widened tile, then the stages' bytes)
-    SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
-    SP_WORDS = NUM_WARPS * SP_WARP if NUM_WARPS > 1 else 1   # the warps' partial S (float32)
     ROWS = 2                                 # a lane's rows: g and g + 8
     KEYS = BLOCK_N // 4                      # a lane's scores per row
     COLS = V_COLS_W // 4                     # a lane's output columns per row
-    ROW_CHUNKS = D_QK // 8                   # 16-byte chunks of a cache row
     ZERO = float32(0.0)
-    NAN = float32(math.nan)
-    NEG_INF = float32(-math.inf)
-    LOG2E_F = float32(LOG2E)
     XOR = (1, 2)                             # a row's 4 lanes (its quad)
-
-    # -- the stages
-    load_q = make_load_a(1, K_STEPS_W, RB)
     gemm_s = make_gemm(1, BLOCK_N // 16, K_STEPS_W, "regs", False, RB, RB, DTYPE)  # Q K^T
     gemm_pv = make_gemm(1, V_COLS_W // 16, BLOCK_N // 16, "acc", True, RB, RBV, DTYPE)  # P V
     scores_masked, scores_full = make_tile_scores_pair(ROWS, KEYS, SAME_ROW, ACC_COLS, True,
                                                        False, False, None, float32)
-    softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
-                                                             float32, RESCALE_LOG2)
-    # o and lse rows are heads: lse's row stride is Nq
-    epilogue_o = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1],
-                               float32, True)
-    epilogue_part = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops("float32")[1],
-                                  float32, True)
-    copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
-
+    _init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2", float32,
+                                                      RESCALE_LOG2)
     load_tile, load_listed_tile, mask_listed, exchange_s, widen_tile = make_mla_tile_stages(cfg)
-    KV_FP8 = cfg.KV_FP8
 
     def make_step(MASKED, LISTED=False):
         """One key tile; ``MASKED`` (compile time): the tile reaches past the block's last key
@@ -418,9 +431,80 @@ def mla_decode_kernel(cfg):
 
         return step
 
-    step_full = make_step(False)
-    step_masked = make_step(True)
-    step_listed = make_step(False, LISTED=True)
+    return make_step(False), make_step(True), make_step(False, LISTED=True)
+
+
+#: the cache rows a block reads (``load_tile``): the block table, batch ``b``, the rows before
+#: its kv head's in a block (``kvh * strides[1]``), block size, paged (0/1), the cache's blocks,
+#: the sequence's length, the value cache (``OWN_V``; else the latent cache again, unread), the
+#: cache's row strides ``(block, head, slot)`` (its memory order's: both caches alike)
+CacheRows = namedtuple("CacheRows", "table b kvh_rows block_size paged n_blocks seqlen v strides")
+#: the MLA step's context: shared memory (the key tiles, the warps' partial S), the cache and
+#: its rows, the score arguments; the lane's register arrays and the bad-entry flag; its
+#: coordinates and K / V fragment offsets; the query token, the bounds, the exponent factor;
+#: ``GATHER``: the token's list, the tiles' seen flags and the keys ``(lo, hi)`` the rows see
+MlaStep = namedtuple("MlaStep", "smem sp cache kc sa qf s acc m_i l_i bad_sh tid warp g t k_b v_b "
+                     "token bounds exp_scale listed seen keys")
+
+
+@functools.lru_cache(maxsize=None)
+def mla_decode_kernel(cfg):
+    """Build ``kernel(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
+    n_cache_blocks, n_kv_heads, block_size, strides, split_target, split_min, partial,
+    kv_indices, v_cache, kv_descale)`` for the
+    :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
+
+    ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache's
+    memory as rows ``[num_blocks * Hkv * block_size, D_QK]`` (slot ``s`` of kv head ``h`` in
+    block ``n`` at row ``n * strides[0] + h * strides[1] + s * strides[2]``, int64: heads-first
+    memory ``(Hkv block_size, block_size, 1)``, tokens-first ``(block_size Hkv, 1, Hkv)``);
+    ``table``: int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block
+    ``b`` of ``block_size = Nmax`` slots); ``seqlens``, ``leftpad``: int32 ``[B]``; ``o``: the
+    flat view of ``[B, H, Nq, D_V]`` (float16, or bfloat16's uint16 words), ``lse`` float32
+    ``[B H Nq]``; with ``partial`` = 1, ``o_part`` float32 ``[splits B H Nq D_V]`` and
+    ``lse_part`` ``[splits B H Nq]`` (flat) instead; ``va``: the
+    :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
+    ``kv_indices``: int32 ``[B, Hkv or 1, Nq, topk]`` with ``GATHER``, else a ``[1, 1, 1, 1]``
+    stand-in; ``v_cache``: ``OWN_V``: the uint16 view of the value cache as rows ``[num_blocks *
+    Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again (unread);
+    ``kv_descale``: float32 ``[2, B, Hkv]``, ``KV_FP8``'s K and V descales (``cache`` then the
+    uint16 view of the e4m3 bytes, rows ``[.., D_QK / 2]``), else unread."""
+    assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
+    assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and (cfg.OWN_V or cfg.D_V <= cfg.D_QK)
+    D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
+    GATHER = cfg.GATHER
+    NUM_WARPS, THREADS, RB, RBV = cfg.NUM_WARPS, cfg.THREADS, cfg.ROW_BYTES, cfg.V_ROW_BYTES
+    K_STEPS_W, V_COLS_W, SP_ROW = cfg.K_STEPS_W, cfg.V_COLS_W, cfg.SP_ROW
+    assert THREADS % BLOCK_N == 0
+    TILE_BYTES = cfg.STAGE_BYTES             # a stage: the K tile (then OWN_V's V tile)
+    V_TILE = cfg.V_TILE                      # the V tile's offset in its stage (OWN_V)
+    SMEM_WORDS = (cfg.WIDE_BYTES + STAGES * TILE_BYTES) // 4   # the key tiles (16-bit pairs;
+    # KV_FP8: the widened tile, then the stages' bytes)
+    SP_WARP = 16 * SP_ROW                    # words of one warp's partial S
+    SP_WORDS = NUM_WARPS * SP_WARP if NUM_WARPS > 1 else 1   # the warps' partial S (float32)
+    ROWS = 2                                 # a lane's rows: g and g + 8
+    KEYS = BLOCK_N // 4                      # a lane's scores per row
+    COLS = V_COLS_W // 4                     # a lane's output columns per row
+    ROW_CHUNKS = D_QK // 8                   # 16-byte chunks of a cache row
+    NAN = float32(math.nan)
+    NEG_INF = float32(-math.inf)
+    LOG2E_F = float32(LOG2E)
+    XOR = (1, 2)                             # a row's 4 lanes (its quad)
+
+    # -- the stages
+    load_q = make_load_a(1, K_STEPS_W, RB)
+    softmax_init, _update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2", float32,
+                                                      RESCALE_LOG2)
+    # o and lse rows are heads: lse's row stride is Nq
+    epilogue_o = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1],
+                               float32, True)
+    epilogue_part = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops("float32")[1],
+                                  float32, True)
+    copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
+    load_tile, load_listed_tile, _mask, _exchange, _widen = make_mla_tile_stages(cfg)
+    KV_FP8 = cfg.KV_FP8
+    block_keys = make_mla_block(cfg)          # the block's rows, keys and split
+    step_full, step_masked, step_listed = make_mla_steps(cfg)   # one key tile
 
     @kernel_jit
     def mla_decode(q, cache, table, seqlens, leftpad, o, lse, o_part, lse_part, va, paged,
@@ -434,44 +518,11 @@ def mla_decode_kernel(cfg):
         t = lane & 3                  # the lane's key / column pair 2t, 2t + 1 of a fragment
         n_heads = q.shape[1]
         nq = q.shape[2]
-        hkv = n_kv_heads
-        group = n_heads // hkv
-        chunks = (group + 15) // 16
-        bx = cuda.blockIdx.x
-        z = bx % chunks
-        token = int32(bx // chunks % nq)          # every row of the block is query token i
-        kvh = bx // chunks // nq % hkv
-        b = bx // chunks // nq // hkv
-        split = cuda.blockIdx.y
         n_splits = cuda.gridDim.y
-        h0 = kvh * group + z * 16                 # the block's first head
-        h_end = kvh * group + group               # heads at or past it are zero rows
-        seqlen = seqlens[b]
-        pad = leftpad[b]
-        capacity = block_size * (table.shape[1] if paged else 1)
-        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
-        offset = seqlen - nq                      # bottom-right: token i at key column i + offset
-        left, right = va.window
-        # the split's keys (decode's rule, from L and the pad alone), then this row's share
-        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
-        klo = max(klo, pad)
-        khi = max(khi, klo)
-        size = max(split_min, (khi - klo + split_target - 1) // split_target)
-        size = (size + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        lo = klo + split * size
-        row_lo, row_hi = key_bounds(token, offset, seqlen, left, right)
-        r_lo = int32(max(lo, row_lo, pad))
-        r_hi = int32(min(lo + size, khi, row_hi))
-        listed = kv_indices[0, 0, 0]
-        if GATHER:   # the split takes list entries [r_lo, r_hi); the rows see keys [k_lo, k_hi)
-            listed = kv_indices[b, kvh if kv_indices.shape[1] > 1 else 0, token]
-            topk = kv_indices.shape[3]
-            size = max(split_min, (topk + split_target - 1) // split_target)
-            size = (size + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-            r_lo = int32(split * size)
-            r_hi = int32(min(r_lo + size, topk))
-        if bad_len:
-            r_hi = r_lo                           # read nothing; the output is NaN
+        blk = block_keys(q, table, seqlens, leftpad, va, paged, n_kv_heads, block_size,
+                         split_target, split_min, kv_indices)
+        b, kvh, token, h0, h_end = blk.b, blk.kvh, blk.token, blk.h0, blk.h_end
+        r_lo, r_hi, listed, keys = blk.r_lo, blk.r_hi, blk.listed, blk.keys
 
         smem = cuda.shared.array(SMEM_WORDS, uint32, alignment=SHARED_ALIGN)
         sp = cuda.shared.array(SP_WORDS, float32)
@@ -496,9 +547,8 @@ def mla_decode_kernel(cfg):
         cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
         load_q(qf, smem, lane_offset(lane, RB, KIND_A) + 32 * K_STEPS_W * warp)
         cuda.syncthreads()  # every warp holds its fragments: stage 0 takes the first key tile
-        kc = CacheRows(table, b, kvh * strides[1], block_size, paged, n_cache_blocks, seqlen,
+        kc = CacheRows(table, b, kvh * strides[1], block_size, paged, n_cache_blocks, blk.seqlen,
                        v_cache, strides)
-        keys = (int32(max(row_lo, pad)), int32(min(row_hi, seqlen)))
         if GATHER:
             if r_lo < r_hi and load_listed_tile(smem, seen, 0, cache, r_lo, r_hi, kc, listed, keys,
                                                 tid):
@@ -507,11 +557,10 @@ def mla_decode_kernel(cfg):
             bad_sh[0] = 1
         # every page of the split's keys (all tokens): a bad entry any token reads makes the
         # whole sequence NaN (GATHER: each listed key's page, as it is read)
-        if paged and not bad_len and not GATHER:
-            s_hi = min(lo + size, khi)
-            if lo < s_hi:
-                j = lo // block_size + tid
-                while j <= (s_hi - 1) // block_size:
+        if paged and not blk.bad_len and not GATHER:
+            if blk.lo < blk.s_hi:
+                j = blk.lo // block_size + tid
+                while j <= (blk.s_hi - 1) // block_size:
                     if table[b, j] < 0 or table[b, j] >= n_cache_blocks:
                         bad_sh[0] = 1
                     j += THREADS
@@ -519,12 +568,12 @@ def mla_decode_kernel(cfg):
         scale = va.scale                          # KV_FP8: K's descale folds into the scale
         if KV_FP8:
             scale = va.scale * kv_descale[0, b, kvh]
-        sa = score_args(scale, b, offset, nq)
+        sa = score_args(scale, b, blk.offset, nq)
         ctx = MlaStep(smem, sp, cache, kc, sa, qf, s, acc, m_i, l_i, bad_sh, tid, warp, g, t,
                       lane_offset(lane, RB, KIND_B) + 32 * K_STEPS_W * warp,   # K: the warp's
                       # V: the warp's columns (OWN_V: in the stage's V tile)
                       lane_offset(lane, RBV, KIND_A) + 2 * V_COLS_W * warp + V_TILE,
-                      token, (r_hi, left, right), scale * LOG2E_F, listed, seen, keys)
+                      token, (r_hi, blk.left, blk.right), scale * LOG2E_F, listed, seen, keys)
 
         # -- the key tiles: whole ones unmasked, the last (past r_hi) masked
         n = 0
@@ -542,7 +591,7 @@ def mla_decode_kernel(cfg):
             if k_start < r_hi:
                 step_masked(n, k_start, ctx)
         cuda.syncthreads()  # every thread's bad-entry flag is in shared memory
-        if bad_len or bad_sh[0] != 0:
+        if blk.bad_len or bad_sh[0] != 0:
             for r in range(ROWS):
                 m_i[r] = NAN                      # o = lse = NaN (finalize's NaN path)
                 l_i[r] = NAN
@@ -557,7 +606,7 @@ def mla_decode_kernel(cfg):
         row0 = h0 + g
         elem0 = b * n_heads * nq + token          # (b, h, i) is element elem0 + h nq
         if partial:
-            part0 = split * (o_part.shape[0] // (n_splits * D_V))
+            part0 = blk.split * (o_part.shape[0] // (n_splits * D_V))
             epilogue_part(o_part, lse_part, acc, m_i, l_i, scale,
                           EpilogueRows(row0, h_end, (part0 + elem0) * D_V, nq * D_V,
                                        part0 + elem0, t == 0 and warp == 0, nq), cols, NEG_INF)

@@ -37,10 +37,13 @@ KiB, never the limit; registers are (``gpu_min_blocks``).  The float32 workspace
 bfloat16 caches compute in float32 (bfloat16 through float32 views, :func:`cache_views`),
 float64 in float64.
 
-File: the kernel's contexts (:data:`DecodeRows`, :data:`SeqKeys`, :data:`OwnRow`), its stage
-factories (:func:`make_load_q_rows`, :func:`make_key_loads`, :func:`make_own_row_stages`,
-:func:`make_decode_epilogue`), the kernel, the compile tier's types; the tile choice and split
-policy: :mod:`~numba_flash.kernels.decode.config`.  How and why, with the machine-code counts:
+File: the kernel's contexts (:data:`DecodeRows`, :data:`SeqKeys`, :data:`OwnRow`,
+:data:`BlockCoords`, :data:`DecodeStep`), its stage factories (:func:`make_load_q_rows`,
+:func:`make_key_loads` from :func:`make_kv_rows`, :func:`make_key_cursor`,
+:func:`make_tile_load` and :func:`make_gather_keys`; :func:`make_own_row_stages`,
+:func:`make_decode_epilogue`, :func:`make_block_coords`, :func:`make_decode_step`), the kernel,
+the compile tier's types; the tile choice and split policy:
+:mod:`~numba_flash.kernels.decode.config`.  How and why, with the machine-code counts:
 docs/flash-decoding.md (the kernel section); the block table: docs/paged-attention.md.
 """
 
@@ -217,16 +220,13 @@ def make_load_q_rows(cfg):
 
 
 @functools.lru_cache(maxsize=None)
-def make_key_loads(cfg):
-    """The walk over the cache (:data:`KeyLoads`): where my group's keys live in the block table
-    and their K/V rows into registers."""
-    LANES, CHUNK, U, HEAD_DIM = cfg.LANES, cfg.CHUNK, cfg.U, cfg.HEAD_DIM
-    VEC, PAGED, SPLIT_PAGES, OWN_V = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.OWN_V
-    DPL, NCH, COL, STEP, EW = cfg.DPL, cfg.NCH, cfg.COL, cfg.STEP, cfg.EW
-    SLOT_STRIDE = cfg.SLOT_STRIDE
+def make_kv_rows(cfg):
+    """``(load_key, widen)``: one key's K and V chunks from a 16-byte-aligned view element into
+    my registers (``VEC``; bfloat16 pairs split, e4m3 words kept), and ``KV_FP8``'s widening
+    of those words to float32 (:func:`make_tile_load` reads the keys through them)."""
+    LANES, CHUNK, U, EW = cfg.LANES, cfg.CHUNK, cfg.U, cfg.EW
+    DPL, NCH = cfg.DPL, cfg.NCH
     BF16_PAIRS, KV_FP8 = cfg.BF16_PAIRS, cfg.KV_FP8
-    acc_t, load, _store = _types(cfg)
-    ZERO = acc_t(0.0)
 
     @_stage
     def load_key(k_cache, v_cache, e0, u, k_reg, v_reg):
@@ -265,6 +265,17 @@ def make_key_loads(cfg):
                     vals = e4m3x4_to_float32(float32_bits(raw[u * DPL + i * (CHUNK // 4) + e]))
                     for w in range(4):
                         out[u * DPL + i * CHUNK + 4 * e + w] = vals[w]
+
+    return load_key, widen
+
+
+@functools.lru_cache(maxsize=None)
+def make_key_cursor(cfg):
+    """``(first_keys, next_keys, cache_layout)``: where my group's keys of a block step sit in
+    the block table (a :class:`KeyCursor`, advanced one step at a time) and the per-lane
+    constants of the cache's layout (:class:`CacheLayout`)."""
+    CHUNK, U, HEAD_DIM, STEP, EW = cfg.CHUNK, cfg.U, cfg.HEAD_DIM, cfg.STEP, cfg.EW
+    VEC, PAGED, SPLIT_PAGES, SLOT_STRIDE = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.SLOT_STRIDE
 
     # [docs:decode-token-lookup]
     @_stage
@@ -324,6 +335,20 @@ def make_key_loads(cfg):
             slot_rows=int32(slot_rows),
             slot_elems=int32(slot_elems),
             slot_step=_kept64(int64(slot_elems)) if VEC and SLOT_STRIDE else int64(slot_elems))
+
+    return first_keys, next_keys, cache_layout
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_load(cfg):
+    """``(locate_keys, load_keys)``: a block step's keys of my group located through the block
+    table (``key_ok``, ``key_at``), then their K and V rows into registers."""
+    U, HEAD_DIM, EW = cfg.U, cfg.HEAD_DIM, cfg.EW
+    VEC, PAGED, SPLIT_PAGES, OWN_V = cfg.VEC, cfg.PAGED, cfg.SPLIT_PAGES, cfg.OWN_V
+    DPL, COL, SLOT_STRIDE, KV_FP8 = cfg.DPL, cfg.COL, cfg.SLOT_STRIDE, cfg.KV_FP8
+    acc_t, load, _store = _types(cfg)
+    ZERO = acc_t(0.0)
+    load_key, _widen = make_kv_rows(cfg)
 
     # [docs:decode-tile-load]
     @_stage
@@ -459,6 +484,15 @@ def make_key_loads(cfg):
                     v_reg[u * DPL + j] = vv
     # [/docs:decode-tile-load]
 
+    return locate_keys, load_keys
+
+
+@functools.lru_cache(maxsize=None)
+def make_gather_keys(cfg):
+    """``(resolve_key, gather_keys, share_keys)``: ``GATHER``'s keys, list entries resolved to
+    cache rows through their pages, by each lane or shared across a warp by shuffles."""
+    U, HEAD_DIM, EW, VEC, PAGED = cfg.U, cfg.HEAD_DIM, cfg.EW, cfg.VEC, cfg.PAGED
+
     # [docs:decode-gather]
     @_stage
     def resolve_key(listed, block_table, b, t, lo32, hi32, seqlen, n_cache_blocks, block_size,
@@ -528,9 +562,20 @@ def make_key_loads(cfg):
         return step_ok
     # [/docs:decode-gather]
 
+    return resolve_key, gather_keys, share_keys
+
+
+@functools.lru_cache(maxsize=None)
+def make_key_loads(cfg):
+    """The walk over the cache (:data:`KeyLoads`): where my group's keys live in the block table
+    (:func:`make_key_cursor`, :func:`make_tile_load`, :func:`make_gather_keys`) and their K/V
+    rows into registers (:func:`make_kv_rows`)."""
+    _load_key, widen = make_kv_rows(cfg)
+    first_keys, next_keys, cache_layout = make_key_cursor(cfg)
+    locate_keys, load_keys = make_tile_load(cfg)
+    resolve_key, gather_keys, share_keys = make_gather_keys(cfg)
     return KeyLoads(first_keys, next_keys, cache_layout, locate_keys, resolve_key, gather_keys,
                     share_keys, load_keys, widen)
-
 
 @functools.lru_cache(maxsize=None)
 def make_own_row_stages(cfg):
@@ -861,8 +906,111 @@ def make_decode_epilogue(cfg):
     return DecodeEpilogue(merge_groups, write_split, combine)
 
 
-@functools.lru_cache(maxsize=None)
+#: the block's place (:func:`make_block_coords`): its :data:`DecodeRows` and :data:`SeqKeys`, the
+#: split's keys ``[lo, hi)`` (empty for a bad length), ``bad_len``, ``GATHER``'s page divisor
+#: (:func:`_page_divisor`) and the block's index list
+BlockCoords = namedtuple("BlockCoords", "rows seq lo hi bad_len page_div listed")
+#: a block step's context (:func:`make_decode_step`): the caches, my group's keys (``key_ok``,
+#: ``key_at``, ``key_pos``) and their K / V registers, ``dims = (col0, d, d_v)``, my scores
+#: ``s_own``, q in shared memory and my lane, my row (:data:`OwnRow`, its score arguments), the
+#: variant, my row's softmax state, the accumulator, each row's lane and ``full`` (an int32)
+DecodeStep = namedtuple("DecodeStep", "k_cache v_cache key_ok key_at key_pos k_reg v_reg dims "
+                        "s_own q_sh lane own sa va m_own l_own acc row_lane full")
 
+
+@functools.lru_cache(maxsize=None)
+def make_block_coords(cfg):
+    """The prologue's stage ``block_coords(q, block_table, seqlens, leftpad, va, n_kv_heads,
+    cache_block_size, split_target, split_min, kv_indices)``: the :data:`BlockCoords` of block
+    ``(x, s)``, its rows (sequence, kv head, chunk, split; ``GATHER``: the token), its
+    sequence's keys and the split's share of them, from the block index and the sequence's own
+    length (batch invariance)."""
+    ROWS, STEP, PAGED, GATHER = cfg.ROWS, cfg.STEP, cfg.PAGED, cfg.GATHER
+    block_of, split_range, page_divisor, list_of = _block_stages(GATHER)
+
+    @_stage
+    def block_coords(q, block_table, seqlens, leftpad, va, n_kv_heads, cache_block_size,
+                     split_target, split_min, kv_indices):
+        # [docs:decode-block-coords]
+        n_heads = q.shape[1]
+        nq = q.shape[2]
+        hkv = n_kv_heads
+        group = n_heads // hkv
+        n_rows = group * nq                   # query rows of this GQA group
+        if GATHER:                            # a block per query token: its heads share a list
+            n_rows = group
+        chunks = (n_rows + ROWS - 1) // ROWS
+        bx = cuda.blockIdx.x
+        z = bx % chunks
+        b, kvh, tok = block_of(bx // chunks, hkv, nq)
+        split = cuda.blockIdx.y
+        n_splits = cuda.gridDim.y
+        row0 = z * ROWS                       # first row of this block's chunk
+        seqlen = seqlens[b]
+        pad = leftpad[b]                      # keys before it are not part of the sequence
+        capacity = cache_block_size           # contiguous: Nmax
+        if PAGED:
+            capacity = block_table.shape[1] * cache_block_size
+        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
+        offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
+        left, right = va.window
+        # keys some query row sees, and this split's share of them (from L and the pad alone):
+        # the sequence is [pad, L), aligned at its end, so the rule's columns are unchanged
+        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
+        klo = max(klo, pad)
+        khi = max(khi, klo)
+        klo, khi, seq_end = split_range(klo, khi, seqlen, kv_indices)
+        page_div = page_divisor(cache_block_size)   # (GATHER: j // block_size by a multiply)
+        listed = list_of(kv_indices, b, kvh, tok)   # (GATHER: the block's index list)
+        size = max(split_min, (khi - klo + split_target - 1) // split_target)
+        size = (size + STEP - 1) // STEP * STEP   # whole block steps
+        lo = klo + split * size
+        hi = min(lo + size, khi)              # lo >= hi: an empty split
+        if bad_len:
+            hi = lo                           # read nothing; the output is NaN
+        rows = DecodeRows(b, kvh, group, row0, n_rows, nq, split, n_splits, tok)
+        seq = SeqKeys(seqlen, pad, offset, left, right, seq_end)
+        # [/docs:decode-block-coords]
+        return BlockCoords(rows, seq, lo, hi, bad_len, page_div, listed)
+
+    return block_coords
+
+
+@functools.lru_cache(maxsize=None)
+def make_decode_step(cfg):
+    """The loop's stage ``one_step(step_ok, t0, x)`` (``x``: the :data:`DecodeStep`)."""
+    KV_FP8, UD = cfg.KV_FP8, cfg.UD
+    acc_t = compute_type(cfg.np_dtype)
+    walk = make_key_loads(cfg)            # the key walk: block table, K/V rows
+    mine = make_own_row_stages(cfg)       # a lane's own row: scores, softmax, p v
+
+    @_stage
+    def one_step(step_ok, t0, x):
+        """One block step once my group's keys are located (``x.key_ok``, ``x.key_at``,
+        ``x.key_pos``, ``step_ok``; ``t0`` my first key): their K and V rows into registers,
+        the scores, my row's online softmax, ``acc = alpha acc + p v`` (FA4's
+        ``compute_one_n_block``: load, GEMM, softmax update, GEMM); ``x.full``: 1 when every
+        row sees every key of the split.  An e4m3 cache's words are widened here, after the
+        loads' branches (:func:`~make_kv_rows`' ``widen``)."""
+        walk.load_keys(x.k_cache, x.v_cache, x.key_ok, x.key_at, step_ok, x.k_reg, x.v_reg,
+                       x.dims[0], x.dims[1], x.dims[2])
+        k_val = x.k_reg
+        v_val = x.v_reg
+        if KV_FP8:
+            k_val = cuda.local.array(UD, acc_t)
+            walk.widen(x.k_reg, k_val)
+        mine.own_scores(x.s_own, x.q_sh, k_val, x.lane * 16)
+        alpha = mine.own_softmax(x.s_own, x.key_ok, x.key_pos, t0, x.own, x.sa, x.va, x.m_own,
+                                 x.l_own)
+        if KV_FP8:
+            v_val = cuda.local.array(UD, acc_t)
+            walk.widen(x.v_reg, v_val)
+        mine.accumulate(x.acc, x.s_own, v_val, alpha, x.row_lane, x.full != 0 and step_ok)
+
+    return one_step
+
+
+@functools.lru_cache(maxsize=None)
 def decode_kernel(cfg):
     """Build (once per :class:`~numba_flash.kernels.decode.config.DecodeConfig`) the fused split-KV
     decode kernel
@@ -904,7 +1052,7 @@ def decode_kernel(cfg):
     keeps out of the on-disk kernel cache (the user's code does not key it).
     """
     THREADS, LANES, CHUNK, U, ROWS = cfg.THREADS, cfg.LANES, cfg.CHUNK, cfg.U, cfg.ROWS
-    HEAD_DIM, USER, PAGED = cfg.HEAD_DIM, cfg.USER, cfg.PAGED
+    HEAD_DIM, USER = cfg.HEAD_DIM, cfg.USER
     KV_FP8, GATHER = cfg.KV_FP8, cfg.GATHER
     NG, STEP, RD, UD, Q_WORDS = cfg.NG, cfg.STEP, cfg.RD, cfg.UD, cfg.Q_WORDS
     LANE_OF = cfg.LANE_OF
@@ -931,30 +1079,8 @@ def decode_kernel(cfg):
     walk = make_key_loads(cfg)            # the key walk: block table, K/V rows
     mine = make_own_row_stages(cfg)       # a lane's own row: scores, softmax, p v
     epilogue = make_decode_epilogue(cfg)  # group merge, the split's write, the combine
-    block_of, split_range, page_divisor, list_of = _block_stages(GATHER)
-
-    @_stage
-    def one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims, s_own,
-                 q_sh, lane, t0, own, sa, va, m_own, l_own, acc, row_lane, full):
-        """One block step once my group's keys are located (``key_ok``, ``key_at``,
-        ``key_pos``, ``step_ok``): their K and V rows into registers, the scores, my row's
-        online softmax, ``acc = alpha acc + p v`` (FA4's ``compute_one_n_block``: load, GEMM,
-        softmax update, GEMM); ``dims``: ``(col0, d, d_v)``; ``full``: an int32 (1: every
-        row sees every key of the split).  An e4m3 cache's words are widened here, after
-        the loads' branches (:func:`~make_key_loads`' ``widen``)."""
-        walk.load_keys(k_cache, v_cache, key_ok, key_at, step_ok, k_reg, v_reg, dims[0],
-                       dims[1], dims[2])
-        k_val = k_reg
-        v_val = v_reg
-        if KV_FP8:
-            k_val = cuda.local.array(UD, acc_t)
-            walk.widen(k_reg, k_val)
-        mine.own_scores(s_own, q_sh, k_val, lane * 16)
-        alpha = mine.own_softmax(s_own, key_ok, key_pos, t0, own, sa, va, m_own, l_own)
-        if KV_FP8:
-            v_val = cuda.local.array(UD, acc_t)
-            walk.widen(v_reg, v_val)
-        mine.accumulate(acc, s_own, v_val, alpha, row_lane, full != 0 and step_ok)
+    block_coords = make_block_coords(cfg)  # the block's rows, sequence and split keys
+    one_step = make_decode_step(cfg)      # a block step: loads, scores, softmax, p v
 
     # a user's functions stay out of the on-disk kernel cache (their code does not key it)
     @kernel_jit(cache=USER is None, launch_bounds=launch_bounds(THREADS, dtype, HEAD_DIM))
@@ -962,51 +1088,14 @@ def decode_kernel(cfg):
                      lse_part, counters, va, paged, n_cache_blocks, n_kv_heads,
                      cache_block_size, cache_strides, split_target, split_min, kv_descale,
                      kv_indices):
-        # [docs:decode-block-coords]
         tid = cuda.threadIdx.x
         lane = int32(tid % LANES)             # my elements: lane * CHUNK + COL[j], j < DPL
         grp = int32(tid // LANES)             # my key group
         col0 = lane * CHUNK                   # my first element of a K/V row
-        n_heads = q.shape[1]
-        nq = q.shape[2]
-        hkv = n_kv_heads
-        group = n_heads // hkv
-        n_rows = group * nq                   # query rows of this GQA group
-        if GATHER:                            # a block per query token: its heads share a list
-            n_rows = group
-        chunks = (n_rows + ROWS - 1) // ROWS
-        bx = cuda.blockIdx.x
-        z = bx % chunks
-        b, kvh, tok = block_of(bx // chunks, hkv, nq)
-        split = cuda.blockIdx.y
-        n_splits = cuda.gridDim.y
-        row0 = z * ROWS                       # first row of this block's chunk
-        seqlen = seqlens[b]
-        pad = leftpad[b]                      # keys before it are not part of the sequence
-        block_size = cache_block_size
-        capacity = block_size                 # contiguous: Nmax
-        if PAGED:
-            capacity = block_table.shape[1] * block_size
-        bad_len = seqlen < 0 or seqlen > capacity or pad < 0 or pad > seqlen
-        offset = seqlen - nq                  # bottom-right: token i sits at key column i + offset
-        left, right = va.window
-        # keys some query row sees, and this split's share of them (from L and the pad alone):
-        # the sequence is [pad, L), aligned at its end, so the rule's columns are unchanged
-        klo, khi = tile_key_range(0, nq, offset, seqlen, left, right)
-        klo = max(klo, pad)
-        khi = max(khi, klo)
-        klo, khi, seq_end = split_range(klo, khi, seqlen, kv_indices)
-        page_div = page_divisor(cache_block_size)   # (GATHER: j // block_size by a multiply)
-        listed = list_of(kv_indices, b, kvh, tok)   # (GATHER: the block's index list)
-        size = max(split_min, (khi - klo + split_target - 1) // split_target)
-        size = (size + STEP - 1) // STEP * STEP   # whole block steps
-        lo = klo + split * size
-        hi = min(lo + size, khi)              # lo >= hi: an empty split
-        if bad_len:
-            hi = lo                           # read nothing; the output is NaN
-        rows = DecodeRows(b, kvh, group, row0, n_rows, nq, split, n_splits, tok)
-        seq = SeqKeys(seqlen, pad, offset, left, right, seq_end)
-        # [/docs:decode-block-coords]
+        rows, seq, lo, hi, bad_len, page_div, listed = block_coords(
+            q, block_table, seqlens, leftpad, va, n_kv_heads, cache_block_size, split_target,
+            split_min, kv_indices)
+        b, kvh, seqlen, block_size = rows.b, rows.kvh, seq.seqlen, cache_block_size
 
         acc_sh = cuda.shared.array((ROWS, HEAD_DIM), acc_t)
         m_sh = cuda.shared.array((NG, ROWS), acc_t)
@@ -1054,6 +1143,8 @@ def decode_kernel(cfg):
         res_pos = int32(-1)                   # and the key I resolved for this batch
         res_at = int64(0)
         dims = (col0, q.shape[3], o.shape[3])   # my first column, K's and V's widths
+        x = DecodeStep(k_cache, v_cache, key_ok, key_at, key_pos, k_reg, v_reg, dims, s_own,
+                       q_sh, lane, own, sa, va, m_own, l_own, acc, row_lane, full)
         if SHARE:   # GATHER: batches of BS steps, my warp's lanes resolve a batch's keys
             while base < int32(hi):           # the same trip count on every lane (shuffles)
                 entry = int32(base + (w_lane // KW) * STEP + w_grp0 * U + w_lane % KW)
@@ -1065,9 +1156,7 @@ def decode_kernel(cfg):
                 while batch_step < BS and base < int32(hi):   # the steady state: shuffles
                     step_ok = walk.share_keys(key_ok, key_at, key_pos, res_pos, res_at,
                                               batch_step * KW + (grp - w_grp0) * U, keys)
-                    one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg,
-                             dims, s_own, q_sh, lane, int32(base + grp * U), own, sa,
-                             va, m_own, l_own, acc, row_lane, full)
+                    one_step(step_ok, int32(base + grp * U), x)
                     base = int32(base + STEP)
                     batch_step = int32(batch_step + 1)
         else:       # the cache's keys in order (or GATHER in a warp too narrow to share)
@@ -1085,9 +1174,7 @@ def decode_kernel(cfg):
                                                     block_size, keys)
                 bad_entry = bad_entry or bad
                 j_blk, slot = walk.next_keys(j_blk, slot, step, block_size)
-                one_step(k_cache, v_cache, key_ok, key_at, key_pos, step_ok, k_reg, v_reg, dims,
-                         s_own, q_sh, lane, t0, own, sa, va, m_own, l_own, acc,
-                         row_lane, full)
+                one_step(step_ok, t0, x)
                 t0 = int32(t0 + STEP)
 
         if bad_entry:
@@ -1103,9 +1190,9 @@ def decode_kernel(cfg):
             v_scale = acc_t(kv_descale[1, b, kvh])
         epilogue.write_split(o, lse, o_part, lse_part, acc_sh, stat_sh, bad, hi <= lo and not bad,
                              rows, tid, va.sink, v_scale)
-        if n_splits > 1:
-            epilogue.combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows, bx, tid,
-                         va.sink)
+        if rows.n_splits > 1:
+            epilogue.combine(o, lse, o_part, lse_part, counters, stat_sh, flag_sh, rows,
+                             cuda.blockIdx.x, tid, va.sink)
 
     return decode_split
 
