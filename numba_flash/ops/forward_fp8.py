@@ -25,6 +25,7 @@ its own device; the result is the same), and an aligned one is used in place.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..backend import on_simulator
 from ..frontend import ArrayCall
 from ..frontend.empty import into_outs, is_empty, no_key_outputs
 from ..frontend.fp8 import E4M3, check_descales, check_fp8_gpu
-from ..frontend.validate import check_out
+from ..frontend.validate import check_out, is_c_contiguous
 from ..frontend.kernel_args import (check_forward_variant, descale_input, kernel_variant,
                                      user_build)
 from ..frontend.sim_time import tiled_work
@@ -72,19 +73,20 @@ class _Shape(NamedTuple):
 
 
 def aligned_input(x, align):
-    """``x`` (an e4m3 array's ``uint8`` bytes, NumPy or device) itself when its data is
-    ``align``-byte aligned, else a C-contiguous copy that is (NumPy: placed on a 64-byte
+    """``x`` (an e4m3 array's ``uint8`` bytes, NumPy or device) itself when its data and its
+    strides (a strided view's rows and heads) are ``align``-byte aligned, else a C-contiguous
+    copy that is (NumPy: placed on a 64-byte
     boundary of a fresh buffer, in the simulator, whose kernels read a NumPy input in place; on
     a GPU its device copy is the aligned copy; CuPy: a fresh allocation of its memory pool,
     256-byte aligned; another device array: a fresh ``cuda.device_array``)."""
-    if data_pointer(x) % align == 0:
+    if data_pointer(x) % align == 0 and all(s % align == 0 for s in x.strides[:-1]):
         return x
     if isinstance(x, np.ndarray) and not on_simulator():
         return x                    # its device copy is a fresh allocation: aligned
     if isinstance(x, np.ndarray):
         buf = np.empty(x.nbytes + 64, np.uint8)
         at = -buf.__array_interface__["data"][0] % 64
-        out = buf[at:at + x.nbytes].view(x.dtype).reshape(x.shape)
+        out = buf[at:at + x.nbytes].view(x.dtype).reshape(x.shape)   # (C order)
         out[...] = x
         return out
     if hasattr(x, "copy"):          # CuPy
@@ -164,7 +166,7 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     cfg = (forward_wgmma_fp8_config(s.d, out, **flags) if wgmma else
            forward_fp8_config(s.d, out, **flags))
     o_dtype = np.dtype(BFLOAT16 if out == "bfloat16" else out)
-    out_arr = check_out("out", out_arr, (s.b, s.h, s.nq, s.d), o_dtype, q)
+    out_arr = check_out("out", out_arr, (s.b, s.h, s.nq, s.d), o_dtype, q, strided=True)
     lse_out = check_out("lse_out", lse_out, (s.b, s.h, s.nq), np.float32, q)
     if is_empty(s.b, s.nq, s.nk):   # after every check: o = 0, lse = -inf or the sink
         o, lse = no_key_outputs({"q": q, "k": k, "v": v}, (s.b, s.h, s.nq, s.d), o_dtype,
@@ -178,18 +180,25 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
     call.reserve({"o": ((s.b, s.h, s.nq, s.d), np.float16), "lse": ((s.b, s.h, s.nq),
                                                                      np.float32)})
     # the bytes as uint16 pairs for the tile copies, uint32 words of V for the transposing fill,
-    # V's bytes for the NaN fix-up
-    dq, dk, dv = (call.input(x) for x in (q, k, v))
-    o = call.output(out_arr, (s.b, s.h, s.nq, s.d), o_dtype)
+    # V's bytes for the NaN fix-up; views whose last dim is contiguous (flash-attn's [B, N, H,
+    # d] memory) are read, and out= written, through their strides by the mma.sync build (the
+    # warpgroup build takes C-contiguous arrays: copies, and a new o copied into out=)
+    dq, dk, dv = (call.input(x, strided=not wgmma) for x in (q, k, v))
+    o = call.output(out_arr, (s.b, s.h, s.nq, s.d), o_dtype, strided=not wgmma)
+    if not wgmma and not all(is_c_contiguous(x) for x in (dq, dk, dv, o)):
+        cfg = dataclasses.replace(cfg, STRIDED=True)
     lse = call.output(lse_out, (s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,
                         variant=variant, sink=sink)
-    # V's words: [rows, d / 4] for the mma.sync fill, flat for the warpgroup's
-    words = dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32)
+    # V's words: [rows, d / 4] for the mma.sync fill (STRIDED: [B, Hkv, N, d / 4] through its
+    # strides), flat for the warpgroup's
+    strided = getattr(cfg, "STRIDED", False)
+    words = (dv.view(np.uint32) if strided
+             else dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32))
     call.launch((forward_wgmma_fp8_kernel if wgmma else forward_fp8_kernel)(cfg),
                 forward_grid(s.nq, s.b, s.h, cfg.BLOCK_M),
                 (cfg.THREADS,), dq.view(np.uint16), dk.view(np.uint16),
-                words.reshape(-1) if wgmma else words, dv, o.reshape(-1),
+                words.reshape(-1) if wgmma else words, dv, o if strided else o.reshape(-1),
                 lse.reshape(-1), descale_input(call, descale, named_descales), va,
                 shared=cfg.SMEM_BYTES if wgmma else 0,
                 work=tiled_work(call.op, [(s.nq, s.nk)] * s.b, s.h, cfg.BLOCK_M, cfg.BLOCK_N,

@@ -166,16 +166,19 @@ def fp8_dense(q, k, v, names, descales, dropout_p, softmax_scale, causal, window
                                   "learnable_sink": learnable_sink})
 
     def run():
+        # [B, N, H, d] memory where it lies (the e4m3 mma.sync forward reads strides), and out
+        # (bfloat16, FA3's) written in place through its strides
         arrays, qkv_dtype = _inputs((q, k, v), heads_first=True)
+        res = bridge.SeqFirstOut(q.shape, torch.bfloat16, device, strided=True)
         with bridge.on_device(device):
-            o, lse = numba_flash.forward(
+            _o, lse = numba_flash.forward(
                 *arrays, qkv_dtype=qkv_dtype, causal=opts.causal,
                 softmax_scale=opts.softmax_scale, return_lse=True, dropout_p=opts.dropout_p,
                 window_size=opts.window_size, softcap=opts.softcap,
                 alibi_slopes=bridge.optional_array(alibi_slopes),
-                learnable_sink=bridge.optional_array(learnable_sink),
+                learnable_sink=bridge.optional_array(learnable_sink), out=res.array,
                 **{n: bridge.optional_array(x) for n, x in descales.items()})
-            return bridge.seq_first(o, device), bridge.to_tensor(lse, device)
+            return res.result(), bridge.to_tensor(lse, device)
 
     return _finish(run, (q, k, v, learnable_sink, *descales.values()), opts.return_attn_probs)
 

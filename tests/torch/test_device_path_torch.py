@@ -261,6 +261,22 @@ def test_flash_attn_varlen_func_forward_backward(gen):
     assert_close(dev[1].numpy(), want_lse, np.float32)
 
 
+def test_fp8_forward_reads_flash_attn_layout_in_place(gen):
+    """FA3's fp8 ``flash_attn_func`` (e4m3 ``[B, N, H, d]`` tensors, descales of 1): the e4m3
+    forward reads q, k, v where they lie and writes ``out`` (bfloat16, ``[B, N, H, d]``) in
+    place: no torch copy; as the host path."""
+    q, k, v = (randn(gen, 1, 9, 2, 32).to(torch.float8_e4m3fn) for _ in range(3))
+
+    def run():
+        return (nft.flash_attn_func(q, k, v, causal=True),)
+
+    with same_on_device(run) as (mode, driver, dev):
+        c, allocs, copies = _steady(mode, run)
+        assert copies == 0, mode.log
+    want, _ = reference.attention(*(_hf(x) for x in (q, k, v)), causal=True)
+    assert_scaled_close(_hf(dev[0]), want, 4e-2)
+
+
 def test_varlen_fused_projection_forward_backward_without_a_copy(gen):
     """A fused projection's packed slices (``qkv.unbind(1)`` of ``[total, 3, H, d]``) through
     ``flash_attn_varlen_func`` and autograd with a contiguous gradient: the forward and the

@@ -637,10 +637,12 @@ class ForwardFp8Config(Fp8ForwardOptions):
     ``m16n8k32`` k-step), the output type ``OUT`` (``"bfloat16"`` or ``"float16"``) and the
     flags ``SOFTCAP``, ``ALIBI``.  ``P`` is packed to e4m3 as ``P 2**P_OFFSET``, ``P`` itself at
     most ``2**RESCALE`` (the lazy rescale's threshold): ``RESCALE + P_OFFSET <= log2(448)``
-    keeps every packed ``P`` finite and unsaturated."""
+    keeps every packed ``P`` finite and unsaturated.  ``STRIDED``: ``q``, ``k``, ``v`` and ``o``
+    read and written through their own strides (as :class:`ForwardMmaConfig`'s)."""
 
     HEAD_DIM: int
     BLOCK_N: int = 64
+    STRIDED: bool = False
 
     BLOCK_M = 64
     NUM_WARPS = 4
@@ -674,7 +676,8 @@ class ForwardFp8Config(Fp8ForwardOptions):
     @property
     def name(self):
         return (f"forward_fp8 W{self.NUM_WARPS} M{self.BLOCK_M} N{self.BLOCK_N} "
-                f"D{self.HEAD_DIM} e4m3->{self.OUT}{self.fp8_flags}")
+                f"D{self.HEAD_DIM} e4m3->{self.OUT}{self.fp8_flags}"
+                f"{' strided' if self.STRIDED else ''}")
 
 
 def forward_fp8_config(head_dim, out="bfloat16", **flags):

@@ -19,7 +19,10 @@ the epilogue.
 them unchanged), ``v`` its uint32 view ``[B, Hkv, N, d / 4]`` (four values a word), ``v8`` its
 uint8 view (the NaN fix-up's reads), ``o`` the flat view of ``[B, H, Nq, d]`` (float16, or
 bfloat16's uint16 words), ``lse`` flat float32, ``descale`` float32 ``[3, B, Hkv]`` (q, k, v),
-``va`` the :class:`~numba_flash.kernels.core.variant.Variant`.  Grid ``(ceil(Nq / 64) B H,)``
+``va`` the :class:`~numba_flash.kernels.core.variant.Variant`.  ``STRIDED``: ``q``, ``k``, ``v``,
+``v8`` and ``o`` are 4-D views read (``o`` written) through their own strides (``v`` its
+``[B, Hkv, N, d / 4]`` word view), the 16-bit forward's :func:`~numba_flash.kernels.forward.
+mma.make_operand_bases` on the byte pairs.  Grid ``(ceil(Nq / 64) B H,)``
 (Q tiles fastest), block 128 threads: warp ``w`` owns rows ``16 w ..`` of the Q tile.
 
 Shared memory (``cfg.SMEM_BYTES``): the Q tile and the K tile (rows of ``d + 16`` bytes, by
@@ -42,7 +45,7 @@ from collections import namedtuple
 
 from numba import cuda, float32, int64, types, uint32
 
-from ..core.common import SMEM_LIMIT
+from ..core.common import SMEM_LIMIT, make_elem_strides
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit
 from ..core.variant import variant_type
@@ -54,10 +57,11 @@ from ..mainloop.warp_gemm import (
     ACC_COLS, ACC_ROWS, KIND_A, KIND_B, lane_offset, make_gemm, make_load_a,
 )
 from ..ptx.stages import (
-    EXP_BITS, LOG2E, SHARED_ALIGN, cp_async_commit, cp_async_wait_all, make_tile_copy,
+    EXP_BITS, LOG2E, SHARED_ALIGN, cp_async_commit, cp_async_wait_all, make_row_stride,
+    make_tile_copy,
 )
 from .config import ForwardFp8Config, forward_fp8_config
-from .mma import make_forward_block, make_row_stages
+from .mma import make_forward_block, make_operand_bases, make_row_stages
 
 __all__ = ["ForwardFp8Config", "forward_fp8_config", "forward_fp8_kernel", "make_vt_fill",
            "compile_config"]
@@ -73,9 +77,10 @@ CC = (8, 9)
 
 # [docs:vt-fill]
 @functools.lru_cache(maxsize=None)
-def make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS):
+def make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS, STRIDED=False):
     """``fill(smem, vt_byte, v, row0, nk, tid) -> bad``: the ``V^T`` tile of keys ``row0 ..
-    row0 + BLOCK_N - 1`` (row ``row0`` of ``v``'s word view ``[rows, HEAD_DIM / 4]``; keys
+    row0 + BLOCK_N - 1`` (row ``row0`` of ``v``'s word view ``[rows, HEAD_DIM / 4]``;
+    ``STRIDED``: ``row0 = (b, hk, key)`` of its view ``[B, Hkv, N, HEAD_DIM / 4]``; keys
     ``>= nk`` zeros): shared row ``c`` at ``vt_byte + c RBT`` holds column ``c``'s bytes in the
     ``P`` packing's key order (byte ``k`` of each 32-key step: key ``p_key_of_k(k)``).  A thread
     takes four such bytes ``k .. k + 3`` (keys ``2t, 2t + 1, 2t + 8, 2t + 9`` of a 16-key half)
@@ -86,6 +91,15 @@ def make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS):
     WORDS = HEAD_DIM // 4                # groups of four columns (a word of each key row)
     ITEMS = QUADS * WORDS
     BYTE = uint32(0xFF)
+
+    if STRIDED:
+        @_stage
+        def v_word(v, at, key, col4):   # a strided view, through its strides
+            return v[at[0], at[1], at[2] + key, col4]
+    else:
+        @_stage
+        def v_word(v, at, key, col4):
+            return v[at + key, col4]
 
     @_stage
     def fill(smem, vt_byte, v, row0, nk, tid):
@@ -98,7 +112,7 @@ def make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS):
             w = cuda.local.array(4, uint32)
             for j in range(4):
                 key = base + (j & 1) + 8 * (j >> 1)
-                w[j] = v[row0 + key, col4] if key < nk else uint32(0)
+                w[j] = v_word(v, row0, key, col4) if key < nk else uint32(0)
             for i in range(4):           # output word i: column 4 col4 + i, its four keys
                 out = uint32(0)
                 for j in range(4):
@@ -118,8 +132,47 @@ def make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS):
 #: and first row, its byte view (the NaN fix-up), the kv head; the score arguments and the
 #: bounds ``(nk, left, right)``; the lane's register arrays; its coordinates and fragment
 #: offsets; the exponent factor
-Fp8Tile = namedtuple("Fp8Tile", "smem k v v8 kv_elem v_row hk sa bounds qf s acc m_i l_i tid t "
-                     "row0 q_a k_b v_b exp_scale")
+Fp8Tile = namedtuple("Fp8Tile", "smem k v v8 kv_elem k_d v_row hk sa bounds qf s acc m_i l_i "
+                     "tid t row0 q_a k_b v_b exp_scale")
+
+
+#: where a block's e4m3 operands start (:func:`make_fp8_bases`): Q's first row and the ``d``
+#: its copy takes (byte pairs; ``STRIDED``: with the row stride), K's (b, hk) start and ``d``,
+#: V's word view's start (a row, or ``STRIDED`` the ``(b, hk, key)`` of its 4-D view)
+Fp8Bases = namedtuple("Fp8Bases", "q_elem0 q_d kv_elem k_d v_row")
+
+
+@functools.lru_cache(maxsize=None)
+def make_fp8_bases(HEAD_DIM, STRIDED):
+    """``(fp8_bases, v_tile)``: ``fp8_bases(q, k, fb) ->`` :data:`Fp8Bases` of the block ``fb``
+    (C-contiguous ``[B, H(kv), N, d / 2]`` byte-pair views, or ``STRIDED`` views read through
+    their strides), and ``v_tile(v_row, k_start)``: the fill's start of the tile at key
+    ``k_start``."""
+    strides = make_elem_strides(2)   # the byte pairs' 16-bit elements
+    PAIRS = HEAD_DIM // 2
+
+    if STRIDED:
+        @_stage
+        def fp8_bases(q, k, fb):
+            qs, ks = strides(q), strides(k)
+            return Fp8Bases(fb.b * qs[0] + fb.h * qs[1] + fb.q_start * qs[2], (PAIRS, qs[2]),
+                            fb.b * ks[0] + fb.hk * ks[1], (PAIRS, ks[2]), (fb.b, fb.hk, 0))
+
+        @_stage
+        def v_tile(v_row, k_start):
+            return (v_row[0], v_row[1], v_row[2] + k_start)
+    else:
+        @_stage
+        def fp8_bases(q, k, fb):
+            kv_row = (fb.b * k.shape[1] + fb.hk) * int64(fb.nk)   # the kv head's first key row
+            return Fp8Bases((fb.bh * fb.nq + fb.q_start) * PAIRS, PAIRS, kv_row * PAIRS, PAIRS,
+                            kv_row)
+
+        @_stage
+        def v_tile(v_row, k_start):
+            return v_row + k_start
+
+    return fp8_bases, v_tile
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,11 +211,16 @@ def forward_fp8_kernel(cfg):
                                                        SOFTCAP, ALIBI, FNS, float32)
     softmax_init, softmax_update, _fin = make_online_softmax(ROWS, KEYS, COLS, XOR, "ex2",
                                                              float32, cfg.RESCALE)
+    STRIDED = cfg.STRIDED
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(cfg.OUT)[1],
-                             float32)
-    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM // 2, RB, THREADS, True)   # byte pairs
-    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM // 2, RB, THREADS, True)
-    fill_vt = make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS)
+                             float32, STRIDED_O=STRIDED)
+    copy_q = make_tile_copy(BLOCK_M, HEAD_DIM // 2, RB, THREADS, True, False,   # byte pairs
+                            STRIDED)
+    copy_k = make_tile_copy(BLOCK_N, HEAD_DIM // 2, RB, THREADS, True, False, STRIDED)
+    fill_vt = make_vt_fill(BLOCK_N, HEAD_DIM, RBT, THREADS, STRIDED)
+    fp8_bases, v_tile = make_fp8_bases(HEAD_DIM, STRIDED)
+    row_stride = make_row_stride(STRIDED)
+    o_start = make_operand_bases(STRIDED, False)[1]
     tile_span = make_tile_span(BLOCK_N)
     forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
@@ -180,10 +238,10 @@ def forward_fp8_kernel(cfg):
             k_start = kt * BLOCK_N
             nk = x.bounds[0]
             cuda.syncthreads()  # every warp is done with tile kt - 1's K and V^T
-            copy_k(smem, K_BYTE, x.k, x.kv_elem + k_start * (HEAD_DIM // 2), nk - k_start,
-                   HEAD_DIM // 2, x.tid)
+            copy_k(smem, K_BYTE, x.k, x.kv_elem + k_start * row_stride(x.k_d), nk - k_start,
+                   x.k_d, x.tid)
             cp_async_commit()
-            v_bad = fill_vt(smem, VT_BYTE, x.v, x.v_row + k_start, nk - k_start, x.tid)
+            v_bad = fill_vt(smem, VT_BYTE, x.v, v_tile(x.v_row, k_start), nk - k_start, x.tid)
             cp_async_wait_all()
             v_bad = cuda.syncthreads_or(1 if v_bad else 0)  # K, V^T landed; any NaN in V?
             for r in range(ROWS):
@@ -235,7 +293,6 @@ def forward_fp8_kernel(cfg):
         tid = cuda.threadIdx.x
         fb = forward_block(q, k, va, tid, cuda.blockIdx.x)   # which rows, heads, warp, lane
         b, h, hk, nq, nk, warp, lane, t = fb.b, fb.h, fb.hk, fb.nq, fb.nk, fb.warp, fb.lane, fb.t
-        hkv = k.shape[1]
         # the scores' scale: softmax_scale q_descale k_descale (FA3's), per (b, kv head)
         scale = va.scale * descale[0, b, hk] * descale[1, b, hk]
         sa = ScoreArgs(scale, fb.sa.softcap, fb.sa.inv_softcap, fb.sa.slope, fb.offset, nq, b, h,
@@ -250,8 +307,8 @@ def forward_fp8_kernel(cfg):
         l_i = cuda.local.array(ROWS, float32)
 
         # -- prologue: the Q tile (and its fragments into registers)
-        copy_q(smem, 0, q, (fb.bh * nq + fb.q_start) * (HEAD_DIM // 2), fb.q_end - fb.q_start,
-               HEAD_DIM // 2, tid)
+        ob = fp8_bases(q, k, fb)   # where the operands start (STRIDED: with row strides)
+        copy_q(smem, 0, q, ob.q_elem0, fb.q_end - fb.q_start, ob.q_d, tid)
         cp_async_commit()
         cp_async_wait_all()
         cuda.syncthreads()  # the Q tile is complete before any warp reads its fragments
@@ -263,8 +320,7 @@ def forward_fp8_kernel(cfg):
         # -- the K/V tiles the rows visit: masked at the edges, plain inside
         t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, nk, fb.left,
                                            fb.right)
-        kv_row = (b * hkv + hk) * int64(nk)      # the kv head's first key row
-        x = Fp8Tile(smem, k, v, v8, kv_row * (HEAD_DIM // 2), kv_row, hk, sa,
+        x = Fp8Tile(smem, k, v, v8, ob.kv_elem, ob.k_d, ob.v_row, hk, sa,
                     (nk, fb.left, fb.right), qf, s, acc, m_i, l_i, tid, t, row0, q_a,
                     lane_offset(lane, RB, KIND_B), lane_offset(lane, RBT, KIND_B),
                     scale * LOG2E_F if RAW else LOG2E_F)
@@ -277,8 +333,9 @@ def forward_fp8_kernel(cfg):
             for c in range(COLS):
                 acc[r, c] *= undo
         row_base = int64(fb.bh) * nq
+        o_elem0, o_row = o_start(o, fb.bh, row_base, HEAD_DIM)
         epilogue(o, lse, acc, m_i, l_i, scale if RAW else ONE,
-                 EpilogueRows(row0, nq, row_base * HEAD_DIM, HEAD_DIM, row_base, t == 0, 1),
+                 EpilogueRows(row0, nq, o_elem0, o_row, row_base, t == 0, 1),
                  (2 * t, HEAD_DIM), sink_of(va.sink, h))
 
     return flash_forward_fp8
@@ -287,14 +344,17 @@ def forward_fp8_kernel(cfg):
 def compile_args(cfg, V_NDIM=2):
     """The Numba argument types of :func:`forward_fp8_kernel` ``(q, k, v, v8, o, lse, descale,
     va)`` (and of the warpgroup build's, whose ``v`` word view is flat: ``V_NDIM`` 1)."""
-    u16 = types.Array(types.uint16, 4, "C")
-    o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16, 1, "C")
+    strided = getattr(cfg, "STRIDED", False)   # (the warpgroup build has none)
+    layout = "A" if strided else "C"
+    u16 = types.Array(types.uint16, 4, layout)
+    o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16,
+                      4 if strided else 1, layout)
     user_t = ()
     if cfg.USER is not None:   # the catalog's user build: kinds, then its two aux arrays
         user_t = (types.Array(types.int8, 4, "C"), types.Array(types.float32, 2, "C"),
                   types.Array(types.int32, 2, "C"))
-    return (u16, u16, types.Array(types.uint32, V_NDIM, "C"), types.Array(types.uint8, 4, "C"),
-            o_t,
+    return (u16, u16, types.Array(types.uint32, 4 if strided else V_NDIM, layout),
+            types.Array(types.uint8, 4, layout), o_t,
             types.Array(types.float32, 1, "C"), types.Array(types.float32, 3, "C"),
             variant_type(types.float32, False, user_t))
 

@@ -148,12 +148,14 @@ def wgmma_configs():
 def fp8_configs():
     """The e4m3 forward's builds, for sm_89 (its native e4m3 ``mma.sync.m16n8k32``; Hopper
     emulates it): d = 64, 128, 256 with bfloat16 ``o``, 128 with softcap and ALiBi into
-    float16, and 64 with a user's variant."""
+    float16, 64 with a user's variant, and the strided builds at 64 and 128."""
     from numba_flash.kernels.forward import fp8
 
     plan = [fp8.forward_fp8_config(hd) for hd in (64, 128, 256)]
     plan += [fp8.forward_fp8_config(128, "float16", SOFTCAP=True, ALIBI=True),
              fp8.forward_fp8_config(64, USER=_user_build())]
+    # read through strides (flash-attn's [B, N, H, d] memory)
+    plan += [fp8.forward_fp8_config(hd, STRIDED=True) for hd in (64, 128)]
     for cfg in plan:
         yield {**fp8.compile_config(cfg), "cc": fp8.CC}
 
