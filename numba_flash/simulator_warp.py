@@ -4,8 +4,10 @@ The simulator (numba-cuda 0.30) has no ``cuda.shfl_*_sync``, ``cuda.syncwarp`` o
 ``cuda.activemask``.  On the device a warp is 32 threads that execute together and a shuffle
 reads a register of another lane of the same warp.  Here each CUDA thread is a Python thread,
 so a shuffle becomes an exchange through memory: every lane of the warp writes its value into
-the warp's slot array, waits at a barrier of the warp's lanes, reads the slot it wants, and
-waits again so that no lane overwrites a slot before every lane has read it.
+the warp's slot array, waits at a barrier of the warp's lanes and reads the slot it wants.  The
+slot arrays alternate from one exchange to the next (a lane's n-th exchange writes array n mod
+2), so one barrier an exchange suffices: a lane that writes array n mod 2 again, at exchange n +
+2, has passed exchange n + 1's barrier, which every lane reached after reading exchange n's.
 
 :func:`install` adds ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``, ``shfl_xor_sync``,
 ``syncwarp`` and ``activemask`` to the simulator's fake ``cuda`` module, so kernels call them as
@@ -84,7 +86,8 @@ class _LaneBarrier:
 class _WarpState:
     def __init__(self, lanes, returned=0):
         self.lanes = lanes
-        self.slots = [None] * lanes
+        self.slots = ([None] * lanes, [None] * lanes)   # alternate exchanges' (see exchange)
+        self.calls = [0] * lanes   # each lane's exchanges so far: which slot array it writes
         self.barrier = _LaneBarrier(lanes, returned)
         self.shared = {}  # what a twin keeps for the whole group (group_shared)
         self.lock = threading.Lock()
@@ -138,11 +141,12 @@ def exchange(value, size=WARP):
     t = threading.current_thread()
     st = _warp_state(t, size)
     lane = t.thread_id % size
-    st.slots[lane] = value
+    n = st.calls[lane]
+    st.calls[lane] = n + 1
+    slots = st.slots[n & 1]   # exchange n + 2 writes it again, after exchange n + 1's barrier
+    slots[lane] = value
     st.barrier.wait()  # every lane has written its slot
-    values = list(st.slots)
-    st.barrier.wait()  # every lane has read: the slots may be reused
-    return values
+    return list(slots)
 
 
 def lane_id(size=WARP):
