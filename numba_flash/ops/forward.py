@@ -143,13 +143,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     ``out``: an array of ``o``'s shape and dtype (of the inputs' kind) that ``o`` is written
     into and returned as: C-contiguous, or a view whose last dim is contiguous and whose
     elements do not overlap (flash-attn's ``[B, Nq, H, d]`` memory as its ``transpose(0, 2, 1,
-    3)``: the SIMT, ``mma`` and ``wgmma`` kernels and the e4m3 ``mma`` forward write it
-    through its strides, the e4m3 ``wgmma`` forward into a new array copied into it);
-    ``lse_out``: the same for ``lse``, C-contiguous (written, and returned with
+    3)``: every dense forward, 16-bit, float32, float64 and e4m3, writes it through its
+    strides); ``lse_out``: the same for ``lse``, C-contiguous (written, and returned with
     ``return_lse``); not with ``kv_indices`` yet.  ``q``, ``k``, ``v``: views whose last dim is
     contiguous (flash-attn's memory, a fused projection's slices) are read where they lie by
-    the same kernels (docs/tensor-cores.md, strided views), and copied C-contiguous for the
-    e4m3 ``wgmma`` forward.
+    the same kernels (docs/tensor-cores.md, strided views); the token-sparse forward
+    (``kv_indices``, on the decode kernels) reads ``k``, ``v`` as caches in their memory order
+    and copies a strided ``q``.
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes (no synchronisation, no host copy).  A call of a signature seen before (shapes,

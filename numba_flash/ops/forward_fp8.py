@@ -181,24 +181,24 @@ def forward_fp8(q, k, v, *, causal, softmax_scale, return_lse, window_size, soft
                                                                      np.float32)})
     # the bytes as uint16 pairs for the tile copies, uint32 words of V for the transposing fill,
     # V's bytes for the NaN fix-up; views whose last dim is contiguous (flash-attn's [B, N, H,
-    # d] memory) are read, and out= written, through their strides by the mma.sync build (the
-    # warpgroup build takes C-contiguous arrays: copies, and a new o copied into out=)
-    dq, dk, dv = (call.input(x, strided=not wgmma) for x in (q, k, v))
-    o = call.output(out_arr, (s.b, s.h, s.nq, s.d), o_dtype, strided=not wgmma)
-    if not wgmma and not all(is_c_contiguous(x) for x in (dq, dk, dv, o)):
+    # d] memory) are read, and out= written, through their strides (the STRIDED builds)
+    dq, dk, dv = (call.input(x, strided=True) for x in (q, k, v))
+    o = call.output(out_arr, (s.b, s.h, s.nq, s.d), o_dtype, strided=True)
+    if not all(is_c_contiguous(x) for x in (dq, dk, dv, o)):
         cfg = dataclasses.replace(cfg, STRIDED=True)
     lse = call.output(lse_out, (s.b, s.h, s.nq), np.float32)
     va = kernel_variant(call, np.float32, scale, var.left, var.right, var.softcap, var.alibi,
                         variant=variant, sink=sink)
-    # V's words: [rows, d / 4] for the mma.sync fill (STRIDED: [B, Hkv, N, d / 4] through its
-    # strides), flat for the warpgroup's
-    strided = getattr(cfg, "STRIDED", False)
+    # V's words: [rows, d / 4] for the mma.sync fill, flat for the warpgroup's (STRIDED: both
+    # [B, Hkv, N, d / 4] through its strides)
+    strided = cfg.STRIDED
     words = (dv.view(np.uint32) if strided
              else dv.reshape(s.b * s.hkv * s.nk, s.d).view(np.uint32))
     call.launch((forward_wgmma_fp8_kernel if wgmma else forward_fp8_kernel)(cfg),
                 forward_grid(s.nq, s.b, s.h, cfg.BLOCK_M),
                 (cfg.THREADS,), dq.view(np.uint16), dk.view(np.uint16),
-                words.reshape(-1) if wgmma else words, dv, o if strided else o.reshape(-1),
+                words.reshape(-1) if wgmma and not strided else words, dv,
+                o if strided else o.reshape(-1),
                 lse.reshape(-1), descale_input(call, descale, named_descales), va,
                 shared=cfg.SMEM_BYTES if wgmma else 0,
                 work=tiled_work(call.op, [(s.nq, s.nk)] * s.b, s.h, cfg.BLOCK_M, cfg.BLOCK_N,

@@ -1,12 +1,12 @@
-"""The e4m3 forward on strided views (issue 61): the ``mma.sync`` build's ``STRIDED`` variant
-reads ``q``, ``k`` (byte pairs through their strides), ``v`` (its ``[B, Hkv, N, d / 4]`` word
-view, indexed through its strides by the transposing fill) and writes ``out=`` through their
-strides: flash-attn's ``[B, N, H, d]`` memory as its ``transpose(0, 2, 1, 3)`` view, and a call
-whose q, k, v lie in three different layouts (so a base or a row stride taken from the wrong
-operand fails).  Against the float64 reference on the dequantised inputs at
+"""The e4m3 forwards on strided views (issue 61): the ``mma.sync`` and warpgroup builds'
+``STRIDED`` variants read ``q``, ``k`` (byte pairs through their strides), ``v`` (its ``[B, Hkv,
+N, d / 4]`` word view, read through its strides by the transposing fills) and write ``out=``
+through their strides: flash-attn's ``[B, N, H, d]`` memory as its ``transpose(0, 2, 1, 3)``
+view, and a call whose q, k, v lie in three different layouts (so a base or a row stride taken
+from the wrong operand fails). Against the float64 reference on the dequantised inputs at
 tests/kernels/test_forward_fp8.py's measured bound, outputs NaN-poisoned (conftest), a sentinel
-between ``out``'s rows, inputs unchanged; the warpgroup build copies such inputs (same values);
-the stand-in device hands the views to the launch without a copy.
+between ``out``'s rows, inputs unchanged; the stand-in device hands the views to the launch
+without a copy.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _views(rng, layout, b, h, hkv, nq, nk, d):
 
 
 @pytest.mark.parametrize("layout,kernel", [("bnhd", "mma"), ("mixed", "mma"),
-                                           ("mixed", "wgmma")])
+                                           ("mixed", "wgmma")])   # (wgmma: d = 64, its least)
 def test_fp8_forward_reads_views_through_strides(rng, layout, kernel):
     b, h, hkv, nq, nk, d = 1, 2, 1, 20, 41, 32 if kernel == "mma" else 64
     q, k, v = _views(rng, layout, b, h, hkv, nq, nk, d)

@@ -698,11 +698,13 @@ class ForwardWgmmaFp8Config(WarpgroupBlock, Fp8ForwardOptions):
     :class:`ForwardFp8Config` packs it (``P_OFFSET``, ``RESCALE``).  Every tile is e4m3 bytes
     in a swizzled :class:`~numba_flash.kernels.ptx.wgmma.TileLayout` counted in byte pairs
     (a 32-byte ``k32`` step is a 16-bit ``k16`` step's bytes): Q and K K-major (rows of ``d``
-    bytes), ``V^T`` K-major (``d`` rows of ``BLOCK_N`` bytes, keys in ``P``'s packing order)."""
+    bytes), ``V^T`` K-major (``d`` rows of ``BLOCK_N`` bytes, keys in ``P``'s packing order).
+    ``STRIDED``: ``q``, ``k``, ``v`` and ``o`` read and written through their own strides."""
 
     HEAD_DIM: int
     BLOCK_N: int = 128
     WARPGROUPS: int = 2
+    STRIDED: bool = False
 
     STAGES = 2   # K_j and K_{j+1}, V^T_{j-1} and V^T_j (the 16-bit warpgroup forward's pipeline)
 
@@ -733,7 +735,8 @@ class ForwardWgmmaFp8Config(WarpgroupBlock, Fp8ForwardOptions):
     @property
     def name(self):
         return (f"forward_wgmma_fp8 WG{self.WARPGROUPS} M{self.BLOCK_M} N{self.BLOCK_N} "
-                f"D{self.HEAD_DIM} e4m3->{self.OUT}{self.fp8_flags}")
+                f"D{self.HEAD_DIM} e4m3->{self.OUT}{self.fp8_flags}"
+                f"{' strided' if self.STRIDED else ''}")
 
 
 #: the e4m3 warpgroup forward's head dims (its tiles hold whole rows of d bytes)

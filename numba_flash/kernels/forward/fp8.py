@@ -344,7 +344,7 @@ def forward_fp8_kernel(cfg):
 def compile_args(cfg, V_NDIM=2):
     """The Numba argument types of :func:`forward_fp8_kernel` ``(q, k, v, v8, o, lse, descale,
     va)`` (and of the warpgroup build's, whose ``v`` word view is flat: ``V_NDIM`` 1)."""
-    strided = getattr(cfg, "STRIDED", False)   # (the warpgroup build has none)
+    strided = cfg.STRIDED
     layout = "A" if strided else "C"
     u16 = types.Array(types.uint16, 4, layout)
     o_t = types.Array(types.float16 if cfg.OUT == "float16" else types.uint16,

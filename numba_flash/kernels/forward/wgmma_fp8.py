@@ -48,14 +48,15 @@ from ..mainloop.tile_walk import KvWalk, make_kv_walk
 from ..mainloop.visibility import make_tile_span
 from ..mainloop.warp_gemm import ACC_COLS, ACC_ROWS
 from ..ptx.fp8 import byte_perm
-from ..ptx.stages import cp_async_commit, cp_async_wait_all, load_at
+from ..core.common import make_elem_strides
+from ..ptx.stages import cp_async_commit, cp_async_wait_all, load_at, make_row_stride
 from ..ptx.wgmma import (
     ARENA_ALIGN, TileLayout, align_pad, chunk_offset_device, fence_proxy_async, make_a_pack,
     make_tile_copy, make_warpgroup_gemm, smem_address, warp_uniform, wgmma_wait_group,
 )
 from .config import ForwardWgmmaFp8Config, forward_wgmma_fp8_config
-from .fp8 import compile_args as fp8_compile_args
-from .mma import make_forward_block, make_row_stages
+from .fp8 import compile_args as fp8_compile_args, make_fp8_bases
+from .mma import make_forward_block, make_operand_bases, make_row_stages
 
 __all__ = ["ForwardWgmmaFp8Config", "forward_wgmma_fp8_config", "forward_wgmma_fp8_kernel",
            "make_vt_fill", "vt_fill_probe_kernel", "compile_config", "CC"]
@@ -84,9 +85,11 @@ def pair_selector(lo):
 
 # [docs:vt-fill-wgmma]
 @functools.lru_cache(maxsize=None)
-def make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, SWIZZLE, MASKED):
+def make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, SWIZZLE, MASKED, STRIDED=False):
     """``fill(smem, vt_byte, v, row0, nk, tid) -> bad``: the ``V^T`` tile of keys ``row0 ..
-    row0 + BLOCK_N - 1`` (rows of ``v``'s flat uint32 view, ``HEAD_DIM / 4`` words a key) in
+    row0 + BLOCK_N - 1`` (rows of ``v``'s flat uint32 view, ``HEAD_DIM / 4`` words a key;
+    ``STRIDED``: ``row0 = (word, words a key)``, the tile's first word in ``v``'s memory and
+    its key stride, ``v`` any view of the words whose last dim is contiguous) in
     the :class:`TileLayout` ``(HEAD_DIM, BLOCK_N / 2, SWIZZLE)`` at arena byte ``vt_byte``:
     row ``c`` holds column ``c``'s bytes, byte ``k`` of each 32-key step being key
     ``p_key_of_k(k)``.
@@ -115,22 +118,50 @@ def make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, SWIZZLE, MASKED):
     STORE_STEP = ROW_STEP * W           # (one column block: BLOCK_N <= SWIZZLE bytes a row)
     assert CHUNKS * 16 <= W
 
+    if STRIDED:
+        @_stage
+        def key_words(x):               # words between two keys: the view's own
+            return x[8]
+
+        @_stage
+        def first_word(row0, key, col4):
+            return row0[0] + key * row0[1] + col4
+
+        @_stage
+        def item_args(smem, v, at, store, r, sel_a, sel_b, keys, row0):
+            return (smem, v, at, store, r, sel_a, sel_b, keys, row0[1])
+    else:
+        @_stage
+        def key_words(x):               # a C-contiguous view's: compile time
+            return WORDS
+
+        @_stage
+        def first_word(row0, key, col4):
+            return (int64(row0) + key) * WORDS + col4
+
+        @_stage
+        def item_args(smem, v, at, store, r, sel_a, sel_b, keys, row0):
+            return (smem, v, at, store, r, sel_a, sel_b, keys)
+
     @device_jit
     def item(j, x, bad):
-        """Item ``j`` of the thread (``x``: ``(smem, v, at, store, r, sel_a, sel_b, keys)``)."""
-        smem, v, at, store, r, sel_a, sel_b, keys = x
+        """Item ``j`` of the thread (``x``: ``(smem, v, at, store, r, sel_a, sel_b, keys)``,
+        ``STRIDED``: and the words a key)."""
+        smem, v, at, store = x[0], x[1], x[2], x[3]
+        sel_a, sel_b, keys = x[5], x[6], x[7]     # (x[4]: the column stored first, r)
+        stride = key_words(x)
         w = cuda.local.array(4, uint32)
         for i in range(4):              # keys + 0, 1, 8, 9 of word col4 + 8 STEP j
             off = (i & 1) + 8 * (i >> 1)
             if MASKED:
-                w[i] = load_at(v, at + (off * WORDS + 8 * STEP * j)) if off < keys else \
+                w[i] = load_at(v, at + (off * stride + 8 * STEP * j)) if off < keys else \
                     uint32(0)
                 nan = uint32(uint32((w[i] & _LOW7) + _ONES) & _HIGH)
                 if nan != uint32(0):    # rare: zero the NaN bytes, report them
                     w[i] = uint32(w[i] & ~uint32((nan >> uint32(7)) * _BYTE))
                     bad |= nan
             else:
-                w[i] = load_at(v, at + (off * WORDS + 8 * STEP * j))
+                w[i] = load_at(v, at + (off * stride + 8 * STEP * j))
         # the 4 x 4 transpose: out[i] = byte (r + i) % 4 of w[0..3] (column 4 col4 + that)
         xa = byte_perm(w[0], w[1], sel_a)       # bytes r, r + 2 of keys 0, 1
         xb = byte_perm(w[2], w[3], sel_a)       # ... of keys 8, 9
@@ -161,9 +192,9 @@ def make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, SWIZZLE, MASKED):
         for i in range(4):              # store i: V^T row 4 col4 + (r + i) % 4
             c = 4 * col4 + int32((r + uint32(i)) & uint32(3))
             store[i] = vt_byte + chunk_offset_device(c, chunk, ROWS, W) + 4 * kq
-        at = (int64(row0) + key) * WORDS + col4
-        x = (smem, v, at, store, r, pair_selector(r), pair_selector(uint32((r + 1) & 3)),
-             int32(nk) - key)
+        at = first_word(row0, key, col4)
+        x = item_args(smem, v, at, store, r, pair_selector(r), pair_selector(uint32((r + 1) & 3)),
+                      int32(nk) - key, row0)
         return items(x, uint32(0)) != uint32(0)
     # [/docs:vt-fill-wgmma]
 
@@ -198,8 +229,36 @@ def vt_fill_probe_kernel(BLOCK_N, HEAD_DIM, THREADS, SWIZZLE, MASKED):
 #: row, its byte view (the NaN fix-up), the kv head, the bounds ``(nk, left, right)``; the
 #: lane's register arrays (``pa``: P's e4m3 A registers, ``prev``: the tile in flight); its
 #: coordinates, Q's shared address, the arena's, the exponent factor
-WgmmaFp8Step = namedtuple("WgmmaFp8Step", "smem sa pad k kv_elem v v_row v8 hk bounds s acc m_i "
-                          "l_i pa alpha prev tid t row0 q_addr base exp_scale")
+WgmmaFp8Step = namedtuple("WgmmaFp8Step", "smem sa pad k kv_elem k_d v v_row v8 hk bounds s acc "
+                          "m_i l_i pa alpha prev tid t row0 q_addr base exp_scale")
+
+
+@functools.lru_cache(maxsize=None)
+def make_v_words(STRIDED):
+    """``(v_start, v_tile)``: ``v_start(v, fb, kv_row)``, where the kv head's V words start for
+    the fill (a key row of the flat view, or ``STRIDED`` ``(word, words a key)`` of a view
+    through its strides), and ``v_tile(v_row, k0)``: the same at key ``k0``."""
+    words = make_elem_strides(4)
+
+    if STRIDED:
+        @_stage
+        def v_start(v, fb, kv_row):
+            vs = words(v)
+            return (fb.b * vs[0] + fb.hk * vs[1], int64(vs[2]))
+
+        @_stage
+        def v_tile(v_row, k0):
+            return (v_row[0] + k0 * v_row[1], v_row[1])
+    else:
+        @_stage
+        def v_start(v, fb, kv_row):
+            return kv_row
+
+        @_stage
+        def v_tile(v_row, k0):
+            return v_row + k0
+
+    return v_start, v_tile
 
 
 @functools.lru_cache(maxsize=None)
@@ -244,22 +303,30 @@ def forward_wgmma_fp8_kernel(cfg):
     softmax_init, softmax_update, _finalize = make_online_softmax(
         ROWS, KEYS, COLS, XOR, "ex2", float32, cfg.RESCALE, ALPHA_OUT=True)
     rescale = make_rescale(ROWS, COLS)
+    STRIDED = cfg.STRIDED
     epilogue = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(cfg.OUT)[1],
-                             float32)
+                             float32, STRIDED_O=STRIDED)
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
                                                   SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, True)
     copy_k = make_tile_copy(K_LAY, THREADS, True)
-    fill_masked = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, True)
-    fill_full = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, False)
+    fill_masked = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, True, STRIDED)
+    fill_full = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, False, STRIDED)
+    # where the operands start (STRIDED: through their strides), V's words, o's rows
+    fp8_bases = make_fp8_bases(HEAD_DIM, STRIDED)[0]
+    v_start, v_tile = make_v_words(STRIDED)
+    o_start = make_operand_bases(STRIDED, False)[1]
+    row_stride = make_row_stride(STRIDED)
     tile_span = make_tile_span(BLOCK_N)
     forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)   # a warp: 16 rows
 
     @_stage
-    def load_k(smem, tile_byte, k, kv_elem, kt, nk, tid):
-        """Issue the ``cp.async`` copy of K tile ``kt`` (rows past ``nk`` zero)."""
+    def load_k(smem, tile_byte, k, kv_elem, kt, nk, k_d, tid):
+        """Issue the ``cp.async`` copy of K tile ``kt`` (rows past ``nk`` zero; ``k_d``: its
+        byte pairs a row, ``STRIDED`` with the row stride)."""
         rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
-        copy_k(smem, tile_byte, k, kv_elem + kt * (BLOCK_N * HALF), HALF, rows, HALF, tid)
+        stride = row_stride(k_d)
+        copy_k(smem, tile_byte, k, kv_elem + kt * BLOCK_N * stride, stride, rows, HALF, tid)
 
     @_stage
     def zero_tile(smem, tile_byte, tid):
@@ -305,14 +372,14 @@ def forward_wgmma_fp8_kernel(cfg):
             v_bad = publish(prev)
             if kt_ahead < t_hi:   # K_{j+1} into the other stage (its K_{j-1} is read)
                 load_k(smem, pad + KV_BYTE + 2 * TILE * (1 - stage), x.k, x.kv_elem, kt_ahead,
-                       nk, tid)
+                       nk, x.k_d, tid)
             cp_async_commit()
             d_o, p_regs = operands_pv(acc, pa)    # P V's registers, before any mma is issued
             d_s, _ = operands_qk(s, s)
             d_s = issue_qk(d_s, None, smem, x.q_addr, base + k_byte)    # S_j = Q K_j^T
             d_o = issue_pv(d_o, p_regs, smem, 0, base + vt_prev)        # acc += P_{j-1} V_{j-1}
-            bad = fill_vt(smem, k_byte + TILE, x.v, x.v_row + kt * BLOCK_N,   # V^T_j, under
-                          nk - kt * BLOCK_N, tid)                             # both products
+            bad = fill_vt(smem, k_byte + TILE, x.v, v_tile(x.v_row, kt * BLOCK_N),  # V^T_j,
+                          nk - kt * BLOCK_N, tid)                        # under both products
             wgmma_wait_group(1)   # S_j complete; P V stays in flight under the softmax
             complete_qk(d_s, s)
             tile_scores(s, x.sa, x.row0, kt * BLOCK_N + 2 * x.t, x.bounds, umask)
@@ -357,21 +424,21 @@ def forward_wgmma_fp8_kernel(cfg):
 
         t_lo, t_hi, f_lo, f_hi = tile_span(fb.q_start, fb.q_end, fb.offset, nk, fb.left,
                                            fb.right)
-        kv_row = (b * k.shape[1] + hk) * int64(nk)    # the kv head's first key row
+        ob = fp8_bases(q, k, fb)   # Q's and K's starts (byte pairs; STRIDED: row strides)
+        v_row = v_start(v, fb, ob.v_row)
         w = KvWalk(va.user, b, fb.h, fb.q_start, fb.q_end, nk, t_hi, f_lo, f_hi, tid)
 
         # -- prologue: Q, K of the first tile, the zero V^T of "tile -1"
-        copy_q(smem, pad, q, (fb.bh * nq + fb.q_start) * HALF, HALF, fb.q_end - fb.q_start,
-               HALF, tid)
+        copy_q(smem, pad, q, ob.q_elem0, row_stride(ob.q_d), fb.q_end - fb.q_start, HALF, tid)
         kt = nxt(t_lo - 1, w)
         if kt < t_hi:
-            load_k(smem, pad + KV_BYTE, k, kv_row * HALF, kt, nk, tid)
+            load_k(smem, pad + KV_BYTE, k, ob.kv_elem, kt, nk, ob.k_d, tid)
         cp_async_commit()   # the first step's barrier publishes Q and K_0 with its wait
         zero_tile(smem, pad + KV_BYTE + 3 * TILE, tid)   # stage 1's V^T: the first P V's
         softmax_init(m_i, l_i, acc)
 
         q_addr = base + pad + warp_uniform(tid >> 7) * Q_WG   # this warpgroup's Q rows
-        ctx = WgmmaFp8Step(smem, sa, pad, k, kv_row * HALF, v, kv_row, v8, hk,
+        ctx = WgmmaFp8Step(smem, sa, pad, k, ob.kv_elem, ob.k_d, v, v_row, v8, hk,
                            (nk, fb.left, fb.right), s, acc, m_i, l_i, pa, alpha, prev, tid,
                            fb.t, fb.row0, q_addr, base,
                            scale * LOG2E_F if RAW else LOG2E_F)
@@ -391,9 +458,9 @@ def forward_wgmma_fp8_kernel(cfg):
             for c in range(COLS):
                 acc[r, c] *= undo
         row_base = int64(uint32(fb.bh)) * nq
+        o_elem0, o_row = o_start(o, fb.bh, row_base, HEAD_DIM)
         epilogue(o, lse, acc, m_i, l_i, scale if RAW else ONE,
-                 EpilogueRows(fb.row0, nq, row_base * HEAD_DIM, HEAD_DIM, row_base, fb.t == 0,
-                              1),
+                 EpilogueRows(fb.row0, nq, o_elem0, o_row, row_base, fb.t == 0, 1),
                  (2 * fb.t, HEAD_DIM), sink_of(va.sink, fb.h))
 
     return flash_forward_wgmma_fp8

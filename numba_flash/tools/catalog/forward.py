@@ -162,12 +162,15 @@ def fp8_configs():
 
 def wgmma_fp8_configs():
     """The e4m3 warpgroup forward's builds (sm_90a): the tile table's d = 64, 128, 256 with
-    bfloat16 ``o``, 128 with softcap and ALiBi into float16, and 64 with a user's variant."""
+    bfloat16 ``o``, 128 with softcap and ALiBi into float16, 64 with a user's variant, and the
+    strided build at 128."""
     from numba_flash.kernels.forward import wgmma_fp8
 
     plan = [wgmma_fp8.forward_wgmma_fp8_config(hd, simulator=False) for hd in (64, 128, 256)]
     plan += [wgmma_fp8.forward_wgmma_fp8_config(128, "float16", simulator=False, SOFTCAP=True,
                                                 ALIBI=True),
              wgmma_fp8.forward_wgmma_fp8_config(64, simulator=False, USER=_user_build())]
+    # read through strides (flash-attn's [B, N, H, d] memory): the d = 128 goal
+    plan += [wgmma_fp8.forward_wgmma_fp8_config(128, simulator=False, STRIDED=True)]
     for cfg in plan:
         yield wgmma_fp8.compile_config(cfg)
