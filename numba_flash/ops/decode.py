@@ -297,10 +297,15 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
     one (a mix is a ``TypeError`` naming the argument).  Empty batches (``B`` or ``Nq`` 0, a
     cache that holds no key): no launch, ``o = 0``, ``lse = -inf`` / ``sink_h`` (module doc).
 
-    ``out``: an array of ``o``'s shape and dtype (C-contiguous, of ``q``'s kind) that ``o`` is
-    written into and returned as; ``lse_out``: the same for ``lse`` (written, and returned with
-    ``return_lse``).  With device arrays and ``validate`` off a call never waits
-    for the GPU, and a call of a signature seen before (shapes, strides, dtypes, address
+    ``out``: an array of ``o``'s shape and dtype (of ``q``'s kind) that ``o`` is written into
+    and returned as: C-contiguous, or (a ``[B, H, Nq, d]`` ``q``) a view whose last dim is
+    contiguous and whose elements do not overlap (flash-attn's ``[B, Nq, H, d]`` memory as its
+    ``transpose(0, 2, 1, 3)``: the split-KV kernels write it through its strides, MLA's
+    tensor-core kernel into a new array copied into it); ``lse_out``: the same for ``lse``,
+    C-contiguous (written, and returned with ``return_lse``).  ``q`` ``[B, H, Nq, d]``,
+    ``k_new``, ``v_new``: such views are read where they lie (the split-KV kernels, the append;
+    MLA's tensor-core kernel copies ``q``).  With device arrays and ``validate`` off a call
+    never waits for the GPU, and a call of a signature seen before (shapes, strides, dtypes, address
     alignment, options, stream) replays its launch plan (:mod:`numba_flash.frontend.plans`):
     its work arrays (split partials, counters) are the plan's, so with ``out`` it allocates
     nothing.  :func:`numba_flash.decode_plan` makes such a plan ahead of the first call
@@ -399,7 +404,8 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
     arrays["k_cache"] = mem.k
     if not s.latent:
         arrays["v_cache"] = mem.v
-    out = check_out("out", out, s.qs[:-1] + (s.d_v,), s.dtype, q)
+    # (a strided out= of a [B, H, Nq, d] q: written through its strides, or copied into)
+    out = check_out("out", out, s.qs[:-1] + (s.d_v,), s.dtype, q, strided=not s.single)
     lse_out = check_out("lse_out", lse_out, s.qs[:-1], acc_dtype(s.dtype), q)
     opts = _check_options(s, arrays, q, k_cache, causal=causal, return_lse=return_lse,
                           softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
@@ -433,7 +439,9 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
         return (o, lse) if opts.return_lse else o
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
-    dev = _device_inputs(call, s, new, q_step, q=q, mem=mem,
+    # the split-KV kernels read q through its strides (flash-attn's [B, Nq, H, d] memory as it
+    # lies), MLA's tensor-core kernel a C-contiguous q (copied)
+    dev = _device_inputs(call, s, new, q_step, q=q, mem=mem, q_strided=plan.mla is None,
                          k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                          cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
@@ -814,13 +822,16 @@ class DeviceCache(NamedTuple):
 
 def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
                    rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                   kv_descale=None, unit_descale=False):
+                   kv_descale=None, unit_descale=False, q_strided=False):
     """The inputs on the device, with ``q`` and ``k_new`` rotated and ``k_new`` / ``v_new``
     appended (those launches on the call's stream): a :class:`DeviceCache`.  ``mem``: the
-    caches in their memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`)."""
+    caches in their memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`);
+    ``q_strided``: the kernel reads a ``[B, H, Nq, d]`` q through its strides (a view whose
+    last dim is contiguous as it lies; ``k_new``, ``v_new`` always: the append indexes them
+    through their strides)."""
     b, hkv, nnew, d, d_v = s.b, s.hkv, new.nnew, s.d, s.d_v
     n_cache, n_slots, dtype = s.n_cache, s.n_slots, s.dtype
-    dq = call.input(q)
+    dq = call.input(q, strided=q_strided and not s.single)
     if s.single:  # [B, H, d] -> [B, H, 1, d] after the copy: Numba device arrays take no None index
         dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
     # the kernel reads the caches' memory as rows [num_blocks * Hkv * block_size, d] (in
@@ -841,7 +852,7 @@ def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
     paged_kernel, d_table = cache_tables(call, block_table, cache_batch_idx, b)
     # [/docs:contiguous-as-paged]
     if k_new is not None:  # rotate q and k_new (at the old lengths), then append: new lengths
-        dkn, dvn = call.input(k_new), call.input(v_new)
+        dkn, dvn = call.input(k_new, strided=True), call.input(v_new, strided=True)
         if new.rotary:
             d_cos, d_sin = call.input(rotary_cos), call.input(rotary_sin)
             dq = launch_rotary(call, dq, d_cos, d_sin, d_len, 0, q_step, 1, new.interleaved,
@@ -878,7 +889,7 @@ def _launch_split_kv(call, dev, s, opts, plan, lengths, kv_descale=None, kv_indi
     threads, chunk, keys_per_step = shape.THREADS, shape.CHUNK, shape.U
     acc_t = acc_dtype(dtype)
     rows_total = b * h * nq
-    o = call.output(out, (b, h, nq, d_v), dtype)
+    o = call.output(out, (b, h, nq, d_v), dtype, strided=True)   # (o[b, h, tok, c] writes)
     lse = call.output(lse_out, (b, h, nq), acc_t)
     if n_splits > 1:
         o_part = call.empty((n_splits, rows_total, d_v), acc_t)
@@ -1029,7 +1040,7 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     cfg, n_splits, partial = plan.cfg, plan.n_splits, plan.partial
     rows = b * h * nq
     f32 = np.float32
-    o = call.output(out, (b, h, nq, d_v), dtype)
+    o = call.output(out, (b, h, nq, d_v), dtype, strided=False)   # (a strided out=: copied into)
     lse = call.output(lse_out, (b, h, nq), f32)
     o_part = call.empty((n_splits * rows * d_v,) if partial else (1,), f32)
     lse_part = call.empty((n_splits * rows,) if partial else (1,), f32)

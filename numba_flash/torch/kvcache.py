@@ -238,15 +238,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         vc, v_copy, _ = ((None, None, None) if v_cache is None
                          else _decode_cache(v_cache, k is not None, order))
         d_v = vs[3] if v_cache is not None else head_dim_v
-        res = bridge.SeqFirstOut((qs[0], qs[1], qs[2], d_v), q.dtype, device)
+        # q, k, v and out in flash-attn's [B, N, H, d] memory where they lie (the split-KV
+        # kernels and the append read and write them through their strides; MLA's tensor-core
+        # kernel copies q and writes a new o copied into out)
+        res = bridge.SeqFirstOut((qs[0], qs[1], qs[2], d_v), q.dtype, device, strided=True)
         lse_t, lse_a = bridge.lse_out((qs[0], qs[2], qs[1]), q)
         o, lse = numba_flash.decode(
-            bridge.heads_first(q), kc, vc, cache_seqlens=arr(seqlens),
+            bridge.heads_first_view(q), kc, vc, cache_seqlens=arr(seqlens),
             block_table=arr(block_table), causal=causal, softmax_scale=softmax_scale,
             window_size=window_size, softcap=softcap, alibi_slopes=arr(alibi_slopes),
             num_splits=splits, return_lse=True, validate=validate,
-            k_new=None if k is None else bridge.heads_first(k),
-            v_new=None if v is None else bridge.heads_first(v),
+            k_new=None if k is None else bridge.heads_first_view(k),
+            v_new=None if v is None else bridge.heads_first_view(v),
             rotary_cos=arr(rotary_cos), rotary_sin=arr(rotary_sin),
             rotary_interleaved=rotary_interleaved, cache_batch_idx=arr(cache_batch_idx),
             cache_leftpad=arr(cache_leftpad),

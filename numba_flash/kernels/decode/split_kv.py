@@ -56,7 +56,7 @@ from collections import namedtuple
 import numpy as np
 from numba import cuda, int32, int64, types, uint32, uint64
 
-from ..core.common import FULL_MASK, acc_dtype, compute_type, numba_array_type
+from ..core.common import FULL_MASK, acc_dtype, compute_type, make_elem_strides, numba_array_type
 from ..core.elements import (
     element_ops, float32_bits, float32_from_bits, is_bfloat16,
 )
@@ -157,13 +157,16 @@ def make_own_row_of(cfg):
 @functools.lru_cache(maxsize=None)
 def make_load_q_rows(cfg):
     """The prologue's stage ``load_q_rows``: the block's pre-scaled q rows into shared memory."""
-    LANES, CHUNK, ROWS, HEAD_DIM, DPL = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.HEAD_DIM, cfg.DPL
+    LANES, CHUNK, ROWS, DPL = cfg.LANES, cfg.CHUNK, cfg.ROWS, cfg.DPL
     NCH, COL, V4, QP, Q_VEC, USER_FN = cfg.NCH, cfg.COL, cfg.V4, cfg.QP, cfg.Q_VEC, cfg.USER_FN
     GATHER = cfg.GATHER
     acc_t, load, _store = _types(cfg)
     ZERO = acc_t(0.0)
     row_coords = make_row_coords(cfg)
     own_row_of = make_own_row_of(cfg)
+    # q's element strides (a view of flash-attn's [B, Nq, H, d] memory as well as a C array:
+    # read once a row in the prologue, nothing held across the key loop)
+    q_strides = make_elem_strides(cfg.np_dtype.itemsize)
 
     @_stage
     def load_q_rows(q, q_sh, acc, rows, seq, lo, hi, scale, lane, grp, col0):
@@ -176,7 +179,6 @@ def make_load_q_rows(cfg):
         reduce-scatter keeps the lower half of its slots at every step and selects nothing
         (:func:`make_own_row_stages`' ``own_scores``)."""
         b, row0, n_rows = rows.b, rows.row0, rows.n_rows
-        n_heads = q.shape[1]
         nq = q.shape[2]
         d = q.shape[3]
         q_val = cuda.local.array(DPL, acc_t)
@@ -191,7 +193,8 @@ def make_load_q_rows(cfg):
                     for j in range(DPL):
                         q_val[j] = ZERO
                     if live_row:
-                        e0 = ((b * n_heads + h) * nq + tok) * HEAD_DIM + col0
+                        qs = q_strides(q)
+                        e0 = b * qs[0] + h * qs[1] + tok * qs[2] + col0
                         for i in range(NCH):
                             qc = load16(q, e0 + i * (LANES * CHUNK))
                             for e in range(CHUNK):
