@@ -233,6 +233,21 @@ WgmmaFp8Step = namedtuple("WgmmaFp8Step", "smem sa pad k kv_elem k_d v v_row v8 
                           "m_i l_i pa alpha prev tid t row0 q_addr base exp_scale")
 
 
+def make_k_load(BLOCK_N, HALF, copy_k, STRIDED):
+    """``load_k(smem, tile_byte, k, kv_elem, kt, nk, k_d, tid)``: issue the ``cp.async`` copy of
+    K tile ``kt`` by ``copy_k`` (rows past ``nk`` zero; ``k_d``: its ``HALF`` byte pairs a row,
+    ``STRIDED`` the pair with the row stride)."""
+    row_stride = make_row_stride(STRIDED)
+
+    @_stage
+    def load_k(smem, tile_byte, k, kv_elem, kt, nk, k_d, tid):
+        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
+        stride = row_stride(k_d)
+        copy_k(smem, tile_byte, k, kv_elem + kt * BLOCK_N * stride, stride, rows, HALF, tid)
+
+    return load_k
+
+
 @functools.lru_cache(maxsize=None)
 def make_v_words(STRIDED):
     """``(v_start, v_tile)``: ``v_start(v, fb, kv_row)``, where the kv head's V words start for
@@ -309,7 +324,7 @@ def forward_wgmma_fp8_kernel(cfg):
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
                                                   SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, True)
-    copy_k = make_tile_copy(K_LAY, THREADS, True)
+    copy_k = make_tile_copy(K_LAY, THREADS, True)   # (STRIDED: a run-time row stride)
     fill_masked = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, True, STRIDED)
     fill_full = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, False, STRIDED)
     # where the operands start (STRIDED: through their strides), V's words, o's rows
@@ -319,14 +334,7 @@ def forward_wgmma_fp8_kernel(cfg):
     row_stride = make_row_stride(STRIDED)
     tile_span = make_tile_span(BLOCK_N)
     forward_block = make_forward_block(BLOCK_M, 16, RAW, ALIBI)   # a warp: 16 rows
-
-    @_stage
-    def load_k(smem, tile_byte, k, kv_elem, kt, nk, k_d, tid):
-        """Issue the ``cp.async`` copy of K tile ``kt`` (rows past ``nk`` zero; ``k_d``: its
-        byte pairs a row, ``STRIDED`` with the row stride)."""
-        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
-        stride = row_stride(k_d)
-        copy_k(smem, tile_byte, k, kv_elem + kt * BLOCK_N * stride, stride, rows, HALF, tid)
+    load_k = make_k_load(BLOCK_N, HALF, copy_k, STRIDED)
 
     @_stage
     def zero_tile(smem, tile_byte, tid):
