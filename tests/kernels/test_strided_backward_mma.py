@@ -24,8 +24,8 @@ from numba_flash import reference
 from numba_flash import standin as sd
 from numba_flash.frontend import plans
 from tests.helpers import assert_scaled_close
+from tests.kernels.test_strided_backward import SENTINEL, check_backward_into_gapped_outs
 
-SENTINEL = 7.0
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TOL = {np.dtype(np.float16): 2.5e-3, BF16: 2e-2}
 
@@ -43,12 +43,6 @@ def _views(rng, b, h, hkv, nq, nk, d, d_v, dtype):
     return do, q, k, v
 
 
-def _gapped(b, h, n, d, dtype):
-    """An ``out=`` view ``[B, H, N, d]`` of ``[B, N, H + 1, d]`` memory (head 0 the caller's)."""
-    mem = np.full((b, n, h + 1, d), SENTINEL, dtype)
-    return mem[:, :, 1:].transpose(0, 2, 1, 3), mem
-
-
 @pytest.mark.parametrize("dtype,d,d_v,deterministic", [
     (np.float16, 16, 16, False),
     (np.float16, 32, 16, True),      # a value head dim of its own; the dQ kernel
@@ -63,20 +57,8 @@ def test_mma_backward_reads_each_view_through_its_own_strides(dtype, d, d_v, det
     o_mem = np.full((b, h, nq, d_v + 16), SENTINEL, dtype)   # o with gaps between its rows
     o_mem[..., :d_v] = o
     o = o_mem[..., :d_v]
-    before = [x.copy() for x in (do, q, k, v, o)]
-    outs = [_gapped(*x.shape, dtype) for x in (q, k, v)]
-    dq, dk, dv = numba_flash.backward(do, q, k, v, o, lse, causal=True, kernel="mma",
-                                      deterministic=deterministic,
-                                      out=tuple(x for x, _ in outs))
-    assert all(g is x for g, (x, _) in zip((dq, dk, dv), outs))
-    want = reference.attention_backward(*(x.astype(np.float64) for x in (do, q, k, v)),
-                                        causal=True)
-    for name, got, w in zip(("dq", "dk", "dv"), (dq, dk, dv), want):
-        assert_scaled_close(got.astype(np.float64), w, TOL[dtype], name=name)
-    for _, mem in outs:
-        assert (mem[:, :, 0].astype(np.float64) == SENTINEL).all(), "a gap element written"
-    for x, x0 in zip((do, q, k, v, o), before):
-        np.testing.assert_array_equal(x.view(np.uint8), x0.view(np.uint8))
+    check_backward_into_gapped_outs(do, q, k, v, o, lse, TOL[dtype], kernel="mma",
+                                    deterministic=deterministic)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy on NaN * 0
