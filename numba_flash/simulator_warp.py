@@ -149,6 +149,25 @@ def exchange(value, size=WARP):
     return list(slots)
 
 
+def exchange_once(value, compute, size=WARP):
+    """:func:`exchange` of every lane's ``value``, then ``compute(values)`` evaluated once for
+    the warp (by the first lane past the barrier, under the group's lock) and returned to every
+    lane: a warp-wide result (a tensor-core twin's whole product) is not computed 32 times.
+    Every lane of the group must call it, in the same order as its other exchanges."""
+    t = threading.current_thread()
+    st = _warp_state(t, size)
+    key = ("once", st.calls[t.thread_id % size])   # this exchange's number, the same in every lane
+    values = exchange(value, size)
+    with st.lock:
+        entry = st.shared.get(key)
+        if entry is None:
+            entry = st.shared[key] = [compute(values), 0]
+        entry[1] += 1
+        if entry[1] == size:   # the last lane to read it
+            del st.shared[key]
+    return entry[0]
+
+
 def lane_id(size=WARP):
     """The calling thread's lane (linear thread id mod 32), or with ``size=128`` its rank in its
     warpgroup."""

@@ -227,20 +227,24 @@ def float32_to_bf16_bits(x):
 
 # [docs:mma-twin]
 def _sim_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, dtype):
-    """Simulator twin of the ``mma``: every lane publishes its six registers, rebuilds ``A`` and
-    ``B`` by the PTX table and computes its own four ``D`` elements (float64, then float32)."""
+    """Simulator twin of the ``mma``: every lane publishes its six registers, ``A`` and ``B``
+    are rebuilt by the PTX table and multiplied once for the warp (float64), and each lane adds
+    its own accumulator to its four ``D`` elements (then float32)."""
     from ... import simulator_warp
 
-    regs = simulator_warp.exchange((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)))
-    if len(regs) != WARP:
-        raise RuntimeError(f"mma_m16n8k16: needs a full warp of 32 lanes, got {len(regs)}")
-    halves = halves_to_float64(np.array(regs, dtype=np.uint32), dtype)  # [32, 12]
-    a = halves[_A_LANE, _A_HALF]  # [16, 16]
-    b = halves[_B_LANE, _B_HALF]  # [16, 8]
+    def product(regs):   # the warp's A B [16, 8], computed by one lane
+        if len(regs) != WARP:
+            raise RuntimeError(f"mma_m16n8k16: needs a full warp of 32 lanes, got {len(regs)}")
+        halves = halves_to_float64(np.array(regs, dtype=np.uint32), dtype)  # [32, 12]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return halves[_A_LANE, _A_HALF] @ halves[_B_LANE, _B_HALF]   # [16, 16] [16, 8]
+
+    p = simulator_warp.exchange_once((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)),
+                                     product)
     lane = simulator_warp.lane_id()
     g, t = lane >> 2, lane % 4
     with np.errstate(invalid="ignore", over="ignore"):
-        d = a[[g, g + 8]] @ b[:, [2 * t, 2 * t + 1]]  # [2, 2]: rows g, g+8; columns 2t, 2t+1
+        d = p[[g, g + 8]][:, [2 * t, 2 * t + 1]]  # [2, 2]: rows g, g+8; columns 2t, 2t+1
         d = d + np.array([[c0, c1], [c2, c3]], np.float64)
     d = d.astype(np.float32)
     return d[0, 0], d[0, 1], d[1, 0], d[1, 1]

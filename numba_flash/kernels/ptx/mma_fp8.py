@@ -155,20 +155,25 @@ def _gpu_primitives():
 # ------------------------------------------------------------------------------------------
 def _sim_mma_m16n8k32_e4m3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """Simulator twin of :func:`mma_m16n8k32_e4m3`: every lane publishes its six registers,
-    rebuilds ``A`` and ``B`` by the table and computes its four ``D`` elements (the e4m3
-    products are exact in float64; the sum rounded to float32 once)."""
+    ``A`` and ``B`` are rebuilt by the table and multiplied once for the warp, and each lane
+    adds its accumulator to its four ``D`` elements (the e4m3 products are exact in float64; the
+    sum rounded to float32 once)."""
     from ... import simulator_warp
 
-    regs = simulator_warp.exchange((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)))
-    if len(regs) != WARP:
-        raise RuntimeError(f"mma_m16n8k32_e4m3: needs a full warp of 32 lanes, got {len(regs)}")
-    vals = e4m3_to_float64(np.array(regs, dtype=np.uint32).view(np.uint8))   # [32, 24]
-    a = vals[_A_LANE, _A_BYTE]     # [16, 32]
-    b = vals[_B_LANE, _B_BYTE]     # [32, 8]
+    def product(regs):   # the warp's A B [16, 8], computed by one lane
+        if len(regs) != WARP:
+            raise RuntimeError(f"mma_m16n8k32_e4m3: needs a full warp of 32 lanes, got "
+                               f"{len(regs)}")
+        vals = e4m3_to_float64(np.array(regs, dtype=np.uint32).view(np.uint8))   # [32, 24]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return vals[_A_LANE, _A_BYTE] @ vals[_B_LANE, _B_BYTE]   # [16, 32] [32, 8]
+
+    p = simulator_warp.exchange_once((int(a0), int(a1), int(a2), int(a3), int(b0), int(b1)),
+                                     product)
     lane = simulator_warp.lane_id()
     g, t = lane >> 2, lane % 4
     with np.errstate(invalid="ignore", over="ignore"):
-        d = a[[g, g + 8]] @ b[:, [2 * t, 2 * t + 1]]
+        d = p[[g, g + 8]][:, [2 * t, 2 * t + 1]]
         d = d + np.array([[c0, c1], [c2, c3]], np.float64)
     d = d.astype(np.float32)
     return d[0, 0], d[0, 1], d[1, 0], d[1, 1]

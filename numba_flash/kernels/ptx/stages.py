@@ -547,24 +547,25 @@ def _sim_ldmatrix(smem, smem_byte, trans):
     """Twin of ``ldmatrix .x4``: every lane reads the 8 halves its address points at, the warp
     exchanges them, and lane ``4 r + w`` takes from matrix ``m`` (rows of lanes ``8m .. 8m+7``)
     halves ``2w, 2w+1`` of row ``r`` or, with ``trans``, half ``r`` of rows ``2w`` and
-    ``2w + 1``."""
+    ``2w + 1`` (the warp's four registers a lane sorted out once, by one lane)."""
     from ... import simulator_warp
 
     address.check_shared(smem, smem_byte, 16, "ldmatrix",
                          LDMATRIX_T_PTX if trans else LDMATRIX_PTX, "smem (this lane's row)")
     w = int(smem_byte) >> 2
     row = np.asarray(smem[w:w + 4], np.uint32).view(np.uint16).copy()
-    rows = simulator_warp.exchange(row)
-    if len(rows) != WARP:
-        raise RuntimeError(f"ldmatrix: needs a full warp of 32 lanes, got {len(rows)}")
+
+    def registers(rows):   # [4 matrices, 32 lanes] uint32: matrix m's pair for lane 4 r + w
+        if len(rows) != WARP:
+            raise RuntimeError(f"ldmatrix: needs a full warp of 32 lanes, got {len(rows)}")
+        mats = np.array(rows, np.uint16).reshape(4, 8, 8)   # [matrix, row, half]
+        if trans:   # half r of rows 2w, 2w + 1: the pair (2w, 2w + 1) of the transpose's row r
+            mats = mats.transpose(0, 2, 1)
+        return np.ascontiguousarray(mats).view(np.uint32).reshape(4, WARP)
+
+    regs = simulator_warp.exchange_once(row, registers)
     lane = simulator_warp.lane_id()
-    r, wd = lane >> 2, lane & 3
-    out = []
-    for m in range(4):
-        mat = np.array(rows[8 * m:8 * m + 8], np.uint16)  # [8 rows, 8 halves]
-        pair = mat[r, 2 * wd:2 * wd + 2] if not trans else mat[2 * wd:2 * wd + 2, r]
-        out.append(np.uint32(np.ascontiguousarray(pair).view(np.uint32)[0]))
-    return tuple(out)
+    return tuple(np.uint32(regs[m, lane]) for m in range(4))
 # [/docs:ldmatrix-twin]
 
 
