@@ -116,7 +116,11 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     ``return_lse=True`` (``lse [H, total_q]``, float32, float64 for float64 inputs).
 
     ``q`` is ``[total_q, H, d]``, ``k`` and ``v`` are ``[total_k, Hkv, d]`` (GQA as in
-    :func:`numba_flash.forward`).  ``cu_seqlens_q`` / ``cu_seqlens_k`` are integer ``[B + 1]``
+    :func:`numba_flash.forward`); the SIMT kernel (packed, and paged for ``q``) reads views
+    whose last dim is contiguous where they lie (a fused projection's ``qkv[:, i]`` slices, a
+    head slice at an offset: no copy); a view with a strided last dim or a negative stride is
+    copied.
+    ``cu_seqlens_q`` / ``cu_seqlens_k`` are integer ``[B + 1]``
     arrays (entries in ``[0, 2**31 - 1]``, 0 first, the packed length last, non-decreasing;
     anything else is a ``ValueError`` / ``TypeError`` naming the array): sequence ``b`` is rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` against rows
@@ -198,10 +202,12 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     ``+inf``), packed or paged (a cache of no block then too); ``H = 0`` or ``d = 0`` is a
     ``ValueError``.
 
-    ``out``: an array of ``o``'s shape ``[total_q, H, d_v]`` and dtype (C-contiguous, of the
-    inputs' kind) that ``o`` is written into and returned as; ``lse_out``: the same for ``lse``
-    (written, and returned with ``return_lse``); not with e4m3 inputs or ``kv_indices`` yet
-    (a ``ValueError`` naming the argument).
+    ``out``: an array of ``o``'s shape ``[total_q, H, d_v]`` and dtype (C-contiguous, or a
+    view whose last dim is contiguous and whose elements do not overlap, e.g. ``buf[:, :, :d]``
+    of a wider buffer: written through its strides, paged too, the elements between its rows
+    untouched; of the inputs' kind) that ``o`` is written into and returned as; ``lse_out``:
+    the same for ``lse``, C-contiguous (written, and returned with ``return_lse``); not with
+    e4m3 inputs or ``kv_indices`` yet (a ``ValueError`` naming the argument).
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes.  Device ``cu_seqlens`` are read and checked on the host (as NumPy ones always
@@ -346,19 +352,19 @@ def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     call = ArrayCall({"q": q, "k": k, "v": v, "block_table": block_table})
     call.reserve({"o": ((total_q, h, d_v), dtype), "lse": ((h, total_q), acc_t)},
                  strided=True)
-    # packed views whose last dim is contiguous (a fused projection's q, k, v) are read, and
-    # out= written, through their strides; the paged build's caches are read in their memory
-    # order through row strides (heads-first, flash-attn's tokens-first [.., N, Hkv, d] passed
-    # as its transpose(0, 2, 1, 3) view, any order of the outer axes: no copy), and its q and
-    # out= are C-contiguous (a view is copied)
-    dq = call.input(q, strided=not paged)
+    # packed views whose last dim is contiguous (a fused projection's q, k, v, a head slice at
+    # an offset) are read, and out= written, through their strides (paged or not); the paged
+    # build's caches are read in their memory order through row strides (heads-first,
+    # flash-attn's tokens-first [.., N, Hkv, d] passed as its transpose(0, 2, 1, 3) view, any
+    # order of the outer axes: no copy; as C-contiguous memory whichever build)
+    dq = call.input(q, strided=True)
     if paged:
         mem = cache_memory(k, v)
         dk, dv = call.input(mem.k), call.input(mem.v)
     else:
         dk, dv = call.input(k, strided=True), call.input(v, strided=True)
-    o = call.output(out, (total_q, h, d_v), dtype, strided=not paged)
-    strided = not paged and not all(is_c_contiguous(x) for x in (dq, dk, dv, o))
+    o = call.output(out, (total_q, h, d_v), dtype, strided=True)
+    strided = not all(is_c_contiguous(x) for x in (dq, dk, dv, o))
     # the varlen kernel always carries the score modifiers (off: softcap 0, zero slopes); a
     # user's variant rides on it; one HEAD_DIM holds d and d_v
     head_dim = default_tiles(max(d, d_v), dtype, mods=True)[2]

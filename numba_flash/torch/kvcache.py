@@ -327,11 +327,12 @@ def paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
         with bridge.on_device(device):
             out = bridge.empty(q.shape, q.dtype, device) if varlen_out() else None
-            # the caches in their own memory order (flash-attn's tokens-first: no copy)
+            # the caches in their own memory order (flash-attn's tokens-first), q where it
+            # lies (a fused projection's slice: read through its strides): no copy
             kc, _, order = _decode_cache(k, False)
             vc = _decode_cache(v, False, order)[0]
             o, lse = numba_flash.forward_varlen(
-                bridge.packed(q), kc, vc,
+                bridge.packed_view(q), kc, vc,
                 *bridge.packed_arrays(cu_seqlens_q, cu_seqlens_k),
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                 window_size=window, softcap=softcap, softmax_scale=scale,

@@ -32,7 +32,8 @@ class ForwardSimtConfig(KernelConfig):
     their width; off, V shares K's addresses, the build of every ``d_v == d`` call),
     ``STRIDED`` (``q``, ``k``, ``v`` and ``o`` read and written through their own strides,
     views whose last dim is contiguous: batched ``[B, H, N, d]`` or, ``VARLEN``, packed
-    ``[total, H, d]``; not ``PAGED``; off, C-contiguous)."""
+    ``[total, H, d]``; ``PAGED``: ``q`` and ``o``, the caches' rows are the table's either
+    way; off, C-contiguous)."""
 
     BLOCK_M: int
     BLOCK_N: int

@@ -361,11 +361,11 @@ def make_simt_rows(cfg):
     BLOCK_M, BLOCK_N, VARLEN, OWN_V = cfg.BLOCK_M, cfg.BLOCK_N, cfg.VARLEN, cfg.OWN_V
     DROPOUT, PAGED, STRIDED = cfg.DROPOUT, cfg.PAGED, cfg.STRIDED
     KEEP_STRIDE = cfg.GROUPS + 1  # padded row length of keep_tile
-    assert not (STRIDED and PAGED)
     ITEM = np.dtype(kernel_dtype(cfg.np_dtype)).itemsize
     strides = make_elem_strides(ITEM)
 
-    if STRIDED and VARLEN:   # packed [total, H, d] views: token and head strides
+    if STRIDED and VARLEN:   # packed [total, H, d] views: token and head strides (PAGED: q
+        # and o's; the caches' rows are page_rows', K's and V's here unread)
         packed_strides = make_packed_strides(ITEM)
 
         @_device

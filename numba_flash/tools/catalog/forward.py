@@ -53,9 +53,14 @@ def simt_configs():
         # float16 (widened element by element)
         yield simt.compile_config(fconfig.forward_simt_config(
             64, dt, vec=dt in simt.VEC_DTYPES, simulator=False, strided=True))
-    # the varlen build on packed views (a fused projection's q, k, v slices)
+    # the varlen build on packed views (a fused projection's q, k, v slices), and the paged
+    # prefill's on packed q and out= views: float32 (cp.async) and float16 (element loads)
     yield simt.compile_config(fconfig.forward_simt_config(
         64, np.dtype(np.float32), False, True, True, vec=True, simulator=False, strided=True))
+    for dt in (np.dtype(np.float32), np.dtype(np.float16)):
+        yield simt.compile_config(fconfig.forward_simt_config(
+            64, dt, False, True, True, True, vec=dt in simt.VEC_DTYPES, simulator=False,
+            strided=True))
     yield from _user_configs()
 
 
