@@ -103,10 +103,14 @@ _SPARSE_CONTEXT = "kv_indices (token-sparse attention runs the gathering decode 
 
 
 def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, window_size,
-                   softcap, alibi_slopes, learnable_sink, kernel, **dense_only):
+                   softcap, alibi_slopes, learnable_sink, kernel, out=None, lse_out=None,
+                   **dense_only):
     """:func:`numba_flash.forward` with ``kv_indices`` (see there); ``dense_only``: the
     options of :data:`~numba_flash.frontend.validate.DENSE_FORWARD_OPTIONS`, each a
-    ``ValueError`` naming it when set."""
+    ``ValueError`` naming it when set.  ``q``, ``k``, ``v``, ``out`` and ``lse_out`` go to
+    :func:`numba_flash.decode` as they are: ``q`` read and ``out`` written through their
+    strides (flash-attn's ``[B, N, H, d]`` memory where it lies), ``k``, ``v`` read as caches
+    in their memory order (tokens-first: no copy; rows with gaps between them are copied)."""
     check_dense_options_off(dense_only, _SPARSE_CONTEXT)
     if kernel not in SPARSE_KERNELS:
         raise ValueError(f"kernel: expected one of {SPARSE_KERNELS} with kv_indices (the gather "
@@ -121,7 +125,7 @@ def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, wi
     return decode(q, k, v, cache_seqlens=lengths, causal=causal, softmax_scale=softmax_scale,
                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                   learnable_sink=learnable_sink, return_lse=return_lse, kv_indices=kv_indices,
-                  kernel=kernel)
+                  kernel=kernel, out=out, lse_out=lse_out)
 
 
 def listed_keys(b, h, q_idx, kv_idx, listed, list_of_head):
@@ -236,7 +240,8 @@ def sparse_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_indices, *, bl
     else:
         k_cache, v_cache = k, v
     decode = importlib.import_module("numba_flash.ops.decode").decode
-    o, lse = decode(xp.ascontiguousarray(q_pad.transpose(0, 2, 1, 3)), k_cache, v_cache,
+    # q_pad: the padded batch's [B, max_q, H, d] memory, read through its strides
+    o, lse = decode(q_pad.transpose(0, 2, 1, 3), k_cache, v_cache,
                     cache_seqlens=xp.asarray(len_k.astype(np.int32)), block_table=block_table,
                     causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                     softcap=softcap, alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
@@ -281,7 +286,7 @@ def sparse_backward_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, kv_i
     def padded(x, at, n, fill=0.0):
         out = xp.full((n_seq, n) + tuple(x.shape[1:]), fill, x.dtype)
         out[at] = x
-        return xp.ascontiguousarray(out.transpose(0, 2, 1, 3))   # [B, H, N, d]
+        return out.transpose(0, 2, 1, 3)   # [B, H, N, d] views: the kernels read strides
 
     lists = xp.full((n_seq, max_q) + tuple(shape[1:]), -1, np.int64)
     lists[at_q] = xp.asarray(kv_indices).astype(np.int64).clip(-2, np.iinfo(np.int32).max)

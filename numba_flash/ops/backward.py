@@ -21,7 +21,8 @@ from ..frontend.kernel_args import kernel_variant
 from ..frontend.sim_time import SimWork
 from ..frontend.validate import array_info, check_grad_outs
 from ..frontend.empty import is_empty, no_key_gradients
-from ..kernels.backward.config import sparse_backward_config
+from ..kernels.backward.config import elem_threads, sparse_backward_config
+from ..kernels.backward.simt import fold_grid, reduce_kernel
 from ..kernels.backward.sparse import sparse_backward_kernel
 from ..kernels.core.common import acc_dtype, cdiv
 
@@ -101,11 +102,12 @@ def backward(do, q, k, v, o, lse, *, causal=False, softmax_scale=None, determini
     NumPy in, NumPy out; CuPy in, CuPy out (GPU backend).
 
     ``out``: ``(dq, dk, dv)`` arrays of the gradients' shapes and dtypes (of the inputs' kind)
-    written in place and returned (not with ``kv_indices`` yet): C-contiguous, or views whose
-    last dim is contiguous and whose elements do not overlap (flash-attn's ``[B, N, H, d]``
-    memory as its ``transpose(0, 2, 1, 3)``), written through their strides.  ``do``, ``q``,
-    ``k``, ``v``, ``o``: such views are read where they lie by the SIMT and the tensor-core
-    kernels (docs/tensor-cores.md, strided views), copied with ``kv_indices``.  Device arrays:
+    written in place and returned: C-contiguous, or views whose last dim is contiguous and
+    whose elements do not overlap (flash-attn's ``[B, N, H, d]`` memory as its
+    ``transpose(0, 2, 1, 3)``), written through their strides (with ``kv_indices``: ``dq`` by
+    the gathering kernel, ``dk`` / ``dv`` cast into from their compute-type sums).  ``do``,
+    ``q``, ``k``, ``v``, ``o``: such views are read where they lie by the SIMT, the
+    tensor-core and the token-sparse kernels (docs/tensor-cores.md, strided views).  Device arrays:
     no synchronisation, and a call of a signature seen before replays its launch plan
     (:mod:`numba_flash.frontend.plans`; its work arrays are kept, so with ``out`` a call
     allocates nothing); dropout, a ``block_mask``, a learnable sink (its gradient is summed
@@ -135,9 +137,6 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
               window_size, softcap, alibi_slopes, kernel, score_mod, mask_mod, score_mod_grad,
               block_mask, aux_tensors, aux_grad, learnable_sink, kv_indices, out):
     """:func:`backward`'s checks and launches (its ordinary path, and what a plan records)."""
-    if kv_indices is not None and out is not None:
-        raise ValueError("out: expected None with kv_indices (not taken there yet), got a "
-                         "tuple")
     if kv_indices is not None:   # the user's functions and dropout: not with the lists
         check_sparse_options(mask_mod=mask_mod, block_mask=block_mask, score_mod=score_mod,
                              score_mod_grad=score_mod_grad, aux_grad=aux_grad,
@@ -147,7 +146,7 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
                                 softmax_scale=softmax_scale, seed=seed,
                                 window_size=window_size, softcap=softcap,
                                 alibi_slopes=alibi_slopes, kernel=kernel,
-                                learnable_sink=learnable_sink)
+                                learnable_sink=learnable_sink, out=out)
     if kv_indices is not None:   # deterministic: the dense kernels, the lists as their mask
         mask_mod, aux_tensors = sparse_mask(q, k, v, kv_indices)
     a = check_backward_args(do, q, k, v, o, lse, causal, softmax_scale, deterministic, dropout_p,
@@ -161,12 +160,7 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
     choice = choose_backward_kernel(kernel, a.dtype)
     outs = check_grad_outs(out, q, k, v, a.dtype, strided=True)
     if is_empty(a.b, a.nq, a.nk):   # no row or no key: zero gradients, no launch
-        grads = no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype)
-        if outs is None:
-            return grads
-        for dst in outs:
-            dst[...] = 0
-        return outs + tuple(grads[3:])
+        return _no_key_answer(no_key_gradients(do, q, k, v, o, lse, sink, aux, a.dtype), outs)
     if choice.kernel == "mma":  # validated above, once: straight to the launches
         grads = choice.launcher()(
             do, q, k, v, o, lse, shape=a.shape, scale=a.scale, deterministic=a.deterministic,
@@ -192,12 +186,25 @@ def _backward(do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, drop
                                         right=a.right, softcap=a.softcap, alibi=a.alibi)
 
 
+def _no_key_answer(grads, outs):
+    """A backward over no row or no key: ``grads`` (:func:`~numba_flash.frontend.empty.
+    no_key_gradients`), or the caller's ``outs`` zeroed in their place."""
+    if outs is None:
+        return grads
+    for dst in outs:
+        dst[...] = 0
+    return outs + tuple(grads[3:])
+
+
 def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, seed,
-                     window_size, softcap, alibi_slopes, kernel, learnable_sink):
+                     window_size, softcap, alibi_slopes, kernel, learnable_sink, out):
     """:func:`backward` with ``kv_indices``, not ``deterministic``: the lists checked as the
     forward checks them (:func:`~numba_flash.frontend.sparse.sparse_mask`'s rules), then the
     token-sparse kernel (:mod:`numba_flash.kernels.backward.sparse`): ``dq`` written per block,
-    ``dk`` / ``dv`` summed in compute-type buffers (atomics) and cast to the inputs' dtype."""
+    ``dk`` / ``dv`` summed in compute-type buffers (atomics) and cast to the inputs' dtype.
+    The kernel indexes its arrays through their strides (Numba's ``x[b, h, i, c]``): ``do``,
+    ``q``, ``k``, ``v``, ``o`` and ``out``'s ``dq`` are read and written where they lie
+    (flash-attn's ``[B, N, H, d]`` memory, a fused projection's slices), no copy."""
     if kernel not in ("auto", "simt"):
         raise ValueError(f"kernel: expected 'auto' or 'simt' with kv_indices (the token-sparse "
                          f"backward is a SIMT kernel), got {kernel!r}")
@@ -206,13 +213,15 @@ def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, 
                             empty=True)
     sink = check_sink(learnable_sink, a.h)
     validate_lists(kv_indices, a.b, a.hkv, a.nq, [a.nk] * a.b)
+    outs = check_grad_outs(out, q, k, v, a.dtype, strided=True)
     if is_empty(a.b, a.nq, a.nk):
-        return no_key_gradients(do, q, k, v, o, lse, sink, None, a.dtype)
+        return _no_key_answer(no_key_gradients(do, q, k, v, o, lse, sink, None, a.dtype), outs)
     acc_t = acc_dtype(a.dtype)
     call = ArrayCall({"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse,
                       "kv_indices": kv_indices})
-    ins = [call.input(x) for x in (q, k, v, o, do, lse)]
-    dq = call.empty((a.b, a.h, a.nq, a.d), a.dtype)
+    ins = [call.input(x, strided=True) for x in (q, k, v, o, do)] + [call.input(lse)]
+    outs = (None, None, None) if outs is None else outs
+    dq = call.output(outs[0], (a.b, a.h, a.nq, a.d), a.dtype, strided=True)
     dk_acc = call.zeros((a.b, a.hkv, a.nk, a.d), acc_t)
     dv_acc = call.zeros((a.b, a.hkv, a.nk, a.d_v), acc_t)
     cfg = sparse_backward_config(max(a.d, a.d_v), a.dtype, softcap=a.softcap > 0.0,
@@ -224,8 +233,25 @@ def _sparse_backward(do, q, k, v, o, lse, kv_indices, *, causal, softmax_scale, 
                 kernel_indices(call, kv_indices), dq, dk_acc, dv_acc, va,
                 work=SimWork("backward", blocks * max(topk, cfg.THREADS) * cfg.ROWS,
                              blocks * cfg.ROWS * cfg.HEAD_DIM))
-    grads = (call.result(dq), as_dtype(call.result(dk_acc), a.dtype),
-             as_dtype(call.result(dv_acc), a.dtype))
+    grads = (call.result(dq),) + tuple(_cast_into(call, acc, dst, a.dtype)
+                                       for acc, dst in ((dk_acc, outs[1]), (dv_acc, outs[2])))
     if sink is not None:
         grads += (sink_gradient(do, o, lse, sink),)
     return grads
+
+
+def _cast_into(call, acc, out, dtype):
+    """``dk`` or ``dv`` from its compute-type accumulator ``acc``: without ``out`` the
+    accumulator itself in ``dtype`` (cast on its own device); with the caller's ``out`` (a
+    C-contiguous array or a strided view) the cast written into it where it lies, by the
+    SIMT backward's reduce kernel (its group of one: a plain cast through strides)."""
+    if out is None:
+        return as_dtype(call.result(acc), dtype)
+    dst = call.output(out, acc.shape, dtype, strided=True)
+    threads = elem_threads()
+    ba, heads, n, width = acc.shape
+    tiles = cdiv(n * width, threads)
+    call.launch(reduce_kernel(threads, acc_dtype(dtype), dtype), fold_grid(tiles, ba, heads),
+                (threads,), acc, dst, tiles,
+                work=SimWork("backward_reduce", ba * heads * n * width))
+    return call.result(dst)

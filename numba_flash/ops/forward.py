@@ -145,11 +145,13 @@ def forward(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, bloc
     elements do not overlap (flash-attn's ``[B, Nq, H, d]`` memory as its ``transpose(0, 2, 1,
     3)``: every dense forward, 16-bit, float32, float64 and e4m3, writes it through its
     strides); ``lse_out``: the same for ``lse``, C-contiguous (written, and returned with
-    ``return_lse``); not with ``kv_indices`` yet.  ``q``, ``k``, ``v``: views whose last dim is
-    contiguous (flash-attn's memory, a fused projection's slices) are read where they lie by
-    the same kernels (docs/tensor-cores.md, strided views); the token-sparse forward
-    (``kv_indices``, on the decode kernels) reads ``k``, ``v`` as caches in their memory order
-    and copies a strided ``q``.
+    ``return_lse``).  ``q``, ``k``, ``v``: views whose last dim is contiguous (flash-attn's
+    memory, a fused projection's slices) are read where they lie by the same kernels
+    (docs/tensor-cores.md, strided views).  The token-sparse forward (``kv_indices``) hands
+    ``q`` and ``out`` to :func:`numba_flash.decode` as they are (its kernels read and write
+    them through their strides, see there), and ``k``, ``v`` as caches read in their memory
+    order (``[B, Nk, Hkv, d]`` memory where it lies; rows with gaps between them, a fused
+    projection's slices, are copied).
 
     Device arrays (CuPy): the call runs on the current stream and returns before the GPU
     finishes (no synchronisation, no host copy).  A call of a signature seen before (shapes,
@@ -183,10 +185,6 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
              aux_tensors, learnable_sink, kv_indices, q_descale, k_descale, v_descale,
              out_dtype, qkv_dtype, out, lse_out):
     """:func:`forward`'s checks and launches (its ordinary path, and what a plan records)."""
-    for name, x in (("out", out), ("lse_out", lse_out)):
-        if x is not None and kv_indices is not None:
-            raise ValueError(f"{name}: expected None with kv_indices (not taken there yet), "
-                             f"got an array")
     if fp8_inputs({"q": q, "k": k, "v": v}, qkv_dtype):
         # the fp8 op imported by name, as the kernel choice imports the tensor-core ops: the
         # front end routes between ops, no op imports another
@@ -211,7 +209,8 @@ def _forward(q, k, v, *, causal, softmax_scale, return_lse, block_m, block_n, dr
                               alibi_slopes=alibi_slopes, learnable_sink=learnable_sink,
                               kernel=kernel, dropout_p=dropout_p, block_m=block_m,
                               block_n=block_n, score_mod=score_mod, mask_mod=mask_mod,
-                              block_mask=block_mask, aux_tensors=aux_tensors)
+                              block_mask=block_mask, aux_tensors=aux_tensors, out=out,
+                              lse_out=lse_out)
     args = check_forward_args(q, k, v, causal, softmax_scale, return_lse, dropout_p, seed,
                               window_size, softcap, alibi_slopes, learnable_sink, empty=True,
                               out=out, lse_out=lse_out)

@@ -15,10 +15,9 @@ front end checks the rest (values of ``cu_seqlens``, ``alibi_slopes``' and
 On the device path (CUDA tensors; :mod:`numba_flash.torch.bridge`) the outputs ``out`` and
 ``dq, dk, dv`` are torch tensors the kernels write (``out=``; the varlen ops' once
 :func:`varlen_out` finds they take it), ``softmax_lse`` the op's own array through DLPack, and
-nothing waits for the GPU; the forward and the backward (SIMT and tensor cores) read ``[B, N,
-H, d]`` tensors where they lie and write the gradients in place (their kernels read strides:
-:func:`bridge.heads_first_view`); the token-sparse backward (``gather_kv_indices``) takes
-heads-first copies.
+nothing waits for the GPU; the forward and the backward (SIMT, tensor cores, and the token-sparse
+kernels of ``gather_kv_indices``) read ``[B, N, H, d]`` tensors where they lie and write ``out``
+and the gradients in place (their kernels read strides: :func:`bridge.heads_first_view`).
 """
 
 import functools
@@ -131,21 +130,18 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: float,
     extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
 
     def run(seed):
-        # out= written by the kernel (not taken with the token lists yet)
-        res = None if extra else bridge.SeqFirstOut(q.shape[:-1] + v.shape[-1:], q.dtype,
-                                                   q.device, strided=True)
-        lse_t, lse_a = (None, None) if extra else bridge.lse_out(
-            (q.shape[0], q.shape[2], q.shape[1]), q)
-        o, lse = numba_flash.forward(
-            # flash-attn's [B, N, H, d] memory where it lies: the dense kernels read strides
-            *((bridge.heads_first if extra else bridge.heads_first_view)(x) for x in (q, k, v)),
-            causal=causal,
+        # out= written by the kernel through its strides (the token lists' decode too)
+        res = bridge.SeqFirstOut(q.shape[:-1] + v.shape[-1:], q.dtype, q.device, strided=True)
+        lse_t, lse_a = bridge.lse_out((q.shape[0], q.shape[2], q.shape[1]), q)
+        numba_flash.forward(
+            # flash-attn's [B, N, H, d] memory where it lies: the dense kernels read strides,
+            # the token lists' decode reads q's and k, v as tokens-first caches
+            *(bridge.heads_first_view(x) for x in (q, k, v)), causal=causal,
             softmax_scale=softmax_scale, return_lse=True, dropout_p=dropout_p, seed=seed,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
-            learnable_sink=bridge.optional_array(learnable_sink),
-            **(extra if res is None else {"out": res.array, "lse_out": lse_a}))
-        out = bridge.seq_first(o, q.device) if res is None else res.result()
-        return out, bridge.to_tensor(lse, q.device) if lse_t is None else lse_t
+            learnable_sink=bridge.optional_array(learnable_sink), out=res.array, lse_out=lse_a,
+            **extra)
+        return res.result(), lse_t
 
     def s_dmask(seed):
         return _s_dmask(q, k, seed, dropout_p, softmax_scale, causal, window, softcap,
@@ -172,18 +168,14 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse:
         gather_kv_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)`` of :func:`numba_flash.backward`, in the inputs' layouts
     (``dsink``: float32 ``[H]``, empty without a sink)."""
-    # the backward's kernels (SIMT and tensor cores) read and write [B, N, H, d] memory through
-    # its strides; the token-sparse one takes heads-first copies
-    strided = gather_kv_indices is None
-
+    # the backward's kernels (SIMT, tensor cores and the token-sparse one) read and write
+    # [B, N, H, d] memory through its strides
     def arrays():
-        view = bridge.heads_first_view if strided else bridge.heads_first
-        return [*(view(x) for x in (dout, q, k, v, out)), bridge.packed(softmax_lse)]
+        return [*(bridge.heads_first_view(x) for x in (dout, q, k, v, out)),
+                bridge.packed(softmax_lse)]
 
     def outs():
-        if gather_kv_indices is not None:   # (out= not taken with the token lists yet)
-            return None, lambda grads: (bridge.seq_first(g, q.device) for g in grads[:3])
-        res = [bridge.SeqFirstOut(x.shape, x.dtype, x.device, strided=strided)
+        res = [bridge.SeqFirstOut(x.shape, x.dtype, x.device, strided=True)
                for x in (q, k, v)]
         return tuple(r.array for r in res), lambda grads: (r.result() for r in res)
 
@@ -249,11 +241,11 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                else bridge.empty(q.shape[:-1] + v.shape[-1:], q.dtype, q.device))
         lse_t, lse_a = (None, None) if out is None else bridge.lse_out(
             (q.shape[1], q.shape[0]), q)
-        # q, k, v where they lie (the varlen kernel reads strides; not with the token lists)
-        qkv = (bridge.packed_arrays(q, k, v) if extra
-               else [bridge.packed_view(x) for x in (q, k, v)])
+        # q, k, v where they lie (the varlen kernel reads strides; the token lists' path
+        # pads q into a batch and reads k, v as one-key pages, copying rows with gaps)
         o, lse = numba_flash.forward_varlen(
-            *qkv, *bridge.packed_arrays(cu_seqlens_q, cu_seqlens_k),
+            *(bridge.packed_view(x) for x in (q, k, v)),
+            *bridge.packed_arrays(cu_seqlens_q, cu_seqlens_k),
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
             window_size=window, softcap=softcap, alibi_slopes=bridge.optional_array(alibi_slopes),
             softmax_scale=softmax_scale, dropout_p=dropout_p, seed=seed, return_lse=True,
@@ -294,10 +286,8 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softm
     extra = {} if gather_kv_indices is None else {"kv_indices": _lists(gather_kv_indices)}
 
     def arrays():
-        if extra:   # (the token lists' backward takes C-contiguous arrays)
-            return bridge.packed_arrays(dout, q, k, v, out, softmax_lse, cu_seqlens_q,
-                                        cu_seqlens_k)
-        # dout, q, k, v, out where they lie (the varlen backward reads token and head strides)
+        # dout, q, k, v, out where they lie (the varlen backward reads token and head strides;
+        # the token lists' backward pads them into a batch, reading them as they lie)
         return [*(bridge.packed_view(x) for x in (dout, q, k, v, out)),
                 *bridge.packed_arrays(softmax_lse, cu_seqlens_q, cu_seqlens_k)]
 

@@ -51,14 +51,23 @@ def test_out_lse_and_gradients(rng, causal):
     q, k, v = (randn(rng, s).requires_grad_()
                for s in ((b, nq, h, d), (b, nk, hkv, d), (b, nk, hkv, d)))
     lists = _lists(rng, b, nq, nk, topk)
+    dout = randn(rng, (b, nq, h, d))
+    _check(_forward_backward(q, k, v, lists, causal, dout), q, k, v, lists, causal, dout)
+
+
+def _forward_backward(q, k, v, lists, causal, dout):
+    """``(out, lse, dq, dk, dv)`` of flash_attn_func(gather_kv_indices=lists) and autograd."""
     out, lse, _ = nft.flash_attn_func(q, k, v, causal=causal, gather_kv_indices=lists,
                                       return_attn_probs=True)
+    return (out, lse, *torch.autograd.grad(out, (q, k, v), dout))
+
+
+def _check(results, q, k, v, lists, causal, dout):
+    """:func:`_forward_backward`'s ``results`` against :func:`masked_reference` within TOL."""
     want_out, want_lse = masked_reference(q, k, v, lists, causal)
-    dout = randn(rng, tuple(out.shape))
-    grads = torch.autograd.grad(out, (q, k, v), dout)
     want = torch.autograd.grad(want_out, (q, k, v), dout.double())
-    for name, got, w in [("out", out, want_out), ("lse", lse, want_lse),
-                         *zip(("dq", "dk", "dv"), grads, want)]:
+    for name, got, w in zip(("out", "lse", "dq", "dk", "dv"), results,
+                            (want_out, want_lse, *want)):
         w = w.detach()
         both_inf = torch.isinf(w) & (got.double() == w)
         err = torch.where(both_inf, 0.0, (got.double() - w).abs()).max().item()
@@ -106,3 +115,39 @@ def test_varlen_out_and_gradients(rng):
                                                        grads[2][keys]), (x[0] for x in want))]:
             err = (got.double() - w.detach()).abs().max().item()
             assert err <= TOL * max(1.0, w.abs().max().item()), (name, b, err)
+
+
+def test_device_path_reads_and_writes_in_place(rng):
+    """The device path (CUDA tensors' code, on the stand-in device: tests/torch/
+    test_device_path_torch.py): q, k, v and dout read where they lie in flash-attn's [B, N, H,
+    d] memory, out, dq, dk, dv written in place through their strides.  A steady call makes no
+    torch copy (torch allocates out and lse, then dq, dk, dv) and no copy on the device (its
+    one stand-in allocation: the forward's cache_seqlens, int32 [B]; the backward's sums are
+    its launch plan's, zeroed by memsets), syncs nothing; values as the reference's."""
+    import numba_flash.standin as sd
+    from test_device_path_torch import device_path
+
+    b, nq, nk, h, hkv, d, topk = 1, 4, 9, 4, 2, 16, 3
+    q, k, v = (randn(rng, s).requires_grad_()
+               for s in ((b, nq, h, d), (b, nk, hkv, d), (b, nk, hkv, d)))
+    lists = _lists(rng, b, nq, nk, topk).int()     # FA4's int32 lists: read as they are
+    dout = randn(rng, (b, nq, h, d))
+    with device_path() as (mode, _driver):
+        _check(_forward_backward(q, k, v, lists, True, dout), q, k, v, lists, True, dout)
+        state = {}
+
+        def forward():
+            state["out"] = nft.flash_attn_func(q, k, v, causal=True, gather_kv_indices=lists)
+
+        for call, allocs, device_allocs in ((forward, 2, [np.dtype(np.int32)]),
+                                            (lambda: state["out"].backward(dout), 3, [])):
+            for _ in range(2):   # the first calls build the launch plans
+                forward()
+                call()
+            forward()
+            mode.reset()
+            with sd.count() as c:
+                call()
+            assert (c.syncs, c.d2h, c.h2d) == (0, 0, 0), c.log
+            assert [x for kind, x in c.log if kind == "allocations"] == device_allocs, c.log
+            assert (mode.allocations, mode.copies) == (allocs, 0), mode.log
