@@ -439,10 +439,9 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
         return (o, lse) if opts.return_lse else o
     plan = _launch_plan(s, opts, capacity)
     _reserve(call, s, new, plan)
-    # the split-KV kernels read q through its strides (flash-attn's [B, Nq, H, d] memory as it
-    # lies), MLA's tensor-core kernel a C-contiguous q (copied)
-    dev = _device_inputs(call, s, new, q_step, q=q, mem=mem, q_strided=plan.mla is None,
-                         k_new=k_new, v_new=v_new, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+    # both kernels read q through its strides (flash-attn's [B, Nq, H, d] memory as it lies)
+    dev = _device_inputs(call, s, new, q_step, q=q, mem=mem, k_new=k_new, v_new=v_new,
+                         rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                          cache_seqlens=cache_seqlens, block_table=block_table,
                          cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                          kv_descale=kv_descale, unit_descale=unit_descale)
@@ -822,16 +821,15 @@ class DeviceCache(NamedTuple):
 
 def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
                    rotary_sin, cache_seqlens, block_table, cache_batch_idx, cache_leftpad,
-                   kv_descale=None, unit_descale=False, q_strided=False):
+                   kv_descale=None, unit_descale=False):
     """The inputs on the device, with ``q`` and ``k_new`` rotated and ``k_new`` / ``v_new``
     appended (those launches on the call's stream): a :class:`DeviceCache`.  ``mem``: the
-    caches in their memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`);
-    ``q_strided``: the kernel reads a ``[B, H, Nq, d]`` q through its strides (a view whose
-    last dim is contiguous as it lies; ``k_new``, ``v_new`` always: the append indexes them
-    through their strides)."""
+    caches in their memory order (:func:`~numba_flash.frontend.cache_args.cache_memory`).  The
+    kernels read a ``[B, H, Nq, d]`` q through its strides (a view whose last dim is contiguous,
+    as it lies; a ``[B, H, d]`` q is copied), the append ``k_new`` and ``v_new``."""
     b, hkv, nnew, d, d_v = s.b, s.hkv, new.nnew, s.d, s.d_v
     n_cache, n_slots, dtype = s.n_cache, s.n_slots, s.dtype
-    dq = call.input(q, strided=q_strided and not s.single)
+    dq = call.input(q, strided=not s.single)
     if s.single:  # [B, H, d] -> [B, H, 1, d] after the copy: Numba device arrays take no None index
         dq = dq.reshape(dq.shape[0], dq.shape[1], 1, dq.shape[2])
     # the kernel reads the caches' memory as rows [num_blocks * Hkv * block_size, d] (in
@@ -1034,14 +1032,19 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     ``lists``: the int32 ``kv_indices``, or the kernel's stand-in; ``kv_descale``: an e4m3
     latent cache's device ``[2, B, Hkv]`` descales, ``cache`` its bytes): the kernel, then,
     with several splits or a learnable sink, the merge of its float32 partials (which adds the
-    sink once).  Returns device ``(o, lse)``."""
+    sink once).  A ``dq`` or ``out`` view (last dim contiguous) is read or written where it
+    lies: the kernel's ``STRIDED`` build, and the merge's into a strided ``out``.  Returns
+    device ``(o, lse)``."""
     b, h, hkv, nq = shape.b, shape.h, shape.hkv, shape.nq
     d_v = shape.d_v
     cfg, n_splits, partial = plan.cfg, plan.n_splits, plan.partial
     rows = b * h * nq
     f32 = np.float32
-    o = call.output(out, (b, h, nq, d_v), dtype, strided=False)   # (a strided out=: copied into)
+    o = call.output(out, (b, h, nq, d_v), dtype, strided=True)   # (a strided out=: in place)
     lse = call.output(lse_out, (b, h, nq), f32)
+    o_strided = not is_c_contiguous(o)
+    if o_strided or not is_c_contiguous(dq):   # q read, o written through their strides
+        cfg = dataclasses.replace(cfg, STRIDED=True)
     o_part = call.empty((n_splits * rows * d_v,) if partial else (1,), f32)
     lse_part = call.empty((n_splits * rows,) if partial else (1,), f32)
     va = kernel_variant(call, f32, scale, *window)   # the sink joins in the merge, once
@@ -1050,7 +1053,8 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
     if strides is None:
         strides = row_strides((n_cache, hkv, n_slots), HEADS_FIRST)
     call.launch(mla_decode_kernel(cfg), plan.grid, (cfg.THREADS,), dq.view(np.uint16),
-                cache.view(np.uint16), table, seqlens, leftpad, o.reshape(-1), lse.reshape(-1),
+                cache.view(np.uint16), table, seqlens, leftpad,
+                o if cfg.STRIDED else o.reshape(-1), lse.reshape(-1),
                 o_part, lse_part, va, np.int32(paged), np.int32(n_cache), np.int32(hkv),
                 np.int32(n_slots), kernel_strides(strides), np.int32(plan.split_target),
                 np.int32(plan.split_min), np.int32(partial), lists,
@@ -1062,9 +1066,12 @@ def _mla_decode_mma(call, dq, cache, table, paged, seqlens, leftpad, plan, *, sh
         row_sinks = (no_sink(call) if sink is None else call.input(xp.ascontiguousarray(
             xp.broadcast_to(xp.asarray(sink)[None, :, None], (b, h, nq))).reshape(-1)))
         threads = merge_threads()
-        call.launch(merge_kernel(threads, np.dtype(f32), dtype), merge_grid(rows), (threads,),
-                    o_part.reshape(n_splits, rows, d_v), lse_part.reshape(n_splits, rows),
-                    row_sinks, o.reshape(rows, d_v), lse.reshape(rows),
+        # a strided out=: the rows as (b, h, i), o written through its strides
+        folded = (b, h, nq) if o_strided else (rows,)
+        call.launch(merge_kernel(threads, np.dtype(f32), dtype, o_strided), merge_grid(rows),
+                    (threads,), o_part.reshape((n_splits,) + folded + (d_v,)),
+                    lse_part.reshape((n_splits,) + folded), row_sinks,
+                    o if o_strided else o.reshape(rows, d_v), lse.reshape(rows),
                     work=SimWork("merge", n_splits * rows * d_v))
     return o, lse
 
@@ -1145,7 +1152,8 @@ def _merge_states(o_parts, lse_parts, learnable_sink):
     lse = call.empty((rows,), acc_t)
     threads = merge_threads()
     call.launch(merge_kernel(threads, dtype, dtype, folded is not None), grid, (threads,), d_o,
-                d_l, d_s, o, lse, work=SimWork("merge", n_parts * rows * d))
+                d_l, d_s, o if folded is None else o.reshape(folded + (d,)), lse,
+                work=SimWork("merge", n_parts * rows * d))
     return call.result(o).reshape(os_[1:]), call.result(lse).reshape(ls_[1:])
 
 

@@ -388,6 +388,10 @@ class MlaDecodeConfig:
     #: an e4m3 latent cache (not with ``OWN_V``): the stages hold the tiles' bytes
     #: (``cp.async``), widened after each tile lands into one 16-bit tile the GEMMs read
     KV_FP8: bool = False
+    #: ``q`` read and ``o`` written through their element strides (views whose last dim is
+    #: contiguous: flash-attn's ``[B, Nq, H, d]`` memory as ``[B, H, Nq, d]``, a head slice),
+    #: in the prologue and the epilogue only; off, C-contiguous ``q`` and a flat ``o``
+    STRIDED: bool = False
 
     #: tile n + 1 is copied under tile n's math (one stage would leave the copy unoverlapped;
     #: a third 16-key tile of 576 passes 48 KiB with the partial scores)
@@ -457,7 +461,8 @@ class MlaDecodeConfig:
     def name(self):
         return (f"mla_decode W{self.NUM_WARPS} N{self.BLOCK_N} D{self.D_QK}/{self.D_V} "
                 f"S{self.STAGES} {self.DTYPE}{' own_v' if self.OWN_V else ''}"
-                f"{' kv_indices' if self.GATHER else ''}{' e4m3 cache' if self.KV_FP8 else ''}")
+                f"{' kv_indices' if self.GATHER else ''}{' e4m3 cache' if self.KV_FP8 else ''}"
+                f"{' strided' if self.STRIDED else ''}")
 
 
 def mla_decode_config(d_qk, d_v, dtype="float16", gather=False, own_v=False, kv_fp8=False):

@@ -161,10 +161,11 @@ def merge_kernel(THREADS, part_dtype, out_dtype, STRIDED=False):
     ``o_parts`` ``[P, rows, d]`` in ``part_dtype``; ``lse_parts`` ``[P, rows]`` and ``lse``
     ``[rows]`` in the compute type of ``part_dtype``; ``o`` ``[rows, d]`` in ``out_dtype``;
     ``sink`` float32 ``[rows]`` (each row's learnable sink logit) or ``[1]`` (``[-inf]``: none).
-    ``STRIDED``: the rows as three axes read through the arrays' own strides, ``o_parts`` ``[P,
-    R0, R1, R2, d]`` and ``lse_parts`` ``[P, R0, R1, R2]`` views (``rows = R0 R1 R2``, row
-    ``(r0 R1 + r1) R2 + r2``: :func:`fold_rows`), e.g. parts stacked from flash-attn's ``[B, N,
-    H, d]`` outputs; ``o``, ``lse`` as above.
+    ``STRIDED``: the rows as three axes read and written through the arrays' own strides,
+    ``o_parts`` ``[P, R0, R1, R2, d]``, ``lse_parts`` ``[P, R0, R1, R2]`` and ``o`` ``[R0, R1,
+    R2, d]`` views (``rows = R0 R1 R2``, row ``(r0 R1 + r1) R2 + r2``: :func:`fold_rows`), e.g.
+    parts stacked from flash-attn's ``[B, N, H, d]`` outputs, or MLA's decode merging into a
+    caller's strided ``out=``; ``sink`` and ``lse`` as above.
     """
     merge_stats, merge_element = make_merge_functions(compute_type(part_dtype),
                                                       np.dtype(part_dtype))
@@ -184,7 +185,7 @@ def merge_kernel(THREADS, part_dtype, out_dtype, STRIDED=False):
             m, total, lse_row = merge_stats(lse_row_parts, r2,
                                             sink[row if sink.shape[0] > 1 else 0])
             for c in range(tid, o_parts.shape[4], THREADS):
-                o[row, c] = store(merge_element(o_row, lse_row_parts, r2, c, m, total))
+                o[r0, r1, r2, c] = store(merge_element(o_row, lse_row_parts, r2, c, m, total))
             if tid == 0:
                 lse[row] = lse_row
 

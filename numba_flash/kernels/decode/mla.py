@@ -37,8 +37,11 @@ stages: copy, GEMM, partial-sum exchange, tile scores, softmax update, GEMM.
 
 Output: one split and no sink: the epilogue writes ``o`` and ``lse``; else float32 partials
 ``(o_part, lse_part)`` that :func:`~numba_flash.kernels.decode.merge.merge_kernel` combines, adding
-a learnable sink once.  ``[docs: flash-decoding.md]`` (MLA) and ``[docs: tensor-cores.md]``
-(the fragments).
+a learnable sink once.  ``STRIDED``: ``q`` is read and ``o`` written through their element
+strides (:func:`make_mla_io`, the split-KV decode's ``b s0 + h s1 + i s2``: flash-attn's ``[B,
+Nq, H, d]`` memory as ``[B, H, Nq, d]`` without a copy), in the prologue's q copy and the
+epilogue's stores only; the key loop is the C build's.  ``[docs: flash-decoding.md]`` (MLA) and
+``[docs: tensor-cores.md]`` (the fragments).
 
 Shared memory: ``STAGES`` key tiles of ``BLOCK_N`` rows of ``2 D_QK + 16`` bytes (``OWN_V``: each
 followed by its value tile, rows of ``2 D_V + 16`` bytes; Q is staged through the first before the
@@ -56,7 +59,7 @@ from collections import namedtuple
 
 from numba import cuda, float32, int32, int64, uint32
 
-from ..core.common import GRID_X_MAX
+from ..core.common import GRID_X_MAX, make_elem_strides
 from ..core.elements import element_ops
 from ..core.jit import device_jit, kernel_jit, static_for
 from ..mainloop.online_softmax import (
@@ -357,6 +360,40 @@ def make_mla_block(cfg):
 
 
 @functools.lru_cache(maxsize=None)
+def make_mla_io(cfg):
+    """``(q_elem, o_rows)``: where a block's ``q`` and ``o`` rows lie.  ``q_elem(q, b, h,
+    token)``: the first element of q's row ``(b, h, token)``; ``o_rows(o, b, token, elem0,
+    nq)``: ``(o_elem0, o_row)``, the first ``o`` element of head 0 of ``(b, token)`` and the
+    elements from one head to the next (``elem0 = (b H) Nq + token``).  C-contiguous ``q`` and a
+    flat ``o`` (their ``[B, H, Nq, d]`` C order), or ``STRIDED``: views read and written
+    through their element strides (:func:`~numba_flash.kernels.core.common.make_elem_strides`,
+    as the split-KV decode reads its q: ``b s0 + h s1 + token s2``)."""
+    D_QK, D_V = cfg.D_QK, cfg.D_V
+    elem_strides = make_elem_strides(2)      # 16-bit q and o (bfloat16 as its words)
+
+    if cfg.STRIDED:
+        @_stage
+        def q_elem(q, b, h, token):
+            qs = elem_strides(q)
+            return b * qs[0] + h * qs[1] + token * qs[2]
+
+        @_stage
+        def o_rows(o, b, token, elem0, nq):
+            os_ = elem_strides(o)
+            return b * os_[0] + token * os_[2], os_[1]
+    else:
+        @_stage
+        def q_elem(q, b, h, token):
+            return ((b * q.shape[1] + h) * q.shape[2] + token) * D_QK
+
+        @_stage
+        def o_rows(o, b, token, elem0, nq):
+            return elem0 * D_V, nq * D_V
+
+    return q_elem, o_rows
+
+
+@functools.lru_cache(maxsize=None)
 def make_mla_steps(cfg):
     """``(step_full, step_masked, step_listed)``: the MLA decode's per-tile stage ``step(n,
     k_start, x)`` (``x``: the :data:`MlaStep`) for a whole key tile, the block's last tile
@@ -454,21 +491,22 @@ def mla_decode_kernel(cfg):
     kv_indices, v_cache, kv_descale)`` for the
     :class:`~numba_flash.kernels.decode.config.MlaDecodeConfig` ``cfg``.
 
-    ``q``: the uint16 view of ``[B, H, Nq, D_QK]``; ``cache``: the uint16 view of the cache's
-    memory as rows ``[num_blocks * Hkv * block_size, D_QK]`` (slot ``s`` of kv head ``h`` in
-    block ``n`` at row ``n * strides[0] + h * strides[1] + s * strides[2]``, int64: heads-first
-    memory ``(Hkv block_size, block_size, 1)``, tokens-first ``(block_size Hkv, 1, Hkv)``);
-    ``table``: int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block
-    ``b`` of ``block_size = Nmax`` slots); ``seqlens``, ``leftpad``: int32 ``[B]``; ``o``: the
-    flat view of ``[B, H, Nq, D_V]`` (float16, or bfloat16's uint16 words), ``lse`` float32
-    ``[B H Nq]``; with ``partial`` = 1, ``o_part`` float32 ``[splits B H Nq D_V]`` and
-    ``lse_part`` ``[splits B H Nq]`` (flat) instead; ``va``: the
-    :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
+    ``q``: the uint16 view of ``[B, H, Nq, D_QK]`` (C-contiguous; ``STRIDED``: a view whose last dim
+    is contiguous, read through its element strides); ``cache``: the uint16 view of the cache's
+    memory as rows ``[num_blocks * Hkv * block_size, D_QK]`` (slot ``s`` of kv head ``h`` in block
+    ``n`` at row ``n * strides[0] + h * strides[1] + s * strides[2]``, int64: heads-first memory
+    ``(Hkv block_size, block_size, 1)``, tokens-first ``(block_size Hkv, 1, Hkv)``); ``table``:
+    int32 ``[B, max_blocks]`` (``paged`` = 1; else sequence ``b`` is block ``b`` of ``block_size =
+    Nmax`` slots); ``seqlens``, ``leftpad``: int32 ``[B]``; ``o``: the flat view of ``[B, H, Nq,
+    D_V]`` (float16, or bfloat16's uint16 words; ``STRIDED``: the ``[B, H, Nq, D_V]`` view itself,
+    written through its element strides), ``lse`` float32 ``[B H Nq]``; with ``partial`` = 1,
+    ``o_part`` float32 ``[splits B H Nq D_V]`` and ``lse_part`` ``[splits B H Nq]`` (flat) instead;
+    ``va``: the :class:`~numba_flash.kernels.core.variant.Variant` (its ``scale`` and ``window``);
     ``kv_indices``: int32 ``[B, Hkv or 1, Nq, topk]`` with ``GATHER``, else a ``[1, 1, 1, 1]``
-    stand-in; ``v_cache``: ``OWN_V``: the uint16 view of the value cache as rows ``[num_blocks *
-    Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again (unread);
-    ``kv_descale``: float32 ``[2, B, Hkv]``, ``KV_FP8``'s K and V descales (``cache`` then the
-    uint16 view of the e4m3 bytes, rows ``[.., D_QK / 2]``), else unread."""
+    stand-in; ``v_cache``: ``OWN_V``: the uint16 view of the value cache as rows
+    ``[num_blocks * Hkv * block_size, D_V]`` (the key rows' numbering), else ``cache`` again
+    (unread); ``kv_descale``: float32 ``[2, B, Hkv]``, ``KV_FP8``'s K and V descales
+    (``cache`` then the uint16 view of the e4m3 bytes, rows ``[.., D_QK / 2]``), else unread."""
     assert isinstance(cfg, MlaDecodeConfig) and cfg.DTYPE in MMA_DTYPES
     assert cfg.D_QK % 64 == 0 and cfg.D_V % 64 == 0 and (cfg.OWN_V or cfg.D_V <= cfg.D_QK)
     D_QK, D_V, BLOCK_N, STAGES, DTYPE = cfg.D_QK, cfg.D_V, cfg.BLOCK_N, cfg.STAGES, cfg.DTYPE
@@ -497,10 +535,11 @@ def mla_decode_kernel(cfg):
                                                       RESCALE_LOG2)
     # o and lse rows are heads: lse's row stride is Nq
     epilogue_o = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops(DTYPE)[1],
-                               float32, True)
+                               float32, True, cfg.STRIDED)
     epilogue_part = make_epilogue(ROWS, COLS, XOR, ACC_ROWS, ACC_COLS, element_ops("float32")[1],
                                   float32, True)
     copy_q_row = make_row_copy(THREADS // 16, ROW_CHUNKS)
+    q_elem, o_rows = make_mla_io(cfg)         # q's rows and o's: C order, or their strides
     load_tile, load_listed_tile, _mask, _exchange, _widen = make_mla_tile_stages(cfg)
     KV_FP8 = cfg.KV_FP8
     block_keys = make_mla_block(cfg)          # the block's rows, keys and split
@@ -540,8 +579,7 @@ def mla_decode_kernel(cfg):
             bad_sh[0] = 0
         q_row = tid // (THREADS // 16)
         h = h0 + q_row
-        copy_q_row(smem, q_row * RB, q, ((b * n_heads + h) * nq + token) * D_QK, h < h_end,
-                   tid % (THREADS // 16))
+        copy_q_row(smem, q_row * RB, q, q_elem(q, b, h, token), h < h_end, tid % (THREADS // 16))
         cp_async_commit()
         cp_async_wait_all()
         cuda.syncthreads()  # the q tile is complete before any warp reads its fragments
@@ -611,9 +649,10 @@ def mla_decode_kernel(cfg):
                           EpilogueRows(row0, h_end, (part0 + elem0) * D_V, nq * D_V,
                                        part0 + elem0, t == 0 and warp == 0, nq), cols, NEG_INF)
         else:
+            o_elem0, o_row = o_rows(o, b, token, elem0, nq)
             epilogue_o(o, lse, acc, m_i, l_i, scale,
-                       EpilogueRows(row0, h_end, elem0 * D_V, nq * D_V, elem0,
-                                    t == 0 and warp == 0, nq),
+                       EpilogueRows(row0, h_end, o_elem0, o_row, elem0, t == 0 and warp == 0,
+                                    nq),
                        cols, NEG_INF)
 
     return mla_decode
