@@ -10,6 +10,7 @@ and the paged prefill's table checks (:func:`numba_flash.forward_varlen` with ``
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -140,12 +141,17 @@ class CacheMemory(NamedTuple):
     """The caches as the kernels take them (:func:`cache_memory`): ``k``, ``v`` the callers'
     arrays in their memory order (C-contiguous views, or a copy where no order is one; ``v``
     None for a latent cache), ``order`` that order and ``strides`` the :func:`row_strides`
-    the kernels read them through (launch parameters: :func:`kernel_strides`)."""
+    the kernels read them through (launch parameters: :func:`kernel_strides`).  With
+    ``gapped`` (:func:`gapped_rows`: views whose rows have gaps between them, a fused
+    projection's ``k`` / ``v`` slices), ``k`` and ``v`` are the rows of the callers' memory
+    from each view's first element (C-contiguous ``[rows, d]`` and ``[rows, d_v]`` views, no
+    copy), ``strides`` the views' own row strides and ``order`` None."""
 
     k: object
     v: object
     order: tuple
     strides: tuple
+    gapped: bool = False
 
 
 def _geometry(x):
@@ -183,27 +189,117 @@ def _in_order(x, order):
     return x if order == HEADS_FIRST else x.transpose(order + (3,))
 
 
-def cache_memory(k_cache, v_cache=None):
+def cache_memory(k_cache, v_cache=None, gaps=False):
     """:class:`CacheMemory` of a call's caches (``[n, Hkv, N, d]``, ``v_cache`` ``[.., d_v]`` or
     None): both read in ``k_cache``'s memory order where it is one (:func:`memory_order`),
     ``v_cache`` in the same order (they share the kernels' row numbering: a value cache in
     another order is transposed to the key cache's and copied by :meth:`ArrayCall.input`);
-    else heads-first, the array :meth:`ArrayCall.input` copies to C order.  Heads-first too
-    for another producer's arrays (no ``transpose``) and an order whose elements inside a
-    block do not fit int32 (``((Hkv - 1) head + (N - 1) slot + 1) d``: the kernels' offsets
-    in a block; heads-first's are what the kernels always assumed)."""
+    else, with ``gaps`` (a caller that only reads the caches, and hands the kernels host
+    arrays where they lie: the simulator, or device arrays), views whose rows have gaps between
+    them read where they lie (:func:`gapped_rows`); else heads-first, the array
+    :meth:`ArrayCall.input` copies to C order.  Heads-first too for another producer's arrays
+    (no ``transpose``) and an order whose elements inside a block do not fit int32 (``((Hkv -
+    1) head + (N - 1) slot + 1) d``: the kernels' offsets in a block; heads-first's are what
+    the kernels always assumed)."""
     shape, strides, itemsize = _geometry(k_cache)
     order = memory_order(shape, strides, itemsize)
+    if order is None and gaps:
+        mem = gapped_rows(k_cache, v_cache)
+        if mem is not None:
+            return mem
     if order is None or not all(hasattr(x, "transpose") for x in (k_cache, v_cache)
                                 if x is not None):
         order = HEADS_FIRST
     rows = row_strides(shape, order)
-    if ((int(shape[1]) - 1) * rows[1] + (int(shape[2]) - 1) * rows[2] + 1) * int(shape[3]) \
-            >= 2**31:
+    if not _in_block_fits(shape, rows, shape[3]):
         order = HEADS_FIRST
         rows = row_strides(shape, order)
     return CacheMemory(_in_order(k_cache, order),
                        None if v_cache is None else _in_order(v_cache, order), order, rows)
+
+
+def _in_block_fits(shape, rows, width):
+    """Whether the kernels' offsets inside a block, ``((Hkv - 1) head + (N - 1) slot + 1)
+    width`` elements (``rows``: the cache's row strides), fit int32."""
+    return ((int(shape[1]) - 1) * rows[1] + (int(shape[2]) - 1) * rows[2] + 1) * int(width) \
+        < 2**31
+
+
+def _row_library(x):
+    """The library whose arrays :func:`gapped_rows` views as rows: NumPy, the stand-in device
+    or CuPy (its own ndarray); None for another producer's arrays (a Numba device array, a
+    ``__cuda_array_interface__`` object: copied as before)."""
+    if isinstance(x, np.ndarray):
+        return np
+    if type(x).__module__ == "numba_flash.standin":
+        from .. import standin
+
+        return standin
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and type(x) is cupy.ndarray:
+        return cupy
+    return None
+
+
+def pitch_strides(shape, strides, itemsize):
+    """The row strides ``(block, head, slot)`` of a non-empty ``[n, Hkv, N, d]`` view read as
+    rows of its ``d`` elements where it lies: its last dim contiguous and its three outer
+    strides (bytes) whole multiples of a row, ``d`` elements, none negative (an axis of one
+    element takes 1: its index is always 0, and a slot stride of 1 keeps the kernels' build
+    without ``SLOT_STRIDE``); None otherwise (a copy)."""
+    d = int(shape[3])
+    if any(int(n) == 0 for n in shape) or (d > 1 and int(strides[3]) != itemsize):
+        return None
+    pitch = d * itemsize
+    rows = []
+    for n, st in zip(shape[:3], strides[:3]):
+        st = int(st)
+        if int(n) == 1:
+            rows.append(1)
+        elif st < 0 or st % pitch:
+            return None
+        else:
+            rows.append(st // pitch)
+    return tuple(rows)
+
+
+def _as_rows(xp, x, n_rows, width):
+    """``x``'s memory from its first element as C-contiguous rows ``[n_rows, width]`` (a view
+    of the same memory: NumPy's ``as_strided``, or a device array over the same pointer)."""
+    itemsize = np.dtype(x.dtype).itemsize
+    if xp is np:
+        return np.lib.stride_tricks.as_strided(x, (n_rows, width), (width * itemsize, itemsize),
+                                               writeable=False)
+    mem = xp.cuda.UnownedMemory(int(x.data.ptr), n_rows * width * itemsize, x)
+    return xp.ndarray((n_rows, width), x.dtype, memptr=xp.cuda.MemoryPointer(mem, 0))
+
+
+def gapped_rows(k_cache, v_cache=None):
+    """:class:`CacheMemory` (``gapped``) of caches whose rows have gaps between them, read where
+    they lie: a fused projection's ``k`` / ``v`` slices (``qkv[:, :, 1]`` of a ``[B, N, 3, H,
+    d]`` buffer as ``[B, H, N, d]``), a ``[.., :d]`` slice of wider rows.  Each cache's outer
+    strides whole rows of its head dim (:func:`pitch_strides`), both caches' alike (they share
+    the kernels' row numbering), its first element aligned to its dtype, NumPy, stand-in or
+    CuPy arrays, and the offsets inside a block int32; the rows handed on are the memory from
+    each view's first element to its last element (row ``n block + h head + s slot`` is
+    element ``(n block + h head + s slot) d`` of it).  None where any of that fails (the caller
+    copies, as before)."""
+    caches = [x for x in (k_cache, v_cache) if x is not None]
+    xp = _row_library(k_cache)
+    geometry = [_geometry(x) for x in caches]
+    rows = [pitch_strides(*g) for g in geometry]
+    shape = geometry[0][0]
+    if xp is None or rows[0] is None or any(r != rows[0] for r in rows) or \
+            any(_row_library(x) is not xp for x in caches):
+        return None
+    ptrs = [x.__array_interface__["data"][0] if xp is np else int(x.data.ptr) for x in caches]
+    if any(p % g[2] for p, g in zip(ptrs, geometry)) or \
+            not _in_block_fits(shape, rows[0], max(int(g[0][3]) for g in geometry)):
+        return None
+    n_rows = sum((int(n) - 1) * r for n, r in zip(shape[:3], rows[0])) + 1
+    views = [_as_rows(xp, x, n_rows, int(g[0][3])) for x, g in zip(caches, geometry)]
+    return CacheMemory(views[0], views[1] if v_cache is not None else None, None, rows[0],
+                       True)
 
 
 def check_new_kv(k_new, v_new, b, hkv, d, dtype, k_name="k_new", v_name="v_new", d_v=None,

@@ -110,7 +110,9 @@ def sparse_forward(q, k, v, kv_indices, *, causal, softmax_scale, return_lse, wi
     ``ValueError`` naming it when set.  ``q``, ``k``, ``v``, ``out`` and ``lse_out`` go to
     :func:`numba_flash.decode` as they are: ``q`` read and ``out`` written through their
     strides (flash-attn's ``[B, N, H, d]`` memory where it lies), ``k``, ``v`` read as caches
-    in their memory order (tokens-first: no copy; rows with gaps between them are copied)."""
+    in their memory order (tokens-first: no copy), or, a fused projection's slices (rows with
+    gaps between them, whole rows apart), as the rows of their memory: no copy; other views
+    with gaps are copied."""
     check_dense_options_off(dense_only, _SPARSE_CONTEXT)
     if kernel not in SPARSE_KERNELS:
         raise ValueError(f"kernel: expected one of {SPARSE_KERNELS} with kv_indices (the gather "

@@ -177,7 +177,13 @@ def decode(q, k_cache, v_cache, *, cache_seqlens, block_table=None, causal=False
       Hkv, d]`` memory passed as its ``transpose(0, 2, 1, 3)`` view) or any other order of the
       three outer axes with the last dim contiguous, read (and appended to) where it lies, no
       copy (:func:`numba_flash.frontend.cache_args.cache_memory`; ``v_cache`` in ``k_cache``'s
-      order, else it is copied into it; a cache with gaps between its rows is copied).
+      order, else it is copied into it).  A cache with gaps between its rows whose outer
+      strides are whole rows of ``d`` (a fused projection's ``k`` / ``v`` slices,
+      ``qkv[:, :, 1]`` of a ``[B, N, 3, H, d]`` buffer as ``[B, H, N, d]``; ``v_cache`` with
+      ``k_cache``'s row strides) is read where it lies too, as the rows of its memory
+      (:func:`~numba_flash.frontend.cache_args.gapped_rows`), but for ``k_new`` (a cache
+      appended to) and NumPy caches on a GPU; other caches with gaps (strides that are not
+      whole rows, a negative stride) are copied.
     * ``cache_seqlens``: integer ``[B]``, each in ``[0, Nmax]`` (paged: within the table); a
       length of 0 is an empty cache: every row gets ``o = 0``, ``lse = -inf``.
     * ``k_new``, ``v_new``: ``[B, Hkv, Nnew, d]``, appended to the caches at ``cache_seqlens``
@@ -399,8 +405,11 @@ def _decode(q, k_cache, v_cache, *, cache_seqlens, block_table, causal, softmax_
                             rotary_interleaved, cache_leftpad)
     check_same_kind(arrays)
     # the caches in their memory order (heads-first, tokens-first, ...): C-contiguous views
-    # the kernels read (and the append writes) through row strides, no copy
-    mem = cache_memory(k_cache, None if s.latent else v_cache)
+    # the kernels read (and the append writes) through row strides, no copy; without an
+    # append, views whose rows have gaps (a fused projection's k / v slices) as the rows of
+    # their memory where the kernels get them in place (the simulator, device arrays)
+    mem = cache_memory(k_cache, None if s.latent else v_cache,
+                       gaps=k_new is None and (on_simulator() or is_device_array(k_cache)))
     arrays["k_cache"] = mem.k
     if not s.latent:
         arrays["v_cache"] = mem.v
@@ -804,7 +813,8 @@ def _reserve(call, s, new, plan):
 class DeviceCache(NamedTuple):
     """A call's device arrays as the decode kernels read them (:func:`_device_inputs`): ``q``
     ``[B, H, Nq, d]`` (rotated), the caches' memory as rows ``k`` ``[n_cache * Hkv * n_slots,
-    d]``, ``v`` (``d_v`` wide; ``k`` itself for a latent cache), the ``lengths`` the attention
+    d]`` (a cache with gaps between its rows: the rows of its memory from its first element),
+    ``v`` (``d_v`` wide; ``k`` itself for a latent cache), the ``lengths`` the attention
     sees (after the append), the block ``table`` (``paged``: read through it), the left pads,
     and ``strides``, the rows between the caches' blocks, kv heads and slots
     (:func:`~numba_flash.frontend.cache_args.row_strides` of their memory order)."""
@@ -839,9 +849,11 @@ def _device_inputs(call, s, new, q_step, *, q, mem, k_new, v_new, rotary_cos,
     if s.kv_fp8 and not is_device_array(k_cache):   # e4m3 travels as its bytes (Numba has no
         k_cache = k_cache.view(np.uint8)                # fp8 dtype)
         v_cache = None if s.latent else v_cache.view(np.uint8)
-    dk_ = call.input(k_cache).reshape(n_cache * hkv * n_slots, d)
+    # (a cache whose rows have gaps: already the rows of its memory, mem.gapped)
+    n_rows = k_cache.shape[0] if mem.gapped else n_cache * hkv * n_slots
+    dk_ = call.input(k_cache).reshape(n_rows, d)
     # MLA: the value rows are the key rows (the kernel reads their first d_v columns)
-    dv_ = dk_ if s.latent else call.input(v_cache).reshape(n_cache * hkv * n_slots, d_v)
+    dv_ = dk_ if s.latent else call.input(v_cache).reshape(n_rows, d_v)
     d_len = kernel_ints(call, cache_seqlens, "cache_seqlens")
     # [docs:contiguous-as-paged]
     # a contiguous cache needs no table: the kernel reads block b with block_size = Nmax;

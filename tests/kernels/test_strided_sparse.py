@@ -2,8 +2,9 @@
 SIMT decode reads ``q`` and writes ``out=`` through their strides and reads ``k``, ``v`` as
 tokens-first caches; the gathering backward indexes ``do``, ``q``, ``k``, ``v``, ``o`` and
 writes ``dq`` through their strides, and casts its ``dk`` / ``dv`` sums into ``out=`` views
-where they lie.  A fused projection's ``k`` / ``v`` slices (rows with gaps) are the one copy
-left: the decode takes caches whose rows have no gaps between them.
+where they lie.  A fused projection's ``k`` / ``v`` slices (rows with gaps between them) are
+read where they lie too: the decode hands the rows of their memory to its kernels (the SIMT
+kernel's and the tensor-core one's) with the slices' own row strides.
 
 Against the float64 reference (``reference.sparse_attention`` and its backward), outputs
 NaN-poisoned (conftest), a sentinel head between the rows of every ``out=``, the inputs
@@ -16,12 +17,14 @@ from __future__ import annotations
 import numpy as np
 
 import numba_flash
+import numba_flash.ops.decode as op
 from numba_flash import reference as ref
 from helpers import assert_close, randn
 from test_cache_layouts import _launched_caches, launched  # noqa: F401 (a fixture)
 from test_decode_sparse import check
 from test_forward_sparse import lists
 from test_strided_backward import SENTINEL, _gapped
+from test_strided_decode import _at
 
 
 def _bnhd(rng, b, n, h, d, dtype):
@@ -72,9 +75,9 @@ def test_flash_attn_layout_views_forward_and_backward(rng, launched):  # noqa: F
 
 def test_fused_qkv_slices(rng, launched):  # noqa: F811
     """q, k, v slices of one fused [B, N, H + 2 Hkv + 1, d] projection (float16, GQA, one list
-    for every head) and dq, dk, dv written as slices of one fused gradient: the backward reads
-    and writes every slice where it lies (the sentinel head after them untouched); the forward
-    reads q where it lies and copies k, v (rows with gaps: not a cache the decode takes)."""
+    for every head) and dq, dk, dv written as slices of one fused gradient: the forward and
+    the backward read (and write) every slice where it lies (the sentinel head after them
+    untouched)."""
     b, h, hkv, n, d, topk, dtype = 1, 4, 2, 6, 16, 4, np.float16
     heads = [(0, h), (h, h + hkv), (h + hkv, h + 2 * hkv)]
     mem = randn(rng, (b, n, h + 2 * hkv + 1, d), dtype)
@@ -84,8 +87,31 @@ def test_fused_qkv_slices(rng, launched):  # noqa: F811
     o, lse = numba_flash.forward(q, k, v, kv_indices=idx, causal=True, return_lse=True)
     check(o, lse, *ref.sparse_attention(q, k, v, idx, causal=True), dtype)
     _launched_caches(launched, q)
+    assert _at(launched, k) and _at(launched, v), "a fused slice reached the decode as a copy"
     launched.clear()
     grad = np.full(mem.shape, SENTINEL, dtype)
     _backward_into([grad] * 3, do, q, k, v, o, lse, idx, dtype, heads)
     assert (grad[:, :, -1] == SENTINEL).all(), "the gap head written"
     _launched_caches(launched, do, q, k, v, *(grad[:, :, lo:hi] for lo, hi in heads))
+
+
+def test_fused_qkv_slices_tensor_cores(rng, launched, monkeypatch):  # noqa: F811
+    """The tensor-core decode (``kernel="auto"``: 8 query heads a kv head, d = 64) over a
+    fused [B, N, H + 3, d] projection's slices (float16, MQA, causal, the head after v NaN:
+    a read of it shows): k, v gathered into shared memory from their rows where they lie, no
+    copy, the buffer unchanged."""
+    b, h, n, d, topk, dtype = 1, 8, 5, 64, 4, np.float16
+    mem = randn(rng, (b, n, h + 3, d), dtype)
+    mem[:, :, -1] = np.nan
+    q, k, v = (mem[:, :, lo:hi].transpose(0, 2, 1, 3) for lo, hi in [(0, h), (h, h + 1),
+                                                                       (h + 1, h + 2)])
+    idx = lists(rng, b, 1, n, n, topk)
+    before = mem.copy()
+    cfgs = []
+    build = op.mla_decode_kernel
+    monkeypatch.setattr(op, "mla_decode_kernel", lambda cfg: cfgs.append(cfg) or build(cfg))
+    o, lse = numba_flash.forward(q, k, v, kv_indices=idx, causal=True, return_lse=True)
+    check(o, lse, *ref.sparse_attention(q, k, v, idx, causal=True), dtype)
+    np.testing.assert_array_equal(mem, before)
+    assert len(cfgs) == 1 and cfgs[0].GATHER, "not the tensor-core decode"
+    assert _at(launched, k) and _at(launched, v), "a fused slice reached the decode as a copy"
