@@ -61,6 +61,22 @@ def test_mma_backward_reads_each_view_through_its_own_strides(dtype, d, d_v, det
                                     deterministic=deterministic)
 
 
+def test_mma_backward_wide_rows_through_strides(rng):
+    """d = 128 (16 chunks a row): the strided copies give a row 8 threads and each thread two
+    chunks of it, one address a row (stages.make_tile_copy's plan for STRIDED), in the dK/dV
+    kernel's K, V, Q and dO copies and (deterministic) the dQ kernel's K / V pair; every view
+    its own strides (the simulator's tiles: two whole ones and a partial one of the dK/dV
+    kernel's 16 queries and of the dQ kernel's 16 keys)."""
+    b, h, hkv, nq, nk, d = 1, 1, 1, 33, 33, 128
+    dtype = np.dtype(np.float16)
+    do, q, k, v = _views(rng, b, h, hkv, nq, nk, d, d, dtype)
+    o, lse = numba_flash.forward(q, k, v, causal=True, return_lse=True)
+    o_mem = np.full((b, h, nq, d + 16), SENTINEL, dtype)
+    o_mem[..., :d] = o
+    check_backward_into_gapped_outs(do, q, k, v, o_mem[..., :d], lse, TOL[dtype], kernel="mma",
+                                    deterministic=True)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator's NumPy on NaN * 0
 def test_mma_backward_non_finite_do_in_a_view(rng):
     """A non-finite dO element (the dK/dV kernel's fixup rereads dO from global memory, through

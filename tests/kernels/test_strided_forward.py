@@ -110,6 +110,28 @@ def test_strided_element_builds(kernel, dtype, d, rng):
     _check(kernel, dtype, "bnhd", rng, d=d)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the twin's inf - inf
+def test_mma_wide_rows_copied_a_row_address_at_a_time(rng):
+    """d = 128 (16 chunks a row): the strided copy gives a row 8 threads and each thread two
+    chunks of it, one address a row (stages.make_tile_copy's plan, capped at 8 threads a row
+    for STRIDED); the non-finite scan of V's masked tile follows the same plan, so a -inf in a
+    key that only later rows see leaves the earlier rows finite, as the reference's."""
+    b, h, hkv, nq, nk, d = 1, 2, 1, 20, 40, 128   # two whole 16-key tiles, then a partial
+    dtype = np.dtype(np.float16)
+    q, k, v = _layouts(rng, "bnhd", b, h, hkv, nq, nk, d, dtype)
+    v[0, 0, 38, 100] = -np.inf   # key 38 (the last, partial tile): column 100 of rows >= 18
+    v[0, 0, 21, 9] = np.nan      # key 21 (the second whole tile): column 9 of rows >= 1
+    out, mem = _strided_out(b, h, nq, d, dtype)
+    o = numba_flash.forward(q, k, v, causal=True, kernel="mma", out=out)
+    want, _ = reference.attention(*(x.astype(np.float64) for x in (q, k, v)), causal=True)
+    got = o.astype(np.float64)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    fin = np.isfinite(want)
+    assert 0 < (~fin).sum() < fin.size   # not vacuous
+    assert_scaled_close(got[fin], want[fin], O_TOL[dtype], name="o")
+    assert (mem[:, :, 0].astype(np.float64) == SENTINEL).all(), "out: a gap element written"
+
+
 def test_rows_not_16_byte_aligned_take_element_loads(rng):
     """Rows 17 halves apart (a [.., 17] buffer's first 16): no row is 16-byte aligned, so
     the mma forward takes its element loads (cp.async would fault there; its twin raises)."""

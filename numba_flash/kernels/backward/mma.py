@@ -496,9 +496,13 @@ def make_dkdv_loads(cfg):
                                cfg.OWN_V, cfg.HEAD_DIM_V, PAD, STRIDED)
     return DkdvLoads(copy_k=make_tile_copy(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, PAD, STRIDED),
                      copy_v=make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, PAD, STRIDED),
-                     scan_k=make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE),
-                     scan_q=make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE),
-                     scan_do=make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE),
+                     # (each scan with its copy's chunk plan: STRIDED)
+                     scan_k=make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE, False,
+                                           STRIDED),
+                     scan_q=make_tile_scan(BLOCK_M, HEAD_DIM, RB, THREADS, DTYPE, PER_TILE,
+                                           STRIDED),
+                     scan_do=make_tile_scan(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, DTYPE, PER_TILE,
+                                            STRIDED),
                      load_q=make_stage_load(load_pair, QS_BYTE, STAGE_BYTES))
 
 
@@ -789,7 +793,7 @@ def dq_mma_kernel(cfg):
     STRIDED = cfg.STRIDED
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, cfg.VEC, cfg.PAD_COLS, STRIDED)
     copy_do = make_tile_copy(BLOCK_M, HEAD_DIM_V, RB_V, THREADS, cfg.VEC, cfg.PAD_COLS, STRIDED)
-    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE)
+    scan_k = make_tile_scan(BLOCK_N, HEAD_DIM, RB, THREADS, DTYPE, STRIDED=STRIDED)  # (its copy)
     tile_span = make_tile_span(BLOCK_N)
     backward_block = make_backward_block(cfg.ALIBI)
     backward_bases = make_backward_bases(STRIDED, OWN_V)

@@ -45,7 +45,7 @@ import functools
 from collections import namedtuple
 from typing import NamedTuple
 
-from numba import cuda, float32, int64, types, uint32, uint64
+from numba import cuda, float32, int32, int64, types, uint32, uint64
 
 from ...backend import on_simulator
 from ...philox import philox_keep_bits4
@@ -59,6 +59,7 @@ from ..ptx.address import is_aligned
 from ..ptx.stages import (
     SHARED_ALIGN,
     EXP_BITS, LOG2E, cp_async_commit, cp_async_wait, make_row_stride, make_tile_copy,
+    make_tile_copy_at,
     make_tile_scan,
 )
 from ..mainloop.tile_scores import make_score_args, make_score_fn, make_tile_scores_pair
@@ -322,6 +323,9 @@ def make_kv_loads(cfg):
                              STRIDED)
     copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V, STRIDED)
     row_stride = make_row_stride(STRIDED)
+    if STRIDED:
+        copy_kv_at = make_tile_copy_at(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)
+        copy_v_at = make_tile_copy_at(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)
 
     @_stage
     def load_tile(smem, smem_byte, x, kv_base, kt, t_hi, nk, d, tid):
@@ -329,16 +333,26 @@ def make_kv_loads(cfg):
         one past ``t_hi``: every step commits as many, so the waits count constants).  ``d``:
         the head dim, or (``STRIDED``) the pair ``(d, row stride)``."""
         if kt < t_hi:
-            copy_kv(smem, smem_byte, x, kv_base + kt * BLOCK_N * row_stride(d),
-                    min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
+            if STRIDED:   # 32-bit rows, from K's own row 0 (stages.make_tile_copy_at)
+                first = int32(kt * BLOCK_N)
+                copy_kv_at(smem, smem_byte, x, kv_base, first,
+                           min(int32(BLOCK_N), int32(int32(nk) - first)), d, tid)
+            else:
+                copy_kv(smem, smem_byte, x, kv_base + kt * BLOCK_N * row_stride(d),
+                        min(BLOCK_N, nk - kt * BLOCK_N), d, tid)
         cp_async_commit()
 
     @_stage
     def load_v_tile(smem, smem_byte, v, v_base, kt, t_hi, nk, d_v, tid):
         """:func:`load_tile` of a V tile (its own width with ``OWN_V``)."""
         if kt < t_hi:
-            copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * row_stride(d_v),
-                   min(BLOCK_N, nk - kt * BLOCK_N), d_v, tid)
+            if STRIDED:
+                first = int32(kt * BLOCK_N)
+                copy_v_at(smem, smem_byte, v, v_base, first,
+                          min(int32(BLOCK_N), int32(int32(nk) - first)), d_v, tid)
+            else:
+                copy_v(smem, smem_byte, v, v_base + kt * BLOCK_N * row_stride(d_v),
+                       min(BLOCK_N, nk - kt * BLOCK_N), d_v, tid)
         cp_async_commit()
 
     @_stage
@@ -404,7 +418,8 @@ def forward_mma_kernel(cfg):
                              STRIDED_O=cfg.STRIDED)
     copy_q = make_tile_copy(BLOCK_M, HEAD_DIM, RB, THREADS, VEC, OWN_V, cfg.STRIDED)
     operand_bases, o_start = make_operand_bases(cfg.STRIDED, OWN_V)
-    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, DTYPE)
+    zero_nonfinite_v = make_tile_scan(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, DTYPE,
+                                      STRIDED=cfg.STRIDED)   # (V's copy plan)
     # the groups a thread may leave in flight (docs/tensor-cores.md, the pipeline): at K_j, V_j
     # and the K/V of the STAGES - 2 tiles after it; at V_j, those tiles; in the prologue, Q's
     # followers.  One stage: K_j and V_j are the only groups in flight, each waited for alone

@@ -53,7 +53,7 @@ from ..core.jit import device_jit, kernel_jit
 from ..mainloop.online_softmax import (
     RESCALE_LOG2, EpilogueRows, make_epilogue, make_online_softmax, make_rescale, sink_of,
 )
-from ..ptx.stages import cp_async_commit, cp_async_wait_all, make_row_stride
+from ..ptx.stages import cp_async_commit, cp_async_wait_all, make_row_stride, make_tile_rows
 from ..mainloop.tile_scores import make_tile_scores_pair
 from ..mainloop.tile_walk import KvWalk, make_kv_walk
 from ..core.config import MMA_DTYPES
@@ -91,7 +91,9 @@ def make_wgmma_kv_loads(cfg):
     KV_LAY = TileLayout(BLOCK_N, HEAD_DIM, cfg.SWIZZLE).check()
     KV_BYTE = cfg.Q_BYTES                   # stage s: K at KV_BYTE + 2 s TILE, V after it
     TILE = cfg.TILE_BYTES
-    copy_kv = make_tile_copy(KV_LAY, THREADS, VEC)
+    copy_kv = make_tile_copy(KV_LAY, THREADS, VEC, cfg.STRIDED)
+    STRIDED = cfg.STRIDED
+    tile_rows = make_tile_rows(BLOCK_N)
 
     if cfg.STRIDED:
         @_stage
@@ -107,9 +109,13 @@ def make_wgmma_kv_loads(cfg):
         """Issue the copy of K (or V) tile ``kt``: 32-bit row counts and, with ``VEC`` (``d ==
         HEAD_DIM``), the compile-time row stride (a thread's offsets are loop constants);
         ``STRIDED``: ``d`` is the pair ``(d, row stride)``, the stride a run-time one."""
-        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
         stride, width = stride_and_width(d)
-        copy_kv(smem, tile_byte, x, kv_base + kt * BLOCK_N * stride, stride, rows, width, tid)
+        if STRIDED:   # (one IMAD.WIDE: stages.make_tile_rows)
+            base, rows = tile_rows(kv_base, kt, nk, stride)
+        else:
+            base = kv_base + kt * BLOCK_N * stride
+            rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
+        copy_kv(smem, tile_byte, x, base, stride, rows, width, tid)
 
     @_stage
     def load_kv(smem, pad, stage, k, v, kv_base, kt, kt_ahead, t_hi, nk, d, tid, v_at):

@@ -49,7 +49,9 @@ from ..mainloop.visibility import make_tile_span
 from ..mainloop.warp_gemm import ACC_COLS, ACC_ROWS
 from ..ptx.fp8 import byte_perm
 from ..core.common import make_elem_strides
-from ..ptx.stages import cp_async_commit, cp_async_wait_all, load_at, make_row_stride
+from ..ptx.stages import (
+    cp_async_commit, cp_async_wait_all, load_at, make_row_stride, make_tile_rows,
+)
 from ..ptx.wgmma import (
     ARENA_ALIGN, TileLayout, align_pad, chunk_offset_device, fence_proxy_async, make_a_pack,
     make_tile_copy, make_warpgroup_gemm, smem_address, warp_uniform, wgmma_wait_group,
@@ -238,12 +240,17 @@ def make_k_load(BLOCK_N, HALF, copy_k, STRIDED):
     K tile ``kt`` by ``copy_k`` (rows past ``nk`` zero; ``k_d``: its ``HALF`` byte pairs a row,
     ``STRIDED`` the pair with the row stride)."""
     row_stride = make_row_stride(STRIDED)
+    tile_rows = make_tile_rows(BLOCK_N)
 
     @_stage
     def load_k(smem, tile_byte, k, kv_elem, kt, nk, k_d, tid):
-        rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
         stride = row_stride(k_d)
-        copy_k(smem, tile_byte, k, kv_elem + kt * BLOCK_N * stride, stride, rows, HALF, tid)
+        if STRIDED:   # (one IMAD.WIDE: stages.make_tile_rows)
+            base, rows = tile_rows(kv_elem, kt, nk, stride)
+        else:
+            base = kv_elem + kt * BLOCK_N * stride
+            rows = int32(min(int32(BLOCK_N), int32(nk - kt * BLOCK_N)))   # in 1 .. BLOCK_N
+        copy_k(smem, tile_byte, k, base, stride, rows, HALF, tid)
 
     return load_k
 
@@ -324,7 +331,7 @@ def forward_wgmma_fp8_kernel(cfg):
     _dropout, nonfinite_v_fixup = make_row_stages(ROWS, KEYS, COLS, BLOCK_N, "e4m3", RAW,
                                                   SOFTCAP, ALIBI, FNS)
     copy_q = make_tile_copy(Q_LAY, THREADS, True)
-    copy_k = make_tile_copy(K_LAY, THREADS, True)   # (STRIDED: a run-time row stride)
+    copy_k = make_tile_copy(K_LAY, THREADS, True, STRIDED)   # (a run-time row stride)
     fill_masked = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, True, STRIDED)
     fill_full = make_vt_fill(BLOCK_N, HEAD_DIM, THREADS, cfg.SWIZZLE_VT, False, STRIDED)
     # where the operands start (STRIDED: through their strides), V's words, o's rows

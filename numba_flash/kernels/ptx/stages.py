@@ -14,6 +14,9 @@ Copies (global -> shared, 16 bytes per instruction):
   aligned; :func:`cp_async_commit`, :func:`cp_async_wait_all` (``wait_group 0``),
   :func:`cp_async_wait_one` (``1``), :func:`cp_async_wait` ``(N)`` (compile-time ``N`` <=
   :data:`CP_ASYNC_MAX_PENDING`); a ``cuda.syncthreads()`` after the wait publishes the data;
+  :func:`cp_async16_rows` ``(smem, smem_byte, src, elem, row_stride, rows, cols)``: 16 bytes
+  from ``elem + rows row_stride + cols``, the row offset one ``mad.wide.s32`` (a strided
+  view's rows: a run-time stride);
 * :func:`make_tile_copy` -> ``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``,
   :func:`make_pair_load`, :func:`make_tile_scan` -> ``zero_nonfinite(smem, smem_byte, rows,
   tid)``, :func:`make_zero_nonfinite_word`.
@@ -29,8 +32,9 @@ Single instructions: :func:`ex2` ``(x)`` (``ex2.approx.ftz.f32``), :func:`fmax` 
 (one element), :func:`load16` ``(src, elem)`` (``ld.global.nc.v4.u32``: 16 bytes of a float16,
 float32 or float64 array as a tuple in the compute type), :func:`red_add` ``(dst, elem, val)``
 (``red.global.add.f32``), :func:`in_loop` ``(x)`` (a volatile ``mov``: not hoisted out of the
-caller's loop), :func:`lds16` ``(smem, smem_byte)`` (``ld.shared.v4.f32`` / ``.v2.f64``).  For the
-SIMT kernels: :func:`make_exp_e`, :func:`make_row_dot`.
+caller's loop), :func:`wide_mad` ``(a, b, c)`` (``mad.wide.s32``: ``a b + c`` in 64 bits from
+int32 ``a``, ``b``), :func:`lds16` ``(smem, smem_byte)`` (``ld.shared.v4.f32`` /
+``.v2.f64``).  For the SIMT kernels: :func:`make_exp_e`, :func:`make_row_dot`.
 
 Alignment: every twin checks the real byte address against its instruction's rule (16 for
 ``cp.async``, ``ldmatrix``, ``load16``, ``lds16``; 4 for ``red_add``; the element's size for
@@ -214,6 +218,41 @@ def _gpu_memory_stages(h):
         return sig, codegen
 
     @intrinsic
+    def cp_async16_rows(typingctx, smem, smem_byte, src, elem, row_stride, rows, cols):
+        """:func:`cp_async16` of 16 bytes from element ``elem + rows * row_stride + cols`` of
+        ``src`` (``row_stride``, ``rows``, ``cols``: int32), its address one ``mad.wide.s32``
+        from ``elem``'s: with ``rows`` and ``cols`` constants, a strided tile's row costs one
+        ``IMAD.WIDE`` (not a 64-bit multiply and add) and its chunks along the row none (the
+        instruction's immediate offset)."""
+        for what, ty in (("smem", smem), ("src", src)):
+            if not isinstance(ty, types.Array):
+                raise NumbaTypeError(f"cp_async16_rows: expected {what} as an array, got {ty}")
+        for what, ty in (("smem_byte", smem_byte), ("elem", elem), ("row_stride", row_stride),
+                         ("rows", rows), ("cols", cols)):
+            check_int("cp_async16_rows", what, ty)
+        sig = types.none(smem, smem_byte, src, elem, row_stride, rows, cols)
+
+        def codegen(context, builder, sig, args):
+            dst = smem_addr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            gsrc = global_addr(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+            stride = as_i(context, builder, sig.args[4], args[4], 32)
+            size = context.get_abi_sizeof(context.get_data_type(sig.args[2].dtype))
+            step = builder.mul(as_i(context, builder, sig.args[5], args[5], 32),
+                               ir.Constant(i32, size))
+            mad = ir.InlineAsm(ir.FunctionType(i64, [i32, i32, i64]),
+                               "mad.wide.s32 $0, $1, $2, $3;", "=l,r,r,l")
+            addr = builder.add(builder.call(mad, [stride, step, gsrc]), builder.sext(
+                builder.mul(as_i(context, builder, sig.args[6], args[6], 32),
+                            ir.Constant(i32, size)), i64))
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i64])
+            asm = ir.InlineAsm(fnty, CP_ASYNC_PTX + " [$0], [$1], 16, 16;", "r,l,~{memory}",
+                               side_effect=True)
+            builder.call(asm, [dst, addr])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
     def red_add(typingctx, dst, elem, val):
         """``dst[elem] += val`` (float32, flat element ``elem``): one ``red.global.add.f32``."""
         check_array("red_add", "dst", dst, types.float32)
@@ -340,6 +379,7 @@ def _gpu_memory_stages(h):
         ldmatrix_x4=make_ldmatrix(LDMATRIX_PTX, "ldmatrix_x4"),
         ldmatrix_x4_trans=make_ldmatrix(LDMATRIX_T_PTX, "ldmatrix_x4_trans"),
         cp_async16=cp_async16,
+        cp_async16_rows=cp_async16_rows,
         load_u16=load_u16,
         load_at=load_at,
         store_at=store_at,
@@ -364,6 +404,24 @@ def _gpu_math_stages(h):
             asm = ir.InlineAsm(ir.FunctionType(i32, [i32]), "mov.b32 $0, $1;", "=r,r",
                                side_effect=True)
             return builder.call(asm, [args[0]])
+
+        return sig, codegen
+
+    @intrinsic
+    def wide_mad(typingctx, a, b, c):
+        """``a * b + c`` in 64 bits, ``a`` and ``b`` taken as int32: one ``mad.wide.s32``
+        (``IMAD.WIDE``), where Numba's int64 product of two widened int32 values can reach
+        ptxas as a full 64-bit multiply (three ``IMAD``) and an add."""
+        for what, ty in (("a", a), ("b", b), ("c", c)):
+            h.check_int("wide_mad", what, ty)
+        sig = types.int64(a, b, c)
+
+        def codegen(context, builder, sig, args):
+            x, y = (h.as_i(context, builder, t, v, 32) for t, v in zip(sig.args[:2], args[:2]))
+            z = h.as_i(context, builder, sig.args[2], args[2], 64)
+            asm = ir.InlineAsm(ir.FunctionType(h.i64, [i32, i32, h.i64]),
+                               "mad.wide.s32 $0, $1, $2, $3;", "=l,r,r,l")
+            return builder.call(asm, [x, y, z])
 
         return sig, codegen
 
@@ -424,6 +482,7 @@ def _gpu_math_stages(h):
         fmax=fmax,
         fma=fma,
         in_loop=in_loop,
+        wide_mad=wide_mad,
     )
 
 
@@ -517,12 +576,24 @@ def _sim_cp_async16(smem, smem_byte, src, elem, src_bytes):
     dst[b // size:(b + 16) // size] = data.view(dst.dtype)
 
 
+def _sim_cp_async16_rows(smem, smem_byte, src, elem, row_stride, rows, cols):
+    """Twin of :func:`cp_async16_rows`: :func:`cp_async16` of 16 bytes from element ``elem +
+    rows * row_stride + cols``."""
+    _sim_cp_async16(smem, smem_byte, src, int(elem) + int(rows) * int(row_stride) + int(cols),
+                    16)
+
+
 _RED_LOCK = threading.Lock()
 
 
 def _sim_in_loop(x):
     """Twin of :func:`in_loop`: the value itself (hoisting is a compiler's matter)."""
     return x
+
+
+def _sim_wide_mad(a, b, c):
+    """Twin of :func:`wide_mad`: ``a * b + c`` (int32 ``a``, ``b``; int64 result)."""
+    return np.int64(int(np.int32(a)) * int(np.int32(b)) + int(c))
 
 
 def _sim_red_add(dst, elem, val):
@@ -695,6 +766,7 @@ if on_simulator():
     ldmatrix_x4 = _sim_ldmatrix_x4
     ldmatrix_x4_trans = _sim_ldmatrix_x4_trans
     cp_async16 = _sim_cp_async16
+    cp_async16_rows = _sim_cp_async16_rows
     cp_async_commit = _sim_nothing
     cp_async_wait_all = _sim_nothing
     cp_async_wait_one = _sim_nothing
@@ -710,17 +782,18 @@ if on_simulator():
     lds16 = _sim_lds16
     red_add = _sim_red_add
     in_loop = _sim_in_loop
+    wide_mad = _sim_wide_mad
 else:
     _g = _gpu_stages()
     _WAIT_GROUP = _g["cp_async_wait_group"]
     ldmatrix_x4, ldmatrix_x4_trans = _g["ldmatrix_x4"], _g["ldmatrix_x4_trans"]
     cp_async16, cp_async_commit, cp_async_wait_all = (_g["cp_async16"], _g["cp_async_commit"],
                                                       _g["cp_async_wait_all"])
-    cp_async_wait_one = _g["cp_async_wait_one"]
+    cp_async_wait_one, cp_async16_rows = _g["cp_async_wait_one"], _g["cp_async16_rows"]
     ex2, fmax, fma, load_u16 = _g["ex2"], _g["fmax"], _g["fma"], _g["load_u16"]
     load16, lds16, load_at, red_add = _g["load16"], _g["lds16"], _g["load_at"], _g["red_add"]
     store_at = _g["store_at"]
-    in_loop = _g["in_loop"]
+    in_loop, wide_mad = _g["in_loop"], _g["wide_mad"]
     del _g
 
 
@@ -811,7 +884,7 @@ _HIGH16 = uint32(0xFFFF0000)
 ChunkPlan = namedtuple("ChunkPlan", "CT STEP COPIES EXACT PER_ROW")
 
 
-def _chunk_plan(ROWS, HEAD_DIM, THREADS):
+def _chunk_plan(ROWS, HEAD_DIM, THREADS, STRIDED=False):
     """A :data:`ChunkPlan` ``(CT, STEP, COPIES, EXACT, PER_ROW)``: the 16-byte chunks of a
     ``ROWS x HEAD_DIM`` tile a thread copies.  ``CT`` consecutive threads share a row (the chunk
     count's largest common divisor with ``THREADS``, all of them when it divides ``THREADS``);
@@ -823,6 +896,8 @@ def _chunk_plan(ROWS, HEAD_DIM, THREADS):
     CHUNKS = HEAD_DIM // 8                 # 16-byte chunks per row
     assert HEAD_DIM % 8 == 0, HEAD_DIM
     CT = math.gcd(CHUNKS, THREADS)         # threads per row
+    if STRIDED and CT > 8 and CT % 8 == 0:   # 8 (128 bytes, a line, a row): a strided copy's
+        CT = 8                                # row address serves PER_ROW chunks (immediates)
     STEP = THREADS // CT                   # rows between a thread's consecutive rows
     COPIES = -(-ROWS // STEP)              # rows per thread (the last may lie past ROWS)
     return ChunkPlan(CT, STEP, COPIES, ROWS % STEP == 0, CHUNKS // CT)
@@ -830,7 +905,24 @@ def _chunk_plan(ROWS, HEAD_DIM, THREADS):
 
 @functools.lru_cache(maxsize=None)
 def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=False):
-    """``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``: rows
+    """``copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid)``: see
+    :func:`_tile_copies`."""
+    return _tile_copies(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD, STRIDED)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_copy_at(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False):
+    """``copy_at(smem, smem_byte, src, elem_base, first, rows_valid, d, tid)``: the strided
+    :func:`make_tile_copy` of the tile ``first`` rows (an int32) past ``elem_base`` (the
+    operand's own row 0, the same every tile): a full tile's row ``r`` is one ``mad.wide`` of
+    ``first + r`` from a per-thread address that stays put across the caller's loop, where
+    ``copy_tile`` of the tile's own start costs a 64-bit product and add each tile."""
+    return _tile_copies(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD, True)[1]
+
+
+def _tile_copies(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=False):
+    """``(copy_tile, copy_at)`` (``copy_at`` None without ``STRIDED``).  ``copy_tile(smem,
+    smem_byte, src, elem_base, rows_valid, d, tid)``: rows
     ``0 .. ROWS-1`` of the tile whose row 0 is element ``elem_base`` of ``src`` (row stride
     ``d``) into shared rows ``smem_byte + row * ROW_BYTES``; rows ``>= rows_valid`` (and, with
     ``VEC=False``, columns ``>= d``) as zeros.  ``VEC`` (``d == HEAD_DIM``, 16-byte aligned
@@ -841,7 +933,7 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=F
     (a value head dim of its own) at ``cp.async`` speed.  ``STRIDED``: ``d`` is the pair ``(d,
     row_stride)``, rows ``row_stride`` elements apart in memory (a strided view's; with
     ``VEC`` a multiple of 8)."""
-    plan = _chunk_plan(ROWS, HEAD_DIM, THREADS)
+    plan = _chunk_plan(ROWS, HEAD_DIM, THREADS, STRIDED)
     CT, STEP, COPIES, EXACT, PER_ROW = plan.CT, plan.STEP, plan.COPIES, plan.EXACT, plan.PER_ROW
     assert ROW_BYTES % 16 == 0 and ROW_BYTES >= 2 * HEAD_DIM
 
@@ -860,7 +952,10 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=F
         d, stride = width_and_stride(dd)
         dst0 = smem_byte + row0 * ROW_BYTES + 16 * col
         if VEC:
-            src0 = elem_base + row0 * stride + 8 * col
+            if STRIDED:   # (an int32 stride: one IMAD.WIDE)
+                src0 = elem_base + wide_mad(row0, stride, 8 * col)
+            else:
+                src0 = elem_base + row0 * stride + 8 * col
             live = 8 * col < d if PAD else True   # (PAD) this thread's chunk holds data
             if rows_valid >= ROWS:          # full tile: no per-row test
                 for i in range(COPIES):
@@ -875,6 +970,8 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=F
             else:                           # boundary tile: rows past the end read nothing
                 for i in range(COPIES):
                     row = row0 + i * STEP
+                    if STRIDED:
+                        row = int32(row)   # 32-bit row tests
                     if EXACT or row < ROWS:
                         ok = row < rows_valid and live
                         cp_async16(smem, dst0 + i * STEP * ROW_BYTES, src,
@@ -897,18 +994,52 @@ def make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD=False, STRIDED=F
                                 hi = uint32(load_u16(src, base + c + 1))
                         smem[w0 + w] = uint32(lo | uint32(hi << _SHIFT16))
 
-    if PER_ROW == 1:   # a thread's one chunk column (every power-of-two width)
+    @_device
+    def copy_columns(smem, smem_byte, src, elem_base, first, rows_valid, dd, row0, col0):
+        """(``STRIDED``) chunk columns ``col0 + CT j`` of this thread's rows of the tile
+        ``first`` rows past ``elem_base``.  A full tile (``VEC``, no ``PAD``): row ``r``'s
+        address is one ``mad.wide.s32`` of ``first + r`` from the thread's column in row 0
+        (:func:`cp_async16_rows`; that address stays put across the caller's loop), its
+        ``PER_ROW`` chunks at immediate offsets along the row."""
+        stride = dd[1]
+        if VEC and not PAD and rows_valid >= ROWS:
+            dst0 = smem_byte + row0 * ROW_BYTES + 16 * col0
+            src0 = elem_base + 8 * col0
+            r0 = int32(first + row0)
+            for i in range(COPIES):
+                if EXACT or row0 + i * STEP < ROWS:
+                    for j in range(PER_ROW):
+                        cp_async16_rows(smem, dst0 + i * STEP * ROW_BYTES + 16 * CT * j, src,
+                                        src0, stride, r0 + i * STEP, 8 * CT * j)
+        else:
+            base = wide_mad(first, stride, elem_base)
+            for j in range(PER_ROW):
+                copy_column(smem, smem_byte, src, base, rows_valid, dd, row0, col0 + CT * j)
+
+    if STRIDED:
+        @_device
+        def copy_at(smem, smem_byte, src, elem_base, first, rows_valid, d, tid):
+            t = uint32(tid)   # unsigned 32-bit: a shift and a mask, cheap to recompute
+            copy_columns(smem, smem_byte, src, elem_base, first, rows_valid, d,
+                         int32(t // uint32(CT)), int32(t % uint32(CT)))
+
+        @_device
+        def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
+            copy_at(smem, smem_byte, src, elem_base, int32(0), rows_valid, d, tid)
+
+        return copy_tile, copy_at
+    elif PER_ROW == 1:   # a thread's one chunk column (every power-of-two width)
         @_device
         def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
             copy_column(smem, smem_byte, src, elem_base, rows_valid, d, tid // CT, tid % CT)
-    else:              # its PER_ROW columns, CT chunks apart
+    else:                # its PER_ROW columns, CT chunks apart
         @_device
         def copy_tile(smem, smem_byte, src, elem_base, rows_valid, d, tid):
             for j in range(PER_ROW):
                 copy_column(smem, smem_byte, src, elem_base, rows_valid, d, tid // CT,
                             tid % CT + CT * j)
 
-    return copy_tile
+    return copy_tile, None
 
 
 @functools.lru_cache(maxsize=None)
@@ -926,6 +1057,21 @@ def make_row_stride(STRIDED):
             return dd
 
     return row_stride
+
+
+@functools.lru_cache(maxsize=None)
+def make_tile_rows(ROWS):
+    """``tile_rows(elem_base, t, n, row_stride)`` of a strided copy: ``(base, rows)``, where
+    tile ``t`` of ``ROWS`` rows of an ``n``-row source starts and how many of its rows lie
+    before ``n``: in 32 bits (the row counts) and one :func:`wide_mad` (``IMAD.WIDE``) of the
+    int32 row stride, where Numba's 64-bit product of the widened values costs three ``IMAD``
+    and an add (the warpgroup copies; the contiguous builds keep their own lines)."""
+    @_device
+    def tile_rows(elem_base, t, n, row_stride):
+        first = int32(t * ROWS)
+        return wide_mad(first, row_stride, elem_base), min(int32(ROWS), int32(int32(n) - first))
+
+    return tile_rows
 
 
 @functools.lru_cache(maxsize=None)
@@ -948,22 +1094,34 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=Fal
     copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD, STRIDED)
     copy_y = copy if not Y_DIM else make_tile_copy(ROWS, Y_DIM, mma_row_bytes(Y_DIM), THREADS,
                                                    VEC, PAD, STRIDED)
+    if STRIDED:   # each operand's own row 0 and the tile's first row (make_tile_copy_at)
+        copy_at = make_tile_copy_at(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD)
+        copy_y_at = copy_at if not Y_DIM else make_tile_copy_at(
+            ROWS, Y_DIM, mma_row_bytes(Y_DIM), THREADS, VEC, PAD)
     row_stride = make_row_stride(STRIDED)
     OWN_AT = OWN_Y or STRIDED   # y from its own base (and stride)
 
     @_device
     def load_pair(smem, byte, x, y, elem_base, t, t_hi, n, d, tid, y_at):
         if t < t_hi:
-            rows = int32(min(ROWS, n - t * ROWS))   # in 1 .. ROWS: 32-bit row tests
-            base = elem_base + t * ROWS * row_stride(d)
-            if PER_TILE:
-                tid = in_loop(int32(tid))
-            copy(smem, byte, x, base, rows, d, tid)
-            if OWN_AT:
-                copy_y(smem, byte + SECOND, y, y_at[0] + t * ROWS * row_stride(y_at[1]), rows,
-                       y_at[1], tid)
+            if STRIDED:   # 32-bit rows; each operand from its own row 0 (make_tile_copy_at)
+                first = int32(t * ROWS)
+                rows = min(int32(ROWS), int32(int32(n) - first))   # in 1 .. ROWS
+                if PER_TILE:
+                    tid = in_loop(int32(tid))
+                copy_at(smem, byte, x, elem_base, first, rows, d, tid)
+                copy_y_at(smem, byte + SECOND, y, y_at[0], first, rows, y_at[1], tid)
             else:
-                copy(smem, byte + SECOND, y, base, rows, d, tid)
+                rows = int32(min(ROWS, n - t * ROWS))   # in 1 .. ROWS: 32-bit row tests
+                base = elem_base + t * ROWS * row_stride(d)
+                if PER_TILE:
+                    tid = in_loop(int32(tid))
+                copy(smem, byte, x, base, rows, d, tid)
+                if OWN_AT:
+                    copy_y(smem, byte + SECOND, y, y_at[0] + t * ROWS * row_stride(y_at[1]),
+                           rows, y_at[1], tid)
+                else:
+                    copy(smem, byte + SECOND, y, base, rows, d, tid)
         cp_async_commit()
 
     return load_pair
@@ -995,7 +1153,8 @@ zero_nonfinite_word = make_zero_nonfinite_word("float16")
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE=False):
+def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE=False,
+                   STRIDED=False):
     """``zero_nonfinite(smem, smem_byte, rows, tid)``: the chunks :func:`make_tile_copy` gave
     thread ``tid`` in the tile's first ``rows`` rows (readable by it after its own wait, no
     barrier; the copy zero-filled the others), every inf / NaN element (of the 16-bit type
@@ -1003,8 +1162,9 @@ def make_tile_scan(ROWS, HEAD_DIM, ROW_BYTES, THREADS, DTYPE="float16", PER_TILE
     threads see the result after a barrier.  A loop over run-time rows, one chunk at a time:
     unrolled, the loads of every chunk would be in flight together (a d = 128 tile of 32 rows
     on 64 threads: 32 registers).  ``PER_TILE``: the thread's offsets computed per call
-    (:func:`in_loop`), not held across the caller's loop (as :func:`make_pair_load`)."""
-    plan = _chunk_plan(ROWS, HEAD_DIM, THREADS)   # the copy's chunks, this thread's to scan
+    (:func:`in_loop`), not held across the caller's loop (as :func:`make_pair_load`).
+    ``STRIDED``: the copy's (its chunk plan: a strided copy's rows take at most 8 threads)."""
+    plan = _chunk_plan(ROWS, HEAD_DIM, THREADS, STRIDED)   # the copy's chunks, this thread's
     CT, STEP, PER_ROW = plan.CT, plan.STEP, plan.PER_ROW
     zero_word = make_zero_nonfinite_word(DTYPE)
     STEP_WORDS = STEP * ROW_BYTES // 4

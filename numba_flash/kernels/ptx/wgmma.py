@@ -56,7 +56,8 @@ from .fp8 import e4m3_to_float64
 from .mma import dtype_name, half2_bits, halves_to_float64, mma_ops
 from .mma_fp8 import pack_e4m3x4
 from .stages import (
-    cp_async16, cp_async_commit, cp_async_wait_all, load_u16, make_zero_nonfinite_word,
+    cp_async16, cp_async16_rows, cp_async_commit, cp_async_wait_all, load_u16,
+    make_zero_nonfinite_word, wide_mad,
 )
 
 #: threads of a warpgroup
@@ -810,7 +811,7 @@ def make_a_from_acc(DTYPE="float16"):
 
 
 @functools.lru_cache(maxsize=None)
-def make_tile_copy(LAYOUT, THREADS, VEC=True):
+def make_tile_copy(LAYOUT, THREADS, VEC=True, STRIDED=False):
     """``copy_tile(smem, tile_byte, src, elem_base, row_stride, rows_valid, cols_valid, tid)``:
     the ``ROWS x COLS`` tile whose row ``r`` starts at element ``elem_base + r row_stride`` of
     ``src`` (16-bit bits, any shape, C-contiguous) into the :class:`TileLayout` ``LAYOUT`` at
@@ -823,7 +824,9 @@ def make_tile_copy(LAYOUT, THREADS, VEC=True):
     When the chunks of a row divide ``THREADS`` and a thread's rows lie a multiple of 8 apart
     (``STEP``; or the tile is unswizzled), its chunk column and its rows' swizzle are the same
     for all its chunks: the offsets are the first chunk's plus constants, and a full tile
-    (``rows_valid >= ROWS``) copies without a row test (the kernels' K / V tiles)."""
+    (``rows_valid >= ROWS``) copies without a row test (the kernels' K / V tiles).  ``STRIDED``
+    (``row_stride`` a run-time int32): a row's address is one ``IMAD.WIDE`` from the first's
+    (:func:`~numba_flash.kernels.ptx.stages.cp_async16_rows`), not a 64-bit multiply-add."""
     ROWS, COLS = LAYOUT.check().ROWS, LAYOUT.COLS
     W = LAYOUT.W
     CHUNKS = COLS // 8
@@ -839,10 +842,17 @@ def make_tile_copy(LAYOUT, THREADS, VEC=True):
         row0 = int32(tid) // int32(CHUNKS)     # 32-bit: the row tests one instruction each
         ch = int32(tid) % int32(CHUNKS)
         dst0 = tile_byte + chunk_offset_device(row0, ch, ROWS, W)
-        src0 = elem_base + row0 * row_stride + 8 * ch
+        if STRIDED:
+            src0 = wide_mad(row0, row_stride, elem_base + 8 * ch)
+        else:
+            src0 = elem_base + row0 * row_stride + 8 * ch
         if rows_valid >= ROWS:      # full tile: no per-row test
             for i in range(ROWS // STEP):
-                cp_async16(smem, dst0 + i * STEP * W, src, src0 + i * STEP * row_stride, 16)
+                if STRIDED:
+                    cp_async16_rows(smem, dst0 + i * STEP * W, src, src0, row_stride, i * STEP,
+                                    0)
+                else:
+                    cp_async16(smem, dst0 + i * STEP * W, src, src0 + i * STEP * row_stride, 16)
         else:                       # boundary tile: rows past the end read nothing
             for i in range(ROWS // STEP):
                 ok = row0 + i * STEP < rows_valid

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from numba import types
@@ -132,17 +134,23 @@ def mla_configs():
     f32_1 = types.Array(types.float32, 1, "C")
     va_t = variant_type(types.float32, False, ())
     f32_3 = types.Array(types.float32, 3, "C")
-    builds = ([(576, 512, t, False, False, False) for t in MMA_DTYPES]
-              + [(576, 512, "float16", True, False, False),
-                 (128, 128, "float16", True, True, False),
-                 (576, 512, "float16", False, False, True),
-                 (576, 512, "bfloat16", False, False, True)])
-    for d_qk, d_v, dtype, gather, own_v, kv_fp8 in builds:
+    builds = ([(576, 512, t, False, False, False, False) for t in MMA_DTYPES]
+              + [(576, 512, "float16", True, False, False, False),
+                 (128, 128, "float16", True, True, False, False),
+                 (576, 512, "float16", False, False, True, False),
+                 (576, 512, "bfloat16", False, False, True, False),
+                 # q and out= views read and written through their strides (layout "A")
+                 (576, 512, "float16", False, False, False, True)])
+    for d_qk, d_v, dtype, gather, own_v, kv_fp8, strided in builds:
         cfg = mla_decode_config(d_qk, d_v, dtype, gather, own_v, kv_fp8)
+        if strided:
+            cfg = dataclasses.replace(cfg, STRIDED=True)
         pairs = cfg.BLOCK_N // 16
-        o_t = types.Array(types.float16 if dtype == "float16" else types.uint16, 1, "C")
+        o_el = types.float16 if dtype == "float16" else types.uint16
+        o_t = types.Array(o_el, 4, "A") if strided else types.Array(o_el, 1, "C")
+        q_t = types.Array(types.uint16, 4, "A") if strided else u16_4
         yield {"name": cfg.name, "config": cfg, "kernel": mla.mla_decode_kernel(cfg),
-               "args": (u16_4, u16_2, i32_2, i32_1, i32_1, o_t, f32_1, f32_1, f32_1, va_t,
+               "args": (q_t, u16_2, i32_2, i32_1, i32_1, o_t, f32_1, f32_1, f32_1, va_t,
                         types.int32, types.int32, types.int32, types.int32,
                         types.UniTuple(types.int64, 3), types.int32, types.int32, types.int32,
                         types.Array(types.int32, 4, "C"), u16_2,
