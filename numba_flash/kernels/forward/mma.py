@@ -323,6 +323,7 @@ def make_kv_loads(cfg):
                              STRIDED)
     copy_v = make_tile_copy(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V, STRIDED)
     row_stride = make_row_stride(STRIDED)
+    copy_kv_at = copy_v_at = None   # (STRIDED: from each operand's own row 0)
     if STRIDED:
         copy_kv_at = make_tile_copy_at(BLOCK_N, HEAD_DIM, RB, THREADS, VEC, OWN_V)
         copy_v_at = make_tile_copy_at(BLOCK_N, HEAD_DIM_V, RB_V, THREADS, VEC, OWN_V)

@@ -1094,6 +1094,7 @@ def make_pair_load(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, SECOND, PER_TILE=Fal
     copy = make_tile_copy(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD, STRIDED)
     copy_y = copy if not Y_DIM else make_tile_copy(ROWS, Y_DIM, mma_row_bytes(Y_DIM), THREADS,
                                                    VEC, PAD, STRIDED)
+    copy_at = copy_y_at = None
     if STRIDED:   # each operand's own row 0 and the tile's first row (make_tile_copy_at)
         copy_at = make_tile_copy_at(ROWS, HEAD_DIM, ROW_BYTES, THREADS, VEC, PAD)
         copy_y_at = copy_at if not Y_DIM else make_tile_copy_at(
